@@ -1,0 +1,139 @@
+"""Initial schema: workflows, milestones, events, agent runs, sessions, local forge.
+
+Revision ID: 0001
+Revises:
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0001"
+down_revision = None
+
+Timestamp = sa.DateTime(timezone=True)
+
+
+def upgrade() -> None:
+    op.create_table(
+        "workflows",
+        sa.Column("id", sa.String(32), primary_key=True),
+        sa.Column("title", sa.Text, nullable=False),
+        sa.Column("ticket", sa.Text, nullable=False),
+        sa.Column("repo_path", sa.Text, nullable=False),
+        sa.Column("base_branch", sa.String(255), nullable=False),
+        sa.Column("current_phase", sa.String(64), nullable=False),
+        sa.Column("status", sa.String(64), nullable=False),
+        sa.Column("current_round", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("dev_round", sa.Integer, nullable=False, server_default="1"),
+        sa.Column("branch_name", sa.String(255)),
+        sa.Column("worktree_path", sa.Text),
+        sa.Column("issue_number", sa.Integer),
+        sa.Column("pr_number", sa.Integer),
+        sa.Column("merge_sha", sa.String(64)),
+        sa.Column("auto_merge", sa.Boolean, nullable=False, server_default=sa.false()),
+        sa.Column("user_feedback", sa.Text),
+        sa.Column("content_language", sa.String(16), nullable=False, server_default="en"),
+        sa.Column("error", sa.Text),
+        sa.Column("state", sa.JSON, nullable=False),
+        sa.Column("version", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("lease_owner", sa.String(255)),
+        sa.Column("lease_expires_at", Timestamp),
+        sa.Column("fence", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("created_at", Timestamp, nullable=False),
+        sa.Column("updated_at", Timestamp, nullable=False),
+        sa.Column("completed_at", Timestamp),
+    )
+    op.create_table(
+        "milestones",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("workflow_id", sa.String(32), sa.ForeignKey("workflows.id"), nullable=False),
+        sa.Column("kind", sa.String(64), nullable=False),
+        sa.Column("phase", sa.String(64), nullable=False),
+        sa.Column("round", sa.Integer, nullable=False),
+        sa.Column("attempt", sa.Integer, nullable=False),
+        sa.Column("status", sa.String(32), nullable=False),
+        sa.Column("dedupe_key", sa.String(512), nullable=False, unique=True),
+        sa.Column("summary", sa.Text, nullable=False, server_default=""),
+        sa.Column("data", sa.JSON, nullable=False),
+        sa.Column("created_at", Timestamp, nullable=False),
+        sa.Column("updated_at", Timestamp, nullable=False),
+    )
+    op.create_index("ix_milestones_workflow", "milestones", ["workflow_id", "id"])
+    op.create_table(
+        "events",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("workflow_id", sa.String(32), sa.ForeignKey("workflows.id"), nullable=False),
+        sa.Column("type", sa.String(64), nullable=False),
+        sa.Column("data", sa.JSON, nullable=False),
+        sa.Column("created_at", Timestamp, nullable=False),
+    )
+    op.create_index("ix_events_workflow", "events", ["workflow_id", "id"])
+    op.create_table(
+        "agent_runs",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("workflow_id", sa.String(32), sa.ForeignKey("workflows.id"), nullable=False),
+        sa.Column("phase", sa.String(64), nullable=False),
+        sa.Column("role", sa.String(64), nullable=False),
+        sa.Column("session_line", sa.String(32), nullable=False),
+        sa.Column("runner", sa.String(64), nullable=False),
+        sa.Column("round", sa.Integer, nullable=False),
+        sa.Column("attempt", sa.Integer, nullable=False),
+        sa.Column("outcome", sa.String(32), nullable=False),
+        sa.Column("error_kind", sa.String(64)),
+        sa.Column("error", sa.Text),
+        sa.Column("input_tokens", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("output_tokens", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
+        sa.Column("duration_s", sa.Float, nullable=False, server_default="0"),
+        sa.Column("session_id", sa.String(255)),
+        sa.Column("created_at", Timestamp, nullable=False),
+    )
+    op.create_index("ix_agent_runs_workflow", "agent_runs", ["workflow_id", "role"])
+    op.create_table(
+        "provider_sessions",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("workflow_id", sa.String(32), sa.ForeignKey("workflows.id"), nullable=False),
+        sa.Column("session_line", sa.String(32), nullable=False),
+        sa.Column("runner", sa.String(64), nullable=False),
+        sa.Column("session_id", sa.String(255), nullable=False),
+        sa.Column("created_at", Timestamp, nullable=False),
+        sa.Column("updated_at", Timestamp, nullable=False),
+        sa.UniqueConstraint("workflow_id", "session_line", name="uq_provider_sessions_line"),
+    )
+    op.create_table(
+        "forge_issues",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("repo", sa.Text, nullable=False),
+        sa.Column("number", sa.Integer, nullable=False),
+        sa.Column("title", sa.Text, nullable=False),
+        sa.Column("body", sa.Text, nullable=False),
+        sa.Column("state", sa.String(16), nullable=False),
+        sa.Column("marker", sa.String(255)),
+        sa.Column("created_at", Timestamp, nullable=False),
+        sa.Column("closed_at", Timestamp),
+        sa.UniqueConstraint("repo", "number", name="uq_forge_issues_number"),
+    )
+    op.create_table(
+        "forge_comments",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("repo", sa.Text, nullable=False),
+        sa.Column("issue_number", sa.Integer, nullable=False),
+        sa.Column("body", sa.Text, nullable=False),
+        sa.Column("marker", sa.String(255)),
+        sa.Column("created_at", Timestamp, nullable=False),
+    )
+    op.create_table(
+        "forge_pull_requests",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("repo", sa.Text, nullable=False),
+        sa.Column("number", sa.Integer, nullable=False),
+        sa.Column("head", sa.String(255), nullable=False),
+        sa.Column("base", sa.String(255), nullable=False),
+        sa.Column("title", sa.Text, nullable=False),
+        sa.Column("body", sa.Text, nullable=False),
+        sa.Column("state", sa.String(16), nullable=False),
+        sa.Column("merge_sha", sa.String(64)),
+        sa.Column("created_at", Timestamp, nullable=False),
+        sa.Column("merged_at", Timestamp),
+        sa.UniqueConstraint("repo", "number", name="uq_forge_pull_requests_number"),
+    )

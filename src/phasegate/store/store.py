@@ -1,0 +1,681 @@
+"""The Store: every SQL statement phasegate runs, and the single commit path.
+
+SQLite (the embedded default) runs in WAL mode with a busy timeout, foreign
+keys on and ``BEGIN IMMEDIATE`` transactions, so two processes never deadlock
+on a read lock upgraded to a write. The schema comes from Alembic migrations
+(``migrations/``), applied when the store is opened.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+
+from phasegate.clock import Clock, SystemClock
+from phasegate.contract import (
+    COMPLETED,
+    PHASE_STATUS_MAP,
+    PREPARATION,
+    ContractViolation,
+    EventWrite,
+    MilestoneView,
+    MilestoneWrite,
+    PhaseResult,
+    StaleContext,
+    WorkflowContext,
+    WorkflowNotFound,
+    is_legal_next_phase,
+    next_phase,
+)
+from phasegate.store import tables as t
+
+__all__ = ["AgentRunRecord", "Store", "UsageTotals", "commit_phase_result", "open_store"]
+
+#: Workflow columns a PhaseResult may set through ``updates``. current_phase and
+#: status are deliberately absent: only the outcome decides those.
+UPDATABLE_COLUMNS = frozenset(
+    {
+        "current_round",
+        "dev_round",
+        "branch_name",
+        "worktree_path",
+        "issue_number",
+        "pr_number",
+        "merge_sha",
+        "auto_merge",
+        "user_feedback",
+    }
+)
+
+_MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    """Sums over a workflow's agent runs: tokens, cost in USD, runs counted."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    runs: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class AgentRunRecord:
+    """One finished agent call, as recorded in ``agent_runs``."""
+
+    workflow_id: str
+    phase: str
+    role: str
+    session_line: str
+    runner: str
+    round: int
+    attempt: int
+    outcome: str
+    error_kind: str | None = None
+    error: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    duration_s: float = 0.0
+    session_id: str | None = None
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; everything we write is UTC.
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
+def _sqlite_engine(url: str) -> sa.Engine:
+    engine = sa.create_engine(url, connect_args={"timeout": 30})
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Autocommit at the driver level so SQLAlchemy's begin() below owns
+        # the transaction and can make it IMMEDIATE.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def open_store(url: str, clock: Clock | None = None) -> Store:
+    """Open (and migrate) the store at ``url``: ``sqlite:///path`` or a PostgreSQL URL.
+
+    A SQLite file's parent directory is created when missing.
+    """
+    if url.startswith("sqlite"):
+        db_path = sa.engine.make_url(url).database
+        if db_path and db_path != ":memory:":
+            Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+        engine = _sqlite_engine(url)
+    else:
+        engine = sa.create_engine(url, pool_pre_ping=True)
+    store = Store(engine, clock or SystemClock())
+    store.migrate()
+    return store
+
+
+class Store:
+    """All SQL behind one class. Methods are small transactions of their own."""
+
+    def __init__(self, engine: sa.Engine, clock: Clock) -> None:
+        self.engine = engine
+        self.clock = clock
+
+    # -- schema -----------------------------------------------------------------
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest Alembic revision (append-only migrations)."""
+        config = Config()
+        config.set_main_option("script_location", str(_MIGRATIONS))
+        with self.engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.upgrade(config, "head")
+
+    @contextmanager
+    def transaction(self) -> Iterator[sa.Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- workflows --------------------------------------------------------------
+
+    def create_workflow(
+        self,
+        *,
+        title: str,
+        ticket: str,
+        repo_path: str,
+        base_branch: str,
+        auto_merge: bool,
+        content_language: str,
+        state: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Insert a workflow in ``preparation``; returns its id (8 hex digits)."""
+        now = self.clock.now()
+        workflow_id = secrets.token_hex(4)
+        with self.transaction() as conn:
+            conn.execute(
+                t.workflows.insert().values(
+                    id=workflow_id,
+                    title=title,
+                    ticket=ticket,
+                    repo_path=repo_path,
+                    base_branch=base_branch,
+                    current_phase=PREPARATION,
+                    status=PHASE_STATUS_MAP[PREPARATION],
+                    auto_merge=auto_merge,
+                    content_language=content_language,
+                    state=dict(state or {}),
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+            self._add_event(conn, workflow_id, EventWrite("phase_change", {"phase": PREPARATION}))
+        return workflow_id
+
+    def workflow_row(self, workflow_id: str) -> dict[str, Any]:
+        """The workflow's row as a dict. Raises WorkflowNotFound."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(t.workflows).where(t.workflows.c.id == workflow_id)
+            ).mappings().first()
+        if row is None:
+            raise WorkflowNotFound(workflow_id)
+        out = dict(row)
+        for key in ("created_at", "updated_at", "completed_at", "lease_expires_at"):
+            out[key] = _utc(out[key])
+        return out
+
+    def list_workflows(self) -> list[dict[str, Any]]:
+        """Every workflow row, oldest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.workflows).order_by(t.workflows.c.created_at, t.workflows.c.id)
+            ).mappings().all()
+        return [dict(r) for r in rows]
+
+    def runnable_workflow_ids(self, statuses: frozenset[str]) -> list[str]:
+        """Ids of workflows whose status is in ``statuses``, oldest first."""
+        with self.engine.connect() as conn:
+            return list(
+                conn.execute(
+                    sa.select(t.workflows.c.id)
+                    .where(t.workflows.c.status.in_(sorted(statuses)))
+                    .order_by(t.workflows.c.created_at, t.workflows.c.id)
+                ).scalars()
+            )
+
+    def load_context(self, workflow_id: str) -> WorkflowContext:
+        """The frozen snapshot a phase receives. Raises WorkflowNotFound."""
+        row = self.workflow_row(workflow_id)
+        return WorkflowContext(
+            id=row["id"],
+            title=row["title"],
+            ticket=row["ticket"],
+            repo_path=row["repo_path"],
+            base_branch=row["base_branch"],
+            current_phase=row["current_phase"],
+            status=row["status"],
+            version=row["version"],
+            current_round=row["current_round"],
+            dev_round=row["dev_round"],
+            branch_name=row["branch_name"],
+            worktree_path=row["worktree_path"],
+            issue_number=row["issue_number"],
+            pr_number=row["pr_number"],
+            merge_sha=row["merge_sha"],
+            auto_merge=bool(row["auto_merge"]),
+            user_feedback=row["user_feedback"],
+            content_language=row["content_language"],
+            error=row["error"],
+            state=dict(row["state"] or {}),
+            milestones=tuple(self.milestones(workflow_id)),
+        )
+
+    # -- the single commit path (spec 000) -----------------------------------------
+
+    def commit_phase_result(self, ctx: WorkflowContext, result: PhaseResult) -> dict[str, Any]:
+        """Commit ``result`` for the phase ``ctx`` was loaded in; see ``commit_phase_result``."""
+        return commit_phase_result(self, ctx, result)
+
+    # -- milestones -------------------------------------------------------------
+
+    @staticmethod
+    def dedupe_key(workflow_id: str, phase: str, write: MilestoneWrite) -> str:
+        key = f"{workflow_id}:{phase}:{write.kind}:r{write.round}:a{write.attempt}"
+        return f"{key}:{write.key}" if write.key else key
+
+    def milestones(self, workflow_id: str) -> list[MilestoneView]:
+        """The workflow's milestones, oldest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.milestones)
+                .where(t.milestones.c.workflow_id == workflow_id)
+                .order_by(t.milestones.c.id)
+            ).mappings().all()
+        return [_milestone_view(r) for r in rows]
+
+    def milestone_by_key(self, dedupe_key: str) -> MilestoneView | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(t.milestones).where(t.milestones.c.dedupe_key == dedupe_key)
+            ).mappings().first()
+        return _milestone_view(row) if row else None
+
+    def write_milestone(self, workflow_id: str, phase: str, write: MilestoneWrite) -> MilestoneView:
+        """Upsert one milestone in its own transaction (the side-effect journal's write)."""
+        with self.transaction() as conn:
+            key = self._upsert_milestone(conn, workflow_id, phase, write)
+        found = self.milestone_by_key(key)
+        assert found is not None
+        return found
+
+    def _upsert_milestone(
+        self, conn: sa.Connection, workflow_id: str, phase: str, write: MilestoneWrite
+    ) -> str:
+        now = self.clock.now()
+        phase = write.phase or phase
+        key = self.dedupe_key(workflow_id, phase, write)
+        existing = conn.execute(
+            sa.select(t.milestones.c.id).where(t.milestones.c.dedupe_key == key)
+        ).scalar()
+        values = {
+            "status": write.status,
+            "summary": write.summary,
+            "data": dict(write.data),
+            "updated_at": now,
+        }
+        if existing is None:
+            conn.execute(
+                t.milestones.insert().values(
+                    workflow_id=workflow_id,
+                    kind=write.kind,
+                    phase=phase,
+                    round=write.round,
+                    attempt=write.attempt,
+                    dedupe_key=key,
+                    created_at=now,
+                    **values,
+                )
+            )
+        else:
+            conn.execute(t.milestones.update().where(t.milestones.c.id == existing).values(**values))
+        self._add_event(
+            conn,
+            workflow_id,
+            EventWrite(
+                "milestone_updated",
+                {"kind": write.kind, "phase": phase, "status": write.status, "key": key},
+            ),
+        )
+        return key
+
+    def settle_milestone(
+        self, milestone: MilestoneView, status: str, *, summary: str | None = None,
+        data: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Settle an existing milestone in place (``in_progress`` → a final status)."""
+        with self.transaction() as conn:
+            row = conn.execute(
+                sa.select(t.milestones.c.workflow_id).where(t.milestones.c.id == milestone.id)
+            ).scalar_one()
+            conn.execute(
+                t.milestones.update()
+                .where(t.milestones.c.id == milestone.id)
+                .values(
+                    status=status,
+                    summary=milestone.summary if summary is None else summary,
+                    data={**milestone.data, **(data or {})},
+                    updated_at=self.clock.now(),
+                )
+            )
+            self._add_event(
+                conn,
+                row,
+                EventWrite(
+                    "milestone_updated",
+                    {"kind": milestone.kind, "phase": milestone.phase, "status": status,
+                     "key": milestone.dedupe_key},
+                ),
+            )
+
+    def in_progress_milestones(self, workflow_id: str) -> list[MilestoneView]:
+        return [m for m in self.milestones(workflow_id) if m.status == "in_progress"]
+
+    # -- events -----------------------------------------------------------------
+
+    def _add_event(self, conn: sa.Connection, workflow_id: str, event: EventWrite) -> None:
+        conn.execute(
+            t.events.insert().values(
+                workflow_id=workflow_id,
+                type=event.type,
+                data=dict(event.data),
+                created_at=self.clock.now(),
+            )
+        )
+
+    def events(self, workflow_id: str, after_id: int = 0) -> list[dict[str, Any]]:
+        """The workflow's events with id > ``after_id``, oldest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.events)
+                .where(t.events.c.workflow_id == workflow_id, t.events.c.id > after_id)
+                .order_by(t.events.c.id)
+            ).mappings().all()
+        return [{**r, "created_at": _utc(r["created_at"])} for r in rows]
+
+    def add_event(self, workflow_id: str, event: EventWrite) -> None:
+        with self.transaction() as conn:
+            self._add_event(conn, workflow_id, event)
+
+    # -- agent runs and sessions ------------------------------------------------
+
+    def record_agent_run(self, run: AgentRunRecord) -> None:
+        """Append one agent call; usage is summed per workflow, never overwritten."""
+        with self.transaction() as conn:
+            conn.execute(
+                t.agent_runs.insert().values(
+                    **{k: getattr(run, k) for k in AgentRunRecord.__dataclass_fields__},
+                    created_at=self.clock.now(),
+                )
+            )
+
+    def agent_runs(self, workflow_id: str) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.agent_runs)
+                .where(t.agent_runs.c.workflow_id == workflow_id)
+                .order_by(t.agent_runs.c.id)
+            ).mappings().all()
+        return [dict(r) for r in rows]
+
+    def count_agent_runs(self, workflow_id: str, role: str) -> int:
+        """How many calls of ``role`` this workflow has finished."""
+        with self.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(t.agent_runs)
+                    .where(t.agent_runs.c.workflow_id == workflow_id, t.agent_runs.c.role == role)
+                ).scalar_one()
+            )
+
+    def usage_totals(self, workflow_id: str) -> UsageTotals:
+        """Sums of tokens and cost over every recorded agent run of the workflow."""
+        c = t.agent_runs.c
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(
+                    sa.func.coalesce(sa.func.sum(c.input_tokens), 0),
+                    sa.func.coalesce(sa.func.sum(c.output_tokens), 0),
+                    sa.func.coalesce(sa.func.sum(c.cost_usd), 0.0),
+                    sa.func.count(),
+                ).where(c.workflow_id == workflow_id)
+            ).one()
+        return UsageTotals(int(row[0]), int(row[1]), float(row[2]), int(row[3]))
+
+    def provider_session(self, workflow_id: str, session_line: str) -> str | None:
+        """The provider session id bound to a session line, if any."""
+        c = t.provider_sessions.c
+        with self.engine.connect() as conn:
+            return conn.execute(
+                sa.select(c.session_id).where(
+                    c.workflow_id == workflow_id, c.session_line == session_line
+                )
+            ).scalar()
+
+    def bind_provider_session(
+        self, workflow_id: str, session_line: str, runner: str, session_id: str
+    ) -> None:
+        """Bind (or rebind) the one provider session of a session line."""
+        c = t.provider_sessions.c
+        now = self.clock.now()
+        with self.transaction() as conn:
+            updated = conn.execute(
+                t.provider_sessions.update()
+                .where(c.workflow_id == workflow_id, c.session_line == session_line)
+                .values(runner=runner, session_id=session_id, updated_at=now)
+            ).rowcount
+            if not updated:
+                conn.execute(
+                    t.provider_sessions.insert().values(
+                        workflow_id=workflow_id,
+                        session_line=session_line,
+                        runner=runner,
+                        session_id=session_id,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
+
+    # -- leases -----------------------------------------------------------------
+
+    def claim(self, workflow_id: str, owner: str, ttl_s: float) -> int | None:
+        """Take the workflow's lease for ``ttl_s`` seconds; returns the new fence or None.
+
+        A lease is free when it has no owner, has expired, or belongs to
+        ``owner`` already. A holder on this host whose process is gone (a
+        SIGKILLed worker) no longer holds it, so a restart need not wait.
+        """
+        now = self.clock.now()
+        c = t.workflows.c
+        with self.transaction() as conn:
+            row = conn.execute(
+                sa.select(c.lease_owner, c.lease_expires_at, c.fence).where(c.id == workflow_id)
+            ).first()
+            if row is None:
+                raise WorkflowNotFound(workflow_id)
+            holder, expires, fence = row[0], _utc(row[1]), row[2]
+            free = holder is None or holder == owner or expires is None or expires <= now
+            if not free and not _holder_alive(holder):
+                free = True
+            if not free:
+                return None
+            conn.execute(
+                t.workflows.update()
+                .where(c.id == workflow_id)
+                .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=ttl_s),
+                        fence=fence + 1)
+            )
+            return fence + 1
+
+    def renew(self, workflow_id: str, owner: str, fence: int, ttl_s: float) -> bool:
+        c = t.workflows.c
+        with self.transaction() as conn:
+            return bool(
+                conn.execute(
+                    t.workflows.update()
+                    .where(c.id == workflow_id, c.lease_owner == owner, c.fence == fence)
+                    .values(lease_expires_at=self.clock.now() + timedelta(seconds=ttl_s))
+                ).rowcount
+            )
+
+    def release(self, workflow_id: str, owner: str) -> None:
+        c = t.workflows.c
+        with self.transaction() as conn:
+            conn.execute(
+                t.workflows.update()
+                .where(c.id == workflow_id, c.lease_owner == owner)
+                .values(lease_owner=None, lease_expires_at=None)
+            )
+
+    # -- local forge rows -------------------------------------------------------
+
+    def forge_next_number(self, conn: sa.Connection, repo: str) -> int:
+        # Issues and pull requests share one number space, as on GitHub.
+        highest = 0
+        for table in (t.forge_issues, t.forge_pull_requests):
+            value = conn.execute(
+                sa.select(sa.func.max(table.c.number)).where(table.c.repo == repo)
+            ).scalar()
+            highest = max(highest, value or 0)
+        return highest + 1
+
+    def forge_insert(self, table: sa.Table, repo: str, **values: Any) -> int:
+        """Insert an issue or pull request with the repo's next number; returns it."""
+        with self.transaction() as conn:
+            number = self.forge_next_number(conn, repo)
+            conn.execute(
+                table.insert().values(repo=repo, number=number, created_at=self.clock.now(),
+                                      **values)
+            )
+        return number
+
+    def forge_rows(self, table: sa.Table, repo: str, **where: Any) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            query = sa.select(table).where(table.c.repo == repo)
+            for key, value in where.items():
+                query = query.where(table.c[key] == value)
+            return [dict(r) for r in conn.execute(query.order_by(table.c.id)).mappings()]
+
+    def forge_update(self, table: sa.Table, repo: str, number: int, **values: Any) -> None:
+        with self.transaction() as conn:
+            conn.execute(
+                table.update().where(table.c.repo == repo, table.c.number == number).values(**values)
+            )
+
+    def forge_add_comment(self, repo: str, issue_number: int, body: str, marker: str | None) -> int:
+        with self.transaction() as conn:
+            return int(
+                conn.execute(
+                    t.forge_comments.insert().values(
+                        repo=repo, issue_number=issue_number, body=body, marker=marker,
+                        created_at=self.clock.now(),
+                    )
+                ).inserted_primary_key[0]
+            )
+
+
+def _holder_alive(holder: str) -> bool:
+    """Whether the lease holder ``host:pid:...`` may still be running.
+
+    Only a holder on this host can be checked; any other is assumed alive
+    until its lease expires.
+    """
+    parts = holder.split(":")
+    if len(parts) < 2 or parts[0] != os.uname().nodename or not parts[1].isdigit():
+        return True
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _milestone_view(row: Mapping[str, Any]) -> MilestoneView:
+    return MilestoneView(
+        id=row["id"],
+        kind=row["kind"],
+        phase=row["phase"],
+        round=row["round"],
+        attempt=row["attempt"],
+        status=row["status"],
+        dedupe_key=row["dedupe_key"],
+        summary=row["summary"],
+        data=dict(row["data"] or {}),
+    )
+
+
+def _validate(ctx: WorkflowContext, result: PhaseResult) -> None:
+    if result.next_phase is not None:
+        if result.outcome != "completed":
+            raise ContractViolation(
+                f"next_phase {result.next_phase!r} given with outcome {result.outcome!r}; "
+                "only a completed outcome moves the phase"
+            )
+        if not is_legal_next_phase(result.next_phase):
+            raise ContractViolation(
+                f"illegal next_phase {result.next_phase!r} from {ctx.current_phase!r}; "
+                "expected a phase in PHASE_ORDER or one of wait, completed"
+            )
+    unknown = set(result.updates) - UPDATABLE_COLUMNS
+    if unknown:
+        raise ContractViolation(f"a PhaseResult may not set {sorted(unknown)}")
+
+
+def commit_phase_result(store: Store, ctx: WorkflowContext, result: PhaseResult) -> dict[str, Any]:
+    """The single commit path (spec 000, ``_commit_phase_result``).
+
+    In one transaction: validates ``result``, updates the workflow row (phase,
+    status, error, ``updates``, merged ``state``), upserts the milestones and
+    appends the events it carries. Only ``outcome == "completed"`` changes
+    ``current_phase``; ``failed``/``pause`` set status ``failed``/``paused``
+    (or ``result.status``) with ``result.reason`` as the error; ``retry`` and
+    ``wait`` keep the phase and its status.
+
+    Returns the workflow's new row. Raises ContractViolation (an illegal
+    ``next_phase`` or update; nothing written) or StaleContext (the row moved
+    past ``ctx.version``; nothing written).
+    """
+    _validate(ctx, result)
+    phase = ctx.current_phase
+    if result.outcome == "completed":
+        phase = result.next_phase or next_phase(ctx.current_phase)
+        status = result.status or PHASE_STATUS_MAP[phase]
+        error = None
+    elif result.outcome == "failed":
+        status, error = result.status or "failed", result.reason
+    elif result.outcome == "pause":
+        status, error = result.status or "paused", result.reason
+    else:
+        status = result.status or PHASE_STATUS_MAP.get(phase, ctx.status)
+        error = None
+
+    now = store.clock.now()
+    values: dict[str, Any] = {
+        **result.updates,
+        "current_phase": phase,
+        "status": status,
+        "error": error,
+        "state": {**ctx.state, **result.state},
+        "version": ctx.version + 1,
+        "updated_at": now,
+    }
+    if phase == COMPLETED and ctx.current_phase != COMPLETED:
+        values["completed_at"] = now
+
+    c = t.workflows.c
+    with store.transaction() as conn:
+        updated = conn.execute(
+            t.workflows.update().where(c.id == ctx.id, c.version == ctx.version).values(**values)
+        ).rowcount
+        if updated != 1:
+            raise StaleContext(
+                f"workflow {ctx.id} changed since version {ctx.version}; result not committed"
+            )
+        for write in result.milestones:
+            store._upsert_milestone(conn, ctx.id, ctx.current_phase, write)
+        for event in result.events:
+            store._add_event(conn, ctx.id, event)
+    return store.workflow_row(ctx.id)
