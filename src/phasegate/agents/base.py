@@ -1,0 +1,66 @@
+"""The Runner seam: one agent call in, one AgentResult out."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+__all__ = ["AgentRequest", "AgentResult", "ERROR_KINDS", "Runner"]
+
+#: Named reasons an agent call did not produce an answer.
+ERROR_KINDS = ("exit_code", "timeout", "interrupted", "invalid_patch", "runner_error")
+
+
+@dataclass(frozen=True)
+class AgentRequest:
+    """One call of a role.
+
+    - ``session_line``: main, review, verification or fresh (spec 000).
+    - ``call_index``: how many calls of this role the workflow finished before
+      this one; deterministic across restarts, so scripted answers replay.
+    - ``timeout_s``: hard limit in seconds; the runner kills the agent after it.
+    - ``read_only``: the role must not change files in ``cwd``.
+    """
+
+    workflow_id: str
+    phase: str
+    role: str
+    session_line: str
+    prompt: str
+    cwd: Path
+    timeout_s: float
+    read_only: bool
+    call_index: int = 0
+    session_id: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    """What an agent call gave back. ``error_kind`` is one of ERROR_KINDS or None."""
+
+    text: str
+    error_kind: str | None = None
+    error: str | None = None
+    exit_code: int | None = None
+    session_id: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None
+
+
+class Runner(Protocol):
+    """Drives one kind of agent. Must return (never raise) for agent failures,
+    and return ``error_kind="interrupted"`` promptly once ``cancel`` is set."""
+
+    name: str
+
+    def run(self, request: AgentRequest, cancel: threading.Event) -> AgentResult: ...

@@ -1,0 +1,166 @@
+"""AgentService: how phases call agents. Binds roles to runners, retries within
+bounds, records every call's usage and keeps one provider session per line."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from phasegate.agents import make_runner
+from phasegate.agents.base import AgentRequest, AgentResult, Runner
+from phasegate.cartridge import READ_ONLY_ROLES, ROLE_SESSION_LINES, Cartridge
+from phasegate.contract import EventWrite, PhasegateError, WorkflowContext, WorkflowPaused
+from phasegate.store import AgentRunRecord, Store
+
+__all__ = ["AgentFailed", "AgentService", "AnswerError", "Answer"]
+
+T = TypeVar("T")
+
+
+class AnswerError(PhasegateError):
+    """An agent answered, but not in the form the phase needs (garbage)."""
+
+
+class AgentFailed(PhasegateError):
+    """A role failed every try it was allowed. ``kind`` is the last error kind."""
+
+    def __init__(self, role: str, tries: int, kind: str, detail: str) -> None:
+        super().__init__(f"{role} agent failed {tries} time(s); last: {kind}: {detail}")
+        self.role = role
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A successful call: the raw result and what ``parse`` made of its text."""
+
+    result: AgentResult
+    parsed: Any
+
+    @property
+    def text(self) -> str:
+        return self.result.text
+
+
+class AgentService:
+    """Calls roles for the phases of one workflow engine.
+
+    ``runners`` overrides the cartridge's bindings by role name (tests inject
+    fakes here); ``cancel`` is the engine's shutdown flag.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        cartridge: Cartridge,
+        repo: Path,
+        cancel: threading.Event,
+        runners: Mapping[str, Runner] | None = None,
+        emit: Callable[[str, EventWrite], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.cartridge = cartridge
+        self.repo = repo
+        self.cancel = cancel
+        self._runners: dict[str, Runner] = dict(runners or {})
+        self._emit = emit or (lambda _wf, _ev: None)
+
+    def runner(self, role: str) -> Runner:
+        if role not in self._runners:
+            self._runners[role] = make_runner(self.cartridge.role(role), self.repo)
+        return self._runners[role]
+
+    def ask(
+        self,
+        ctx: WorkflowContext,
+        phase: str,
+        role: str,
+        prompt: str,
+        cwd: Path,
+        *,
+        round: int = 0,
+        attempt: int = 0,
+        parse: Callable[[str], Any] | None = None,
+        retries: int | None = None,
+    ) -> Answer:
+        """Call ``role`` until it answers and ``parse`` accepts the answer.
+
+        Tries ``1 + retries`` times (default ``limits.agent_retries``); every
+        try is recorded in ``agent_runs`` with its usage. Raises AgentFailed
+        when all tries fail (exit code, timeout, garbage), WorkflowPaused when
+        shutdown interrupts a call.
+        """
+        binding = self.cartridge.role(role)
+        runner = self.runner(role)
+        line = ROLE_SESSION_LINES.get(role, "fresh")
+        tries = 1 + (self.cartridge.limits.agent_retries if retries is None else retries)
+        kind, detail = "runner_error", "not run"
+        for _ in range(tries):
+            if self.cancel.is_set():
+                raise WorkflowPaused(f"shutdown before the {role} agent ran")
+            request = AgentRequest(
+                workflow_id=ctx.id,
+                phase=phase,
+                role=role,
+                session_line=line,
+                prompt=prompt,
+                cwd=cwd,
+                timeout_s=binding.timeout,
+                read_only=role in READ_ONLY_ROLES,
+                call_index=self.store.count_agent_runs(ctx.id, role),
+                session_id=self.store.provider_session(ctx.id, line),
+            )
+            self._emit(ctx.id, EventWrite("agent_started", {"role": role, "phase": phase,
+                                                             "round": round, "runner": runner.name}))
+            result = runner.run(request, self.cancel)
+            if result.error_kind == "interrupted":
+                raise WorkflowPaused(f"shutdown while the {role} agent ran")
+            parsed, outcome = None, "ok"
+            kind, detail = result.error_kind or "", result.error or ""
+            if result.ok and parse is not None:
+                try:
+                    parsed = parse(result.text)
+                except AnswerError as exc:
+                    outcome, kind, detail = "garbage", "garbage", str(exc)
+            elif not result.ok:
+                outcome = "failed"
+            self._record(ctx, phase, role, line, runner.name, round, attempt, outcome, kind,
+                         detail, result)
+            self._emit(ctx.id, EventWrite("agent_finished", {"role": role, "outcome": outcome,
+                                                              "error": detail or None}))
+            if outcome == "ok":
+                return Answer(result, parsed)
+        raise AgentFailed(role, tries, kind, detail)
+
+    def _record(
+        self, ctx: WorkflowContext, phase: str, role: str, line: str, runner: str, round: int,
+        attempt: int, outcome: str, kind: str, detail: str, result: AgentResult,
+    ) -> None:
+        self.store.record_agent_run(
+            AgentRunRecord(
+                workflow_id=ctx.id,
+                phase=phase,
+                role=role,
+                session_line=line,
+                runner=runner,
+                round=round,
+                attempt=attempt,
+                outcome=outcome,
+                error_kind=kind or None,
+                error=detail[:4000] or None,
+                input_tokens=result.input_tokens,
+                output_tokens=result.output_tokens,
+                cost_usd=result.cost_usd,
+                duration_s=round_s(result.duration_s),
+                session_id=result.session_id,
+            )
+        )
+        if result.session_id:
+            self.store.bind_provider_session(ctx.id, line, runner, result.session_id)
+
+
+def round_s(seconds: float) -> float:
+    return float(f"{seconds:.3f}")

@@ -1,0 +1,244 @@
+"""The engine: ``advance()``, the worker loop, reconciliation and shutdown.
+
+``advance(workflow_id)`` (DESIGN.md §1) claims the workflow's lease, then
+repeats: load the context, reconcile side effects a dead process left
+in_progress, self-heal the worktree (not in preparation), run the phase's
+handler, commit its PhaseResult through ``commit_phase_result``, until the
+workflow waits, pauses, fails or completes.
+
+A shutdown request (SIGINT/SIGTERM in the CLI) stops any running agent; the
+interrupted phase raises WorkflowPaused and nothing is committed, so the
+workflow resumes from its last commit and its milestones.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from phasegate.agents.base import Runner
+from phasegate.agents.service import AgentService
+from phasegate.cartridge import Cartridge
+from phasegate.clock import Clock, SystemClock
+from phasegate.contract import (
+    COMPLETED,
+    PREPARATION,
+    RUNNABLE_STATUSES,
+    ContractViolation,
+    EventWrite,
+    PhaseResult,
+    PhasegateError,
+    StaleContext,
+    WorkflowContext,
+    WorkflowPaused,
+)
+from phasegate.forge import Forge, LocalForge
+from phasegate.journal import SideEffects
+from phasegate.phases import PhaseDeps, resolve_phase_handler
+from phasegate.store import Store
+from phasegate.workspace import Workspace, git
+
+__all__ = ["Engine", "LeaseHeld"]
+
+log = logging.getLogger(__name__)
+
+EventCallback = Callable[[str, str, Mapping[str, Any]], None]
+
+
+class LeaseHeld(PhasegateError):
+    """Another live worker holds the workflow's lease."""
+
+
+class _Heartbeat(threading.Thread):
+    """Renews a lease every third of its TTL until stopped."""
+
+    def __init__(self, store: Store, workflow_id: str, owner: str, fence: int, ttl_s: float):
+        super().__init__(daemon=True, name=f"lease-{workflow_id}")
+        self.args = (store, workflow_id, owner, fence, ttl_s)
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        store, workflow_id, owner, fence, ttl_s = self.args
+        while not self.stopped.wait(ttl_s / 3):
+            if not store.renew(workflow_id, owner, fence, ttl_s):
+                log.warning("lease on %s lost", workflow_id)
+                return
+
+
+class Engine:
+    """Advances the workflows of one repository.
+
+    ``runners`` overrides role bindings (tests); ``on_event(workflow_id, type,
+    data)`` sees every event as it happens, for progress display.
+    """
+
+    def __init__(
+        self,
+        repo: Path,
+        cartridge: Cartridge,
+        store: Store,
+        *,
+        forge: Forge | None = None,
+        workspace: Workspace | None = None,
+        runners: Mapping[str, Runner] | None = None,
+        clock: Clock | None = None,
+        on_event: EventCallback | None = None,
+        lease_ttl_s: float = 60.0,
+    ) -> None:
+        self.repo = repo.resolve()
+        self.cartridge = cartridge
+        self.store = store
+        self.workspace = workspace or Workspace()
+        self.forge = forge or LocalForge(store, self.repo, self.workspace)
+        self.clock = clock or SystemClock()
+        self.shutdown = threading.Event()
+        self.on_event = on_event
+        self.lease_ttl_s = lease_ttl_s
+        self.owner = f"{os.uname().nodename}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.agents = AgentService(store, cartridge, self.repo, self.shutdown, runners, self._emit)
+
+    # -- starting ---------------------------------------------------------------
+
+    def start(self, title: str, ticket: str, *, auto_merge: bool | None = None) -> str:
+        """File a new workflow in preparation; returns its id."""
+        settings = self.cartridge.workflow
+        base = settings.base_branch or git(["symbolic-ref", "--short", "HEAD"], self.repo)
+        return self.store.create_workflow(
+            title=title,
+            ticket=ticket,
+            repo_path=str(self.repo),
+            base_branch=base,
+            auto_merge=settings.auto_merge if auto_merge is None else auto_merge,
+            content_language=settings.content_language,
+        )
+
+    # -- events -----------------------------------------------------------------
+
+    def _emit(self, workflow_id: str, event: EventWrite) -> None:
+        self.store.add_event(workflow_id, event)
+        self._notify(workflow_id, event.type, event.data)
+
+    def _notify(self, workflow_id: str, type_: str, data: Mapping[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(workflow_id, type_, data)
+
+    # -- advancing --------------------------------------------------------------
+
+    def deps_for(self, ctx: WorkflowContext) -> PhaseDeps:
+        return PhaseDeps(
+            store=self.store,
+            cartridge=self.cartridge,
+            forge=self.forge,
+            workspace=self.workspace,
+            agents=self.agents,
+            effects=SideEffects(self.store, self.forge, self.workspace, ctx.id,
+                                Path(ctx.repo_path)),
+            clock=self.clock,
+            shutdown=self.shutdown,
+        )
+
+    def commit(self, ctx: WorkflowContext, result: PhaseResult) -> dict[str, Any]:
+        """Commit ``result`` through the single commit path and report it to on_event."""
+        row = self.store.commit_phase_result(ctx, result)
+        for event in result.events:
+            self._notify(ctx.id, event.type, event.data)
+        self._notify(ctx.id, "committed", {
+            "outcome": result.outcome, "phase": row["current_phase"], "status": row["status"],
+            "reason": result.reason,
+        })
+        return row
+
+    def advance(self, workflow_id: str, *, max_steps: int = 200) -> dict[str, Any]:
+        """Run the workflow until it waits, pauses, fails, completes or shutdown is asked.
+
+        Returns the workflow's row. Raises WorkflowNotFound, or LeaseHeld when
+        another live worker is advancing it.
+        """
+        fence = self.store.claim(workflow_id, self.owner, self.lease_ttl_s)
+        if fence is None:
+            raise LeaseHeld(f"workflow {workflow_id} is being advanced by another worker")
+        heartbeat = _Heartbeat(self.store, workflow_id, self.owner, fence, self.lease_ttl_s)
+        heartbeat.start()
+        try:
+            for _ in range(max_steps):
+                if self.shutdown.is_set() or not self._step(workflow_id):
+                    break
+        finally:
+            heartbeat.stopped.set()
+            self.store.release(workflow_id, self.owner)
+        return self.store.workflow_row(workflow_id)
+
+    def _step(self, workflow_id: str) -> bool:
+        """Run the current phase once and commit. True when the workflow should go on."""
+        ctx = self.store.load_context(workflow_id)
+        if ctx.status not in RUNNABLE_STATUSES:
+            return False
+        deps = self.deps_for(ctx)
+        try:
+            notes = deps.effects.reconcile()
+            for note in notes:
+                self._emit(ctx.id, EventWrite("reconciled", {"note": note}))
+            if notes:
+                ctx = self.store.load_context(workflow_id)
+            healed = self._self_heal(ctx, deps)
+            result = healed or resolve_phase_handler(ctx.current_phase)(ctx, deps)
+        except WorkflowPaused as exc:
+            self._emit(ctx.id, EventWrite("paused_by_shutdown", {"phase": ctx.current_phase,
+                                                                  "note": str(exc)}))
+            return False
+        except Exception as exc:  # a phase must never crash the engine half-committed
+            log.exception("phase %s of %s raised", ctx.current_phase, ctx.id)
+            result = PhaseResult("failed", reason=f"{ctx.current_phase}: {type(exc).__name__}: {exc}")
+
+        if result.outcome == "wait" and not (result.milestones or result.state or result.updates):
+            return False  # nothing new while waiting: no write on every poll
+        try:
+            row = self.commit(ctx, result)
+        except StaleContext as exc:
+            log.warning("%s", exc)
+            return False
+        except ContractViolation as exc:
+            log.error("phase %s returned an illegal result: %s", ctx.current_phase, exc)
+            row = self.commit(ctx, PhaseResult("failed", reason=f"contract violation: {exc}"))
+        return result.outcome in ("completed", "retry") and row["current_phase"] != COMPLETED
+
+    def _self_heal(self, ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
+        """Re-create a missing or broken worktree from its branch (not in preparation).
+
+        Returns a failed result when the branch itself is gone: a phase must
+        never run against the wrong checkout.
+        """
+        if (ctx.current_phase == PREPARATION or not ctx.worktree_path or not ctx.branch_name
+                or ctx.state.get("worktree_removed")):
+            return None
+        path = Path(ctx.worktree_path)
+        if deps.workspace.is_healthy(path, ctx.branch_name):
+            return None
+        repo = Path(ctx.repo_path)
+        if not deps.workspace.branch_exists(repo, ctx.branch_name):
+            return PhaseResult("failed", reason=f"branch {ctx.branch_name} is gone; "
+                                                "cannot heal the worktree")
+        deps.workspace.ensure_worktree(repo, ctx.branch_name, path)
+        self._emit(ctx.id, EventWrite("worktree_healed", {"path": str(path)}))
+        return None
+
+    # -- the worker -------------------------------------------------------------
+
+    def run_worker(self, *, once: bool = False, poll_s: float = 2.0) -> None:
+        """Advance every runnable workflow, forever (or one pass with ``once``)."""
+        while not self.shutdown.is_set():
+            for workflow_id in self.store.runnable_workflow_ids(RUNNABLE_STATUSES):
+                if self.shutdown.is_set():
+                    break
+                try:
+                    self.advance(workflow_id)
+                except LeaseHeld:
+                    continue
+            if once:
+                return
+            self.shutdown.wait(poll_s)

@@ -1,0 +1,131 @@
+"""The local forge: issues, comments and pull requests in the store, merges with real git.
+
+The embedded default (DESIGN.md §6). Branches live in the repository itself,
+so publishing a branch is a no-op, and a merge is ``git merge --no-ff`` into
+the base branch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from phasegate.forge.base import ForgeError, Issue, PullRequest
+from phasegate.store import Store
+from phasegate.store import tables as t
+from phasegate.workspace import Workspace
+
+__all__ = ["LocalForge"]
+
+
+class LocalForge:
+    def __init__(self, store: Store, repo: Path, workspace: Workspace) -> None:
+        self.store = store
+        self.repo = repo
+        self.key = str(repo.resolve())
+        self.workspace = workspace
+
+    # -- issues -----------------------------------------------------------------
+
+    def create_issue(self, title: str, body: str, marker: str) -> int:
+        return self.store.forge_insert(
+            t.forge_issues, self.key, title=title, body=body, state="open", marker=marker
+        )
+
+    def find_issue(self, marker: str) -> int | None:
+        rows = self.store.forge_rows(t.forge_issues, self.key, marker=marker)
+        return rows[0]["number"] if rows else None
+
+    def issue(self, number: int) -> Issue:
+        rows = self.store.forge_rows(t.forge_issues, self.key, number=number)
+        if not rows:
+            raise ForgeError(f"no issue #{number} in {self.key}")
+        r = rows[0]
+        return Issue(r["number"], r["title"], r["body"], r["state"])
+
+    def close_issue(self, number: int) -> None:
+        self.issue(number)
+        self.store.forge_update(
+            t.forge_issues, self.key, number, state="closed", closed_at=self.store.clock.now()
+        )
+
+    def issues(self) -> list[Issue]:
+        return [
+            Issue(r["number"], r["title"], r["body"], r["state"])
+            for r in self.store.forge_rows(t.forge_issues, self.key)
+        ]
+
+    # -- comments ---------------------------------------------------------------
+
+    def comment(self, issue_number: int, body: str, marker: str) -> int:
+        return self.store.forge_add_comment(self.key, issue_number, body, marker)
+
+    def find_comment(self, issue_number: int, marker: str) -> int | None:
+        rows = self.store.forge_rows(
+            t.forge_comments, self.key, issue_number=issue_number, marker=marker
+        )
+        return rows[0]["id"] if rows else None
+
+    def comments(self, issue_number: int | None = None) -> list[dict[str, object]]:
+        where = {} if issue_number is None else {"issue_number": issue_number}
+        return self.store.forge_rows(t.forge_comments, self.key, **where)
+
+    # -- pull requests ----------------------------------------------------------
+
+    def publish_branch(self, branch: str) -> None:
+        if not self.workspace.branch_exists(self.repo, branch):
+            raise ForgeError(f"branch {branch} does not exist in {self.repo}")
+
+    def create_pull_request(self, head: str, base: str, title: str, body: str) -> int:
+        return self.store.forge_insert(
+            t.forge_pull_requests, self.key, head=head, base=base, title=title, body=body,
+            state="open",
+        )
+
+    def find_pull_request(self, head: str) -> int | None:
+        rows = self.store.forge_rows(t.forge_pull_requests, self.key, head=head)
+        return rows[-1]["number"] if rows else None
+
+    def pull_request(self, number: int) -> PullRequest:
+        rows = self.store.forge_rows(t.forge_pull_requests, self.key, number=number)
+        if not rows:
+            raise ForgeError(f"no pull request #{number} in {self.key}")
+        r = rows[0]
+        return PullRequest(r["number"], r["head"], r["base"], r["title"], r["body"], r["state"],
+                           r["merge_sha"])
+
+    def pull_requests(self) -> list[PullRequest]:
+        return [self.pull_request(r["number"])
+                for r in self.store.forge_rows(t.forge_pull_requests, self.key)]
+
+    def update_pull_request(self, number: int, body: str) -> None:
+        self.pull_request(number)
+        self.store.forge_update(t.forge_pull_requests, self.key, number, body=body)
+
+    def merge_pull_request(self, number: int, message: str) -> str:
+        pr = self.pull_request(number)
+        if pr.state == "merged" and pr.merge_sha:
+            return pr.merge_sha
+        if pr.state != "open":
+            raise ForgeError(f"pull request #{number} is {pr.state}")
+        sha = self.workspace.merge_into_base(self.repo, pr.base, pr.head, message)
+        self._record_merge(number, sha)
+        return sha
+
+    def find_merge(self, number: int) -> str | None:
+        pr = self.pull_request(number)
+        if pr.merge_sha:
+            return pr.merge_sha
+        if not self.workspace.branch_exists(self.repo, pr.head):
+            return None
+        sha = self.workspace.find_merge_commit(
+            self.repo, pr.base, self.workspace.rev(self.repo, pr.head)
+        )
+        if sha:
+            self._record_merge(number, sha)
+        return sha
+
+    def _record_merge(self, number: int, sha: str) -> None:
+        self.store.forge_update(
+            t.forge_pull_requests, self.key, number, state="merged", merge_sha=sha,
+            merged_at=self.store.clock.now(),
+        )

@@ -1,0 +1,217 @@
+"""The side-effect journal: every irreversible effect is evidence before it happens.
+
+For each effect (issue, branch, push, PR, PR update, comment, merge, issue
+close) the journal (DESIGN.md §1):
+
+1. returns the recorded result if the effect's milestone is ``completed``;
+2. otherwise looks the effect up on the forge or in git, in case an earlier
+   process did it and died before settling the row;
+3. writes the milestone ``in_progress`` with its idempotency key, in its own
+   transaction, *before* the call;
+4. makes the call, and settles the row ``completed`` (or ``failed``) in place.
+
+``reconcile()`` runs at the top of ``advance()``: it settles every row a dead
+process left ``in_progress``, by the same lookups.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from phasegate.contract import MilestoneView, MilestoneWrite, PhasegateError
+from phasegate.forge import Forge
+from phasegate.store import Store
+from phasegate.workspace import Workspace
+
+__all__ = ["EFFECT_KINDS", "SideEffects"]
+
+log = logging.getLogger(__name__)
+
+EFFECT_KINDS = frozenset(
+    {
+        "issue_created",
+        "branch_created",
+        "branch_pushed",
+        "pr_created",
+        "pr_updated",
+        "comment_posted",
+        "merge_completed",
+        "issue_closed",
+    }
+)
+
+Result = dict[str, Any]
+
+
+class SideEffects:
+    """The journaled effects of one workflow. Each method is idempotent on its key."""
+
+    def __init__(
+        self, store: Store, forge: Forge, workspace: Workspace, workflow_id: str, repo: Path
+    ) -> None:
+        self.store = store
+        self.forge = forge
+        self.workspace = workspace
+        self.workflow_id = workflow_id
+        self.repo = repo
+
+    # -- the effects ------------------------------------------------------------
+
+    def create_issue(self, phase: str, title: str, body: str) -> int:
+        marker = f"phasegate:workflow:{self.workflow_id}"
+        params = {"title": title, "marker": marker}
+        result = self._journaled(
+            phase, "issue_created", "issue", params,
+            lambda: {"number": self.forge.create_issue(title, body, marker)},
+        )
+        return int(result["number"])
+
+    def create_branch(self, phase: str, branch: str, base: str) -> str:
+        params = {"branch": branch, "base": base}
+        result = self._journaled(
+            phase, "branch_created", branch, params,
+            lambda: {"sha": self.workspace.create_branch(self.repo, branch, base)},
+        )
+        return str(result["sha"])
+
+    def push_branch(self, phase: str, branch: str, sha: str) -> None:
+        self._journaled(
+            phase, "branch_pushed", f"{branch}@{sha}", {"branch": branch, "sha": sha},
+            lambda: self.forge.publish_branch(branch) or {"sha": sha},
+        )
+
+    def open_pull_request(self, phase: str, head: str, base: str, title: str, body: str) -> int:
+        params = {"head": head, "base": base}
+        result = self._journaled(
+            phase, "pr_created", head, params,
+            lambda: {"number": self.forge.create_pull_request(head, base, title, body)},
+        )
+        return int(result["number"])
+
+    def update_pull_request(self, phase: str, number: int, body: str, key: str) -> None:
+        self._journaled(
+            phase, "pr_updated", f"pr{number}:{key}", {"number": number, "body": body},
+            lambda: self.forge.update_pull_request(number, body) or {"number": number},
+        )
+
+    def comment(
+        self, phase: str, issue: int, body: str, key: str, *, best_effort: bool = False
+    ) -> bool:
+        """Post ``body`` once per ``key``; with ``best_effort`` a forge failure is logged, not raised."""
+        marker = f"phasegate:{self.workflow_id}:{key}"
+        params = {"issue": issue, "marker": marker}
+        try:
+            self._journaled(
+                phase, "comment_posted", key, params,
+                lambda: {"id": self.forge.comment(issue, f"{body}\n\n<!-- {marker} -->", marker)},
+            )
+        except PhasegateError as exc:
+            if not best_effort:
+                raise
+            log.warning("comment %s on #%s not posted: %s", key, issue, exc)
+            return False
+        return True
+
+    def merge(self, phase: str, number: int, message: str) -> str:
+        result = self._journaled(
+            phase, "merge_completed", f"pr{number}", {"number": number},
+            lambda: {"sha": self.forge.merge_pull_request(number, message)},
+        )
+        return str(result["sha"])
+
+    def close_issue(self, phase: str, number: int) -> None:
+        self._journaled(
+            phase, "issue_closed", f"issue{number}", {"number": number},
+            lambda: self.forge.close_issue(number) or {"number": number},
+        )
+
+    # -- lookups: has the effect already happened? ------------------------------
+
+    def _lookup(self, kind: str, params: Mapping[str, Any]) -> Result | None:
+        forge = self.forge
+        if kind == "issue_created":
+            number = forge.find_issue(params["marker"])
+            return None if number is None else {"number": number}
+        if kind == "branch_created":
+            if not self.workspace.branch_exists(self.repo, params["branch"]):
+                return None
+            return {"sha": self.workspace.rev(self.repo, params["branch"])}
+        if kind == "branch_pushed":
+            return None  # publishing again is harmless; let it run
+        if kind == "pr_created":
+            number = forge.find_pull_request(params["head"])
+            return None if number is None else {"number": number}
+        if kind == "pr_updated":
+            pr = forge.pull_request(params["number"])
+            return {"number": pr.number} if pr.body == params["body"] else None
+        if kind == "comment_posted":
+            found = forge.find_comment(params["issue"], params["marker"])
+            return None if found is None else {"id": found}
+        if kind == "merge_completed":
+            sha = forge.find_merge(params["number"])
+            return None if sha is None else {"sha": sha}
+        if kind == "issue_closed":
+            issue = forge.issue(params["number"])
+            return {"number": issue.number} if issue.state == "closed" else None
+        raise PhasegateError(f"no lookup for effect {kind!r}")
+
+    # -- the journal ------------------------------------------------------------
+
+    def _journaled(
+        self,
+        phase: str,
+        kind: str,
+        key: str,
+        params: Mapping[str, Any],
+        call: Callable[[], Result],
+    ) -> Result:
+        write = MilestoneWrite(kind, status="in_progress", key=key, data={"params": dict(params)},
+                               summary=f"{kind}: in progress")
+        dedupe_key = self.store.dedupe_key(self.workflow_id, phase, write)
+        existing = self.store.milestone_by_key(dedupe_key)
+        if existing is not None and existing.status == "completed":
+            return dict(existing.data.get("result", {}))
+        if existing is not None and existing.status == "in_progress":
+            found = self._lookup(kind, params)
+            if found is not None:
+                self._settle(existing, found, "found after restart")
+                return found
+        row = self.store.write_milestone(self.workflow_id, phase, write)
+        try:
+            result = call()
+        except Exception as exc:
+            self.store.settle_milestone(row, "failed", summary=f"{kind}: {exc}")
+            raise
+        self._settle(row, result, "done")
+        return result
+
+    def _settle(self, row: MilestoneView, result: Result, how: str) -> None:
+        self.store.settle_milestone(row, "completed", summary=f"{row.kind}: {how}",
+                                    data={"result": result})
+
+    def reconcile(self) -> list[str]:
+        """Settle every milestone a dead process left ``in_progress``; returns what was done.
+
+        An effect found on the forge or in git is settled ``completed`` with
+        what was found; one not found is ``cancelled`` (the phase repeats it
+        under the same key). Other in-progress rows (an agent or a verifier
+        that was running) are ``cancelled`` as interrupted.
+        """
+        notes = []
+        for row in self.store.in_progress_milestones(self.workflow_id):
+            if row.kind in EFFECT_KINDS:
+                found = self._lookup(row.kind, row.data.get("params", {}))
+                if found is not None:
+                    self._settle(row, found, "found after restart")
+                    notes.append(f"{row.kind}: found, settled completed")
+                    continue
+                self.store.settle_milestone(row, "cancelled",
+                                            summary=f"{row.kind}: interrupted, not found")
+                notes.append(f"{row.kind}: not found, will be repeated")
+            else:
+                self.store.settle_milestone(row, "cancelled", summary=f"{row.kind}: interrupted")
+                notes.append(f"{row.kind}: interrupted")
+        return notes

@@ -1,0 +1,174 @@
+"""acceptance_verification: an independent, read-only verifier on the merge commit.
+
+(spec 000, acceptance_verification)
+
+- preconditions: current_phase == "acceptance_verification", status ==
+  "verification_pending"; the pull request is merged, so a merge SHA resolves.
+- inputs: merge_sha (from the pull request when absent), the ticket's
+  acceptance hash, state.verification_attempt and
+  state.verification_parse_failures, earlier acceptance_verification milestones.
+- authoritative evidence: the ``acceptance_verification`` milestone, minted
+  in_progress ("Acceptance verification: running") before the verifier starts,
+  settled in place with the verdict; its key is (merge SHA, acceptance hash).
+- side effects: the verifier run (verification line, read-only) and the
+  cartridge's checks on a temporary checkout of the merge commit; an issue
+  comment; the issue closed on a confirmed verdict only; a human override
+  records who in ``verified_by``.
+- postconditions: confirmed (and every check passed) → status "completed",
+  issue closed, completed_at set. Rejected or indeterminate → paused for a
+  person; delivered code is never marked failed.
+- re-entry point: a settled confirmed row for the same (merge SHA, acceptance
+  hash) is a terminal no-op; a new merge or an edited ticket verifies again.
+  The same attempt reuses its row; a row a killed process left in_progress is
+  settled cancelled by reconciliation and minted again by the same attempt.
+- recovery behavior: a verifier failure (exit code, timeout) retries in the
+  phase up to limits.max_verification_attempts (3); an unparseable verdict up
+  to limits.max_verification_parse_failures (2); then paused.
+- terminal outcomes: completed (confirmed, or the phase disabled); retry;
+  pause (rejected, indeterminate, retries exhausted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from phasegate.agents.service import AgentFailed
+from phasegate.contract import (
+    ACCEPTANCE_VERIFICATION,
+    COMPLETED,
+    ContractViolation,
+    MilestoneWrite,
+    PhaseResult,
+    WorkflowContext,
+)
+from phasegate.phases.deps import PhaseDeps, verdict_parser
+
+__all__ = ["acceptance_hash", "override", "run"]
+
+KIND = "acceptance_verification"
+
+VERIFY_PROMPT = """You are an independent verifier. The change for the ticket below has been
+merged; your working directory is a checkout of the merge commit. Do not modify
+any file. Check whether the ticket's requirements are met by the code as it is.
+The mechanical checks' results are below. End your answer with one line:
+VERDICT: confirmed   or   VERDICT: rejected   or   VERDICT: indeterminate
+
+## Ticket: {title}
+
+{ticket}
+
+## Checks on the merge commit
+
+{checks}
+"""
+
+
+def acceptance_hash(ctx: WorkflowContext) -> str:
+    """A hash of what the ticket asks (title and text): 16 hex digits."""
+    return hashlib.sha256(f"{ctx.title}\n{ctx.ticket}".encode()).hexdigest()[:16]
+
+
+def _confirm(ctx: WorkflowContext, deps: PhaseDeps, row: MilestoneWrite, who: str) -> PhaseResult:
+    if ctx.issue_number:
+        deps.effects.comment(ACCEPTANCE_VERIFICATION, ctx.issue_number,
+                             f"Acceptance verification: **confirmed** ({who}).",
+                             f"verified:{row.key}", best_effort=True)
+        deps.effects.close_issue(ACCEPTANCE_VERIFICATION, ctx.issue_number)
+    return PhaseResult.advance(
+        COMPLETED,
+        state={"verification_status": "confirmed", "verified_by": who},
+        milestones=(row,),
+    )
+
+
+def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    if not deps.cartridge.workflow.acceptance_verification:
+        return PhaseResult.advance(COMPLETED, state={"verification_status": "disabled"})
+    merge_sha = ctx.merge_sha
+    if not merge_sha and ctx.pr_number:
+        merge_sha = deps.forge.pull_request(ctx.pr_number).merge_sha
+    if not merge_sha:
+        return PhaseResult("pause", reason="no merge SHA resolves for the pull request")
+    key = f"{merge_sha[:12]}:{acceptance_hash(ctx)}"
+    for row in ctx.milestones_of(KIND):
+        if row.dedupe_key.endswith(key) and row.data.get("verdict") == "confirmed":
+            return PhaseResult.advance(COMPLETED, state={"verification_status": "confirmed"})
+
+    attempt = int(ctx.state.get("verification_attempt", 0)) + 1
+    parse_failures = int(ctx.state.get("verification_parse_failures", 0))
+    limits = deps.limits
+    running = MilestoneWrite(KIND, status="in_progress", attempt=attempt, key=key,
+                             summary="Acceptance verification: running",
+                             data={"merge_sha": merge_sha})
+    deps.store.write_milestone(ctx.id, ACCEPTANCE_VERIFICATION, running)
+
+    def settle(status: str, summary: str, **data: object) -> MilestoneWrite:
+        return MilestoneWrite(KIND, status=status, attempt=attempt, key=key,  # type: ignore[arg-type]
+                              summary=summary, data={"merge_sha": merge_sha, **data})
+
+    with deps.workspace.temporary_checkout(Path(ctx.repo_path), merge_sha) as checkout:
+        checks = deps.workspace.run_checks(
+            deps.cartridge.landing_areas.checks, checkout, deps.cartridge.landing_areas.check_timeout
+        )
+        check_text = "\n".join(
+            f"- `{c.command}`: {'passed' if c.passed else 'FAILED'}" for c in checks
+        ) or "- (no checks configured)"
+        try:
+            answer = deps.agents.ask(
+                ctx, ACCEPTANCE_VERIFICATION, "verification",
+                VERIFY_PROMPT.format(title=ctx.title, ticket=ctx.ticket, checks=check_text),
+                checkout, round=attempt, attempt=attempt, retries=0,
+                parse=verdict_parser(("confirmed", "rejected", "indeterminate")),
+            )
+        except AgentFailed as exc:
+            garbage = exc.kind == "garbage"
+            failures = parse_failures + 1 if garbage else parse_failures
+            row = settle("failed", str(exc)[:500], error_kind=exc.kind)
+            exhausted = (failures >= limits.max_verification_parse_failures if garbage
+                         else attempt >= limits.max_verification_attempts)
+            state = {"verification_attempt": attempt, "verification_parse_failures": failures}
+            if exhausted:
+                return PhaseResult("pause", reason=f"verification gave up: {exc}", state=state,
+                                   milestones=(row,))
+            return PhaseResult("retry", state=state, milestones=(row,))
+
+    checks_data = [c.as_dict() for c in checks]
+    verdict = answer.parsed.verdict
+    if verdict == "confirmed" and not all(c.passed for c in checks):
+        verdict, note = "rejected", "the verifier confirmed but a check failed on the merge commit"
+    else:
+        note = answer.parsed.comments[:1000]
+    row = settle("completed", f"Acceptance verification: {verdict}", verdict=verdict,
+                 comments=note, checks=checks_data, verified_by="verifier")
+    if verdict == "confirmed":
+        return _confirm(ctx, deps, row, "verifier")
+    return PhaseResult(
+        "pause",
+        reason=f"acceptance verification {verdict}: {note[:500]}; a person decides "
+               "(`phasegate verify-override`)",
+        state={"verification_status": verdict, "verification_attempt": attempt},
+        milestones=(row,),
+    )
+
+
+def override(ctx: WorkflowContext, deps: PhaseDeps, verdict: str, by: str) -> PhaseResult:
+    """A person's verdict, recorded with who gave it (spec 000: verification_override).
+
+    Raises ContractViolation unless the workflow is in acceptance_verification.
+    """
+    if ctx.current_phase != ACCEPTANCE_VERIFICATION:
+        raise ContractViolation(
+            f"workflow {ctx.id} is in {ctx.current_phase}, not acceptance_verification"
+        )
+    if verdict not in ("confirmed", "rejected"):
+        raise ContractViolation(f"verdict must be confirmed or rejected, not {verdict!r}")
+    row = MilestoneWrite(KIND, key=f"override:{deps.clock.now().isoformat()}",
+                         summary=f"Acceptance verification: {verdict} by {by}",
+                         data={"verdict": verdict, "verified_by": by, "override": True,
+                               "merge_sha": ctx.merge_sha})
+    if verdict == "confirmed":
+        return _confirm(ctx, deps, row, by)
+    return PhaseResult("pause", reason=f"acceptance rejected by {by}",
+                       state={"verification_status": "rejected", "verified_by": by},
+                       milestones=(row,))

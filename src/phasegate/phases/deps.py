@@ -1,0 +1,99 @@
+"""PhaseDeps, and helpers every phase module shares: paths and answer parsing."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from phasegate.agents.service import AgentService, AnswerError
+from phasegate.cartridge import Cartridge
+from phasegate.clock import Clock
+from phasegate.contract import WorkflowContext
+from phasegate.forge import Forge
+from phasegate.journal import SideEffects
+from phasegate.store import Store
+from phasegate.workspace import Workspace
+
+__all__ = ["PhaseDeps", "Verdict", "verdict_parser", "worktree_of"]
+
+
+@dataclass
+class PhaseDeps:
+    """Every side-effecting service a phase may use (DESIGN.md §1)."""
+
+    store: Store
+    cartridge: Cartridge
+    forge: Forge
+    workspace: Workspace
+    agents: AgentService
+    effects: SideEffects
+    clock: Clock
+    shutdown: threading.Event
+
+    @property
+    def limits(self):  # noqa: ANN201 - the cartridge's Limits
+        return self.cartridge.limits
+
+
+def worktree_of(ctx: WorkflowContext) -> Path:
+    """The workflow's worktree path; raises ValueError before preparation set it."""
+    if not ctx.worktree_path:
+        raise ValueError(f"workflow {ctx.id} has no worktree yet")
+    return Path(ctx.worktree_path)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str
+    comments: str
+
+
+_VERDICT_LINE = re.compile(r"^\s*\**\s*verdict\s*\**\s*[:=]\s*\**\s*([a-z_\-]+)", re.I | re.M)
+
+
+def verdict_parser(allowed: Iterable[str]) -> Callable[[str], Verdict]:
+    """A parser for answers that end in a verdict.
+
+    Accepts a ``VERDICT: <word>`` line or a JSON object with ``verdict`` (and
+    optionally ``comments``). Anything else, or a verdict outside ``allowed``,
+    is an AnswerError: garbage, retried within the phase's bounds.
+    """
+    choices = tuple(allowed)
+
+    def parse(text: str) -> Verdict:
+        found: str | None = None
+        comments = text.strip()
+        for match in re.finditer(r"\{.*?\}", text, re.S):
+            try:
+                obj = json.loads(match.group(0))
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict) and isinstance(obj.get("verdict"), str):
+                found = obj["verdict"]
+                comments = str(obj.get("comments", "")) or comments
+        lines = _VERDICT_LINE.findall(text)
+        if lines:
+            found = lines[-1]
+            comments = _VERDICT_LINE.sub("", text).strip()
+        if found is None:
+            raise AnswerError(
+                f"no verdict in the answer (expected a line 'VERDICT: {'|'.join(choices)}'); "
+                f"got: {text.strip()[:200]!r}"
+            )
+        found = found.strip().lower().replace("-", "_")
+        if found not in choices:
+            raise AnswerError(f"verdict {found!r} is not one of {', '.join(choices)}")
+        return Verdict(found, comments)
+
+    return parse
+
+
+def non_empty(text: str) -> str:
+    """Parser for free-text answers: anything but blank."""
+    if not text.strip():
+        raise AnswerError("the answer is empty")
+    return text.strip()

@@ -1,0 +1,136 @@
+"""development: the build role changes the worktree, the change is committed, checks run.
+
+Bounded retries on failing checks (spec 000, development).
+
+- preconditions: the worktree exists on branch_name; a ``plan_finalized``
+  milestone exists (state.plan); current_phase == "development".
+- inputs: state.plan, dev_round, state.test_retries, the previous attempt's
+  failing checks (state.last_check_failure), review comments from pr_review
+  (state.review_feedback), user_feedback.
+- authoritative evidence: ``tests_run`` (per attempt, the checks' structured
+  results: command, exit code, duration, output tail) and ``dev_completed``.
+- side effects: the build agent run (writes code), a git commit, the
+  cartridge's checks, the branch push (journaled).
+- postconditions: on success current_phase == "pr_review", status ==
+  "pr_review", current_round == 0, retry counters cleared.
+- re-entry point: dev_round and test_retries are persisted; a completed
+  ``dev_completed`` for this dev_round short-circuits, so a restart never
+  builds the same round twice.
+- recovery behavior: failing checks → retry up to limits.max_dev_retries →
+  failed. A build agent that fails every try → failed. Shutdown raises
+  WorkflowPaused and commits nothing.
+- terminal outcomes: completed → pr_review; retry; failed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from phasegate.agents.service import AgentFailed
+from phasegate.contract import DEVELOPMENT, PR_REVIEW, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.phases.deps import PhaseDeps, worktree_of
+from phasegate.workspace import CheckResult
+
+__all__ = ["run"]
+
+BUILD_PROMPT = """Implement the plan below in the repository in your working directory.
+Edit the files directly and make the change complete, with tests. Do not commit;
+phasegate commits your changes. Finish with a short summary of what you changed.
+
+## Ticket: {title}
+
+{ticket}
+
+## Plan
+
+{plan}
+{extra}"""
+
+
+def _failure_summary(checks: list[CheckResult]) -> str:
+    parts = []
+    for check in checks:
+        if not check.passed:
+            how = "timed out" if check.timed_out else f"exit code {check.exit_code}"
+            parts.append(f"$ {check.command}  ({how})\n{check.output[-1500:]}")
+    return "\n\n".join(parts)
+
+
+def _done(ctx: WorkflowContext, head: str, milestones: tuple[MilestoneWrite, ...]) -> PhaseResult:
+    return PhaseResult.advance(
+        PR_REVIEW,
+        updates={"current_round": 0, "user_feedback": None},
+        state={"test_retries": 0, "last_check_failure": None, "review_feedback": None,
+               "head_sha": head},
+        milestones=milestones,
+    )
+
+
+def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    cwd = worktree_of(ctx)
+    repo = Path(ctx.repo_path)
+    dev_round = ctx.dev_round
+    done = ctx.milestone("dev_completed", phase=DEVELOPMENT, round=dev_round)
+    if done is not None and done.status == "completed":
+        return _done(ctx, str(done.data.get("head", "")), ())
+    plan = ctx.state.get("plan")
+    if not plan:
+        return PhaseResult("failed", reason="no finalized plan (plan_finalized milestone missing)")
+
+    attempt = int(ctx.state.get("test_retries", 0)) + 1
+    extra = ""
+    if ctx.state.get("review_feedback"):
+        extra += f"\n## The reviewer sent the change back\n\n{ctx.state['review_feedback']}\n"
+    if ctx.user_feedback:
+        extra += f"\n## Feedback from a person\n\n{ctx.user_feedback}\n"
+    if ctx.state.get("last_check_failure"):
+        extra += f"\n## The checks failed on your last attempt\n\n{ctx.state['last_check_failure']}\n"
+
+    try:
+        answer = deps.agents.ask(
+            ctx, DEVELOPMENT, "build",
+            BUILD_PROMPT.format(title=ctx.title, ticket=ctx.ticket, plan=plan, extra=extra),
+            cwd, round=dev_round, attempt=attempt,
+        )
+    except AgentFailed as exc:
+        return PhaseResult("failed", reason=str(exc), milestones=(
+            MilestoneWrite("dev_failed", status="failed", round=dev_round, attempt=attempt,
+                           summary=str(exc)),
+        ))
+
+    assert ctx.branch_name is not None
+    commit = deps.workspace.commit_all(
+        cwd, f"{ctx.title}\n\nphasegate workflow {ctx.id}, development round {dev_round}, "
+             f"attempt {attempt}",
+    )
+    head = deps.workspace.rev(cwd, "HEAD")
+    changed = deps.workspace.commits_ahead(repo, ctx.base_branch, ctx.branch_name) > 0
+    checks = deps.workspace.run_checks(
+        deps.cartridge.landing_areas.checks, cwd, deps.cartridge.landing_areas.check_timeout
+    )
+    passed = changed and all(c.passed for c in checks)
+    failure = _failure_summary(checks) if changed else "the build agent changed no file"
+    tests_run = MilestoneWrite(
+        "tests_run", round=dev_round, attempt=attempt,
+        status="completed" if passed else "failed",
+        summary=f"{sum(c.passed for c in checks)}/{len(checks)} checks passed"
+        + ("" if changed else "; no change"),
+        data={"checks": [c.as_dict() for c in checks], "passed": passed, "commit": commit,
+              "head": head, "agent_summary": answer.text.strip()[-2000:]},
+    )
+    if passed:
+        deps.effects.push_branch(DEVELOPMENT, ctx.branch_name, head)
+        return _done(ctx, head, (
+            tests_run,
+            MilestoneWrite("dev_completed", round=dev_round, summary=f"head {head[:12]}",
+                           data={"head": head, "attempts": attempt}),
+        ))
+    if attempt <= deps.limits.max_dev_retries:
+        return PhaseResult("retry", state={"test_retries": attempt, "last_check_failure": failure},
+                           milestones=(tests_run,))
+    return PhaseResult(
+        "failed",
+        reason=f"checks still failing after {attempt} attempt(s): {failure[:1500]}",
+        state={"last_check_failure": failure},
+        milestones=(tests_run,),
+    )

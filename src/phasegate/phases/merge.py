@@ -1,0 +1,82 @@
+"""merge: sync the base into the branch, merge the pull request with real git, clean up.
+
+(spec 000, merge)
+
+- preconditions: current_phase == "merge", status == "merging"; a pull
+  request exists (pr_number).
+- inputs: pr_number, branch_name, base_branch, worktree_path.
+- authoritative evidence: ``merge_completed`` (journaled, with the merge
+  SHA) or ``merge_failed``; ``cleanup`` is tracked apart and never decides
+  the outcome.
+- side effects: ``git merge`` of the base into the branch (sync), the forge
+  merge (``git merge --no-ff`` into the base), worktree and branch removal.
+  The issue is NOT closed here: only a confirmed verification closes it.
+- postconditions: current_phase == "acceptance_verification", status ==
+  "verification_pending", merge_sha set.
+- re-entry point: a completed ``merge_completed`` is reused; one left
+  in_progress by a killed process is settled by looking for the merge commit
+  on the base before the phase runs, so a restart never merges twice.
+- recovery behavior: a conflict with the base pauses the workflow with the
+  reason (resolve on the branch, then resume); a failed cleanup is recorded
+  and retried by the next merge run, never failing the merge.
+- terminal outcomes: completed → acceptance_verification; pause (conflict);
+  failed (merge error).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from phasegate.contract import (
+    ACCEPTANCE_VERIFICATION,
+    MERGE,
+    MilestoneWrite,
+    PhaseResult,
+    WorkflowContext,
+)
+from phasegate.phases.deps import PhaseDeps
+from phasegate.workspace import GitError
+
+__all__ = ["run"]
+
+
+def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    if not ctx.pr_number:
+        return PhaseResult("failed", reason="no pull request to merge")
+    assert ctx.branch_name is not None
+    repo = Path(ctx.repo_path)
+    merged = deps.forge.find_merge(ctx.pr_number)
+    if merged is None and ctx.worktree_path and Path(ctx.worktree_path).exists():
+        if not deps.workspace.sync_base(Path(ctx.worktree_path), ctx.base_branch):
+            return PhaseResult(
+                "pause",
+                reason=f"{ctx.branch_name} conflicts with {ctx.base_branch}; resolve the "
+                       "conflict on the branch, then `phasegate resume`",
+                milestones=(MilestoneWrite("merge_failed", status="failed",
+                                           round=ctx.dev_round, summary="conflict with base"),),
+            )
+    message = f"Merge #{ctx.pr_number}: {ctx.title}\n\nphasegate workflow {ctx.id}"
+    try:
+        sha = deps.effects.merge(MERGE, ctx.pr_number, message)
+    except GitError as exc:
+        return PhaseResult("failed", reason=f"merge failed: {exc}", milestones=(
+            MilestoneWrite("merge_failed", status="failed", round=ctx.dev_round,
+                           summary=str(exc)[:500]),
+        ))
+
+    cleanup_ok, cleanup_note = True, "worktree and branch removed"
+    try:
+        if ctx.worktree_path:
+            deps.workspace.remove_worktree(repo, Path(ctx.worktree_path))
+        deps.workspace.delete_branch(repo, ctx.branch_name)
+    except GitError as exc:
+        cleanup_ok, cleanup_note = False, str(exc)[:500]
+    return PhaseResult.advance(
+        ACCEPTANCE_VERIFICATION,
+        updates={"merge_sha": sha},
+        state={"worktree_removed": cleanup_ok},
+        milestones=(
+            MilestoneWrite("cleanup", status="completed" if cleanup_ok else "failed",
+                           summary=cleanup_note),
+        ),
+    )

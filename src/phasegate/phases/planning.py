@@ -1,0 +1,116 @@
+"""planning: plan-then-review rounds until the plan is approved or rounds run out.
+
+One round per handler call, so every round commits its evidence (spec 000,
+planning).
+
+- preconditions: the worktree exists (``advance()`` self-heals it first);
+  current_phase == "planning".
+- inputs: ticket, current_round, limits.max_plan_rounds, issue_number, the
+  previous round's review comments (state.plan_feedback), user_feedback.
+- authoritative evidence: ``plan_finalized`` (approved, or the last plan when
+  max_plan_rounds is exhausted); per round ``plan_created``/``plan_refined``
+  and ``plan_reviewed``.
+- side effects: two agent runs per round (plan on the main line, review on the
+  review line), both read-only; an issue comment with the plan; clears
+  user_feedback after putting it in the prompt.
+- postconditions: on approval current_phase == "development", status ==
+  "developing", current_round == 0, state.plan holds the finalized plan.
+  A plan agent that timed out every try: status "planning_timeout".
+- re-entry point: current_round is persisted; the round number is always
+  current_round + 1, never kept in memory.
+- recovery behavior: agent failures retry within limits.agent_retries; a
+  shutdown (WorkflowPaused) leaves the status untouched.
+- terminal outcomes: completed → development; retry (next round); pause
+  (planning_timeout); failed (the agents failed every try).
+"""
+
+from __future__ import annotations
+
+from phasegate.agents.service import AgentFailed
+from phasegate.contract import DEVELOPMENT, PLANNING, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.phases.deps import PhaseDeps, non_empty, verdict_parser, worktree_of
+
+__all__ = ["run"]
+
+PLAN_PROMPT = """You are planning a change to the repository in your working directory.
+Do not modify any file. Read what you need, then write a concise, numbered
+implementation plan: the files to change, the functions to add or edit, and
+the tests that will prove it.
+
+## Ticket: {title}
+
+{ticket}
+{extra}"""
+
+REVIEW_PROMPT = """Review this implementation plan for the ticket below. Do not modify any file.
+Approve it if it would resolve the ticket correctly and is testable; otherwise
+say precisely what must change. End your answer with one line:
+VERDICT: approve    or    VERDICT: revise
+
+## Ticket: {title}
+
+{ticket}
+
+## Plan (round {round})
+
+{plan}
+"""
+
+
+def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    round_num = ctx.current_round + 1
+    cwd = worktree_of(ctx)
+    extra = ""
+    if ctx.state.get("plan_feedback"):
+        extra += f"\n## The reviewer's comments on your previous plan\n\n{ctx.state['plan_feedback']}\n"
+    if ctx.state.get("replan_context"):
+        extra += f"\n## Why the previous attempt was reverted\n\n{ctx.state['replan_context']}\n"
+    if ctx.user_feedback:
+        extra += f"\n## Feedback from a person\n\n{ctx.user_feedback}\n"
+
+    try:
+        plan = deps.agents.ask(
+            ctx, PLANNING, "plan",
+            PLAN_PROMPT.format(title=ctx.title, ticket=ctx.ticket, extra=extra),
+            cwd, round=round_num, parse=non_empty,
+        ).parsed
+        review = deps.agents.ask(
+            ctx, PLANNING, "plan_review",
+            REVIEW_PROMPT.format(title=ctx.title, ticket=ctx.ticket, round=round_num, plan=plan),
+            cwd, round=round_num, parse=verdict_parser(("approve", "revise")),
+        ).parsed
+    except AgentFailed as exc:
+        failed = MilestoneWrite("plan_failed", status="failed", round=round_num, summary=str(exc))
+        if exc.kind == "timeout":
+            return PhaseResult("pause", status="planning_timeout", reason=str(exc),
+                               milestones=(failed,))
+        return PhaseResult("failed", reason=str(exc), milestones=(failed,))
+
+    if ctx.issue_number:
+        deps.effects.comment(PLANNING, ctx.issue_number, f"**Plan (round {round_num})**\n\n{plan}",
+                             f"plan:r{round_num}", best_effort=True)
+    approved = review.verdict == "approve"
+    milestones = [
+        MilestoneWrite("plan_created" if round_num == 1 else "plan_refined", round=round_num,
+                       summary=plan.splitlines()[0][:200], data={"plan": plan}),
+        MilestoneWrite("plan_reviewed", round=round_num, summary=review.verdict,
+                       data={"verdict": review.verdict, "comments": review.comments}),
+    ]
+    if approved or round_num >= deps.limits.max_plan_rounds:
+        milestones.append(
+            MilestoneWrite("plan_finalized", round=round_num,
+                           summary="approved" if approved else "max_plan_rounds reached",
+                           data={"plan": plan, "approved": approved, "rounds": round_num})
+        )
+        return PhaseResult.advance(
+            DEVELOPMENT,
+            updates={"current_round": 0, "user_feedback": None},
+            state={"plan": plan, "plan_feedback": None, "replan_context": None},
+            milestones=tuple(milestones),
+        )
+    return PhaseResult(
+        "retry",
+        updates={"current_round": round_num, "user_feedback": None},
+        state={"plan_feedback": review.comments},
+        milestones=tuple(milestones),
+    )

@@ -1,0 +1,115 @@
+"""pr_review: one pull request, created or updated, and independent review rounds.
+
+One review round per development round (spec 000, pr_review): changes
+requested send the work back to development with the review as its input,
+until limits.max_pr_review_rounds.
+
+- preconditions: ``dev_completed`` for dev_round; the branch is published;
+  current_phase == "pr_review".
+- inputs: pr_number, dev_round (the review round), limits.max_pr_review_rounds,
+  the pull request's diff.
+- authoritative evidence: ``pr_reviewed`` milestones (one per round) with the
+  parsed verdict.
+- side effects: the pull request (journaled create, or update for a later
+  development round), the review agent run on the review line (read-only),
+  an issue comment with each review.
+- postconditions: on approval current_phase == "report", status ==
+  "reporting". Changes requested: back to development with dev_round + 1 and
+  the review comments as its input; after max_pr_review_rounds, paused.
+- re-entry point: dev_round persisted; the pull request is found by its head
+  branch, never created twice, and updated once per development round.
+- recovery behavior: a review agent that fails every try → failed; shutdown
+  → WorkflowPaused, nothing committed.
+- terminal outcomes: completed → report; completed → development; pause
+  (review rounds exhausted); failed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from phasegate.agents.service import AgentFailed
+from phasegate.contract import (
+    DEVELOPMENT,
+    PR_REVIEW,
+    REPORT,
+    MilestoneWrite,
+    PhaseResult,
+    WorkflowContext,
+)
+from phasegate.phases.deps import PhaseDeps, verdict_parser, worktree_of
+
+__all__ = ["run"]
+
+REVIEW_PROMPT = """Review this pull request for the ticket below. Do not modify any file.
+Check that it resolves the ticket, is correct, and is tested. End your answer
+with one line:  VERDICT: approve   or   VERDICT: request_changes
+
+## Ticket: {title}
+
+{ticket}
+
+## Diff
+
+```diff
+{diff}
+```
+"""
+
+_DIFF_LIMIT = 60_000  # characters of diff put in the prompt
+
+
+def _pr_body(ctx: WorkflowContext) -> str:
+    plan = str(ctx.state.get("plan", ""))
+    return (f"Implements #{ctx.issue_number}\n\n{ctx.title}\n\n## Plan\n\n{plan}\n\n"
+            f"_phasegate workflow `{ctx.id}`, development round {ctx.dev_round}_")
+
+
+def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    assert ctx.branch_name is not None
+    repo = Path(ctx.repo_path)
+    round_num = ctx.dev_round  # one review round per development round
+    body = _pr_body(ctx)
+    pr = deps.effects.open_pull_request(PR_REVIEW, ctx.branch_name, ctx.base_branch,
+                                        ctx.title, body)
+    if ctx.dev_round > 1:
+        deps.effects.update_pull_request(PR_REVIEW, pr, body, f"dev{ctx.dev_round}")
+
+    diff = deps.workspace.diff(repo, ctx.base_branch, ctx.branch_name)
+    try:
+        review = deps.agents.ask(
+            ctx, PR_REVIEW, "review",
+            REVIEW_PROMPT.format(title=ctx.title, ticket=ctx.ticket, diff=diff[:_DIFF_LIMIT]),
+            worktree_of(ctx), round=round_num,
+            parse=verdict_parser(("approve", "request_changes")),
+        ).parsed
+    except AgentFailed as exc:
+        return PhaseResult("failed", reason=str(exc), updates={"pr_number": pr})
+
+    reviewed = MilestoneWrite(
+        "pr_reviewed", round=round_num, summary=review.verdict,
+        data={"verdict": review.verdict, "comments": review.comments, "pr": pr},
+    )
+    if ctx.issue_number:
+        deps.effects.comment(
+            PR_REVIEW, ctx.issue_number,
+            f"**Review of #{pr}, round {round_num}: {review.verdict}**\n\n{review.comments}",
+            f"review:r{round_num}", best_effort=True,
+        )
+    if review.verdict == "approve":
+        return PhaseResult.advance(REPORT, updates={"pr_number": pr, "current_round": 0},
+                                   milestones=(reviewed,))
+    if round_num >= deps.limits.max_pr_review_rounds:
+        return PhaseResult(
+            "pause",
+            reason=f"review still requests changes after {round_num} round(s) "
+                   "(limits.max_pr_review_rounds); send feedback or resume",
+            updates={"pr_number": pr},
+            milestones=(reviewed,),
+        )
+    return PhaseResult.advance(
+        DEVELOPMENT,
+        updates={"pr_number": pr, "current_round": 0, "dev_round": ctx.dev_round + 1},
+        state={"review_feedback": review.comments},
+        milestones=(reviewed,),
+    )

@@ -1,0 +1,97 @@
+"""report: the structured progress report, posted on the issue.
+
+Thin phase: no agent run, no git mutation (spec 000, report).
+
+- preconditions: current_phase == "report"; planning, development and
+  pr_review milestones exist.
+- inputs: dev_round, the finalized plan, the diff stats, the last
+  ``tests_run``, the ``pr_reviewed`` milestones, usage totals,
+  content_language, auto_merge.
+- authoritative evidence: ``progress_reported``, ``round_completed`` and
+  ``wait_started`` for dev_round.
+- side effects: one issue comment rendered in content_language (best effort:
+  a forge failure does not fail the phase); state.report holds the payload,
+  the single source of truth.
+- postconditions: current_phase == "wait", status == "waiting";
+  state.wait_started_at recorded.
+- re-entry point: idempotent; milestones and the comment are deduplicated per
+  dev_round, so a re-run re-emits the same report.
+- recovery behavior: nothing to recover; the comment is journaled.
+- terminal outcomes: completed → wait (parks in waiting, does not merge).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from phasegate.contract import REPORT, WAIT, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.phases.deps import PhaseDeps
+from phasegate.report import render_report
+
+__all__ = ["build_payload", "run"]
+
+
+def build_payload(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
+    """The report payload: plan, changes, checks, review, usage, what comes next."""
+    finalized = ctx.milestone("plan_finalized")
+    tests = [m for m in ctx.milestones_of("tests_run") if m.round == ctx.dev_round]
+    last = tests[-1].data if tests else {}
+    results = [
+        {"command": c["command"], "passed": c["passed"], "duration_s": c["duration_s"]}
+        for c in last.get("checks", [])
+    ]
+    reviews = ctx.milestones_of("pr_reviewed")
+    usage = deps.store.usage_totals(ctx.id)
+    changes = (
+        deps.workspace.diff_stat(Path(ctx.repo_path), ctx.base_branch, ctx.branch_name)
+        if ctx.branch_name else {}
+    )
+    return {
+        "workflow": ctx.id,
+        "title": ctx.title,
+        "dev_round": ctx.dev_round,
+        "issue": ctx.issue_number,
+        "pr": ctx.pr_number,
+        "branch": ctx.branch_name,
+        "plan": {
+            "approved": bool(finalized and finalized.data.get("approved")),
+            "rounds": int(finalized.data.get("rounds", 0)) if finalized else 0,
+            "summary": str(ctx.state.get("plan", ""))[:1500],
+        },
+        "changes": changes,
+        "checks": {
+            "passed": sum(1 for r in results if r["passed"]),
+            "total": len(results),
+            "attempts": len(tests),
+            "results": results,
+        },
+        "review": {
+            "rounds": len(reviews),
+            "verdict": reviews[-1].data.get("verdict") if reviews else None,
+            "comments": str(reviews[-1].data.get("comments", ""))[:1000] if reviews else "",
+        },
+        "usage": {"tokens": usage.tokens, "cost_usd": round(usage.cost_usd, 6),
+                  "runs": usage.runs},
+        "auto_merge": ctx.auto_merge,
+        "content_language": ctx.content_language,
+    }
+
+
+def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    payload = build_payload(ctx, deps)
+    text = render_report(payload, ctx.content_language)
+    if ctx.issue_number:
+        deps.effects.comment(REPORT, ctx.issue_number, text, f"report:d{ctx.dev_round}",
+                             best_effort=True)
+    r = ctx.dev_round
+    return PhaseResult.advance(
+        WAIT,
+        state={"report": payload, "wait_started_at": deps.clock.now().isoformat()},
+        milestones=(
+            MilestoneWrite("progress_reported", round=r, summary=text.splitlines()[0],
+                           data={"report": payload}),
+            MilestoneWrite("round_completed", round=r),
+            MilestoneWrite("wait_started", round=r),
+        ),
+    )

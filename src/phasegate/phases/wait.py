@@ -1,0 +1,48 @@
+"""wait: park until feedback arrives or the merge is allowed.
+
+Must not touch the git working tree (spec 000, wait): only the store.
+
+- preconditions: current_phase == "wait", status == "waiting".
+- inputs: user_feedback (``phasegate feedback``), auto_merge,
+  state.merge_approved (``phasegate approve-merge``), pr_number.
+- authoritative evidence: ``requirement_received`` for new feedback; its
+  absence keeps the workflow waiting.
+- side effects: none outside the store.
+- postconditions: feedback → current_phase == "development", dev_round + 1
+  (the feedback stays in user_feedback for the build prompt); auto_merge or an
+  approval with a pull request → current_phase == "merge", status "merging";
+  otherwise unchanged, status "waiting".
+- re-entry point: re-entered every worker cycle while waiting; no memory.
+- recovery behavior: no failure path.
+- terminal outcomes: completed → development (feedback); completed → merge;
+  wait.
+"""
+
+from __future__ import annotations
+
+from phasegate.contract import DEVELOPMENT, MERGE, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.phases.deps import PhaseDeps
+
+__all__ = ["run"]
+
+
+def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    if ctx.user_feedback:
+        return PhaseResult.advance(
+            DEVELOPMENT,
+            updates={"dev_round": ctx.dev_round + 1, "current_round": 0},
+            state={"merge_approved": False},
+            milestones=(
+                MilestoneWrite("requirement_received", round=ctx.dev_round + 1,
+                               summary=ctx.user_feedback[:200],
+                               data={"feedback": ctx.user_feedback}),
+            ),
+        )
+    approved = ctx.auto_merge or bool(ctx.state.get("merge_approved"))
+    if approved and ctx.pr_number:
+        who = "auto_merge" if ctx.auto_merge else ctx.state.get("merge_approved_by", "a person")
+        return PhaseResult.advance(
+            MERGE,
+            milestones=(MilestoneWrite("merge_approved", round=ctx.dev_round, summary=str(who)),),
+        )
+    return PhaseResult("wait")

@@ -1,0 +1,94 @@
+"""The progress report: one structured payload, rendered in English or Chinese.
+
+The payload is the single source of truth (spec 000, report); rendering is a
+pure function of it and ``content_language``. The Chinese terms follow spec 001.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["LABELS", "render_report"]
+
+LABELS: Mapping[str, Mapping[str, str]] = {
+    "en": {
+        "title": "Progress report",
+        "round": "Development round",
+        "plan": "Plan",
+        "plan_rounds": "rounds",
+        "approved": "approved",
+        "not_approved": "accepted after the round limit",
+        "changes": "Changes",
+        "files": "files",
+        "checks": "Checks",
+        "passed": "passed",
+        "failed": "failed",
+        "attempts": "attempts",
+        "review": "Review",
+        "pr": "Pull request",
+        "usage": "Agent usage",
+        "tokens": "tokens",
+        "next": "Next",
+        "next_merge": "merging automatically (auto_merge)",
+        "next_wait": "waiting for `phasegate approve-merge` or `phasegate feedback`",
+        "none": "none",
+    },
+    "zh": {
+        "title": "进度报告",
+        "round": "开发轮次",
+        "plan": "计划",
+        "plan_rounds": "轮",
+        "approved": "已批准",
+        "not_approved": "达到轮次上限后采用",
+        "changes": "变更",
+        "files": "个文件",
+        "checks": "检查",
+        "passed": "通过",
+        "failed": "失败",
+        "attempts": "次尝试",
+        "review": "评审",
+        "pr": "拉取请求",
+        "usage": "代理用量",
+        "tokens": "令牌",
+        "next": "下一步",
+        "next_merge": "自动合并（auto_merge）",
+        "next_wait": "等待 `phasegate approve-merge` 或 `phasegate feedback`",
+        "none": "无",
+    },
+}
+
+
+def render_report(payload: Mapping[str, Any], language: str) -> str:
+    """Markdown for ``payload`` in ``language`` ("en" or "zh"; anything else is English)."""
+    w = LABELS.get(language, LABELS["en"])
+    plan = payload.get("plan", {})
+    changes = payload.get("changes", {})
+    checks = payload.get("checks", {})
+    review = payload.get("review", {})
+    usage = payload.get("usage", {})
+    lines = [
+        f"## {w['title']}: {payload.get('title', '')}",
+        "",
+        f"- {w['round']}: {payload.get('dev_round')}",
+        f"- {w['plan']}: {w['approved'] if plan.get('approved') else w['not_approved']}, "
+        f"{plan.get('rounds', 0)} {w['plan_rounds']}",
+        f"- {w['changes']}: {changes.get('files', 0)} {w['files']}, "
+        f"+{changes.get('insertions', 0)} −{changes.get('deletions', 0)}",
+        f"- {w['checks']}: {checks.get('passed', 0)}/{checks.get('total', 0)} {w['passed']}, "
+        f"{checks.get('attempts', 0)} {w['attempts']}",
+    ]
+    for result in checks.get("results", []):
+        mark = w["passed"] if result.get("passed") else w["failed"]
+        lines.append(f"  - `{result.get('command')}`: {mark} ({result.get('duration_s', 0)}s)")
+    lines += [
+        f"- {w['review']}: {review.get('verdict') or w['none']} "
+        f"({review.get('rounds', 0)} {w['plan_rounds']})",
+        f"- {w['pr']}: #{payload.get('pr')} ({payload.get('branch')})",
+        f"- {w['usage']}: {usage.get('tokens', 0)} {w['tokens']}, "
+        f"${usage.get('cost_usd', 0.0):.4f}",
+        f"- {w['next']}: {w['next_merge'] if payload.get('auto_merge') else w['next_wait']}",
+    ]
+    if plan.get("summary"):
+        lines += ["", f"### {w['plan']}", "", str(plan["summary"])]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,311 @@
+"""Git worktrees, commits, patches, merges and checks: the real git, run as a subprocess.
+
+Every function takes explicit paths; nothing here reads the store. Errors are
+``GitError`` (with the git command and its stderr) or ``PatchError``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
+
+from phasegate._process import kill_process_group
+from phasegate.contract import PhasegateError
+
+__all__ = [
+    "CheckResult",
+    "GitError",
+    "PatchError",
+    "Workspace",
+    "git",
+]
+
+_OUTPUT_TAIL = 4000  # characters of a check's output kept as evidence
+
+
+class GitError(PhasegateError):
+    """A git command failed; the message holds the command and its stderr."""
+
+
+class PatchError(PhasegateError):
+    """A patch does not apply, or reaches outside its worktree; nothing was changed."""
+
+
+def git(args: Sequence[str], cwd: Path | str, *, check: bool = True, input: str | None = None) -> str:
+    """Run ``git args`` in ``cwd``; return stdout stripped of its trailing newline."""
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    proc = subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, input=input, env=env
+    )
+    if check and proc.returncode != 0:
+        raise GitError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
+    return proc.stdout.rstrip("\n")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check command's result: exit code (None on timeout), seconds, output tail."""
+
+    command: str
+    exit_code: int | None
+    duration_s: float
+    output: str
+    timed_out: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "passed": self.passed}
+
+
+def _patch_paths(patch: str) -> list[str]:
+    paths = []
+    for line in patch.splitlines():
+        if line.startswith(("--- ", "+++ ")):
+            name = line[4:].split("\t")[0].strip()
+            if name == "/dev/null":
+                continue
+            if name.startswith(("a/", "b/")):
+                name = name[2:]
+            paths.append(name)
+        elif line.startswith("diff --git "):
+            paths.extend(p[2:] if p[:2] in ("a/", "b/") else p for p in line.split()[2:4])
+    return paths
+
+
+class Workspace:
+    """Worktrees and git operations for one machine."""
+
+    # -- branches and worktrees -------------------------------------------------
+
+    def branch_exists(self, repo: Path, branch: str) -> bool:
+        return bool(git(["branch", "--list", branch], repo))
+
+    def rev(self, repo: Path, ref: str) -> str:
+        return git(["rev-parse", "--verify", f"{ref}^{{commit}}"], repo)
+
+    def create_branch(self, repo: Path, branch: str, base: str) -> str:
+        """Create ``branch`` at ``base`` unless it exists; return its head SHA."""
+        if not self.branch_exists(repo, branch):
+            git(["branch", branch, base], repo)
+        return self.rev(repo, branch)
+
+    def delete_branch(self, repo: Path, branch: str) -> None:
+        if self.branch_exists(repo, branch):
+            git(["branch", "-D", branch], repo)
+
+    def _registered_worktrees(self, repo: Path) -> dict[Path, str | None]:
+        """Worktree path → checked-out branch (None when detached)."""
+        out = git(["worktree", "list", "--porcelain"], repo)
+        found: dict[Path, str | None] = {}
+        current: Path | None = None
+        for line in out.splitlines():
+            if line.startswith("worktree "):
+                current = Path(line[len("worktree "):]).resolve()
+                found[current] = None
+            elif line.startswith("branch ") and current is not None:
+                found[current] = line[len("branch refs/heads/"):]
+        return found
+
+    def ensure_worktree(self, repo: Path, branch: str, path: Path) -> Path:
+        """A worktree of ``branch`` at ``path``, reusing or clearing what is there.
+
+        A surviving worktree of the same branch is kept (a partial earlier
+        attempt is idempotent, spec 000 preparation #814); a leftover directory
+        that is not one is removed first instead of failing.
+        """
+        path = path.resolve()
+        git(["worktree", "prune"], repo)
+        registered = self._registered_worktrees(repo)
+        if path in registered and registered[path] == branch and (path / ".git").exists():
+            return path
+        if path in registered:
+            git(["worktree", "remove", "--force", str(path)], repo, check=False)
+        for other, other_branch in registered.items():
+            if other_branch == branch and other != path:
+                git(["worktree", "remove", "--force", str(other)], repo, check=False)
+        if path.exists():
+            shutil.rmtree(path)
+        git(["worktree", "prune"], repo)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        git(["worktree", "add", str(path), branch], repo)
+        return path
+
+    def is_healthy(self, path: Path, branch: str) -> bool:
+        if not (path / ".git").exists():
+            return False
+        current = git(["symbolic-ref", "--short", "-q", "HEAD"], path, check=False)
+        return current == branch
+
+    def remove_worktree(self, repo: Path, path: Path) -> None:
+        if path.exists():
+            git(["worktree", "remove", "--force", str(path)], repo, check=False)
+        if path.exists():
+            shutil.rmtree(path)
+        git(["worktree", "prune"], repo)
+
+    @contextmanager
+    def temporary_checkout(self, repo: Path, sha: str) -> Iterator[Path]:
+        """A detached worktree of ``sha`` in a temporary directory, removed afterwards."""
+        tmp = Path(tempfile.mkdtemp(prefix="phasegate-verify-"))
+        path = tmp / "checkout"
+        git(["worktree", "add", "--detach", str(path), sha], repo)
+        try:
+            yield path
+        finally:
+            git(["worktree", "remove", "--force", str(path)], repo, check=False)
+            shutil.rmtree(tmp, ignore_errors=True)
+            git(["worktree", "prune"], repo, check=False)
+
+    # -- changes ----------------------------------------------------------------
+
+    def has_changes(self, path: Path) -> bool:
+        return bool(git(["status", "--porcelain"], path))
+
+    def commit_all(self, path: Path, message: str) -> str | None:
+        """Commit every change in the worktree; the new SHA, or None if clean."""
+        if not self.has_changes(path):
+            return None
+        git(["add", "-A"], path)
+        git(
+            ["-c", "user.name=phasegate", "-c", "user.email=phasegate@localhost",
+             "commit", "-q", "--no-verify", "-m", message],
+            path,
+        )
+        return self.rev(path, "HEAD")
+
+    def diff(self, repo: Path, base: str, head: str) -> str:
+        return git(["diff", f"{base}...{head}"], repo)
+
+    def diff_stat(self, repo: Path, base: str, head: str) -> dict[str, int]:
+        """Files changed, insertions and deletions between ``base`` and ``head``."""
+        out = git(["diff", "--numstat", f"{base}...{head}"], repo)
+        files = insertions = deletions = 0
+        for line in out.splitlines():
+            added, removed, _ = line.split("\t", 2)
+            files += 1
+            insertions += int(added) if added.isdigit() else 0
+            deletions += int(removed) if removed.isdigit() else 0
+        return {"files": files, "insertions": insertions, "deletions": deletions}
+
+    def commits_ahead(self, repo: Path, base: str, head: str) -> int:
+        return int(git(["rev-list", "--count", f"{base}..{head}"], repo))
+
+    def apply_patch(self, path: Path, patch: str) -> list[str]:
+        """Apply a unified diff in the worktree at ``path``; return the files it touches.
+
+        Raises PatchError, changing nothing, when a path is absolute or climbs
+        out of the worktree, or when git cannot apply it. A patch missing its
+        final newline is accepted.
+        """
+        if not patch.strip():
+            raise PatchError("the patch is empty")
+        files = _patch_paths(patch)
+        for name in files:
+            pure = PurePosixPath(name)
+            if pure.is_absolute() or ".." in pure.parts or name.startswith("~"):
+                raise PatchError(f"the patch reaches outside its worktree: {name}")
+        if not patch.endswith("\n"):
+            patch += "\n"
+        check = subprocess.run(
+            ["git", "apply", "--check", "--recount", "--whitespace=nowarn", "-"],
+            cwd=path, input=patch, capture_output=True, text=True,
+        )
+        if check.returncode != 0:
+            raise PatchError(f"the patch does not apply: {check.stderr.strip()}")
+        git(["apply", "--recount", "--whitespace=nowarn", "-"], path, input=patch)
+        return sorted(set(files))
+
+    # -- merging ----------------------------------------------------------------
+
+    def sync_base(self, worktree: Path, base: str) -> bool:
+        """Merge ``base`` into the worktree's branch; False (and aborted) on conflict."""
+        proc = subprocess.run(
+            ["git", "-c", "user.name=phasegate", "-c", "user.email=phasegate@localhost",
+             "merge", "--no-edit", "-q", base],
+            cwd=worktree, capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            git(["merge", "--abort"], worktree, check=False)
+            return False
+        return True
+
+    def find_merge_commit(self, repo: Path, base: str, head_sha: str) -> str | None:
+        """The merge commit on ``base``'s first-parent line whose parents include ``head_sha``."""
+        if subprocess.run(
+            ["git", "merge-base", "--is-ancestor", head_sha, base], cwd=repo, capture_output=True
+        ).returncode != 0:
+            return None
+        for line in git(["log", "--first-parent", "--format=%H %P", base], repo).splitlines():
+            sha, *parents = line.split()
+            if head_sha in parents[1:]:
+                return sha
+            if sha == head_sha:
+                return sha
+        return None
+
+    def merge_into_base(self, repo: Path, base: str, branch: str, message: str) -> str:
+        """A real ``git merge --no-ff branch`` into ``base``; return the merge SHA.
+
+        Runs where ``base`` is checked out when a worktree has it (refusing a
+        dirty one), else in a temporary worktree of ``base``.
+        """
+        holder = next(
+            (p for p, b in self._registered_worktrees(repo).items() if b == base), None
+        )
+        ident = ["-c", "user.name=phasegate", "-c", "user.email=phasegate@localhost"]
+        if holder is not None:
+            if git(["status", "--porcelain", "--untracked-files=no"], holder):
+                raise GitError(f"cannot merge into {base}: {holder} has uncommitted changes")
+            git([*ident, "merge", "--no-ff", "-m", message, branch], holder)
+            return self.rev(holder, "HEAD")
+        tmp = Path(tempfile.mkdtemp(prefix="phasegate-merge-"))
+        path = tmp / "base"
+        git(["worktree", "add", str(path), base], repo)
+        try:
+            git([*ident, "merge", "--no-ff", "-m", message, branch], path)
+            return self.rev(path, "HEAD")
+        finally:
+            git(["worktree", "remove", "--force", str(path)], repo, check=False)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # -- checks -----------------------------------------------------------------
+
+    def run_checks(
+        self, commands: Sequence[str], cwd: Path, timeout_s: float
+    ) -> list[CheckResult]:
+        """Run each check command in ``cwd`` with a timeout in seconds; capture its output."""
+        results = []
+        for command in commands:
+            started = time.monotonic()
+            proc = subprocess.Popen(
+                command, shell=True, cwd=cwd, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                start_new_session=True,
+            )
+            try:
+                output, _ = proc.communicate(timeout=timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                kill_process_group(proc)
+                output, _ = proc.communicate()
+                timed_out = True
+            results.append(
+                CheckResult(
+                    command=command,
+                    exit_code=None if timed_out else proc.returncode,
+                    duration_s=round(time.monotonic() - started, 3),
+                    output=(output or "")[-_OUTPUT_TAIL:],
+                    timed_out=timed_out,
+                )
+            )
+        return results
