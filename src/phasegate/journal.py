@@ -169,7 +169,7 @@ class SideEffects:
         call: Callable[[], Result],
     ) -> Result:
         write = MilestoneWrite(kind, status="in_progress", key=key, data={"params": dict(params)},
-                               summary=f"{kind}: in progress")
+                               summary=f"{key}: in progress")
         dedupe_key = self.store.dedupe_key(self.workflow_id, phase, write)
         existing = self.store.milestone_by_key(dedupe_key)
         if existing is not None and existing.status == "completed":
@@ -189,7 +189,9 @@ class SideEffects:
         return result
 
     def _settle(self, row: MilestoneView, result: Result, how: str) -> None:
-        self.store.settle_milestone(row, "completed", summary=f"{row.kind}: {how}",
+        label = row.dedupe_key.rsplit(":a0:", 1)[-1]
+        shown = ", ".join(f"{k} {str(v)[:12] if k == 'sha' else v}" for k, v in result.items())
+        self.store.settle_milestone(row, "completed", summary=f"{label}: {shown} ({how})",
                                     data={"result": result})
 
     def reconcile(self) -> list[str]:

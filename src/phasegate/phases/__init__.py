@@ -16,8 +16,8 @@ from phasegate.contract import (
     PREPARATION,
     REPORT,
     WAIT,
-    PhaseResult,
     PhasegateError,
+    PhaseResult,
     WorkflowContext,
 )
 from phasegate.phases import (

@@ -284,6 +284,17 @@ class Store:
             ).mappings().all()
         return [_milestone_view(r) for r in rows]
 
+    def milestone_rows(self, workflow_id: str) -> list[dict[str, Any]]:
+        """The workflow's milestones as rows (with timestamps), oldest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.milestones)
+                .where(t.milestones.c.workflow_id == workflow_id)
+                .order_by(t.milestones.c.id)
+            ).mappings().all()
+        return [{**r, "created_at": _utc(r["created_at"]), "updated_at": _utc(r["updated_at"])}
+                for r in rows]
+
     def milestone_by_key(self, dedupe_key: str) -> MilestoneView | None:
         with self.engine.connect() as conn:
             row = conn.execute(

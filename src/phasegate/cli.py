@@ -1,0 +1,535 @@
+"""The ``phasegate`` command line (typer).
+
+Exit codes: 0 done (completed, or waiting for a person); 1 the workflow
+failed or paused; 2 bad input (cartridge, unknown workflow, illegal request);
+130 stopped by Ctrl-C or SIGTERM (the workflow stays resumable).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from phasegate import __version__
+from phasegate.cartridge import CARTRIDGE_FILE, Cartridge, load_cartridge, render_default_cartridge
+from phasegate.contract import (
+    PHASE_STATUS_MAP,
+    ContractViolation,
+    PhasegateError,
+    PhaseResult,
+)
+from phasegate.engine import Engine
+from phasegate.phases import acceptance_verification
+from phasegate.report import render_report
+from phasegate.store import Store, open_store
+from phasegate.workspace import GitError, git
+
+app = typer.Typer(
+    help="Drive coding agents through a contract-checked ticket lifecycle:\n\n"
+    "preparation → planning → development → pr_review → report → wait → merge → "
+    "acceptance_verification → completed.\n\nStart with `phasegate demo`, or "
+    "`phasegate init` in your repository and then `phasegate run \"ticket\"`.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+RepoOption = Annotated[
+    Path, typer.Option("--repo", "-C", help="The repository (default: the current directory).")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+class UsageError(PhasegateError):
+    """Bad input on the command line."""
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}", highlight=False, markup=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Turn phasegate's errors into a one-line message and exit code 2."""
+    try:
+        yield
+    except (PhasegateError, GitError) as exc:
+        raise _fail(str(exc)) from None
+
+
+def _repo_root(repo: Path) -> Path:
+    try:
+        return Path(git(["rev-parse", "--show-toplevel"], repo.resolve()))
+    except (GitError, FileNotFoundError):
+        raise UsageError(f"{repo.resolve()} is not inside a git repository") from None
+
+
+def _store_url(repo: Path, cartridge: Cartridge) -> str:
+    return cartridge.store.url or f"sqlite:///{repo / '.phasegate' / 'state.db'}"
+
+
+def _open(repo: Path) -> tuple[Path, Cartridge, Store]:
+    root = _repo_root(repo)
+    cartridge = load_cartridge(root)
+    return root, cartridge, open_store(_store_url(root, cartridge))
+
+
+# -- progress -----------------------------------------------------------------------
+
+
+class _Progress:
+    """Live progress while agents run: a line per step, and phase/round/elapsed on a bar."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.started = time.monotonic()
+        self.progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+            console=err, transient=True,
+        )
+        self.task = self.progress.add_task("starting", total=None)
+        self.phase = "preparation"
+
+    def __enter__(self) -> _Progress:
+        if not self.quiet:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def line(self, text: str) -> None:
+        if not self.quiet:
+            elapsed = time.monotonic() - self.started
+            self.progress.console.print(f"[dim]{elapsed:7.1f}s[/dim] {text}", highlight=False)
+
+    def __call__(self, workflow_id: str, type_: str, data: Mapping[str, Any]) -> None:
+        if type_ == "phase_change":
+            self.phase = str(data.get("phase"))
+            self.line(f"[bold]{workflow_id}[/bold] → {self.phase}")
+        elif type_ == "agent_started":
+            desc = f"{self.phase} · round {data.get('round')} · {data.get('role')} agent running"
+            self.progress.update(self.task, description=desc)
+            self.line(f"  {data.get('role')} agent ({data.get('runner')}), "
+                      f"round {data.get('round')}")
+        elif type_ == "agent_finished" and data.get("outcome") != "ok":
+            self.line(f"  [yellow]{data.get('role')} agent: {data.get('outcome')}: "
+                      f"{str(data.get('error'))[:200]}[/yellow]")
+        elif type_ == "committed":
+            self.progress.update(self.task, description=f"{data.get('phase')} · {data.get('status')}")
+            if data.get("outcome") in ("failed", "pause"):
+                self.line(f"  [red]{data.get('outcome')}: {data.get('reason')}[/red]")
+            elif data.get("outcome") == "retry":
+                self.line(f"  {data.get('phase')}: another round")
+        elif type_ in ("reconciled", "worktree_healed", "paused_by_shutdown"):
+            self.line(f"  [cyan]{type_}: {data.get('note') or data.get('path')}[/cyan]")
+
+
+@contextmanager
+def _graceful(engine: Engine) -> Iterator[None]:
+    """First Ctrl-C/SIGTERM: stop agents and leave the workflow resumable. Second: quit now."""
+    hits = {"n": 0}
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        hits["n"] += 1
+        if hits["n"] > 1:
+            raise KeyboardInterrupt
+        err.print("\n[yellow]stopping: the running agent is stopped, nothing half-committed; "
+                  "`phasegate resume ID` continues[/yellow]")
+        engine.shutdown.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _engine(repo: Path, cartridge: Cartridge, store: Store, progress: _Progress | None) -> Engine:
+    return Engine(repo, cartridge, store, on_event=progress)
+
+
+def _drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
+    """Advance in the foreground with live progress; exit with the workflow's outcome."""
+    with _Progress(quiet=as_json) as progress, _graceful(engine):
+        engine.on_event = progress
+        row = engine.advance(workflow_id)
+    _finish(engine.store, row, as_json, interrupted=engine.shutdown.is_set())
+
+
+def _finish(store: Store, row: Mapping[str, Any], as_json: bool, interrupted: bool = False) -> None:
+    summary = _summary(store, row)
+    if as_json:
+        console.print_json(json.dumps(summary, default=str))
+    else:
+        status = row["status"]
+        color = {"completed": "green", "waiting": "cyan"}.get(status, "red")
+        console.print(f"workflow [bold]{row['id']}[/bold]: {row['current_phase']} · "
+                      f"[{color}]{status}[/{color}]", highlight=False)
+        if row.get("error"):
+            console.print(f"  reason: {row['error']}", highlight=False)
+        if status == "waiting":
+            console.print(f"  next: `phasegate approve-merge {row['id']}` or "
+                          f"`phasegate feedback {row['id']} \"...\"`", highlight=False)
+        elif status in ("failed", "paused", "planning_timeout") or interrupted:
+            console.print(f"  next: `phasegate show {row['id']}`, then "
+                          f"`phasegate resume {row['id']}`", highlight=False)
+    if interrupted:
+        raise typer.Exit(130)
+    if row["status"] in ("failed", "paused", "planning_timeout"):
+        raise typer.Exit(1)
+
+
+def _summary(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
+    usage = store.usage_totals(row["id"])
+    return {
+        "id": row["id"],
+        "title": row["title"],
+        "current_phase": row["current_phase"],
+        "status": row["status"],
+        "error": row.get("error"),
+        "dev_round": row["dev_round"],
+        "issue_number": row["issue_number"],
+        "pr_number": row["pr_number"],
+        "branch_name": row["branch_name"],
+        "merge_sha": row["merge_sha"],
+        "tokens": usage.tokens,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cost_usd": round(usage.cost_usd, 6),
+        "agent_runs": usage.runs,
+        "created_at": _iso(row["created_at"]),
+        "updated_at": _iso(row["updated_at"]),
+        "completed_at": _iso(row.get("completed_at")),
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+# -- commands -----------------------------------------------------------------------
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"phasegate {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_callback(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version.")] = False,
+) -> None:
+    """phasegate"""
+
+
+@app.command()
+def init(
+    repo: RepoOption = Path("."),
+    force: Annotated[bool, typer.Option(help="Overwrite an existing cartridge.")] = False,
+) -> None:
+    """Write phasegate.toml (the cartridge) at the repository root."""
+    with _errors():
+        root = _repo_root(repo)
+        path = root / CARTRIDGE_FILE
+        if path.exists() and not force:
+            raise UsageError(f"{path} exists; use --force to overwrite")
+        path.write_text(render_default_cartridge(root), encoding="utf-8")
+        exclude = Path(git(["rev-parse", "--git-path", "info/exclude"], root))
+        exclude = exclude if exclude.is_absolute() else root / exclude
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        lines = exclude.read_text().splitlines() if exclude.exists() else []
+        if ".phasegate/" not in lines:
+            exclude.write_text("\n".join([*lines, ".phasegate/"]) + "\n")
+        load_cartridge(root)
+    console.print(f"wrote {path}; edit the roles, then `phasegate run \"your ticket\"`",
+                  highlight=False)
+
+
+def _title_of(ticket: str) -> str:
+    first = next((line.strip() for line in ticket.splitlines() if line.strip()), "untitled")
+    return first.lstrip("#").strip()[:120]
+
+
+@app.command()
+def run(
+    ticket: Annotated[str | None, typer.Argument(help="The ticket text.")] = None,
+    ticket_file: Annotated[Path | None, typer.Option("--ticket", help="Read the ticket from FILE.")] = None,
+    title: Annotated[str | None, typer.Option(help="Title (default: the ticket's first line).")] = None,
+    auto_merge: Annotated[bool | None, typer.Option("--auto-merge/--no-auto-merge",
+                                                    help="Override workflow.auto_merge.")] = None,
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+) -> None:
+    """File a ticket and run its workflow in the foreground (Ctrl-C leaves it resumable)."""
+    with _errors():
+        if (ticket is None) == (ticket_file is None):
+            raise UsageError("give the ticket text or --ticket FILE (one of them)")
+        if ticket_file is not None:
+            try:
+                ticket = ticket_file.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise UsageError(f"cannot read {ticket_file}: {exc}") from None
+        assert ticket is not None
+        if not ticket.strip():
+            raise UsageError("the ticket is empty")
+        root, cartridge, store = _open(repo)
+        missing = cartridge.missing_roles()
+        if missing:
+            raise UsageError(f"{root / CARTRIDGE_FILE}: roles not bound: "
+                             f"{', '.join('roles.' + m for m in missing)}")
+        engine = _engine(root, cartridge, store, None)
+        workflow_id = engine.start(title or _title_of(ticket), ticket, auto_merge=auto_merge)
+        if not as_json:
+            console.print(f"workflow [bold]{workflow_id}[/bold] filed", highlight=False)
+        _drive(engine, workflow_id, as_json)
+
+
+@app.command()
+def worker(
+    repo: RepoOption = Path("."),
+    once: Annotated[bool, typer.Option(help="One pass over the runnable workflows, then exit.")] = False,
+    poll: Annotated[float, typer.Option(help="Seconds between passes.")] = 2.0,
+) -> None:
+    """Advance every runnable workflow until stopped (SIGTERM/Ctrl-C stop it cleanly)."""
+    with _errors():
+        root, cartridge, store = _open(repo)
+        progress = _Progress(quiet=False)
+        engine = _engine(root, cartridge, store, progress)
+        with progress, _graceful(engine):
+            engine.run_worker(once=once, poll_s=poll)
+    if engine.shutdown.is_set():
+        raise typer.Exit(130)
+
+
+@app.command()
+def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
+    """Every workflow: phase, status, tokens and cost."""
+    with _errors():
+        _, _, store = _open(repo)
+        rows = [_summary(store, r) for r in store.list_workflows()]
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    table = Table("id", "title", "phase", "status", "tokens", "cost (USD)", "updated")
+    for r in rows:
+        table.add_row(r["id"], r["title"][:40], r["current_phase"], r["status"],
+                      str(r["tokens"]), f"{r['cost_usd']:.4f}", (r["updated_at"] or "")[:19])
+    console.print(table if rows else "no workflows yet; `phasegate run \"ticket\"` files one")
+
+
+@app.command()
+def show(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID")],
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+) -> None:
+    """One workflow: its phase timeline with milestones, agent runs and the reason it stopped."""
+    with _errors():
+        _, _, store = _open(repo)
+        row = store.workflow_row(workflow_id)
+        milestones = store.milestone_rows(workflow_id)
+        phases = [e for e in store.events(workflow_id) if e["type"] == "phase_change"]
+        runs = store.agent_runs(workflow_id)
+    detail = {
+        "workflow": _summary(store, row),
+        "timeline": [{"phase": e["data"].get("phase"), "at": _iso(e["created_at"])}
+                     for e in phases],
+        "milestones": [
+            {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in m.items()}
+            for m in milestones
+        ],
+        "agent_runs": [
+            {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in r.items()} for r in runs
+        ],
+        "report": row["state"].get("report"),
+    }
+    if as_json:
+        console.print_json(json.dumps(detail, default=str))
+        return
+    s = detail["workflow"]
+    console.print(f"[bold]{s['id']}[/bold] {s['title']}", highlight=False)
+    console.print(f"  {s['current_phase']} · {s['status']} · dev round {s['dev_round']} · "
+                  f"issue #{s['issue_number']} · PR #{s['pr_number']} · {s['tokens']} tokens · "
+                  f"${s['cost_usd']:.4f}", highlight=False)
+    if s["error"]:
+        console.print(f"  [red]reason: {s['error']}[/red]", highlight=False)
+    _print_timeline(detail["milestones"])
+    if runs:
+        agents = Table("role", "runner", "round", "outcome", "tokens", "USD", "s", "error",
+                       box=None, pad_edge=False)
+        for r in runs:
+            agents.add_row(r["role"], r["runner"], str(r["round"]), r["outcome"],
+                           str(r["input_tokens"] + r["output_tokens"]), f"{r['cost_usd']:.4f}",
+                           f"{r['duration_s']:.1f}", (r["error"] or "")[:60])
+        console.print()
+        console.print(agents)
+
+
+_MARKS = {"completed": "[green]✓[/green]", "failed": "[red]✗[/red]",
+          "in_progress": "[yellow]…[/yellow]", "cancelled": "[dim]−[/dim]"}
+
+
+def _print_timeline(milestones: list[dict[str, Any]]) -> None:
+    """Milestones grouped under the phase they belong to, in the order they happened."""
+    phase = None
+    for m in milestones:
+        if m["phase"] != phase:
+            phase = m["phase"]
+            console.print(f"[bold]{phase}[/bold]  [dim]{(m['created_at'] or '')[11:19]}[/dim]")
+        where = "".join(
+            f" {label}{value}" for label, value in (("r", m["round"]), ("a", m["attempt"])) if value
+        )
+        summary = (m["summary"] or "").splitlines()[0][:80] if m["summary"] else ""
+        console.print(f"  {_MARKS.get(m['status'], m['status'])} {m['kind']}{where}  "
+                      f"[dim]{summary}[/dim]", highlight=False)
+
+
+def _manual(
+    repo: Path, workflow_id: str, decide: Callable[[Engine, Any], PhaseResult], advance: bool,
+    as_json: bool,
+) -> None:
+    """Commit a person's decision through the single commit path, then (optionally) advance."""
+    with _errors():
+        root, cartridge, store = _open(repo)
+        engine = _engine(root, cartridge, store, None)
+        ctx = store.load_context(workflow_id)
+        engine.commit(ctx, decide(engine, ctx))
+        if advance:
+            _drive(engine, workflow_id, as_json)
+        else:
+            _finish(store, store.workflow_row(workflow_id), as_json)
+
+
+NoAdvance = Annotated[bool, typer.Option("--no-advance", help="Record only; let a worker advance it.")]
+
+
+@app.command()
+def resume(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID")],
+    repo: RepoOption = Path("."),
+    no_advance: NoAdvance = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Resume a failed, paused or interrupted workflow from its current phase."""
+
+    def decide(_engine: Engine, ctx: Any) -> PhaseResult:
+        if ctx.status == "completed":
+            raise ContractViolation(f"workflow {ctx.id} is completed")
+        return PhaseResult(
+            "retry", status=PHASE_STATUS_MAP[ctx.current_phase],
+            state={"test_retries": 0, "verification_attempt": 0,
+                   "verification_parse_failures": 0},
+        )
+
+    _manual(repo, workflow_id, decide, not no_advance, as_json)
+
+
+@app.command()
+def feedback(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID")],
+    text: Annotated[str, typer.Argument(help="What the agents should change.")],
+    repo: RepoOption = Path("."),
+    no_advance: NoAdvance = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Send feedback: a waiting workflow goes back to development with it."""
+
+    def decide(_engine: Engine, ctx: Any) -> PhaseResult:
+        if ctx.status == "completed":
+            raise ContractViolation(f"workflow {ctx.id} is completed")
+        return PhaseResult("retry", status=PHASE_STATUS_MAP[ctx.current_phase],
+                           updates={"user_feedback": text})
+
+    _manual(repo, workflow_id, decide, not no_advance, as_json)
+
+
+@app.command("approve-merge")
+def approve_merge(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID")],
+    by: Annotated[str, typer.Option(help="Who approves.")] = "cli",
+    repo: RepoOption = Path("."),
+    no_advance: NoAdvance = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Allow a waiting workflow to merge its pull request."""
+
+    def decide(_engine: Engine, ctx: Any) -> PhaseResult:
+        if ctx.status == "completed":
+            raise ContractViolation(f"workflow {ctx.id} is completed")
+        return PhaseResult("retry", status=PHASE_STATUS_MAP[ctx.current_phase],
+                           state={"merge_approved": True, "merge_approved_by": by})
+
+    _manual(repo, workflow_id, decide, not no_advance, as_json)
+
+
+@app.command("verify-override")
+def verify_override(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID")],
+    verdict: Annotated[str, typer.Option(help="confirmed or rejected.")],
+    by: Annotated[str, typer.Option(help="Who decides (recorded as verified_by).")],
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+) -> None:
+    """A person's acceptance verdict; confirmed closes the issue and completes the workflow."""
+
+    def decide(engine: Engine, ctx: Any) -> PhaseResult:
+        return acceptance_verification.override(ctx, engine.deps_for(ctx), verdict, by)
+
+    _manual(repo, workflow_id, decide, False, as_json)
+
+
+@app.command()
+def demo(
+    directory: Annotated[Path | None, typer.Option("--dir", help="Keep the sample project and "
+                                                   "its state here (default: a temp dir).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Make a sample Python project, file a ticket and run it to completed with scripted agents."""
+    from phasegate.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
+
+    with _errors():
+        target = directory or Path(tempfile.mkdtemp(prefix="phasegate-demo-")) / "calc"
+        if target.exists() and any(target.iterdir()):
+            raise UsageError(f"{target} is not empty; choose a new --dir")
+        repo = make_sample_project(target)
+        if not as_json:
+            console.print(f"sample project: {repo}", highlight=False)
+        root, cartridge, store = _open(repo)
+        engine = _engine(root, cartridge, store, None)
+        workflow_id = engine.start(DEMO_TITLE, DEMO_TICKET)
+        with _Progress(quiet=as_json) as progress, _graceful(engine):
+            engine.on_event = progress
+            row = engine.advance(workflow_id)
+    if not as_json:
+        show(workflow_id, repo=repo, as_json=False)
+        report = row["state"].get("report")
+        if report:
+            console.print(render_report(report, report.get("content_language", "en")),
+                          highlight=False, markup=False)
+        console.print(f"state kept in {repo / '.phasegate'}; try "
+                      f"`phasegate show {workflow_id} --repo {repo}`", highlight=False)
+    _finish(store, row, as_json, interrupted=engine.shutdown.is_set())
+
+
+def main() -> None:
+    app()
