@@ -185,12 +185,9 @@ def render_default_cartridge(repo: Path) -> str:
             for name in ROLE_SESSION_LINES
         )
     else:
-        roles = (
-            "# No agent CLI was found on PATH. Bind each role to a runner, e.g.:\n"
-            + "\n".join(
-                f'# [roles.{name}]\n# runner = "command"\n# command = "my-agent --role {name}"\n'
-                for name in ROLE_SESSION_LINES
-            )
+        roles = "# No agent CLI was found on PATH. Bind each role to a runner, e.g.:\n" + "\n".join(
+            f'# [roles.{name}]\n# runner = "command"\n# command = "my-agent --role {name}"\n'
+            for name in ROLE_SESSION_LINES
         )
     return f"""# phasegate cartridge: how this repository's tickets are worked.
 # Every key is checked; an unknown or malformed key stops phasegate with its name.

@@ -41,7 +41,7 @@ app = typer.Typer(
     help="Drive coding agents through a contract-checked ticket lifecycle:\n\n"
     "preparation → planning → development → pr_review → report → wait → merge → "
     "acceptance_verification → completed.\n\nStart with `phasegate demo`, or "
-    "`phasegate init` in your repository and then `phasegate run \"ticket\"`.",
+    '`phasegate init` in your repository and then `phasegate run "ticket"`.',
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
@@ -100,8 +100,11 @@ class _Progress:
         self.quiet = quiet
         self.started = time.monotonic()
         self.progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-            console=err, transient=True,
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
         )
         self.task = self.progress.add_task("starting", total=None)
         self.phase = "preparation"
@@ -126,13 +129,18 @@ class _Progress:
         elif type_ == "agent_started":
             desc = f"{self.phase} · round {data.get('round')} · {data.get('role')} agent running"
             self.progress.update(self.task, description=desc)
-            self.line(f"  {data.get('role')} agent ({data.get('runner')}), "
-                      f"round {data.get('round')}")
+            self.line(
+                f"  {data.get('role')} agent ({data.get('runner')}), round {data.get('round')}"
+            )
         elif type_ == "agent_finished" and data.get("outcome") != "ok":
-            self.line(f"  [yellow]{data.get('role')} agent: {data.get('outcome')}: "
-                      f"{str(data.get('error'))[:200]}[/yellow]")
+            self.line(
+                f"  [yellow]{data.get('role')} agent: {data.get('outcome')}: "
+                f"{str(data.get('error'))[:200]}[/yellow]"
+            )
         elif type_ == "committed":
-            self.progress.update(self.task, description=f"{data.get('phase')} · {data.get('status')}")
+            self.progress.update(
+                self.task, description=f"{data.get('phase')} · {data.get('status')}"
+            )
             if data.get("outcome") in ("failed", "pause"):
                 self.line(f"  [red]{data.get('outcome')}: {data.get('reason')}[/red]")
             elif data.get("outcome") == "retry":
@@ -150,8 +158,10 @@ def _graceful(engine: Engine) -> Iterator[None]:
         hits["n"] += 1
         if hits["n"] > 1:
             raise KeyboardInterrupt
-        err.print("\n[yellow]stopping: the running agent is stopped, nothing half-committed; "
-                  "`phasegate resume ID` continues[/yellow]")
+        err.print(
+            "\n[yellow]stopping: the running agent is stopped, nothing half-committed; "
+            "`phasegate resume ID` continues[/yellow]"
+        )
         engine.shutdown.set()
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -181,16 +191,24 @@ def _finish(store: Store, row: Mapping[str, Any], as_json: bool, interrupted: bo
     else:
         status = row["status"]
         color = {"completed": "green", "waiting": "cyan"}.get(status, "red")
-        console.print(f"workflow [bold]{row['id']}[/bold]: {row['current_phase']} · "
-                      f"[{color}]{status}[/{color}]", highlight=False)
+        console.print(
+            f"workflow [bold]{row['id']}[/bold]: {row['current_phase']} · "
+            f"[{color}]{status}[/{color}]",
+            highlight=False,
+        )
         if row.get("error"):
             console.print(f"  reason: {row['error']}", highlight=False)
         if status == "waiting":
-            console.print(f"  next: `phasegate approve-merge {row['id']}` or "
-                          f"`phasegate feedback {row['id']} \"...\"`", highlight=False)
+            console.print(
+                f"  next: `phasegate approve-merge {row['id']}` or "
+                f'`phasegate feedback {row["id"]} "..."`',
+                highlight=False,
+            )
         elif status in ("failed", "paused", "planning_timeout") or interrupted:
-            console.print(f"  next: `phasegate show {row['id']}`, then "
-                          f"`phasegate resume {row['id']}`", highlight=False)
+            console.print(
+                f"  next: `phasegate show {row['id']}`, then `phasegate resume {row['id']}`",
+                highlight=False,
+            )
     if interrupted:
         raise typer.Exit(130)
     if row["status"] in ("failed", "paused", "planning_timeout"):
@@ -236,8 +254,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main_callback(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Print the version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
 ) -> None:
     """phasegate"""
 
@@ -261,8 +280,9 @@ def init(
         if ".phasegate/" not in lines:
             exclude.write_text("\n".join([*lines, ".phasegate/"]) + "\n")
         load_cartridge(root)
-    console.print(f"wrote {path}; edit the roles, then `phasegate run \"your ticket\"`",
-                  highlight=False)
+    console.print(
+        f'wrote {path}; edit the roles, then `phasegate run "your ticket"`', highlight=False
+    )
 
 
 def _title_of(ticket: str) -> str:
@@ -273,10 +293,16 @@ def _title_of(ticket: str) -> str:
 @app.command()
 def run(
     ticket: Annotated[str | None, typer.Argument(help="The ticket text.")] = None,
-    ticket_file: Annotated[Path | None, typer.Option("--ticket", help="Read the ticket from FILE.")] = None,
-    title: Annotated[str | None, typer.Option(help="Title (default: the ticket's first line).")] = None,
-    auto_merge: Annotated[bool | None, typer.Option("--auto-merge/--no-auto-merge",
-                                                    help="Override workflow.auto_merge.")] = None,
+    ticket_file: Annotated[
+        Path | None, typer.Option("--ticket", help="Read the ticket from FILE.")
+    ] = None,
+    title: Annotated[
+        str | None, typer.Option(help="Title (default: the ticket's first line).")
+    ] = None,
+    auto_merge: Annotated[
+        bool | None,
+        typer.Option("--auto-merge/--no-auto-merge", help="Override workflow.auto_merge."),
+    ] = None,
     repo: RepoOption = Path("."),
     as_json: JsonOption = False,
 ) -> None:
@@ -295,8 +321,10 @@ def run(
         root, cartridge, store = _open(repo)
         missing = cartridge.missing_roles()
         if missing:
-            raise UsageError(f"{root / CARTRIDGE_FILE}: roles not bound: "
-                             f"{', '.join('roles.' + m for m in missing)}")
+            raise UsageError(
+                f"{root / CARTRIDGE_FILE}: roles not bound: "
+                f"{', '.join('roles.' + m for m in missing)}"
+            )
         engine = _engine(root, cartridge, store, None)
         workflow_id = engine.start(title or _title_of(ticket), ticket, auto_merge=auto_merge)
         if not as_json:
@@ -307,7 +335,9 @@ def run(
 @app.command()
 def worker(
     repo: RepoOption = Path("."),
-    once: Annotated[bool, typer.Option(help="One pass over the runnable workflows, then exit.")] = False,
+    once: Annotated[
+        bool, typer.Option(help="One pass over the runnable workflows, then exit.")
+    ] = False,
     poll: Annotated[float, typer.Option(help="Seconds between passes.")] = 2.0,
 ) -> None:
     """Advance every runnable workflow until stopped (SIGTERM/Ctrl-C stop it cleanly)."""
@@ -332,9 +362,16 @@ def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
         return
     table = Table("id", "title", "phase", "status", "tokens", "cost (USD)", "updated")
     for r in rows:
-        table.add_row(r["id"], r["title"][:40], r["current_phase"], r["status"],
-                      str(r["tokens"]), f"{r['cost_usd']:.4f}", (r["updated_at"] or "")[:19])
-    console.print(table if rows else "no workflows yet; `phasegate run \"ticket\"` files one")
+        table.add_row(
+            r["id"],
+            r["title"][:40],
+            r["current_phase"],
+            r["status"],
+            str(r["tokens"]),
+            f"{r['cost_usd']:.4f}",
+            (r["updated_at"] or "")[:19],
+        )
+    console.print(table if rows else 'no workflows yet; `phasegate run "ticket"` files one')
 
 
 @app.command()
@@ -352,8 +389,9 @@ def show(
         runs = store.agent_runs(workflow_id)
     detail = {
         "workflow": _summary(store, row),
-        "timeline": [{"phase": e["data"].get("phase"), "at": _iso(e["created_at"])}
-                     for e in phases],
+        "timeline": [
+            {"phase": e["data"].get("phase"), "at": _iso(e["created_at"])} for e in phases
+        ],
         "milestones": [
             {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in m.items()}
             for m in milestones
@@ -368,25 +406,49 @@ def show(
         return
     s = detail["workflow"]
     console.print(f"[bold]{s['id']}[/bold] {s['title']}", highlight=False)
-    console.print(f"  {s['current_phase']} · {s['status']} · dev round {s['dev_round']} · "
-                  f"issue #{s['issue_number']} · PR #{s['pr_number']} · {s['tokens']} tokens · "
-                  f"${s['cost_usd']:.4f}", highlight=False)
+    console.print(
+        f"  {s['current_phase']} · {s['status']} · dev round {s['dev_round']} · "
+        f"issue #{s['issue_number']} · PR #{s['pr_number']} · {s['tokens']} tokens · "
+        f"${s['cost_usd']:.4f}",
+        highlight=False,
+    )
     if s["error"]:
         console.print(f"  [red]reason: {s['error']}[/red]", highlight=False)
     _print_timeline(detail["milestones"])
     if runs:
-        agents = Table("role", "runner", "round", "outcome", "tokens", "USD", "s", "error",
-                       box=None, pad_edge=False)
+        agents = Table(
+            "role",
+            "runner",
+            "round",
+            "outcome",
+            "tokens",
+            "USD",
+            "s",
+            "error",
+            box=None,
+            pad_edge=False,
+        )
         for r in runs:
-            agents.add_row(r["role"], r["runner"], str(r["round"]), r["outcome"],
-                           str(r["input_tokens"] + r["output_tokens"]), f"{r['cost_usd']:.4f}",
-                           f"{r['duration_s']:.1f}", (r["error"] or "")[:60])
+            agents.add_row(
+                r["role"],
+                r["runner"],
+                str(r["round"]),
+                r["outcome"],
+                str(r["input_tokens"] + r["output_tokens"]),
+                f"{r['cost_usd']:.4f}",
+                f"{r['duration_s']:.1f}",
+                (r["error"] or "")[:60],
+            )
         console.print()
         console.print(agents)
 
 
-_MARKS = {"completed": "[green]✓[/green]", "failed": "[red]✗[/red]",
-          "in_progress": "[yellow]…[/yellow]", "cancelled": "[dim]−[/dim]"}
+_MARKS = {
+    "completed": "[green]✓[/green]",
+    "failed": "[red]✗[/red]",
+    "in_progress": "[yellow]…[/yellow]",
+    "cancelled": "[dim]−[/dim]",
+}
 
 
 def _print_timeline(milestones: list[dict[str, Any]]) -> None:
@@ -400,12 +462,17 @@ def _print_timeline(milestones: list[dict[str, Any]]) -> None:
             f" {label}{value}" for label, value in (("r", m["round"]), ("a", m["attempt"])) if value
         )
         summary = (m["summary"] or "").splitlines()[0][:80] if m["summary"] else ""
-        console.print(f"  {_MARKS.get(m['status'], m['status'])} {m['kind']}{where}  "
-                      f"[dim]{summary}[/dim]", highlight=False)
+        console.print(
+            f"  {_MARKS.get(m['status'], m['status'])} {m['kind']}{where}  [dim]{summary}[/dim]",
+            highlight=False,
+        )
 
 
 def _manual(
-    repo: Path, workflow_id: str, decide: Callable[[Engine, Any], PhaseResult], advance: bool,
+    repo: Path,
+    workflow_id: str,
+    decide: Callable[[Engine, Any], PhaseResult],
+    advance: bool,
     as_json: bool,
 ) -> None:
     """Commit a person's decision through the single commit path, then (optionally) advance."""
@@ -420,7 +487,9 @@ def _manual(
             _finish(store, store.workflow_row(workflow_id), as_json)
 
 
-NoAdvance = Annotated[bool, typer.Option("--no-advance", help="Record only; let a worker advance it.")]
+NoAdvance = Annotated[
+    bool, typer.Option("--no-advance", help="Record only; let a worker advance it.")
+]
 
 
 @app.command()
@@ -436,9 +505,9 @@ def resume(
         if ctx.status == "completed":
             raise ContractViolation(f"workflow {ctx.id} is completed")
         return PhaseResult(
-            "retry", status=PHASE_STATUS_MAP[ctx.current_phase],
-            state={"test_retries": 0, "verification_attempt": 0,
-                   "verification_parse_failures": 0},
+            "retry",
+            status=PHASE_STATUS_MAP[ctx.current_phase],
+            state={"test_retries": 0, "verification_attempt": 0, "verification_parse_failures": 0},
         )
 
     _manual(repo, workflow_id, decide, not no_advance, as_json)
@@ -457,8 +526,9 @@ def feedback(
     def decide(_engine: Engine, ctx: Any) -> PhaseResult:
         if ctx.status == "completed":
             raise ContractViolation(f"workflow {ctx.id} is completed")
-        return PhaseResult("retry", status=PHASE_STATUS_MAP[ctx.current_phase],
-                           updates={"user_feedback": text})
+        return PhaseResult(
+            "retry", status=PHASE_STATUS_MAP[ctx.current_phase], updates={"user_feedback": text}
+        )
 
     _manual(repo, workflow_id, decide, not no_advance, as_json)
 
@@ -476,8 +546,11 @@ def approve_merge(
     def decide(_engine: Engine, ctx: Any) -> PhaseResult:
         if ctx.status == "completed":
             raise ContractViolation(f"workflow {ctx.id} is completed")
-        return PhaseResult("retry", status=PHASE_STATUS_MAP[ctx.current_phase],
-                           state={"merge_approved": True, "merge_approved_by": by})
+        return PhaseResult(
+            "retry",
+            status=PHASE_STATUS_MAP[ctx.current_phase],
+            state={"merge_approved": True, "merge_approved_by": by},
+        )
 
     _manual(repo, workflow_id, decide, not no_advance, as_json)
 
@@ -500,8 +573,12 @@ def verify_override(
 
 @app.command()
 def demo(
-    directory: Annotated[Path | None, typer.Option("--dir", help="Keep the sample project and "
-                                                   "its state here (default: a temp dir).")] = None,
+    directory: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir", help="Keep the sample project and its state here (default: a temp dir)."
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Make a sample Python project, file a ticket and run it to completed with scripted agents."""
@@ -524,10 +601,16 @@ def demo(
         show(workflow_id, repo=repo, as_json=False)
         report = row["state"].get("report")
         if report:
-            console.print(render_report(report, report.get("content_language", "en")),
-                          highlight=False, markup=False)
-        console.print(f"state kept in {repo / '.phasegate'}; try "
-                      f"`phasegate show {workflow_id} --repo {repo}`", highlight=False)
+            console.print(
+                render_report(report, report.get("content_language", "en")),
+                highlight=False,
+                markup=False,
+            )
+        console.print(
+            f"state kept in {repo / '.phasegate'}; try "
+            f"`phasegate show {workflow_id} --repo {repo}`",
+            highlight=False,
+        )
     _finish(store, row, as_json, interrupted=engine.shutdown.is_set())
 
 

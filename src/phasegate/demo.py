@@ -44,7 +44,7 @@ def multiply(a, b):
     return a * b
 '''
 
-_TESTS = '''import unittest
+_TESTS = """import unittest
 
 import calc
 
@@ -56,10 +56,11 @@ class AddTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
-'''
+"""
 
 _TESTS_AFTER = _TESTS.replace(
-    '\n\nif __name__', '''
+    "\n\nif __name__",
+    """
 
 class MultiplyTest(unittest.TestCase):
     def test_multiply(self):
@@ -69,7 +70,7 @@ class MultiplyTest(unittest.TestCase):
         self.assertEqual(calc.multiply(5, 0), 0)
 
 
-if __name__''',
+if __name__""",
 )
 
 _PLAN_1 = """1. Add `multiply(a, b)` to calc/__init__.py."""
@@ -87,17 +88,26 @@ def _answers() -> str:
             out += "".join(f"{_toml_str(k)} = {_toml_str(v)}\n" for k, v in extra.items())
         return out + "\n"
 
-    return "".join([
-        "# Scripted answers for `phasegate demo`: role -> answers in call order.\n\n",
-        block("plan", _PLAN_1),
-        block("plan", _PLAN_2),
-        block("plan_review", "The plan does not say how multiply() is tested.\nVERDICT: revise"),
-        block("plan_review", "Covers the function and its tests.\nVERDICT: approve"),
-        block("build", "Added multiply() and two tests.",
-              **{"calc/__init__.py": _CALC_AFTER, "tests/test_calc.py": _TESTS_AFTER}),
-        block("review", "multiply() is correct and tested.\nVERDICT: approve"),
-        block("verification", "calc.multiply(6, 7) returns 42; tests pass.\nVERDICT: confirmed"),
-    ])
+    return "".join(
+        [
+            "# Scripted answers for `phasegate demo`: role -> answers in call order.\n\n",
+            block("plan", _PLAN_1),
+            block("plan", _PLAN_2),
+            block(
+                "plan_review", "The plan does not say how multiply() is tested.\nVERDICT: revise"
+            ),
+            block("plan_review", "Covers the function and its tests.\nVERDICT: approve"),
+            block(
+                "build",
+                "Added multiply() and two tests.",
+                **{"calc/__init__.py": _CALC_AFTER, "tests/test_calc.py": _TESTS_AFTER},
+            ),
+            block("review", "multiply() is correct and tested.\nVERDICT: approve"),
+            block(
+                "verification", "calc.multiply(6, 7) returns 42; tests pass.\nVERDICT: confirmed"
+            ),
+        ]
+    )
 
 
 def _toml_str(value: str) -> str:
@@ -135,11 +145,21 @@ def make_sample_project(path: Path) -> Path:
     (path / "README.md").write_text("# calc\n\nSmall arithmetic helpers.\n", encoding="utf-8")
     (path / "demo-answers.toml").write_text(_answers(), encoding="utf-8")
     tomllib.loads((path / "demo-answers.toml").read_text(encoding="utf-8"))  # fail early
-    (path / "phasegate.toml").write_text(_cartridge(shlex.quote(sys.executable)),
-                                         encoding="utf-8")
+    (path / "phasegate.toml").write_text(_cartridge(shlex.quote(sys.executable)), encoding="utf-8")
     (path / ".gitignore").write_text(".phasegate/\n__pycache__/\n", encoding="utf-8")
     git(["init", "-q", "-b", "main"], path)
     git(["add", "-A"], path)
-    git(["-c", "user.name=phasegate demo", "-c", "user.email=demo@localhost",
-         "commit", "-q", "-m", "calc: add()"], path)
+    git(
+        [
+            "-c",
+            "user.name=phasegate demo",
+            "-c",
+            "user.email=demo@localhost",
+            "commit",
+            "-q",
+            "-m",
+            "calc: add()",
+        ],
+        path,
+    )
     return path

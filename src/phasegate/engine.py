@@ -136,8 +136,9 @@ class Engine:
             forge=self.forge,
             workspace=self.workspace,
             agents=self.agents,
-            effects=SideEffects(self.store, self.forge, self.workspace, ctx.id,
-                                Path(ctx.repo_path)),
+            effects=SideEffects(
+                self.store, self.forge, self.workspace, ctx.id, Path(ctx.repo_path)
+            ),
             clock=self.clock,
             shutdown=self.shutdown,
         )
@@ -147,10 +148,16 @@ class Engine:
         row = self.store.commit_phase_result(ctx, result)
         for event in result.events:
             self._notify(ctx.id, event.type, event.data)
-        self._notify(ctx.id, "committed", {
-            "outcome": result.outcome, "phase": row["current_phase"], "status": row["status"],
-            "reason": result.reason,
-        })
+        self._notify(
+            ctx.id,
+            "committed",
+            {
+                "outcome": result.outcome,
+                "phase": row["current_phase"],
+                "status": row["status"],
+                "reason": result.reason,
+            },
+        )
         return row
 
     def advance(self, workflow_id: str, *, max_steps: int = 200) -> dict[str, Any]:
@@ -188,12 +195,16 @@ class Engine:
             healed = self._self_heal(ctx, deps)
             result = healed or resolve_phase_handler(ctx.current_phase)(ctx, deps)
         except WorkflowPaused as exc:
-            self._emit(ctx.id, EventWrite("paused_by_shutdown", {"phase": ctx.current_phase,
-                                                                  "note": str(exc)}))
+            self._emit(
+                ctx.id,
+                EventWrite("paused_by_shutdown", {"phase": ctx.current_phase, "note": str(exc)}),
+            )
             return False
         except Exception as exc:  # a phase must never crash the engine half-committed
             log.exception("phase %s of %s raised", ctx.current_phase, ctx.id)
-            result = PhaseResult("failed", reason=f"{ctx.current_phase}: {type(exc).__name__}: {exc}")
+            result = PhaseResult(
+                "failed", reason=f"{ctx.current_phase}: {type(exc).__name__}: {exc}"
+            )
 
         if result.outcome == "wait" and not (result.milestones or result.state or result.updates):
             return False  # nothing new while waiting: no write on every poll
@@ -213,16 +224,21 @@ class Engine:
         Returns a failed result when the branch itself is gone: a phase must
         never run against the wrong checkout.
         """
-        if (ctx.current_phase == PREPARATION or not ctx.worktree_path or not ctx.branch_name
-                or ctx.state.get("worktree_removed")):
+        if (
+            ctx.current_phase == PREPARATION
+            or not ctx.worktree_path
+            or not ctx.branch_name
+            or ctx.state.get("worktree_removed")
+        ):
             return None
         path = Path(ctx.worktree_path)
         if deps.workspace.is_healthy(path, ctx.branch_name):
             return None
         repo = Path(ctx.repo_path)
         if not deps.workspace.branch_exists(repo, ctx.branch_name):
-            return PhaseResult("failed", reason=f"branch {ctx.branch_name} is gone; "
-                                                "cannot heal the worktree")
+            return PhaseResult(
+                "failed", reason=f"branch {ctx.branch_name} is gone; cannot heal the worktree"
+            )
         deps.workspace.ensure_worktree(repo, ctx.branch_name, path)
         self._emit(ctx.id, EventWrite("worktree_healed", {"path": str(path)}))
         return None

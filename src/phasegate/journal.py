@@ -64,7 +64,10 @@ class SideEffects:
         marker = f"phasegate:workflow:{self.workflow_id}"
         params = {"title": title, "marker": marker}
         result = self._journaled(
-            phase, "issue_created", "issue", params,
+            phase,
+            "issue_created",
+            "issue",
+            params,
             lambda: {"number": self.forge.create_issue(title, body, marker)},
         )
         return int(result["number"])
@@ -72,28 +75,40 @@ class SideEffects:
     def create_branch(self, phase: str, branch: str, base: str) -> str:
         params = {"branch": branch, "base": base}
         result = self._journaled(
-            phase, "branch_created", branch, params,
+            phase,
+            "branch_created",
+            branch,
+            params,
             lambda: {"sha": self.workspace.create_branch(self.repo, branch, base)},
         )
         return str(result["sha"])
 
     def push_branch(self, phase: str, branch: str, sha: str) -> None:
         self._journaled(
-            phase, "branch_pushed", f"{branch}@{sha}", {"branch": branch, "sha": sha},
+            phase,
+            "branch_pushed",
+            f"{branch}@{sha}",
+            {"branch": branch, "sha": sha},
             lambda: self.forge.publish_branch(branch) or {"sha": sha},
         )
 
     def open_pull_request(self, phase: str, head: str, base: str, title: str, body: str) -> int:
         params = {"head": head, "base": base}
         result = self._journaled(
-            phase, "pr_created", head, params,
+            phase,
+            "pr_created",
+            head,
+            params,
             lambda: {"number": self.forge.create_pull_request(head, base, title, body)},
         )
         return int(result["number"])
 
     def update_pull_request(self, phase: str, number: int, body: str, key: str) -> None:
         self._journaled(
-            phase, "pr_updated", f"pr{number}:{key}", {"number": number, "body": body},
+            phase,
+            "pr_updated",
+            f"pr{number}:{key}",
+            {"number": number, "body": body},
             lambda: self.forge.update_pull_request(number, body) or {"number": number},
         )
 
@@ -105,7 +120,10 @@ class SideEffects:
         params = {"issue": issue, "marker": marker}
         try:
             self._journaled(
-                phase, "comment_posted", key, params,
+                phase,
+                "comment_posted",
+                key,
+                params,
                 lambda: {"id": self.forge.comment(issue, f"{body}\n\n<!-- {marker} -->", marker)},
             )
         except PhasegateError as exc:
@@ -117,14 +135,20 @@ class SideEffects:
 
     def merge(self, phase: str, number: int, message: str) -> str:
         result = self._journaled(
-            phase, "merge_completed", f"pr{number}", {"number": number},
+            phase,
+            "merge_completed",
+            f"pr{number}",
+            {"number": number},
             lambda: {"sha": self.forge.merge_pull_request(number, message)},
         )
         return str(result["sha"])
 
     def close_issue(self, phase: str, number: int) -> None:
         self._journaled(
-            phase, "issue_closed", f"issue{number}", {"number": number},
+            phase,
+            "issue_closed",
+            f"issue{number}",
+            {"number": number},
             lambda: self.forge.close_issue(number) or {"number": number},
         )
 
@@ -168,8 +192,13 @@ class SideEffects:
         params: Mapping[str, Any],
         call: Callable[[], Result],
     ) -> Result:
-        write = MilestoneWrite(kind, status="in_progress", key=key, data={"params": dict(params)},
-                               summary=f"{key}: in progress")
+        write = MilestoneWrite(
+            kind,
+            status="in_progress",
+            key=key,
+            data={"params": dict(params)},
+            summary=f"{key}: in progress",
+        )
         dedupe_key = self.store.dedupe_key(self.workflow_id, phase, write)
         existing = self.store.milestone_by_key(dedupe_key)
         if existing is not None and existing.status == "completed":
@@ -191,8 +220,9 @@ class SideEffects:
     def _settle(self, row: MilestoneView, result: Result, how: str) -> None:
         label = row.dedupe_key.rsplit(":a0:", 1)[-1]
         shown = ", ".join(f"{k} {str(v)[:12] if k == 'sha' else v}" for k, v in result.items())
-        self.store.settle_milestone(row, "completed", summary=f"{label}: {shown} ({how})",
-                                    data={"result": result})
+        self.store.settle_milestone(
+            row, "completed", summary=f"{label}: {shown} ({how})", data={"result": result}
+        )
 
     def reconcile(self) -> list[str]:
         """Settle every milestone a dead process left ``in_progress``; returns what was done.
@@ -210,8 +240,9 @@ class SideEffects:
                     self._settle(row, found, "found after restart")
                     notes.append(f"{row.kind}: found, settled completed")
                     continue
-                self.store.settle_milestone(row, "cancelled",
-                                            summary=f"{row.kind}: interrupted, not found")
+                self.store.settle_milestone(
+                    row, "cancelled", summary=f"{row.kind}: interrupted, not found"
+                )
                 notes.append(f"{row.kind}: not found, will be repeated")
             else:
                 self.store.settle_milestone(row, "cancelled", summary=f"{row.kind}: interrupted")

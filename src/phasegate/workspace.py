@@ -38,7 +38,9 @@ class PatchError(PhasegateError):
     """A patch does not apply, or reaches outside its worktree; nothing was changed."""
 
 
-def git(args: Sequence[str], cwd: Path | str, *, check: bool = True, input: str | None = None) -> str:
+def git(
+    args: Sequence[str], cwd: Path | str, *, check: bool = True, input: str | None = None
+) -> str:
     """Run ``git args`` in ``cwd``; return stdout stripped of its trailing newline."""
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
     proc = subprocess.run(
@@ -110,10 +112,10 @@ class Workspace:
         current: Path | None = None
         for line in out.splitlines():
             if line.startswith("worktree "):
-                current = Path(line[len("worktree "):]).resolve()
+                current = Path(line[len("worktree ") :]).resolve()
                 found[current] = None
             elif line.startswith("branch ") and current is not None:
-                found[current] = line[len("branch refs/heads/"):]
+                found[current] = line[len("branch refs/heads/") :]
         return found
 
     def ensure_worktree(self, repo: Path, branch: str, path: Path) -> Path:
@@ -177,8 +179,17 @@ class Workspace:
             return None
         git(["add", "-A"], path)
         git(
-            ["-c", "user.name=phasegate", "-c", "user.email=phasegate@localhost",
-             "commit", "-q", "--no-verify", "-m", message],
+            [
+                "-c",
+                "user.name=phasegate",
+                "-c",
+                "user.email=phasegate@localhost",
+                "commit",
+                "-q",
+                "--no-verify",
+                "-m",
+                message,
+            ],
             path,
         )
         return self.rev(path, "HEAD")
@@ -218,7 +229,10 @@ class Workspace:
             patch += "\n"
         check = subprocess.run(
             ["git", "apply", "--check", "--recount", "--whitespace=nowarn", "-"],
-            cwd=path, input=patch, capture_output=True, text=True,
+            cwd=path,
+            input=patch,
+            capture_output=True,
+            text=True,
         )
         if check.returncode != 0:
             raise PatchError(f"the patch does not apply: {check.stderr.strip()}")
@@ -230,9 +244,20 @@ class Workspace:
     def sync_base(self, worktree: Path, base: str) -> bool:
         """Merge ``base`` into the worktree's branch; False (and aborted) on conflict."""
         proc = subprocess.run(
-            ["git", "-c", "user.name=phasegate", "-c", "user.email=phasegate@localhost",
-             "merge", "--no-edit", "-q", base],
-            cwd=worktree, capture_output=True, text=True,
+            [
+                "git",
+                "-c",
+                "user.name=phasegate",
+                "-c",
+                "user.email=phasegate@localhost",
+                "merge",
+                "--no-edit",
+                "-q",
+                base,
+            ],
+            cwd=worktree,
+            capture_output=True,
+            text=True,
         )
         if proc.returncode != 0:
             git(["merge", "--abort"], worktree, check=False)
@@ -241,9 +266,14 @@ class Workspace:
 
     def find_merge_commit(self, repo: Path, base: str, head_sha: str) -> str | None:
         """The merge commit on ``base``'s first-parent line whose parents include ``head_sha``."""
-        if subprocess.run(
-            ["git", "merge-base", "--is-ancestor", head_sha, base], cwd=repo, capture_output=True
-        ).returncode != 0:
+        if (
+            subprocess.run(
+                ["git", "merge-base", "--is-ancestor", head_sha, base],
+                cwd=repo,
+                capture_output=True,
+            ).returncode
+            != 0
+        ):
             return None
         for line in git(["log", "--first-parent", "--format=%H %P", base], repo).splitlines():
             sha, *parents = line.split()
@@ -259,9 +289,7 @@ class Workspace:
         Runs where ``base`` is checked out when a worktree has it (refusing a
         dirty one), else in a temporary worktree of ``base``.
         """
-        holder = next(
-            (p for p, b in self._registered_worktrees(repo).items() if b == base), None
-        )
+        holder = next((p for p, b in self._registered_worktrees(repo).items() if b == base), None)
         ident = ["-c", "user.name=phasegate", "-c", "user.email=phasegate@localhost"]
         if holder is not None:
             if git(["status", "--porcelain", "--untracked-files=no"], holder):
@@ -280,16 +308,19 @@ class Workspace:
 
     # -- checks -----------------------------------------------------------------
 
-    def run_checks(
-        self, commands: Sequence[str], cwd: Path, timeout_s: float
-    ) -> list[CheckResult]:
+    def run_checks(self, commands: Sequence[str], cwd: Path, timeout_s: float) -> list[CheckResult]:
         """Run each check command in ``cwd`` with a timeout in seconds; capture its output."""
         results = []
         for command in commands:
             started = time.monotonic()
             proc = subprocess.Popen(
-                command, shell=True, cwd=cwd, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                command,
+                shell=True,
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
                 start_new_session=True,
             )
             try:

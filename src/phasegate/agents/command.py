@@ -92,8 +92,12 @@ class CommandRunner:
                         if kind == "interrupted"
                         else f"no answer within {request.timeout_s:g}s; killed"
                     )
-                    return AgentResult(stdout or "", error_kind=kind, error=message,
-                                       duration_s=time.monotonic() - started)
+                    return AgentResult(
+                        stdout or "",
+                        error_kind=kind,
+                        error=message,
+                        duration_s=time.monotonic() - started,
+                    )
             except BrokenPipeError:
                 # The agent exited without reading its prompt; its exit code decides.
                 stdout, stderr = proc.communicate()

@@ -30,8 +30,17 @@ from phasegate.workspace import PatchError, Workspace
 __all__ = ["ScriptedRunner", "load_answers"]
 
 _ANSWER_KEYS = frozenset(
-    {"text", "files", "patch", "exit_code", "sleep", "hang", "input_tokens", "output_tokens",
-     "cost_usd"}
+    {
+        "text",
+        "files",
+        "patch",
+        "exit_code",
+        "sleep",
+        "hang",
+        "input_tokens",
+        "output_tokens",
+        "cost_usd",
+    }
 )
 
 
@@ -65,19 +74,29 @@ class ScriptedRunner:
         started = time.monotonic()
         answers = self.answers.get(request.role)
         if not answers:
-            return AgentResult("", error_kind="runner_error",
-                               error=f"no scripted answers for role {request.role!r}")
+            return AgentResult(
+                "",
+                error_kind="runner_error",
+                error=f"no scripted answers for role {request.role!r}",
+            )
         answer = answers[min(request.call_index, len(answers) - 1)]
         wait_s = float("inf") if answer.get("hang") else float(answer.get("sleep", 0))
         deadline = started + request.timeout_s
         while time.monotonic() < started + wait_s:
             if cancel.wait(0.05):
-                return AgentResult("", error_kind="interrupted", error="stopped by shutdown",
-                                   duration_s=time.monotonic() - started)
+                return AgentResult(
+                    "",
+                    error_kind="interrupted",
+                    error="stopped by shutdown",
+                    duration_s=time.monotonic() - started,
+                )
             if time.monotonic() >= deadline:
-                return AgentResult("", error_kind="timeout",
-                                   error=f"no answer within {request.timeout_s:g}s; killed",
-                                   duration_s=time.monotonic() - started)
+                return AgentResult(
+                    "",
+                    error_kind="timeout",
+                    error=f"no answer within {request.timeout_s:g}s; killed",
+                    duration_s=time.monotonic() - started,
+                )
         usage = {
             "input_tokens": int(answer.get("input_tokens", 0)),
             "output_tokens": int(answer.get("output_tokens", 0)),
@@ -85,17 +104,28 @@ class ScriptedRunner:
         }
         exit_code = int(answer.get("exit_code", 0))
         if exit_code:
-            return AgentResult(str(answer.get("text", "")), error_kind="exit_code",
-                               error=f"exited with code {exit_code}", exit_code=exit_code,
-                               duration_s=time.monotonic() - started, **usage)
+            return AgentResult(
+                str(answer.get("text", "")),
+                error_kind="exit_code",
+                error=f"exited with code {exit_code}",
+                exit_code=exit_code,
+                duration_s=time.monotonic() - started,
+                **usage,
+            )
         if not request.read_only:
             try:
                 self._write(request.cwd, answer)
             except PatchError as exc:
-                return AgentResult("", error_kind="invalid_patch", error=str(exc),
-                                   duration_s=time.monotonic() - started, **usage)
-        return AgentResult(str(answer.get("text", "")), exit_code=0,
-                           duration_s=time.monotonic() - started, **usage)
+                return AgentResult(
+                    "",
+                    error_kind="invalid_patch",
+                    error=str(exc),
+                    duration_s=time.monotonic() - started,
+                    **usage,
+                )
+        return AgentResult(
+            str(answer.get("text", "")), exit_code=0, duration_s=time.monotonic() - started, **usage
+        )
 
     @staticmethod
     def _write(cwd: Path, answer: Mapping[str, Any]) -> None:

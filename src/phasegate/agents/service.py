@@ -113,8 +113,13 @@ class AgentService:
                 call_index=self.store.count_agent_runs(ctx.id, role),
                 session_id=self.store.provider_session(ctx.id, line),
             )
-            self._emit(ctx.id, EventWrite("agent_started", {"role": role, "phase": phase,
-                                                             "round": round, "runner": runner.name}))
+            self._emit(
+                ctx.id,
+                EventWrite(
+                    "agent_started",
+                    {"role": role, "phase": phase, "round": round, "runner": runner.name},
+                ),
+            )
             result = runner.run(request, self.cancel)
             if result.error_kind == "interrupted":
                 raise WorkflowPaused(f"shutdown while the {role} agent ran")
@@ -127,17 +132,32 @@ class AgentService:
                     outcome, kind, detail = "garbage", "garbage", str(exc)
             elif not result.ok:
                 outcome = "failed"
-            self._record(ctx, phase, role, line, runner.name, round, attempt, outcome, kind,
-                         detail, result)
-            self._emit(ctx.id, EventWrite("agent_finished", {"role": role, "outcome": outcome,
-                                                              "error": detail or None}))
+            self._record(
+                ctx, phase, role, line, runner.name, round, attempt, outcome, kind, detail, result
+            )
+            self._emit(
+                ctx.id,
+                EventWrite(
+                    "agent_finished", {"role": role, "outcome": outcome, "error": detail or None}
+                ),
+            )
             if outcome == "ok":
                 return Answer(result, parsed)
         raise AgentFailed(role, tries, kind, detail)
 
     def _record(
-        self, ctx: WorkflowContext, phase: str, role: str, line: str, runner: str, round: int,
-        attempt: int, outcome: str, kind: str, detail: str, result: AgentResult,
+        self,
+        ctx: WorkflowContext,
+        phase: str,
+        role: str,
+        line: str,
+        runner: str,
+        round: int,
+        attempt: int,
+        outcome: str,
+        kind: str,
+        detail: str,
+        result: AgentResult,
     ) -> None:
         self.store.record_agent_run(
             AgentRunRecord(

@@ -77,7 +77,12 @@ class LocalForge:
 
     def create_pull_request(self, head: str, base: str, title: str, body: str) -> int:
         return self.store.forge_insert(
-            t.forge_pull_requests, self.key, head=head, base=base, title=title, body=body,
+            t.forge_pull_requests,
+            self.key,
+            head=head,
+            base=base,
+            title=title,
+            body=body,
             state="open",
         )
 
@@ -90,12 +95,15 @@ class LocalForge:
         if not rows:
             raise ForgeError(f"no pull request #{number} in {self.key}")
         r = rows[0]
-        return PullRequest(r["number"], r["head"], r["base"], r["title"], r["body"], r["state"],
-                           r["merge_sha"])
+        return PullRequest(
+            r["number"], r["head"], r["base"], r["title"], r["body"], r["state"], r["merge_sha"]
+        )
 
     def pull_requests(self) -> list[PullRequest]:
-        return [self.pull_request(r["number"])
-                for r in self.store.forge_rows(t.forge_pull_requests, self.key)]
+        return [
+            self.pull_request(r["number"])
+            for r in self.store.forge_rows(t.forge_pull_requests, self.key)
+        ]
 
     def update_pull_request(self, number: int, body: str) -> None:
         self.pull_request(number)
@@ -126,6 +134,10 @@ class LocalForge:
 
     def _record_merge(self, number: int, sha: str) -> None:
         self.store.forge_update(
-            t.forge_pull_requests, self.key, number, state="merged", merge_sha=sha,
+            t.forge_pull_requests,
+            self.key,
+            number,
+            state="merged",
+            merge_sha=sha,
             merged_at=self.store.clock.now(),
         )

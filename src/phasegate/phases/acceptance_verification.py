@@ -71,9 +71,13 @@ def acceptance_hash(ctx: WorkflowContext) -> str:
 
 def _confirm(ctx: WorkflowContext, deps: PhaseDeps, row: MilestoneWrite, who: str) -> PhaseResult:
     if ctx.issue_number:
-        deps.effects.comment(ACCEPTANCE_VERIFICATION, ctx.issue_number,
-                             f"Acceptance verification: **confirmed** ({who}).",
-                             f"verified:{row.key}", best_effort=True)
+        deps.effects.comment(
+            ACCEPTANCE_VERIFICATION,
+            ctx.issue_number,
+            f"Acceptance verification: **confirmed** ({who}).",
+            f"verified:{row.key}",
+            best_effort=True,
+        )
         deps.effects.close_issue(ACCEPTANCE_VERIFICATION, ctx.issue_number)
     return PhaseResult.advance(
         COMPLETED,
@@ -98,39 +102,62 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     attempt = int(ctx.state.get("verification_attempt", 0)) + 1
     parse_failures = int(ctx.state.get("verification_parse_failures", 0))
     limits = deps.limits
-    running = MilestoneWrite(KIND, status="in_progress", attempt=attempt, key=key,
-                             summary="Acceptance verification: running",
-                             data={"merge_sha": merge_sha})
+    running = MilestoneWrite(
+        KIND,
+        status="in_progress",
+        attempt=attempt,
+        key=key,
+        summary="Acceptance verification: running",
+        data={"merge_sha": merge_sha},
+    )
     deps.store.write_milestone(ctx.id, ACCEPTANCE_VERIFICATION, running)
 
     def settle(status: str, summary: str, **data: object) -> MilestoneWrite:
-        return MilestoneWrite(KIND, status=status, attempt=attempt, key=key,  # type: ignore[arg-type]
-                              summary=summary, data={"merge_sha": merge_sha, **data})
+        return MilestoneWrite(
+            KIND,
+            status=status,
+            attempt=attempt,
+            key=key,  # type: ignore[arg-type]
+            summary=summary,
+            data={"merge_sha": merge_sha, **data},
+        )
 
     with deps.workspace.temporary_checkout(Path(ctx.repo_path), merge_sha) as checkout:
         checks = deps.workspace.run_checks(
-            deps.cartridge.landing_areas.checks, checkout, deps.cartridge.landing_areas.check_timeout
+            deps.cartridge.landing_areas.checks,
+            checkout,
+            deps.cartridge.landing_areas.check_timeout,
         )
-        check_text = "\n".join(
-            f"- `{c.command}`: {'passed' if c.passed else 'FAILED'}" for c in checks
-        ) or "- (no checks configured)"
+        check_text = (
+            "\n".join(f"- `{c.command}`: {'passed' if c.passed else 'FAILED'}" for c in checks)
+            or "- (no checks configured)"
+        )
         try:
             answer = deps.agents.ask(
-                ctx, ACCEPTANCE_VERIFICATION, "verification",
+                ctx,
+                ACCEPTANCE_VERIFICATION,
+                "verification",
                 VERIFY_PROMPT.format(title=ctx.title, ticket=ctx.ticket, checks=check_text),
-                checkout, round=attempt, attempt=attempt, retries=0,
+                checkout,
+                round=attempt,
+                attempt=attempt,
+                retries=0,
                 parse=verdict_parser(("confirmed", "rejected", "indeterminate")),
             )
         except AgentFailed as exc:
             garbage = exc.kind == "garbage"
             failures = parse_failures + 1 if garbage else parse_failures
             row = settle("failed", str(exc)[:500], error_kind=exc.kind)
-            exhausted = (failures >= limits.max_verification_parse_failures if garbage
-                         else attempt >= limits.max_verification_attempts)
+            exhausted = (
+                failures >= limits.max_verification_parse_failures
+                if garbage
+                else attempt >= limits.max_verification_attempts
+            )
             state = {"verification_attempt": attempt, "verification_parse_failures": failures}
             if exhausted:
-                return PhaseResult("pause", reason=f"verification gave up: {exc}", state=state,
-                                   milestones=(row,))
+                return PhaseResult(
+                    "pause", reason=f"verification gave up: {exc}", state=state, milestones=(row,)
+                )
             return PhaseResult("retry", state=state, milestones=(row,))
 
     checks_data = [c.as_dict() for c in checks]
@@ -139,14 +166,20 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         verdict, note = "rejected", "the verifier confirmed but a check failed on the merge commit"
     else:
         note = answer.parsed.comments[:1000]
-    row = settle("completed", f"Acceptance verification: {verdict}", verdict=verdict,
-                 comments=note, checks=checks_data, verified_by="verifier")
+    row = settle(
+        "completed",
+        f"Acceptance verification: {verdict}",
+        verdict=verdict,
+        comments=note,
+        checks=checks_data,
+        verified_by="verifier",
+    )
     if verdict == "confirmed":
         return _confirm(ctx, deps, row, "verifier")
     return PhaseResult(
         "pause",
         reason=f"acceptance verification {verdict}: {note[:500]}; a person decides "
-               "(`phasegate verify-override`)",
+        "(`phasegate verify-override`)",
         state={"verification_status": verdict, "verification_attempt": attempt},
         milestones=(row,),
     )
@@ -163,12 +196,17 @@ def override(ctx: WorkflowContext, deps: PhaseDeps, verdict: str, by: str) -> Ph
         )
     if verdict not in ("confirmed", "rejected"):
         raise ContractViolation(f"verdict must be confirmed or rejected, not {verdict!r}")
-    row = MilestoneWrite(KIND, key=f"override:{deps.clock.now().isoformat()}",
-                         summary=f"Acceptance verification: {verdict} by {by}",
-                         data={"verdict": verdict, "verified_by": by, "override": True,
-                               "merge_sha": ctx.merge_sha})
+    row = MilestoneWrite(
+        KIND,
+        key=f"override:{deps.clock.now().isoformat()}",
+        summary=f"Acceptance verification: {verdict} by {by}",
+        data={"verdict": verdict, "verified_by": by, "override": True, "merge_sha": ctx.merge_sha},
+    )
     if verdict == "confirmed":
         return _confirm(ctx, deps, row, by)
-    return PhaseResult("pause", reason=f"acceptance rejected by {by}",
-                       state={"verification_status": "rejected", "verified_by": by},
-                       milestones=(row,))
+    return PhaseResult(
+        "pause",
+        reason=f"acceptance rejected by {by}",
+        state={"verification_status": "rejected", "verified_by": by},
+        milestones=(row,),
+    )

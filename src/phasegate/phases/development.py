@@ -60,8 +60,12 @@ def _done(ctx: WorkflowContext, head: str, milestones: tuple[MilestoneWrite, ...
     return PhaseResult.advance(
         PR_REVIEW,
         updates={"current_round": 0, "user_feedback": None},
-        state={"test_retries": 0, "last_check_failure": None, "review_feedback": None,
-               "head_sha": head},
+        state={
+            "test_retries": 0,
+            "last_check_failure": None,
+            "review_feedback": None,
+            "head_sha": head,
+        },
         milestones=milestones,
     )
 
@@ -84,24 +88,40 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     if ctx.user_feedback:
         extra += f"\n## Feedback from a person\n\n{ctx.user_feedback}\n"
     if ctx.state.get("last_check_failure"):
-        extra += f"\n## The checks failed on your last attempt\n\n{ctx.state['last_check_failure']}\n"
+        extra += (
+            f"\n## The checks failed on your last attempt\n\n{ctx.state['last_check_failure']}\n"
+        )
 
     try:
         answer = deps.agents.ask(
-            ctx, DEVELOPMENT, "build",
+            ctx,
+            DEVELOPMENT,
+            "build",
             BUILD_PROMPT.format(title=ctx.title, ticket=ctx.ticket, plan=plan, extra=extra),
-            cwd, round=dev_round, attempt=attempt,
+            cwd,
+            round=dev_round,
+            attempt=attempt,
         )
     except AgentFailed as exc:
-        return PhaseResult("failed", reason=str(exc), milestones=(
-            MilestoneWrite("dev_failed", status="failed", round=dev_round, attempt=attempt,
-                           summary=str(exc)),
-        ))
+        return PhaseResult(
+            "failed",
+            reason=str(exc),
+            milestones=(
+                MilestoneWrite(
+                    "dev_failed",
+                    status="failed",
+                    round=dev_round,
+                    attempt=attempt,
+                    summary=str(exc),
+                ),
+            ),
+        )
 
     assert ctx.branch_name is not None
     commit = deps.workspace.commit_all(
-        cwd, f"{ctx.title}\n\nphasegate workflow {ctx.id}, development round {dev_round}, "
-             f"attempt {attempt}",
+        cwd,
+        f"{ctx.title}\n\nphasegate workflow {ctx.id}, development round {dev_round}, "
+        f"attempt {attempt}",
     )
     head = deps.workspace.rev(cwd, "HEAD")
     changed = deps.workspace.commits_ahead(repo, ctx.base_branch, ctx.branch_name) > 0
@@ -111,23 +131,41 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     passed = changed and all(c.passed for c in checks)
     failure = _failure_summary(checks) if changed else "the build agent changed no file"
     tests_run = MilestoneWrite(
-        "tests_run", round=dev_round, attempt=attempt,
+        "tests_run",
+        round=dev_round,
+        attempt=attempt,
         status="completed" if passed else "failed",
         summary=f"{sum(c.passed for c in checks)}/{len(checks)} checks passed"
         + ("" if changed else "; no change"),
-        data={"checks": [c.as_dict() for c in checks], "passed": passed, "commit": commit,
-              "head": head, "agent_summary": answer.text.strip()[-2000:]},
+        data={
+            "checks": [c.as_dict() for c in checks],
+            "passed": passed,
+            "commit": commit,
+            "head": head,
+            "agent_summary": answer.text.strip()[-2000:],
+        },
     )
     if passed:
         deps.effects.push_branch(DEVELOPMENT, ctx.branch_name, head)
-        return _done(ctx, head, (
-            tests_run,
-            MilestoneWrite("dev_completed", round=dev_round, summary=f"head {head[:12]}",
-                           data={"head": head, "attempts": attempt}),
-        ))
+        return _done(
+            ctx,
+            head,
+            (
+                tests_run,
+                MilestoneWrite(
+                    "dev_completed",
+                    round=dev_round,
+                    summary=f"head {head[:12]}",
+                    data={"head": head, "attempts": attempt},
+                ),
+            ),
+        )
     if attempt <= deps.limits.max_dev_retries:
-        return PhaseResult("retry", state={"test_retries": attempt, "last_check_failure": failure},
-                           milestones=(tests_run,))
+        return PhaseResult(
+            "retry",
+            state={"test_retries": attempt, "last_check_failure": failure},
+            milestones=(tests_run,),
+        )
     return PhaseResult(
         "failed",
         reason=f"checks still failing after {attempt} attempt(s): {failure[:1500]}",

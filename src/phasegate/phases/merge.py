@@ -51,18 +51,29 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             return PhaseResult(
                 "pause",
                 reason=f"{ctx.branch_name} conflicts with {ctx.base_branch}; resolve the "
-                       "conflict on the branch, then `phasegate resume`",
-                milestones=(MilestoneWrite("merge_failed", status="failed",
-                                           round=ctx.dev_round, summary="conflict with base"),),
+                "conflict on the branch, then `phasegate resume`",
+                milestones=(
+                    MilestoneWrite(
+                        "merge_failed",
+                        status="failed",
+                        round=ctx.dev_round,
+                        summary="conflict with base",
+                    ),
+                ),
             )
     message = f"Merge #{ctx.pr_number}: {ctx.title}\n\nphasegate workflow {ctx.id}"
     try:
         sha = deps.effects.merge(MERGE, ctx.pr_number, message)
     except GitError as exc:
-        return PhaseResult("failed", reason=f"merge failed: {exc}", milestones=(
-            MilestoneWrite("merge_failed", status="failed", round=ctx.dev_round,
-                           summary=str(exc)[:500]),
-        ))
+        return PhaseResult(
+            "failed",
+            reason=f"merge failed: {exc}",
+            milestones=(
+                MilestoneWrite(
+                    "merge_failed", status="failed", round=ctx.dev_round, summary=str(exc)[:500]
+                ),
+            ),
+        )
 
     cleanup_ok, cleanup_note = True, "worktree and branch removed"
     try:
@@ -76,7 +87,8 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         updates={"merge_sha": sha},
         state={"worktree_removed": cleanup_ok},
         milestones=(
-            MilestoneWrite("cleanup", status="completed" if cleanup_ok else "failed",
-                           summary=cleanup_note),
+            MilestoneWrite(
+                "cleanup", status="completed" if cleanup_ok else "failed", summary=cleanup_note
+            ),
         ),
     )

@@ -62,7 +62,9 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     cwd = worktree_of(ctx)
     extra = ""
     if ctx.state.get("plan_feedback"):
-        extra += f"\n## The reviewer's comments on your previous plan\n\n{ctx.state['plan_feedback']}\n"
+        extra += (
+            f"\n## The reviewer's comments on your previous plan\n\n{ctx.state['plan_feedback']}\n"
+        )
     if ctx.state.get("replan_context"):
         extra += f"\n## Why the previous attempt was reverted\n\n{ctx.state['replan_context']}\n"
     if ctx.user_feedback:
@@ -70,37 +72,62 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
 
     try:
         plan = deps.agents.ask(
-            ctx, PLANNING, "plan",
+            ctx,
+            PLANNING,
+            "plan",
             PLAN_PROMPT.format(title=ctx.title, ticket=ctx.ticket, extra=extra),
-            cwd, round=round_num, parse=non_empty,
+            cwd,
+            round=round_num,
+            parse=non_empty,
         ).parsed
         review = deps.agents.ask(
-            ctx, PLANNING, "plan_review",
+            ctx,
+            PLANNING,
+            "plan_review",
             REVIEW_PROMPT.format(title=ctx.title, ticket=ctx.ticket, round=round_num, plan=plan),
-            cwd, round=round_num, parse=verdict_parser(("approve", "revise")),
+            cwd,
+            round=round_num,
+            parse=verdict_parser(("approve", "revise")),
         ).parsed
     except AgentFailed as exc:
         failed = MilestoneWrite("plan_failed", status="failed", round=round_num, summary=str(exc))
         if exc.kind == "timeout":
-            return PhaseResult("pause", status="planning_timeout", reason=str(exc),
-                               milestones=(failed,))
+            return PhaseResult(
+                "pause", status="planning_timeout", reason=str(exc), milestones=(failed,)
+            )
         return PhaseResult("failed", reason=str(exc), milestones=(failed,))
 
     if ctx.issue_number:
-        deps.effects.comment(PLANNING, ctx.issue_number, f"**Plan (round {round_num})**\n\n{plan}",
-                             f"plan:r{round_num}", best_effort=True)
+        deps.effects.comment(
+            PLANNING,
+            ctx.issue_number,
+            f"**Plan (round {round_num})**\n\n{plan}",
+            f"plan:r{round_num}",
+            best_effort=True,
+        )
     approved = review.verdict == "approve"
     milestones = [
-        MilestoneWrite("plan_created" if round_num == 1 else "plan_refined", round=round_num,
-                       summary=plan.splitlines()[0][:200], data={"plan": plan}),
-        MilestoneWrite("plan_reviewed", round=round_num, summary=review.verdict,
-                       data={"verdict": review.verdict, "comments": review.comments}),
+        MilestoneWrite(
+            "plan_created" if round_num == 1 else "plan_refined",
+            round=round_num,
+            summary=plan.splitlines()[0][:200],
+            data={"plan": plan},
+        ),
+        MilestoneWrite(
+            "plan_reviewed",
+            round=round_num,
+            summary=review.verdict,
+            data={"verdict": review.verdict, "comments": review.comments},
+        ),
     ]
     if approved or round_num >= deps.limits.max_plan_rounds:
         milestones.append(
-            MilestoneWrite("plan_finalized", round=round_num,
-                           summary="approved" if approved else "max_plan_rounds reached",
-                           data={"plan": plan, "approved": approved, "rounds": round_num})
+            MilestoneWrite(
+                "plan_finalized",
+                round=round_num,
+                summary="approved" if approved else "max_plan_rounds reached",
+                data={"plan": plan, "approved": approved, "rounds": round_num},
+            )
         )
         return PhaseResult.advance(
             DEVELOPMENT,

@@ -61,8 +61,10 @@ _DIFF_LIMIT = 60_000  # characters of diff put in the prompt
 
 def _pr_body(ctx: WorkflowContext) -> str:
     plan = str(ctx.state.get("plan", ""))
-    return (f"Implements #{ctx.issue_number}\n\n{ctx.title}\n\n## Plan\n\n{plan}\n\n"
-            f"_phasegate workflow `{ctx.id}`, development round {ctx.dev_round}_")
+    return (
+        f"Implements #{ctx.issue_number}\n\n{ctx.title}\n\n## Plan\n\n{plan}\n\n"
+        f"_phasegate workflow `{ctx.id}`, development round {ctx.dev_round}_"
+    )
 
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
@@ -70,40 +72,49 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     repo = Path(ctx.repo_path)
     round_num = ctx.dev_round  # one review round per development round
     body = _pr_body(ctx)
-    pr = deps.effects.open_pull_request(PR_REVIEW, ctx.branch_name, ctx.base_branch,
-                                        ctx.title, body)
+    pr = deps.effects.open_pull_request(
+        PR_REVIEW, ctx.branch_name, ctx.base_branch, ctx.title, body
+    )
     if ctx.dev_round > 1:
         deps.effects.update_pull_request(PR_REVIEW, pr, body, f"dev{ctx.dev_round}")
 
     diff = deps.workspace.diff(repo, ctx.base_branch, ctx.branch_name)
     try:
         review = deps.agents.ask(
-            ctx, PR_REVIEW, "review",
+            ctx,
+            PR_REVIEW,
+            "review",
             REVIEW_PROMPT.format(title=ctx.title, ticket=ctx.ticket, diff=diff[:_DIFF_LIMIT]),
-            worktree_of(ctx), round=round_num,
+            worktree_of(ctx),
+            round=round_num,
             parse=verdict_parser(("approve", "request_changes")),
         ).parsed
     except AgentFailed as exc:
         return PhaseResult("failed", reason=str(exc), updates={"pr_number": pr})
 
     reviewed = MilestoneWrite(
-        "pr_reviewed", round=round_num, summary=review.verdict,
+        "pr_reviewed",
+        round=round_num,
+        summary=review.verdict,
         data={"verdict": review.verdict, "comments": review.comments, "pr": pr},
     )
     if ctx.issue_number:
         deps.effects.comment(
-            PR_REVIEW, ctx.issue_number,
+            PR_REVIEW,
+            ctx.issue_number,
             f"**Review of #{pr}, round {round_num}: {review.verdict}**\n\n{review.comments}",
-            f"review:r{round_num}", best_effort=True,
+            f"review:r{round_num}",
+            best_effort=True,
         )
     if review.verdict == "approve":
-        return PhaseResult.advance(REPORT, updates={"pr_number": pr, "current_round": 0},
-                                   milestones=(reviewed,))
+        return PhaseResult.advance(
+            REPORT, updates={"pr_number": pr, "current_round": 0}, milestones=(reviewed,)
+        )
     if round_num >= deps.limits.max_pr_review_rounds:
         return PhaseResult(
             "pause",
             reason=f"review still requests changes after {round_num} round(s) "
-                   "(limits.max_pr_review_rounds); send feedback or resume",
+            "(limits.max_pr_review_rounds); send feedback or resume",
             updates={"pr_number": pr},
             milestones=(reviewed,),
         )

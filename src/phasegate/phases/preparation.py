@@ -60,7 +60,10 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         },
         state={"base_sha": base_sha},
         milestones=(
-            MilestoneWrite("worktree_ready", summary=f"worktree at {worktree}",
-                           data={"path": str(worktree), "branch": branch}),
+            MilestoneWrite(
+                "worktree_ready",
+                summary=f"worktree at {worktree}",
+                data={"path": str(worktree), "branch": branch},
+            ),
         ),
     )

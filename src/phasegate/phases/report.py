@@ -45,7 +45,8 @@ def build_payload(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
     usage = deps.store.usage_totals(ctx.id)
     changes = (
         deps.workspace.diff_stat(Path(ctx.repo_path), ctx.base_branch, ctx.branch_name)
-        if ctx.branch_name else {}
+        if ctx.branch_name
+        else {}
     )
     return {
         "workflow": ctx.id,
@@ -71,8 +72,7 @@ def build_payload(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
             "verdict": reviews[-1].data.get("verdict") if reviews else None,
             "comments": str(reviews[-1].data.get("comments", ""))[:1000] if reviews else "",
         },
-        "usage": {"tokens": usage.tokens, "cost_usd": round(usage.cost_usd, 6),
-                  "runs": usage.runs},
+        "usage": {"tokens": usage.tokens, "cost_usd": round(usage.cost_usd, 6), "runs": usage.runs},
         "auto_merge": ctx.auto_merge,
         "content_language": ctx.content_language,
     }
@@ -82,15 +82,17 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     payload = build_payload(ctx, deps)
     text = render_report(payload, ctx.content_language)
     if ctx.issue_number:
-        deps.effects.comment(REPORT, ctx.issue_number, text, f"report:d{ctx.dev_round}",
-                             best_effort=True)
+        deps.effects.comment(
+            REPORT, ctx.issue_number, text, f"report:d{ctx.dev_round}", best_effort=True
+        )
     r = ctx.dev_round
     return PhaseResult.advance(
         WAIT,
         state={"report": payload, "wait_started_at": deps.clock.now().isoformat()},
         milestones=(
-            MilestoneWrite("progress_reported", round=r, summary=text.splitlines()[0],
-                           data={"report": payload}),
+            MilestoneWrite(
+                "progress_reported", round=r, summary=text.splitlines()[0], data={"report": payload}
+            ),
             MilestoneWrite("round_completed", round=r),
             MilestoneWrite("wait_started", round=r),
         ),

@@ -33,9 +33,12 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             updates={"dev_round": ctx.dev_round + 1, "current_round": 0},
             state={"merge_approved": False},
             milestones=(
-                MilestoneWrite("requirement_received", round=ctx.dev_round + 1,
-                               summary=ctx.user_feedback[:200],
-                               data={"feedback": ctx.user_feedback}),
+                MilestoneWrite(
+                    "requirement_received",
+                    round=ctx.dev_round + 1,
+                    summary=ctx.user_feedback[:200],
+                    data={"feedback": ctx.user_feedback},
+                ),
             ),
         )
     approved = ctx.auto_merge or bool(ctx.state.get("merge_approved"))

@@ -205,9 +205,11 @@ class Store:
     def workflow_row(self, workflow_id: str) -> dict[str, Any]:
         """The workflow's row as a dict. Raises WorkflowNotFound."""
         with self.engine.connect() as conn:
-            row = conn.execute(
-                sa.select(t.workflows).where(t.workflows.c.id == workflow_id)
-            ).mappings().first()
+            row = (
+                conn.execute(sa.select(t.workflows).where(t.workflows.c.id == workflow_id))
+                .mappings()
+                .first()
+            )
         if row is None:
             raise WorkflowNotFound(workflow_id)
         out = dict(row)
@@ -218,9 +220,13 @@ class Store:
     def list_workflows(self) -> list[dict[str, Any]]:
         """Every workflow row, oldest first."""
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(t.workflows).order_by(t.workflows.c.created_at, t.workflows.c.id)
-            ).mappings().all()
+            rows = (
+                conn.execute(
+                    sa.select(t.workflows).order_by(t.workflows.c.created_at, t.workflows.c.id)
+                )
+                .mappings()
+                .all()
+            )
         return [dict(r) for r in rows]
 
     def runnable_workflow_ids(self, statuses: frozenset[str]) -> list[str]:
@@ -277,29 +283,41 @@ class Store:
     def milestones(self, workflow_id: str) -> list[MilestoneView]:
         """The workflow's milestones, oldest first."""
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(t.milestones)
-                .where(t.milestones.c.workflow_id == workflow_id)
-                .order_by(t.milestones.c.id)
-            ).mappings().all()
+            rows = (
+                conn.execute(
+                    sa.select(t.milestones)
+                    .where(t.milestones.c.workflow_id == workflow_id)
+                    .order_by(t.milestones.c.id)
+                )
+                .mappings()
+                .all()
+            )
         return [_milestone_view(r) for r in rows]
 
     def milestone_rows(self, workflow_id: str) -> list[dict[str, Any]]:
         """The workflow's milestones as rows (with timestamps), oldest first."""
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(t.milestones)
-                .where(t.milestones.c.workflow_id == workflow_id)
-                .order_by(t.milestones.c.id)
-            ).mappings().all()
-        return [{**r, "created_at": _utc(r["created_at"]), "updated_at": _utc(r["updated_at"])}
-                for r in rows]
+            rows = (
+                conn.execute(
+                    sa.select(t.milestones)
+                    .where(t.milestones.c.workflow_id == workflow_id)
+                    .order_by(t.milestones.c.id)
+                )
+                .mappings()
+                .all()
+            )
+        return [
+            {**r, "created_at": _utc(r["created_at"]), "updated_at": _utc(r["updated_at"])}
+            for r in rows
+        ]
 
     def milestone_by_key(self, dedupe_key: str) -> MilestoneView | None:
         with self.engine.connect() as conn:
-            row = conn.execute(
-                sa.select(t.milestones).where(t.milestones.c.dedupe_key == dedupe_key)
-            ).mappings().first()
+            row = (
+                conn.execute(sa.select(t.milestones).where(t.milestones.c.dedupe_key == dedupe_key))
+                .mappings()
+                .first()
+            )
         return _milestone_view(row) if row else None
 
     def write_milestone(self, workflow_id: str, phase: str, write: MilestoneWrite) -> MilestoneView:
@@ -339,7 +357,9 @@ class Store:
                 )
             )
         else:
-            conn.execute(t.milestones.update().where(t.milestones.c.id == existing).values(**values))
+            conn.execute(
+                t.milestones.update().where(t.milestones.c.id == existing).values(**values)
+            )
         self._add_event(
             conn,
             workflow_id,
@@ -351,7 +371,11 @@ class Store:
         return key
 
     def settle_milestone(
-        self, milestone: MilestoneView, status: str, *, summary: str | None = None,
+        self,
+        milestone: MilestoneView,
+        status: str,
+        *,
+        summary: str | None = None,
         data: Mapping[str, Any] | None = None,
     ) -> None:
         """Settle an existing milestone in place (``in_progress`` → a final status)."""
@@ -374,8 +398,12 @@ class Store:
                 row,
                 EventWrite(
                     "milestone_updated",
-                    {"kind": milestone.kind, "phase": milestone.phase, "status": status,
-                     "key": milestone.dedupe_key},
+                    {
+                        "kind": milestone.kind,
+                        "phase": milestone.phase,
+                        "status": status,
+                        "key": milestone.dedupe_key,
+                    },
                 ),
             )
 
@@ -397,11 +425,15 @@ class Store:
     def events(self, workflow_id: str, after_id: int = 0) -> list[dict[str, Any]]:
         """The workflow's events with id > ``after_id``, oldest first."""
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(t.events)
-                .where(t.events.c.workflow_id == workflow_id, t.events.c.id > after_id)
-                .order_by(t.events.c.id)
-            ).mappings().all()
+            rows = (
+                conn.execute(
+                    sa.select(t.events)
+                    .where(t.events.c.workflow_id == workflow_id, t.events.c.id > after_id)
+                    .order_by(t.events.c.id)
+                )
+                .mappings()
+                .all()
+            )
         return [{**r, "created_at": _utc(r["created_at"])} for r in rows]
 
     def add_event(self, workflow_id: str, event: EventWrite) -> None:
@@ -422,11 +454,15 @@ class Store:
 
     def agent_runs(self, workflow_id: str) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(t.agent_runs)
-                .where(t.agent_runs.c.workflow_id == workflow_id)
-                .order_by(t.agent_runs.c.id)
-            ).mappings().all()
+            rows = (
+                conn.execute(
+                    sa.select(t.agent_runs)
+                    .where(t.agent_runs.c.workflow_id == workflow_id)
+                    .order_by(t.agent_runs.c.id)
+                )
+                .mappings()
+                .all()
+            )
         return [dict(r) for r in rows]
 
     def count_agent_runs(self, workflow_id: str, role: str) -> int:
@@ -514,8 +550,11 @@ class Store:
             conn.execute(
                 t.workflows.update()
                 .where(c.id == workflow_id)
-                .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=ttl_s),
-                        fence=fence + 1)
+                .values(
+                    lease_owner=owner,
+                    lease_expires_at=now + timedelta(seconds=ttl_s),
+                    fence=fence + 1,
+                )
             )
             return fence + 1
 
@@ -556,8 +595,9 @@ class Store:
         with self.transaction() as conn:
             number = self.forge_next_number(conn, repo)
             conn.execute(
-                table.insert().values(repo=repo, number=number, created_at=self.clock.now(),
-                                      **values)
+                table.insert().values(
+                    repo=repo, number=number, created_at=self.clock.now(), **values
+                )
             )
         return number
 
@@ -571,7 +611,9 @@ class Store:
     def forge_update(self, table: sa.Table, repo: str, number: int, **values: Any) -> None:
         with self.transaction() as conn:
             conn.execute(
-                table.update().where(table.c.repo == repo, table.c.number == number).values(**values)
+                table.update()
+                .where(table.c.repo == repo, table.c.number == number)
+                .values(**values)
             )
 
     def forge_add_comment(self, repo: str, issue_number: int, body: str, marker: str | None) -> int:
@@ -579,7 +621,10 @@ class Store:
             return int(
                 conn.execute(
                     t.forge_comments.insert().values(
-                        repo=repo, issue_number=issue_number, body=body, marker=marker,
+                        repo=repo,
+                        issue_number=issue_number,
+                        body=body,
+                        marker=marker,
                         created_at=self.clock.now(),
                     )
                 ).inserted_primary_key[0]
