@@ -133,6 +133,10 @@ class Cartridge(_Strict):
             )
         return binding
 
+    def store_url(self, repo: Path) -> str:
+        """``store.url``, or the embedded default: SQLite at ``repo/.phasegate/state.db``."""
+        return self.store.url or f"sqlite:///{repo / '.phasegate' / 'state.db'}"
+
     def missing_roles(self) -> list[str]:
         return [name for name in ROLE_SESSION_LINES if getattr(self.roles, name) is None]
 

@@ -80,14 +80,10 @@ def _repo_root(repo: Path) -> Path:
         raise UsageError(f"{repo.resolve()} is not inside a git repository") from None
 
 
-def _store_url(repo: Path, cartridge: Cartridge) -> str:
-    return cartridge.store.url or f"sqlite:///{repo / '.phasegate' / 'state.db'}"
-
-
 def _open(repo: Path) -> tuple[Path, Cartridge, Store]:
     root = _repo_root(repo)
     cartridge = load_cartridge(root)
-    return root, cartridge, open_store(_store_url(root, cartridge))
+    return root, cartridge, open_store(cartridge.store_url(root))
 
 
 # -- progress -----------------------------------------------------------------------

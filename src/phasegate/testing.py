@@ -1,0 +1,193 @@
+"""Fakes shipped with phasegate, for its own tests and for yours.
+
+- ``ScriptedRunner``: per-role scripted answers (see ``phasegate.agents.scripted``).
+- ``FixedClock``: a clock that moves only when told, for deterministic stores.
+- ``InMemoryForge``: a Forge in dicts, for unit tests that need no git merge.
+- ``CrashingForge``: wraps a Forge and kills the process (``os._exit``, like
+  SIGKILL: no cleanup, no settle) right after a chosen call succeeds.
+- ``FlakyForge``: wraps a Forge and raises ForgeError on a chosen call N times
+  (a forge that times out).
+
+``python -m phasegate.testing --repo R --crash-after METHOD`` runs one worker
+pass over R's workflows with a CrashingForge: the crash tests use it to die
+at exactly the worst moment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from phasegate.agents.scripted import ScriptedRunner
+from phasegate.forge.base import Forge, ForgeError, Issue, PullRequest
+
+__all__ = ["CrashingForge", "FixedClock", "FlakyForge", "InMemoryForge", "ScriptedRunner"]
+
+CRASH_EXIT_CODE = 137
+
+
+class FixedClock:
+    """``now()`` returns a fixed UTC time that ``advance()`` moves."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
+        self._mono = 0.0
+
+    def now(self) -> datetime:
+        return self._now
+
+    def monotonic(self) -> float:
+        return self._mono
+
+    def advance(self, seconds: float) -> None:
+        self._now += timedelta(seconds=seconds)
+        self._mono += seconds
+
+
+class InMemoryForge:
+    """A Forge held in dicts. Merges record a made-up SHA; no git is touched."""
+
+    def __init__(self) -> None:
+        self.issues: dict[int, Issue] = {}
+        self.markers: dict[str, int] = {}
+        self.comments: list[dict[str, Any]] = []
+        self.prs: dict[int, PullRequest] = {}
+        self.published: list[str] = []
+        self._next = 0
+
+    def _number(self) -> int:
+        self._next += 1
+        return self._next
+
+    def create_issue(self, title: str, body: str, marker: str) -> int:
+        number = self._number()
+        self.issues[number] = Issue(number, title, body, "open")
+        self.markers[marker] = number
+        return number
+
+    def find_issue(self, marker: str) -> int | None:
+        return self.markers.get(marker)
+
+    def issue(self, number: int) -> Issue:
+        if number not in self.issues:
+            raise ForgeError(f"no issue #{number}")
+        return self.issues[number]
+
+    def close_issue(self, number: int) -> None:
+        i = self.issue(number)
+        self.issues[number] = Issue(i.number, i.title, i.body, "closed")
+
+    def comment(self, issue_number: int, body: str, marker: str) -> int:
+        self.comments.append({"issue": issue_number, "body": body, "marker": marker})
+        return len(self.comments)
+
+    def find_comment(self, issue_number: int, marker: str) -> int | None:
+        for i, c in enumerate(self.comments, start=1):
+            if c["issue"] == issue_number and c["marker"] == marker:
+                return i
+        return None
+
+    def publish_branch(self, branch: str) -> None:
+        self.published.append(branch)
+
+    def create_pull_request(self, head: str, base: str, title: str, body: str) -> int:
+        number = self._number()
+        self.prs[number] = PullRequest(number, head, base, title, body, "open", None)
+        return number
+
+    def find_pull_request(self, head: str) -> int | None:
+        found = [n for n, pr in self.prs.items() if pr.head == head]
+        return found[-1] if found else None
+
+    def pull_request(self, number: int) -> PullRequest:
+        if number not in self.prs:
+            raise ForgeError(f"no pull request #{number}")
+        return self.prs[number]
+
+    def update_pull_request(self, number: int, body: str) -> None:
+        pr = self.pull_request(number)
+        self.prs[number] = PullRequest(pr.number, pr.head, pr.base, pr.title, body, pr.state, None)
+
+    def merge_pull_request(self, number: int, message: str) -> str:
+        pr = self.pull_request(number)
+        sha = f"{number:040x}"
+        self.prs[number] = PullRequest(pr.number, pr.head, pr.base, pr.title, pr.body, "merged", sha)
+        return sha
+
+    def find_merge(self, number: int) -> str | None:
+        return self.pull_request(number).merge_sha
+
+
+class _Wrapper:
+    def __init__(self, inner: Forge) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class CrashingForge(_Wrapper):
+    """Kills the process right after ``method`` returns successfully (``os._exit``)."""
+
+    def __init__(self, inner: Forge, method: str) -> None:
+        super().__init__(inner)
+        self.method = method
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name != self.method:
+            return attr
+
+        def crash_after(*args: Any, **kwargs: Any) -> Any:
+            attr(*args, **kwargs)
+            os._exit(CRASH_EXIT_CODE)
+
+        return crash_after
+
+
+class FlakyForge(_Wrapper):
+    """Raises ForgeError from ``method`` for its first ``failures`` calls."""
+
+    def __init__(self, inner: Forge, method: str, failures: int = 1) -> None:
+        super().__init__(inner)
+        self.method = method
+        self.failures = failures
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name != self.method:
+            return attr
+
+        def flaky(*args: Any, **kwargs: Any) -> Any:
+            if self.failures > 0:
+                self.failures -= 1
+                raise ForgeError(f"{name}: timed out (FlakyForge)")
+            return attr(*args, **kwargs)
+
+        return flaky
+
+
+def _crash_worker(argv: list[str] | None = None) -> None:
+    from phasegate.cartridge import load_cartridge
+    from phasegate.engine import Engine
+    from phasegate.forge import LocalForge
+    from phasegate.store import open_store
+    from phasegate.workspace import Workspace
+
+    parser = argparse.ArgumentParser(prog="python -m phasegate.testing")
+    parser.add_argument("--repo", type=Path, required=True)
+    parser.add_argument("--crash-after", required=True, help="a Forge method name")
+    args = parser.parse_args(argv)
+    repo = args.repo.resolve()
+    cartridge = load_cartridge(repo)
+    store = open_store(cartridge.store_url(repo))
+    workspace = Workspace()
+    forge = CrashingForge(LocalForge(store, repo, workspace), args.crash_after)
+    Engine(repo, cartridge, store, forge=forge, workspace=workspace).run_worker(once=True)
+
+
+if __name__ == "__main__":
+    _crash_worker()

@@ -1,0 +1,127 @@
+"""Shared fixtures: real git repositories, a real SQLite file, the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from phasegate.cartridge import load_cartridge
+from phasegate.engine import Engine
+from phasegate.store import Store, open_store
+
+ROLES = ("plan", "plan_review", "build", "review", "verification")
+
+
+@pytest.fixture(autouse=True)
+def _git_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Tests must not depend on (or write to) the machine's git configuration.
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "test")
+    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "test@localhost")
+    monkeypatch.setenv("GIT_COMMITTER_NAME", "test")
+    monkeypatch.setenv("GIT_COMMITTER_EMAIL", "test@localhost")
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:
+    """A git repository on ``main`` with one commit of ``files``."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name, content in (files or {"README.md": "# sample\n"}).items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(content)
+    git(path, "init", "-q", "-b", "main")
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "initial")
+    return path
+
+
+def scripted_cartridge(
+    answers_file: str = "answers.toml",
+    *,
+    checks: list[str] | None = None,
+    extra: str = "",
+    role_overrides: dict[str, str] | None = None,
+    auto_merge: bool = True,
+) -> str:
+    """Cartridge text binding every role to the scripted runner (or to an override table)."""
+    checks = checks if checks is not None else []
+    quoted = ", ".join('"' + c.replace("\\", "\\\\").replace('"', '\\"') + '"' for c in checks)
+    parts = [
+        f'[workflow]\nbase_branch = "main"\nauto_merge = {str(auto_merge).lower()}\n',
+        f"[landing_areas]\nchecks = [{quoted}]\ncheck_timeout = 60\n",
+        extra,
+    ]
+    for role in ROLES:
+        body = (role_overrides or {}).get(role)
+        parts.append(
+            f"[roles.{role}]\n"
+            + (body or f'runner = "scripted"\nscript = "{answers_file}"\ntimeout = 30\n')
+        )
+    return "\n".join(parts)
+
+
+HAPPY_ANSWERS = """
+[[plan]]
+text = "1. Write feature.txt"
+[[plan_review]]
+text = "VERDICT: approve"
+[[build]]
+text = "wrote feature.txt"
+input_tokens = 100
+output_tokens = 50
+cost_usd = 0.01
+[build.files]
+"feature.txt" = "the feature\\n"
+[[review]]
+text = "VERDICT: approve"
+[[verification]]
+text = "VERDICT: confirmed"
+"""
+
+
+@pytest.fixture
+def happy_repo(tmp_path: Path) -> Path:
+    """A repository whose cartridge runs the happy path with scripted agents."""
+    repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": ".phasegate/\n"})
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    (repo / "phasegate.toml").write_text(scripted_cartridge())
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "cartridge")
+    return repo
+
+
+@pytest.fixture
+def engine_for() -> Callable[..., tuple[Engine, Store]]:
+    """Build an Engine (and its Store) for a repository with a cartridge."""
+    stores: list[Store] = []
+
+    def build(repo: Path, **kwargs: object) -> tuple[Engine, Store]:
+        cartridge = load_cartridge(repo)
+        store = open_store(cartridge.store_url(repo))
+        stores.append(store)
+        return Engine(repo, cartridge, store, **kwargs), store  # type: ignore[arg-type]
+
+    yield build
+    for store in stores:
+        store.close()
+
+
+def phasegate_cli(*args: str, cwd: Path | None = None, timeout: float = 120,
+                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real ``phasegate`` console script."""
+    exe = Path(sys.executable).parent / "phasegate"
+    return subprocess.run(
+        [str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
