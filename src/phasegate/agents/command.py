@@ -75,14 +75,16 @@ class CommandRunner:
         started: float,
     ) -> AgentResult:
         deadline = started + request.timeout_s
+        prompt: str | None = request.prompt  # communicate() takes the input once only
         while True:
             remaining = deadline - time.monotonic()
             try:
                 stdout, stderr = proc.communicate(
-                    input=request.prompt, timeout=max(0.01, min(_POLL_S, remaining))
+                    input=prompt, timeout=max(0.01, min(_POLL_S, remaining))
                 )
                 break
             except subprocess.TimeoutExpired:
+                prompt = None
                 if cancel.is_set() or time.monotonic() >= deadline:
                     kill_process_group(proc)
                     stdout, stderr = proc.communicate()
