@@ -11,7 +11,14 @@ from typing import Protocol
 __all__ = ["AgentRequest", "AgentResult", "ERROR_KINDS", "Runner"]
 
 #: Named reasons an agent call did not produce an answer.
-ERROR_KINDS = ("exit_code", "timeout", "interrupted", "invalid_patch", "runner_error")
+ERROR_KINDS = (
+    "exit_code",
+    "timeout",
+    "interrupted",
+    "invalid_patch",
+    "read_only_violation",
+    "runner_error",
+)
 
 
 @dataclass(frozen=True)

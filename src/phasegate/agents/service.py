@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,6 +14,7 @@ from phasegate.agents.base import AgentRequest, AgentResult, Runner
 from phasegate.cartridge import READ_ONLY_ROLES, ROLE_SESSION_LINES, Cartridge
 from phasegate.contract import EventWrite, PhasegateError, WorkflowContext, WorkflowPaused
 from phasegate.store import AgentRunRecord, Store
+from phasegate.workspace import GitError, git
 
 __all__ = ["AgentFailed", "AgentService", "AnswerError", "Answer"]
 
@@ -120,7 +121,10 @@ class AgentService:
                     {"role": role, "phase": phase, "round": round, "runner": runner.name},
                 ),
             )
+            clean_before = request.read_only and _is_clean_checkout(cwd)
             result = runner.run(request, self.cancel)
+            if clean_before and not _is_clean_checkout(cwd):
+                result = _undo_writes(cwd, role, result)
             if result.error_kind == "interrupted":
                 raise WorkflowPaused(f"shutdown while the {role} agent ran")
             parsed, outcome = None, "ok"
@@ -180,6 +184,30 @@ class AgentService:
         )
         if result.session_id:
             self.store.bind_provider_session(ctx.id, line, runner, result.session_id)
+
+
+def _is_clean_checkout(cwd: Path) -> bool:
+    try:
+        return git(["status", "--porcelain"], cwd) == ""
+    except (GitError, OSError):
+        return False
+
+
+def _undo_writes(cwd: Path, role: str, result: AgentResult) -> AgentResult:
+    """A read-only role changed its checkout: put it back and fail the call.
+
+    The checkout was clean before the call, so resetting it loses nothing of
+    anyone else's; the change must not leak into the next phase's commit.
+    """
+    changed = git(["status", "--porcelain"], cwd).splitlines()
+    git(["reset", "--hard", "-q"], cwd)
+    git(["clean", "-fdq"], cwd)
+    return replace(
+        result,
+        error_kind="read_only_violation",
+        error=f"the read-only {role} role changed {len(changed)} path(s), undone: "
+        + ", ".join(line[3:] for line in changed[:5]),
+    )
 
 
 def round_s(seconds: float) -> float:
