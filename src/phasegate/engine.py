@@ -26,6 +26,7 @@ from phasegate.agents.service import AgentService
 from phasegate.cartridge import Cartridge
 from phasegate.clock import Clock, SystemClock
 from phasegate.contract import (
+    ACCEPTANCE_VERIFICATION,
     COMPLETED,
     PREPARATION,
     RUNNABLE_STATUSES,
@@ -219,13 +220,17 @@ class Engine:
         return result.outcome in ("completed", "retry") and row["current_phase"] != COMPLETED
 
     def _self_heal(self, ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
-        """Re-create a missing or broken worktree from its branch (not in preparation).
+        """Re-create a missing or broken worktree from its branch.
+
+        Not in preparation, which creates it, nor in acceptance_verification,
+        which works on a temporary checkout of the merge commit after merge
+        removed the worktree and the branch.
 
         Returns a failed result when the branch itself is gone: a phase must
         never run against the wrong checkout.
         """
         if (
-            ctx.current_phase == PREPARATION
+            ctx.current_phase in (PREPARATION, ACCEPTANCE_VERIFICATION)
             or not ctx.worktree_path
             or not ctx.branch_name
             or ctx.state.get("worktree_removed")

@@ -21,6 +21,7 @@ from phasegate.contract import PhasegateError
 
 __all__ = [
     "CheckResult",
+    "DirtyCheckout",
     "GitError",
     "PatchError",
     "Workspace",
@@ -32,6 +33,10 @@ _OUTPUT_TAIL = 4000  # characters of a check's output kept as evidence
 
 class GitError(PhasegateError):
     """A git command failed; the message holds the command and its stderr."""
+
+
+class DirtyCheckout(GitError):
+    """The checkout that holds the base branch has uncommitted changes; nothing was merged."""
 
 
 class PatchError(PhasegateError):
@@ -293,7 +298,9 @@ class Workspace:
         ident = ["-c", "user.name=phasegate", "-c", "user.email=phasegate@localhost"]
         if holder is not None:
             if git(["status", "--porcelain", "--untracked-files=no"], holder):
-                raise GitError(f"cannot merge into {base}: {holder} has uncommitted changes")
+                raise DirtyCheckout(
+                    f"cannot merge into {base}: {holder} has uncommitted changes"
+                )
             git([*ident, "merge", "--no-ff", "-m", message, branch], holder)
             return self.rev(holder, "HEAD")
         tmp = Path(tempfile.mkdtemp(prefix="phasegate-merge-"))

@@ -16,8 +16,9 @@
 - re-entry point: a completed ``merge_completed`` is reused; one left
   in_progress by a killed process is settled by looking for the merge commit
   on the base before the phase runs, so a restart never merges twice.
-- recovery behavior: a conflict with the base pauses the workflow with the
-  reason (resolve on the branch, then resume); a failed cleanup is recorded
+- recovery behavior: a conflict with the base, or uncommitted changes in the
+  checkout holding the base, pause the workflow with the reason (fix, then
+  resume); a failed cleanup is recorded
   and retried by the next merge run, never failing the merge.
 - terminal outcomes: completed → acceptance_verification; pause (conflict);
   failed (merge error).
@@ -35,7 +36,7 @@ from phasegate.contract import (
     WorkflowContext,
 )
 from phasegate.phases.deps import PhaseDeps
-from phasegate.workspace import GitError
+from phasegate.workspace import DirtyCheckout, GitError
 
 __all__ = ["run"]
 
@@ -64,6 +65,9 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     message = f"Merge #{ctx.pr_number}: {ctx.title}\n\nphasegate workflow {ctx.id}"
     try:
         sha = deps.effects.merge(MERGE, ctx.pr_number, message)
+    except DirtyCheckout as exc:
+        # The person's own checkout: theirs to clean, then resume; nothing is lost.
+        return PhaseResult("pause", reason=f"{exc}; commit or stash them, then `phasegate resume`")
     except GitError as exc:
         return PhaseResult(
             "failed",
