@@ -34,6 +34,16 @@ def git(repo: Path, *args: str) -> str:
     ).stdout.strip()
 
 
+def alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie nobody has reaped yet."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return not (status.exists() and "\nState:\tZ" in status.read_text())
+
+
 def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:
     """A git repository on ``main`` with one commit of ``files``."""
     path.mkdir(parents=True, exist_ok=True)

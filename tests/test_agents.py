@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import git, make_repo
+from conftest import alive, git, make_repo
 from phasegate.agents.base import AgentRequest
 from phasegate.agents.command import CommandRunner
 from phasegate.agents.scripted import ScriptedRunner
@@ -51,17 +51,7 @@ def test_command_runner_kills_the_whole_process_group_on_timeout(tmp_path: Path)
     assert time.monotonic() - started < 10
     child = int(pid_file.read_text())
     time.sleep(0.2)
-    assert not _alive(child)
-
-
-def _alive(pid: int) -> bool:
-    """Running, as opposed to gone or a zombie nobody reaped yet."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/status")
-    return not (status.exists() and "\nState:\tZ" in status.read_text())
+    assert not alive(child)
 
 
 def test_command_runner_stops_when_cancelled(tmp_path: Path) -> None:

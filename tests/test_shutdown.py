@@ -1,0 +1,64 @@
+"""Ctrl-C and SIGTERM leave the workflow resumable, with nothing half-committed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import alive, git, make_repo, phasegate_cli, scripted_cartridge
+
+SLOW_BUILD = """import pathlib, sys, time
+pathlib.Path(sys.argv[1]).write_text(str(__import__("os").getpid()))
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_agent_and_resume_finishes(tmp_path: Path, sig: signal.Signals) -> None:
+    repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
+    marker = tmp_path / "build.pid"
+    agent = tmp_path / "slow_build.py"
+    agent.write_text(SLOW_BUILD)
+    (repo / "answers.toml").write_text(
+        '[[plan]]\ntext = "plan"\n[[plan_review]]\ntext = "VERDICT: approve"\n'
+        '[[build]]\ntext = "built"\n[build.files]\n"f.txt" = "f\\n"\n'
+        '[[review]]\ntext = "VERDICT: approve"\n[[verification]]\ntext = "VERDICT: confirmed"\n')
+    slow = f'runner = "command"\ncommand = "{sys.executable} {agent} {marker}"\ntimeout = 120\n'
+    (repo / "phasegate.toml").write_text(scripted_cartridge(role_overrides={"build": slow}))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "cartridge")
+
+    exe = Path(sys.executable).parent / "phasegate"
+    proc = subprocess.Popen([str(exe), "run", "--repo", str(repo), "--json", "the ticket"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the build agent never started"
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    agent_pid = int(marker.read_text())
+    started = time.monotonic()
+    proc.send_signal(sig)
+    out, errors = proc.communicate(timeout=30)
+    assert proc.returncode == 130, errors
+    assert time.monotonic() - started < 15
+    summary = json.loads(out)
+    assert (summary["current_phase"], summary["status"]) == ("development", "developing")
+    assert not alive(agent_pid)
+
+    # resume with a build agent that answers at once
+    (repo / "phasegate.toml").write_text(scripted_cartridge())
+    git(repo, "commit", "-qam", "fast build")
+    done = phasegate_cli("resume", summary["id"], "--repo", str(repo), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "completed"
+    show = json.loads(phasegate_cli("show", summary["id"], "--repo", str(repo), "--json").stdout)
+    assert not [m for m in show["milestones"] if m["status"] == "in_progress"]
+    assert git(repo, "show", "main:f.txt") == "f"
