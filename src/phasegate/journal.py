@@ -4,8 +4,9 @@ For each effect (issue, branch, push, PR, PR update, comment, merge, issue
 close) the journal (DESIGN.md §1):
 
 1. returns the recorded result if the effect's milestone is ``completed``;
-2. otherwise looks the effect up on the forge or in git, in case an earlier
-   process did it and died before settling the row;
+2. otherwise, when an earlier try left the row ``in_progress`` or ``failed``,
+   looks the effect up on the forge or in git, in case that try did it and
+   died or raised (a timeout) before settling the row;
 3. writes the milestone ``in_progress`` with its idempotency key, in its own
    transaction, *before* the call;
 4. makes the call, and settles the row ``completed`` (or ``failed``) in place.
@@ -203,7 +204,9 @@ class SideEffects:
         existing = self.store.milestone_by_key(dedupe_key)
         if existing is not None and existing.status == "completed":
             return dict(existing.data.get("result", {}))
-        if existing is not None and existing.status == "in_progress":
+        # A failed row is as uncertain as an in_progress one: a call that raised
+        # (a forge timeout) may still have had its effect, so look before repeating.
+        if existing is not None and existing.status in ("in_progress", "failed"):
             found = self._lookup(kind, params)
             if found is not None:
                 self._settle(existing, found, "found after restart")
