@@ -178,6 +178,15 @@ class Workspace:
     def has_changes(self, path: Path) -> bool:
         return bool(git(["status", "--porcelain"], path))
 
+    def discard_changes(self, path: Path) -> None:
+        """Put the worktree back to its HEAD: tracked files restored, untracked ones removed.
+
+        Ignored files stay: ``git add -A`` never commits them, and they are
+        usually caches (virtualenvs, build trees) the next run wants.
+        """
+        git(["reset", "-q", "--hard", "HEAD"], path)
+        git(["clean", "-fdq"], path)
+
     def commit_all(self, path: Path, message: str) -> str | None:
         """Commit every change in the worktree; the new SHA, or None if clean."""
         if not self.has_changes(path):

@@ -128,6 +128,10 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     checks = deps.workspace.run_checks(
         deps.cartridge.landing_areas.checks, cwd, deps.cartridge.landing_areas.check_timeout
     )
+    # The checks ran on the commit just made; what they leave in the worktree
+    # (bytecode, caches, rewritten files) is theirs, not the change's, and the
+    # next attempt's commit_all would sweep it into the branch.
+    deps.workspace.discard_changes(cwd)
     passed = changed and all(c.passed for c in checks)
     failure = _failure_summary(checks) if changed else "the build agent changed no file"
     tests_run = MilestoneWrite(

@@ -102,6 +102,14 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC)
 
 
+def _workflow_dict(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A workflow row as a dict, its timestamps UTC-aware."""
+    out = dict(row)
+    for key in ("created_at", "updated_at", "completed_at", "lease_expires_at"):
+        out[key] = _utc(out[key])
+    return out
+
+
 def _sqlite_engine(url: str) -> sa.Engine:
     engine = sa.create_engine(url, connect_args={"timeout": 30})
 
@@ -212,10 +220,7 @@ class Store:
             )
         if row is None:
             raise WorkflowNotFound(workflow_id)
-        out = dict(row)
-        for key in ("created_at", "updated_at", "completed_at", "lease_expires_at"):
-            out[key] = _utc(out[key])
-        return out
+        return _workflow_dict(row)
 
     def list_workflows(self) -> list[dict[str, Any]]:
         """Every workflow row, oldest first."""
@@ -227,7 +232,9 @@ class Store:
                 .mappings()
                 .all()
             )
-        return [dict(r) for r in rows]
+        # Through the same conversion as workflow_row, so `status` and `show`
+        # report the same (UTC-aware) timestamps.
+        return [_workflow_dict(r) for r in rows]
 
     def runnable_workflow_ids(self, statuses: frozenset[str]) -> list[str]:
         """Ids of workflows whose status is in ``statuses``, oldest first."""
