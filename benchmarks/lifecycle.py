@@ -1,0 +1,396 @@
+"""Benchmarks: one demo lifecycle, and the single commit path against raw sqlite3.
+
+    .venv/bin/python benchmarks/lifecycle.py [--runs 3] [--commits 500] [--json]
+
+(a) The demo lifecycle: the sample project of ``phasegate demo`` taken from
+    ``start`` to ``completed`` in-process (scripted agents, real git, real
+    checks, a real SQLite file), each run in a fresh temporary directory; and
+    the whole ``phasegate demo --dir`` command as a user runs it (process
+    start, imports, migrations included).
+
+(b) The commit path: ``commit_phase_result`` on a real SQLite file, each commit
+    carrying one milestone and one event. Its peer baseline is the same
+    transaction written by hand with the standard ``sqlite3`` module against the
+    same schema with the same settings (WAL, synchronous=NORMAL, foreign keys,
+    ``BEGIN IMMEDIATE``): one UPDATE of the workflow row (fenced on its
+    version), one INSERT into milestones, one INSERT into events. A second raw
+    variant runs every statement phasegate actually issues per commit (the
+    milestone's dedupe-key lookup, the ``milestone_updated`` event, the re-read
+    of the row it returns), so the ratio splits into "more SQL" and "SQLAlchemy".
+    The three are interleaved commit by commit so that machine noise hits
+    them alike.
+
+Prints a plain-text table (or JSON with ``--json``). Medians are reported
+because a single fsync or GC pause should not move the figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy
+
+from phasegate.cartridge import load_cartridge
+from phasegate.contract import EventWrite, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
+from phasegate.engine import Engine
+from phasegate.store import Store, open_store
+
+_TIMESTAMP = "%Y-%m-%d %H:%M:%S.%f"  # how SQLAlchemy stores a DateTime in SQLite
+
+
+# -- (a) the demo lifecycle ---------------------------------------------------------
+
+
+def _demo_in_process(root: Path) -> dict[str, float]:
+    """One demo lifecycle in ``root``; seconds per step. Raises if it does not complete."""
+    started = time.perf_counter()
+    repo = make_sample_project(root / "calc")
+    made = time.perf_counter()
+    cartridge = load_cartridge(repo)
+    store = open_store(cartridge.store_url(repo))
+    opened = time.perf_counter()
+    try:
+        engine = Engine(repo, cartridge, store)
+        workflow_id = engine.start(DEMO_TITLE, DEMO_TICKET)
+        row = engine.advance(workflow_id)
+    finally:
+        store.close()
+    done = time.perf_counter()
+    if row["status"] != "completed":
+        raise SystemExit(f"demo workflow ended {row['status']}: {row.get('error')}")
+    return {
+        "sample_project_s": made - started,
+        "open_store_s": opened - made,
+        "lifecycle_s": done - opened,
+        "total_s": done - started,
+    }
+
+
+def _demo_cli(root: Path) -> float:
+    """``phasegate demo --dir`` as a subprocess; wall seconds."""
+    exe = Path(sys.executable).parent / "phasegate"
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "phasegate.cli"]
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [*command, "demo", "--json", "--dir", str(root / "calc")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    elapsed = time.perf_counter() - started
+    if proc.returncode != 0 or json.loads(proc.stdout)["status"] != "completed":
+        raise SystemExit(f"`phasegate demo` failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return elapsed
+
+
+def bench_lifecycle(runs: int, cli: bool) -> dict[str, Any]:
+    samples: dict[str, list[float]] = {}
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory(prefix="phasegate-bench-") as tmp:
+            for key, value in _demo_in_process(Path(tmp)).items():
+                samples.setdefault(key, []).append(value)
+        if cli:
+            with tempfile.TemporaryDirectory(prefix="phasegate-bench-") as tmp:
+                samples.setdefault("cli_demo_s", []).append(_demo_cli(Path(tmp)))
+    return {key: _stats(values) for key, values in samples.items()}
+
+
+# -- (b) the commit path ------------------------------------------------------------
+
+
+def _new_workflow(store: Store) -> str:
+    return store.create_workflow(
+        title="bench",
+        ticket="benchmark the commit path",
+        repo_path="/nonexistent",
+        base_branch="main",
+        auto_merge=False,
+        content_language="en",
+    )
+
+
+class _PhasegateCommits:
+    """``commit_phase_result`` through the Store, exactly as the engine calls it."""
+
+    label = "phasegate commit_phase_result"
+
+    def __init__(self, path: Path) -> None:
+        self.store = open_store(f"sqlite:///{path}")
+        self.ctx: WorkflowContext = self.store.load_context(_new_workflow(self.store))
+
+    def commit(self, i: int) -> None:
+        result = PhaseResult(
+            "retry",
+            state={"bench_round": i},
+            milestones=(MilestoneWrite("bench", round=i, summary=f"commit {i}", data={"i": i}),),
+            events=(EventWrite("bench", {"i": i}),),
+        )
+        row = self.store.commit_phase_result(self.ctx, result)
+        # The next commit is fenced on the new version, as after a reload.
+        self.ctx = dataclasses.replace(self.ctx, version=row["version"], state=row["state"])
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class _RawCommits:
+    """The same transaction by hand with ``sqlite3``, on the same schema and settings.
+
+    ``full``: also the statements phasegate issues besides the three (the dedupe
+    lookup, the milestone_updated event, the re-read of the row).
+    """
+
+    def __init__(self, path: Path, *, full: bool) -> None:
+        self.full = full
+        self.label = (
+            "raw sqlite3, phasegate's statements (6)" if full else "raw sqlite3: UPDATE + 2 INSERTs"
+        )
+        store = open_store(f"sqlite:///{path}")  # the schema, from the same migrations
+        self.workflow_id = _new_workflow(store)
+        store.close()
+        self.conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+        for pragma in (
+            "journal_mode=WAL",
+            "busy_timeout=30000",
+            "foreign_keys=ON",
+            "synchronous=NORMAL",
+        ):
+            self.conn.execute(f"PRAGMA {pragma}")
+        self.version = 0
+        self.state: dict[str, Any] = {}
+
+    def commit(self, i: int) -> None:
+        now = datetime.now(UTC).strftime(_TIMESTAMP)
+        self.state = {**self.state, "bench_round": i}
+        key = f"{self.workflow_id}:preparation:bench:r{i}:a0"
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            updated = conn.execute(
+                "UPDATE workflows SET current_phase = ?, status = ?, error = NULL, state = ?, "
+                "version = ?, updated_at = ? WHERE id = ? AND version = ?",
+                (
+                    "preparation",
+                    "preparing",
+                    json.dumps(self.state),
+                    self.version + 1,
+                    now,
+                    self.workflow_id,
+                    self.version,
+                ),
+            ).rowcount
+            if updated != 1:
+                raise RuntimeError("stale version")
+            if self.full:
+                conn.execute("SELECT id FROM milestones WHERE dedupe_key = ?", (key,)).fetchone()
+            conn.execute(
+                "INSERT INTO milestones (workflow_id, kind, phase, round, attempt, status, "
+                "dedupe_key, summary, data, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    self.workflow_id,
+                    "bench",
+                    "preparation",
+                    i,
+                    0,
+                    "completed",
+                    key,
+                    f"commit {i}",
+                    json.dumps({"i": i}),
+                    now,
+                    now,
+                ),
+            )
+            events = [("bench", {"i": i})]
+            if self.full:
+                events.insert(
+                    0,
+                    (
+                        "milestone_updated",
+                        {
+                            "kind": "bench",
+                            "phase": "preparation",
+                            "status": "completed",
+                            "key": key,
+                        },
+                    ),
+                )
+            for type_, data in events:
+                conn.execute(
+                    "INSERT INTO events (workflow_id, type, data, created_at) VALUES (?, ?, ?, ?)",
+                    (self.workflow_id, type_, json.dumps(data), now),
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        self.version += 1
+        if self.full:
+            conn.execute("SELECT * FROM workflows WHERE id = ?", (self.workflow_id,)).fetchone()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def bench_commits(commits: int, warmup: int, directory: Path) -> dict[str, Any]:
+    """Interleave the three writers commit by commit; seconds per commit for each."""
+    writers: Sequence[Any] = (
+        _PhasegateCommits(directory / "phasegate.db"),
+        _RawCommits(directory / "raw.db", full=False),
+        _RawCommits(directory / "raw-full.db", full=True),
+    )
+    samples: list[list[float]] = [[] for _ in writers]
+    try:
+        for i in range(warmup + commits):
+            for writer, times in zip(writers, samples, strict=True):
+                started = time.perf_counter_ns()
+                writer.commit(i)
+                if i >= warmup:
+                    times.append((time.perf_counter_ns() - started) / 1e9)
+    finally:
+        for writer in writers:
+            writer.close()
+    out = {w.label: _stats(times) for w, times in zip(writers, samples, strict=True)}
+    pg = out[writers[0].label]["median_s"]
+    for w in writers[1:]:
+        out[w.label]["phasegate_ratio"] = pg / out[w.label]["median_s"]
+    return out
+
+
+# -- output -------------------------------------------------------------------------
+
+
+def _stats(values: list[float]) -> dict[str, Any]:
+    ordered = sorted(values)
+    return {
+        "median_s": statistics.median(ordered),
+        "min_s": ordered[0],
+        "p95_s": ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))],
+        "max_s": ordered[-1],
+        "n": len(ordered),
+    }
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:9.3f}"
+
+
+def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = (c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))
+        return "  ".join([first, *rest]).rstrip()
+
+    rule = "-" * len(line(header))
+    return "\n".join([title, rule, line(header), rule, *(line(r) for r in rows), ""])
+
+
+def render(result: dict[str, Any]) -> str:
+    env = result["environment"]
+    out = [
+        f"phasegate benchmarks · Python {env['python']} · SQLite {env['sqlite']} · "
+        f"SQLAlchemy {env['sqlalchemy']} · {env['platform']}",
+        "",
+    ]
+    life = result["lifecycle"]
+    names = {
+        "sample_project_s": "make the sample project (git init, commit)",
+        "open_store_s": "open the store (SQLite file, migrations)",
+        "lifecycle_s": "lifecycle: start -> completed (in-process)",
+        "total_s": "total in-process",
+        "cli_demo_s": "`phasegate demo --dir` (a new process)",
+    }
+    rows = [
+        [names[key], _ms(s["median_s"]), _ms(s["min_s"]), _ms(s["max_s"])]
+        for key, s in life.items()
+    ]
+    runs = next(iter(life.values()))["n"]
+    out.append(
+        _table(
+            f"(a) demo lifecycle, {runs} run(s), each in a fresh temp dir (ms)",
+            ["step", "median", "min", "max"],
+            rows,
+        )
+    )
+    commits = result["commits"]
+    first = next(iter(commits.values()))
+    rows = [
+        [
+            label,
+            _ms(s["median_s"]),
+            _ms(s["p95_s"]),
+            f"{1 / s['median_s']:8.0f}",
+            f"{s['phasegate_ratio']:.2f}x" if "phasegate_ratio" in s else "",
+        ]
+        for label, s in commits.items()
+    ]
+    out.append(
+        _table(
+            f"(b) one commit = 1 milestone + 1 event; {first['n']} commits after "
+            f"{result['settings']['warmup']} warm-up, WAL, BEGIN IMMEDIATE (ms)",
+            ["writer", "median", "p95", "commits/s", "phasegate / this"],
+            rows,
+        )
+    )
+    out.append(f"SQLite files in {result['settings']['directory']}")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="demo lifecycles (default 3)")
+    parser.add_argument("--commits", type=int, default=500, help="timed commits (default 500)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed commits first")
+    parser.add_argument("--no-cli", action="store_true", help="skip `phasegate demo` timing")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where the commit benchmark's SQLite files go"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.commits < 1 or args.warmup < 0:
+        parser.error("--runs and --commits must be at least 1, --warmup at least 0")
+
+    environment = {
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "sqlalchemy": sqlalchemy.__version__,
+        "platform": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
+    }
+    lifecycle = bench_lifecycle(args.runs, cli=not args.no_cli)
+    with tempfile.TemporaryDirectory(prefix="phasegate-bench-", dir=args.dir) as tmp:
+        commits = bench_commits(args.commits, args.warmup, Path(tmp))
+        directory = str(Path(tmp).parent)
+    result = {
+        "environment": environment,
+        "settings": {
+            "runs": args.runs,
+            "commits": args.commits,
+            "warmup": args.warmup,
+            "directory": directory,
+        },
+        "lifecycle": lifecycle,
+        "commits": commits,
+    }
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
