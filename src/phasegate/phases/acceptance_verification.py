@@ -128,6 +128,8 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             checkout,
             deps.cartridge.landing_areas.check_timeout,
         )
+        # What the checks leave behind must not count against the read-only verifier.
+        deps.workspace.discard_changes(checkout)
         check_text = (
             "\n".join(f"- `{c.command}`: {'passed' if c.passed else 'FAILED'}" for c in checks)
             or "- (no checks configured)"
