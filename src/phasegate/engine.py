@@ -71,6 +71,12 @@ class _Heartbeat(threading.Thread):
                 return
 
 
+def _merged(ctx: WorkflowContext) -> bool:
+    """Whether the pull request's merge is settled (reconciliation has run by then)."""
+    merge = ctx.milestone("merge_completed")
+    return merge is not None and merge.status == "completed"
+
+
 class Engine:
     """Advances the workflows of one repository.
 
@@ -224,7 +230,9 @@ class Engine:
 
         Not in preparation, which creates it, nor in acceptance_verification,
         which works on a temporary checkout of the merge commit after merge
-        removed the worktree and the branch.
+        removed the worktree and the branch; nor once ``merge_completed`` is
+        settled, since merge removes both right after merging and a process
+        killed before merge committed must find them gone, not broken.
 
         Returns a failed result when the branch itself is gone: a phase must
         never run against the wrong checkout.
@@ -234,6 +242,7 @@ class Engine:
             or not ctx.worktree_path
             or not ctx.branch_name
             or ctx.state.get("worktree_removed")
+            or _merged(ctx)
         ):
             return None
         path = Path(ctx.worktree_path)
