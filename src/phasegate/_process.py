@@ -5,22 +5,64 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
+from pathlib import Path
 
 __all__ = ["kill_process_group"]
+
+_POLL_S = 0.05
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still running; zombies do not count.
+
+    A zombie no parent reaps (an orphan under an init that does not reap) still
+    answers ``killpg(pgid, 0)``, so on Linux the members are read from /proc.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    proc_root = Path("/proc")
+    if not proc_root.is_dir():
+        return True
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # it exited while we looked
+        # The command name may hold spaces and parentheses; the fields after the
+        # last ")" are fixed: state, ppid, pgrp, ...
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def kill_process_group(proc: subprocess.Popen[str], grace_s: float = 2.0) -> None:
     """SIGTERM the process group of ``proc``, then SIGKILL what survives ``grace_s`` seconds.
 
+    The whole group must be gone, not only ``proc``: a child that ignores
+    SIGTERM would otherwise outlive a killed agent or check and keep its
+    stdout open, and reading that output would wait for the child.
     ``proc`` must have been started with ``start_new_session=True``.
     """
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while True:
+        proc.poll()  # reap the leader: an unreaped leader still counts as a member
+        if not _group_running(proc.pid):
             return
-        try:
-            proc.wait(timeout=grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(_POLL_S)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    proc.wait()

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -60,7 +61,8 @@ class UsageError(PhasegateError):
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False, markup=True)
+    # Messages quote keys, paths and agent output: "[roles.build]" is text, not markup.
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, markup=True)
     return typer.Exit(code)
 
 
@@ -131,18 +133,19 @@ class _Progress:
         elif type_ == "agent_finished" and data.get("outcome") != "ok":
             self.line(
                 f"  [yellow]{data.get('role')} agent: {data.get('outcome')}: "
-                f"{str(data.get('error'))[:200]}[/yellow]"
+                f"{escape(str(data.get('error'))[:200])}[/yellow]"
             )
         elif type_ == "committed":
             self.progress.update(
                 self.task, description=f"{data.get('phase')} · {data.get('status')}"
             )
             if data.get("outcome") in ("failed", "pause"):
-                self.line(f"  [red]{data.get('outcome')}: {data.get('reason')}[/red]")
+                self.line(f"  [red]{data.get('outcome')}: {escape(str(data.get('reason')))}[/red]")
             elif data.get("outcome") == "retry":
                 self.line(f"  {data.get('phase')}: another round")
         elif type_ in ("reconciled", "worktree_healed", "paused_by_shutdown"):
-            self.line(f"  [cyan]{type_}: {data.get('note') or data.get('path')}[/cyan]")
+            note = escape(str(data.get("note") or data.get("path")))
+            self.line(f"  [cyan]{type_}: {note}[/cyan]")
 
 
 @contextmanager
@@ -193,7 +196,7 @@ def _finish(store: Store, row: Mapping[str, Any], as_json: bool, interrupted: bo
             highlight=False,
         )
         if row.get("error"):
-            console.print(f"  reason: {row['error']}", highlight=False)
+            console.print(f"  reason: {escape(row['error'])}", highlight=False)
         if status == "waiting":
             console.print(
                 f"  next: `phasegate approve-merge {row['id']}` or "
@@ -360,7 +363,7 @@ def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     for r in rows:
         table.add_row(
             r["id"],
-            r["title"][:40],
+            escape(r["title"][:40]),
             r["current_phase"],
             r["status"],
             str(r["tokens"]),
@@ -401,7 +404,7 @@ def show(
         console.print_json(json.dumps(detail, default=str))
         return
     s = detail["workflow"]
-    console.print(f"[bold]{s['id']}[/bold] {s['title']}", highlight=False)
+    console.print(f"[bold]{s['id']}[/bold] {escape(s['title'])}", highlight=False)
     console.print(
         f"  {s['current_phase']} · {s['status']} · dev round {s['dev_round']} · "
         f"issue #{s['issue_number']} · PR #{s['pr_number']} · {s['tokens']} tokens · "
@@ -409,7 +412,7 @@ def show(
         highlight=False,
     )
     if s["error"]:
-        console.print(f"  [red]reason: {s['error']}[/red]", highlight=False)
+        console.print(f"  [red]reason: {escape(s['error'])}[/red]", highlight=False)
     _print_timeline(detail["milestones"])
     if runs:
         agents = Table(
@@ -433,7 +436,7 @@ def show(
                 str(r["input_tokens"] + r["output_tokens"]),
                 f"{r['cost_usd']:.4f}",
                 f"{r['duration_s']:.1f}",
-                (r["error"] or "")[:60],
+                escape((r["error"] or "")[:60]),
             )
         console.print()
         console.print(agents)
@@ -457,7 +460,7 @@ def _print_timeline(milestones: list[dict[str, Any]]) -> None:
         where = "".join(
             f" {label}{value}" for label, value in (("r", m["round"]), ("a", m["attempt"])) if value
         )
-        summary = (m["summary"] or "").splitlines()[0][:80] if m["summary"] else ""
+        summary = escape((m["summary"] or "").splitlines()[0][:80]) if m["summary"] else ""
         console.print(
             f"  {_MARKS.get(m['status'], m['status'])} {m['kind']}{where}  [dim]{summary}[/dim]",
             highlight=False,
