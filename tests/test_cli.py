@@ -1,0 +1,306 @@
+"""The real ``phasegate`` console script: status, show, the wait path, feedback, init, help."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
+
+from phasegate.cartridge import load_cartridge
+from phasegate.forge import LocalForge
+from phasegate.store import open_store
+from phasegate.workspace import Workspace
+
+LIFECYCLE = [
+    "preparation", "planning", "development", "pr_review", "report", "wait", "merge",
+    "acceptance_verification", "completed",
+]
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def make_project(
+    tmp_path: Path, answers: str = HAPPY_ANSWERS, cartridge: str | None = None
+) -> Path:
+    repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": ".phasegate/\n"})
+    (repo / "answers.toml").write_text(answers)
+    (repo / "phasegate.toml").write_text(cartridge or scripted_cartridge())
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "cartridge")
+    return repo
+
+
+def cli_json(*args: str) -> tuple[int, Any]:
+    proc = phasegate_cli(*args, "--json")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def forge_comments(repo: Path, issue: int) -> list[str]:
+    store = open_store(load_cartridge(repo).store_url(repo))
+    try:
+        return [str(c["body"]) for c in LocalForge(store, repo, Workspace()).comments(issue)]
+    finally:
+        store.close()
+
+
+# -- status and show ------------------------------------------------------------------------
+
+
+def test_status_and_show_of_a_completed_workflow(happy_repo: Path) -> None:
+    repo = str(happy_repo)
+    code, run = cli_json("run", "--repo", repo, "Add the feature\n\nwith details")
+    assert code == 0
+    wf = run["id"]
+
+    code, listed = cli_json("status", "--repo", repo)
+    assert code == 0
+    assert isinstance(listed, list) and len(listed) == 1
+    entry = listed[0]
+    assert {"id", "title", "current_phase", "status", "tokens", "cost_usd"} <= set(entry)
+    assert (entry["id"], entry["title"]) == (wf, "Add the feature")
+    assert (entry["current_phase"], entry["status"]) == ("completed", "completed")
+    assert (entry["tokens"], entry["cost_usd"]) == (150, 0.01)  # HAPPY_ANSWERS' build usage
+
+    code, detail = cli_json("show", wf, "--repo", repo)
+    assert code == 0
+    assert set(detail) == {"workflow", "timeline", "milestones", "agent_runs", "report"}
+    assert detail["workflow"] == {**detail["workflow"], **entry}
+    # One clock for both commands: status's timestamps are UTC like show's.
+    assert entry["created_at"] == detail["workflow"]["created_at"]
+    assert entry["created_at"].endswith("+00:00")
+    assert [t["phase"] for t in detail["timeline"]] == LIFECYCLE
+    milestones = detail["milestones"]
+    assert {m["status"] for m in milestones} == {"completed"}
+    assert {"kind", "phase", "round", "attempt", "status", "dedupe_key", "summary"} <= set(
+        milestones[0]
+    )
+    kinds = [m["kind"] for m in milestones]
+    for kind in ("issue_created", "branch_created", "plan_finalized", "tests_run",
+                 "dev_completed", "pr_created", "pr_reviewed", "progress_reported",
+                 "merge_approved", "merge_completed", "acceptance_verification", "issue_closed"):
+        assert kinds.count(kind) == 1, kind
+    assert [r["role"] for r in detail["agent_runs"]] == [
+        "plan", "plan_review", "build", "review", "verification",
+    ]
+    assert {r["outcome"] for r in detail["agent_runs"]} == {"ok"}
+    assert detail["report"]["title"] == "Add the feature"
+
+    shown = phasegate_cli("show", wf, "--repo", repo)
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    assert f"{wf} Add the feature" in text
+    assert "completed · completed · dev round 1" in flat(text)
+    # Phases head the timeline, each milestone under its phase, in order.
+    headings = re.findall(r"^(\w+) +\d\d:\d\d:\d\d$", text, re.M)
+    assert headings == [
+        "preparation", "planning", "development", "pr_review", "report", "wait", "merge",
+        "acceptance_verification",
+    ]
+    body = flat(text)
+    for kind in ("issue_created", "plan_finalized r1", "tests_run r1 a1", "pr_created",
+                 "merge_completed", "issue_closed"):
+        assert f"✓ {kind}" in body, kind
+    for role in ("plan_review", "verification"):
+        assert f"{role} scripted" in body
+
+
+def test_no_workflows_is_an_empty_list(happy_repo: Path) -> None:
+    code, listed = cli_json("status", "--repo", str(happy_repo))
+    assert (code, listed) == (0, [])
+    text = phasegate_cli("status", "--repo", str(happy_repo))
+    assert "no workflows yet" in text.stdout
+
+
+def test_usage_totals_are_sums_of_the_agent_runs(tmp_path: Path) -> None:
+    answers = """
+[[plan]]
+text = "1. Write feature.txt"
+input_tokens = 60
+output_tokens = 40
+cost_usd = 0.25
+[[plan_review]]
+text = "VERDICT: approve"
+[[build]]
+text = "wrote feature.txt"
+input_tokens = 30
+output_tokens = 70
+cost_usd = 0.5
+[build.files]
+"feature.txt" = "the feature\\n"
+[[review]]
+text = "VERDICT: approve"
+[[verification]]
+text = "VERDICT: confirmed"
+"""
+    repo = make_project(tmp_path, answers)
+    code, run = cli_json("run", "--repo", str(repo), "Add the feature")
+    assert code == 0
+    _, detail = cli_json("show", run["id"], "--repo", str(repo))
+    _, (entry,) = cli_json("status", "--repo", str(repo))
+
+    runs = {r["role"]: r for r in detail["agent_runs"]}
+    assert runs["plan"]["input_tokens"] + runs["plan"]["output_tokens"] == 100
+    assert runs["build"]["input_tokens"] + runs["build"]["output_tokens"] == 100
+    for summary in (detail["workflow"], entry, run):
+        assert summary["tokens"] == 200
+        assert summary["cost_usd"] == 0.75
+    assert (detail["workflow"]["input_tokens"], detail["workflow"]["output_tokens"]) == (90, 110)
+    assert detail["workflow"]["agent_runs"] == 5
+    assert detail["report"]["usage"]["tokens"] >= 200  # the report ran after both calls
+
+
+# -- waiting for a person -----------------------------------------------------------------------
+
+
+def test_without_auto_merge_run_waits_and_approve_merge_completes(tmp_path: Path) -> None:
+    repo = make_project(tmp_path, cartridge=scripted_cartridge(auto_merge=False))
+    proc = phasegate_cli("run", "--repo", str(repo), "Add the feature")
+    assert proc.returncode == 0, proc.stderr
+    out = flat(proc.stdout)
+    assert "wait · waiting" in out
+    wf = out.split("workflow ", 1)[1].split()[0]
+    assert f"phasegate approve-merge {wf}" in out
+
+    _, detail = cli_json("show", wf, "--repo", str(repo))
+    assert (detail["workflow"]["current_phase"], detail["workflow"]["status"]) == (
+        "wait", "waiting",
+    )
+    assert detail["workflow"]["merge_sha"] is None
+    assert "feature.txt" not in git(repo, "ls-tree", "--name-only", "main")
+
+    code, done = cli_json("approve-merge", wf, "--by", "ana", "--repo", str(repo))
+    assert code == 0
+    assert (done["current_phase"], done["status"]) == ("completed", "completed")
+    assert done["merge_sha"] == git(repo, "rev-parse", "main")
+    assert "feature.txt" in git(repo, "ls-tree", "--name-only", "main")
+    _, detail = cli_json("show", wf, "--repo", str(repo))
+    approved = [m for m in detail["milestones"] if m["kind"] == "merge_approved"]
+    assert [m["summary"] for m in approved] == ["ana"]
+
+
+def test_feedback_sends_a_waiting_workflow_back_to_development(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    # A build agent that keeps its prompt (stdin) and changes a file every round.
+    build = (
+        'runner = "command"\n'
+        f"command = 'cat > {prompts}/build-$PHASEGATE_CALL_INDEX.txt; "
+        'echo "round $PHASEGATE_CALL_INDEX" >> feature.txt; echo built\'\n'
+        "timeout = 30\n"
+    )
+    cartridge = scripted_cartridge(auto_merge=False, role_overrides={"build": build})
+    repo = make_project(tmp_path, cartridge=cartridge)
+    code, run = cli_json("run", "--repo", str(repo), "Add the feature")
+    assert (code, run["status"], run["dev_round"]) == (0, "waiting", 1)
+    wf = run["id"]
+
+    feedback = "Please also handle empty input."
+    code, again = cli_json("feedback", wf, feedback, "--repo", str(repo))
+    assert code == 0
+    assert (again["current_phase"], again["status"], again["dev_round"]) == ("wait", "waiting", 2)
+
+    first, second = (prompts / "build-0.txt").read_text(), (prompts / "build-1.txt").read_text()
+    assert feedback not in first
+    assert f"## Feedback from a person\n\n{feedback}" in second
+    assert not (prompts / "build-2.txt").exists()  # one build per round
+
+    _, detail = cli_json("show", wf, "--repo", str(repo))
+    received = [m for m in detail["milestones"] if m["kind"] == "requirement_received"]
+    assert [(m["round"], m["data"]["feedback"]) for m in received] == [(2, feedback)]
+    assert [m["round"] for m in detail["milestones"] if m["kind"] == "dev_completed"] == [1, 2]
+    assert [m["round"] for m in detail["milestones"] if m["kind"] == "pr_reviewed"] == [1, 2]
+    assert [m["kind"] for m in detail["milestones"]].count("pr_created") == 1
+    branch = detail["workflow"]["branch_name"]
+    assert git(repo, "show", f"{branch}:feature.txt") == "round 0\nround 1"
+    assert detail["report"]["dev_round"] == 2
+
+
+def test_feedback_on_a_completed_workflow_is_refused(happy_repo: Path) -> None:
+    code, run = cli_json("run", "--repo", str(happy_repo), "Add the feature")
+    assert (code, run["status"]) == (0, "completed")
+    proc = phasegate_cli("feedback", run["id"], "more", "--repo", str(happy_repo))
+    assert proc.returncode == 2
+    assert f"workflow {run['id']} is completed" in flat(proc.stderr)
+
+
+# -- init and help --------------------------------------------------------------------------------
+
+
+def test_init_writes_a_cartridge_that_loads_and_excludes_the_state(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    proc = phasegate_cli("init", "--repo", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    cartridge = load_cartridge(repo)
+    assert cartridge.workflow.base_branch == "main"
+    assert cartridge.forge.kind == "local"
+    exclude = (repo / ".git" / "info" / "exclude").read_text().splitlines()
+    assert exclude.count(".phasegate/") == 1
+    assert git(repo, "status", "--porcelain") == "?? phasegate.toml"
+
+    edited = (repo / "phasegate.toml").read_text() + "\n# my edits\n"
+    (repo / "phasegate.toml").write_text(edited)
+    refused = phasegate_cli("init", "--repo", str(repo))
+    assert refused.returncode == 2
+    assert "--force" in flat(refused.stderr)
+    assert (repo / "phasegate.toml").read_text() == edited
+
+    forced = phasegate_cli("init", "--repo", str(repo), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "# my edits" not in (repo / "phasegate.toml").read_text()
+    load_cartridge(repo)
+    exclude = (repo / ".git" / "info" / "exclude").read_text().splitlines()
+    assert exclude.count(".phasegate/") == 1
+
+
+def test_init_outside_a_repository_is_a_clear_error(tmp_path: Path) -> None:
+    proc = phasegate_cli("init", "--repo", str(tmp_path))
+    assert proc.returncode == 2
+    assert "not inside a git repository" in flat(proc.stderr)
+    assert not (tmp_path / "phasegate.toml").exists()
+
+
+def test_help_lists_every_command() -> None:
+    proc = phasegate_cli("--help")
+    assert proc.returncode == 0, proc.stderr
+    section = proc.stdout.split("Commands:", 1)[1]
+    listed = [line.split()[0] for line in section.splitlines() if line.startswith("  ")]
+    assert listed == [
+        "init", "run", "worker", "status", "show", "resume", "feedback", "approve-merge",
+        "verify-override", "demo",
+    ]
+    assert "acceptance_verification" in proc.stdout
+
+
+# -- content language --------------------------------------------------------------------------
+
+
+def test_content_language_zh_renders_the_report_in_chinese(tmp_path: Path) -> None:
+    cartridge = scripted_cartridge().replace(
+        "auto_merge = true\n", 'auto_merge = true\ncontent_language = "zh"\n', 1
+    )
+    repo = make_project(tmp_path, cartridge=cartridge)
+    code, run = cli_json("run", "--repo", str(repo), "Add the feature")
+    assert (code, run["status"]) == (0, "completed")
+
+    comments = forge_comments(repo, run["issue_number"])
+    reports = [c for c in comments if f"phasegate:{run['id']}:report:d1" in c]
+    assert len(reports) == 1
+    assert "## 进度报告: Add the feature" in reports[0]
+    assert "开发轮次: 1" in reports[0]
+    assert "Progress report" not in reports[0]
+    _, detail = cli_json("show", run["id"], "--repo", str(repo))
+    assert detail["report"]["content_language"] == "zh"
+
+
+def test_content_language_en_is_the_default(happy_repo: Path) -> None:
+    code, run = cli_json("run", "--repo", str(happy_repo), "Add the feature")
+    assert code == 0
+    (report,) = [c for c in forge_comments(happy_repo, run["issue_number"]) if ":report:d1" in c]
+    assert "## Progress report: Add the feature" in report
+    assert "进度报告" not in report
