@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import alive, git, make_repo
 from phasegate.agents.base import AgentRequest
 from phasegate.agents.command import CommandRunner
 from phasegate.agents.scripted import ScriptedRunner
 from phasegate.agents.service import AnswerError
 from phasegate.phases.deps import verdict_parser
+
+from conftest import alive, git, make_repo
 
 
 def request(cwd: Path, *, timeout_s: float = 10, read_only: bool = False, prompt: str = "hi",

@@ -17,6 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from phasegate.cartridge import load_cartridge
+from phasegate.engine import Engine
+from phasegate.forge import ForgeError, LocalForge
+from phasegate.store import open_store
+from phasegate.testing import FlakyForge
+from phasegate.workspace import PatchError, Workspace
+
 from conftest import (
     HAPPY_ANSWERS,
     alive,
@@ -25,13 +33,6 @@ from conftest import (
     phasegate_cli,
     scripted_cartridge,
 )
-
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine
-from phasegate.forge import ForgeError, LocalForge
-from phasegate.store import open_store
-from phasegate.testing import FlakyForge
-from phasegate.workspace import PatchError, Workspace
 
 
 def flat(text: str) -> str:

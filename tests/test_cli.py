@@ -7,12 +7,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
-
 from phasegate.cartridge import load_cartridge
 from phasegate.forge import LocalForge
 from phasegate.store import open_store
 from phasegate.workspace import Workspace
+
+from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 
 LIFECYCLE = [
     "preparation", "planning", "development", "pr_review", "report", "wait", "merge",

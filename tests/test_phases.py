@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import git, make_repo, scripted_cartridge
 from phasegate.engine import Engine
 from phasegate.forge import LocalForge
 from phasegate.store import Store
+
+from conftest import git, make_repo, scripted_cartridge
 
 BUILD = """
 [[build]]

@@ -29,7 +29,6 @@ import contextlib
 import json
 import os
 import shlex
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -41,7 +40,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import git, make_repo, phasegate_cli, scripted_cartridge
 
 from phasegate.cartridge import load_cartridge
 from phasegate.contract import MilestoneView
@@ -50,6 +48,8 @@ from phasegate.forge import LocalForge
 from phasegate.store import Store, open_store
 from phasegate.testing import CRASH_EXIT_CODE
 from phasegate.workspace import Workspace
+
+from conftest import alive, git, make_repo, phasegate_cli, scripted_cartridge
 
 PHASEGATE = Path(sys.executable).parent / "phasegate"
 FEATURE = "the feature\n"
@@ -227,19 +227,13 @@ class Lab:
         return proc.returncode
 
     def cleanup(self) -> None:
-        """Kill what the test started; remove checkouts a killed verifier left outside tmp_path."""
+        """Kill what the test started."""
         for proc in self.workers:
             if proc.poll() is None:
                 self.sigkill(proc)
         for role in ROLES:
             if self.calls(role):  # only a first call can hang
                 self.kill_agent(role, 1)
-        listing = git(self.repo, "worktree", "list", "--porcelain").splitlines()
-        for line in listing:
-            path = Path(line.removeprefix("worktree "))
-            if line.startswith("worktree ") and path.parent.name.startswith("phasegate-verify-"):
-                git(self.repo, "worktree", "remove", "--force", str(path))
-                shutil.rmtree(path.parent, ignore_errors=True)
 
     # -- observation ------------------------------------------------------------
 
@@ -380,6 +374,9 @@ def assert_exactly_once(repo: Path, workflow_id: str) -> None:
     finally:
         store.close()
     assert git(repo, "show", "main:feature.txt") + "\n" == FEATURE
+    worktrees = [line for line in git(repo, "worktree", "list", "--porcelain").splitlines()
+                 if line.startswith("worktree ")]
+    assert worktrees == [f"worktree {repo}"], "a checkout was left behind"
 
 
 # -- 1. SIGKILL inside each phase, restart, completed ---------------------------------
@@ -643,4 +640,26 @@ def test_the_merge_never_closes_the_issue_only_a_confirmed_verification_does(
         if m["kind"] == "acceptance_verification"
     ]
     assert verdicts == [("rejected", "verifier"), ("confirmed", "alice")]
+    assert_exactly_once(lab.repo, workflow_id)
+
+
+@pytest.mark.slow
+def test_an_agent_orphaned_by_a_sigkilled_worker_is_stopped_on_restart(lab: Lab) -> None:
+    lab.configure(hang_role="build")
+    workflow_id = lab.start()
+    worker = lab.worker()
+    wait_until(lambda: lab.calls("build") >= 1, "the build agent to start", on_timeout=lab.log_tail)
+    lab.sigkill(worker)  # the worker only: its agent runs on in a session of its own
+    pgid = lab.call("build", 1)["pgid"]
+    assert alive(pgid), "the orphaned agent should still be running before the restart"
+    assert ("development", "agent_process") in lab.in_progress(workflow_id)
+
+    lab.run_to_completion(workflow_id)
+    assert not alive(pgid), "the restart must stop the agent its dead predecessor left"
+    store = _open(lab.repo)
+    try:
+        notes = [e["data"]["note"] for e in store.events(workflow_id) if e["type"] == "reconciled"]
+    finally:
+        store.close()
+    assert any(note.startswith(f"orphaned agent (pgid {pgid}): stopped") for note in notes), notes
     assert_exactly_once(lab.repo, workflow_id)

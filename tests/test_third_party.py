@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from conftest import git, phasegate_cli
 
 pytestmark = pytest.mark.slow

@@ -8,9 +8,42 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["kill_process_group"]
+__all__ = ["kill_orphan_group", "kill_process_group", "start_ticks"]
 
 _POLL_S = 0.05
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), or None if unknown.
+
+    With the pid, it names one process for good: a pid is reused, a
+    (pid, start ticks) pair is not.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def kill_orphan_group(pgid: int, ticks: int | None) -> bool:
+    """SIGKILL the process group an agent left running when its worker died.
+
+    Only when the group is ours: its leader is the process that started at
+    ``ticks``, or the leader is gone and members remain (Linux does not hand
+    out a pid still in use as a process group id). Returns whether it killed.
+    """
+    if not _group_running(pgid):
+        return False
+    leader = start_ticks(pgid)
+    if leader is not None and ticks is not None and leader != ticks:
+        return False
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _group_running(pgid: int) -> bool:

@@ -185,7 +185,8 @@ def render_default_cartridge(repo: Path) -> str:
     if agent:
         write_cmd, read_cmd = agent
         roles = "\n".join(
-            f'[roles.{name}]\nrunner = "command"\ncommand = "{read_cmd if name in READ_ONLY_ROLES else write_cmd}"\n'
+            f'[roles.{name}]\nrunner = "command"\n'
+            f'command = "{read_cmd if name in READ_ONLY_ROLES else write_cmd}"\n'
             for name in ROLE_SESSION_LINES
         )
     else:

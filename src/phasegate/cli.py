@@ -48,7 +48,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # never fold a message a script will read
 
 RepoOption = Annotated[
     Path, typer.Option("--repo", "-C", help="The repository (default: the current directory).")
@@ -227,6 +227,8 @@ def _summary(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
         "pr_number": row["pr_number"],
         "branch_name": row["branch_name"],
         "merge_sha": row["merge_sha"],
+        "verification_status": row["state"].get("verification_status"),
+        "verified_by": row["state"].get("verified_by"),
         "tokens": usage.tokens,
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
@@ -454,6 +456,8 @@ def _print_timeline(milestones: list[dict[str, Any]]) -> None:
     """Milestones grouped under the phase they belong to, in the order they happened."""
     phase = None
     for m in milestones:
+        if m["kind"] == "agent_process":  # process bookkeeping; the agent table says it better
+            continue
         if m["phase"] != phase:
             phase = m["phase"]
             console.print(f"[bold]{phase}[/bold]  [dim]{(m['created_at'] or '')[11:19]}[/dim]")

@@ -208,7 +208,10 @@ class Engine:
             )
             return False
         except Exception as exc:  # a phase must never crash the engine half-committed
-            log.exception("phase %s of %s raised", ctx.current_phase, ctx.id)
+            if isinstance(exc, PhasegateError):  # expected: its message says it all
+                log.warning("phase %s of %s: %s", ctx.current_phase, ctx.id, exc)
+            else:
+                log.exception("phase %s of %s raised", ctx.current_phase, ctx.id)
             result = PhaseResult(
                 "failed", reason=f"{ctx.current_phase}: {type(exc).__name__}: {exc}"
             )

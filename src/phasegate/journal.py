@@ -18,10 +18,12 @@ process left ``in_progress``, by the same lookups.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from phasegate._process import kill_orphan_group
 from phasegate.contract import MilestoneView, MilestoneWrite, PhasegateError
 from phasegate.forge import Forge
 from phasegate.store import Store
@@ -116,7 +118,10 @@ class SideEffects:
     def comment(
         self, phase: str, issue: int, body: str, key: str, *, best_effort: bool = False
     ) -> bool:
-        """Post ``body`` once per ``key``; with ``best_effort`` a forge failure is logged, not raised."""
+        """Post ``body`` once per ``key``.
+
+        With ``best_effort`` a forge failure is logged, not raised.
+        """
         marker = f"phasegate:{self.workflow_id}:{key}"
         params = {"issue": issue, "marker": marker}
         try:
@@ -232,8 +237,9 @@ class SideEffects:
 
         An effect found on the forge or in git is settled ``completed`` with
         what was found; one not found is ``cancelled`` (the phase repeats it
-        under the same key). Other in-progress rows (an agent or a verifier
-        that was running) are ``cancelled`` as interrupted.
+        under the same key). An agent process left running by a dead worker
+        is killed. Other in-progress rows (a verifier that was running) are
+        ``cancelled`` as interrupted.
         """
         notes = []
         for row in self.store.in_progress_milestones(self.workflow_id):
@@ -247,7 +253,22 @@ class SideEffects:
                     row, "cancelled", summary=f"{row.kind}: interrupted, not found"
                 )
                 notes.append(f"{row.kind}: not found, will be repeated")
+            elif row.kind == "agent_process":
+                notes.append(self._stop_orphan(row))
             else:
                 self.store.settle_milestone(row, "cancelled", summary=f"{row.kind}: interrupted")
                 notes.append(f"{row.kind}: interrupted")
         return notes
+
+    def _stop_orphan(self, row: MilestoneView) -> str:
+        """Stop an agent a dead worker left running, so it cannot edit the worktree
+        under the agent that replaces it. Only a process on this host can be reached."""
+        data = row.data
+        killed = data.get("host") == os.uname().nodename and kill_orphan_group(
+            int(data["pgid"]), data.get("ticks")
+        )
+        how = "stopped" if killed else "already gone"
+        if data.get("host") != os.uname().nodename:
+            how = f"on host {data.get('host')}, not reachable from here"
+        self.store.settle_milestone(row, "cancelled", summary=f"{row.summary}: interrupted, {how}")
+        return f"orphaned agent (pgid {data.get('pgid')}): {how}"

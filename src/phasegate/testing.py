@@ -114,7 +114,9 @@ class InMemoryForge:
     def merge_pull_request(self, number: int, message: str) -> str:
         pr = self.pull_request(number)
         sha = f"{number:040x}"
-        self.prs[number] = PullRequest(pr.number, pr.head, pr.base, pr.title, pr.body, "merged", sha)
+        self.prs[number] = PullRequest(
+            pr.number, pr.head, pr.base, pr.title, pr.body, "merged", sha
+        )
         return sha
 
     def find_merge(self, number: int) -> str | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -161,17 +160,20 @@ class Workspace:
         git(["worktree", "prune"], repo)
 
     @contextmanager
-    def temporary_checkout(self, repo: Path, sha: str) -> Iterator[Path]:
-        """A detached worktree of ``sha`` in a temporary directory, removed afterwards."""
-        tmp = Path(tempfile.mkdtemp(prefix="phasegate-verify-"))
-        path = tmp / "checkout"
+    def temporary_checkout(self, repo: Path, sha: str, path: Path) -> Iterator[Path]:
+        """A detached worktree of ``sha`` at ``path``, removed afterwards.
+
+        Whatever a killed process left at ``path`` is cleared first, so a
+        checkout leaked by a crash is reclaimed by the next one.
+        """
+        path = path.resolve()
+        self.remove_worktree(repo, path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         git(["worktree", "add", "--detach", str(path), sha], repo)
         try:
             yield path
         finally:
-            git(["worktree", "remove", "--force", str(path)], repo, check=False)
-            shutil.rmtree(tmp, ignore_errors=True)
-            git(["worktree", "prune"], repo, check=False)
+            self.remove_worktree(repo, path)
 
     # -- changes ----------------------------------------------------------------
 
@@ -297,30 +299,39 @@ class Workspace:
                 return sha
         return None
 
+    def scratch_path(self, repo: Path, name: str) -> Path:
+        """A path for phasegate's own short-lived checkouts, inside the git directory.
+
+        Fixed per ``name``, so what a killed process left there is found and
+        cleared by the next run, and never shows up as an untracked file.
+        """
+        common = Path(git(["rev-parse", "--git-common-dir"], repo))
+        common = common if common.is_absolute() else repo / common
+        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
+        return (common / "phasegate" / safe).resolve()
+
     def merge_into_base(self, repo: Path, base: str, branch: str, message: str) -> str:
         """A real ``git merge --no-ff branch`` into ``base``; return the merge SHA.
 
         Runs where ``base`` is checked out when a worktree has it (refusing a
-        dirty one), else in a temporary worktree of ``base``.
+        dirty one: DirtyCheckout), else in a scratch worktree of ``base``.
         """
+        scratch = self.scratch_path(repo, f"merge-{base}")
+        self.remove_worktree(repo, scratch)  # a crashed merge's leftover, if any
         holder = next((p for p, b in self._registered_worktrees(repo).items() if b == base), None)
         ident = ["-c", "user.name=phasegate", "-c", "user.email=phasegate@localhost"]
         if holder is not None:
             if git(["status", "--porcelain", "--untracked-files=no"], holder):
-                raise DirtyCheckout(
-                    f"cannot merge into {base}: {holder} has uncommitted changes"
-                )
+                raise DirtyCheckout(f"cannot merge into {base}: {holder} has uncommitted changes")
             git([*ident, "merge", "--no-ff", "-m", message, branch], holder)
             return self.rev(holder, "HEAD")
-        tmp = Path(tempfile.mkdtemp(prefix="phasegate-merge-"))
-        path = tmp / "base"
-        git(["worktree", "add", str(path), base], repo)
+        scratch.parent.mkdir(parents=True, exist_ok=True)
+        git(["worktree", "add", str(scratch), base], repo)
         try:
-            git([*ident, "merge", "--no-ff", "-m", message, branch], path)
-            return self.rev(path, "HEAD")
+            git([*ident, "merge", "--no-ff", "-m", message, branch], scratch)
+            return self.rev(scratch, "HEAD")
         finally:
-            git(["worktree", "remove", "--force", str(path)], repo, check=False)
-            shutil.rmtree(tmp, ignore_errors=True)
+            self.remove_worktree(repo, scratch)
 
     # -- checks -----------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -70,4 +70,13 @@ class Runner(Protocol):
 
     name: str
 
-    def run(self, request: AgentRequest, cancel: threading.Event) -> AgentResult: ...
+    def run(
+        self,
+        request: AgentRequest,
+        cancel: threading.Event,
+        on_spawn: Callable[[int], None] | None = None,
+    ) -> AgentResult:
+        """Run the call. A runner that starts a process calls ``on_spawn(pid)`` with
+        the leader of its process group, so a restarted worker can stop an agent
+        its dead predecessor left running."""
+        ...

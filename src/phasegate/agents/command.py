@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from phasegate._process import kill_process_group
@@ -32,7 +32,12 @@ class CommandRunner:
         self.command = command
         self.env = dict(env or {})
 
-    def run(self, request: AgentRequest, cancel: threading.Event) -> AgentResult:
+    def run(
+        self,
+        request: AgentRequest,
+        cancel: threading.Event,
+        on_spawn: Callable[[int], None] | None = None,
+    ) -> AgentResult:
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="phasegate-prompt-") as tmp:
             prompt_file = Path(tmp) / "prompt.md"
@@ -65,6 +70,12 @@ class CommandRunner:
                 )
             except OSError as exc:
                 return AgentResult("", error_kind="runner_error", error=str(exc))
+            if on_spawn is not None:
+                try:
+                    on_spawn(proc.pid)
+                except BaseException:
+                    kill_process_group(proc)  # unrecorded, it could not be stopped after a crash
+                    raise
             return self._wait(proc, request, cancel, started)
 
     def _wait(

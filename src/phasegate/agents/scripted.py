@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -70,7 +70,12 @@ class ScriptedRunner:
     def from_file(cls, path: Path) -> ScriptedRunner:
         return cls(load_answers(path))
 
-    def run(self, request: AgentRequest, cancel: threading.Event) -> AgentResult:
+    def run(
+        self,
+        request: AgentRequest,
+        cancel: threading.Event,
+        on_spawn: Callable[[int], None] | None = None,
+    ) -> AgentResult:
         started = time.monotonic()
         answers = self.answers.get(request.role)
         if not answers:

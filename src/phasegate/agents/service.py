@@ -3,16 +3,25 @@ bounds, records every call's usage and keeps one provider session per line."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from phasegate._process import start_ticks
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner
 from phasegate.cartridge import READ_ONLY_ROLES, ROLE_SESSION_LINES, Cartridge
-from phasegate.contract import EventWrite, PhasegateError, WorkflowContext, WorkflowPaused
+from phasegate.contract import (
+    EventWrite,
+    MilestoneView,
+    MilestoneWrite,
+    PhasegateError,
+    WorkflowContext,
+    WorkflowPaused,
+)
 from phasegate.store import AgentRunRecord, Store
 from phasegate.workspace import GitError, git
 
@@ -122,7 +131,7 @@ class AgentService:
                 ),
             )
             clean_before = request.read_only and _is_clean_checkout(cwd)
-            result = runner.run(request, self.cancel)
+            result = self._run_journaled(ctx, phase, runner, request, round)
             if clean_before and not _is_clean_checkout(cwd):
                 result = _undo_writes(cwd, role, result)
             if result.error_kind == "interrupted":
@@ -148,6 +157,37 @@ class AgentService:
             if outcome == "ok":
                 return Answer(result, parsed)
         raise AgentFailed(role, tries, kind, detail)
+
+    def _run_journaled(
+        self, ctx: WorkflowContext, phase: str, runner: Runner, request: AgentRequest, round: int
+    ) -> AgentResult:
+        """Run the call with an ``agent_process`` milestone for the process it spawns.
+
+        The milestone is evidence written before the agent works: a restarted
+        worker reads it to stop an agent its dead predecessor left running
+        (``SideEffects.reconcile``). It is settled when the call returns.
+        """
+        spawned: list[MilestoneView] = []
+
+        def on_spawn(pid: int) -> None:
+            write = MilestoneWrite(
+                "agent_process",
+                status="in_progress",
+                round=round,
+                attempt=request.call_index,
+                key=request.role,
+                summary=f"{request.role} agent running (pid {pid})",
+                data={"host": os.uname().nodename, "pgid": pid, "ticks": start_ticks(pid)},
+            )
+            spawned.append(self.store.write_milestone(ctx.id, phase, write))
+
+        try:
+            return runner.run(request, self.cancel, on_spawn)
+        finally:
+            for row in spawned:
+                self.store.settle_milestone(
+                    row, "completed", summary=f"{request.role} agent exited"
+                )
 
     def _record(
         self,

@@ -122,7 +122,11 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             data={"merge_sha": merge_sha, **data},
         )
 
-    with deps.workspace.temporary_checkout(Path(ctx.repo_path), merge_sha) as checkout:
+    repo = Path(ctx.repo_path)
+    # Beside the worktrees, not in the git directory: an agent works here.
+    root = Path(deps.cartridge.landing_areas.worktree_root)
+    path = (root if root.is_absolute() else repo / root) / f"{ctx.id}-verify"
+    with deps.workspace.temporary_checkout(repo, merge_sha, path) as checkout:
         checks = deps.workspace.run_checks(
             deps.cartridge.landing_areas.checks,
             checkout,

@@ -47,21 +47,26 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     assert ctx.branch_name is not None
     repo = Path(ctx.repo_path)
     merged = deps.forge.find_merge(ctx.pr_number)
-    if merged is None and ctx.worktree_path and Path(ctx.worktree_path).exists():
-        if not deps.workspace.sync_base(Path(ctx.worktree_path), ctx.base_branch):
-            return PhaseResult(
-                "pause",
-                reason=f"{ctx.branch_name} conflicts with {ctx.base_branch}; resolve the "
-                "conflict on the branch, then `phasegate resume`",
-                milestones=(
-                    MilestoneWrite(
-                        "merge_failed",
-                        status="failed",
-                        round=ctx.dev_round,
-                        summary="conflict with base",
-                    ),
+    worktree = Path(ctx.worktree_path) if ctx.worktree_path else None
+    if (
+        merged is None
+        and worktree is not None
+        and worktree.exists()
+        and not deps.workspace.sync_base(worktree, ctx.base_branch)
+    ):
+        return PhaseResult(
+            "pause",
+            reason=f"{ctx.branch_name} conflicts with {ctx.base_branch}; resolve the "
+            "conflict on the branch, then `phasegate resume`",
+            milestones=(
+                MilestoneWrite(
+                    "merge_failed",
+                    status="failed",
+                    round=ctx.dev_round,
+                    summary="conflict with base",
                 ),
-            )
+            ),
+        )
     message = f"Merge #{ctx.pr_number}: {ctx.title}\n\nphasegate workflow {ctx.id}"
     try:
         sha = deps.effects.merge(MERGE, ctx.pr_number, message)
