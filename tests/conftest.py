@@ -127,11 +127,16 @@ def engine_for() -> Callable[..., tuple[Engine, Store]]:
         store.close()
 
 
-def phasegate_cli(*args: str, cwd: Path | None = None, timeout: float = 120,
-                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def phasegate_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the real ``phasegate`` console script."""
     exe = Path(sys.executable).parent / "phasegate"
     return subprocess.run(
-        [str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        [str(exe), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, "COLUMNS": "200", **(env or {})},
     )

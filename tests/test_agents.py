@@ -17,11 +17,26 @@ from phasegate.phases.deps import verdict_parser
 from conftest import alive, git, make_repo
 
 
-def request(cwd: Path, *, timeout_s: float = 10, read_only: bool = False, prompt: str = "hi",
-            call_index: int = 0, role: str = "build") -> AgentRequest:
-    return AgentRequest(workflow_id="wf", phase="development", role=role, session_line="main",
-                        prompt=prompt, cwd=cwd, timeout_s=timeout_s, read_only=read_only,
-                        call_index=call_index)
+def request(
+    cwd: Path,
+    *,
+    timeout_s: float = 10,
+    read_only: bool = False,
+    prompt: str = "hi",
+    call_index: int = 0,
+    role: str = "build",
+) -> AgentRequest:
+    return AgentRequest(
+        workflow_id="wf",
+        phase="development",
+        role=role,
+        session_line="main",
+        prompt=prompt,
+        cwd=cwd,
+        timeout_s=timeout_s,
+        read_only=read_only,
+        call_index=call_index,
+    )
 
 
 def test_command_runner_gets_the_prompt_on_stdin_env_and_file(tmp_path: Path) -> None:
@@ -32,7 +47,8 @@ def test_command_runner_gets_the_prompt_on_stdin_env_and_file(tmp_path: Path) ->
 
 def test_command_runner_runs_in_the_worktree_with_role_env(tmp_path: Path) -> None:
     result = CommandRunner('pwd; echo "$PHASEGATE_ROLE $PHASEGATE_READ_ONLY"').run(
-        request(tmp_path, read_only=True, role="review"), threading.Event())
+        request(tmp_path, read_only=True, role="review"), threading.Event()
+    )
     assert result.text.split() == [str(tmp_path), "review", "1"]
 
 
@@ -46,7 +62,8 @@ def test_command_runner_kills_the_whole_process_group_on_timeout(tmp_path: Path)
     pid_file = tmp_path / "child.pid"
     started = time.monotonic()
     result = CommandRunner(f"sleep 60 & echo $! > {pid_file}; wait").run(
-        request(tmp_path, timeout_s=1), threading.Event())
+        request(tmp_path, timeout_s=1), threading.Event()
+    )
     assert result.error_kind == "timeout"
     assert time.monotonic() - started < 10
     child = int(pid_file.read_text())
@@ -91,12 +108,15 @@ def test_scripted_runner_writes_nothing_for_a_read_only_role(tmp_path: Path) -> 
     assert not (tmp_path / "f.txt").exists()
 
 
-@pytest.mark.parametrize(("text", "verdict"), [
-    ("Looks good.\nVERDICT: approve", "approve"),
-    ("**Verdict:** request-changes\nfix x", "request_changes"),
-    ('{"verdict": "approve", "comments": "fine"}', "approve"),
-    ("verdict = REVISE", "revise"),
-])
+@pytest.mark.parametrize(
+    ("text", "verdict"),
+    [
+        ("Looks good.\nVERDICT: approve", "approve"),
+        ("**Verdict:** request-changes\nfix x", "request_changes"),
+        ('{"verdict": "approve", "comments": "fine"}', "approve"),
+        ("verdict = REVISE", "revise"),
+    ],
+)
 def test_verdict_parser_accepts_a_verdict_line_or_json(text: str, verdict: str) -> None:
     assert verdict_parser(("approve", "revise", "request_changes"))(text).verdict == verdict
 
@@ -108,9 +128,13 @@ def test_verdict_parser_calls_anything_else_garbage(text: str) -> None:
 
 
 def test_a_read_only_role_that_writes_is_undone_and_fails(happy_repo: Path, engine_for) -> None:
-    cartridge = (happy_repo / "phasegate.toml").read_text().replace(
-        '[roles.plan]\nrunner = "scripted"\nscript = "answers.toml"\ntimeout = 30\n',
-        '[roles.plan]\nrunner = "command"\ncommand = "echo sneaky > planted.txt; echo plan"\n',
+    cartridge = (
+        (happy_repo / "phasegate.toml")
+        .read_text()
+        .replace(
+            '[roles.plan]\nrunner = "scripted"\nscript = "answers.toml"\ntimeout = 30\n',
+            '[roles.plan]\nrunner = "command"\ncommand = "echo sneaky > planted.txt; echo plan"\n',
+        )
     )
     assert "planted.txt" in cartridge
     (happy_repo / "phasegate.toml").write_text(cartridge)

@@ -364,7 +364,9 @@ def test_checks_failing_every_round_stay_bounded(tmp_path: Path) -> None:
     detail = show_json(repo, summary["id"])
     tests_run = [m for m in detail["milestones"] if m["kind"] == "tests_run"]
     assert [(m["attempt"], m["status"]) for m in tests_run] == [
-        (1, "failed"), (2, "failed"), (3, "failed"),
+        (1, "failed"),
+        (2, "failed"),
+        (3, "failed"),
     ]
     assert len(runs_of(detail, "build")) == 3  # one build per attempt, no more
     error = detail["workflow"]["error"]

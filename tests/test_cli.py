@@ -15,8 +15,15 @@ from phasegate.workspace import Workspace
 from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 
 LIFECYCLE = [
-    "preparation", "planning", "development", "pr_review", "report", "wait", "merge",
-    "acceptance_verification", "completed",
+    "preparation",
+    "planning",
+    "development",
+    "pr_review",
+    "report",
+    "wait",
+    "merge",
+    "acceptance_verification",
+    "completed",
 ]
 
 
@@ -81,12 +88,27 @@ def test_status_and_show_of_a_completed_workflow(happy_repo: Path) -> None:
         milestones[0]
     )
     kinds = [m["kind"] for m in milestones]
-    for kind in ("issue_created", "branch_created", "plan_finalized", "tests_run",
-                 "dev_completed", "pr_created", "pr_reviewed", "progress_reported",
-                 "merge_approved", "merge_completed", "acceptance_verification", "issue_closed"):
+    for kind in (
+        "issue_created",
+        "branch_created",
+        "plan_finalized",
+        "tests_run",
+        "dev_completed",
+        "pr_created",
+        "pr_reviewed",
+        "progress_reported",
+        "merge_approved",
+        "merge_completed",
+        "acceptance_verification",
+        "issue_closed",
+    ):
         assert kinds.count(kind) == 1, kind
     assert [r["role"] for r in detail["agent_runs"]] == [
-        "plan", "plan_review", "build", "review", "verification",
+        "plan",
+        "plan_review",
+        "build",
+        "review",
+        "verification",
     ]
     assert {r["outcome"] for r in detail["agent_runs"]} == {"ok"}
     assert detail["report"]["title"] == "Add the feature"
@@ -99,12 +121,24 @@ def test_status_and_show_of_a_completed_workflow(happy_repo: Path) -> None:
     # Phases head the timeline, each milestone under its phase, in order.
     headings = re.findall(r"^(\w+) +\d\d:\d\d:\d\d$", text, re.M)
     assert headings == [
-        "preparation", "planning", "development", "pr_review", "report", "wait", "merge",
+        "preparation",
+        "planning",
+        "development",
+        "pr_review",
+        "report",
+        "wait",
+        "merge",
         "acceptance_verification",
     ]
     body = flat(text)
-    for kind in ("issue_created", "plan_finalized r1", "tests_run r1 a1", "pr_created",
-                 "merge_completed", "issue_closed"):
+    for kind in (
+        "issue_created",
+        "plan_finalized r1",
+        "tests_run r1 a1",
+        "pr_created",
+        "merge_completed",
+        "issue_closed",
+    ):
         assert f"✓ {kind}" in body, kind
     for role in ("plan_review", "verification"):
         assert f"{role} scripted" in body
@@ -169,7 +203,8 @@ def test_without_auto_merge_run_waits_and_approve_merge_completes(tmp_path: Path
 
     _, detail = cli_json("show", wf, "--repo", str(repo))
     assert (detail["workflow"]["current_phase"], detail["workflow"]["status"]) == (
-        "wait", "waiting",
+        "wait",
+        "waiting",
     )
     assert detail["workflow"]["merge_sha"] is None
     assert "feature.txt" not in git(repo, "ls-tree", "--name-only", "main")
@@ -271,8 +306,16 @@ def test_help_lists_every_command() -> None:
     section = proc.stdout.split("Commands:", 1)[1]
     listed = [line.split()[0] for line in section.splitlines() if line.startswith("  ")]
     assert listed == [
-        "init", "run", "worker", "status", "show", "resume", "feedback", "approve-merge",
-        "verify-override", "demo",
+        "init",
+        "run",
+        "worker",
+        "status",
+        "show",
+        "resume",
+        "feedback",
+        "approve-merge",
+        "verify-override",
+        "demo",
     ]
     assert "acceptance_verification" in proc.stdout
 

@@ -35,31 +35,57 @@ def store(tmp_path: Path) -> Store:
 
 def workflow_in(store: Store, phase: str) -> str:
     """A workflow placed in ``phase`` by the commit path itself."""
-    wf = store.create_workflow(title="t", ticket="x", repo_path="/r", base_branch="main",
-                               auto_merge=False, content_language="en")
+    wf = store.create_workflow(
+        title="t",
+        ticket="x",
+        repo_path="/r",
+        base_branch="main",
+        auto_merge=False,
+        content_language="en",
+    )
     if phase != "preparation":
         commit_phase_result(store, store.load_context(wf), PhaseResult.advance(phase))
     return wf
 
 
 def test_phase_order_and_status_map_are_the_spec_table() -> None:
-    assert PHASE_ORDER == ("preparation", "planning", "development", "pr_review", "report",
-                           "merge", "acceptance_verification")
+    assert PHASE_ORDER == (
+        "preparation",
+        "planning",
+        "development",
+        "pr_review",
+        "report",
+        "merge",
+        "acceptance_verification",
+    )
     assert PSEUDO_PHASES == ("wait", "completed")
     assert dict(PHASE_STATUS_MAP) == {
-        "preparation": "preparing", "planning": "planning", "development": "developing",
-        "pr_review": "pr_review", "report": "reporting", "wait": "waiting",
-        "merge": "merging", "acceptance_verification": "verification_pending",
+        "preparation": "preparing",
+        "planning": "planning",
+        "development": "developing",
+        "pr_review": "pr_review",
+        "report": "reporting",
+        "wait": "waiting",
+        "merge": "merging",
+        "acceptance_verification": "verification_pending",
         "completed": "completed",
     }
 
 
-@pytest.mark.parametrize(("phase", "expected"), [
-    ("preparation", "planning"), ("planning", "development"), ("development", "pr_review"),
-    ("pr_review", "report"), ("report", "merge"), ("merge", "acceptance_verification"),
-    ("acceptance_verification", "acceptance_verification"),
-    ("no_such_phase", "planning"), ("", "planning"),
-])
+@pytest.mark.parametrize(
+    ("phase", "expected"),
+    [
+        ("preparation", "planning"),
+        ("planning", "development"),
+        ("development", "pr_review"),
+        ("pr_review", "report"),
+        ("report", "merge"),
+        ("merge", "acceptance_verification"),
+        ("acceptance_verification", "acceptance_verification"),
+        ("no_such_phase", "planning"),
+        ("", "planning"),
+    ],
+)
 def test_next_phase(phase: str, expected: str) -> None:
     assert next_phase(phase) == expected
 
@@ -79,14 +105,20 @@ EXPECTED_BY_OUTCOME = {
 def test_every_phase_by_every_outcome(store: Store, phase: str, outcome: str) -> None:
     wf = workflow_in(store, phase)
     ctx = store.load_context(wf)
-    result = PhaseResult(outcome, reason="why",  # type: ignore[arg-type]
-                         milestones=(MilestoneWrite("probe", round=1, attempt=2),))
+    result = PhaseResult(
+        outcome,
+        reason="why",  # type: ignore[arg-type]
+        milestones=(MilestoneWrite("probe", round=1, attempt=2),),
+    )
     row = commit_phase_result(store, ctx, result)
     expected_phase, expected_status, expected_error = EXPECTED_BY_OUTCOME[outcome](phase)
     if phase == "wait" and outcome == "completed":  # wait is not in PHASE_ORDER
         expected_phase, expected_status = "planning", "planning"
     assert (row["current_phase"], row["status"], row["error"]) == (
-        expected_phase, expected_status, expected_error)
+        expected_phase,
+        expected_status,
+        expected_error,
+    )
     assert row["version"] == ctx.version + 1
     probe = store.load_context(wf).milestone("probe")
     assert probe is not None and probe.phase == phase
@@ -119,8 +151,9 @@ def test_illegal_next_phase_is_rejected_and_nothing_is_written(
 ) -> None:
     wf = workflow_in(store, phase)
     before = _snapshot(store, wf)
-    result = PhaseResult("completed", next_phase=illegal,
-                         milestones=(MilestoneWrite("should_not_exist"),))
+    result = PhaseResult(
+        "completed", next_phase=illegal, milestones=(MilestoneWrite("should_not_exist"),)
+    )
     with pytest.raises(ContractViolation, match="illegal next_phase"):
         commit_phase_result(store, store.load_context(wf), result)
     assert _snapshot(store, wf) == before
@@ -131,8 +164,9 @@ def test_only_completed_may_name_a_next_phase(store: Store, outcome: str) -> Non
     wf = workflow_in(store, "development")
     before = _snapshot(store, wf)
     with pytest.raises(ContractViolation, match="only a completed outcome"):
-        commit_phase_result(store, store.load_context(wf),
-                            PhaseResult(outcome, next_phase="pr_review"))  # type: ignore[arg-type]
+        commit_phase_result(
+            store, store.load_context(wf), PhaseResult(outcome, next_phase="pr_review")
+        )  # type: ignore[arg-type]
     assert _snapshot(store, wf) == before
 
 
@@ -141,8 +175,9 @@ def test_updates_may_not_set_phase_or_status(store: Store) -> None:
     before = _snapshot(store, wf)
     for column in ("current_phase", "status", "version"):
         with pytest.raises(ContractViolation, match="may not set"):
-            commit_phase_result(store, store.load_context(wf),
-                                PhaseResult("retry", updates={column: "x"}))
+            commit_phase_result(
+                store, store.load_context(wf), PhaseResult("retry", updates={column: "x"})
+            )
     assert _snapshot(store, wf) == before
 
 
@@ -165,8 +200,13 @@ def test_milestones_settle_in_place_on_their_dedupe_key(store: Store) -> None:
     wf = workflow_in(store, "acceptance_verification")
     write = MilestoneWrite("acceptance_verification", status="in_progress", attempt=1, key="k")
     commit_phase_result(store, store.load_context(wf), PhaseResult("retry", milestones=(write,)))
-    settled = MilestoneWrite("acceptance_verification", status="completed", attempt=1, key="k",
-                             data={"verdict": "confirmed"})
+    settled = MilestoneWrite(
+        "acceptance_verification",
+        status="completed",
+        attempt=1,
+        key="k",
+        data={"verdict": "confirmed"},
+    )
     commit_phase_result(store, store.load_context(wf), PhaseResult("retry", milestones=(settled,)))
     rows = store.load_context(wf).milestones_of("acceptance_verification")
     assert [(m.status, m.data.get("verdict")) for m in rows] == [("completed", "confirmed")]

@@ -21,20 +21,31 @@ text = "wrote feature.txt"
 """
 
 
-def repo_with(tmp_path: Path, answers: str, *, checks: list[str] | None = None,
-              extra: str = "", auto_merge: bool = True) -> Path:
+def repo_with(
+    tmp_path: Path,
+    answers: str,
+    *,
+    checks: list[str] | None = None,
+    extra: str = "",
+    auto_merge: bool = True,
+) -> Path:
     repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
     (repo / "answers.toml").write_text(answers)
     (repo / "phasegate.toml").write_text(
-        scripted_cartridge(checks=checks, extra=extra, auto_merge=auto_merge))
+        scripted_cartridge(checks=checks, extra=extra, auto_merge=auto_merge)
+    )
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "cartridge")
     return repo
 
 
-def answers(*, plan_review: str = '[[plan_review]]\ntext = "VERDICT: approve"\n',
-            build: str = BUILD, review: str = '[[review]]\ntext = "VERDICT: approve"\n',
-            verification: str = '[[verification]]\ntext = "VERDICT: confirmed"\n') -> str:
+def answers(
+    *,
+    plan_review: str = '[[plan_review]]\ntext = "VERDICT: approve"\n',
+    build: str = BUILD,
+    review: str = '[[review]]\ntext = "VERDICT: approve"\n',
+    verification: str = '[[verification]]\ntext = "VERDICT: confirmed"\n',
+) -> str:
     return "\n".join(['[[plan]]\ntext = "the plan"\n', plan_review, build, review, verification])
 
 
@@ -54,8 +65,11 @@ def milestones(store: Store, wf: str, kind: str) -> list:
 
 
 def test_plan_rounds_run_out_and_the_last_plan_is_taken(tmp_path: Path, engine_for: Build) -> None:
-    repo = repo_with(tmp_path, answers(plan_review='[[plan_review]]\ntext = "VERDICT: revise"\n'),
-                     extra="[limits]\nmax_plan_rounds = 2\n")
+    repo = repo_with(
+        tmp_path,
+        answers(plan_review='[[plan_review]]\ntext = "VERDICT: revise"\n'),
+        extra="[limits]\nmax_plan_rounds = 2\n",
+    )
     engine, store = engine_for(repo)
     row = engine.advance(engine.start("t", "ticket"))
     assert row["status"] == "completed"
@@ -68,9 +82,11 @@ def test_a_plan_agent_that_keeps_timing_out_pauses_as_planning_timeout(
     tmp_path: Path, engine_for: Build
 ) -> None:
     repo = repo_with(tmp_path, answers(), extra="[limits]\nagent_retries = 1\n")
-    edit_cartridge(repo,
-                   '[roles.plan]\nrunner = "scripted"\nscript = "answers.toml"\ntimeout = 30',
-                   '[roles.plan]\nrunner = "command"\ncommand = "sleep 20"\ntimeout = 0.5')
+    edit_cartridge(
+        repo,
+        '[roles.plan]\nrunner = "scripted"\nscript = "answers.toml"\ntimeout = 30',
+        '[roles.plan]\nrunner = "command"\ncommand = "sleep 20"\ntimeout = 0.5',
+    )
     engine, store = engine_for(repo)
     row = engine.advance(engine.start("t", "ticket"))
     assert (row["current_phase"], row["status"]) == ("planning", "planning_timeout")
@@ -81,22 +97,29 @@ def test_a_plan_agent_that_keeps_timing_out_pauses_as_planning_timeout(
 def test_changes_requested_go_back_to_development_with_the_review(
     tmp_path: Path, engine_for: Build
 ) -> None:
-    review = ('[[review]]\ntext = "Missing a test.\\nVERDICT: request_changes"\n'
-              '[[review]]\ntext = "VERDICT: approve"\n')
+    review = (
+        '[[review]]\ntext = "Missing a test.\\nVERDICT: request_changes"\n'
+        '[[review]]\ntext = "VERDICT: approve"\n'
+    )
     repo = repo_with(tmp_path, answers(review=review))
     engine, store = engine_for(repo)
     row = engine.advance(engine.start("t", "ticket"))
     assert row["status"] == "completed" and row["dev_round"] == 2
     reviews = milestones(store, row["id"], "pr_reviewed")
     assert [(m.round, m.data["verdict"]) for m in reviews] == [
-        (1, "request_changes"), (2, "approve")]
+        (1, "request_changes"),
+        (2, "approve"),
+    ]
     assert len(milestones(store, row["id"], "dev_completed")) == 2
     assert len(LocalForge(store, repo, engine.workspace).pull_requests()) == 1
 
 
 def test_review_rounds_run_out_and_the_workflow_pauses(tmp_path: Path, engine_for: Build) -> None:
-    repo = repo_with(tmp_path, answers(review='[[review]]\ntext = "VERDICT: request_changes"\n'),
-                     extra="[limits]\nmax_pr_review_rounds = 2\n")
+    repo = repo_with(
+        tmp_path,
+        answers(review='[[review]]\ntext = "VERDICT: request_changes"\n'),
+        extra="[limits]\nmax_pr_review_rounds = 2\n",
+    )
     engine, store = engine_for(repo)
     row = engine.advance(engine.start("t", "ticket"))
     assert (row["current_phase"], row["status"]) == ("pr_review", "paused")
@@ -105,8 +128,9 @@ def test_review_rounds_run_out_and_the_workflow_pauses(tmp_path: Path, engine_fo
 
 
 def test_failing_checks_are_retried_then_fail(tmp_path: Path, engine_for: Build) -> None:
-    repo = repo_with(tmp_path, answers(), checks=["echo broken; exit 1"],
-                     extra="[limits]\nmax_dev_retries = 1\n")
+    repo = repo_with(
+        tmp_path, answers(), checks=["echo broken; exit 1"], extra="[limits]\nmax_dev_retries = 1\n"
+    )
     engine, store = engine_for(repo)
     row = engine.advance(engine.start("t", "ticket"))
     assert (row["current_phase"], row["status"]) == ("development", "failed")
@@ -117,8 +141,11 @@ def test_failing_checks_are_retried_then_fail(tmp_path: Path, engine_for: Build)
 
 
 def test_a_build_that_changes_nothing_is_not_a_pass(tmp_path: Path, engine_for: Build) -> None:
-    repo = repo_with(tmp_path, answers(build='[[build]]\ntext = "done!"\n'),
-                     extra="[limits]\nmax_dev_retries = 0\n")
+    repo = repo_with(
+        tmp_path,
+        answers(build='[[build]]\ntext = "done!"\n'),
+        extra="[limits]\nmax_dev_retries = 0\n",
+    )
     engine, _ = engine_for(repo)
     row = engine.advance(engine.start("t", "ticket"))
     assert row["status"] == "failed" and "changed no file" in row["error"]
@@ -144,6 +171,7 @@ def test_a_conflict_with_the_base_pauses_the_merge(tmp_path: Path, engine_for: B
     git(repo, "add", "feature.txt")
     git(repo, "commit", "-qm", "conflicting change on main")
     from phasegate.contract import PhaseResult
+
     engine.commit(store.load_context(wf), PhaseResult("retry", state={"merge_approved": True}))
     row = engine.advance(wf)
     assert (row["current_phase"], row["status"]) == ("merge", "paused")
@@ -160,6 +188,7 @@ def test_a_dirty_base_checkout_pauses_the_merge_and_loses_nothing(
     engine.advance(wf)
     (repo / "README.md").write_text("my unsaved work\n")
     from phasegate.contract import PhaseResult
+
     engine.commit(store.load_context(wf), PhaseResult("retry", state={"merge_approved": True}))
     row = engine.advance(wf)
     assert (row["current_phase"], row["status"]) == ("merge", "paused")
@@ -174,8 +203,9 @@ def test_a_dirty_base_checkout_pauses_the_merge_and_loses_nothing(
 def test_verifier_failures_retry_up_to_three_attempts_then_pause(
     tmp_path: Path, engine_for: Build
 ) -> None:
-    repo = repo_with(tmp_path, answers(
-        verification='[[verification]]\ntext = "crash"\nexit_code = 2\n'))
+    repo = repo_with(
+        tmp_path, answers(verification='[[verification]]\ntext = "crash"\nexit_code = 2\n')
+    )
     engine, store = engine_for(repo)
     row = engine.advance(engine.start("t", "ticket"))
     assert (row["current_phase"], row["status"]) == ("acceptance_verification", "paused")
@@ -217,8 +247,10 @@ def test_a_confirmed_verification_is_a_terminal_no_op(tmp_path: Path, engine_for
     from dataclasses import replace
 
     from phasegate.phases import acceptance_verification
+
     again = acceptance_verification.run(
-        replace(ctx, current_phase="acceptance_verification"), engine.deps_for(ctx))
+        replace(ctx, current_phase="acceptance_verification"), engine.deps_for(ctx)
+    )
     assert again.outcome == "completed" and again.next_phase == "completed"
     assert len(store.agent_runs(row["id"])) == 5  # the verifier did not run again
 
@@ -227,8 +259,9 @@ def test_verification_disabled_completes_without_closing_the_issue(
     tmp_path: Path, engine_for: Build
 ) -> None:
     repo = repo_with(tmp_path, answers())
-    edit_cartridge(repo, "auto_merge = true\n",
-                   "auto_merge = true\nacceptance_verification = false\n")
+    edit_cartridge(
+        repo, "auto_merge = true\n", "auto_merge = true\nacceptance_verification = false\n"
+    )
     engine, store = engine_for(repo)
     row = engine.advance(engine.start("t", "ticket"))
     assert row["status"] == "completed"
@@ -247,6 +280,7 @@ def test_a_removed_worktree_is_healed_before_the_next_phase(
     git(repo, "worktree", "remove", "--force", str(worktree))
     assert not worktree.exists()
     from phasegate.contract import PhaseResult
+
     engine.commit(store.load_context(wf), PhaseResult("retry", state={"merge_approved": True}))
     row = engine.advance(wf)
     assert row["status"] == "completed"
@@ -258,8 +292,9 @@ def test_the_report_is_rendered_in_the_content_language(
     tmp_path: Path, engine_for: Build, language: str, marker: str
 ) -> None:
     repo = repo_with(tmp_path, answers())
-    edit_cartridge(repo, "auto_merge = true\n",
-                   f'auto_merge = true\ncontent_language = "{language}"\n')
+    edit_cartridge(
+        repo, "auto_merge = true\n", f'auto_merge = true\ncontent_language = "{language}"\n'
+    )
     engine, store = engine_for(repo)
     row = engine.advance(engine.start("t", "ticket"))
     assert row["status"] == "completed"

@@ -374,8 +374,11 @@ def assert_exactly_once(repo: Path, workflow_id: str) -> None:
     finally:
         store.close()
     assert git(repo, "show", "main:feature.txt") + "\n" == FEATURE
-    worktrees = [line for line in git(repo, "worktree", "list", "--porcelain").splitlines()
-                 if line.startswith("worktree ")]
+    worktrees = [
+        line
+        for line in git(repo, "worktree", "list", "--porcelain").splitlines()
+        if line.startswith("worktree ")
+    ]
     assert worktrees == [f"worktree {repo}"], "a checkout was left behind"
 
 

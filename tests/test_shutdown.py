@@ -29,15 +29,20 @@ def test_a_signal_stops_the_agent_and_resume_finishes(tmp_path: Path, sig: signa
     (repo / "answers.toml").write_text(
         '[[plan]]\ntext = "plan"\n[[plan_review]]\ntext = "VERDICT: approve"\n'
         '[[build]]\ntext = "built"\n[build.files]\n"f.txt" = "f\\n"\n'
-        '[[review]]\ntext = "VERDICT: approve"\n[[verification]]\ntext = "VERDICT: confirmed"\n')
+        '[[review]]\ntext = "VERDICT: approve"\n[[verification]]\ntext = "VERDICT: confirmed"\n'
+    )
     slow = f'runner = "command"\ncommand = "{sys.executable} {agent} {marker}"\ntimeout = 120\n'
     (repo / "phasegate.toml").write_text(scripted_cartridge(role_overrides={"build": slow}))
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "cartridge")
 
     exe = Path(sys.executable).parent / "phasegate"
-    proc = subprocess.Popen([str(exe), "run", "--repo", str(repo), "--json", "the ticket"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(exe), "run", "--repo", str(repo), "--json", "the ticket"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while not marker.exists():
         assert time.monotonic() < deadline, "the build agent never started"

@@ -45,8 +45,12 @@ def store(db_url: str, clock: FixedClock) -> Store:
 
 def new_workflow(store: Store) -> str:
     return store.create_workflow(
-        title="t", ticket="x", repo_path="/r", base_branch="main",
-        auto_merge=False, content_language="en",
+        title="t",
+        ticket="x",
+        repo_path="/r",
+        base_branch="main",
+        auto_merge=False,
+        content_language="en",
     )
 
 
@@ -54,7 +58,11 @@ def new_workflow(store: Store) -> str:
 
 
 def _same_server_default(
-    _ctx: Any, _inspected: Any, _meta: Any, inspected: str | None, _default: Any,
+    _ctx: Any,
+    _inspected: Any,
+    _meta: Any,
+    inspected: str | None,
+    _default: Any,
     rendered: str | None,
 ) -> bool:
     # SQLite reflects DEFAULT '' as "('')" and DEFAULT '0' as "'0'"; alembic's own
@@ -118,9 +126,7 @@ def test_sqlite_pragmas(store: Store) -> None:
 def test_foreign_keys_are_enforced(store: Store, clock: FixedClock) -> None:
     with pytest.raises(sa.exc.IntegrityError), store.transaction() as conn:
         conn.execute(
-            t.events.insert().values(
-                workflow_id="nope", type="x", data={}, created_at=clock.now()
-            )
+            t.events.insert().values(workflow_id="nope", type="x", data={}, created_at=clock.now())
         )
 
 
@@ -129,8 +135,13 @@ def test_foreign_keys_are_enforced(store: Store, clock: FixedClock) -> None:
 
 def run_record(workflow_id: str, **overrides: Any) -> AgentRunRecord:
     values: dict[str, Any] = {
-        "workflow_id": workflow_id, "phase": "development", "role": "build",
-        "session_line": "main", "runner": "scripted", "round": 1, "attempt": 1,
+        "workflow_id": workflow_id,
+        "phase": "development",
+        "role": "build",
+        "session_line": "main",
+        "runner": "scripted",
+        "round": 1,
+        "attempt": 1,
         "outcome": "ok",
     }
     return AgentRunRecord(**{**values, **overrides})
@@ -147,11 +158,15 @@ def test_agent_runs_are_summed_never_overwritten(store: Store) -> None:
 
     runs = store.agent_runs(wf)
     assert [(r["input_tokens"], r["output_tokens"], r["outcome"]) for r in runs] == [
-        (60, 40, "ok"), (30, 70, "garbage"),
+        (60, 40, "ok"),
+        (30, 70, "garbage"),
     ]
     totals = store.usage_totals(wf)
     assert (totals.input_tokens, totals.output_tokens, totals.tokens, totals.runs) == (
-        90, 110, 200, 2,
+        90,
+        110,
+        200,
+        2,
     )
     assert totals.cost_usd == pytest.approx(0.75)
     assert store.count_agent_runs(wf, "build") == 2
@@ -184,9 +199,17 @@ def test_the_dedupe_key_is_unique_in_the_schema(store: Store, clock: FixedClock)
     with pytest.raises(sa.exc.IntegrityError), store.transaction() as conn:
         conn.execute(
             t.milestones.insert().values(
-                workflow_id=wf, kind="plan_created", phase="planning", round=1, attempt=0,
-                status="completed", dedupe_key=row.dedupe_key, summary="", data={},
-                created_at=clock.now(), updated_at=clock.now(),
+                workflow_id=wf,
+                kind="plan_created",
+                phase="planning",
+                round=1,
+                attempt=0,
+                status="completed",
+                dedupe_key=row.dedupe_key,
+                summary="",
+                data={},
+                created_at=clock.now(),
+                updated_at=clock.now(),
             )
         )
     assert len(store.milestones(wf)) == 1
@@ -267,7 +290,11 @@ class DyingForge:
     """
 
     def __init__(
-        self, inner: CountingForge, method: str, *, after: bool,
+        self,
+        inner: CountingForge,
+        method: str,
+        *,
+        after: bool,
         error: BaseException | None = None,
     ) -> None:
         self.inner, self.method, self.after = inner, method, after
@@ -412,7 +439,9 @@ def test_reconcile_cancels_an_absent_effect_and_the_next_call_repeats_it(
     assert count_of(name, forge) == 1
     (repeated,) = journal_rows(store, wf)  # the same key: settled in place, not a new row
     assert (repeated.id, repeated.dedupe_key, repeated.status) == (
-        row.id, row.dedupe_key, "completed",
+        row.id,
+        row.dedupe_key,
+        "completed",
     )
 
 
