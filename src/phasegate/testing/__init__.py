@@ -15,10 +15,8 @@ at exactly the worst moment.
 
 from __future__ import annotations
 
-import argparse
 import os
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from phasegate.agents.scripted import ScriptedRunner
@@ -170,26 +168,3 @@ class FlakyForge(_Wrapper):
             return attr(*args, **kwargs)
 
         return flaky
-
-
-def _crash_worker(argv: list[str] | None = None) -> None:
-    from phasegate.cartridge import load_cartridge
-    from phasegate.engine import Engine
-    from phasegate.forge import LocalForge
-    from phasegate.store import open_store
-    from phasegate.workspace import Workspace
-
-    parser = argparse.ArgumentParser(prog="python -m phasegate.testing")
-    parser.add_argument("--repo", type=Path, required=True)
-    parser.add_argument("--crash-after", required=True, help="a Forge method name")
-    args = parser.parse_args(argv)
-    repo = args.repo.resolve()
-    cartridge = load_cartridge(repo)
-    store = open_store(cartridge.store_url(repo))
-    workspace = Workspace()
-    forge = CrashingForge(LocalForge(store, repo, workspace), args.crash_after)
-    Engine(repo, cartridge, store, forge=forge, workspace=workspace).run_worker(once=True)
-
-
-if __name__ == "__main__":
-    _crash_worker()
