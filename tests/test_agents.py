@@ -12,9 +12,14 @@ from phasegate.agents.base import AgentRequest
 from phasegate.agents.command import CommandRunner
 from phasegate.agents.scripted import ScriptedRunner
 from phasegate.agents.service import AnswerError
+from phasegate.cartridge import RoleBinding
 from phasegate.phases.deps import verdict_parser
 
 from conftest import alive, git, make_repo
+
+
+def command_runner(command: str, **binding: object) -> CommandRunner:
+    return CommandRunner(RoleBinding(runner="command", command=command, **binding))
 
 
 def request(
@@ -41,19 +46,19 @@ def request(
 
 def test_command_runner_gets_the_prompt_on_stdin_env_and_file(tmp_path: Path) -> None:
     script = 'cat; printf "|%s|" "$PHASEGATE_PROMPT"; printf "|"; cat "$PHASEGATE_PROMPT_FILE"'
-    result = CommandRunner(script).run(request(tmp_path, prompt="do it"), threading.Event())
+    result = command_runner(script).run(request(tmp_path, prompt="do it"), threading.Event())
     assert result.ok and result.text == "do it|do it||do it"
 
 
 def test_command_runner_runs_in_the_worktree_with_role_env(tmp_path: Path) -> None:
-    result = CommandRunner('pwd; echo "$PHASEGATE_ROLE $PHASEGATE_READ_ONLY"').run(
+    result = command_runner('pwd; echo "$PHASEGATE_ROLE $PHASEGATE_READ_ONLY"').run(
         request(tmp_path, read_only=True, role="review"), threading.Event()
     )
     assert result.text.split() == [str(tmp_path), "review", "1"]
 
 
 def test_command_runner_reports_a_non_zero_exit_with_stderr(tmp_path: Path) -> None:
-    result = CommandRunner("echo boom >&2; exit 7").run(request(tmp_path), threading.Event())
+    result = command_runner("echo boom >&2; exit 7").run(request(tmp_path), threading.Event())
     assert (result.error_kind, result.exit_code) == ("exit_code", 7)
     assert "boom" in (result.error or "")
 
@@ -61,7 +66,7 @@ def test_command_runner_reports_a_non_zero_exit_with_stderr(tmp_path: Path) -> N
 def test_command_runner_kills_the_whole_process_group_on_timeout(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     started = time.monotonic()
-    result = CommandRunner(f"sleep 60 & echo $! > {pid_file}; wait").run(
+    result = command_runner(f"sleep 60 & echo $! > {pid_file}; wait").run(
         request(tmp_path, timeout_s=1), threading.Event()
     )
     assert result.error_kind == "timeout"
@@ -74,7 +79,7 @@ def test_command_runner_kills_the_whole_process_group_on_timeout(tmp_path: Path)
 def test_command_runner_stops_when_cancelled(tmp_path: Path) -> None:
     cancel = threading.Event()
     threading.Timer(0.5, cancel.set).start()
-    result = CommandRunner("sleep 60").run(request(tmp_path, timeout_s=30), cancel)
+    result = command_runner("sleep 60").run(request(tmp_path, timeout_s=30), cancel)
     assert result.error_kind == "interrupted"
     assert result.duration_s < 10
 
@@ -148,3 +153,20 @@ def test_a_read_only_role_that_writes_is_undone_and_fails(happy_repo: Path, engi
     assert git(worktree, "status", "--porcelain") == ""
     runs = [r for r in store.agent_runs(row["id"]) if r["role"] == "plan"]
     assert [r["error_kind"] for r in runs] == ["read_only_violation"] * 3
+
+
+def test_an_agent_sees_only_the_environment_its_binding_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_sentinel_never_passed")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-sentinel-passed-by-name")
+    monkeypatch.setenv("UNRELATED", "x")
+    runner = command_runner("env", pass_env=["OPENAI_API_KEY"], env={"MODE": "ci"})
+    seen = dict(
+        line.split("=", 1)
+        for line in runner.run(request(tmp_path), threading.Event()).text.splitlines()
+        if "=" in line
+    )
+    assert "GITHUB_TOKEN" not in seen and "UNRELATED" not in seen
+    assert seen["OPENAI_API_KEY"] == "sk-sentinel-passed-by-name"
+    assert seen["MODE"] == "ci" and "PATH" in seen

@@ -302,3 +302,36 @@ def test_the_report_is_rendered_in_the_content_language(
     reports = [c for c in comments if ":report:" in str(c["marker"])]
     assert len(reports) == 1 and marker in str(reports[0]["body"])
     assert row["state"]["report"]["changes"]["files"] == 1
+
+
+def test_a_workflow_spend_cap_pauses_with_reason_budget(tmp_path: Path, engine_for: Build) -> None:
+    priced = (
+        answers()
+        .replace('text = "the plan"', 'text = "the plan"\ncost_usd = 0.01')
+        .replace(
+            '[[plan_review]]\ntext = "VERDICT: approve"',
+            '[[plan_review]]\ntext = "VERDICT: approve"\ncost_usd = 0.01',
+        )
+    )
+    repo = repo_with(tmp_path, priced, extra="[limits]\nworkflow_budget_usd = 0.015\n")
+    engine, store = engine_for(repo)
+    row = engine.advance(engine.start("t", "ticket"))
+    assert (row["current_phase"], row["status"]) == ("development", "paused")
+    assert row["error"].startswith("budget:")
+    assert [r["role"] for r in store.agent_runs(row["id"])] == ["plan", "plan_review"]
+
+
+def test_a_role_spend_cap_stops_that_role(tmp_path: Path, engine_for: Build) -> None:
+    repo = repo_with(
+        tmp_path, answers(review='[[review]]\ntext = "VERDICT: request_changes"\ncost_usd = 0.5\n')
+    )
+    edit_cartridge(
+        repo,
+        '[roles.review]\nrunner = "scripted"\nscript = "answers.toml"\ntimeout = 30\n',
+        '[roles.review]\nrunner = "scripted"\nscript = "answers.toml"\ntimeout = 30\nbudget_usd = 0.75\n',
+    )
+    engine, store = engine_for(repo)
+    row = engine.advance(engine.start("t", "ticket"))
+    assert (row["current_phase"], row["status"]) == ("pr_review", "paused")
+    assert "budget" in row["error"]
+    assert [r["role"] for r in store.agent_runs(row["id"])].count("review") == 2

@@ -51,6 +51,50 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+RUNNERS = ("command", "scripted", "claude-code", "codex", "api")
+
+#: The keys each runner reads, besides those every runner reads (_COMMON_KEYS).
+_RUNNER_KEYS: dict[str, frozenset[str]] = {
+    "command": frozenset({"command"}),
+    "scripted": frozenset({"script"}),
+    "claude-code": frozenset(
+        {
+            "executable",
+            "model",
+            "base_url",
+            "api_key_env",
+            "max_turns",
+            "append_system_prompt",
+            "allowed_tools",
+            "extra_args",
+        }
+    ),
+    "codex": frozenset(
+        {
+            "executable",
+            "model",
+            "base_url",
+            "api_key_env",
+            "extra_args",
+            "input_usd_per_mtok",
+            "output_usd_per_mtok",
+        }
+    ),
+    "api": frozenset(
+        {
+            "model",
+            "base_url",
+            "api_key_env",
+            "max_tokens",
+            "input_usd_per_mtok",
+            "output_usd_per_mtok",
+        }
+    ),
+}
+_COMMON_KEYS = frozenset({"runner", "timeout", "env", "pass_env", "budget_usd"})
+_REQUIRED_KEYS = {"command": ("command",), "scripted": ("script",), "api": ("model",)}
+
+
 class RoleBinding(_Strict):
     """Which runner plays a role, and with what.
 
@@ -59,20 +103,46 @@ class RoleBinding(_Strict):
       stdout is the answer.
     - ``scripted``: answers read from ``script`` (a TOML file, relative to
       the repository root); the fake for tests and the demo.
+    - ``claude-code``: the Claude Code CLI (``claude -p``), one session per
+      session line, resumed across rounds.
+    - ``codex``: the Codex CLI (``codex exec --json``), resumed by thread id.
+    - ``api``: a model called through litellm (any provider or an
+      OpenAI-compatible ``base_url``); as the build role it answers with a
+      unified diff that phasegate applies.
+
+    An agent's process gets only what the cartridge names: ``env`` (values),
+    ``pass_env`` (variables passed through from phasegate's environment) and
+    ``api_key_env`` (the variable holding the model key). Nothing else of
+    phasegate's environment reaches it but PATH and the locale.
     """
 
-    runner: Literal["command", "scripted"]
+    runner: Literal["command", "scripted", "claude-code", "codex", "api"]
+    timeout: float = Field(default=900.0, gt=0, description="seconds; the agent is killed after")
+    env: dict[str, str] = Field(default_factory=dict)
+    pass_env: list[str] = Field(default_factory=list)
+    budget_usd: float | None = Field(default=None, gt=0, description="this role's spend cap")
     command: str | None = None
     script: str | None = None
-    timeout: float = Field(default=900.0, gt=0, description="seconds")
-    env: dict[str, str] = Field(default_factory=dict)
+    executable: str | None = None
+    model: str | None = None
+    base_url: str | None = None
+    api_key_env: str | None = None
+    max_turns: int | None = Field(default=None, ge=1)
+    append_system_prompt: str | None = None
+    allowed_tools: list[str] | None = None
+    extra_args: list[str] = Field(default_factory=list)
+    max_tokens: int | None = Field(default=None, ge=1)
+    input_usd_per_mtok: float | None = Field(default=None, ge=0)
+    output_usd_per_mtok: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _runner_fields(self) -> RoleBinding:
-        if self.runner == "command" and not self.command:
-            raise ValueError("runner 'command' needs a `command`")
-        if self.runner == "scripted" and not self.script:
-            raise ValueError("runner 'scripted' needs a `script` file")
+        allowed = _COMMON_KEYS | _RUNNER_KEYS[self.runner]
+        for key in sorted(self.model_fields_set - allowed):
+            raise ValueError(f"`{key}` is not used by runner {self.runner!r}")
+        for key in _REQUIRED_KEYS.get(self.runner, ()):
+            if not getattr(self, key):
+                raise ValueError(f"runner {self.runner!r} needs a `{key}`")
         return self
 
 
@@ -89,6 +159,9 @@ class Limits(_Strict):
     max_pr_review_rounds: int = Field(default=3, ge=1)
     max_dev_retries: int = Field(default=2, ge=0, description="retries on failing checks")
     agent_retries: int = Field(default=2, ge=0, description="retries of a failed agent call")
+    workflow_budget_usd: float | None = Field(
+        default=None, gt=0, description="spend cap over every agent call of a workflow"
+    )
     max_verification_attempts: int = Field(default=3, ge=1)
     max_verification_parse_failures: int = Field(default=2, ge=1)
 
@@ -146,6 +219,7 @@ def _format_errors(path: Path, exc: ValidationError) -> str:
     for error in exc.errors():
         key = ".".join(str(part) for part in error["loc"]) or "(top level)"
         message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+        message = message.removeprefix("Value error, ")
         lines.append(f"{path}: {key}: {message}")
     return "\n".join(lines)
 

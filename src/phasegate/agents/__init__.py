@@ -23,8 +23,7 @@ __all__ = [
 def make_runner(binding: RoleBinding, repo: Path) -> Runner:
     """The runner a role binding names; relative script paths resolve against ``repo``."""
     if binding.runner == "command":
-        assert binding.command is not None
-        return CommandRunner(binding.command, binding.env)
+        return CommandRunner(binding)
     assert binding.script is not None
     script = Path(binding.script)
     return ScriptedRunner.from_file(script if script.is_absolute() else repo / script)

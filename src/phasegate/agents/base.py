@@ -13,6 +13,10 @@ __all__ = ["AgentRequest", "AgentResult", "ERROR_KINDS", "Runner"]
 #: Named reasons an agent call did not produce an answer.
 ERROR_KINDS = (
     "exit_code",
+    "max_turns",
+    "budget",
+    "model_error",
+    "permission_denied",
     "timeout",
     "interrupted",
     "invalid_patch",
@@ -30,6 +34,9 @@ class AgentRequest:
       this one; deterministic across restarts, so scripted answers replay.
     - ``timeout_s``: hard limit in seconds; the runner kills the agent after it.
     - ``read_only``: the role must not change files in ``cwd``.
+    - ``state_dir``: the workflow's own directory for this runner's state (an
+      isolated HOME, CODEX_HOME); it outlives the call, so sessions resume.
+    - ``budget_usd``: what this call may spend at most, or None for no cap.
     """
 
     workflow_id: str
@@ -42,6 +49,8 @@ class AgentRequest:
     read_only: bool
     call_index: int = 0
     session_id: str | None = None
+    state_dir: Path | None = None
+    budget_usd: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
 
 

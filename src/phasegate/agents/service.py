@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from phasegate._process import start_ticks
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner
+from phasegate.agents.env import redact, secret_values
 from phasegate.cartridge import READ_ONLY_ROLES, ROLE_SESSION_LINES, Cartridge
 from phasegate.contract import (
     EventWrite,
@@ -99,18 +100,23 @@ class AgentService:
         """Call ``role`` until it answers and ``parse`` accepts the answer.
 
         Tries ``1 + retries`` times (default ``limits.agent_retries``); every
-        try is recorded in ``agent_runs`` with its usage. Raises AgentFailed
-        when all tries fail (exit code, timeout, garbage), WorkflowPaused when
-        shutdown interrupts a call.
+        try is recorded in ``agent_runs`` with its usage, its text and error
+        with every secret value redacted. Raises AgentFailed when all tries
+        fail (exit code, timeout, garbage, ...) or at once when a spend cap is
+        reached (kind ``budget``); WorkflowPaused when shutdown interrupts a call.
         """
         binding = self.cartridge.role(role)
         runner = self.runner(role)
         line = ROLE_SESSION_LINES.get(role, "fresh")
+        secrets = secret_values(binding)
         tries = 1 + (self.cartridge.limits.agent_retries if retries is None else retries)
         kind, detail = "runner_error", "not run"
         for _ in range(tries):
             if self.cancel.is_set():
                 raise WorkflowPaused(f"shutdown before the {role} agent ran")
+            budget = self.budget_left(ctx.id, role)
+            if budget is not None and budget <= 0:
+                raise AgentFailed(role, 0, "budget", "the spend cap is reached before the call")
             request = AgentRequest(
                 workflow_id=ctx.id,
                 phase=phase,
@@ -122,6 +128,8 @@ class AgentService:
                 read_only=role in READ_ONLY_ROLES,
                 call_index=self.store.count_agent_runs(ctx.id, role),
                 session_id=self.store.provider_session(ctx.id, line),
+                state_dir=self.repo / ".phasegate" / "agents" / ctx.id,
+                budget_usd=budget,
             )
             self._emit(
                 ctx.id,
@@ -136,6 +144,11 @@ class AgentService:
                 result = _undo_writes(cwd, role, result)
             if result.error_kind == "interrupted":
                 raise WorkflowPaused(f"shutdown while the {role} agent ran")
+            result = replace(
+                result,
+                text=redact(result.text, secrets),
+                error=redact(result.error, secrets) if result.error else None,
+            )
             parsed, outcome = None, "ok"
             kind, detail = result.error_kind or "", result.error or ""
             if result.ok and parse is not None:
@@ -156,7 +169,21 @@ class AgentService:
             )
             if outcome == "ok":
                 return Answer(result, parsed)
+            if kind == "budget":
+                break  # another try would only spend more
         raise AgentFailed(role, tries, kind, detail)
+
+    def budget_left(self, workflow_id: str, role: str) -> float | None:
+        """USD this role may still spend in the workflow: the smaller of what its
+        ``budget_usd`` and ``limits.workflow_budget_usd`` leave; None when uncapped."""
+        left: list[float] = []
+        role_cap = self.cartridge.role(role).budget_usd
+        if role_cap is not None:
+            left.append(role_cap - self.store.usage_totals(workflow_id, role=role).cost_usd)
+        workflow_cap = self.cartridge.limits.workflow_budget_usd
+        if workflow_cap is not None:
+            left.append(workflow_cap - self.store.usage_totals(workflow_id).cost_usd)
+        return min(left) if left else None
 
     def _run_journaled(
         self, ctx: WorkflowContext, phase: str, runner: Runner, request: AgentRequest, round: int

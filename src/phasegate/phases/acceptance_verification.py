@@ -160,6 +160,8 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 else attempt >= limits.max_verification_attempts
             )
             state = {"verification_attempt": attempt, "verification_parse_failures": failures}
+            if exc.kind == "budget":
+                return PhaseResult("pause", reason=f"budget: {exc}", state=state, milestones=(row,))
             if exhausted:
                 return PhaseResult(
                     "pause", reason=f"verification gave up: {exc}", state=state, milestones=(row,)

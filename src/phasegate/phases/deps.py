@@ -8,17 +8,18 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from phasegate.agents.service import AgentService, AnswerError
+from phasegate.agents.service import AgentFailed, AgentService, AnswerError
 from phasegate.cartridge import Cartridge
 from phasegate.clock import Clock
-from phasegate.contract import WorkflowContext
+from phasegate.contract import MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.forge import Forge
 from phasegate.journal import SideEffects
 from phasegate.store import Store
 from phasegate.workspace import Workspace
 
-__all__ = ["PhaseDeps", "Verdict", "verdict_parser", "worktree_of"]
+__all__ = ["PhaseDeps", "Verdict", "agent_failure", "verdict_parser", "worktree_of"]
 
 
 @dataclass
@@ -37,6 +38,17 @@ class PhaseDeps:
     @property
     def limits(self):  # noqa: ANN201 - the cartridge's Limits
         return self.cartridge.limits
+
+
+def agent_failure(
+    exc: AgentFailed, *, milestones: tuple[MilestoneWrite, ...] = (), **result: Any
+) -> PhaseResult:
+    """The result of a role that failed every try: failed, or paused when a spend
+    cap stopped the work (reason ``budget: ...``; a person raises the cap and
+    resumes), never a crash."""
+    if exc.kind == "budget":
+        return PhaseResult("pause", reason=f"budget: {exc}", milestones=milestones, **result)
+    return PhaseResult("failed", reason=str(exc), milestones=milestones, **result)
 
 
 def worktree_of(ctx: WorkflowContext) -> Path:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from phasegate.agents.service import AgentFailed
 from phasegate.contract import DEVELOPMENT, PR_REVIEW, MilestoneWrite, PhaseResult, WorkflowContext
-from phasegate.phases.deps import PhaseDeps, worktree_of
+from phasegate.phases.deps import PhaseDeps, agent_failure, worktree_of
 from phasegate.workspace import CheckResult
 
 __all__ = ["run"]
@@ -103,19 +103,10 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             attempt=attempt,
         )
     except AgentFailed as exc:
-        return PhaseResult(
-            "failed",
-            reason=str(exc),
-            milestones=(
-                MilestoneWrite(
-                    "dev_failed",
-                    status="failed",
-                    round=dev_round,
-                    attempt=attempt,
-                    summary=str(exc),
-                ),
-            ),
+        failed = MilestoneWrite(
+            "dev_failed", status="failed", round=dev_round, attempt=attempt, summary=str(exc)
         )
+        return agent_failure(exc, milestones=(failed,))
 
     assert ctx.branch_name is not None
     commit = deps.workspace.commit_all(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from phasegate.agents.service import AgentFailed
 from phasegate.contract import DEVELOPMENT, PLANNING, MilestoneWrite, PhaseResult, WorkflowContext
-from phasegate.phases.deps import PhaseDeps, non_empty, verdict_parser, worktree_of
+from phasegate.phases.deps import PhaseDeps, agent_failure, non_empty, verdict_parser, worktree_of
 
 __all__ = ["run"]
 
@@ -95,7 +95,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             return PhaseResult(
                 "pause", status="planning_timeout", reason=str(exc), milestones=(failed,)
             )
-        return PhaseResult("failed", reason=str(exc), milestones=(failed,))
+        return agent_failure(exc, milestones=(failed,))
 
     if ctx.issue_number:
         deps.effects.comment(

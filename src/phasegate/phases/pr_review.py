@@ -37,7 +37,7 @@ from phasegate.contract import (
     PhaseResult,
     WorkflowContext,
 )
-from phasegate.phases.deps import PhaseDeps, verdict_parser, worktree_of
+from phasegate.phases.deps import PhaseDeps, agent_failure, verdict_parser, worktree_of
 
 __all__ = ["run"]
 
@@ -90,7 +90,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             parse=verdict_parser(("approve", "request_changes")),
         ).parsed
     except AgentFailed as exc:
-        return PhaseResult("failed", reason=str(exc), updates={"pr_number": pr})
+        return agent_failure(exc, updates={"pr_number": pr})
 
     reviewed = MilestoneWrite(
         "pr_reviewed",

@@ -483,18 +483,19 @@ class Store:
                 ).scalar_one()
             )
 
-    def usage_totals(self, workflow_id: str) -> UsageTotals:
-        """Sums of tokens and cost over every recorded agent run of the workflow."""
+    def usage_totals(self, workflow_id: str, role: str | None = None) -> UsageTotals:
+        """Sums of tokens and cost over the workflow's agent runs (of ``role`` only, if given)."""
         c = t.agent_runs.c
+        query = sa.select(
+            sa.func.coalesce(sa.func.sum(c.input_tokens), 0),
+            sa.func.coalesce(sa.func.sum(c.output_tokens), 0),
+            sa.func.coalesce(sa.func.sum(c.cost_usd), 0.0),
+            sa.func.count(),
+        ).where(c.workflow_id == workflow_id)
+        if role is not None:
+            query = query.where(c.role == role)
         with self.engine.connect() as conn:
-            row = conn.execute(
-                sa.select(
-                    sa.func.coalesce(sa.func.sum(c.input_tokens), 0),
-                    sa.func.coalesce(sa.func.sum(c.output_tokens), 0),
-                    sa.func.coalesce(sa.func.sum(c.cost_usd), 0.0),
-                    sa.func.count(),
-                ).where(c.workflow_id == workflow_id)
-            ).one()
+            row = conn.execute(query).one()
         return UsageTotals(int(row[0]), int(row[1]), float(row[2]), int(row[3]))
 
     def provider_session(self, workflow_id: str, session_line: str) -> str | None:

@@ -27,6 +27,5 @@ def main(argv: list[str] | None = None) -> None:
     Engine(repo, cartridge, store, forge=forge, workspace=workspace).run_worker(once=True)
 
 
-
 if __name__ == "__main__":
     main()
