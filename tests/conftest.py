@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -32,6 +33,27 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=repo, check=True, capture_output=True, text=True
     ).stdout.strip()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def agent_cli(name: str) -> str:
+    """The path of a real agent CLI (claude, codex): ``PHASEGATE_<NAME>_BIN``, the
+    copy .ci/run installs under .ci/node, or PATH. Missing, it fails the test in
+    CI (where .ci/run must have installed it) and skips it elsewhere."""
+    candidates = [
+        os.environ.get(f"PHASEGATE_{name.upper()}_BIN", ""),
+        str(ROOT / ".ci" / "node" / "node_modules" / ".bin" / name),
+        shutil.which(name) or "",
+    ]
+    found = next((c for c in candidates if c and Path(c).exists()), None)
+    if found is None:
+        message = f"the {name} CLI is not installed (bash .ci/run installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
 
 
 def alive(pid: int) -> bool:

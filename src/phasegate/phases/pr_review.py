@@ -41,7 +41,8 @@ from phasegate.phases.deps import PhaseDeps, agent_failure, verdict_parser, work
 
 __all__ = ["run"]
 
-REVIEW_PROMPT = """Review this pull request for the ticket below. Do not modify any file.
+REVIEW_PROMPT = """Review this pull request (review round {round}) for the ticket below.
+Do not modify any file.
 Check that it resolves the ticket, is correct, and is tested. End your answer
 with one line:  VERDICT: approve   or   VERDICT: request_changes
 
@@ -84,7 +85,9 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             ctx,
             PR_REVIEW,
             "review",
-            REVIEW_PROMPT.format(title=ctx.title, ticket=ctx.ticket, diff=diff[:_DIFF_LIMIT]),
+            REVIEW_PROMPT.format(
+                title=ctx.title, ticket=ctx.ticket, diff=diff[:_DIFF_LIMIT], round=round_num
+            ),
             worktree_of(ctx),
             round=round_num,
             parse=verdict_parser(("approve", "request_changes")),

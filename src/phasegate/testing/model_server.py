@@ -9,10 +9,11 @@ It speaks the three wire formats the agent CLIs use (docs/agent-clis.md):
   SSE chunks ending in ``[DONE]``: litellm, aider, mini-swe-agent.
 
 A script is a list of ``Step`` s, chosen by a marker: the first script whose
-marker occurs in the request's user text (or ``"*"``) plays. The server keeps
-no state between requests: the step to play is the number of assistant turns
-already in the request, so a resumed session continues its script where the
-earlier round stopped, and a retried request gets the same answer.
+marker occurs in the request's latest prompt (or ``"*"``) plays. The server
+keeps no state between requests: the step to play is the number of assistant
+turns since that prompt, so a tool loop walks its script, a resumed session's
+new prompt starts its own script while still carrying the earlier rounds'
+turns, and a retried request gets the same answer.
 
 Every request is recorded (``requests``) with its parsed body, so a test can
 see what a CLI sent, e.g. that a second review round carried the first
@@ -21,6 +22,7 @@ round's turns. Headers that carry keys are recorded with their values masked.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -31,7 +33,13 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["ScriptedModelServer", "Step", "ToolCall"]
+__all__ = ["Recorded", "ScriptedModelServer", "Step", "ToolCall", "key_sha"]
+
+
+def key_sha(key: str) -> str:
+    """The fingerprint ``Recorded.key_sha`` holds for ``key``."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
 
 _SECRET_HEADERS = ("x-api-key", "authorization", "api-key")
 
@@ -68,10 +76,15 @@ class Step:
 
 @dataclass
 class Recorded:
+    """One request as the server saw it. Key headers are masked; ``key_sha``
+    is the first 12 hex digits of the key's SHA-256, so a test can tell which
+    key a process held without the key being kept anywhere."""
+
     method: str
     path: str
     headers: dict[str, str]
     body: Any
+    key_sha: str | None = None
     script: str | None = None
     step: int | None = None
 
@@ -82,55 +95,52 @@ class _Script:
     steps: Sequence[Step]
 
 
-def _user_text(api: str, body: Mapping[str, Any]) -> str:
-    """Every user-authored text of the request, joined (tool results excluded)."""
-    parts: list[str] = []
+def _texts(content: Any, kind: str) -> list[str]:
+    """The text blocks of a message's content (Claude Code's system reminders left out)."""
+    if isinstance(content, str):
+        return [content]
+    texts = [c.get("text", "") for c in content if isinstance(c, dict) and c.get("type") == kind]
+    return [t for t in texts if not t.startswith("<system-reminder>")]
+
+
+def _prompt_and_turns(api: str, body: Mapping[str, Any]) -> tuple[str, int]:
+    """The latest prompt a person (or phasegate) wrote, and the assistant turns since.
+
+    Tool results are not prompts, so a tool loop keeps its prompt; a resumed
+    session's new prompt starts its script afresh while the request still
+    carries the earlier rounds' turns.
+    """
     if api == "responses":
         items = body.get("input", [])
         if isinstance(items, str):
-            return items
-        for item in items:
-            if item.get("type", "message") == "message" and item.get("role") == "user":
-                content = item.get("content", [])
-                if isinstance(content, str):
-                    parts.append(content)
-                else:
-                    parts.extend(c.get("text", "") for c in content if isinstance(c, dict))
-        return "\n".join(parts)
-    for message in body.get("messages", []):
-        if message.get("role") != "user":
-            continue
-        content = message.get("content", "")
-        if isinstance(content, str):
-            parts.append(content)
-        else:
-            parts.extend(
-                c.get("text", "")
-                for c in content
-                if isinstance(c, dict) and c.get("type") == "text"
-            )
-    return "\n".join(parts)
-
-
-def _assistant_turns(api: str, body: Mapping[str, Any]) -> int:
-    if api == "responses":
-        items = body.get("input", [])
-        if isinstance(items, str):
-            return 0
-        # Codex sends each earlier turn back as its items: a turn that called
-        # tools as function_call items, a turn that answered as an assistant message.
-        turns, in_calls = 0, False
+            return items, 0
+        prompt, turns, in_calls = "", 0, False
         for item in items:
             kind = item.get("type", "message")
+            if kind == "message" and item.get("role") == "user":
+                texts = _texts(item.get("content", []), "input_text")
+                if texts:
+                    prompt, turns, in_calls = "\n".join(texts), 0, False
+                    continue
             if kind == "function_call":
+                # Each earlier turn that called tools comes back as its function_call items.
                 if not in_calls:
                     turns, in_calls = turns + 1, True
-            else:
+            elif kind != "function_call_output":
                 in_calls = False
                 if kind == "message" and item.get("role") == "assistant":
                     turns += 1
-        return turns
-    return sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
+        return prompt, turns
+    prompt, turns = "", 0
+    for message in body.get("messages", []):
+        role = message.get("role")
+        if role == "user":
+            texts = _texts(message.get("content", ""), "text")
+            if texts:
+                prompt, turns = "\n".join(texts), 0
+        elif role == "assistant":
+            turns += 1
+    return prompt, turns
 
 
 def _cwd(body: Mapping[str, Any]) -> str:
@@ -246,16 +256,20 @@ class ScriptedModelServer:
             k.lower(): ("***" if k.lower() in _SECRET_HEADERS else v)
             for k, v in handler.headers.items()
         }
-        record = Recorded("POST", handler.path, headers, body)
+        key = (
+            handler.headers.get("x-api-key")
+            or handler.headers.get("api-key")
+            or (handler.headers.get("authorization", "").removeprefix("Bearer ").strip())
+        )
+        record = Recorded("POST", handler.path, headers, body, key_sha(key) if key else None)
         with self._lock:
             self.requests.append(record)
         if api is None or not isinstance(body, dict):
             return self._json(handler, 404, {"error": {"message": f"no such endpoint {path}"}})
-        text = _user_text(api, body)
+        text, index = _prompt_and_turns(api, body)
         script = next((s for s in self.scripts if s.marker == "*" or s.marker in text), None)
         if script is None:
             return self._error(handler, api, 400, f"no script matches this request: {text[:200]!r}")
-        index = _assistant_turns(api, body)
         record.script, record.step = script.marker, index
         if index >= len(script.steps):
             return self._error(handler, api, 400, f"script {script.marker!r} has no step {index}")

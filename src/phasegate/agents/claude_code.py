@@ -1,0 +1,197 @@
+"""The ``claude-code`` runner: the Claude Code CLI, non-interactive (``claude -p``).
+
+- The prompt goes on stdin; ``--output-format json`` gives one result object:
+  text, session id, usage, cost in USD, and how the run ended.
+- One provider session per session line, resumed across rounds with
+  ``--resume`` (the engine keeps the id; a session the CLI no longer knows is
+  started afresh).
+- Read-only roles may read, search and run read-only git commands; the build
+  role may also edit and run commands (``acceptEdits`` with Bash allowed:
+  ``bypassPermissions`` refuses to run as root).
+- A refused tool call exits 0 with ``is_error: false``; it is only in
+  ``permission_denials``, and a run with any is a failed run, never a success.
+- HOME is a directory of the workflow's own (the CLI writes its sessions and
+  settings there); the environment holds only what the role binding names.
+- Error kinds: ``max_turns``, ``budget``, ``model_error``,
+  ``permission_denied``, ``timeout``, ``exit_code``, ``runner_error``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from phasegate.agents.base import AgentRequest, AgentResult
+from phasegate.agents.env import child_env
+from phasegate.agents.process import ProcessOutcome, run_agent_process
+from phasegate.cartridge import RoleBinding
+
+__all__ = ["ClaudeCodeRunner", "parse_result"]
+
+READ_ONLY_TOOLS = (
+    "Read",
+    "Grep",
+    "Glob",
+    "Bash(git diff:*)",
+    "Bash(git log:*)",
+    "Bash(git show:*)",
+    "Bash(git status:*)",
+    "Bash(ls:*)",
+)
+WRITE_TOOLS = ("Read", "Grep", "Glob", "Write", "Edit", "MultiEdit", "NotebookEdit", "Bash")
+_NO_WRITES = "Write,Edit,MultiEdit,NotebookEdit"
+
+
+def _last_json_object(stdout: str) -> dict[str, Any] | None:
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def parse_result(outcome: ProcessOutcome) -> AgentResult:
+    """The AgentResult of a finished ``claude -p --output-format json`` process."""
+    data = _last_json_object(outcome.stdout)
+    if data is None:
+        kind = "exit_code" if outcome.returncode else "model_error"
+        return AgentResult(
+            outcome.stdout,
+            error_kind=kind,
+            error=f"no result from claude (exit code {outcome.returncode}): {outcome.tail()}",
+            exit_code=outcome.returncode,
+            duration_s=outcome.duration_s,
+        )
+    usage = data.get("usage") or {}
+    fields: dict[str, Any] = {
+        "exit_code": outcome.returncode,
+        "session_id": data.get("session_id"),
+        "input_tokens": int(usage.get("input_tokens", 0))
+        + int(usage.get("cache_creation_input_tokens", 0))
+        + int(usage.get("cache_read_input_tokens", 0)),
+        "output_tokens": int(usage.get("output_tokens", 0)),
+        "cost_usd": float(data.get("total_cost_usd") or 0.0),
+        "duration_s": outcome.duration_s,
+    }
+    text = str(data.get("result") or "")
+    subtype = data.get("subtype")
+    denials = data.get("permission_denials") or []
+    if subtype == "error_max_turns":
+        return AgentResult(
+            text,
+            error_kind="max_turns",
+            error=f"stopped at the turn limit after {data.get('num_turns')} turns",
+            **fields,
+        )
+    if subtype == "error_max_budget_usd":
+        return AgentResult(
+            text,
+            error_kind="budget",
+            error=f"stopped at the call's budget (spent ${fields['cost_usd']:.4f})",
+            **fields,
+        )
+    if data.get("is_error") or str(subtype or "").startswith("error"):
+        status = data.get("api_error_status")
+        where = f"model API error {status}" if status else f"claude error ({subtype})"
+        return AgentResult(text, error_kind="model_error", error=f"{where}: {text[:500]}", **fields)
+    if denials:
+        tools = ", ".join(sorted({str(d.get("tool_name")) for d in denials}))
+        return AgentResult(
+            text, error_kind="permission_denied", error=f"tool call refused: {tools}", **fields
+        )
+    if outcome.returncode:
+        return AgentResult(
+            text,
+            error_kind="exit_code",
+            error=f"exited with code {outcome.returncode}: {outcome.tail()}",
+            **fields,
+        )
+    return AgentResult(text, **fields)
+
+
+class ClaudeCodeRunner:
+    name = "claude-code"
+
+    def __init__(self, binding: RoleBinding) -> None:
+        self.binding = binding
+
+    def argv(self, request: AgentRequest, *, resume: bool = True) -> list[str]:
+        b = self.binding
+        exe = b.executable or shutil.which("claude") or "claude"
+        args = [exe, "-p", "--output-format", "json"]
+        if request.read_only:
+            tools = b.allowed_tools or list(READ_ONLY_TOOLS)
+            args += [
+                "--permission-mode",
+                "default",
+                "--allowedTools",
+                ",".join(tools),
+                "--disallowedTools",
+                _NO_WRITES,
+            ]
+        else:
+            tools = b.allowed_tools or list(WRITE_TOOLS)
+            args += ["--permission-mode", "acceptEdits", "--allowedTools", ",".join(tools)]
+        if b.model:
+            args += ["--model", b.model]
+        if b.max_turns:
+            args += ["--max-turns", str(b.max_turns)]
+        if request.budget_usd is not None:
+            args += ["--max-budget-usd", f"{max(request.budget_usd, 0.0001):.4f}"]
+        if b.append_system_prompt:
+            args += ["--append-system-prompt", b.append_system_prompt]
+        if resume and request.session_id:
+            args += ["--resume", request.session_id]
+        return [*args, *b.extra_args]
+
+    def run(
+        self,
+        request: AgentRequest,
+        cancel: threading.Event,
+        on_spawn: Callable[[int], None] | None = None,
+    ) -> AgentResult:
+        if request.state_dir is None:
+            return AgentResult("", error_kind="runner_error", error="claude-code needs a state dir")
+        home = request.state_dir / "claude-home"
+        home.mkdir(parents=True, exist_ok=True)
+        extra = {
+            "HOME": str(home),
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_AUTOUPDATER": "1",
+        }
+        if self.binding.base_url:
+            extra["ANTHROPIC_BASE_URL"] = self.binding.base_url
+        env = child_env(self.binding, extra=extra)
+        result = self._once(request, cancel, on_spawn, env, resume=True)
+        if request.session_id and "No conversation found" in (result.error or result.text):
+            # The session is gone (its HOME was cleared): start the line afresh.
+            result = self._once(request, cancel, on_spawn, env, resume=False)
+        return result
+
+    def _once(
+        self,
+        request: AgentRequest,
+        cancel: threading.Event,
+        on_spawn: Callable[[int], None] | None,
+        env: dict[str, str],
+        *,
+        resume: bool,
+    ) -> AgentResult:
+        outcome = run_agent_process(
+            self.argv(request, resume=resume),
+            cwd=request.cwd,
+            env=env,
+            stdin=request.prompt,
+            timeout_s=request.timeout_s,
+            cancel=cancel,
+            on_spawn=on_spawn,
+        )
+        return outcome.failure(request.timeout_s) or parse_result(outcome)

@@ -1,0 +1,196 @@
+"""The ``codex`` runner: the Codex CLI, non-interactive (``codex exec --json``).
+
+- The prompt goes on stdin (``-``); the JSON-lines events give the thread id,
+  the agent's messages (the last one is the answer) and the usage.
+- One thread per session line, resumed across rounds with
+  ``codex exec resume THREAD_ID``.
+- ``CODEX_HOME`` is a directory of the workflow's own, holding the config
+  phasegate writes (model, provider, approval policy ``never``); the sandbox is
+  ``read-only`` for read-only roles and ``workspace-write`` for the build role.
+- Codex reports a thread's usage as running totals; the runner keeps the last
+  totals per thread in its CODEX_HOME and records the difference, so a resumed
+  thread is never counted twice. Codex reports no cost: it is priced from the
+  binding's ``input_usd_per_mtok``/``output_usd_per_mtok`` when given.
+- Error kinds: ``model_error`` (a failed turn), ``timeout``, ``exit_code``,
+  ``runner_error``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from phasegate.agents.base import AgentRequest, AgentResult
+from phasegate.agents.env import child_env
+from phasegate.agents.process import ProcessOutcome, run_agent_process
+from phasegate.cartridge import RoleBinding
+
+__all__ = ["CodexRunner", "parse_events"]
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def parse_events(stdout: str) -> dict[str, Any]:
+    """Thread id, answer text, running usage totals and the failure of a JSON-lines run."""
+    parsed: dict[str, Any] = {"thread_id": None, "text": "", "usage": None, "failure": None}
+    for line in stdout.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        kind = event.get("type")
+        item = event.get("item") or {}
+        if kind == "thread.started":
+            parsed["thread_id"] = event.get("thread_id")
+        elif kind == "item.completed" and item.get("type") == "agent_message":
+            parsed["text"] = item.get("text", "")
+        elif kind == "turn.completed":
+            parsed["usage"] = event.get("usage") or {}
+        elif kind == "turn.failed":
+            parsed["failure"] = (event.get("error") or {}).get("message") or "turn failed"
+        elif kind == "error" and not parsed["failure"]:
+            parsed["failure"] = event.get("message") or "error"
+    return parsed
+
+
+class CodexRunner:
+    name = "codex"
+
+    def __init__(self, binding: RoleBinding) -> None:
+        self.binding = binding
+
+    def _write_config(self, home: Path) -> None:
+        b = self.binding
+        lines = ['approval_policy = "never"']
+        if b.model:
+            lines.append(f"model = {_toml_str(b.model)}")
+        if b.base_url:
+            lines += [
+                'model_provider = "phasegate"',
+                "",
+                "[model_providers.phasegate]",
+                'name = "phasegate"',
+                f"base_url = {_toml_str(b.base_url)}",
+                'wire_api = "responses"',
+                f"env_key = {_toml_str(b.api_key_env or 'OPENAI_API_KEY')}",
+            ]
+        (home / "config.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    def argv(self, request: AgentRequest, *, resume: bool = True) -> list[str]:
+        exe = self.binding.executable or shutil.which("codex") or "codex"
+        sandbox = "read-only" if request.read_only else "workspace-write"
+        args = [
+            exe,
+            "exec",
+            "--skip-git-repo-check",
+            "--json",
+            "-c",
+            "analytics.enabled=false",
+            "-s",
+            sandbox,
+            *self.binding.extra_args,
+        ]
+        if resume and request.session_id:
+            args += ["resume", request.session_id]
+        return [*args, "-"]
+
+    def run(
+        self,
+        request: AgentRequest,
+        cancel: threading.Event,
+        on_spawn: Callable[[int], None] | None = None,
+    ) -> AgentResult:
+        if request.state_dir is None:
+            return AgentResult("", error_kind="runner_error", error="codex needs a state dir")
+        home = request.state_dir / "codex-home"
+        home.mkdir(parents=True, exist_ok=True)
+        self._write_config(home)
+        env = child_env(self.binding, extra={"HOME": str(home), "CODEX_HOME": str(home)})
+        result = self._once(request, cancel, on_spawn, env, home, resume=True)
+        if (
+            request.session_id
+            and result.error_kind == "exit_code"
+            and "not found" in (result.error or "")
+        ):
+            result = self._once(request, cancel, on_spawn, env, home, resume=False)
+        return result
+
+    def _once(
+        self,
+        request: AgentRequest,
+        cancel: threading.Event,
+        on_spawn: Callable[[int], None] | None,
+        env: dict[str, str],
+        home: Path,
+        *,
+        resume: bool,
+    ) -> AgentResult:
+        outcome = run_agent_process(
+            self.argv(request, resume=resume),
+            cwd=request.cwd,
+            env=env,
+            stdin=request.prompt,
+            timeout_s=request.timeout_s,
+            cancel=cancel,
+            on_spawn=on_spawn,
+        )
+        return outcome.failure(request.timeout_s) or self._result(outcome, home)
+
+    def _result(self, outcome: ProcessOutcome, home: Path) -> AgentResult:
+        parsed = parse_events(outcome.stdout)
+        thread = parsed["thread_id"]
+        input_tokens, output_tokens = self._usage_delta(home, thread, parsed["usage"])
+        b = self.binding
+        cost = (
+            input_tokens * (b.input_usd_per_mtok or 0.0)
+            + output_tokens * (b.output_usd_per_mtok or 0.0)
+        ) / 1_000_000
+        fields: dict[str, Any] = {
+            "exit_code": outcome.returncode,
+            "session_id": thread,
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cost_usd": cost,
+            "duration_s": outcome.duration_s,
+        }
+        if parsed["failure"] and (outcome.returncode or parsed["usage"] is None):
+            return AgentResult(
+                parsed["text"],
+                error_kind="model_error",
+                error=f"codex turn failed: {parsed['failure']}",
+                **fields,
+            )
+        if outcome.returncode:
+            return AgentResult(
+                parsed["text"],
+                error_kind="exit_code",
+                error=f"exited with code {outcome.returncode}: {outcome.tail()}",
+                **fields,
+            )
+        return AgentResult(parsed["text"], **fields)
+
+    @staticmethod
+    def _usage_delta(
+        home: Path, thread: str | None, usage: dict[str, Any] | None
+    ) -> tuple[int, int]:
+        if not usage:
+            return 0, 0
+        totals = (int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0)))
+        if not thread:
+            return totals
+        ledger_path = home / "phasegate-usage.json"
+        ledger = json.loads(ledger_path.read_text()) if ledger_path.exists() else {}
+        before = ledger.get(thread, [0, 0])
+        ledger[thread] = list(totals)
+        ledger_path.write_text(json.dumps(ledger))
+        if totals[0] < before[0] or totals[1] < before[1]:
+            return totals  # not running totals after all
+        return totals[0] - before[0], totals[1] - before[1]

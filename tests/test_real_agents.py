@@ -1,0 +1,340 @@
+"""Whole workflows with the real Claude Code and Codex CLIs; only their model is scripted.
+
+The CLIs are the npm packages .ci/run installs; they talk to
+``phasegate.testing.model_server.ScriptedModelServer`` on 127.0.0.1, which
+plays a script per role, chosen by a phrase of that role's prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from conftest import agent_cli, git, make_repo, phasegate_cli, scripted_cartridge
+from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, key_sha
+
+SENTINEL = "sk-sentinel-4f1e9c2b7a3d5e6f"
+VERIFIER_KEY = "dummy-verifier-key-0000"
+
+PLAN = "You are planning a change"
+PLAN_REVIEW = "Review this implementation plan"
+BUILD = "Implement the plan below"
+REVIEW = "Review this pull request"
+VERIFY = "You are an independent verifier"
+
+pytestmark = pytest.mark.slow
+
+
+def claude_scripts(build: Sequence[Step] | None = None) -> dict[str, list[Step]]:
+    write = ToolCall("Write", {"file_path": "{cwd}/feature.txt", "content": "the feature\n"})
+    return {
+        PLAN: [Step(text="1. Create feature.txt containing 'the feature'.", input_tokens=80)],
+        PLAN_REVIEW: [Step(text="The plan is sound.\nVERDICT: approve", input_tokens=80)],
+        BUILD: list(
+            build
+            or [
+                Step(tools=(write,), input_tokens=80),
+                Step(text="Created feature.txt.", input_tokens=80),
+            ]
+        ),
+        REVIEW: [Step(text="Correct and minimal.\nVERDICT: approve", input_tokens=80)],
+        VERIFY: [
+            Step(tools=(ToolCall("Read", {"file_path": "{cwd}/feature.txt"}),), input_tokens=80),
+            Step(text="feature.txt holds the feature.\nVERDICT: confirmed", input_tokens=80),
+        ],
+    }
+
+
+def claude_role(exe: str, url: str, *, extra: str = "", key: bool = True) -> str:
+    lines = [
+        'runner = "claude-code"',
+        f"executable = {json.dumps(exe)}",
+        f"base_url = {json.dumps(url)}",
+        "timeout = 60",
+    ]
+    if key:
+        lines.append('api_key_env = "ANTHROPIC_API_KEY"')
+    env = {"CLAUDE_CODE_MAX_RETRIES": "0"}
+    if not key:
+        env["ANTHROPIC_API_KEY"] = VERIFIER_KEY
+    lines.append("env = {" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + "}")
+    return "\n".join(lines) + "\n" + extra
+
+
+def make_project(tmp_path: Path, roles: Mapping[str, str], *, extra: str = "") -> Path:
+    repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
+    (repo / "phasegate.toml").write_text(
+        scripted_cartridge(checks=["test -f feature.txt"], role_overrides=dict(roles), extra=extra)
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "cartridge")
+    return repo
+
+
+def run_ticket(repo: Path, *, env: Mapping[str, str] | None = None, timeout: float = 240):
+    return phasegate_cli(
+        "run",
+        "--repo",
+        str(repo),
+        "--json",
+        "Add feature.txt",
+        timeout=timeout,
+        env={"ANTHROPIC_API_KEY": SENTINEL, "OPENAI_API_KEY": SENTINEL, **(env or {})},
+    )
+
+
+def show(repo: Path, workflow_id: str) -> dict:
+    out = phasegate_cli("show", workflow_id, "--repo", str(repo), "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.fixture
+def claude() -> str:
+    return agent_cli("claude")
+
+
+@pytest.fixture
+def codex() -> str:
+    return agent_cli("codex")
+
+
+@pytest.fixture
+def server_factory() -> Iterator:
+    servers: list[ScriptedModelServer] = []
+
+    def start(scripts: Mapping[str, Sequence[Step]]) -> ScriptedModelServer:
+        server = ScriptedModelServer(scripts).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def assert_no_sentinel(repo: Path, *outputs: str) -> None:
+    for text in outputs:
+        assert SENTINEL not in text
+    assert SENTINEL.encode() not in (repo / ".phasegate" / "state.db").read_bytes()
+    with sqlite3.connect(repo / ".phasegate" / "state.db") as conn:
+        dump = "\n".join(conn.iterdump())
+    assert SENTINEL not in dump
+
+
+def test_a_whole_workflow_with_every_role_on_the_real_claude_code(
+    tmp_path: Path, claude: str, server_factory
+) -> None:
+    server = server_factory(claude_scripts())
+    roles = {
+        role: claude_role(claude, server.url) for role in ("plan", "plan_review", "build", "review")
+    }
+    roles["verification"] = claude_role(claude, server.url, key=False)
+    repo = make_project(tmp_path, roles)
+
+    proc = run_ticket(repo)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["status"] == "completed", summary
+    assert git(repo, "show", "main:feature.txt") == "the feature"
+
+    detail = show(repo, summary["id"])
+    runs = detail["agent_runs"]
+    assert [(r["role"], r["runner"], r["outcome"]) for r in runs] == [
+        (role, "claude-code", "ok")
+        for role in ("plan", "plan_review", "build", "review", "verification")
+    ]
+    assert all(r["session_id"] for r in runs)
+    # every model request reported 80 + 20 tokens: the totals are sums, in show and status
+    model_requests = [r for r in server.requests if r.script]
+    assert summary["tokens"] == 100 * len(model_requests) == detail["workflow"]["tokens"]
+    status = json.loads(phasegate_cli("status", "--repo", str(repo), "--json").stdout)
+    assert status[0]["tokens"] == summary["tokens"]
+    assert status[0]["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in runs), abs=1e-6)
+    assert summary["cost_usd"] > 0
+
+    # the key reached the roles that name it, never the verifier that does not
+    by_script = {r.script: r.key_sha for r in model_requests}
+    assert by_script[BUILD] == key_sha(SENTINEL)
+    assert {r.key_sha for r in model_requests if r.script == VERIFY} == {key_sha(VERIFIER_KEY)}
+    assert_no_sentinel(repo, proc.stdout, proc.stderr, json.dumps(detail))
+
+
+def test_the_second_review_round_resumes_the_review_session(
+    tmp_path: Path, claude: str, server_factory
+) -> None:
+    scripts = claude_scripts()
+    scripts = {
+        f"{REVIEW} (review round 1)": [
+            Step(text="Add a trailing newline test.\nVERDICT: request_changes")
+        ],
+        f"{REVIEW} (review round 2)": [Step(text="Now fine.\nVERDICT: approve")],
+        **scripts,
+    }
+    server = server_factory(scripts)
+    repo = make_project(
+        tmp_path,
+        {
+            role: claude_role(claude, server.url)
+            for role in ("plan", "plan_review", "build", "review", "verification")
+        },
+    )
+    proc = run_ticket(repo)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert (summary["status"], summary["dev_round"]) == ("completed", 2)
+
+    round_two = server.played(f"{REVIEW} (review round 2)")
+    assert len(round_two) == 1
+    sent = json.dumps(round_two[0].body["messages"])
+    assert "review round 1" in sent and "Add a trailing newline test." in sent
+    reviews = [r for r in show(repo, summary["id"])["agent_runs"] if r["role"] == "review"]
+    assert len(reviews) == 2 and reviews[0]["session_id"] == reviews[1]["session_id"]
+
+
+ERRORS = {
+    # name: (build steps, binding extra, expected error kind, expected status, runs)
+    "max_turns": (
+        [
+            Step(tools=(ToolCall("Write", {"file_path": "{cwd}/x.txt", "content": "x"}),)),
+            Step(text="done"),
+        ],
+        "max_turns = 1\n",
+        "max_turns",
+        "failed",
+        2,
+    ),
+    "budget": (
+        [Step(text="expensive", input_tokens=5_000_000, output_tokens=100_000)],
+        "budget_usd = 0.5\n",
+        "budget",
+        "paused",
+        1,
+    ),
+    "model_http_500": ([Step(status=500)], "", "model_error", "failed", 2),
+    "refused_tool_call": (
+        [
+            Step(tools=(ToolCall("WebFetch", {"url": "http://127.0.0.1:9/", "prompt": "x"}),)),
+            Step(text="could not fetch"),
+        ],
+        "",
+        "permission_denied",
+        "failed",
+        2,
+    ),
+    "hang": ([Step(hang=True)], "timeout = 4\n", "timeout", "failed", 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERRORS))
+def test_real_claude_code_error_paths_end_with_their_named_reason(
+    tmp_path: Path, claude: str, server_factory, case: str
+) -> None:
+    steps, extra, kind, status, runs = ERRORS[case]
+    server = server_factory(claude_scripts(build=steps))
+    roles = {
+        role: claude_role(claude, server.url)
+        for role in ("plan", "plan_review", "review", "verification")
+    }
+    build = claude_role(claude, server.url)
+    if "timeout" in extra:
+        build = build.replace("timeout = 60\n", "")
+    roles["build"] = build + extra
+    repo = make_project(tmp_path, roles, extra="[limits]\nagent_retries = 1\n")
+
+    started = time.monotonic()
+    proc = run_ticket(repo, timeout=180)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert (summary["current_phase"], summary["status"]) == ("development", status)
+    assert kind in summary["error"]
+    builds = [r for r in show(repo, summary["id"])["agent_runs"] if r["role"] == "build"]
+    assert [r["error_kind"] for r in builds] == [kind] * runs
+    if case == "hang":
+        assert elapsed < 60
+    assert_no_sentinel(repo, proc.stdout, proc.stderr)
+
+
+def codex_role(exe: str, url: str) -> str:
+    return (
+        "\n".join(
+            [
+                'runner = "codex"',
+                f"executable = {json.dumps(exe)}",
+                f"base_url = {json.dumps(url + '/v1')}",
+                'model = "gpt-test"',
+                'api_key_env = "OPENAI_API_KEY"',
+                "input_usd_per_mtok = 1.25",
+                "output_usd_per_mtok = 10.0",
+                "timeout = 60",
+                'extra_args = ["-c", "model_providers.phasegate.request_max_retries=0",'
+                ' "-c", "model_providers.phasegate.stream_max_retries=0"]',
+            ]
+        )
+        + "\n"
+    )
+
+
+def test_a_whole_workflow_with_every_role_on_the_real_codex_cli(
+    tmp_path: Path, codex: str, server_factory
+) -> None:
+    write = ToolCall("exec_command", {"cmd": "printf 'the feature\\n' > feature.txt"})
+    scripts = {
+        PLAN: [Step(text="1. Create feature.txt containing 'the feature'.")],
+        PLAN_REVIEW: [Step(text="VERDICT: approve")],
+        BUILD: [Step(tools=(write,)), Step(text="Created feature.txt.")],
+        REVIEW: [Step(text="VERDICT: approve")],
+        VERIFY: [
+            Step(tools=(ToolCall("exec_command", {"cmd": "cat feature.txt"}),)),
+            Step(text="It is there.\nVERDICT: confirmed"),
+        ],
+    }
+    server = server_factory(scripts)
+    repo = make_project(
+        tmp_path,
+        {
+            role: codex_role(codex, server.url)
+            for role in ("plan", "plan_review", "build", "review", "verification")
+        },
+    )
+    proc = run_ticket(repo)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["status"] == "completed", summary
+    assert git(repo, "show", "main:feature.txt") == "the feature"
+    runs = show(repo, summary["id"])["agent_runs"]
+    assert [(r["runner"], r["outcome"]) for r in runs] == [("codex", "ok")] * 5
+    # each model request reported 100 + 20 tokens; resumed threads are not counted twice
+    requests = [r for r in server.requests if r.script]
+    assert summary["tokens"] == 120 * len(requests)
+    expected_cost = len(requests) * (100 * 1.25 + 20 * 10.0) / 1e6
+    assert summary["cost_usd"] == pytest.approx(expected_cost, rel=1e-6)
+    # the verifier's read-only sandbox saw the merged file
+    verify_outputs = json.dumps([r.body for r in server.played(VERIFY)])
+    assert "the feature" in verify_outputs
+    assert_no_sentinel(repo, proc.stdout, proc.stderr)
+
+
+def test_a_read_only_role_gets_no_key_unless_the_cartridge_passes_it(
+    tmp_path: Path, claude: str, server_factory
+) -> None:
+    server = server_factory(claude_scripts())
+    roles = {
+        role: claude_role(claude, server.url)
+        for role in ("plan_review", "build", "review", "verification")
+    }
+    dump = tmp_path / "plan-env.txt"
+    roles["plan"] = f'runner = "command"\ncommand = "env > {dump}; echo 1. the plan"\n'
+    repo = make_project(tmp_path, roles)
+    proc = run_ticket(repo, env={"GITHUB_TOKEN": SENTINEL})
+    assert proc.returncode == 0, proc.stderr
+    env_dump = dump.read_text()
+    assert SENTINEL not in env_dump
+    assert "ANTHROPIC_API_KEY" not in env_dump and "GITHUB_TOKEN" not in env_dump
+    assert_no_sentinel(repo, proc.stdout, proc.stderr)
