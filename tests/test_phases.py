@@ -328,7 +328,8 @@ def test_a_role_spend_cap_stops_that_role(tmp_path: Path, engine_for: Build) -> 
     edit_cartridge(
         repo,
         '[roles.review]\nrunner = "scripted"\nscript = "answers.toml"\ntimeout = 30\n',
-        '[roles.review]\nrunner = "scripted"\nscript = "answers.toml"\ntimeout = 30\nbudget_usd = 0.75\n',
+        '[roles.review]\nrunner = "scripted"\nscript = "answers.toml"\ntimeout = 30\n'
+        "budget_usd = 0.75\n",
     )
     engine, store = engine_for(repo)
     row = engine.advance(engine.start("t", "ticket"))

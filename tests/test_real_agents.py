@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import agent_cli, git, make_repo, phasegate_cli, scripted_cartridge
 from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, key_sha
+
+from conftest import agent_cli, git, make_repo, phasegate_cli, scripted_cartridge
 
 SENTINEL = "sk-sentinel-4f1e9c2b7a3d5e6f"
 VERIFIER_KEY = "dummy-verifier-key-0000"
