@@ -339,3 +339,57 @@ def test_a_read_only_role_gets_no_key_unless_the_cartridge_passes_it(
     assert SENTINEL not in env_dump
     assert "ANTHROPIC_API_KEY" not in env_dump and "GITHUB_TOKEN" not in env_dump
     assert_no_sentinel(repo, proc.stdout, proc.stderr)
+
+
+CODEX_ERRORS = {
+    # name: (build steps, binding extra, expected error kind, expected status, runs)
+    "model_http_500": ([Step(status=500)], "", "model_error", "failed", 2),
+    "hang": ([Step(hang=True)], "timeout = 4\n", "timeout", "failed", 2),
+    # priced usage spends the role's cap in one call; the next call is refused before it runs
+    "budget": (
+        [Step(text="no change yet", input_tokens=400_000, output_tokens=10_000)],
+        "budget_usd = 0.25\n",
+        "budget",
+        "paused",
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CODEX_ERRORS))
+def test_real_codex_error_paths_end_with_their_named_reason(
+    tmp_path: Path, codex: str, server_factory, case: str
+) -> None:
+    steps, extra, kind, status, runs = CODEX_ERRORS[case]
+    scripts = {
+        PLAN: [Step(text="1. Create feature.txt.")],
+        PLAN_REVIEW: [Step(text="VERDICT: approve")],
+        BUILD: steps,
+    }
+    server = server_factory(scripts)
+    roles = {
+        role: codex_role(codex, server.url)
+        for role in ("plan", "plan_review", "review", "verification")
+    }
+    build = codex_role(codex, server.url)
+    if "timeout" in extra:
+        build = build.replace("timeout = 60\n", "")
+    roles["build"] = build + extra
+    repo = make_project(tmp_path, roles, extra="[limits]\nagent_retries = 1\nmax_dev_retries = 1\n")
+
+    started = time.monotonic()
+    proc = run_ticket(repo, timeout=180)
+    assert proc.returncode == 1, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert (summary["current_phase"], summary["status"]) == ("development", status)
+    assert kind in summary["error"]
+    builds = [r for r in show(repo, summary["id"])["agent_runs"] if r["role"] == "build"]
+    if case == "budget":
+        # the first build spent the cap (and changed nothing: a failed attempt); the retry
+        # is refused before it runs
+        assert len(builds) == runs and builds[0]["cost_usd"] > 0.25
+    else:
+        assert [r["error_kind"] for r in builds] == [kind] * runs
+    if case == "hang":
+        assert time.monotonic() - started < 60
+    assert_no_sentinel(repo, proc.stdout, proc.stderr)
