@@ -468,3 +468,22 @@ def test_a_forge_that_times_out_fails_the_workflow_and_resume_completes(
     finally:
         store.close()
     assert git(happy_repo, "rev-list", "--count", "--merges", "main") == "1"
+
+
+def test_output_that_is_not_utf8_is_read_not_fatal(tmp_path: Path) -> None:
+    reviewer = (
+        'runner = "command"\ncommand = "printf \'Caf\\\\351 ok\\\\nVERDICT: approve\\\\n\'"\n'
+    )
+    repo = make_project(
+        tmp_path,
+        role_overrides={"review": reviewer},
+        checks=["printf 'bytes \\377\\376 ok\\n'"],
+    )
+    code, summary, err = run_json(repo)
+    assert code == 0, err
+    assert summary["status"] == "completed"
+    detail = show_json(repo, summary["id"])
+    review = [m for m in detail["milestones"] if m["kind"] == "pr_reviewed"][0]
+    assert review["data"]["comments"].startswith("Caf\ufffd ok")
+    tests_run = [m for m in detail["milestones"] if m["kind"] == "tests_run"][0]
+    assert "\ufffd" in tests_run["data"]["checks"][0]["output"]

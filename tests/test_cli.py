@@ -347,3 +347,41 @@ def test_content_language_en_is_the_default(happy_repo: Path) -> None:
     (report,) = [c for c in forge_comments(happy_repo, run["issue_number"]) if ":report:d1" in c]
     assert "## Progress report: Add the feature" in report
     assert "进度报告" not in report
+
+
+def test_a_decision_is_refused_while_another_process_advances_the_workflow(
+    happy_repo: Path,
+) -> None:
+    cartridge = load_cartridge(happy_repo)
+    store = open_store(cartridge.store_url(happy_repo))
+    try:
+        from phasegate.engine import Engine
+
+        wf = Engine(happy_repo, cartridge, store).start("t", "ticket")
+        # a live holder: this very process, under another lease owner name
+        import os
+
+        assert store.claim(wf, f"{os.uname().nodename}:{os.getpid()}:other", 60) is not None
+        before = store.workflow_row(wf)
+        for args in (["resume", wf], ["feedback", wf, "more"], ["resume", wf, "--no-advance"]):
+            proc = phasegate_cli(*args, "--repo", str(happy_repo))
+            assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+            assert "being advanced by another process" in flat(proc.stderr)
+        after = store.workflow_row(wf)
+        assert (after["version"], after["user_feedback"]) == (before["version"], None)
+    finally:
+        store.close()
+
+
+def test_approve_merge_is_refused_unless_the_workflow_waits(tmp_path: Path) -> None:
+    # a build that changes nothing fails development
+    repo = make_project(tmp_path, HAPPY_ANSWERS.replace('"feature.txt" = "the feature\\n"', ""))
+    proc = phasegate_cli("run", "--repo", str(repo), "--json", "the ticket")
+    summary = json.loads(proc.stdout)
+    assert (summary["current_phase"], summary["status"]) == ("development", "failed")
+    refused = phasegate_cli("approve-merge", summary["id"], "--repo", str(repo))
+    assert refused.returncode == 2
+    assert "not waiting for a merge approval" in flat(refused.stderr)
+    code, detail = cli_json("show", summary["id"], "--repo", str(repo), "--json")
+    assert code == 0 and detail["workflow"]["status"] == "failed"
+    assert not any(m["kind"] == "merge_approved" for m in detail["milestones"])

@@ -67,3 +67,40 @@ def test_a_signal_stops_the_agent_and_resume_finishes(tmp_path: Path, sig: signa
     show = json.loads(phasegate_cli("show", summary["id"], "--repo", str(repo), "--json").stdout)
     assert not [m for m in show["milestones"] if m["status"] == "in_progress"]
     assert git(repo, "show", "main:f.txt") == "f"
+
+
+@pytest.mark.slow
+def test_a_signal_stops_a_running_check_at_once(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
+    marker = tmp_path / "check.pid"
+    (repo / "answers.toml").write_text(
+        '[[plan]]\ntext = "plan"\n[[plan_review]]\ntext = "VERDICT: approve"\n'
+        '[[build]]\ntext = "built"\n[build.files]\n"f.txt" = "f\\n"\n'
+        '[[review]]\ntext = "VERDICT: approve"\n[[verification]]\ntext = "VERDICT: confirmed"\n'
+    )
+    (repo / "phasegate.toml").write_text(
+        scripted_cartridge(checks=[f"echo $$ > {marker}; sleep 120"])
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "cartridge")
+
+    exe = Path(sys.executable).parent / "phasegate"
+    proc = subprocess.Popen(
+        [str(exe), "run", "--repo", str(repo), "--json", "the ticket"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not marker.exists() or not marker.read_text().strip():
+        assert time.monotonic() < deadline, "the check never started"
+        time.sleep(0.05)
+    check_pid = int(marker.read_text())
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, errors = proc.communicate(timeout=30)
+    assert proc.returncode == 130, errors
+    assert time.monotonic() - started < 10  # not the check's 120 s
+    assert not alive(check_pid)
+    summary = json.loads(out)
+    assert (summary["current_phase"], summary["status"]) == ("development", "developing")

@@ -25,13 +25,21 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from phasegate import __version__
-from phasegate.cartridge import CARTRIDGE_FILE, Cartridge, load_cartridge, render_default_cartridge
+from phasegate.cartridge import (
+    CARTRIDGE_FILE,
+    Cartridge,
+    DefaultCartridge,
+    default_cartridge,
+    load_cartridge,
+)
 from phasegate.contract import (
     PHASE_STATUS_MAP,
+    RUNNABLE_STATUSES,
     ContractViolation,
     PhasegateError,
     PhaseResult,
 )
+from phasegate.doctor import Diagnosis, diagnose
 from phasegate.engine import Engine
 from phasegate.phases import acceptance_verification
 from phasegate.report import render_report
@@ -183,8 +191,26 @@ def _drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
     _finish(engine.store, row, as_json, interrupted=engine.shutdown.is_set())
 
 
-def _finish(store: Store, row: Mapping[str, Any], as_json: bool, interrupted: bool = False) -> None:
+def _finish(
+    store: Store,
+    row: Mapping[str, Any],
+    as_json: bool,
+    interrupted: bool = False,
+    driven: bool = True,
+) -> None:
+    """Print the outcome and exit with its code (module docstring).
+
+    ``driven``: the workflow was just advanced in the foreground, so a runnable
+    status other than waiting means it stopped early (another process moved it).
+    """
     summary = _summary(store, row)
+    approved = row["state"].get("merge_approved")
+    stopped_early = (
+        driven
+        and not interrupted
+        and row["status"] in RUNNABLE_STATUSES
+        and row["status"] != "waiting"
+    )
     if as_json:
         console.print_json(json.dumps(summary, default=str))
     else:
@@ -197,10 +223,16 @@ def _finish(store: Store, row: Mapping[str, Any], as_json: bool, interrupted: bo
         )
         if row.get("error"):
             console.print(f"  reason: {escape(row['error'])}", highlight=False)
-        if status == "waiting":
+        if status == "waiting" and not approved:
             console.print(
                 f"  next: `phasegate approve-merge {row['id']}` or "
                 f'`phasegate feedback {row["id"]} "..."`',
+                highlight=False,
+            )
+        elif stopped_early:
+            console.print(
+                "  stopped before finishing: another process changed the workflow; "
+                f"`phasegate show {row['id']}`",
                 highlight=False,
             )
         elif status in ("failed", "paused", "planning_timeout") or interrupted:
@@ -210,7 +242,7 @@ def _finish(store: Store, row: Mapping[str, Any], as_json: bool, interrupted: bo
             )
     if interrupted:
         raise typer.Exit(130)
-    if row["status"] in ("failed", "paused", "planning_timeout"):
+    if row["status"] in ("failed", "paused", "planning_timeout") or stopped_early:
         raise typer.Exit(1)
 
 
@@ -262,18 +294,25 @@ def main_callback(
     """phasegate"""
 
 
-@app.command()
+@app.command(short_help="Write phasegate.toml, from what it finds.")
 def init(
     repo: RepoOption = Path("."),
     force: Annotated[bool, typer.Option(help="Overwrite an existing cartridge.")] = False,
 ) -> None:
-    """Write phasegate.toml (the cartridge) at the repository root."""
+    """Write phasegate.toml, with roles and checks chosen from what it finds.
+
+    Roles: the claude-code runner when `claude` is on PATH, else codex when
+    `codex` is, else the api runner when ANTHROPIC_API_KEY or OPENAI_API_KEY is
+    set, else commented examples. The base branch and the checks (pytest, npm
+    test, cargo test, go test, make test) come from the repository.
+    """
     with _errors():
         root = _repo_root(repo)
         path = root / CARTRIDGE_FILE
         if path.exists() and not force:
             raise UsageError(f"{path} exists; use --force to overwrite")
-        path.write_text(render_default_cartridge(root), encoding="utf-8")
+        chosen = default_cartridge(root)
+        path.write_text(chosen.text, encoding="utf-8")
         exclude = Path(git(["rev-parse", "--git-path", "info/exclude"], root))
         exclude = exclude if exclude.is_absolute() else root / exclude
         exclude.parent.mkdir(parents=True, exist_ok=True)
@@ -281,9 +320,254 @@ def init(
         if ".phasegate/" not in lines:
             exclude.write_text("\n".join([*lines, ".phasegate/"]) + "\n")
         load_cartridge(root)
+    console.print(f"wrote {path}", highlight=False)
+    _print_chosen(chosen)
+
+
+def _print_chosen(chosen: DefaultCartridge) -> None:
+    def say(label: str, text: str) -> None:
+        console.print(f"  {label}: {escape(text)}", highlight=False)
+
+    if chosen.runner is None:
+        say("roles", "none bound (no agent CLI found, no model key set)")
+    else:
+        how = [f"every role on the {chosen.runner} runner"]
+        if chosen.executable:
+            how.append(f"{chosen.executable}")
+        if chosen.model:
+            how.append(f"model {chosen.model}")
+        how.append(
+            f"api_key_env = {chosen.api_key_env}" if chosen.api_key_env else "no api_key_env"
+        )
+        say("roles", ", ".join(how))
+    say("base branch", f"{chosen.base_branch} ({chosen.base_branch_why})")
+    if chosen.checks:
+        for check in chosen.checks:
+            say("check", f"{check.command}  ({check.why})")
+    else:
+        say("checks", "none found")
+    for note in chosen.notes:
+        console.print(f"  [yellow]note:[/yellow] {escape(note)}", highlight=False)
+    if chosen.runner is None:
+        console.print(
+            f"next: bind the roles in {CARTRIDGE_FILE}, then `phasegate doctor`", highlight=False
+        )
+    else:
+        console.print(
+            'next: `phasegate doctor`, `phasegate dry-run "a small ticket"` (offline, '
+            'a scripted model), then `phasegate run "your ticket"`',
+            highlight=False,
+        )
+
+
+@app.command(short_help="Check what a run needs; list what is missing.")
+def doctor(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
+    """Check agent CLIs, model keys, git and the cartridge: is a run ready?
+
+    What a run needs: agent CLIs, model keys, git, the cartridge and its roles.
+
+    Lists the agent CLIs found on PATH (claude, codex, and every executable
+    the cartridge names) with their versions, which model keys are set (never
+    their values), the git version, whether the cartridge is valid, what each
+    role is bound to, and what is missing. Exit code 0 when everything a run
+    needs is there, 1 when something is missing.
+    """
+    found = diagnose(repo)
+    if as_json:
+        console.print_json(json.dumps(found.as_dict()))
+    else:
+        _print_diagnosis(found)
+    if not found.ok:
+        raise typer.Exit(1)
+
+
+def _print_diagnosis(found: Diagnosis) -> None:
+    def line(mark: str, text: str) -> None:
+        console.print(f"  {mark} {escape(text)}", highlight=False)
+
+    yes, no = "[green]✓[/green]", "[red]✗[/red]"
     console.print(
-        f'wrote {path}; edit the roles, then `phasegate run "your ticket"`', highlight=False
+        f"phasegate {found.phasegate} · git {found.git or 'not found'} · "
+        f"repo {found.repo or 'none'}",
+        highlight=False,
     )
+    console.print("[bold]agent CLIs[/bold]")
+    for cli in found.agent_clis:
+        if cli.path is None:
+            line("[dim]−[/dim]", f"{cli.name}: not found")
+        else:
+            line(yes if cli.version else no, f"{cli.name}: {cli.path}  {cli.version or cli.error}")
+    console.print("[bold]model keys[/bold] (whether set; values are never shown)")
+    is_set = [name for name, ok in found.keys.items() if ok]
+    unset = [name for name, ok in found.keys.items() if not ok]
+    line(yes if is_set else "[dim]−[/dim]", "set: " + (", ".join(is_set) or "none"))
+    line("[dim]−[/dim]", "not set: " + (", ".join(unset) or "none"))
+    cart = found.cartridge
+    if cart["path"]:
+        state = "valid" if cart["valid"] else ("invalid" if cart["found"] else "not found")
+        console.print(f"[bold]cartridge[/bold] {escape(cart['path'])}: {state}", highlight=False)
+    for role in found.roles:
+        if not role.bound:
+            line(no, f"{role.role}: not bound")
+        elif role.error:
+            line(no, f"{role.role}: {role.error}")
+        else:
+            parts = [role.runner or "?"]
+            if role.model:
+                parts.append(f"model {role.model}")
+            if role.executable:
+                parts.append(f"{role.executable} → {role.resolved or 'NOT FOUND'}")
+            if role.api_key_env:
+                parts.append(f"{role.api_key_env} {'set' if role.api_key_set else 'NOT SET'}")
+            problem = (role.executable and not role.resolved and role.runner != "command") or (
+                role.api_key_env and not role.api_key_set
+            )
+            line(no if problem else yes, f"{role.role}: " + " · ".join(parts))
+    line(
+        yes if found.litellm else "[dim]−[/dim]",
+        f"litellm {'installed' if found.litellm else 'not installed'} (for api roles)",
+    )
+    for warning in found.warnings:
+        line("[yellow]![/yellow]", warning)
+    if found.missing:
+        console.print(f"[red]missing ({len(found.missing)})[/red]")
+        for item in found.missing:
+            line(no, item)
+    else:
+        console.print("[green]ready[/green]: everything a run needs is there")
+
+
+def _ticket_from(ticket: str | None, ticket_file: Path | None) -> str:
+    if (ticket is None) == (ticket_file is None):
+        raise UsageError("give the ticket text or --ticket FILE (one of them)")
+    if ticket_file is not None:
+        try:
+            ticket = ticket_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot read {ticket_file}: {exc}") from None
+    assert ticket is not None
+    if not ticket.strip():
+        raise UsageError("the ticket is empty")
+    return ticket
+
+
+@app.command(
+    "dry-run",
+    short_help="Run a workflow offline, on a throwaway clone.",
+    epilog="The script format, and what the dry run keeps and replaces: README.md, "
+    "section 'Dry run'.",
+)
+def dry_run(
+    ticket: Annotated[str | None, typer.Argument(help="The ticket text.")] = None,
+    ticket_file: Annotated[
+        Path | None, typer.Option("--ticket", help="Read the ticket from FILE.")
+    ] = None,
+    script: Annotated[
+        Path | None,
+        typer.Option(help="The model's turns per role, a TOML file (default: built-in)."),
+    ] = None,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Keep the temporary clone (and its state) afterwards.")
+    ] = False,
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+) -> None:
+    """Run a whole workflow offline: a scripted model, a throwaway clone.
+
+    Every claude-code, codex and api role keeps its runner, executable, tools
+    and permissions but talks to a local scripted model server (base_url and a
+    dummy key are replaced); command and scripted roles run as they are. The
+    work happens in a `git clone --local` in a temporary directory with its own
+    store, merged there without asking: the repository is never touched.
+
+    The script is TOML, one table per role (plan, plan_review, build, review,
+    verification) or per phrase of a prompt (tried first), each with steps,
+    one per model turn:
+
+    \b
+        [review]
+        steps = [{ text = "Needs a test.\\nVERDICT: request_changes" }]
+        ["review round 2"]
+        steps = [{ text = "VERDICT: approve" }]
+        [build]
+        steps = [
+          { tools = [{ name = "Write", input = { file_path = "{cwd}/a.txt", content = "a" } }] },
+          { text = "Wrote a.txt." },
+        ]
+
+    A step has text, tools ([{name, input}]: Write/Edit/Read/Bash for Claude
+    Code, {cwd} being its working directory; exec_command {cmd} for Codex),
+    status (an HTTP error), input_tokens, output_tokens, delay_s, hang. Roles
+    left out answer acceptably: a plan, VERDICT: approve, a build writing
+    phasegate-dry-run.txt, VERDICT: confirmed.
+    """
+    from phasegate.dryrun import dry_run_workspace, load_script
+
+    with _errors():
+        text = _ticket_from(ticket, ticket_file)
+        root = _repo_root(repo)
+        cartridge = load_cartridge(root)
+        missing = cartridge.missing_roles()
+        if missing:
+            raise UsageError(
+                f"{root / CARTRIDGE_FILE}: roles not bound: "
+                f"{', '.join('roles.' + m for m in missing)}"
+            )
+        steps = load_script(script) if script is not None else None
+        with dry_run_workspace(root, cartridge, steps, keep=keep) as dry:
+            store = open_store(dry.cartridge.store_url(dry.clone))
+            try:
+                engine = _engine(dry.clone, dry.cartridge, store, None)
+                if not as_json:
+                    console.print(
+                        f"dry run on a clone of {root}: {dry.clone}\n"
+                        f"  scripted model at {dry.server.url} for: "
+                        f"{', '.join(dry.offline_roles) or 'no role'}"
+                        + (
+                            f"; as they are: {', '.join(dry.as_is_roles)}"
+                            if dry.as_is_roles
+                            else ""
+                        ),
+                        highlight=False,
+                    )
+                workflow_id = engine.start(_title_of(text), text, auto_merge=True)
+                with _Progress(quiet=as_json) as progress, _graceful(engine):
+                    engine.on_event = progress
+                    engine.advance(workflow_id)
+                detail = _detail(store, workflow_id)
+            finally:
+                store.close()
+            requests = dry.model_requests()
+            clone = str(dry.clone)
+    info = {
+        "repo": str(root),
+        "clone": clone,
+        "kept": keep,
+        "script": str(script) if script else None,
+        "model_requests": requests,
+        "offline_roles": dry.offline_roles,
+        "as_is_roles": dry.as_is_roles,
+    }
+    summary = detail["workflow"]
+    if as_json:
+        console.print_json(json.dumps({"dry_run": info, **detail}, default=str))
+    else:
+        console.print()
+        _print_detail(detail)
+        color = "green" if summary["status"] in ("completed", "waiting") else "red"
+        console.print(
+            f"\ndry run: {summary['current_phase']} · [{color}]{summary['status']}[/{color}] · "
+            f"{requests} model request(s) answered by the script",
+            highlight=False,
+        )
+        if summary["error"]:
+            console.print(f"  reason: {escape(summary['error'])}", highlight=False)
+        where = f"kept in {clone}" if keep else "removed (--keep keeps it)"
+        console.print(f"  {root} was not touched; the clone was {where}", highlight=False)
+    if engine.shutdown.is_set():
+        raise typer.Exit(130)
+    if summary["status"] in ("failed", "paused", "planning_timeout"):
+        raise typer.Exit(1)
 
 
 def _title_of(ticket: str) -> str:
@@ -384,11 +668,20 @@ def show(
     """One workflow: its phase timeline with milestones, agent runs and the reason it stopped."""
     with _errors():
         _, _, store = _open(repo)
-        row = store.workflow_row(workflow_id)
-        milestones = store.milestone_rows(workflow_id)
-        phases = [e for e in store.events(workflow_id) if e["type"] == "phase_change"]
-        runs = store.agent_runs(workflow_id)
-    detail = {
+        detail = _detail(store, workflow_id)
+    if as_json:
+        console.print_json(json.dumps(detail, default=str))
+        return
+    _print_detail(detail)
+
+
+def _detail(store: Store, workflow_id: str) -> dict[str, Any]:
+    """What ``show`` prints: summary, phase timeline, milestones, agent runs, report."""
+    row = store.workflow_row(workflow_id)
+    milestones = store.milestone_rows(workflow_id)
+    phases = [e for e in store.events(workflow_id) if e["type"] == "phase_change"]
+    runs = store.agent_runs(workflow_id)
+    return {
         "workflow": _summary(store, row),
         "timeline": [
             {"phase": e["data"].get("phase"), "at": _iso(e["created_at"])} for e in phases
@@ -402,9 +695,9 @@ def show(
         ],
         "report": row["state"].get("report"),
     }
-    if as_json:
-        console.print_json(json.dumps(detail, default=str))
-        return
+
+
+def _print_detail(detail: Mapping[str, Any]) -> None:
     s = detail["workflow"]
     console.print(f"[bold]{s['id']}[/bold] {escape(s['title'])}", highlight=False)
     console.print(
@@ -416,6 +709,7 @@ def show(
     if s["error"]:
         console.print(f"  [red]reason: {escape(s['error'])}[/red]", highlight=False)
     _print_timeline(detail["milestones"])
+    runs = detail["agent_runs"]
     if runs:
         agents = Table(
             "role",
@@ -482,12 +776,11 @@ def _manual(
     with _errors():
         root, cartridge, store = _open(repo)
         engine = _engine(root, cartridge, store, None)
-        ctx = store.load_context(workflow_id)
-        engine.commit(ctx, decide(engine, ctx))
+        engine.decide(workflow_id, lambda ctx: decide(engine, ctx))
         if advance:
             _drive(engine, workflow_id, as_json)
         else:
-            _finish(store, store.workflow_row(workflow_id), as_json)
+            _finish(store, store.workflow_row(workflow_id), as_json, driven=False)
 
 
 NoAdvance = Annotated[
@@ -544,11 +837,15 @@ def approve_merge(
     no_advance: NoAdvance = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Allow a waiting workflow to merge its pull request."""
+    """Allow a waiting workflow (phase wait, after its report) to merge its pull request."""
 
     def decide(_engine: Engine, ctx: Any) -> PhaseResult:
-        if ctx.status == "completed":
-            raise ContractViolation(f"workflow {ctx.id} is completed")
+        # Only what a person has seen may be approved: the report of a waiting workflow.
+        if ctx.current_phase != "wait":
+            raise ContractViolation(
+                f"workflow {ctx.id} is in {ctx.current_phase} ({ctx.status}), not waiting for a "
+                "merge approval; `phasegate show` says what it needs"
+            )
         return PhaseResult(
             "retry",
             status=PHASE_STATUS_MAP[ctx.current_phase],

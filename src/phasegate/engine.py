@@ -167,6 +167,26 @@ class Engine:
         )
         return row
 
+    def decide(
+        self, workflow_id: str, decision: Callable[[WorkflowContext], PhaseResult]
+    ) -> dict[str, Any]:
+        """Commit a person's decision (resume, feedback, approval, override).
+
+        Under the workflow's lease, like a phase: while another live process
+        advances the workflow the decision is refused (LeaseHeld) and nothing
+        changes, so a running phase's result is never thrown away.
+        """
+        if self.store.claim(workflow_id, self.owner, self.lease_ttl_s) is None:
+            raise LeaseHeld(
+                f"workflow {workflow_id} is being advanced by another process; "
+                "wait until it stops (or stop it), then try again"
+            )
+        try:
+            ctx = self.store.load_context(workflow_id)
+            return self.commit(ctx, decision(ctx))
+        finally:
+            self.store.release(workflow_id, self.owner)
+
     def advance(self, workflow_id: str, *, max_steps: int = 200) -> dict[str, Any]:
         """Run the workflow until it waits, pauses, fails, completes or shutdown is asked.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
 from phasegate._process import kill_process_group
-from phasegate.contract import PhasegateError
+from phasegate.contract import PhasegateError, WorkflowPaused
 
 __all__ = [
     "CheckResult",
@@ -28,6 +29,7 @@ __all__ = [
 ]
 
 _OUTPUT_TAIL = 4000  # characters of a check's output kept as evidence
+_POLL_S = 0.2  # how often a running check looks for a shutdown
 
 
 class GitError(PhasegateError):
@@ -48,7 +50,13 @@ def git(
     """Run ``git args`` in ``cwd``; return stdout stripped of its trailing newline."""
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
     proc = subprocess.run(
-        ["git", *args], cwd=cwd, capture_output=True, text=True, input=input, env=env
+        ["git", *args],
+        cwd=cwd,
+        capture_output=True,
+        encoding="utf-8",
+        errors="replace",
+        input=input,
+        env=env,
     )
     if check and proc.returncode != 0:
         raise GitError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
@@ -248,7 +256,8 @@ class Workspace:
             cwd=path,
             input=patch,
             capture_output=True,
-            text=True,
+            encoding="utf-8",
+            errors="replace",
         )
         if check.returncode != 0:
             raise PatchError(f"the patch does not apply: {check.stderr.strip()}")
@@ -273,7 +282,8 @@ class Workspace:
             ],
             cwd=worktree,
             capture_output=True,
-            text=True,
+            encoding="utf-8",
+            errors="replace",
         )
         if proc.returncode != 0:
             git(["merge", "--abort"], worktree, check=False)
@@ -335,8 +345,18 @@ class Workspace:
 
     # -- checks -----------------------------------------------------------------
 
-    def run_checks(self, commands: Sequence[str], cwd: Path, timeout_s: float) -> list[CheckResult]:
-        """Run each check command in ``cwd`` with a timeout in seconds; capture its output."""
+    def run_checks(
+        self,
+        commands: Sequence[str],
+        cwd: Path,
+        timeout_s: float,
+        cancel: threading.Event | None = None,
+    ) -> list[CheckResult]:
+        """Run each check command in ``cwd`` with a timeout in seconds; capture its output.
+
+        Raises WorkflowPaused, after killing the running check, when ``cancel``
+        is set: a shutdown must not wait out a long test suite.
+        """
         results = []
         for command in commands:
             started = time.monotonic()
@@ -347,16 +367,28 @@ class Workspace:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                text=True,
+                encoding="utf-8",
+                errors="replace",
                 start_new_session=True,
             )
-            try:
-                output, _ = proc.communicate(timeout=timeout_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                kill_process_group(proc)
-                output, _ = proc.communicate()
-                timed_out = True
+            deadline = started + timeout_s
+            timed_out = False
+            while True:
+                try:
+                    output, _ = proc.communicate(
+                        timeout=max(0.01, min(_POLL_S, deadline - time.monotonic()))
+                    )
+                    break
+                except subprocess.TimeoutExpired:
+                    if cancel is not None and cancel.is_set():
+                        kill_process_group(proc)
+                        proc.communicate()
+                        raise WorkflowPaused(f"shutdown while the check {command!r} ran") from None
+                    if time.monotonic() >= deadline:
+                        kill_process_group(proc)
+                        output, _ = proc.communicate()
+                        timed_out = True
+                        break
             results.append(
                 CheckResult(
                     command=command,

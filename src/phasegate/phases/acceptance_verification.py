@@ -131,6 +131,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             deps.cartridge.landing_areas.checks,
             checkout,
             deps.cartridge.landing_areas.check_timeout,
+            deps.shutdown,
         )
         # What the checks leave behind must not count against the read-only verifier.
         deps.workspace.discard_changes(checkout)

@@ -117,7 +117,10 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     head = deps.workspace.rev(cwd, "HEAD")
     changed = deps.workspace.commits_ahead(repo, ctx.base_branch, ctx.branch_name) > 0
     checks = deps.workspace.run_checks(
-        deps.cartridge.landing_areas.checks, cwd, deps.cartridge.landing_areas.check_timeout
+        deps.cartridge.landing_areas.checks,
+        cwd,
+        deps.cartridge.landing_areas.check_timeout,
+        deps.shutdown,
     )
     # The checks ran on the commit just made; what they leave in the worktree
     # (bytecode, caches, rewritten files) is theirs, not the change's, and the
@@ -163,7 +166,11 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         )
     return PhaseResult(
         "failed",
-        reason=f"checks still failing after {attempt} attempt(s): {failure[:1500]}",
+        reason=(
+            f"checks still failing after {attempt} attempt(s): {failure[:1500]}"
+            if changed
+            else f"the build agent changed no file in {attempt} attempt(s)"
+        ),
         state={"last_check_failure": failure},
         milestones=(tests_run,),
     )
