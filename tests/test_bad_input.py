@@ -487,3 +487,39 @@ def test_output_that_is_not_utf8_is_read_not_fatal(tmp_path: Path) -> None:
     assert review["data"]["comments"].startswith("Caf\ufffd ok")
     tests_run = [m for m in detail["milestones"] if m["kind"] == "tests_run"][0]
     assert "\ufffd" in tests_run["data"]["checks"][0]["output"]
+
+
+@pytest.mark.parametrize("fault", ["no_commits", "bad_base_branch", "missing_script"])
+def test_what_would_fail_after_filing_is_refused_before_filing(tmp_path: Path, fault: str) -> None:
+    if fault == "no_commits":
+        repo = tmp_path / "repo"
+        repo.mkdir()
+        git(repo, "init", "-q", "-b", "main")
+        (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+        (repo / "phasegate.toml").write_text(scripted_cartridge())
+        expected = "has no commits yet"
+    elif fault == "bad_base_branch":
+        repo = make_project(tmp_path)
+        text = (repo / "phasegate.toml").read_text().replace('"main"', '"nope"')
+        (repo / "phasegate.toml").write_text(text)
+        expected = "workflow.base_branch: 'nope' is not a branch"
+    else:
+        repo = make_project(tmp_path)
+        (repo / "answers.toml").unlink()
+        expected = "answers.toml: cannot read scripted answers"
+    proc = phasegate_cli("run", "--repo", str(repo), "the ticket")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert expected in flat(proc.stderr)
+    status = phasegate_cli("status", "--repo", str(repo), "--json")
+    assert json.loads(status.stdout) == []  # nothing was filed
+
+
+def test_the_state_directory_is_excluded_from_git_without_init(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"README.md": "# r\n"})  # no .gitignore
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    (repo / "phasegate.toml").write_text(scripted_cartridge())
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "cartridge")
+    code, summary, err = run_json(repo)
+    assert code == 0 and summary["status"] == "completed", err
+    assert git(repo, "status", "--porcelain") == ""

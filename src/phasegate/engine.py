@@ -23,7 +23,7 @@ from typing import Any
 
 from phasegate.agents.base import Runner
 from phasegate.agents.service import AgentService
-from phasegate.cartridge import Cartridge
+from phasegate.cartridge import CARTRIDGE_FILE, ROLE_SESSION_LINES, Cartridge, CartridgeError
 from phasegate.clock import Clock, SystemClock
 from phasegate.contract import (
     ACCEPTANCE_VERIFICATION,
@@ -112,9 +112,24 @@ class Engine:
     # -- starting ---------------------------------------------------------------
 
     def start(self, title: str, ticket: str, *, auto_merge: bool | None = None) -> str:
-        """File a new workflow in preparation; returns its id."""
+        """File a new workflow in preparation; returns its id.
+
+        Checks first what would otherwise fail only after an issue and a branch
+        exist: the base branch, and every role's runner (a scripted file that
+        does not load). Raises CartridgeError naming the key, or PhasegateError.
+        """
         settings = self.cartridge.workflow
+        if git(["rev-parse", "--verify", "-q", "HEAD"], self.repo, check=False) == "":
+            raise PhasegateError(f"{self.repo} has no commits yet; commit something first")
         base = settings.base_branch or git(["symbolic-ref", "--short", "HEAD"], self.repo)
+        if not self.workspace.branch_exists(self.repo, base):
+            raise CartridgeError(
+                f"{CARTRIDGE_FILE}: workflow.base_branch: {base!r} is not a branch of {self.repo}"
+            )
+        for role in ROLE_SESSION_LINES:
+            if getattr(self.cartridge.roles, role) is not None:
+                self.agents.runner(role)
+        self.workspace.exclude(self.repo, ".phasegate/")
         return self.store.create_workflow(
             title=title,
             ticket=ticket,

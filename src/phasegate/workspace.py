@@ -130,6 +130,16 @@ class Workspace:
                 found[current] = line[len("branch refs/heads/") :]
         return found
 
+    def exclude(self, repo: Path, pattern: str) -> None:
+        """Add ``pattern`` to the repository's ``info/exclude`` (once), so phasegate's
+        own state never shows up as untracked, whoever wrote the cartridge."""
+        path = Path(git(["rev-parse", "--git-path", "info/exclude"], repo))
+        path = path if path.is_absolute() else repo / path
+        lines = path.read_text().splitlines() if path.exists() else []
+        if pattern not in lines:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("\n".join([*lines, pattern]) + "\n")
+
     def ensure_worktree(self, repo: Path, branch: str, path: Path) -> Path:
         """A worktree of ``branch`` at ``path``, reusing or clearing what is there.
 
