@@ -304,9 +304,12 @@ def test_help_lists_every_command() -> None:
     proc = phasegate_cli("--help")
     assert proc.returncode == 0, proc.stderr
     section = proc.stdout.split("Commands:", 1)[1]
-    listed = [line.split()[0] for line in section.splitlines() if line.startswith("  ")]
+    lines = [line.split(None, 1) for line in section.splitlines() if line.startswith("  ")]
+    listed = [name for name, _ in lines]
     assert listed == [
         "init",
+        "doctor",
+        "dry-run",
         "run",
         "worker",
         "status",
@@ -317,6 +320,10 @@ def test_help_lists_every_command() -> None:
         "verify-override",
         "demo",
     ]
+    helps = {name: text.strip() for name, text in lines}
+    assert helps["init"] == "Write phasegate.toml, from what it finds."
+    assert helps["doctor"] == "Check what a run needs; list what is missing."
+    assert helps["dry-run"] == "Run a workflow offline, on a throwaway clone."
     assert "acceptance_verification" in proc.stdout
 
 

@@ -396,7 +396,8 @@ def _print_diagnosis(found: Diagnosis) -> None:
         if cli.path is None:
             line("[dim]−[/dim]", f"{cli.name}: not found")
         else:
-            line(yes if cli.version else no, f"{cli.name}: {cli.path}  {cli.version or cli.error}")
+            where = cli.path if cli.path == cli.name else f"{cli.name}: {cli.path}"
+            line(yes if cli.version else no, f"{where}  {cli.version or cli.error}")
     console.print("[bold]model keys[/bold] (whether set; values are never shown)")
     is_set = [name for name, ok in found.keys.items() if ok]
     unset = [name for name, ok in found.keys.items() if not ok]
@@ -406,6 +407,8 @@ def _print_diagnosis(found: Diagnosis) -> None:
     if cart["path"]:
         state = "valid" if cart["valid"] else ("invalid" if cart["found"] else "not found")
         console.print(f"[bold]cartridge[/bold] {escape(cart['path'])}: {state}", highlight=False)
+    if found.roles:
+        console.print("[bold]roles[/bold]")
     for role in found.roles:
         if not role.bound:
             line(no, f"{role.role}: not bound")
@@ -415,8 +418,10 @@ def _print_diagnosis(found: Diagnosis) -> None:
             parts = [role.runner or "?"]
             if role.model:
                 parts.append(f"model {role.model}")
-            if role.executable:
+            if role.executable and role.executable != role.resolved:
                 parts.append(f"{role.executable} → {role.resolved or 'NOT FOUND'}")
+            elif role.executable:
+                parts.append(role.executable)
             if role.api_key_env:
                 parts.append(f"{role.api_key_env} {'set' if role.api_key_set else 'NOT SET'}")
             problem = (role.executable and not role.resolved and role.runner != "command") or (
@@ -477,8 +482,9 @@ def dry_run(
     Every claude-code, codex and api role keeps its runner, executable, tools
     and permissions but talks to a local scripted model server (base_url and a
     dummy key are replaced); command and scripted roles run as they are. The
-    work happens in a `git clone --local` in a temporary directory with its own
-    store, merged there without asking: the repository is never touched.
+    work happens in a local clone (git clone --local --no-hardlinks) in a
+    temporary directory with its own store, and merges there without asking:
+    the repository is never touched.
 
     The script is TOML, one table per role (plan, plan_review, build, review,
     verification) or per phrase of a prompt (tried first), each with steps,

@@ -1,0 +1,291 @@
+"""``phasegate doctor``: what a run needs, what is there and what is missing.
+
+``diagnose`` looks and never changes anything: the agent CLIs on PATH and
+their versions, which model keys are set (never a value, nor any part of one),
+git, the cartridge's validity and every role's binding. ``Diagnosis.missing``
+lists what stops a run (an unbound role, a missing executable, an unset
+``api_key_env``, litellm missing for an ``api`` role, ...); ``warnings`` what
+may surprise one without stopping it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import shutil
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from phasegate import __version__
+from phasegate.cartridge import (
+    CARTRIDGE_FILE,
+    ROLE_SESSION_LINES,
+    Cartridge,
+    CartridgeError,
+    RoleBinding,
+    load_cartridge,
+)
+from phasegate.discover import (
+    AGENT_CLIS,
+    MODEL_KEY_VARS,
+    Which,
+    git_version,
+    keys_set,
+    program_version,
+)
+from phasegate.workspace import GitError, git
+
+__all__ = ["AgentCli", "Diagnosis", "RoleStatus", "diagnose"]
+
+#: The executable a CLI runner starts when its binding names none.
+DEFAULT_EXECUTABLES = {"claude-code": "claude", "codex": "codex"}
+#: How to get each CLI, for the message that says it is missing.
+_INSTALL = {
+    "claude-code": "npm install -g @anthropic-ai/claude-code",
+    "codex": "npm install -g @openai/codex",
+}
+_LITELLM_HINT = "pip install 'phasegate[api]'"
+
+
+@dataclass
+class AgentCli:
+    """An agent CLI looked up on PATH: ``path`` None when not found."""
+
+    name: str
+    path: str | None
+    version: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class RoleStatus:
+    """One role's binding as doctor sees it. ``executable`` is the program the
+    runner starts (as named); ``resolved`` where it was found, None if nowhere."""
+
+    role: str
+    bound: bool
+    runner: str | None = None
+    model: str | None = None
+    executable: str | None = None
+    resolved: str | None = None
+    api_key_env: str | None = None
+    api_key_set: bool | None = None
+    error: str | None = None
+
+
+@dataclass
+class Diagnosis:
+    """Everything ``phasegate doctor`` reports; ``ok`` when nothing is missing."""
+
+    phasegate: str
+    repo: str | None
+    git: str | None
+    agent_clis: list[AgentCli]
+    keys: dict[str, bool]
+    cartridge: dict[str, Any]
+    roles: list[RoleStatus]
+    litellm: bool
+    missing: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, **asdict(self)}
+
+
+def _litellm_installed() -> bool:
+    return importlib.util.find_spec("litellm") is not None
+
+
+def _read_roles(path: Path) -> dict[str, RoleBinding | str | None]:
+    """Each role's binding, or the error of its own table: a cartridge that does not
+    load still shows which roles are fine. Empty when the file is not TOML."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return {}
+    tables = raw.get("roles") if isinstance(raw.get("roles"), dict) else {}
+    roles: dict[str, RoleBinding | str | None] = {}
+    for name in ROLE_SESSION_LINES:
+        table = tables.get(name)
+        if table is None:
+            roles[name] = None
+            continue
+        try:
+            roles[name] = RoleBinding.model_validate(table)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            key = ".".join(str(p) for p in ("roles", name, *first["loc"]))
+            msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+            roles[name] = f"{key}: {msg.removeprefix('Value error, ')}"
+    return roles
+
+
+def _has_key(binding: RoleBinding, environ: Mapping[str, str]) -> bool:
+    """Whether an agent of ``binding`` gets some model credential at all."""
+    if binding.api_key_env:
+        return True
+    names = [*binding.env, *binding.pass_env]
+    return any(n.endswith(("_API_KEY", "_AUTH_TOKEN", "_OAUTH_TOKEN")) for n in names)
+
+
+def _role_status(
+    name: str,
+    binding: RoleBinding | str | None,
+    repo: Path,
+    which: Which,
+    environ: Mapping[str, str],
+    litellm: bool,
+    missing: list[str],
+    warnings: list[str],
+) -> RoleStatus:
+    where = f"roles.{name}"
+    if binding is None:
+        missing.append(f"{where} is not bound: add a [{where}] table to {CARTRIDGE_FILE}")
+        return RoleStatus(name, bound=False)
+    if isinstance(binding, str):
+        missing.append(binding)
+        return RoleStatus(name, bound=True, error=binding)
+    status = RoleStatus(
+        name,
+        bound=True,
+        runner=binding.runner,
+        model=binding.model,
+        api_key_env=binding.api_key_env,
+    )
+    # Any runner that starts a program names it in `executable`, or has a default one.
+    executable = getattr(binding, "executable", None) or DEFAULT_EXECUTABLES.get(binding.runner)
+    if binding.runner == "command" and binding.command:
+        try:
+            program = shlex.split(binding.command)[0]
+        except (ValueError, IndexError):
+            program = None
+        if program:
+            status.executable, status.resolved = program, which(program)
+            if status.resolved is None:
+                warnings.append(
+                    f"{where}: `{program}` (the first word of its command) is not on PATH"
+                )
+    elif executable:
+        status.executable, status.resolved = executable, which(executable)
+        if status.resolved is None:
+            hint = _INSTALL.get(binding.runner)
+            missing.append(
+                f"{where}: the {binding.runner} executable `{executable}` is not found"
+                + (f" (install it: {hint}, or set executable)" if hint else "")
+            )
+    if binding.runner == "scripted" and binding.script:
+        script = Path(binding.script)
+        if not (script if script.is_absolute() else repo / script).is_file():
+            missing.append(f"{where}: the script {binding.script} does not exist")
+    if binding.api_key_env:
+        status.api_key_set = bool(environ.get(binding.api_key_env))
+        if not status.api_key_set:
+            missing.append(
+                f"{where}: api_key_env {binding.api_key_env} is not set in the environment"
+            )
+    elif binding.runner in ("claude-code", "codex", "api") and not _has_key(binding, environ):
+        warnings.append(
+            f"{where}: no api_key_env; the {binding.runner} agent gets no model key "
+            "unless its env or base_url provides one"
+        )
+    if binding.runner == "api" and not litellm:
+        missing.append(f"{where}: the api runner needs litellm: {_LITELLM_HINT}")
+    return status
+
+
+def diagnose(
+    repo: Path,
+    *,
+    which: Which = shutil.which,
+    environ: Mapping[str, str] | None = None,
+    version_timeout_s: float = 5.0,
+) -> Diagnosis:
+    """Look at this machine and the repository at ``repo``; change nothing."""
+    env = os.environ if environ is None else environ
+    missing: list[str] = []
+    warnings: list[str] = []
+    git_found = git_version(which)
+    if git_found is None:
+        missing.append("git is not on PATH")
+    root: Path | None = None
+    try:
+        root = Path(git(["rev-parse", "--show-toplevel"], repo.resolve()))
+    except (GitError, OSError):
+        missing.append(f"{repo.resolve()} is not inside a git repository")
+
+    litellm = _litellm_installed()
+    cartridge_info: dict[str, Any] = {"path": None, "found": False, "valid": False, "error": None}
+    roles: list[RoleStatus] = []
+    cartridge: Cartridge | None = None
+    if root is not None:
+        path = root / CARTRIDGE_FILE
+        cartridge_info.update(path=str(path), found=path.is_file())
+        if not path.is_file():
+            missing.append(f"no cartridge: run `phasegate init` in {root}")
+        else:
+            try:
+                cartridge = load_cartridge(root)
+                cartridge_info["valid"] = True
+            except CartridgeError as exc:
+                cartridge_info["error"] = str(exc)
+                missing.append(f"the cartridge is invalid: {exc}")
+            bindings: dict[str, RoleBinding | str | None]
+            if cartridge is not None:
+                bindings = {name: getattr(cartridge.roles, name) for name in ROLE_SESSION_LINES}
+            else:
+                bindings = _read_roles(path)
+            for name, binding in bindings.items():
+                roles.append(
+                    _role_status(name, binding, root, which, env, litellm, missing, warnings)
+                )
+    if cartridge is not None and root is not None:
+        _check_workflow(cartridge, root, missing, warnings)
+
+    names = [*AGENT_CLIS, *(r.executable for r in roles if r.executable and r.runner != "command")]
+    clis = []
+    for name in dict.fromkeys(names):
+        cli = AgentCli(name, which(name))
+        if cli.path:
+            cli.version, cli.error = program_version(cli.path, version_timeout_s)
+        clis.append(cli)
+    key_names = [*MODEL_KEY_VARS, *(r.api_key_env for r in roles if r.api_key_env)]
+    return Diagnosis(
+        phasegate=__version__,
+        repo=str(root) if root else None,
+        git=git_found,
+        agent_clis=clis,
+        keys=keys_set(key_names, env),
+        cartridge=cartridge_info,
+        roles=roles,
+        litellm=litellm,
+        missing=missing,
+        warnings=warnings,
+    )
+
+
+def _check_workflow(
+    cartridge: Cartridge, root: Path, missing: list[str], warnings: list[str]
+) -> None:
+    base = cartridge.workflow.base_branch
+    if base is None:
+        try:
+            git(["symbolic-ref", "--short", "HEAD"], root)
+        except GitError:
+            missing.append("workflow.base_branch is not set and HEAD is detached: set it")
+    else:
+        try:
+            git(["rev-parse", "--verify", "-q", f"refs/heads/{base}"], root)
+        except GitError:
+            missing.append(f"workflow.base_branch: the branch {base!r} does not exist")
+    if not cartridge.landing_areas.checks:
+        warnings.append("landing_areas.checks is empty: no check tests the agents' changes")

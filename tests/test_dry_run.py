@@ -1,0 +1,342 @@
+"""``phasegate dry-run``: the cartridge's whole workflow, offline, on a throwaway clone.
+
+The real agent CLIs (as tests/test_real_agents.py finds them) run against the
+scripted model server; the user's repository must come out exactly as it went
+in: same refs, same working tree, same files under .git, no .phasegate.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phasegate.cartridge import RoleBinding
+from phasegate.dryrun import (
+    DRY_RUN_FILE,
+    DUMMY_KEY,
+    ROLE_MARKERS,
+    ScriptError,
+    load_script,
+    offline_binding,
+)
+from phasegate.phases import acceptance_verification, development, planning, pr_review
+
+from conftest import HAPPY_ANSWERS, ROLES, agent_cli, git, make_repo
+
+SENTINEL = "sk-dry-run-sentinel-5b8c1e"
+
+
+def dry_run(repo: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240):
+    """The real console script, with no model key in its environment."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "PHASEGATE_DRY_RUN_API_KEY")
+    }
+    exe = Path(sys.executable).parent / "phasegate"
+    return subprocess.run(
+        [str(exe), "dry-run", "--repo", str(repo), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**base, "COLUMNS": "200", **(env or {})},
+    )
+
+
+def make_user_repo(tmp_path: Path, roles: dict[str, str], *, extra: str = "") -> Path:
+    """A repository with history and a second branch; its cartridge is not committed
+    (as right after `phasegate init`)."""
+    repo = make_repo(tmp_path / "user-repo", {"README.md": "# app\n", "app.py": "print(1)\n"})
+    git(repo, "checkout", "-q", "-b", "topic")
+    (repo / "notes.txt").write_text("topic work\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "topic")
+    git(repo, "checkout", "-q", "main")
+    cartridge = [
+        '[workflow]\nbase_branch = "main"\nauto_merge = false\n',
+        f'[landing_areas]\nchecks = ["test -f {DRY_RUN_FILE}"]\ncheck_timeout = 60\n',
+        extra,
+        *(f"[roles.{role}]\n{roles[role]}" for role in ROLES),
+    ]
+    (repo / "phasegate.toml").write_text("\n".join(cartridge))
+    return repo
+
+
+def snapshot(repo: Path) -> dict[str, object]:
+    """Everything a dry run must leave alone."""
+    files = {  # the index is left out: `git status` itself may refresh its stat data
+        str(p.relative_to(repo)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted((repo / ".git").rglob("*"))
+        if p.is_file() and p.name != "index"
+    }
+    return {
+        "refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),
+        "head": git(repo, "symbolic-ref", "HEAD"),
+        "index": git(repo, "ls-files", "--stage"),
+        "status": git(repo, "status", "--porcelain", "--ignored"),
+        "worktrees": git(repo, "worktree", "list", "--porcelain"),
+        "stash": git(repo, "stash", "list"),
+        "tree": sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if ".git" not in p.parts),
+        "git_files": files,
+    }
+
+
+def claude_role(exe: str) -> str:
+    # As a person would bind it: the real key's variable (unset here), the CLI's own tools.
+    return (
+        'runner = "claude-code"\n'
+        f"executable = {json.dumps(exe)}\n"
+        'api_key_env = "ANTHROPIC_API_KEY"\n'
+        "max_turns = 8\n"
+        "timeout = 90\n"
+    )
+
+
+@pytest.fixture
+def claude() -> str:
+    return agent_cli("claude")
+
+
+@pytest.mark.slow
+def test_a_dry_run_on_claude_code_completes_and_leaves_the_repository_untouched(
+    tmp_path: Path, claude: str
+) -> None:
+    repo = make_user_repo(tmp_path, {role: claude_role(claude) for role in ROLES})
+    before = snapshot(repo)
+
+    proc = dry_run(repo, "--json", "Add the dry-run file")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    summary = result["workflow"]
+    assert (summary["current_phase"], summary["status"]) == ("completed", "completed")
+    assert summary["verification_status"] == "confirmed"
+    assert summary["merge_sha"]  # merged, in the clone
+    runs = result["agent_runs"]
+    assert [(r["role"], r["runner"], r["outcome"]) for r in runs] == [
+        (role, "claude-code", "ok") for role in ROLES
+    ]
+    assert all(r["session_id"] for r in runs)
+    checks = [m for m in result["milestones"] if m["kind"] == "tests_run"]
+    assert [m["status"] for m in checks] == ["completed"]  # the CLI's Write made the file
+    info = result["dry_run"]
+    assert info["offline_roles"] == list(ROLES) and info["as_is_roles"] == []
+    assert info["model_requests"] == 6  # one per role, two for the build (tool, then text)
+    assert info["repo"] == str(repo)
+    assert not Path(info["clone"]).exists()  # removed afterwards
+
+    assert snapshot(repo) == before
+    assert not (repo / ".phasegate").exists()
+    assert "phasegate/" not in git(repo, "branch", "--list", "-a")
+    assert DUMMY_KEY not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_a_dry_run_whose_reviewer_always_requests_changes_ends_paused_with_the_reason(
+    tmp_path: Path, claude: str
+) -> None:
+    repo = make_user_repo(
+        tmp_path,
+        {role: claude_role(claude) for role in ROLES},
+        extra="[limits]\nmax_pr_review_rounds = 2\n",
+    )
+    script = tmp_path / "picky.toml"
+    script.write_text(
+        '[review]\nsteps = [{ text = "Not good enough.\\nVERDICT: request_changes" }]\n'
+    )
+    before = snapshot(repo)
+
+    proc = dry_run(repo, "--script", str(script), "Add the dry-run file")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    reason = "reason: review still requests changes after 2 round(s) (limits.max_pr_review_rounds)"
+    assert "dry run: pr_review · paused" in out
+    assert reason in out
+    assert "✓ pr_reviewed r1 request_changes" in out and "✓ pr_reviewed r2 request_changes" in out
+    assert "was not touched; the clone was removed" in out
+    assert snapshot(repo) == before
+    assert not (repo / ".phasegate").exists()
+
+
+@pytest.mark.slow
+def test_a_dry_run_on_the_codex_cli_completes(tmp_path: Path) -> None:
+    codex = agent_cli("codex")
+    role = (
+        f'runner = "codex"\nexecutable = {json.dumps(codex)}\n'
+        'api_key_env = "OPENAI_API_KEY"\ntimeout = 90\n'
+    )
+    repo = make_user_repo(tmp_path, dict.fromkeys(ROLES, role))
+    before = snapshot(repo)
+    proc = dry_run(repo, "--json", "Add the dry-run file", env={"OPENAI_API_KEY": SENTINEL})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["workflow"]["status"] == "completed"
+    assert {(r["runner"], r["outcome"]) for r in result["agent_runs"]} == {("codex", "ok")}
+    assert snapshot(repo) == before
+    assert SENTINEL not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_a_dry_run_on_the_api_runner_applies_the_scripted_diff(tmp_path: Path) -> None:
+    for module in ("litellm", "phasegate.agents.api"):
+        if importlib.util.find_spec(module) is None:  # found, not imported: litellm is slow
+            pytest.skip(f"{module} is not installed")
+    role = (
+        'runner = "api"\nmodel = "anthropic/claude-sonnet-4-5"\napi_key_env = "ANTHROPIC_API_KEY"\n'
+    )
+    roles = dict.fromkeys(ROLES, role)
+    roles["verification"] = role.replace("anthropic/claude-sonnet-4-5", "gemini/gemini-2.5-pro")
+    repo = make_user_repo(tmp_path, roles)
+    before = snapshot(repo)
+    proc = dry_run(repo, "--json", "Add the dry-run file")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["workflow"]["status"] == "completed"
+    assert {(r["runner"], r["outcome"]) for r in result["agent_runs"]} == {("api", "ok")}
+    assert snapshot(repo) == before
+
+
+def test_command_and_scripted_roles_run_as_they_are(tmp_path: Path) -> None:
+    roles = dict.fromkeys(ROLES, 'runner = "scripted"\nscript = "answers.toml"\ntimeout = 30\n')
+    roles["plan"] = 'runner = "command"\ncommand = "echo 1. write feature.txt"\n'
+    repo = make_user_repo(tmp_path, roles)
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS)  # not committed: read from the repo
+    (repo / "phasegate.toml").write_text(
+        (repo / "phasegate.toml").read_text().replace(DRY_RUN_FILE, "feature.txt")
+    )
+    before = snapshot(repo)
+    proc = dry_run(repo, "--keep", "--json", "Add the feature")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["workflow"]["status"] == "completed"
+    assert [(r["role"], r["runner"]) for r in result["agent_runs"]] == [
+        ("plan", "command"),
+        *((role, "scripted") for role in ROLES[1:]),
+    ]
+    info = result["dry_run"]
+    assert (info["offline_roles"], info["model_requests"], info["kept"]) == ([], 0, True)
+    clone = Path(info["clone"])
+    assert git(clone, "show", "main:feature.txt") == "the feature"  # merged in the clone
+    assert git(clone, "remote") == ""  # the clone cannot reach the repository
+    assert snapshot(repo) == before
+    shutil.rmtree(clone.parent)
+
+
+def test_a_bad_script_is_an_error_naming_its_key(tmp_path: Path) -> None:
+    repo = make_user_repo(tmp_path, dict.fromkeys(ROLES, 'runner = "command"\ncommand = "true"\n'))
+    script = tmp_path / "bad.toml"
+    script.write_text('[review]\nsteps = [{ txt = "VERDICT: approve" }]\n')
+    proc = dry_run(repo, "--script", str(script), "ticket")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert f"{script}: review.steps[0].txt: unknown key" in " ".join(proc.stderr.split())
+
+    with pytest.raises(ScriptError, match=r"build\.steps: a non-empty array"):
+        script.write_text("[build]\nsteps = []\n")
+        load_script(script)
+    with pytest.raises(ScriptError, match=r"build\.steps\[0\]\.tools\[0\]: a tool call is"):
+        script.write_text('[build]\nsteps = [{ tools = ["Write"] }]\n')
+        load_script(script)
+    with pytest.raises(ScriptError, match="not valid TOML"):
+        script.write_text("[build\n")
+        load_script(script)
+
+
+def test_a_missing_agent_cli_stops_the_dry_run_before_anything_runs(tmp_path: Path) -> None:
+    role = 'runner = "claude-code"\nexecutable = "/nonexistent/claude"\n'
+    repo = make_user_repo(tmp_path, dict.fromkeys(ROLES, role))
+    proc = dry_run(repo, "ticket")
+    assert proc.returncode == 2
+    err = " ".join(proc.stderr.split())
+    assert "roles.plan: the claude-code executable `/nonexistent/claude` is not found" in err
+    assert "phasegate doctor" in err
+
+
+def test_a_script_reads_into_steps_and_markers(tmp_path: Path) -> None:
+    script = tmp_path / "s.toml"
+    script.write_text(
+        '["review round 2"]\nsteps = [{ text = "VERDICT: approve" }]\n'
+        "[build]\nsteps = [\n"
+        '  { tools = [{ name = "Write", input = { file_path = "{cwd}/a", content = "a" } }] },\n'
+        '  { text = "done", input_tokens = 7, status = 200 },\n]\n'
+    )
+    scripts = load_script(script)
+    assert list(scripts) == ["review round 2", "build"]
+    first, second = scripts["build"]
+    assert first.tools[0].name == "Write" and first.tools[0].input["file_path"] == "{cwd}/a"
+    assert (second.text, second.input_tokens) == ("done", 7)
+
+
+def test_each_role_marker_picks_its_own_prompt_only() -> None:
+    prompts = {
+        "plan": planning.PLAN_PROMPT,
+        "plan_review": planning.REVIEW_PROMPT,
+        "build": development.BUILD_PROMPT,
+        "review": pr_review.REVIEW_PROMPT,
+        "verification": acceptance_verification.VERIFY_PROMPT,
+    }
+    for role, marker in ROLE_MARKERS.items():
+        assert len(marker) > 20
+        assert [r for r, prompt in prompts.items() if marker in prompt] == [role]
+
+
+def test_offline_binding_keeps_the_role_and_replaces_model_and_key() -> None:
+    claude = RoleBinding(
+        runner="claude-code",
+        executable="/opt/claude",
+        api_key_env="ANTHROPIC_API_KEY",
+        allowed_tools=["Read", "Write"],
+        max_turns=5,
+        timeout=42,
+        pass_env=["HTTPS_PROXY", "GITHUB_TOKEN"],
+        env={"FOO": "1", "ANTHROPIC_AUTH_TOKEN": SENTINEL},
+    )
+    offline = offline_binding(claude, "http://127.0.0.1:9")
+    assert (offline.runner, offline.executable, offline.allowed_tools) == (
+        "claude-code",
+        "/opt/claude",
+        ["Read", "Write"],
+    )
+    assert (offline.max_turns, offline.timeout) == (5, 42)
+    assert (offline.base_url, offline.api_key_env) == ("http://127.0.0.1:9", None)
+    assert offline.pass_env == ["HTTPS_PROXY"]
+    assert offline.env == {
+        "FOO": "1",
+        "ANTHROPIC_API_KEY": DUMMY_KEY,
+        "CLAUDE_CODE_MAX_RETRIES": "0",
+    }
+
+    codex = offline_binding(RoleBinding(runner="codex", model="gpt-5"), "http://h:1")
+    assert (codex.base_url, codex.model, codex.env["OPENAI_API_KEY"]) == (
+        "http://h:1/v1",
+        "gpt-5",
+        DUMMY_KEY,
+    )
+    assert "model_providers.phasegate.request_max_retries=0" in codex.extra_args
+
+    api = offline_binding(RoleBinding(runner="api", model="anthropic/claude-x"), "http://h:1")
+    assert (api.model, api.base_url) == ("anthropic/claude-x", "http://h:1")
+    other = offline_binding(RoleBinding(runner="api", model="gemini/gemini-2.5-pro"), "http://h:1")
+    assert (other.model, other.base_url) == ("openai/gemini-2.5-pro", "http://h:1/v1")
+    assert other.env[other.api_key_env or ""] == DUMMY_KEY
+
+    command = RoleBinding(runner="command", command="my-agent")
+    assert offline_binding(command, "http://h:1") is command
+
+
+def test_the_readme_script_example_loads(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Doctor and dry run", 1)[1]
+    example = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "example.toml"
+    script.write_text(example)
+    scripts = load_script(script)
+    assert list(scripts) == ["review", "review round 2", "build"]
+    assert scripts["review"][0].text == "Needs a test.\nVERDICT: request_changes"
+    assert scripts["build"][0].tools[0].input == {"file_path": "{cwd}/hi.txt", "content": "hi\n"}
