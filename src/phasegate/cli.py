@@ -44,7 +44,7 @@ from phasegate.engine import Engine
 from phasegate.phases import acceptance_verification
 from phasegate.report import render_report
 from phasegate.store import Store, open_store
-from phasegate.workspace import GitError, git
+from phasegate.workspace import GitError, Workspace, git
 
 app = typer.Typer(
     help="Drive coding agents through a contract-checked ticket lifecycle:\n\n"
@@ -313,12 +313,7 @@ def init(
             raise UsageError(f"{path} exists; use --force to overwrite")
         chosen = default_cartridge(root)
         path.write_text(chosen.text, encoding="utf-8")
-        exclude = Path(git(["rev-parse", "--git-path", "info/exclude"], root))
-        exclude = exclude if exclude.is_absolute() else root / exclude
-        exclude.parent.mkdir(parents=True, exist_ok=True)
-        lines = exclude.read_text().splitlines() if exclude.exists() else []
-        if ".phasegate/" not in lines:
-            exclude.write_text("\n".join([*lines, ".phasegate/"]) + "\n")
+        Workspace().exclude(root, ".phasegate/")
         load_cartridge(root)
     console.print(f"wrote {path}", highlight=False)
     _print_chosen(chosen)
