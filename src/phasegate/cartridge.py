@@ -65,7 +65,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-RUNNERS = ("command", "scripted", "claude-code", "codex", "api")
+RUNNERS = ("command", "scripted", "claude-code", "codex", "api", "mini-swe-agent")
 
 #: The keys each runner reads, besides those every runner reads (_COMMON_KEYS).
 _RUNNER_KEYS: dict[str, frozenset[str]] = {
@@ -104,9 +104,26 @@ _RUNNER_KEYS: dict[str, frozenset[str]] = {
             "output_usd_per_mtok",
         }
     ),
+    "mini-swe-agent": frozenset(
+        {
+            "executable",
+            "model",
+            "base_url",
+            "api_key_env",
+            "max_turns",
+            "extra_args",
+            "input_usd_per_mtok",
+            "output_usd_per_mtok",
+        }
+    ),
 }
 _COMMON_KEYS = frozenset({"runner", "timeout", "env", "pass_env", "budget_usd"})
-_REQUIRED_KEYS = {"command": ("command",), "scripted": ("script",), "api": ("model",)}
+_REQUIRED_KEYS = {
+    "command": ("command",),
+    "scripted": ("script",),
+    "api": ("model",),
+    "mini-swe-agent": ("model",),
+}
 
 
 class RoleBinding(_Strict):
@@ -123,6 +140,8 @@ class RoleBinding(_Strict):
     - ``api``: a model called through litellm (any provider or an
       OpenAI-compatible ``base_url``); as the build role it answers with a
       unified diff that phasegate applies.
+    - ``mini-swe-agent``: the mini-SWE-agent CLI (``mini``), its model called
+      through litellm; a fresh conversation per call.
 
     An agent's process gets only what the cartridge names: ``env`` (values),
     ``pass_env`` (variables passed through from phasegate's environment) and
@@ -130,7 +149,7 @@ class RoleBinding(_Strict):
     phasegate's environment reaches it but PATH and the locale.
     """
 
-    runner: Literal["command", "scripted", "claude-code", "codex", "api"]
+    runner: Literal["command", "scripted", "claude-code", "codex", "api", "mini-swe-agent"]
     timeout: float = Field(default=900.0, gt=0, description="seconds; the agent is killed after")
     env: dict[str, str] = Field(default_factory=dict)
     pass_env: list[str] = Field(default_factory=list)

@@ -8,6 +8,7 @@ from phasegate.agents.base import ERROR_KINDS, AgentRequest, AgentResult, Runner
 from phasegate.agents.claude_code import ClaudeCodeRunner
 from phasegate.agents.codex import CodexRunner
 from phasegate.agents.command import CommandRunner
+from phasegate.agents.mini_swe_agent import MiniSweAgentRunner
 from phasegate.agents.scripted import ScriptedRunner
 from phasegate.cartridge import RoleBinding
 
@@ -18,6 +19,7 @@ __all__ = [
     "ClaudeCodeRunner",
     "CodexRunner",
     "CommandRunner",
+    "MiniSweAgentRunner",
     "Runner",
     "ScriptedRunner",
     "make_runner",
@@ -36,6 +38,8 @@ def make_runner(binding: RoleBinding, repo: Path) -> Runner:
         from phasegate.agents.api import ApiRunner  # litellm is heavy: import it when bound
 
         return ApiRunner(binding)
+    if binding.runner == "mini-swe-agent":
+        return MiniSweAgentRunner(binding)
     assert binding.script is not None
     script = Path(binding.script)
     return ScriptedRunner.from_file(script if script.is_absolute() else repo / script)
