@@ -55,7 +55,10 @@ How phasegate drives it:
   variable litellm reads for the model's provider. Never on the command line
   or in the config file.
 - HOME and ``MSWEA_GLOBAL_CONFIG_DIR`` are a directory of the workflow's own;
-  the config and trajectory of a role's last call are kept there.
+  the config and trajectory of a role's last call are kept there. The
+  trajectory holds every command's output as the model saw it (a command
+  that prints the environment puts the key there); phasegate reads only the
+  answer, usage and status from it, and the store never holds it.
 - One command may run for 300 s (mini's default is 30 s), never longer than
   the call's timeout.
 - ``max_turns`` is ``agent.step_limit``; the call's budget is
