@@ -104,13 +104,16 @@ CARTRIDGE_FAULTS = {
 
 
 @pytest.mark.parametrize("fault", CARTRIDGE_FAULTS)
-def test_a_malformed_cartridge_exits_2_naming_the_key(tmp_path: Path, fault: str) -> None:
+def test_a_malformed_cartridge_stops_work_with_exit_2_naming_the_key(
+    tmp_path: Path, fault: str
+) -> None:
     settings, expected = CARTRIDGE_FAULTS[fault]
     repo = make_project(tmp_path, **settings)
     head = git(repo, "rev-parse", "HEAD")
     cartridge_path = str(repo / "phasegate.toml")
 
-    for args in (["run", "--repo", str(repo), "the ticket"], ["status", "--repo", str(repo)]):
+    acting = (["run", "--repo", str(repo), "the ticket"], ["worker", "--once", "--repo", str(repo)])
+    for args in acting:
         proc = phasegate_cli(*args)
         message = flat(proc.stderr)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
@@ -123,6 +126,10 @@ def test_a_malformed_cartridge_exits_2_naming_the_key(tmp_path: Path, fault: str
     assert not (repo / ".phasegate").exists()
     assert git(repo, "branch", "--format=%(refname:short)") == "main"
     assert git(repo, "rev-parse", "HEAD") == head
+    # looking still works, and says what is wrong
+    looking = phasegate_cli("status", "--repo", str(repo), "--json")
+    assert looking.returncode == 0 and json.loads(looking.stdout) == []
+    assert all(part in flat(looking.stderr) for part in expected)
     (repo / "phasegate.toml").write_text(scripted_cartridge())
     listed = phasegate_cli("status", "--repo", str(repo), "--json")
     assert listed.returncode == 0, listed.stderr

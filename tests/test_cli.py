@@ -392,3 +392,25 @@ def test_approve_merge_is_refused_unless_the_workflow_waits(tmp_path: Path) -> N
     code, detail = cli_json("show", summary["id"], "--repo", str(repo), "--json")
     assert code == 0 and detail["workflow"]["status"] == "failed"
     assert not any(m["kind"] == "merge_approved" for m in detail["milestones"])
+
+
+def test_status_and_show_still_read_the_state_while_the_cartridge_is_broken(
+    happy_repo: Path,
+) -> None:
+    code, summary = cli_json("run", "--repo", str(happy_repo), "the ticket")
+    assert code == 0
+    (happy_repo / "phasegate.toml").write_text("[limits]\nmax_plan_round = 3\n")
+    status = phasegate_cli("status", "--repo", str(happy_repo), "--json")
+    assert status.returncode == 0, status.stderr
+    assert [r["id"] for r in json.loads(status.stdout)] == [summary["id"]]
+    assert "limits.max_plan_round" in flat(status.stderr)
+    show = phasegate_cli("show", summary["id"], "--repo", str(happy_repo))
+    assert show.returncode == 0 and "acceptance_verification" in show.stdout
+
+
+def test_show_of_a_waiting_workflow_prints_its_report(tmp_path: Path) -> None:
+    repo = make_project(tmp_path, cartridge=scripted_cartridge(auto_merge=False))
+    code, summary = cli_json("run", "--repo", str(repo), "the ticket")
+    assert (code, summary["status"]) == (0, "waiting")
+    shown = phasegate_cli("show", summary["id"], "--repo", str(repo)).stdout
+    assert "Progress report" in shown and "waiting for `phasegate approve-merge`" in shown

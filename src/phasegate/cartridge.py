@@ -62,7 +62,7 @@ class CartridgeError(PhasegateError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # "yes" is not a bool
 
 
 RUNNERS = ("command", "scripted", "claude-code", "codex", "api", "mini-swe-agent")

@@ -28,6 +28,7 @@ from phasegate import __version__
 from phasegate.cartridge import (
     CARTRIDGE_FILE,
     Cartridge,
+    CartridgeError,
     DefaultCartridge,
     default_cartridge,
     load_cartridge,
@@ -94,6 +95,16 @@ def _open(repo: Path) -> tuple[Path, Cartridge, Store]:
     root = _repo_root(repo)
     cartridge = load_cartridge(root)
     return root, cartridge, open_store(cartridge.store_url(root))
+
+
+def _open_for_reading(repo: Path) -> Store:
+    """The store, even while the cartridge is broken: looking must not need it valid."""
+    root = _repo_root(repo)
+    try:
+        return open_store(load_cartridge(root).store_url(root))
+    except CartridgeError as exc:
+        err.print(f"[yellow]warning:[/yellow] {escape(str(exc))}; reading the default store")
+        return open_store(Cartridge().store_url(root))
 
 
 # -- progress -----------------------------------------------------------------------
@@ -641,16 +652,17 @@ def worker(
 def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     """Every workflow: phase, status, tokens and cost."""
     with _errors():
-        _, _, store = _open(repo)
+        store = _open_for_reading(repo)
         rows = [_summary(store, r) for r in store.list_workflows()]
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    table = Table("id", "title", "phase", "status", "tokens", "cost (USD)", "updated")
+    table = Table("id", "title", "phase", "status", "tokens", "cost (USD)", "updated (UTC)")
     for r in rows:
+        title = r["title"] if len(r["title"]) <= 40 else r["title"][:39] + "…"
         table.add_row(
             r["id"],
-            escape(r["title"][:40]),
+            escape(title),
             r["current_phase"],
             r["status"],
             str(r["tokens"]),
@@ -668,7 +680,7 @@ def show(
 ) -> None:
     """One workflow: its phase timeline with milestones, agent runs and the reason it stopped."""
     with _errors():
-        _, _, store = _open(repo)
+        store = _open_for_reading(repo)
         detail = _detail(store, workflow_id)
     if as_json:
         console.print_json(json.dumps(detail, default=str))
@@ -737,6 +749,13 @@ def _print_detail(detail: Mapping[str, Any]) -> None:
             )
         console.print()
         console.print(agents)
+    if detail["report"] and s["status"] == "waiting":  # what a person approves or answers
+        console.print()
+        console.print(
+            render_report(detail["report"], detail["report"].get("content_language", "en")),
+            highlight=False,
+            markup=False,
+        )
 
 
 _MARKS = {
