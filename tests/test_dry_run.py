@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -211,7 +210,9 @@ def test_command_and_scripted_roles_run_as_they_are(tmp_path: Path) -> None:
         (repo / "phasegate.toml").read_text().replace(DRY_RUN_FILE, "feature.txt")
     )
     before = snapshot(repo)
-    proc = dry_run(repo, "--keep", "--json", "Add the feature")
+    scratch = tmp_path / "scratch"  # the kept clone lands here, and goes with tmp_path
+    scratch.mkdir()
+    proc = dry_run(repo, "--keep", "--json", "Add the feature", env={"TMPDIR": str(scratch)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(proc.stdout)
     assert result["workflow"]["status"] == "completed"
@@ -222,10 +223,10 @@ def test_command_and_scripted_roles_run_as_they_are(tmp_path: Path) -> None:
     info = result["dry_run"]
     assert (info["offline_roles"], info["model_requests"], info["kept"]) == ([], 0, True)
     clone = Path(info["clone"])
+    assert clone.parent.parent == scratch
     assert git(clone, "show", "main:feature.txt") == "the feature"  # merged in the clone
     assert git(clone, "remote") == ""  # the clone cannot reach the repository
     assert snapshot(repo) == before
-    shutil.rmtree(clone.parent)
 
 
 def test_a_bad_script_is_an_error_naming_its_key(tmp_path: Path) -> None:
