@@ -24,7 +24,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from phasegate import __version__
+from phasegate import __version__, decisions
 from phasegate.cartridge import (
     CARTRIDGE_FILE,
     Cartridge,
@@ -34,9 +34,7 @@ from phasegate.cartridge import (
     load_cartridge,
 )
 from phasegate.contract import (
-    PHASE_STATUS_MAP,
     RUNNABLE_STATUSES,
-    ContractViolation,
     PhasegateError,
     PhaseResult,
 )
@@ -816,17 +814,7 @@ def resume(
     as_json: JsonOption = False,
 ) -> None:
     """Resume a failed, paused or interrupted workflow from its current phase."""
-
-    def decide(_engine: Engine, ctx: Any) -> PhaseResult:
-        if ctx.status == "completed":
-            raise ContractViolation(f"workflow {ctx.id} is completed")
-        return PhaseResult(
-            "retry",
-            status=PHASE_STATUS_MAP[ctx.current_phase],
-            state={"test_retries": 0, "verification_attempt": 0, "verification_parse_failures": 0},
-        )
-
-    _manual(repo, workflow_id, decide, not no_advance, as_json)
+    _manual(repo, workflow_id, lambda _e, ctx: decisions.resume(ctx), not no_advance, as_json)
 
 
 @app.command()
@@ -838,15 +826,9 @@ def feedback(
     as_json: JsonOption = False,
 ) -> None:
     """Send feedback: a waiting workflow goes back to development with it."""
-
-    def decide(_engine: Engine, ctx: Any) -> PhaseResult:
-        if ctx.status == "completed":
-            raise ContractViolation(f"workflow {ctx.id} is completed")
-        return PhaseResult(
-            "retry", status=PHASE_STATUS_MAP[ctx.current_phase], updates={"user_feedback": text}
-        )
-
-    _manual(repo, workflow_id, decide, not no_advance, as_json)
+    _manual(
+        repo, workflow_id, lambda _e, ctx: decisions.feedback(ctx, text), not no_advance, as_json
+    )
 
 
 @app.command("approve-merge")
@@ -858,21 +840,9 @@ def approve_merge(
     as_json: JsonOption = False,
 ) -> None:
     """Allow a waiting workflow (phase wait, after its report) to merge its pull request."""
-
-    def decide(_engine: Engine, ctx: Any) -> PhaseResult:
-        # Only what a person has seen may be approved: the report of a waiting workflow.
-        if ctx.current_phase != "wait":
-            raise ContractViolation(
-                f"workflow {ctx.id} is in {ctx.current_phase} ({ctx.status}), not waiting for a "
-                "merge approval; `phasegate show` says what it needs"
-            )
-        return PhaseResult(
-            "retry",
-            status=PHASE_STATUS_MAP[ctx.current_phase],
-            state={"merge_approved": True, "merge_approved_by": by},
-        )
-
-    _manual(repo, workflow_id, decide, not no_advance, as_json)
+    _manual(
+        repo, workflow_id, lambda _e, ctx: decisions.approve_merge(ctx, by), not no_advance, as_json
+    )
 
 
 @app.command("verify-override")
