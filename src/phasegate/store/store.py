@@ -287,36 +287,27 @@ class Store:
         key = f"{workflow_id}:{phase}:{write.kind}:r{write.round}:a{write.attempt}"
         return f"{key}:{write.key}" if write.key else key
 
+    def _workflow_rows(
+        self, table: sa.Table, workflow_id: str, *where: sa.ColumnElement[bool]
+    ) -> list[dict[str, Any]]:
+        """``table``'s rows of one workflow, oldest first, timestamps UTC-aware."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(table)
+                .where(table.c.workflow_id == workflow_id, *where)
+                .order_by(table.c.id)
+            ).mappings()
+            return [
+                {k: _utc(v) if isinstance(v, datetime) else v for k, v in r.items()} for r in rows
+            ]
+
     def milestones(self, workflow_id: str) -> list[MilestoneView]:
         """The workflow's milestones, oldest first."""
-        with self.engine.connect() as conn:
-            rows = (
-                conn.execute(
-                    sa.select(t.milestones)
-                    .where(t.milestones.c.workflow_id == workflow_id)
-                    .order_by(t.milestones.c.id)
-                )
-                .mappings()
-                .all()
-            )
-        return [_milestone_view(r) for r in rows]
+        return [_milestone_view(r) for r in self._workflow_rows(t.milestones, workflow_id)]
 
     def milestone_rows(self, workflow_id: str) -> list[dict[str, Any]]:
         """The workflow's milestones as rows (with timestamps), oldest first."""
-        with self.engine.connect() as conn:
-            rows = (
-                conn.execute(
-                    sa.select(t.milestones)
-                    .where(t.milestones.c.workflow_id == workflow_id)
-                    .order_by(t.milestones.c.id)
-                )
-                .mappings()
-                .all()
-            )
-        return [
-            {**r, "created_at": _utc(r["created_at"]), "updated_at": _utc(r["updated_at"])}
-            for r in rows
-        ]
+        return self._workflow_rows(t.milestones, workflow_id)
 
     def milestone_by_key(self, dedupe_key: str) -> MilestoneView | None:
         with self.engine.connect() as conn:
@@ -431,17 +422,7 @@ class Store:
 
     def events(self, workflow_id: str, after_id: int = 0) -> list[dict[str, Any]]:
         """The workflow's events with id > ``after_id``, oldest first."""
-        with self.engine.connect() as conn:
-            rows = (
-                conn.execute(
-                    sa.select(t.events)
-                    .where(t.events.c.workflow_id == workflow_id, t.events.c.id > after_id)
-                    .order_by(t.events.c.id)
-                )
-                .mappings()
-                .all()
-            )
-        return [{**r, "created_at": _utc(r["created_at"])} for r in rows]
+        return self._workflow_rows(t.events, workflow_id, t.events.c.id > after_id)
 
     def add_event(self, workflow_id: str, event: EventWrite) -> None:
         with self.transaction() as conn:
@@ -460,17 +441,8 @@ class Store:
             )
 
     def agent_runs(self, workflow_id: str) -> list[dict[str, Any]]:
-        with self.engine.connect() as conn:
-            rows = (
-                conn.execute(
-                    sa.select(t.agent_runs)
-                    .where(t.agent_runs.c.workflow_id == workflow_id)
-                    .order_by(t.agent_runs.c.id)
-                )
-                .mappings()
-                .all()
-            )
-        return [dict(r) for r in rows]
+        """The workflow's agent calls, oldest first."""
+        return self._workflow_rows(t.agent_runs, workflow_id)
 
     def count_agent_runs(self, workflow_id: str, role: str) -> int:
         """How many calls of ``role`` this workflow has finished."""
