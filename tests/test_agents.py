@@ -170,3 +170,17 @@ def test_an_agent_sees_only_the_environment_its_binding_names(
     assert "GITHUB_TOKEN" not in seen and "UNRELATED" not in seen
     assert seen["OPENAI_API_KEY"] == "sk-sentinel-passed-by-name"
     assert seen["MODE"] == "ci" and "PATH" in seen
+
+
+def test_a_loose_multi_file_patch_applies_as_meant(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", {"a.txt": "old\n", "b.txt": "b\n"})
+    patch = (
+        "--- a.txt\n+++ a.txt\n@@ -1 +1 @@\n-old\n+new\n"  # no a/ b/ prefixes
+        "diff --git a/c.txt b/c.txt\n"  # a new file without its mode line
+        "--- /dev/null\n+++ b/c.txt\n@@ -0,0 +1 @@\n+c\n"
+        "--- a/b.txt\n+++ b/b.txt\n@@ -1 +1 @@\n-b\n+B"  # no diff line, no final newline
+    )
+    runner = ScriptedRunner({"build": [{"text": "ok", "patch": patch}]})
+    assert runner.run(request(repo), threading.Event()).ok
+    assert [(repo / n).read_text() for n in ("a.txt", "b.txt", "c.txt")] == ["new\n", "B\n", "c\n"]
+    assert not (repo / "dev").exists()

@@ -7,6 +7,7 @@ Every function takes explicit paths; nothing here reads the store. Errors are
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -24,6 +25,7 @@ __all__ = [
     "DirtyCheckout",
     "GitError",
     "PatchError",
+    "normalize_diff",
     "Workspace",
     "git",
 ]
@@ -79,6 +81,46 @@ class CheckResult:
 
     def as_dict(self) -> dict[str, object]:
         return {**asdict(self), "passed": self.passed}
+
+
+#: git's extended header lines: never part of a hunk, and dropped by normalize_diff.
+_GIT_HEADER = re.compile(
+    r"^(diff --git |index |(old|new|deleted file|new file) mode |similarity index |"
+    r"dissimilarity index |rename (from|to) |copy (from|to) )"
+)
+
+
+def normalize_diff(diff: str) -> str:
+    """``diff`` as a plain unified diff that ``git apply --recount`` reads as meant.
+
+    Models write git-style headers without the ``new file mode`` line (git
+    would then create a file named ``dev/null``) and plain multi-file diffs
+    (``--recount`` would count the next file's ``---`` line as a removal). So
+    git's extended headers are dropped, and each file's ``---``/``+++`` pair is
+    preceded by a ``diff`` line, which ends the previous hunk; a path missing
+    its ``a/``/``b/`` prefix gets it. File modes and renames are lost; a model
+    cannot be trusted with them anyway.
+    """
+    lines = [line for line in diff.splitlines(keepends=True) if not _GIT_HEADER.match(line)]
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+            old, new = _header_path(line, "a/"), _header_path(lines[i + 1], "b/")
+            out += [f"diff {old} {new}\n", f"--- {old}\n", f"+++ {new}\n"]
+            i += 2
+        else:
+            out.append(line)
+            i += 1
+    return "".join(out)
+
+
+def _header_path(line: str, prefix: str) -> str:
+    path = line[4:].rstrip("\r\n").split("\t")[0].strip()
+    if path == "/dev/null" or path.startswith(prefix):
+        return path
+    return prefix + path
 
 
 def _patch_paths(patch: str) -> list[str]:
@@ -248,12 +290,15 @@ class Workspace:
     def apply_patch(self, path: Path, patch: str) -> list[str]:
         """Apply a unified diff in the worktree at ``path``; return the files it touches.
 
-        Raises PatchError, changing nothing, when a path is absolute or climbs
-        out of the worktree, or when git cannot apply it. A patch missing its
-        final newline is accepted.
+        Agents write diffs loosely, so the patch is read as ``normalize_diff``
+        makes it (a multi-file diff without ``diff`` lines, a new file without
+        its mode line, paths without ``a/``/``b/``); a patch missing its final
+        newline is accepted. Raises PatchError, changing nothing, when a path
+        is absolute or climbs out of the worktree, or when git cannot apply it.
         """
         if not patch.strip():
             raise PatchError("the patch is empty")
+        patch = normalize_diff(patch)
         files = _patch_paths(patch)
         for name in files:
             pure = PurePosixPath(name)

@@ -41,7 +41,7 @@ from phasegate.agents.env import child_env
 from phasegate.cartridge import RoleBinding
 from phasegate.workspace import GitError, PatchError, Workspace, git
 
-__all__ = ["ApiRunner", "build_context", "extract_diff", "normalize_diff"]
+__all__ = ["ApiRunner", "build_context", "extract_diff"]
 
 _POLL_S = 0.05
 _LISTING_CHARS = 20_000  # of `git ls-files` shown to the build role
@@ -151,46 +151,6 @@ def build_context(prompt: str, cwd: Path) -> str:
     if shown:
         parts.append("\n## Files the prompt names\n\n" + "\n".join(shown))
     return "".join(parts)
-
-
-#: git's extended header lines: never part of a hunk, and dropped by normalize_diff.
-_GIT_HEADER = re.compile(
-    r"^(diff --git |index |(old|new|deleted file|new file) mode |similarity index |"
-    r"dissimilarity index |rename (from|to) |copy (from|to) )"
-)
-
-
-def normalize_diff(diff: str) -> str:
-    """``diff`` as a plain unified diff that ``git apply --recount`` reads as meant.
-
-    Models write git-style headers without the ``new file mode`` line (git
-    would then create a file named ``dev/null``) and plain multi-file diffs
-    (``--recount`` would count the next file's ``---`` line as a removal). So
-    git's extended headers are dropped, and each file's ``---``/``+++`` pair is
-    preceded by a ``diff`` line, which ends the previous hunk; a path missing
-    its ``a/``/``b/`` prefix gets it. File modes and renames are lost; a model
-    cannot be trusted with them anyway.
-    """
-    lines = [line for line in diff.splitlines(keepends=True) if not _GIT_HEADER.match(line)]
-    out: list[str] = []
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
-            old, new = _header_path(line, "a/"), _header_path(lines[i + 1], "b/")
-            out += [f"diff {old} {new}\n", f"--- {old}\n", f"+++ {new}\n"]
-            i += 2
-        else:
-            out.append(line)
-            i += 1
-    return "".join(out)
-
-
-def _header_path(line: str, prefix: str) -> str:
-    path = line[4:].rstrip("\r\n").split("\t")[0].strip()
-    if path == "/dev/null" or path.startswith(prefix):
-        return path
-    return prefix + path
 
 
 _FENCE_OPEN = re.compile(r"^```+\s*([\w+-]*)\s*$")
@@ -360,7 +320,7 @@ class ApiRunner:
                 text, error_kind="invalid_patch", error=f"the answer holds no diff{cut}", **fields
             )
         try:
-            files = self.workspace.apply_patch(request.cwd, normalize_diff(diff))
+            files = self.workspace.apply_patch(request.cwd, diff)
         except PatchError as exc:
             return AgentResult(text, error_kind="invalid_patch", error=f"{exc}{cut}", **fields)
         summary = f"\n\n(phasegate applied the diff to {len(files)} file(s): {', '.join(files)})"
