@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,7 @@ import pytest
 from phasegate.cartridge import load_cartridge
 from phasegate.engine import Engine
 from phasegate.store import Store, open_store
+from phasegate.testing.model_server import ScriptedModelServer, Step
 
 ROLES = ("plan", "plan_review", "build", "review", "verification")
 
@@ -149,6 +150,21 @@ def engine_for() -> Callable[..., tuple[Engine, Store]]:
     yield build
     for store in stores:
         store.close()
+
+
+@pytest.fixture
+def server_factory() -> Iterator[Callable[[Mapping[str, Sequence[Step]]], ScriptedModelServer]]:
+    """Start scripted model servers (phasegate.testing.model_server); all stopped after the test."""
+    servers: list[ScriptedModelServer] = []
+
+    def start(scripts: Mapping[str, Sequence[Step]]) -> ScriptedModelServer:
+        server = ScriptedModelServer(scripts).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
 
 
 def phasegate_cli(

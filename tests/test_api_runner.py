@@ -9,7 +9,6 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -43,20 +42,6 @@ APP_PATCH = """--- a/src/app.py
  def main():
 """  # blank context lines without their space, as models write them
 APP_DIFF = f"Greet the world instead.\n\n```diff\n{APP_PATCH}```\n"
-
-
-@pytest.fixture
-def server_factory() -> Iterator:
-    servers: list[ScriptedModelServer] = []
-
-    def start(scripts: Mapping[str, Sequence[Step]]) -> ScriptedModelServer:
-        server = ScriptedModelServer(scripts).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 @pytest.fixture(autouse=True)

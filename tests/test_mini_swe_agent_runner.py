@@ -14,7 +14,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from phasegate.agents.base import AgentRequest
 from phasegate.agents.mini_swe_agent import MiniSweAgentRunner, parse_trajectory
 from phasegate.agents.process import ProcessOutcome
 from phasegate.cartridge import RoleBinding
-from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, key_sha
+from phasegate.testing.model_server import Step, ToolCall, key_sha
 
 from conftest import HAPPY_ANSWERS, agent_cli, git, make_repo, phasegate_cli, scripted_cartridge
 
@@ -135,20 +135,6 @@ def assert_no_keys(repo: Path, *outputs: str) -> None:
 @pytest.fixture
 def mini() -> str:
     return agent_cli("mini")
-
-
-@pytest.fixture
-def server_factory() -> Iterator:
-    servers: list[ScriptedModelServer] = []
-
-    def start(scripts: Mapping[str, Sequence[Step]]) -> ScriptedModelServer:
-        server = ScriptedModelServer(scripts).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 # -- how the runner configures mini and reads it (no CLI needed) ---------------------

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
-from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, key_sha
+from phasegate.testing.model_server import Step, ToolCall, key_sha
 
 from conftest import agent_cli, git, make_repo, phasegate_cli, scripted_cartridge
 
@@ -103,20 +103,6 @@ def claude() -> str:
 @pytest.fixture
 def codex() -> str:
     return agent_cli("codex")
-
-
-@pytest.fixture
-def server_factory() -> Iterator:
-    servers: list[ScriptedModelServer] = []
-
-    def start(scripts: Mapping[str, Sequence[Step]]) -> ScriptedModelServer:
-        server = ScriptedModelServer(scripts).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def assert_no_sentinel(repo: Path, *outputs: str) -> None:
