@@ -31,13 +31,19 @@ from phasegate.discover import (
 
 __all__ = [
     "CARTRIDGE_FILE",
+    "AutonomySettings",
     "Cartridge",
     "CartridgeError",
     "DefaultCartridge",
+    "EpicThreshold",
+    "GraphSettings",
     "LandingAreas",
     "Limits",
+    "ReviewTierRule",
+    "ReviewTiers",
     "RoleBinding",
     "Roles",
+    "WorkRouting",
     "default_cartridge",
     "load_cartridge",
     "render_default_cartridge",
@@ -53,8 +59,19 @@ ROLE_SESSION_LINES = {
     "review": "review",
     "verification": "verification",
 }
+#: The development graph's optional roles (spec 002); an unbound one is absent.
+GRAPH_OPTIONAL_ROLES = (
+    "scope_epic",
+    "plan_alternative",
+    "plan_arbitrate",
+    "plan_adversary",
+    "review_adversary",
+    "arbitrate",
+)
 #: Roles that must not write to the worktree.
-READ_ONLY_ROLES = frozenset({"plan", "plan_review", "review", "verification"})
+READ_ONLY_ROLES = frozenset(
+    {"plan", "plan_review", "review", "verification", *GRAPH_OPTIONAL_ROLES}
+)
 
 
 class CartridgeError(PhasegateError):
@@ -185,6 +202,13 @@ class Roles(_Strict):
     build: RoleBinding | None = None
     review: RoleBinding | None = None
     verification: RoleBinding | None = None
+    # The development graph's optional roles (GRAPH_OPTIONAL_ROLES).
+    scope_epic: RoleBinding | None = None
+    plan_alternative: RoleBinding | None = None
+    plan_arbitrate: RoleBinding | None = None
+    plan_adversary: RoleBinding | None = None
+    review_adversary: RoleBinding | None = None
+    arbitrate: RoleBinding | None = None
 
 
 class Limits(_Strict):
@@ -220,6 +244,88 @@ class StoreSettings(_Strict):
     url: str | None = None
 
 
+class ReviewTierRule(_Strict):
+    """``tier`` for a change when every condition the rule names holds (spec 002).
+
+    ``min_files``, ``min_lines`` (insertions plus deletions) compare with the
+    change facts; ``paths`` match when a touched path is one of them, under
+    one ending in ``/``, or matched as a glob; ``self_modification`` when the
+    change touches governance paths (true) or does not (false).
+    """
+
+    tier: int = Field(ge=0, le=2)  # not Literal: strict ints refuse `true`
+    min_files: int | None = Field(default=None, ge=1)
+    min_lines: int | None = Field(default=None, ge=1)
+    paths: list[str] = Field(default_factory=list)
+    self_modification: bool | None = None
+
+    @model_validator(mode="after")
+    def _has_condition(self) -> ReviewTierRule:
+        if (
+            self.min_files is None
+            and self.min_lines is None
+            and not self.paths
+            and self.self_modification is None
+        ):
+            raise ValueError(
+                "a tier rule needs a condition: min_files, min_lines, paths or self_modification"
+            )
+        return self
+
+
+class ReviewTiers(_Strict):
+    """How many reviewers a change gets: tier 0 review once, 1 with an adversary,
+    2 with the adversary and an arbitrator. The highest matching tier wins."""
+
+    default: int = Field(default=0, ge=0, le=2)
+    rules: list[ReviewTierRule] = Field(default_factory=list)
+
+
+class EpicThreshold(_Strict):
+    """Pieces of work (scope_epic's SUBTASK lines) that make a parent, and an epic."""
+
+    parent_at: int = Field(default=2, ge=2)
+    epic_at: int = Field(default=5, ge=3)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> EpicThreshold:
+        if self.epic_at <= self.parent_at:
+            raise ValueError("epic_at must be greater than parent_at")
+        return self
+
+
+class WorkRouting(_Strict):
+    """Where scope sends each shape of ticket; ``build`` continues into this run."""
+
+    single: str = "build"
+    parent: str = "breakdown"
+    epic: str = "roadmap"
+
+
+class GraphSettings(_Strict):
+    """The development graph's ``[graph]`` table (spec 002)."""
+
+    fix_attempts: int = Field(
+        default=2, ge=0, description="build attempts after the first; 0 disables retries"
+    )
+    review_tiers: ReviewTiers = Field(default_factory=ReviewTiers)
+    epic_threshold: EpicThreshold = Field(default_factory=EpicThreshold)
+    work_routing: WorkRouting = Field(default_factory=WorkRouting)
+    governance_paths: list[str] = Field(
+        default_factory=list,
+        description="paths that make a change self_modification, besides the cartridge and .ci/",
+    )
+
+
+class AutonomySettings(_Strict):
+    """The ``[autonomy]`` table: per proposal kind, ``propose`` (a person gates it
+    until it graduates) or ``auto``; graduation after ``graduation_streak``
+    clean first-attempt approvals (0: never)."""
+
+    policy: dict[str, Literal["propose", "auto"]] = Field(default_factory=dict)
+    graduation_streak: int = Field(default=3, ge=0)
+
+
 class Cartridge(_Strict):
     """The resolved configuration of one repository."""
 
@@ -229,6 +335,17 @@ class Cartridge(_Strict):
     workflow: WorkflowSettings = Field(default_factory=WorkflowSettings)
     forge: ForgeSettings = Field(default_factory=ForgeSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
+    graph: GraphSettings = Field(default_factory=GraphSettings)
+    autonomy: AutonomySettings = Field(default_factory=AutonomySettings)
+
+    @model_validator(mode="after")
+    def _tier_roles(self) -> Cartridge:
+        tiers = [self.graph.review_tiers.default, *(r.tier for r in self.graph.review_tiers.rules)]
+        if max(tiers) >= 1 and self.roles.review_adversary is None:
+            raise ValueError("graph.review_tiers: tier 1 or more needs [roles.review_adversary]")
+        if max(tiers) >= 2 and self.roles.arbitrate is None:
+            raise ValueError("graph.review_tiers: tier 2 needs [roles.arbitrate]")
+        return self
 
     def role(self, name: str) -> RoleBinding:
         """The binding of ``name``. Raises CartridgeError when the role is unbound."""
