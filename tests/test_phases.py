@@ -336,3 +336,21 @@ def test_a_role_spend_cap_stops_that_role(tmp_path: Path, engine_for: Build) -> 
     assert (row["current_phase"], row["status"]) == ("pr_review", "paused")
     assert "budget" in row["error"]
     assert [r["role"] for r in store.agent_runs(row["id"])].count("review") == 2
+
+
+def test_checks_see_no_keys_and_their_output_is_redacted(
+    tmp_path: Path, engine_for: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_sentinel_not_for_checks")
+    monkeypatch.setenv("DEPLOY_TOKEN", "dt_sentinel_passed_but_redacted")
+    repo = repo_with(tmp_path, answers(), checks=["env; echo deploy=$DEPLOY_TOKEN; false"])
+    edit_cartridge(
+        repo, "check_timeout = 60\n", 'check_timeout = 60\npass_env = ["DEPLOY_TOKEN"]\n'
+    )
+    engine, store = engine_for(repo)
+    row = engine.advance(engine.start("t", "ticket"))
+    assert row["status"] == "failed"
+    output = milestones(store, row["id"], "tests_run")[0].data["checks"][0]["output"]
+    assert "GITHUB_TOKEN" not in output and "ghp_sentinel" not in output
+    assert "deploy=***" in output and "dt_sentinel" not in output
+    assert "dt_sentinel" not in row["error"]

@@ -227,6 +227,9 @@ class LandingAreas(_Strict):
     worktree_root: str = ".phasegate/worktrees"
     checks: list[str] = Field(default_factory=list)
     check_timeout: float = Field(default=600.0, gt=0, description="seconds per check")
+    pass_env: list[str] = Field(
+        default_factory=list, description="variables the checks see besides PATH, HOME, locale"
+    )
 
 
 class WorkflowSettings(_Strict):

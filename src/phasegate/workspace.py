@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
@@ -121,6 +121,12 @@ def _header_path(line: str, prefix: str) -> str:
     if path == "/dev/null" or path.startswith(prefix):
         return path
     return prefix + path
+
+
+def _redact(text: str, secrets: Sequence[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
 
 
 def _patch_paths(patch: str) -> list[str]:
@@ -406,11 +412,17 @@ class Workspace:
         cwd: Path,
         timeout_s: float,
         cancel: threading.Event | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        secrets: Sequence[str] = (),
     ) -> list[CheckResult]:
         """Run each check command in ``cwd`` with a timeout in seconds; capture its output.
 
-        Raises WorkflowPaused, after killing the running check, when ``cancel``
-        is set: a shutdown must not wait out a long test suite.
+        ``env`` is the commands' whole environment (None: this process's);
+        every value in ``secrets`` is redacted from the output, which becomes
+        evidence, a reason shown to people and the next build prompt. Raises
+        WorkflowPaused, after killing the running check, when ``cancel`` is
+        set: a shutdown must not wait out a long test suite.
         """
         results = []
         for command in commands:
@@ -425,6 +437,7 @@ class Workspace:
                 encoding="utf-8",
                 errors="replace",
                 start_new_session=True,
+                env=None if env is None else dict(env),
             )
             deadline = started + timeout_s
             timed_out = False
@@ -449,7 +462,7 @@ class Workspace:
                     command=command,
                     exit_code=None if timed_out else proc.returncode,
                     duration_s=round(time.monotonic() - started, 3),
-                    output=(output or "")[-_OUTPUT_TAIL:],
+                    output=_redact(output or "", secrets)[-_OUTPUT_TAIL:],
                     timed_out=timed_out,
                 )
             )

@@ -14,7 +14,15 @@ from collections.abc import Iterable, Mapping
 
 from phasegate.cartridge import RoleBinding
 
-__all__ = ["BASE_ENV", "child_env", "redact", "secret_values"]
+__all__ = [
+    "BASE_ENV",
+    "CHECK_ENV",
+    "check_env",
+    "child_env",
+    "environment_secrets",
+    "redact",
+    "secret_values",
+]
 
 #: Always passed through: what any program needs to run and read text.
 BASE_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM")
@@ -42,15 +50,38 @@ def child_env(
     return {**env, **(extra or {}), **binding.env}
 
 
+#: What a check command sees besides BASE_ENV: a test suite needs a home and its
+#: interpreter's environment, never a key (``landing_areas.pass_env`` adds names).
+CHECK_ENV = (*BASE_ENV, "HOME", "USER", "SHELL", "VIRTUAL_ENV", "PYTHONPATH")
+
+
+def check_env(
+    pass_env: Iterable[str] = (), environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of a check command: CHECK_ENV and the names in ``pass_env``."""
+    source = os.environ if environ is None else environ
+    return {name: source[name] for name in (*CHECK_ENV, *pass_env) if name in source}
+
+
+def _secret_set(values: Iterable[str]) -> list[str]:
+    # Longest first, so a secret containing another is replaced whole.
+    return sorted({v for v in values if len(v) >= _MIN_SECRET}, key=len, reverse=True)
+
+
+def environment_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Every value in the environment held by a variable whose name says it is secret."""
+    source = os.environ if environ is None else environ
+    return _secret_set(v for k, v in source.items() if _SECRET_NAME.search(k))
+
+
 def secret_values(binding: RoleBinding, environ: Mapping[str, str] | None = None) -> list[str]:
     """The values an agent of ``binding`` may hold that must never be recorded."""
     source = os.environ if environ is None else environ
-    names = {name for name in source if _SECRET_NAME.search(name)}
-    if binding.api_key_env:
-        names.add(binding.api_key_env)
-    values = [source[n] for n in names if n in source]
+    values = environment_secrets(source)
+    if binding.api_key_env and binding.api_key_env in source:
+        values.append(source[binding.api_key_env])
     values += [v for k, v in binding.env.items() if _SECRET_NAME.search(k)]
-    return sorted({v for v in values if len(v) >= _MIN_SECRET}, key=len, reverse=True)
+    return _secret_set(values)
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:

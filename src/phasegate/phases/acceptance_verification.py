@@ -127,12 +127,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     root = Path(deps.cartridge.landing_areas.worktree_root)
     path = (root if root.is_absolute() else repo / root) / f"{ctx.id}-verify"
     with deps.workspace.temporary_checkout(repo, merge_sha, path) as checkout:
-        checks = deps.workspace.run_checks(
-            deps.cartridge.landing_areas.checks,
-            checkout,
-            deps.cartridge.landing_areas.check_timeout,
-            deps.shutdown,
-        )
+        checks = deps.run_checks(checkout)
         # What the checks leave behind must not count against the read-only verifier.
         deps.workspace.discard_changes(checkout)
         check_text = (

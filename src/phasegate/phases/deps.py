@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phasegate.agents.env import check_env, environment_secrets
 from phasegate.agents.service import AgentFailed, AgentService, AnswerError
 from phasegate.cartridge import Cartridge
 from phasegate.clock import Clock
@@ -17,7 +18,7 @@ from phasegate.contract import MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.forge import Forge
 from phasegate.journal import SideEffects
 from phasegate.store import Store
-from phasegate.workspace import Workspace
+from phasegate.workspace import CheckResult, Workspace
 
 __all__ = ["PhaseDeps", "Verdict", "agent_failure", "verdict_parser", "worktree_of"]
 
@@ -34,6 +35,24 @@ class PhaseDeps:
     effects: SideEffects
     clock: Clock
     shutdown: threading.Event
+
+    def run_checks(self, cwd: Path) -> list[CheckResult]:
+        """The cartridge's checks in ``cwd``, stopped by shutdown.
+
+        They see PATH, HOME, the locale and ``landing_areas.pass_env``, never a
+        key, and every secret value of phasegate's environment is redacted
+        from their output: a test that prints the environment must not carry
+        a token into the store, a reason, or the next agent's prompt.
+        """
+        areas = self.cartridge.landing_areas
+        return self.workspace.run_checks(
+            areas.checks,
+            cwd,
+            areas.check_timeout,
+            self.shutdown,
+            env=check_env(areas.pass_env),
+            secrets=environment_secrets(),
+        )
 
     @property
     def limits(self):  # noqa: ANN201 - the cartridge's Limits

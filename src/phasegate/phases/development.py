@@ -116,12 +116,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     )
     head = deps.workspace.rev(cwd, "HEAD")
     changed = deps.workspace.commits_ahead(repo, ctx.base_branch, ctx.branch_name) > 0
-    checks = deps.workspace.run_checks(
-        deps.cartridge.landing_areas.checks,
-        cwd,
-        deps.cartridge.landing_areas.check_timeout,
-        deps.shutdown,
-    )
+    checks = deps.run_checks(cwd)
     # The checks ran on the commit just made; what they leave in the worktree
     # (bytecode, caches, rewritten files) is theirs, not the change's, and the
     # next attempt's commit_all would sweep it into the branch.
