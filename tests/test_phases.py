@@ -354,3 +354,25 @@ def test_checks_see_no_keys_and_their_output_is_redacted(
     assert "GITHUB_TOKEN" not in output and "ghp_sentinel" not in output
     assert "deploy=***" in output and "dt_sentinel" not in output
     assert "dt_sentinel" not in row["error"]
+
+
+def test_a_change_holding_a_key_is_discarded_never_committed(
+    tmp_path: Path, engine_for: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SERVICE_API_KEY", "sk-live-leaked-000111")
+    build = (
+        '[[build]]\ntext = "wrote config"\n[build.files]\n'
+        '"config.txt" = "key = sk-live-leaked-000111\\n"\n'
+        '[[build]]\ntext = "wrote config without the key"\n[build.files]\n'
+        '"config.txt" = "key = read from the environment\\n"\n'
+    )
+    repo = repo_with(tmp_path, answers(build=build))
+    engine, store = engine_for(repo)
+    row = engine.advance(engine.start("t", "ticket"))
+    assert row["status"] == "completed"
+    rejected = milestones(store, row["id"], "change_rejected")
+    assert [(m.attempt, m.summary) for m in rejected] == [
+        (1, "the change held the value of SERVICE_API_KEY; it was discarded")
+    ]
+    assert "sk-live-leaked" not in git(repo, "log", "-p", "--all", "--", "config.txt")
+    assert git(repo, "show", "main:config.txt") == "key = read from the environment"

@@ -255,6 +255,17 @@ class Workspace:
         git(["reset", "-q", "--hard", "HEAD"], path)
         git(["clean", "-fdq"], path)
 
+    def change_since(self, path: Path, rev: str) -> str:
+        """Everything the worktree at ``path`` holds beyond ``rev``: commits made
+        since, staged, unstaged and untracked changes, as one diff text."""
+        git(["add", "-A", "--intent-to-add"], path)
+        return git(["diff", rev], path)
+
+    def reset_to(self, path: Path, rev: str) -> None:
+        """Put the worktree's branch back at ``rev`` and drop every change since."""
+        git(["reset", "-q", "--hard", rev], path)
+        git(["clean", "-fdq"], path)
+
     def commit_all(self, path: Path, message: str) -> str | None:
         """Commit every change in the worktree; the new SHA, or None if clean."""
         if not self.has_changes(path):

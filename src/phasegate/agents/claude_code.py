@@ -5,7 +5,7 @@
 - One provider session per session line, resumed across rounds with
   ``--resume`` (the engine keeps the id; a session the CLI no longer knows is
   started afresh).
-- Read-only roles may read, search and run read-only git commands; the build
+- Read-only roles may read and search, nothing else (no shell); the build
   role may also edit and run commands (``acceptEdits`` with Bash allowed:
   ``bypassPermissions`` refuses to run as root).
 - A refused tool call exits 0 with ``is_error: false``; it is only in
@@ -31,18 +31,11 @@ from phasegate.cartridge import RoleBinding
 
 __all__ = ["ClaudeCodeRunner", "parse_result"]
 
-READ_ONLY_TOOLS = (
-    "Read",
-    "Grep",
-    "Glob",
-    "Bash(git diff:*)",
-    "Bash(git log:*)",
-    "Bash(git show:*)",
-    "Bash(git status:*)",
-    "Bash(ls:*)",
-)
+#: No shell for a read-only role: even ``git diff --output=FILE`` writes anywhere.
+#: The diff and the checks' results are in its prompt.
+READ_ONLY_TOOLS = ("Read", "Grep", "Glob")
 WRITE_TOOLS = ("Read", "Grep", "Glob", "Write", "Edit", "MultiEdit", "NotebookEdit", "Bash")
-_NO_WRITES = "Write,Edit,MultiEdit,NotebookEdit"
+_NO_WRITES = "Write,Edit,MultiEdit,NotebookEdit,Bash"
 
 
 def _last_json_object(stdout: str) -> dict[str, Any] | None:

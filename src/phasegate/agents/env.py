@@ -21,6 +21,7 @@ __all__ = [
     "child_env",
     "environment_secrets",
     "redact",
+    "secret_names_in",
     "secret_values",
 ]
 
@@ -72,6 +73,16 @@ def environment_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
     """Every value in the environment held by a variable whose name says it is secret."""
     source = os.environ if environ is None else environ
     return _secret_set(v for k, v in source.items() if _SECRET_NAME.search(k))
+
+
+def secret_names_in(text: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The names of the secret-named variables whose values occur in ``text``."""
+    source = os.environ if environ is None else environ
+    return sorted(
+        name
+        for name, value in source.items()
+        if _SECRET_NAME.search(name) and len(value) >= _MIN_SECRET and value in text
+    )
 
 
 def secret_values(binding: RoleBinding, environ: Mapping[str, str] | None = None) -> list[str]:

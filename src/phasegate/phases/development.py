@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from phasegate.agents.env import secret_names_in
 from phasegate.agents.service import AgentFailed
 from phasegate.contract import DEVELOPMENT, PR_REVIEW, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.phases.deps import PhaseDeps, agent_failure, worktree_of
@@ -92,6 +93,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             f"\n## The checks failed on your last attempt\n\n{ctx.state['last_check_failure']}\n"
         )
 
+    before = deps.workspace.rev(cwd, "HEAD")
     try:
         answer = deps.agents.ask(
             ctx,
@@ -109,6 +111,17 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         return agent_failure(exc, milestones=(failed,))
 
     assert ctx.branch_name is not None
+    leaked = secret_names_in(deps.workspace.change_since(cwd, before))
+    if leaked:
+        # A key in the change would be committed, reviewed, merged: drop the whole
+        # attempt (commits the agent made itself included); name the variable only.
+        deps.workspace.reset_to(cwd, before)
+        return _attempt_failed(
+            ctx,
+            deps,
+            attempt,
+            f"the change held the value of {', '.join(leaked)}; it was discarded",
+        )
     commit = deps.workspace.commit_all(
         cwd,
         f"{ctx.title}\n\nphasegate workflow {ctx.id}, development round {dev_round}, "
@@ -153,19 +166,31 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 ),
             ),
         )
+    reason = (
+        f"checks still failing after {attempt} attempt(s): {failure[:1500]}"
+        if changed
+        else f"the build agent changed no file in {attempt} attempt(s)"
+    )
+    return _retry_or_fail(deps, attempt, failure, reason, tests_run)
+
+
+def _retry_or_fail(
+    deps: PhaseDeps, attempt: int, failure: str, reason: str, evidence: MilestoneWrite
+) -> PhaseResult:
+    """Another attempt (the failure goes into its prompt) within max_dev_retries, else failed."""
     if attempt <= deps.limits.max_dev_retries:
         return PhaseResult(
             "retry",
             state={"test_retries": attempt, "last_check_failure": failure},
-            milestones=(tests_run,),
+            milestones=(evidence,),
         )
     return PhaseResult(
-        "failed",
-        reason=(
-            f"checks still failing after {attempt} attempt(s): {failure[:1500]}"
-            if changed
-            else f"the build agent changed no file in {attempt} attempt(s)"
-        ),
-        state={"last_check_failure": failure},
-        milestones=(tests_run,),
+        "failed", reason=reason, state={"last_check_failure": failure}, milestones=(evidence,)
     )
+
+
+def _attempt_failed(ctx: WorkflowContext, deps: PhaseDeps, attempt: int, why: str) -> PhaseResult:
+    rejected = MilestoneWrite(
+        "change_rejected", status="failed", round=ctx.dev_round, attempt=attempt, summary=why
+    )
+    return _retry_or_fail(deps, attempt, why, f"attempt {attempt}: {why}", rejected)
