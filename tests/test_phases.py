@@ -376,3 +376,18 @@ def test_a_change_holding_a_key_is_discarded_never_committed(
     ]
     assert "sk-live-leaked" not in git(repo, "log", "-p", "--all", "--", "config.txt")
     assert git(repo, "show", "main:config.txt") == "key = read from the environment"
+
+
+def test_the_reviewer_is_shown_the_checks_results(tmp_path: Path, engine_for: Build) -> None:
+    seen = tmp_path / "review-prompt.txt"
+    repo = repo_with(tmp_path, answers(), checks=["echo all 3 tests ok"])
+    edit_cartridge(
+        repo,
+        '[roles.review]\nrunner = "scripted"\nscript = "answers.toml"\ntimeout = 30\n',
+        f'[roles.review]\nrunner = "command"\ncommand = "cat > {seen}; echo VERDICT: approve"\n',
+    )
+    engine, _ = engine_for(repo)
+    assert engine.advance(engine.start("t", "ticket"))["status"] == "completed"
+    prompt = seen.read_text()
+    assert "## Checks on this change" in prompt
+    assert "- `echo all 3 tests ok`: passed" in prompt and "all 3 tests ok\n```" in prompt

@@ -50,12 +50,31 @@ with one line:  VERDICT: approve   or   VERDICT: request_changes
 
 {ticket}
 
+## Checks on this change (run by phasegate)
+
+{checks}
+
 ## Diff
 
 ```diff
 {diff}
 ```
 """
+
+
+def _checks_text(ctx: WorkflowContext) -> str:
+    """The last check results of this development round, for a reviewer with no shell."""
+    runs = [m for m in ctx.milestones_of("tests_run") if m.round == ctx.dev_round]
+    if not runs:
+        return "(no checks configured)"
+    lines = []
+    for check in runs[-1].data.get("checks", []):
+        mark = "passed" if check.get("passed") else "FAILED"
+        lines.append(
+            f"- `{check.get('command')}`: {mark}\n```\n{str(check.get('output', ''))[-800:]}\n```"
+        )
+    return "\n".join(lines) or "(no checks configured)"
+
 
 _DIFF_LIMIT = 60_000  # characters of diff put in the prompt
 
@@ -86,7 +105,11 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             PR_REVIEW,
             "review",
             REVIEW_PROMPT.format(
-                title=ctx.title, ticket=ctx.ticket, diff=diff[:_DIFF_LIMIT], round=round_num
+                title=ctx.title,
+                ticket=ctx.ticket,
+                diff=diff[:_DIFF_LIMIT],
+                round=round_num,
+                checks=_checks_text(ctx),
             ),
             worktree_of(ctx),
             round=round_num,
