@@ -390,4 +390,4 @@ def test_the_reviewer_is_shown_the_checks_results(tmp_path: Path, engine_for: Bu
     assert engine.advance(engine.start("t", "ticket"))["status"] == "completed"
     prompt = seen.read_text()
     assert "## Checks on this change" in prompt
-    assert "- `echo all 3 tests ok`: passed" in prompt and "all 3 tests ok\n```" in prompt
+    assert "- `echo all 3 tests ok`: passed\n```\nall 3 tests ok" in prompt
