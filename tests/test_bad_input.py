@@ -496,7 +496,9 @@ def test_output_that_is_not_utf8_is_read_not_fatal(tmp_path: Path) -> None:
     assert "\ufffd" in tests_run["data"]["checks"][0]["output"]
 
 
-@pytest.mark.parametrize("fault", ["no_commits", "bad_base_branch", "missing_script"])
+@pytest.mark.parametrize(
+    "fault", ["no_commits", "bad_base_branch", "missing_script", "missing_cli", "unset_key"]
+)
 def test_what_would_fail_after_filing_is_refused_before_filing(tmp_path: Path, fault: str) -> None:
     if fault == "no_commits":
         repo = tmp_path / "repo"
@@ -510,6 +512,20 @@ def test_what_would_fail_after_filing_is_refused_before_filing(tmp_path: Path, f
         text = (repo / "phasegate.toml").read_text().replace('"main"', '"nope"')
         (repo / "phasegate.toml").write_text(text)
         expected = "workflow.base_branch: 'nope' is not a branch"
+    elif fault == "missing_cli":
+        repo = make_project(
+            tmp_path,
+            role_overrides={"build": 'runner = "claude-code"\nexecutable = "/nope/claude"\n'},
+        )
+        expected = "roles.build.executable: the claude-code program `/nope/claude` is not found"
+    elif fault == "unset_key":
+        repo = make_project(
+            tmp_path,
+            role_overrides={
+                "review": 'runner = "command"\ncommand = "true"\napi_key_env = "NOPE_API_KEY"\n'
+            },
+        )
+        expected = "roles.review.api_key_env: $NOPE_API_KEY is not set"
     else:
         repo = make_project(tmp_path)
         (repo / "answers.toml").unlink()

@@ -86,7 +86,7 @@ RUNNERS = ("command", "scripted", "claude-code", "codex", "api", "mini-swe-agent
 
 #: The keys each runner reads, besides those every runner reads (_COMMON_KEYS).
 _RUNNER_KEYS: dict[str, frozenset[str]] = {
-    "command": frozenset({"command"}),
+    "command": frozenset({"command", "api_key_env"}),
     "scripted": frozenset({"script"}),
     "claude-code": frozenset(
         {

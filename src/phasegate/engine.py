@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from phasegate.agents import binding_problems
 from phasegate.agents.base import Runner
 from phasegate.agents.service import AgentService
 from phasegate.cartridge import CARTRIDGE_FILE, ROLE_SESSION_LINES, Cartridge, CartridgeError
@@ -126,9 +127,14 @@ class Engine:
             raise CartridgeError(
                 f"{CARTRIDGE_FILE}: workflow.base_branch: {base!r} is not a branch of {self.repo}"
             )
+        problems = []
         for role in ROLE_SESSION_LINES:
-            if getattr(self.cartridge.roles, role) is not None:
+            binding = getattr(self.cartridge.roles, role)
+            if binding is not None:
+                problems += binding_problems(role, binding)
                 self.agents.runner(role)
+        if problems:
+            raise CartridgeError(f"{CARTRIDGE_FILE}: " + "; ".join(problems))
         self.workspace.exclude(self.repo, ".phasegate/")
         return self.store.create_workflow(
             title=title,

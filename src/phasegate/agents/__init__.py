@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from phasegate.agents.base import ERROR_KINDS, AgentRequest, AgentResult, Runner
@@ -20,10 +24,38 @@ __all__ = [
     "CodexRunner",
     "CommandRunner",
     "MiniSweAgentRunner",
+    "DEFAULT_EXECUTABLES",
     "Runner",
+    "binding_problems",
     "ScriptedRunner",
     "make_runner",
 ]
+
+
+#: The program each CLI runner starts when its binding names no ``executable``.
+DEFAULT_EXECUTABLES = {"claude-code": "claude", "codex": "codex", "mini-swe-agent": "mini"}
+
+
+def binding_problems(
+    role: str, binding: RoleBinding, environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """What would make every call of ``role`` fail, each naming its cartridge key:
+    a CLI that is not there, a key variable that is not set, litellm missing."""
+    source = os.environ if environ is None else environ
+    problems = []
+    exe = binding.executable or DEFAULT_EXECUTABLES.get(binding.runner)
+    if exe and binding.runner in DEFAULT_EXECUTABLES and shutil.which(exe) is None:
+        key = "executable" if binding.executable else "runner"
+        problems.append(f"roles.{role}.{key}: the {binding.runner} program `{exe}` is not found")
+    if (
+        binding.api_key_env
+        and binding.api_key_env not in source
+        and binding.api_key_env not in binding.env
+    ):
+        problems.append(f"roles.{role}.api_key_env: ${binding.api_key_env} is not set")
+    if binding.runner == "api" and importlib.util.find_spec("litellm") is None:
+        problems.append(f"roles.{role}.runner: api needs litellm: pip install 'phasegate[api]'")
+    return problems
 
 
 def make_runner(binding: RoleBinding, repo: Path) -> Runner:

@@ -39,7 +39,10 @@ class AgentFailed(PhasegateError):
     """A role failed every try it was allowed. ``kind`` is the last error kind."""
 
     def __init__(self, role: str, tries: int, kind: str, detail: str) -> None:
-        super().__init__(f"{role} agent failed {tries} time(s); last: {kind}: {detail}")
+        if tries == 0:
+            super().__init__(f"{role} agent not run: {kind}: {detail}")
+        else:
+            super().__init__(f"{role} agent failed {tries} time(s); last: {kind}: {detail}")
         self.role = role
         self.kind = kind
 
@@ -111,12 +114,16 @@ class AgentService:
         secrets = secret_values(binding)
         tries = 1 + (self.cartridge.limits.agent_retries if retries is None else retries)
         kind, detail = "runner_error", "not run"
+        made = 0  # calls that ran: what the failure message counts
         for _ in range(tries):
             if self.cancel.is_set():
                 raise WorkflowPaused(f"shutdown before the {role} agent ran")
             budget = self.budget_left(ctx.id, role)
             if budget is not None and budget <= 0:
-                raise AgentFailed(role, 0, "budget", "the spend cap is reached before the call")
+                if made == 0:
+                    raise AgentFailed(role, 0, "budget", "the spend cap is reached before the call")
+                kind, detail = "budget", f"the spend cap is reached after: {detail or 'a call'}"
+                break
             request = AgentRequest(
                 workflow_id=ctx.id,
                 phase=phase,
@@ -140,6 +147,7 @@ class AgentService:
             )
             clean_before = request.read_only and _is_clean_checkout(cwd)
             result = self._run_journaled(ctx, phase, runner, request, round)
+            made += 1
             if clean_before and not _is_clean_checkout(cwd):
                 result = _undo_writes(cwd, role, result)
             if result.error_kind == "interrupted":
@@ -171,7 +179,7 @@ class AgentService:
                 return Answer(result, parsed)
             if kind == "budget":
                 break  # another try would only spend more
-        raise AgentFailed(role, tries, kind, detail)
+        raise AgentFailed(role, made, kind, detail)
 
     def budget_left(self, workflow_id: str, role: str) -> float | None:
         """USD this role may still spend in the workflow: the smaller of what its

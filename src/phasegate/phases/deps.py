@@ -66,7 +66,11 @@ def agent_failure(
     cap stopped the work (reason ``budget: ...``; a person raises the cap and
     resumes), never a crash."""
     if exc.kind == "budget":
-        return PhaseResult("pause", reason=f"budget: {exc}", milestones=milestones, **result)
+        reason = (
+            f"budget: {exc}; raise budget_usd or limits.workflow_budget_usd in phasegate.toml "
+            "(commit it), then `phasegate resume`"
+        )
+        return PhaseResult("pause", reason=reason, milestones=milestones, **result)
     return PhaseResult("failed", reason=str(exc), milestones=milestones, **result)
 
 
