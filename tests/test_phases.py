@@ -179,25 +179,29 @@ def test_a_conflict_with_the_base_pauses_the_merge(tmp_path: Path, engine_for: B
     assert git(repo, "status", "--porcelain") == ""
 
 
-def test_a_dirty_base_checkout_pauses_the_merge_and_loses_nothing(
+def test_edits_in_the_way_of_the_merge_pause_it_and_lose_nothing(
     tmp_path: Path, engine_for: Build
 ) -> None:
+    from phasegate.contract import PhaseResult
+
     repo = repo_with(tmp_path, answers(), auto_merge=False)
     engine, store = engine_for(repo)
     wf = engine.start("t", "ticket")
     engine.advance(wf)
-    (repo / "README.md").write_text("my unsaved work\n")
-    from phasegate.contract import PhaseResult
-
+    (repo / "README.md").write_text("my unsaved work\n")  # unrelated: no obstacle
+    (repo / "feature.txt").write_text("my own feature\n")  # in the merge's way
     engine.commit(store.load_context(wf), PhaseResult("retry", state={"merge_approved": True}))
     row = engine.advance(wf)
     assert (row["current_phase"], row["status"]) == ("merge", "paused")
-    assert "uncommitted changes" in row["error"]
-    assert (repo / "README.md").read_text() == "my unsaved work\n"
-    git(repo, "checkout", "README.md")
+    assert "are in the way" in row["error"] and "feature.txt" in row["error"]
+    assert (repo / "feature.txt").read_text() == "my own feature\n"
+    assert git(repo, "rev-list", "--merges", "--count", "main") == "0"
+
+    (repo / "feature.txt").unlink()
     engine.commit(store.load_context(wf), PhaseResult("retry", status="merging"))
     assert engine.advance(wf)["status"] == "completed"
     assert git(repo, "rev-list", "--merges", "--count", "main") == "1"
+    assert (repo / "README.md").read_text() == "my unsaved work\n"  # still the person's
 
 
 def test_verifier_failures_retry_up_to_three_attempts_then_pause(

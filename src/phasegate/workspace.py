@@ -395,17 +395,33 @@ class Workspace:
     def merge_into_base(self, repo: Path, base: str, branch: str, message: str) -> str:
         """A real ``git merge --no-ff branch`` into ``base``; return the merge SHA.
 
-        Runs where ``base`` is checked out when a worktree has it (refusing a
-        dirty one: DirtyCheckout), else in a scratch worktree of ``base``.
+        Runs where ``base`` is checked out when a worktree has it (raising
+        DirtyCheckout, with nothing touched, when uncommitted changes there are
+        in the merge's way), else in a scratch worktree of ``base``.
         """
         scratch = self.scratch_path(repo, f"merge-{base}")
         self.remove_worktree(repo, scratch)  # a crashed merge's leftover, if any
         holder = next((p for p, b in self._registered_worktrees(repo).items() if b == base), None)
         ident = ["-c", "user.name=phasegate", "-c", "user.email=phasegate@localhost"]
         if holder is not None:
-            if git(["status", "--porcelain", "--untracked-files=no"], holder):
-                raise DirtyCheckout(f"cannot merge into {base}: {holder} has uncommitted changes")
-            git([*ident, "merge", "--no-ff", "-m", message, branch], holder)
+            # A person's own checkout: their unrelated edits do not block the merge,
+            # and git refuses, touching nothing, when the merge would overwrite one.
+            proc = subprocess.run(
+                ["git", *ident, "merge", "--no-ff", "-m", message, branch],
+                cwd=holder,
+                capture_output=True,
+                encoding="utf-8",
+                errors="replace",
+            )
+            if proc.returncode != 0:
+                if git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], holder, check=False):
+                    git(["merge", "--abort"], holder, check=False)
+                detail = (proc.stderr or proc.stdout).strip()
+                if "local changes" in detail or "untracked working tree files" in detail:
+                    raise DirtyCheckout(
+                        f"cannot merge into {base}: changes in {holder} are in the way: {detail}"
+                    )
+                raise GitError(f"git merge {branch} failed in {holder}: {detail}")
             return self.rev(holder, "HEAD")
         scratch.parent.mkdir(parents=True, exist_ok=True)
         git(["worktree", "add", str(scratch), base], repo)
