@@ -16,10 +16,10 @@
 - re-entry point: a completed ``merge_completed`` is reused; one left
   in_progress by a killed process is settled by looking for the merge commit
   on the base before the phase runs, so a restart never merges twice.
-- recovery behavior: a conflict with the base, or uncommitted changes in the
-  checkout holding the base, pause the workflow with the reason (fix, then
-  resume); a failed cleanup is recorded
-  and retried by the next merge run, never failing the merge.
+- recovery behavior: a conflict with the base, or uncommitted edits in the
+  merge's way in the checkout holding the base, pause the workflow with the
+  reason (fix, then resume); a failed cleanup is recorded as a failed
+  ``cleanup`` milestone for a person, never failing the merge.
 - terminal outcomes: completed → acceptance_verification; pause (conflict);
   failed (merge error).
 """
