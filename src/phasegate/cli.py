@@ -176,7 +176,7 @@ def _graceful(engine: Engine) -> Iterator[None]:
             raise KeyboardInterrupt
         err.print(
             "\n[yellow]stopping: the running agent is stopped, nothing half-committed; "
-            "`phasegate resume ID` continues[/yellow]"
+            "`phasegate resume` continues it (the id is printed below)[/yellow]"
         )
         engine.shutdown.set()
 
