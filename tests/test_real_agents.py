@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
-from phasegate.testing.model_server import Step, ToolCall, key_sha
+from phasegate.agents.base import AgentRequest
+from phasegate.agents.codex import CodexRunner, rollout_totals
+from phasegate.cartridge import RoleBinding
+from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, key_sha
 
 from conftest import agent_cli, git, make_repo, phasegate_cli, scripted_cartridge
 
@@ -93,6 +98,15 @@ def show(repo: Path, workflow_id: str) -> dict:
     out = phasegate_cli("show", workflow_id, "--repo", str(repo), "--json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def reported_usage(
+    server: ScriptedModelServer, marker: str, steps: Sequence[Step]
+) -> tuple[int, int]:
+    """The input and output tokens the server reported to the requests of ``marker``'s
+    script (an error answer reports none)."""
+    answered = [steps[r.step] for r in server.played(marker) if steps[r.step].status == 200]
+    return sum(s.input_tokens for s in answered), sum(s.output_tokens for s in answered)
 
 
 @pytest.fixture
@@ -248,6 +262,58 @@ def test_real_claude_code_error_paths_end_with_their_named_reason(
     assert_no_sentinel(repo, proc.stdout, proc.stderr)
 
 
+CLAUDE_BUDGET_STOPS = {
+    # the one turn is the expensive one: the result's ``usage`` is all zeros
+    "usage_empty": [Step(text="expensive", input_tokens=5_000_000, output_tokens=100_000)],
+    # a cheap tool turn, then the expensive one: ``usage`` holds the first turn only
+    "usage_partial": [
+        Step(
+            tools=(ToolCall("Write", {"file_path": "{cwd}/x.txt", "content": "x"}),),
+            input_tokens=10_000,
+            output_tokens=500,
+        ),
+        Step(
+            tools=(ToolCall("Write", {"file_path": "{cwd}/y.txt", "content": "y"}),),
+            input_tokens=300_000,
+            output_tokens=10_000,
+        ),
+        Step(text="never reached"),
+    ],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLAUDE_BUDGET_STOPS))
+def test_a_claude_run_stopped_by_its_budget_records_the_tokens_it_spent(
+    tmp_path: Path, claude: str, server_factory, case: str
+) -> None:
+    steps = CLAUDE_BUDGET_STOPS[case]
+    server = server_factory(claude_scripts(build=steps))
+    roles = {
+        role: claude_role(claude, server.url)
+        for role in ("plan", "plan_review", "review", "verification")
+    }
+    roles["build"] = claude_role(claude, server.url) + "budget_usd = 0.5\n"
+    repo = make_project(tmp_path, roles, extra="[limits]\nagent_retries = 1\n")
+
+    proc = run_ticket(repo, timeout=180)
+    assert proc.returncode == 1, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert (summary["status"], summary["current_phase"]) == ("paused", "development")
+    assert "budget" in summary["error"]
+    builds = [r for r in show(repo, summary["id"])["agent_runs"] if r["role"] == "build"]
+    assert [r["error_kind"] for r in builds] == ["budget"]
+    # every answered build turn is counted, the one that crossed the cap included
+    input_tokens, output_tokens = reported_usage(server, BUILD, steps)
+    assert input_tokens >= 300_000
+    assert (builds[0]["input_tokens"], builds[0]["output_tokens"]) == (
+        input_tokens,
+        output_tokens,
+    )
+    assert builds[0]["cost_usd"] > 0.5
+    assert summary["tokens"] >= input_tokens + output_tokens
+    assert_no_sentinel(repo, proc.stdout, proc.stderr)
+
+
 def codex_role(exe: str, url: str) -> str:
     return (
         "\n".join(
@@ -378,4 +444,121 @@ def test_real_codex_error_paths_end_with_their_named_reason(
         assert [r["error_kind"] for r in builds] == [kind] * runs
     if case == "hang":
         assert time.monotonic() - started < 60
+    assert_no_sentinel(repo, proc.stdout, proc.stderr)
+
+
+# Codex's build: a tool call the server answers at a price, then an HTTP 500 that fails the
+# turn. Codex prints no turn.completed (no usage) for it; its session log has the totals.
+COSTLY_THEN_500 = [
+    Step(
+        tools=(ToolCall("exec_command", {"cmd": "echo hi"}),),
+        input_tokens=100_000,
+        output_tokens=1_000,
+    ),
+    Step(status=500),
+]
+COSTLY_TURN_USD = (100_000 * 1.25 + 1_000 * 10.0) / 1e6  # 0.135 at the codex_role prices
+
+
+def test_a_failed_codex_call_records_what_its_answered_turns_cost(
+    tmp_path: Path, codex: str, server_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    finish = [Step(text="Finished.", input_tokens=300, output_tokens=30)]
+    server = server_factory({BUILD: COSTLY_THEN_500, "Now finish": finish})
+    monkeypatch.setenv("OPENAI_API_KEY", SENTINEL)
+    cwd = tmp_path / "worktree"
+    cwd.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=cwd, check=True)
+    binding = RoleBinding(
+        runner="codex",
+        executable=codex,
+        base_url=server.url + "/v1",
+        model="gpt-test",
+        api_key_env="OPENAI_API_KEY",
+        input_usd_per_mtok=1.25,
+        output_usd_per_mtok=10.0,
+        extra_args=[
+            "-c",
+            "model_providers.phasegate.request_max_retries=0",
+            "-c",
+            "model_providers.phasegate.stream_max_retries=0",
+        ],
+    )
+    runner = CodexRunner(binding)
+    state = tmp_path / "state"
+
+    def call(prompt: str, session_id: str | None = None):
+        request = AgentRequest(
+            workflow_id="wf",
+            phase="development",
+            role="build",
+            session_line="main",
+            prompt=prompt,
+            cwd=cwd,
+            timeout_s=60,
+            read_only=False,
+            session_id=session_id,
+            state_dir=state,
+        )
+        return runner.run(request, threading.Event())
+
+    first = call(f"{BUILD}: create feature.txt")
+    assert first.error_kind == "model_error" and first.session_id
+    assert reported_usage(server, BUILD, COSTLY_THEN_500) == (100_000, 1_000)
+    assert (first.input_tokens, first.output_tokens) == (100_000, 1_000)
+    assert first.cost_usd == pytest.approx(COSTLY_TURN_USD, rel=1e-9)
+    # the totals came from Codex's own session log of the thread, in the call's CODEX_HOME
+    home = state / "codex-home"
+    assert list((home / "sessions").glob(f"**/rollout-*-{first.session_id}.jsonl"))
+    assert rollout_totals(home, first.session_id)["input_tokens"] == 100_000
+
+    # the same failure on the resumed thread: the log's totals double, the call's spend does not
+    second = call(f"{BUILD}: create feature.txt", first.session_id)
+    assert second.error_kind == "model_error" and second.session_id == first.session_id
+    assert rollout_totals(home, first.session_id)["input_tokens"] == 200_000
+    assert (second.input_tokens, second.output_tokens) == (100_000, 1_000)
+    assert second.cost_usd == pytest.approx(COSTLY_TURN_USD, rel=1e-9)
+
+    # a turn that completes reports the thread's totals on stdout; only its own part is counted
+    third = call("Now finish the work.", first.session_id)
+    assert third.ok and third.session_id == first.session_id
+    assert (third.input_tokens, third.output_tokens) == (300, 30)
+    assert len(server.played(BUILD)) == 4
+
+
+def test_a_failed_codex_build_spends_the_workflow_budget_and_pauses_it(
+    tmp_path: Path, codex: str, server_factory
+) -> None:
+    scripts = {
+        PLAN: [Step(text="1. Create feature.txt.")],
+        PLAN_REVIEW: [Step(text="VERDICT: approve")],
+        BUILD: COSTLY_THEN_500,
+    }
+    server = server_factory(scripts)
+    roles = {
+        role: codex_role(codex, server.url)
+        for role in ("plan", "plan_review", "build", "review", "verification")
+    }
+    # the failed build costs 0.135 USD: over the cap, so its retry must not run
+    limits = "[limits]\nagent_retries = 1\nworkflow_budget_usd = 0.1\n"
+    repo = make_project(tmp_path, roles, extra=limits)
+
+    proc = run_ticket(repo, timeout=180)
+    assert proc.returncode == 1, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert (summary["current_phase"], summary["status"]) == ("development", "paused")
+    assert "budget" in summary["error"]
+    detail = show(repo, summary["id"])
+    builds = [r for r in detail["agent_runs"] if r["role"] == "build"]
+    assert [(r["outcome"], r["error_kind"]) for r in builds] == [("failed", "model_error")]
+    # the failed run carries exactly what the server reported for the turn it answered
+    assert (builds[0]["input_tokens"], builds[0]["output_tokens"]) == reported_usage(
+        server, BUILD, COSTLY_THEN_500
+    )
+    assert (builds[0]["input_tokens"], builds[0]["output_tokens"]) == (100_000, 1_000)
+    assert builds[0]["cost_usd"] == pytest.approx(COSTLY_TURN_USD, rel=1e-6)
+    assert summary["cost_usd"] > 0.1
+    # no model request after the failed call: the cap stopped the retry before it ran
+    assert [r.step for r in server.played(BUILD)] == [0, 1]
+    assert server.requests[-1].script == BUILD
     assert_no_sentinel(repo, proc.stdout, proc.stderr)

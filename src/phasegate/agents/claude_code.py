@@ -10,6 +10,11 @@
   ``bypassPermissions`` refuses to run as root).
 - A refused tool call exits 0 with ``is_error: false``; it is only in
   ``permission_denials``, and a run with any is a failed run, never a success.
+- Tokens come from ``usage``, unless ``modelUsage`` (per model: ``inputTokens``,
+  ``outputTokens``, ``cacheReadInputTokens``, ``cacheCreationInputTokens``, for
+  this process's requests, the ones ``total_cost_usd`` prices) counts more: a
+  run stopped by its budget (``error_max_budget_usd``) leaves ``usage`` empty or
+  without its last turns.
 - HOME is a directory of the workflow's own (the CLI writes its sessions and
   settings there); the environment holds only what the role binding names.
 - Error kinds: ``max_turns``, ``budget``, ``model_error``,
@@ -51,6 +56,42 @@ def _last_json_object(stdout: str) -> dict[str, Any] | None:
     return None
 
 
+def _int(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _tokens(data: dict[str, Any]) -> tuple[int, int]:
+    """Input (cache reads and writes included) and output tokens of a result object.
+
+    ``usage`` is the main loop's; ``modelUsage`` sums every request of the process
+    by model. They agree on a finished run; on a budget stop ``usage`` is empty or
+    misses the last turns, so the larger count wins.
+    """
+    usage = data.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    from_usage = (
+        _int(usage.get("input_tokens"))
+        + _int(usage.get("cache_creation_input_tokens"))
+        + _int(usage.get("cache_read_input_tokens")),
+        _int(usage.get("output_tokens")),
+    )
+    models = data.get("modelUsage")
+    models = [m for m in models.values() if isinstance(m, dict)] if isinstance(models, dict) else []
+    from_models = (
+        sum(
+            _int(m.get("inputTokens"))
+            + _int(m.get("cacheReadInputTokens"))
+            + _int(m.get("cacheCreationInputTokens"))
+            for m in models
+        ),
+        sum(_int(m.get("outputTokens")) for m in models),
+    )
+    return from_models if sum(from_models) > sum(from_usage) else from_usage
+
+
 def parse_result(outcome: ProcessOutcome) -> AgentResult:
     """The AgentResult of a finished ``claude -p --output-format json`` process."""
     data = _last_json_object(outcome.stdout)
@@ -63,14 +104,12 @@ def parse_result(outcome: ProcessOutcome) -> AgentResult:
             exit_code=outcome.returncode,
             duration_s=outcome.duration_s,
         )
-    usage = data.get("usage") or {}
+    input_tokens, output_tokens = _tokens(data)
     fields: dict[str, Any] = {
         "exit_code": outcome.returncode,
         "session_id": data.get("session_id"),
-        "input_tokens": int(usage.get("input_tokens", 0))
-        + int(usage.get("cache_creation_input_tokens", 0))
-        + int(usage.get("cache_read_input_tokens", 0)),
-        "output_tokens": int(usage.get("output_tokens", 0)),
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
         "cost_usd": float(data.get("total_cost_usd") or 0.0),
         "duration_s": outcome.duration_s,
     }

@@ -11,6 +11,13 @@
   totals per thread in its CODEX_HOME and records the difference, so a resumed
   thread is never counted twice. Codex reports no cost: it is priced from the
   binding's ``input_usd_per_mtok``/``output_usd_per_mtok`` when given.
+- A call that fails or times out after answered turns gets no ``turn.completed``
+  on stdout, but it spent: its totals are then read from Codex's own session
+  log, ``CODEX_HOME/sessions/YYYY/MM/DD/rollout-<time>-<thread>.jsonl`` (one
+  JSON object a line; the last ``{"type": "event_msg", "payload": {"type":
+  "token_count", "info": {"total_token_usage": {...}}}}`` holds the thread's
+  running totals, the same numbers ``turn.completed`` gives), so a spend cap
+  sees what a failed call cost.
 - Error kinds: ``model_error`` (a failed turn), ``timeout``, ``exit_code``,
   ``runner_error``.
 """
@@ -18,9 +25,11 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +38,7 @@ from phasegate.agents.env import child_env
 from phasegate.agents.process import ProcessOutcome, run_agent_process
 from phasegate.cartridge import RoleBinding
 
-__all__ = ["CodexRunner", "parse_events"]
+__all__ = ["CodexRunner", "parse_events", "rollout_totals"]
 
 
 def _toml_str(value: str) -> str:
@@ -59,6 +68,38 @@ def parse_events(stdout: str) -> dict[str, Any]:
         elif kind == "error" and not parsed["failure"]:
             parsed["failure"] = event.get("message") or "error"
     return parsed
+
+
+_THREAD_ID = re.compile(r"[0-9A-Za-z-]+")
+
+
+def rollout_totals(home: Path, thread: str | None) -> dict[str, Any] | None:
+    """The thread's latest running usage totals in Codex's session log under ``home``
+    (the last ``token_count`` event's ``total_token_usage``), or None when it has none."""
+    if not thread or not _THREAD_ID.fullmatch(thread):
+        return None
+    logs = sorted(
+        (home / "sessions").glob(f"**/rollout-*-{thread}.jsonl"), key=lambda p: p.stat().st_mtime
+    )
+    totals: dict[str, Any] | None = None
+    for log in logs:
+        try:
+            lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if '"token_count"' not in line:
+                continue
+            try:
+                payload = json.loads(line).get("payload") or {}
+            except (json.JSONDecodeError, AttributeError):
+                continue  # e.g. a line cut short by a killed process
+            if not isinstance(payload, dict) or payload.get("type") != "token_count":
+                continue
+            usage = (payload.get("info") or {}).get("total_token_usage")
+            if isinstance(usage, dict) and usage:
+                totals = usage
+    return totals
 
 
 class CodexRunner:
@@ -142,23 +183,38 @@ class CodexRunner:
             cancel=cancel,
             on_spawn=on_spawn,
         )
-        return outcome.failure(request.timeout_s) or self._result(outcome, home)
+        failure = outcome.failure(request.timeout_s)
+        if failure is None:
+            return self._result(outcome, home)
+        if failure.error_kind == "timeout":
+            # killed mid-turn: what the answered turns cost is in the session log
+            thread = parse_events(outcome.stdout)["thread_id"]
+            return replace(failure, **self._spend(home, thread, None))
+        return failure
 
-    def _result(self, outcome: ProcessOutcome, home: Path) -> AgentResult:
-        parsed = parse_events(outcome.stdout)
-        thread = parsed["thread_id"]
-        input_tokens, output_tokens = self._usage_delta(home, thread, parsed["usage"])
+    def _spend(
+        self, home: Path, thread: str | None, usage: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """This call's tokens and cost: ``usage`` (``turn.completed``'s running totals)
+        or, when the call ended without it, the session log's, less what earlier calls
+        on the thread were charged."""
+        input_tokens, output_tokens = self._usage_delta(
+            home, thread, usage or rollout_totals(home, thread)
+        )
         b = self.binding
         cost = (
             input_tokens * (b.input_usd_per_mtok or 0.0)
             + output_tokens * (b.output_usd_per_mtok or 0.0)
         ) / 1_000_000
+        return {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost_usd": cost}
+
+    def _result(self, outcome: ProcessOutcome, home: Path) -> AgentResult:
+        parsed = parse_events(outcome.stdout)
+        thread = parsed["thread_id"]
         fields: dict[str, Any] = {
             "exit_code": outcome.returncode,
             "session_id": thread,
-            "input_tokens": input_tokens,
-            "output_tokens": output_tokens,
-            "cost_usd": cost,
+            **self._spend(home, thread, parsed["usage"]),
             "duration_s": outcome.duration_s,
         }
         if parsed["failure"] and (outcome.returncode or parsed["usage"] is None):
