@@ -110,7 +110,13 @@ class CodexRunner:
 
     def _write_config(self, home: Path) -> None:
         b = self.binding
-        lines = ['approval_policy = "never"']
+        lines = [
+            'approval_policy = "never"',
+            # The commands the model runs see no key: Codex itself holds the model key,
+            # its shell does not (a build must not be able to write it into the change).
+            'shell_environment_policy.inherit = "core"',
+            'shell_environment_policy.exclude = ["*KEY*", "*TOKEN*", "*SECRET*", "*PASSWORD*"]',
+        ]
         if b.model:
             lines.append(f"model = {_toml_str(b.model)}")
         if b.base_url:
