@@ -318,12 +318,19 @@ def test_help_lists_every_command() -> None:
         "feedback",
         "approve-merge",
         "verify-override",
+        "propose",
+        "proposals",
+        "approve",
+        "reject",
+        "replay",
         "demo",
     ]
     helps = {name: text.strip() for name, text in lines}
     assert helps["init"] == "Write phasegate.toml, from what it finds."
     assert helps["doctor"] == "Check what a run needs; list what is missing."
     assert helps["dry-run"] == "Run a workflow offline, on a throwaway clone."
+    assert helps["propose"] == "Run the graph on a ticket; record its proposals."
+    assert helps["replay"] == "Re-run a recorded run offline; compare its proposals."
     assert "acceptance_verification" in proc.stdout
 
 

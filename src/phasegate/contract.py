@@ -16,7 +16,10 @@ Exceptions::
      ├── ContractViolation      a PhaseResult that the table does not allow
      ├── StaleContext           the workflow moved on since the context was read
      ├── WorkflowNotFound       an unknown workflow id
-     └── WorkflowPaused         shutdown asked mid-phase; nothing is committed
+     ├── WorkflowPaused         shutdown asked mid-phase; nothing is committed
+     ├── RunNotFound            an unknown development-graph run id
+     ├── ProposalNotFound       an unknown proposal id
+     └── ProposalDecided        a proposal that was already approved or rejected
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ __all__ = [
     "Outcome",
     "PhaseResult",
     "PhasegateError",
+    "ProposalDecided",
+    "ProposalNotFound",
+    "RunNotFound",
     "StaleContext",
     "WorkflowContext",
     "WorkflowNotFound",
@@ -135,6 +141,26 @@ class WorkflowPaused(PhasegateError):
     The engine commits nothing for the interrupted phase; the workflow keeps its
     phase and status and resumes from its milestones.
     """
+
+
+class RunNotFound(PhasegateError):
+    """No recorded development-graph run has the given id."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no recorded run with id {run_id!r} (see `phasegate proposals`)")
+        self.run_id = run_id
+
+
+class ProposalNotFound(PhasegateError):
+    """No proposal has the given id."""
+
+    def __init__(self, proposal_id: str) -> None:
+        super().__init__(f"no proposal with id {proposal_id!r} (see `phasegate proposals`)")
+        self.proposal_id = proposal_id
+
+
+class ProposalDecided(PhasegateError):
+    """A proposal was already approved or rejected; a decision is never overwritten."""
 
 
 def next_phase(phase: str) -> str:

@@ -1,6 +1,7 @@
 """Persistence: the schema, its migrations, the Store and the single commit path."""
 
 from phasegate.store.store import (
+    APPLY_ARM,
     AgentRunRecord,
     Store,
     UsageTotals,
@@ -8,4 +9,11 @@ from phasegate.store.store import (
     open_store,
 )
 
-__all__ = ["AgentRunRecord", "Store", "UsageTotals", "commit_phase_result", "open_store"]
+__all__ = [
+    "APPLY_ARM",
+    "AgentRunRecord",
+    "Store",
+    "UsageTotals",
+    "commit_phase_result",
+    "open_store",
+]

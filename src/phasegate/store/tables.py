@@ -146,3 +146,51 @@ forge_pull_requests = sa.Table(
     sa.Column("merged_at", Timestamp),
     sa.UniqueConstraint("repo", "number", name="uq_forge_pull_requests_number"),
 )
+
+# -- the development graph (spec 002): recorded runs and the proposals they emitted ---------
+
+#: What the autonomy policy decided for a proposal, and where it stands.
+PROPOSAL_MODES = ("propose", "auto")
+PROPOSAL_STATUSES = ("proposed", "approved", "rejected", "applied")
+
+graph_runs = sa.Table(
+    "graph_runs",
+    metadata,
+    sa.Column("run_id", sa.String(64), primary_key=True),
+    sa.Column("workflow_id", sa.String(32), sa.ForeignKey("workflows.id")),
+    sa.Column("date", sa.String(32), nullable=False),
+    # The whole run record (graph.lifecycle.RUN_RECORD_KEYS), every call and answer included.
+    sa.Column("record", sa.JSON, nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+)
+
+proposals = sa.Table(
+    "proposals",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    # The proposal's id in its run record: {run_id}/{kind}/{n}.
+    sa.Column("record_id", sa.String(255), nullable=False),
+    sa.Column("run_id", sa.String(64), sa.ForeignKey("graph_runs.run_id"), nullable=False),
+    # Its place among its run's proposals (1, 2, ...), as the record lists them.
+    sa.Column("position", sa.Integer, nullable=False),
+    sa.Column("workflow_id", sa.String(32), sa.ForeignKey("workflows.id")),
+    sa.Column("kind", sa.String(64), nullable=False),
+    sa.Column("title", sa.Text, nullable=False),
+    sa.Column("payload", sa.JSON, nullable=False),
+    sa.Column("evidence", sa.JSON, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("self_modification", sa.Boolean, nullable=False),
+    sa.Column("paths", sa.JSON, nullable=False),
+    sa.Column("mode", sa.String(16), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("decided_by", sa.String(255)),
+    sa.Column("decided_at", Timestamp),
+    # The order decisions were taken in (1, 2, ...): the gate history a streak is counted on.
+    sa.Column("decision_seq", sa.Integer),
+    sa.Column("reason", sa.Text),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.UniqueConstraint("record_id", name="uq_proposals_record_id"),
+    sa.UniqueConstraint("decision_seq", name="uq_proposals_decision_seq"),
+    sa.Index("ix_proposals_status", "status", "created_at"),
+    sa.Index("ix_proposals_kind", "kind", "decision_seq"),
+)

@@ -1,0 +1,280 @@
+"""The shell around the development graph (spec 002, DESIGN.md §2): it answers
+the graph's agent calls with the cartridge's runners, records the run and its
+proposals, and checks a recorded run by replaying it offline.
+
+    answers = RunnerAnswers(cartridge, repo, run_id)
+    record, rows = propose(store, cartridge, answers, ticket=..., run_id=..., date=...)
+    check = replay_check(store.run(run_id)["record"])   # check.identical
+
+Every role runs read-only in the repository's checkout, build included: the
+graph's build answers with a unified diff and nothing here applies it (that is
+the apply arm's work, after the gate). ``run_id`` and ``date`` come from the
+caller; the graph has no clock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phasegate.agents import make_runner
+from phasegate.agents.base import AgentRequest, AgentResult, Runner
+from phasegate.agents.env import redact, secret_values
+from phasegate.autonomy import AutonomyPolicy
+from phasegate.cartridge import Cartridge
+from phasegate.contract import PhasegateError
+from phasegate.graph import AgentCall, Answer, GraphError, canonical_json, replay, run_lifecycle
+from phasegate.store import Store
+from phasegate.workspace import GitError, git
+
+__all__ = [
+    "ProposeInterrupted",
+    "ReplayCheck",
+    "RunnerAnswers",
+    "first_difference",
+    "propose",
+    "replay_check",
+]
+
+
+class ProposeInterrupted(PhasegateError):
+    """Shutdown was asked while an agent of the run worked; nothing is recorded."""
+
+
+class RunnerAnswers:
+    """Answers the graph's calls with the runners the cartridge binds.
+
+    Each call runs ``role``'s runner in ``repo`` read-only, on a provider
+    session of its own per graph thread, up to ``1 + limits.agent_retries``
+    tries (a spend cap stops at once). The Answer sums the tries' tokens
+    (counts), cost (USD) and seconds; a role that failed every try answers
+    with its last ``error_kind`` (``phasegate.agents.ERROR_KINDS``). Spend
+    caps: the role's ``budget_usd`` and ``limits.workflow_budget_usd``, counted
+    over this run. A read-only role that changed the checkout fails with
+    ``read_only_violation`` (and is undone when the checkout was clean).
+    Text and errors are redacted of the role's secret values.
+
+    ``runners`` overrides bindings by role (tests); ``on_call(call, answer)``
+    hears each call twice, before it runs (``answer`` None) and with its
+    answer; a set ``cancel`` raises ProposeInterrupted.
+    """
+
+    def __init__(
+        self,
+        cartridge: Cartridge,
+        repo: Path,
+        run_id: str,
+        *,
+        cancel: threading.Event | None = None,
+        runners: Mapping[str, Runner] | None = None,
+        on_call: Callable[[AgentCall, Answer | None], None] | None = None,
+    ) -> None:
+        self.cartridge = cartridge
+        self.repo = repo
+        self.run_id = run_id
+        self.cancel = cancel or threading.Event()
+        self.on_call = on_call
+        self._runners: dict[str, Runner] = dict(runners or {})
+        self._tries: dict[str, int] = {}
+        self._spent: dict[str, float] = {}
+        self._sessions: dict[str, str] = {}
+
+    def runner(self, role: str) -> Runner:
+        if role not in self._runners:
+            self._runners[role] = make_runner(self.cartridge.role(role), self.repo)
+        return self._runners[role]
+
+    def budget_left(self, role: str) -> float | None:
+        """USD ``role`` may still spend in this run, or None when uncapped."""
+        left: list[float] = []
+        role_cap = self.cartridge.role(role).budget_usd
+        if role_cap is not None:
+            left.append(role_cap - self._spent.get(role, 0.0))
+        run_cap = self.cartridge.limits.workflow_budget_usd
+        if run_cap is not None:
+            left.append(run_cap - sum(self._spent.values()))
+        return min(left) if left else None
+
+    def __call__(self, call: AgentCall) -> Answer:
+        if self.cancel.is_set():
+            raise ProposeInterrupted(f"stopped before the {call.role} agent ran")
+        binding = self.cartridge.role(call.role)
+        runner = self.runner(call.role)
+        secrets = secret_values(binding)
+        if self.on_call is not None:
+            self.on_call(call, None)
+        results: list[AgentResult] = []
+        for _ in range(1 + self.cartridge.limits.agent_retries):
+            if self.cancel.is_set():
+                raise ProposeInterrupted(f"stopped before the {call.role} agent ran")
+            budget = self.budget_left(call.role)
+            if budget is not None and budget <= 0:
+                results.append(
+                    AgentResult("", error_kind="budget", error="the spend cap is reached")
+                )
+                break
+            result = self._try(call, runner, binding.timeout, budget)
+            results.append(result)
+            self._spent[call.role] = self._spent.get(call.role, 0.0) + result.cost_usd
+            if result.session_id:
+                self._sessions[call.thread] = result.session_id
+            if result.error_kind == "interrupted" or self.cancel.is_set():
+                raise ProposeInterrupted(f"stopped while the {call.role} agent ran")
+            if result.ok or result.error_kind == "budget":
+                break
+        last = results[-1]
+        answer = Answer(
+            redact(last.text, secrets),
+            input_tokens=sum(r.input_tokens for r in results),
+            output_tokens=sum(r.output_tokens for r in results),
+            cost_usd=round(sum(r.cost_usd for r in results), 6),
+            duration_s=round(sum(r.duration_s for r in results), 3),
+            error_kind=last.error_kind,
+            error=redact(last.error, secrets)[:4000] if last.error else None,
+        )
+        if self.on_call is not None:
+            self.on_call(call, answer)
+        return answer
+
+    def _try(
+        self, call: AgentCall, runner: Runner, timeout_s: float, budget: float | None
+    ) -> AgentResult:
+        index = self._tries.get(call.role, 0)
+        self._tries[call.role] = index + 1
+        request = AgentRequest(
+            workflow_id=self.run_id,
+            phase=call.node,
+            role=call.role,
+            session_line=call.thread,
+            prompt=call.prompt,
+            cwd=self.repo,
+            timeout_s=timeout_s,
+            read_only=True,  # build too: the graph's build returns a diff, nothing is applied
+            call_index=index,
+            session_id=self._sessions.get(call.thread),
+            state_dir=self.repo / ".phasegate" / "agents" / self.run_id,
+            budget_usd=budget,
+        )
+        before = _checkout_state(self.repo)
+        result = runner.run(request, self.cancel)
+        after = _checkout_state(self.repo)
+        if before is not None and after != before:
+            result = _read_only_violation(self.repo, call.role, result, undo=before == "")
+        return result
+
+
+def _checkout_state(repo: Path) -> str | None:
+    """``git status --porcelain`` of the checkout ("" when clean), None outside git."""
+    try:
+        return git(["status", "--porcelain", "-uall"], repo)
+    except (GitError, OSError):
+        return None
+
+
+def _read_only_violation(repo: Path, role: str, result: AgentResult, undo: bool) -> AgentResult:
+    """A read-only role changed the checkout: fail the call, and undo the change
+    when the checkout was clean before it (nobody else's edit can be lost)."""
+    changed = [line[3:] for line in git(["status", "--porcelain", "-uall"], repo).splitlines()]
+    if undo:
+        git(["reset", "--hard", "-q"], repo)
+        git(["clean", "-fdq"], repo)
+    done = "undone" if undo else "left as they are (the checkout had edits before)"
+    return AgentResult(
+        result.text,
+        error_kind="read_only_violation",
+        error=f"the read-only {role} role changed the checkout ({done}): " + ", ".join(changed[:5]),
+        exit_code=result.exit_code,
+        session_id=result.session_id,
+        input_tokens=result.input_tokens,
+        output_tokens=result.output_tokens,
+        cost_usd=result.cost_usd,
+        duration_s=result.duration_s,
+    )
+
+
+def propose(
+    store: Store,
+    cartridge: Cartridge,
+    answers: Callable[[AgentCall], Answer],
+    *,
+    ticket: str,
+    run_id: str,
+    date: str,
+    workflow_id: str | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run the development graph on ``ticket`` and record it; return (record, proposal rows).
+
+    The record and its proposals are stored in one transaction, each proposal
+    with the mode the cartridge's autonomy policy gives it. Raises GraphError
+    when the cartridge cannot drive the graph (plan, build or review unbound,
+    a tier without its roles), ProposeInterrupted (nothing recorded).
+    """
+    record = run_lifecycle(answers, run_id=run_id, date=date, cartridge=cartridge, ticket=ticket)
+    rows = store.record_run(
+        record, policy=AutonomyPolicy.from_cartridge(cartridge), workflow_id=workflow_id
+    )
+    return record, rows
+
+
+@dataclass(frozen=True)
+class ReplayCheck:
+    """What replaying a recorded run gave: ``identical`` proposals (canonical
+    JSON, byte for byte), or the first ``difference`` as a sentence."""
+
+    run_id: str
+    identical: bool
+    difference: str | None = None
+    recorded: list[Any] = field(default_factory=list)
+    replayed: list[Any] | None = None
+
+
+def replay_check(record: Mapping[str, Any]) -> ReplayCheck:
+    """Re-run ``record`` offline from its own answers and compare the proposals.
+
+    A replay that diverges (a call the record does not hold) or cannot run
+    (a record whose rules or calls were altered) is a difference too.
+    """
+    run_id = str(record.get("run_id"))
+    recorded = list(record.get("proposals") or [])
+    try:
+        replayed = replay(dict(record))["proposals"]
+    except GraphError as exc:
+        return ReplayCheck(run_id, False, f"the replay diverged: {exc}", recorded)
+    except (KeyError, TypeError, ValueError) as exc:
+        return ReplayCheck(run_id, False, f"the record does not replay: {exc!r}", recorded)
+    if canonical_json(recorded) == canonical_json(replayed):
+        return ReplayCheck(run_id, True, None, recorded, replayed)
+    return ReplayCheck(
+        run_id, False, first_difference(recorded, replayed, "proposals"), recorded, replayed
+    )
+
+
+def first_difference(recorded: Any, replayed: Any, path: str = "") -> str:
+    """Where two JSON values first differ (keys sorted, lists in order), as a sentence.
+
+    Call it only for values whose ``canonical_json`` differs.
+    """
+    if isinstance(recorded, Mapping) and isinstance(replayed, Mapping):
+        for key in sorted(set(recorded) | set(replayed)):
+            here = f"{path}.{key}" if path else str(key)
+            if key not in replayed:
+                return f"{here}: recorded, missing from the replay"
+            if key not in recorded:
+                return f"{here}: in the replay, not recorded"
+            if canonical_json(recorded[key]) != canonical_json(replayed[key]):
+                return first_difference(recorded[key], replayed[key], here)
+    if isinstance(recorded, list) and isinstance(replayed, list):
+        for i, (a, b) in enumerate(zip(recorded, replayed, strict=False)):
+            if canonical_json(a) != canonical_json(b):
+                return first_difference(a, b, f"{path}[{i}]")
+        if len(recorded) != len(replayed):
+            return f"{path}: {len(recorded)} recorded, {len(replayed)} replayed"
+    return f"{path}: recorded {_short(recorded)}, replayed {_short(replayed)}"
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = canonical_json(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
