@@ -87,13 +87,23 @@ def scripted_cartridge(
     checks: list[str] | None = None,
     extra: str = "",
     role_overrides: dict[str, str] | None = None,
-    auto_merge: bool = True,
+    auto_merge: bool | None = True,
+    profile: str | None = None,
 ) -> str:
-    """Cartridge text binding every role to the scripted runner (or to an override table)."""
+    """Cartridge text binding every role to the scripted runner (or to an override table).
+
+    ``auto_merge=None`` leaves workflow.auto_merge out (the profile's default
+    applies); ``profile`` sets workflow.profile.
+    """
     checks = checks if checks is not None else []
     quoted = ", ".join('"' + c.replace("\\", "\\\\").replace('"', '\\"') + '"' for c in checks)
+    workflow = '[workflow]\nbase_branch = "main"\n'
+    if auto_merge is not None:
+        workflow += f"auto_merge = {str(auto_merge).lower()}\n"
+    if profile is not None:
+        workflow += f'profile = "{profile}"\n'
     parts = [
-        f'[workflow]\nbase_branch = "main"\nauto_merge = {str(auto_merge).lower()}\n',
+        workflow,
         f"[landing_areas]\nchecks = [{quoted}]\ncheck_timeout = 60\n",
         extra,
     ]

@@ -76,7 +76,14 @@ def test_status_and_show_of_a_completed_workflow(happy_repo: Path) -> None:
 
     code, detail = cli_json("show", wf, "--repo", repo)
     assert code == 0
-    assert set(detail) == {"workflow", "timeline", "milestones", "agent_runs", "report"}
+    assert set(detail) == {
+        "workflow",
+        "timeline",
+        "milestones",
+        "agent_runs",
+        "report",
+        "decisions",
+    }
     assert detail["workflow"] == {**detail["workflow"], **entry}
     # One clock for both commands: status's timestamps are UTC like show's.
     assert entry["created_at"] == detail["workflow"]["created_at"]
@@ -317,6 +324,7 @@ def test_help_lists_every_command() -> None:
         "resume",
         "feedback",
         "approve-merge",
+        "revert",
         "verify-override",
         "propose",
         "proposals",
@@ -388,16 +396,16 @@ def test_a_decision_is_refused_while_another_process_advances_the_workflow(
 
 
 def test_approve_merge_is_refused_unless_the_workflow_waits(tmp_path: Path) -> None:
-    # a build that changes nothing fails development
+    # a build that changes nothing stops development (paused: the default profile)
     repo = make_project(tmp_path, HAPPY_ANSWERS.replace('"feature.txt" = "the feature\\n"', ""))
     proc = phasegate_cli("run", "--repo", str(repo), "--json", "the ticket")
     summary = json.loads(proc.stdout)
-    assert (summary["current_phase"], summary["status"]) == ("development", "failed")
+    assert (summary["current_phase"], summary["status"]) == ("development", "paused")
     refused = phasegate_cli("approve-merge", summary["id"], "--repo", str(repo))
     assert refused.returncode == 2
     assert "not waiting for a merge approval" in flat(refused.stderr)
     code, detail = cli_json("show", summary["id"], "--repo", str(repo), "--json")
-    assert code == 0 and detail["workflow"]["status"] == "failed"
+    assert code == 0 and detail["workflow"]["status"] == "paused"
     assert not any(m["kind"] == "merge_approved" for m in detail["milestones"])
 
 

@@ -88,7 +88,7 @@ def evidence_kinds(proposal: dict[str, Any]) -> list[str]:
 # -- purity ------------------------------------------------------------------------------
 
 SRC = Path(phasegate.__file__).parent
-PURE_MODULES = [*sorted((SRC / "graph").glob("*.py")), SRC / "autonomy.py"]
+PURE_MODULES = [*sorted((SRC / "graph").glob("*.py")), SRC / "autonomy.py", SRC / "profiles.py"]
 #: Standard modules that reach disk, clock, processes, network or randomness.
 IMPURE_MODULES = frozenset(
     {
@@ -123,7 +123,12 @@ IMPURE_MODULES = frozenset(
     }
 )
 #: The only first-party modules a pure module may import at run time.
-PURE_FIRST_PARTY = ("phasegate.graph", "phasegate.autonomy", "phasegate.contract")
+PURE_FIRST_PARTY = (
+    "phasegate.graph",
+    "phasegate.autonomy",
+    "phasegate.contract",
+    "phasegate.profiles",
+)
 IMPURE_CALLS = frozenset({"open", "exec", "eval", "compile", "__import__", "input", "breakpoint"})
 
 
@@ -187,7 +192,7 @@ def test_graph_and_autonomy_import_no_disk_clock_process_or_git(module: Path) ->
 
 def test_every_pure_module_is_checked() -> None:
     names = {p.name for p in PURE_MODULES}
-    assert {"__init__.py", "lifecycle.py", "facts.py", "autonomy.py"} <= names
+    assert {"__init__.py", "lifecycle.py", "facts.py", "autonomy.py", "profiles.py"} <= names
 
 
 # -- review tiers ----------------------------------------------------------------------

@@ -127,13 +127,17 @@ def test_review_rounds_run_out_and_the_workflow_pauses(tmp_path: Path, engine_fo
     assert len(milestones(store, row["id"], "pr_reviewed")) == 2
 
 
-def test_failing_checks_are_retried_then_fail(tmp_path: Path, engine_for: Build) -> None:
+def test_failing_checks_are_retried_then_pause_for_a_person(
+    tmp_path: Path, engine_for: Build
+) -> None:
+    # The default profile (review) leaves re-planning to a person (spec 003).
     repo = repo_with(
         tmp_path, answers(), checks=["echo broken; exit 1"], extra="[limits]\nmax_dev_retries = 1\n"
     )
     engine, store = engine_for(repo)
     row = engine.advance(engine.start("t", "ticket"))
-    assert (row["current_phase"], row["status"]) == ("development", "failed")
+    assert (row["current_phase"], row["status"]) == ("development", "paused")
+    assert "phasegate revert" in row["error"] and "reversion_count" not in row["state"]
     runs = milestones(store, row["id"], "tests_run")
     assert [(m.attempt, m.status) for m in runs] == [(1, "failed"), (2, "failed")]
     assert runs[0].data["checks"][0]["output"].strip() == "broken"
@@ -148,7 +152,7 @@ def test_a_build_that_changes_nothing_is_not_a_pass(tmp_path: Path, engine_for: 
     )
     engine, _ = engine_for(repo)
     row = engine.advance(engine.start("t", "ticket"))
-    assert row["status"] == "failed" and "changed no file" in row["error"]
+    assert row["status"] == "paused" and "changed no file" in row["error"]
 
 
 def test_waits_for_a_person_without_auto_merge(tmp_path: Path, engine_for: Build) -> None:
@@ -353,7 +357,7 @@ def test_checks_see_no_keys_and_their_output_is_redacted(
     )
     engine, store = engine_for(repo)
     row = engine.advance(engine.start("t", "ticket"))
-    assert row["status"] == "failed"
+    assert row["status"] == "paused"
     output = milestones(store, row["id"], "tests_run")[0].data["checks"][0]["output"]
     assert "GITHUB_TOKEN" not in output and "ghp_sentinel" not in output
     assert "deploy=***" in output and "dt_sentinel" not in output

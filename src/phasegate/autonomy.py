@@ -9,6 +9,12 @@ Per proposal kind the cartridge's ``[autonomy]`` table names a policy:
   approvals in a row (default 3; 0: never graduates), then ``auto``.
 - ``auto``: the apply arm takes it from the start.
 
+A kind the table does not name gets the policy ``default``: the workflow's
+automation profile decides it (``profiles.py``: ``manual``, ``review`` and
+``trusted`` propose, ``manual`` never graduating; ``auto``, ``ci`` and
+``full-auto`` are auto). What the cartridge's ``[autonomy]`` table gives
+explicitly wins over the profile.
+
 A clean approval is a person's approval of work that passed on its first
 attempt. A pass that needed retries never extends a streak (and does not
 break it); a rejection resets it to 0. A proposal touching governance paths
@@ -28,6 +34,7 @@ from phasegate.graph.proposals import Proposal
 
 if TYPE_CHECKING:
     from phasegate.cartridge import Cartridge
+    from phasegate.profiles import AutomationProfile
 
 __all__ = [
     "MODES",
@@ -45,28 +52,47 @@ MODES: tuple[str, ...] = ("propose", "auto")
 
 @dataclass(frozen=True)
 class AutonomyPolicy:
-    """The ``[autonomy]`` table as plain data. ``policy``: kind → propose|auto."""
+    """The ``[autonomy]`` table as plain data. ``policy``: kind → propose|auto;
+    ``default``: the mode of a kind the table does not name (the profile's)."""
 
     policy: Mapping[str, str] = field(default_factory=dict)
     graduation_streak: int = 3
     governance_paths: tuple[str, ...] = ()
+    default: str = "propose"
 
     def __post_init__(self) -> None:
         bad = {k: v for k, v in self.policy.items() if v not in MODES}
         if bad:
             raise ValueError(f"autonomy policies are propose or auto; got {bad}")
+        if self.default not in MODES:
+            raise ValueError(f"the default autonomy is propose or auto, not {self.default!r}")
         if self.graduation_streak < 0:
             raise ValueError(f"graduation_streak must be 0 or more, not {self.graduation_streak}")
 
     def mode_of(self, kind: str) -> str:
-        return self.policy.get(kind, "propose")
+        return self.policy.get(kind, self.default)
 
     @classmethod
-    def from_cartridge(cls, cartridge: Cartridge) -> AutonomyPolicy:
+    def from_cartridge(
+        cls, cartridge: Cartridge, profile: AutomationProfile | None = None
+    ) -> AutonomyPolicy:
+        """The cartridge's ``[autonomy]`` table over ``profile``'s defaults.
+
+        ``profile`` defaults to the cartridge's (``workflow.profile``). A kind the
+        table names keeps its policy; the others get the profile's autonomy. A
+        profile without graduation (``manual``) sets ``graduation_streak`` to 0
+        unless the table gives one.
+        """
+        profile = profile or cartridge.profile()
+        settings = cartridge.autonomy
+        streak = settings.graduation_streak
+        if not profile.graduation and "graduation_streak" not in settings.model_fields_set:
+            streak = 0
         return cls(
-            policy=dict(cartridge.autonomy.policy),
-            graduation_streak=cartridge.autonomy.graduation_streak,
+            policy=dict(settings.policy),
+            graduation_streak=streak,
             governance_paths=tuple(cartridge.graph.governance_paths),
+            default=profile.autonomy,
         )
 
 

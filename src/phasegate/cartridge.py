@@ -28,6 +28,7 @@ from phasegate.discover import (
     detect_checks,
     keys_set,
 )
+from phasegate.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, AutomationProfile
 
 __all__ = [
     "CARTRIDGE_FILE",
@@ -39,6 +40,7 @@ __all__ = [
     "GraphSettings",
     "LandingAreas",
     "Limits",
+    "ProfileSettings",
     "ReviewTierRule",
     "ReviewTiers",
     "RoleBinding",
@@ -234,7 +236,8 @@ class LandingAreas(_Strict):
 
 class WorkflowSettings(_Strict):
     base_branch: str | None = None
-    auto_merge: bool = False
+    auto_merge: bool = False  # given here, it wins over the profile's default
+    profile: str | None = None  # a built-in profile or a [profiles.NAME] table
     content_language: Literal["en", "zh"] = "en"
     acceptance_verification: bool = True
 
@@ -329,6 +332,21 @@ class AutonomySettings(_Strict):
     graduation_streak: int = Field(default=3, ge=0)
 
 
+class ProfileSettings(_Strict):
+    """A custom automation profile, ``[profiles.NAME]`` (spec 003).
+
+    Both thresholds are required, each in [0, 1]: below 1.0 the reversion is
+    automatic, 1.0 leaves it to a person. ``auto_merge``, ``autonomy`` and
+    ``graduation`` are the defaults the profile gives (as the built-ins do).
+    """
+
+    auto_reversion_from_apply: float = Field(ge=0, le=1, description="merge → planning")
+    auto_strategy_revision: float = Field(ge=0, le=1, description="development → planning")
+    auto_merge: bool = False
+    autonomy: Literal["propose", "auto"] = "propose"
+    graduation: bool = True
+
+
 class Cartridge(_Strict):
     """The resolved configuration of one repository."""
 
@@ -340,6 +358,17 @@ class Cartridge(_Strict):
     store: StoreSettings = Field(default_factory=StoreSettings)
     graph: GraphSettings = Field(default_factory=GraphSettings)
     autonomy: AutonomySettings = Field(default_factory=AutonomySettings)
+    profiles: dict[str, ProfileSettings] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _profiles(self) -> Cartridge:
+        for name in self.profiles:
+            if name in BUILTIN_PROFILES:
+                raise ValueError(f"profiles.{name}: {name!r} is a built-in profile; rename it")
+        name = self.workflow.profile
+        if name is not None and name not in BUILTIN_PROFILES and name not in self.profiles:
+            raise ValueError(f"workflow.profile: {_unknown_profile(name, self.profiles)}")
+        return self
 
     @model_validator(mode="after")
     def _tier_roles(self) -> Cartridge:
@@ -359,12 +388,37 @@ class Cartridge(_Strict):
             )
         return binding
 
+    def profile(self, name: str | None = None) -> AutomationProfile:
+        """The automation profile ``name`` (default: ``workflow.profile``, else
+        ``review``): a built-in or a ``[profiles.NAME]`` table. Raises CartridgeError."""
+        name = name or self.workflow.profile or DEFAULT_PROFILE
+        if name in BUILTIN_PROFILES:
+            return BUILTIN_PROFILES[name]
+        custom = self.profiles.get(name)
+        if custom is None:
+            raise CartridgeError(_unknown_profile(name, self.profiles))
+        return AutomationProfile(name=name, **custom.model_dump())
+
+    def auto_merge_for(self, profile: AutomationProfile) -> bool:
+        """``workflow.auto_merge`` when the cartridge gives it, else the profile's default."""
+        if "auto_merge" in self.workflow.model_fields_set:
+            return self.workflow.auto_merge
+        return profile.auto_merge
+
     def store_url(self, repo: Path) -> str:
         """``store.url``, or the embedded default: SQLite at ``repo/.phasegate/state.db``."""
         return self.store.url or f"sqlite:///{repo / '.phasegate' / 'state.db'}"
 
     def missing_roles(self) -> list[str]:
         return [name for name in ROLE_SESSION_LINES if getattr(self.roles, name) is None]
+
+
+def _unknown_profile(name: str, custom: Mapping[str, object]) -> str:
+    known = ", ".join([*BUILTIN_PROFILES, *custom])
+    return (
+        f"unknown profile {name!r}; expected one of {known} "
+        f"(or a [profiles.{name}] table in {CARTRIDGE_FILE})"
+    )
 
 
 def _format_errors(path: Path, exc: ValidationError) -> str:
@@ -508,7 +562,8 @@ def default_cartridge(
 
 [workflow]
 base_branch = "{base}"
-auto_merge = false          # true: merge without `phasegate approve-merge`
+profile = "review"          # manual, review, trusted, auto, ci, full-auto: how far it goes alone
+# auto_merge = true         # given, it wins over the profile's (review: approve-merge first)
 content_language = "en"     # "en" or "zh", for reports and comments
 acceptance_verification = true
 

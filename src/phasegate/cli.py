@@ -49,6 +49,7 @@ from phasegate.graph import AgentCall, Answer, GraphRules
 from phasegate.harness import ProposeInterrupted, RunnerAnswers, replay_check
 from phasegate.harness import propose as run_graph
 from phasegate.phases import acceptance_verification
+from phasegate.profiles import MAX_REVERSIONS, AutomationProfile, decisions_of
 from phasegate.report import render_report
 from phasegate.store import APPLY_ARM, Store, open_store
 from phasegate.store.tables import PROPOSAL_STATUSES
@@ -169,6 +170,12 @@ class _Progress:
                 self.line(f"  [red]{data.get('outcome')}: {escape(str(data.get('reason')))}[/red]")
             elif data.get("outcome") == "retry":
                 self.line(f"  {data.get('phase')}: another round")
+        elif type_ == "reversion":
+            self.line(
+                f"  [yellow]reverted to planning ({data.get('reversion_number')} of "
+                f"{MAX_REVERSIONS}): "
+                f"{escape(str(data.get('reason'))[:200])}[/yellow]"
+            )
         elif type_ in ("reconciled", "worktree_healed", "paused_by_shutdown"):
             note = escape(str(data.get("note") or data.get("path")))
             self.line(f"  [cyan]{type_}: {note}[/cyan]")
@@ -273,6 +280,8 @@ def _summary(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
         "status": row["status"],
         "error": row.get("error"),
         "dev_round": row["dev_round"],
+        "profile": AutomationProfile.from_state(row["state"]).name,
+        "reversion_count": int(row["state"].get("reversion_count") or 0),
         "issue_number": row["issue_number"],
         "pr_number": row["pr_number"],
         "branch_name": row["branch_name"],
@@ -589,6 +598,16 @@ def dry_run(
         raise typer.Exit(1)
 
 
+ProfileOption = Annotated[
+    str | None,
+    typer.Option(
+        "--profile",
+        help="The automation profile: manual, review, trusted, auto, ci, full-auto or a "
+        "[profiles.NAME] of the cartridge (default: workflow.profile, else review).",
+    ),
+]
+
+
 def _title_of(ticket: str) -> str:
     first = next((line.strip() for line in ticket.splitlines() if line.strip()), "untitled")
     return first.lstrip("#").strip()[:120]
@@ -605,8 +624,12 @@ def run(
     ] = None,
     auto_merge: Annotated[
         bool | None,
-        typer.Option("--auto-merge/--no-auto-merge", help="Override workflow.auto_merge."),
+        typer.Option(
+            "--auto-merge/--no-auto-merge",
+            help="Override workflow.auto_merge and the profile's default.",
+        ),
     ] = None,
+    profile: ProfileOption = None,
     repo: RepoOption = Path("."),
     as_json: JsonOption = False,
 ) -> None:
@@ -630,7 +653,9 @@ def run(
                 f"{', '.join('roles.' + m for m in missing)}"
             )
         engine = _engine(root, cartridge, store, None)
-        workflow_id = engine.start(title or _title_of(ticket), ticket, auto_merge=auto_merge)
+        workflow_id = engine.start(
+            title or _title_of(ticket), ticket, auto_merge=auto_merge, profile=profile
+        )
         if not as_json:
             console.print(f"workflow [bold]{workflow_id}[/bold] filed", highlight=False)
         _drive(engine, workflow_id, as_json)
@@ -714,6 +739,7 @@ def _detail(store: Store, workflow_id: str) -> dict[str, Any]:
             {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in r.items()} for r in runs
         ],
         "report": row["state"].get("report"),
+        "decisions": decisions_of(row["state"]),
     }
 
 
@@ -723,12 +749,13 @@ def _print_detail(detail: Mapping[str, Any]) -> None:
     console.print(
         f"  {s['current_phase']} · {s['status']} · dev round {s['dev_round']} · "
         f"issue #{s['issue_number']} · PR #{s['pr_number']} · {s['tokens']} tokens · "
-        f"${s['cost_usd']:.4f}",
+        f"${s['cost_usd']:.4f} · profile {s['profile']}",
         highlight=False,
     )
     if s["error"]:
         console.print(f"  [red]reason: {escape(s['error'])}[/red]", highlight=False)
     _print_timeline(detail["milestones"])
+    _print_decisions(detail["decisions"])
     runs = detail["agent_runs"]
     if runs:
         agents = Table(
@@ -763,6 +790,22 @@ def _print_detail(detail: Mapping[str, Any]) -> None:
             highlight=False,
             markup=False,
         )
+
+
+def _print_decisions(records: list[dict[str, Any]]) -> None:
+    """The decision records (reversions, spec 003), oldest first."""
+    if not records:
+        return
+    console.print("[bold]decisions[/bold]")
+    for d in records:
+        how = "automatic" if d.get("automatic") else "by a person"
+        console.print(
+            f"  {d['type']} {d['reversion_number']}: {d['source_phase']} → {d['target_phase']}"
+            f" · {d['timestamp']} · {how}",
+            highlight=False,
+        )
+        reason = " ".join(str(d["reason"]).split())
+        console.print(f"    [dim]{escape(reason[:300])}[/dim]", highlight=False)
 
 
 _MARKS = {
@@ -851,6 +894,33 @@ def approve_merge(
     """Allow a waiting workflow (phase wait, after its report) to merge its pull request."""
     _manual(
         repo, workflow_id, lambda _e, ctx: decisions.approve_merge(ctx, by), not no_advance, as_json
+    )
+
+
+@app.command()
+def revert(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID")],
+    reason: Annotated[str, typer.Option(help="Why the plan must change (the next plan reads it).")],
+    to_phase: Annotated[
+        str, typer.Option("--to-phase", help="planning (spec 003's strategize).")
+    ] = "planning",
+    repo: RepoOption = Path("."),
+    no_advance: NoAdvance = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Send a workflow back to planning with a reason (at most 3 reversions per workflow).
+
+    From development, pr_review, report, wait or a merge not yet done; the
+    profile's thresholds do not apply, the loop guard does. The worktree,
+    branch, milestones and agent sessions are kept; the reason is the next
+    plan's input and a decision record `phasegate show` lists.
+    """
+    _manual(
+        repo,
+        workflow_id,
+        lambda e, ctx: decisions.revert(ctx, to_phase, reason, e.clock.now()),
+        not no_advance,
+        as_json,
     )
 
 
@@ -1162,9 +1232,14 @@ def demo(
             "--dir", help="Keep the sample project and its state here (default: a temp dir)."
         ),
     ] = None,
+    profile: ProfileOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Make a sample Python project, file a ticket and run it to completed with scripted agents."""
+    """Make a sample Python project, file a ticket and run it to completed with scripted agents.
+
+    The demo's cartridge uses the auto profile; `--profile review` (or manual,
+    trusted) stops it at wait for `phasegate approve-merge`.
+    """
     from phasegate.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
 
     with _errors():
@@ -1176,7 +1251,7 @@ def demo(
             console.print(f"sample project: {repo}", highlight=False)
         root, cartridge, store = _open(repo)
         engine = _engine(root, cartridge, store, None)
-        workflow_id = engine.start(DEMO_TITLE, DEMO_TICKET)
+        workflow_id = engine.start(DEMO_TITLE, DEMO_TICKET, profile=profile)
         with _Progress(quiet=as_json) as progress, _graceful(engine):
             engine.on_event = progress
             row = engine.advance(workflow_id)

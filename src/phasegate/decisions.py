@@ -9,15 +9,25 @@ workflow's state. The acceptance override lives with its phase
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from phasegate.contract import (
     PHASE_STATUS_MAP,
+    PLANNING,
     WAIT,
     ContractViolation,
     PhaseResult,
     WorkflowContext,
 )
+from phasegate.profiles import REVERTIBLE_PHASES, reversion_refusal, reversion_result
 
-__all__ = ["approve_merge", "feedback", "resume"]
+if TYPE_CHECKING:
+    from datetime import datetime
+
+__all__ = ["approve_merge", "feedback", "resume", "revert"]
+
+#: What ``--to-phase`` accepts: our planning, or spec 003's name for it.
+REVERSION_TARGETS = (PLANNING, "strategize")
 
 #: Counters that bound a phase's own retries; a person's resume grants a new set.
 _RETRY_COUNTERS = {"test_retries": 0, "verification_attempt": 0, "verification_parse_failures": 0}
@@ -60,3 +70,33 @@ def approve_merge(ctx: WorkflowContext, by: str) -> PhaseResult:
         status=PHASE_STATUS_MAP[WAIT],
         state={"merge_approved": True, "merge_approved_by": by},
     )
+
+
+def revert(ctx: WorkflowContext, to_phase: str, reason: str, at: datetime) -> PhaseResult:
+    """A person reverts the workflow to planning (spec 003, "Manual Reversion").
+
+    The profile's thresholds do not apply; the loop guard does (at most
+    MAX_REVERSIONS). Allowed from development, pr_review, report, wait and a
+    merge not yet done. ``at`` is the decision record's timestamp (the
+    engine's clock). Raises ContractViolation, changing nothing, otherwise.
+    """
+    _open(ctx)
+    if to_phase not in REVERSION_TARGETS:
+        raise ContractViolation(
+            f"a workflow reverts to planning only (spec 003's strategize), not {to_phase!r}"
+        )
+    if not reason.strip():
+        raise ContractViolation("the reason is empty; say why the plan must change")
+    merged = ctx.milestone("merge_completed")
+    if ctx.current_phase not in REVERTIBLE_PHASES or (merged and merged.status == "completed"):
+        raise ContractViolation(
+            f"workflow {ctx.id} is in {ctx.current_phase} ({ctx.status}); a reversion to "
+            f"planning is possible from {', '.join(REVERTIBLE_PHASES)} before the merge"
+        )
+    refusal = reversion_refusal(ctx.id, ctx.state)
+    if refusal is not None:
+        raise ContractViolation(refusal)
+    context = f"A person reverted the workflow from {ctx.current_phase}: {reason}"
+    if ctx.error:  # the failure it had stopped on is the next plan's input too
+        context += f"\n\nIt had stopped on: {ctx.error}"
+    return reversion_result(ctx, reason=reason, context=context, at=at, automatic=False)

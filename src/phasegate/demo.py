@@ -124,7 +124,7 @@ def _cartridge(python: str) -> str:
 
 [workflow]
 base_branch = "main"
-auto_merge = true
+profile = "auto"            # merges without a person; `phasegate demo --profile review` waits
 content_language = "en"
 
 [landing_areas]

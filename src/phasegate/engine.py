@@ -112,14 +112,28 @@ class Engine:
 
     # -- starting ---------------------------------------------------------------
 
-    def start(self, title: str, ticket: str, *, auto_merge: bool | None = None) -> str:
+    def start(
+        self,
+        title: str,
+        ticket: str,
+        *,
+        auto_merge: bool | None = None,
+        profile: str | None = None,
+    ) -> str:
         """File a new workflow in preparation; returns its id.
 
+        ``profile`` names its automation profile (default: ``workflow.profile``,
+        else ``review``); the workflow keeps it in ``state["profile"]``.
+        auto_merge: the ``auto_merge`` argument, else an explicit
+        ``workflow.auto_merge``, else the profile's default.
+
         Checks first what would otherwise fail only after an issue and a branch
-        exist: the base branch, and every role's runner (a scripted file that
-        does not load). Raises CartridgeError naming the key, or PhasegateError.
+        exist: the profile, the base branch, and every role's runner (a scripted
+        file that does not load). Raises CartridgeError naming the key, or
+        PhasegateError.
         """
         settings = self.cartridge.workflow
+        chosen = self.cartridge.profile(profile)
         if git(["rev-parse", "--verify", "-q", "HEAD"], self.repo, check=False) == "":
             raise PhasegateError(f"{self.repo} has no commits yet; commit something first")
         base = settings.base_branch or git(["symbolic-ref", "--short", "HEAD"], self.repo)
@@ -141,8 +155,9 @@ class Engine:
             ticket=ticket,
             repo_path=str(self.repo),
             base_branch=base,
-            auto_merge=settings.auto_merge if auto_merge is None else auto_merge,
+            auto_merge=self.cartridge.auto_merge_for(chosen) if auto_merge is None else auto_merge,
             content_language=settings.content_language,
+            state={"profile": chosen.as_state()},
         )
 
     # -- events -----------------------------------------------------------------

@@ -16,20 +16,29 @@ Bounded retries on failing checks (spec 000, development).
 - re-entry point: dev_round and test_retries are persisted; a completed
   ``dev_completed`` for this dev_round short-circuits, so a restart never
   builds the same round twice.
-- recovery behavior: failing checks → retry up to limits.max_dev_retries →
-  failed. A build agent that fails every try → failed. Shutdown raises
-  WorkflowPaused and commits nothing.
-- terminal outcomes: completed → pr_review; retry; failed.
+- recovery behavior: failing checks → retry up to limits.max_dev_retries,
+  then a reversion to planning (spec 003, Execute → Strategize) with the
+  failure as the next plan's input where the profile's
+  ``auto_strategy_revision`` < 1.0 allows it, else a pause for a person
+  (``phasegate revert`` or ``resume``); past the loop guard, failed (pause
+  where a person decides anyway). A build agent that answers ``REPLAN: why``
+  (the plan's constraints are too restrictive) is handled the same way at
+  once, its changes discarded. A build agent that fails every try → failed.
+  Shutdown raises WorkflowPaused and commits nothing.
+- terminal outcomes: completed → pr_review; completed → planning (reversion);
+  retry; pause; failed.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from phasegate.agents.env import secret_names_in
 from phasegate.agents.service import AgentFailed
 from phasegate.contract import DEVELOPMENT, PR_REVIEW, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.phases.deps import PhaseDeps, agent_failure, worktree_of
+from phasegate.profiles import reversion_or_stop
 from phasegate.workspace import CheckResult
 
 __all__ = ["run"]
@@ -37,6 +46,8 @@ __all__ = ["run"]
 BUILD_PROMPT = """Implement the plan below in the repository in your working directory.
 Edit the files directly and make the change complete, with tests. Do not commit;
 phasegate commits your changes. Finish with a short summary of what you changed.
+If the plan's constraints make the ticket impossible to implement as planned,
+change nothing and end your answer with one line:  REPLAN: <why>
 
 ## Ticket: {title}
 
@@ -46,6 +57,16 @@ phasegate commits your changes. Finish with a short summary of what you changed.
 
 {plan}
 {extra}"""
+
+
+#: The build agent's word that the plan cannot be implemented as constrained.
+_REPLAN = re.compile(r"^\s*REPLAN:\s*(.+?)\s*$", re.MULTILINE | re.IGNORECASE)
+
+
+def replan_request(text: str) -> str | None:
+    """The reason of the last ``REPLAN: why`` line of a build answer, or None."""
+    found = _REPLAN.findall(text)
+    return found[-1] if found else None
 
 
 def _failure_summary(checks: list[CheckResult]) -> str:
@@ -111,6 +132,28 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         return agent_failure(exc, milestones=(failed,))
 
     assert ctx.branch_name is not None
+    blocked = replan_request(answer.text)
+    if blocked is not None:
+        # The agent says the plan cannot work: what it changed is not the plan's change.
+        deps.workspace.reset_to(cwd, before)
+        reason = f"the build agent reports the plan's constraints too restrictive: {blocked}"
+        return reversion_or_stop(
+            ctx,
+            reason=reason[:1000],
+            context=f"Development round {dev_round}, attempt {attempt}: {reason}\n\n"
+            f"The build agent's answer:\n{answer.text.strip()[-2000:]}",
+            at=deps.clock.now(),
+            milestones=(
+                MilestoneWrite(
+                    "plan_blocked",
+                    status="failed",
+                    round=dev_round,
+                    attempt=attempt,
+                    summary=blocked[:500],
+                    data={"agent_summary": answer.text.strip()[-2000:]},
+                ),
+            ),
+        )
     leaked = secret_names_in(deps.workspace.change_since(cwd, before))
     if leaked:
         # A key in the change would be committed, reviewed, merged: drop the whole
@@ -171,21 +214,33 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         if changed
         else f"the build agent changed no file in {attempt} attempt(s)"
     )
-    return _retry_or_fail(deps, attempt, failure, reason, tests_run)
+    return _retry_or_revert(ctx, deps, attempt, failure, reason, tests_run)
 
 
-def _retry_or_fail(
-    deps: PhaseDeps, attempt: int, failure: str, reason: str, evidence: MilestoneWrite
+def _retry_or_revert(
+    ctx: WorkflowContext,
+    deps: PhaseDeps,
+    attempt: int,
+    failure: str,
+    reason: str,
+    evidence: MilestoneWrite,
 ) -> PhaseResult:
-    """Another attempt (the failure goes into its prompt) within max_dev_retries, else failed."""
+    """Another attempt (the failure goes into its prompt) within max_dev_retries; then
+    the validation failures block applying: a reversion to planning, or a stop
+    (``profiles.reversion_or_stop``)."""
     if attempt <= deps.limits.max_dev_retries:
         return PhaseResult(
             "retry",
             state={"test_retries": attempt, "last_check_failure": failure},
             milestones=(evidence,),
         )
-    return PhaseResult(
-        "failed", reason=reason, state={"last_check_failure": failure}, milestones=(evidence,)
+    return reversion_or_stop(
+        ctx,
+        reason=reason,
+        context=f"Development round {ctx.dev_round}: {reason}",
+        at=deps.clock.now(),
+        milestones=(evidence,),
+        state={"last_check_failure": failure},
     )
 
 
@@ -193,4 +248,4 @@ def _attempt_failed(ctx: WorkflowContext, deps: PhaseDeps, attempt: int, why: st
     rejected = MilestoneWrite(
         "change_rejected", status="failed", round=ctx.dev_round, attempt=attempt, summary=why
     )
-    return _retry_or_fail(deps, attempt, why, f"attempt {attempt}: {why}", rejected)
+    return _retry_or_revert(ctx, deps, attempt, why, f"attempt {attempt}: {why}", rejected)

@@ -16,12 +16,18 @@
 - re-entry point: a completed ``merge_completed`` is reused; one left
   in_progress by a killed process is settled by looking for the merge commit
   on the base before the phase runs, so a restart never merges twice.
-- recovery behavior: a conflict with the base, or uncommitted edits in the
-  merge's way in the checkout holding the base, pause the workflow with the
-  reason (fix, then resume); a failed cleanup is recorded as a failed
-  ``cleanup`` milestone for a person, never failing the merge.
-- terminal outcomes: completed → acceptance_verification; pause (conflict);
-  failed (merge error).
+- recovery behavior: a conflict with the base means the merge cannot
+  proceed within the plan (spec 003, Apply constrained): a reversion to
+  planning with the conflict as the next plan's input where the profile's
+  ``auto_reversion_from_apply`` < 1.0 allows it, else a pause for a person
+  (resolve and resume, or ``phasegate revert``); past the loop guard, failed
+  (pause where a person decides anyway). Uncommitted edits in the merge's
+  way in the checkout holding the base pause the workflow with the reason
+  (fix, then resume); a failed cleanup is recorded as a failed ``cleanup``
+  milestone for a person, never failing the merge.
+- terminal outcomes: completed → acceptance_verification; completed →
+  planning (reversion); pause (conflict, edits in the way); failed (merge
+  error, loop guard).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from phasegate.contract import (
     WorkflowContext,
 )
 from phasegate.phases.deps import PhaseDeps
+from phasegate.profiles import reversion_or_stop
 from phasegate.workspace import DirtyCheckout, GitError
 
 __all__ = ["run"]
@@ -54,10 +61,14 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         and worktree.exists()
         and not deps.workspace.sync_base(worktree, ctx.base_branch)
     ):
-        return PhaseResult(
-            "pause",
-            reason=f"{ctx.branch_name} conflicts with {ctx.base_branch}; resolve the "
-            "conflict on the branch, then `phasegate resume`",
+        return reversion_or_stop(
+            ctx,
+            reason=f"{ctx.branch_name} conflicts with {ctx.base_branch}",
+            hint="resolve the conflict on the branch, then `phasegate resume`",
+            context=f"The merge could not proceed: {ctx.branch_name} conflicts with "
+            f"{ctx.base_branch}, which changed the same lines since the branch was made. "
+            f"The new plan must fit what {ctx.base_branch} holds now.",
+            at=deps.clock.now(),
             milestones=(
                 MilestoneWrite(
                     "merge_failed",

@@ -6,7 +6,9 @@ planning).
 - preconditions: the worktree exists (``advance()`` self-heals it first);
   current_phase == "planning".
 - inputs: ticket, current_round, limits.max_plan_rounds, issue_number, the
-  previous round's review comments (state.plan_feedback), user_feedback.
+  previous round's review comments (state.plan_feedback), user_feedback, and
+  after a reversion (spec 003) why it was reverted (state.replan_context) and
+  the planning cycle (state.plan_cycle).
 - authoritative evidence: ``plan_finalized`` (approved, or the last plan when
   max_plan_rounds is exhausted); per round ``plan_created``/``plan_refined``
   and ``plan_reviewed``.
@@ -17,7 +19,9 @@ planning).
   "developing", current_round == 0, state.plan holds the finalized plan.
   A plan agent that timed out every try: status "planning_timeout".
 - re-entry point: current_round is persisted; the round number is always
-  current_round + 1, never kept in memory.
+  current_round + 1, never kept in memory. A cycle after a reversion starts
+  at round 1 again; its milestones' dedupe keys and its comments' markers
+  carry the cycle (``c1``, ...), so the earlier cycles' rows are kept.
 - recovery behavior: agent failures retry within limits.agent_retries; a
   shutdown (WorkflowPaused) leaves the status untouched.
 - terminal outcomes: completed → development; retry (next round); pause
@@ -59,6 +63,8 @@ VERDICT: approve    or    VERDICT: revise
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     round_num = ctx.current_round + 1
+    cycle = int(ctx.state.get("plan_cycle") or 0)
+    cycle_key = f"c{cycle}" if cycle else ""  # cycle 0 keeps the keys it always had
     cwd = worktree_of(ctx)
     extra = ""
     if ctx.state.get("plan_feedback"):
@@ -90,7 +96,9 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             parse=verdict_parser(("approve", "revise")),
         ).parsed
     except AgentFailed as exc:
-        failed = MilestoneWrite("plan_failed", status="failed", round=round_num, summary=str(exc))
+        failed = MilestoneWrite(
+            "plan_failed", status="failed", round=round_num, summary=str(exc), key=cycle_key
+        )
         if exc.kind == "timeout":
             return PhaseResult(
                 "pause", status="planning_timeout", reason=str(exc), milestones=(failed,)
@@ -102,7 +110,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             PLANNING,
             ctx.issue_number,
             f"**Plan (round {round_num})**\n\n{plan}",
-            f"plan:r{round_num}",
+            f"plan:{cycle_key}:r{round_num}" if cycle else f"plan:r{round_num}",
             best_effort=True,
         )
     approved = review.verdict == "approve"
@@ -112,12 +120,14 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             round=round_num,
             summary=plan.splitlines()[0][:200],
             data={"plan": plan},
+            key=cycle_key,
         ),
         MilestoneWrite(
             "plan_reviewed",
             round=round_num,
             summary=review.verdict,
             data={"verdict": review.verdict, "comments": review.comments},
+            key=cycle_key,
         ),
     ]
     if approved or round_num >= deps.limits.max_plan_rounds:
@@ -127,6 +137,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 round=round_num,
                 summary="approved" if approved else "max_plan_rounds reached",
                 data={"plan": plan, "approved": approved, "rounds": round_num},
+                key=cycle_key,
             )
         )
         return PhaseResult.advance(

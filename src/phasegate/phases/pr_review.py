@@ -15,7 +15,9 @@ until limits.max_pr_review_rounds.
   an issue comment with each review.
 - postconditions: on approval current_phase == "report", status ==
   "reporting". Changes requested: back to development with dev_round + 1 and
-  the review comments as its input; after max_pr_review_rounds, paused.
+  the review comments as its input; after max_pr_review_rounds (counted
+  from the first development round of the planning cycle, so a reversion
+  grants a fresh set), paused.
 - re-entry point: dev_round persisted; the pull request is found by its head
   branch, never created twice, and updated once per development round.
 - recovery behavior: a review agent that fails every try → failed; shutdown
@@ -136,10 +138,11 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         return PhaseResult.advance(
             REPORT, updates={"pr_number": pr, "current_round": 0}, milestones=(reviewed,)
         )
-    if round_num >= deps.limits.max_pr_review_rounds:
+    cycle_rounds = round_num - int(ctx.state.get("cycle_start_dev_round") or 1) + 1
+    if cycle_rounds >= deps.limits.max_pr_review_rounds:
         return PhaseResult(
             "pause",
-            reason=f"review still requests changes after {round_num} round(s) "
+            reason=f"review still requests changes after {cycle_rounds} round(s) "
             "(limits.max_pr_review_rounds); send feedback or resume",
             updates={"pr_number": pr},
             milestones=(reviewed,),
