@@ -399,3 +399,44 @@ def test_the_reviewer_is_shown_the_checks_results(tmp_path: Path, engine_for: Bu
     prompt = seen.read_text()
     assert "## Checks on this change" in prompt
     assert "- `echo all 3 tests ok`: passed\n```\nall 3 tests ok" in prompt
+
+
+def test_a_merge_conflict_reverts_under_ci_and_the_next_build_starts_from_the_base(
+    tmp_path: Path, engine_for: Build
+) -> None:
+    from phasegate.contract import PhaseResult
+
+    repo = repo_with(tmp_path, answers(), auto_merge=False)
+    edit_cartridge(repo, "auto_merge = false\n", 'auto_merge = false\nprofile = "ci"\n')
+    engine, store = engine_for(repo)
+    wf = engine.start("t", "ticket", auto_merge=False)
+    assert engine.advance(wf)["status"] == "waiting"
+    (repo / "feature.txt").write_text("someone else's feature\n")
+    git(repo, "add", "feature.txt")
+    git(repo, "commit", "-qm", "a conflicting feature on main")
+    engine.decide(wf, lambda ctx: PhaseResult("retry", state={"merge_approved": True}))
+    row = engine.advance(wf)
+    # the conflict reverted to planning; the new build ran on a branch holding main's
+    # feature.txt in conflict, and its own version resolved it
+    decisions = row["state"]["decisions"]
+    assert [(d["source_phase"], d["target_phase"]) for d in decisions] == [("merge", "planning")]
+    assert (row["current_phase"], row["status"]) == ("wait", "waiting")
+    engine.decide(wf, lambda ctx: PhaseResult("retry", state={"merge_approved": True}))
+    assert engine.advance(wf)["status"] == "completed"
+    assert git(repo, "show", "main:feature.txt") == "the feature"
+
+
+def test_reviews_that_keep_rejecting_re_plan_under_ci(tmp_path: Path, engine_for: Build) -> None:
+    repo = repo_with(
+        tmp_path,
+        answers(review='[[review]]\ntext = "Wrong approach.\\nVERDICT: request_changes"\n'),
+        extra="[limits]\nmax_pr_review_rounds = 1\n",
+    )
+    edit_cartridge(repo, "auto_merge = true\n", 'auto_merge = true\nprofile = "ci"\n')
+    engine, _ = engine_for(repo)
+    row = engine.advance(engine.start("t", "ticket"))
+    decisions = row["state"]["decisions"]
+    assert [d["source_phase"] for d in decisions] == ["pr_review"] * 3
+    assert "review still requests changes" in decisions[0]["reason"]
+    assert (row["current_phase"], row["status"]) == ("pr_review", "failed")
+    assert "MAX_REVERSIONS" in row["error"]

@@ -198,7 +198,7 @@ def test_the_profile_sets_the_autonomy_defaults_the_cartridge_wins(tmp_path: Pat
     assert kept.graduation_streak == 5  # given explicitly: the profile does not override it
 
 
-def test_auto_merge_the_flag_then_the_cartridge_then_the_profile(
+def test_auto_merge_the_flag_then_a_named_profile_then_the_cartridge(
     tmp_path: Path, engine_for: Build
 ) -> None:
     repo = project(tmp_path / "a", answers(build_answers("x")), auto_merge=None)
@@ -212,10 +212,17 @@ def test_auto_merge_the_flag_then_the_cartridge_then_the_profile(
 
     explicit = project(tmp_path / "b", answers(build_answers("x")), auto_merge=False)
     engine, store = engine_for(explicit)
-    assert not store.workflow_row(engine.start("t", "ticket", profile="full-auto"))["auto_merge"]
+    assert not store.workflow_row(engine.start("t", "ticket"))["auto_merge"]  # the file's key
+    # a profile named for this run beats the file: manual never merges without a person
+    assert store.workflow_row(engine.start("t", "ticket", profile="full-auto"))["auto_merge"]
+    merging = project(tmp_path / "c", answers(build_answers("x")), auto_merge=True)
+    engine, store = engine_for(merging)
+    assert not store.workflow_row(engine.start("t", "ticket", profile="manual"))["auto_merge"]
     assert store.workflow_row(engine.start("t", "t", profile="manual", auto_merge=True))[
         "auto_merge"
     ]
+    with pytest.raises(CartridgeError, match="profile name is empty"):
+        engine.start("t", "ticket", profile=" ")
 
 
 # -- the table: six profiles x two paths x automatic and manual --------------------------
@@ -273,7 +280,7 @@ def test_a_merge_conflict_reverts_to_planning_where_the_profile_allows(
     repo = project(tmp_path, answers(build_answers("the feature")), auto_merge=False)
     engine, store = engine_for(repo, clock=FixedClock())
     automatic = SPEC_TABLE[profile][0] < 1.0
-    wf, parked = (engine.start("t", "ticket", profile=profile) for _ in range(2))
+    wf, parked = (engine.start("t", "ticket", profile=profile, auto_merge=False) for _ in range(2))
     for workflow in (wf, parked):
         assert engine.advance(workflow)["current_phase"] == "wait"
         engine.decide(workflow, lambda ctx: decisions.approve_merge(ctx, "test"))
@@ -362,8 +369,12 @@ def test_the_fourth_manual_reversion_is_refused_with_exit_2(tmp_path: Path) -> N
     assert (code, run["status"], run["profile"]) == (1, "paused", "review")
     wf = run["id"]
     for n in range(1, MAX_REVERSIONS + 1):
-        code, after = cli("revert", wf, "--repo", r, "--reason", f"try {n}")
+        proc = phasegate_cli("revert", wf, "--repo", r, "--reason", f"try {n}", "--json")
+        code, after = proc.returncode, json.loads(proc.stdout)
         assert (code, after["status"], after["reversion_count"]) == (1, "paused", n)
+        assert f"reverted {wf} from development to planning (reversion {n} of 3)" in flat(
+            proc.stderr
+        )
     before = cli("show", wf, "--repo", r)[1]
     refused = phasegate_cli("revert", wf, "--repo", r, "--reason", "once more")
     assert refused.returncode == 2

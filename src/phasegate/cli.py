@@ -841,12 +841,24 @@ def _manual(
     decide: Callable[[Engine, Any], PhaseResult],
     advance: bool,
     as_json: bool,
+    announce_reversion: bool = False,
 ) -> None:
-    """Commit a person's decision through the single commit path, then (optionally) advance."""
+    """Commit a person's decision through the single commit path, then (optionally) advance.
+
+    With ``announce_reversion`` the reversion just recorded is confirmed on
+    stderr before the workflow moves on (its exit code is the run's).
+    """
     with _errors():
         root, cartridge, store = _open(repo)
         engine = _engine(root, cartridge, store, None)
-        engine.decide(workflow_id, lambda ctx: decide(engine, ctx))
+        row = engine.decide(workflow_id, lambda ctx: decide(engine, ctx))
+        if announce_reversion:
+            recorded = row["state"]["decisions"][-1]
+            err.print(
+                f"reverted {row['id']} from {recorded['source_phase']} to "
+                f"{recorded['target_phase']} (reversion {recorded['reversion_number']} of 3)",
+                highlight=False,
+            )
         if advance:
             _drive(engine, workflow_id, as_json)
         else:
@@ -910,6 +922,8 @@ def revert(
 ) -> None:
     """Send a workflow back to planning with a reason (at most 3 reversions per workflow).
 
+    Then runs it in the foreground, like resume (--no-advance: record only).
+
     From development, pr_review, report, wait or a merge not yet done; the
     profile's thresholds do not apply, the loop guard does. The worktree,
     branch, milestones and agent sessions are kept; the reason is the next
@@ -921,6 +935,7 @@ def revert(
         lambda e, ctx: decisions.revert(ctx, to_phase, reason, e.clock.now()),
         not no_advance,
         as_json,
+        announce_reversion=True,
     )
 
 

@@ -81,6 +81,7 @@ def revert(ctx: WorkflowContext, to_phase: str, reason: str, at: datetime) -> Ph
     engine's clock). Raises ContractViolation, changing nothing, otherwise.
     """
     _open(ctx)
+    to_phase = to_phase.strip().lower()
     if to_phase not in REVERSION_TARGETS:
         raise ContractViolation(
             f"a workflow reverts to planning only (spec 003's strategize), not {to_phase!r}"
@@ -97,6 +98,7 @@ def revert(ctx: WorkflowContext, to_phase: str, reason: str, at: datetime) -> Ph
     if refusal is not None:
         raise ContractViolation(refusal)
     context = f"A person reverted the workflow from {ctx.current_phase}: {reason}"
-    if ctx.error:  # the failure it had stopped on is the next plan's input too
-        context += f"\n\nIt had stopped on: {ctx.error}"
+    stopped_on = ctx.state.get("stopped_on") or ctx.error
+    if stopped_on:  # the failure it had stopped on is the next plan's input too
+        context += f"\n\nIt had stopped on: {stopped_on}"
     return reversion_result(ctx, reason=reason, context=context, at=at, automatic=False)

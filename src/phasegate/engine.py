@@ -124,8 +124,9 @@ class Engine:
 
         ``profile`` names its automation profile (default: ``workflow.profile``,
         else ``review``); the workflow keeps it in ``state["profile"]``.
-        auto_merge: the ``auto_merge`` argument, else an explicit
-        ``workflow.auto_merge``, else the profile's default.
+        auto_merge: the ``auto_merge`` argument, else the default of a profile
+        named here (a person's choice for this run beats the file), else an
+        explicit ``workflow.auto_merge``, else the cartridge profile's default.
 
         Checks first what would otherwise fail only after an issue and a branch
         exist: the profile, the base branch, and every role's runner (a scripted
@@ -133,6 +134,8 @@ class Engine:
         PhasegateError.
         """
         settings = self.cartridge.workflow
+        if profile is not None and not profile.strip():
+            raise CartridgeError("--profile: the profile name is empty")
         chosen = self.cartridge.profile(profile)
         if git(["rev-parse", "--verify", "-q", "HEAD"], self.repo, check=False) == "":
             raise PhasegateError(f"{self.repo} has no commits yet; commit something first")
@@ -155,7 +158,13 @@ class Engine:
             ticket=ticket,
             repo_path=str(self.repo),
             base_branch=base,
-            auto_merge=self.cartridge.auto_merge_for(chosen) if auto_merge is None else auto_merge,
+            auto_merge=(
+                auto_merge
+                if auto_merge is not None
+                else chosen.auto_merge
+                if profile is not None
+                else self.cartridge.auto_merge_for(chosen)
+            ),
             content_language=settings.content_language,
             state={"profile": chosen.as_state()},
         )

@@ -30,9 +30,10 @@ and the failure becomes ``state["replan_context"]`` for the next plan. The
 worktree, branch, milestones, sessions and agent runs are kept.
 
 The profile also gives the defaults of ``auto_merge`` and of the autonomy
-policy (``autonomy.AutonomyPolicy.from_cartridge``). Precedence: an explicit
-``--auto-merge/--no-auto-merge``, then an explicit ``workflow.auto_merge`` (or
-``[autonomy]`` key) in the cartridge, then the profile.
+policy (``autonomy.AutonomyPolicy.from_cartridge``). Precedence for
+auto_merge: an explicit ``--auto-merge/--no-auto-merge``, then a profile
+named on the command line, then an explicit ``workflow.auto_merge``, then the
+cartridge's profile; for the policy, an explicit ``[autonomy]`` key wins.
 """
 
 from __future__ import annotations
@@ -262,6 +263,9 @@ def reversion_result(
             "plan_feedback": None,
             "merge_approved": False,
             "merge_approved_by": None,
+            "stopped_on": None,
+            # after a merge that could not proceed, the next build starts from the base
+            "sync_base": ctx.current_phase == MERGE,
         },
         milestones=(
             *milestones,
@@ -344,7 +348,8 @@ def reversion_or_stop(
     stop = decision.action == "refuse" and profile.reverts_automatically(ctx.current_phase)
     return PhaseResult(
         "failed" if stop else "pause",
-        reason="; ".join(part for part in (reason, hint, decision.why) if part),
-        state=state or {},
+        reason="; ".join(part.strip() for part in (reason, hint, decision.why) if part.strip()),
+        # The failure alone, for a plan after a person's revert: the hints are for people.
+        state={**(state or {}), "stopped_on": context},
         milestones=tuple(milestones),
     )

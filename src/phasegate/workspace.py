@@ -362,6 +362,40 @@ class Workspace:
             return False
         return True
 
+    def start_base_merge(self, worktree: Path, base: str) -> list[str]:
+        """Merge ``base`` into the worktree's branch, leaving conflicts for an agent.
+
+        Returns the conflicted files ([] when the merge committed cleanly); with
+        conflicts the merge stays in progress, and committing the resolved
+        files concludes it. A merge some earlier attempt left open is aborted
+        first.
+        """
+        if git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], worktree, check=False):
+            git(["merge", "--abort"], worktree, check=False)
+        proc = subprocess.run(
+            [
+                "git",
+                "-c",
+                "user.name=phasegate",
+                "-c",
+                "user.email=phasegate@localhost",
+                "merge",
+                "--no-edit",
+                "-q",
+                base,
+            ],
+            cwd=worktree,
+            capture_output=True,
+            encoding="utf-8",
+            errors="replace",
+        )
+        if proc.returncode == 0:
+            return []
+        conflicted = git(["diff", "--name-only", "--diff-filter=U"], worktree).splitlines()
+        if not conflicted:
+            raise GitError(f"git merge {base} failed in {worktree}: {proc.stderr.strip()}")
+        return conflicted
+
     def find_merge_commit(self, repo: Path, base: str, head_sha: str) -> str | None:
         """The merge commit on ``base``'s first-parent line whose parents include ``head_sha``."""
         if (

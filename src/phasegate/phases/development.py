@@ -87,6 +87,7 @@ def _done(ctx: WorkflowContext, head: str, milestones: tuple[MilestoneWrite, ...
             "last_check_failure": None,
             "review_feedback": None,
             "head_sha": head,
+            "sync_base": False,
         },
         milestones=milestones,
     )
@@ -115,6 +116,15 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         )
 
     before = deps.workspace.rev(cwd, "HEAD")
+    if ctx.state.get("sync_base"):
+        # Reverted from a merge that could not proceed: build on what the base holds now.
+        conflicted = deps.workspace.start_base_merge(cwd, ctx.base_branch)
+        if conflicted:
+            extra += (
+                f"\n## {ctx.base_branch} was merged into your branch and these files conflict\n\n"
+                + "\n".join(f"- {name}" for name in conflicted)
+                + "\n\nResolve every conflict marker in them as part of your change.\n"
+            )
     try:
         answer = deps.agents.ask(
             ctx,

@@ -17,13 +17,14 @@ until limits.max_pr_review_rounds.
   "reporting". Changes requested: back to development with dev_round + 1 and
   the review comments as its input; after max_pr_review_rounds (counted
   from the first development round of the planning cycle, so a reversion
-  grants a fresh set), paused.
+  grants a fresh set), a reversion to planning where the profile allows it
+  (spec 003, Execute → Strategize), else paused for a person.
 - re-entry point: dev_round persisted; the pull request is found by its head
   branch, never created twice, and updated once per development round.
 - recovery behavior: a review agent that fails every try → failed; shutdown
   → WorkflowPaused, nothing committed.
-- terminal outcomes: completed → report; completed → development; pause
-  (review rounds exhausted); failed.
+- terminal outcomes: completed → report; completed → development;
+  completed → planning (reversion); pause (review rounds exhausted); failed.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from phasegate.contract import (
     WorkflowContext,
 )
 from phasegate.phases.deps import PhaseDeps, agent_failure, verdict_parser, worktree_of
+from phasegate.profiles import reversion_or_stop
 
 __all__ = ["run"]
 
@@ -140,12 +142,19 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         )
     cycle_rounds = round_num - int(ctx.state.get("cycle_start_dev_round") or 1) + 1
     if cycle_rounds >= deps.limits.max_pr_review_rounds:
-        return PhaseResult(
-            "pause",
-            reason=f"review still requests changes after {cycle_rounds} round(s) "
-            "(limits.max_pr_review_rounds); send feedback or resume",
-            updates={"pr_number": pr},
+        # The reviewers keep rejecting what this plan builds (spec 003, Execute →
+        # Strategize): re-plan where the profile allows it, else a person decides.
+        reason = (
+            f"review still requests changes after {cycle_rounds} round(s) "
+            "(limits.max_pr_review_rounds)"
+        )
+        return reversion_or_stop(
+            ctx,
+            reason=reason,
+            context=f"{reason}. The last review:\n\n{review.comments[-3000:]}",
+            at=deps.clock.now(),
             milestones=(reviewed,),
+            hint="send feedback or resume",
         )
     return PhaseResult.advance(
         DEVELOPMENT,
