@@ -483,10 +483,15 @@ output_tokens = 5
 SCOPE_ROLE = '[roles.scope_epic]\nrunner = "scripted"\nscript = "answers.toml"\ntimeout = 30\n'
 
 
-def propose_repo(tmp_path: Path, answers: str = PROPOSE_ANSWERS, extra: str = SCOPE_ROLE) -> Path:
+def propose_repo(
+    tmp_path: Path,
+    answers: str = PROPOSE_ANSWERS,
+    extra: str = SCOPE_ROLE,
+    checks: list[str] | None = None,
+) -> Path:
     repo = make_repo(tmp_path / "repo", {"README.md": "# calc\n", ".gitignore": ".phasegate/\n"})
     (repo / "answers.toml").write_text(answers)
-    (repo / CARTRIDGE_FILE).write_text(scripted_cartridge(extra=extra))
+    (repo / CARTRIDGE_FILE).write_text(scripted_cartridge(extra=extra, checks=checks))
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "cartridge")
     return repo
@@ -505,7 +510,19 @@ def test_propose_runs_the_graph_and_records_a_draft_pr_proposal(tmp_path: Path) 
     assert (draft["mode"], draft["status"], draft["attempts"]) == ("propose", "proposed", 1)
     assert draft["paths"] == ["calc.py"]
     assert "+def multiply(a, b):" in draft["payload"]["patch"]
-    assert [e["kind"] for e in draft["evidence"]] == ["change_facts", "review", "attempts"]
+    assert [e["kind"] for e in draft["evidence"]] == [
+        "change_facts",
+        "review",
+        "attempts",
+        "checks",
+    ]
+    # no checks configured: the patch was still applied in a scratch worktree
+    assert draft["evidence"][3]["data"] | {"base": None} == {
+        "applied": True,
+        "base": None,
+        "results": [],
+        "passed": True,
+    }
     facts = draft["evidence"][0]["data"]
     assert (facts["files"], facts["paths"]) == (1, ["calc.py"])
     assert draft["evidence"][1]["data"]["decision"] == "approve"
@@ -677,3 +694,108 @@ def test_propose_through_the_harness_stores_modes_from_the_cartridge_policy(stor
 
     record, [row] = propose(store, cartridge, answer, ticket=TICKET, run_id="r1", date="d")
     assert row["mode"] == "auto" and row["record_id"] == record["proposals"][0]["id"]
+
+
+# -- the check arm: the patch applied in a worktree of the harness, checks as evidence --------
+
+
+def worktrees(repo: Path) -> list[str]:
+    return [
+        line
+        for line in git(repo, "worktree", "list", "--porcelain").splitlines()
+        if line.startswith("worktree ")
+    ]
+
+
+def test_propose_attaches_passing_checks_as_evidence_before_the_gate(tmp_path: Path) -> None:
+    repo = propose_repo(tmp_path, checks=["cat calc.py", "test -f calc.py"])
+    head = git(repo, "rev-parse", "HEAD")
+    code, out = cli_json("propose", "Add multiply() to calc", "--repo", str(repo))
+    assert code == 0, out
+    _, draft = out["proposals"]
+    assert draft["status"] == "proposed"
+    [checks] = [e["data"] for e in draft["evidence"] if e["kind"] == "checks"]
+    assert (checks["applied"], checks["passed"], checks["base"]) == (True, True, head)
+    assert "error" not in checks
+    first, second = checks["results"]
+    assert (first["command"], first["exit_code"], first["passed"]) == ("cat calc.py", 0, True)
+    assert "def multiply(a, b):" in first["output"] and first["duration_s"] >= 0
+    assert (second["command"], second["passed"]) == ("test -f calc.py", True)
+
+    # the person's checkout is untouched and no worktree is left behind
+    assert git(repo, "status", "--porcelain", "--ignored") == "!! .phasegate/"
+    assert not (repo / "calc.py").exists()
+    assert worktrees(repo) == [f"worktree {repo.resolve()}"]
+
+    store = repo_store(repo)
+    try:
+        record = store.run(out["run_id"])["record"]
+    finally:
+        store.close()
+    # the graph's proposals stay its own; the machine evidence is kept beside them
+    [graph_draft] = [p for p in record["proposals"] if p["kind"] == "draft_pr_create"]
+    assert "checks" not in [e["kind"] for e in graph_draft["evidence"]]
+    assert record["harness"]["checks"] == {draft["record_id"]: checks}
+    replayed = phasegate_cli("replay", out["run_id"], "--repo", str(repo))
+    assert replayed.returncode == 0 and replayed.stdout.startswith("identical: 2 proposal(s)")
+
+    text = phasegate_cli("propose", "Add multiply() to calc", "--repo", str(repo))
+    assert text.returncode == 0, text.stderr
+    assert "checks of" in text.stdout and "2 passed" in text.stdout
+
+
+def harness_run(
+    tmp_path: Path, store: Store, patch: str, checks: list[str]
+) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """``harness.propose`` in a real repository; return (repo, record, draft row)."""
+    repo = make_repo(tmp_path / "repo", {"README.md": "# calc\n"})
+    role = {"runner": "scripted", "script": "unused.toml"}
+    cartridge = Cartridge.model_validate(
+        {
+            "roles": {"plan": role, "build": role, "review": role},
+            "landing_areas": {"checks": checks, "check_timeout": 30},
+        }
+    )
+    answers = ScriptedAnswers({"plan": ["1. Add it"], "build": [built(patch)], "review": [APPROVE]})
+    record, [row] = propose(
+        store, cartridge, answers, ticket=TICKET, run_id="r1", date="d", repo=repo
+    )
+    assert row["kind"] == "draft_pr_create"
+    assert git(repo, "status", "--porcelain", "--ignored") == ""
+    assert worktrees(repo) == [f"worktree {repo.resolve()}"]
+    assert replay_check(store.run("r1")["record"]).identical
+    return repo, record, row
+
+
+def checks_of(row: dict[str, Any]) -> dict[str, Any]:
+    [data] = [e["data"] for e in row["evidence"] if e["kind"] == "checks"]
+    return data
+
+
+def test_a_failing_check_is_evidence_with_its_output(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PHASEGATE_TEST_TOKEN", "tok-0123456789abcdef")
+    failing = (
+        "grep -q divide calc.py || { echo 'no divide here'; echo tok-0123456789abcdef; exit 3; }"
+    )
+    _, record, row = harness_run(tmp_path, store, CALC, ["test -f calc.py", failing])
+    data = checks_of(row)
+    assert (data["applied"], data["passed"]) == (True, False)
+    ok, bad = data["results"]
+    assert ok["passed"] is True
+    assert (bad["command"], bad["exit_code"], bad["passed"]) == (failing, 3, False)
+    assert "no divide here" in bad["output"]
+    assert "tok-0123456789abcdef" not in bad["output"] and "***" in bad["output"]
+    assert record["harness"]["checks"][row["record_id"]] == data
+    assert row["status"] == "proposed"
+
+
+def test_a_patch_that_does_not_apply_is_evidence_with_the_error(
+    tmp_path: Path, store: Store
+) -> None:
+    stale = "--- a/missing.py\n+++ b/missing.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+    _, _, row = harness_run(tmp_path, store, stale, ["touch ran.txt"])
+    data = checks_of(row)
+    assert (data["applied"], data["passed"], data["results"]) == (False, False, [])
+    assert "missing.py" in data["error"]

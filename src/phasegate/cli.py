@@ -990,6 +990,20 @@ def _proposal_json(row: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in row.items()}
 
 
+def _print_checks(proposal_id: str, data: Mapping[str, Any]) -> None:
+    if not data.get("applied"):
+        line = f"[red]the patch does not apply: {escape(str(data.get('error', '')))[:300]}[/red]"
+    else:
+        results = data.get("results") or []
+        failed = [r["command"] for r in results if not r.get("passed")]
+        line = (
+            f"[red]failed: {escape(', '.join(failed))}[/red]"
+            if failed
+            else f"[green]{len(results)} passed[/green]"
+        )
+    console.print(f"  checks of {proposal_id}: {line}", highlight=False)
+
+
 def _print_proposals(rows: list[dict[str, Any]]) -> None:
     table = Table("id", "kind", "title", "mode", "status", "attempts", "decided_by")
     for r in rows:
@@ -1021,7 +1035,10 @@ def propose(
     The roles the cartridge binds (plan, build, review; scope_epic,
     plan_alternative, plan_arbitrate, plan_adversary, review_adversary and
     arbitrate when bound) run read-only in the repository's checkout; build
-    answers with a diff, which nothing applies. The run is recorded whole,
+    answers with a diff. Before anything is gated, each draft PR's diff is
+    applied in a scratch worktree of HEAD (your checkout is left alone) and
+    landing_areas.checks run there; their results are the proposal's `checks`
+    evidence. The run is recorded whole,
     every agent call and answer included (`phasegate replay RUN` re-runs it
     offline), and each proposal gets the mode the [autonomy] policy gives it:
     propose (a person decides: `phasegate approve/reject ID`) or auto.
@@ -1066,6 +1083,8 @@ def propose(
                     ticket=text,
                     run_id=run_id,
                     date=store.clock.now().date().isoformat(),
+                    repo=root,
+                    cancel=cancel,
                 )
         except ProposeInterrupted as exc:
             err.print(f"[yellow]{escape(str(exc))}[/yellow]", highlight=False)
@@ -1098,6 +1117,10 @@ def propose(
             )
         if loop["stop"]:
             console.print(f"  fix loop stopped: {loop['stop']}", highlight=False)
+        for r in rows:
+            for e in r["evidence"]:
+                if e["kind"] == "checks":
+                    _print_checks(r["id"], e["data"])
         if rows:
             _print_proposals(rows)
             console.print(

@@ -7,9 +7,14 @@ proposals, and checks a recorded run by replaying it offline.
     check = replay_check(store.run(run_id)["record"])   # check.identical
 
 Every role runs read-only in the repository's checkout, build included: the
-graph's build answers with a unified diff and nothing here applies it (that is
-the apply arm's work, after the gate). ``run_id`` and ``date`` come from the
-caller; the graph has no clock.
+graph's build answers with a unified diff. Given ``repo``, the shell's check arm
+applies each draft_pr_create patch in a detached worktree of HEAD it creates
+(never the person's checkout), runs ``landing_areas.checks`` there and attaches
+the results as a ``checks`` evidence row before anything is gated; the record's
+``proposals`` stay the graph's own (a replay reproduces them) and the machine
+evidence is kept beside them, under the record's ``harness`` key. Landing the
+patch is the apply arm's work, after the gate. ``run_id`` and ``date`` come
+from the caller; the graph has no clock.
 """
 
 from __future__ import annotations
@@ -22,18 +27,20 @@ from typing import Any
 
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner
-from phasegate.agents.env import redact, secret_values
+from phasegate.agents.env import check_env, environment_secrets, redact, secret_values
 from phasegate.autonomy import AutonomyPolicy
 from phasegate.cartridge import Cartridge
-from phasegate.contract import PhasegateError
+from phasegate.contract import PhasegateError, WorkflowPaused
 from phasegate.graph import AgentCall, Answer, GraphError, canonical_json, replay, run_lifecycle
+from phasegate.graph.proposals import Evidence
 from phasegate.store import Store
-from phasegate.workspace import GitError, git
+from phasegate.workspace import GitError, PatchError, Workspace, git
 
 __all__ = [
     "ProposeInterrupted",
     "ReplayCheck",
     "RunnerAnswers",
+    "check_proposals",
     "first_difference",
     "propose",
     "replay_check",
@@ -204,19 +211,97 @@ def propose(
     run_id: str,
     date: str,
     workflow_id: str | None = None,
+    repo: Path | None = None,
+    workspace: Workspace | None = None,
+    cancel: threading.Event | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run the development graph on ``ticket`` and record it; return (record, proposal rows).
 
-    The record and its proposals are stored in one transaction, each proposal
-    with the mode the cartridge's autonomy policy gives it. Raises GraphError
-    when the cartridge cannot drive the graph (plan, build or review unbound,
-    a tier without its roles), ProposeInterrupted (nothing recorded).
+    With ``repo``, each draft_pr_create patch is first checked
+    (``check_proposals``): its ``checks`` evidence is added to the stored
+    proposal row and kept in the record under ``harness``; the record's
+    ``proposals`` are the graph's, untouched. The record and its proposals are
+    stored in one transaction, each proposal with the mode the cartridge's
+    autonomy policy gives it. Raises GraphError when the cartridge cannot
+    drive the graph (plan, build or review unbound, a tier without its roles),
+    ProposeInterrupted (nothing recorded).
     """
     record = run_lifecycle(answers, run_id=run_id, date=date, cartridge=cartridge, ticket=ticket)
+    extra: dict[str, list[Evidence]] = {}
+    if repo is not None:
+        if cancel is None and isinstance(answers, RunnerAnswers):
+            cancel = answers.cancel
+        checked = check_proposals(
+            cartridge, repo, run_id, record["proposals"], workspace=workspace, cancel=cancel
+        )
+        if checked:
+            record = {**record, "harness": {"checks": checked}}
+            extra = {pid: [Evidence("checks", data)] for pid, data in checked.items()}
     rows = store.record_run(
-        record, policy=AutonomyPolicy.from_cartridge(cartridge), workflow_id=workflow_id
+        record,
+        policy=AutonomyPolicy.from_cartridge(cartridge),
+        workflow_id=workflow_id,
+        extra_evidence=extra,
     )
     return record, rows
+
+
+def check_proposals(
+    cartridge: Cartridge,
+    repo: Path,
+    run_id: str,
+    proposals: list[Mapping[str, Any]],
+    *,
+    workspace: Workspace | None = None,
+    cancel: threading.Event | None = None,
+) -> dict[str, dict[str, Any]]:
+    """The ``checks`` evidence of each draft_pr_create proposal with a patch, by its id.
+
+    Each patch is applied in a detached worktree of ``repo``'s HEAD at a fixed
+    scratch path (``<run_id>-harness``, reclaimed if a crash left it, removed
+    afterwards), and ``landing_areas.checks`` run there with the check
+    environment, its timeout, and phasegate's secret values redacted from the
+    output. The data: ``applied``, ``error`` (when the patch or the worktree
+    failed), ``base`` (the commit checked), ``results`` (each check's command,
+    exit_code, passed, duration_s, output tail, timed_out) and ``passed``
+    (applied and every check passed). Raises ProposeInterrupted when
+    ``cancel`` is set while a check runs.
+    """
+    workspace = workspace or Workspace()
+    areas = cartridge.landing_areas
+    found: dict[str, dict[str, Any]] = {}
+    for proposal in proposals:
+        patch = (proposal.get("payload") or {}).get("patch")
+        if proposal.get("kind") != "draft_pr_create" or not isinstance(patch, str) or not patch:
+            continue
+        data: dict[str, Any] = {"applied": False, "base": None, "results": [], "passed": False}
+        try:
+            base = workspace.rev(repo, "HEAD")
+            data["base"] = base
+            scratch = workspace.scratch_path(repo, f"{run_id}-harness")
+            with workspace.temporary_checkout(repo, base, scratch) as tree:
+                try:
+                    workspace.apply_patch(tree, patch)
+                except PatchError as exc:
+                    data["error"] = str(exc)[:4000]
+                else:
+                    data["applied"] = True
+                    results = workspace.run_checks(
+                        areas.checks,
+                        tree,
+                        areas.check_timeout,
+                        cancel,
+                        env=check_env(areas.pass_env),
+                        secrets=environment_secrets(),
+                    )
+                    data["results"] = [r.as_dict() for r in results]
+                    data["passed"] = all(r.passed for r in results)
+        except WorkflowPaused as exc:
+            raise ProposeInterrupted(f"stopped while the checks ran: {exc}") from None
+        except (GitError, OSError) as exc:
+            data["error"] = redact(str(exc), environment_secrets())[:4000]
+        found[str(proposal["id"])] = data
+    return found
 
 
 @dataclass(frozen=True)

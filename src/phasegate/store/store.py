@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from phasegate.contract import (
     next_phase,
 )
 from phasegate.graph.lifecycle import RUN_RECORD_KEYS
-from phasegate.graph.proposals import Proposal
+from phasegate.graph.proposals import Evidence, Proposal
 from phasegate.store import tables as t
 
 __all__ = [
@@ -636,6 +636,7 @@ class Store:
         *,
         policy: AutonomyPolicy | None = None,
         workflow_id: str | None = None,
+        extra_evidence: Mapping[str, Sequence[Evidence]] | None = None,
     ) -> list[dict[str, Any]]:
         """Store a run record and its proposals in one transaction; return the proposal rows.
 
@@ -648,6 +649,10 @@ class Store:
         (the proposal says so, or it touches a governance path). Raises
         ValueError for a record without the run record's keys, and
         sqlalchemy's IntegrityError (nothing written) for a run id recorded before.
+
+        ``extra_evidence`` maps a proposal's record id to evidence the shell
+        adds (the harness's ``checks``): appended to the stored row's evidence,
+        never to the record's ``proposals``, which stay the graph's own.
         """
         missing = [k for k in RUN_RECORD_KEYS if k not in record]
         if missing:
@@ -668,6 +673,9 @@ class Store:
             history = self._gate_history(conn)
             for position, row in enumerate(record["proposals"], 1):
                 proposal = Proposal.from_dict(row)
+                added = tuple((extra_evidence or {}).get(proposal.id, ()))
+                if added:
+                    proposal = replace(proposal, evidence=(*proposal.evidence, *added))
                 conn.execute(
                     t.proposals.insert().values(
                         id=self._new_proposal_id(conn),
