@@ -124,3 +124,18 @@ def test_a_graph_proposal_carries_its_attempts_into_the_history() -> None:
     decision = GateDecision.of(row, "approved", policy=POLICY)
     assert decision.attempts == 2 and not decision.clean
     assert decide(row, [decision] * 3, POLICY).mode == "propose"
+
+
+def test_failed_checks_keep_a_graduated_or_pinned_kind_for_a_person() -> None:
+    from dataclasses import replace
+
+    from phasegate.graph.proposals import Evidence
+
+    graduated = [approve(proposal()) for _ in range(3)]
+    pinned = AutonomyPolicy(policy={"draft_pr_create": "auto"})
+    passing = replace(proposal(), evidence=(Evidence("checks", {"passed": True}),))
+    failing = replace(proposal(), evidence=(Evidence("checks", {"passed": False}),))
+    assert decide(passing, graduated, POLICY).mode == "auto"
+    assert decide(failing, graduated, POLICY).reason == "checks_failed"
+    assert decide(failing, [], pinned).mode == "propose"
+    assert decide(passing, [], pinned).mode == "auto"

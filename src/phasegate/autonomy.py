@@ -182,14 +182,18 @@ def decide(
     """``propose`` (a person gates it) or ``auto`` (the apply arm takes it).
 
     ``history`` is every earlier decision, oldest first. Self-modification
-    always proposes; a kind whose policy is ``auto`` is auto; otherwise the
-    kind is auto once its streak reaches ``graduation_streak`` (never when 0).
+    always proposes, and so does a proposal whose machine evidence says its
+    checks failed (the harness's ``checks`` row): no policy applies work
+    the checks reject. Otherwise a kind whose policy is ``auto`` is auto, or
+    the kind is auto once its streak reaches ``graduation_streak`` (never when 0).
     """
     found = _proposal(proposal)
     needed = policy.graduation_streak
     current = streak(found.kind, history)
     if is_self_modification(found, policy):
         return Autonomy("propose", "self_modification", current, needed)
+    if any(e.kind == "checks" and not e.data.get("passed") for e in found.evidence):
+        return Autonomy("propose", "checks_failed", current, needed)
     if policy.mode_of(found.kind) == "auto":
         return Autonomy("auto", "policy_auto", current, needed)
     if needed == 0:
