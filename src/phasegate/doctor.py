@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from phasegate import __version__
+from phasegate.agents import DEFAULT_EXECUTABLES
 from phasegate.cartridge import (
     CARTRIDGE_FILE,
     ROLE_SESSION_LINES,
@@ -44,7 +45,6 @@ from phasegate.workspace import GitError, git
 __all__ = ["AgentCli", "Diagnosis", "RoleStatus", "diagnose"]
 
 #: The executable a CLI runner starts when its binding names none.
-DEFAULT_EXECUTABLES = {"claude-code": "claude", "codex": "codex"}
 #: How to get each CLI, for the message that says it is missing.
 _INSTALL = {
     "claude-code": "npm install -g @anthropic-ai/claude-code",

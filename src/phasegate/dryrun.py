@@ -52,9 +52,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phasegate.agents import DEFAULT_EXECUTABLES
 from phasegate.cartridge import ROLE_SESSION_LINES, Cartridge, RoleBinding
 from phasegate.contract import PhasegateError
-from phasegate.doctor import DEFAULT_EXECUTABLES
 from phasegate.phases import acceptance_verification, development, planning, pr_review
 from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall
 from phasegate.workspace import GitError, git
