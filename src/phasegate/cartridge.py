@@ -311,6 +311,10 @@ class WorkRouting(_Strict):
 class GraphSettings(_Strict):
     """The development graph's ``[graph]`` table (spec 002)."""
 
+    enabled: bool = Field(
+        default=False,
+        description="planning, development and pr_review of `phasegate run` follow the graph",
+    )
     fix_attempts: int = Field(
         default=2, ge=0, description="build attempts after the first; 0 disables retries"
     )

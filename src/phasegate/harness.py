@@ -28,10 +28,12 @@ from typing import Any
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner
 from phasegate.agents.env import check_env, environment_secrets, redact, secret_values
+from phasegate.agents.service import AgentFailed, AgentService
 from phasegate.autonomy import AutonomyPolicy
 from phasegate.cartridge import Cartridge
-from phasegate.contract import PhasegateError, WorkflowPaused
+from phasegate.contract import PhasegateError, WorkflowContext, WorkflowPaused
 from phasegate.graph import AgentCall, Answer, GraphError, canonical_json, replay, run_lifecycle
+from phasegate.graph.calls import asked_as, call_row, recorded_answer
 from phasegate.graph.proposals import Evidence
 from phasegate.store import Store
 from phasegate.workspace import GitError, PatchError, Workspace, git
@@ -40,6 +42,7 @@ __all__ = [
     "ProposeInterrupted",
     "ReplayCheck",
     "RunnerAnswers",
+    "WorkflowAnswers",
     "check_proposals",
     "first_difference",
     "propose",
@@ -171,6 +174,86 @@ class RunnerAnswers:
         if before is not None and after != before:
             result = _read_only_violation(self.repo, call.role, result, undo=before == "")
         return result
+
+
+class WorkflowAnswers:
+    """Answers the graph run ``run_id`` of a workflow, surviving restarts.
+
+    The calls already kept for the run (``Store.graph_calls``) answer the
+    graph while it asks them again, in order, with the same prompt; the first
+    call that is new (or asked differently: the kept tail is stale) and every
+    one after it goes to the workflow's AgentService (``phase``, ``round``;
+    agent_runs, spend caps, retries, redaction, the read-only guard) in
+    ``cwd``, and each answer is kept before it is returned. The graph is
+    pure, so a phase killed at any moment is re-driven from its kept answers
+    and asks the agents only what it never got an answer to.
+
+    Every role runs read-only, build included (the graph's build answers with
+    a diff); each graph thread resumes its own provider session, named
+    ``{session_tag}:{thread}``. A role that failed every try answers with
+    its error kind (``budget`` when a spend cap stopped it), never raises;
+    shutdown raises WorkflowPaused. ``replayed`` and ``asked`` count the
+    calls answered each way.
+    """
+
+    def __init__(
+        self,
+        agents: AgentService,
+        ctx: WorkflowContext,
+        run_id: str,
+        *,
+        phase: str,
+        cwd: Path,
+        round: int = 0,
+        session_tag: str = "g",
+    ) -> None:
+        self.agents = agents
+        self.ctx = ctx
+        self.run_id = run_id
+        self.phase = phase
+        self.cwd = cwd
+        self.round = round
+        self.session_tag = session_tag
+        self.kept = agents.store.graph_calls(run_id)
+        self.replayed = 0
+        self.asked = 0
+
+    def __call__(self, call: AgentCall) -> Answer:
+        seq = self.replayed + self.asked
+        if seq < len(self.kept) and self.asked == 0:
+            if asked_as(call, self.kept[seq]):
+                self.replayed += 1
+                return recorded_answer(self.kept[seq])
+            del self.kept[seq:]  # asked differently now: the kept tail is stale
+        answer = self._ask(call)
+        self.agents.store.add_graph_call(
+            self.run_id, seq, call_row(seq, call, answer), workflow_id=self.ctx.id
+        )
+        self.asked += 1
+        return answer
+
+    def _ask(self, call: AgentCall) -> Answer:
+        try:
+            asked = self.agents.ask(
+                self.ctx,
+                self.phase,
+                call.role,
+                call.prompt,
+                self.cwd,
+                round=self.round,
+                session_line=f"{self.session_tag}:{call.thread}"[:32],
+                read_only=True,
+            )
+        except AgentFailed as exc:
+            return Answer("", error_kind=exc.kind, error=str(exc)[:4000])
+        result = asked.result
+        return Answer(
+            asked.text,
+            input_tokens=result.input_tokens,
+            output_tokens=result.output_tokens,
+            cost_usd=result.cost_usd,
+            duration_s=round(result.duration_s, 3),
+        )
 
 
 def _checkout_state(repo: Path) -> str | None:

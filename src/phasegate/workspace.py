@@ -255,6 +255,10 @@ class Workspace:
         git(["reset", "-q", "--hard", "HEAD"], path)
         git(["clean", "-fdq"], path)
 
+    def commit_message(self, path: Path, rev: str) -> str:
+        """The full message of commit ``rev`` in the repository at ``path``."""
+        return git(["log", "-1", "--format=%B", rev], path)
+
     def change_since(self, path: Path, rev: str) -> str:
         """Everything the worktree at ``path`` holds beyond ``rev``: commits made
         since, staged, unstaged and untracked changes, as one diff text."""

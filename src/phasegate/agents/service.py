@@ -99,18 +99,27 @@ class AgentService:
         attempt: int = 0,
         parse: Callable[[str], Any] | None = None,
         retries: int | None = None,
+        session_line: str | None = None,
+        read_only: bool | None = None,
     ) -> Answer:
         """Call ``role`` until it answers and ``parse`` accepts the answer.
 
         Tries ``1 + retries`` times (default ``limits.agent_retries``); every
         try is recorded in ``agent_runs`` with its usage, its text and error
-        with every secret value redacted. Raises AgentFailed when all tries
-        fail (exit code, timeout, garbage, ...) or at once when a spend cap is
-        reached (kind ``budget``); WorkflowPaused when shutdown interrupts a call.
+        with every secret value redacted. ``session_line`` (default: the
+        role's, ROLE_SESSION_LINES) names the provider session the call
+        resumes; ``read_only`` (default: whether the role is in
+        READ_ONLY_ROLES) overrides the role's access, as the development graph
+        does for its build, which answers with a diff. Raises AgentFailed when
+        all tries fail (exit code, timeout, garbage, ...) or at once when a
+        spend cap is reached (kind ``budget``); WorkflowPaused when shutdown
+        interrupts a call.
         """
         binding = self.cartridge.role(role)
         runner = self.runner(role)
-        line = ROLE_SESSION_LINES.get(role, "fresh")
+        line = session_line or ROLE_SESSION_LINES.get(role, "fresh")
+        if read_only is None:
+            read_only = role in READ_ONLY_ROLES
         secrets = secret_values(binding)
         tries = 1 + (self.cartridge.limits.agent_retries if retries is None else retries)
         kind, detail = "runner_error", "not run"
@@ -132,7 +141,7 @@ class AgentService:
                 prompt=prompt,
                 cwd=cwd,
                 timeout_s=binding.timeout,
-                read_only=role in READ_ONLY_ROLES,
+                read_only=read_only,
                 call_index=self.store.count_agent_runs(ctx.id, role),
                 session_id=self.store.provider_session(ctx.id, line),
                 state_dir=self.repo / ".phasegate" / "agents" / ctx.id,

@@ -52,6 +52,7 @@ from phasegate.graph.lifecycle import (
     RUN_RECORD_KEYS,
     canonical_json,
     lifecycle_propose,
+    plan_propose,
     replay,
     run_lifecycle,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "extract_patch",
     "governance_touched",
     "lifecycle_propose",
+    "plan_propose",
     "prompt_hash",
     "replay",
     "review_tier",

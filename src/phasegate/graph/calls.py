@@ -29,9 +29,11 @@ __all__ = [
     "RecordedAnswers",
     "ReplayDivergence",
     "ScriptedAnswers",
+    "asked_as",
     "call_row",
     "drive",
     "prompt_hash",
+    "recorded_answer",
 ]
 
 T = TypeVar("T")
@@ -169,20 +171,31 @@ class RecordedAnswers:
                 f"{len(self.rows)} call(s)"
             )
         row = self.rows[self.next]
-        asked = (call.node, call.role, call.thread, prompt_hash(call.prompt))
-        recorded = (row["node"], row["role"], row["thread"], row["prompt_sha256"])
-        if asked != recorded:
+        if not asked_as(call, row):
+            recorded = (row["node"], row["role"], row["thread"])
             raise ReplayDivergence(
-                f"call {self.next}: the replay asked {asked[:3]} (prompt {asked[3][:12]}), "
-                f"the record holds {recorded[:3]} (prompt {str(recorded[3])[:12]})"
+                f"call {self.next}: the replay asked {(call.node, call.role, call.thread)} "
+                f"(prompt {prompt_hash(call.prompt)[:12]}), the record holds {recorded} "
+                f"(prompt {str(row['prompt_sha256'])[:12]})"
             )
         self.next += 1
-        return Answer(
-            str(row["response"]),
-            input_tokens=int(row["input_tokens"]),
-            output_tokens=int(row["output_tokens"]),
-            cost_usd=float(row["cost_usd"]),
-            duration_s=float(row["duration_s"]),
-            error_kind=row["error_kind"],
-            error=row["error"],
-        )
+        return recorded_answer(row)
+
+
+def asked_as(call: AgentCall, row: Mapping[str, Any]) -> bool:
+    """Whether ``call`` is the call ``row`` records: node, role, thread and prompt hash."""
+    asked = (call.node, call.role, call.thread, prompt_hash(call.prompt))
+    return asked == (row["node"], row["role"], row["thread"], row["prompt_sha256"])
+
+
+def recorded_answer(row: Mapping[str, Any]) -> Answer:
+    """The Answer a ``call_row`` holds."""
+    return Answer(
+        str(row["response"]),
+        input_tokens=int(row["input_tokens"]),
+        output_tokens=int(row["output_tokens"]),
+        cost_usd=float(row["cost_usd"]),
+        duration_s=float(row["duration_s"]),
+        error_kind=row["error_kind"],
+        error=row["error"],
+    )

@@ -52,6 +52,7 @@ __all__ = [
     "RUN_RECORD_KEYS",
     "canonical_json",
     "lifecycle_propose",
+    "plan_propose",
     "replay",
     "run_lifecycle",
 ]
@@ -113,11 +114,7 @@ def lifecycle_propose(
     The record's keys are RUN_RECORD_KEYS; every value is JSON.
     Raises GraphError when the rules are incoherent (a tier without its roles).
     """
-    rules = cartridge if isinstance(cartridge, GraphRules) else GraphRules.from_cartridge(cartridge)
-    if fix_attempts is not None:
-        rules = replace(rules, fix_attempts=fix_attempts)
-    if worktree_root is not None:
-        rules = replace(rules, worktree_root=worktree_root)
+    rules = _rules(cartridge, fix_attempts, worktree_root)
     run = Run(rules, ticket)
     state = _State(
         fix_loop={
@@ -129,15 +126,7 @@ def lifecycle_propose(
         }
     )
     try:
-        if rules.bound("scope_epic"):
-            state.scope = yield from scope(run)
-            if state.scope["route"] != BUILD_ROUTE:
-                raise Stop(
-                    "scope",
-                    "routed",
-                    f"a {state.scope['shape']} ticket goes to {state.scope['route']!r}",
-                )
-        state.plan, state.plan_competition, state.plan_attack = yield from plan_stage(run)
+        yield from _plan_part(run, state)
         yield from _fix_loop(run, state)
     except Stop as stop:
         state.stopped = stop.as_dict()
@@ -164,6 +153,60 @@ def lifecycle_propose(
         "proposals": proposals,
         "calls": run.calls,
         "usage": usage,
+    }
+
+
+def _rules(
+    cartridge: Cartridge | GraphRules, fix_attempts: int | None, worktree_root: str | None
+) -> GraphRules:
+    rules = cartridge if isinstance(cartridge, GraphRules) else GraphRules.from_cartridge(cartridge)
+    if fix_attempts is not None:
+        rules = replace(rules, fix_attempts=fix_attempts)
+    if worktree_root is not None:
+        rules = replace(rules, worktree_root=worktree_root)
+    return rules
+
+
+def _plan_part(run: Run, state: _State) -> Graph[None]:
+    """scope (when bound) → the plan stage; fills scope, plan, plan_competition, plan_attack."""
+    if run.rules.bound("scope_epic"):
+        state.scope = yield from scope(run)
+        if state.scope["route"] != BUILD_ROUTE:
+            raise Stop(
+                "scope",
+                "routed",
+                f"a {state.scope['shape']} ticket goes to {state.scope['route']!r}",
+            )
+    state.plan, state.plan_competition, state.plan_attack = yield from plan_stage(run)
+
+
+def plan_propose(
+    *, cartridge: Cartridge | GraphRules, ticket: str, fix_attempts: int | None = None
+) -> Graph[dict[str, Any]]:
+    """The graph up to build: scope (when bound) and the plan stage, for the
+    planning phase of a workflow run in graph mode.
+
+    Its calls are exactly the first calls ``lifecycle_propose`` makes with the
+    same arguments (the same nodes, in the same order, with the same prompts),
+    so a development phase that drives the whole graph afterwards is answered
+    from these recorded answers before it asks anything new. Returns
+    ``{scope, plan, plan_competition, plan_attack, stopped, calls}``; ``stopped``
+    is set (and ``plan`` may be None) when scope routed the ticket elsewhere
+    or the plan stage stopped the graph.
+    """
+    run = Run(_rules(cartridge, fix_attempts, None), ticket)
+    state = _State()
+    try:
+        yield from _plan_part(run, state)
+    except Stop as stop:
+        state.stopped = stop.as_dict()
+    return {
+        "scope": state.scope,
+        "plan": state.plan,
+        "plan_competition": state.plan_competition,
+        "plan_attack": state.plan_attack,
+        "stopped": state.stopped,
+        "calls": run.calls,
     }
 
 

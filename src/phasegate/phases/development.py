@@ -37,6 +37,7 @@ from pathlib import Path
 from phasegate.agents.env import secret_names_in
 from phasegate.agents.service import AgentFailed
 from phasegate.contract import DEVELOPMENT, PR_REVIEW, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.phases import graph_mode
 from phasegate.phases.deps import PhaseDeps, agent_failure, worktree_of
 from phasegate.profiles import reversion_or_stop
 from phasegate.workspace import CheckResult
@@ -94,6 +95,8 @@ def _done(ctx: WorkflowContext, head: str, milestones: tuple[MilestoneWrite, ...
 
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    if graph_mode.enabled(deps):
+        return graph_mode.develop(ctx, deps)
     cwd = worktree_of(ctx)
     repo = Path(ctx.repo_path)
     dev_round = ctx.dev_round

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from phasegate.agents.service import AgentFailed
 from phasegate.contract import DEVELOPMENT, PLANNING, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.phases import graph_mode
 from phasegate.phases.deps import PhaseDeps, agent_failure, non_empty, verdict_parser, worktree_of
 
 __all__ = ["run"]
@@ -62,6 +63,8 @@ VERDICT: approve    or    VERDICT: revise
 
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    if graph_mode.enabled(deps):
+        return graph_mode.plan(ctx, deps)
     round_num = ctx.current_round + 1
     cycle = int(ctx.state.get("plan_cycle") or 0)
     cycle_key = f"c{cycle}" if cycle else ""  # cycle 0 keeps the keys it always had

@@ -40,6 +40,7 @@ from phasegate.contract import (
     PhaseResult,
     WorkflowContext,
 )
+from phasegate.phases import graph_mode
 from phasegate.phases.deps import PhaseDeps, agent_failure, verdict_parser, worktree_of
 from phasegate.profiles import reversion_or_stop
 
@@ -92,6 +93,8 @@ def _pr_body(ctx: WorkflowContext) -> str:
 
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    if graph_mode.enabled(deps):
+        return graph_mode.review(ctx, deps)
     assert ctx.branch_name is not None
     repo = Path(ctx.repo_path)
     round_num = ctx.dev_round  # one review round per development round

@@ -779,7 +779,7 @@ class Store:
                     f"proposal {proposal_id} was {row.status} already{who}{at}; "
                     "a decision is not changed"
                 )
-            seq = conn.execute(sa.select(sa.func.max(c.decision_seq))).scalar()
+            seq = _last_decision_seq(conn)
             conn.execute(
                 t.proposals.update()
                 .where(c.id == proposal_id, c.status == "proposed")
@@ -792,6 +792,76 @@ class Store:
                 )
             )
         return self.proposal(proposal_id)
+
+    def apply_proposal(self, proposal_id: str) -> dict[str, Any]:
+        """Mark a proposal ``applied``: the apply arm landed it (spec 002, apply arm).
+
+        An ``approved`` one keeps the person's decision; a ``proposed`` one of
+        mode ``auto`` is the apply arm's own decision (``decided_by`` APPLY_ARM,
+        the next ``decision_seq``). An ``applied`` one is returned as it is (a
+        restarted phase applies nothing twice). Raises ProposalNotFound, and
+        ProposalDecided for a rejected proposal or a ``propose`` one nobody
+        approved.
+        """
+        c = t.proposals.c
+        with self.transaction() as conn:
+            row = conn.execute(sa.select(c.status, c.mode).where(c.id == proposal_id)).first()
+            if row is None:
+                raise ProposalNotFound(proposal_id)
+            if row.status == "approved":
+                conn.execute(
+                    t.proposals.update().where(c.id == proposal_id).values(status="applied")
+                )
+            elif row.status == "proposed" and row.mode == "auto":
+                seq = _last_decision_seq(conn)
+                conn.execute(
+                    t.proposals.update()
+                    .where(c.id == proposal_id)
+                    .values(
+                        status="applied",
+                        decided_by=APPLY_ARM,
+                        decided_at=self.clock.now(),
+                        decision_seq=(seq or 0) + 1,
+                    )
+                )
+            elif row.status != "applied":
+                raise ProposalDecided(
+                    f"proposal {proposal_id} is {row.status} (mode {row.mode}); "
+                    "only an approved or an auto proposal is applied"
+                )
+        return self.proposal(proposal_id)
+
+    def add_graph_call(
+        self, run_id: str, seq: int, call: Mapping[str, Any], workflow_id: str | None = None
+    ) -> None:
+        """Keep call ``seq`` (0, 1, ...) of a run as it is answered; a row already
+        at ``seq`` or after it (a stale tail, asked differently) is replaced."""
+        c = t.graph_calls.c
+        with self.transaction() as conn:
+            conn.execute(t.graph_calls.delete().where(c.run_id == run_id, c.seq >= seq))
+            conn.execute(
+                t.graph_calls.insert().values(
+                    run_id=run_id,
+                    seq=seq,
+                    workflow_id=workflow_id,
+                    call=dict(call),
+                    created_at=self.clock.now(),
+                )
+            )
+
+    def graph_calls(self, run_id: str) -> list[dict[str, Any]]:
+        """The calls kept for ``run_id`` (``graph.calls.call_row`` dicts), in order."""
+        c = t.graph_calls.c
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(c.call).where(c.run_id == run_id).order_by(c.seq)).all()
+        return [dict(row.call) for row in rows]
+
+    def find_run(self, run_id: str) -> dict[str, Any] | None:
+        """``run(run_id)``, or None when the run is not recorded."""
+        try:
+            return self.run(run_id)
+        except RunNotFound:
+            return None
 
     def gate_history(self, kind: str | None = None) -> list[GateDecision]:
         """Every decision on proposals (of ``kind`` only, if given), in the order
@@ -820,6 +890,16 @@ class Store:
             )
             for row in conn.execute(query.order_by(c.decision_seq))
         ]
+
+
+def _last_decision_seq(conn: sa.Connection) -> int | None:
+    """The highest decision_seq, read so that no other transaction numbers a
+    decision before this one commits: SQLite's IMMEDIATE transactions already
+    serialize writers; PostgreSQL takes a lock that only conflicts with itself
+    and writers (readers go on)."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("LOCK TABLE proposals IN SHARE ROW EXCLUSIVE MODE")
+    return conn.execute(sa.select(sa.func.max(t.proposals.c.decision_seq))).scalar()
 
 
 def _utc_row(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -164,6 +164,18 @@ graph_runs = sa.Table(
     sa.Column("created_at", Timestamp, nullable=False),
 )
 
+# Each answered call of a run a workflow drives (its ``call_row``), written as it is
+# answered: a restarted phase replays these answers and only then asks agents again.
+graph_calls = sa.Table(
+    "graph_calls",
+    metadata,
+    sa.Column("run_id", sa.String(64), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True),
+    sa.Column("workflow_id", sa.String(32), sa.ForeignKey("workflows.id")),
+    sa.Column("call", sa.JSON, nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+)
+
 proposals = sa.Table(
     "proposals",
     metadata,

@@ -1,0 +1,546 @@
+"""planning, development and pr_review run by the development graph (spec 002 inside
+spec 000's phases; DESIGN.md §2). On when the cartridge says ``[graph] enabled = true``.
+
+One graph run (``{workflow}-g{n}``) spans a planning and its development:
+
+- planning drives the graph up to build (``graph.plan_propose``: scope when
+  bound, the plan, the competing plan and its arbiter, the plan adversary)
+  and finalizes the plan with ``plan_competition``/``plan_attack`` evidence;
+- development drives the whole graph for the same run. Its first calls are
+  answered from the answers planning kept (``harness.WorkflowAnswers``), then
+  build, review, adversary and arbitrate run live, the fix loop included. The
+  run is recorded with its proposals; the harness applies the draft PR's
+  patch in a scratch worktree and runs ``landing_areas.checks`` there, as
+  evidence before any gate. The autonomy policy has given the proposal its
+  mode: ``auto`` → the apply arm applies the patch in the workflow's
+  worktree, commits and publishes the branch; ``propose`` → the workflow
+  pauses until ``phasegate approve ID`` (the apply arm then lands it) or
+  ``phasegate reject ID --reason`` (a new run, told why);
+- pr_review opens or updates the pull request with the graph's evidence and
+  goes on to the report: the graph has reviewed the change, under the tier
+  its facts gave it, and there is no second review.
+
+Every answer is kept as it arrives, so a phase killed at any moment is driven
+again from the kept answers and asks the agents only what it never got an
+answer to; a recorded run is never run again, so no proposal is made twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from phasegate.agents.env import secret_names_in
+from phasegate.autonomy import AutonomyPolicy
+from phasegate.contract import (
+    DEVELOPMENT,
+    PLANNING,
+    PR_REVIEW,
+    REPORT,
+    MilestoneWrite,
+    PhaseResult,
+    WorkflowContext,
+)
+from phasegate.graph import drive, lifecycle_propose, plan_propose
+from phasegate.graph.proposals import Evidence
+from phasegate.harness import WorkflowAnswers, check_proposals
+from phasegate.phases.deps import PhaseDeps, worktree_of
+from phasegate.profiles import AutomationProfile, reversion_or_stop
+from phasegate.workspace import PatchError
+
+__all__ = ["PROPOSAL_TRAILER", "develop", "enabled", "plan", "review"]
+
+#: The line of an applied proposal's commit message that names it: git is the
+#: evidence that the apply arm already landed it when a restart asks again.
+PROPOSAL_TRAILER = "Phasegate-Proposal"
+
+
+def enabled(deps: PhaseDeps) -> bool:
+    """Whether the development graph runs planning, development and pr_review."""
+    return deps.cartridge.graph.enabled
+
+
+def _ticket(ctx: WorkflowContext) -> str:
+    """The graph's ticket: the title line (the proposals' title), the ticket, and what
+    a person or a reversion added since."""
+    parts = [ctx.title, ctx.ticket.strip()]
+    if ctx.state.get("replan_context"):
+        parts.append(f"## Why the previous attempt was reverted\n\n{ctx.state['replan_context']}")
+    if ctx.user_feedback:
+        parts.append(f"## Feedback from a person\n\n{ctx.user_feedback}")
+    return "\n\n".join(p for p in parts if p)
+
+
+def _new_run(ctx: WorkflowContext, deps: PhaseDeps, ticket: str) -> dict[str, Any]:
+    """The state that starts run n + 1. Derived from the committed state only, so a
+    phase driven again after a crash starts the very same run and finds its answers."""
+    n = int(ctx.state.get("graph_runs") or 0) + 1
+    return {
+        "graph_runs": n,
+        "graph_run": f"{ctx.id}-g{n}",
+        "graph_ticket": ticket,
+        "graph_date": deps.clock.now().date().isoformat(),
+    }
+
+
+def _answers(
+    ctx: WorkflowContext, deps: PhaseDeps, run: Mapping[str, Any], phase: str, round: int
+) -> WorkflowAnswers:
+    return WorkflowAnswers(
+        deps.agents,
+        ctx,
+        str(run["graph_run"]),
+        phase=phase,
+        cwd=worktree_of(ctx),
+        round=round,
+        session_tag=f"g{run['graph_runs']}",
+    )
+
+
+# -- planning ---------------------------------------------------------------------
+
+
+def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    """planning in graph mode: one round of scope and the plan stage.
+
+    Evidence: ``plan_created`` and ``plan_finalized`` (the plan, the run id,
+    scope's decision, plan_competition and plan_attack when their roles ran),
+    keyed by the run. A graph that stops here (scope routed the ticket
+    elsewhere, merged without a plan, a role that failed or answered garbage)
+    is recorded with its proposals (scope's item_create) and pauses the
+    workflow with the stop named; ``resume`` starts a new run.
+    """
+    started: dict[str, Any] = {}
+    if ctx.state.get("sync_base"):
+        started.update(_sync_base(ctx, deps))
+    run = _new_run(ctx, deps, _ticket(ctx))
+    run["graph_ticket"] += started.pop("ticket_note", "")
+    started.update(run)
+    answers = _answers(ctx, deps, run, PLANNING, round=1)
+    planned = drive(plan_propose(cartridge=deps.cartridge, ticket=run["graph_ticket"]), answers)
+    key = f"g{run['graph_runs']}"
+    if planned["stopped"] is not None:
+        record = _record(ctx, deps, run)
+        stop = planned["stopped"]
+        why = f"the development graph stopped at {stop['node']}: {stop['reason']}: {stop['detail']}"
+        proposed = [p["id"] for p in deps.store.proposals(run_id=run["graph_run"])]
+        hint = (
+            f"; its proposal(s) {', '.join(proposed)} are listed by `phasegate proposals`"
+            if proposed
+            else ""
+        )
+        return PhaseResult(
+            "pause",
+            reason=f"{why}{hint}; change the ticket or the cartridge, then `phasegate resume`",
+            state={**started, "stopped_on": why},
+            milestones=(
+                MilestoneWrite(
+                    "plan_failed",
+                    status="failed",
+                    round=1,
+                    key=key,
+                    summary=why[:500],
+                    data={"run_id": run["graph_run"], "stopped": stop, "usage": record["usage"]},
+                ),
+            ),
+        )
+    text = str(planned["plan"])
+    if ctx.issue_number:
+        deps.effects.comment(
+            PLANNING, ctx.issue_number, f"**Plan**\n\n{text}", f"plan:{key}", best_effort=True
+        )
+    evidence = {
+        "run_id": run["graph_run"],
+        "scope": planned["scope"],
+        "plan_competition": planned["plan_competition"],
+        "plan_attack": planned["plan_attack"],
+    }
+    return PhaseResult.advance(
+        DEVELOPMENT,
+        updates={"current_round": 0, "user_feedback": None},
+        state={
+            **started,
+            "plan": text,
+            "plan_feedback": None,
+            "replan_context": None,
+            "graph_feedback": None,
+        },
+        milestones=(
+            MilestoneWrite(
+                "plan_created",
+                round=1,
+                key=key,
+                summary=text.splitlines()[0][:200] if text.strip() else "",
+                data={"plan": text, "run_id": run["graph_run"]},
+            ),
+            MilestoneWrite(
+                "plan_finalized",
+                round=1,
+                key=key,
+                summary=_plan_summary(planned),
+                data={"plan": text, "approved": True, "rounds": 1, **evidence},
+            ),
+        ),
+    )
+
+
+def _plan_summary(planned: Mapping[str, Any]) -> str:
+    parts = ["planned by the development graph"]
+    if planned["plan_competition"]:
+        competition = planned["plan_competition"]
+        parts.append(f"{competition['choice']} plan chosen")
+    if planned["plan_attack"]:
+        attack = planned["plan_attack"]
+        parts.append("revised after the adversary" if attack["revised"] else "adversary: proceed")
+    return "; ".join(parts)
+
+
+def _sync_base(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
+    """A merge reverted for a conflict: build the next change on what the base holds now.
+
+    The base is merged into the branch; when it conflicts, the branch is
+    rebuilt from the base instead (the graph's agents are read-only and
+    cannot resolve conflict markers) and the ticket says so.
+    """
+    cwd = worktree_of(ctx)
+    before = deps.workspace.rev(cwd, "HEAD")
+    conflicted = deps.workspace.start_base_merge(cwd, ctx.base_branch)
+    note = ""
+    if conflicted:
+        deps.workspace.reset_to(cwd, before)
+        deps.workspace.reset_to(cwd, deps.workspace.rev(cwd, ctx.base_branch))
+        note = (
+            f"\n\n## The branch was rebuilt from {ctx.base_branch}\n\nThe previous change "
+            f"conflicted with {ctx.base_branch} in: {', '.join(conflicted)}. Write the whole "
+            "change again on what the base holds now."
+        )
+    return {"sync_base": False, "ticket_note": note}
+
+
+# -- development --------------------------------------------------------------------
+
+
+def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    """development in graph mode: the whole graph for the run, then the gate, then the apply arm.
+
+    Evidence: ``graph_run`` (the run, its fix loop, the proposals and their
+    modes), ``tests_run`` (the harness's checks on the proposed patch, run
+    before the gate) and on landing ``dev_completed`` with the commit. No
+    draft PR proposed (a fix loop stop, a graph stop) is a failed attempt:
+    a reversion to planning where the profile allows it, else a pause. A
+    ``propose`` proposal pauses the workflow for ``phasegate approve`` or
+    ``reject``; a rejection starts a new run told why. Shutdown raises
+    WorkflowPaused with the answers so far kept.
+    """
+    if not ctx.state.get("plan"):
+        return PhaseResult("failed", reason="no finalized plan (plan_finalized milestone missing)")
+    run = {k: ctx.state.get(k) for k in ("graph_runs", "graph_run", "graph_ticket", "graph_date")}
+    started: dict[str, Any] = {"graph_feedback": None}
+    if not run["graph_run"] or ctx.user_feedback or ctx.state.get("graph_feedback"):
+        # A new run: feedback from a person, or the last proposal was rejected.
+        ticket = str(run["graph_ticket"] or _ticket(ctx))
+        if ctx.user_feedback:
+            ticket += f"\n\n## Feedback from a person\n\n{ctx.user_feedback}"
+        if ctx.state.get("graph_feedback"):
+            ticket += f"\n\n## The previous change was rejected\n\n{ctx.state['graph_feedback']}"
+        run = _new_run(ctx, deps, ticket)
+        started.update(run)
+    if not run["graph_date"]:
+        run["graph_date"] = deps.clock.now().date().isoformat()
+    recorded = deps.store.find_run(str(run["graph_run"]))
+    record = recorded["record"] if recorded else _record(ctx, deps, run)
+    rows = deps.store.proposals(run_id=str(run["graph_run"]))
+    draft = next((r for r in rows if r["kind"] == "draft_pr_create"), None)
+    key = f"g{run['graph_runs']}"
+    evidence = MilestoneWrite(
+        "graph_run",
+        status="completed" if draft else "failed",
+        round=ctx.dev_round,
+        key=key,
+        summary=_run_summary(record, draft),
+        data={
+            "run_id": run["graph_run"],
+            "fix_loop": record["fix_loop"],
+            "stopped": record["stopped"],
+            "change_facts": record["change_facts"],
+            "usage": record["usage"],
+            "proposals": [
+                {k: r[k] for k in ("id", "kind", "mode", "status", "attempts")} for r in rows
+            ],
+        },
+    )
+    updates = {"user_feedback": None} if ctx.user_feedback else {}
+    if draft is None:
+        why = _why_nothing(record)
+        return reversion_or_stop(
+            ctx,
+            reason=f"the development graph proposed no change: {why}",
+            context=f"Development round {ctx.dev_round}, graph run {run['graph_run']}: {why}",
+            at=deps.clock.now(),
+            milestones=(evidence,),
+            # whatever a person or a reversion does next, it is a new run
+            state={**started, "graph_run": None},
+        )
+    checked = _checks_of(draft)
+    tests = _tests_run(ctx, draft, checked, key)
+    milestones: tuple[MilestoneWrite, ...] = (evidence, tests)
+    state = dict(started)
+    if draft["status"] == "rejected":
+        why = f"proposal {draft['id']} was rejected by {draft['decided_by']}: {draft['reason']}"
+        return PhaseResult(
+            "retry",
+            updates=updates,
+            state={**state, "graph_run": None, "graph_feedback": why},
+            milestones=milestones,
+        )
+    if draft["status"] == "proposed" and draft["mode"] == "propose":
+        failing = "" if checked.get("passed", True) else " (its checks failed)"
+        return PhaseResult(
+            "pause",
+            updates=updates,
+            reason=f"proposal {draft['id']} (draft_pr_create{failing}) awaits a person: "
+            f"`phasegate approve {draft['id']}` lands it, "
+            f"`phasegate reject {draft['id']} --reason TEXT` starts a new run told why",
+            state=state,
+            milestones=milestones,
+        )
+    return _apply(ctx, deps, draft, run, updates, state, milestones)
+
+
+def _record(ctx: WorkflowContext, deps: PhaseDeps, run: Mapping[str, Any]) -> dict[str, Any]:
+    """Drive the whole graph for the run, check its draft PRs, record it with its proposals."""
+    run_id = str(run["graph_run"])
+    answers = _answers(ctx, deps, run, DEVELOPMENT, round=ctx.dev_round)
+    record = drive(
+        lifecycle_propose(
+            run_id=run_id,
+            date=str(run["graph_date"]),
+            cartridge=deps.cartridge,
+            ticket=str(run["graph_ticket"]),
+        ),
+        answers,
+    )
+    checked = check_proposals(
+        deps.cartridge,
+        worktree_of(ctx),
+        run_id,
+        record["proposals"],
+        workspace=deps.workspace,
+        cancel=deps.shutdown,
+    )
+    if checked:
+        record = {**record, "harness": {"checks": checked}}
+    profile = AutomationProfile.from_state(ctx.state)
+    deps.store.record_run(
+        record,
+        policy=AutonomyPolicy.from_cartridge(deps.cartridge, profile),
+        workflow_id=ctx.id,
+        extra_evidence={pid: [Evidence("checks", data)] for pid, data in checked.items()},
+    )
+    return record
+
+
+def _checks_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    found = [e["data"] for e in row["evidence"] if e.get("kind") == "checks"]
+    return dict(found[-1]) if found else {}
+
+
+def _tests_run(
+    ctx: WorkflowContext, draft: Mapping[str, Any], checked: Mapping[str, Any], key: str
+) -> MilestoneWrite:
+    results: Sequence[Mapping[str, Any]] = checked.get("results") or []
+    passed = bool(checked.get("passed"))
+    summary = f"{sum(bool(r.get('passed')) for r in results)}/{len(results)} checks passed"
+    if checked.get("error"):
+        summary = f"the patch did not apply: {str(checked['error'])[:200]}"
+    return MilestoneWrite(
+        "tests_run",
+        round=ctx.dev_round,
+        key=key,
+        status="completed" if passed else "failed",
+        summary=f"{summary} on proposal {draft['id']}",
+        data={
+            "checks": list(results),
+            "passed": passed,
+            "base": checked.get("base"),
+            "proposal": draft["id"],
+            "attempt": draft["attempts"],
+        },
+    )
+
+
+def _run_summary(record: Mapping[str, Any], draft: Mapping[str, Any] | None) -> str:
+    loop = record["fix_loop"]
+    if draft is not None:
+        return (
+            f"draft PR proposed ({draft['mode']}, {draft['status']}) after "
+            f"{loop['attempts']} attempt(s)"
+        )
+    return _why_nothing(record)[:500]
+
+
+def _why_nothing(record: Mapping[str, Any]) -> str:
+    stopped = record.get("stopped")
+    if stopped:
+        return f"the graph stopped at {stopped['node']}: {stopped['reason']}: {stopped['detail']}"
+    loop = record["fix_loop"]
+    last = record.get("review") or {}
+    objections = "; ".join(str(o) for o in (last.get("objections") or [])[:5])
+    said = f"; standing objections: {objections}" if objections else ""
+    return f"the fix loop stopped ({loop['stop']}) after {loop['attempts']} attempt(s){said}"
+
+
+def _apply(
+    ctx: WorkflowContext,
+    deps: PhaseDeps,
+    draft: Mapping[str, Any],
+    run: Mapping[str, Any],
+    updates: dict[str, Any],
+    state: dict[str, Any],
+    milestones: tuple[MilestoneWrite, ...],
+) -> PhaseResult:
+    """The apply arm: the approved (or auto) patch lands as one commit on the workflow's
+    branch, the proposal is marked applied, the branch is published.
+
+    The commit carries a ``Phasegate-Proposal`` trailer, so a restart that
+    finds it at HEAD applies nothing twice.
+    """
+    cwd = worktree_of(ctx)
+    trailer = f"{PROPOSAL_TRAILER}: {draft['id']}"
+    if trailer not in deps.workspace.commit_message(cwd, "HEAD"):
+        deps.workspace.discard_changes(cwd)  # half an apply a crash left behind
+        before = deps.workspace.rev(cwd, "HEAD")
+        try:
+            deps.workspace.apply_patch(cwd, str(draft["payload"]["patch"]))
+        except PatchError as exc:
+            return PhaseResult(
+                "pause",
+                updates=updates,
+                reason=f"proposal {draft['id']} does not apply to the branch: {exc}; "
+                "`phasegate revert` re-plans",
+                state=state,
+                milestones=milestones,
+            )
+        leaked = secret_names_in(deps.workspace.change_since(cwd, before))
+        if leaked:
+            deps.workspace.reset_to(cwd, before)
+            return PhaseResult(
+                "pause",
+                updates=updates,
+                reason=f"proposal {draft['id']} holds the value of {', '.join(leaked)}; "
+                "nothing was applied",
+                state=state,
+                milestones=milestones,
+            )
+        deps.workspace.commit_all(
+            cwd,
+            f"{ctx.title}\n\nphasegate workflow {ctx.id}, graph run {run['graph_run']}, "
+            f"attempt {draft['attempts']}\n\n{trailer}",
+        )
+    applied = deps.store.apply_proposal(str(draft["id"]))
+    head = deps.workspace.rev(cwd, "HEAD")
+    assert ctx.branch_name is not None
+    deps.effects.push_branch(DEVELOPMENT, ctx.branch_name, head)
+    done = MilestoneWrite(
+        "dev_completed",
+        round=ctx.dev_round,
+        summary=f"head {head[:12]}, proposal {draft['id']} applied by {applied['decided_by']}",
+        data={
+            "head": head,
+            "attempts": draft["attempts"],
+            "proposal": draft["id"],
+            "run_id": run["graph_run"],
+            "decided_by": applied["decided_by"],
+        },
+    )
+    return PhaseResult.advance(
+        PR_REVIEW,
+        updates={**updates, "current_round": 0, "user_feedback": None},
+        state={
+            **state,
+            "test_retries": 0,
+            "last_check_failure": None,
+            "review_feedback": None,
+            "head_sha": head,
+            "sync_base": False,
+            "graph_proposal": draft["id"],
+        },
+        milestones=(*milestones, done),
+    )
+
+
+# -- pr_review ----------------------------------------------------------------------
+
+
+def review(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    """pr_review in graph mode: the pull request, opened (or updated) with the graph's
+    evidence; ``pr_reviewed`` records the graph's review (tier, verdicts, the attempt
+    approved). No review agent runs: the graph reviewed this very patch."""
+    assert ctx.branch_name is not None
+    proposal_id = ctx.state.get("graph_proposal")
+    row = deps.store.proposal(str(proposal_id)) if proposal_id else None
+    review_data = _evidence(row, "review") if row else {}
+    body = _pr_body(ctx, row)
+    pr = deps.effects.open_pull_request(
+        PR_REVIEW, ctx.branch_name, ctx.base_branch, ctx.title, body
+    )
+    if ctx.dev_round > 1:
+        deps.effects.update_pull_request(PR_REVIEW, pr, body, f"dev{ctx.dev_round}")
+    summary = (
+        f"approve (the development graph, tier {review_data.get('tier')}, "
+        f"attempt {row['attempts'] if row else '?'})"
+    )
+    if ctx.issue_number:
+        deps.effects.comment(
+            PR_REVIEW,
+            ctx.issue_number,
+            f"**#{pr}: {summary}**\n\nreview: {review_data.get('review')}; adversary: "
+            f"{review_data.get('adversary')}; arbitrate: {review_data.get('arbitrate')}",
+            f"review:r{ctx.dev_round}",
+            best_effort=True,
+        )
+    return PhaseResult.advance(
+        REPORT,
+        updates={"pr_number": pr, "current_round": 0},
+        milestones=(
+            MilestoneWrite(
+                "pr_reviewed",
+                round=ctx.dev_round,
+                summary=summary,
+                data={
+                    "verdict": "approve",
+                    "comments": f"reviewed in the development graph: {review_data}",
+                    "pr": pr,
+                    "by": "graph",
+                    "proposal": proposal_id,
+                    "review": review_data,
+                },
+            ),
+        ),
+    )
+
+
+def _evidence(row: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    found = [e["data"] for e in row["evidence"] if e.get("kind") == kind]
+    return dict(found[-1]) if found else {}
+
+
+def _pr_body(ctx: WorkflowContext, row: Mapping[str, Any] | None) -> str:
+    issue = f"Implements #{ctx.issue_number}\n\n" if ctx.issue_number else ""
+    body = f"{issue}{ctx.title}\n\n## Plan\n\n{ctx.state.get('plan', '')}\n"
+    if row is not None:
+        lines = []
+        for evidence in row["evidence"]:
+            lines.append(f"- **{evidence['kind']}**: `{_short(evidence['data'])}`")
+        body += (
+            f"\n## Evidence (proposal {row['id']}, {row['status']} by {row['decided_by']})\n\n"
+            + "\n".join(lines)
+            + "\n"
+        )
+    return body + f"\n_phasegate workflow `{ctx.id}`, development round {ctx.dev_round}_"
+
+
+def _short(value: Any, limit: int = 300) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
