@@ -114,10 +114,10 @@ def table_count(store: Store, table: sa.Table) -> int:
         return int(conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one())
 
 
-# -- migration 0002 -------------------------------------------------------------------------
+# -- migrations 0002 and 0003 -----------------------------------------------------------------
 
 
-def test_migration_0002_upgrades_a_0001_database_with_its_data_in_place(
+def test_migrations_upgrade_a_0001_database_with_its_data_in_place(
     tmp_path: Path, clock: FixedClock
 ) -> None:
     url = f"sqlite:///{tmp_path / 'state.db'}"
@@ -142,9 +142,10 @@ def test_migration_0002_upgrades_a_0001_database_with_its_data_in_place(
             diffs = compare_metadata(
                 MigrationContext.configure(conn, opts={"compare_type": True}), t.metadata
             )
-        assert version == "0002"
+        assert version == "0003"
         assert diffs == []
-        assert {"graph_runs", "proposals"} <= set(sa.inspect(store.engine).get_table_names())
+        tables = set(sa.inspect(store.engine).get_table_names())
+        assert {"graph_runs", "proposals", "graph_calls"} <= tables
         # the 0001 data is where it was, and the new tables refer to it
         assert store.workflow_row(workflow_id)["ticket"] == "filed before 0002"
         assert [m.data for m in store.milestones(workflow_id)] == [{"n": 1}]

@@ -70,6 +70,12 @@ GRAPH_OPTIONAL_ROLES = (
     "review_adversary",
     "arbitrate",
 )
+#: The roles a workflow needs when the development graph runs its planning,
+#: development and pr_review (``[graph] enabled``): the graph's required ones and
+#: verification; plan_review is not asked (the graph's plan stage replaces it).
+GRAPH_MODE_ROLES = ("plan", "build", "review", "verification")
+#: Every role a cartridge may bind.
+ALL_ROLES = (*ROLE_SESSION_LINES, *GRAPH_OPTIONAL_ROLES)
 #: Roles that must not write to the worktree.
 READ_ONLY_ROLES = frozenset(
     {"plan", "plan_review", "review", "verification", *GRAPH_OPTIONAL_ROLES}
@@ -413,8 +419,21 @@ class Cartridge(_Strict):
         """``store.url``, or the embedded default: SQLite at ``repo/.phasegate/state.db``."""
         return self.store.url or f"sqlite:///{repo / '.phasegate' / 'state.db'}"
 
+    def required_roles(self) -> tuple[str, ...]:
+        """The roles `phasegate run` needs bound: ROLE_SESSION_LINES, or GRAPH_MODE_ROLES
+        when ``[graph] enabled``."""
+        return GRAPH_MODE_ROLES if self.graph.enabled else tuple(ROLE_SESSION_LINES)
+
+    def workflow_roles(self) -> tuple[str, ...]:
+        """The roles a workflow may ask: the required ones, and in graph mode the
+        optional graph roles that are bound (an unbound one is absent)."""
+        if not self.graph.enabled:
+            return self.required_roles()
+        bound = [name for name in GRAPH_OPTIONAL_ROLES if getattr(self.roles, name) is not None]
+        return (*self.required_roles(), *bound)
+
     def missing_roles(self) -> list[str]:
-        return [name for name in ROLE_SESSION_LINES if getattr(self.roles, name) is None]
+        return [name for name in self.required_roles() if getattr(self.roles, name) is None]
 
 
 def _unknown_profile(name: str, custom: Mapping[str, object]) -> str:

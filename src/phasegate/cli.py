@@ -39,6 +39,7 @@ from phasegate.cartridge import (
     load_cartridge,
 )
 from phasegate.contract import (
+    DEVELOPMENT,
     RUNNABLE_STATUSES,
     PhasegateError,
     PhaseResult,
@@ -1163,10 +1164,32 @@ def proposals(
         console.print('no proposals; `phasegate propose "ticket"` runs the graph on one')
 
 
+def _awaiting(store: Store, proposal: Mapping[str, Any]) -> str | None:
+    """The workflow paused in development for this proposal's run, if any."""
+    workflow_id = proposal.get("workflow_id")
+    if not workflow_id:
+        return None
+    row = store.workflow_row(str(workflow_id))
+    if row["current_phase"] != DEVELOPMENT or row["status"] != "paused":
+        return None
+    return str(workflow_id) if row["state"].get("graph_run") == proposal["run_id"] else None
+
+
 def _gate(
-    repo: Path, proposal_id: str, verdict: str, by: str | None, reason: str | None, as_json: bool
+    repo: Path,
+    proposal_id: str,
+    verdict: str,
+    by: str | None,
+    reason: str | None,
+    as_json: bool,
+    advance: bool = True,
 ) -> None:
-    """Record a person's decision on a proposal, who and when, and say where its kind stands."""
+    """Record a person's decision on a proposal, who and when, and say where its kind stands.
+
+    A workflow paused for the proposal (graph mode) is resumed, and advanced
+    in the foreground unless ``advance`` is False: an approval lands the
+    patch, a rejection starts a new run told why.
+    """
     with _errors():
         who = _person() if by is None else by.strip()
         if not who:
@@ -1175,16 +1198,33 @@ def _gate(
             raise UsageError(f"--by {APPLY_ARM!r} names the apply arm; give a person's name")
         if reason is not None and not reason.strip():
             raise UsageError("--reason is empty; say why")
-        _root, cartridge, store = _open(repo)
+        root, cartridge, store = _open(repo)
         row = store.decide_proposal(proposal_id, verdict, who, reason)
         policy = AutonomyPolicy.from_cartridge(cartridge)
         clean = streak(row["kind"], store.gate_history(row["kind"]))
+        workflow_id = _awaiting(store, row)
+        engine = _engine(root, cartridge, store, None)
+        if workflow_id is not None:
+            engine.decide(workflow_id, decisions.resume)
     if as_json:
-        console.print_json(json.dumps({**_proposal_json(row), "streak": clean}, default=str))
+        payload: dict[str, Any] = {**_proposal_json(row), "streak": clean}
+        if workflow_id is not None:
+            if advance:
+                with _errors(), _graceful(engine):
+                    engine.advance(workflow_id)
+            state = store.workflow_row(workflow_id)
+            payload["workflow"] = {k: state[k] for k in ("id", "current_phase", "status", "error")}
+        console.print_json(json.dumps(payload, default=str))
         return
+    if workflow_id is None:
+        what = "nothing is applied by this command"
+    elif verdict == "approved":
+        what = f"workflow {workflow_id} resumes: the apply arm lands it"
+    else:
+        what = f"workflow {workflow_id} resumes: a new run is told why"
     console.print(
         f"proposal [bold]{row['id']}[/bold] ({row['kind']}) {verdict} by {escape(who)} "
-        f"at {_iso(row['decided_at'])}; nothing is applied by this command",
+        f"at {_iso(row['decided_at'])}; {what}",
         highlight=False,
     )
     if policy.mode_of(row["kind"]) == "auto":
@@ -1197,6 +1237,11 @@ def _gate(
         f"  {row['kind']}: {clean} clean first-attempt approval(s) in a row; {where}",
         highlight=False,
     )
+    if workflow_id is not None:
+        if advance:
+            _drive(engine, workflow_id, False)
+        else:
+            _finish(store, store.workflow_row(workflow_id), False, driven=False)
 
 
 @app.command(short_help="Approve a proposal (the human gate).")
@@ -1204,10 +1249,16 @@ def approve(
     proposal_id: Annotated[str, typer.Argument(metavar="ID")],
     by: Annotated[str | None, typer.Option(help="Who approves (default: your login name).")] = None,
     repo: RepoOption = Path("."),
+    no_advance: NoAdvance = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Approve a proposal: records who and when. A decided proposal is not decided again."""
-    _gate(repo, proposal_id, "approved", by, None, as_json)
+    """Approve a proposal: records who and when. A decided proposal is not decided again.
+
+    A workflow paused for it (graph mode) resumes and runs in the foreground:
+    the apply arm commits the patch and the pull request is opened
+    (--no-advance: record only; a worker takes it).
+    """
+    _gate(repo, proposal_id, "approved", by, None, as_json, not no_advance)
 
 
 @app.command(short_help="Reject a proposal, saying why (the human gate).")
@@ -1216,10 +1267,15 @@ def reject(
     reason: Annotated[str, typer.Option(help="Why it is rejected.")],
     by: Annotated[str | None, typer.Option(help="Who rejects (default: your login name).")] = None,
     repo: RepoOption = Path("."),
+    no_advance: NoAdvance = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Reject a proposal: records who, when and why; its kind's streak starts again."""
-    _gate(repo, proposal_id, "rejected", by, reason, as_json)
+    """Reject a proposal: records who, when and why; its kind's streak starts again.
+
+    A workflow paused for it (graph mode) resumes with a new graph run whose
+    ticket says why the change was rejected (--no-advance: record only).
+    """
+    _gate(repo, proposal_id, "rejected", by, reason, as_json, not no_advance)
 
 
 @app.command(short_help="Re-run a recorded run offline; compare its proposals.")

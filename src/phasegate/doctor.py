@@ -241,7 +241,9 @@ def diagnose(
                 missing.append(f"the cartridge is invalid: {exc}")
             bindings: dict[str, RoleBinding | str | None]
             if cartridge is not None:
-                bindings = {name: getattr(cartridge.roles, name) for name in ROLE_SESSION_LINES}
+                bindings = {
+                    name: getattr(cartridge.roles, name) for name in cartridge.workflow_roles()
+                }
             else:
                 bindings = _read_roles(path)
             for name, binding in bindings.items():

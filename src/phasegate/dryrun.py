@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from phasegate.agents import DEFAULT_EXECUTABLES
-from phasegate.cartridge import ROLE_SESSION_LINES, Cartridge, RoleBinding
+from phasegate.cartridge import ALL_ROLES, Cartridge, RoleBinding
 from phasegate.contract import PhasegateError
 from phasegate.phases import acceptance_verification, development, planning, pr_review
 from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall
@@ -275,7 +275,7 @@ def _offline_cartridge(
 ) -> tuple[Cartridge, list[str], list[str]]:
     roles: dict[str, Any] = {}
     offline, as_is = [], []
-    for name in ROLE_SESSION_LINES:
+    for name in ALL_ROLES:
         binding = getattr(cartridge.roles, name)
         if binding is None:
             continue
@@ -303,7 +303,7 @@ def _offline_cartridge(
 def _preflight(cartridge: Cartridge) -> None:
     """What the roles need that the dry run cannot replace: their CLIs, and litellm."""
     problems = []
-    for name in ROLE_SESSION_LINES:
+    for name in cartridge.workflow_roles():
         binding = getattr(cartridge.roles, name)
         if binding is None:
             continue

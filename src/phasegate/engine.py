@@ -24,7 +24,7 @@ from typing import Any
 from phasegate.agents import binding_problems
 from phasegate.agents.base import Runner
 from phasegate.agents.service import AgentService
-from phasegate.cartridge import CARTRIDGE_FILE, ROLE_SESSION_LINES, Cartridge, CartridgeError
+from phasegate.cartridge import CARTRIDGE_FILE, Cartridge, CartridgeError
 from phasegate.clock import Clock, SystemClock
 from phasegate.contract import (
     ACCEPTANCE_VERIFICATION,
@@ -145,7 +145,12 @@ class Engine:
                 f"{CARTRIDGE_FILE}: workflow.base_branch: {base!r} is not a branch of {self.repo}"
             )
         problems = []
-        for role in ROLE_SESSION_LINES:
+        missing = self.cartridge.missing_roles()
+        if missing:
+            raise CartridgeError(
+                f"{CARTRIDGE_FILE}: roles not bound: {', '.join('roles.' + m for m in missing)}"
+            )
+        for role in self.cartridge.workflow_roles():
             binding = getattr(self.cartridge.roles, role)
             if binding is not None:
                 problems += binding_problems(role, binding)

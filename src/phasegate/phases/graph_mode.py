@@ -295,7 +295,11 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             milestones=milestones,
         )
     if draft["status"] == "proposed" and draft["mode"] == "propose":
-        failing = "" if checked.get("passed", True) else " (its checks failed)"
+        failing = ""
+        if checked.get("error"):
+            failing = "; its patch did not apply for the checks"
+        elif not checked.get("passed", True):
+            failing = "; its checks failed"
         return PhaseResult(
             "pause",
             updates=updates,
