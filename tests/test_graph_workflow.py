@@ -1,0 +1,322 @@
+"""Workflows whose planning, development and pr_review follow the development graph.
+
+``[graph] enabled = true``: real git worktrees, a real SQLite file, the
+scripted runner (``phasegate.testing``) for the agents; the real Claude Code
+CLI runs one in ``test_graph_real_claude.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from phasegate.agents.base import AgentRequest, AgentResult
+from phasegate.cartridge import load_cartridge
+from phasegate.engine import Engine
+from phasegate.harness import replay_check
+from phasegate.phases.graph_mode import PROPOSAL_TRAILER
+from phasegate.store import Store, open_store
+
+from conftest import git, make_repo, phasegate_cli, scripted_cartridge
+
+FEATURE = """Adds feature.txt.
+
+```diff
+--- /dev/null
++++ b/feature.txt
+@@ -0,0 +1 @@
++the feature
+```
+"""
+
+OTHER_FEATURE = """Adds feature.txt, worded otherwise.
+
+```diff
+--- /dev/null
++++ b/feature.txt
+@@ -0,0 +1,3 @@
++the feature
++with a second line
++and a third, so the patch is not the same
+```
+"""
+
+ANSWERS = f"""
+[[plan]]
+text = "1. Create feature.txt holding 'the feature'."
+[[plan_alternative]]
+text = "1. Write feature.txt from a template (the SECOND plan)."
+[[plan_arbitrate]]
+text = "CHOICE: second\\nPRICE: one template more"
+[[build]]
+text = '''{FEATURE}'''
+[[review]]
+text = "Correct.\\nVERDICT: approve"
+[[verification]]
+text = "VERDICT: confirmed"
+"""
+
+GRAPH_ROLES = ("plan_alternative", "plan_arbitrate")
+
+
+def graph_repo(
+    tmp_path: Path,
+    *,
+    policy: str = "auto",
+    checks: list[str] | None = None,
+    answers: str = ANSWERS,
+    extra: str = "",
+    profile: str | None = None,
+) -> Path:
+    """A repository whose cartridge runs workflows through the graph, every role scripted."""
+    repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
+    (repo / "answers.toml").write_text(answers)
+    optional = "".join(
+        f'[roles.{role}]\nrunner = "scripted"\nscript = "answers.toml"\n\n' for role in GRAPH_ROLES
+    )
+    settings = (
+        "[graph]\nenabled = true\n\n"
+        f'[autonomy]\npolicy = {{ draft_pr_create = "{policy}" }}\n\n{extra}\n{optional}'
+    )
+    (repo / "phasegate.toml").write_text(
+        scripted_cartridge(
+            checks=checks if checks is not None else ["test -f feature.txt"],
+            extra=settings,
+            profile=profile,
+        )
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "cartridge")
+    return repo
+
+
+def kinds(store: Store, workflow_id: str) -> list[str]:
+    return [m.kind for m in store.milestones(workflow_id)]
+
+
+def milestone(store: Store, workflow_id: str, kind: str):
+    [found] = [m for m in store.milestones(workflow_id) if m.kind == kind]
+    return found
+
+
+def test_a_workflow_runs_through_the_graph_and_the_apply_arm_lands_it(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    repo = graph_repo(tmp_path)
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    row = engine.advance(workflow_id)
+
+    assert (row["current_phase"], row["status"]) == ("completed", "completed")
+    assert git(repo, "show", "main:feature.txt") == "the feature"
+    # the graph's plan competition chose the second plan; the builder got it verbatim
+    finalized = milestone(store, workflow_id, "plan_finalized")
+    assert finalized.data["plan_competition"]["choice"] == "second"
+    assert finalized.data["plan"] == "1. Write feature.txt from a template (the SECOND plan)."
+    run = store.run(f"{workflow_id}-g1")["record"]
+    build_call = next(c for c in run["calls"] if c["role"] == "build")
+    assert build_call["index"] == 3  # plan, plan_alternative, plan_arbitrate, then build
+
+    # one proposal, auto, applied by the apply arm; the checks ran before the gate
+    [proposal] = store.proposals(workflow_id=workflow_id)
+    assert (proposal["kind"], proposal["mode"], proposal["status"]) == (
+        "draft_pr_create",
+        "auto",
+        "applied",
+    )
+    assert proposal["decided_by"] == "auto"
+    evidence = {e["kind"]: e["data"] for e in proposal["evidence"]}
+    assert {"change_facts", "review", "plan_competition", "attempts", "checks"} <= set(evidence)
+    assert evidence["checks"]["passed"] is True
+    assert [r["command"] for r in evidence["checks"]["results"]] == ["test -f feature.txt"]
+
+    # the landed commit names the proposal; pr_review asked no second reviewer
+    log = git(repo, "log", "--format=%B", "main")
+    assert f"{PROPOSAL_TRAILER}: {proposal['id']}" in log
+    runs = store.agent_runs(workflow_id)
+    assert [(r["phase"], r["role"]) for r in runs] == [
+        ("planning", "plan"),
+        ("planning", "plan_alternative"),
+        ("planning", "plan_arbitrate"),
+        ("development", "build"),
+        ("development", "review"),
+        ("acceptance_verification", "verification"),
+    ]
+    reviewed = milestone(store, workflow_id, "pr_reviewed")
+    assert (reviewed.data["by"], reviewed.data["verdict"]) == ("graph", "approve")
+    assert kinds(store, workflow_id).index("tests_run") < kinds(store, workflow_id).index(
+        "dev_completed"
+    )
+    # the planning calls were asked once: development replayed them from the kept answers
+    assert len(run["calls"]) == 5
+    assert replay_check(run).identical
+
+
+def test_a_proposed_draft_pauses_the_workflow_until_a_person_approves_it(
+    tmp_path: Path,
+) -> None:
+    repo = graph_repo(tmp_path, policy="propose")
+    proc = phasegate_cli("run", "--repo", str(repo), "--json", "Add feature.txt")
+    summary = json.loads(proc.stdout)
+    assert (summary["current_phase"], summary["status"]) == ("development", "paused"), summary
+    [proposal] = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
+    assert (proposal["mode"], proposal["status"]) == ("propose", "proposed")
+    assert f"phasegate approve {proposal['id']}" in summary["error"]
+    assert "feature.txt" not in git(repo, "ls-tree", "-r", "--name-only", "main")
+
+    # resuming without a decision pauses again; the graph is not run twice
+    again = phasegate_cli("resume", summary["id"], "--repo", str(repo), "--json")
+    assert json.loads(again.stdout)["status"] == "paused"
+    assert len(json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)) == 1
+
+    approved = phasegate_cli(
+        "approve", proposal["id"], "--by", "ana", "--repo", str(repo), "--json"
+    )
+    assert approved.returncode == 0, approved.stderr
+    decided = json.loads(approved.stdout)
+    assert decided["workflow"]["status"] == "completed", decided
+    [landed] = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
+    assert (landed["status"], landed["decided_by"]) == ("applied", "ana")
+    assert git(repo, "show", "main:feature.txt") == "the feature"
+
+
+def test_a_rejection_starts_a_new_run_told_why(tmp_path: Path) -> None:
+    answers = ANSWERS.replace(
+        f"[[build]]\ntext = '''{FEATURE}'''",
+        f"[[build]]\ntext = '''{FEATURE}'''\n[[build]]\ntext = '''{OTHER_FEATURE}'''",
+    )
+    repo = graph_repo(tmp_path, policy="propose", answers=answers)
+    summary = json.loads(phasegate_cli("run", "--repo", str(repo), "--json", "Add it").stdout)
+    [first] = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
+
+    rejected = phasegate_cli(
+        "reject", first["id"], "--reason", "say more than one line", "--repo", str(repo)
+    )
+    assert rejected.returncode != 0  # the new run's proposal waits for a person again
+    assert f"workflow {summary['id']} resumes" in rejected.stdout
+    rows = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
+    assert [(r["run_id"], r["status"]) for r in rows] == [
+        (f"{summary['id']}-g1", "rejected"),
+        (f"{summary['id']}-g2", "proposed"),
+    ]
+    assert "+and a third" in rows[1]["payload"]["patch"]
+    shown = json.loads(phasegate_cli("show", summary["id"], "--repo", str(repo), "--json").stdout)
+    assert shown["workflow"]["status"] == "paused"
+    # the new run's ticket says why; its plan was asked again, with the reason in it
+    store = open_store(load_cartridge(repo).store_url(repo))
+    try:
+        record = store.run(f"{summary['id']}-g2")["record"]
+    finally:
+        store.close()
+    assert "## The previous change was rejected" in record["ticket"]
+    assert "say more than one line" in record["ticket"]
+    assert record["calls"][0]["role"] == "plan"
+
+
+class InterruptedReview:
+    """A review runner that stops the engine as it is called, like Ctrl-C mid-review."""
+
+    name = "interrupted"
+
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+
+    def run(self, request: AgentRequest, cancel: threading.Event, on_spawn=None) -> AgentResult:
+        assert self.engine is not None
+        self.engine.shutdown.set()
+        return AgentResult("", error_kind="interrupted", error="stopped")
+
+
+def test_a_development_stopped_mid_graph_resumes_from_its_kept_answers(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    repo = graph_repo(tmp_path)
+    stopper = InterruptedReview()
+    engine, store = engine_for(repo, runners={"review": stopper})
+    stopper.engine = engine
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    row = engine.advance(workflow_id)
+    assert row["current_phase"] == "development"
+    kept = store.graph_calls(f"{workflow_id}-g1")
+    assert [c["role"] for c in kept] == ["plan", "plan_alternative", "plan_arbitrate", "build"]
+    assert store.proposals() == []  # nothing proposed from a half-run graph
+
+    resumed, store2 = engine_for(repo)  # a new process: the cartridge's own runners
+    row = resumed.advance(workflow_id)
+    assert row["status"] == "completed", row
+    roles = [r["role"] for r in store2.agent_runs(workflow_id) if r["outcome"] == "ok"]
+    # the plan and the build answered once; only the review was asked again
+    assert roles.count("build") == 1 and roles.count("plan") == 1
+    assert roles.count("review") == 1
+    record = store2.run(f"{workflow_id}-g1")["record"]
+    assert [c["role"] for c in record["calls"]] == [
+        "plan",
+        "plan_alternative",
+        "plan_arbitrate",
+        "build",
+        "review",
+    ]
+
+
+def test_failing_checks_send_even_an_auto_proposal_to_a_person(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    repo = graph_repo(tmp_path, checks=["grep -q 'never there' feature.txt"])
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    row = engine.advance(workflow_id)
+    assert (row["current_phase"], row["status"]) == ("development", "paused")
+    assert "its checks failed" in row["error"]
+    [proposal] = store.proposals(workflow_id=workflow_id)
+    assert (proposal["mode"], proposal["status"]) == ("propose", "proposed")
+    tests_run = milestone(store, workflow_id, "tests_run")
+    assert tests_run.status == "failed"
+    assert tests_run.data["checks"][0]["exit_code"] != 0
+    branch = row["branch_name"]
+    assert git(repo, "rev-list", "--count", f"main..{branch}") == "0"  # nothing applied
+
+
+def test_a_reviewer_that_always_objects_stops_the_fix_loop_and_the_workflow_by_name(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    answers = (
+        ANSWERS.replace(
+            'text = "Correct.\\nVERDICT: approve"',
+            'text = "Missing docs.\\nVERDICT: request_changes"',
+        )
+        + f"[[build]]\ntext = '''{FEATURE}'''\n"
+        + f"[[build]]\ntext = '''{OTHER_FEATURE}'''\n"
+    )
+    repo = graph_repo(tmp_path, answers=answers, profile="manual")
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    row = engine.advance(workflow_id)
+    assert (row["current_phase"], row["status"]) == ("development", "paused")
+    assert "the development graph proposed no change" in row["error"]
+    record = store.run(f"{workflow_id}-g1")["record"]
+    assert record["fix_loop"]["stop"] in ("no_progress", "attempts_exhausted")
+    assert record["fix_loop"]["stop"] in row["error"]
+    assert record["proposals"] == []
+    graph_run = milestone(store, workflow_id, "graph_run")
+    assert graph_run.status == "failed"
+    assert graph_run.data["fix_loop"]["attempts"] == record["fix_loop"]["attempts"]
+
+
+@pytest.mark.parametrize("missing", ["build", "review"])
+def test_graph_mode_needs_its_roles_bound_before_anything_is_filed(
+    tmp_path: Path, missing: str
+) -> None:
+    repo = graph_repo(tmp_path)
+    text = (repo / "phasegate.toml").read_text()
+    start = text.index(f"[roles.{missing}]")
+    end = text.index("[roles.", start + 1)
+    (repo / "phasegate.toml").write_text(text[:start] + text[end:])
+    git(repo, "commit", "-qam", "unbind")
+    proc = phasegate_cli("run", "--repo", str(repo), "Add it")
+    assert proc.returncode == 2
+    assert f"roles.{missing}" in proc.stderr
+    assert not (repo / ".phasegate" / "state.db").exists() or "workflow" not in proc.stdout
