@@ -7,6 +7,7 @@ CLI runs one in ``test_graph_real_claude.py``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections.abc import Callable
@@ -151,6 +152,14 @@ def test_a_workflow_runs_through_the_graph_and_the_apply_arm_lands_it(
     assert kinds(store, workflow_id).index("tests_run") < kinds(store, workflow_id).index(
         "dev_completed"
     )
+    # the build manifest, kept with the run before it was recorded
+    [built] = run["harness"]["manifest"]
+    assert built["proposal"] == proposal["record_id"]
+    assert (
+        built["patch_sha256"] == hashlib.sha256(proposal["payload"]["patch"].encode()).hexdigest()
+    )
+    assert (built["paths"], built["attempt"], built["checks_passed"]) == (["feature.txt"], 1, True)
+    assert built["base"] == evidence["checks"]["base"]
     # the planning calls were asked once: development replayed them from the kept answers
     assert len(run["calls"]) == 5
     assert replay_check(run).identical

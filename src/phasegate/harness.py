@@ -19,6 +19,7 @@ from the caller; the graph has no clock.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -43,10 +44,12 @@ __all__ = [
     "ReplayCheck",
     "RunnerAnswers",
     "WorkflowAnswers",
+    "build_manifest",
     "check_proposals",
     "first_difference",
     "propose",
     "replay_check",
+    "with_harness",
 ]
 
 
@@ -318,7 +321,7 @@ def propose(
             cartridge, repo, run_id, record["proposals"], workspace=workspace, cancel=cancel
         )
         if checked:
-            record = {**record, "harness": {"checks": checked}}
+            record = with_harness(record, checked)
             extra = {pid: [Evidence("checks", data)] for pid, data in checked.items()}
     rows = store.record_run(
         record,
@@ -327,6 +330,43 @@ def propose(
         extra_evidence=extra,
     )
     return record, rows
+
+
+def build_manifest(
+    proposals: list[Mapping[str, Any]], checked: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """What the harness built, per draft_pr_create proposal it checked: its id, the
+    commit the patch was applied to (``base``), the patch's SHA-256, the files it
+    touches, the attempt the reviewers approved, whether it applied and whether
+    the checks passed. Kept with the run (``record["harness"]["manifest"]``)
+    before ``record_run`` stores it (spec 002: build_manifest, then record_run)."""
+    manifest = []
+    for proposal in proposals:
+        data = checked.get(str(proposal["id"]))
+        if data is None:
+            continue
+        patch = str((proposal.get("payload") or {}).get("patch") or "")
+        manifest.append(
+            {
+                "proposal": proposal["id"],
+                "base": data.get("base"),
+                "patch_sha256": hashlib.sha256(patch.encode("utf-8")).hexdigest(),
+                "paths": list(proposal.get("paths") or []),
+                "attempt": proposal.get("attempts"),
+                "applied": bool(data.get("applied")),
+                "checks_passed": bool(data.get("passed")),
+            }
+        )
+    return manifest
+
+
+def with_harness(
+    record: Mapping[str, Any], checked: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """``record`` with the harness's machine evidence beside the graph's own proposals:
+    ``harness.checks`` (by proposal id) and ``harness.manifest`` (``build_manifest``)."""
+    manifest = build_manifest(list(record["proposals"]), checked)
+    return {**record, "harness": {"checks": dict(checked), "manifest": manifest}}
 
 
 def check_proposals(

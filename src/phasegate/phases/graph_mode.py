@@ -44,7 +44,7 @@ from phasegate.contract import (
 )
 from phasegate.graph import drive, lifecycle_propose, plan_propose
 from phasegate.graph.proposals import Evidence
-from phasegate.harness import WorkflowAnswers, check_proposals
+from phasegate.harness import WorkflowAnswers, check_proposals, with_harness
 from phasegate.phases.deps import PhaseDeps, worktree_of
 from phasegate.profiles import AutomationProfile, reversion_or_stop
 from phasegate.workspace import PatchError
@@ -334,7 +334,7 @@ def _record(ctx: WorkflowContext, deps: PhaseDeps, run: Mapping[str, Any]) -> di
         cancel=deps.shutdown,
     )
     if checked:
-        record = {**record, "harness": {"checks": checked}}
+        record = with_harness(record, checked)
     profile = AutomationProfile.from_state(ctx.state)
     deps.store.record_run(
         record,
