@@ -604,6 +604,13 @@ check_timeout = 600
 [forge]
 kind = "local"
 
+# The development graph (README, "Workflows through the graph"): competing plans,
+# a read-only build answering with a diff, review tiers, a bounded fix loop, and a
+# gate on the draft PR proposal before anything lands.
+# [graph]
+# enabled = true
+# fix_attempts = 2
+
 # Roles: plan, plan_review, build, review, verification.
 {roles}"""
     return DefaultCartridge(
