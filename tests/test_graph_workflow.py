@@ -329,3 +329,40 @@ def test_graph_mode_needs_its_roles_bound_before_anything_is_filed(
     assert proc.returncode == 2
     assert f"roles.{missing}" in proc.stderr
     assert not (repo / ".phasegate" / "state.db").exists() or "workflow" not in proc.stdout
+
+
+def test_a_spend_cap_reached_in_the_graph_pauses_with_the_budget_named(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    answers = ANSWERS.replace(
+        "[[plan]]\ntext = \"1. Create feature.txt holding 'the feature'.\"",
+        "[[plan]]\ntext = \"1. Create feature.txt holding 'the feature'.\"\ncost_usd = 0.01",
+    )
+    repo = graph_repo(tmp_path, answers=answers, extra="[limits]\nworkflow_budget_usd = 0.005\n")
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    row = engine.advance(workflow_id)
+    assert (row["current_phase"], row["status"]) == ("planning", "paused")
+    assert row["error"].startswith("budget: ")
+    assert "workflow_budget_usd" in row["error"]
+    failed = milestone(store, workflow_id, "plan_failed")
+    assert failed.data["stopped"]["node"] == "plan_alternative"
+    # nothing was spent past the cap's first overrun: plan_alternative never ran
+    assert [r["role"] for r in store.agent_runs(workflow_id)] == ["plan"]
+
+
+def test_a_build_role_failing_every_try_fails_the_workflow_without_a_reversion(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    answers = ANSWERS.replace(
+        f"[[build]]\ntext = '''{FEATURE}'''", '[[build]]\ntext = "boom"\nexit_code = 3'
+    )
+    repo = graph_repo(tmp_path, answers=answers, profile="auto")
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    row = engine.advance(workflow_id)
+    assert (row["current_phase"], row["status"]) == ("development", "failed")
+    assert "build agent failed 3 time(s)" in row["error"]
+    assert row["state"].get("decisions", []) == []  # no reversion: it would fail the same way
+    builds = [r for r in store.agent_runs(workflow_id) if r["role"] == "build"]
+    assert len(builds) == 3  # 1 + limits.agent_retries

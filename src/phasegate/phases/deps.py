@@ -20,7 +20,14 @@ from phasegate.journal import SideEffects
 from phasegate.store import Store
 from phasegate.workspace import CheckResult, Workspace
 
-__all__ = ["PhaseDeps", "Verdict", "agent_failure", "verdict_parser", "worktree_of"]
+__all__ = [
+    "PhaseDeps",
+    "Verdict",
+    "agent_failure",
+    "failure_result",
+    "verdict_parser",
+    "worktree_of",
+]
 
 
 @dataclass
@@ -65,13 +72,20 @@ def agent_failure(
     """The result of a role that failed every try: failed, or paused when a spend
     cap stopped the work (reason ``budget: ...``; a person raises the cap and
     resumes), never a crash."""
-    if exc.kind == "budget":
+    return failure_result(exc.kind, str(exc), milestones=milestones, **result)
+
+
+def failure_result(
+    kind: str, message: str, *, milestones: tuple[MilestoneWrite, ...] = (), **result: Any
+) -> PhaseResult:
+    """``agent_failure`` for a failure known by its error ``kind`` and ``message``."""
+    if kind == "budget":
         reason = (
-            f"budget: {exc}; raise budget_usd or limits.workflow_budget_usd in phasegate.toml "
+            f"budget: {message}; raise budget_usd or limits.workflow_budget_usd in phasegate.toml "
             "(commit it), then `phasegate resume`"
         )
         return PhaseResult("pause", reason=reason, milestones=milestones, **result)
-    return PhaseResult("failed", reason=str(exc), milestones=milestones, **result)
+    return PhaseResult("failed", reason=message, milestones=milestones, **result)
 
 
 def worktree_of(ctx: WorkflowContext) -> Path:

@@ -45,7 +45,7 @@ from phasegate.contract import (
 from phasegate.graph import drive, lifecycle_propose, plan_propose
 from phasegate.graph.proposals import Evidence
 from phasegate.harness import WorkflowAnswers, check_proposals, with_harness
-from phasegate.phases.deps import PhaseDeps, worktree_of
+from phasegate.phases.deps import PhaseDeps, failure_result, worktree_of
 from phasegate.profiles import AutomationProfile, reversion_or_stop
 from phasegate.workspace import PatchError
 
@@ -130,20 +130,22 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             if proposed
             else ""
         )
+        failed = MilestoneWrite(
+            "plan_failed",
+            status="failed",
+            round=1,
+            key=key,
+            summary=why[:500],
+            data={"run_id": run["graph_run"], "stopped": stop, "usage": record["usage"]},
+        )
+        agents = _agents_failed(record, state={**started, "stopped_on": why}, milestones=(failed,))
+        if agents is not None:
+            return agents
         return PhaseResult(
             "pause",
             reason=f"{why}{hint}; change the ticket or the cartridge, then `phasegate resume`",
             state={**started, "stopped_on": why},
-            milestones=(
-                MilestoneWrite(
-                    "plan_failed",
-                    status="failed",
-                    round=1,
-                    key=key,
-                    summary=why[:500],
-                    data={"run_id": run["graph_run"], "stopped": stop, "usage": record["usage"]},
-                ),
-            ),
+            milestones=(failed,),
         )
     text = str(planned["plan"])
     if ctx.issue_number:
@@ -272,6 +274,12 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     )
     updates = {"user_feedback": None} if ctx.user_feedback else {}
     if draft is None:
+        # an agent that failed every try: a reversion would only fail the same way again
+        agents = _agents_failed(
+            record, state={**started, "graph_run": None}, milestones=(evidence,)
+        )
+        if agents is not None:
+            return agents
         why = _why_nothing(record)
         return reversion_or_stop(
             ctx,
@@ -343,6 +351,23 @@ def _record(ctx: WorkflowContext, deps: PhaseDeps, run: Mapping[str, Any]) -> di
         extra_evidence={pid: [Evidence("checks", data)] for pid, data in checked.items()},
     )
     return record
+
+
+def _agents_failed(
+    record: Mapping[str, Any], *, state: dict[str, Any], milestones: tuple[MilestoneWrite, ...]
+) -> PhaseResult | None:
+    """The result of a run an agent's failure ended, as outside graph mode: a spend cap
+    reached pauses (``budget: ...``), a role that failed every try fails the workflow.
+    None when the run ended for another reason (a verdict, a fix loop stop)."""
+    stopped = record.get("stopped") or {}
+    if stopped.get("reason") != "agent_failed" and record["fix_loop"].get("stop") != "budget":
+        return None
+    failures = [c for c in record["calls"] if c.get("error_kind")]
+    if not failures:
+        return None
+    last = failures[-1]
+    message = str(last.get("error") or f"{last['role']}: {last['error_kind']}")
+    return failure_result(str(last["error_kind"]), message, state=state, milestones=milestones)
 
 
 def _checks_of(row: Mapping[str, Any]) -> dict[str, Any]:
