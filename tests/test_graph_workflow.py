@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +23,7 @@ from phasegate.engine import Engine
 from phasegate.harness import replay_check
 from phasegate.phases.graph_mode import PROPOSAL_TRAILER
 from phasegate.store import Store, open_store
+from phasegate.testing import CRASH_EXIT_CODE
 
 from conftest import git, make_repo, phasegate_cli, scripted_cartridge
 
@@ -366,3 +369,42 @@ def test_a_build_role_failing_every_try_fails_the_workflow_without_a_reversion(
     assert row["state"].get("decisions", []) == []  # no reversion: it would fail the same way
     builds = [r for r in store.agent_runs(workflow_id) if r["role"] == "build"]
     assert len(builds) == 3  # 1 + limits.agent_retries
+
+
+def test_a_worker_killed_after_the_apply_arm_landed_the_patch_lands_it_once(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    repo = graph_repo(tmp_path)
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    # a worker that dies (os._exit) right after the branch is published: the patch is
+    # committed, the proposal applied, the development result not yet committed
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phasegate.testing",
+            "--repo",
+            str(repo),
+            "--crash-after",
+            "publish_branch",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == CRASH_EXIT_CODE, proc.stderr
+    row = store.workflow_row(workflow_id)
+    assert row["current_phase"] == "development"
+    [proposal] = store.proposals(workflow_id=workflow_id)
+    assert proposal["status"] == "applied"
+
+    row = engine.advance(workflow_id)
+    assert row["status"] == "completed", row
+    [proposal] = store.proposals(workflow_id=workflow_id)
+    assert (proposal["status"], proposal["decision_seq"]) == ("applied", 1)
+    trailer = f"{PROPOSAL_TRAILER}: {proposal['id']}"
+    assert git(repo, "log", "--format=%B", "main").count(trailer) == 1
+    assert len(store.proposals()) == 1 and len(store.graph_calls(f"{workflow_id}-g1")) == 5
+    prs = json.loads(phasegate_cli("show", workflow_id, "--repo", str(repo), "--json").stdout)
+    assert prs["workflow"]["pr_number"] is not None
