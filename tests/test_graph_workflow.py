@@ -21,7 +21,7 @@ from phasegate.agents.base import AgentRequest, AgentResult
 from phasegate.cartridge import load_cartridge
 from phasegate.engine import Engine
 from phasegate.harness import replay_check
-from phasegate.phases.graph_mode import PROPOSAL_TRAILER
+from phasegate.phases.graph_mode import CHECKS_GATE, PROPOSAL_TRAILER
 from phasegate.store import Store, open_store
 from phasegate.testing import CRASH_EXIT_CODE
 
@@ -274,22 +274,50 @@ def test_a_development_stopped_mid_graph_resumes_from_its_kept_answers(
     ]
 
 
-def test_failing_checks_send_even_an_auto_proposal_to_a_person(
+def test_a_check_failing_every_run_stays_bounded_and_each_run_is_judged_on_its_own(
     tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
 ) -> None:
     repo = graph_repo(tmp_path, checks=["grep -q 'never there' feature.txt"])
     engine, store = engine_for(repo)
     workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
     row = engine.advance(workflow_id)
+    # 1 + limits.max_dev_retries runs, then the profile (review) leaves it to a person
     assert (row["current_phase"], row["status"]) == ("development", "paused")
-    assert "its checks failed" in row["error"]
-    [proposal] = store.proposals(workflow_id=workflow_id)
-    assert (proposal["mode"], proposal["status"]) == ("propose", "proposed")
-    tests_run = milestone(store, workflow_id, "tests_run")
-    assert tests_run.status == "failed"
-    assert tests_run.data["checks"][0]["exit_code"] != 0
+    assert "checks still failing after 3 graph run(s)" in row["error"]
+    proposals = store.proposals(workflow_id=workflow_id)
+    assert [(p["run_id"], p["status"], p["decided_by"]) for p in proposals] == [
+        (f"{workflow_id}-g{n}", "rejected", CHECKS_GATE) for n in (1, 2, 3)
+    ]
+    runs = [m for m in store.milestones(workflow_id) if m.kind == "tests_run"]
+    assert [(m.status, m.data["proposal"]) for m in runs] == [
+        ("failed", p["id"]) for p in proposals
+    ]
+    assert all(m.data["checks"][0]["exit_code"] != 0 for m in runs)
+    # each later run was told why the one before it failed, with that run's output
+    record = store.run(f"{workflow_id}-g3")["record"]
+    assert f"proposal {proposals[1]['id']} was rejected by {CHECKS_GATE}" in record["ticket"]
     branch = row["branch_name"]
     assert git(repo, "rev-list", "--count", f"main..{branch}") == "0"  # nothing applied
+
+
+def test_a_run_whose_checks_fail_is_retried_and_the_passing_one_lands(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    answers = ANSWERS.replace(
+        f"[[build]]\ntext = '''{FEATURE}'''",
+        f"[[build]]\ntext = '''{FEATURE}'''\n[[build]]\ntext = '''{OTHER_FEATURE}'''",
+    )
+    repo = graph_repo(tmp_path, answers=answers, checks=["grep -q 'second line' feature.txt"])
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "completed", row
+    first, second = store.proposals(workflow_id=workflow_id)
+    assert (first["status"], second["status"]) == ("rejected", "applied")
+    assert "grep -q 'second line' feature.txt" in first["reason"]
+    assert "with a second line" in git(repo, "show", "main:feature.txt")
+    runs = [m for m in store.milestones(workflow_id) if m.kind == "tests_run"]
+    assert [m.status for m in runs] == ["failed", "completed"]
 
 
 def test_a_reviewer_that_always_objects_stops_the_fix_loop_and_the_workflow_by_name(

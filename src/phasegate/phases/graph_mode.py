@@ -49,7 +49,10 @@ from phasegate.phases.deps import PhaseDeps, failure_result, worktree_of
 from phasegate.profiles import AutomationProfile, reversion_or_stop
 from phasegate.workspace import PatchError
 
-__all__ = ["PROPOSAL_TRAILER", "develop", "enabled", "plan", "review"]
+__all__ = ["CHECKS_GATE", "PROPOSAL_TRAILER", "develop", "enabled", "plan", "review"]
+
+#: ``decided_by`` of a proposal the harness rejected because its checks failed.
+CHECKS_GATE = "harness:checks"
 
 #: The line of an applied proposal's commit message that names it: git is the
 #: evidence that the apply arm already landed it when a restart asks again.
@@ -294,30 +297,76 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     tests = _tests_run(ctx, draft, checked, key)
     milestones: tuple[MilestoneWrite, ...] = (evidence, tests)
     state = dict(started)
-    if draft["status"] == "rejected":
-        why = f"proposal {draft['id']} was rejected by {draft['decided_by']}: {draft['reason']}"
-        return PhaseResult(
-            "retry",
-            updates=updates,
-            state={**state, "graph_run": None, "graph_feedback": why},
-            milestones=milestones,
+    if draft["status"] == "proposed" and not checked.get("passed", True):
+        # Work that fails its checks is never offered for landing: the harness
+        # rejects it (the kind's streak resets) and the next run is told why.
+        failure = _check_failure(checked)
+        draft = deps.store.decide_proposal(
+            str(draft["id"]), "rejected", CHECKS_GATE, f"the checks failed:\n{failure}"[:4000]
         )
+    if draft["status"] == "rejected":
+        return _rejected(ctx, deps, draft, run, updates, state, milestones)
     if draft["status"] == "proposed" and draft["mode"] == "propose":
-        failing = ""
-        if checked.get("error"):
-            failing = "; its patch did not apply for the checks"
-        elif not checked.get("passed", True):
-            failing = "; its checks failed"
         return PhaseResult(
             "pause",
             updates=updates,
-            reason=f"proposal {draft['id']} (draft_pr_create{failing}) awaits a person: "
-            f"`phasegate approve {draft['id']}` lands it, "
+            reason=f"proposal {draft['id']} (draft_pr_create, its checks passed) awaits a "
+            f"person: `phasegate approve {draft['id']}` lands it, "
             f"`phasegate reject {draft['id']} --reason TEXT` starts a new run told why",
             state=state,
             milestones=milestones,
         )
     return _apply(ctx, deps, draft, run, updates, state, milestones)
+
+
+def _rejected(
+    ctx: WorkflowContext,
+    deps: PhaseDeps,
+    draft: Mapping[str, Any],
+    run: Mapping[str, Any],
+    updates: dict[str, Any],
+    state: dict[str, Any],
+    milestones: tuple[MilestoneWrite, ...],
+) -> PhaseResult:
+    """A new run told why the proposal was rejected. Rejections by the checks are
+    bounded like failing checks outside graph mode: after ``limits.max_dev_retries``
+    more runs, a reversion to planning where the profile allows it, else a pause."""
+    why = f"proposal {draft['id']} was rejected by {draft['decided_by']}: {draft['reason']}"
+    next_run = {**state, "graph_run": None, "graph_feedback": why}
+    if draft["decided_by"] != CHECKS_GATE:
+        return PhaseResult("retry", updates=updates, state=next_run, milestones=milestones)
+    attempt = int(ctx.state.get("test_retries") or 0) + 1
+    if attempt <= deps.limits.max_dev_retries:
+        return PhaseResult(
+            "retry",
+            updates=updates,
+            state={**next_run, "test_retries": attempt},
+            milestones=milestones,
+        )
+    reason = f"checks still failing after {attempt} graph run(s): {str(draft['reason'])[:1500]}"
+    return reversion_or_stop(
+        ctx,
+        reason=reason,
+        context=f"Development round {ctx.dev_round}, graph run {run['graph_run']}: {reason}",
+        at=deps.clock.now(),
+        milestones=milestones,
+        state={**next_run, "test_retries": 0, "last_check_failure": draft["reason"]},
+    )
+
+
+def _check_failure(checked: Mapping[str, Any]) -> str:
+    """What failed, for the next run's ticket: the patch's apply error or each failing
+    check's command, exit code and output tail."""
+    if checked.get("error"):
+        return f"the patch did not apply: {checked['error']}"
+    parts = []
+    for check in checked.get("results") or []:
+        if not check.get("passed"):
+            how = "timed out" if check.get("timed_out") else f"exit code {check.get('exit_code')}"
+            parts.append(
+                f"$ {check.get('command')}  ({how})\n{str(check.get('output', ''))[-1500:]}"
+            )
+    return "\n\n".join(parts) or "the checks did not pass"
 
 
 def _record(ctx: WorkflowContext, deps: PhaseDeps, run: Mapping[str, Any]) -> dict[str, Any]:
