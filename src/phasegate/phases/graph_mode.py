@@ -11,11 +11,13 @@ One graph run (``{workflow}-g{n}``) spans a planning and its development:
   build, review, adversary and arbitrate run live, the fix loop included. The
   run is recorded with its proposals; the harness applies the draft PR's
   patch in a scratch worktree and runs ``landing_areas.checks`` there, as
-  evidence before any gate. The autonomy policy has given the proposal its
-  mode: ``auto`` → the apply arm applies the patch in the workflow's
-  worktree, commits and publishes the branch; ``propose`` → the workflow
-  pauses until ``phasegate approve ID`` (the apply arm then lands it) or
-  ``phasegate reject ID --reason`` (a new run, told why);
+  evidence before any gate. Failing checks: the harness rejects the proposal
+  (CHECKS_GATE) and a new run is told why, within ``limits.max_dev_retries``.
+  Passing checks: the mode the autonomy policy gave the proposal decides.
+  ``auto`` → the apply arm applies the patch in the workflow's worktree,
+  commits and publishes the branch; ``propose`` → the workflow pauses until
+  ``phasegate approve ID`` (the apply arm then lands it) or ``phasegate
+  reject ID --reason`` (a new run, told why);
 - pr_review opens or updates the pull request with the graph's evidence and
   goes on to the report: the graph has reviewed the change, under the tier
   its facts gave it, and there is no second review.
@@ -233,8 +235,10 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     modes), ``tests_run`` (the harness's checks on the proposed patch, run
     before the gate) and on landing ``dev_completed`` with the commit. No
     draft PR proposed (a fix loop stop, a graph stop) is a failed attempt:
-    a reversion to planning where the profile allows it, else a pause. A
-    ``propose`` proposal pauses the workflow for ``phasegate approve`` or
+    a reversion to planning where the profile allows it, else a pause.
+    Failing checks reject the proposal (CHECKS_GATE) and start a new run told
+    why, up to ``limits.max_dev_retries`` more; then a reversion or a pause.
+    A ``propose`` proposal pauses the workflow for ``phasegate approve`` or
     ``reject``; a rejection starts a new run told why. Shutdown raises
     WorkflowPaused with the answers so far kept.
     """
