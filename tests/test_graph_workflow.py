@@ -436,3 +436,20 @@ def test_a_worker_killed_after_the_apply_arm_landed_the_patch_lands_it_once(
     assert len(store.proposals()) == 1 and len(store.graph_calls(f"{workflow_id}-g1")) == 5
     prs = json.loads(phasegate_cli("show", workflow_id, "--repo", str(repo), "--json").stdout)
     assert prs["workflow"]["pr_number"] is not None
+
+
+def test_a_build_diff_missing_its_final_newline_still_lands(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    bare = "Adds feature.txt.\n\n--- /dev/null\n+++ b/feature.txt\n@@ -0,0 +1 @@\n+the feature"
+    answers = ANSWERS.replace(
+        f"[[build]]\ntext = '''{FEATURE}'''", f"[[build]]\ntext = '''{bare}'''"
+    )
+    repo = graph_repo(tmp_path, answers=answers)
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "completed", row
+    [proposal] = store.proposals(workflow_id=workflow_id)
+    assert not proposal["payload"]["patch"].endswith("\n")
+    assert git(repo, "show", "main:feature.txt") == "the feature"
