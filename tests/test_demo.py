@@ -200,3 +200,104 @@ def test_demo_refuses_a_non_empty_dir(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "is not empty" in proc.stderr
     assert sorted(p.name for p in target.iterdir()) == ["keep.txt"]
+
+
+GRAPH_ROLES = {
+    "plan",
+    "plan_alternative",
+    "plan_arbitrate",
+    "plan_adversary",
+    "build",
+    "review",
+    "review_adversary",
+    "verification",
+}
+
+
+def _proposals(repo: Path) -> list[dict[str, Any]]:
+    rows = _json(phasegate_cli("proposals", "--json", "-C", str(repo), timeout=60))
+    assert isinstance(rows, list)
+    return rows
+
+
+def test_demo_graph_runs_the_development_graph_and_lands_its_proposal(tmp_path: Path) -> None:
+    repo = tmp_path / "calc"
+    summary = _json(phasegate_cli("demo", "--graph", "--json", "--dir", str(repo), timeout=300))
+    assert (summary["current_phase"], summary["status"]) == ("completed", "completed"), summary
+    assert summary["error"] is None
+    cartridge = (repo / "phasegate.toml").read_text()
+    assert "[graph]\nenabled = true" in cartridge and "[roles.plan_review]" not in cartridge
+
+    # One draft PR, auto under the demo's auto profile, applied by the apply arm
+    # after its checks (the sample's unittest suite) passed in a scratch worktree.
+    [proposal] = _proposals(repo)
+    assert (proposal["kind"], proposal["mode"], proposal["status"], proposal["decided_by"]) == (
+        "draft_pr_create",
+        "auto",
+        "applied",
+        "auto",
+    )
+    assert proposal["workflow_id"] == summary["id"]
+    evidence = {e["kind"]: e["data"] for e in proposal["evidence"]}
+    assert {"plan_competition", "plan_attack", "review", "checks"} <= set(evidence)
+    assert (evidence["plan_competition"]["choice"], evidence["plan_competition"]["losers"]) == (
+        "first",
+        ["second"],
+    )
+    assert evidence["plan_competition"]["price"]
+    assert (evidence["plan_attack"]["verdict"], evidence["plan_attack"]["revised"]) == (
+        "revise",
+        True,
+    )
+    assert len(evidence["plan_attack"]["objections"]) == 2
+    assert (evidence["review"]["tier"], evidence["review"]["review"]) == (1, "approve")
+    assert evidence["review"]["adversary"] == "approve"
+    assert evidence["checks"]["passed"] is True
+    assert sorted(evidence["change_facts"]["paths"]) == ["calc/__init__.py", "tests/test_calc.py"]
+
+    # The graph ran: its milestones, its roles (and no plan_review), the revised plan.
+    detail = _show(repo, summary["id"])
+    milestones = {(m["kind"], m["status"]) for m in detail["milestones"]}
+    for kind in ("plan_finalized", "graph_run", "tests_run", "pr_reviewed", "merge_completed"):
+        assert (kind, "completed") in milestones, kind
+    runs = detail["agent_runs"]
+    assert {r["role"] for r in runs} == GRAPH_ROLES
+    assert all(r["outcome"] == "ok" for r in runs)
+    assert [r["role"] for r in runs].count("plan") == 2  # the plan adversary's one revision
+    [finalized] = [m for m in detail["milestones"] if m["kind"] == "plan_finalized"]
+    assert "MultiplyTest" in finalized["data"]["plan"]
+
+    # The landed commit names the proposal; main holds multiply() and its tests pass.
+    branch_log = git(repo, "log", "--format=%B", "main^2")
+    assert f"Phasegate-Proposal: {proposal['id']}" in branch_log
+    _assert_landed_on_main(repo, summary, tmp_path)
+
+    # The recorded run replays to the same proposal, offline.
+    replayed = phasegate_cli("replay", proposal["run_id"], "-C", str(repo), timeout=60)
+    assert _ok(replayed).stdout.startswith("identical: 1 proposal(s)"), replayed.stdout
+
+
+def test_demo_graph_under_the_review_profile_waits_for_a_person_to_approve(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "calc"
+    proc = phasegate_cli("demo", "--graph", "--profile", "review", "--dir", str(repo), timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert re.search(r"workflow [0-9a-f]{8}: development · paused", out), out
+    assert "graph_run r1" in out  # `show` lists the graph's run
+    [proposal] = _proposals(repo)
+    assert (proposal["mode"], proposal["status"]) == ("propose", "proposed")
+    assert f"phasegate approve {proposal['id']}" in out
+    assert "def multiply" not in git(repo, "show", "main:calc/__init__.py")
+
+    approved = _json(
+        phasegate_cli("approve", proposal["id"], "--by", "ana", "-C", str(repo), "--json")
+    )
+    # The review profile merges only when a person says so, after the report.
+    assert (approved["workflow"]["current_phase"], approved["workflow"]["status"]) == (
+        "wait",
+        "waiting",
+    ), approved
+    [landed] = _proposals(repo)
+    assert (landed["status"], landed["decided_by"]) == ("applied", "ana")

@@ -16,15 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from phasegate.cartridge import RoleBinding
+from phasegate.cartridge import GRAPH_OPTIONAL_ROLES, RoleBinding
 from phasegate.dryrun import (
     DRY_RUN_FILE,
     DUMMY_KEY,
+    GRAPH_ROLE_MARKERS,
     ROLE_MARKERS,
     ScriptError,
+    default_scripts,
     load_script,
     offline_binding,
 )
+from phasegate.graph import prompts as graph_prompts
+from phasegate.graph.facts import change_facts, extract_patch
+from phasegate.graph.parse import REVIEW_VERDICTS, field, items, verdict
 from phasegate.phases import acceptance_verification, development, planning, pr_review
 
 from conftest import HAPPY_ANSWERS, ROLES, agent_cli, git, make_repo
@@ -201,6 +206,143 @@ def test_a_dry_run_on_the_api_runner_applies_the_scripted_diff(tmp_path: Path) -
     assert snapshot(repo) == before
 
 
+def _needs_litellm() -> None:
+    for module in ("litellm", "phasegate.agents.api"):
+        if importlib.util.find_spec(module) is None:  # found, not imported: litellm is slow
+            pytest.skip(f"{module} is not installed")
+
+
+GRAPH_MODE = (
+    "[graph]\nenabled = true\n\n"
+    "[graph.review_tiers]\ndefault = 2\n\n"  # the adversary, and always the arbitrator
+)
+
+
+@pytest.mark.slow
+def test_a_graph_mode_dry_run_on_the_api_runner_lands_the_scripted_diff(tmp_path: Path) -> None:
+    _needs_litellm()
+    role = (
+        'runner = "api"\nmodel = "anthropic/claude-sonnet-4-5"\napi_key_env = "ANTHROPIC_API_KEY"\n'
+    )
+    optional = "".join(f"[roles.{name}]\n{role}\n" for name in GRAPH_OPTIONAL_ROLES)
+    roles = dict.fromkeys(ROLES, role)
+    roles["review"] = role.replace("anthropic/claude-sonnet-4-5", "gemini/gemini-2.5-pro")
+    repo = make_user_repo(tmp_path, roles, extra=GRAPH_MODE + optional)
+    before = snapshot(repo)
+
+    proc = dry_run(repo, "--json", "Add the dry-run file")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    summary = result["workflow"]
+    assert (summary["current_phase"], summary["status"]) == ("completed", "completed"), summary
+    assert summary["verification_status"] == "confirmed"
+    assert summary["merge_sha"]
+    # Every graph role answered through litellm from the scripted model; plan_review,
+    # bound but not used in graph mode, was not asked.
+    runs = result["agent_runs"]
+    assert [(r["role"], r["runner"], r["outcome"]) for r in runs] == [
+        (name, "api", "ok")
+        for name in (
+            "scope_epic",
+            "plan",
+            "plan_alternative",
+            "plan_arbitrate",
+            "plan_adversary",
+            "build",
+            "review",
+            "review_adversary",
+            "arbitrate",
+            "verification",
+        )
+    ]
+    kinds = {(m["kind"], m["status"]) for m in result["milestones"]}
+    for kind in ("plan_finalized", "graph_run", "tests_run", "dev_completed", "merge_completed"):
+        assert (kind, "completed") in kinds, kind
+    [finalized] = [m for m in result["milestones"] if m["kind"] == "plan_finalized"]
+    assert finalized["data"]["plan_competition"]["choice"] == "first"
+    assert finalized["data"]["plan_attack"]["verdict"] == "proceed"
+    info = result["dry_run"]
+    assert info["model_requests"] == len(runs)  # one turn each: the build answers with its diff
+    assert snapshot(repo) == before
+    assert not (repo / ".phasegate").exists()
+
+
+@pytest.mark.slow
+def test_a_graph_mode_script_can_send_the_plan_back_and_the_revision_plays_the_plan_script(
+    tmp_path: Path,
+) -> None:
+    _needs_litellm()
+    role = 'runner = "api"\nmodel = "openai/gpt-5"\napi_key_env = "OPENAI_API_KEY"\n'
+    extra = f"[graph]\nenabled = true\n\n[roles.plan_adversary]\n{role}\n"
+    repo = make_user_repo(tmp_path, dict.fromkeys(ROLES, role), extra=extra)
+    script = tmp_path / "attack.toml"
+    script.write_text(
+        '[plan_adversary]\nsteps = [{ text = "OBJECTION: no step checks the file\\n'
+        'VERDICT: revise" }]\n'
+        '[plan]\nsteps = [{ text = "1. Create phasegate-dry-run.txt.\\n2. Check it exists." }]\n'
+    )
+    proc = dry_run(repo, "--json", "--script", str(script), "Add the dry-run file")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["workflow"]["status"] == "completed", result["workflow"]
+    assert [r["role"] for r in result["agent_runs"]] == [
+        "plan",
+        "plan_adversary",
+        "plan",  # the revision, asked of the plan's author
+        "build",
+        "review",
+        "verification",
+    ]
+    [finalized] = [m for m in result["milestones"] if m["kind"] == "plan_finalized"]
+    attack = finalized["data"]["plan_attack"]
+    assert (attack["verdict"], attack["revised"]) == ("revise", True)
+    assert attack["objections"] == ["no step checks the file"]
+
+
+def codex_role(exe: str) -> str:
+    return (
+        f'runner = "codex"\nexecutable = {json.dumps(exe)}\n'
+        'api_key_env = "OPENAI_API_KEY"\ntimeout = 90\n'
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("cli", "runner"), [("claude", "claude-code"), ("codex", "codex")])
+def test_a_graph_mode_dry_run_on_an_agent_cli_builds_with_a_diff(
+    tmp_path: Path, cli: str, runner: str
+) -> None:
+    exe = agent_cli(cli)
+    role = claude_role(exe) if cli == "claude" else codex_role(exe)
+    optional = "".join(
+        f"[roles.{name}]\n{role}\n" for name in ("plan_adversary", "review_adversary")
+    )
+    extra = "[graph]\nenabled = true\n\n[graph.review_tiers]\ndefault = 1\n\n" + optional
+    repo = make_user_repo(tmp_path, dict.fromkeys(ROLES, role), extra=extra)
+    before = snapshot(repo)
+
+    proc = dry_run(repo, "--json", "Add the dry-run file", env={"OPENAI_API_KEY": SENTINEL})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["workflow"]["status"] == "completed", result["workflow"]
+    runs = result["agent_runs"]
+    assert [(r["role"], r["runner"], r["outcome"]) for r in runs] == [
+        (name, runner, "ok")
+        for name in (
+            "plan",
+            "plan_adversary",
+            "build",
+            "review",
+            "review_adversary",
+            "verification",
+        )
+    ]
+    # The read-only build answered with its diff in one turn; the apply arm landed it.
+    assert result["dry_run"]["model_requests"] == len(runs)
+    assert ("tests_run", "completed") in {(m["kind"], m["status"]) for m in result["milestones"]}
+    assert snapshot(repo) == before
+    assert SENTINEL not in proc.stdout + proc.stderr
+
+
 def test_command_and_scripted_roles_run_as_they_are(tmp_path: Path) -> None:
     roles = dict.fromkeys(ROLES, 'runner = "scripted"\nscript = "answers.toml"\ntimeout = 30\n')
     roles["plan"] = 'runner = "command"\ncommand = "echo 1. write feature.txt"\n'
@@ -285,6 +427,54 @@ def test_each_role_marker_picks_its_own_prompt_only() -> None:
     for role, marker in ROLE_MARKERS.items():
         assert len(marker) > 20
         assert [r for r, prompt in prompts.items() if marker in prompt] == [role]
+
+
+def test_each_graph_role_marker_picks_its_own_graph_prompt_only() -> None:
+    facts = change_facts("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n", ())
+    change = ("ticket", "plan", 1, "brief", "patch", facts, ())
+    prompts = {
+        "scope_epic": graph_prompts.scope_prompt("ticket"),
+        "plan": graph_prompts.plan_prompt("ticket"),
+        "plan_alternative": graph_prompts.plan_alternative_prompt("ticket", "first"),
+        "plan_arbitrate": graph_prompts.plan_arbitrate_prompt("ticket", "first", "second"),
+        "plan_adversary": graph_prompts.plan_adversary_prompt("ticket", "plan"),
+        "plan revision": graph_prompts.plan_revision_prompt("ticket", "plan", "objections"),
+        "build": graph_prompts.build_prompt("ticket", "plan", 2, "old patch", "critique", ["x"]),
+        "review": graph_prompts.review_prompt(*change),
+        "review_adversary": graph_prompts.adversary_prompt(*change, "approve", "findings"),
+        "arbitrate": graph_prompts.arbitrate_prompt(*change, "review", "adversary"),
+        "verification": acceptance_verification.VERIFY_PROMPT,
+    }
+    assert set(GRAPH_ROLE_MARKERS) == {"plan", "build", "review", "verification"} | set(
+        GRAPH_OPTIONAL_ROLES
+    )
+    for role, marker in GRAPH_ROLE_MARKERS.items():
+        assert len(marker) > 20
+        assert [r for r, prompt in prompts.items() if marker in prompt] == [role]
+
+
+def test_the_graph_mode_defaults_answer_what_each_graph_node_needs() -> None:
+    for runner in ("claude-code", "codex", "api", None):
+        scripts = default_scripts(runner, graph=True)
+        assert "plan_review" not in scripts
+        # Read-only, whatever the runner: one turn, a diff in the text, no tool.
+        [build] = scripts["build"]
+        assert build.tools == ()
+        patch, summary = extract_patch(build.text)
+        facts = change_facts(patch, ())
+        assert facts.paths == (DRY_RUN_FILE,) and facts.insertions == 1 and summary
+    text = {role: steps[0].text for role, steps in default_scripts("api", graph=True).items()}
+    assert len(items(text["scope_epic"], "subtask")) == 1
+    assert text["plan"].startswith("1. ") and text["plan_alternative"].startswith("1. ")
+    assert field(text["plan_arbitrate"], "choice") == "first"
+    assert field(text["plan_arbitrate"], "price")
+    assert verdict(text["plan_adversary"], ("proceed", "revise")) == "proceed"
+    for role in ("review", "review_adversary", "arbitrate"):
+        assert verdict(text[role], REVIEW_VERDICTS) == "approve", role
+    assert verdict(text["verification"], ("confirmed",)) == "confirmed"
+    # Outside graph mode the defaults are as they were.
+    assert set(default_scripts("claude-code")) == set(ROLES)
+    assert default_scripts("claude-code")["build"][0].tools[0].name == "Write"
 
 
 def test_offline_binding_keeps_the_role_and_replaces_model_and_key() -> None:

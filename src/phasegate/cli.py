@@ -529,6 +529,12 @@ def dry_run(
     status (an HTTP error), input_tokens, output_tokens, delay_s, hang. Roles
     left out answer acceptably: a plan, VERDICT: approve, a build writing
     phasegate-dry-run.txt, VERDICT: confirmed.
+
+    In graph mode ([graph] enabled = true) the roles' scripts are picked by the
+    development graph's prompts and every role is read-only: the built-in build
+    answers with a unified diff, the bound graph roles (scope_epic,
+    plan_alternative, plan_arbitrate, plan_adversary, review_adversary,
+    arbitrate) answer acceptably, and the draft PR is landed without asking.
     """
     from phasegate.dryrun import dry_run_workspace, load_script
 
@@ -1327,12 +1333,26 @@ def demo(
         ),
     ] = None,
     profile: ProfileOption = None,
+    graph: Annotated[
+        bool,
+        typer.Option(
+            "--graph",
+            help="Run the ticket through the development graph: competing plans, a plan "
+            "adversary, a build answering with a diff, review and review adversary.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Make a sample Python project, file a ticket and run it to completed with scripted agents.
 
     The demo's cartridge uses the auto profile; `--profile review` (or manual,
     trusted) stops it at wait for `phasegate approve-merge`.
+
+    `--graph`: the cartridge says `[graph] enabled = true`, and planning,
+    development and pr_review follow the development graph; its draft PR is a
+    proposal the apply arm lands (`--profile review` stops it in development
+    for `phasegate approve ID`). `phasegate proposals` and `phasegate replay
+    RUN_ID` then show the run.
     """
     from phasegate.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
 
@@ -1340,7 +1360,7 @@ def demo(
         target = directory or Path(tempfile.mkdtemp(prefix="phasegate-demo-")) / "calc"
         if target.exists() and any(target.iterdir()):
             raise UsageError(f"{target} is not empty; choose a new --dir")
-        repo = make_sample_project(target)
+        repo = make_sample_project(target, graph=graph)
         if not as_json:
             console.print(f"sample project: {repo}", highlight=False)
         root, cartridge, store = _open(repo)
@@ -1357,6 +1377,14 @@ def demo(
                 render_report(report, report.get("content_language", "en")),
                 highlight=False,
                 markup=False,
+            )
+        graph_run = row["state"].get("graph_run") if graph else None
+        if graph_run:
+            console.print(
+                f"development graph run {graph_run}: try "
+                f"`phasegate proposals --repo {repo}` and "
+                f"`phasegate replay {graph_run} --repo {repo}`",
+                highlight=False,
             )
         console.print(
             f"state kept in {repo / '.phasegate'}; try "

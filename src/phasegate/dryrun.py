@@ -37,6 +37,16 @@ first step; a turn that calls tools is answered by the next step. Roles the
 script leaves out get the built-in default: a plan, ``VERDICT: approve``, a
 build that writes ``phasegate-dry-run.txt`` with its CLI's own tool (a diff
 for ``api``), ``VERDICT: approve`` and ``VERDICT: confirmed``.
+
+In graph mode (``[graph] enabled = true``) the roles' scripts are picked by
+the development graph's prompts (``GRAPH_ROLE_MARKERS``), every role is
+read-only, and the built-in build answers with the unified diff whatever its
+runner; the graph's optional roles answer acceptably too (a second plan,
+``CHOICE: first`` and its price, ``VERDICT: proceed``, ``VERDICT: approve``,
+one ``SUBTASK`` line). The plan adversary's revision, asked of the plan's
+author, plays the ``plan`` script. The dry run lands the graph's draft PR
+without asking, as it merges without asking (``[autonomy]`` gives
+``draft_pr_create`` ``auto`` in the clone); failing checks still stop it.
 """
 
 from __future__ import annotations
@@ -55,12 +65,15 @@ from typing import Any
 from phasegate.agents import DEFAULT_EXECUTABLES
 from phasegate.cartridge import ALL_ROLES, Cartridge, RoleBinding
 from phasegate.contract import PhasegateError
+from phasegate.graph import prompts as graph_prompts
+from phasegate.graph.facts import ChangeFacts
 from phasegate.phases import acceptance_verification, development, planning, pr_review
 from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall
 from phasegate.workspace import GitError, git
 
 __all__ = [
     "DRY_RUN_FILE",
+    "GRAPH_ROLE_MARKERS",
     "OFFLINE_RUNNERS",
     "ROLE_MARKERS",
     "DryRun",
@@ -69,6 +82,7 @@ __all__ = [
     "dry_run_workspace",
     "load_script",
     "offline_binding",
+    "role_markers",
 ]
 
 #: Runners whose model the dry run replaces with the scripted model server.
@@ -96,6 +110,30 @@ ROLE_MARKERS = {
     "review": _marker(pr_review.REVIEW_PROMPT),
     "verification": _marker(acceptance_verification.VERIFY_PROMPT),
 }
+
+_NO_FACTS = ChangeFacts(files=0, insertions=0, deletions=0, paths=(), governance_paths=())
+_CHANGE = ("t", "p", 1, "b", "d", _NO_FACTS, ())
+#: The same in graph mode: the development graph's prompts (``phasegate.graph.prompts``)
+#: pick the roles' scripts; verification keeps its phase's prompt.
+GRAPH_ROLE_MARKERS = {
+    "scope_epic": _marker(graph_prompts.scope_prompt("t")),
+    "plan": _marker(graph_prompts.plan_prompt("t")),
+    "plan_alternative": _marker(graph_prompts.plan_alternative_prompt("t", "p")),
+    "plan_arbitrate": _marker(graph_prompts.plan_arbitrate_prompt("t", "p", "q")),
+    "plan_adversary": _marker(graph_prompts.plan_adversary_prompt("t", "p")),
+    "build": _marker(graph_prompts.build_prompt("t", "p", 1)),
+    "review": _marker(graph_prompts.review_prompt(*_CHANGE)),
+    "review_adversary": _marker(graph_prompts.adversary_prompt(*_CHANGE, "approve", "f")),
+    "arbitrate": _marker(graph_prompts.arbitrate_prompt(*_CHANGE, "r", "a")),
+    "verification": ROLE_MARKERS["verification"],
+}
+#: The plan adversary's revision goes to the plan's author; it plays the plan script.
+_PLAN_REVISION_MARKER = _marker(graph_prompts.plan_revision_prompt("t", "p", "o"))
+
+
+def role_markers(graph: bool) -> dict[str, str]:
+    """The marker of each role's prompt: ROLE_MARKERS, or GRAPH_ROLE_MARKERS in graph mode."""
+    return dict(GRAPH_ROLE_MARKERS if graph else ROLE_MARKERS)
 
 
 class ScriptError(PhasegateError):
@@ -164,10 +202,45 @@ _DIFF = f"""--- /dev/null
 """
 
 
-def default_scripts(build_runner: str | None) -> dict[str, list[Step]]:
+def default_scripts(build_runner: str | None, *, graph: bool = False) -> dict[str, list[Step]]:
     """The built-in script: every role answers acceptably; the build writes DRY_RUN_FILE
-    with the tool its runner's CLI has (Write, exec_command) or a diff (api)."""
+    with the tool its runner's CLI has (Write, exec_command) or a diff (api).
+
+    ``graph``: the cartridge runs the development graph, where every role is
+    read-only: the build answers with the diff whatever its runner, plan_review
+    is not asked, and the graph's optional roles (GRAPH_OPTIONAL_ROLES) answer
+    acceptably too: a second plan, ``CHOICE: first`` with a price, the plan
+    adversary's ``VERDICT: proceed``, the review adversary's and arbitrator's
+    ``VERDICT: approve``, scope_epic's one ``SUBTASK`` line.
+    """
     line = "Written by the build agent of a phasegate dry run."
+    if graph:
+        summary = f"Creates {DRY_RUN_FILE} holding one line; the checks find it."
+        return {
+            "scope_epic": [Step(text=f"SUBTASK: Create {DRY_RUN_FILE}")],
+            "plan": [Step(text=f"1. Create {DRY_RUN_FILE} holding one line.\n2. Nothing else.")],
+            "plan_alternative": [
+                Step(text=f"1. Write {DRY_RUN_FILE} from a template.\n2. Check that it exists.")
+            ],
+            "plan_arbitrate": [
+                Step(
+                    text="The first plan is the smaller change.\nCHOICE: first\n"
+                    "PRICE: no template for the file"
+                )
+            ],
+            "plan_adversary": [Step(text="Every claim of the plan holds.\nVERDICT: proceed")],
+            "build": [Step(text=f"{summary}\n\n```diff\n{_DIFF}```\n")],
+            "review": [Step(text="Correct and minimal.\nVERDICT: approve")],
+            "review_adversary": [
+                Step(text="Nothing the reviewer missed; no objection stands.\nVERDICT: approve")
+            ],
+            "arbitrate": [
+                Step(text="The reviewer's approval holds against the adversary.\nVERDICT: approve")
+            ],
+            "verification": [
+                Step(text="The change does what the ticket asks.\nVERDICT: confirmed")
+            ],
+        }
     if build_runner == "codex":
         shell = f"printf '%s\\n' '{line}' > {DRY_RUN_FILE}"
         build = [
@@ -273,6 +346,8 @@ def _clone(repo: Path, base: str | None, into: Path) -> Path:
 def _offline_cartridge(
     cartridge: Cartridge, repo: Path, url: str
 ) -> tuple[Cartridge, list[str], list[str]]:
+    """The cartridge the dry run uses: offline roles, the clone's own store, and in graph
+    mode the draft PR landed without asking (as the dry run merges without asking)."""
     roles: dict[str, Any] = {}
     offline, as_is = [], []
     for name in ALL_ROLES:
@@ -291,12 +366,14 @@ def _offline_cartridge(
                 data = binding.model_dump(exclude_unset=True)
                 binding = RoleBinding.model_validate({**data, "script": str(script)})
         roles[name] = binding
-    updated = cartridge.model_copy(
-        update={
-            "roles": cartridge.roles.model_copy(update=roles),
-            "store": cartridge.store.model_copy(update={"url": None}),  # the clone's own SQLite
-        }
-    )
+    update: dict[str, Any] = {
+        "roles": cartridge.roles.model_copy(update=roles),
+        "store": cartridge.store.model_copy(update={"url": None}),  # the clone's own SQLite
+    }
+    if cartridge.graph.enabled:
+        policy = {**cartridge.autonomy.policy, "draft_pr_create": "auto"}
+        update["autonomy"] = cartridge.autonomy.model_copy(update={"policy": policy})
+    updated = cartridge.model_copy(update=update)
     return updated, offline, as_is
 
 
@@ -335,19 +412,24 @@ def dry_run_workspace(
     """Clone ``repo``, start the scripted model server and yield the prepared DryRun.
 
     ``script`` tables named after a role replace that role's default; other
-    names are markers, tried first. On exit the server stops and the clone is
+    names are markers, tried first. In graph mode the roles' markers are the
+    graph's prompts (GRAPH_ROLE_MARKERS). On exit the server stops and the clone is
     removed, unless ``keep``. Raises PhasegateError when a role's CLI (or litellm)
     is missing, or the clone cannot be made.
     """
     _preflight(cartridge)
     script = dict(script or {})
     build = cartridge.roles.build
-    defaults = default_scripts(build.runner if build else None)
+    graph = cartridge.graph.enabled
+    defaults = default_scripts(build.runner if build else None, graph=graph)
+    roles = set(ALL_ROLES)
     scripts: dict[str, Sequence[Step]] = {
-        marker: steps for marker, steps in script.items() if marker not in ROLE_MARKERS
+        marker: steps for marker, steps in script.items() if marker not in roles
     }
-    for role, marker in ROLE_MARKERS.items():
+    for role, marker in role_markers(graph).items():
         scripts[marker] = script.get(role) or defaults[role]
+    if graph:
+        scripts.setdefault(_PLAN_REVISION_MARKER, script.get("plan") or defaults["plan"])
     tmp = Path(tempfile.mkdtemp(prefix="phasegate-dry-run-"))
     server: ScriptedModelServer | None = None
     try:
