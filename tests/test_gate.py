@@ -390,8 +390,9 @@ def test_approve_and_reject_record_who_and_when_once(gate_repo: Path) -> None:
     assert unknown.returncode == 2 and "'deadbeef'" in unknown.stderr
     no_reason = phasegate_cli("reject", second, "--repo", str(gate_repo))
     assert no_reason.returncode == 2 and "--reason" in no_reason.stderr
-    as_the_arm = phasegate_cli("approve", first, "--by", "auto", "--repo", str(gate_repo))
-    assert as_the_arm.returncode == 2 and "apply arm" in as_the_arm.stderr
+    for gate in ("auto", "harness:checks"):
+        as_a_gate = phasegate_cli("approve", first, "--by", gate, "--repo", str(gate_repo))
+        assert as_a_gate.returncode == 2 and "phasegate's own gate" in as_a_gate.stderr
 
 
 def test_replay_reproduces_a_recorded_run_byte_for_byte(gate_repo: Path) -> None:

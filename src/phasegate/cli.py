@@ -50,6 +50,7 @@ from phasegate.graph import AgentCall, Answer, GraphRules
 from phasegate.harness import ProposeInterrupted, RunnerAnswers, replay_check
 from phasegate.harness import propose as run_graph
 from phasegate.phases import acceptance_verification
+from phasegate.phases.graph_mode import CHECKS_GATE
 from phasegate.profiles import MAX_REVERSIONS, AutomationProfile, decisions_of
 from phasegate.report import render_report
 from phasegate.store import APPLY_ARM, Store, open_store
@@ -640,7 +641,14 @@ def run(
     repo: RepoOption = Path("."),
     as_json: JsonOption = False,
 ) -> None:
-    """File a ticket and run its workflow in the foreground (Ctrl-C leaves it resumable)."""
+    """File a ticket and run its workflow in the foreground (Ctrl-C leaves it resumable).
+
+    With [graph] enabled = true in phasegate.toml, planning, development and
+    pr_review follow the development graph: competing plans, a read-only build
+    answering with a diff, review tiers and a bounded fix loop; the draft PR
+    proposal lands through the apply arm (policy auto) or waits for
+    `phasegate approve ID` (policy propose).
+    """
     with _errors():
         if (ticket is None) == (ticket_file is None):
             raise UsageError("give the ticket text or --ticket FILE (one of them)")
@@ -1200,8 +1208,8 @@ def _gate(
         who = _person() if by is None else by.strip()
         if not who:
             raise UsageError("--by needs a name")
-        if who == APPLY_ARM:
-            raise UsageError(f"--by {APPLY_ARM!r} names the apply arm; give a person's name")
+        if who in (APPLY_ARM, CHECKS_GATE):
+            raise UsageError(f"--by {who!r} names phasegate's own gate; give a person's name")
         if reason is not None and not reason.strip():
             raise UsageError("--reason is empty; say why")
         root, cartridge, store = _open(repo)
