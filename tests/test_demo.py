@@ -282,9 +282,9 @@ def test_demo_graph_under_the_review_profile_waits_for_a_person_to_approve(
 ) -> None:
     repo = tmp_path / "calc"
     proc = phasegate_cli("demo", "--graph", "--profile", "review", "--dir", str(repo), timeout=300)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # waiting for a person
     out = " ".join(proc.stdout.split())
-    assert re.search(r"workflow [0-9a-f]{8}: development · paused", out), out
+    assert re.search(r"workflow [0-9a-f]{8}: development · awaiting_approval", out), out
     assert "graph_run r1" in out  # `show` lists the graph's run
     [proposal] = _proposals(repo)
     assert (proposal["mode"], proposal["status"]) == ("propose", "proposed")

@@ -174,7 +174,11 @@ def test_a_proposed_draft_pauses_the_workflow_until_a_person_approves_it(
     repo = graph_repo(tmp_path, policy="propose")
     proc = phasegate_cli("run", "--repo", str(repo), "--json", "Add feature.txt")
     summary = json.loads(proc.stdout)
-    assert (summary["current_phase"], summary["status"]) == ("development", "paused"), summary
+    assert proc.returncode == 0, proc.stderr  # waiting for a person is not a failure
+    assert (summary["current_phase"], summary["status"]) == (
+        "development",
+        "awaiting_approval",
+    ), summary
     [proposal] = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
     assert (proposal["mode"], proposal["status"]) == ("propose", "proposed")
     assert f"phasegate approve {proposal['id']}" in summary["error"]
@@ -182,7 +186,7 @@ def test_a_proposed_draft_pauses_the_workflow_until_a_person_approves_it(
 
     # resuming without a decision pauses again; the graph is not run twice
     again = phasegate_cli("resume", summary["id"], "--repo", str(repo), "--json")
-    assert json.loads(again.stdout)["status"] == "paused"
+    assert json.loads(again.stdout)["status"] == "awaiting_approval"
     assert len(json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)) == 1
 
     approved = phasegate_cli(
@@ -208,7 +212,7 @@ def test_a_rejection_starts_a_new_run_told_why(tmp_path: Path) -> None:
     rejected = phasegate_cli(
         "reject", first["id"], "--reason", "say more than one line", "--repo", str(repo)
     )
-    assert rejected.returncode != 0  # the new run's proposal waits for a person again
+    assert rejected.returncode == 0  # the new run's proposal waits for a person again
     assert f"workflow {summary['id']} resumes" in rejected.stdout
     rows = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
     assert [(r["run_id"], r["status"]) for r in rows] == [
@@ -217,7 +221,7 @@ def test_a_rejection_starts_a_new_run_told_why(tmp_path: Path) -> None:
     ]
     assert "+and a third" in rows[1]["payload"]["patch"]
     shown = json.loads(phasegate_cli("show", summary["id"], "--repo", str(repo), "--json").stdout)
-    assert shown["workflow"]["status"] == "paused"
+    assert shown["workflow"]["status"] == "awaiting_approval"
     # the new run's ticket says why; its plan was asked again, with the reason in it
     store = open_store(load_cartridge(repo).store_url(repo))
     try:

@@ -1,6 +1,7 @@
 """The ``phasegate`` command line (typer).
 
-Exit codes: 0 done (completed, or waiting for a person); 1 the workflow
+Exit codes: 0 done (completed, or waiting for a person: a merge approval in
+wait, a proposal's approval in awaiting_approval); 1 the workflow
 failed or paused; 2 bad input (cartridge, unknown workflow, illegal request);
 130 stopped by Ctrl-C or SIGTERM (the workflow stays resumable).
 """
@@ -39,6 +40,7 @@ from phasegate.cartridge import (
     load_cartridge,
 )
 from phasegate.contract import (
+    AWAITING_APPROVAL,
     DEVELOPMENT,
     RUNNABLE_STATUSES,
     PhasegateError,
@@ -242,7 +244,9 @@ def _finish(
         console.print_json(json.dumps(summary, default=str))
     else:
         status = row["status"]
-        color = {"completed": "green", "waiting": "cyan"}.get(status, "red")
+        color = {"completed": "green", "waiting": "cyan", AWAITING_APPROVAL: "cyan"}.get(
+            status, "red"
+        )
         console.print(
             f"workflow [bold]{row['id']}[/bold]: {row['current_phase']} · "
             f"[{color}]{status}[/{color}]",
@@ -256,6 +260,13 @@ def _finish(
                 f'`phasegate feedback {row["id"]} "..."`',
                 highlight=False,
             )
+        elif status == AWAITING_APPROVAL:
+            for proposal in store.proposals(status="proposed", workflow_id=row["id"]):
+                console.print(
+                    f"  next: `phasegate proposals` shows its evidence; `phasegate approve "
+                    f"{proposal['id']}` or `phasegate reject {proposal['id']} --reason TEXT`",
+                    highlight=False,
+                )
         elif stopped_early:
             console.print(
                 "  stopped before finishing: another process changed the workflow; "
@@ -1184,7 +1195,7 @@ def _awaiting(store: Store, proposal: Mapping[str, Any]) -> str | None:
     if not workflow_id:
         return None
     row = store.workflow_row(str(workflow_id))
-    if row["current_phase"] != DEVELOPMENT or row["status"] != "paused":
+    if row["current_phase"] != DEVELOPMENT or row["status"] != AWAITING_APPROVAL:
         return None
     return str(workflow_id) if row["state"].get("graph_run") == proposal["run_id"] else None
 

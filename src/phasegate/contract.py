@@ -43,6 +43,7 @@ __all__ = [
     "PSEUDO_PHASES",
     "REPORT",
     "RUNNABLE_STATUSES",
+    "AWAITING_APPROVAL",
     "TERMINAL_STATUSES",
     "WAIT",
     "ContractViolation",
@@ -108,8 +109,14 @@ RUNNABLE_STATUSES: frozenset[str] = frozenset(
     status for phase, status in PHASE_STATUS_MAP.items() if phase != COMPLETED
 )
 
-#: Statuses that only a person (resume, feedback, override) moves on from.
-TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "paused", "planning_timeout"})
+#: A workflow paused for a person's decision on a proposal (graph mode, spec 002's gate):
+#: ``phasegate approve`` or ``reject`` moves it on.
+AWAITING_APPROVAL = "awaiting_approval"
+
+#: Statuses that only a person (resume, feedback, override, approve) moves on from.
+TERMINAL_STATUSES: frozenset[str] = frozenset(
+    {"completed", "failed", "paused", "planning_timeout", AWAITING_APPROVAL}
+)
 
 Outcome = Literal["completed", "failed", "pause", "retry", "wait"]
 OUTCOMES: tuple[str, ...] = ("completed", "failed", "pause", "retry", "wait")

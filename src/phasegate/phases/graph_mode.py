@@ -36,6 +36,7 @@ from typing import Any
 from phasegate.agents.env import secret_names_in
 from phasegate.autonomy import AutonomyPolicy
 from phasegate.contract import (
+    AWAITING_APPROVAL,
     DEVELOPMENT,
     PLANNING,
     PR_REVIEW,
@@ -313,6 +314,7 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     if draft["status"] == "proposed" and draft["mode"] == "propose":
         return PhaseResult(
             "pause",
+            status=AWAITING_APPROVAL,
             updates=updates,
             reason=f"proposal {draft['id']} (draft_pr_create, its checks passed) awaits a "
             f"person: `phasegate approve {draft['id']}` lands it, "
