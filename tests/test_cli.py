@@ -73,6 +73,10 @@ def test_status_and_show_of_a_completed_workflow(happy_repo: Path) -> None:
     assert (entry["id"], entry["title"]) == (wf, "Add the feature")
     assert (entry["current_phase"], entry["status"]) == ("completed", "completed")
     assert (entry["tokens"], entry["cost_usd"]) == (150, 0.01)  # HAPPY_ANSWERS' build usage
+    table = phasegate_cli("status", "--repo", repo)
+    header = next(line for line in table.stdout.splitlines() if "profile" in line)
+    assert header.index("status") < header.index("profile") < header.index("tokens")
+    assert f"│ {wf} " in table.stdout and " review " in table.stdout  # the default profile
 
     code, detail = cli_json("show", wf, "--repo", repo)
     assert code == 0

@@ -708,14 +708,16 @@ def worker(
 
 @app.command()
 def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
-    """Every workflow: phase, status, tokens and cost."""
+    """Every workflow: phase, status, profile, tokens and cost."""
     with _errors():
         store = _open_for_reading(repo)
         rows = [_summary(store, r) for r in store.list_workflows()]
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    table = Table("id", "title", "phase", "status", "tokens", "cost (USD)", "updated (UTC)")
+    table = Table(
+        "id", "title", "phase", "status", "profile", "tokens", "cost (USD)", "updated (UTC)"
+    )
     for r in rows:
         title = r["title"] if len(r["title"]) <= 40 else r["title"][:39] + "…"
         table.add_row(
@@ -723,6 +725,7 @@ def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
             escape(title),
             r["current_phase"],
             r["status"],
+            r["profile"],
             str(r["tokens"]),
             f"{r['cost_usd']:.4f}",
             (r["updated_at"] or "")[:19],
