@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from phasegate import decisions
 from phasegate.agents.base import AgentRequest, AgentResult
 from phasegate.cartridge import load_cartridge
 from phasegate.engine import Engine
@@ -49,6 +50,18 @@ OTHER_FEATURE = """Adds feature.txt, worded otherwise.
 ```
 """
 
+MORE_FEATURE = """Two more lines in feature.txt.
+
+```diff
+--- a/feature.txt
++++ b/feature.txt
+@@ -1 +1,3 @@
+ the feature
++with a second line
++and a third
+```
+"""
+
 ANSWERS = f"""
 [[plan]]
 text = "1. Create feature.txt holding 'the feature'."
@@ -75,6 +88,7 @@ def graph_repo(
     answers: str = ANSWERS,
     extra: str = "",
     profile: str | None = None,
+    auto_merge: bool | None = True,
 ) -> Path:
     """A repository whose cartridge runs workflows through the graph, every role scripted."""
     repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
@@ -91,6 +105,7 @@ def graph_repo(
             checks=checks if checks is not None else ["test -f feature.txt"],
             extra=settings,
             profile=profile,
+            auto_merge=auto_merge,
         )
     )
     git(repo, "add", "-A")
@@ -457,3 +472,32 @@ def test_a_build_diff_missing_its_final_newline_still_lands(
     [proposal] = store.proposals(workflow_id=workflow_id)
     assert not proposal["payload"]["patch"].endswith("\n")
     assert git(repo, "show", "main:feature.txt") == "the feature"
+
+
+def test_feedback_on_a_waiting_workflow_runs_the_graph_again_with_it(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    answers = ANSWERS.replace(
+        f"[[build]]\ntext = '''{FEATURE}'''",
+        f"[[build]]\ntext = '''{FEATURE}'''\n[[build]]\ntext = '''{MORE_FEATURE}'''",
+    )
+    repo = graph_repo(tmp_path, answers=answers, auto_merge=False)
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    row = engine.advance(workflow_id)
+    assert (row["current_phase"], row["status"]) == ("wait", "waiting")
+    pr = row["pr_number"]
+
+    engine.decide(workflow_id, lambda ctx: decisions.feedback(ctx, "three lines, please"))
+    row = engine.advance(workflow_id)
+    assert (row["current_phase"], row["status"], row["dev_round"]) == ("wait", "waiting", 2), row[
+        "error"
+    ]
+    assert row["pr_number"] == pr  # the same pull request, updated
+    record = store.run(f"{workflow_id}-g2")["record"]
+    assert "## Feedback from a person\n\nthree lines, please" in record["ticket"]
+    first, second = store.proposals(workflow_id=workflow_id)
+    assert (first["status"], second["status"]) == ("applied", "applied")
+    branch = row["branch_name"]
+    assert "and a third" in git(repo, "show", f"{branch}:feature.txt")
+    assert row["user_feedback"] is None
