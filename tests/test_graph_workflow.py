@@ -400,6 +400,17 @@ def test_a_spend_cap_reached_in_the_graph_pauses_with_the_budget_named(
     # nothing was spent past the cap's first overrun: plan_alternative never ran
     assert [r["role"] for r in store.agent_runs(workflow_id)] == ["plan"]
 
+    # the cap raised, resume continues the same run: the plan is not asked (nor paid) again
+    cartridge = repo / "phasegate.toml"
+    cartridge.write_text(cartridge.read_text().replace("= 0.005", "= 1.0"))
+    resumed, store2 = engine_for(repo)
+    resumed.decide(workflow_id, decisions.resume)
+    row = resumed.advance(workflow_id)
+    assert row["status"] == "completed", row["error"]
+    roles = [r["role"] for r in store2.agent_runs(workflow_id)]
+    assert roles.count("plan") == 1 and roles.count("plan_alternative") == 1
+    assert [p["run_id"] for p in store2.proposals(workflow_id=workflow_id)] == [f"{workflow_id}-g1"]
+
 
 def test_a_build_role_failing_every_try_fails_the_workflow_without_a_reversion(
     tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
@@ -501,3 +512,26 @@ def test_feedback_on_a_waiting_workflow_runs_the_graph_again_with_it(
     branch = row["branch_name"]
     assert "and a third" in git(repo, "show", f"{branch}:feature.txt")
     assert row["user_feedback"] is None
+
+
+def test_a_workflow_keeps_the_mode_it_was_started_in(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    repo = graph_repo(tmp_path, policy="propose")
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "awaiting_approval"
+    [proposal] = store.proposals(workflow_id=workflow_id)
+
+    # graph mode turned off in the cartridge while the workflow waits for its gate
+    cartridge = repo / "phasegate.toml"
+    cartridge.write_text(cartridge.read_text().replace("enabled = true", "enabled = false"))
+    later, store2 = engine_for(repo)
+    store2.decide_proposal(proposal["id"], "approved", "ana")
+    later.decide(workflow_id, decisions.resume)
+    row = later.advance(workflow_id)
+    assert row["status"] == "completed", row["error"]
+    assert store2.proposal(proposal["id"])["status"] == "applied"
+    assert git(repo, "show", "main:feature.txt") == "the feature"
+    assert "plan_review" not in [r["role"] for r in store2.agent_runs(workflow_id)]

@@ -171,7 +171,8 @@ class Engine:
                 else self.cartridge.auto_merge_for(chosen)
             ),
             content_language=settings.content_language,
-            state={"profile": chosen.as_state()},
+            # kept per workflow: flipping [graph] enabled never strands one midway
+            state={"profile": chosen.as_state(), "graph_mode": self.cartridge.graph.enabled},
         )
 
     # -- events -----------------------------------------------------------------

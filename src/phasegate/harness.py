@@ -189,7 +189,8 @@ class WorkflowAnswers:
     agent_runs, spend caps, retries, redaction, the read-only guard) in
     ``cwd``, and each answer is kept before it is returned. The graph is
     pure, so a phase killed at any moment is re-driven from its kept answers
-    and asks the agents only what it never got an answer to.
+    and asks the agents only what it never got an answer to (or what failed:
+    a run resumed after a spend cap was raised asks that call again).
 
     Every role runs read-only, build included (the graph's build answers with
     a diff); each graph thread resumes its own provider session, named
@@ -224,7 +225,8 @@ class WorkflowAnswers:
     def __call__(self, call: AgentCall) -> Answer:
         seq = self.replayed + self.asked
         if seq < len(self.kept) and self.asked == 0:
-            if asked_as(call, self.kept[seq]):
+            # A kept failure is asked again: whoever resumed the run fixed its cause.
+            if asked_as(call, self.kept[seq]) and not self.kept[seq]["error_kind"]:
                 self.replayed += 1
                 return recorded_answer(self.kept[seq])
             del self.kept[seq:]  # asked differently now: the kept tail is stale

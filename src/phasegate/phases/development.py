@@ -95,7 +95,7 @@ def _done(ctx: WorkflowContext, head: str, milestones: tuple[MilestoneWrite, ...
 
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
-    if graph_mode.enabled(deps):
+    if graph_mode.enabled(ctx, deps):
         return graph_mode.develop(ctx, deps)
     cwd = worktree_of(ctx)
     repo = Path(ctx.repo_path)

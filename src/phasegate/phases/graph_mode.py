@@ -44,10 +44,16 @@ from phasegate.contract import (
     MilestoneWrite,
     PhaseResult,
     WorkflowContext,
+    WorkflowPaused,
 )
 from phasegate.graph import drive, lifecycle_propose, plan_propose
 from phasegate.graph.proposals import Evidence
-from phasegate.harness import WorkflowAnswers, check_proposals, with_harness
+from phasegate.harness import (
+    ProposeInterrupted,
+    WorkflowAnswers,
+    check_proposals,
+    with_harness,
+)
 from phasegate.phases.deps import PhaseDeps, failure_result, worktree_of
 from phasegate.profiles import AutomationProfile, reversion_or_stop
 from phasegate.workspace import PatchError
@@ -62,9 +68,12 @@ CHECKS_GATE = "harness:checks"
 PROPOSAL_TRAILER = "Phasegate-Proposal"
 
 
-def enabled(deps: PhaseDeps) -> bool:
-    """Whether the development graph runs planning, development and pr_review."""
-    return deps.cartridge.graph.enabled
+def enabled(ctx: WorkflowContext, deps: PhaseDeps) -> bool:
+    """Whether the development graph runs this workflow's planning, development and
+    pr_review: as the cartridge said when the workflow was started (``state["graph_mode"]``,
+    so turning the flag over never strands a workflow midway), else as it says now."""
+    kept = ctx.state.get("graph_mode")
+    return bool(deps.cartridge.graph.enabled if kept is None else kept)
 
 
 def _ticket(ctx: WorkflowContext) -> str:
@@ -127,31 +136,41 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     planned = drive(plan_propose(cartridge=deps.cartridge, ticket=run["graph_ticket"]), answers)
     key = f"g{run['graph_runs']}"
     if planned["stopped"] is not None:
-        record = _record(ctx, deps, run)
         stop = planned["stopped"]
         why = f"the development graph stopped at {stop['node']}: {stop['reason']}: {stop['detail']}"
+        # An agent that failed every try: the run is not over. Nothing is recorded
+        # and the run number is kept, so `resume` continues this very run: the
+        # answers kept are replayed and only the failed call is asked again.
+        agents = _agents_failed(
+            planned,
+            state={"sync_base": False} if "sync_base" in started else {},
+            milestones=(_plan_failed(run, key, why, stop),),
+        )
+        if agents is not None:
+            return agents
+        record, _ = _run_graph(ctx, deps, run, PLANNING, 1)
         proposed = [p["id"] for p in deps.store.proposals(run_id=run["graph_run"])]
         hint = (
             f"; its proposal(s) {', '.join(proposed)} are listed by `phasegate proposals`"
             if proposed
             else ""
         )
-        failed = MilestoneWrite(
-            "plan_failed",
-            status="failed",
-            round=1,
-            key=key,
-            summary=why[:500],
-            data={"run_id": run["graph_run"], "stopped": stop, "usage": record["usage"]},
-        )
-        agents = _agents_failed(record, state={**started, "stopped_on": why}, milestones=(failed,))
-        if agents is not None:
-            return agents
+        if stop["reason"] == "routed" and record["scope"]:
+            shaped = record["scope"]
+            why = (
+                f"scope found {shaped['pieces']} pieces of work (a {shaped['shape']} ticket), "
+                f"which [graph.work_routing] sends to {shaped['route']!r}, not to this build"
+            )
+            hint = (
+                f"; file the pieces as tickets of their own (proposal(s) {', '.join(proposed)} "
+                f'list them), or set [graph.work_routing] {shaped["shape"]} = "build" to '
+                "build it as one"
+            )
         return PhaseResult(
             "pause",
-            reason=f"{why}{hint}; change the ticket or the cartridge, then `phasegate resume`",
+            reason=f"{why}{hint}; then `phasegate resume {ctx.id}`",
             state={**started, "stopped_on": why},
-            milestones=(failed,),
+            milestones=(_plan_failed(run, key, why, stop),),
         )
     text = str(planned["plan"])
     if ctx.issue_number:
@@ -190,6 +209,19 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 data={"plan": text, "approved": True, "rounds": 1, **evidence},
             ),
         ),
+    )
+
+
+def _plan_failed(
+    run: Mapping[str, Any], key: str, why: str, stop: Mapping[str, Any]
+) -> MilestoneWrite:
+    return MilestoneWrite(
+        "plan_failed",
+        status="failed",
+        round=1,
+        key=key,
+        summary=why[:500],
+        data={"run_id": run["graph_run"], "stopped": dict(stop)},
     )
 
 
@@ -258,11 +290,26 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         started.update(run)
     if not run["graph_date"]:
         run["graph_date"] = deps.clock.now().date().isoformat()
-    recorded = deps.store.find_run(str(run["graph_run"]))
-    record = recorded["record"] if recorded else _record(ctx, deps, run)
+    updates = {"user_feedback": None} if ctx.user_feedback else {}
+    record, recorded = _run_graph(ctx, deps, run, DEVELOPMENT, ctx.dev_round)
+    key = f"g{run['graph_runs']}"
+    if not recorded:
+        # An agent that failed every try: a reversion would only fail the same way
+        # again. The run is kept open: `resume` replays its answers and asks again
+        # only what failed.
+        stopped = MilestoneWrite(
+            "graph_run",
+            status="failed",
+            round=ctx.dev_round,
+            key=key,
+            summary=f"run {run['graph_run']}: {_why_nothing(record)}"[:500],
+            data={"run_id": run["graph_run"], "stopped": record["stopped"], "open": True},
+        )
+        failed = _agents_failed(record, state=started, milestones=(stopped,), updates=updates)
+        assert failed is not None
+        return failed
     rows = deps.store.proposals(run_id=str(run["graph_run"]))
     draft = next((r for r in rows if r["kind"] == "draft_pr_create"), None)
-    key = f"g{run['graph_runs']}"
     evidence = MilestoneWrite(
         "graph_run",
         status="completed" if draft else "failed",
@@ -280,14 +327,7 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             ],
         },
     )
-    updates = {"user_feedback": None} if ctx.user_feedback else {}
     if draft is None:
-        # an agent that failed every try: a reversion would only fail the same way again
-        agents = _agents_failed(
-            record, state={**started, "graph_run": None}, milestones=(evidence,)
-        )
-        if agents is not None:
-            return agents
         why = _why_nothing(record)
         return reversion_or_stop(
             ctx,
@@ -375,10 +415,22 @@ def _check_failure(checked: Mapping[str, Any]) -> str:
     return "\n\n".join(parts) or "the checks did not pass"
 
 
-def _record(ctx: WorkflowContext, deps: PhaseDeps, run: Mapping[str, Any]) -> dict[str, Any]:
-    """Drive the whole graph for the run, check its draft PRs, record it with its proposals."""
+def _run_graph(
+    ctx: WorkflowContext, deps: PhaseDeps, run: Mapping[str, Any], phase: str, round: int
+) -> tuple[dict[str, Any], bool]:
+    """The run's record, and whether it is recorded.
+
+    A recorded run is read back, never run again. Otherwise the whole graph is
+    driven (kept answers replayed, the rest asked in ``phase``), its draft PRs
+    checked, and the run recorded with its proposals, in one transaction;
+    except a run an agent's failure ended, which is returned unrecorded (it is
+    resumed, not repeated). Shutdown raises WorkflowPaused.
+    """
     run_id = str(run["graph_run"])
-    answers = _answers(ctx, deps, run, DEVELOPMENT, round=ctx.dev_round)
+    found = deps.store.find_run(run_id)
+    if found is not None:
+        return found["record"], True
+    answers = _answers(ctx, deps, run, phase, round=round)
     record = drive(
         lifecycle_propose(
             run_id=run_id,
@@ -388,14 +440,19 @@ def _record(ctx: WorkflowContext, deps: PhaseDeps, run: Mapping[str, Any]) -> di
         ),
         answers,
     )
-    checked = check_proposals(
-        deps.cartridge,
-        worktree_of(ctx),
-        run_id,
-        record["proposals"],
-        workspace=deps.workspace,
-        cancel=deps.shutdown,
-    )
+    if _agents_failed(record, state={}, milestones=()) is not None:
+        return record, False
+    try:
+        checked = check_proposals(
+            deps.cartridge,
+            worktree_of(ctx),
+            run_id,
+            record["proposals"],
+            workspace=deps.workspace,
+            cancel=deps.shutdown,
+        )
+    except ProposeInterrupted as exc:
+        raise WorkflowPaused(str(exc)) from None
     if checked:
         record = with_harness(record, checked)
     profile = AutomationProfile.from_state(ctx.state)
@@ -405,24 +462,35 @@ def _record(ctx: WorkflowContext, deps: PhaseDeps, run: Mapping[str, Any]) -> di
         workflow_id=ctx.id,
         extra_evidence={pid: [Evidence("checks", data)] for pid, data in checked.items()},
     )
-    return record
+    return record, True
 
 
 def _agents_failed(
-    record: Mapping[str, Any], *, state: dict[str, Any], milestones: tuple[MilestoneWrite, ...]
+    record: Mapping[str, Any],
+    *,
+    state: dict[str, Any],
+    milestones: tuple[MilestoneWrite, ...],
+    updates: dict[str, Any] | None = None,
 ) -> PhaseResult | None:
     """The result of a run an agent's failure ended, as outside graph mode: a spend cap
     reached pauses (``budget: ...``), a role that failed every try fails the workflow.
     None when the run ended for another reason (a verdict, a fix loop stop)."""
     stopped = record.get("stopped") or {}
-    if stopped.get("reason") != "agent_failed" and record["fix_loop"].get("stop") != "budget":
+    loop = record.get("fix_loop") or {}
+    if stopped.get("reason") != "agent_failed" and loop.get("stop") != "budget":
         return None
     failures = [c for c in record["calls"] if c.get("error_kind")]
     if not failures:
         return None
     last = failures[-1]
     message = str(last.get("error") or f"{last['role']}: {last['error_kind']}")
-    return failure_result(str(last["error_kind"]), message, state=state, milestones=milestones)
+    return failure_result(
+        str(last["error_kind"]),
+        message,
+        state=state,
+        milestones=milestones,
+        updates=dict(updates or {}),
+    )
 
 
 def _checks_of(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -63,7 +63,7 @@ VERDICT: approve    or    VERDICT: revise
 
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
-    if graph_mode.enabled(deps):
+    if graph_mode.enabled(ctx, deps):
         return graph_mode.plan(ctx, deps)
     round_num = ctx.current_round + 1
     cycle = int(ctx.state.get("plan_cycle") or 0)

@@ -93,7 +93,7 @@ def _pr_body(ctx: WorkflowContext) -> str:
 
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
-    if graph_mode.enabled(deps):
+    if graph_mode.enabled(ctx, deps):
         return graph_mode.review(ctx, deps)
     assert ctx.branch_name is not None
     repo = Path(ctx.repo_path)
