@@ -197,6 +197,7 @@ def test_a_proposed_draft_pauses_the_workflow_until_a_person_approves_it(
     [proposal] = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
     assert (proposal["mode"], proposal["status"]) == ("propose", "proposed")
     assert f"phasegate approve {proposal['id']}" in summary["error"]
+    assert summary["awaiting_proposal"] == proposal["id"]
     assert "feature.txt" not in git(repo, "ls-tree", "-r", "--name-only", "main")
 
     # resuming without a decision pauses again; the graph is not run twice
@@ -359,6 +360,7 @@ def test_a_reviewer_that_always_objects_stops_the_fix_loop_and_the_workflow_by_n
     record = store.run(f"{workflow_id}-g1")["record"]
     assert record["fix_loop"]["stop"] in ("no_progress", "attempts_exhausted")
     assert record["fix_loop"]["stop"] in row["error"]
+    assert "the last review: Missing docs." in row["error"]  # why, not only which stop
     assert record["proposals"] == []
     graph_run = milestone(store, workflow_id, "graph_run")
     assert graph_run.status == "failed"
@@ -535,3 +537,33 @@ def test_a_workflow_keeps_the_mode_it_was_started_in(
     assert store2.proposal(proposal["id"])["status"] == "applied"
     assert git(repo, "show", "main:feature.txt") == "the feature"
     assert "plan_review" not in [r["role"] for r in store2.agent_runs(workflow_id)]
+
+
+def test_a_proposal_left_behind_by_a_revert_cannot_be_decided_and_is_superseded(
+    tmp_path: Path,
+) -> None:
+    repo = graph_repo(tmp_path, policy="propose")
+    summary = json.loads(phasegate_cli("run", "--repo", str(repo), "--json", "Add it").stdout)
+    workflow_id = summary["id"]
+    first = summary["awaiting_proposal"]
+    reverted = phasegate_cli(
+        "revert", workflow_id, "--reason", "plan it smaller", "--no-advance", "--repo", str(repo)
+    )
+    assert reverted.returncode in (0, 1), reverted.stderr
+
+    late = phasegate_cli("approve", first, "--by", "ana", "--repo", str(repo))
+    assert late.returncode == 2
+    assert f"workflow {workflow_id}, which is not waiting for it" in late.stderr
+    # the refused approval recorded nothing: no decision, no streak
+    [row] = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
+    assert (row["status"], row["decided_by"]) == ("proposed", None)
+
+    again = json.loads(phasegate_cli("resume", workflow_id, "--repo", str(repo), "--json").stdout)
+    assert again["status"] == "awaiting_approval"
+    rows = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
+    assert [(r["id"] == first, r["status"]) for r in rows] == [
+        (True, "superseded"),
+        (False, "proposed"),
+    ]
+    superseded = phasegate_cli("approve", first, "--repo", str(repo))
+    assert superseded.returncode == 2 and "superseded" in superseded.stderr

@@ -286,12 +286,18 @@ def _finish(
 
 def _summary(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
     usage = store.usage_totals(row["id"])
+    awaited = None
+    if row["status"] == AWAITING_APPROVAL:
+        waiting = store.proposals(status="proposed", workflow_id=row["id"])
+        awaited = waiting[-1]["id"] if waiting else None
     return {
         "id": row["id"],
         "title": row["title"],
         "current_phase": row["current_phase"],
         "status": row["status"],
         "error": row.get("error"),
+        # the proposal a person's approve/reject moves the workflow on with, if any
+        "awaiting_proposal": awaited,
         "dev_round": row["dev_round"],
         "profile": AutomationProfile.from_state(row["state"]).name,
         "reversion_count": int(row["state"].get("reversion_count") or 0),
@@ -777,7 +783,9 @@ def _print_detail(detail: Mapping[str, Any]) -> None:
     console.print(f"[bold]{s['id']}[/bold] {escape(s['title'])}", highlight=False)
     console.print(
         f"  {s['current_phase']} · {s['status']} · dev round {s['dev_round']} · "
-        f"issue #{s['issue_number']} · PR #{s['pr_number']} · {s['tokens']} tokens · "
+        f"issue #{s['issue_number']} · "
+        + (f"PR #{s['pr_number']} · " if s["pr_number"] else "no PR yet · ")
+        + f"{s['tokens']} tokens · "
         f"${s['cost_usd']:.4f} · profile {s['profile']}",
         highlight=False,
     )
@@ -1227,8 +1235,21 @@ def _gate(
         if reason is not None and not reason.strip():
             raise UsageError("--reason is empty; say why")
         root, cartridge, store = _open(repo)
+        found = store.proposal(proposal_id)
+        profile = None
+        if found["workflow_id"]:
+            # A workflow's proposal is decided while the workflow waits for it; an
+            # earlier run's, left behind by a revert or a new run, is not work to land.
+            owner = store.workflow_row(str(found["workflow_id"]))
+            profile = AutomationProfile.from_state(owner["state"])
+            if found["status"] == "proposed" and _awaiting(store, found) is None:
+                raise UsageError(
+                    f"proposal {proposal_id} is from run {found['run_id']} of workflow "
+                    f"{owner['id']}, which is not waiting for it (it is in "
+                    f"{owner['current_phase']} · {owner['status']}); nothing recorded"
+                )
         row = store.decide_proposal(proposal_id, verdict, who, reason)
-        policy = AutonomyPolicy.from_cartridge(cartridge)
+        policy = AutonomyPolicy.from_cartridge(cartridge, profile)
         clean = streak(row["kind"], store.gate_history(row["kind"]))
         workflow_id = _awaiting(store, row)
         engine = _engine(root, cartridge, store, None)
@@ -1246,6 +1267,11 @@ def _gate(
         return
     if workflow_id is None:
         what = "nothing is applied by this command"
+    elif not advance:
+        what = (
+            f"workflow {workflow_id} can go on: `phasegate worker` (or `phasegate resume "
+            f"{workflow_id}`) " + ("lands it" if verdict == "approved" else "starts a new run")
+        )
     elif verdict == "approved":
         what = f"workflow {workflow_id} resumes: the apply arm lands it"
     else:
@@ -1259,6 +1285,8 @@ def _gate(
         where = "its policy is auto"
     elif policy.graduation_streak == 0:
         where = "it never graduates (graduation_streak = 0)"
+    elif clean >= policy.graduation_streak:
+        where = "it has graduated: its next clean proposal is auto"
     else:
         where = f"it graduates to auto at {policy.graduation_streak}"
     console.print(
@@ -1266,10 +1294,11 @@ def _gate(
         highlight=False,
     )
     if workflow_id is not None:
-        if advance:
-            _drive(engine, workflow_id, False)
-        else:
-            _finish(store, store.workflow_row(workflow_id), False, driven=False)
+        with _errors():  # a worker may have taken the workflow on meanwhile (LeaseHeld)
+            if advance:
+                _drive(engine, workflow_id, False)
+            else:
+                _finish(store, store.workflow_row(workflow_id), False, driven=False)
 
 
 @app.command(short_help="Approve a proposal (the human gate).")

@@ -345,9 +345,8 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     if draft["status"] == "proposed" and not checked.get("passed", True):
         # Work that fails its checks is never offered for landing: the harness
         # rejects it (the kind's streak resets) and the next run is told why.
-        failure = _check_failure(checked)
         draft = deps.store.decide_proposal(
-            str(draft["id"]), "rejected", CHECKS_GATE, f"the checks failed:\n{failure}"[:4000]
+            str(draft["id"]), "rejected", CHECKS_GATE, _check_failure(checked)[:4000]
         )
     if draft["status"] == "rejected":
         return _rejected(ctx, deps, draft, run, updates, state, milestones)
@@ -404,7 +403,7 @@ def _check_failure(checked: Mapping[str, Any]) -> str:
     """What failed, for the next run's ticket: the patch's apply error or each failing
     check's command, exit code and output tail."""
     if checked.get("error"):
-        return f"the patch did not apply: {checked['error']}"
+        return f"the patch did not apply to the branch ({checked['error']})"
     parts = []
     for check in checked.get("results") or []:
         if not check.get("passed"):
@@ -412,7 +411,7 @@ def _check_failure(checked: Mapping[str, Any]) -> str:
             parts.append(
                 f"$ {check.get('command')}  ({how})\n{str(check.get('output', ''))[-1500:]}"
             )
-    return "\n\n".join(parts) or "the checks did not pass"
+    return "the checks failed:\n" + ("\n\n".join(parts) or "(no output)")
 
 
 def _run_graph(
@@ -523,13 +522,14 @@ def _tests_run(
 
 
 def _run_summary(record: Mapping[str, Any], draft: Mapping[str, Any] | None) -> str:
+    """One line for ``show``: the run (what ``replay`` takes) and what it proposed."""
     loop = record["fix_loop"]
     if draft is not None:
         return (
-            f"draft PR proposed ({draft['mode']}, {draft['status']}) after "
-            f"{loop['attempts']} attempt(s)"
+            f"run {record['run_id']}: draft PR {draft['id']} proposed ({draft['mode']}), "
+            f"attempt {loop['approved_attempt']} of {loop['attempts']} approved"
         )
-    return _why_nothing(record)[:500]
+    return f"run {record['run_id']}: {_why_nothing(record)}"[:500]
 
 
 def _why_nothing(record: Mapping[str, Any]) -> str:
@@ -537,9 +537,21 @@ def _why_nothing(record: Mapping[str, Any]) -> str:
     if stopped:
         return f"the graph stopped at {stopped['node']}: {stopped['reason']}: {stopped['detail']}"
     loop = record["fix_loop"]
+    meaning = {
+        "no_progress": "the builder resubmitted a near-identical diff",
+        "objection_standing": "the adversary raised an objection already standing",
+        "attempts_exhausted": "no attempt was approved within graph.fix_attempts",
+        "budget": "a spend cap stopped a retry",
+    }.get(str(loop["stop"]), "")
+    said = f": {meaning}" if meaning else ""
     last = record.get("review") or {}
-    objections = "; ".join(str(o) for o in (last.get("objections") or [])[:5])
-    said = f"; standing objections: {objections}" if objections else ""
+    adversary = last.get("adversary") or {}
+    objections = "; ".join(str(o) for o in (adversary.get("objections") or [])[:5])
+    if objections:
+        said += f"; standing objections: {objections}"
+    findings = str((last.get("review") or {}).get("findings") or "").strip()
+    if findings:
+        said += f"; the last review: {findings[:400]}"
     return f"the fix loop stopped ({loop['stop']}) after {loop['attempts']} attempt(s){said}"
 
 

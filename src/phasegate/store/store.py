@@ -645,7 +645,8 @@ class Store:
         proposal gets a short hex id, status ``proposed`` and the mode
         ``autonomy.decide`` gives it under ``policy`` (default: every kind
         ``propose``, graduation after 3) with the gate history as it stands in
-        this transaction. ``self_modification`` is stored as the policy sees it
+        this transaction. A workflow's earlier proposals still ``proposed`` become
+        ``superseded``. ``self_modification`` is stored as the policy sees it
         (the proposal says so, or it touches a governance path). Raises
         ValueError for a record without the run record's keys, and
         sqlalchemy's IntegrityError (nothing written) for a run id recorded before.
@@ -670,6 +671,13 @@ class Store:
                     created_at=now,
                 )
             )
+            if workflow_id is not None:
+                c = t.proposals.c
+                conn.execute(
+                    t.proposals.update()
+                    .where(c.workflow_id == workflow_id, c.status == "proposed")
+                    .values(status="superseded", reason=f"superseded by run {run_id}")
+                )
             history = self._gate_history(conn)
             for position, row in enumerate(record["proposals"], 1):
                 proposal = Proposal.from_dict(row)
@@ -771,6 +779,11 @@ class Store:
             ).first()
             if row is None:
                 raise ProposalNotFound(proposal_id)
+            if row.status == "superseded":
+                raise ProposalDecided(
+                    f"proposal {proposal_id} was superseded by a later run of its workflow; "
+                    "there is nothing to decide"
+                )
             if row.status != "proposed":
                 who = f" by {row.decided_by}" if row.decided_by else ""
                 when = _utc(row.decided_at)

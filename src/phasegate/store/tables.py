@@ -151,7 +151,9 @@ forge_pull_requests = sa.Table(
 
 #: What the autonomy policy decided for a proposal, and where it stands.
 PROPOSAL_MODES = ("propose", "auto")
-PROPOSAL_STATUSES = ("proposed", "approved", "rejected", "applied")
+#: ``superseded``: a workflow's proposal nobody decided before a later run of that workflow
+#: was recorded (a revert, feedback, a new run); never decided, never counted in a streak.
+PROPOSAL_STATUSES = ("proposed", "approved", "rejected", "applied", "superseded")
 
 graph_runs = sa.Table(
     "graph_runs",
