@@ -1184,7 +1184,8 @@ def proposals(
 
     mode is what the autonomy policy decided when the proposal was recorded:
     propose (a person approves or rejects it) or auto (the apply arm may take
-    it). status: proposed, approved, rejected, applied.
+    it). status: proposed, approved, rejected, applied, superseded (a later run of its
+    workflow was recorded before anyone decided it).
     """
     with _errors():
         if status is not None and status not in PROPOSAL_STATUSES:
