@@ -351,12 +351,17 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     if draft["status"] == "rejected":
         return _rejected(ctx, deps, draft, run, updates, state, milestones)
     if draft["status"] == "proposed" and draft["mode"] == "propose":
+        why = (
+            "it changes governance paths (self_modification), which a person always decides"
+            if draft["self_modification"]
+            else "the autonomy policy proposes this kind"
+        )
         return PhaseResult(
             "pause",
             status=AWAITING_APPROVAL,
             updates=updates,
-            reason=f"proposal {draft['id']} (draft_pr_create, its checks passed) awaits a "
-            f"person: `phasegate approve {draft['id']}` lands it, "
+            reason=f"proposal {draft['id']} (draft_pr_create; its checks passed; {why}) awaits "
+            f"a person: `phasegate approve {draft['id']}` lands it, "
             f"`phasegate reject {draft['id']} --reason TEXT` starts a new run told why",
             state=state,
             milestones=milestones,
@@ -629,6 +634,8 @@ def _apply(
             "head_sha": head,
             "sync_base": False,
             "graph_proposal": draft["id"],
+            # the next run (feedback) starts from the ticket, not from this run's rejections
+            "graph_ticket": None,
         },
         milestones=(*milestones, done),
     )
