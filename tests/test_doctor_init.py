@@ -185,6 +185,10 @@ def test_doctor_asks_for_litellm_when_a_role_is_on_the_api_runner(
     [
         ("[limits]\nmax_plan_rounds = 'three'\n", "limits.max_plan_rounds"),
         ('[roles.build]\nrunner = "claude-code"\nscript = "x.toml"\n', "roles.build"),
+        (
+            '[autonomy]\npolicy = { draft_pr_creat = "auto" }\n',
+            "phasegate.toml: autonomy.policy.draft_pr_creat: unknown proposal kind",
+        ),
         ("[limits\n", "not valid TOML"),
     ],
 )
@@ -207,6 +211,70 @@ def test_doctor_reports_a_bad_cartridge_by_its_key(tmp_path: Path, text: str, na
     text_proc = phasegate("doctor", "--repo", str(repo), env={"PATH": bare_path(tmp_path)})
     assert text_proc.returncode == 1 and "Traceback" not in text_proc.stderr
     assert named in " ".join(text_proc.stdout.split())
+
+
+def graph_cartridge(marker: Path, *, arbitrate: bool) -> str:
+    """A graph-mode cartridge at tier 1; every role writes ``marker`` if it is ever run."""
+    body = f'runner = "command"\ncommand = "touch {marker}"'
+    roles = ["plan", "build", "review", "verification", "review_adversary"]
+    return "[graph]\nenabled = true\n\n[graph.review_tiers]\ndefault = 1\n\n" + "\n".join(
+        role_table(r, body) for r in [*roles, *(["arbitrate"] * arbitrate)]
+    )
+
+
+def test_doctor_on_an_invalid_graph_mode_cartridge_lists_the_graph_roles(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    marker = tmp_path / "ran"
+    write_cartridge(repo, graph_cartridge(marker, arbitrate=False))
+    found = diagnose(repo, which=lambda name: f"/usr/bin/{name}", environ={})
+    assert found.cartridge["valid"] is False
+    expected = (
+        f"{repo / 'phasegate.toml'}: graph.review_tiers.default: tier 1 needs "
+        "[roles.review_adversary] and [roles.arbitrate] (the arbitrator decides when the "
+        "reviewer and the adversary disagree); [roles.arbitrate] is not bound"
+    )
+    assert found.cartridge["error"] == expected
+    assert found.missing == [f"the cartridge is invalid: {expected}"]
+    # Graph mode does not ask plan_review: the raw read lists what the graph would.
+    assert [r.role for r in found.roles] == [
+        "plan",
+        "build",
+        "review",
+        "verification",
+        "review_adversary",
+    ]
+    assert all(r.bound and r.runner == "command" for r in found.roles)
+    assert not any("plan_review" in m for m in [*found.missing, *found.warnings])
+
+    # `phasegate run` refuses the same cartridge by its key before any agent runs.
+    proc = phasegate(
+        "run", "--repo", str(repo), "Add multiply()", env={"PATH": bare_path(tmp_path)}
+    )
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert "graph.review_tiers.default: tier 1 needs" in out and "(top level)" not in out
+    assert not marker.exists()
+
+    # Bound, the arbitrator makes it valid; doctor lists it with the optional roles.
+    write_cartridge(repo, graph_cartridge(marker, arbitrate=True))
+    found = diagnose(repo, which=lambda name: f"/usr/bin/{name}", environ={})
+    assert found.cartridge["valid"] is True
+    assert [r.role for r in found.roles][-2:] == ["review_adversary", "arbitrate"]
+    assert "plan_review" not in [r.role for r in found.roles]
+
+
+def test_doctor_reads_an_invalid_classic_cartridge_s_classic_roles(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    # graph.enabled given but not a bool: not graph mode, and an error by its key.
+    write_cartridge(
+        repo,
+        '[graph]\nenabled = "yes"\n\n' + role_table("plan", 'runner = "command"\ncommand = "true"'),
+    )
+    found = diagnose(repo, which=lambda name: f"/usr/bin/{name}", environ={})
+    assert found.cartridge["valid"] is False and "graph.enabled" in found.cartridge["error"]
+    assert [r.role for r in found.roles] == list(ROLES)
 
 
 def test_doctor_outside_a_repository_says_so(tmp_path: Path) -> None:

@@ -314,7 +314,8 @@ def test_a_graph_mode_dry_run_on_an_agent_cli_builds_with_a_diff(
     exe = agent_cli(cli)
     role = claude_role(exe) if cli == "claude" else codex_role(exe)
     optional = "".join(
-        f"[roles.{name}]\n{role}\n" for name in ("plan_adversary", "review_adversary")
+        f"[roles.{name}]\n{role}\n"
+        for name in ("plan_adversary", "review_adversary", "arbitrate")  # tier 1 needs both
     )
     extra = "[graph]\nenabled = true\n\n[graph.review_tiers]\ndefault = 1\n\n" + optional
     repo = make_user_repo(tmp_path, dict.fromkeys(ROLES, role), extra=extra)

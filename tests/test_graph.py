@@ -21,6 +21,7 @@ from phasegate.graph import (
     GOVERNANCE_PATHS,
     GRAPH_ROLES,
     NO_PROGRESS_SIMILARITY,
+    PROPOSAL_KINDS,
     RUN_RECORD_KEYS,
     Answer,
     GraphError,
@@ -39,6 +40,8 @@ from phasegate.graph import (
 
 TICKET = "Add multiply() to calc\n\ncalc.multiply(a, b) returns a * b, with a test."
 BASE_ROLES = frozenset({"plan", "build", "review"})
+#: The roles tier 1 or more needs: the adversary, and the arbitrator when the two disagree.
+REVIEWERS = ("review_adversary", "arbitrate")
 APPROVE = "Correct and tested.\nVERDICT: approve"
 CHANGES = "Missing a test for zero.\nVERDICT: request_changes"
 
@@ -240,7 +243,7 @@ def test_tier_0_is_reviewed_once_and_proposes_a_draft_pr() -> None:
 
 
 def test_tier_1_adds_the_adversary_and_skips_arbitration_when_they_agree() -> None:
-    graph_rules = rules("review_adversary", tier_rules=(TierRule(1, min_files=2),))
+    graph_rules = rules(*REVIEWERS, tier_rules=(TierRule(1, min_files=2),))
     record, source = run(
         {
             "plan": ["1. Add multiply and its test"],
@@ -308,10 +311,16 @@ def test_tier_2_arbitrates_even_when_reviewer_and_adversary_agree() -> None:
 
 
 def test_a_tier_without_its_roles_is_refused() -> None:
-    with pytest.raises(GraphError, match="review_adversary"):
+    with pytest.raises(GraphError, match="roles.review_adversary and roles.arbitrate are not"):
         rules(default_tier=1)
-    with pytest.raises(GraphError, match="arbitrate"):
+    with pytest.raises(GraphError, match="; roles.arbitrate is not"):
         rules("review_adversary", tier_rules=(TierRule(2, min_lines=100),))
+    # Tier 1 needs the arbitrator too: a disagreement of the two reviewers goes to it.
+    with pytest.raises(GraphError, match="; roles.arbitrate is not"):
+        rules("review_adversary", default_tier=1)
+    with pytest.raises(GraphError, match="; roles.review_adversary is not"):
+        rules("arbitrate", tier_rules=(TierRule(1, min_files=2),))
+    assert rules(*REVIEWERS, default_tier=1).default_tier == 1
 
 
 # -- plans compete ------------------------------------------------------------------------
@@ -482,7 +491,7 @@ def test_a_standing_objection_raised_again_stops_the_loop() -> None:
                 "OBJECTION:   no test covers ZERO.  \nVERDICT: request_changes",
             ],
         },
-        rules("review_adversary", default_tier=1),
+        rules(*REVIEWERS, default_tier=1),
     )
     assert record["fix_loop"]["stop"] == "objection_standing"
     assert record["fix_loop"]["attempts"] == 2 and len(source.of("build")) == 2
@@ -540,7 +549,7 @@ def test_a_budget_stop_keeps_the_last_reviewed_patch() -> None:
 
 
 def test_a_retry_is_reviewed_under_the_same_rules_and_the_proposal_says_which_attempt() -> None:
-    graph_rules = rules("review_adversary", tier_rules=(TierRule(1, min_files=2),))
+    graph_rules = rules(*REVIEWERS, tier_rules=(TierRule(1, min_files=2),))
     record, source = run(
         {
             "plan": ["1. Add multiply"],
@@ -738,14 +747,14 @@ ROLE = 'runner = "scripted"\nscript = "answers.toml"\n'
 
 def test_graph_rules_come_from_the_cartridge(tmp_path: Path) -> None:
     (tmp_path / CARTRIDGE_FILE).write_text(
-        "".join(f"[roles.{r}]\n{ROLE}" for r in ("plan", "build", "review", "review_adversary"))
+        "".join(f"[roles.{r}]\n{ROLE}" for r in ("plan", "build", "review", *REVIEWERS))
         + '[graph]\nfix_attempts = 1\ngovernance_paths = ["policy/"]\n'
         + "[[graph.review_tiers.rules]]\ntier = 1\nmin_files = 3\n"
         + '[graph.work_routing]\nparent = "build"\n'
         + '[autonomy]\ngraduation_streak = 5\npolicy = { item_create = "auto" }\n'
     )
     graph_rules = GraphRules.from_cartridge(load_cartridge(tmp_path))
-    assert graph_rules.bound_roles == {"plan", "build", "review", "review_adversary"}
+    assert graph_rules.bound_roles == {"plan", "build", "review", *REVIEWERS}
     assert graph_rules.fix_attempts == 1 and graph_rules.governance_paths == ("policy/",)
     assert graph_rules.tier_rules == (TierRule(1, min_files=3),)
     assert graph_rules.work_routing == {"single": "build", "parent": "build", "epic": "roadmap"}
@@ -771,6 +780,11 @@ def test_a_cartridge_without_graph_tables_keeps_the_defaults(tmp_path: Path) -> 
         ("[graph]\nfix_attempts = -1\n", "graph.fix_attempts"),
         ("[graph.epic_threshold]\nparent_at = 4\nepic_at = 3\n", "epic_at must be greater"),
         ('[autonomy]\npolicy = { merge = "sometimes" }\n', "autonomy.policy.merge"),
+        (
+            '[autonomy]\npolicy = { draft_pr_creat = "auto" }\n',
+            "autonomy.policy.draft_pr_creat: unknown proposal kind; expected one of "
+            "item_create, draft_pr_create, merge",
+        ),
         ("[graph]\nfix_attemps = 1\n", "graph.fix_attemps: unknown key"),
     ],
 )
@@ -780,3 +794,94 @@ def test_a_bad_graph_table_is_an_error_naming_the_key(
     (tmp_path / CARTRIDGE_FILE).write_text(f"[roles.plan]\n{ROLE}{table}")
     with pytest.raises(CartridgeError, match=message):
         load_cartridge(tmp_path)
+
+
+def _load(tmp_path: Path, text: str) -> str:
+    """The error ``load_cartridge`` raises on ``text`` (it must raise)."""
+    (tmp_path / CARTRIDGE_FILE).write_text(text)
+    with pytest.raises(CartridgeError) as caught:
+        load_cartridge(tmp_path)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("bound", "table", "key", "unbound"),
+    [
+        (
+            ("review_adversary",),
+            "[graph.review_tiers]\ndefault = 1\n",
+            "graph.review_tiers.default",
+            "[roles.arbitrate] is not bound",
+        ),
+        (
+            ("review_adversary",),
+            "[[graph.review_tiers.rules]]\ntier = 0\npaths = ['a/']\n"
+            "[[graph.review_tiers.rules]]\ntier = 1\nmin_files = 3\n",
+            "graph.review_tiers.rules.1.tier",
+            "[roles.arbitrate] is not bound",
+        ),
+        (
+            ("arbitrate",),
+            "[graph.review_tiers]\ndefault = 1\n",
+            "graph.review_tiers.default",
+            "[roles.review_adversary] is not bound",
+        ),
+        (
+            (),
+            "[[graph.review_tiers.rules]]\ntier = 2\nself_modification = true\n",
+            "graph.review_tiers.rules.0.tier",
+            "[roles.review_adversary] and [roles.arbitrate] are not bound",
+        ),
+    ],
+)
+def test_a_tier_of_1_or_more_without_its_reviewers_is_refused_naming_the_key(
+    tmp_path: Path, bound: tuple[str, ...], table: str, key: str, unbound: str
+) -> None:
+    # Tier 1 asks the arbitrator whenever the reviewer and the adversary disagree: a
+    # cartridge without it is refused when it is read, before any workflow runs, not
+    # mid-run with "roles.arbitrate is not bound".
+    roles = "".join(f"[roles.{r}]\n{ROLE}" for r in ("plan", "build", "review", *bound))
+    message = _load(tmp_path, roles + "[graph]\nenabled = true\n" + table)
+    assert message.startswith(f"{tmp_path / CARTRIDGE_FILE}: {key}: tier ")
+    assert "needs [roles.review_adversary] and [roles.arbitrate]" in message
+    assert message.endswith(f"; {unbound}")
+    assert "(top level)" not in message
+
+
+def test_tier_1_without_the_arbitrator_is_refused_in_words(tmp_path: Path) -> None:
+    roles = "".join(f"[roles.{r}]\n{ROLE}" for r in ("plan", "build", "review_adversary"))
+    message = _load(tmp_path, roles + "[graph.review_tiers]\ndefault = 1\n")
+    assert message == (
+        f"{tmp_path / CARTRIDGE_FILE}: graph.review_tiers.default: tier 1 needs "
+        "[roles.review_adversary] and [roles.arbitrate] (the arbitrator decides when the "
+        "reviewer and the adversary disagree); [roles.arbitrate] is not bound"
+    )
+
+
+def test_tier_1_with_both_reviewers_bound_loads(tmp_path: Path) -> None:
+    roles = "".join(f"[roles.{r}]\n{ROLE}" for r in ("plan", "build", "review", *REVIEWERS))
+    (tmp_path / CARTRIDGE_FILE).write_text(roles + "[graph.review_tiers]\ndefault = 1\n")
+    assert GraphRules.from_cartridge(load_cartridge(tmp_path)).default_tier == 1
+
+
+def test_the_autonomy_policy_knows_every_proposal_kind_and_only_those(tmp_path: Path) -> None:
+    policy = ", ".join(f'{kind} = "auto"' for kind in PROPOSAL_KINDS)
+    (tmp_path / CARTRIDGE_FILE).write_text(
+        f"[roles.plan]\n{ROLE}[autonomy]\npolicy = {{ {policy} }}\n"
+    )
+    assert set(load_cartridge(tmp_path).autonomy.policy) == set(PROPOSAL_KINDS)
+    message = _load(
+        tmp_path, f'[roles.plan]\n{ROLE}[autonomy]\npolicy = {{ draft_pr_creat = "auto" }}\n'
+    )
+    assert message == (
+        f"{tmp_path / CARTRIDGE_FILE}: autonomy.policy.draft_pr_creat: unknown proposal kind; "
+        f"expected one of {', '.join(PROPOSAL_KINDS)}"
+    )
+    # The cartridge checks against the graph's own list: no copy to drift from it.
+    assert phasegate.cartridge.PROPOSAL_KINDS is PROPOSAL_KINDS
+
+
+def test_a_model_level_error_reads_without_a_top_level_prefix(tmp_path: Path) -> None:
+    message = _load(tmp_path, f'[roles.plan]\n{ROLE}[workflow]\nprofile = "nope"\n')
+    assert message.startswith(f"{tmp_path / CARTRIDGE_FILE}: workflow.profile: unknown profile")
+    assert "(top level)" not in message

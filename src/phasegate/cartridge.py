@@ -28,6 +28,7 @@ from phasegate.discover import (
     detect_checks,
     keys_set,
 )
+from phasegate.graph.proposals import PROPOSAL_KINDS
 from phasegate.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, AutomationProfile
 
 __all__ = [
@@ -286,8 +287,10 @@ class ReviewTierRule(_Strict):
 
 
 class ReviewTiers(_Strict):
-    """How many reviewers a change gets: tier 0 review once, 1 with an adversary,
-    2 with the adversary and an arbitrator. The highest matching tier wins."""
+    """How many reviewers a change gets: tier 0 review once, 1 with an adversary
+    (and the arbitrator when the two disagree), 2 with the adversary and always the
+    arbitrator. The highest matching tier wins; any tier of 1 or more needs both
+    [roles.review_adversary] and [roles.arbitrate] bound."""
 
     default: int = Field(default=0, ge=0, le=2)
     rules: list[ReviewTierRule] = Field(default_factory=list)
@@ -341,6 +344,17 @@ class AutonomySettings(_Strict):
     policy: dict[str, Literal["propose", "auto"]] = Field(default_factory=dict)
     graduation_streak: int = Field(default=3, ge=0)
 
+    @model_validator(mode="after")
+    def _known_kinds(self) -> AutonomySettings:
+        # A misspelled kind would otherwise leave the kind it meant on the default.
+        for kind in self.policy:
+            if kind not in PROPOSAL_KINDS:
+                raise ValueError(
+                    f"autonomy.policy.{kind}: unknown proposal kind; expected one of "
+                    f"{', '.join(PROPOSAL_KINDS)}"
+                )
+        return self
+
 
 class ProfileSettings(_Strict):
     """A custom automation profile, ``[profiles.NAME]`` (spec 003).
@@ -382,11 +396,33 @@ class Cartridge(_Strict):
 
     @model_validator(mode="after")
     def _tier_roles(self) -> Cartridge:
-        tiers = [self.graph.review_tiers.default, *(r.tier for r in self.graph.review_tiers.rules)]
-        if max(tiers) >= 1 and self.roles.review_adversary is None:
-            raise ValueError("graph.review_tiers: tier 1 or more needs [roles.review_adversary]")
-        if max(tiers) >= 2 and self.roles.arbitrate is None:
-            raise ValueError("graph.review_tiers: tier 2 needs [roles.arbitrate]")
+        # Tier 1 asks the review adversary, and the arbitrator whenever the reviewer and
+        # the adversary disagree; tier 2 asks both every time (spec 002). A tier whose
+        # roles are unbound would fail mid-run, so it is refused here, before anything runs.
+        tiers = self.graph.review_tiers
+        keys = [
+            ("graph.review_tiers.default", tiers.default),
+            *(
+                (f"graph.review_tiers.rules.{i}.tier", rule.tier)
+                for i, rule in enumerate(tiers.rules)
+            ),
+        ]
+        raised = [(key, tier) for key, tier in keys if tier >= 1]
+        unbound = [
+            role for role in ("review_adversary", "arbitrate") if getattr(self.roles, role) is None
+        ]
+        if raised and unbound:
+            key, tier = raised[0]
+            why = (
+                " (the arbitrator decides when the reviewer and the adversary disagree)"
+                if tier == 1
+                else ""
+            )
+            missing = " and ".join(f"[roles.{role}]" for role in unbound)
+            raise ValueError(
+                f"{key}: tier {tier} needs [roles.review_adversary] and [roles.arbitrate]"
+                f"{why}; {missing} {'is' if len(unbound) == 1 else 'are'} not bound"
+            )
         return self
 
     def role(self, name: str) -> RoleBinding:
@@ -447,10 +483,15 @@ def _unknown_profile(name: str, custom: Mapping[str, object]) -> str:
 def _format_errors(path: Path, exc: ValidationError) -> str:
     lines = []
     for error in exc.errors():
-        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        key = ".".join(str(part) for part in error["loc"])
         message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
         message = message.removeprefix("Value error, ")
-        lines.append(f"{path}: {key}: {message}")
+        # A model's own check names its key in the message ("graph.review_tiers...: ..."):
+        # printed as it is, neither under a "(top level)" nor under its table's key twice.
+        if not key or message.startswith((f"{key}.", f"{key}:")):
+            lines.append(f"{path}: {message}")
+        else:
+            lines.append(f"{path}: {key}: {message}")
     return "\n".join(lines)
 
 

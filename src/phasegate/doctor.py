@@ -26,6 +26,8 @@ from phasegate import __version__
 from phasegate.agents import DEFAULT_EXECUTABLES
 from phasegate.cartridge import (
     CARTRIDGE_FILE,
+    GRAPH_MODE_ROLES,
+    GRAPH_OPTIONAL_ROLES,
     ROLE_SESSION_LINES,
     Cartridge,
     CartridgeError,
@@ -108,14 +110,23 @@ def _litellm_installed() -> bool:
 
 def _read_roles(path: Path) -> dict[str, RoleBinding | str | None]:
     """Each role's binding, or the error of its own table: a cartridge that does not
-    load still shows which roles are fine. Empty when the file is not TOML."""
+    load still shows which roles are fine. Empty when the file is not TOML.
+
+    The roles are those a valid cartridge's ``workflow_roles()`` would give: with
+    ``[graph] enabled = true`` GRAPH_MODE_ROLES and the optional graph roles that
+    have a table (plan_review is not asked in graph mode), else ROLE_SESSION_LINES."""
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return {}
     tables = raw.get("roles") if isinstance(raw.get("roles"), dict) else {}
+    graph = raw.get("graph") if isinstance(raw.get("graph"), dict) else {}
+    names: tuple[str, ...] = tuple(ROLE_SESSION_LINES)
+    if graph.get("enabled") is True:
+        bound = [name for name in GRAPH_OPTIONAL_ROLES if tables.get(name) is not None]
+        names = (*GRAPH_MODE_ROLES, *bound)
     roles: dict[str, RoleBinding | str | None] = {}
-    for name in ROLE_SESSION_LINES:
+    for name in names:
         table = tables.get(name)
         if table is None:
             roles[name] = None

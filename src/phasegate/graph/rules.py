@@ -133,10 +133,14 @@ class GraphRules:
         tiers = [self.default_tier, *(r.tier for r in self.tier_rules)]
         if any(t not in (0, 1, 2) for t in tiers):
             raise GraphError(f"review tiers are 0, 1 or 2; got {tiers}")
-        if max(tiers) >= 1 and not self.bound("review_adversary"):
-            raise GraphError("a review tier of 1 or more needs roles.review_adversary bound")
-        if max(tiers) >= 2 and not self.bound("arbitrate"):
-            raise GraphError("review tier 2 needs roles.arbitrate bound")
+        # Tier 1 asks the adversary, and the arbitrator when the two reviewers disagree.
+        unbound = [r for r in ("review_adversary", "arbitrate") if not self.bound(r)]
+        if max(tiers) >= 1 and unbound:
+            raise GraphError(
+                f"a review tier of {max(tiers)} needs roles.review_adversary and "
+                f"roles.arbitrate bound; {' and '.join(f'roles.{r}' for r in unbound)} "
+                f"{'is' if len(unbound) == 1 else 'are'} not"
+            )
         unrouted = [s for s in SCOPE_SHAPES if s not in self.work_routing]
         if unrouted:
             raise GraphError(f"work_routing has no route for {', '.join(unrouted)}")
