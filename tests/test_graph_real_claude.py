@@ -119,7 +119,13 @@ def test_a_whole_graph_mode_workflow_on_the_real_claude_code(
         '[autonomy]\npolicy = { draft_pr_create = "auto" }\n'
         + "".join(
             optional_role(role, claude_role(claude, server.url))
-            for role in ("plan_alternative", "plan_arbitrate", "plan_adversary", "review_adversary")
+            for role in (
+                "plan_alternative",
+                "plan_arbitrate",
+                "plan_adversary",
+                "review_adversary",
+                "arbitrate",  # bound for tier 1; not asked, the reviewers agree
+            )
         )
     )
     repo = make_project(tmp_path, roles, extra=extra)

@@ -7,8 +7,9 @@ writes the change and its test, the reviewer and the verifier approve.
 
 With ``graph=True`` (``phasegate demo --graph``) the cartridge turns the
 development graph on (``[graph] enabled = true``) and binds its optional
-roles plan_alternative, plan_arbitrate, plan_adversary and review_adversary
-(``[graph.review_tiers] default = 1``), and the scripted answers play the
+roles plan_alternative, plan_arbitrate, plan_adversary, review_adversary and
+arbitrate (``[graph.review_tiers] default = 1``: the arbitrator decides when the
+reviewer and the adversary disagree; here they agree), and the scripted answers play the
 graph: two competing plans, the arbiter picking the first and naming its
 price, the plan adversary sending it back once (the planner revises it), a
 build answering with a unified diff (every graph role is read-only), the
@@ -230,6 +231,7 @@ GRAPH_DEMO_ROLES = (
     "plan_arbitrate",
     "plan_adversary",
     "review_adversary",
+    "arbitrate",
 )
 
 
