@@ -29,11 +29,19 @@ from typing import Any
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner
 from phasegate.agents.env import check_env, environment_secrets, redact, secret_values
-from phasegate.agents.service import AgentFailed, AgentService
+from phasegate.agents.service import AgentFailed, AgentService, AnswerError
 from phasegate.autonomy import AutonomyPolicy
 from phasegate.cartridge import Cartridge
 from phasegate.contract import PhasegateError, WorkflowContext, WorkflowPaused
-from phasegate.graph import AgentCall, Answer, GraphError, canonical_json, replay, run_lifecycle
+from phasegate.graph import (
+    AgentCall,
+    Answer,
+    GraphError,
+    answer_problem,
+    canonical_json,
+    replay,
+    run_lifecycle,
+)
 from phasegate.graph.calls import asked_as, call_row, recorded_answer
 from phasegate.graph.proposals import Evidence
 from phasegate.store import Store
@@ -62,11 +70,15 @@ class RunnerAnswers:
 
     Each call runs ``role``'s runner in ``repo`` read-only, on a provider
     session of its own per graph thread, up to ``1 + limits.agent_retries``
-    tries (a spend cap stops at once). The Answer sums the tries' tokens
-    (counts), cost (USD) and seconds; a role that failed every try answers
-    with its last ``error_kind`` (``phasegate.agents.ERROR_KINDS``). Spend
-    caps: the role's ``budget_usd`` and ``limits.workflow_budget_usd``, counted
-    over this run. A read-only role that changed the checkout fails with
+    tries (a spend cap stops at once). A try whose answer the node that asked
+    could not use (``graph.answer_problem``: no verdict, no diff, ...) is
+    tried again like a failed one; when every try was such garbage, or the
+    spend cap stops the retry of one, the last answer goes to the graph as it
+    is and the node stops the graph by its own reason. The Answer sums the
+    tries' tokens (counts), cost (USD) and seconds; a role that failed every
+    try answers with its last ``error_kind`` (``phasegate.agents.ERROR_KINDS``).
+    Spend caps: the role's ``budget_usd`` and ``limits.workflow_budget_usd``,
+    counted over this run. A read-only role that changed the checkout fails with
     ``read_only_violation`` (and is undone when the checkout was clean).
     Text and errors are redacted of the role's secret values.
 
@@ -125,6 +137,8 @@ class RunnerAnswers:
                 raise ProposeInterrupted(f"stopped before the {call.role} agent ran")
             budget = self.budget_left(call.role)
             if budget is not None and budget <= 0:
+                if results and results[-1].ok:
+                    break  # no retry of an unusable answer: the graph gets it as it is
                 results.append(
                     AgentResult("", error_kind="budget", error="the spend cap is reached")
                 )
@@ -136,7 +150,9 @@ class RunnerAnswers:
                 self._sessions[call.thread] = result.session_id
             if result.error_kind == "interrupted" or self.cancel.is_set():
                 raise ProposeInterrupted(f"stopped while the {call.role} agent ran")
-            if result.ok or result.error_kind == "budget":
+            if result.ok and answer_problem(call, redact(result.text, secrets)) is None:
+                break
+            if result.error_kind == "budget":
                 break
         last = results[-1]
         answer = Answer(
@@ -187,10 +203,15 @@ class WorkflowAnswers:
     call that is new (or asked differently: the kept tail is stale) and every
     one after it goes to the workflow's AgentService (``phase``, ``round``;
     agent_runs, spend caps, retries, redaction, the read-only guard) in
-    ``cwd``, and each answer is kept before it is returned. The graph is
-    pure, so a phase killed at any moment is re-driven from its kept answers
-    and asks the agents only what it never got an answer to (or what failed:
-    a run resumed after a spend cap was raised asks that call again).
+    ``cwd``, and each answer is kept before it is returned. An answer the
+    node that asked could not use (``graph.answer_problem``) is garbage to
+    the service: recorded in agent_runs and asked again within
+    ``limits.agent_retries``; only the accepted answer is kept, and a role
+    that answered garbage every time answers with error kind ``garbage``.
+    The graph is pure, so a phase killed at any moment is re-driven from its
+    kept answers and asks the agents only what it never got an answer to (or
+    what failed: a run resumed after a spend cap was raised asks that call
+    again).
 
     Every role runs read-only, build included (the graph's build answers with
     a diff); each graph thread resumes its own provider session, named
@@ -248,6 +269,7 @@ class WorkflowAnswers:
                 round=self.round,
                 session_line=f"{self.session_tag}:{call.thread}"[:32],
                 read_only=True,
+                parse=_usable_for(call),
             )
         except AgentFailed as exc:
             return Answer("", error_kind=exc.kind, error=str(exc)[:4000])
@@ -259,6 +281,19 @@ class WorkflowAnswers:
             cost_usd=result.cost_usd,
             duration_s=round(result.duration_s, 3),
         )
+
+
+def _usable_for(call: AgentCall) -> Callable[[str], str]:
+    """An AgentService ``parse`` for ``call``: the text, or AnswerError (garbage,
+    retried) when the node that asked could not use it."""
+
+    def parse(text: str) -> str:
+        problem = answer_problem(call, text)
+        if problem is not None:
+            raise AnswerError(problem)
+        return text
+
+    return parse
 
 
 def _checkout_state(repo: Path) -> str | None:

@@ -21,11 +21,13 @@ person gates.
 Modules: ``calls`` (the request/answer seam, scripted and recorded answers),
 ``facts`` (change facts, similarity, governance paths), ``rules`` (what the
 graph reads of the cartridge, review tiers), ``parse`` (reading answers),
+``answers`` (whether a node could use an answer: the shell's retry check),
 ``prompts``, ``nodes``, ``proposals``, ``lifecycle`` (the graph, fix loop, emit).
 """
 
 from __future__ import annotations
 
+from phasegate.graph.answers import answer_problem
 from phasegate.graph.calls import (
     AgentCall,
     Answer,
@@ -82,6 +84,7 @@ __all__ = [
     "ReplayDivergence",
     "ScriptedAnswers",
     "TierRule",
+    "answer_problem",
     "canonical_json",
     "change_facts",
     "drive",

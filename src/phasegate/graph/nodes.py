@@ -35,12 +35,16 @@ from phasegate.graph.prompts import (
 from phasegate.graph.rules import GraphRules
 
 __all__ = [
+    "PLAN_AUTHORS",
+    "PLAN_CHOICES",
+    "PLAN_VERDICTS",
     "STOP_REASONS",
     "Handoff",
     "ReviewRound",
     "Run",
     "Stop",
     "handoff",
+    "plan_choice",
     "plan_stage",
     "review_round",
     "scope",
@@ -124,13 +128,21 @@ def scope(run: Run) -> Graph[dict[str, Any]]:
 # -- the plan stage ---------------------------------------------------------------
 
 #: Who wrote a plan, by choice: the role and thread a revision goes back to.
-_AUTHORS = {
+PLAN_AUTHORS = {
     "first": ("plan", "plan"),
     "second": ("plan_alternative", "plan_alternative"),
     "merged": ("plan_arbitrate", "plan_arbitrate"),
 }
-_CHOICES = ("first", "second", "merged")
-_PLAN_VERDICTS = ("proceed", "revise")
+#: What plan_arbitrate may choose (``CHOICE:``).
+PLAN_CHOICES = ("first", "second", "merged")
+#: What plan_adversary may say (``VERDICT:``).
+PLAN_VERDICTS = ("proceed", "revise")
+
+
+def plan_choice(text: str) -> str | None:
+    """plan_arbitrate's ``CHOICE:`` (one of PLAN_CHOICES), or None."""
+    choice = (field(text, "choice") or "").strip("*`'\". ").lower()
+    return choice if choice in PLAN_CHOICES else None
 
 
 def plan_stage(
@@ -161,10 +173,10 @@ def plan_stage(
             "plan_arbitrate",
             plan_arbitrate_prompt(ticket, first, second),
         )
-        found = field(answer.text, "choice")
-        choice = (found or "").strip("*`'\". ").lower()
-        if choice not in _CHOICES:
-            raise Stop("plan_arbitrate", "garbage", f"no CHOICE of {'/'.join(_CHOICES)}")
+        chosen = plan_choice(answer.text)
+        if chosen is None:
+            raise Stop("plan_arbitrate", "garbage", f"no CHOICE of {'/'.join(PLAN_CHOICES)}")
+        choice = chosen
         if choice == "merged":
             merged = section(answer.text, "plan")
             if merged is None:
@@ -180,7 +192,7 @@ def plan_stage(
         competition = {
             "choice": choice,
             "price": field(answer.text, "price") or "",
-            "author": _AUTHORS[choice][0],
+            "author": PLAN_AUTHORS[choice][0],
             "first": first,
             "second": second,
             "losers": {"first": ["second"], "second": ["first"]}.get(choice, ["first", "second"]),
@@ -193,11 +205,11 @@ def plan_stage(
             "plan_adversary",
             plan_adversary_prompt(ticket, plan),
         )
-        said = verdict(answer.text, _PLAN_VERDICTS)
+        said = verdict(answer.text, PLAN_VERDICTS)
         if said is None:
             raise Stop("plan_adversary", "garbage", "no VERDICT: proceed|revise")
         objections = items(answer.text, "objection")
-        role, thread = _AUTHORS[choice]
+        role, thread = PLAN_AUTHORS[choice]
         attack = {
             "verdict": said,
             "objections": objections,
