@@ -643,7 +643,7 @@ def test_every_role_runs_read_only_in_the_checkout_on_its_threads_session(tmp_pa
     repo = make_repo(tmp_path / "repo")
     runner = _Recording()
     answers = RunnerAnswers(
-        graph_cartridge(), repo, "run-1", runners={"build": runner, "review": runner}
+        graph_cartridge(agent_retries=0), repo, "run-1", runners={"build": runner, "review": runner}
     )
     for prompt in ("one", "two"):
         answers(AgentCall("build", "build", "build", prompt))
