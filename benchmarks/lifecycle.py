@@ -6,7 +6,11 @@
     ``start`` to ``completed`` in-process (scripted agents, real git, real
     checks, a real SQLite file), each run in a fresh temporary directory; and
     the whole ``phasegate demo --dir`` command as a user runs it (process
-    start, imports, migrations included).
+    start, imports, migrations included). The same sample through the
+    development graph (``demo --graph``: eight agent calls, each answer kept
+    as it arrives, the plan's answers replayed in development, the check arm's
+    scratch worktree, the apply arm), against the classic lifecycle as its
+    peer; and the offline replay of that graph run.
 
 (b) The commit path: ``commit_phase_result`` on a real SQLite file, each commit
     carrying one milestone and one event. Its peer baseline is the same
@@ -48,6 +52,7 @@ from phasegate.cartridge import load_cartridge
 from phasegate.contract import EventWrite, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
 from phasegate.engine import Engine
+from phasegate.harness import replay_check
 from phasegate.store import Store, open_store
 
 _TIMESTAMP = "%Y-%m-%d %H:%M:%S.%f"  # how SQLAlchemy stores a DateTime in SQLite
@@ -56,10 +61,13 @@ _TIMESTAMP = "%Y-%m-%d %H:%M:%S.%f"  # how SQLAlchemy stores a DateTime in SQLit
 # -- (a) the demo lifecycle ---------------------------------------------------------
 
 
-def _demo_in_process(root: Path) -> dict[str, float]:
-    """One demo lifecycle in ``root``; seconds per step. Raises if it does not complete."""
+def _demo_in_process(root: Path, graph: bool = False) -> dict[str, float]:
+    """One demo lifecycle in ``root``; seconds per step. Raises if it does not complete.
+
+    With ``graph`` the sample of ``phasegate demo --graph``: its run through the
+    development graph, then ``replay_s``, the recorded run replayed offline."""
     started = time.perf_counter()
-    repo = make_sample_project(root / "calc")
+    repo = make_sample_project(root / "calc", graph=graph)
     made = time.perf_counter()
     cartridge = load_cartridge(repo)
     store = open_store(cartridge.store_url(repo))
@@ -68,11 +76,18 @@ def _demo_in_process(root: Path) -> dict[str, float]:
         engine = Engine(repo, cartridge, store)
         workflow_id = engine.start(DEMO_TITLE, DEMO_TICKET)
         row = engine.advance(workflow_id)
+        done = time.perf_counter()
+        if row["status"] != "completed":
+            raise SystemExit(f"demo workflow ended {row['status']}: {row.get('error')}")
+        if graph:
+            record = store.run(f"{workflow_id}-g1")["record"]
+            replay_started = time.perf_counter()
+            if not replay_check(record).identical:
+                raise SystemExit("the graph run did not replay identically")
+            replayed = time.perf_counter() - replay_started
+            return {"graph_lifecycle_s": done - opened, "graph_replay_s": replayed}
     finally:
         store.close()
-    done = time.perf_counter()
-    if row["status"] != "completed":
-        raise SystemExit(f"demo workflow ended {row['status']}: {row.get('error')}")
     return {
         "sample_project_s": made - started,
         "open_store_s": opened - made,
@@ -103,6 +118,9 @@ def bench_lifecycle(runs: int, cli: bool) -> dict[str, Any]:
     for _ in range(runs):
         with tempfile.TemporaryDirectory(prefix="phasegate-bench-") as tmp:
             for key, value in _demo_in_process(Path(tmp)).items():
+                samples.setdefault(key, []).append(value)
+        with tempfile.TemporaryDirectory(prefix="phasegate-bench-") as tmp:
+            for key, value in _demo_in_process(Path(tmp), graph=True).items():
                 samples.setdefault(key, []).append(value)
         if cli:
             with tempfile.TemporaryDirectory(prefix="phasegate-bench-") as tmp:
@@ -316,11 +334,16 @@ def render(result: dict[str, Any]) -> str:
         "lifecycle_s": "lifecycle: start -> completed (in-process)",
         "total_s": "total in-process",
         "cli_demo_s": "`phasegate demo --dir` (a new process)",
+        "graph_lifecycle_s": "lifecycle through the graph (demo --graph, in-process)",
+        "graph_replay_s": "replay of that graph run (8 recorded calls, offline)",
     }
     rows = [
         [names[key], _ms(s["median_s"]), _ms(s["min_s"]), _ms(s["max_s"])]
         for key, s in life.items()
     ]
+    if "graph_lifecycle_s" in life:
+        ratio = life["graph_lifecycle_s"]["median_s"] / life["lifecycle_s"]["median_s"]
+        rows.append(["graph lifecycle / classic lifecycle (medians)", f"{ratio:.2f}x", "", ""])
     runs = next(iter(life.values()))["n"]
     out.append(
         _table(
