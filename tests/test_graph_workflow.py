@@ -89,16 +89,19 @@ def graph_repo(
     extra: str = "",
     profile: str | None = None,
     auto_merge: bool | None = True,
+    roles: tuple[str, ...] = GRAPH_ROLES,
+    item_policy: str | None = None,
 ) -> Path:
     """A repository whose cartridge runs workflows through the graph, every role scripted."""
     repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
     (repo / "answers.toml").write_text(answers)
     optional = "".join(
-        f'[roles.{role}]\nrunner = "scripted"\nscript = "answers.toml"\n\n' for role in GRAPH_ROLES
+        f'[roles.{role}]\nrunner = "scripted"\nscript = "answers.toml"\n\n' for role in roles
     )
+    items = f', item_create = "{item_policy}"' if item_policy else ""
     settings = (
         "[graph]\nenabled = true\n\n"
-        f'[autonomy]\npolicy = {{ draft_pr_create = "{policy}" }}\n\n{extra}\n{optional}'
+        f'[autonomy]\npolicy = {{ draft_pr_create = "{policy}"{items} }}\n\n{extra}\n{optional}'
     )
     (repo / "phasegate.toml").write_text(
         scripted_cartridge(
@@ -303,7 +306,7 @@ def test_a_check_failing_every_run_stays_bounded_and_each_run_is_judged_on_its_o
     row = engine.advance(workflow_id)
     # 1 + limits.max_dev_retries runs, then the profile (review) leaves it to a person
     assert (row["current_phase"], row["status"]) == ("development", "paused")
-    assert "checks still failing after 3 graph run(s)" in row["error"]
+    assert "the harness rejected the draft PR of 3 graph run(s) in a row" in row["error"]
     proposals = store.proposals(workflow_id=workflow_id)
     assert [(p["run_id"], p["status"], p["decided_by"]) for p in proposals] == [
         (f"{workflow_id}-g{n}", "rejected", CHECKS_GATE) for n in (1, 2, 3)
@@ -509,6 +512,7 @@ def test_feedback_on_a_waiting_workflow_runs_the_graph_again_with_it(
     assert row["pr_number"] == pr  # the same pull request, updated
     record = store.run(f"{workflow_id}-g2")["record"]
     assert "## Feedback from a person\n\nthree lines, please" in record["ticket"]
+    assert record["ticket"].count("## Feedback from a person") == 1
     first, second = store.proposals(workflow_id=workflow_id)
     assert (first["status"], second["status"]) == ("applied", "applied")
     branch = row["branch_name"]
@@ -567,3 +571,80 @@ def test_a_proposal_left_behind_by_a_revert_cannot_be_decided_and_is_superseded(
     ]
     superseded = phasegate_cli("approve", first, "--repo", str(repo))
     assert superseded.returncode == 2 and "superseded" in superseded.stderr
+
+
+def test_a_decision_whose_resume_a_crash_lost_is_taken_up_by_approving_again(
+    tmp_path: Path,
+) -> None:
+    repo = graph_repo(tmp_path, policy="propose")
+    summary = json.loads(phasegate_cli("run", "--repo", str(repo), "--json", "Add it").stdout)
+    proposal = summary["awaiting_proposal"]
+    # the decision was stored, then the process died before it resumed the workflow
+    store = open_store(load_cartridge(repo).store_url(repo))
+    try:
+        store.decide_proposal(proposal, "approved", "ana")
+    finally:
+        store.close()
+    shown = json.loads(phasegate_cli("show", summary["id"], "--repo", str(repo), "--json").stdout)
+    assert shown["workflow"]["status"] == "awaiting_approval"
+    assert shown["workflow"]["awaiting_proposal"] is None
+
+    # approving again (what the pause reason says to do) takes the workflow on
+    again = phasegate_cli("approve", proposal, "--by", "ana", "--repo", str(repo))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "recorded before; the workflow had not moved on" in again.stdout
+    assert "completed" in again.stdout
+    [row] = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
+    assert (row["status"], row["decided_by"]) == ("applied", "ana")
+    # a verdict other than the one recorded is still refused
+    assert phasegate_cli("reject", proposal, "--reason", "no", "--repo", str(repo)).returncode == 2
+
+
+SCOPE_ANSWERS = (
+    ANSWERS
+    + """
+[[scope_epic]]
+text = "SUBTASK: feature.txt"
+"""
+)
+
+
+@pytest.mark.parametrize("item_policy", ["auto", "propose"])
+def test_scopes_item_create_never_gates_the_workflow(tmp_path: Path, item_policy: str) -> None:
+    repo = graph_repo(
+        tmp_path,
+        answers=SCOPE_ANSWERS,
+        roles=(*GRAPH_ROLES, "scope_epic"),
+        item_policy=item_policy,
+    )
+    proc = phasegate_cli("run", "--repo", str(repo), "--json", "Add it")
+    assert json.loads(proc.stdout)["status"] == "completed", proc.stdout
+    rows = {
+        r["kind"]: r
+        for r in json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
+    }
+    assert rows["draft_pr_create"]["status"] == "applied"
+    item = rows["item_create"]
+    if item_policy == "auto":  # the ticket it shapes is the workflow's own, now built
+        assert (item["status"], item["decided_by"]) == ("applied", "auto")
+    else:  # left for a person, decidable whenever; it moves no workflow
+        assert item["status"] == "proposed"
+        decided = phasegate_cli("approve", item["id"], "--by", "ana", "--repo", str(repo))
+        assert decided.returncode == 0, decided.stderr
+        assert "nothing is applied by this command" in decided.stdout
+
+
+def test_approve_json_exits_1_when_the_workflow_then_stops(tmp_path: Path) -> None:
+    flag = tmp_path / "flag"
+    repo = graph_repo(
+        tmp_path, policy="propose", checks=["test -f feature.txt", f"test ! -f {flag}"]
+    )
+    summary = json.loads(phasegate_cli("run", "--repo", str(repo), "--json", "Add it").stdout)
+    flag.write_text("the checks fail from now on\n")
+    decided = phasegate_cli("approve", summary["awaiting_proposal"], "--repo", str(repo), "--json")
+    payload = json.loads(decided.stdout)
+    # landed, then the merge's checks on the merge commit failed: the run stops short
+    assert payload["workflow"]["status"] in ("failed", "paused"), payload
+    assert decided.returncode == 1
+    [row] = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
+    assert row["status"] == "applied"

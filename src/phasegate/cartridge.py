@@ -309,12 +309,18 @@ class EpicThreshold(_Strict):
         return self
 
 
-class WorkRouting(_Strict):
-    """Where scope sends each shape of ticket; ``build`` continues into this run."""
+#: Where scope may send a shape of ticket: ``build`` continues into the run; the
+#: others stop it with an item_create proposal of the pieces.
+WorkRoute = Literal["build", "breakdown", "roadmap"]
 
-    single: str = "build"
-    parent: str = "breakdown"
-    epic: str = "roadmap"
+
+class WorkRouting(_Strict):
+    """Where scope sends each shape of ticket (a WorkRoute); ``build`` continues
+    into this run."""
+
+    single: WorkRoute = "build"
+    parent: WorkRoute = "breakdown"
+    epic: WorkRoute = "roadmap"
 
 
 class GraphSettings(_Strict):

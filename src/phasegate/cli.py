@@ -47,7 +47,7 @@ from phasegate.contract import (
     PhaseResult,
 )
 from phasegate.doctor import Diagnosis, diagnose
-from phasegate.engine import Engine
+from phasegate.engine import Engine, LeaseHeld
 from phasegate.graph import AgentCall, Answer, GraphRules
 from phasegate.harness import ProposeInterrupted, RunnerAnswers, replay_check
 from phasegate.harness import propose as run_graph
@@ -212,12 +212,34 @@ def _engine(repo: Path, cartridge: Cartridge, store: Store, progress: _Progress 
     return Engine(repo, cartridge, store, on_event=progress)
 
 
+#: Statuses a command reports with exit code 1: the workflow stopped short.
+_STOPPED = frozenset({"failed", "paused", "planning_timeout"})
+
+
 def _drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
     """Advance in the foreground with live progress; exit with the workflow's outcome."""
     with _Progress(quiet=as_json) as progress, _graceful(engine):
         engine.on_event = progress
         row = engine.advance(workflow_id)
     _finish(engine.store, row, as_json, interrupted=engine.shutdown.is_set())
+
+
+def _drive_unless_taken(engine: Engine, workflow_id: str, as_json: bool) -> None:
+    """``_drive``, after a person's decision was recorded: a worker that took the
+    workflow on meanwhile is not an error, the workflow goes on there (exit 0)."""
+    try:
+        _drive(engine, workflow_id, as_json)
+    except LeaseHeld:
+        row = engine.store.workflow_row(workflow_id)
+        if as_json:
+            summary = {**_summary(engine.store, row), "taken_by_worker": True}
+            console.print_json(json.dumps(summary, default=str))
+        else:
+            console.print(
+                f"workflow {workflow_id} was taken on by a worker meanwhile and goes on there; "
+                f"`phasegate show {workflow_id}`",
+                highlight=False,
+            )
 
 
 def _finish(
@@ -261,26 +283,29 @@ def _finish(
                 highlight=False,
             )
         elif status == AWAITING_APPROVAL:
-            for proposal in store.proposals(status="proposed", workflow_id=row["id"]):
+            awaited = summary["awaiting_proposal"]
+            if awaited:
                 console.print(
                     f"  next: `phasegate proposals` shows its evidence; `phasegate approve "
-                    f"{proposal['id']}` or `phasegate reject {proposal['id']} --reason TEXT`",
+                    f"{awaited}` or `phasegate reject {awaited} --reason TEXT`",
                     highlight=False,
                 )
+            else:  # decided, and the process died before the workflow moved on
+                console.print(f"  next: `phasegate resume {row['id']}`", highlight=False)
         elif stopped_early:
             console.print(
                 "  stopped before finishing: another process changed the workflow; "
                 f"`phasegate show {row['id']}`",
                 highlight=False,
             )
-        elif status in ("failed", "paused", "planning_timeout") or interrupted:
+        elif status in _STOPPED or interrupted:
             console.print(
                 f"  next: `phasegate show {row['id']}`, then `phasegate resume {row['id']}`",
                 highlight=False,
             )
     if interrupted:
         raise typer.Exit(130)
-    if row["status"] in ("failed", "paused", "planning_timeout") or stopped_early:
+    if row["status"] in _STOPPED or stopped_early:
         raise typer.Exit(1)
 
 
@@ -288,7 +313,11 @@ def _summary(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
     usage = store.usage_totals(row["id"])
     awaited = None
     if row["status"] == AWAITING_APPROVAL:
-        waiting = store.proposals(status="proposed", workflow_id=row["id"])
+        waiting = [
+            p
+            for p in store.proposals(status="proposed", workflow_id=row["id"])
+            if p["kind"] == "draft_pr_create"
+        ]
         awaited = waiting[-1]["id"] if waiting else None
     return {
         "id": row["id"],
@@ -619,7 +648,7 @@ def dry_run(
         console.print(f"  {root} was not touched; the clone was {where}", highlight=False)
     if engine.shutdown.is_set():
         raise typer.Exit(130)
-    if summary["status"] in ("failed", "paused", "planning_timeout"):
+    if summary["status"] in _STOPPED:
         raise typer.Exit(1)
 
 
@@ -897,7 +926,7 @@ def _manual(
                 highlight=False,
             )
         if advance:
-            _drive(engine, workflow_id, as_json)
+            _drive_unless_taken(engine, workflow_id, as_json)
         else:
             _finish(store, store.workflow_row(workflow_id), as_json, driven=False)
 
@@ -1197,6 +1226,8 @@ def proposals(
         return
     if rows:
         _print_proposals(rows)
+    elif status is not None:
+        console.print(f"no proposals with status {status}")
     else:
         console.print('no proposals; `phasegate propose "ticket"` runs the graph on one')
 
@@ -1238,33 +1269,45 @@ def _gate(
         root, cartridge, store = _open(repo)
         found = store.proposal(proposal_id)
         profile = None
+        # Only a workflow's draft PR gates it; its other proposals (scope's
+        # item_create) are decided whenever, and move nothing.
+        gating = bool(found["workflow_id"]) and found["kind"] == "draft_pr_create"
         if found["workflow_id"]:
-            # A workflow's proposal is decided while the workflow waits for it; an
-            # earlier run's, left behind by a revert or a new run, is not work to land.
             owner = store.workflow_row(str(found["workflow_id"]))
             profile = AutomationProfile.from_state(owner["state"])
-            if found["status"] == "proposed" and _awaiting(store, found) is None:
+            if gating and found["status"] == "proposed" and _awaiting(store, found) is None:
+                # left behind by a revert or a new run: not work to land
                 raise UsageError(
                     f"proposal {proposal_id} is from run {found['run_id']} of workflow "
                     f"{owner['id']}, which is not waiting for it (it is in "
                     f"{owner['current_phase']} · {owner['status']}); nothing recorded"
                 )
-        row = store.decide_proposal(proposal_id, verdict, who, reason)
+        if gating and found["status"] == verdict and _awaiting(store, found) is not None:
+            row = found  # decided before, then the process died before the workflow moved
+        else:
+            row = store.decide_proposal(proposal_id, verdict, who, reason)
         policy = AutonomyPolicy.from_cartridge(cartridge, profile)
         clean = streak(row["kind"], store.gate_history(row["kind"]))
-        workflow_id = _awaiting(store, row)
+        workflow_id = _awaiting(store, row) if gating else None
         engine = _engine(root, cartridge, store, None)
         if workflow_id is not None:
             engine.decide(workflow_id, decisions.resume)
     if as_json:
         payload: dict[str, Any] = {**_proposal_json(row), "streak": clean}
+        stopped = False
         if workflow_id is not None:
             if advance:
-                with _errors(), _graceful(engine):
-                    engine.advance(workflow_id)
+                try:
+                    with _errors(), _graceful(engine):
+                        engine.advance(workflow_id)
+                except LeaseHeld:
+                    payload["taken_by_worker"] = True
             state = store.workflow_row(workflow_id)
             payload["workflow"] = {k: state[k] for k in ("id", "current_phase", "status", "error")}
+            stopped = state["status"] in _STOPPED
         console.print_json(json.dumps(payload, default=str))
+        if stopped:
+            raise typer.Exit(1)
         return
     if workflow_id is None:
         what = "nothing is applied by this command"
@@ -1277,9 +1320,12 @@ def _gate(
         what = f"workflow {workflow_id} resumes: the apply arm lands it"
     else:
         what = f"workflow {workflow_id} resumes: a new run is told why"
+    when = f"at {_iso(row['decided_at'])}"
+    if row is found:
+        when += " (recorded before; the workflow had not moved on)"
     console.print(
-        f"proposal [bold]{row['id']}[/bold] ({row['kind']}) {verdict} by {escape(who)} "
-        f"at {_iso(row['decided_at'])}; {what}",
+        f"proposal [bold]{row['id']}[/bold] ({row['kind']}) {verdict} by "
+        f"{escape(str(row['decided_by']))} {when}; {what}",
         highlight=False,
     )
     if policy.mode_of(row["kind"]) == "auto":
@@ -1295,11 +1341,10 @@ def _gate(
         highlight=False,
     )
     if workflow_id is not None:
-        with _errors():  # a worker may have taken the workflow on meanwhile (LeaseHeld)
-            if advance:
-                _drive(engine, workflow_id, False)
-            else:
-                _finish(store, store.workflow_row(workflow_id), False, driven=False)
+        if advance:
+            _drive_unless_taken(engine, workflow_id, False)
+        else:
+            _finish(store, store.workflow_row(workflow_id), False, driven=False)
 
 
 @app.command(short_help="Approve a proposal (the human gate).")

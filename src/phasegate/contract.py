@@ -154,7 +154,11 @@ class RunNotFound(PhasegateError):
     """No recorded development-graph run has the given id."""
 
     def __init__(self, run_id: str) -> None:
-        super().__init__(f"no recorded run with id {run_id!r} (see `phasegate proposals`)")
+        super().__init__(
+            f"no recorded run with id {run_id!r} (`phasegate proposals --json` gives each "
+            "proposal's run_id; a workflow's run an agent's failure stopped is recorded when "
+            "`phasegate resume` finishes it)"
+        )
         self.run_id = run_id
 
 

@@ -76,13 +76,15 @@ def enabled(ctx: WorkflowContext, deps: PhaseDeps) -> bool:
     return bool(deps.cartridge.graph.enabled if kept is None else kept)
 
 
-def _ticket(ctx: WorkflowContext) -> str:
+def _ticket(ctx: WorkflowContext, *, feedback: bool = True) -> str:
     """The graph's ticket: the title line (the proposals' title), the ticket, and what
-    a person or a reversion added since."""
-    parts = [ctx.title, ctx.ticket.strip()]
+    a reversion (and, with ``feedback``, a person) added since."""
+    body = ctx.ticket.strip()
+    first = body.splitlines()[0].strip().lstrip("#").strip() if body else ""
+    parts = [body] if first == ctx.title.strip() else [ctx.title, body]
     if ctx.state.get("replan_context"):
         parts.append(f"## Why the previous attempt was reverted\n\n{ctx.state['replan_context']}")
-    if ctx.user_feedback:
+    if feedback and ctx.user_feedback:
         parts.append(f"## Feedback from a person\n\n{ctx.user_feedback}")
     return "\n\n".join(p for p in parts if p)
 
@@ -281,7 +283,7 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     started: dict[str, Any] = {"graph_feedback": None}
     if not run["graph_run"] or ctx.user_feedback or ctx.state.get("graph_feedback"):
         # A new run: feedback from a person, or the last proposal was rejected.
-        ticket = str(run["graph_ticket"] or _ticket(ctx))
+        ticket = str(run["graph_ticket"] or _ticket(ctx, feedback=False))
         if ctx.user_feedback:
             ticket += f"\n\n## Feedback from a person\n\n{ctx.user_feedback}"
         if ctx.state.get("graph_feedback"):
@@ -393,7 +395,10 @@ def _rejected(
             state={**next_run, "test_retries": attempt},
             milestones=milestones,
         )
-    reason = f"checks still failing after {attempt} graph run(s): {str(draft['reason'])[:1500]}"
+    reason = (
+        f"the harness rejected the draft PR of {attempt} graph run(s) in a row; "
+        f"the last: {str(draft['reason'])[:1500]}"
+    )
     return reversion_or_stop(
         ctx,
         reason=reason,
@@ -608,6 +613,12 @@ def _apply(
             f"attempt {draft['attempts']}\n\n{trailer}",
         )
     applied = deps.store.apply_proposal(str(draft["id"]))
+    for shaped in deps.store.proposals(run_id=str(run["graph_run"]), status="proposed"):
+        # scope's item_create, routed to this build: the ticket it shapes is the
+        # workflow's own, filed in preparation and now built; the apply arm takes
+        # it where the policy lets it (a propose one stays for a person).
+        if shaped["kind"] == "item_create" and shaped["mode"] == "auto":
+            deps.store.apply_proposal(str(shaped["id"]))
     head = deps.workspace.rev(cwd, "HEAD")
     assert ctx.branch_name is not None
     deps.effects.push_branch(DEVELOPMENT, ctx.branch_name, head)
