@@ -186,8 +186,10 @@ class _Progress:
 
 
 @contextmanager
-def _graceful(engine: Engine) -> Iterator[None]:
-    """First Ctrl-C/SIGTERM: stop agents and leave the workflow resumable. Second: quit now."""
+def _graceful(engine: Engine, what: str = "the id is printed below") -> Iterator[None]:
+    """First Ctrl-C/SIGTERM: stop agents and leave the workflow resumable. Second: quit now.
+
+    ``what`` ends the notice: where the person finds the workflow to resume."""
     hits = {"n": 0}
 
     def handler(signum: int, _frame: FrameType | None) -> None:
@@ -196,7 +198,7 @@ def _graceful(engine: Engine) -> Iterator[None]:
             raise KeyboardInterrupt
         err.print(
             "\n[yellow]stopping: the running agent is stopped, nothing half-committed; "
-            "`phasegate resume` continues it (the id is printed below)[/yellow]"
+            f"`phasegate resume` continues it ({what})[/yellow]"
         )
         engine.shutdown.set()
 
@@ -735,7 +737,7 @@ def worker(
         root, cartridge, store = _open(repo)
         progress = _Progress(quiet=False)
         engine = _engine(root, cartridge, store, progress)
-        with progress, _graceful(engine):
+        with progress, _graceful(engine, "`phasegate status` lists the workflows"):
             engine.run_worker(once=once, poll_s=poll)
     if engine.shutdown.is_set():
         raise typer.Exit(130)
