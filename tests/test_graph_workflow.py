@@ -168,6 +168,9 @@ def test_a_workflow_runs_through_the_graph_and_the_apply_arm_lands_it(
         ("development", "review"),
         ("acceptance_verification", "verification"),
     ]
+    report = row["state"]["report"]
+    assert report["plan"]["graph_run"] == f"{workflow_id}-g1"
+    assert "second plan chosen" in report["plan"]["how"]
     reviewed = milestone(store, workflow_id, "pr_reviewed")
     assert (reviewed.data["by"], reviewed.data["verdict"]) == ("graph", "approve")
     assert kinds(store, workflow_id).index("tests_run") < kinds(store, workflow_id).index(

@@ -72,7 +72,8 @@ def render_report(payload: Mapping[str, Any], language: str) -> str:
         "",
         f"- {w['round']}: {payload.get('dev_round')}",
         f"- {w['plan']}: {w['approved'] if plan.get('approved') else w['not_approved']}, "
-        f"{plan.get('rounds', 0)} {w['plan_rounds']}",
+        f"{plan.get('rounds', 0)} {w['plan_rounds']}"
+        + (f" ({plan['graph_run']}: {plan['how']})" if plan.get("graph_run") else ""),
         f"- {w['changes']}: {changes.get('files', 0)} {w['files']}, "
         f"+{changes.get('insertions', 0)} −{changes.get('deletions', 0)}",
         f"- {w['checks']}: {checks.get('passed', 0)}/{checks.get('total', 0)} {w['passed']}, "

@@ -124,9 +124,11 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     Evidence: ``plan_created`` and ``plan_finalized`` (the plan, the run id,
     scope's decision, plan_competition and plan_attack when their roles ran),
     keyed by the run. A graph that stops here (scope routed the ticket
-    elsewhere, merged without a plan, a role that failed or answered garbage)
-    is recorded with its proposals (scope's item_create) and pauses the
-    workflow with the stop named; ``resume`` starts a new run.
+    elsewhere, merged without a plan) is recorded with its proposals (scope's
+    item_create) and pauses the workflow with the stop named; ``resume``
+    starts a new run. A role that failed every try (garbage included) fails
+    the workflow, a spend cap pauses it; neither is recorded, and ``resume``
+    continues the same run from its kept answers.
     """
     started: dict[str, Any] = {}
     if ctx.state.get("sync_base"):

@@ -59,6 +59,9 @@ def build_payload(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
             "approved": bool(finalized and finalized.data.get("approved")),
             "rounds": int(finalized.data.get("rounds", 0)) if finalized else 0,
             "summary": str(ctx.state.get("plan", ""))[:1500],
+            # graph mode: the run that planned it, and how (competition, adversary)
+            "graph_run": finalized.data.get("run_id") if finalized else None,
+            "how": finalized.summary if finalized and finalized.data.get("run_id") else None,
         },
         "changes": changes,
         "checks": {
