@@ -558,6 +558,8 @@ def test_a_proposal_left_behind_by_a_revert_cannot_be_decided_and_is_superseded(
     )
     assert reverted.returncode in (0, 1), reverted.stderr
 
+    state = json.loads(phasegate_cli("show", workflow_id, "--repo", str(repo), "--json").stdout)
+    assert [d["target_phase"] for d in state["decisions"]] == ["planning"]
     late = phasegate_cli("approve", first, "--by", "ana", "--repo", str(repo))
     assert late.returncode == 2
     assert f"workflow {workflow_id}, which is not waiting for it" in late.stderr
@@ -574,6 +576,14 @@ def test_a_proposal_left_behind_by_a_revert_cannot_be_decided_and_is_superseded(
     ]
     superseded = phasegate_cli("approve", first, "--repo", str(repo))
     assert superseded.returncode == 2 and "superseded" in superseded.stderr
+    # the next plan was told why, without the instructions meant for a person
+    store = open_store(load_cartridge(repo).store_url(repo))
+    try:
+        ticket = store.run(f"{workflow_id}-g2")["record"]["ticket"]
+    finally:
+        store.close()
+    assert "plan it smaller" in ticket and "waited for a person's approval" in ticket
+    assert "phasegate approve" not in ticket
 
 
 def test_a_decision_whose_resume_a_crash_lost_is_taken_up_by_approving_again(
@@ -651,3 +661,27 @@ def test_approve_json_exits_1_when_the_workflow_then_stops(tmp_path: Path) -> No
     assert decided.returncode == 1
     [row] = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
     assert row["status"] == "applied"
+
+
+def test_hints_for_a_workflow_elsewhere_carry_its_repo(tmp_path: Path) -> None:
+    repo = graph_repo(tmp_path, policy="propose")
+    proc = phasegate_cli("run", "--repo", str(repo), "Add it", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    [proposal] = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
+    hint = " ".join(proc.stdout.split())
+    assert f"`phasegate approve {proposal['id']} --repo {repo}`" in hint
+    inside = phasegate_cli(
+        "resume",
+        json.loads(phasegate_cli("status", "--repo", str(repo), "--json").stdout)[0]["id"],
+        "--repo",
+        str(repo),
+        cwd=repo,
+    )
+    assert f"`phasegate approve {proposal['id']}`" in " ".join(inside.stdout.split())
+
+
+def test_demo_refuses_an_unknown_profile_before_writing_its_directory(tmp_path: Path) -> None:
+    target = tmp_path / "demo"
+    proc = phasegate_cli("demo", "--profile", "bogus", "--dir", str(target))
+    assert proc.returncode == 2 and "unknown profile 'bogus'" in proc.stderr
+    assert not target.exists()

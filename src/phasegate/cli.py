@@ -226,6 +226,17 @@ def _drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
     _finish(engine.store, row, as_json, interrupted=engine.shutdown.is_set())
 
 
+def _repo_option(row: Mapping[str, Any]) -> str:
+    """`` --repo PATH`` for a hint about a workflow whose repository is not the one
+    the person is in (``demo --dir``, ``--repo``), else nothing."""
+    repo = Path(str(row.get("repo_path") or "."))
+    try:
+        Path.cwd().resolve().relative_to(repo.resolve())
+    except (ValueError, OSError):
+        return f" --repo {repo}"
+    return ""
+
+
 def _drive_unless_taken(engine: Engine, workflow_id: str, as_json: bool) -> None:
     """``_drive``, after a person's decision was recorded: a worker that took the
     workflow on meanwhile is not an error, the workflow goes on there (exit 0)."""
@@ -258,6 +269,7 @@ def _finish(
     """
     summary = _summary(store, row)
     approved = row["state"].get("merge_approved")
+    at = _repo_option(row)
     stopped_early = (
         driven
         and not interrupted
@@ -280,20 +292,20 @@ def _finish(
             console.print(f"  reason: {escape(row['error'])}", highlight=False)
         if status == "waiting" and not approved:
             console.print(
-                f"  next: `phasegate approve-merge {row['id']}` or "
-                f'`phasegate feedback {row["id"]} "..."`',
+                f"  next: `phasegate approve-merge {row['id']}{at}` or "
+                f'`phasegate feedback {row["id"]} "..."{at}`',
                 highlight=False,
             )
         elif status == AWAITING_APPROVAL:
             awaited = summary["awaiting_proposal"]
             if awaited:
                 console.print(
-                    f"  next: `phasegate proposals` shows its evidence; `phasegate approve "
-                    f"{awaited}` or `phasegate reject {awaited} --reason TEXT`",
+                    f"  next: `phasegate proposals{at}` shows its evidence; `phasegate approve "
+                    f"{awaited}{at}` or `phasegate reject {awaited} --reason TEXT{at}`",
                     highlight=False,
                 )
             else:  # decided, and the process died before the workflow moved on
-                console.print(f"  next: `phasegate resume {row['id']}`", highlight=False)
+                console.print(f"  next: `phasegate resume {row['id']}{at}`", highlight=False)
         elif stopped_early:
             console.print(
                 "  stopped before finishing: another process changed the workflow; "
@@ -302,7 +314,8 @@ def _finish(
             )
         elif status in _STOPPED or interrupted:
             console.print(
-                f"  next: `phasegate show {row['id']}`, then `phasegate resume {row['id']}`",
+                f"  next: `phasegate show {row['id']}{at}`, "
+                f"then `phasegate resume {row['id']}{at}`",
                 highlight=False,
             )
     if interrupted:
@@ -1286,6 +1299,12 @@ def _gate(
                 )
         if gating and found["status"] == verdict and _awaiting(store, found) is not None:
             row = found  # decided before, then the process died before the workflow moved
+        elif gating and found["status"] == verdict and owner["status"] in RUNNABLE_STATUSES:
+            raise UsageError(
+                f"proposal {proposal_id} was {verdict} already by {found['decided_by']}; "
+                f"workflow {owner['id']} is in {owner['current_phase']} · {owner['status']}: "
+                f"`phasegate resume {owner['id']}` (or a worker) goes on with it"
+            )
         else:
             row = store.decide_proposal(proposal_id, verdict, who, reason)
         policy = AutonomyPolicy.from_cartridge(cartridge, profile)
@@ -1299,15 +1318,19 @@ def _gate(
         stopped = False
         if workflow_id is not None:
             if advance:
-                try:
-                    with _errors(), _graceful(engine):
-                        engine.advance(workflow_id)
-                except LeaseHeld:
-                    payload["taken_by_worker"] = True
+                with _errors():
+                    try:
+                        with _graceful(engine):
+                            engine.advance(workflow_id)
+                    except LeaseHeld:  # the decision stands; a worker goes on with it
+                        payload["taken_by_worker"] = True
+                payload.update(_proposal_json(store.proposal(row["id"])))  # applied by now?
             state = store.workflow_row(workflow_id)
             payload["workflow"] = {k: state[k] for k in ("id", "current_phase", "status", "error")}
             stopped = state["status"] in _STOPPED
         console.print_json(json.dumps(payload, default=str))
+        if engine.shutdown.is_set():
+            raise typer.Exit(130)
         if stopped:
             raise typer.Exit(1)
         return
@@ -1456,6 +1479,10 @@ def demo(
     from phasegate.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
 
     with _errors():
+        if profile is not None:  # a name the sample's cartridge knows, before any file
+            if not profile.strip():
+                raise CartridgeError("--profile: the profile name is empty")
+            Cartridge().profile(profile)
         target = directory or Path(tempfile.mkdtemp(prefix="phasegate-demo-")) / "calc"
         if target.exists() and any(target.iterdir()):
             raise UsageError(f"{target} is not empty; choose a new --dir")

@@ -367,7 +367,12 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             reason=f"proposal {draft['id']} (draft_pr_create; its checks passed; {why}) awaits "
             f"a person: `phasegate approve {draft['id']}` lands it, "
             f"`phasegate reject {draft['id']} --reason TEXT` starts a new run told why",
-            state=state,
+            # what a later plan reads if a person reverts instead: no instructions for people
+            state={
+                **state,
+                "stopped_on": f"the draft PR of run {run['graph_run']} (proposal "
+                f"{draft['id']}) waited for a person's approval",
+            },
             milestones=milestones,
         )
     return _apply(ctx, deps, draft, run, updates, state, milestones)
