@@ -63,7 +63,11 @@ app = typer.Typer(
     help="Drive coding agents through a contract-checked ticket lifecycle:\n\n"
     "preparation → planning → development → pr_review → report → wait → merge → "
     "acceptance_verification → completed.\n\nStart with `phasegate demo`, or "
-    '`phasegate init` in your repository and then `phasegate run "ticket"`.',
+    '`phasegate init` in your repository and then `phasegate run "ticket"`.\n\n'
+    "With [graph] enabled = true in phasegate.toml, planning, development and pr_review "
+    "follow the development graph: competing plans, a build that answers with a diff, "
+    "review tiers, a bounded fix loop, and a draft PR proposal that the apply arm lands "
+    "or a person approves (`phasegate demo --graph` shows one).",
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
