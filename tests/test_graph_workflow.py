@@ -685,3 +685,37 @@ def test_demo_refuses_an_unknown_profile_before_writing_its_directory(tmp_path: 
     proc = phasegate_cli("demo", "--profile", "bogus", "--dir", str(target))
     assert proc.returncode == 2 and "unknown profile 'bogus'" in proc.stderr
     assert not target.exists()
+
+
+def test_a_merge_reverted_for_a_conflict_rebuilds_the_branch_on_the_base(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    rewrite = (
+        "Rewrites feature.txt over the base's.\n\n```diff\n--- a/feature.txt\n"
+        "+++ b/feature.txt\n@@ -1 +1 @@\n-theirs\n+the feature\n```\n"
+    )
+    answers = ANSWERS.replace(
+        f"[[build]]\ntext = '''{FEATURE}'''",
+        f"[[build]]\ntext = '''{FEATURE}'''\n[[build]]\ntext = '''{rewrite}'''",
+    )
+    repo = graph_repo(tmp_path, answers=answers, profile="ci", auto_merge=False)
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    assert engine.advance(workflow_id)["status"] == "waiting"
+    (repo / "feature.txt").write_text("theirs\n")  # the base moves on meanwhile
+    git(repo, "add", "feature.txt")
+    git(repo, "commit", "-qm", "theirs")
+
+    engine.decide(workflow_id, lambda ctx: decisions.approve_merge(ctx, "ana"))
+    row = engine.advance(workflow_id)  # merge conflicts → planning (ci) → run g2 → wait
+    assert (row["current_phase"], row["state"]["reversion_count"]) == ("wait", 1)
+    ticket = store.run(f"{workflow_id}-g2")["record"]["ticket"]
+    assert "## The branch was rebuilt from main" in ticket and "feature.txt" in ticket
+    branch = row["branch_name"]
+    assert git(repo, "show", f"{branch}:feature.txt") == "the feature"
+    assert git(repo, "merge-base", "--is-ancestor", "main", branch) == ""
+
+    engine.decide(workflow_id, lambda ctx: decisions.approve_merge(ctx, "ana"))
+    row = engine.advance(workflow_id)
+    assert row["status"] == "completed", row["error"]
+    assert git(repo, "show", "main:feature.txt") == "the feature"

@@ -248,11 +248,9 @@ def _sync_base(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
     cannot resolve conflict markers) and the ticket says so.
     """
     cwd = worktree_of(ctx)
-    before = deps.workspace.rev(cwd, "HEAD")
     conflicted = deps.workspace.start_base_merge(cwd, ctx.base_branch)
     note = ""
-    if conflicted:
-        deps.workspace.reset_to(cwd, before)
+    if conflicted:  # resetting to the base also ends the merge left in progress
         deps.workspace.reset_to(cwd, deps.workspace.rev(cwd, ctx.base_branch))
         note = (
             f"\n\n## The branch was rebuilt from {ctx.base_branch}\n\nThe previous change "
@@ -342,7 +340,7 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             # whatever a person or a reversion does next, it is a new run
             state={**started, "graph_run": None},
         )
-    checked = _checks_of(draft)
+    checked = _evidence(draft, "checks")
     tests = _tests_run(ctx, draft, checked, key)
     milestones: tuple[MilestoneWrite, ...] = (evidence, tests)
     state = dict(started)
@@ -507,11 +505,6 @@ def _agents_failed(
         milestones=milestones,
         updates=dict(updates or {}),
     )
-
-
-def _checks_of(row: Mapping[str, Any]) -> dict[str, Any]:
-    found = [e["data"] for e in row["evidence"] if e.get("kind") == "checks"]
-    return dict(found[-1]) if found else {}
 
 
 def _tests_run(
@@ -711,6 +704,7 @@ def review(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
 
 
 def _evidence(row: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """The data of ``row``'s last evidence of ``kind`` ({} when it has none)."""
     found = [e["data"] for e in row["evidence"] if e.get("kind") == kind]
     return dict(found[-1]) if found else {}
 
