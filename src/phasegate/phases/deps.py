@@ -14,7 +14,7 @@ from phasegate.agents.env import check_env, environment_secrets
 from phasegate.agents.service import AgentFailed, AgentService, AnswerError
 from phasegate.cartridge import Cartridge
 from phasegate.clock import Clock
-from phasegate.contract import MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.contract import PR_REVIEW, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.forge import Forge
 from phasegate.journal import SideEffects
 from phasegate.store import Store
@@ -24,6 +24,7 @@ __all__ = [
     "PhaseDeps",
     "Verdict",
     "agent_failure",
+    "developed",
     "failure_result",
     "verdict_parser",
     "worktree_of",
@@ -86,6 +87,30 @@ def failure_result(
         )
         return PhaseResult("pause", reason=reason, milestones=milestones, **result)
     return PhaseResult("failed", reason=message, milestones=milestones, **result)
+
+
+def developed(
+    head: str,
+    milestones: tuple[MilestoneWrite, ...],
+    *,
+    updates: dict[str, Any] | None = None,
+    state: dict[str, Any] | None = None,
+) -> PhaseResult:
+    """development's success (spec 000): on to pr_review with ``head`` published,
+    the round and the retry counters cleared; ``updates``/``state`` add to that."""
+    return PhaseResult.advance(
+        PR_REVIEW,
+        updates={**(updates or {}), "current_round": 0, "user_feedback": None},
+        state={
+            **(state or {}),
+            "test_retries": 0,
+            "last_check_failure": None,
+            "review_feedback": None,
+            "head_sha": head,
+            "sync_base": False,
+        },
+        milestones=milestones,
+    )
 
 
 def worktree_of(ctx: WorkflowContext) -> Path:

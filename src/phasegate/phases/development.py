@@ -36,9 +36,9 @@ from pathlib import Path
 
 from phasegate.agents.env import secret_names_in
 from phasegate.agents.service import AgentFailed
-from phasegate.contract import DEVELOPMENT, PR_REVIEW, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.contract import DEVELOPMENT, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.phases import graph_mode
-from phasegate.phases.deps import PhaseDeps, agent_failure, worktree_of
+from phasegate.phases.deps import PhaseDeps, agent_failure, developed, worktree_of
 from phasegate.profiles import reversion_or_stop
 from phasegate.workspace import CheckResult
 
@@ -79,21 +79,6 @@ def _failure_summary(checks: list[CheckResult]) -> str:
     return "\n\n".join(parts)
 
 
-def _done(ctx: WorkflowContext, head: str, milestones: tuple[MilestoneWrite, ...]) -> PhaseResult:
-    return PhaseResult.advance(
-        PR_REVIEW,
-        updates={"current_round": 0, "user_feedback": None},
-        state={
-            "test_retries": 0,
-            "last_check_failure": None,
-            "review_feedback": None,
-            "head_sha": head,
-            "sync_base": False,
-        },
-        milestones=milestones,
-    )
-
-
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     if graph_mode.enabled(ctx, deps):
         return graph_mode.develop(ctx, deps)
@@ -102,7 +87,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     dev_round = ctx.dev_round
     done = ctx.milestone("dev_completed", phase=DEVELOPMENT, round=dev_round)
     if done is not None and done.status == "completed":
-        return _done(ctx, str(done.data.get("head", "")), ())
+        return developed(str(done.data.get("head", "")), ())
     plan = ctx.state.get("plan")
     if not plan:
         return PhaseResult("failed", reason="no finalized plan (plan_finalized milestone missing)")
@@ -209,8 +194,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     )
     if passed:
         deps.effects.push_branch(DEVELOPMENT, ctx.branch_name, head)
-        return _done(
-            ctx,
+        return developed(
             head,
             (
                 tests_run,

@@ -54,7 +54,7 @@ from phasegate.harness import (
     check_proposals,
     with_harness,
 )
-from phasegate.phases.deps import PhaseDeps, failure_result, worktree_of
+from phasegate.phases.deps import PhaseDeps, developed, failure_result, worktree_of
 from phasegate.profiles import AutomationProfile, reversion_or_stop
 from phasegate.workspace import PatchError
 
@@ -634,21 +634,16 @@ def _apply(
             "decided_by": applied["decided_by"],
         },
     )
-    return PhaseResult.advance(
-        PR_REVIEW,
-        updates={**updates, "current_round": 0, "user_feedback": None},
+    return developed(
+        head,
+        (*milestones, done),
+        updates=updates,
         state={
             **state,
-            "test_retries": 0,
-            "last_check_failure": None,
-            "review_feedback": None,
-            "head_sha": head,
-            "sync_base": False,
             "graph_proposal": draft["id"],
             # the next run (feedback) starts from the ticket, not from this run's rejections
             "graph_ticket": None,
         },
-        milestones=(*milestones, done),
     )
 
 
