@@ -477,6 +477,15 @@ class Cartridge(_Strict):
     def missing_roles(self) -> list[str]:
         return [name for name in self.required_roles() if getattr(self.roles, name) is None]
 
+    def require_roles(self, where: str | Path = CARTRIDGE_FILE) -> None:
+        """Raise CartridgeError naming every required role left unbound (``where``
+        names the file in the message)."""
+        missing = self.missing_roles()
+        if missing:
+            raise CartridgeError(
+                f"{where}: roles not bound: {', '.join('roles.' + m for m in missing)}"
+            )
+
 
 def _unknown_profile(name: str, custom: Mapping[str, object]) -> str:
     known = ", ".join([*BUILTIN_PROFILES, *custom])

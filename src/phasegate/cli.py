@@ -608,12 +608,7 @@ def dry_run(
         text = _ticket_from(ticket, ticket_file)
         root = _repo_root(repo)
         cartridge = load_cartridge(root)
-        missing = cartridge.missing_roles()
-        if missing:
-            raise UsageError(
-                f"{root / CARTRIDGE_FILE}: roles not bound: "
-                f"{', '.join('roles.' + m for m in missing)}"
-            )
+        cartridge.require_roles(root / CARTRIDGE_FILE)
         steps = load_script(script) if script is not None else None
         with dry_run_workspace(root, cartridge, steps, keep=keep) as dry:
             store = open_store(dry.cartridge.store_url(dry.clone))
@@ -715,23 +710,9 @@ def run(
     `phasegate approve ID` (policy propose).
     """
     with _errors():
-        if (ticket is None) == (ticket_file is None):
-            raise UsageError("give the ticket text or --ticket FILE (one of them)")
-        if ticket_file is not None:
-            try:
-                ticket = ticket_file.read_text(encoding="utf-8")
-            except OSError as exc:
-                raise UsageError(f"cannot read {ticket_file}: {exc}") from None
-        assert ticket is not None
-        if not ticket.strip():
-            raise UsageError("the ticket is empty")
+        ticket = _ticket_from(ticket, ticket_file)
         root, cartridge, store = _open(repo)
-        missing = cartridge.missing_roles()
-        if missing:
-            raise UsageError(
-                f"{root / CARTRIDGE_FILE}: roles not bound: "
-                f"{', '.join('roles.' + m for m in missing)}"
-            )
+        cartridge.require_roles(root / CARTRIDGE_FILE)
         engine = _engine(root, cartridge, store, None)
         workflow_id = engine.start(
             title or _title_of(ticket), ticket, auto_merge=auto_merge, profile=profile

@@ -145,11 +145,7 @@ class Engine:
                 f"{CARTRIDGE_FILE}: workflow.base_branch: {base!r} is not a branch of {self.repo}"
             )
         problems = []
-        missing = self.cartridge.missing_roles()
-        if missing:
-            raise CartridgeError(
-                f"{CARTRIDGE_FILE}: roles not bound: {', '.join('roles.' + m for m in missing)}"
-            )
+        self.cartridge.require_roles()
         for role in self.cartridge.workflow_roles():
             binding = getattr(self.cartridge.roles, role)
             if binding is not None:
