@@ -29,7 +29,13 @@ from typing import Any
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner
 from phasegate.agents.env import check_env, environment_secrets, redact, secret_values
-from phasegate.agents.service import AgentFailed, AgentService, AnswerError
+from phasegate.agents.service import (
+    AgentFailed,
+    AgentService,
+    AnswerError,
+    checkout_state,
+    read_only_violation,
+)
 from phasegate.autonomy import AutonomyPolicy
 from phasegate.cartridge import Cartridge
 from phasegate.contract import PhasegateError, WorkflowContext, WorkflowPaused
@@ -45,7 +51,7 @@ from phasegate.graph import (
 from phasegate.graph.calls import asked_as, call_row, recorded_answer
 from phasegate.graph.proposals import Evidence
 from phasegate.store import Store
-from phasegate.workspace import GitError, PatchError, Workspace, git
+from phasegate.workspace import GitError, PatchError, Workspace
 
 __all__ = [
     "ProposeInterrupted",
@@ -187,11 +193,10 @@ class RunnerAnswers:
             state_dir=self.repo / ".phasegate" / "agents" / self.run_id,
             budget_usd=budget,
         )
-        before = _checkout_state(self.repo)
+        before = checkout_state(self.repo)
         result = runner.run(request, self.cancel)
-        after = _checkout_state(self.repo)
-        if before is not None and after != before:
-            result = _read_only_violation(self.repo, call.role, result, undo=before == "")
+        if before is not None and checkout_state(self.repo) != before:
+            result = read_only_violation(self.repo, call.role, result, undo=before == "")
         return result
 
 
@@ -294,35 +299,6 @@ def _usable_for(call: AgentCall) -> Callable[[str], str]:
         return text
 
     return parse
-
-
-def _checkout_state(repo: Path) -> str | None:
-    """``git status --porcelain`` of the checkout ("" when clean), None outside git."""
-    try:
-        return git(["status", "--porcelain", "-uall"], repo)
-    except (GitError, OSError):
-        return None
-
-
-def _read_only_violation(repo: Path, role: str, result: AgentResult, undo: bool) -> AgentResult:
-    """A read-only role changed the checkout: fail the call, and undo the change
-    when the checkout was clean before it (nobody else's edit can be lost)."""
-    changed = [line[3:] for line in git(["status", "--porcelain", "-uall"], repo).splitlines()]
-    if undo:
-        git(["reset", "--hard", "-q"], repo)
-        git(["clean", "-fdq"], repo)
-    done = "undone" if undo else "left as they are (the checkout had edits before)"
-    return AgentResult(
-        result.text,
-        error_kind="read_only_violation",
-        error=f"the read-only {role} role changed the checkout ({done}): " + ", ".join(changed[:5]),
-        exit_code=result.exit_code,
-        session_id=result.session_id,
-        input_tokens=result.input_tokens,
-        output_tokens=result.output_tokens,
-        cost_usd=result.cost_usd,
-        duration_s=result.duration_s,
-    )
 
 
 def propose(

@@ -154,11 +154,11 @@ class AgentService:
                     {"role": role, "phase": phase, "round": round, "runner": runner.name},
                 ),
             )
-            clean_before = request.read_only and _is_clean_checkout(cwd)
+            clean_before = request.read_only and checkout_state(cwd) == ""
             result = self._run_journaled(ctx, phase, runner, request, round)
             made += 1
-            if clean_before and not _is_clean_checkout(cwd):
-                result = _undo_writes(cwd, role, result)
+            if clean_before and checkout_state(cwd) != "":
+                result = read_only_violation(cwd, role, result)
             if result.error_kind == "interrupted":
                 raise WorkflowPaused(f"shutdown while the {role} agent ran")
             result = replace(
@@ -270,27 +270,34 @@ class AgentService:
             self.store.bind_provider_session(ctx.id, line, runner, result.session_id)
 
 
-def _is_clean_checkout(cwd: Path) -> bool:
+def checkout_state(cwd: Path) -> str | None:
+    """``git status --porcelain -uall`` of the checkout at ``cwd`` ("" when clean),
+    None outside git."""
     try:
-        return git(["status", "--porcelain"], cwd) == ""
+        return git(["status", "--porcelain", "-uall"], cwd)
     except (GitError, OSError):
-        return False
+        return None
 
 
-def _undo_writes(cwd: Path, role: str, result: AgentResult) -> AgentResult:
-    """A read-only role changed its checkout: put it back and fail the call.
+def read_only_violation(
+    cwd: Path, role: str, result: AgentResult, *, undo: bool = True
+) -> AgentResult:
+    """A read-only role changed its checkout: fail the call (``read_only_violation``).
 
-    The checkout was clean before the call, so resetting it loses nothing of
-    anyone else's; the change must not leak into the next phase's commit.
+    With ``undo`` the change is put back first: only when the checkout was
+    clean before the call, so resetting it loses nothing of anyone else's and
+    the change cannot leak into the next phase's commit.
     """
-    changed = git(["status", "--porcelain"], cwd).splitlines()
-    git(["reset", "--hard", "-q"], cwd)
-    git(["clean", "-fdq"], cwd)
+    changed = [line[3:] for line in git(["status", "--porcelain", "-uall"], cwd).splitlines()]
+    if undo:
+        git(["reset", "--hard", "-q"], cwd)
+        git(["clean", "-fdq"], cwd)
+    done = "undone" if undo else "left as they are (the checkout had edits before)"
     return replace(
         result,
         error_kind="read_only_violation",
-        error=f"the read-only {role} role changed {len(changed)} path(s), undone: "
-        + ", ".join(line[3:] for line in changed[:5]),
+        error=f"the read-only {role} role changed {len(changed)} path(s), {done}: "
+        + ", ".join(changed[:5]),
     )
 
 
