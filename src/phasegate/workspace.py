@@ -46,20 +46,31 @@ class PatchError(PhasegateError):
     """A patch does not apply, or reaches outside its worktree; nothing was changed."""
 
 
-def git(
-    args: Sequence[str], cwd: Path | str, *, check: bool = True, input: str | None = None
-) -> str:
-    """Run ``git args`` in ``cwd``; return stdout stripped of its trailing newline."""
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
-    proc = subprocess.run(
+#: Who phasegate's own commits and merges are by.
+_IDENTITY = ("-c", "user.name=phasegate", "-c", "user.email=phasegate@localhost")
+
+
+def _run_git(
+    args: Sequence[str], cwd: Path | str, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``git args`` in ``cwd``, never prompting, in the C locale (messages phasegate
+    reads stay English); whatever it exits with."""
+    return subprocess.run(
         ["git", *args],
         cwd=cwd,
         capture_output=True,
         encoding="utf-8",
         errors="replace",
         input=input,
-        env=env,
+        env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"},
     )
+
+
+def git(
+    args: Sequence[str], cwd: Path | str, *, check: bool = True, input: str | None = None
+) -> str:
+    """Run ``git args`` in ``cwd``; return stdout stripped of its trailing newline."""
+    proc = _run_git(args, cwd, input)
     if check and proc.returncode != 0:
         raise GitError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
     return proc.stdout.rstrip("\n")
@@ -275,20 +286,7 @@ class Workspace:
         if not self.has_changes(path):
             return None
         git(["add", "-A"], path)
-        git(
-            [
-                "-c",
-                "user.name=phasegate",
-                "-c",
-                "user.email=phasegate@localhost",
-                "commit",
-                "-q",
-                "--no-verify",
-                "-m",
-                message,
-            ],
-            path,
-        )
+        git([*_IDENTITY, "commit", "-q", "--no-verify", "-m", message], path)
         return self.rev(path, "HEAD")
 
     def diff(self, repo: Path, base: str, head: str) -> str:
@@ -327,14 +325,7 @@ class Workspace:
                 raise PatchError(f"the patch reaches outside its worktree: {name}")
         if not patch.endswith("\n"):
             patch += "\n"
-        check = subprocess.run(
-            ["git", "apply", "--check", "--recount", "--whitespace=nowarn", "-"],
-            cwd=path,
-            input=patch,
-            capture_output=True,
-            encoding="utf-8",
-            errors="replace",
-        )
+        check = _run_git(["apply", "--check", "--recount", "--whitespace=nowarn", "-"], path, patch)
         if check.returncode != 0:
             raise PatchError(f"the patch does not apply: {check.stderr.strip()}")
         git(["apply", "--recount", "--whitespace=nowarn", "-"], path, input=patch)
@@ -344,23 +335,7 @@ class Workspace:
 
     def sync_base(self, worktree: Path, base: str) -> bool:
         """Merge ``base`` into the worktree's branch; False (and aborted) on conflict."""
-        proc = subprocess.run(
-            [
-                "git",
-                "-c",
-                "user.name=phasegate",
-                "-c",
-                "user.email=phasegate@localhost",
-                "merge",
-                "--no-edit",
-                "-q",
-                base,
-            ],
-            cwd=worktree,
-            capture_output=True,
-            encoding="utf-8",
-            errors="replace",
-        )
+        proc = _run_git([*_IDENTITY, "merge", "--no-edit", "-q", base], worktree)
         if proc.returncode != 0:
             git(["merge", "--abort"], worktree, check=False)
             return False
@@ -376,23 +351,7 @@ class Workspace:
         """
         if git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], worktree, check=False):
             git(["merge", "--abort"], worktree, check=False)
-        proc = subprocess.run(
-            [
-                "git",
-                "-c",
-                "user.name=phasegate",
-                "-c",
-                "user.email=phasegate@localhost",
-                "merge",
-                "--no-edit",
-                "-q",
-                base,
-            ],
-            cwd=worktree,
-            capture_output=True,
-            encoding="utf-8",
-            errors="replace",
-        )
+        proc = _run_git([*_IDENTITY, "merge", "--no-edit", "-q", base], worktree)
         if proc.returncode == 0:
             return []
         conflicted = git(["diff", "--name-only", "--diff-filter=U"], worktree).splitlines()
@@ -402,14 +361,7 @@ class Workspace:
 
     def find_merge_commit(self, repo: Path, base: str, head_sha: str) -> str | None:
         """The merge commit on ``base``'s first-parent line whose parents include ``head_sha``."""
-        if (
-            subprocess.run(
-                ["git", "merge-base", "--is-ancestor", head_sha, base],
-                cwd=repo,
-                capture_output=True,
-            ).returncode
-            != 0
-        ):
+        if _run_git(["merge-base", "--is-ancestor", head_sha, base], repo).returncode != 0:
             return None
         for line in git(["log", "--first-parent", "--format=%H %P", base], repo).splitlines():
             sha, *parents = line.split()
@@ -440,17 +392,10 @@ class Workspace:
         scratch = self.scratch_path(repo, f"merge-{base}")
         self.remove_worktree(repo, scratch)  # a crashed merge's leftover, if any
         holder = next((p for p, b in self._registered_worktrees(repo).items() if b == base), None)
-        ident = ["-c", "user.name=phasegate", "-c", "user.email=phasegate@localhost"]
         if holder is not None:
             # A person's own checkout: their unrelated edits do not block the merge,
             # and git refuses, touching nothing, when the merge would overwrite one.
-            proc = subprocess.run(
-                ["git", *ident, "merge", "--no-ff", "-m", message, branch],
-                cwd=holder,
-                capture_output=True,
-                encoding="utf-8",
-                errors="replace",
-            )
+            proc = _run_git([*_IDENTITY, "merge", "--no-ff", "-m", message, branch], holder)
             if proc.returncode != 0:
                 if git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], holder, check=False):
                     git(["merge", "--abort"], holder, check=False)
@@ -464,7 +409,7 @@ class Workspace:
         scratch.parent.mkdir(parents=True, exist_ok=True)
         git(["worktree", "add", str(scratch), base], repo)
         try:
-            git([*ident, "merge", "--no-ff", "-m", message, branch], scratch)
+            git([*_IDENTITY, "merge", "--no-ff", "-m", message, branch], scratch)
             return self.rev(scratch, "HEAD")
         finally:
             self.remove_worktree(repo, scratch)
