@@ -1,97 +1,37 @@
-"""Git worktrees, commits, patches, merges and checks: the real git, run as a subprocess.
+"""Git worktrees, commits, patches and merges: the real git, run as a subprocess.
 
 Every function takes explicit paths; nothing here reads the store. Errors are
-``GitError`` (with the git command and its stderr) or ``PatchError``.
+``GitError`` (with the git command and its stderr; see ``phasegate._git``) or
+``PatchError``. Running the checks is ``phasegate.checks``.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
-from phasegate._process import kill_process_group
-from phasegate.contract import PhasegateError, WorkflowPaused
+from phasegate._git import IDENTITY, DirtyCheckout, GitError, GitTransient, git, run_git
+from phasegate.checks import CheckResult, run_checks
+from phasegate.contract import PhasegateError
 
 __all__ = [
     "CheckResult",
     "DirtyCheckout",
     "GitError",
+    "GitTransient",
     "PatchError",
     "normalize_diff",
     "Workspace",
     "git",
 ]
 
-_OUTPUT_TAIL = 4000  # characters of a check's output kept as evidence
-_POLL_S = 0.2  # how often a running check looks for a shutdown
-
-
-class GitError(PhasegateError):
-    """A git command failed; the message holds the command and its stderr."""
-
-
-class DirtyCheckout(GitError):
-    """The checkout that holds the base branch has uncommitted changes; nothing was merged."""
-
 
 class PatchError(PhasegateError):
     """A patch does not apply, or reaches outside its worktree; nothing was changed."""
-
-
-#: Who phasegate's own commits and merges are by.
-_IDENTITY = ("-c", "user.name=phasegate", "-c", "user.email=phasegate@localhost")
-
-
-def _run_git(
-    args: Sequence[str], cwd: Path | str, input: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``git args`` in ``cwd``, never prompting, in the C locale (messages phasegate
-    reads stay English); whatever it exits with."""
-    return subprocess.run(
-        ["git", *args],
-        cwd=cwd,
-        capture_output=True,
-        encoding="utf-8",
-        errors="replace",
-        input=input,
-        env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"},
-    )
-
-
-def git(
-    args: Sequence[str], cwd: Path | str, *, check: bool = True, input: str | None = None
-) -> str:
-    """Run ``git args`` in ``cwd``; return stdout stripped of its trailing newline."""
-    proc = _run_git(args, cwd, input)
-    if check and proc.returncode != 0:
-        raise GitError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
-    return proc.stdout.rstrip("\n")
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """One check command's result: exit code (None on timeout), seconds, output tail."""
-
-    command: str
-    exit_code: int | None
-    duration_s: float
-    output: str
-    timed_out: bool = False
-
-    @property
-    def passed(self) -> bool:
-        return self.exit_code == 0
-
-    def as_dict(self) -> dict[str, object]:
-        return {**asdict(self), "passed": self.passed}
 
 
 #: git's extended header lines: never part of a hunk, and dropped by normalize_diff.
@@ -132,12 +72,6 @@ def _header_path(line: str, prefix: str) -> str:
     if path == "/dev/null" or path.startswith(prefix):
         return path
     return prefix + path
-
-
-def _redact(text: str, secrets: Sequence[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text
 
 
 def _patch_paths(patch: str) -> list[str]:
@@ -286,7 +220,7 @@ class Workspace:
         if not self.has_changes(path):
             return None
         git(["add", "-A"], path)
-        git([*_IDENTITY, "commit", "-q", "--no-verify", "-m", message], path)
+        git([*IDENTITY, "commit", "-q", "--no-verify", "-m", message], path)
         return self.rev(path, "HEAD")
 
     def diff(self, repo: Path, base: str, head: str) -> str:
@@ -325,7 +259,7 @@ class Workspace:
                 raise PatchError(f"the patch reaches outside its worktree: {name}")
         if not patch.endswith("\n"):
             patch += "\n"
-        check = _run_git(["apply", "--check", "--recount", "--whitespace=nowarn", "-"], path, patch)
+        check = run_git(["apply", "--check", "--recount", "--whitespace=nowarn", "-"], path, patch)
         if check.returncode != 0:
             raise PatchError(f"the patch does not apply: {check.stderr.strip()}")
         git(["apply", "--recount", "--whitespace=nowarn", "-"], path, input=patch)
@@ -335,7 +269,7 @@ class Workspace:
 
     def sync_base(self, worktree: Path, base: str) -> bool:
         """Merge ``base`` into the worktree's branch; False (and aborted) on conflict."""
-        proc = _run_git([*_IDENTITY, "merge", "--no-edit", "-q", base], worktree)
+        proc = run_git([*IDENTITY, "merge", "--no-edit", "-q", base], worktree)
         if proc.returncode != 0:
             git(["merge", "--abort"], worktree, check=False)
             return False
@@ -351,7 +285,7 @@ class Workspace:
         """
         if git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], worktree, check=False):
             git(["merge", "--abort"], worktree, check=False)
-        proc = _run_git([*_IDENTITY, "merge", "--no-edit", "-q", base], worktree)
+        proc = run_git([*IDENTITY, "merge", "--no-edit", "-q", base], worktree)
         if proc.returncode == 0:
             return []
         conflicted = git(["diff", "--name-only", "--diff-filter=U"], worktree).splitlines()
@@ -361,7 +295,7 @@ class Workspace:
 
     def find_merge_commit(self, repo: Path, base: str, head_sha: str) -> str | None:
         """The merge commit on ``base``'s first-parent line whose parents include ``head_sha``."""
-        if _run_git(["merge-base", "--is-ancestor", head_sha, base], repo).returncode != 0:
+        if run_git(["merge-base", "--is-ancestor", head_sha, base], repo).returncode != 0:
             return None
         for line in git(["log", "--first-parent", "--format=%H %P", base], repo).splitlines():
             sha, *parents = line.split()
@@ -395,7 +329,7 @@ class Workspace:
         if holder is not None:
             # A person's own checkout: their unrelated edits do not block the merge,
             # and git refuses, touching nothing, when the merge would overwrite one.
-            proc = _run_git([*_IDENTITY, "merge", "--no-ff", "-m", message, branch], holder)
+            proc = run_git([*IDENTITY, "merge", "--no-ff", "-m", message, branch], holder)
             if proc.returncode != 0:
                 if git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], holder, check=False):
                     git(["merge", "--abort"], holder, check=False)
@@ -409,7 +343,7 @@ class Workspace:
         scratch.parent.mkdir(parents=True, exist_ok=True)
         git(["worktree", "add", str(scratch), base], repo)
         try:
-            git([*_IDENTITY, "merge", "--no-ff", "-m", message, branch], scratch)
+            git([*IDENTITY, "merge", "--no-ff", "-m", message, branch], scratch)
             return self.rev(scratch, "HEAD")
         finally:
             self.remove_worktree(repo, scratch)
@@ -426,54 +360,5 @@ class Workspace:
         env: Mapping[str, str] | None = None,
         secrets: Sequence[str] = (),
     ) -> list[CheckResult]:
-        """Run each check command in ``cwd`` with a timeout in seconds; capture its output.
-
-        ``env`` is the commands' whole environment (None: this process's);
-        every value in ``secrets`` is redacted from the output, which becomes
-        evidence, a reason shown to people and the next build prompt. Raises
-        WorkflowPaused, after killing the running check, when ``cancel`` is
-        set: a shutdown must not wait out a long test suite.
-        """
-        results = []
-        for command in commands:
-            started = time.monotonic()
-            proc = subprocess.Popen(
-                command,
-                shell=True,
-                cwd=cwd,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                encoding="utf-8",
-                errors="replace",
-                start_new_session=True,
-                env=None if env is None else dict(env),
-            )
-            deadline = started + timeout_s
-            timed_out = False
-            while True:
-                try:
-                    output, _ = proc.communicate(
-                        timeout=max(0.01, min(_POLL_S, deadline - time.monotonic()))
-                    )
-                    break
-                except subprocess.TimeoutExpired:
-                    if cancel is not None and cancel.is_set():
-                        kill_process_group(proc)
-                        proc.communicate()
-                        raise WorkflowPaused(f"shutdown while the check {command!r} ran") from None
-                    if time.monotonic() >= deadline:
-                        kill_process_group(proc)
-                        output, _ = proc.communicate()
-                        timed_out = True
-                        break
-            results.append(
-                CheckResult(
-                    command=command,
-                    exit_code=None if timed_out else proc.returncode,
-                    duration_s=round(time.monotonic() - started, 3),
-                    output=_redact(output or "", secrets)[-_OUTPUT_TAIL:],
-                    timed_out=timed_out,
-                )
-            )
-        return results
+        """``phasegate.checks.run_checks``: the seam phases and the harness call."""
+        return run_checks(commands, cwd, timeout_s, cancel, env=env, secrets=secrets)
