@@ -27,7 +27,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from phasegate.testing.torture import Trial, run_trial, run_uninterrupted
+from phasegate.testing.torture import Trial, run_trial, run_uninterrupted, trial_mode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,17 +40,21 @@ def main(argv: list[str] | None = None) -> int:
 
     base = args.keep or Path(tempfile.mkdtemp(prefix="phasegate-torture-"))
     base.mkdir(parents=True, exist_ok=True)
-    clean = [run_uninterrupted(base / f"uninterrupted-{i}") for i in range(3)]
-    span = statistics.median(clean)
-    print(f"uninterrupted run: {span:.2f} s (median of 3)")
+    spans = {}
+    for mode in ("classic", "graph"):
+        runs = [run_uninterrupted(base / f"uninterrupted-{mode}-{i}", mode=mode) for i in range(3)]
+        spans[mode] = statistics.median(runs)
+        print(f"uninterrupted {mode} run: {spans[mode]:.2f} s (median of 3)")
+
+    def trial(seed: int) -> Trial:
+        return run_trial(base / f"trial-{seed}", seed, span_s=spans[trial_mode(seed)])
 
     started = time.monotonic()
-    seeds = range(args.seed, args.seed + args.trials)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        trials = list(pool.map(lambda s: run_trial(base / f"trial-{s}", s, span_s=span), seeds))
+        trials = list(pool.map(trial, range(args.seed, args.seed + args.trials)))
     elapsed = time.monotonic() - started
 
-    report(trials, elapsed, span)
+    report(trials, elapsed, spans)
     for trial in trials:
         if trial.ok and not args.keep:
             shutil.rmtree(trial.root, ignore_errors=True)
@@ -62,14 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if bad else 0
 
 
-def report(trials: list[Trial], elapsed_s: float, span_s: float) -> None:
+def report(trials: list[Trial], elapsed_s: float, spans: dict[str, float]) -> None:
     kills = [k for t in trials for k in t.kills]
     print(f"trials: {len(trials)}   kills: {len(kills)}   wall time: {elapsed_s:.0f} s")
-    per_trial = statistics.median(t.duration_s for t in trials)
-    print(
-        f"a trial: {per_trial:.2f} s median; {per_trial / span_s:.2f}x an uninterrupted run"
-        f" (kills, restarts, recovery)"
-    )
+    for mode, span in spans.items():
+        durations = [t.duration_s for t in trials if t.mode == mode]
+        if durations:
+            per_trial = statistics.median(durations)
+            print(
+                f"{mode}: {len(durations)} trials, {per_trial:.2f} s median each; "
+                f"{per_trial / span:.2f}x an uninterrupted run (kills, restarts, recovery)"
+            )
     for title, key in (("kills by phase", "phase"), ("by aim", "aim"), ("by target", "target")):
         counts = Counter(k[key] for k in kills)
         print(f"{title}: " + ", ".join(f"{name} {n}" for name, n in counts.most_common()))

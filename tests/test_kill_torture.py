@@ -16,7 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from phasegate.testing.torture import AIMS, TARGETS, plan_kills, run_trial, run_uninterrupted
+from phasegate.testing.torture import (
+    AIMS,
+    TARGETS,
+    plan_kills,
+    run_trial,
+    run_uninterrupted,
+    trial_mode,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +41,13 @@ def test_kill_plans_are_replayed_by_their_seed_and_cover_every_aim_and_target() 
 
 def test_random_kills_never_break_an_invariant(tmp_path: Path) -> None:
     first = int(os.environ.get("PHASEGATE_TORTURE_SEED") or random.randrange(1, 10**6))
-    span = run_uninterrupted(tmp_path / "uninterrupted")
+    spans = {mode: run_uninterrupted(tmp_path / mode, mode=mode) for mode in ("classic", "graph")}
     trials = [
-        run_trial(tmp_path / f"trial-{s}", s, span_s=span) for s in range(first, first + TRIALS)
+        run_trial(tmp_path / f"trial-{s}", s, span_s=spans[trial_mode(s)])
+        for s in range(first, first + TRIALS)
     ]
     kills = Counter(k["phase"] for t in trials for k in t.kills)
-    print(f"\nseeds {first}..{first + TRIALS - 1}; uninterrupted {span:.2f}s")
+    print(f"\nseeds {first}..{first + TRIALS - 1}; uninterrupted {spans}")
     print(f"kills by phase: {dict(kills)}")
     failures = [
         f"seed {t.seed} ({t.root}): {v.kind}: {v.detail}" for t in trials for v in t.violations
@@ -47,3 +55,4 @@ def test_random_kills_never_break_an_invariant(tmp_path: Path) -> None:
     assert not failures, "replay with PHASEGATE_TORTURE_SEED=<seed>:\n" + "\n".join(failures)
     assert sum(len(t.kills) for t in trials) >= TRIALS  # every trial was really interrupted
     assert all(t.status == "completed" for t in trials)
+    assert {t.mode for t in trials} == {"classic", "graph"} or TRIALS < 4

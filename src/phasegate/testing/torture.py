@@ -54,10 +54,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KillPlan", "Trial", "Violation", "plan_kills", "run_trial", "run_uninterrupted"]
+__all__ = [
+    "KillPlan",
+    "Trial",
+    "Violation",
+    "plan_kills",
+    "run_trial",
+    "run_uninterrupted",
+    "trial_mode",
+]
 
 #: How a kill is aimed: at a random moment, or at the first moment a window opens.
-AIMS = ("random", "journal_window", "git", "merge", "verification", "agent")
+AIMS = ("random", "journal_window", "git", "merge", "verification", "agent", "apply_arm")
 #: Whom a kill hits: the phasegate worker alone, or every process of the trial.
 TARGETS = ("phasegate", "everything")
 
@@ -118,6 +126,7 @@ class KillPlan:
     at_s: float
     aim: str
     target: str
+    before_claim: bool = False  # a random kill while the worker is still starting up
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,7 @@ class Trial:
 
     seed: int
     root: Path
+    mode: str = "classic"
     kills: list[dict[str, Any]] = field(default_factory=list)
     resumes: int = 0
     status: str = ""
@@ -152,6 +162,7 @@ def plan_kills(seed: int, span_s: float) -> list[KillPlan]:
             at_s=rng.uniform(0.0, span_s),
             aim=rng.choice(AIMS) if rng.random() < 0.5 else "random",
             target=rng.choice(TARGETS),
+            before_claim=rng.random() < 0.1,
         )
         for _ in range(rng.randint(1, 3))
     ]
@@ -199,7 +210,8 @@ def _kill_all(root: Path, worker: subprocess.Popen[bytes] | None) -> None:
 
 
 class _Lab:
-    def __init__(self, root: Path, seed: int, max_sleep_s: float) -> None:
+    def __init__(self, root: Path, seed: int, max_sleep_s: float, mode: str = "classic") -> None:
+        self.mode = mode
         self.root = root.resolve()
         self.repo = self.root / "repo"
         self.db = self.repo / ".phasegate" / "state.db"
@@ -212,7 +224,27 @@ class _Lab:
         )
         agent = self.root / "agent.py"
         agent.write_text(AGENT_SCRIPT)
-        self._make_repo(agent, config)
+        if mode == "graph":
+            self._make_graph_repo()
+        else:
+            self._make_repo(agent, config)
+        self.base_commits = len(self._git("rev-list", "main").split())
+
+    def _make_graph_repo(self) -> None:
+        """The demo's sample project through the development graph (scripted agents, a
+        build answering with a diff), under full-auto: the apply arm lands the patch."""
+        from phasegate.demo import make_sample_project
+
+        make_sample_project(self.repo, graph=True)
+        cartridge = self.repo / "phasegate.toml"
+        cartridge.write_text(
+            cartridge.read_text().replace('profile = "auto"', 'profile = "full-auto"', 1)
+        )
+        self._git("add", "-A")
+        self._git(
+            "-c", "user.name=person", "-c", "user.email=person@localhost",
+            "commit", "-q", "-m", "full-auto",
+        )  # fmt: skip
 
     def _git(self, *args: str, cwd: Path | None = None) -> str:
         return subprocess.run(
@@ -252,6 +284,10 @@ class _Lab:
             cartridge = load_cartridge(self.repo)
             store = open_store(cartridge.store_url(self.repo))
             try:
+                if self.mode == "graph":
+                    from phasegate.demo import DEMO_TICKET, DEMO_TITLE
+
+                    return Engine(self.repo, cartridge, store).start(DEMO_TITLE, DEMO_TICKET)
                 return Engine(self.repo, cartridge, store).start(TITLE, TICKET)
             finally:
                 store.close()
@@ -280,6 +316,11 @@ class _Lab:
             return []  # the schema is still being made
         finally:
             conn.close()
+
+    def claimed_by(self, workflow_id: str, pid: int) -> bool:
+        """Whether the worker ``pid`` holds the workflow's lease (owner ``host:pid:...``)."""
+        rows = self.query("SELECT lease_owner FROM workflows WHERE id = ?", workflow_id)
+        return bool(rows and rows[0][0] and f":{pid}:" in rows[0][0])
 
     def row(self, workflow_id: str) -> dict[str, Any]:
         rows = self.query(
@@ -316,6 +357,17 @@ def _window_open(lab: _Lab, workflow_id: str, aim: str) -> bool:
         return lab.row(workflow_id)["current_phase"] == "merge"
     if aim == "verification":
         return lab.row(workflow_id)["current_phase"] == "acceptance_verification"
+    if aim == "apply_arm":  # a draft PR the policy let through, not yet landed
+        return (
+            bool(
+                lab.query(
+                    "SELECT 1 FROM proposals WHERE workflow_id = ? AND kind = 'draft_pr_create' "
+                    "AND mode = 'auto' AND status != 'applied'",
+                    workflow_id,
+                )
+            )
+            or lab.row(workflow_id)["current_phase"] == "pr_review"
+        )
     if aim == "agent":
         return bool(
             lab.query(
@@ -350,23 +402,44 @@ def _wait_for(probe: Callable[[], bool], timeout_s: float, poll_s: float = 0.005
 # -- one trial ----------------------------------------------------------------------
 
 
-def run_trial(root: Path, seed: int, *, span_s: float = 6.0, max_sleep_s: float = 0.15) -> Trial:
+def trial_mode(seed: int) -> str:
+    """Which workflow trial ``seed`` runs: one in four goes through the development graph."""
+    return "graph" if seed % 4 == 0 else "classic"
+
+
+def run_trial(
+    root: Path,
+    seed: int,
+    *,
+    span_s: float = 6.0,
+    max_sleep_s: float = 0.15,
+    mode: str | None = None,
+) -> Trial:
     """Run trial ``seed`` in the empty directory ``root``; returns what it did and found.
 
     ``span_s`` is the length of an uninterrupted run in seconds (random kills
-    fall within it); ``max_sleep_s`` bounds each agent's random sleeps.
+    fall within it); ``max_sleep_s`` bounds each agent's random sleeps;
+    ``mode`` is ``classic`` or ``graph`` (default: ``trial_mode(seed)``).
     """
     started = time.monotonic()
-    trial = Trial(seed=seed, root=root)
-    lab = _Lab(root, seed, max_sleep_s)
+    mode = mode or trial_mode(seed)
+    trial = Trial(seed=seed, root=root, mode=mode)
+    lab = _Lab(root, seed, max_sleep_s, mode)
     workflow_id = lab.start_workflow()
     for plan in plan_kills(seed, span_s):
         if _settled(lab, workflow_id):
             break
         worker = lab.worker()
         begun = time.monotonic()
+        claimed = plan.aim != "random" or not plan.before_claim
+        if claimed:
+            # Kill moments are drawn over the workflow's run, not over Python's start-up.
+            claimed = _wait_for(
+                lambda w=worker: lab.claimed_by(workflow_id, w.pid) or _settled(lab, workflow_id),
+                15.0,
+            )
         if plan.aim == "random":
-            time.sleep(plan.at_s)
+            time.sleep(plan.at_s if claimed else plan.at_s % 0.8)
             hit = True
         else:
             hit = _wait_for(
@@ -375,7 +448,7 @@ def run_trial(root: Path, seed: int, *, span_s: float = 6.0, max_sleep_s: float 
                 ),
                 WINDOW_S,
             )
-        phase = lab.row(workflow_id)["current_phase"]
+        phase = lab.row(workflow_id)["current_phase"] if claimed else "before_claim"
         if plan.target == "phasegate":
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.pid, signal.SIGKILL)
@@ -384,7 +457,7 @@ def run_trial(root: Path, seed: int, *, span_s: float = 6.0, max_sleep_s: float 
             _kill_all(lab.root, worker)
         trial.kills.append(
             {
-                "phase": phase or "start",
+                "phase": phase,
                 "aim": plan.aim,
                 "target": plan.target,
                 "after_s": round(time.monotonic() - begun, 3),
@@ -397,22 +470,40 @@ def run_trial(root: Path, seed: int, *, span_s: float = 6.0, max_sleep_s: float 
     return trial
 
 
-def run_uninterrupted(root: Path, *, max_sleep_s: float = 0.15) -> float:
+def run_uninterrupted(root: Path, *, max_sleep_s: float = 0.15, mode: str = "classic") -> float:
     """The same workflow with no kill: seconds from its worker's start to settled.
 
     The span random kills are drawn from, and the peer a trial is measured
     against. Raises RuntimeError when even the uninterrupted run does not
     complete or violates an invariant: the harness itself would be wrong.
     """
-    lab = _Lab(root, 0, max_sleep_s)
+    lab = _Lab(root, 0, max_sleep_s, mode)
     workflow_id = lab.start_workflow()
-    started = time.monotonic()
-    _, status = _settle(lab, workflow_id)
-    elapsed = time.monotonic() - started
+    worker = lab.worker()
+    try:
+        _wait_for(
+            lambda: lab.claimed_by(workflow_id, worker.pid) or _settled(lab, workflow_id), 15.0
+        )
+        started = time.monotonic()
+        _wait_for(lambda: _settled(lab, workflow_id), SETTLE_S, poll_s=0.02)
+        elapsed = time.monotonic() - started
+    finally:
+        _stop(lab, worker)
+    status = lab.row(workflow_id)["status"]
     violations = check_invariants(lab, workflow_id)
     if status != "completed" or violations:
         raise RuntimeError(f"the uninterrupted run in {root} ended {status}: {violations}")
     return elapsed
+
+
+def _stop(lab: _Lab, worker: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the worker (a clean stop); every process of the trial killed if it hangs."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker.pid, signal.SIGTERM)
+    try:
+        worker.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        _kill_all(lab.root, worker)
 
 
 def _settle(lab: _Lab, workflow_id: str) -> tuple[int, str]:
@@ -424,12 +515,7 @@ def _settle(lab: _Lab, workflow_id: str) -> tuple[int, str]:
         try:
             _wait_for(lambda: _settled(lab, workflow_id), SETTLE_S, poll_s=0.05)
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                _kill_all(lab.root, worker)
+            _stop(lab, worker)
         status = lab.row(workflow_id)["status"]
         if status != "paused" or resumes >= 3:
             return resumes, status
@@ -473,9 +559,10 @@ def check_invariants(lab: _Lab, workflow_id: str) -> list[Violation]:
     expect(len(merges) == 1, "merges", f"{len(merges)} merge commits on main")
     first_parent = lab._git("rev-list", "--first-parent", "main").split()
     expect(
-        len(first_parent) == 2,
+        len(first_parent) == lab.base_commits + 1,
         "merges",
-        f"main's first-parent line has {len(first_parent)} commits (initial + one merge expected)",
+        f"main's first-parent line has {len(first_parent)} commits; "
+        f"{lab.base_commits} + one merge expected",
     )
 
     _wait_for(lambda: not trial_processes(lab.root), 5.0, poll_s=0.1)
@@ -523,7 +610,10 @@ def check_invariants(lab: _Lab, workflow_id: str) -> list[Violation]:
 
 
 def _check_change(lab: _Lab, workflow_id: str) -> list[Violation]:
-    """The base holds one whole line per build run recorded ``ok`` and kept."""
+    """The base holds one whole line per build run recorded ``ok`` and kept (classic);
+    the applied proposal's patch exactly once (graph)."""
+    if lab.mode == "graph":
+        return _check_graph_change(lab, workflow_id)
     found = []
     try:
         text = lab._git("show", "main:changes.txt") + "\n"
@@ -554,6 +644,39 @@ def _check_change(lab: _Lab, workflow_id: str) -> list[Violation]:
     )
     if check.returncode != 0 and row_completed(lab, workflow_id):
         found.append(Violation("base_checks", (check.stderr or check.stdout).strip()[-300:]))
+    return found
+
+
+def _check_graph_change(lab: _Lab, workflow_id: str) -> list[Violation]:
+    from phasegate.demo import _CALC_AFTER
+
+    found = []
+    applied = lab.query(
+        "SELECT count(*) FROM proposals WHERE workflow_id = ? AND kind = 'draft_pr_create' "
+        "AND status = 'applied'",
+        workflow_id,
+    )[0][0]
+    if applied != 1:
+        found.append(Violation("change", f"{applied} draft PR proposals applied, 1 expected"))
+    landed = lab._git("log", "--format=%B", "main").count("Phasegate-Proposal:")
+    if landed != 1:
+        found.append(Violation("change", f"{landed} Phasegate-Proposal commits on main"))
+    try:
+        calc = lab._git("show", "main:calc/__init__.py") + "\n"
+    except subprocess.CalledProcessError:
+        calc = ""
+    if calc != _CALC_AFTER:
+        found.append(
+            Violation(
+                "change", f"main's calc/__init__.py is not the patch applied once: {calc[-200:]!r}"
+            )
+        )
+    check = subprocess.run(
+        [sys.executable, "-m", "unittest", "discover", "-s", "tests"],
+        cwd=lab.repo, capture_output=True, text=True,
+    )  # fmt: skip
+    if check.returncode != 0:
+        found.append(Violation("base_checks", check.stderr.strip()[-300:]))
     return found
 
 
