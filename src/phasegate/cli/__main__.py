@@ -1,0 +1,5 @@
+"""``python -m phasegate.cli``."""
+
+from phasegate.cli import main
+
+main()

@@ -1,0 +1,136 @@
+"""The typer app and what every command shares: consoles, options, errors, the store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from phasegate import __version__
+from phasegate.cartridge import Cartridge, CartridgeError, load_cartridge
+from phasegate.contract import PhasegateError
+from phasegate.store import Store, open_store
+from phasegate.workspace import GitError, git
+
+app = typer.Typer(
+    help="Drive coding agents through a contract-checked ticket lifecycle:\n\n"
+    "preparation → planning → development → pr_review → report → wait → merge → "
+    "acceptance_verification → completed.\n\nStart with `phasegate demo`, or "
+    '`phasegate init` in your repository and then `phasegate run "ticket"`.\n\n'
+    "With [graph] enabled = true in phasegate.toml, planning, development and pr_review "
+    "follow the development graph: competing plans, a build that answers with a diff, "
+    "review tiers, a bounded fix loop, and a draft PR proposal that the apply arm lands "
+    "or a person approves (`phasegate demo --graph` shows one).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err = Console(stderr=True, soft_wrap=True)  # never fold a message a script will read
+
+RepoOption = Annotated[
+    Path, typer.Option("--repo", "-C", help="The repository (default: the current directory).")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+class UsageError(PhasegateError):
+    """Bad input on the command line."""
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    # Messages quote keys, paths and agent output: "[roles.build]" is text, not markup.
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, markup=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Turn phasegate's errors into a one-line message and exit code 2."""
+    try:
+        yield
+    except (PhasegateError, GitError) as exc:
+        raise _fail(str(exc)) from None
+
+
+def _repo_root(repo: Path) -> Path:
+    try:
+        return Path(git(["rev-parse", "--show-toplevel"], repo.resolve()))
+    except (GitError, FileNotFoundError):
+        raise UsageError(f"{repo.resolve()} is not inside a git repository") from None
+
+
+def _open(repo: Path) -> tuple[Path, Cartridge, Store]:
+    root = _repo_root(repo)
+    cartridge = load_cartridge(root)
+    return root, cartridge, open_store(cartridge.store_url(root))
+
+
+def _open_for_reading(repo: Path) -> Store:
+    """The store, even while the cartridge is broken: looking must not need it valid."""
+    root = _repo_root(repo)
+    try:
+        return open_store(load_cartridge(root).store_url(root))
+    except CartridgeError as exc:
+        err.print(f"[yellow]warning:[/yellow] {escape(str(exc))}; reading the default store")
+        return open_store(Cartridge().store_url(root))
+
+
+# -- progress -----------------------------------------------------------------------
+
+
+# -- commands -----------------------------------------------------------------------
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"phasegate {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_callback(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """phasegate"""
+
+
+def _ticket_from(ticket: str | None, ticket_file: Path | None) -> str:
+    if (ticket is None) == (ticket_file is None):
+        raise UsageError("give the ticket text or --ticket FILE (one of them)")
+    if ticket_file is not None:
+        try:
+            ticket = ticket_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot read {ticket_file}: {exc}") from None
+    assert ticket is not None
+    if not ticket.strip():
+        raise UsageError("the ticket is empty")
+    return ticket
+
+
+ProfileOption = Annotated[
+    str | None,
+    typer.Option(
+        "--profile",
+        help="The automation profile: manual, review, trusted, auto, ci, full-auto or a "
+        "[profiles.NAME] of the cartridge (default: workflow.profile, else review).",
+    ),
+]
+
+
+def _title_of(ticket: str) -> str:
+    first = next((line.strip() for line in ticket.splitlines() if line.strip()), "untitled")
+    return first.lstrip("#").strip()[:120]
+
+
+NoAdvance = Annotated[
+    bool, typer.Option("--no-advance", help="Record only; let a worker advance it.")
+]

@@ -1,0 +1,88 @@
+"""``phasegate demo``: a sample project run to completed by scripted agents."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from phasegate.cartridge import Cartridge, CartridgeError
+from phasegate.cli._app import JsonOption, ProfileOption, UsageError, _errors, _open, app, console
+from phasegate.cli.render import _detail, _engine, _finish, _graceful, _print_detail, _Progress
+from phasegate.report import render_report
+
+
+@app.command()
+def demo(
+    directory: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir", help="Keep the sample project and its state here (default: a temp dir)."
+        ),
+    ] = None,
+    profile: ProfileOption = None,
+    graph: Annotated[
+        bool,
+        typer.Option(
+            "--graph",
+            help="Run the ticket through the development graph: competing plans, a plan "
+            "adversary, a build answering with a diff, review and review adversary.",
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Make a sample Python project, file a ticket and run it to completed with scripted agents.
+
+    The demo's cartridge uses the auto profile; `--profile review` (or manual,
+    trusted) stops it at wait for `phasegate approve-merge`.
+
+    `--graph`: the cartridge says `[graph] enabled = true`, and planning,
+    development and pr_review follow the development graph; its draft PR is a
+    proposal the apply arm lands (`--profile review` stops it in development
+    for `phasegate approve ID`). `phasegate proposals` and `phasegate replay
+    RUN_ID` then show the run.
+    """
+    from phasegate.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
+
+    with _errors():
+        if profile is not None:  # a name the sample's cartridge knows, before any file
+            if not profile.strip():
+                raise CartridgeError("--profile: the profile name is empty")
+            Cartridge().profile(profile)
+        target = directory or Path(tempfile.mkdtemp(prefix="phasegate-demo-")) / "calc"
+        if target.exists() and any(target.iterdir()):
+            raise UsageError(f"{target} is not empty; choose a new --dir")
+        repo = make_sample_project(target, graph=graph)
+        if not as_json:
+            console.print(f"sample project: {repo}", highlight=False)
+        root, cartridge, store = _open(repo)
+        engine = _engine(root, cartridge, store, None)
+        workflow_id = engine.start(DEMO_TITLE, DEMO_TICKET, profile=profile)
+        with _Progress(quiet=as_json) as progress, _graceful(engine):
+            engine.on_event = progress
+            row = engine.advance(workflow_id)
+    if not as_json:
+        _print_detail(_detail(store, workflow_id))
+        report = row["state"].get("report")
+        if report:
+            console.print(
+                render_report(report, report.get("content_language", "en")),
+                highlight=False,
+                markup=False,
+            )
+        graph_run = row["state"].get("graph_run") if graph else None
+        if graph_run:
+            console.print(
+                f"development graph run {graph_run}: try "
+                f"`phasegate proposals --repo {repo}` and "
+                f"`phasegate replay {graph_run} --repo {repo}`",
+                highlight=False,
+            )
+        console.print(
+            f"state kept in {repo / '.phasegate'}; try "
+            f"`phasegate show {workflow_id} --repo {repo}`",
+            highlight=False,
+        )
+    _finish(store, row, as_json, interrupted=engine.shutdown.is_set())

@@ -1,0 +1,459 @@
+"""Proposals and the human gate (spec 002).
+
+``propose``, ``proposals``, ``approve``, ``reject``, ``replay``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from phasegate import decisions
+from phasegate.agents import binding_problems
+from phasegate.autonomy import AutonomyPolicy, streak
+from phasegate.cartridge import CARTRIDGE_FILE, CartridgeError
+from phasegate.cli._app import (
+    JsonOption,
+    NoAdvance,
+    RepoOption,
+    UsageError,
+    _errors,
+    _open,
+    _open_for_reading,
+    _ticket_from,
+    app,
+    console,
+    err,
+)
+from phasegate.cli.render import _STOPPED, _drive_unless_taken, _engine, _finish, _graceful, _iso
+from phasegate.contract import AWAITING_APPROVAL, DEVELOPMENT, RUNNABLE_STATUSES
+from phasegate.engine import LeaseHeld
+from phasegate.graph import AgentCall, Answer, GraphRules
+from phasegate.harness import ProposeInterrupted, RunnerAnswers, replay_check
+from phasegate.harness import propose as run_graph
+from phasegate.phases.graph_mode import CHECKS_GATE
+from phasegate.profiles import AutomationProfile
+from phasegate.store import APPLY_ARM, Store
+from phasegate.store.tables import PROPOSAL_STATUSES
+from phasegate.workspace import Workspace
+
+
+def _person() -> str:
+    """Who decides when --by is not given: the login name."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "cli"
+
+
+@contextmanager
+def _stop_on_signal(cancel: threading.Event) -> Iterator[None]:
+    """First Ctrl-C/SIGTERM: stop the running agent, record nothing. Second: quit now."""
+    hits = {"n": 0}
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        hits["n"] += 1
+        if hits["n"] > 1:
+            raise KeyboardInterrupt
+        err.print("\n[yellow]stopping: the running agent is stopped; nothing is recorded[/yellow]")
+        cancel.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _proposal_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in row.items()}
+
+
+def _print_checks(proposal_id: str, data: Mapping[str, Any]) -> None:
+    if not data.get("applied"):
+        line = f"[red]the patch does not apply: {escape(str(data.get('error', '')))[:300]}[/red]"
+    else:
+        results = data.get("results") or []
+        failed = [r["command"] for r in results if not r.get("passed")]
+        line = (
+            f"[red]failed: {escape(', '.join(failed))}[/red]"
+            if failed
+            else f"[green]{len(results)} passed[/green]"
+        )
+    console.print(f"  checks of {proposal_id}: {line}", highlight=False)
+
+
+def _print_proposals(rows: list[dict[str, Any]]) -> None:
+    table = Table("id", "kind", "title", "mode", "status", "attempts", "decided_by")
+    for r in rows:
+        title = r["title"] if len(r["title"]) <= 40 else r["title"][:39] + "…"
+        mode = f"{r['mode']} (self_modification)" if r["self_modification"] else r["mode"]
+        table.add_row(
+            r["id"],
+            r["kind"],
+            escape(title),
+            mode,
+            r["status"],
+            str(r["attempts"]),
+            escape(r["decided_by"] or ""),
+        )
+    console.print(table)
+
+
+@app.command(short_help="Run the graph on a ticket; record its proposals.")
+def propose(
+    ticket: Annotated[str | None, typer.Argument(help="The ticket text.")] = None,
+    ticket_file: Annotated[
+        Path | None, typer.Option("--ticket", help="Read the ticket from FILE.")
+    ] = None,
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+) -> None:
+    """Run the development graph (spec 002) on a ticket; record the run and its proposals.
+
+    The roles the cartridge binds (plan, build, review; scope_epic,
+    plan_alternative, plan_arbitrate, plan_adversary, review_adversary and
+    arbitrate when bound) run read-only in the repository's checkout; build
+    answers with a diff. Before anything is gated, each draft PR's diff is
+    applied in a scratch worktree of HEAD (your checkout is left alone) and
+    landing_areas.checks run there; their results are the proposal's `checks`
+    evidence. The run is recorded whole,
+    every agent call and answer included (`phasegate replay RUN` re-runs it
+    offline), and each proposal gets the mode the [autonomy] policy gives it:
+    propose (a person decides: `phasegate approve/reject ID`) or auto.
+    Exit 0 with proposals, 1 when the run proposed nothing.
+    """
+    started = time.monotonic()
+
+    def heard(call: AgentCall, answer: Answer | None) -> None:
+        if as_json:
+            return
+        elapsed = f"[dim]{time.monotonic() - started:7.1f}s[/dim]"
+        if answer is None:
+            err.print(f"{elapsed} {call.node}: {call.role} agent running", highlight=False)
+        elif not answer.ok:
+            err.print(
+                f"{elapsed} [yellow]{call.node}: {call.role}: {answer.error_kind}: "
+                f"{escape((answer.error or '')[:200])}[/yellow]",
+                highlight=False,
+            )
+
+    with _errors():
+        text = _ticket_from(ticket, ticket_file)
+        root, cartridge, store = _open(repo)
+        rules = GraphRules.from_cartridge(cartridge)  # names a required role left unbound
+        problems = [
+            problem
+            for role in sorted(rules.bound_roles)
+            for problem in binding_problems(role, cartridge.role(role))
+        ]
+        if problems:
+            raise CartridgeError(f"{CARTRIDGE_FILE}: " + "; ".join(problems))
+        Workspace().exclude(root, ".phasegate/")
+        run_id = secrets.token_hex(4)
+        cancel = threading.Event()
+        answers = RunnerAnswers(cartridge, root, run_id, cancel=cancel, on_call=heard)
+        try:
+            with _stop_on_signal(cancel):
+                record, rows = run_graph(
+                    store,
+                    cartridge,
+                    answers,
+                    ticket=text,
+                    run_id=run_id,
+                    date=store.clock.now().date().isoformat(),
+                    repo=root,
+                    cancel=cancel,
+                )
+        except ProposeInterrupted as exc:
+            err.print(f"[yellow]{escape(str(exc))}[/yellow]", highlight=False)
+            raise typer.Exit(130) from None
+    loop = record["fix_loop"]
+    summary = {
+        "run_id": run_id,
+        "date": record["date"],
+        "stopped": record["stopped"],
+        "fix_loop": {k: loop[k] for k in ("attempts", "fix_attempts", "stop", "approved_attempt")},
+        "usage": record["usage"],
+        "calls": len(record["calls"]),
+        "proposals": [_proposal_json(r) for r in rows],
+    }
+    if as_json:
+        console.print_json(json.dumps(summary, default=str))
+    else:
+        usage = record["usage"]
+        console.print(
+            f"run [bold]{run_id}[/bold] · {len(record['calls'])} agent call(s) · "
+            f"{usage['input_tokens'] + usage['output_tokens']} tokens · "
+            f"${usage['cost_usd']:.4f} · build attempts {loop['attempts']}",
+            highlight=False,
+        )
+        if record["stopped"]:
+            stop = record["stopped"]
+            console.print(
+                f"  stopped at {stop['node']}: {stop['reason']}: {escape(stop['detail'])}",
+                highlight=False,
+            )
+        if loop["stop"]:
+            console.print(f"  fix loop stopped: {loop['stop']}", highlight=False)
+        for r in rows:
+            for e in r["evidence"]:
+                if e["kind"] == "checks":
+                    _print_checks(r["id"], e["data"])
+        if rows:
+            _print_proposals(rows)
+            console.print(
+                "next: `phasegate approve ID` or `phasegate reject ID --reason TEXT`; "
+                f"`phasegate replay {run_id}` re-runs it offline",
+                highlight=False,
+            )
+        else:
+            console.print("  no proposals", highlight=False)
+    if not rows:
+        raise typer.Exit(1)
+
+
+@app.command(short_help="List proposals: kind, mode, status, who decided.")
+def proposals(
+    status: Annotated[
+        str | None,
+        typer.Option(help=f"Only proposals in this status: {', '.join(PROPOSAL_STATUSES)}."),
+    ] = None,
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+) -> None:
+    """The proposals recorded runs emitted, oldest first, and where each stands.
+
+    mode is what the autonomy policy decided when the proposal was recorded:
+    propose (a person approves or rejects it) or auto (the apply arm may take
+    it). status: proposed, approved, rejected, applied, superseded (a later run of its
+    workflow was recorded before anyone decided it).
+    """
+    with _errors():
+        if status is not None and status not in PROPOSAL_STATUSES:
+            raise UsageError(f"--status {status!r}: expected one of {', '.join(PROPOSAL_STATUSES)}")
+        store = _open_for_reading(repo)
+        rows = store.proposals(status=status)
+    if as_json:
+        console.print_json(json.dumps([_proposal_json(r) for r in rows], default=str))
+        return
+    if rows:
+        _print_proposals(rows)
+    elif status is not None:
+        console.print(f"no proposals with status {status}")
+    else:
+        console.print('no proposals; `phasegate propose "ticket"` runs the graph on one')
+
+
+def _awaiting(store: Store, proposal: Mapping[str, Any]) -> str | None:
+    """The workflow paused in development for this proposal's run, if any."""
+    workflow_id = proposal.get("workflow_id")
+    if not workflow_id:
+        return None
+    row = store.workflow_row(str(workflow_id))
+    if row["current_phase"] != DEVELOPMENT or row["status"] != AWAITING_APPROVAL:
+        return None
+    return str(workflow_id) if row["state"].get("graph_run") == proposal["run_id"] else None
+
+
+def _gate(
+    repo: Path,
+    proposal_id: str,
+    verdict: str,
+    by: str | None,
+    reason: str | None,
+    as_json: bool,
+    advance: bool = True,
+) -> None:
+    """Record a person's decision on a proposal, who and when, and say where its kind stands.
+
+    A workflow paused for the proposal (graph mode) is resumed, and advanced
+    in the foreground unless ``advance`` is False: an approval lands the
+    patch, a rejection starts a new run told why.
+    """
+    with _errors():
+        who = _person() if by is None else by.strip()
+        if not who:
+            raise UsageError("--by needs a name")
+        if who in (APPLY_ARM, CHECKS_GATE):
+            raise UsageError(f"--by {who!r} names phasegate's own gate; give a person's name")
+        if reason is not None and not reason.strip():
+            raise UsageError("--reason is empty; say why")
+        root, cartridge, store = _open(repo)
+        found = store.proposal(proposal_id)
+        profile = None
+        # Only a workflow's draft PR gates it; its other proposals (scope's
+        # item_create) are decided whenever, and move nothing.
+        gating = bool(found["workflow_id"]) and found["kind"] == "draft_pr_create"
+        if found["workflow_id"]:
+            owner = store.workflow_row(str(found["workflow_id"]))
+            profile = AutomationProfile.from_state(owner["state"])
+            if gating and found["status"] == "proposed" and _awaiting(store, found) is None:
+                # left behind by a revert or a new run: not work to land
+                raise UsageError(
+                    f"proposal {proposal_id} is from run {found['run_id']} of workflow "
+                    f"{owner['id']}, which is not waiting for it (it is in "
+                    f"{owner['current_phase']} · {owner['status']}); nothing recorded"
+                )
+        if gating and found["status"] == verdict and _awaiting(store, found) is not None:
+            row = found  # decided before, then the process died before the workflow moved
+        elif gating and found["status"] == verdict and owner["status"] in RUNNABLE_STATUSES:
+            raise UsageError(
+                f"proposal {proposal_id} was {verdict} already by {found['decided_by']}; "
+                f"workflow {owner['id']} is in {owner['current_phase']} · {owner['status']}: "
+                f"`phasegate resume {owner['id']}` (or a worker) goes on with it"
+            )
+        else:
+            row = store.decide_proposal(proposal_id, verdict, who, reason)
+        policy = AutonomyPolicy.from_cartridge(cartridge, profile)
+        clean = streak(row["kind"], store.gate_history(row["kind"]))
+        workflow_id = _awaiting(store, row) if gating else None
+        engine = _engine(root, cartridge, store, None)
+        if workflow_id is not None:
+            engine.decide(workflow_id, decisions.resume)
+    if as_json:
+        payload: dict[str, Any] = {**_proposal_json(row), "streak": clean}
+        stopped = False
+        if workflow_id is not None:
+            if advance:
+                with _errors():
+                    try:
+                        with _graceful(engine):
+                            engine.advance(workflow_id)
+                    except LeaseHeld:  # the decision stands; a worker goes on with it
+                        payload["taken_by_worker"] = True
+                payload.update(_proposal_json(store.proposal(row["id"])))  # applied by now?
+            state = store.workflow_row(workflow_id)
+            payload["workflow"] = {k: state[k] for k in ("id", "current_phase", "status", "error")}
+            stopped = state["status"] in _STOPPED
+        console.print_json(json.dumps(payload, default=str))
+        if engine.shutdown.is_set():
+            raise typer.Exit(130)
+        if stopped:
+            raise typer.Exit(1)
+        return
+    if workflow_id is None:
+        what = "nothing is applied by this command"
+    elif not advance:
+        what = (
+            f"workflow {workflow_id} can go on: `phasegate worker` (or `phasegate resume "
+            f"{workflow_id}`) " + ("lands it" if verdict == "approved" else "starts a new run")
+        )
+    elif verdict == "approved":
+        what = f"workflow {workflow_id} resumes: the apply arm lands it"
+    else:
+        what = f"workflow {workflow_id} resumes: a new run is told why"
+    when = f"at {_iso(row['decided_at'])}"
+    if row is found:
+        when += " (recorded before; the workflow had not moved on)"
+    console.print(
+        f"proposal [bold]{row['id']}[/bold] ({row['kind']}) {verdict} by "
+        f"{escape(str(row['decided_by']))} {when}; {what}",
+        highlight=False,
+    )
+    if policy.mode_of(row["kind"]) == "auto":
+        where = "its policy is auto"
+    elif policy.graduation_streak == 0:
+        where = "it never graduates (graduation_streak = 0)"
+    elif clean >= policy.graduation_streak:
+        where = "it has graduated: its next clean proposal is auto"
+    else:
+        where = f"it graduates to auto at {policy.graduation_streak}"
+    console.print(
+        f"  {row['kind']}: {clean} clean first-attempt approval(s) in a row; {where}",
+        highlight=False,
+    )
+    if workflow_id is not None:
+        if advance:
+            _drive_unless_taken(engine, workflow_id, False)
+        else:
+            _finish(store, store.workflow_row(workflow_id), False, driven=False)
+
+
+@app.command(short_help="Approve a proposal (the human gate).")
+def approve(
+    proposal_id: Annotated[str, typer.Argument(metavar="ID")],
+    by: Annotated[str | None, typer.Option(help="Who approves (default: your login name).")] = None,
+    repo: RepoOption = Path("."),
+    no_advance: NoAdvance = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Approve a proposal: records who and when. A decided proposal is not decided again.
+
+    A workflow paused for it (graph mode) resumes and runs in the foreground:
+    the apply arm commits the patch and the pull request is opened
+    (--no-advance: record only; a worker takes it).
+    """
+    _gate(repo, proposal_id, "approved", by, None, as_json, not no_advance)
+
+
+@app.command(short_help="Reject a proposal, saying why (the human gate).")
+def reject(
+    proposal_id: Annotated[str, typer.Argument(metavar="ID")],
+    reason: Annotated[str, typer.Option(help="Why it is rejected.")],
+    by: Annotated[str | None, typer.Option(help="Who rejects (default: your login name).")] = None,
+    repo: RepoOption = Path("."),
+    no_advance: NoAdvance = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Reject a proposal: records who, when and why; its kind's streak starts again.
+
+    A workflow paused for it (graph mode) resumes with a new graph run whose
+    ticket says why the change was rejected (--no-advance: record only).
+    """
+    _gate(repo, proposal_id, "rejected", by, reason, as_json, not no_advance)
+
+
+@app.command(short_help="Re-run a recorded run offline; compare its proposals.")
+def replay(
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID")],
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+) -> None:
+    """Re-run a recorded run from its recorded answers, without any agent.
+
+    The graph is pure, so the replay's proposals must be the recorded ones,
+    byte for byte (canonical JSON). Prints `identical` (exit 0) or the first
+    difference (exit 1).
+    """
+    with _errors():
+        store = _open_for_reading(repo)
+        record = store.run(run_id)["record"]
+    check = replay_check(record)
+    if as_json:
+        console.print_json(
+            json.dumps(
+                {
+                    "run_id": run_id,
+                    "identical": check.identical,
+                    "difference": check.difference,
+                    "proposals": len(check.recorded),
+                    "calls": len(record.get("calls") or []),
+                }
+            )
+        )
+    elif check.identical:
+        console.print(
+            f"identical: {len(check.recorded)} proposal(s) from "
+            f"{len(record.get('calls') or [])} recorded call(s)",
+            highlight=False,
+        )
+    else:
+        console.print(f"different: {escape(str(check.difference))}", highlight=False)
+    if not check.identical:
+        raise typer.Exit(1)

@@ -1,0 +1,387 @@
+"""How the CLI shows workflows: live progress, outcomes and exit codes, ``show``'s detail."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from phasegate.cartridge import Cartridge
+from phasegate.cli._app import console, err
+from phasegate.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES
+from phasegate.engine import Engine, LeaseHeld
+from phasegate.profiles import MAX_REVERSIONS, AutomationProfile, decisions_of
+from phasegate.report import render_report
+from phasegate.store import Store
+
+
+class _Progress:
+    """Live progress while agents run: a line per step, and phase/round/elapsed on a bar."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.started = time.monotonic()
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        )
+        self.task = self.progress.add_task("starting", total=None)
+        self.phase = "preparation"
+
+    def __enter__(self) -> _Progress:
+        if not self.quiet:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def line(self, text: str) -> None:
+        if not self.quiet:
+            elapsed = time.monotonic() - self.started
+            self.progress.console.print(f"[dim]{elapsed:7.1f}s[/dim] {text}", highlight=False)
+
+    def __call__(self, workflow_id: str, type_: str, data: Mapping[str, Any]) -> None:
+        if type_ == "phase_change":
+            self.phase = str(data.get("phase"))
+            self.line(f"[bold]{workflow_id}[/bold] → {self.phase}")
+        elif type_ == "agent_started":
+            desc = f"{self.phase} · round {data.get('round')} · {data.get('role')} agent running"
+            self.progress.update(self.task, description=desc)
+            self.line(
+                f"  {data.get('role')} agent ({data.get('runner')}), round {data.get('round')}"
+            )
+        elif type_ == "agent_finished" and data.get("outcome") != "ok":
+            self.line(
+                f"  [yellow]{data.get('role')} agent: {data.get('outcome')}: "
+                f"{escape(str(data.get('error'))[:200])}[/yellow]"
+            )
+        elif type_ == "committed":
+            self.progress.update(
+                self.task, description=f"{data.get('phase')} · {data.get('status')}"
+            )
+            if data.get("outcome") in ("failed", "pause"):
+                self.line(f"  [red]{data.get('outcome')}: {escape(str(data.get('reason')))}[/red]")
+            elif data.get("outcome") == "retry":
+                self.line(f"  {data.get('phase')}: another round")
+        elif type_ == "reversion":
+            self.line(
+                f"  [yellow]reverted to planning ({data.get('reversion_number')} of "
+                f"{MAX_REVERSIONS}): "
+                f"{escape(str(data.get('reason'))[:200])}[/yellow]"
+            )
+        elif type_ in ("reconciled", "worktree_healed", "paused_by_shutdown"):
+            note = escape(str(data.get("note") or data.get("path")))
+            self.line(f"  [cyan]{type_}: {note}[/cyan]")
+
+
+@contextmanager
+def _graceful(engine: Engine, what: str = "the id is printed below") -> Iterator[None]:
+    """First Ctrl-C/SIGTERM: stop agents and leave the workflow resumable. Second: quit now.
+
+    ``what`` ends the notice: where the person finds the workflow to resume."""
+    hits = {"n": 0}
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        hits["n"] += 1
+        if hits["n"] > 1:
+            raise KeyboardInterrupt
+        err.print(
+            "\n[yellow]stopping: the running agent is stopped, nothing half-committed; "
+            f"`phasegate resume` continues it ({what})[/yellow]"
+        )
+        engine.shutdown.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _engine(repo: Path, cartridge: Cartridge, store: Store, progress: _Progress | None) -> Engine:
+    return Engine(repo, cartridge, store, on_event=progress)
+
+
+#: Statuses a command reports with exit code 1: the workflow stopped short.
+_STOPPED = frozenset({"failed", "paused", "planning_timeout"})
+
+
+def _drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
+    """Advance in the foreground with live progress; exit with the workflow's outcome."""
+    with _Progress(quiet=as_json) as progress, _graceful(engine):
+        engine.on_event = progress
+        row = engine.advance(workflow_id)
+    _finish(engine.store, row, as_json, interrupted=engine.shutdown.is_set())
+
+
+def _repo_option(row: Mapping[str, Any]) -> str:
+    """`` --repo PATH`` for a hint about a workflow whose repository is not the one
+    the person is in (``demo --dir``, ``--repo``), else nothing."""
+    repo = Path(str(row.get("repo_path") or "."))
+    try:
+        Path.cwd().resolve().relative_to(repo.resolve())
+    except (ValueError, OSError):
+        return f" --repo {repo}"
+    return ""
+
+
+def _drive_unless_taken(engine: Engine, workflow_id: str, as_json: bool) -> None:
+    """``_drive``, after a person's decision was recorded: a worker that took the
+    workflow on meanwhile is not an error, the workflow goes on there (exit 0)."""
+    try:
+        _drive(engine, workflow_id, as_json)
+    except LeaseHeld:
+        row = engine.store.workflow_row(workflow_id)
+        if as_json:
+            summary = {**_summary(engine.store, row), "taken_by_worker": True}
+            console.print_json(json.dumps(summary, default=str))
+        else:
+            console.print(
+                f"workflow {workflow_id} was taken on by a worker meanwhile and goes on there; "
+                f"`phasegate show {workflow_id}`",
+                highlight=False,
+            )
+
+
+def _finish(
+    store: Store,
+    row: Mapping[str, Any],
+    as_json: bool,
+    interrupted: bool = False,
+    driven: bool = True,
+) -> None:
+    """Print the outcome and exit with its code (module docstring).
+
+    ``driven``: the workflow was just advanced in the foreground, so a runnable
+    status other than waiting means it stopped early (another process moved it).
+    """
+    summary = _summary(store, row)
+    approved = row["state"].get("merge_approved")
+    at = _repo_option(row)
+    stopped_early = (
+        driven
+        and not interrupted
+        and row["status"] in RUNNABLE_STATUSES
+        and row["status"] != "waiting"
+    )
+    if as_json:
+        console.print_json(json.dumps(summary, default=str))
+    else:
+        status = row["status"]
+        color = {"completed": "green", "waiting": "cyan", AWAITING_APPROVAL: "cyan"}.get(
+            status, "red"
+        )
+        console.print(
+            f"workflow [bold]{row['id']}[/bold]: {row['current_phase']} · "
+            f"[{color}]{status}[/{color}]",
+            highlight=False,
+        )
+        if row.get("error"):
+            console.print(f"  reason: {escape(row['error'])}", highlight=False)
+        if status == "waiting" and not approved:
+            console.print(
+                f"  next: `phasegate approve-merge {row['id']}{at}` or "
+                f'`phasegate feedback {row["id"]} "..."{at}`',
+                highlight=False,
+            )
+        elif status == AWAITING_APPROVAL:
+            awaited = summary["awaiting_proposal"]
+            if awaited:
+                console.print(
+                    f"  next: `phasegate proposals{at}` shows its evidence; `phasegate approve "
+                    f"{awaited}{at}` or `phasegate reject {awaited} --reason TEXT{at}`",
+                    highlight=False,
+                )
+            else:  # decided, and the process died before the workflow moved on
+                console.print(f"  next: `phasegate resume {row['id']}{at}`", highlight=False)
+        elif stopped_early:
+            console.print(
+                "  stopped before finishing: another process changed the workflow; "
+                f"`phasegate show {row['id']}`",
+                highlight=False,
+            )
+        elif status in _STOPPED or interrupted:
+            console.print(
+                f"  next: `phasegate show {row['id']}{at}`, "
+                f"then `phasegate resume {row['id']}{at}`",
+                highlight=False,
+            )
+    if interrupted:
+        raise typer.Exit(130)
+    if row["status"] in _STOPPED or stopped_early:
+        raise typer.Exit(1)
+
+
+def _summary(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
+    usage = store.usage_totals(row["id"])
+    awaited = None
+    if row["status"] == AWAITING_APPROVAL:
+        waiting = [
+            p
+            for p in store.proposals(status="proposed", workflow_id=row["id"])
+            if p["kind"] == "draft_pr_create"
+        ]
+        awaited = waiting[-1]["id"] if waiting else None
+    return {
+        "id": row["id"],
+        "title": row["title"],
+        "current_phase": row["current_phase"],
+        "status": row["status"],
+        "error": row.get("error"),
+        # the proposal a person's approve/reject moves the workflow on with, if any
+        "awaiting_proposal": awaited,
+        "dev_round": row["dev_round"],
+        "profile": AutomationProfile.from_state(row["state"]).name,
+        "reversion_count": int(row["state"].get("reversion_count") or 0),
+        "issue_number": row["issue_number"],
+        "pr_number": row["pr_number"],
+        "branch_name": row["branch_name"],
+        "merge_sha": row["merge_sha"],
+        "verification_status": row["state"].get("verification_status"),
+        "verified_by": row["state"].get("verified_by"),
+        "tokens": usage.tokens,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cost_usd": round(usage.cost_usd, 6),
+        "agent_runs": usage.runs,
+        "created_at": _iso(row["created_at"]),
+        "updated_at": _iso(row["updated_at"]),
+        "completed_at": _iso(row.get("completed_at")),
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _detail(store: Store, workflow_id: str) -> dict[str, Any]:
+    """What ``show`` prints: summary, phase timeline, milestones, agent runs, report."""
+    row = store.workflow_row(workflow_id)
+    milestones = store.milestone_rows(workflow_id)
+    phases = [e for e in store.events(workflow_id) if e["type"] == "phase_change"]
+    runs = store.agent_runs(workflow_id)
+    return {
+        "workflow": _summary(store, row),
+        "timeline": [
+            {"phase": e["data"].get("phase"), "at": _iso(e["created_at"])} for e in phases
+        ],
+        "milestones": [
+            {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in m.items()}
+            for m in milestones
+        ],
+        "agent_runs": [
+            {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in r.items()} for r in runs
+        ],
+        "report": row["state"].get("report"),
+        "decisions": decisions_of(row["state"]),
+    }
+
+
+def _print_detail(detail: Mapping[str, Any]) -> None:
+    s = detail["workflow"]
+    console.print(f"[bold]{s['id']}[/bold] {escape(s['title'])}", highlight=False)
+    console.print(
+        f"  {s['current_phase']} · {s['status']} · dev round {s['dev_round']} · "
+        f"issue #{s['issue_number']} · "
+        + (f"PR #{s['pr_number']} · " if s["pr_number"] else "no PR yet · ")
+        + f"{s['tokens']} tokens · "
+        f"${s['cost_usd']:.4f} · profile {s['profile']}",
+        highlight=False,
+    )
+    if s["error"]:
+        console.print(f"  [red]reason: {escape(s['error'])}[/red]", highlight=False)
+    _print_timeline(detail["milestones"])
+    _print_decisions(detail["decisions"])
+    runs = detail["agent_runs"]
+    if runs:
+        agents = Table(
+            "role",
+            "runner",
+            "round",
+            "outcome",
+            "tokens",
+            "USD",
+            "s",
+            "error",
+            box=None,
+            pad_edge=False,
+        )
+        for r in runs:
+            agents.add_row(
+                r["role"],
+                r["runner"],
+                str(r["round"]),
+                r["outcome"],
+                str(r["input_tokens"] + r["output_tokens"]),
+                f"{r['cost_usd']:.4f}",
+                f"{r['duration_s']:.1f}",
+                escape((r["error"] or "")[:60]),
+            )
+        console.print()
+        console.print(agents)
+    if detail["report"] and s["status"] == "waiting":  # what a person approves or answers
+        console.print()
+        console.print(
+            render_report(detail["report"], detail["report"].get("content_language", "en")),
+            highlight=False,
+            markup=False,
+        )
+
+
+def _print_decisions(records: list[dict[str, Any]]) -> None:
+    """The decision records (reversions, spec 003), oldest first."""
+    if not records:
+        return
+    console.print("[bold]decisions[/bold]")
+    for d in records:
+        how = "automatic" if d.get("automatic") else "by a person"
+        console.print(
+            f"  {d['type']} {d['reversion_number']}: {d['source_phase']} → {d['target_phase']}"
+            f" · {d['timestamp']} · {how}",
+            highlight=False,
+        )
+        reason = " ".join(str(d["reason"]).split())
+        console.print(f"    [dim]{escape(reason[:300])}[/dim]", highlight=False)
+
+
+_MARKS = {
+    "completed": "[green]✓[/green]",
+    "failed": "[red]✗[/red]",
+    "in_progress": "[yellow]…[/yellow]",
+    "cancelled": "[dim]−[/dim]",
+}
+
+
+def _print_timeline(milestones: list[dict[str, Any]]) -> None:
+    """Milestones grouped under the phase they belong to, in the order they happened."""
+    phase = None
+    for m in milestones:
+        if m["kind"] == "agent_process":  # process bookkeeping; the agent table says it better
+            continue
+        if m["phase"] != phase:
+            phase = m["phase"]
+            console.print(f"[bold]{phase}[/bold]  [dim]{(m['created_at'] or '')[11:19]}[/dim]")
+        where = "".join(
+            f" {label}{value}" for label, value in (("r", m["round"]), ("a", m["attempt"])) if value
+        )
+        summary = escape((m["summary"] or "").splitlines()[0][:80]) if m["summary"] else ""
+        console.print(
+            f"  {_MARKS.get(m['status'], m['status'])} {m['kind']}{where}  [dim]{summary}[/dim]",
+            highlight=False,
+        )

@@ -1,0 +1,291 @@
+"""Setting up: ``init``, ``doctor``, ``dry-run``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from phasegate.cartridge import CARTRIDGE_FILE, DefaultCartridge, default_cartridge, load_cartridge
+from phasegate.cli._app import (
+    JsonOption,
+    RepoOption,
+    UsageError,
+    _errors,
+    _repo_root,
+    _ticket_from,
+    _title_of,
+    app,
+    console,
+)
+from phasegate.cli.render import _STOPPED, _detail, _engine, _graceful, _print_detail, _Progress
+from phasegate.doctor import Diagnosis, diagnose
+from phasegate.store import open_store
+from phasegate.workspace import Workspace
+
+
+@app.command(short_help="Write phasegate.toml, from what it finds.")
+def init(
+    repo: RepoOption = Path("."),
+    force: Annotated[bool, typer.Option(help="Overwrite an existing cartridge.")] = False,
+) -> None:
+    """Write phasegate.toml, with roles and checks chosen from what it finds.
+
+    Roles: the claude-code runner when `claude` is on PATH, else codex when
+    `codex` is, else the api runner when ANTHROPIC_API_KEY or OPENAI_API_KEY is
+    set, else commented examples. The base branch and the checks (pytest, npm
+    test, cargo test, go test, make test) come from the repository.
+    """
+    with _errors():
+        root = _repo_root(repo)
+        path = root / CARTRIDGE_FILE
+        if path.exists() and not force:
+            raise UsageError(f"{path} exists; use --force to overwrite")
+        chosen = default_cartridge(root)
+        path.write_text(chosen.text, encoding="utf-8")
+        Workspace().exclude(root, ".phasegate/")
+        load_cartridge(root)
+    console.print(f"wrote {path}", highlight=False)
+    _print_chosen(chosen)
+
+
+def _print_chosen(chosen: DefaultCartridge) -> None:
+    def say(label: str, text: str) -> None:
+        console.print(f"  {label}: {escape(text)}", highlight=False)
+
+    if chosen.runner is None:
+        say("roles", "none bound (no agent CLI found, no model key set)")
+    else:
+        how = [f"every role on the {chosen.runner} runner"]
+        if chosen.executable:
+            how.append(f"{chosen.executable}")
+        if chosen.model:
+            how.append(f"model {chosen.model}")
+        how.append(
+            f"api_key_env = {chosen.api_key_env}" if chosen.api_key_env else "no api_key_env"
+        )
+        say("roles", ", ".join(how))
+    say("base branch", f"{chosen.base_branch} ({chosen.base_branch_why})")
+    if chosen.checks:
+        for check in chosen.checks:
+            say("check", f"{check.command}  ({check.why})")
+    else:
+        say("checks", "none found")
+    for note in chosen.notes:
+        console.print(f"  [yellow]note:[/yellow] {escape(note)}", highlight=False)
+    if chosen.runner is None:
+        console.print(
+            f"next: bind the roles in {CARTRIDGE_FILE}, then `phasegate doctor`", highlight=False
+        )
+    else:
+        console.print(
+            'next: `phasegate doctor`, `phasegate dry-run "a small ticket"` (offline, '
+            'a scripted model), then `phasegate run "your ticket"`',
+            highlight=False,
+        )
+
+
+@app.command(short_help="Check what a run needs; list what is missing.")
+def doctor(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
+    """Check agent CLIs, model keys, git and the cartridge: is a run ready?
+
+    What a run needs: agent CLIs, model keys, git, the cartridge and its roles.
+
+    Lists the agent CLIs found on PATH (claude, codex, and every executable
+    the cartridge names) with their versions, which model keys are set (never
+    their values), the git version, whether the cartridge is valid, what each
+    role is bound to, and what is missing. Exit code 0 when everything a run
+    needs is there, 1 when something is missing.
+    """
+    found = diagnose(repo)
+    if as_json:
+        console.print_json(json.dumps(found.as_dict()))
+    else:
+        _print_diagnosis(found)
+    if not found.ok:
+        raise typer.Exit(1)
+
+
+def _print_diagnosis(found: Diagnosis) -> None:
+    def line(mark: str, text: str) -> None:
+        console.print(f"  {mark} {escape(text)}", highlight=False)
+
+    yes, no = "[green]✓[/green]", "[red]✗[/red]"
+    console.print(
+        f"phasegate {found.phasegate} · git {found.git or 'not found'} · "
+        f"repo {found.repo or 'none'}",
+        highlight=False,
+    )
+    console.print("[bold]agent CLIs[/bold]")
+    for cli in found.agent_clis:
+        if cli.path is None:
+            line("[dim]−[/dim]", f"{cli.name}: not found")
+        else:
+            where = cli.path if cli.path == cli.name else f"{cli.name}: {cli.path}"
+            line(yes if cli.version else no, f"{where}  {cli.version or cli.error}")
+    console.print("[bold]model keys[/bold] (whether set; values are never shown)")
+    is_set = [name for name, ok in found.keys.items() if ok]
+    unset = [name for name, ok in found.keys.items() if not ok]
+    line(yes if is_set else "[dim]−[/dim]", "set: " + (", ".join(is_set) or "none"))
+    line("[dim]−[/dim]", "not set: " + (", ".join(unset) or "none"))
+    cart = found.cartridge
+    if cart["path"]:
+        state = "valid" if cart["valid"] else ("invalid" if cart["found"] else "not found")
+        console.print(f"[bold]cartridge[/bold] {escape(cart['path'])}: {state}", highlight=False)
+    if found.roles:
+        console.print("[bold]roles[/bold]")
+    for role in found.roles:
+        if not role.bound:
+            line(no, f"{role.role}: not bound")
+        elif role.error:
+            line(no, f"{role.role}: {role.error}")
+        else:
+            parts = [role.runner or "?"]
+            if role.model:
+                parts.append(f"model {role.model}")
+            if role.executable and role.executable != role.resolved:
+                parts.append(f"{role.executable} → {role.resolved or 'NOT FOUND'}")
+            elif role.executable:
+                parts.append(role.executable)
+            if role.api_key_env:
+                parts.append(f"{role.api_key_env} {'set' if role.api_key_set else 'NOT SET'}")
+            problem = (role.executable and not role.resolved and role.runner != "command") or (
+                role.api_key_env and not role.api_key_set
+            )
+            line(no if problem else yes, f"{role.role}: " + " · ".join(parts))
+    line(
+        yes if found.litellm else "[dim]−[/dim]",
+        f"litellm {'installed' if found.litellm else 'not installed'} (for api roles)",
+    )
+    for warning in found.warnings:
+        line("[yellow]![/yellow]", warning)
+    if found.missing:
+        console.print(f"[red]missing ({len(found.missing)})[/red]")
+        for item in found.missing:
+            line(no, item)
+    else:
+        console.print("[green]ready[/green]: everything a run needs is there")
+
+
+@app.command(
+    "dry-run",
+    short_help="Run a workflow offline, on a throwaway clone.",
+    epilog="The script format, and what the dry run keeps and replaces: README.md, "
+    "section 'Dry run'.",
+)
+def dry_run(
+    ticket: Annotated[str | None, typer.Argument(help="The ticket text.")] = None,
+    ticket_file: Annotated[
+        Path | None, typer.Option("--ticket", help="Read the ticket from FILE.")
+    ] = None,
+    script: Annotated[
+        Path | None,
+        typer.Option(help="The model's turns per role, a TOML file (default: built-in)."),
+    ] = None,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Keep the temporary clone (and its state) afterwards.")
+    ] = False,
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+) -> None:
+    """Run a whole workflow offline: a scripted model, a throwaway clone.
+
+    Every claude-code, codex and api role keeps its runner, executable, tools
+    and permissions but talks to a local scripted model server (base_url and a
+    dummy key are replaced); command and scripted roles run as they are. The
+    work happens in a local clone (git clone --local --no-hardlinks) in a
+    temporary directory with its own store, and merges there without asking:
+    the repository is never touched.
+
+    The script is TOML, one table per role (plan, plan_review, build, review,
+    verification) or per phrase of a prompt (tried first), each with steps,
+    one per model turn:
+
+    \b
+        [review]
+        steps = [{ text = "Needs a test.\\nVERDICT: request_changes" }]
+        ["review round 2"]
+        steps = [{ text = "VERDICT: approve" }]
+        [build]
+        steps = [
+          { tools = [{ name = "Write", input = { file_path = "{cwd}/a.txt", content = "a" } }] },
+          { text = "Wrote a.txt." },
+        ]
+
+    A step has text, tools ([{name, input}]: Write/Edit/Read/Bash for Claude
+    Code, {cwd} being its working directory; exec_command {cmd} for Codex),
+    status (an HTTP error), input_tokens, output_tokens, delay_s, hang. Roles
+    left out answer acceptably: a plan, VERDICT: approve, a build writing
+    phasegate-dry-run.txt, VERDICT: confirmed.
+
+    In graph mode ([graph] enabled = true) the roles' scripts are picked by the
+    development graph's prompts and every role is read-only: the built-in build
+    answers with a unified diff, the bound graph roles (scope_epic,
+    plan_alternative, plan_arbitrate, plan_adversary, review_adversary,
+    arbitrate) answer acceptably, and the draft PR is landed without asking.
+    """
+    from phasegate.dryrun import dry_run_workspace, load_script
+
+    with _errors():
+        text = _ticket_from(ticket, ticket_file)
+        root = _repo_root(repo)
+        cartridge = load_cartridge(root)
+        cartridge.require_roles(root / CARTRIDGE_FILE)
+        steps = load_script(script) if script is not None else None
+        with dry_run_workspace(root, cartridge, steps, keep=keep) as dry:
+            store = open_store(dry.cartridge.store_url(dry.clone))
+            try:
+                engine = _engine(dry.clone, dry.cartridge, store, None)
+                if not as_json:
+                    console.print(
+                        f"dry run on a clone of {root}: {dry.clone}\n"
+                        f"  scripted model at {dry.server.url} for: "
+                        f"{', '.join(dry.offline_roles) or 'no role'}"
+                        + (
+                            f"; as they are: {', '.join(dry.as_is_roles)}"
+                            if dry.as_is_roles
+                            else ""
+                        ),
+                        highlight=False,
+                    )
+                workflow_id = engine.start(_title_of(text), text, auto_merge=True)
+                with _Progress(quiet=as_json) as progress, _graceful(engine):
+                    engine.on_event = progress
+                    engine.advance(workflow_id)
+                detail = _detail(store, workflow_id)
+            finally:
+                store.close()
+            requests = dry.model_requests()
+            clone = str(dry.clone)
+    info = {
+        "repo": str(root),
+        "clone": clone,
+        "kept": keep,
+        "script": str(script) if script else None,
+        "model_requests": requests,
+        "offline_roles": dry.offline_roles,
+        "as_is_roles": dry.as_is_roles,
+    }
+    summary = detail["workflow"]
+    if as_json:
+        console.print_json(json.dumps({"dry_run": info, **detail}, default=str))
+    else:
+        console.print()
+        _print_detail(detail)
+        color = "green" if summary["status"] in ("completed", "waiting") else "red"
+        console.print(
+            f"\ndry run: {summary['current_phase']} · [{color}]{summary['status']}[/{color}] · "
+            f"{requests} model request(s) answered by the script",
+            highlight=False,
+        )
+        if summary["error"]:
+            console.print(f"  reason: {escape(summary['error'])}", highlight=False)
+        where = f"kept in {clone}" if keep else "removed (--keep keeps it)"
+        console.print(f"  {root} was not touched; the clone was {where}", highlight=False)
+    if engine.shutdown.is_set():
+        raise typer.Exit(130)
+    if summary["status"] in _STOPPED:
+        raise typer.Exit(1)

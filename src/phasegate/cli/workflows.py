@@ -1,0 +1,264 @@
+"""A workflow's commands: ``run``, ``worker``, ``status``, ``show`` and a person's decisions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from phasegate import decisions
+from phasegate.cartridge import CARTRIDGE_FILE
+from phasegate.cli._app import (
+    JsonOption,
+    NoAdvance,
+    ProfileOption,
+    RepoOption,
+    _errors,
+    _open,
+    _open_for_reading,
+    _ticket_from,
+    _title_of,
+    app,
+    console,
+    err,
+)
+from phasegate.cli.render import (
+    _detail,
+    _drive,
+    _drive_unless_taken,
+    _engine,
+    _finish,
+    _graceful,
+    _print_detail,
+    _Progress,
+    _summary,
+)
+from phasegate.contract import PhaseResult
+from phasegate.engine import Engine
+from phasegate.phases import acceptance_verification
+
+
+@app.command()
+def run(
+    ticket: Annotated[str | None, typer.Argument(help="The ticket text.")] = None,
+    ticket_file: Annotated[
+        Path | None, typer.Option("--ticket", help="Read the ticket from FILE.")
+    ] = None,
+    title: Annotated[
+        str | None, typer.Option(help="Title (default: the ticket's first line).")
+    ] = None,
+    auto_merge: Annotated[
+        bool | None,
+        typer.Option(
+            "--auto-merge/--no-auto-merge",
+            help="Override workflow.auto_merge and the profile's default.",
+        ),
+    ] = None,
+    profile: ProfileOption = None,
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+) -> None:
+    """File a ticket and run its workflow in the foreground (Ctrl-C leaves it resumable).
+
+    With [graph] enabled = true in phasegate.toml, planning, development and
+    pr_review follow the development graph: competing plans, a read-only build
+    answering with a diff, review tiers and a bounded fix loop; the draft PR
+    proposal lands through the apply arm (policy auto) or waits for
+    `phasegate approve ID` (policy propose).
+    """
+    with _errors():
+        ticket = _ticket_from(ticket, ticket_file)
+        root, cartridge, store = _open(repo)
+        cartridge.require_roles(root / CARTRIDGE_FILE)
+        engine = _engine(root, cartridge, store, None)
+        workflow_id = engine.start(
+            title or _title_of(ticket), ticket, auto_merge=auto_merge, profile=profile
+        )
+        if not as_json:
+            console.print(f"workflow [bold]{workflow_id}[/bold] filed", highlight=False)
+        _drive(engine, workflow_id, as_json)
+
+
+@app.command()
+def worker(
+    repo: RepoOption = Path("."),
+    once: Annotated[
+        bool, typer.Option(help="One pass over the runnable workflows, then exit.")
+    ] = False,
+    poll: Annotated[float, typer.Option(help="Seconds between passes.")] = 2.0,
+) -> None:
+    """Advance every runnable workflow until stopped (SIGTERM/Ctrl-C stop it cleanly)."""
+    with _errors():
+        root, cartridge, store = _open(repo)
+        progress = _Progress(quiet=False)
+        engine = _engine(root, cartridge, store, progress)
+        with progress, _graceful(engine, "`phasegate status` lists the workflows"):
+            engine.run_worker(once=once, poll_s=poll)
+    if engine.shutdown.is_set():
+        raise typer.Exit(130)
+
+
+@app.command()
+def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
+    """Every workflow: phase, status, profile, tokens and cost."""
+    with _errors():
+        store = _open_for_reading(repo)
+        rows = [_summary(store, r) for r in store.list_workflows()]
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    table = Table(
+        "id", "title", "phase", "status", "profile", "tokens", "cost (USD)", "updated (UTC)"
+    )
+    for r in rows:
+        title = r["title"] if len(r["title"]) <= 40 else r["title"][:39] + "…"
+        table.add_row(
+            r["id"],
+            escape(title),
+            r["current_phase"],
+            r["status"],
+            r["profile"],
+            str(r["tokens"]),
+            f"{r['cost_usd']:.4f}",
+            (r["updated_at"] or "")[:19],
+        )
+    console.print(table if rows else 'no workflows yet; `phasegate run "ticket"` files one')
+
+
+@app.command()
+def show(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID")],
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+) -> None:
+    """One workflow: its phase timeline with milestones, agent runs and the reason it stopped."""
+    with _errors():
+        store = _open_for_reading(repo)
+        detail = _detail(store, workflow_id)
+    if as_json:
+        console.print_json(json.dumps(detail, default=str))
+        return
+    _print_detail(detail)
+
+
+def _manual(
+    repo: Path,
+    workflow_id: str,
+    decide: Callable[[Engine, Any], PhaseResult],
+    advance: bool,
+    as_json: bool,
+    announce_reversion: bool = False,
+) -> None:
+    """Commit a person's decision through the single commit path, then (optionally) advance.
+
+    With ``announce_reversion`` the reversion just recorded is confirmed on
+    stderr before the workflow moves on (its exit code is the run's).
+    """
+    with _errors():
+        root, cartridge, store = _open(repo)
+        engine = _engine(root, cartridge, store, None)
+        row = engine.decide(workflow_id, lambda ctx: decide(engine, ctx))
+        if announce_reversion:
+            recorded = row["state"]["decisions"][-1]
+            err.print(
+                f"reverted {row['id']} from {recorded['source_phase']} to "
+                f"{recorded['target_phase']} (reversion {recorded['reversion_number']} of 3)",
+                highlight=False,
+            )
+        if advance:
+            _drive_unless_taken(engine, workflow_id, as_json)
+        else:
+            _finish(store, store.workflow_row(workflow_id), as_json, driven=False)
+
+
+@app.command()
+def resume(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID")],
+    repo: RepoOption = Path("."),
+    no_advance: NoAdvance = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Resume a failed, paused or interrupted workflow from its current phase."""
+    _manual(repo, workflow_id, lambda _e, ctx: decisions.resume(ctx), not no_advance, as_json)
+
+
+@app.command()
+def feedback(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID")],
+    text: Annotated[str, typer.Argument(help="What the agents should change.")],
+    repo: RepoOption = Path("."),
+    no_advance: NoAdvance = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Send feedback: a waiting workflow goes back to development with it."""
+    _manual(
+        repo, workflow_id, lambda _e, ctx: decisions.feedback(ctx, text), not no_advance, as_json
+    )
+
+
+@app.command("approve-merge")
+def approve_merge(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID")],
+    by: Annotated[str, typer.Option(help="Who approves.")] = "cli",
+    repo: RepoOption = Path("."),
+    no_advance: NoAdvance = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Allow a waiting workflow (phase wait, after its report) to merge its pull request."""
+    _manual(
+        repo, workflow_id, lambda _e, ctx: decisions.approve_merge(ctx, by), not no_advance, as_json
+    )
+
+
+@app.command()
+def revert(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID")],
+    reason: Annotated[str, typer.Option(help="Why the plan must change (the next plan reads it).")],
+    to_phase: Annotated[
+        str, typer.Option("--to-phase", help="planning (spec 003's strategize).")
+    ] = "planning",
+    repo: RepoOption = Path("."),
+    no_advance: NoAdvance = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Send a workflow back to planning with a reason (at most 3 reversions per workflow).
+
+    Then runs it in the foreground, like resume (--no-advance: record only).
+
+    From development, pr_review, report, wait or a merge not yet done; the
+    profile's thresholds do not apply, the loop guard does. The worktree,
+    branch, milestones and agent sessions are kept; the reason is the next
+    plan's input and a decision record `phasegate show` lists.
+    """
+    _manual(
+        repo,
+        workflow_id,
+        lambda e, ctx: decisions.revert(ctx, to_phase, reason, e.clock.now()),
+        not no_advance,
+        as_json,
+        announce_reversion=True,
+    )
+
+
+@app.command("verify-override")
+def verify_override(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID")],
+    verdict: Annotated[str, typer.Option(help="confirmed or rejected.")],
+    by: Annotated[str, typer.Option(help="Who decides (recorded as verified_by).")],
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+) -> None:
+    """A person's acceptance verdict; confirmed closes the issue and completes the workflow."""
+
+    def decide(engine: Engine, ctx: Any) -> PhaseResult:
+        return acceptance_verification.override(ctx, engine.deps_for(ctx), verdict, by)
+
+    _manual(repo, workflow_id, decide, False, as_json)
+
+
+# -- proposals and the human gate (spec 002) ------------------------------------------------
