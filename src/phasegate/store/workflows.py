@@ -1,0 +1,375 @@
+"""Workflows, their milestones and events, and the single commit path (spec 000)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+
+from phasegate.contract import (
+    COMPLETED,
+    PHASE_STATUS_MAP,
+    PREPARATION,
+    ContractViolation,
+    EventWrite,
+    MilestoneView,
+    MilestoneWrite,
+    PhaseResult,
+    StaleContext,
+    WorkflowContext,
+    WorkflowNotFound,
+    is_legal_next_phase,
+    next_phase,
+)
+from phasegate.store import tables as t
+from phasegate.store._base import StoreBase, _utc
+
+#: Workflow columns a PhaseResult may set through ``updates``. current_phase and
+#: status are deliberately absent: only the outcome decides those.
+UPDATABLE_COLUMNS = frozenset(
+    {
+        "current_round",
+        "dev_round",
+        "branch_name",
+        "worktree_path",
+        "issue_number",
+        "pr_number",
+        "merge_sha",
+        "auto_merge",
+        "user_feedback",
+    }
+)
+
+
+def _workflow_dict(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A workflow row as a dict, its timestamps UTC-aware."""
+    out = dict(row)
+    for key in ("created_at", "updated_at", "completed_at", "lease_expires_at"):
+        out[key] = _utc(out[key])
+    return out
+
+
+class WorkflowRows(StoreBase):
+    """Workflow rows, milestones and events; ``commit_phase_result``'s home."""
+
+    # -- workflows --------------------------------------------------------------
+
+    def create_workflow(
+        self,
+        *,
+        title: str,
+        ticket: str,
+        repo_path: str,
+        base_branch: str,
+        auto_merge: bool,
+        content_language: str,
+        state: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Insert a workflow in ``preparation``; returns its id (8 hex digits)."""
+        now = self.clock.now()
+        workflow_id = secrets.token_hex(4)
+        with self.transaction() as conn:
+            conn.execute(
+                t.workflows.insert().values(
+                    id=workflow_id,
+                    title=title,
+                    ticket=ticket,
+                    repo_path=repo_path,
+                    base_branch=base_branch,
+                    current_phase=PREPARATION,
+                    status=PHASE_STATUS_MAP[PREPARATION],
+                    auto_merge=auto_merge,
+                    content_language=content_language,
+                    state=dict(state or {}),
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+            self._add_event(conn, workflow_id, EventWrite("phase_change", {"phase": PREPARATION}))
+        return workflow_id
+
+    def workflow_row(self, workflow_id: str) -> dict[str, Any]:
+        """The workflow's row as a dict. Raises WorkflowNotFound."""
+        with self.engine.connect() as conn:
+            row = (
+                conn.execute(sa.select(t.workflows).where(t.workflows.c.id == workflow_id))
+                .mappings()
+                .first()
+            )
+        if row is None:
+            raise WorkflowNotFound(workflow_id)
+        return _workflow_dict(row)
+
+    def list_workflows(self) -> list[dict[str, Any]]:
+        """Every workflow row, oldest first."""
+        with self.engine.connect() as conn:
+            rows = (
+                conn.execute(
+                    sa.select(t.workflows).order_by(t.workflows.c.created_at, t.workflows.c.id)
+                )
+                .mappings()
+                .all()
+            )
+        # Through the same conversion as workflow_row, so `status` and `show`
+        # report the same (UTC-aware) timestamps.
+        return [_workflow_dict(r) for r in rows]
+
+    def runnable_workflow_ids(self, statuses: frozenset[str]) -> list[str]:
+        """Ids of workflows whose status is in ``statuses``, oldest first."""
+        with self.engine.connect() as conn:
+            return list(
+                conn.execute(
+                    sa.select(t.workflows.c.id)
+                    .where(t.workflows.c.status.in_(sorted(statuses)))
+                    .order_by(t.workflows.c.created_at, t.workflows.c.id)
+                ).scalars()
+            )
+
+    def load_context(self, workflow_id: str) -> WorkflowContext:
+        """The frozen snapshot a phase receives. Raises WorkflowNotFound."""
+        row = self.workflow_row(workflow_id)
+        return WorkflowContext(
+            id=row["id"],
+            title=row["title"],
+            ticket=row["ticket"],
+            repo_path=row["repo_path"],
+            base_branch=row["base_branch"],
+            current_phase=row["current_phase"],
+            status=row["status"],
+            version=row["version"],
+            current_round=row["current_round"],
+            dev_round=row["dev_round"],
+            branch_name=row["branch_name"],
+            worktree_path=row["worktree_path"],
+            issue_number=row["issue_number"],
+            pr_number=row["pr_number"],
+            merge_sha=row["merge_sha"],
+            auto_merge=bool(row["auto_merge"]),
+            user_feedback=row["user_feedback"],
+            content_language=row["content_language"],
+            error=row["error"],
+            state=dict(row["state"] or {}),
+            milestones=tuple(self.milestones(workflow_id)),
+        )
+
+    # -- the single commit path (spec 000) -----------------------------------------
+
+    def commit_phase_result(self, ctx: WorkflowContext, result: PhaseResult) -> dict[str, Any]:
+        """Commit ``result`` for the phase ``ctx`` was loaded in; see ``commit_phase_result``."""
+        return commit_phase_result(self, ctx, result)
+
+    # -- milestones -------------------------------------------------------------
+
+    @staticmethod
+    def dedupe_key(workflow_id: str, phase: str, write: MilestoneWrite) -> str:
+        key = f"{workflow_id}:{phase}:{write.kind}:r{write.round}:a{write.attempt}"
+        return f"{key}:{write.key}" if write.key else key
+
+    def milestones(self, workflow_id: str) -> list[MilestoneView]:
+        """The workflow's milestones, oldest first."""
+        return [_milestone_view(r) for r in self._workflow_rows(t.milestones, workflow_id)]
+
+    def milestone_rows(self, workflow_id: str) -> list[dict[str, Any]]:
+        """The workflow's milestones as rows (with timestamps), oldest first."""
+        return self._workflow_rows(t.milestones, workflow_id)
+
+    def milestone_by_key(self, dedupe_key: str) -> MilestoneView | None:
+        with self.engine.connect() as conn:
+            row = (
+                conn.execute(sa.select(t.milestones).where(t.milestones.c.dedupe_key == dedupe_key))
+                .mappings()
+                .first()
+            )
+        return _milestone_view(row) if row else None
+
+    def write_milestone(self, workflow_id: str, phase: str, write: MilestoneWrite) -> MilestoneView:
+        """Upsert one milestone in its own transaction (the side-effect journal's write)."""
+        with self.transaction() as conn:
+            key = self._upsert_milestone(conn, workflow_id, phase, write)
+        found = self.milestone_by_key(key)
+        assert found is not None
+        return found
+
+    def _upsert_milestone(
+        self, conn: sa.Connection, workflow_id: str, phase: str, write: MilestoneWrite
+    ) -> str:
+        now = self.clock.now()
+        phase = write.phase or phase
+        key = self.dedupe_key(workflow_id, phase, write)
+        existing = conn.execute(
+            sa.select(t.milestones.c.id).where(t.milestones.c.dedupe_key == key)
+        ).scalar()
+        values = {
+            "status": write.status,
+            "summary": write.summary,
+            "data": dict(write.data),
+            "updated_at": now,
+        }
+        if existing is None:
+            conn.execute(
+                t.milestones.insert().values(
+                    workflow_id=workflow_id,
+                    kind=write.kind,
+                    phase=phase,
+                    round=write.round,
+                    attempt=write.attempt,
+                    dedupe_key=key,
+                    created_at=now,
+                    **values,
+                )
+            )
+        else:
+            conn.execute(
+                t.milestones.update().where(t.milestones.c.id == existing).values(**values)
+            )
+        self._add_event(
+            conn,
+            workflow_id,
+            EventWrite(
+                "milestone_updated",
+                {"kind": write.kind, "phase": phase, "status": write.status, "key": key},
+            ),
+        )
+        return key
+
+    def settle_milestone(
+        self,
+        milestone: MilestoneView,
+        status: str,
+        *,
+        summary: str | None = None,
+        data: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Settle an existing milestone in place (``in_progress`` → a final status)."""
+        with self.transaction() as conn:
+            row = conn.execute(
+                sa.select(t.milestones.c.workflow_id).where(t.milestones.c.id == milestone.id)
+            ).scalar_one()
+            conn.execute(
+                t.milestones.update()
+                .where(t.milestones.c.id == milestone.id)
+                .values(
+                    status=status,
+                    summary=milestone.summary if summary is None else summary,
+                    data={**milestone.data, **(data or {})},
+                    updated_at=self.clock.now(),
+                )
+            )
+            self._add_event(
+                conn,
+                row,
+                EventWrite(
+                    "milestone_updated",
+                    {
+                        "kind": milestone.kind,
+                        "phase": milestone.phase,
+                        "status": status,
+                        "key": milestone.dedupe_key,
+                    },
+                ),
+            )
+
+    def in_progress_milestones(self, workflow_id: str) -> list[MilestoneView]:
+        return [m for m in self.milestones(workflow_id) if m.status == "in_progress"]
+
+    # -- events -----------------------------------------------------------------
+
+    def events(self, workflow_id: str, after_id: int = 0) -> list[dict[str, Any]]:
+        """The workflow's events with id > ``after_id``, oldest first."""
+        return self._workflow_rows(t.events, workflow_id, t.events.c.id > after_id)
+
+    def add_event(self, workflow_id: str, event: EventWrite) -> None:
+        with self.transaction() as conn:
+            self._add_event(conn, workflow_id, event)
+
+
+def _milestone_view(row: Mapping[str, Any]) -> MilestoneView:
+    return MilestoneView(
+        id=row["id"],
+        kind=row["kind"],
+        phase=row["phase"],
+        round=row["round"],
+        attempt=row["attempt"],
+        status=row["status"],
+        dedupe_key=row["dedupe_key"],
+        summary=row["summary"],
+        data=dict(row["data"] or {}),
+    )
+
+
+def _validate(ctx: WorkflowContext, result: PhaseResult) -> None:
+    if result.next_phase is not None:
+        if result.outcome != "completed":
+            raise ContractViolation(
+                f"next_phase {result.next_phase!r} given with outcome {result.outcome!r}; "
+                "only a completed outcome moves the phase"
+            )
+        if not is_legal_next_phase(result.next_phase):
+            raise ContractViolation(
+                f"illegal next_phase {result.next_phase!r} from {ctx.current_phase!r}; "
+                "expected a phase in PHASE_ORDER or one of wait, completed"
+            )
+    unknown = set(result.updates) - UPDATABLE_COLUMNS
+    if unknown:
+        raise ContractViolation(f"a PhaseResult may not set {sorted(unknown)}")
+
+
+def commit_phase_result(
+    store: WorkflowRows, ctx: WorkflowContext, result: PhaseResult
+) -> dict[str, Any]:
+    """The single commit path (spec 000, ``_commit_phase_result``).
+
+    In one transaction: validates ``result``, updates the workflow row (phase,
+    status, error, ``updates``, merged ``state``), upserts the milestones and
+    appends the events it carries. Only ``outcome == "completed"`` changes
+    ``current_phase``; ``failed``/``pause`` set status ``failed``/``paused``
+    (or ``result.status``) with ``result.reason`` as the error; ``retry`` and
+    ``wait`` keep the phase and its status.
+
+    Returns the workflow's new row. Raises ContractViolation (an illegal
+    ``next_phase`` or update; nothing written) or StaleContext (the row moved
+    past ``ctx.version``; nothing written).
+    """
+    _validate(ctx, result)
+    phase = ctx.current_phase
+    if result.outcome == "completed":
+        phase = result.next_phase or next_phase(ctx.current_phase)
+        status = result.status or PHASE_STATUS_MAP[phase]
+        error = None
+    elif result.outcome == "failed":
+        status, error = result.status or "failed", result.reason
+    elif result.outcome == "pause":
+        status, error = result.status or "paused", result.reason
+    else:
+        status = result.status or PHASE_STATUS_MAP.get(phase, ctx.status)
+        error = None
+
+    now = store.clock.now()
+    values: dict[str, Any] = {
+        **result.updates,
+        "current_phase": phase,
+        "status": status,
+        "error": error,
+        "state": {**ctx.state, **result.state},
+        "version": ctx.version + 1,
+        "updated_at": now,
+    }
+    if phase == COMPLETED and ctx.current_phase != COMPLETED:
+        values["completed_at"] = now
+
+    c = t.workflows.c
+    with store.transaction() as conn:
+        updated = conn.execute(
+            t.workflows.update().where(c.id == ctx.id, c.version == ctx.version).values(**values)
+        ).rowcount
+        if updated != 1:
+            raise StaleContext(
+                f"workflow {ctx.id} changed since version {ctx.version}; result not committed"
+            )
+        for write in result.milestones:
+            store._upsert_milestone(conn, ctx.id, ctx.current_phase, write)
+        for event in result.events:
+            store._add_event(conn, ctx.id, event)
+    return store.workflow_row(ctx.id)
