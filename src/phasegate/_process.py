@@ -1,101 +1,295 @@
-"""Child process helpers shared by runners and checks."""
+"""Every process phasegate starts (agents, checks) runs here: supervised, bounded, stoppable.
+
+``run_supervised`` starts a command under ``phasegate._supervisor`` (a child
+subreaper that dies with phasegate), feeds it its input, reads its output
+with a deadline, and on a timeout or a cancellation stops its whole subtree,
+including descendants that left its process group with ``setsid()``.
+``kill_orphan_group`` is what a restarted worker uses to stop what a dead
+one left running (``SideEffects.reconcile``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import selectors
 import signal
 import subprocess
+import sys
+import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["kill_orphan_group", "kill_process_group", "start_ticks"]
+from phasegate import _supervisor
+from phasegate._supervisor import (
+    boot_id,
+    descendants,
+    process_table,
+    process_tag,
+    signal_all,
+    start_ticks,
+    tagged,
+)
 
-_POLL_S = 0.05
+__all__ = [
+    "Finished",
+    "SpawnError",
+    "boot_id",
+    "kill_orphan_group",
+    "run_supervised",
+    "start_ticks",
+]
+
+_POLL_S = 0.2  # how often a running process looks for a cancellation
+_DRAIN_S = 2.0  # seconds the output may still flow once the supervisor is done
+_SUPERVISOR = str(Path(_supervisor.__file__).resolve())
 
 
-def start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot), or None if unknown.
+class SpawnError(OSError):
+    """The command could not be started (no such program, bad cwd, ...)."""
 
-    With the pid, it names one process for good: a pid is reused, a
-    (pid, start ticks) pair is not.
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    return int(fields[19]) if len(fields) > 19 else None
+
+@dataclass(frozen=True)
+class Finished:
+    """How a supervised process ended: its output (text), exit code (None when it
+    was stopped), seconds, and ``stopped`` ("timeout", "interrupted" or None)."""
+
+    stdout: str
+    stderr: str
+    returncode: int | None
+    duration_s: float
+    stopped: str | None = None
 
 
 def kill_orphan_group(pgid: int, ticks: int | None) -> bool:
-    """SIGKILL the process group an agent left running when its worker died.
+    """SIGKILL what a process started by a dead worker left running; returns whether it killed.
 
-    Only when the group is ours: its leader is the process that started at
-    ``ticks``, or the leader is gone and members remain (Linux does not hand
-    out a pid still in use as a process group id). Returns whether it killed.
+    ``pgid`` and ``ticks`` name the supervisor (or, for rows written before
+    supervisors, the agent) the worker journaled. Killed: its process group,
+    only when the group is ours (its leader is the process that started at
+    ``ticks``, or the leader is gone and members remain: Linux does not hand
+    out a pid still in use as a process group id), and every process that
+    carries the supervisor's tag, wherever it went with ``setsid()``. A pid
+    that was reused is never killed: the tag names one supervisor for good.
     """
-    if not _group_running(pgid):
-        return False
+    table = process_table()
     leader = start_ticks(pgid)
-    if leader is not None and ticks is not None and leader != ticks:
+    ours = leader is None or ticks is None or leader == ticks
+    targets = tagged(process_tag(pgid, ticks), table) if ticks is not None else set()
+    if ours:
+        targets |= {pid for pid, (_, group, _) in table.items() if group == pgid}
+        if leader is not None:
+            targets |= descendants(pgid, table)
+    if not targets:
         return False
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        return False
+    signal_all(targets, signal.SIGKILL)
     return True
 
 
-def _group_running(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` is still running; zombies do not count.
+def run_supervised(
+    args: str | Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str] | None,
+    stdin: str | None,
+    timeout_s: float,
+    cancel: threading.Event | None,
+    on_spawn: Callable[[int], None] | None = None,
+    merge_stderr: bool = False,
+) -> Finished:
+    """Run ``args`` (a shell command when a string) in ``cwd`` to its end, its timeout
+    (seconds) or ``cancel``; returns what it wrote and how it ended.
 
-    A zombie no parent reaps (an orphan under an init that does not reap) still
-    answers ``killpg(pgid, 0)``, so on Linux the members are read from /proc.
+    ``env`` is the command's whole environment (None: this process's);
+    ``stdin`` its input (None: /dev/null); with ``merge_stderr`` its stderr
+    goes to ``stdout``. ``on_spawn(pid)`` learns the supervisor's pid (its
+    process group) before the command works, to journal it; if it raises,
+    the process is stopped and the error re-raised. Raises SpawnError when
+    the command cannot start. Returns within about ``timeout_s`` plus the
+    grace (2 s) plus the drain (2 s), whatever the command's descendants do.
     """
+    started = time.monotonic()
+    command = [args] if isinstance(args, str) else list(args)
+    status_r, status_w = os.pipe()
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    proc_root = Path("/proc")
-    if not proc_root.is_dir():
-        return True
-    for entry in proc_root.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # it exited while we looked
-        # The command name may hold spaces and parentheses; the fields after the
-        # last ")" are fixed: state, ppid, pgrp, ...
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
-
-
-def kill_process_group(proc: subprocess.Popen[str], grace_s: float = 2.0) -> None:
-    """SIGTERM the process group of ``proc``, then SIGKILL what survives ``grace_s`` seconds.
-
-    The whole group must be gone, not only ``proc``: a child that ignores
-    SIGTERM would otherwise outlive a killed agent or check and keep its
-    stdout open, and reading that output would wait for the child.
-    ``proc`` must have been started with ``start_new_session=True``.
-    """
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                _SUPERVISOR,
+                str(os.getpid()),
+                str(status_w),
+                "shell" if isinstance(args, str) else "exec",
+                "--",
+                *command,
+            ],
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=(status_w,),
+        )
+    except OSError as exc:
+        os.close(status_r)
+        raise SpawnError(exc.errno, f"cannot start {args!r}: {exc}") from exc
+    finally:
+        os.close(status_w)
+    # Written after Popen, yet no window is left unjournaled: a phasegate
+    # killed before on_spawn returns takes the supervisor with it (PDEATHSIG),
+    # and the supervisor its subtree.
+    ticks = start_ticks(proc.pid)
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while True:
-        proc.poll()  # reap the leader: an unreaped leader still counts as a member
-        if not _group_running(proc.pid):
-            return
-        if time.monotonic() >= deadline:
+        if on_spawn is not None:
+            on_spawn(proc.pid)
+        with os.fdopen(status_r, "rb") as status:
+            failure = status.read().decode("utf-8", "replace")
+    except BaseException:
+        _stop(proc, ticks)
+        raise
+    if failure:
+        proc.wait()
+        _close(proc)
+        raise SpawnError(failure)
+    pump = _Pump(proc, stdin)
+    deadline = started + timeout_s
+    stopped: str | None = None
+    while not pump.done():
+        if proc.poll() is not None:
+            # The supervisor exits only once its subtree is gone; output still
+            # open after that is held by something outside it: stop reading soon.
+            pump.run_until(time.monotonic() + _DRAIN_S)
             break
-        time.sleep(_POLL_S)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
+        if cancel is not None and cancel.is_set():
+            stopped = "interrupted"
+        elif time.monotonic() >= deadline:
+            stopped = "timeout"
+        if stopped is not None:
+            _stop(proc, ticks)
+            pump.run_until(time.monotonic() + _DRAIN_S)
+            break
+        pump.run_until(min(deadline, time.monotonic() + _POLL_S))
+    if proc.poll() is None:
+        _stop(proc, ticks)
     proc.wait()
+    _close(proc)
+    out, err = pump.output()
+    return Finished(
+        out,
+        err,
+        None if stopped else proc.returncode,
+        time.monotonic() - started,
+        stopped=stopped,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes], ticks: int | None) -> None:
+    """Stop ``proc``'s subtree: ask the supervisor (SIGTERM), then SIGKILL whatever is
+    left of it (its group, its descendants, its tag) if it did not finish in time."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    # A supervisor stuck past its grace: the sweep below does its work.
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=_supervisor.GRACE_S + 1.0)
+    for _ in range(50):
+        table = process_table()
+        left = tagged(process_tag(proc.pid, ticks), table) if ticks is not None else set()
+        if proc.poll() is None:
+            left |= descendants(proc.pid, table) | {proc.pid}
+        left |= {pid for pid, (_, group, _) in table.items() if group == proc.pid}
+        if not left:
+            break
+        signal_all(left, signal.SIGKILL)
+        time.sleep(0.02)
+    proc.wait()
+
+
+def _close(proc: subprocess.Popen[bytes]) -> None:
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+
+
+class _Pump:
+    """Writes the input and reads stdout/stderr of a process without blocking on
+    either: a pipe held open by a stray descendant cannot hold phasegate up."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], stdin: str | None) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._chunks: dict[int, list[bytes]] = {}
+        self._input = memoryview((stdin or "").encode("utf-8"))
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                os.set_blocking(stream.fileno(), False)
+                self._chunks[stream.fileno()] = []
+                self._selector.register(stream.fileno(), selectors.EVENT_READ)
+        self._out = proc.stdout.fileno() if proc.stdout is not None else -1
+        self._err = proc.stderr.fileno() if proc.stderr is not None else -1
+        if proc.stdin is not None:
+            fd = proc.stdin.fileno()
+            os.set_blocking(fd, False)
+            self._stdin = proc.stdin
+            if self._input:
+                self._selector.register(fd, selectors.EVENT_WRITE)
+            else:
+                self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        with contextlib.suppress(OSError):
+            self._stdin.close()
+
+    def done(self) -> bool:
+        """Whether every output pipe reached end of file."""
+        return not any(key.events & selectors.EVENT_READ for key in self._registered())
+
+    def _registered(self) -> list[selectors.SelectorKey]:
+        return list(self._selector.get_map().values())
+
+    def run_until(self, deadline: float) -> None:
+        """Move bytes until ``deadline`` (monotonic seconds) or every output pipe closed."""
+        while not self.done():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            for key, _ in self._selector.select(remaining):
+                if key.events & selectors.EVENT_WRITE:
+                    self._write(key.fd)
+                else:
+                    self._read(key.fd)
+
+    def _write(self, fd: int) -> None:
+        try:
+            sent = os.write(fd, self._input[:65536])
+        except BlockingIOError:
+            return
+        except BrokenPipeError:
+            sent = len(self._input)  # it exited without reading its input; its exit code decides
+        self._input = self._input[sent:]
+        if not self._input:
+            self._selector.unregister(fd)
+            self._close_stdin()
+
+    def _read(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        if data:
+            self._chunks[fd].append(data)
+        else:
+            self._selector.unregister(fd)
+
+    def output(self) -> tuple[str, str]:
+        """(stdout, stderr) as text; undecodable bytes replaced."""
+        self._selector.close()
+
+        def text(fd: int) -> str:
+            raw = b"".join(self._chunks.get(fd, [])).decode("utf-8", "replace")
+            # Universal newlines, as a text-mode Popen gave them before.
+            return raw.replace("\r\n", "\n").replace("\r", "\n")
+
+        return text(self._out), text(self._err)

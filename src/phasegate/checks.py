@@ -1,22 +1,20 @@
-"""Running the cartridge's checks (``landing_areas.checks``): each command in a
-session of its own, with a timeout, its output captured and redacted."""
+"""Running the cartridge's checks (``landing_areas.checks``): each command
+supervised, with a timeout, its output captured and redacted."""
 
 from __future__ import annotations
 
-import subprocess
 import threading
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
-from phasegate._process import kill_process_group
+from phasegate._process import run_supervised
 from phasegate.contract import WorkflowPaused
 
 __all__ = ["CheckResult", "run_checks"]
 
 _OUTPUT_TAIL = 4000  # characters of a check's output kept as evidence
-_POLL_S = 0.2  # how often a running check looks for a shutdown
 
 
 @dataclass(frozen=True)
@@ -51,55 +49,44 @@ def run_checks(
     *,
     env: Mapping[str, str] | None = None,
     secrets: Sequence[str] = (),
+    on_spawn: Callable[[str, int], None] | None = None,
 ) -> list[CheckResult]:
     """Run each check command in ``cwd`` with a timeout in seconds; capture its output.
 
     ``env`` is the commands' whole environment (None: this process's);
     every value in ``secrets`` is redacted from the output, which becomes
-    evidence, a reason shown to people and the next build prompt. Raises
-    WorkflowPaused, after killing the running check, when ``cancel`` is
-    set: a shutdown must not wait out a long test suite.
+    evidence, a reason shown to people and the next build prompt.
+    ``on_spawn(command, pid)`` learns each check's supervisor before the
+    check works, so a restarted worker can stop it if this one dies
+    (``ProcessJournal``). Each check runs supervised (``run_supervised``):
+    its timeout and a cancellation stop its whole subtree, a descendant
+    that called ``setsid()`` included, and what it leaves running when it
+    exits is stopped too. Raises WorkflowPaused, after stopping the running
+    check, when ``cancel`` is set: a shutdown must not wait out a long test
+    suite. Raises SpawnError (an OSError) when a check cannot start (``cwd``
+    missing).
     """
     results = []
     for command in commands:
-        started = time.monotonic()
-        proc = subprocess.Popen(
+        finished = run_supervised(
             command,
-            shell=True,
             cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            encoding="utf-8",
-            errors="replace",
-            start_new_session=True,
-            env=None if env is None else dict(env),
+            env=env,
+            stdin=None,
+            timeout_s=timeout_s,
+            cancel=cancel,
+            on_spawn=None if on_spawn is None else partial(on_spawn, command),
+            merge_stderr=True,
         )
-        deadline = started + timeout_s
-        timed_out = False
-        while True:
-            try:
-                output, _ = proc.communicate(
-                    timeout=max(0.01, min(_POLL_S, deadline - time.monotonic()))
-                )
-                break
-            except subprocess.TimeoutExpired:
-                if cancel is not None and cancel.is_set():
-                    kill_process_group(proc)
-                    proc.communicate()
-                    raise WorkflowPaused(f"shutdown while the check {command!r} ran") from None
-                if time.monotonic() >= deadline:
-                    kill_process_group(proc)
-                    output, _ = proc.communicate()
-                    timed_out = True
-                    break
+        if finished.stopped == "interrupted":
+            raise WorkflowPaused(f"shutdown while the check {command!r} ran")
         results.append(
             CheckResult(
                 command=command,
-                exit_code=None if timed_out else proc.returncode,
-                duration_s=round(time.monotonic() - started, 3),
-                output=_redact(output or "", secrets)[-_OUTPUT_TAIL:],
-                timed_out=timed_out,
+                exit_code=finished.returncode,
+                duration_s=round(finished.duration_s, 3),
+                output=_redact(finished.stdout, secrets)[-_OUTPUT_TAIL:],
+                timed_out=finished.stopped == "timeout",
             )
         )
     return results

@@ -1,26 +1,23 @@
 """Running one agent process: prompt on stdin, a hard timeout, prompt shutdown.
 
 Shared by every runner that drives a CLI (command, claude-code, codex). The
-process runs in a session of its own, so a timeout or a shutdown kills it and
-everything it started; ``on_spawn`` learns the group's leader first, so a
-restarted worker can stop it if this one dies (``SideEffects.reconcile``).
+process runs under phasegate's supervisor, so a timeout or a shutdown stops it
+and everything it started (``setsid()`` is no way out), and it dies with
+phasegate; ``on_spawn`` learns the supervisor's pid first, so a restarted
+worker can stop what is left if this one dies (``SideEffects.reconcile``).
 """
 
 from __future__ import annotations
 
-import subprocess
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from phasegate._process import kill_process_group
+from phasegate._process import SpawnError, run_supervised
 from phasegate.agents.base import AgentResult
 
 __all__ = ["ProcessOutcome", "run_agent_process"]
-
-_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -68,52 +65,25 @@ def run_agent_process(
     cancel: threading.Event,
     on_spawn: Callable[[int], None] | None = None,
 ) -> ProcessOutcome:
-    """Run ``args`` (a shell command when a string) to completion, timeout or shutdown."""
-    started = time.monotonic()
+    """Run ``args`` (a shell command when a string) to completion, timeout (seconds)
+    or shutdown, supervised (``phasegate._process.run_supervised``); a program
+    that cannot start is a ``spawn_error``, never an exception."""
     try:
-        proc = subprocess.Popen(
+        finished = run_supervised(
             args,
-            shell=isinstance(args, str),
             cwd=cwd,
-            env=dict(env),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            encoding="utf-8",
-            errors="replace",
-            start_new_session=True,
+            env=env,
+            stdin=stdin,
+            timeout_s=timeout_s,
+            cancel=cancel,
+            on_spawn=on_spawn,
         )
-    except OSError as exc:
-        return ProcessOutcome("", "", None, 0.0, spawn_error=f"cannot start {args!r}: {exc}")
-    if on_spawn is not None:
-        try:
-            on_spawn(proc.pid)
-        except BaseException:
-            kill_process_group(proc)  # unrecorded, it could not be stopped after a crash
-            raise
-    deadline = started + timeout_s
-    pending: str | None = stdin  # communicate() takes the input on its first call only
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            stdout, stderr = proc.communicate(
-                input=pending, timeout=max(0.01, min(_POLL_S, remaining))
-            )
-            break
-        except subprocess.TimeoutExpired:
-            pending = None
-            if cancel.is_set() or time.monotonic() >= deadline:
-                kill_process_group(proc)
-                stdout, stderr = proc.communicate()
-                return ProcessOutcome(
-                    stdout or "",
-                    stderr or "",
-                    proc.returncode,
-                    time.monotonic() - started,
-                    stopped="interrupted" if cancel.is_set() else "timeout",
-                )
-        except BrokenPipeError:
-            # It exited without reading its prompt; its exit code decides.
-            stdout, stderr = proc.communicate()
-            break
-    return ProcessOutcome(stdout or "", stderr or "", proc.returncode, time.monotonic() - started)
+    except SpawnError as exc:
+        return ProcessOutcome("", "", None, 0.0, spawn_error=str(exc))
+    return ProcessOutcome(
+        finished.stdout,
+        finished.stderr,
+        finished.returncode,
+        finished.duration_s,
+        stopped=finished.stopped,
+    )
