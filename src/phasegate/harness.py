@@ -51,7 +51,7 @@ from phasegate.graph import (
 from phasegate.graph.calls import asked_as, call_row, recorded_answer
 from phasegate.graph.proposals import Evidence
 from phasegate.store import Store
-from phasegate.workspace import GitError, PatchError, Workspace
+from phasegate.workspace import CheckResult, GitError, PatchError, Workspace
 
 __all__ = [
     "ProposeInterrupted",
@@ -390,6 +390,7 @@ def check_proposals(
     *,
     workspace: Workspace | None = None,
     cancel: threading.Event | None = None,
+    run_checks: Callable[[Path], list[CheckResult]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The ``checks`` evidence of each draft_pr_create proposal with a patch, by its id.
 
@@ -400,11 +401,25 @@ def check_proposals(
     output. The data: ``applied``, ``error`` (when the patch or the worktree
     failed), ``base`` (the commit checked), ``results`` (each check's command,
     exit_code, passed, duration_s, output tail, timed_out) and ``passed``
-    (applied and every check passed). Raises ProposeInterrupted when
-    ``cancel`` is set while a check runs.
+    (applied and every check passed). ``run_checks(tree)`` runs them (a
+    workflow's ``PhaseDeps.run_checks``, which journals each check process);
+    None runs them unjournaled, stopped by ``cancel``. Raises
+    ProposeInterrupted when a shutdown stops a check.
     """
     workspace = workspace or Workspace()
     areas = cartridge.landing_areas
+
+    def unjournaled(tree: Path) -> list[CheckResult]:
+        return workspace.run_checks(
+            areas.checks,
+            tree,
+            areas.check_timeout,
+            cancel,
+            env=check_env(areas.pass_env),
+            secrets=environment_secrets(),
+        )
+
+    run_checks = run_checks or unjournaled
     found: dict[str, dict[str, Any]] = {}
     for proposal in proposals:
         patch = (proposal.get("payload") or {}).get("patch")
@@ -422,14 +437,7 @@ def check_proposals(
                     data["error"] = str(exc)[:4000]
                 else:
                     data["applied"] = True
-                    results = workspace.run_checks(
-                        areas.checks,
-                        tree,
-                        areas.check_timeout,
-                        cancel,
-                        env=check_env(areas.pass_env),
-                        secrets=environment_secrets(),
-                    )
+                    results = run_checks(tree)
                     data["results"] = [r.as_dict() for r in results]
                     data["passed"] = all(r.passed for r in results)
         except WorkflowPaused as exc:

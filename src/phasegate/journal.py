@@ -13,23 +13,29 @@ close) the journal (DESIGN.md §1):
 
 ``reconcile()`` runs at the top of ``advance()``: it settles every row a dead
 process left ``in_progress``, by the same lookups.
+
+Processes are journaled too (``ProcessJournal``): each agent and check
+process has an ``in_progress`` milestone (``agent_process``,
+``check_process``) naming its supervisor by host, boot, pgid and start ticks
+while it runs, so a restarted worker stops what a dead one left running.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from phasegate._process import kill_orphan_group
+from phasegate._process import boot_id, kill_orphan_group, start_ticks
 from phasegate.contract import MilestoneView, MilestoneWrite, PhasegateError
 from phasegate.forge import Forge
 from phasegate.store import Store
 from phasegate.workspace import Workspace
 
-__all__ = ["EFFECT_KINDS", "SideEffects"]
+__all__ = ["EFFECT_KINDS", "PROCESS_KINDS", "ProcessJournal", "SideEffects"]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +52,64 @@ EFFECT_KINDS = frozenset(
     }
 )
 
+# Milestones that name a running process (its supervisor); reconcile stops them.
+PROCESS_KINDS = frozenset({"agent_process", "check_process"})
+
 Result = dict[str, Any]
+
+
+class ProcessJournal:
+    """The journal of the processes one workflow starts: agents and checks.
+
+    The one implementation of "journal a spawned process": used by
+    ``AgentService`` (``agent_process``) and ``PhaseDeps.run_checks``
+    (``check_process``), read back by ``SideEffects.reconcile``.
+    """
+
+    def __init__(self, store: Store, workflow_id: str) -> None:
+        self.store = store
+        self.workflow_id = workflow_id
+
+    @contextmanager
+    def spawning(
+        self, phase: str, kind: str, *, round: int = 0, attempt: int = 0
+    ) -> Iterator[Callable[[int, str, str], None]]:
+        """Yield ``spawned(pid, what, key)``: call it with each started process's
+        supervisor pid, what runs ("build agent", "check 'pytest'") and a key
+        unique within (phase, ``kind``, ``round``, ``attempt``).
+
+        Each call writes an ``in_progress`` milestone of ``kind`` (must be in
+        PROCESS_KINDS) with data ``host``, ``boot``, ``pgid`` and ``ticks``, in
+        its own transaction, before the process works; each is settled
+        ``completed`` when the block ends, however it ends.
+        """
+        if kind not in PROCESS_KINDS:
+            raise ValueError(f"{kind!r} is not a process milestone kind")
+        rows: list[tuple[MilestoneView, str]] = []
+
+        def spawned(pid: int, what: str, key: str) -> None:
+            write = MilestoneWrite(
+                kind,
+                status="in_progress",
+                round=round,
+                attempt=attempt,
+                key=key,
+                summary=f"{what} running (pid {pid})",
+                data={
+                    "host": os.uname().nodename,
+                    "boot": boot_id(),
+                    "pgid": pid,
+                    "ticks": start_ticks(pid),
+                    "what": what,
+                },
+            )
+            rows.append((self.store.write_milestone(self.workflow_id, phase, write), what))
+
+        try:
+            yield spawned
+        finally:
+            for row, what in rows:
+                self.store.settle_milestone(row, "completed", summary=f"{what} exited")
 
 
 class SideEffects:
@@ -238,7 +301,8 @@ class SideEffects:
         An effect found on the forge or in git is settled ``completed`` with
         what was found; one not found is ``cancelled`` (the phase repeats it
         under the same key). An agent process left running by a dead worker
-        is killed. Other in-progress rows (a verifier that was running) are
+        or a check (PROCESS_KINDS) left running by a dead worker is stopped,
+        with every descendant it had. Other in-progress rows (a verifier that was running) are
         ``cancelled`` as interrupted.
         """
         notes = []
@@ -253,7 +317,7 @@ class SideEffects:
                     row, "cancelled", summary=f"{row.kind}: interrupted, not found"
                 )
                 notes.append(f"{row.kind}: not found, will be repeated")
-            elif row.kind == "agent_process":
+            elif row.kind in PROCESS_KINDS:
                 notes.append(self._stop_orphan(row))
             else:
                 self.store.settle_milestone(row, "cancelled", summary=f"{row.kind}: interrupted")
@@ -261,14 +325,18 @@ class SideEffects:
         return notes
 
     def _stop_orphan(self, row: MilestoneView) -> str:
-        """Stop an agent a dead worker left running, so it cannot edit the worktree
-        under the agent that replaces it. Only a process on this host can be reached."""
+        """Stop an agent or check a dead worker left running, so it cannot edit the
+        worktree under the one that replaces it. Only a process on this host, in
+        this boot, can be reached; one from an earlier boot is gone."""
         data = row.data
-        killed = data.get("host") == os.uname().nodename and kill_orphan_group(
-            int(data["pgid"]), data.get("ticks")
-        )
-        how = "stopped" if killed else "already gone"
         if data.get("host") != os.uname().nodename:
             how = f"on host {data.get('host')}, not reachable from here"
+        elif data.get("boot", boot_id()) != boot_id():
+            how = "already gone (the machine restarted)"
+        elif kill_orphan_group(int(data["pgid"]), data.get("ticks")):
+            how = "stopped"
+        else:
+            how = "already gone"
         self.store.settle_milestone(row, "cancelled", summary=f"{row.summary}: interrupted, {how}")
-        return f"orphaned agent (pgid {data.get('pgid')}): {how}"
+        noun = "check" if row.kind == "check_process" else "agent"
+        return f"orphaned {noun} (pgid {data.get('pgid')}): {how}"

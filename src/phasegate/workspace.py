@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
@@ -359,6 +359,9 @@ class Workspace:
         *,
         env: Mapping[str, str] | None = None,
         secrets: Sequence[str] = (),
+        on_spawn: Callable[[str, int], None] | None = None,
     ) -> list[CheckResult]:
         """``phasegate.checks.run_checks``: the seam phases and the harness call."""
-        return run_checks(commands, cwd, timeout_s, cancel, env=env, secrets=secrets)
+        return run_checks(
+            commands, cwd, timeout_s, cancel, env=env, secrets=secrets, on_spawn=on_spawn
+        )

@@ -3,26 +3,23 @@ bounds, records every call's usage and keeps one provider session per line."""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from phasegate._process import start_ticks
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner
 from phasegate.agents.env import redact, secret_values
 from phasegate.cartridge import READ_ONLY_ROLES, ROLE_SESSION_LINES, Cartridge
 from phasegate.contract import (
     EventWrite,
-    MilestoneView,
-    MilestoneWrite,
     PhasegateError,
     WorkflowContext,
     WorkflowPaused,
 )
+from phasegate.journal import ProcessJournal
 from phasegate.store import AgentRunRecord, Store
 from phasegate.workspace import GitError, git
 
@@ -211,27 +208,15 @@ class AgentService:
         worker reads it to stop an agent its dead predecessor left running
         (``SideEffects.reconcile``). It is settled when the call returns.
         """
-        spawned: list[MilestoneView] = []
-
-        def on_spawn(pid: int) -> None:
-            write = MilestoneWrite(
-                "agent_process",
-                status="in_progress",
-                round=round,
-                attempt=request.call_index,
-                key=request.role,
-                summary=f"{request.role} agent running (pid {pid})",
-                data={"host": os.uname().nodename, "pgid": pid, "ticks": start_ticks(pid)},
+        journal = ProcessJournal(self.store, ctx.id)
+        with journal.spawning(
+            phase, "agent_process", round=round, attempt=request.call_index
+        ) as spawned:
+            return runner.run(
+                request,
+                self.cancel,
+                lambda pid: spawned(pid, f"{request.role} agent", request.role),
             )
-            spawned.append(self.store.write_milestone(ctx.id, phase, write))
-
-        try:
-            return runner.run(request, self.cancel, on_spawn)
-        finally:
-            for row in spawned:
-                self.store.settle_milestone(
-                    row, "completed", summary=f"{request.role} agent exited"
-                )
 
     def _record(
         self,

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phasegate._process import start_ticks
 from phasegate.agents.env import check_env, environment_secrets
 from phasegate.agents.service import AgentFailed, AgentService, AnswerError
 from phasegate.cartridge import Cartridge
 from phasegate.clock import Clock
 from phasegate.contract import PR_REVIEW, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.forge import Forge
-from phasegate.journal import SideEffects
+from phasegate.journal import ProcessJournal, SideEffects
 from phasegate.store import Store
 from phasegate.workspace import CheckResult, Workspace
 
@@ -45,22 +46,33 @@ class PhaseDeps:
     shutdown: threading.Event
 
     def run_checks(self, cwd: Path) -> list[CheckResult]:
-        """The cartridge's checks in ``cwd``, stopped by shutdown.
+        """The cartridge's checks in ``cwd``, stopped by shutdown, each journaled.
 
         They see PATH, HOME, the locale and ``landing_areas.pass_env``, never a
         key, and every secret value of phasegate's environment is redacted
         from their output: a test that prints the environment must not carry
-        a token into the store, a reason, or the next agent's prompt.
+        a token into the store, a reason, or the next agent's prompt. Each
+        check process has a ``check_process`` milestone while it runs
+        (``ProcessJournal``), so a restarted worker stops what this one left
+        running if it dies. Raises WorkflowPaused on shutdown.
         """
         areas = self.cartridge.landing_areas
-        return self.workspace.run_checks(
-            areas.checks,
-            cwd,
-            areas.check_timeout,
-            self.shutdown,
-            env=check_env(areas.pass_env),
-            secrets=environment_secrets(),
-        )
+        workflow_id = self.effects.workflow_id
+        phase = self.store.load_context(workflow_id).current_phase
+        journal = ProcessJournal(self.store, workflow_id)
+        with journal.spawning(phase, "check_process") as spawned:
+            return self.workspace.run_checks(
+                areas.checks,
+                cwd,
+                areas.check_timeout,
+                self.shutdown,
+                env=check_env(areas.pass_env),
+                secrets=environment_secrets(),
+                # Unique per run: the pid and start ticks of its supervisor.
+                on_spawn=lambda command, pid: spawned(
+                    pid, f"check {command!r}", f"{pid}.{start_ticks(pid)}"
+                ),
+            )
 
     @property
     def limits(self):  # noqa: ANN201 - the cartridge's Limits

@@ -464,6 +464,7 @@ def _run_graph(
             record["proposals"],
             workspace=deps.workspace,
             cancel=deps.shutdown,
+            run_checks=deps.run_checks,
         )
     except ProposeInterrupted as exc:
         raise WorkflowPaused(str(exc)) from None
