@@ -1,0 +1,284 @@
+"""Every process phasegate starts is accounted for (issue 9, item 8).
+
+Real processes only: small ``sh`` scripts whose descendants leave their process
+group with ``setsid`` and sleep 600 s holding the output pipe, real ``phasegate
+worker`` processes SIGKILLed while a check runs. Each survivor is named by
+(pid, start ticks), so a recycled pid is never mistaken for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_restart import Lab, wait_until
+
+from phasegate._process import start_ticks
+from phasegate.agents.process import run_agent_process
+from phasegate.checks import run_checks
+from phasegate.contract import WorkflowPaused
+
+from conftest import git
+
+# A descendant that leaves the process group, records (pid, start ticks) and
+# sleeps 600 s with the check's stdout open; then the leader sleeps too.
+ESCAPE = (
+    'setsid sh -c \'echo "$$ $(cut -d" " -f22 /proc/$$/stat)" > {out}.tmp; '
+    "mv {out}.tmp {out}; exec sleep 600' &\n"
+)
+
+
+def escaping(out: Path, then: str = "sleep 600") -> str:
+    """A shell command that starts a setsid'd sleeper recording itself in ``out``."""
+    return ESCAPE.format(out=out) + then
+
+
+def recorded(path: Path, timeout: float = 10.0) -> tuple[int, int]:
+    """The (pid, start ticks) a sleeper wrote to ``path``, once it exists."""
+    wait_until(path.exists, f"{path.name} to be written", timeout=timeout)
+    pid, ticks = path.read_text().split()
+    return int(pid), int(ticks)
+
+
+def running(pid: int, ticks: int) -> bool:
+    """Whether the process started at ``ticks`` as ``pid`` still runs (zombies do not)."""
+    if start_ticks(pid) != ticks:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    with contextlib.suppress(OSError):
+        return "\nState:\tZ" not in status.read_text()
+    return False
+
+
+def gone_within(pid: int, ticks: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while running(pid, ticks):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture
+def sleepers() -> list[tuple[int, int]]:
+    """Sleepers a test recorded; any still running at the end is killed (and fails it)."""
+    found: list[tuple[int, int]] = []
+    yield found
+    for pid, ticks in found:
+        if running(pid, ticks):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- (a) timeouts, cancellation, a leader that exits --------------------------------
+
+
+def test_a_check_timeout_ends_its_setsid_grandchild_and_returns_promptly(
+    tmp_path: Path, sleepers: list[tuple[int, int]]
+) -> None:
+    out = tmp_path / "escaped"
+    started = time.monotonic()
+    [result] = run_checks([escaping(out)], tmp_path, timeout_s=1.5)
+    took = time.monotonic() - started
+    sleepers.append(recorded(out))
+    assert result.timed_out and result.exit_code is None
+    assert took < 6, f"run_checks took {took:.1f}s: the escaped sleeper held it up"
+    assert gone_within(*sleepers[0], 2), "the setsid'd grandchild outlived the check's timeout"
+
+
+def test_a_shutdown_stops_a_check_and_its_setsid_grandchild_at_once(
+    tmp_path: Path, sleepers: list[tuple[int, int]]
+) -> None:
+    out = tmp_path / "escaped"
+    cancel = threading.Event()
+
+    def shut_down_once_escaped() -> None:
+        sleepers.append(recorded(out))
+        cancel.set()
+
+    threading.Thread(target=shut_down_once_escaped, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(WorkflowPaused, match="shutdown while the check"):
+        run_checks([escaping(out)], tmp_path, timeout_s=600, cancel=cancel)
+    took = time.monotonic() - started
+    assert took < 8, f"shutdown waited {took:.1f}s for the check"
+    assert gone_within(*sleepers[0], 2), "the setsid'd grandchild outlived the shutdown"
+
+
+def test_what_a_passing_check_leaves_running_is_stopped_and_does_not_hold_it_up(
+    tmp_path: Path, sleepers: list[tuple[int, int]]
+) -> None:
+    out = tmp_path / "escaped"
+    started = time.monotonic()
+    # The leader waits for the sleeper to record itself, then exits 0 at once.
+    [result] = run_checks(
+        [escaping(out, then=f"while [ ! -e {out} ]; do sleep 0.05; done; echo done")],
+        tmp_path,
+        timeout_s=60,
+    )
+    sleepers.append(recorded(out))
+    assert result.passed and result.output == "done\n"
+    assert time.monotonic() - started < 6
+    assert gone_within(*sleepers[0], 1), "a sleeper the check left behind still runs"
+
+
+@pytest.mark.parametrize("stop", ["timeout", "interrupted"])
+def test_an_agent_process_is_stopped_with_its_setsid_grandchild(
+    tmp_path: Path, sleepers: list[tuple[int, int]], stop: str
+) -> None:
+    out = tmp_path / "escaped"
+    cancel = threading.Event()
+    if stop == "interrupted":
+        threading.Thread(
+            target=lambda: (sleepers.append(recorded(out)), cancel.set()), daemon=True
+        ).start()
+    spawned: list[int] = []
+    started = time.monotonic()
+    outcome = run_agent_process(
+        "cat; " + escaping(out),
+        cwd=tmp_path,
+        env=dict(os.environ),
+        stdin="the prompt\n",
+        timeout_s=2.0 if stop == "timeout" else 600,
+        cancel=cancel,
+        on_spawn=spawned.append,
+    )
+    took = time.monotonic() - started
+    if stop == "timeout":
+        sleepers.append(recorded(out))
+    assert outcome.stopped == stop and outcome.stdout == "the prompt\n"
+    assert took < 8, f"the agent took {took:.1f}s to stop"
+    assert gone_within(*sleepers[0], 2), "the agent's setsid'd grandchild outlived it"
+    assert len(spawned) == 1 and not Path(f"/proc/{spawned[0]}").exists()
+
+
+def test_an_agent_program_that_cannot_start_is_a_spawn_error(tmp_path: Path) -> None:
+    outcome = run_agent_process(
+        [str(tmp_path / "no-such-agent")],
+        cwd=tmp_path,
+        env=dict(os.environ),
+        stdin="",
+        timeout_s=10,
+        cancel=threading.Event(),
+    )
+    assert outcome.spawn_error is not None and "no-such-agent" in outcome.spawn_error
+
+
+# -- (b) a worker SIGKILLed while a check runs ---------------------------------------
+
+# The first run of the check hangs: a setsid'd sleeper (``escaped``) and one
+# that stays in the check's group (``member``), each recording itself. Later
+# runs only check the build's file.
+CHECK_SCRIPT = """\
+M={markers}
+if [ ! -e "$M/check-hung" ]; then
+  : > "$M/check-hung"
+  setsid sh -c 'echo "$$ $(cut -d" " -f22 /proc/$$/stat)" > "$1/escaped.tmp"
+    mv "$1/escaped.tmp" "$1/escaped"; exec sleep 600' _ "$M" &
+  sh -c 'echo "$$ $(cut -d" " -f22 /proc/$$/stat)" > "$1/member.tmp"
+    mv "$1/member.tmp" "$1/member"; exec sleep 600' _ "$M" &
+  sleep 600
+fi
+test -f feature.txt
+"""
+
+
+class CheckLab(Lab):
+    """Lab whose check hangs on its first run, leaving two sleepers."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        script = root / "check.sh"
+        script.write_text(CHECK_SCRIPT.format(markers=self.markers))
+        toml = self.repo / "phasegate.toml"
+        text = toml.read_text()
+        assert '"test -f feature.txt"' in text
+        toml.write_text(text.replace('"test -f feature.txt"', json.dumps(f"sh {script}")))
+        git(self.repo, "commit", "-q", "-am", "a check that hangs once")
+
+    def check_supervisor(self, workflow_id: str) -> int:
+        """The pgid the running check's ``check_process`` milestone names."""
+        rows = self._query(
+            "SELECT data FROM milestones WHERE workflow_id = ? AND kind = 'check_process' "
+            "AND status = 'in_progress'",
+            workflow_id,
+        )
+        assert len(rows) == 1, rows
+        return int(json.loads(rows[0][0])["pgid"])
+
+    def notes(self, workflow_id: str) -> list[str]:
+        rows = self._query(
+            "SELECT data FROM events WHERE workflow_id = ? AND type = 'reconciled'", workflow_id
+        )
+        return [json.loads(data)["note"] for (data,) in rows]
+
+
+@pytest.fixture
+def check_lab(tmp_path: Path) -> CheckLab:
+    lab = CheckLab(tmp_path)
+    try:
+        yield lab
+    finally:
+        lab.cleanup()
+
+
+def _hang_in_the_check(lab: CheckLab, sleepers: list[tuple[int, int]]) -> tuple[str, object]:
+    workflow_id = lab.start()
+    worker = lab.worker()
+    for name in ("escaped", "member"):
+        sleepers.append(recorded(lab.markers / name, timeout=60))
+    assert ("development", "check_process") in lab.in_progress(workflow_id)
+    return workflow_id, worker
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("crash", ["processes", "groups"])
+def test_a_restarted_worker_stops_the_check_tree_a_crash_left_running(
+    check_lab: CheckLab, sleepers: list[tuple[int, int]], crash: str
+) -> None:
+    """The worker and the check's supervisor die by SIGKILL together (a crash that
+    spares the rest); what survives them is stopped by the restart's reconcile."""
+    workflow_id, worker = _hang_in_the_check(check_lab, sleepers)
+    supervisor = check_lab.check_supervisor(workflow_id)
+    if crash == "processes":  # the two processes only: the check's group lives on
+        os.kill(worker.pid, signal.SIGKILL)
+        os.kill(supervisor, signal.SIGKILL)
+    else:  # both process groups: only the setsid'd sleeper lives on
+        os.killpg(worker.pid, signal.SIGKILL)
+        os.killpg(supervisor, signal.SIGKILL)
+    worker.wait(timeout=10)
+    escaped, member = sleepers
+    time.sleep(1.0)  # nothing of ours is left to stop them: they must still run
+    assert running(*escaped), "the test lost its power: the setsid'd sleeper died alone"
+    if crash == "processes":
+        assert running(*member), "the test lost its power: the group's sleeper died alone"
+
+    check_lab.run_to_completion(workflow_id)
+    assert not running(*escaped) and not running(*member), "a check process outlived the restart"
+    notes = check_lab.notes(workflow_id)
+    assert f"orphaned check (pgid {supervisor}): stopped" in notes, notes
+    assert check_lab.in_progress(workflow_id) == []
+
+
+@pytest.mark.slow
+def test_a_check_tree_dies_with_its_sigkilled_worker(
+    check_lab: CheckLab, sleepers: list[tuple[int, int]]
+) -> None:
+    """Only the worker is SIGKILLed: its check's supervisor notices and stops the
+    whole tree, the setsid'd sleeper included, before any restart."""
+    workflow_id, worker = _hang_in_the_check(check_lab, sleepers)
+    supervisor = check_lab.check_supervisor(workflow_id)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=10)
+    for pid, ticks in sleepers:
+        assert gone_within(pid, ticks, 5), "a check process outlived its worker"
+    assert gone_within(supervisor, start_ticks(supervisor) or -1, 5)
+
+    check_lab.run_to_completion(workflow_id)
+    notes = check_lab.notes(workflow_id)
+    assert f"orphaned check (pgid {supervisor}): already gone" in notes, notes
