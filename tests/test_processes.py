@@ -11,20 +11,27 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from test_restart import Lab, wait_until
 
-from phasegate._process import start_ticks
+from phasegate._process import boot_id, kill_orphan_group, start_ticks
 from phasegate.agents.process import run_agent_process
 from phasegate.checks import run_checks
 from phasegate.contract import WorkflowPaused
+from phasegate.engine import Engine
+from phasegate.journal import ProcessJournal
+from phasegate.store import Store
 
-from conftest import git
+from conftest import git, scripted_cartridge
 
 # A descendant that leaves the process group, records (pid, start ticks) and
 # sleeps 600 s with the check's stdout open; then the leader sleeps too.
@@ -66,7 +73,7 @@ def gone_within(pid: int, ticks: int, seconds: float) -> bool:
 
 
 @pytest.fixture
-def sleepers() -> list[tuple[int, int]]:
+def sleepers() -> Iterator[list[tuple[int, int]]]:
     """Sleepers a test recorded; any still running at the end is killed (and fails it)."""
     found: list[tuple[int, int]] = []
     yield found
@@ -219,7 +226,7 @@ class CheckLab(Lab):
 
 
 @pytest.fixture
-def check_lab(tmp_path: Path) -> CheckLab:
+def check_lab(tmp_path: Path) -> Iterator[CheckLab]:
     lab = CheckLab(tmp_path)
     try:
         yield lab
@@ -282,3 +289,73 @@ def test_a_check_tree_dies_with_its_sigkilled_worker(
     check_lab.run_to_completion(workflow_id)
     notes = check_lab.notes(workflow_id)
     assert f"orphaned check (pgid {supervisor}): already gone" in notes, notes
+
+
+# -- the journal ----------------------------------------------------------------------
+
+
+def test_each_check_process_is_journaled_in_progress_while_it_runs_then_settled(
+    happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    repo = happy_repo
+    db = repo / ".phasegate" / "state.db"
+    probe = (
+        "import os, sqlite3; "
+        f"rows = sqlite3.connect({str(db)!r}).execute("
+        "\"SELECT status FROM milestones WHERE kind = 'check_process'\").fetchall(); "
+        "print(rows, os.environ['PHASEGATE_PROCESS_TAGS'])"
+    )
+    (repo / "phasegate.toml").write_text(
+        scripted_cartridge(checks=[shlex.join([sys.executable, "-c", probe])])
+    )
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("t", "a ticket")
+    deps = engine.deps_for(store.load_context(workflow_id))
+
+    [result] = deps.run_checks(repo)
+
+    seen, tag = result.output.rsplit(" ", 1)
+    assert result.passed and seen == "[('in_progress',)]", result.output
+    [row] = [m for m in store.milestones(workflow_id) if m.kind == "check_process"]
+    assert row.status == "completed" and row.phase == "preparation"
+    data = row.data
+    assert data["host"] == os.uname().nodename and data["boot"] == boot_id()
+    # The tag the check carried names the journaled supervisor: what reconcile looks for.
+    assert tag.strip() == f"{boot_id()[:8]}.{data['pgid']}.{data['ticks']}"
+
+
+def test_reconcile_settles_a_process_row_from_an_earlier_boot_without_killing(
+    happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    engine, store = engine_for(happy_repo)
+    workflow_id = engine.start("t", "a ticket")
+    deps = engine.deps_for(store.load_context(workflow_id))
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        with ProcessJournal(store, workflow_id).spawning("development", "check_process") as rec:
+            rec(bystander.pid, "check 'x'", "k")
+            [row] = store.in_progress_milestones(workflow_id)
+            store.settle_milestone(row, "in_progress", data={"boot": "an-earlier-boot"})
+            notes = deps.effects.reconcile()
+        assert notes == [
+            f"orphaned check (pgid {bystander.pid}): already gone (the machine restarted)"
+        ]
+        assert bystander.poll() is None, "a process of this boot was killed for a row of another"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_kill_orphan_group_never_kills_a_reused_pid(tmp_path: Path) -> None:
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        ticks = start_ticks(bystander.pid)
+        assert ticks is not None
+        # The journal named a process that started earlier with this pid: not this one.
+        assert kill_orphan_group(bystander.pid, ticks - 1) is False
+        assert bystander.poll() is None
+        assert kill_orphan_group(bystander.pid, ticks) is True
+        assert bystander.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        bystander.kill()
+        bystander.wait()
