@@ -118,6 +118,7 @@ def run_supervised(
             [
                 sys.executable,
                 "-I",
+                "-S",
                 _SUPERVISOR,
                 str(os.getpid()),
                 str(status_w),
@@ -172,6 +173,10 @@ def run_supervised(
             pump.run_until(time.monotonic() + _DRAIN_S)
             break
         pump.run_until(min(deadline, time.monotonic() + _POLL_S))
+    if stopped is None:
+        # End of file comes as the supervisor exits, a moment before it can be reaped.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_DRAIN_S)
     if proc.poll() is None:
         _stop(proc, ticks)
     proc.wait()

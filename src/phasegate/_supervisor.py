@@ -25,7 +25,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -81,7 +80,9 @@ def process_tag(pid: int, ticks: int | None) -> str:
 
 def process_table() -> dict[int, tuple[int, int, str]]:
     """Every live process: pid → (ppid, pgid, state). Zombies are left out."""
-    table = {}
+    table: dict[int, tuple[int, int, str]] = {}
+    if not Path("/proc").is_dir():
+        return table  # no /proc (not Linux): only the process group can be stopped
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -136,10 +137,15 @@ def signal_all(pids: set[int], sig: int) -> None:
 # -- the supervisor ---------------------------------------------------------------
 
 
-def _prctl(option: int, value: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, value, 0, 0, 0) != 0:
+def _prctl(option: int, value: int) -> bool:
+    """Linux's prctl; False where there is none (the ppid poll still stops the
+    subtree when phasegate dies, but an orphaned descendant goes to init)."""
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    if prctl is None:
+        return False
+    if prctl(option, value, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
+    return True
 
 
 def _reap() -> dict[int, int]:
@@ -176,6 +182,8 @@ def main(argv: list[str]) -> int:
     parent, status_fd, mode = int(argv[0]), int(argv[1]), argv[2]
     command = argv[4:]
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    # The death signal comes when the *thread* that started us exits: phasegate's
+    # thread waits in run_supervised until we exit, so only its death sends it.
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:
         return SPAWN_FAILED  # phasegate died before the death signal was armed
@@ -185,24 +193,24 @@ def main(argv: list[str]) -> int:
     env[TAG_VAR] = ":".join(filter(None, [env.get(TAG_VAR, ""), tag]))
     signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED)
 
-    def in_child() -> None:
-        # The command must not inherit the blocked signals, and dies if we do.
-        signal.pthread_sigmask(signal.SIG_SETMASK, set())
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-    args: str | list[str] = command[0] if mode == "shell" else command
-    try:
-        child = subprocess.Popen(
-            args, shell=mode == "shell", env=env, preexec_fn=in_child, close_fds=True
-        )
-    except OSError as exc:
-        os.write(status_fd, f"cannot start {args!r}: {exc}".encode())
-        return SPAWN_FAILED
+    argv_ = ["/bin/sh", "-c", command[0]] if mode == "shell" else command
+    os.set_inheritable(status_fd, False)  # closed by a successful exec: EOF means started
+    pid = os.fork()
+    if pid == 0:
+        try:
+            # The command must not inherit the blocked signals, and dies if we do.
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            os.execvpe(argv_[0], argv_, env)
+        except OSError as exc:
+            shown = command[0] if mode == "shell" else command
+            os.write(status_fd, f"cannot start {shown!r}: {exc}".encode())
+        os._exit(SPAWN_FAILED)
     os.close(status_fd)
     status: int | None = None
     while status is None:
         got = signal.sigtimedwait(_WATCHED, _POLL_S)
-        status = _reap().get(child.pid)
+        status = _reap().get(pid)
         if status is None and (
             (got is not None and got.si_signo != signal.SIGCHLD) or os.getppid() != parent
         ):

@@ -372,7 +372,7 @@ def _print_timeline(milestones: list[dict[str, Any]]) -> None:
     """Milestones grouped under the phase they belong to, in the order they happened."""
     phase = None
     for m in milestones:
-        if m["kind"] == "agent_process":  # process bookkeeping; the agent table says it better
+        if m["kind"] in ("agent_process", "check_process"):  # process bookkeeping
             continue
         if m["phase"] != phase:
             phase = m["phase"]
