@@ -79,12 +79,12 @@ def kill_orphan_group(pgid: int, ticks: int | None) -> bool:
     ours = leader is None or ticks is None or leader == ticks
     targets = tagged(process_tag(pgid, ticks), table) if ticks is not None else set()
     if ours:
-        targets |= {pid for pid, (_, group, _) in table.items() if group == pgid}
+        targets |= {pid for pid, (_, group, _ticks) in table.items() if group == pgid}
         if leader is not None:
             targets |= descendants(pgid, table)
     if not targets:
         return False
-    signal_all(targets, signal.SIGKILL)
+    signal_all(targets, table, signal.SIGKILL)
     return True
 
 
@@ -144,9 +144,9 @@ def run_supervised(
     # and the supervisor its subtree.
     ticks = start_ticks(proc.pid)
     try:
-        if on_spawn is not None:
-            on_spawn(proc.pid)
         with os.fdopen(status_r, "rb") as status:
+            if on_spawn is not None:
+                on_spawn(proc.pid)
             failure = status.read().decode("utf-8", "replace")
     except BaseException:
         _stop(proc, ticks)
@@ -204,10 +204,10 @@ def _stop(proc: subprocess.Popen[bytes], ticks: int | None) -> None:
         left = tagged(process_tag(proc.pid, ticks), table) if ticks is not None else set()
         if proc.poll() is None:
             left |= descendants(proc.pid, table) | {proc.pid}
-        left |= {pid for pid, (_, group, _) in table.items() if group == proc.pid}
+        left |= {pid for pid, (_, group, _ticks) in table.items() if group == proc.pid}
         if not left:
             break
-        signal_all(left, signal.SIGKILL)
+        signal_all(left, table, signal.SIGKILL)
         time.sleep(0.02)
     proc.wait()
 

@@ -78,22 +78,22 @@ def process_tag(pid: int, ticks: int | None) -> str:
     return f"{boot_id()[:8]}.{pid}.{ticks}"
 
 
-def process_table() -> dict[int, tuple[int, int, str]]:
-    """Every live process: pid → (ppid, pgid, state). Zombies are left out."""
-    table: dict[int, tuple[int, int, str]] = {}
+def process_table() -> dict[int, tuple[int, int, int]]:
+    """Every live process: pid → (ppid, pgid, start ticks). Zombies are left out."""
+    table: dict[int, tuple[int, int, int]] = {}
     if not Path("/proc").is_dir():
         return table  # no /proc (not Linux): only the process group can be stopped
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         fields = _stat_fields(entry.name)
-        if fields is None or len(fields) < 3 or fields[0] in ("Z", "X"):
+        if fields is None or len(fields) < 20 or fields[0] in ("Z", "X"):
             continue  # exited while we looked, or a zombie: nothing left to stop
-        table[int(entry.name)] = (int(fields[1]), int(fields[2]), fields[0])
+        table[int(entry.name)] = (int(fields[1]), int(fields[2]), int(fields[19]))
     return table
 
 
-def descendants(root: int, table: dict[int, tuple[int, int, str]]) -> set[int]:
+def descendants(root: int, table: dict[int, tuple[int, int, int]]) -> set[int]:
     """The pids below ``root`` in ``table`` (by ppid), ``root`` excluded."""
     children: dict[int, list[int]] = {}
     for pid, (ppid, _, _) in table.items():
@@ -108,7 +108,7 @@ def descendants(root: int, table: dict[int, tuple[int, int, str]]) -> set[int]:
     return found
 
 
-def tagged(tag: str, table: dict[int, tuple[int, int, str]]) -> set[int]:
+def tagged(tag: str, table: dict[int, tuple[int, int, int]]) -> set[int]:
     """The pids in ``table`` whose environment carries ``tag`` in ``TAG_VAR``.
 
     A process of another user (unreadable environment) is never ours.
@@ -127,11 +127,30 @@ def tagged(tag: str, table: dict[int, tuple[int, int, str]]) -> set[int]:
     return found
 
 
-def signal_all(pids: set[int], sig: int) -> None:
-    """Send ``sig`` to each pid that still exists."""
+def signal_all(pids: set[int], table: dict[int, tuple[int, int, int]], sig: int) -> None:
+    """Send ``sig`` to each pid that is still the process ``table`` saw.
+
+    A pid that exited and was reused since ``table`` was read is never
+    signalled: the process is pinned (a pidfd) before its start ticks are
+    compared, so the process compared is the one signalled.
+    """
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+        expected = table[pid][2] if pid in table else None
+        try:
+            fd = os.pidfd_open(pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+        except (AttributeError, OSError):  # no pidfd (old kernel): check, then signal
+            if expected is None or start_ticks(pid) == expected:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            continue
+        try:
+            if expected is None or start_ticks(pid) == expected:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    signal.pidfd_send_signal(fd, sig)
+        finally:
+            os.close(fd)
 
 
 # -- the supervisor ---------------------------------------------------------------
@@ -171,7 +190,7 @@ def _stop_subtree(me: int, tag: str) -> None:
         left = (descendants(me, table) | tagged(tag, table)) - {me}
         if not left:
             return
-        signal_all(left, sig)
+        signal_all(left, table, sig)
         if sig == signal.SIGTERM and time.monotonic() >= deadline:
             sig = signal.SIGKILL
             continue
@@ -201,6 +220,8 @@ def main(argv: list[str]) -> int:
             # The command must not inherit the blocked signals, and dies if we do.
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
             _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != me:
+                os._exit(SPAWN_FAILED)  # we died before the death signal was armed
             os.execvpe(argv_[0], argv_, env)
         except OSError as exc:
             shown = command[0] if mode == "shell" else command
