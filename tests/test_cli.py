@@ -87,7 +87,9 @@ def test_status_and_show_of_a_completed_workflow(happy_repo: Path) -> None:
         "agent_runs",
         "report",
         "decisions",
+        "cleanup",
     }
+    assert detail["cleanup"] == {"status": "completed", "reason": None, "attempts": 1}
     assert detail["workflow"] == {**detail["workflow"], **entry}
     # One clock for both commands: status's timestamps are UTC like show's.
     assert entry["created_at"] == detail["workflow"]["created_at"]
@@ -330,6 +332,7 @@ def test_help_lists_every_command() -> None:
         "approve-merge",
         "revert",
         "verify-override",
+        "cleanup",
         "propose",
         "proposals",
         "approve",

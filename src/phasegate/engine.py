@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from phasegate.contract import (
     RUNNABLE_STATUSES,
     ContractViolation,
     EventWrite,
+    MilestoneView,
     PhasegateError,
     PhaseResult,
     StaleContext,
@@ -41,13 +43,16 @@ from phasegate.contract import (
 )
 from phasegate.forge import Forge, LocalForge
 from phasegate.journal import SideEffects
-from phasegate.phases import PhaseDeps, resolve_phase_handler
+from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
 from phasegate.store import Store
 from phasegate.workspace import Workspace, git
 
 __all__ = ["Engine", "LeaseHeld"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds between a worker's retries of failed cleanups.
+CLEANUP_RETRY_S = 60.0
 
 EventCallback = Callable[[str, str, Mapping[str, Any]], None]
 
@@ -246,6 +251,7 @@ class Engine:
         heartbeat = _Heartbeat(self.store, workflow_id, self.owner, fence, self.lease_ttl_s)
         heartbeat.start()
         try:
+            self._retry_cleanup(workflow_id)
             for _ in range(max_steps):
                 if self.shutdown.is_set() or not self._step(workflow_id):
                     break
@@ -253,6 +259,28 @@ class Engine:
             heartbeat.stopped.set()
             self.store.release(workflow_id, self.owner)
         return self.store.workflow_row(workflow_id)
+
+    def retry_cleanup(self, workflow_id: str) -> MilestoneView | None:
+        """Retry the workflow's failed cleanup under its lease (phases/cleanup.py).
+
+        Returns the settled ``cleanup`` milestone, or None when none was
+        waiting. Raises LeaseHeld while another live process advances it,
+        WorkflowNotFound for an unknown id.
+        """
+        if self.store.claim(workflow_id, self.owner, self.lease_ttl_s) is None:
+            raise LeaseHeld(f"workflow {workflow_id} is being advanced by another process")
+        try:
+            return self._retry_cleanup(workflow_id)
+        finally:
+            self.store.release(workflow_id, self.owner)
+
+    def _retry_cleanup(self, workflow_id: str) -> MilestoneView | None:
+        settled = cleanup.retry(self.store, self.workspace, workflow_id)
+        if settled is not None:
+            self._notify(
+                workflow_id, "cleanup_retried", {"status": settled.status, "note": settled.summary}
+            )
+        return settled
 
     def _step(self, workflow_id: str) -> bool:
         """Run the current phase once and commit. True when the workflow should go on."""
@@ -330,7 +358,13 @@ class Engine:
     # -- the worker -------------------------------------------------------------
 
     def run_worker(self, *, once: bool = False, poll_s: float = 2.0) -> None:
-        """Advance every runnable workflow, forever (or one pass with ``once``)."""
+        """Advance every runnable workflow, forever (or one pass with ``once``).
+
+        A pass also retries failed cleanups (of completed workflows too), at
+        most every ``CLEANUP_RETRY_S`` seconds: what blocks one is usually a
+        person's checkout, which does not go away within a poll.
+        """
+        cleaned_at = float("-inf")
         while not self.shutdown.is_set():
             for workflow_id in self.store.runnable_workflow_ids(RUNNABLE_STATUSES):
                 if self.shutdown.is_set():
@@ -339,6 +373,15 @@ class Engine:
                     self.advance(workflow_id)
                 except LeaseHeld:
                     continue
+            if once or time.monotonic() - cleaned_at >= CLEANUP_RETRY_S:
+                cleaned_at = time.monotonic()
+                for workflow_id in self.store.workflow_ids_with_milestone(cleanup.KIND, "failed"):
+                    if self.shutdown.is_set():
+                        break
+                    try:
+                        self.retry_cleanup(workflow_id)
+                    except LeaseHeld:
+                        continue
             if once:
                 return
             self.shutdown.wait(poll_s)

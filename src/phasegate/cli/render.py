@@ -84,6 +84,10 @@ class _Progress:
                 f"{MAX_REVERSIONS}): "
                 f"{escape(str(data.get('reason'))[:200])}[/yellow]"
             )
+        elif type_ == "cleanup_retried":
+            color = "green" if data.get("status") == "completed" else "yellow"
+            note = escape(str(data.get("note"))[:200])
+            self.line(f"  [{color}]cleanup retried: {data.get('status')}: {note}[/{color}]")
         elif type_ in ("reconciled", "worktree_healed", "paused_by_shutdown"):
             note = escape(str(data.get("note") or data.get("path")))
             self.line(f"  [cyan]{type_}: {note}[/cyan]")
@@ -290,6 +294,20 @@ def _detail(store: Store, workflow_id: str) -> dict[str, Any]:
         ],
         "report": row["state"].get("report"),
         "decisions": decisions_of(row["state"]),
+        "cleanup": _cleanup_of(milestones),
+    }
+
+
+def _cleanup_of(milestones: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The merge's cleanup (phases/cleanup.py): its status and, when failed, why."""
+    found = [m for m in milestones if m["kind"] == "cleanup"]
+    if not found:
+        return None
+    last = found[-1]
+    return {
+        "status": last["status"],
+        "reason": last["summary"] if last["status"] == "failed" else None,
+        "attempts": int((last["data"] or {}).get("attempts") or 1),
     }
 
 
@@ -307,6 +325,14 @@ def _print_detail(detail: Mapping[str, Any]) -> None:
     if s["error"]:
         console.print(f"  [red]reason: {escape(s['error'])}[/red]", highlight=False)
     _print_timeline(detail["milestones"])
+    cleaned = detail.get("cleanup")
+    if cleaned and cleaned["status"] == "failed":
+        console.print(
+            f"  [red]cleanup failed ({cleaned['attempts']} attempt(s)): "
+            f"{escape(cleaned['reason'])}[/red]\n"
+            f"  the merge landed; fix that, then `phasegate cleanup {s['id']}`",
+            highlight=False,
+        )
     _print_decisions(detail["decisions"])
     runs = detail["agent_runs"]
     if runs:

@@ -38,9 +38,10 @@ from phasegate.cli.render import (
     _Progress,
     _summary,
 )
-from phasegate.contract import PhaseResult
-from phasegate.engine import Engine
+from phasegate.contract import MERGE, PhaseResult
+from phasegate.engine import Engine, LeaseHeld
 from phasegate.phases import acceptance_verification
+from phasegate.phases.cleanup import KIND
 
 
 @app.command()
@@ -261,4 +262,54 @@ def verify_override(
     _manual(repo, workflow_id, decide, False, as_json)
 
 
-# -- proposals and the human gate (spec 002) ------------------------------------------------
+@app.command()
+def cleanup(
+    workflow_id: Annotated[
+        str | None, typer.Argument(metavar="[ID]", help="One workflow (default: every one).")
+    ] = None,
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+) -> None:
+    """Retry removing a merged workflow's worktree and branch, when that failed.
+
+    Without ID: every workflow whose cleanup failed. The merge itself is not
+    touched: it landed and stays recorded. Exit 0 when nothing is left to
+    clean up, 1 when a cleanup still fails (git's reason is printed) or
+    another process holds the workflow.
+    """
+    with _errors():
+        root, cartridge, store = _open(repo)
+        engine = _engine(root, cartridge, store, None)
+        ids = [workflow_id] if workflow_id else store.workflow_ids_with_milestone(KIND, "failed")
+        outcomes = []
+        for wf in ids:
+            try:
+                settled = engine.retry_cleanup(wf)
+            except LeaseHeld as exc:
+                outcomes.append({"id": wf, "cleanup": "busy", "retried": False, "reason": str(exc)})
+                continue
+            found = settled or store.load_context(wf).milestone(KIND, phase=MERGE)
+            status = found.status if found else "none"
+            reason = found.summary if found and status == "failed" else None
+            outcomes.append(
+                {"id": wf, "cleanup": status, "retried": settled is not None, "reason": reason}
+            )
+    if as_json:
+        console.print_json(json.dumps(outcomes))
+    elif not outcomes:
+        console.print("no failed cleanup; nothing to do", highlight=False)
+    else:
+        _print_cleanups(outcomes)
+    if any(o["cleanup"] in ("failed", "busy") for o in outcomes):
+        raise typer.Exit(1)
+
+
+def _print_cleanups(outcomes: list[dict[str, Any]]) -> None:
+    for o in outcomes:
+        if o["cleanup"] == "completed":
+            what = "worktree and branch removed" if o["retried"] else "done already"
+        elif o["cleanup"] == "none":
+            what = "nothing to do (not merged yet)"
+        else:
+            what = f"[red]{o['cleanup']}[/red]: {escape(str(o['reason']))}"
+        console.print(f"workflow [bold]{o['id']}[/bold]: cleanup {what}", highlight=False)

@@ -23,8 +23,10 @@
   (resolve and resume, or ``phasegate revert``); past the loop guard, failed
   (pause where a person decides anyway). Uncommitted edits in the merge's
   way in the checkout holding the base pause the workflow with the reason
-  (fix, then resume); a failed cleanup is recorded as a failed ``cleanup``
-  milestone for a person, never failing the merge.
+  (fix, then resume). Once the merge landed nothing fails the phase: a
+  failed worktree or branch removal is a failed ``cleanup`` milestone with
+  its reason, retried later (phases/cleanup.py), and the phase still
+  advances with merge_sha.
 - terminal outcomes: completed → acceptance_verification; completed →
   planning (reversion); pause (conflict, edits in the way); failed (merge
   error, loop guard).
@@ -41,6 +43,7 @@ from phasegate.contract import (
     PhaseResult,
     WorkflowContext,
 )
+from phasegate.phases import cleanup
 from phasegate.phases.deps import PhaseDeps
 from phasegate.profiles import reversion_or_stop
 from phasegate.workspace import DirtyCheckout, GitError
@@ -95,20 +98,17 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             ),
         )
 
-    cleanup_ok, cleanup_note = True, "worktree and branch removed"
-    try:
-        if ctx.worktree_path:
-            deps.workspace.remove_worktree(repo, Path(ctx.worktree_path))
-        deps.workspace.delete_branch(repo, ctx.branch_name)
-    except GitError as exc:
-        cleanup_ok, cleanup_note = False, str(exc)[:500]
+    # The change landed: from here nothing may undo that record. Cleanup is its
+    # own milestone, retried later when it fails (phases/cleanup.py).
+    done = cleanup.clean_up(
+        deps.workspace,
+        repo,
+        Path(ctx.worktree_path) if ctx.worktree_path else None,
+        ctx.branch_name,
+    )
     return PhaseResult.advance(
         ACCEPTANCE_VERIFICATION,
         updates={"merge_sha": sha},
-        state={"worktree_removed": cleanup_ok},
-        milestones=(
-            MilestoneWrite(
-                "cleanup", status="completed" if cleanup_ok else "failed", summary=cleanup_note
-            ),
-        ),
+        state={"worktree_removed": done.worktree_removed},
+        milestones=(done.milestone(attempts=1),),
     )

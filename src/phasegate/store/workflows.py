@@ -127,6 +127,20 @@ class WorkflowRows(StoreBase):
                 ).scalars()
             )
 
+    def workflow_ids_with_milestone(self, kind: str, status: str) -> list[str]:
+        """Ids of workflows holding a ``kind`` milestone in ``status``, oldest first
+        (a failed ``cleanup`` waiting for its retry, whatever the workflow's status)."""
+        m = t.milestones
+        with self.engine.connect() as conn:
+            return list(
+                conn.execute(
+                    sa.select(m.c.workflow_id)
+                    .where(m.c.kind == kind, m.c.status == status)
+                    .group_by(m.c.workflow_id)
+                    .order_by(sa.func.min(m.c.id))
+                ).scalars()
+            )
+
     def load_context(self, workflow_id: str) -> WorkflowContext:
         """The frozen snapshot a phase receives. Raises WorkflowNotFound."""
         row = self.workflow_row(workflow_id)
