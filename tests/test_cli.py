@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -311,6 +312,33 @@ def test_init_outside_a_repository_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "not inside a git repository" in flat(proc.stderr)
     assert not (tmp_path / "phasegate.toml").exists()
+
+
+def _refused_by_git(repo: Path) -> dict[str, str]:
+    """Make git refuse ``repo`` for "dubious ownership": owned by another uid when
+    this test runs as root, else git's own switch for pretending so (git >= 2.36)."""
+    if os.geteuid() == 0:
+        for path in [repo, *repo.rglob("*")]:
+            os.lchown(path, 65534, 65534)
+        return {}
+    return {"GIT_TEST_ASSUME_DIFFERENT_OWNER": "1"}
+
+
+def test_a_repository_git_refuses_shows_gits_reason_not_not_a_repository(
+    happy_repo: Path,
+) -> None:
+    env = _refused_by_git(happy_repo)
+    for args in (["status"], ["init", "--force"], ["run", "the ticket"]):
+        proc = phasegate_cli(*args, "--repo", str(happy_repo), env=env)
+        said = flat(proc.stderr)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert "Traceback" not in said
+        assert "dubious ownership" in said and "safe.directory" in said, said
+        assert "not inside a git repository" not in said
+    doctor = phasegate_cli("doctor", "--repo", str(happy_repo), "--json", env=env)
+    assert doctor.returncode == 1
+    missing = json.loads(doctor.stdout)["missing"]
+    assert any("dubious ownership" in m and str(happy_repo) in m for m in missing), missing
 
 
 def test_help_lists_every_command() -> None:

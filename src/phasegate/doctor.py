@@ -44,7 +44,7 @@ from phasegate.discover import (
 )
 from phasegate.workspace import GitError, git
 
-__all__ = ["AgentCli", "Diagnosis", "RoleStatus", "diagnose"]
+__all__ = ["AgentCli", "Diagnosis", "RoleStatus", "diagnose", "not_a_repository"]
 
 #: The executable a CLI runner starts when its binding names none.
 #: How to get each CLI, for the message that says it is missing.
@@ -53,6 +53,16 @@ _INSTALL = {
     "codex": "npm install -g @openai/codex",
 }
 _LITELLM_HINT = "pip install 'phasegate[api]'"
+
+
+def not_a_repository(path: Path, exc: Exception) -> str:
+    """Why ``git rev-parse`` in ``path`` failed, for a person: git's own reason
+    when git refuses a repository that is there (``safe.directory``'s "dubious
+    ownership", a broken ``.git``), else "not inside a git repository"."""
+    said = str(exc).split(": ", 1)[-1].strip() if isinstance(exc, GitError) else ""
+    if not said or "not a git repository" in said:
+        return f"{path} is not inside a git repository"
+    return f"git refuses {path}: {said}"
 
 
 @dataclass
@@ -231,8 +241,8 @@ def diagnose(
     root: Path | None = None
     try:
         root = Path(git(["rev-parse", "--show-toplevel"], repo.resolve()))
-    except (GitError, OSError):
-        missing.append(f"{repo.resolve()} is not inside a git repository")
+    except (GitError, OSError) as exc:
+        missing.append(not_a_repository(repo.resolve(), exc))
 
     litellm = _litellm_installed()
     cartridge_info: dict[str, Any] = {"path": None, "found": False, "valid": False, "error": None}

@@ -14,6 +14,7 @@ from rich.markup import escape
 from phasegate import __version__
 from phasegate.cartridge import Cartridge, CartridgeError, load_cartridge
 from phasegate.contract import PhasegateError
+from phasegate.doctor import not_a_repository
 from phasegate.store import Store, open_store
 from phasegate.workspace import GitError, git
 
@@ -61,8 +62,8 @@ def _errors() -> Iterator[None]:
 def _repo_root(repo: Path) -> Path:
     try:
         return Path(git(["rev-parse", "--show-toplevel"], repo.resolve()))
-    except (GitError, FileNotFoundError):
-        raise UsageError(f"{repo.resolve()} is not inside a git repository") from None
+    except (GitError, FileNotFoundError) as exc:
+        raise UsageError(not_a_repository(repo.resolve(), exc)) from None
 
 
 def _open(repo: Path) -> tuple[Path, Cartridge, Store]:
