@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+from rich.console import Console
+
 from phasegate.cartridge import load_cartridge
+from phasegate.cli.render import _status_table
 from phasegate.forge import LocalForge
 from phasegate.store import open_store
 from phasegate.workspace import Workspace
@@ -156,6 +161,67 @@ def test_status_and_show_of_a_completed_workflow(happy_repo: Path) -> None:
         assert f"✓ {kind}" in body, kind
     for role in ("plan_review", "verification"):
         assert f"{role} scripted" in body
+
+
+def _summary_row(workflow_id: str, title: str, phase: str, status: str) -> dict[str, Any]:
+    return {
+        "id": workflow_id,
+        "title": title,
+        "current_phase": phase,
+        "status": status,
+        "profile": "full-auto",
+        "tokens": 1234567,
+        "cost_usd": 12.3456,
+        "updated_at": "2026-12-01T11:55:33.123456+00:00",
+    }
+
+
+@pytest.mark.parametrize("width", [80, 100, 150])
+def test_status_fits_its_width_and_never_cuts_id_phase_or_status(width: int) -> None:
+    rows = [
+        _summary_row(i, "A rather long title " * 4, "acceptance_verification", s)
+        for i, s in (("a1b2c3d4", "verification_pending"), ("0f0f0f0f", "awaiting_approval"))
+    ] + [_summary_row("e5f6a7b8", "Short", "development", "running")]
+    out = io.StringIO()
+    Console(file=out, width=width).print(_status_table(rows, width))
+    lines = out.getvalue().splitlines()
+    assert lines and all(len(line) <= width for line in lines), lines
+    for r in rows:
+        [line] = [line for line in lines if r["id"] in line]  # one line per workflow
+        assert r["current_phase"] in line.split() or f"│ {r['current_phase']} " in line
+        assert r["status"] in line
+    if width >= 150:  # room for everything
+        header = lines[1]
+        assert all(c in header for c in ("profile", "tokens", "cost (USD)", "updated (UTC)"))
+
+
+def test_status_and_show_are_readable_at_80_columns(happy_repo: Path) -> None:
+    title = "Add the feature that makes the calculator multiply two numbers and say so"
+    code, run = cli_json("run", "--repo", str(happy_repo), f"{title}\n\nwith details")
+    assert code == 0
+    wf = run["id"]
+    narrow = {"COLUMNS": "80"}
+    status = phasegate_cli("status", "--repo", str(happy_repo), env=narrow)
+    shown = phasegate_cli("show", wf, "--repo", str(happy_repo), env=narrow)
+    for proc in (status, shown):
+        assert proc.returncode == 0, proc.stderr
+        long = [line for line in proc.stdout.splitlines() if len(line) > 80]
+        assert long == [], long
+    [row] = [line for line in status.stdout.splitlines() if wf in line]
+    assert row.split()[0] == wf and row.split().count("completed") == 2
+    assert "Add the feature" in row and "…" in row  # the title is cut, not folded
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"{wf} Add the feature")
+    # the title folds at a word (it is whole in show); the state line after it does not
+    state = next(line for line in lines if line.startswith("  completed ·"))
+    assert flat(state) == "completed · completed · dev round 1 · profile review"
+    # one line per milestone: each starts with its mark, none folded onto the next
+    start = next(n for n, line in enumerate(lines) if line.startswith("preparation "))
+    timeline = lines[start : lines.index("", start)]
+    assert any("✓ merge_completed" in line for line in timeline)
+    for line in timeline:
+        heading = re.fullmatch(r"\w+  \d\d:\d\d:\d\d", line)
+        assert heading or line[:4] in ("  ✓ ", "  ✗ ", "  … ", "  − "), line
 
 
 def test_no_workflows_is_an_empty_list(happy_repo: Path) -> None:

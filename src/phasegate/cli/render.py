@@ -13,9 +13,12 @@ from types import FrameType
 from typing import Any
 
 import typer
+from rich import box
+from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from phasegate.cartridge import Cartridge
 from phasegate.cli._app import console, err
@@ -311,15 +314,79 @@ def _cleanup_of(milestones: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+#: status's columns, in the order shown; the ones a narrow terminal drops first
+#: come last in _OPTIONAL (id, phase and status are always whole).
+_STATUS_COLUMNS = ("id", "title", "phase", "status", "profile", "tokens", "cost (USD)", "updated")
+_OPTIONAL = ("tokens", "cost (USD)", "profile", "updated")
+_MIN_TITLE = 12  # the least a title gets, even in the worst case at 80 columns
+_TITLE_FIRST = 20  # what a title gets before an optional column does
+
+
+def _status_cells(r: Mapping[str, Any], wide: bool) -> dict[str, str]:
+    updated = r["updated_at"] or ""
+    return {
+        "id": r["id"],
+        "title": r["title"] if len(r["title"]) <= 40 else r["title"][:39] + "…",
+        "phase": r["current_phase"],
+        "status": r["status"],
+        "profile": r["profile"],
+        "tokens": str(r["tokens"]),
+        "cost (USD)": f"{r['cost_usd']:.4f}",
+        # UTC; the date goes first when space is short (today's rows matter most)
+        "updated": updated[:19].replace("T", " ") if wide else updated[11:16],
+    }
+
+
+def _status_table(rows: list[dict[str, Any]], width: int) -> Table:
+    """``status``'s table, fitted to ``width`` columns: id, phase and status are
+    never cut; the title is cut with an ellipsis, and what does not fit
+    (updated, then profile, cost, tokens) is left out, for ``--json`` to give.
+    Wide (100 columns or more): boxed; narrower: no rules, to leave the text room."""
+    wide = width >= 100
+    cells = [_status_cells(r, wide) for r in rows]
+
+    def table_of(columns: list[str], title: int | None) -> Table:
+        table = (
+            Table(box=box.HEAVY_HEAD)
+            if wide
+            else Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        )
+        for c in columns:
+            header = "updated (UTC)" if c == "updated" and wide else c
+            if c == "title":
+                table.add_column(header, overflow="ellipsis", no_wrap=True, max_width=title)
+            else:
+                table.add_column(header, no_wrap=True)
+        for row in cells:
+            table.add_row(*(escape(row[c]) if c == "title" else row[c] for c in columns))
+        return table
+
+    def needs(columns: list[str]) -> int:
+        """The width the table takes with ``columns`` and a title of _TITLE_FIRST."""
+        return Console(width=10_000).measure(table_of(columns, _TITLE_FIRST)).maximum
+
+    shown = ["id", "title", "phase", "status"]
+    for column in _OPTIONAL:
+        if needs([*shown, column]) <= width:
+            shown.append(column)
+    shown = [c for c in _STATUS_COLUMNS if c in shown]
+    # the title gets what the other columns leave, so rich cuts nothing else
+    return table_of(shown, max(_MIN_TITLE, _TITLE_FIRST + width - needs(shown)))
+
+
 def _print_detail(detail: Mapping[str, Any]) -> None:
     s = detail["workflow"]
     console.print(f"[bold]{s['id']}[/bold] {escape(s['title'])}", highlight=False)
+    # two short lines rather than one folded anywhere at 80 columns
     console.print(
         f"  {s['current_phase']} · {s['status']} · dev round {s['dev_round']} · "
-        f"issue #{s['issue_number']} · "
+        f"profile {s['profile']}",
+        highlight=False,
+    )
+    console.print(
+        f"  issue #{s['issue_number']} · "
         + (f"PR #{s['pr_number']} · " if s["pr_number"] else "no PR yet · ")
-        + f"{s['tokens']} tokens · "
-        f"${s['cost_usd']:.4f} · profile {s['profile']}",
+        + f"{s['tokens']} tokens · ${s['cost_usd']:.4f}",
         highlight=False,
     )
     if s["error"]:
@@ -406,8 +473,10 @@ def _print_timeline(milestones: list[dict[str, Any]]) -> None:
         where = "".join(
             f" {label}{value}" for label, value in (("r", m["round"]), ("a", m["attempt"])) if value
         )
-        summary = escape((m["summary"] or "").splitlines()[0][:80]) if m["summary"] else ""
-        console.print(
-            f"  {_MARKS.get(m['status'], m['status'])} {m['kind']}{where}  [dim]{summary}[/dim]",
-            highlight=False,
-        )
+        head = f"  {_MARKS.get(m['status'], m['status'])} {m['kind']}{where}  "
+        # one line per milestone: the summary is cut to what the terminal has left
+        room = max(console.width - len(Text.from_markup(head)), 20)
+        summary = (m["summary"] or "").splitlines()[0] if m["summary"] else ""
+        if len(summary) > min(room, 80):
+            summary = summary[: min(room, 80) - 1] + "…"
+        console.print(f"{head}[dim]{escape(summary)}[/dim]", highlight=False)

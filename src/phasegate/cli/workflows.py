@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from phasegate import decisions
 from phasegate.cartridge import CARTRIDGE_FILE
@@ -36,6 +35,7 @@ from phasegate.cli.render import (
     _graceful,
     _print_detail,
     _Progress,
+    _status_table,
     _summary,
 )
 from phasegate.contract import MERGE, PhaseResult
@@ -113,21 +113,7 @@ def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    table = Table(
-        "id", "title", "phase", "status", "profile", "tokens", "cost (USD)", "updated (UTC)"
-    )
-    for r in rows:
-        title = r["title"] if len(r["title"]) <= 40 else r["title"][:39] + "…"
-        table.add_row(
-            r["id"],
-            escape(title),
-            r["current_phase"],
-            r["status"],
-            r["profile"],
-            str(r["tokens"]),
-            f"{r['cost_usd']:.4f}",
-            (r["updated_at"] or "")[:19],
-        )
+    table = _status_table(rows, console.width)
     console.print(table if rows else 'no workflows yet; `phasegate run "ticket"` files one')
 
 
