@@ -1,10 +1,11 @@
 """The engine: ``advance()``, the worker loop, reconciliation and shutdown.
 
-``advance(workflow_id)`` (DESIGN.md §1) claims the workflow's lease, then
-repeats: load the context, reconcile side effects a dead process left
-in_progress, self-heal the worktree (not in preparation), run the phase's
-handler, commit its PhaseResult through ``commit_phase_result``, until the
-workflow waits, pauses, fails or completes.
+``advance(workflow_id)`` (DESIGN.md §1) claims the workflow's lease, retries
+a failed cleanup of its merge (phases/cleanup.py), then repeats: load the
+context, reconcile side effects a dead process left in_progress, self-heal
+the worktree (not in preparation), run the phase's handler, commit its
+PhaseResult through ``commit_phase_result``, until the workflow waits,
+pauses, fails or completes.
 
 A shutdown request (SIGINT/SIGTERM in the CLI) stops any running agent; the
 interrupted phase raises WorkflowPaused and nothing is committed, so the
@@ -366,11 +367,13 @@ class Engine:
         """
         cleaned_at = float("-inf")
         while not self.shutdown.is_set():
+            advanced = set()  # advance() retried their cleanups already
             for workflow_id in self.store.runnable_workflow_ids(RUNNABLE_STATUSES):
                 if self.shutdown.is_set():
                     break
                 try:
                     self.advance(workflow_id)
+                    advanced.add(workflow_id)
                 except LeaseHeld:
                     continue
             if once or time.monotonic() - cleaned_at >= CLEANUP_RETRY_S:
@@ -378,6 +381,8 @@ class Engine:
                 for workflow_id in self.store.workflow_ids_with_milestone(cleanup.KIND, "failed"):
                     if self.shutdown.is_set():
                         break
+                    if workflow_id in advanced:
+                        continue
                     try:
                         self.retry_cleanup(workflow_id)
                     except LeaseHeld:
