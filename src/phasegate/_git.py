@@ -4,25 +4,46 @@ Every git call phasegate makes goes through ``run_git`` (whatever it exits
 with) or ``git`` (raising on failure), with the same environment: never
 prompting, in the C locale so the messages phasegate reads stay English.
 
+A failure that reads as transient (another git process holds a lock: git
+says so in its stderr, whatever the exit code) is retried a few times with a
+short jittered backoff; when it persists, ``GitTransient`` is raised — from
+``run_git`` too, since an exit code a caller reads as an answer
+(``merge-base --is-ancestor`` exit 1, a merge's conflict exit 1) must never be
+a lock's exit code mistaken for it. Any other exit is returned (``run_git``)
+or raised as ``GitError`` (``git``) at once, never retried.
+
 Errors::
 
     PhasegateError
      └── GitError            a git command failed (the command and its stderr)
           ├── DirtyCheckout  the checkout holding the base has edits in a merge's way
           └── GitTransient   a failure that reads as passing (a lock held, a ref
-                             locked): worth retrying, never a conflict
+                             locked), still failing after bounded retries; never
+                             a conflict
 """
 
 from __future__ import annotations
 
 import os
+import random
+import re
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from phasegate.contract import PhasegateError
 
-__all__ = ["IDENTITY", "DirtyCheckout", "GitError", "GitTransient", "git", "run_git"]
+__all__ = [
+    "IDENTITY",
+    "TRANSIENT_ATTEMPTS",
+    "DirtyCheckout",
+    "GitError",
+    "GitTransient",
+    "git",
+    "is_transient",
+    "run_git",
+]
 
 
 class GitError(PhasegateError):
@@ -41,12 +62,32 @@ class GitTransient(GitError):
 #: Who phasegate's own commits and merges are by.
 IDENTITY = ("-c", "user.name=phasegate", "-c", "user.email=phasegate@localhost")
 
+#: How many times a transiently failing git command is run in all, and the
+#: first backoff (seconds, doubled each time, with up to 100% jitter).
+TRANSIENT_ATTEMPTS = 5
+_BACKOFF_S = 0.05
 
-def run_git(
-    args: Sequence[str], cwd: Path | str, input: str | None = None
+# What git prints when another process holds one of its locks (lockfile.c,
+# refs/files-backend.c, config.c, read-cache.c) or the OS refuses for now.
+_TRANSIENT = re.compile(
+    r"Unable to create '[^']*\.lock': File exists"
+    r"|cannot lock ref"
+    r"|could not lock config file"
+    r"|Another git process seems to be running"
+    r"|unable to write new index file"
+    r"|Resource temporarily unavailable",
+    re.IGNORECASE,
+)
+
+
+def is_transient(proc: subprocess.CompletedProcess[str]) -> bool:
+    """Whether a finished git command failed the way lock contention fails."""
+    return proc.returncode != 0 and bool(_TRANSIENT.search(proc.stderr or ""))
+
+
+def _run_once(
+    args: Sequence[str], cwd: Path | str, input: str | None
 ) -> subprocess.CompletedProcess[str]:
-    """``git args`` in ``cwd``, never prompting, in the C locale (messages phasegate
-    reads stay English); whatever it exits with."""
     return subprocess.run(
         ["git", *args],
         cwd=cwd,
@@ -58,12 +99,36 @@ def run_git(
     )
 
 
+def run_git(
+    args: Sequence[str], cwd: Path | str, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``git args`` in ``cwd``, never prompting, in the C locale (messages phasegate
+    reads stay English); whatever it exits with, except lock contention.
+
+    A transient failure (see ``is_transient``) is retried up to
+    ``TRANSIENT_ATTEMPTS`` runs in all (about 1.5 s at most); raises
+    GitTransient, with git's message, when it persists.
+    """
+    delay = _BACKOFF_S
+    for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
+        proc = _run_once(args, cwd, input)
+        if not is_transient(proc):
+            return proc
+        if attempt < TRANSIENT_ATTEMPTS:
+            time.sleep(delay * (1 + random.random()))
+            delay *= 2
+    raise GitTransient(
+        f"git {' '.join(args)} failed in {cwd} {TRANSIENT_ATTEMPTS} times: {proc.stderr.strip()}"
+    )
+
+
 def git(
     args: Sequence[str], cwd: Path | str, *, check: bool = True, input: str | None = None
 ) -> str:
     """Run ``git args`` in ``cwd``; return stdout stripped of its trailing newline.
 
-    Raises GitError (with the command and git's stderr) when ``check`` and git fails.
+    Raises GitError (with the command and git's stderr) when ``check`` and git
+    fails; GitTransient, check or not, when it keeps failing on a lock.
     """
     proc = run_git(args, cwd, input)
     if check and proc.returncode != 0:

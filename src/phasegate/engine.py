@@ -46,7 +46,7 @@ from phasegate.forge import Forge, LocalForge
 from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
 from phasegate.store import Store
-from phasegate.workspace import Workspace, git
+from phasegate.workspace import GitTransient, Workspace, git
 
 __all__ = ["Engine", "LeaseHeld"]
 
@@ -303,6 +303,9 @@ class Engine:
                 EventWrite("paused_by_shutdown", {"phase": ctx.current_phase, "note": str(exc)}),
             )
             return False
+        except GitTransient as exc:  # git kept failing on a lock: resume retries
+            log.warning("phase %s of %s paused: %s", ctx.current_phase, ctx.id, exc)
+            result = PhaseResult("pause", reason=f"{ctx.current_phase}: {exc}")
         except Exception as exc:  # a phase must never crash the engine half-committed
             if isinstance(exc, PhasegateError):  # expected: its message says it all
                 log.warning("phase %s of %s: %s", ctx.current_phase, ctx.id, exc)
@@ -333,9 +336,15 @@ class Engine:
         settled, since merge removes both right after merging and a process
         killed before merge committed must find them gone, not broken.
 
+        First, always, clears what killed git processes left in the
+        repository (``Workspace.repair``: stale locks, a killed add's locked
+        worktree), so no phase trusts or sticks on it.
+
         Returns a failed result when the branch itself is gone: a phase must
         never run against the wrong checkout.
         """
+        for note in deps.workspace.repair(Path(ctx.repo_path)):
+            self._emit(ctx.id, EventWrite("git_repaired", {"note": note}))
         if (
             ctx.current_phase in (PREPARATION, ACCEPTANCE_VERIFICATION)
             or not ctx.worktree_path

@@ -7,13 +7,16 @@ Every function takes explicit paths; nothing here reads the store. Errors are
 
 from __future__ import annotations
 
+import fcntl
 import re
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
+from phasegate import _repair
 from phasegate._git import IDENTITY, DirtyCheckout, GitError, GitTransient, git, run_git
 from phasegate.checks import CheckResult, run_checks
 from phasegate.contract import PhasegateError
@@ -110,18 +113,45 @@ class Workspace:
         if self.branch_exists(repo, branch):
             git(["branch", "-D", branch], repo)
 
+    def _worktrees(self, repo: Path) -> dict[Path, _repair.WorktreeEntry]:
+        """Worktree path → its record in ``git worktree list --porcelain``."""
+        out = git(["worktree", "list", "--porcelain"], repo)
+        return {e.path: e for e in _repair.parse_worktrees(out)}
+
     def _registered_worktrees(self, repo: Path) -> dict[Path, str | None]:
         """Worktree path → checked-out branch (None when detached)."""
-        out = git(["worktree", "list", "--porcelain"], repo)
-        found: dict[Path, str | None] = {}
-        current: Path | None = None
-        for line in out.splitlines():
-            if line.startswith("worktree "):
-                current = Path(line[len("worktree ") :]).resolve()
-                found[current] = None
-            elif line.startswith("branch ") and current is not None:
-                found[current] = line[len("branch refs/heads/") :]
-        return found
+        return {path: e.branch for path, e in self._worktrees(repo).items()}
+
+    def common_dir(self, repo: Path) -> Path:
+        """The repository's git common directory (``.git`` of the main checkout), absolute."""
+        common = Path(git(["rev-parse", "--git-common-dir"], repo))
+        return (common if common.is_absolute() else repo / common).resolve()
+
+    def repair(self, repo: Path) -> list[str]:
+        """Clear what killed git processes left in ``repo``; returns what was done.
+
+        Removes lock files nobody holds (``phasegate._repair``: index, HEAD,
+        config, packed-refs and ref locks, in the common directory and every
+        worktree's git dir), unlocks worktrees a killed ``git worktree add``
+        left locked ("initializing"), and prunes registrations whose
+        directory is gone. A lock a live process holds, and a worktree a
+        person locked, are left alone. Raises GitError when ``repo`` is not a
+        repository.
+        """
+        common = self.common_dir(repo)
+        notes = [f"removed stale {p}" for p in _repair.remove_stale_locks(common)]
+        for entry in self._worktrees(repo).values():
+            marker = _repair.registration(common, entry.path)
+            if (
+                entry.locked is not None
+                and entry.locked.startswith("initializing")
+                and marker is not None
+                and not _repair.held(marker / "locked", common)
+            ):
+                git(["worktree", "unlock", str(entry.path)], repo)
+                notes.append(f"unlocked {entry.path}, left locked by a killed worktree add")
+        git(["worktree", "prune"], repo)
+        return notes
 
     def exclude(self, repo: Path, pattern: str) -> None:
         """Add ``pattern`` to the repository's ``info/exclude`` (once), so phasegate's
@@ -134,22 +164,31 @@ class Workspace:
             path.write_text("\n".join([*lines, pattern]) + "\n")
 
     def ensure_worktree(self, repo: Path, branch: str, path: Path) -> Path:
-        """A worktree of ``branch`` at ``path``, reusing or clearing what is there.
+        """A healthy worktree of ``branch`` at ``path``, reusing or rebuilding what is there.
 
-        A surviving worktree of the same branch is kept (a partial earlier
-        attempt is idempotent, spec 000 preparation #814); a leftover directory
-        that is not one is removed first instead of failing.
+        A surviving healthy worktree of the same branch is kept (a partial
+        earlier attempt is idempotent, spec 000 preparation #814); one whose
+        only fault is tracked files missing gets them back from HEAD; anything
+        else there (a half-made or locked worktree, a stale registration, a
+        leftover directory) is removed and the worktree made again from the
+        branch, as is another worktree holding the branch. Raises GitError.
         """
         path = path.resolve()
-        git(["worktree", "prune"], repo)
-        registered = self._registered_worktrees(repo)
-        if path in registered and registered[path] == branch and (path / ".git").exists():
-            return path
-        if path in registered:
-            git(["worktree", "remove", "--force", str(path)], repo, check=False)
-        for other, other_branch in registered.items():
-            if other_branch == branch and other != path:
-                git(["worktree", "remove", "--force", str(other)], repo, check=False)
+        self.repair(repo)
+        registered = self._worktrees(repo)
+        mine = registered.get(path)
+        if mine is not None and mine.branch == branch:
+            problem = self.checkout_problem(path, branch)
+            if problem is None:
+                return path
+            if problem.startswith("tracked files missing"):
+                missing = git(["diff", "--name-only", "--diff-filter=D", "HEAD"], path)
+                git(["checkout", "HEAD", "--", *missing.splitlines()], path)
+                if self.checkout_problem(path, branch) is None:
+                    return path
+        for other, entry in registered.items():
+            if other == path or (entry.branch == branch and other != repo.resolve()):
+                self._drop_worktree(repo, other)
         if path.exists():
             shutil.rmtree(path)
         git(["worktree", "prune"], repo)
@@ -157,27 +196,63 @@ class Workspace:
         git(["worktree", "add", str(path), branch], repo)
         return path
 
-    def is_healthy(self, path: Path, branch: str) -> bool:
-        if not (path / ".git").exists():
-            return False
-        current = git(["symbolic-ref", "--short", "-q", "HEAD"], path, check=False)
-        return current == branch
+    def checkout_problem(self, path: Path, branch: str) -> str | None:
+        """Why the worktree at ``path`` is not a complete checkout of ``branch``; None
+        when it is: its ``.git`` file leads to a git dir with HEAD and an index,
+        no killed ``worktree add`` left it locked, HEAD is ``branch`` and
+        resolves, ``git status`` works and no tracked file is missing vs HEAD.
+        Uncommitted edits are not a problem here (development discards them)."""
+        dot_git = path / ".git"
+        if not dot_git.is_file():
+            return "no .git file"
+        gitdir = Path(dot_git.read_text().removeprefix("gitdir:").strip())
+        gitdir = gitdir if gitdir.is_absolute() else path / gitdir
+        for name in ("HEAD", "commondir", "index"):
+            if not (gitdir / name).is_file():
+                return f"git dir {gitdir} has no {name}"
+        locked = gitdir / "locked"
+        if locked.exists() and locked.read_text().startswith("initializing"):
+            return "left locked by a killed worktree add"
+        if run_git(["symbolic-ref", "--short", "-q", "HEAD"], path).stdout.strip() != branch:
+            return f"HEAD is not {branch}"
+        if run_git(["rev-parse", "--verify", "-q", "HEAD"], path).returncode != 0:
+            return "HEAD does not resolve"
+        status = run_git(["status", "--porcelain"], path)
+        if status.returncode != 0:
+            return f"git status fails: {status.stderr.strip()}"
+        missing = run_git(["diff", "--name-only", "--diff-filter=D", "HEAD"], path)
+        if missing.returncode != 0 or missing.stdout.strip():
+            return f"tracked files missing: {' '.join(missing.stdout.split()[:5])}"
+        return None
 
-    def remove_worktree(self, repo: Path, path: Path) -> None:
-        if path.exists():
-            git(["worktree", "remove", "--force", str(path)], repo, check=False)
+    def is_healthy(self, path: Path, branch: str) -> bool:
+        """Whether ``path`` is a complete checkout of ``branch`` (``checkout_problem``)."""
+        return self.checkout_problem(path, branch) is None
+
+    def _drop_worktree(self, repo: Path, path: Path) -> None:
+        # -f -f: a locked worktree (a killed add's, or missing but locked) goes too.
+        git(["worktree", "remove", "-f", "-f", str(path)], repo, check=False)
         if path.exists():
             shutil.rmtree(path)
+
+    def remove_worktree(self, repo: Path, path: Path) -> None:
+        """Remove the worktree at ``path`` whatever state it is in (locked, half-made,
+        a bare directory), and its registration. Raises GitError."""
+        path = path.resolve()
+        if path in self._worktrees(repo) or path.exists():
+            self._drop_worktree(repo, path)
         git(["worktree", "prune"], repo)
 
     @contextmanager
     def temporary_checkout(self, repo: Path, sha: str, path: Path) -> Iterator[Path]:
         """A detached worktree of ``sha`` at ``path``, removed afterwards.
 
-        Whatever a killed process left at ``path`` is cleared first, so a
-        checkout leaked by a crash is reclaimed by the next one.
+        Whatever a killed process left at ``path`` (or as stale git locks) is
+        cleared first, so a checkout leaked by a crash is reclaimed by the
+        next one.
         """
         path = path.resolve()
+        self.repair(repo)
         self.remove_worktree(repo, path)
         path.parent.mkdir(parents=True, exist_ok=True)
         git(["worktree", "add", "--detach", str(path), sha], repo)
@@ -267,10 +342,30 @@ class Workspace:
 
     # -- merging ----------------------------------------------------------------
 
-    def sync_base(self, worktree: Path, base: str) -> bool:
-        """Merge ``base`` into the worktree's branch; False (and aborted) on conflict."""
+    def _merge_base_in(self, worktree: Path, base: str) -> list[str]:
+        """``git merge base`` in ``worktree``: [] when it committed, else the conflicted
+        files, the merge left in progress. Raises GitError (the merge aborted) when
+        it failed without conflicts, GitTransient when on a lock."""
         proc = run_git([*IDENTITY, "merge", "--no-edit", "-q", base], worktree)
-        if proc.returncode != 0:
+        if proc.returncode == 0:
+            return []
+        conflicted = git(["diff", "--name-only", "--diff-filter=U"], worktree).splitlines()
+        if not conflicted:
+            if git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], worktree, check=False):
+                git(["merge", "--abort"], worktree, check=False)
+            detail = (proc.stderr or proc.stdout).strip()
+            raise GitError(f"git merge {base} failed in {worktree}: {detail}")
+        return conflicted
+
+    def sync_base(self, worktree: Path, base: str) -> bool:
+        """Merge ``base`` into the worktree's branch; False (and aborted) on a conflict.
+
+        Only unmerged paths are a conflict: any other failure raises GitError,
+        lock contention that persists GitTransient (``phasegate._git``).
+        """
+        if git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], worktree, check=False):
+            git(["merge", "--abort"], worktree, check=False)  # a killed attempt's
+        if self._merge_base_in(worktree, base):
             git(["merge", "--abort"], worktree, check=False)
             return False
         return True
@@ -281,17 +376,12 @@ class Workspace:
         Returns the conflicted files ([] when the merge committed cleanly); with
         conflicts the merge stays in progress, and committing the resolved
         files concludes it. A merge some earlier attempt left open is aborted
-        first.
+        first. Raises GitError when the merge failed without conflicts,
+        GitTransient when on a lock.
         """
         if git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], worktree, check=False):
             git(["merge", "--abort"], worktree, check=False)
-        proc = run_git([*IDENTITY, "merge", "--no-edit", "-q", base], worktree)
-        if proc.returncode == 0:
-            return []
-        conflicted = git(["diff", "--name-only", "--diff-filter=U"], worktree).splitlines()
-        if not conflicted:
-            raise GitError(f"git merge {base} failed in {worktree}: {proc.stderr.strip()}")
-        return conflicted
+        return self._merge_base_in(worktree, base)
 
     def find_merge_commit(self, repo: Path, base: str, head_sha: str) -> str | None:
         """The merge commit on ``base``'s first-parent line whose parents include ``head_sha``."""
@@ -311,8 +401,7 @@ class Workspace:
         Fixed per ``name``, so what a killed process left there is found and
         cleared by the next run, and never shows up as an untracked file.
         """
-        common = Path(git(["rev-parse", "--git-common-dir"], repo))
-        common = common if common.is_absolute() else repo / common
+        common = self.common_dir(repo)
         safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
         return (common / "phasegate" / safe).resolve()
 
@@ -321,8 +410,15 @@ class Workspace:
 
         Runs where ``base`` is checked out when a worktree has it (raising
         DirtyCheckout, with nothing touched, when uncommitted changes there are
-        in the merge's way), else in a scratch worktree of ``base``.
+        in the merge's way), else in a scratch worktree of ``base``; under the
+        repository's ``merge_lock``, after ``repair``. Raises GitError, or
+        GitTransient when git keeps failing on a lock.
         """
+        with self.merge_lock(repo):
+            self.repair(repo)  # a killed merge's locks would fail this one
+            return self._merge_into_base(repo, base, branch, message)
+
+    def _merge_into_base(self, repo: Path, base: str, branch: str, message: str) -> str:
         scratch = self.scratch_path(repo, f"merge-{base}")
         self.remove_worktree(repo, scratch)  # a crashed merge's leftover, if any
         holder = next((p for p, b in self._registered_worktrees(repo).items() if b == base), None)
@@ -347,6 +443,32 @@ class Workspace:
             return self.rev(scratch, "HEAD")
         finally:
             self.remove_worktree(repo, scratch)
+
+    @contextmanager
+    def merge_lock(self, repo: Path, timeout_s: float = 600.0) -> Iterator[None]:
+        """Hold the repository's merge lock (``<common>/phasegate/merge.lock``) while
+        the block runs: one merge into a base at a time, across threads and
+        processes (an flock per acquisition: each holder opens the file anew).
+        The kernel drops it when its holder dies. Raises GitTransient after
+        ``timeout_s`` seconds of waiting."""
+        path = self.common_dir(repo) / "phasegate" / "merge.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout_s
+        with path.open("a") as handle:
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise GitTransient(
+                            f"the merge lock {path} is still held after {timeout_s:g}s"
+                        ) from None
+                    time.sleep(0.05)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     # -- checks -----------------------------------------------------------------
 

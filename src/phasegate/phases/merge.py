@@ -46,7 +46,7 @@ from phasegate.contract import (
 from phasegate.phases import cleanup
 from phasegate.phases.deps import PhaseDeps
 from phasegate.profiles import reversion_or_stop
-from phasegate.workspace import DirtyCheckout, GitError
+from phasegate.workspace import DirtyCheckout, GitError, GitTransient
 
 __all__ = ["run"]
 
@@ -58,12 +58,16 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     repo = Path(ctx.repo_path)
     merged = deps.forge.find_merge(ctx.pr_number)
     worktree = Path(ctx.worktree_path) if ctx.worktree_path else None
-    if (
-        merged is None
-        and worktree is not None
-        and worktree.exists()
-        and not deps.workspace.sync_base(worktree, ctx.base_branch)
-    ):
+    try:
+        synced = (
+            merged is not None
+            or worktree is None
+            or not worktree.exists()
+            or deps.workspace.sync_base(worktree, ctx.base_branch)
+        )
+    except GitTransient as exc:  # a lock, not a conflict: nothing to re-plan
+        return PhaseResult("pause", reason=f"syncing {ctx.base_branch} failed: {exc}")
+    if not synced:
         return reversion_or_stop(
             ctx,
             reason=f"{ctx.branch_name} conflicts with {ctx.base_branch}",
@@ -84,6 +88,8 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     message = f"Merge #{ctx.pr_number}: {ctx.title}\n\nphasegate workflow {ctx.id}"
     try:
         sha = deps.effects.merge(MERGE, ctx.pr_number, message)
+    except GitTransient as exc:
+        return PhaseResult("pause", reason=f"merge failed for now: {exc}")
     except DirtyCheckout as exc:
         # The person's own checkout: theirs to clean, then resume; nothing is lost.
         return PhaseResult("pause", reason=f"{exc}; commit or stash them, then `phasegate resume`")

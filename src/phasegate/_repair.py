@@ -1,0 +1,159 @@
+"""What a killed git leaves behind, recognised and cleared (issue 9, item 3).
+
+A git process killed mid-command leaves lock files (``index.lock``,
+``HEAD.lock``, ``config.lock``, ``packed-refs.lock``, ``refs/heads/x.lock``)
+that fail every later command, and a ``git worktree add`` killed midway
+leaves a worktree registered as ``locked`` ("initializing"), maybe without
+its ``.git`` file, its HEAD or its index. This module finds them and says
+whether a live process still holds them; ``Workspace`` does the repairing.
+
+A lock is *held* when a process has it open (git keeps a lock file open
+while it writes it: found through ``/proc/*/fd``), or when it is younger than
+``FRESH_S`` seconds and a live git process works in the repository (git
+closes a ref's lock before renaming it into place). Only a lock nobody holds
+is stale.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "FRESH_S",
+    "WorktreeEntry",
+    "held",
+    "lock_files",
+    "parse_worktrees",
+    "registration",
+    "remove_stale_locks",
+    "worktree_dirs",
+]
+
+#: A lock younger than this (seconds) may belong to a git that is running.
+FRESH_S = 3.0
+
+
+@dataclass(frozen=True)
+class WorktreeEntry:
+    """One record of ``git worktree list --porcelain``."""
+
+    path: Path
+    branch: str | None  # None when detached
+    locked: str | None  # the lock's reason ("" when none given); None when not locked
+    prunable: bool
+
+
+def parse_worktrees(porcelain: str) -> list[WorktreeEntry]:
+    """The records of ``git worktree list --porcelain`` output, in its order."""
+    entries: list[WorktreeEntry] = []
+    for block in porcelain.strip().split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            key, _, value = line.partition(" ")
+            fields[key] = value
+        if "worktree" not in fields:
+            continue
+        branch = fields.get("branch")
+        entries.append(
+            WorktreeEntry(
+                path=Path(fields["worktree"]).resolve(),
+                branch=branch.removeprefix("refs/heads/") if branch else None,
+                locked=fields.get("locked"),
+                prunable="prunable" in fields,
+            )
+        )
+    return entries
+
+
+def worktree_dirs(common: Path) -> list[Path]:
+    """The main checkout and every linked worktree's directory, read from the
+    git directory itself (no git call: git may be what is broken)."""
+    dirs = [common.parent] if common.name == ".git" else []
+    for gitdir_file in (common / "worktrees").glob("*/gitdir"):
+        try:
+            dirs.append(Path(gitdir_file.read_text().strip()).parent)
+        except OSError:
+            continue  # a half-made registration: prune clears it
+    return dirs
+
+
+def registration(common: Path, path: Path) -> Path | None:
+    """The git dir (``<common>/worktrees/<id>``) registering the worktree at ``path``."""
+    target = path.resolve() / ".git"
+    for gitdir_file in (common / "worktrees").glob("*/gitdir"):
+        try:
+            if Path(gitdir_file.read_text().strip()).resolve() == target:
+                return gitdir_file.parent
+        except OSError:
+            continue
+    return None
+
+
+def lock_files(common: Path) -> list[Path]:
+    """Every git lock file in the common directory and the worktrees' git dirs."""
+    found: list[Path] = []
+    for root in (common, *(p for p in (common / "worktrees").glob("*") if p.is_dir())):
+        found += [p for p in root.glob("*.lock") if p.is_file()]
+    for sub in ("refs", "logs"):
+        found += [p for p in (common / sub).rglob("*.lock") if p.is_file()]
+    return found
+
+
+def _pids() -> Iterator[int]:
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            yield int(entry.name)
+
+
+def _open_paths(pid: int) -> Iterator[str]:
+    try:
+        fds = os.scandir(f"/proc/{pid}/fd")
+    except OSError:  # gone, or not ours to read
+        return
+    with fds:
+        for fd in fds:
+            try:
+                yield os.readlink(fd.path)
+            except OSError:
+                continue
+
+
+def _live_git_in(dirs: Iterable[Path]) -> bool:
+    roots = [str(d.resolve()) for d in dirs]
+    for pid in _pids():
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "git":
+                continue
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(cwd == r or cwd.startswith(r + os.sep) for r in roots):
+            return True
+    return False
+
+
+def held(path: Path, common: Path) -> bool:
+    """Whether a live process holds the lock file (or git marker) at ``path``."""
+    target = str(path.resolve())
+    if any(target in _open_paths(pid) for pid in _pids()):
+        return True
+    try:
+        age = time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    return age < FRESH_S and _live_git_in([common, *worktree_dirs(common)])
+
+
+def remove_stale_locks(common: Path) -> list[Path]:
+    """Remove every lock file under ``common`` that nobody holds; the removed ones."""
+    removed = []
+    for lock in lock_files(common):
+        if not held(lock, common):
+            lock.unlink(missing_ok=True)
+            removed.append(lock)
+    return removed
