@@ -1,7 +1,8 @@
 """What a killed git leaves behind, recognised and cleared (issue 9, item 3).
 
 A git process killed mid-command leaves lock files (``index.lock``,
-``HEAD.lock``, ``config.lock``, ``packed-refs.lock``, ``refs/heads/x.lock``)
+``HEAD.lock``, ``config.lock``, ``packed-refs.lock`` with its
+``packed-refs.new``, ``refs/heads/x.lock``)
 that fail every later command, and a ``git worktree add`` killed midway
 leaves a worktree registered as ``locked`` ("initializing"), maybe without
 its ``.git`` file, its HEAD or its index. This module finds them and says
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,8 +95,9 @@ def registration(common: Path, path: Path) -> Path | None:
 
 
 def lock_files(common: Path) -> list[Path]:
-    """Every git lock file in the common directory and the worktrees' git dirs."""
-    found: list[Path] = []
+    """Every git lock file in the common directory and the worktrees' git dirs, and
+    ``packed-refs.new`` (rewriting packed-refs, git creates it exclusively too)."""
+    found = [p for p in [common / "packed-refs.new"] if p.is_file()]
     for root in (common, *(p for p in (common / "worktrees").glob("*") if p.is_dir())):
         found += [p for p in root.glob("*.lock") if p.is_file()]
     for sub in ("refs", "logs"):
@@ -103,23 +105,22 @@ def lock_files(common: Path) -> list[Path]:
     return found
 
 
-def _pids() -> Iterator[int]:
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            yield int(entry.name)
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
-def _open_paths(pid: int) -> Iterator[str]:
+def _open_paths(pid: int) -> list[str]:
     try:
-        fds = os.scandir(f"/proc/{pid}/fd")
+        fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:  # gone, or not ours to read
-        return
-    with fds:
-        for fd in fds:
-            try:
-                yield os.readlink(fd.path)
-            except OSError:
-                continue
+        return []
+    paths = []
+    for fd in fds:
+        try:
+            paths.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue  # closed meanwhile
+    return paths
 
 
 def _live_git_in(dirs: Iterable[Path]) -> bool:
