@@ -209,8 +209,10 @@ def test_a_worktree_add_killed_midway_is_repaired(tmp_path: Path) -> None:
     while not (path / "d0").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.001)
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
+    assert proc.wait(timeout=10) == -signal.SIGKILL, "the add finished before the kill"
     ws = Workspace()
+    assert not ws.is_healthy(path, "big"), "the kill was meant to land inside the checkout"
+    assert locked_worktrees(repo) == ["locked initializing"]
 
     ws.ensure_worktree(repo, "big", path)
 

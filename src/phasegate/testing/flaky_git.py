@@ -10,7 +10,8 @@ other call execs the real git (found on PATH when the wrapper is written).
 Put ``flaky.bin`` first on PATH (``flaky.env()``, or ``with flaky.on_path():``)
 for the code under test; ``flaky.calls`` and ``flaky.failures`` say how many
 calls it saw and failed; ``flaky.fraction`` can be changed between calls
-(0.0 = a healthy git).
+(0.0 = a healthy git). ``commands=("merge",)`` fails only those subcommands
+(the first argument after git's own options).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 __all__ = ["FlakyGit"]
@@ -38,6 +39,11 @@ with open(os.path.join(ROOT, "calls"), "a+") as counter:
         config = json.load(f)
     state["calls"] += 1
     fail = random.Random(f"{{config['seed']}}:{{state['calls']}}").random() < config["fraction"]
+    if config["commands"] is not None:
+        args = sys.argv[1:]
+        while args and args[0].startswith("-"):
+            args = args[2:] if args[0] in ("-c", "-C") else args[1:]
+        fail = fail and bool(args) and args[0] in config["commands"]
     state["failures"] += fail
     counter.seek(0)
     counter.truncate()
@@ -59,7 +65,14 @@ os.execv(REAL, [REAL, *sys.argv[1:]])
 class FlakyGit:
     """A lock-contention-failing ``git`` wrapper in ``root/bin`` (see the module doc)."""
 
-    def __init__(self, root: Path, *, fraction: float = 0.2, seed: int = 0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        fraction: float = 0.2,
+        seed: int = 0,
+        commands: Sequence[str] | None = None,
+    ) -> None:
         real = shutil.which("git")
         if real is None:
             raise FileNotFoundError("no git on PATH to wrap")
@@ -67,6 +80,7 @@ class FlakyGit:
         self.bin = root / "bin"
         self.bin.mkdir(parents=True, exist_ok=True)
         self.seed = seed
+        self.commands = list(commands) if commands is not None else None
         self.fraction = fraction
         wrapper = self.bin / "git"
         wrapper.write_text(_WRAPPER.format(python=sys.executable, root=str(root), real=real))
@@ -79,7 +93,8 @@ class FlakyGit:
     @fraction.setter
     def fraction(self, value: float) -> None:
         tmp = self.root / "config.tmp"
-        tmp.write_text(json.dumps({"seed": self.seed, "fraction": value}))
+        config = {"seed": self.seed, "fraction": value, "commands": self.commands}
+        tmp.write_text(json.dumps(config))
         os.replace(tmp, self.root / "config")
 
     def _state(self) -> dict[str, int]:
