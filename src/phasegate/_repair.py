@@ -138,23 +138,36 @@ def _live_git_in(dirs: Iterable[Path]) -> bool:
     return False
 
 
-def held(path: Path, common: Path) -> bool:
-    """Whether a live process holds the lock file (or git marker) at ``path``."""
+def held(path: Path, common: Path, *, fresh_s: float = FRESH_S) -> bool:
+    """Whether a live process holds the lock file (or git marker) at ``path``: one has
+    it open, or it is younger than ``fresh_s`` seconds while a git runs in the
+    repository."""
     target = str(path.resolve())
     if any(target in _open_paths(pid) for pid in _pids()):
         return True
     try:
         age = time.time() - path.stat().st_mtime
     except FileNotFoundError:
-        return False
-    return age < FRESH_S and _live_git_in([common, *worktree_dirs(common)])
+        return True  # its git finished with it: nothing stale to remove
+    return age < fresh_s and _live_git_in([common, *worktree_dirs(common)])
 
 
 def remove_stale_locks(common: Path) -> list[Path]:
-    """Remove every lock file under ``common`` that nobody holds; the removed ones."""
+    """Remove every lock file under ``common`` that nobody holds; the removed ones.
+
+    A lock gone, or replaced (another inode or mtime) while it was being
+    judged, is a live git's: only the very file judged stale is removed.
+    """
     removed = []
     for lock in lock_files(common):
-        if not held(lock, common):
+        try:
+            before = lock.lstat()
+            if held(lock, common):
+                continue
+            after = lock.lstat()
+        except FileNotFoundError:
+            continue  # its git finished with it meanwhile
+        if (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns):
             lock.unlink(missing_ok=True)
             removed.append(lock)
     return removed

@@ -133,7 +133,8 @@ class Workspace:
         Removes lock files nobody holds (``phasegate._repair``: index, HEAD,
         config, packed-refs and ref locks, in the common directory and every
         worktree's git dir), unlocks worktrees a killed ``git worktree add``
-        left locked ("initializing"), and prunes registrations whose
+        left locked ("initializing") while no git runs in the repository
+        (an add in flight looks the same), and prunes registrations whose
         directory is gone. A lock a live process holds, and a worktree a
         person locked, are left alone. Raises GitError when ``repo`` is not a
         repository.
@@ -146,10 +147,14 @@ class Workspace:
                 entry.locked is not None
                 and entry.locked.startswith("initializing")
                 and marker is not None
-                and not _repair.held(marker / "locked", common)
+                and not _repair.held(marker / "locked", common, fresh_s=float("inf"))
             ):
-                git(["worktree", "unlock", str(entry.path)], repo)
-                notes.append(f"unlocked {entry.path}, left locked by a killed worktree add")
+                proc = run_git(["worktree", "unlock", str(entry.path)], repo)
+                if proc.returncode == 0:
+                    notes.append(f"unlocked {entry.path}, left locked by a killed worktree add")
+                elif not re.search("is not locked|is not a working tree", proc.stderr):
+                    # (else its add finished, or its remove did, since the listing)
+                    raise GitError(f"git worktree unlock {entry.path}: {proc.stderr.strip()}")
         git(["worktree", "prune"], repo)
         return notes
 
