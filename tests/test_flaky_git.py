@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from phasegate import decisions
-from phasegate._git import TRANSIENT_ATTEMPTS, GitTransient, git, run_git
+from phasegate._git import TRANSIENT_ATTEMPTS, GitError, GitTransient, git, run_git
 from phasegate.testing.flaky_git import FlakyGit
 from phasegate.workspace import Workspace
 
@@ -88,6 +88,16 @@ def test_an_exit_code_read_as_an_answer_is_neither_retried_nor_transient(tmp_pat
         ancestor = run_git(["merge-base", "--is-ancestor", "HEAD", "HEAD"], repo)
     assert (missing.returncode, ancestor.returncode) == (1, 0)
     assert flaky.calls == 2
+
+
+def test_a_ref_that_cannot_be_locked_for_a_lasting_reason_fails_at_once(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    sh_git(repo, "branch", "phasegate")  # in the way of every phasegate/<name>
+    flaky = FlakyGit(tmp_path / "flaky", fraction=0.0)
+    with flaky.on_path(), pytest.raises(GitError, match="cannot lock ref") as caught:
+        git(["branch", "phasegate/x", "main"], repo)
+    assert not isinstance(caught.value, GitTransient)
+    assert flaky.calls == 1
 
 
 def _conflicting(tmp_path: Path) -> tuple[Workspace, Path]:

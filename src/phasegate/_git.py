@@ -68,10 +68,13 @@ TRANSIENT_ATTEMPTS = 5
 _BACKOFF_S = 0.05
 
 # What git prints when another process holds one of its locks (lockfile.c,
-# refs/files-backend.c, config.c, read-cache.c) or the OS refuses for now.
+# refs/files-backend.c, config.c, read-cache.c) or the OS refuses for now. A
+# ref that cannot be locked for a lasting reason (a ref in the way of its
+# name, a directory there) is not among them: retrying cannot help.
 _TRANSIENT = re.compile(
     r"Unable to create '[^']*\.lock': File exists"
-    r"|cannot lock ref"
+    r"|cannot lock ref '[^']*': (?!'[^']*' exists|there is a non-empty directory"
+    r"|reference already exists|unable to resolve reference|reference is missing)"
     r"|could not lock config file"
     r"|Another git process seems to be running"
     r"|unable to write new index file"
