@@ -126,6 +126,25 @@ def test_a_lock_a_live_process_holds_is_not_removed(tmp_path: Path, name: str) -
     assert not lock.exists(), "once its holder died the lock is stale"
 
 
+def test_a_fresh_lock_while_a_git_runs_in_the_repository_is_kept(tmp_path: Path) -> None:
+    # git closes a ref's lock before renaming it into place: then only its age
+    # and a live git in the repository say it is someone's.
+    repo = make_repo(tmp_path / "repo")
+    git(repo, "branch", "topic")
+    lock = repo / ".git" / "refs" / "heads" / "topic.lock"
+    running = subprocess.Popen(
+        ["git", "cat-file", "--batch"], cwd=repo, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        lock.write_text("")
+        Workspace().repair(repo)
+        assert lock.exists(), "a fresh lock beside a live git was removed"
+    finally:
+        running.communicate(b"")
+    Workspace().repair(repo)
+    assert not lock.exists(), "with no git running, the lock is stale"
+
+
 def test_a_ref_lock_of_a_dead_process_in_a_branch_directory_is_removed(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     git(repo, "branch", "feature/x")

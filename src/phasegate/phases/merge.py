@@ -28,8 +28,9 @@
   its reason, retried later (phases/cleanup.py), and the phase still
   advances with merge_sha.
 - terminal outcomes: completed → acceptance_verification; completed →
-  planning (reversion); pause (conflict, edits in the way); failed (merge
-  error, loop guard).
+  planning (reversion); pause (conflict, edits in the way, git still failing
+  on a lock after its retries: GitTransient, never read as a conflict);
+  failed (merge error, loop guard).
 """
 
 from __future__ import annotations
