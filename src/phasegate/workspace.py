@@ -303,6 +303,16 @@ class Workspace:
         git([*IDENTITY, "commit", "-q", "--no-verify", "-m", message], path)
         return self.rev(path, "HEAD")
 
+    def commit_empty(self, path: Path, message: str) -> str:
+        """A commit with no change of its own (a marker naming what came before it);
+        its SHA."""
+        git([*IDENTITY, "commit", "-q", "--no-verify", "--allow-empty", "-m", message], path)
+        return self.rev(path, "HEAD")
+
+    def merge_in_progress(self, path: Path) -> bool:
+        """Whether the worktree at ``path`` has a merge begun and not concluded (MERGE_HEAD)."""
+        return bool(git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], path, check=False))
+
     def diff(self, repo: Path, base: str, head: str) -> str:
         return git(["diff", f"{base}...{head}"], repo)
 

@@ -6,25 +6,60 @@ Bounded retries on failing checks (spec 000, development).
   milestone exists (state.plan); current_phase == "development".
 - inputs: state.plan, dev_round, state.test_retries, the previous attempt's
   failing checks (state.last_check_failure), review comments from pr_review
-  (state.review_feedback), user_feedback.
-- authoritative evidence: ``tests_run`` (per attempt, the checks' structured
-  results: command, exit code, duration, output tail) and ``dev_completed``.
+  (state.review_feedback), what the last bounded loop that ran out left open
+  (state.carried_findings), user_feedback.
+- authoritative evidence: ``build_attempt`` (per attempt: where it started,
+  its token, the agent run it kept), ``tests_run`` (per attempt, the checks'
+  structured results: command, exit code, duration, output tail),
+  ``attempt_discarded`` (an attempt's output thrown away, see below),
+  ``limit_reached`` (the retries ran out, with the last failure) and
+  ``dev_completed``.
 - side effects: the build agent run (writes code), a git commit, the
   cartridge's checks, the branch push (journaled).
 - postconditions: on success current_phase == "pr_review", status ==
   "pr_review", current_round == 0, retry counters cleared.
 - re-entry point: dev_round and test_retries are persisted; a completed
   ``dev_completed`` for this dev_round short-circuits, so a restart never
-  builds the same round twice.
-- recovery behavior: failing checks → retry up to limits.max_dev_retries,
-  then a reversion to planning (spec 003, Execute → Strategize) with the
-  failure as the next plan's input where the profile's
+  builds the same round twice. An attempt (dev_round R, attempt N) starts by
+  journaling ``build_attempt`` in_progress (before the base sync and the
+  agent) with the branch's HEAD as its ``start`` and a ``token``; its
+  commit carries the trailers ``Phasegate-Attempt: <workflow>/d<R>/a<N>/<token>``
+  and ``Phasegate-Agent-Run: <agent_runs id>``; its PhaseResult settles the
+  journal. Re-entering with the journal of (R, N) unsettled (the process
+  died) is recovery:
+
+  * HEAD carries the journal's token: the attempt's commit was made before
+    its result was committed. It is recognised as the attempt's output; the
+    agent is not run again, only what the checks left uncommitted is
+    discarded, and the checks run on that commit.
+  * otherwise the attempt died before its commit: everything since
+    ``start`` is discarded (``git reset --hard start`` and ``git clean``:
+    partial edits, complete edits of an agent run already recorded ``ok``,
+    commits the agent made itself, a base sync merge half done or done) and
+    recorded as an ``attempt_discarded`` milestone (paths, insertions,
+    deletions, sha256 of the diff, the ``ok`` agent runs whose output it was);
+    then the attempt runs anew from ``start``.
+
+  Uncommitted changes found when a new attempt starts (no dead journal) are
+  discarded and recorded the same way. So the change on the branch is
+  exactly what the recorded attempts made: every ``ok`` build agent run of
+  this phase is named by exactly one of a commit trailer on the branch
+  (kept), an ``attempt_discarded`` milestone (thrown away: died, REPLAN, a
+  leaked secret), or a settled ``build_attempt`` with no commit (it changed
+  nothing) — ``phases.attempts.account_build_runs`` checks it.
+- recovery behavior: failing checks, no file changed, or a net change
+  against the base that is empty (a commit and its revert) → retry up to
+  limits.max_dev_retries, then a reversion to planning (spec 003, Execute →
+  Strategize) with the failure as the next plan's input and the next
+  build's (state.carried_findings) where the profile's
   ``auto_strategy_revision`` < 1.0 allows it, else a pause for a person
-  (``phasegate revert`` or ``resume``); past the loop guard, failed (pause
-  where a person decides anyway). A build agent that answers ``REPLAN: why``
-  (the plan's constraints are too restrictive) is handled the same way at
-  once, its changes discarded. A build agent that fails every try → failed.
-  Shutdown raises WorkflowPaused and commits nothing.
+  (``phasegate revert`` or ``resume``; the failure stays the next attempt's
+  input); past the loop guard, failed (pause where a person decides
+  anyway). A build agent that answers ``REPLAN: why`` (the plan's
+  constraints are too restrictive) is handled the same way at once, its
+  changes discarded. A build agent that fails every try → failed.
+  Shutdown raises WorkflowPaused and commits nothing (the next entry
+  discards what the interrupted attempt left).
 - terminal outcomes: completed → pr_review; completed → planning (reversion);
   retry; pause; failed.
 """
@@ -38,11 +73,21 @@ from phasegate.agents.env import secret_names_in
 from phasegate.agents.service import AgentFailed
 from phasegate.contract import DEVELOPMENT, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.phases import graph_mode
+from phasegate.phases.attempts import (
+    ATTEMPT_TRAILER,
+    RUN_TRAILER,
+    Attempt,
+    begin,
+    discard,
+    ok_build_runs,
+    trailers,
+)
 from phasegate.phases.deps import PhaseDeps, agent_failure, developed, worktree_of
+from phasegate.phases.limits import limit_reached
 from phasegate.profiles import reversion_or_stop
 from phasegate.workspace import CheckResult
 
-__all__ = ["run"]
+__all__ = ["replan_request", "run"]
 
 BUILD_PROMPT = """Implement the plan below in the repository in your working directory.
 Edit the files directly and make the change complete, with tests. Do not commit;
@@ -91,9 +136,96 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     plan = ctx.state.get("plan")
     if not plan:
         return PhaseResult("failed", reason="no finalized plan (plan_finalized milestone missing)")
+    assert ctx.branch_name is not None
 
-    attempt = int(ctx.state.get("test_retries", 0)) + 1
+    number = int(ctx.state.get("test_retries", 0)) + 1
+    attempt, recognised = begin(ctx, deps, cwd, number)
+    if recognised:
+        summary = f"(the attempt's commit {recognised[:12]}, recognised after a restart)"
+        run_id = trailers(deps.workspace.commit_message(cwd, recognised)).get(RUN_TRAILER, "")
+        commit: str | None = recognised
+    else:
+        built = _build(ctx, deps, cwd, plan, attempt)
+        if isinstance(built, PhaseResult):
+            return built
+        commit, run_id, summary = built
+    head = deps.workspace.rev(cwd, "HEAD")
+    # The net change against the base, not the commits: a change and its revert
+    # is no change, and must never go on to merge as one.
+    changed = deps.workspace.diff_stat(repo, ctx.base_branch, ctx.branch_name)["files"] > 0
+    checks = deps.run_checks(cwd)
+    # The checks ran on the commit just made; what they leave in the worktree
+    # (bytecode, caches, rewritten files) is theirs, not the change's, and the
+    # next attempt's commit_all would sweep it into the branch.
+    deps.workspace.discard_changes(cwd)
+    passed = changed and all(c.passed for c in checks)
+    if changed:
+        failure = _failure_summary(checks)
+    elif commit is None:
+        failure = "the build agent changed no file"
+    else:
+        failure = (
+            f"the branch's net change against {ctx.base_branch} is empty "
+            "(its commits undo each other)"
+        )
+    settled = attempt.journal(
+        "completed" if passed else "failed", commit=commit, agent_run=run_id, head=head
+    )
+    tests_run = MilestoneWrite(
+        "tests_run",
+        round=dev_round,
+        attempt=number,
+        status="completed" if passed else "failed",
+        summary=f"{sum(c.passed for c in checks)}/{len(checks)} checks passed"
+        + ("" if changed else "; no change"),
+        data={
+            "checks": [c.as_dict() for c in checks],
+            "passed": passed,
+            "commit": commit,
+            "head": head,
+            "agent_summary": summary,
+            "recognised_after_restart": bool(recognised),
+        },
+    )
+    if passed:
+        deps.effects.push_branch(DEVELOPMENT, ctx.branch_name, head)
+        return developed(
+            head,
+            (
+                settled,
+                tests_run,
+                MilestoneWrite(
+                    "dev_completed",
+                    round=dev_round,
+                    summary=f"head {head[:12]}",
+                    data={"head": head, "attempts": number},
+                ),
+            ),
+            state={"carried_findings": None},
+        )
+    if changed:
+        reason = f"checks still failing after {number} attempt(s): {failure[:1500]}"
+    else:
+        reason = f"no change in {number} attempt(s): {failure}"
+    return _retry_or_revert(ctx, deps, number, failure, reason, (settled, tests_run))
+
+
+def _build(
+    ctx: WorkflowContext, deps: PhaseDeps, cwd: Path, plan: str, attempt: Attempt
+) -> tuple[str | None, str, str] | PhaseResult:
+    """Sync the base if asked, run the build agent, commit what it made.
+
+    Returns (the attempt's commit or None when it changed nothing, the
+    agent run's id, the agent's summary), or the PhaseResult that ends the
+    attempt early (the agent failed, asked to re-plan, or leaked a secret).
+    """
+    number = attempt.number
     extra = ""
+    if ctx.state.get("carried_findings"):
+        extra += (
+            "\n## What the last round left open (its limit ran out)\n\n"
+            f"{ctx.state['carried_findings']}\n"
+        )
     if ctx.state.get("review_feedback"):
         extra += f"\n## The reviewer sent the change back\n\n{ctx.state['review_feedback']}\n"
     if ctx.user_feedback:
@@ -102,8 +234,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         extra += (
             f"\n## The checks failed on your last attempt\n\n{ctx.state['last_check_failure']}\n"
         )
-
-    before = deps.workspace.rev(cwd, "HEAD")
+    before = attempt.start
     if ctx.state.get("sync_base"):
         # Reverted from a merge that could not proceed: build on what the base holds now.
         conflicted = deps.workspace.start_base_merge(cwd, ctx.base_branch)
@@ -120,35 +251,38 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             "build",
             BUILD_PROMPT.format(title=ctx.title, ticket=ctx.ticket, plan=plan, extra=extra),
             cwd,
-            round=dev_round,
-            attempt=attempt,
+            round=ctx.dev_round,
+            attempt=number,
         )
     except AgentFailed as exc:
         failed = MilestoneWrite(
-            "dev_failed", status="failed", round=dev_round, attempt=attempt, summary=str(exc)
+            "dev_failed", status="failed", round=ctx.dev_round, attempt=number, summary=str(exc)
         )
-        return agent_failure(exc, milestones=(failed,))
-
-    assert ctx.branch_name is not None
+        discard(ctx, deps, cwd, before, "the build agent failed", attempt)
+        return agent_failure(exc, milestones=(attempt.journal("failed"), failed))
+    runs = ok_build_runs(deps.store, attempt)
+    run_id = str(runs[-1]) if runs else ""
+    summary = answer.text.strip()[-2000:]
     blocked = replan_request(answer.text)
     if blocked is not None:
         # The agent says the plan cannot work: what it changed is not the plan's change.
-        deps.workspace.reset_to(cwd, before)
+        discard(ctx, deps, cwd, before, "the build agent asked to re-plan", attempt)
         reason = f"the build agent reports the plan's constraints too restrictive: {blocked}"
         return reversion_or_stop(
             ctx,
             reason=reason[:1000],
-            context=f"Development round {dev_round}, attempt {attempt}: {reason}\n\n"
-            f"The build agent's answer:\n{answer.text.strip()[-2000:]}",
+            context=f"Development round {ctx.dev_round}, attempt {number}: {reason}\n\n"
+            f"The build agent's answer:\n{summary}",
             at=deps.clock.now(),
             milestones=(
+                attempt.journal("failed", agent_run=run_id),
                 MilestoneWrite(
                     "plan_blocked",
                     status="failed",
-                    round=dev_round,
-                    attempt=attempt,
+                    round=ctx.dev_round,
+                    attempt=number,
                     summary=blocked[:500],
-                    data={"agent_summary": answer.text.strip()[-2000:]},
+                    data={"agent_summary": summary},
                 ),
             ),
         )
@@ -156,62 +290,24 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     if leaked:
         # A key in the change would be committed, reviewed, merged: drop the whole
         # attempt (commits the agent made itself included); name the variable only.
-        deps.workspace.reset_to(cwd, before)
+        discard(ctx, deps, cwd, before, "the change held a secret", attempt)
         return _attempt_failed(
             ctx,
             deps,
-            attempt,
+            number,
             f"the change held the value of {', '.join(leaked)}; it was discarded",
+            attempt.journal("failed", agent_run=run_id),
         )
-    commit = deps.workspace.commit_all(
-        cwd,
-        f"{ctx.title}\n\nphasegate workflow {ctx.id}, development round {dev_round}, "
-        f"attempt {attempt}",
+    message = (
+        f"{ctx.title}\n\nphasegate workflow {ctx.id}, development round {ctx.dev_round}, "
+        f"attempt {number}\n\n{ATTEMPT_TRAILER}: {attempt.trailer}\n{RUN_TRAILER}: {run_id}"
     )
-    head = deps.workspace.rev(cwd, "HEAD")
-    changed = deps.workspace.commits_ahead(repo, ctx.base_branch, ctx.branch_name) > 0
-    checks = deps.run_checks(cwd)
-    # The checks ran on the commit just made; what they leave in the worktree
-    # (bytecode, caches, rewritten files) is theirs, not the change's, and the
-    # next attempt's commit_all would sweep it into the branch.
-    deps.workspace.discard_changes(cwd)
-    passed = changed and all(c.passed for c in checks)
-    failure = _failure_summary(checks) if changed else "the build agent changed no file"
-    tests_run = MilestoneWrite(
-        "tests_run",
-        round=dev_round,
-        attempt=attempt,
-        status="completed" if passed else "failed",
-        summary=f"{sum(c.passed for c in checks)}/{len(checks)} checks passed"
-        + ("" if changed else "; no change"),
-        data={
-            "checks": [c.as_dict() for c in checks],
-            "passed": passed,
-            "commit": commit,
-            "head": head,
-            "agent_summary": answer.text.strip()[-2000:],
-        },
-    )
-    if passed:
-        deps.effects.push_branch(DEVELOPMENT, ctx.branch_name, head)
-        return developed(
-            head,
-            (
-                tests_run,
-                MilestoneWrite(
-                    "dev_completed",
-                    round=dev_round,
-                    summary=f"head {head[:12]}",
-                    data={"head": head, "attempts": attempt},
-                ),
-            ),
-        )
-    reason = (
-        f"checks still failing after {attempt} attempt(s): {failure[:1500]}"
-        if changed
-        else f"the build agent changed no file in {attempt} attempt(s)"
-    )
-    return _retry_or_revert(ctx, deps, attempt, failure, reason, tests_run)
+    commit = deps.workspace.commit_all(cwd, message)
+    if commit is None and deps.workspace.rev(cwd, "HEAD") != before:
+        # The agent committed its work itself: a marker commit names the attempt,
+        # so a restart recognises it instead of discarding it.
+        commit = deps.workspace.commit_empty(cwd, message)
+    return commit, run_id, summary
 
 
 def _retry_or_revert(
@@ -220,29 +316,43 @@ def _retry_or_revert(
     attempt: int,
     failure: str,
     reason: str,
-    evidence: MilestoneWrite,
+    evidence: tuple[MilestoneWrite, ...],
 ) -> PhaseResult:
     """Another attempt (the failure goes into its prompt) within max_dev_retries; then
     the validation failures block applying: a reversion to planning, or a stop
-    (``profiles.reversion_or_stop``)."""
+    (``profiles.reversion_or_stop``). At the cap the last failure is carried on
+    (issue 9, item 10): a ``limit_reached`` milestone, the next build's prompt
+    (state.carried_findings, and state.last_check_failure for a resume), the
+    reason a person and the decision record read."""
     if attempt <= deps.limits.max_dev_retries:
         return PhaseResult(
             "retry",
             state={"test_retries": attempt, "last_check_failure": failure},
-            milestones=(evidence,),
+            milestones=evidence,
         )
+    limit = limit_reached(
+        "development retries",
+        "limits.max_dev_retries",
+        attempt,
+        failure,
+        round=ctx.dev_round,
+    )
     return reversion_or_stop(
         ctx,
         reason=reason,
         context=f"Development round {ctx.dev_round}: {reason}",
         at=deps.clock.now(),
-        milestones=(evidence,),
-        state={"last_check_failure": failure},
+        milestones=(*evidence, limit),
+        state={"last_check_failure": failure, "carried_findings": limit.data["carried"]},
     )
 
 
-def _attempt_failed(ctx: WorkflowContext, deps: PhaseDeps, attempt: int, why: str) -> PhaseResult:
+def _attempt_failed(
+    ctx: WorkflowContext, deps: PhaseDeps, attempt: int, why: str, settled: MilestoneWrite
+) -> PhaseResult:
     rejected = MilestoneWrite(
         "change_rejected", status="failed", round=ctx.dev_round, attempt=attempt, summary=why
     )
-    return _retry_or_revert(ctx, deps, attempt, why, f"attempt {attempt}: {why}", rejected)
+    return _retry_or_revert(
+        ctx, deps, attempt, why, f"attempt {attempt}: {why}", (settled, rejected)
+    )
