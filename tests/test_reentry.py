@@ -67,6 +67,10 @@ if role == "build":
         readme.write_text(cfg["readme"][f"build-{n}"])
     with open("log.txt", "a") as log:
         log.write(cfg["line"] + "\\n")
+    if f"build-{n}" in cfg["revert"] or "build" in cfg["revert"]:  # a change and its revert
+        import subprocess
+        for args in (["add", "-A"], ["commit", "-qm", "a line"], ["revert", "--no-edit", "HEAD"]):
+            subprocess.run(["git", *args], check=True, capture_output=True)
 tmp = markers / f".{role}-{n}.tmp"
 tmp.write_text(json.dumps({"pgid": os.getpgid(0), "cwd": os.getcwd()}))
 os.replace(tmp, markers / f"{role}-{n}")
@@ -143,6 +147,7 @@ class Lab:
         root: Path,
         *,
         extra: str = "",
+        checks: list[str] | None = None,
         auto_merge: bool | None = True,
         profile: str | None = None,
     ) -> None:
@@ -176,7 +181,9 @@ class Lab:
         }
         (self.repo / "phasegate.toml").write_text(
             scripted_cartridge(
-                checks=["test -f log.txt", shlex.join([sys.executable, str(self.check)])],
+                checks=checks
+                if checks is not None
+                else ["test -f log.txt", shlex.join([sys.executable, str(self.check)])],
                 role_overrides=overrides,
                 extra=extra,
                 auto_merge=auto_merge,
@@ -192,10 +199,13 @@ class Lab:
         sleep: dict[str, float] | None = None,
         answers: dict[str, list[str]] | None = None,
         readme: dict[str, str] | None = None,
+        revert: tuple[str, ...] = (),
     ) -> None:
         """How long each call sleeps (``"build-1": 30``), what each role answers
         (a list: call n gets item n, the last item after that) and what a build
-        call writes to README.md besides its line (``"build-1": "text"``)."""
+        call writes to README.md besides its line (``"build-1": "text"``); the build
+        calls in ``revert`` (``"build-1"``, or ``"build"`` for all) commit their
+        change and then its revert."""
         defaults = {
             "plan": ["1. Append a line to log.txt."],
             "plan_review": ["The plan covers the ticket.\nVERDICT: approve"],
@@ -211,6 +221,7 @@ class Lab:
                     "line": LINE,
                     "sleep": sleep or {},
                     "readme": readme or {},
+                    "revert": list(revert),
                     "answers": {**defaults, **(answers or {})},
                 }
             )
@@ -474,3 +485,51 @@ def _base_sync_crash(lab: Lab) -> None:
     assert len(assert_base_holds_exactly_the_recorded_attempts(lab, workflow_id)) == 2
     assert git(lab.repo, "show", "main:README.md") == "resolved"
     assert lab.calls("build") == 2
+
+
+# -- an empty net change (issue 9, item 12) -----------------------------------------
+
+
+@pytest.mark.slow
+def test_a_commit_and_its_revert_is_no_change_and_the_next_attempt_builds_it(
+    tmp_path: Path,
+) -> None:
+    lab = Lab(tmp_path, checks=["true"])  # checks that pass on an empty change too
+    try:
+        _commit_and_revert(lab)
+    finally:
+        lab.cleanup()
+
+
+def _commit_and_revert(lab: Lab) -> None:
+    lab.configure(revert=("build-1",))
+    workflow_id = lab.start()
+
+    lab.settle(workflow_id)
+
+    row = lab.row(workflow_id)
+    assert row["status"] == "completed", lab.log_tail()
+    assert git(lab.repo, "show", f"{row['merge_sha']}:log.txt").splitlines() == [LINE]
+    runs = lab.milestones(workflow_id, "tests_run")
+    assert [(m.attempt, m.data["passed"]) for m in runs] == [(1, False), (2, True)]
+    assert runs[0].summary.endswith("; no change")
+    assert lab.calls("build") == 2
+    assert "its commits undo each other" in lab.prompt("build", 2)
+
+
+@pytest.mark.slow
+def test_a_build_whose_net_change_stays_empty_never_merges(tmp_path: Path) -> None:
+    lab = Lab(tmp_path, extra="[limits]\nmax_dev_retries = 1\n", checks=["true"])
+    try:
+        lab.configure(revert=("build",))
+        workflow_id = lab.start()
+
+        row = lab.settle(workflow_id)
+
+        assert (row["current_phase"], row["status"]) == ("development", "paused"), lab.log_tail()
+        assert "net change against main is empty" in row["error"]
+        assert git(lab.repo, "rev-list", "--merges", "main") == ""
+        assert lab.milestones(workflow_id, "pr_reviewed") == []
+        assert lab.calls("build") == 2
+    finally:
+        lab.cleanup()
