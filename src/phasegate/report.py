@@ -33,6 +33,8 @@ LABELS: Mapping[str, Mapping[str, str]] = {
         "next_merge": "merging automatically (auto_merge)",
         "next_wait": "waiting for `phasegate approve-merge` or `phasegate feedback`",
         "none": "none",
+        "limits": "Limits that ran out",
+        "found": "what the last round found",
     },
     "zh": {
         "title": "进度报告",
@@ -55,6 +57,8 @@ LABELS: Mapping[str, Mapping[str, str]] = {
         "next_merge": "自动合并（auto_merge）",
         "next_wait": "等待 `phasegate approve-merge` 或 `phasegate feedback`",
         "none": "无",
+        "limits": "已用尽的上限",
+        "found": "最后一轮的发现",
     },
 }
 
@@ -90,6 +94,16 @@ def render_report(payload: Mapping[str, Any], language: str) -> str:
         f"${usage.get('cost_usd', 0.0):.4f}",
         f"- {w['next']}: {w['next_merge'] if payload.get('auto_merge') else w['next_wait']}",
     ]
+    limits = payload.get("limits") or []
+    if limits:
+        lines += ["", f"### {w['limits']}", ""]
+        for limit in limits:
+            lines.append(
+                f"- {limit.get('phase')}, {w['round'].lower()} {limit.get('round')}: "
+                f"{limit.get('loop')} ({limit.get('rounds')}, `{limit.get('setting')}`); "
+                f"{w['found']}:"
+            )
+            lines += [f"  > {line}" for line in str(limit.get("findings", "")).splitlines()]
     if plan.get("summary"):
         lines += ["", f"### {w['plan']}", "", str(plan["summary"])]
     return "\n".join(lines) + "\n"

@@ -23,7 +23,10 @@ planning).
   at round 1 again; its milestones' dedupe keys and its comments' markers
   carry the cycle (``c1``, ...), so the earlier cycles' rows are kept.
 - recovery behavior: agent failures retry within limits.agent_retries; a
-  shutdown (WorkflowPaused) leaves the status untouched.
+  shutdown (WorkflowPaused) leaves the status untouched. When the rounds run
+  out with the plan not approved, the last review's comments are carried on
+  (issue 9, item 10): a ``limit_reached`` milestone (the report lists it)
+  and state.carried_findings, which the build prompt holds.
 - terminal outcomes: completed → development; retry (next round); pause
   (planning_timeout); failed (the agents failed every try).
 """
@@ -34,6 +37,7 @@ from phasegate.agents.service import AgentFailed
 from phasegate.contract import DEVELOPMENT, PLANNING, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.phases import graph_mode
 from phasegate.phases.deps import PhaseDeps, agent_failure, non_empty, verdict_parser, worktree_of
+from phasegate.phases.limits import limit_reached
 
 __all__ = ["run"]
 
@@ -134,6 +138,22 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         ),
     ]
     if approved or round_num >= deps.limits.max_plan_rounds:
+        carried: dict[str, str | None] = {}
+        if not approved:
+            limit = limit_reached(
+                "plan review rounds",
+                "limits.max_plan_rounds",
+                round_num,
+                review.comments,
+                round=round_num,
+                key=f"plan_review_rounds{cycle_key}",
+            )
+            milestones.append(limit)
+            # What an earlier loop left open (a reversion's) stays beside it.
+            earlier = str(ctx.state.get("carried_findings") or "")
+            carried["carried_findings"] = "\n\n".join(
+                part for part in (earlier, str(limit.data["carried"])) if part
+            )
         milestones.append(
             MilestoneWrite(
                 "plan_finalized",
@@ -146,7 +166,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         return PhaseResult.advance(
             DEVELOPMENT,
             updates={"current_round": 0, "user_feedback": None},
-            state={"plan": plan, "plan_feedback": None, "replan_context": None},
+            state={"plan": plan, "plan_feedback": None, "replan_context": None, **carried},
             milestones=tuple(milestones),
         )
     return PhaseResult(

@@ -18,9 +18,16 @@ until limits.max_pr_review_rounds.
   the review comments as its input; after max_pr_review_rounds (counted
   from the first development round of the planning cycle, so a reversion
   grants a fresh set), a reversion to planning where the profile allows it
-  (spec 003, Execute → Strategize), else paused for a person.
+  (spec 003, Execute → Strategize), else paused for a person. At that cap
+  the last review's findings are carried on (issue 9, item 10): a
+  ``limit_reached`` milestone (the report lists it), state.carried_findings
+  (the next build's prompt, after a reversion too), and the reason ``show``
+  prints and the decision record keeps.
 - re-entry point: dev_round persisted; the pull request is found by its head
-  branch, never created twice, and updated once per development round.
+  branch, never created twice, and updated once per development round. A
+  person's ``resume`` (or ``feedback``) of a workflow stopped at the cap does
+  not review the same diff again: it sends the change back to development
+  with the last review as its input and a fresh set of review rounds.
 - recovery behavior: a review agent that fails every try → failed; shutdown
   → WorkflowPaused, nothing committed.
 - terminal outcomes: completed → report; completed → development;
@@ -36,12 +43,14 @@ from phasegate.contract import (
     DEVELOPMENT,
     PR_REVIEW,
     REPORT,
+    MilestoneView,
     MilestoneWrite,
     PhaseResult,
     WorkflowContext,
 )
 from phasegate.phases import graph_mode
 from phasegate.phases.deps import PhaseDeps, agent_failure, verdict_parser, worktree_of
+from phasegate.phases.limits import limit_reached, reason_with
 from phasegate.profiles import reversion_or_stop
 
 __all__ = ["run"]
@@ -98,6 +107,9 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     assert ctx.branch_name is not None
     repo = Path(ctx.repo_path)
     round_num = ctx.dev_round  # one review round per development round
+    capped = ctx.milestone("limit_reached", phase=PR_REVIEW, round=round_num)
+    if capped is not None:
+        return _resumed_after_the_cap(ctx, capped)
     body = _pr_body(ctx)
     pr = deps.effects.open_pull_request(
         PR_REVIEW, ctx.branch_name, ctx.base_branch, ctx.title, body
@@ -151,12 +163,23 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             f"review still requests changes after {cycle_rounds} round(s) "
             "(limits.max_pr_review_rounds)"
         )
+        limit = limit_reached(
+            "PR review rounds",
+            "limits.max_pr_review_rounds",
+            cycle_rounds,
+            review.comments,
+            round=round_num,
+        )
         return reversion_or_stop(
             ctx,
-            reason=reason,
+            reason=reason_with(reason, review.comments),
             context=f"{reason}. The last review:\n\n{review.comments[-3000:]}",
             at=deps.clock.now(),
-            milestones=(reviewed,),
+            milestones=(reviewed, limit),
+            state={
+                "carried_findings": limit.data["carried"],
+                "review_feedback": review.comments,
+            },
             hint="send feedback or resume",
         )
     return PhaseResult.advance(
@@ -164,4 +187,20 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         updates={"pr_number": pr, "current_round": 0, "dev_round": ctx.dev_round + 1},
         state={"review_feedback": review.comments},
         milestones=(reviewed,),
+    )
+
+
+def _resumed_after_the_cap(ctx: WorkflowContext, capped: MilestoneView) -> PhaseResult:
+    """A person resumed a workflow whose review rounds ran out: another build with the
+    last review as its input, and a fresh set of review rounds from it."""
+    findings = str(capped.data.get("findings", ""))
+    return PhaseResult.advance(
+        DEVELOPMENT,
+        updates={"current_round": 0, "dev_round": ctx.dev_round + 1},
+        state={
+            "review_feedback": ctx.state.get("review_feedback") or findings,
+            "carried_findings": capped.data.get("carried"),
+            "cycle_start_dev_round": ctx.dev_round + 1,
+            "stopped_on": None,
+        },
     )

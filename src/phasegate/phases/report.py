@@ -5,8 +5,9 @@ Thin phase: no agent run, no git mutation (spec 000, report).
 - preconditions: current_phase == "report"; planning, development and
   pr_review milestones exist.
 - inputs: dev_round, the finalized plan, the diff stats, the last
-  ``tests_run``, the ``pr_reviewed`` milestones, usage totals,
-  content_language, auto_merge.
+  ``tests_run``, the ``pr_reviewed`` milestones, the ``limit_reached``
+  milestones (every bounded loop that ran out, with what its last round
+  found: issue 9, item 10), usage totals, content_language, auto_merge.
 - authoritative evidence: ``progress_reported``, ``round_completed`` and
   ``wait_started`` for dev_round.
 - side effects: one issue comment rendered in content_language (best effort:
@@ -33,7 +34,9 @@ __all__ = ["build_payload", "run"]
 
 
 def build_payload(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
-    """The report payload: plan, changes, checks, review, usage, what comes next."""
+    """The report payload: plan, changes, checks, review, the limits that ran out
+    (``limits``: phase, round, loop, setting, rounds, findings), usage, what
+    comes next."""
     finalized = ctx.milestone("plan_finalized")
     tests = [m for m in ctx.milestones_of("tests_run") if m.round == ctx.dev_round]
     last = tests[-1].data if tests else {}
@@ -75,6 +78,17 @@ def build_payload(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
             "verdict": reviews[-1].data.get("verdict") if reviews else None,
             "comments": str(reviews[-1].data.get("comments", ""))[:1000] if reviews else "",
         },
+        "limits": [
+            {
+                "phase": m.phase,
+                "round": m.round,
+                "loop": m.data.get("loop"),
+                "setting": m.data.get("setting"),
+                "rounds": m.data.get("rounds"),
+                "findings": str(m.data.get("findings", ""))[:1500],
+            }
+            for m in ctx.milestones_of("limit_reached")
+        ],
         "usage": {"tokens": usage.tokens, "cost_usd": round(usage.cost_usd, 6), "runs": usage.runs},
         "auto_merge": ctx.auto_merge,
         "content_language": ctx.content_language,
