@@ -533,3 +533,32 @@ def test_a_build_whose_net_change_stays_empty_never_merges(tmp_path: Path) -> No
         assert lab.calls("build") == 2
     finally:
         lab.cleanup()
+
+
+def test_a_discarded_change_holding_a_key_is_accounted_for_without_keeping_the_key(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "sk-live-leaked-424242"
+    monkeypatch.setenv("SERVICE_API_KEY", secret)
+    repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": ".phasegate/\n"})
+    (repo / "answers.toml").write_text(
+        '[[plan]]\ntext = "1. Write config.txt"\n[[plan_review]]\ntext = "VERDICT: approve"\n'
+        f'[[build]]\ntext = "wrote config"\n[build.files]\n"config.txt" = "key = {secret}\\n"\n'
+        '[[build]]\ntext = "wrote config"\n[build.files]\n"config.txt" = "key = from env\\n"\n'
+        '[[review]]\ntext = "VERDICT: approve"\n[[verification]]\ntext = "VERDICT: confirmed"\n'
+    )
+    (repo / "phasegate.toml").write_text(scripted_cartridge())
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "cartridge")
+    engine, store = engine_for(repo)
+
+    row = engine.advance(engine.start("t", "ticket"))
+
+    assert row["status"] == "completed", row["error"]
+    accounting = account_build_runs(store, repo, row["id"], row["merge_sha"])
+    (gone,) = [m for m in store.milestones(row["id"]) if m.kind == "attempt_discarded"]
+    assert (gone.data["paths"], gone.data["diff"]) == (["config.txt"], "")
+    assert accounting["discarded"] == gone.data["agent_runs"] and len(accounting["kept"]) == 1
+    assert accounting["unaccounted"] == []
+    stored = b"".join(f.read_bytes() for f in (repo / ".phasegate").glob("state.db*"))
+    assert stored and secret.encode() not in stored

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phasegate.agents.env import secret_names_in
 from phasegate.contract import DEVELOPMENT, MilestoneView, MilestoneWrite, WorkflowContext
 from phasegate.phases.deps import PhaseDeps
 from phasegate.store import Store
@@ -72,6 +73,8 @@ class Attempt:
             status=status,  # type: ignore[arg-type]
             round=self.round,
             attempt=self.number,
+            # One row per try: a resume that reuses the number keeps the earlier rows.
+            key=self.token,
             summary=f"from {self.start[:12]}, token {self.token}",
             data={
                 "start": self.start,
@@ -180,6 +183,9 @@ def discard(
                 "insertions": insertions,
                 "deletions": deletions,
                 "diff_sha256": digest,
+                # What was thrown away, to read or re-apply by hand (a person's
+                # edits in the worktree go too), unless it holds a secret's value.
+                "diff": "" if secret_names_in(diff) else diff[:20_000],
                 "merge_in_progress": merging,
                 "agent_runs": runs,
             },
