@@ -29,18 +29,14 @@ answer to; a recorded run is never run again, so no proposal is made twice.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from phasegate.agents.env import secret_names_in
 from phasegate.autonomy import AutonomyPolicy
 from phasegate.contract import (
     AWAITING_APPROVAL,
     DEVELOPMENT,
     PLANNING,
-    PR_REVIEW,
-    REPORT,
     MilestoneWrite,
     PhaseResult,
     WorkflowContext,
@@ -54,18 +50,15 @@ from phasegate.harness import (
     check_proposals,
     with_harness,
 )
-from phasegate.phases.deps import PhaseDeps, developed, failure_result, worktree_of
+from phasegate.phases.deps import PhaseDeps, failure_result, worktree_of
+from phasegate.phases.graph_apply import PROPOSAL_TRAILER, apply_draft
+from phasegate.phases.graph_review import evidence_of, review
 from phasegate.profiles import AutomationProfile, reversion_or_stop
-from phasegate.workspace import PatchError
 
 __all__ = ["CHECKS_GATE", "PROPOSAL_TRAILER", "develop", "enabled", "plan", "review"]
 
 #: ``decided_by`` of a proposal the harness rejected because its checks failed.
 CHECKS_GATE = "harness:checks"
-
-#: The line of an applied proposal's commit message that names it: git is the
-#: evidence that the apply arm already landed it when a restart asks again.
-PROPOSAL_TRAILER = "Phasegate-Proposal"
 
 
 def enabled(ctx: WorkflowContext, deps: PhaseDeps) -> bool:
@@ -340,7 +333,7 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             # whatever a person or a reversion does next, it is a new run
             state={**started, "graph_run": None},
         )
-    checked = _evidence(draft, "checks")
+    checked = evidence_of(draft, "checks")
     tests = _tests_run(ctx, draft, checked, key)
     milestones: tuple[MilestoneWrite, ...] = (evidence, tests)
     state = dict(started)
@@ -373,7 +366,7 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             },
             milestones=milestones,
         )
-    return _apply(ctx, deps, draft, run, updates, state, milestones)
+    return apply_draft(ctx, deps, draft, run, updates, state, milestones)
 
 
 def _rejected(
@@ -564,162 +557,3 @@ def _why_nothing(record: Mapping[str, Any]) -> str:
     if findings:
         said += f"; the last review: {findings[:400]}"
     return f"the fix loop stopped ({loop['stop']}) after {loop['attempts']} attempt(s){said}"
-
-
-def _apply(
-    ctx: WorkflowContext,
-    deps: PhaseDeps,
-    draft: Mapping[str, Any],
-    run: Mapping[str, Any],
-    updates: dict[str, Any],
-    state: dict[str, Any],
-    milestones: tuple[MilestoneWrite, ...],
-) -> PhaseResult:
-    """The apply arm: the approved (or auto) patch lands as one commit on the workflow's
-    branch, the proposal is marked applied, the branch is published.
-
-    The commit carries a ``Phasegate-Proposal`` trailer, so a restart that
-    finds it at HEAD applies nothing twice.
-    """
-    cwd = worktree_of(ctx)
-    trailer = f"{PROPOSAL_TRAILER}: {draft['id']}"
-    if trailer not in deps.workspace.commit_message(cwd, "HEAD"):
-        deps.workspace.discard_changes(cwd)  # half an apply a crash left behind
-        before = deps.workspace.rev(cwd, "HEAD")
-        try:
-            deps.workspace.apply_patch(cwd, str(draft["payload"]["patch"]))
-        except PatchError as exc:
-            return PhaseResult(
-                "pause",
-                updates=updates,
-                reason=f"proposal {draft['id']} does not apply to the branch: {exc}; "
-                "`phasegate revert` re-plans",
-                state=state,
-                milestones=milestones,
-            )
-        leaked = secret_names_in(deps.workspace.change_since(cwd, before))
-        if leaked:
-            deps.workspace.reset_to(cwd, before)
-            return PhaseResult(
-                "pause",
-                updates=updates,
-                reason=f"proposal {draft['id']} holds the value of {', '.join(leaked)}; "
-                "nothing was applied",
-                state=state,
-                milestones=milestones,
-            )
-        deps.workspace.commit_all(
-            cwd,
-            f"{ctx.title}\n\nphasegate workflow {ctx.id}, graph run {run['graph_run']}, "
-            f"attempt {draft['attempts']}\n\n{trailer}",
-        )
-    applied = deps.store.apply_proposal(str(draft["id"]))
-    for shaped in deps.store.proposals(run_id=str(run["graph_run"]), status="proposed"):
-        # scope's item_create, routed to this build: the ticket it shapes is the
-        # workflow's own, filed in preparation and now built; the apply arm takes
-        # it where the policy lets it (a propose one stays for a person).
-        if shaped["kind"] == "item_create" and shaped["mode"] == "auto":
-            deps.store.apply_proposal(str(shaped["id"]))
-    head = deps.workspace.rev(cwd, "HEAD")
-    assert ctx.branch_name is not None
-    deps.effects.push_branch(DEVELOPMENT, ctx.branch_name, head)
-    done = MilestoneWrite(
-        "dev_completed",
-        round=ctx.dev_round,
-        summary=f"head {head[:12]}, proposal {draft['id']} applied by {applied['decided_by']}",
-        data={
-            "head": head,
-            "attempts": draft["attempts"],
-            "proposal": draft["id"],
-            "run_id": run["graph_run"],
-            "decided_by": applied["decided_by"],
-        },
-    )
-    return developed(
-        head,
-        (*milestones, done),
-        updates=updates,
-        state={
-            **state,
-            "graph_proposal": draft["id"],
-            # the next run (feedback) starts from the ticket, not from this run's rejections
-            "graph_ticket": None,
-        },
-    )
-
-
-# -- pr_review ----------------------------------------------------------------------
-
-
-def review(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
-    """pr_review in graph mode: the pull request, opened (or updated) with the graph's
-    evidence; ``pr_reviewed`` records the graph's review (tier, verdicts, the attempt
-    approved). No review agent runs: the graph reviewed this very patch."""
-    assert ctx.branch_name is not None
-    proposal_id = ctx.state.get("graph_proposal")
-    row = deps.store.proposal(str(proposal_id)) if proposal_id else None
-    review_data = _evidence(row, "review") if row else {}
-    body = _pr_body(ctx, row)
-    pr = deps.effects.open_pull_request(
-        PR_REVIEW, ctx.branch_name, ctx.base_branch, ctx.title, body
-    )
-    if ctx.dev_round > 1:
-        deps.effects.update_pull_request(PR_REVIEW, pr, body, f"dev{ctx.dev_round}")
-    summary = (
-        f"approve (the development graph, tier {review_data.get('tier')}, "
-        f"attempt {row['attempts'] if row else '?'})"
-    )
-    if ctx.issue_number:
-        deps.effects.comment(
-            PR_REVIEW,
-            ctx.issue_number,
-            f"**#{pr}: {summary}**\n\nreview: {review_data.get('review')}; adversary: "
-            f"{review_data.get('adversary')}; arbitrate: {review_data.get('arbitrate')}",
-            f"review:r{ctx.dev_round}",
-            best_effort=True,
-        )
-    return PhaseResult.advance(
-        REPORT,
-        updates={"pr_number": pr, "current_round": 0},
-        milestones=(
-            MilestoneWrite(
-                "pr_reviewed",
-                round=ctx.dev_round,
-                summary=summary,
-                data={
-                    "verdict": "approve",
-                    "comments": f"reviewed in the development graph: {review_data}",
-                    "pr": pr,
-                    "by": "graph",
-                    "proposal": proposal_id,
-                    "review": review_data,
-                },
-            ),
-        ),
-    )
-
-
-def _evidence(row: Mapping[str, Any], kind: str) -> dict[str, Any]:
-    """The data of ``row``'s last evidence of ``kind`` ({} when it has none)."""
-    found = [e["data"] for e in row["evidence"] if e.get("kind") == kind]
-    return dict(found[-1]) if found else {}
-
-
-def _pr_body(ctx: WorkflowContext, row: Mapping[str, Any] | None) -> str:
-    issue = f"Implements #{ctx.issue_number}\n\n" if ctx.issue_number else ""
-    body = f"{issue}{ctx.title}\n\n## Plan\n\n{ctx.state.get('plan', '')}\n"
-    if row is not None:
-        lines = []
-        for evidence in row["evidence"]:
-            lines.append(f"- **{evidence['kind']}**: `{_short(evidence['data'])}`")
-        body += (
-            f"\n## Evidence (proposal {row['id']}, {row['status']} by {row['decided_by']})\n\n"
-            + "\n".join(lines)
-            + "\n"
-        )
-    return body + f"\n_phasegate workflow `{ctx.id}`, development round {ctx.dev_round}_"
-
-
-def _short(value: Any, limit: int = 300) -> str:
-    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
