@@ -9,9 +9,15 @@ processes and the appending command agent of test_reentry.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+from test_graph_workflow import ANSWERS, FEATURE, OTHER_FEATURE, graph_repo
 from test_reentry import STOPPED, Lab
+
+from phasegate import decisions
+from phasegate.engine import Engine
+from phasegate.store import Store
 
 from conftest import phasegate_cli
 
@@ -151,3 +157,32 @@ def test_plan_rounds_running_out_carry_the_plan_reviewers_comments_to_the_build(
         assert FINDING in _report_text(lab, workflow_id)
     finally:
         lab.cleanup()
+
+
+def test_the_graph_fix_loop_running_out_tells_the_next_run_what_it_found(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    answers = (
+        ANSWERS.replace(
+            'text = "Correct.\\nVERDICT: approve"',
+            f'text = "{FINDING}\\nVERDICT: request_changes"',
+        )
+        + f"[[build]]\ntext = '''{FEATURE}'''\n"
+        + f"[[build]]\ntext = '''{OTHER_FEATURE}'''\n"
+    )
+    repo = graph_repo(tmp_path, answers=answers, profile="manual")
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    row = engine.advance(workflow_id)
+    assert (row["current_phase"], row["status"]) == ("development", "paused")
+    assert FINDING in row["error"]
+    (limit,) = [m for m in store.milestones(workflow_id) if m.kind == "limit_reached"]
+    assert limit.data["loop"] == "graph fix loop" and FINDING in limit.data["findings"]
+
+    engine.decide(workflow_id, decisions.resume)
+    engine.advance(workflow_id)
+
+    ticket = store.workflow_row(workflow_id)["state"]["graph_ticket"]
+    assert "## The previous change was rejected\n\nthe fix loop stopped" in ticket
+    assert FINDING in ticket
+    assert store.workflow_row(workflow_id)["state"]["graph_runs"] == 2

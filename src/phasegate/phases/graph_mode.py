@@ -53,6 +53,7 @@ from phasegate.harness import (
 from phasegate.phases.deps import PhaseDeps, failure_result, worktree_of
 from phasegate.phases.graph_apply import PROPOSAL_TRAILER, apply_draft
 from phasegate.phases.graph_review import evidence_of, review
+from phasegate.phases.limits import limit_reached
 from phasegate.profiles import AutomationProfile, reversion_or_stop
 
 __all__ = ["CHECKS_GATE", "PROPOSAL_TRAILER", "develop", "enabled", "plan", "review"]
@@ -263,7 +264,9 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     modes), ``tests_run`` (the harness's checks on the proposed patch, run
     before the gate) and on landing ``dev_completed`` with the commit. No
     draft PR proposed (a fix loop stop, a graph stop) is a failed attempt:
-    a reversion to planning where the profile allows it, else a pause.
+    a reversion to planning where the profile allows it, else a pause; a
+    fix loop that ran out leaves ``limit_reached`` (the report lists it) and
+    its findings go into the next run's ticket (state.graph_feedback).
     Failing checks reject the proposal (CHECKS_GATE) and start a new run told
     why, up to ``limits.max_dev_retries`` more; then a reversion or a pause.
     A ``propose`` proposal pauses the workflow for ``phasegate approve`` or
@@ -324,14 +327,22 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     )
     if draft is None:
         why = _why_nothing(record)
+        limits: tuple[MilestoneWrite, ...] = ()
+        if not record.get("stopped"):  # the fix loop ran out (not a graph stop)
+            attempts = int(record["fix_loop"]["attempts"])
+            limit = limit_reached(
+                "graph fix loop", "graph.fix_attempts", attempts, why, round=ctx.dev_round, key=key
+            )
+            limits = (limit,)
         return reversion_or_stop(
             ctx,
             reason=f"the development graph proposed no change: {why}",
             context=f"Development round {ctx.dev_round}, graph run {run['graph_run']}: {why}",
             at=deps.clock.now(),
-            milestones=(evidence,),
-            # whatever a person or a reversion does next, it is a new run
-            state={**started, "graph_run": None},
+            milestones=(evidence, *limits),
+            # whatever a person or a reversion does next, it is a new run, told what the
+            # last one found (issue 9, item 10)
+            state={**started, "graph_run": None, "graph_feedback": why},
         )
     checked = evidence_of(draft, "checks")
     tests = _tests_run(ctx, draft, checked, key)
