@@ -188,6 +188,9 @@ def discard(
                 "diff": "" if secret_names_in(diff) else diff[:20_000],
                 "merge_in_progress": merging,
                 "agent_runs": runs,
+                # how many ok build runs' output this discards (0 or 1: one ok run
+                # per try), for a reader that counts rows, not ids
+                "recorded_run": len(runs),
             },
         ),
     )
