@@ -88,11 +88,17 @@ def is_transient(proc: subprocess.CompletedProcess[str]) -> bool:
     return proc.returncode != 0 and bool(_TRANSIENT.search(proc.stderr or ""))
 
 
+#: phasegate's own git calls never start git's automatic gc or maintenance: it detaches
+#: into the background (a process no journal knows, outliving its workflow) and leaves
+#: ``objects/maintenance.lock`` behind when a kill lands in it.
+_NO_BACKGROUND = ("-c", "gc.auto=0", "-c", "maintenance.auto=false")
+
+
 def _run_once(
     args: Sequence[str], cwd: Path | str, input: str | None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["git", *args],
+        ["git", *_NO_BACKGROUND, *args],
         cwd=cwd,
         capture_output=True,
         encoding="utf-8",
