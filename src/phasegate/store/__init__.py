@@ -2,18 +2,30 @@
 
 from phasegate.store.store import (
     APPLY_ARM,
+    DEFAULT_BUSY_TIMEOUT_S,
     AgentRunRecord,
+    Fence,
+    FenceLost,
     Store,
+    StoreUnavailable,
+    StoreUrlUnsupported,
     UsageTotals,
     commit_phase_result,
     open_store,
+    store_url_problem,
 )
 
 __all__ = [
     "APPLY_ARM",
+    "DEFAULT_BUSY_TIMEOUT_S",
     "AgentRunRecord",
+    "Fence",
+    "FenceLost",
     "Store",
+    "StoreUnavailable",
+    "StoreUrlUnsupported",
     "UsageTotals",
     "commit_phase_result",
     "open_store",
+    "store_url_problem",
 ]

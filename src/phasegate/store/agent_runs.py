@@ -65,7 +65,7 @@ class AgentRunRows(StoreBase):
 
     def count_agent_runs(self, workflow_id: str, role: str) -> int:
         """How many calls of ``role`` this workflow has finished."""
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             return int(
                 conn.execute(
                     sa.select(sa.func.count())
@@ -85,14 +85,14 @@ class AgentRunRows(StoreBase):
         ).where(c.workflow_id == workflow_id)
         if role is not None:
             query = query.where(c.role == role)
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             row = conn.execute(query).one()
         return UsageTotals(int(row[0]), int(row[1]), float(row[2]), int(row[3]))
 
     def provider_session(self, workflow_id: str, session_line: str) -> str | None:
         """The provider session id bound to a session line, if any."""
         c = t.provider_sessions.c
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             return conn.execute(
                 sa.select(c.session_id).where(
                     c.workflow_id == workflow_id, c.session_line == session_line

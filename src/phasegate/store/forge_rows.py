@@ -35,7 +35,7 @@ class ForgeRows(StoreBase):
         return number
 
     def forge_rows(self, table: sa.Table, repo: str, **where: Any) -> list[dict[str, Any]]:
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             query = sa.select(table).where(table.c.repo == repo)
             for key, value in where.items():
                 query = query.where(table.c[key] == value)

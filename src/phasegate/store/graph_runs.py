@@ -116,7 +116,7 @@ class GraphRows(StoreBase):
 
     def run(self, run_id: str) -> dict[str, Any]:
         """A recorded run: run_id, workflow_id, date, record, created_at. Raises RunNotFound."""
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             row = (
                 conn.execute(sa.select(t.graph_runs).where(t.graph_runs.c.run_id == run_id))
                 .mappings()
@@ -141,13 +141,13 @@ class GraphRows(StoreBase):
             query = query.where(c.workflow_id == workflow_id)
         if run_id is not None:
             query = query.where(c.run_id == run_id)
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             rows = conn.execute(query.order_by(c.created_at, c.run_id, c.position)).mappings().all()
         return [_utc_row(r) for r in rows]
 
     def proposal(self, proposal_id: str) -> dict[str, Any]:
         """One proposal row. Raises ProposalNotFound."""
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             row = (
                 conn.execute(sa.select(t.proposals).where(t.proposals.c.id == proposal_id))
                 .mappings()
@@ -264,7 +264,7 @@ class GraphRows(StoreBase):
     def graph_calls(self, run_id: str) -> list[dict[str, Any]]:
         """The calls kept for ``run_id`` (``graph.calls.call_row`` dicts), in order."""
         c = t.graph_calls.c
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             rows = conn.execute(sa.select(c.call).where(c.run_id == run_id).order_by(c.seq)).all()
         return [dict(row.call) for row in rows]
 
@@ -280,7 +280,7 @@ class GraphRows(StoreBase):
         taken: what ``autonomy.streak``/``autonomy.decide`` read. An applied
         proposal counts as the approval it had; ``decided_by == APPLY_ARM`` is
         the apply arm's decision, any other name a person's."""
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             return self._gate_history(conn, kind)
 
     @staticmethod

@@ -1,15 +1,55 @@
-"""Leases: which worker advances a workflow, until when, under which fence."""
+"""Leases: which worker advances a workflow, until when, under which fence.
+
+A worker claims a workflow's lease (owner, expiry, fencing counter) before it
+advances it and renews it from a heartbeat (DESIGN.md §1). Another worker may
+take the lease only once it has expired, or when its holder is a process of
+this host that is gone; every claim moves the fence on, so the previous
+holder's fence is stale from then on. A ``Fence`` is that holder's view:
+``check()`` before every agent start and journaled side effect, and the fence
+in the commit's WHERE, so a worker whose lease was taken over writes nothing.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import sqlalchemy as sa
 
 from phasegate.contract import WorkflowNotFound
 from phasegate.store import tables as t
-from phasegate.store._base import StoreBase, _utc
+from phasegate.store._base import FenceLost, StoreBase, _utc
+
+
+@dataclass
+class Fence:
+    """One worker's hold on one workflow's lease: ``owner`` and the fence ``value``
+    its claim returned. ``lost`` is set once the lease is known to be gone (the
+    heartbeat could not renew it, or a check found it taken over) and stays set.
+    """
+
+    store: LeaseRows
+    workflow_id: str
+    owner: str
+    value: int
+    lost: threading.Event = field(default_factory=threading.Event)
+
+    def check(self) -> None:
+        """Raise FenceLost unless this worker still holds the lease, unexpired.
+
+        Reads the store (one query); raises StoreUnavailable when it cannot.
+        """
+        if not self.lost.is_set() and self.store.check_fence(
+            self.workflow_id, self.owner, self.value
+        ):
+            return
+        self.lost.set()
+        raise FenceLost(
+            f"workflow {self.workflow_id}: the lease of {self.owner} (fence {self.value}) "
+            "was taken over or expired; this worker stops without another write"
+        )
 
 
 class LeaseRows(StoreBase):
@@ -20,7 +60,9 @@ class LeaseRows(StoreBase):
 
         A lease is free when it has no owner, has expired, or belongs to
         ``owner`` already. A holder on this host whose process is gone (a
-        SIGKILLed worker) no longer holds it, so a restart need not wait.
+        SIGKILLed worker) no longer holds it, so a restart need not wait; any
+        other holder (on another host, or alive here) loses it only by expiry.
+        Raises WorkflowNotFound, StoreUnavailable.
         """
         now = self.clock.now()
         c = t.workflows.c
@@ -48,6 +90,11 @@ class LeaseRows(StoreBase):
             return fence + 1
 
     def renew(self, workflow_id: str, owner: str, fence: int, ttl_s: float) -> bool:
+        """Extend ``owner``'s lease under ``fence`` to ``ttl_s`` seconds from now.
+
+        False when the lease was taken over (another owner, a newer fence).
+        Raises StoreUnavailable when the store cannot take the write.
+        """
         c = t.workflows.c
         with self.transaction() as conn:
             return bool(
@@ -57,6 +104,28 @@ class LeaseRows(StoreBase):
                     .values(lease_expires_at=self.clock.now() + timedelta(seconds=ttl_s))
                 ).rowcount
             )
+
+    def check_fence(self, workflow_id: str, owner: str, fence: int) -> bool:
+        """Whether ``owner`` still holds the workflow's lease under ``fence``, unexpired.
+
+        False once another claim moved the fence on, or the lease expired
+        unrenewed (another worker may claim it at any moment). Raises
+        WorkflowNotFound, StoreUnavailable.
+        """
+        c = t.workflows.c
+        with self.reading() as conn:
+            row = conn.execute(
+                sa.select(c.lease_owner, c.lease_expires_at, c.fence).where(c.id == workflow_id)
+            ).first()
+        if row is None:
+            raise WorkflowNotFound(workflow_id)
+        expires = _utc(row[1])
+        return (
+            row[0] == owner
+            and row[2] == fence
+            and expires is not None
+            and expires > self.clock.now()
+        )
 
     def release(self, workflow_id: str, owner: str) -> None:
         c = t.workflows.c

@@ -1,9 +1,11 @@
 """The Store: every SQL statement phasegate runs, and the single commit path.
 
-SQLite (the embedded default) runs in WAL mode with a busy timeout, foreign
-keys on and ``BEGIN IMMEDIATE`` transactions, so two processes never deadlock
-on a read lock upgraded to a write. The schema comes from Alembic migrations
-(``migrations/``), applied when the store is opened.
+SQLite (the embedded default) runs in WAL mode with ``synchronous=FULL``, a
+busy timeout, foreign keys on, ``BEGIN IMMEDIATE`` for writing transactions
+(two processes never deadlock on a read lock upgraded to a write) and a plain
+deferred ``BEGIN`` for reading ones, which take no write lock (``_sqlite``).
+The schema comes from Alembic migrations (``migrations/``), applied when the
+store is opened.
 
 ``Store`` is assembled from one part per responsibility, each in its module:
 workflows, milestones, events and the commit path (``workflows``), leases
@@ -18,41 +20,113 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from phasegate.clock import Clock, SystemClock
-from phasegate.store._sqlite import _sqlite_engine
+from phasegate.contract import PhasegateError
+from phasegate.store._base import FenceLost, StoreUnavailable
+from phasegate.store._sqlite import DEFAULT_BUSY_TIMEOUT_S, _sqlite_engine
 from phasegate.store.agent_runs import AgentRunRecord, AgentRunRows, UsageTotals
 from phasegate.store.forge_rows import ForgeRows
 from phasegate.store.graph_runs import APPLY_ARM, VERDICTS, GraphRows
-from phasegate.store.leases import LeaseRows
+from phasegate.store.leases import Fence, LeaseRows
 from phasegate.store.workflows import UPDATABLE_COLUMNS, WorkflowRows, commit_phase_result
 
 __all__ = [
     "APPLY_ARM",
     "UPDATABLE_COLUMNS",
     "VERDICTS",
+    "DEFAULT_BUSY_TIMEOUT_S",
     "AgentRunRecord",
+    "Fence",
+    "FenceLost",
     "Store",
+    "StoreUnavailable",
+    "StoreUrlUnsupported",
     "UsageTotals",
     "commit_phase_result",
     "open_store",
+    "store_url_problem",
 ]
+
+
+class StoreUrlUnsupported(PhasegateError):
+    """``store.url`` names a database this version cannot open (PostgreSQL, for now)."""
 
 
 class Store(WorkflowRows, LeaseRows, AgentRunRows, ForgeRows, GraphRows):
     """All SQL behind one class. Methods are small transactions of their own."""
 
 
-def open_store(url: str, clock: Clock | None = None) -> Store:
-    """Open (and migrate) the store at ``url``: ``sqlite:///path`` or a PostgreSQL URL.
+def open_store(
+    url: str, clock: Clock | None = None, *, busy_timeout_s: float | None = None
+) -> Store:
+    """Open (and migrate) the store at ``url``, ``sqlite:///path`` (the cartridge's
+    ``store.url``). A SQLite file's parent directory is created when missing.
 
-    A SQLite file's parent directory is created when missing.
+    ``busy_timeout_s`` (seconds; default ``DEFAULT_BUSY_TIMEOUT_S``, or the URL's
+    ``?busy_timeout=`` query) is how long a write waits for another's lock
+    before StoreUnavailable. Raises StoreUrlUnsupported for a PostgreSQL (or any
+    other) URL, naming ``store.url``; StoreUnavailable when the file cannot be
+    opened or migrated (locked, full, unreadable).
     """
-    if url.startswith("sqlite"):
-        db_path = sa.engine.make_url(url).database
-        if db_path and db_path != ":memory:":
-            Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-        engine = _sqlite_engine(url)
-    else:
-        engine = sa.create_engine(url, pool_pre_ping=True)
+    parsed = _parse_url(url)
+    query_timeout = parsed.query.get("busy_timeout")
+    if query_timeout is not None:
+        parsed = parsed.difference_update_query(["busy_timeout"])
+        if busy_timeout_s is None:
+            busy_timeout_s = _seconds(str(query_timeout), url)
+    db_path = parsed.database
+    if db_path and db_path != ":memory:":
+        Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+    engine = _sqlite_engine(
+        parsed, DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
+    )
     store = Store(engine, clock or SystemClock())
     store.migrate()
     return store
+
+
+def store_url_problem(url: str) -> str | None:
+    """Why ``store.url`` cannot be opened by this version, or None when it can."""
+    try:
+        _parse_url(url)
+    except StoreUrlUnsupported as exc:
+        return str(exc)
+    return None
+
+
+def _parse_url(url: str) -> sa.URL:
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError:
+        raise StoreUrlUnsupported(
+            f"store.url: {url!r} is not a database URL; use sqlite:///path/to/state.db"
+        ) from None
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        # Until the PostgreSQL part lands (its own issue), refuse it here, with
+        # the key to change, not later with a missing driver's traceback.
+        raise StoreUrlUnsupported(
+            f"store.url: PostgreSQL is not supported yet; use sqlite:///path/to/state.db "
+            f"(or leave store.url out for .phasegate/state.db), not {_shown(parsed)}"
+        )
+    if backend != "sqlite":
+        raise StoreUrlUnsupported(
+            f"store.url: {backend} is not a supported store; use sqlite:///path/to/state.db, "
+            f"not {_shown(parsed)}"
+        )
+    return parsed
+
+
+def _shown(url: sa.URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+def _seconds(value: str, url: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds < 0:
+        raise StoreUrlUnsupported(
+            f"store.url: busy_timeout={value!r} in {url!r} is not a number of seconds"
+        )
+    return seconds

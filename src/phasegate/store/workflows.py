@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
 
@@ -24,7 +24,8 @@ from phasegate.contract import (
     next_phase,
 )
 from phasegate.store import tables as t
-from phasegate.store._base import StoreBase, _utc
+from phasegate.store._base import FenceLost, StoreBase, _utc
+from phasegate.store.leases import Fence
 
 #: Workflow columns a PhaseResult may set through ``updates``. current_phase and
 #: status are deliberately absent: only the outcome decides those.
@@ -92,19 +93,23 @@ class WorkflowRows(StoreBase):
 
     def workflow_row(self, workflow_id: str) -> dict[str, Any]:
         """The workflow's row as a dict. Raises WorkflowNotFound."""
-        with self.engine.connect() as conn:
-            row = (
-                conn.execute(sa.select(t.workflows).where(t.workflows.c.id == workflow_id))
-                .mappings()
-                .first()
-            )
+        with self.reading() as conn:
+            return self._workflow_row(conn, workflow_id)
+
+    @staticmethod
+    def _workflow_row(conn: sa.Connection, workflow_id: str) -> dict[str, Any]:
+        row = (
+            conn.execute(sa.select(t.workflows).where(t.workflows.c.id == workflow_id))
+            .mappings()
+            .first()
+        )
         if row is None:
             raise WorkflowNotFound(workflow_id)
         return _workflow_dict(row)
 
     def list_workflows(self) -> list[dict[str, Any]]:
         """Every workflow row, oldest first."""
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             rows = (
                 conn.execute(
                     sa.select(t.workflows).order_by(t.workflows.c.created_at, t.workflows.c.id)
@@ -118,7 +123,7 @@ class WorkflowRows(StoreBase):
 
     def runnable_workflow_ids(self, statuses: frozenset[str]) -> list[str]:
         """Ids of workflows whose status is in ``statuses``, oldest first."""
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             return list(
                 conn.execute(
                     sa.select(t.workflows.c.id)
@@ -142,8 +147,11 @@ class WorkflowRows(StoreBase):
             )
 
     def load_context(self, workflow_id: str) -> WorkflowContext:
-        """The frozen snapshot a phase receives. Raises WorkflowNotFound."""
-        row = self.workflow_row(workflow_id)
+        """The frozen snapshot a phase receives, the row and its milestones read in one
+        transaction. Raises WorkflowNotFound, StoreUnavailable."""
+        with self.reading() as conn:
+            row = self._workflow_row(conn, workflow_id)
+            milestones = self._workflow_rows(t.milestones, workflow_id, conn=conn)
         return WorkflowContext(
             id=row["id"],
             title=row["title"],
@@ -165,14 +173,16 @@ class WorkflowRows(StoreBase):
             content_language=row["content_language"],
             error=row["error"],
             state=dict(row["state"] or {}),
-            milestones=tuple(self.milestones(workflow_id)),
+            milestones=tuple(_milestone_view(r) for r in milestones),
         )
 
     # -- the single commit path (spec 000) -----------------------------------------
 
-    def commit_phase_result(self, ctx: WorkflowContext, result: PhaseResult) -> dict[str, Any]:
+    def commit_phase_result(
+        self, ctx: WorkflowContext, result: PhaseResult, *, fence: Fence | None = None
+    ) -> dict[str, Any]:
         """Commit ``result`` for the phase ``ctx`` was loaded in; see ``commit_phase_result``."""
-        return commit_phase_result(self, ctx, result)
+        return commit_phase_result(self, ctx, result, fence=fence)
 
     # -- milestones -------------------------------------------------------------
 
@@ -190,7 +200,7 @@ class WorkflowRows(StoreBase):
         return self._workflow_rows(t.milestones, workflow_id)
 
     def milestone_by_key(self, dedupe_key: str) -> MilestoneView | None:
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             row = (
                 conn.execute(sa.select(t.milestones).where(t.milestones.c.dedupe_key == dedupe_key))
                 .mappings()
@@ -331,7 +341,7 @@ def _validate(ctx: WorkflowContext, result: PhaseResult) -> None:
 
 
 def commit_phase_result(
-    store: WorkflowRows, ctx: WorkflowContext, result: PhaseResult
+    store: WorkflowRows, ctx: WorkflowContext, result: PhaseResult, *, fence: Fence | None = None
 ) -> dict[str, Any]:
     """The single commit path (spec 000, ``_commit_phase_result``).
 
@@ -342,9 +352,15 @@ def commit_phase_result(
     (or ``result.status``) with ``result.reason`` as the error; ``retry`` and
     ``wait`` keep the phase and its status.
 
+    With ``fence`` (the lease the engine advances under) the row is updated
+    only while that lease is still this worker's: a worker whose lease was
+    taken over commits nothing.
+
     Returns the workflow's new row. Raises ContractViolation (an illegal
-    ``next_phase`` or update; nothing written) or StaleContext (the row moved
-    past ``ctx.version``; nothing written).
+    ``next_phase`` or update; nothing written), StaleContext (the row moved
+    past ``ctx.version``; nothing written), FenceLost (another claim moved the
+    fence on; nothing written, ``fence.lost`` set), StoreUnavailable (locked
+    past the busy timeout, full; rolled back, nothing written).
     """
     _validate(ctx, result)
     phase = ctx.current_phase
@@ -374,16 +390,35 @@ def commit_phase_result(
         values["completed_at"] = now
 
     c = t.workflows.c
+    where = [c.id == ctx.id, c.version == ctx.version]
+    if fence is not None:
+        where += [c.lease_owner == fence.owner, c.fence == fence.value]
     with store.transaction() as conn:
-        updated = conn.execute(
-            t.workflows.update().where(c.id == ctx.id, c.version == ctx.version).values(**values)
-        ).rowcount
+        updated = conn.execute(t.workflows.update().where(*where).values(**values)).rowcount
         if updated != 1:
-            raise StaleContext(
-                f"workflow {ctx.id} changed since version {ctx.version}; result not committed"
-            )
+            _refuse(conn, ctx, fence)
         for write in result.milestones:
             store._upsert_milestone(conn, ctx.id, ctx.current_phase, write)
         for event in result.events:
             store._add_event(conn, ctx.id, event)
-    return store.workflow_row(ctx.id)
+        # Read in the same transaction: once it commits, nothing is left to fail.
+        return store._workflow_row(conn, ctx.id)
+
+
+def _refuse(conn: sa.Connection, ctx: WorkflowContext, fence: Fence | None) -> NoReturn:
+    """Why the commit's UPDATE matched no row: the version moved, or the fence."""
+    c = t.workflows.c
+    row = conn.execute(sa.select(c.version, c.lease_owner, c.fence).where(c.id == ctx.id)).first()
+    if row is None:
+        raise WorkflowNotFound(ctx.id)
+    if row.version != ctx.version:
+        raise StaleContext(
+            f"workflow {ctx.id} changed since version {ctx.version}; result not committed"
+        )
+    if fence is not None:
+        fence.lost.set()
+    raise FenceLost(
+        f"workflow {ctx.id}: the lease is held by {row.lease_owner} (fence {row.fence}), "
+        f"not {fence.owner if fence else '?'} (fence {fence.value if fence else '?'}); "
+        "result not committed"
+    )
