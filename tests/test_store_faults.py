@@ -4,18 +4,26 @@ pragmas that make it durable (issue 9, items 4, 7 and 11)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from phasegate.contract import EventWrite, MilestoneWrite, PhaseResult
+from phasegate import decisions
+from phasegate.cartridge import load_cartridge
+from phasegate.contract import RUNNABLE_STATUSES, EventWrite, MilestoneWrite, PhaseResult
+from phasegate.engine import Engine
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable, open_store
 from phasegate.testing import FixedClock
+
+from conftest import HAPPY_ANSWERS, git, make_repo, scripted_cartridge
 
 BUSY_S = 0.2
 
@@ -62,11 +70,13 @@ def write_lock_held(db_path: Path) -> Iterator[sqlite3.Connection]:
 
 
 def limit_pages(store: Store) -> None:
-    """Make the database full for every connection of ``store``: a real SQLITE_FULL."""
+    """Make the database full for every connection of ``store``: a real SQLITE_FULL
+    for any write that needs a page more (``store.limit`` is the listener)."""
     with store.reading() as conn:
         pages = conn.exec_driver_sql("PRAGMA page_count").scalar()
     store.engine.dispose()
-    sa.event.listen(store.engine, "connect", _limit(int(pages)))
+    store.limit = _limit(int(pages))
+    sa.event.listen(store.engine, "connect", store.limit)
 
 
 def _limit(pages: int):  # noqa: ANN202 - a connect listener
@@ -198,3 +208,142 @@ def test_a_lost_fence_stays_lost_even_if_the_lease_is_free_again(store: Store) -
     fence.lost.set()  # the heartbeat gave it up
     with pytest.raises(FenceLost):
         fence.check()
+
+
+# -- the engine under store faults (item 7) --------------------------------------------------
+
+BIG_PLAN = "1. Write feature.txt\n" + "".join(f"   step detail {i}\n" for i in range(1500))
+
+
+def _answers(plan: str) -> str:
+    return HAPPY_ANSWERS.replace('text = "1. Write feature.txt"', f"text = {json.dumps(plan)}")
+
+
+@pytest.fixture
+def fault_repo(tmp_path: Path) -> Path:
+    """The happy path with scripted agents; the plan is long (~30 kB), so the planning
+    commit needs pages the database does not have yet."""
+    repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": ".phasegate/\n"})
+    (repo / "answers.toml").write_text(_answers(BIG_PLAN))
+    (repo / "phasegate.toml").write_text(scripted_cartridge())
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "cartridge")
+    return repo
+
+
+class FaultAtPlanningCommit(Store):
+    """A Store that causes a real fault when the planning phase commits: ``fault``
+    (a callable given this store) runs once, right before that commit's transaction."""
+
+    fault: Callable[[Store], None] = staticmethod(lambda _store: None)
+    seen: list[BaseException]
+
+    def commit_phase_result(self, ctx, result, *, fence=None):  # noqa: ANN001, ANN201
+        if ctx.current_phase == "planning" and not self.seen and result.outcome == "completed":
+            self.before = self.load_context(ctx.id)
+            self.fault(self)
+            try:
+                return super().commit_phase_result(ctx, result, fence=fence)
+            except StoreUnavailable as exc:
+                self.seen.append(exc)
+                raise
+        return super().commit_phase_result(ctx, result, fence=fence)
+
+
+def _faulty_engine(repo: Path, fault: Callable[[Store], None], **kwargs: Any) -> Engine:
+    cartridge = load_cartridge(repo)
+    plain = open_store(cartridge.store_url(repo), busy_timeout_s=BUSY_S)
+    store = FaultAtPlanningCommit(plain.engine, plain.clock)
+    store.fault, store.seen = fault, []
+    return Engine(repo, cartridge, store, **kwargs)
+
+
+def _hold_write_lock(seconds: float) -> Callable[[Store], None]:
+    def fault(store: Store) -> None:
+        other = sqlite3.connect(
+            store.where, isolation_level=None, timeout=5, check_same_thread=False
+        )
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("UPDATE workflows SET title = title")
+        store.lock_holder = threading.Timer(seconds, lambda: (other.rollback(), other.close()))
+        store.lock_holder.start()
+
+    return fault
+
+
+def _advance_until_settled(engine: Engine, wf: str) -> dict[str, Any]:
+    row = engine.store.workflow_row(wf)
+    for _ in range(10):
+        row = engine.advance(wf)
+        if row["status"] not in RUNNABLE_STATUSES:
+            break
+    return row
+
+
+def _assert_nothing_of_the_commit_written(store: FaultAtPlanningCommit, wf: str) -> None:
+    after = store.load_context(wf)
+    before = store.before
+    assert (after.version, after.current_phase) == (before.version, "planning")
+    assert after.milestones == before.milestones
+    assert "plan" not in after.state
+    assert not [m for m in after.milestones if m.status == "in_progress"]
+
+
+def test_a_commit_locked_for_a_moment_is_retried_and_the_workflow_completes(
+    fault_repo: Path,
+) -> None:
+    engine = _faulty_engine(fault_repo, _hold_write_lock(0.5), store_retry_delays_s=(0.3, 0.6, 1.2))
+    wf = engine.start("Add the feature", "Write feature.txt")
+    row = _advance_until_settled(engine, wf)
+    store = engine.store
+    assert [type(e) for e in store.seen] == [StoreUnavailable]  # the first try was locked
+    assert row["status"] == "completed", row["error"]
+    store.close()
+
+
+def test_a_commit_locked_past_every_retry_leaves_the_workflow_as_committed_then_resumes(
+    fault_repo: Path,
+) -> None:
+    engine = _faulty_engine(fault_repo, _hold_write_lock(3.0), store_retry_delays_s=(0.1, 0.1))
+    store = engine.store
+    wf = engine.start("Add the feature", "Write feature.txt")
+    with pytest.raises(StoreUnavailable, match=r"state\.db is unavailable: database is locked"):
+        engine.advance(wf)
+    assert len(store.seen) == 1
+    store.lock_holder.join()
+    _assert_nothing_of_the_commit_written(store, wf)
+    assert store.workflow_row(wf)["status"] == "planning"  # runnable: nothing to undo
+
+    row = _advance_until_settled(engine, wf)
+    assert row["status"] == "completed", row["error"]
+    assert store.load_context(wf).state["plan"] == BIG_PLAN.strip()
+    store.close()
+
+
+def test_a_full_disk_at_a_phase_commit_writes_nothing_and_resume_continues(
+    fault_repo: Path,
+) -> None:
+    engine = _faulty_engine(fault_repo, limit_pages, store_retry_delays_s=(0.05,))
+    store = engine.store
+    wf = engine.start("Add the feature", "Write feature.txt")
+    try:
+        row = engine.advance(wf)
+    except StoreUnavailable as exc:  # even the pause did not fit
+        assert "database or disk is full" in str(exc)
+    else:  # the pause fitted: paused with the reason
+        assert (row["status"], row["current_phase"]) == ("paused", "planning")
+        assert "store unavailable: database or disk is full" in row["error"]
+    assert [type(e) for e in store.seen] == [StoreUnavailable]
+    assert "database or disk is full" in str(store.seen[0])
+    after = store.load_context(wf)
+    assert after.current_phase == "planning" and "plan" not in after.state
+    assert after.milestones == store.before.milestones
+
+    store.engine.dispose()  # space again: the connections open without the limit
+    sa.event.remove(store.engine, "connect", store.limit)
+    if store.workflow_row(wf)["status"] == "paused":
+        engine.decide(wf, decisions.resume)
+    row = _advance_until_settled(engine, wf)
+    assert row["status"] == "completed", row["error"]
+    assert store.load_context(wf).state["plan"] == BIG_PLAN.strip()
+    store.close()

@@ -10,6 +10,14 @@ pauses, fails or completes.
 A shutdown request (SIGINT/SIGTERM in the CLI) stops any running agent; the
 interrupted phase raises WorkflowPaused and nothing is committed, so the
 workflow resumes from its last commit and its milestones.
+
+Fencing (issue 9): the lease's ``Fence`` is checked before every agent start
+and journaled side effect and is part of the commit's WHERE; a heartbeat that
+finds the lease taken over (or expired unrenewed) marks it lost, and the
+advance stops at once without another write. A store that is unavailable
+(locked past its busy timeout, full) is retried within ``store_retry_delays_s``;
+then the workflow is paused with the reason, or, when even that cannot be
+written, left in its last committed state and StoreUnavailable raised.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +53,7 @@ from phasegate.contract import (
 from phasegate.forge import Forge, LocalForge
 from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
-from phasegate.store import Store
+from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
 from phasegate.workspace import GitTransient, Workspace, git
 
 __all__ = ["Engine", "LeaseHeld"]
@@ -63,19 +71,52 @@ class LeaseHeld(PhasegateError):
 
 
 class _Heartbeat(threading.Thread):
-    """Renews a lease every third of its TTL until stopped."""
+    """Renews ``fence``'s lease every third of its TTL until stopped.
 
-    def __init__(self, store: Store, workflow_id: str, owner: str, fence: int, ttl_s: float):
-        super().__init__(daemon=True, name=f"lease-{workflow_id}")
-        self.args = (store, workflow_id, owner, fence, ttl_s)
+    A renewal that raises (the store locked past its busy timeout, full) is
+    logged and tried again sooner, never the end of the thread; the lease is
+    lost, and ``fence.lost`` set, when a renewal finds it taken over or when
+    no renewal succeeded for a whole TTL (another worker may claim it).
+    """
+
+    def __init__(self, store: Store, fence: Fence, ttl_s: float) -> None:
+        super().__init__(daemon=True, name=f"lease-{fence.workflow_id}")
+        self.store = store
+        self.fence = fence
+        self.ttl_s = ttl_s
         self.stopped = threading.Event()
+        self.failures = 0  # renewals that raised, for the log and the tests
 
     def run(self) -> None:
-        store, workflow_id, owner, fence, ttl_s = self.args
-        while not self.stopped.wait(ttl_s / 3):
-            if not store.renew(workflow_id, owner, fence, ttl_s):
-                log.warning("lease on %s lost", workflow_id)
+        fence, interval = self.fence, self.ttl_s / 3
+        renewed_at = time.monotonic()
+        wait = interval
+        while not self.stopped.wait(wait):
+            try:
+                held = self.store.renew(fence.workflow_id, fence.owner, fence.value, self.ttl_s)
+            except Exception as exc:  # the thread must outlive any failed renewal
+                self.failures += 1
+                if time.monotonic() - renewed_at >= self.ttl_s:
+                    log.error("lease on %s expired unrenewed: %s", fence.workflow_id, exc)
+                    fence.lost.set()
+                    return
+                log.warning("lease on %s not renewed, retrying: %s", fence.workflow_id, exc)
+                wait = interval / 4
+                continue
+            if not held:
+                log.error("lease on %s was taken over; this worker stops", fence.workflow_id)
+                fence.lost.set()
                 return
+            renewed_at, wait = time.monotonic(), interval
+
+
+class _StoreGaveUp(Exception):
+    """The commit's retries are spent and not even a pause could be written: the
+    step must not be retried as a whole (its phase would run again for nothing)."""
+
+    def __init__(self, fault: StoreUnavailable) -> None:
+        super().__init__(str(fault))
+        self.fault = fault
 
 
 def _merged(ctx: WorkflowContext) -> bool:
@@ -89,6 +130,8 @@ class Engine:
 
     ``runners`` overrides role bindings (tests); ``on_event(workflow_id, type,
     data)`` sees every event as it happens, for progress display.
+    ``store_retry_delays_s`` are the waits (seconds) between tries of a step
+    whose store was unavailable: one more try than delays.
     """
 
     def __init__(
@@ -103,6 +146,7 @@ class Engine:
         clock: Clock | None = None,
         on_event: EventCallback | None = None,
         lease_ttl_s: float = 60.0,
+        store_retry_delays_s: Sequence[float] = (0.5, 1.0, 2.0),
     ) -> None:
         self.repo = repo.resolve()
         self.cartridge = cartridge
@@ -113,8 +157,12 @@ class Engine:
         self.shutdown = threading.Event()
         self.on_event = on_event
         self.lease_ttl_s = lease_ttl_s
+        self.store_retry_delays_s = tuple(store_retry_delays_s)
         self.owner = f"{os.uname().nodename}:{os.getpid()}:{secrets.token_hex(3)}"
         self.agents = AgentService(store, cartridge, self.repo, self.shutdown, runners, self._emit)
+        # The lease each workflow is advanced (or decided) under, while it is:
+        # what deps_for hands the journal and what the agent service checks.
+        self.fences: dict[str, Fence] = self.agents.fences
 
     # -- starting ---------------------------------------------------------------
 
@@ -197,15 +245,24 @@ class Engine:
             workspace=self.workspace,
             agents=self.agents,
             effects=SideEffects(
-                self.store, self.forge, self.workspace, ctx.id, Path(ctx.repo_path)
+                self.store,
+                self.forge,
+                self.workspace,
+                ctx.id,
+                Path(ctx.repo_path),
+                fence=self.fences.get(ctx.id),
             ),
             clock=self.clock,
             shutdown=self.shutdown,
         )
 
     def commit(self, ctx: WorkflowContext, result: PhaseResult) -> dict[str, Any]:
-        """Commit ``result`` through the single commit path and report it to on_event."""
-        row = self.store.commit_phase_result(ctx, result)
+        """Commit ``result`` through the single commit path and report it to on_event.
+
+        Under the workflow's fence while it is advanced or decided here: raises
+        FenceLost (nothing written) once another worker took the lease over.
+        """
+        row = self.store.commit_phase_result(ctx, result, fence=self.fences.get(ctx.id))
         for event in result.events:
             self._notify(ctx.id, event.type, event.data)
         self._notify(
@@ -229,36 +286,56 @@ class Engine:
         advances the workflow the decision is refused (LeaseHeld) and nothing
         changes, so a running phase's result is never thrown away.
         """
-        if self.store.claim(workflow_id, self.owner, self.lease_ttl_s) is None:
+        claimed = self.store.claim(workflow_id, self.owner, self.lease_ttl_s)
+        if claimed is None:
             raise LeaseHeld(
                 f"workflow {workflow_id} is being advanced by another process; "
                 "wait until it stops (or stop it), then try again"
             )
+        self.fences[workflow_id] = Fence(self.store, workflow_id, self.owner, claimed)
         try:
             ctx = self.store.load_context(workflow_id)
             return self.commit(ctx, decision(ctx))
         finally:
+            self.fences.pop(workflow_id, None)
+            self._release(workflow_id)
+
+    def _release(self, workflow_id: str) -> None:
+        try:
             self.store.release(workflow_id, self.owner)
+        except StoreUnavailable as exc:
+            # The lease then ends by expiry (or with this process): nothing is lost.
+            log.warning("lease on %s not released: %s", workflow_id, exc)
 
     def advance(self, workflow_id: str, *, max_steps: int = 200) -> dict[str, Any]:
         """Run the workflow until it waits, pauses, fails, completes or shutdown is asked.
 
-        Returns the workflow's row. Raises WorkflowNotFound, or LeaseHeld when
-        another live worker is advancing it.
+        Stops at once, committing nothing more, when the lease is lost to
+        another worker (FenceLost, logged). Returns the workflow's row. Raises
+        WorkflowNotFound; LeaseHeld when another live worker is advancing it;
+        StoreUnavailable when the store stayed unavailable past the retries and
+        even the pause could not be written (the workflow is as last committed).
         """
-        fence = self.store.claim(workflow_id, self.owner, self.lease_ttl_s)
-        if fence is None:
+        claimed = self.store.claim(workflow_id, self.owner, self.lease_ttl_s)
+        if claimed is None:
             raise LeaseHeld(f"workflow {workflow_id} is being advanced by another worker")
-        heartbeat = _Heartbeat(self.store, workflow_id, self.owner, fence, self.lease_ttl_s)
+        fence = Fence(self.store, workflow_id, self.owner, claimed)
+        self.fences[workflow_id] = fence
+        heartbeat = _Heartbeat(self.store, fence, self.lease_ttl_s)
         heartbeat.start()
         try:
             self._retry_cleanup(workflow_id)
             for _ in range(max_steps):
+                if fence.lost.is_set():
+                    raise FenceLost(f"workflow {workflow_id}: the lease was lost")
                 if self.shutdown.is_set() or not self._step(workflow_id):
                     break
+        except FenceLost as exc:
+            log.error("advance of %s stopped: %s", workflow_id, exc)
         finally:
             heartbeat.stopped.set()
-            self.store.release(workflow_id, self.owner)
+            self.fences.pop(workflow_id, None)
+            self._release(workflow_id)
         return self.store.workflow_row(workflow_id)
 
     def retry_cleanup(self, workflow_id: str) -> MilestoneView | None:
@@ -284,7 +361,26 @@ class Engine:
         return settled
 
     def _step(self, workflow_id: str) -> bool:
-        """Run the current phase once and commit. True when the workflow should go on."""
+        """Run the current phase once and commit. True when the workflow should go on.
+
+        A step whose store is unavailable is tried again after each of
+        ``store_retry_delays_s`` (reloading the context: the phase re-enters as
+        after a crash), then given up (``_store_gave_up``).
+        """
+        delays = iter(self.store_retry_delays_s)
+        while True:
+            try:
+                return self._try_step(workflow_id)
+            except _StoreGaveUp as gave_up:  # the commit's own retries are spent
+                raise gave_up.fault from None
+            except StoreUnavailable as exc:
+                delay = next(delays, None)
+                if delay is None or self.shutdown.is_set():
+                    return self._store_gave_up(workflow_id, exc)
+                log.warning("%s: %s; trying again in %.1fs", workflow_id, exc, delay)
+                self.shutdown.wait(delay)
+
+    def _try_step(self, workflow_id: str) -> bool:
         ctx = self.store.load_context(workflow_id)
         if ctx.status not in RUNNABLE_STATUSES:
             return False
@@ -303,6 +399,8 @@ class Engine:
                 EventWrite("paused_by_shutdown", {"phase": ctx.current_phase, "note": str(exc)}),
             )
             return False
+        except (FenceLost, StoreUnavailable):
+            raise  # not the phase's failure: the worker's, or the store's
         except GitTransient as exc:  # git kept failing on a lock: resume retries
             log.warning("phase %s of %s paused: %s", ctx.current_phase, ctx.id, exc)
             result = PhaseResult("pause", reason=f"{ctx.current_phase}: {exc}")
@@ -317,15 +415,54 @@ class Engine:
 
         if result.outcome == "wait" and not (result.milestones or result.state or result.updates):
             return False  # nothing new while waiting: no write on every poll
-        try:
-            row = self.commit(ctx, result)
-        except StaleContext as exc:
-            log.warning("%s", exc)
+        row = self._commit_retrying(ctx, result)
+        if row is None:
             return False
-        except ContractViolation as exc:
-            log.error("phase %s returned an illegal result: %s", ctx.current_phase, exc)
-            row = self.commit(ctx, PhaseResult("failed", reason=f"contract violation: {exc}"))
         return result.outcome in ("completed", "retry") and row["current_phase"] != COMPLETED
+
+    def _commit_retrying(self, ctx: WorkflowContext, result: PhaseResult) -> dict[str, Any] | None:
+        """Commit the phase's result, trying again while the store is unavailable.
+
+        The commit is one transaction checked against ``ctx.version``: a try
+        that failed wrote nothing, and one that did commit makes the next
+        StaleContext, never a second write. None when the step must stop.
+        """
+        delays = iter(self.store_retry_delays_s)
+        while True:
+            try:
+                return self.commit(ctx, result)
+            except StaleContext as exc:
+                log.warning("%s", exc)
+                return None
+            except ContractViolation as exc:
+                log.error("phase %s returned an illegal result: %s", ctx.current_phase, exc)
+                result = PhaseResult("failed", reason=f"contract violation: {exc}")
+            except StoreUnavailable as exc:
+                delay = next(delays, None)
+                if delay is None or self.shutdown.is_set():
+                    try:
+                        self._store_gave_up(ctx.id, exc)
+                    except StoreUnavailable as fault:
+                        raise _StoreGaveUp(fault) from None
+                    return None
+                log.warning("%s: commit: %s; trying again in %.1fs", ctx.id, exc, delay)
+                self.shutdown.wait(delay)
+
+    def _store_gave_up(self, workflow_id: str, exc: StoreUnavailable) -> bool:
+        """Leave the workflow resumable after the store stayed unavailable: paused
+        with the reason when the store takes that write; else as last committed,
+        and StoreUnavailable raised for the caller (the CLI's one-line error)."""
+        reason = f"store unavailable: {exc.reason} ({exc.where}); resume once it can be written"
+        try:
+            ctx = self.store.load_context(workflow_id)
+            self.commit(ctx, PhaseResult("pause", reason=reason))
+        except StaleContext as stale:
+            log.warning("%s", stale)
+        except StoreUnavailable as again:
+            log.error("%s: %s; left as last committed", workflow_id, again)
+            raise exc from again
+        log.error("%s paused: %s", workflow_id, reason)
+        return False
 
     def _self_heal(self, ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
         """Re-create a missing or broken worktree from its branch.

@@ -32,7 +32,7 @@ from typing import Any
 from phasegate._process import boot_id, kill_orphan_group, start_ticks
 from phasegate.contract import MilestoneView, MilestoneWrite, PhasegateError
 from phasegate.forge import Forge
-from phasegate.store import Store
+from phasegate.store import Fence, FenceLost, Store
 from phasegate.workspace import Workspace
 
 __all__ = ["EFFECT_KINDS", "PROCESS_KINDS", "ProcessJournal", "SideEffects"]
@@ -66,9 +66,19 @@ class ProcessJournal:
     (``check_process``), read back by ``SideEffects.reconcile``.
     """
 
-    def __init__(self, store: Store, workflow_id: str) -> None:
+    def __init__(self, store: Store, workflow_id: str, *, fence: Fence | None = None) -> None:
         self.store = store
         self.workflow_id = workflow_id
+        self.fence = fence
+
+    def _fence_held(self) -> bool:
+        if self.fence is None:
+            return True
+        try:
+            self.fence.check()
+        except FenceLost:
+            return False
+        return True
 
     @contextmanager
     def spawning(
@@ -81,7 +91,8 @@ class ProcessJournal:
         Each call writes an ``in_progress`` milestone of ``kind`` (must be in
         PROCESS_KINDS) with data ``host``, ``boot``, ``pgid`` and ``ticks``, in
         its own transaction, before the process works; each is settled
-        ``completed`` when the block ends, however it ends.
+        ``completed`` when the block ends, however it ends, unless ``fence``
+        (the lease the workflow is advanced under) was lost meanwhile.
         """
         if kind not in PROCESS_KINDS:
             raise ValueError(f"{kind!r} is not a process milestone kind")
@@ -108,16 +119,32 @@ class ProcessJournal:
         try:
             yield spawned
         finally:
-            for row, what in rows:
-                self.store.settle_milestone(row, "completed", summary=f"{what} exited")
+            # Once the lease was taken over the rows are the new holder's: its
+            # reconciliation settles them; a stale worker writes nothing more.
+            if rows and self._fence_held():
+                for row, what in rows:
+                    self.store.settle_milestone(row, "completed", summary=f"{what} exited")
 
 
 class SideEffects:
-    """The journaled effects of one workflow. Each method is idempotent on its key."""
+    """The journaled effects of one workflow. Each method is idempotent on its key.
+
+    With a ``fence`` (the lease the workflow is advanced under) every effect
+    checks it first and raises FenceLost, writing nothing, once another worker
+    took the lease over.
+    """
 
     def __init__(
-        self, store: Store, forge: Forge, workspace: Workspace, workflow_id: str, repo: Path
+        self,
+        store: Store,
+        forge: Forge,
+        workspace: Workspace,
+        workflow_id: str,
+        repo: Path,
+        *,
+        fence: Fence | None = None,
     ) -> None:
+        self.fence = fence
         self.store = store
         self.forge = forge
         self.workspace = workspace
@@ -196,7 +223,7 @@ class SideEffects:
                 lambda: {"id": self.forge.comment(issue, f"{body}\n\n<!-- {marker} -->", marker)},
             )
         except PhasegateError as exc:
-            if not best_effort:
+            if not best_effort or isinstance(exc, FenceLost):
                 raise
             log.warning("comment %s on #%s not posted: %s", key, issue, exc)
             return False
@@ -268,6 +295,8 @@ class SideEffects:
             data={"params": dict(params)},
             summary=f"{key}: in progress",
         )
+        if self.fence is not None:
+            self.fence.check()
         dedupe_key = self.store.dedupe_key(self.workflow_id, phase, write)
         existing = self.store.milestone_by_key(dedupe_key)
         if existing is not None and existing.status == "completed":
@@ -280,6 +309,8 @@ class SideEffects:
                 self._settle(existing, found, "found after restart")
                 return found
         row = self.store.write_milestone(self.workflow_id, phase, write)
+        if self.fence is not None:
+            self.fence.check()  # again, right before the effect: the row is evidence either way
         try:
             result = call()
         except Exception as exc:

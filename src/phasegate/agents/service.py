@@ -20,7 +20,7 @@ from phasegate.contract import (
     WorkflowPaused,
 )
 from phasegate.journal import ProcessJournal
-from phasegate.store import AgentRunRecord, Store
+from phasegate.store import AgentRunRecord, Fence, Store
 from phasegate.workspace import GitError, git
 
 __all__ = ["AgentFailed", "AgentService", "AnswerError", "Answer"]
@@ -60,7 +60,9 @@ class AgentService:
     """Calls roles for the phases of one workflow engine.
 
     ``runners`` overrides the cartridge's bindings by role name (tests inject
-    fakes here); ``cancel`` is the engine's shutdown flag.
+    fakes here); ``cancel`` is the engine's shutdown flag. ``fences`` maps a
+    workflow id to the lease it is advanced under (the engine keeps it): no
+    agent starts, and no finished call is recorded, once that lease is lost.
     """
 
     def __init__(
@@ -78,6 +80,13 @@ class AgentService:
         self.cancel = cancel
         self._runners: dict[str, Runner] = dict(runners or {})
         self._emit = emit or (lambda _wf, _ev: None)
+        self.fences: dict[str, Fence] = {}
+
+    def _check_fence(self, workflow_id: str) -> None:
+        """Raise FenceLost when the workflow's lease was taken over from this worker."""
+        fence = self.fences.get(workflow_id)
+        if fence is not None:
+            fence.check()
 
     def runner(self, role: str) -> Runner:
         if role not in self._runners:
@@ -110,7 +119,8 @@ class AgentService:
         does for its build, which answers with a diff. Raises AgentFailed when
         all tries fail (exit code, timeout, garbage, ...) or at once when a
         spend cap is reached (kind ``budget``); WorkflowPaused when shutdown
-        interrupts a call.
+        interrupts a call; FenceLost before a call, or after one without
+        recording it, once the workflow's lease was taken over (``fences``).
         """
         binding = self.cartridge.role(role)
         runner = self.runner(role)
@@ -124,6 +134,7 @@ class AgentService:
         for _ in range(tries):
             if self.cancel.is_set():
                 raise WorkflowPaused(f"shutdown before the {role} agent ran")
+            self._check_fence(ctx.id)
             budget = self.budget_left(ctx.id, role)
             if budget is not None and budget <= 0:
                 if made == 0:
@@ -154,6 +165,9 @@ class AgentService:
             clean_before = request.read_only and checkout_state(cwd) == ""
             result = self._run_journaled(ctx, phase, runner, request, round)
             made += 1
+            # The worker that took over owns the workflow's rows now: its
+            # reconciliation settled this call's process; write nothing of it.
+            self._check_fence(ctx.id)
             if clean_before and checkout_state(cwd) != "":
                 result = read_only_violation(cwd, role, result)
             if result.error_kind == "interrupted":
@@ -208,7 +222,7 @@ class AgentService:
         worker reads it to stop an agent its dead predecessor left running
         (``SideEffects.reconcile``). It is settled when the call returns.
         """
-        journal = ProcessJournal(self.store, ctx.id)
+        journal = ProcessJournal(self.store, ctx.id, fence=self.fences.get(ctx.id))
         with journal.spawning(
             phase, "agent_process", round=round, attempt=request.call_index
         ) as spawned:
