@@ -1,0 +1,202 @@
+"""Fencing (issue 9, item 4): a heartbeat that cannot renew keeps trying and says
+when the lease is lost; a worker whose lease was taken over starts no agent,
+runs no side effect and commits nothing. Real threads, a real write lock held
+by another SQLite connection, a real worker process stopped with SIGSTOP past
+its lease's expiry."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_restart import FEATURE, Lab, assert_exactly_once, wait_until
+
+from phasegate.cartridge import load_cartridge
+from phasegate.engine import Engine, _Heartbeat
+from phasegate.store import Fence, FenceLost, Store, open_store
+
+from conftest import git
+
+HOST = os.uname().nodename
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "state.db"
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[Store]:
+    s = open_store(f"sqlite:///{db_path}", busy_timeout_s=0.05)
+    yield s
+    s.close()
+
+
+def new_workflow(store: Store) -> str:
+    return store.create_workflow(
+        title="t",
+        ticket="x",
+        repo_path="/r",
+        base_branch="main",
+        auto_merge=False,
+        content_language="en",
+    )
+
+
+def hold_write_lock(db_path: Path, seconds: float) -> None:
+    """Hold SQLite's write lock from another connection for ``seconds``."""
+    other = sqlite3.connect(db_path, isolation_level=None, timeout=5)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("UPDATE workflows SET title = title")
+        time.sleep(seconds)
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+
+
+def heartbeat(store: Store, wf: str, ttl_s: float) -> tuple[_Heartbeat, Fence]:
+    owner = f"{HOST}:{os.getpid()}:hb"
+    fence = Fence(store, wf, owner, store.claim(wf, owner, ttl_s) or 0)
+    beat = _Heartbeat(store, fence, ttl_s)
+    beat.start()
+    return beat, fence
+
+
+def test_a_renewal_that_fails_on_a_locked_store_is_retried_and_the_heartbeat_lives_on(
+    store: Store, db_path: Path
+) -> None:
+    wf = new_workflow(store)
+    beat, fence = heartbeat(store, wf, ttl_s=3.0)  # a beat every 1 s, 0.25 s after a failure
+    claimed_until = store.workflow_row(wf)["lease_expires_at"]
+    try:
+        hold_write_lock(db_path, 1.6)  # the beat at 1 s (and its retries) find the store locked
+        wait_until(
+            lambda: store.workflow_row(wf)["lease_expires_at"] > claimed_until,
+            "a renewal after the lock was released",
+            timeout=5,
+        )
+        assert beat.failures >= 1
+        assert beat.is_alive()
+        assert not fence.lost.is_set()
+        fence.check()  # still this worker's lease
+    finally:
+        beat.stopped.set()
+        beat.join(5)
+
+
+def test_a_heartbeat_that_cannot_renew_for_a_whole_ttl_marks_the_fence_lost(
+    store: Store, db_path: Path
+) -> None:
+    wf = new_workflow(store)
+    beat, fence = heartbeat(store, wf, ttl_s=1.2)
+    hold_write_lock(db_path, 2.0)
+    beat.join(5)
+    assert not beat.is_alive() and beat.failures >= 2
+    assert fence.lost.is_set()
+    with pytest.raises(FenceLost):
+        fence.check()
+
+
+def test_a_heartbeat_whose_lease_was_taken_over_marks_the_fence_lost(store: Store) -> None:
+    wf = new_workflow(store)
+    beat, fence = heartbeat(store, wf, ttl_s=0.6)
+    store.release(wf, fence.owner)  # as if it had expired: another worker claims it
+    assert store.claim(wf, "elsewhere:1:b", 60) == fence.value + 1
+    beat.join(5)
+    assert fence.lost.is_set() and beat.failures == 0
+    assert store.workflow_row(wf)["lease_owner"] == "elsewhere:1:b"
+
+
+# -- a worker stopped past its lease's expiry -------------------------------------------------
+
+WORKER_A = """\
+import logging, sys
+from pathlib import Path
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+from phasegate.cartridge import load_cartridge
+from phasegate.engine import Engine
+from phasegate.store import open_store
+repo, wf = Path(sys.argv[1]), sys.argv[2]
+cartridge = load_cartridge(repo)
+store = open_store(cartridge.store_url(repo))
+row = Engine(repo, cartridge, store, lease_ttl_s=float(sys.argv[3])).advance(wf)
+print("advance returned", row["status"], row["current_phase"], flush=True)
+"""
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    lab = Lab(tmp_path)
+    try:
+        yield lab
+    finally:
+        lab.cleanup()
+
+
+def _snapshot(store: Store, wf: str) -> dict[str, Any]:
+    return {
+        "row": store.workflow_row(wf),
+        "milestones": store.milestone_rows(wf),
+        "events": store.events(wf),
+        "agent_runs": store.agent_runs(wf),
+    }
+
+
+@pytest.mark.slow
+def test_a_worker_whose_lease_was_taken_over_starts_no_agent_and_commits_nothing(
+    lab: Lab, tmp_path: Path
+) -> None:
+    lab.configure(hang_role="build")  # A's first build call hangs
+    wf = lab.start()
+    script = tmp_path / "worker_a.py"
+    script.write_text(WORKER_A)
+    ttl = 1.5
+    with (lab.logs / "worker-a.log").open("wb") as log:
+        a = subprocess.Popen(
+            [sys.executable, str(script), str(lab.repo), wf, str(ttl)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    lab.workers.append(a)
+    wait_until(lambda: lab.calls("build") >= 1, "A's build agent to start", on_timeout=lab.log_tail)
+    os.kill(a.pid, signal.SIGSTOP)  # A (not its agent) stops: no more heartbeats
+    try:
+        time.sleep(ttl + 1.0)  # past A's lease's expiry
+
+        cartridge = load_cartridge(lab.repo)
+        store = open_store(cartridge.store_url(lab.repo))
+        try:
+            b = Engine(lab.repo, cartridge, store)
+            for _ in range(10):  # B takes the lease over by expiry and finishes the workflow
+                if b.advance(wf)["status"] == "completed":
+                    break
+            before = _snapshot(store, wf)
+            assert before["row"]["status"] == "completed", lab.log_tail()
+            builds = lab.calls("build")
+            assert builds == 2  # A's (hung, stopped by B's reconciliation) and B's
+        finally:
+            os.kill(a.pid, signal.SIGCONT)
+        assert a.wait(timeout=30) == 0, lab.log_tail()
+        after = _snapshot(store, wf)
+        store.close()
+    finally:
+        if a.poll() is None:
+            os.kill(a.pid, signal.SIGCONT)
+
+    assert after == before  # A wrote nothing after the takeover: no row, event, run, commit
+    assert lab.calls("build") == builds  # and started no other agent
+    output = (lab.logs / "worker-a.log").read_text()
+    assert "advance of " + wf + " stopped" in output, output
+    assert "Traceback" not in output, output
+    assert_exactly_once(lab.repo, wf)
+    assert git(lab.repo, "show", "main:feature.txt") + "\n" == FEATURE
