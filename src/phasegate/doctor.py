@@ -42,6 +42,7 @@ from phasegate.discover import (
     keys_set,
     program_version,
 )
+from phasegate.store import store_url_problem
 from phasegate.workspace import GitError, git
 
 __all__ = ["AgentCli", "Diagnosis", "RoleStatus", "diagnose", "not_a_repository"]
@@ -312,3 +313,6 @@ def _check_workflow(
             missing.append(f"workflow.base_branch: the branch {base!r} does not exist")
     if not cartridge.landing_areas.checks:
         warnings.append("landing_areas.checks is empty: no check tests the agents' changes")
+    problem = store_url_problem(cartridge.store_url(root))
+    if problem is not None:  # every command would stop on it: a problem, not a warning
+        missing.append(problem)
