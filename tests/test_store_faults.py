@@ -23,7 +23,7 @@ from phasegate.engine import Engine
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable, open_store
 from phasegate.testing import FixedClock
 
-from conftest import HAPPY_ANSWERS, git, make_repo, scripted_cartridge
+from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 
 BUSY_S = 0.2
 
@@ -346,4 +346,30 @@ def test_a_full_disk_at_a_phase_commit_writes_nothing_and_resume_continues(
     row = _advance_until_settled(engine, wf)
     assert row["status"] == "completed", row["error"]
     assert store.load_context(wf).state["plan"] == BIG_PLAN.strip()
+    store.close()
+
+
+def test_the_cli_reads_while_the_store_is_locked_and_a_write_stops_with_one_line(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": ".phasegate/\n"})
+    db = repo / ".phasegate" / "state.db"
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    (repo / "phasegate.toml").write_text(
+        scripted_cartridge(extra=f'[store]\nurl = "sqlite:///{db}?busy_timeout=0.3"\n')
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "cartridge")
+    open_store(f"sqlite:///{db}").close()  # the schema exists: opening it only reads
+
+    with write_lock_held(db):
+        status = phasegate_cli("status", "--repo", str(repo), timeout=60)
+        run = phasegate_cli("run", "Add feature.txt", "--repo", str(repo), timeout=60)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr
+    said = " ".join(run.stderr.split())
+    assert "state.db is unavailable: database is locked" in said
+    store = open_store(f"sqlite:///{db}")
+    assert store.list_workflows() == []  # nothing half-written
     store.close()

@@ -286,7 +286,11 @@ class Engine:
         advances the workflow the decision is refused (LeaseHeld) and nothing
         changes, so a running phase's result is never thrown away.
         """
-        claimed = self.store.claim(workflow_id, self.owner, self.lease_ttl_s)
+        # This engine's own advance holds the lease under the same owner, which a
+        # claim would take (and fence out): refuse, as for another process.
+        claimed = None
+        if workflow_id not in self.fences:
+            claimed = self.store.claim(workflow_id, self.owner, self.lease_ttl_s)
         if claimed is None:
             raise LeaseHeld(
                 f"workflow {workflow_id} is being advanced by another process; "

@@ -23,6 +23,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 
 from phasegate.clock import Clock
 from phasegate.contract import EventWrite, PhasegateError
@@ -81,9 +83,18 @@ class StoreBase:
     # -- schema -----------------------------------------------------------------
 
     def migrate(self, revision: str = "head") -> None:
-        """Bring the schema to ``revision`` (default: the newest; migrations are append-only)."""
+        """Bring the schema to ``revision`` (default: the newest; migrations are append-only).
+
+        A schema already at the newest revision is only read: opening the store
+        to look (``status``) takes no write lock while a worker writes.
+        """
         config = Config()
         config.set_main_option("script_location", str(_MIGRATIONS))
+        if revision == "head":
+            head = ScriptDirectory.from_config(config).get_current_head()
+            with self.reading() as conn:
+                if MigrationContext.configure(conn).get_current_revision() == head:
+                    return
         with self.transaction() as conn:
             config.attributes["connection"] = conn
             command.upgrade(config, revision)
