@@ -19,9 +19,14 @@ from typing import Any
 import pytest
 from test_restart import FEATURE, Lab, assert_exactly_once, wait_until
 
+from phasegate._process import start_ticks
 from phasegate.cartridge import load_cartridge
+from phasegate.contract import MilestoneWrite
 from phasegate.engine import Engine, _Heartbeat
+from phasegate.journal import SideEffects
 from phasegate.store import Fence, FenceLost, Store, open_store
+from phasegate.testing import InMemoryForge
+from phasegate.workspace import Workspace
 
 from conftest import git
 
@@ -200,3 +205,35 @@ def test_a_worker_whose_lease_was_taken_over_starts_no_agent_and_commits_nothing
     assert "Traceback" not in output, output
     assert_exactly_once(lab.repo, wf)
     assert git(lab.repo, "show", "main:feature.txt") + "\n" == FEATURE
+
+
+def test_a_stale_worker_does_not_reconcile_away_the_live_worker_s_agent(
+    store: Store, tmp_path: Path
+) -> None:
+    wf = new_workflow(store)
+    stale = Fence(store, wf, "elsewhere:1:a", store.claim(wf, "elsewhere:1:a", 60) or 0)
+    store.release(wf, stale.owner)
+    assert store.claim(wf, f"{HOST}:{os.getpid()}:b", 60) == stale.value + 1
+    # B's agent, running, journaled as B's AgentService does it
+    agent = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        store.write_milestone(
+            wf,
+            "development",
+            MilestoneWrite(
+                "agent_process",
+                status="in_progress",
+                key="build",
+                data={"host": HOST, "pgid": agent.pid, "ticks": start_ticks(agent.pid)},
+            ),
+        )
+        effects = SideEffects(store, InMemoryForge(), Workspace(), wf, tmp_path, fence=stale)
+        with pytest.raises(FenceLost):
+            effects.reconcile()
+        with pytest.raises(FenceLost):
+            effects.create_issue("preparation", "t", "body")
+        assert agent.poll() is None  # B's agent lives on
+        assert [m.status for m in store.milestones(wf)] == ["in_progress"]
+    finally:
+        agent.kill()
+        agent.wait()

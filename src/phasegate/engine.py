@@ -320,7 +320,9 @@ class Engine:
         StoreUnavailable when the store stayed unavailable past the retries and
         even the pause could not be written (the workflow is as last committed).
         """
-        claimed = self.store.claim(workflow_id, self.owner, self.lease_ttl_s)
+        claimed = None
+        if workflow_id not in self.fences:  # not already advanced (or decided) here
+            claimed = self.store.claim(workflow_id, self.owner, self.lease_ttl_s)
         if claimed is None:
             raise LeaseHeld(f"workflow {workflow_id} is being advanced by another worker")
         fence = Fence(self.store, workflow_id, self.owner, claimed)
@@ -388,6 +390,11 @@ class Engine:
         ctx = self.store.load_context(workflow_id)
         if ctx.status not in RUNNABLE_STATUSES:
             return False
+        fence = self.fences.get(workflow_id)
+        if fence is not None:
+            # Before reconciliation, which stops agents it takes for orphans: a
+            # stale worker must not stop the live agent of the one that took over.
+            fence.check()
         deps = self.deps_for(ctx)
         try:
             notes = deps.effects.reconcile()

@@ -336,6 +336,8 @@ class SideEffects:
         with every descendant it had. Other in-progress rows (a verifier that was running) are
         ``cancelled`` as interrupted.
         """
+        if self.fence is not None:  # a stale worker would stop the live one's agents
+            self.fence.check()
         notes = []
         for row in self.store.in_progress_milestones(self.workflow_id):
             if row.kind in EFFECT_KINDS:
