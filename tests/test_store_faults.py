@@ -366,7 +366,7 @@ def test_the_cli_reads_while_the_store_is_locked_and_a_write_stops_with_one_line
         status = phasegate_cli("status", "--repo", str(repo), timeout=60)
         run = phasegate_cli("run", "Add feature.txt", "--repo", str(repo), timeout=60)
     assert status.returncode == 0, status.stdout + status.stderr
-    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.returncode == 1, run.stdout + run.stderr  # not bad input: try again later
     assert "Traceback" not in run.stderr
     said = " ".join(run.stderr.split())
     assert "state.db is unavailable: database is locked" in said

@@ -15,7 +15,7 @@ from phasegate import __version__
 from phasegate.cartridge import Cartridge, CartridgeError, load_cartridge
 from phasegate.contract import PhasegateError
 from phasegate.doctor import not_a_repository
-from phasegate.store import Store, open_store
+from phasegate.store import Store, StoreUnavailable, open_store
 from phasegate.workspace import GitError, git
 
 app = typer.Typer(
@@ -52,9 +52,14 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 @contextmanager
 def _errors() -> Iterator[None]:
-    """Turn phasegate's errors into a one-line message and exit code 2."""
+    """Turn phasegate's errors into a one-line message: exit code 1 when the store
+    could not be written (a workflow stays as last committed; ``resume`` continues
+    it), else 2 (bad input)."""
     try:
         yield
+    except StoreUnavailable as exc:
+        message = f"{exc}; nothing was half-written (`phasegate resume ID` continues a workflow)"
+        raise _fail(message, 1) from None
     except (PhasegateError, GitError) as exc:
         raise _fail(str(exc)) from None
 
