@@ -1,7 +1,7 @@
 """The random kill-torture harness in CI (issue 9, item 1): whole workflows SIGKILLed at
 random moments, every invariant checked on every trial, no violation allowed.
 
-``PHASEGATE_TORTURE_TRIALS`` sets how many trials run (default 12, a few minutes);
+``PHASEGATE_TORTURE_TRIALS`` sets how many trials run (default 20, under two minutes);
 ``PHASEGATE_TORTURE_SEED`` the first seed (default: a new one each run, printed, so CI
 explores new moments and a failure names the seed that replays it).
 ``benchmarks/kill_torture.py --trials 300`` runs many more and prints the figures.
@@ -27,7 +27,7 @@ from phasegate.testing.torture import (
 
 pytestmark = pytest.mark.slow
 
-TRIALS = int(os.environ.get("PHASEGATE_TORTURE_TRIALS", "12"))
+TRIALS = int(os.environ.get("PHASEGATE_TORTURE_TRIALS", "20"))
 
 
 def test_kill_plans_are_replayed_by_their_seed_and_cover_every_aim_and_target() -> None:
