@@ -126,9 +126,9 @@ def test_a_lock_a_live_process_holds_is_not_removed(tmp_path: Path, name: str) -
     assert not lock.exists(), "once its holder died the lock is stale"
 
 
-def test_a_fresh_lock_while_a_git_runs_in_the_repository_is_kept(tmp_path: Path) -> None:
-    # git closes a ref's lock before renaming it into place: then only its age
-    # and a live git in the repository say it is someone's.
+def test_a_closed_lock_while_a_git_runs_in_the_repository_is_kept(tmp_path: Path) -> None:
+    # git closes a ref's lock before renaming it into place: then only a live git in
+    # the repository says it is someone's.
     repo = make_repo(tmp_path / "repo")
     git(repo, "branch", "topic")
     lock = repo / ".git" / "refs" / "heads" / "topic.lock"
@@ -143,6 +143,34 @@ def test_a_fresh_lock_while_a_git_runs_in_the_repository_is_kept(tmp_path: Path)
         running.communicate(b"")
     Workspace().repair(repo)
     assert not lock.exists(), "with no git running, the lock is stale"
+
+
+def test_a_persons_commit_waiting_for_its_editor_keeps_its_index_lock(tmp_path: Path) -> None:
+    # git commit keeps index.lock closed while the editor is open, for as long as the
+    # person types: however old, the lock is theirs while their git runs.
+    repo = make_repo(tmp_path / "repo")
+    (repo / "README.md").write_text("# edited\n")
+    marker = tmp_path / "editor-started"
+    editor = f"touch {marker}; sleep 5; echo 'my message' >"
+    commit = subprocess.Popen(
+        ["git", "-c", "user.name=p", "-c", "user.email=p@l", "commit", "-q", "-a"],
+        cwd=repo,
+        env={**os.environ, "GIT_EDITOR": editor},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lock = repo / ".git" / "index.lock"
+    deadline = time.monotonic() + 10
+    while not (marker.exists() and lock.exists()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lock.exists(), "git commit did not take index.lock"
+    os.utime(lock, (time.time() - 600, time.time() - 600))  # an old lock, as after a long edit
+    Workspace().repair(repo)
+    assert lock.exists(), "the person's live commit lost its index.lock"
+    _, err = commit.communicate(timeout=30)
+    assert commit.returncode == 0, err
+    assert git(repo, "log", "-1", "--format=%s") == "my message"
 
 
 def test_a_ref_lock_of_a_dead_process_in_a_branch_directory_is_removed(tmp_path: Path) -> None:

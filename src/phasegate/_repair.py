@@ -9,22 +9,23 @@ its ``.git`` file, its HEAD or its index. This module finds them and says
 whether a live process still holds them; ``Workspace`` does the repairing.
 
 A lock is *held* when a process has it open (git keeps a lock file open
-while it writes it: found through ``/proc/*/fd``), or when it is younger than
-``FRESH_S`` seconds and a live git process works in the repository (git
-closes a ref's lock before renaming it into place). Only a lock nobody holds
-is stale.
+while it writes it: found through ``/proc/*/fd``), or while any live git
+process works in the repository or one of its worktrees, whatever the lock's
+age: git closes some locks long before it is done with them (a ref's lock
+before renaming it into place; ``index.lock`` while ``git commit`` waits for
+its editor), so a person's running commit must never lose its lock. Only a
+lock nobody can hold is stale; one a live git keeps is contention, retried
+and then a pause with git's message.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
-    "FRESH_S",
     "WorktreeEntry",
     "held",
     "lock_files",
@@ -33,10 +34,6 @@ __all__ = [
     "remove_stale_locks",
     "worktree_dirs",
 ]
-
-#: A lock younger than this (seconds) may belong to a git that is running.
-FRESH_S = 3.0
-
 
 @dataclass(frozen=True)
 class WorktreeEntry:
@@ -138,18 +135,15 @@ def _live_git_in(dirs: Iterable[Path]) -> bool:
     return False
 
 
-def held(path: Path, common: Path, *, fresh_s: float = FRESH_S) -> bool:
+def held(path: Path, common: Path) -> bool:
     """Whether a live process holds the lock file (or git marker) at ``path``: one has
-    it open, or it is younger than ``fresh_s`` seconds while a git runs in the
-    repository."""
+    it open, or a git runs in the repository or one of its worktrees."""
     target = str(path.resolve())
     if any(target in _open_paths(pid) for pid in _pids()):
         return True
-    try:
-        age = time.time() - path.stat().st_mtime
-    except FileNotFoundError:
+    if not path.exists():
         return True  # its git finished with it: nothing stale to remove
-    return age < fresh_s and _live_git_in([common, *worktree_dirs(common)])
+    return _live_git_in([common, *worktree_dirs(common)])
 
 
 def remove_stale_locks(common: Path) -> list[Path]:

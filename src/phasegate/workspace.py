@@ -147,7 +147,7 @@ class Workspace:
                 entry.locked is not None
                 and entry.locked.startswith("initializing")
                 and marker is not None
-                and not _repair.held(marker / "locked", common, fresh_s=float("inf"))
+                and not _repair.held(marker / "locked", common)
             ):
                 proc = run_git(["worktree", "unlock", str(entry.path)], repo)
                 if proc.returncode == 0:
