@@ -107,6 +107,8 @@ def test_a_heartbeat_that_cannot_renew_for_a_whole_ttl_marks_the_fence_lost(
     beat.join(5)
     assert not beat.is_alive() and beat.failures >= 2
     assert fence.lost.is_set()
+    # the store's fault, not a takeover: what a stopped worker then says
+    assert fence.unrenewed is not None and "locked" in fence.unrenewed.reason
     with pytest.raises(FenceLost):
         fence.check()
 
@@ -117,7 +119,7 @@ def test_a_heartbeat_whose_lease_was_taken_over_marks_the_fence_lost(store: Stor
     store.release(wf, fence.owner)  # as if it had expired: another worker claims it
     assert store.claim(wf, "elsewhere:1:b", 60) == fence.value + 1
     beat.join(5)
-    assert fence.lost.is_set() and beat.failures == 0
+    assert fence.lost.is_set() and beat.failures == 0 and fence.unrenewed is None
     assert store.workflow_row(wf)["lease_owner"] == "elsewhere:1:b"
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "worktree_dirs",
 ]
 
+
 @dataclass(frozen=True)
 class WorktreeEntry:
     """One record of ``git worktree list --porcelain``."""

@@ -98,6 +98,8 @@ class _Heartbeat(threading.Thread):
                 self.failures += 1
                 if time.monotonic() - renewed_at >= self.ttl_s:
                     log.error("lease on %s expired unrenewed: %s", fence.workflow_id, exc)
+                    if isinstance(exc, StoreUnavailable):
+                        fence.unrenewed = exc
                     fence.lost.set()
                     return
                 log.warning("lease on %s not renewed, retrying: %s", fence.workflow_id, exc)
@@ -315,7 +317,9 @@ class Engine:
         """Run the workflow until it waits, pauses, fails, completes or shutdown is asked.
 
         Stops at once, committing nothing more, when the lease is lost to
-        another worker (FenceLost, logged). Returns the workflow's row. Raises
+        another worker (FenceLost, logged), or raises StoreUnavailable when it
+        was lost because the store stayed unavailable for a whole lease TTL.
+        Returns the workflow's row. Raises
         WorkflowNotFound; LeaseHeld when another live worker is advancing it;
         StoreUnavailable when the store stayed unavailable past the retries and
         even the pause could not be written (the workflow is as last committed).
@@ -338,6 +342,15 @@ class Engine:
                     break
         except FenceLost as exc:
             log.error("advance of %s stopped: %s", workflow_id, exc)
+            if fence.unrenewed is not None:
+                # Nobody took the workflow over: the store stayed unavailable longer
+                # than the lease. Say so, not "another process changed it".
+                fault = fence.unrenewed
+                raise StoreUnavailable(
+                    fault.where,
+                    f"{fault.reason} (for longer than the {self.lease_ttl_s:g} s lease; "
+                    f"workflow {workflow_id} is as last committed)",
+                ) from None
         finally:
             heartbeat.stopped.set()
             self.fences.pop(workflow_id, None)

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from phasegate.contract import WorkflowNotFound
 from phasegate.store import tables as t
-from phasegate.store._base import FenceLost, StoreBase, _utc
+from phasegate.store._base import FenceLost, StoreBase, StoreUnavailable, _utc
 
 
 @dataclass
@@ -35,6 +35,9 @@ class Fence:
     owner: str
     value: int
     lost: threading.Event = field(default_factory=threading.Event)
+    #: Why the heartbeat gave the lease up, when it was the store's fault rather than a
+    #: takeover: the last renewal's StoreUnavailable (a stopped worker tells the truth).
+    unrenewed: StoreUnavailable | None = None
 
     def check(self) -> None:
         """Raise FenceLost unless this worker still holds the lease, unexpired.
