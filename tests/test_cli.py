@@ -530,3 +530,18 @@ def test_show_of_a_waiting_workflow_prints_its_report(tmp_path: Path) -> None:
     assert (code, summary["status"]) == (0, "waiting")
     shown = phasegate_cli("show", summary["id"], "--repo", str(repo)).stdout
     assert "Progress report" in shown and "waiting for `phasegate approve-merge`" in shown
+
+
+def test_inside_a_workflows_worktree_commands_find_the_repositorys_workflows(
+    happy_repo: Path,
+) -> None:
+    run = phasegate_cli("run", "--no-auto-merge", "--json", "Add feature.txt", cwd=happy_repo)
+    workflow = json.loads(run.stdout)
+    assert workflow["status"] == "waiting", run.stdout + run.stderr
+    worktree = happy_repo / ".phasegate" / "worktrees" / workflow["id"]
+    assert (worktree / ".git").is_file()  # a linked worktree: git's top level is here
+
+    listed = phasegate_cli("status", "--json", cwd=worktree)
+    assert listed.returncode == 0, listed.stderr
+    assert [w["id"] for w in json.loads(listed.stdout)] == [workflow["id"]]
+    assert not (worktree / ".phasegate").exists()  # no second, empty store made there

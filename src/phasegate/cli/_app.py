@@ -65,10 +65,17 @@ def _errors() -> Iterator[None]:
 
 
 def _repo_root(repo: Path) -> Path:
+    """The repository ``repo`` is in: inside a linked worktree (a workflow's, under
+    ``.phasegate/worktrees/``, or a person's), the main checkout that owns it, where
+    the cartridge and the store are."""
     try:
-        return Path(git(["rev-parse", "--show-toplevel"], repo.resolve()))
+        top = Path(git(["rev-parse", "--show-toplevel"], repo.resolve()))
+        common = Path(git(["rev-parse", "--path-format=absolute", "--git-common-dir"], top))
     except (GitError, FileNotFoundError) as exc:
         raise UsageError(not_a_repository(repo.resolve(), exc)) from None
+    if common.name == ".git" and common.parent != top and (common.parent / ".git").is_dir():
+        return common.parent
+    return top
 
 
 def _open(repo: Path) -> tuple[Path, Cartridge, Store]:

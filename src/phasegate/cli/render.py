@@ -309,7 +309,9 @@ def _cleanup_of(milestones: list[dict[str, Any]]) -> dict[str, Any] | None:
     last = found[-1]
     return {
         "status": last["status"],
-        "reason": last["summary"] if last["status"] == "failed" else None,
+        "reason": ((last["data"] or {}).get("reason") or last["summary"])
+        if last["status"] == "failed"
+        else None,
         "attempts": int((last["data"] or {}).get("attempts") or 1),
     }
 

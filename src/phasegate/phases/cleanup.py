@@ -49,6 +49,8 @@ class Cleanup:
             status="completed" if self.ok else "failed",
             summary="worktree and branch removed" if self.ok else "; ".join(self.problems)[:500],
             data={
+                # the summary column is short; the whole of git's reason is for show
+                "reason": "; ".join(self.problems) or None,
                 "attempts": attempts,
                 "worktree_removed": self.worktree_removed,
                 "branch_deleted": self.branch_deleted,
