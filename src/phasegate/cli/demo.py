@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -72,17 +74,30 @@ def demo(
                 highlight=False,
                 markup=False,
             )
+        me = _invocation()
         graph_run = row["state"].get("graph_run") if graph else None
         if graph_run:
             console.print(
                 f"development graph run {graph_run}: try "
-                f"`phasegate proposals --repo {repo}` and "
-                f"`phasegate replay {graph_run} --repo {repo}`",
+                f"`{me} proposals --repo {repo}` and "
+                f"`{me} replay {graph_run} --repo {repo}`",
                 highlight=False,
             )
         console.print(
-            f"state kept in {repo / '.phasegate'}; try "
-            f"`phasegate show {workflow_id} --repo {repo}`",
+            f"state kept in {repo / '.phasegate'}; try `{me} show {workflow_id} --repo {repo}`",
             highlight=False,
         )
     _finish(store, row, as_json, interrupted=engine.shutdown.is_set())
+
+
+def _invocation() -> str:
+    """How this shell calls phasegate: ``phasegate`` when PATH finds this very
+    program, else the path it was started by (``.venv/bin/phasegate`` right after
+    the README's set-up), so a hint printed for a person works as given."""
+    argv0 = Path(sys.argv[0])
+    if argv0.name != "phasegate":
+        return "phasegate"  # run through python -m or a test: PATH's name is the best guess
+    found = shutil.which("phasegate")
+    if found and Path(found).resolve() == argv0.resolve():
+        return "phasegate"
+    return str(argv0)

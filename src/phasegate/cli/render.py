@@ -108,7 +108,7 @@ def _graceful(engine: Engine, what: str = "the id is printed below") -> Iterator
         if hits["n"] > 1:
             raise KeyboardInterrupt
         err.print(
-            "\n[yellow]stopping: the running agent is stopped, nothing half-committed; "
+            "\n[yellow]stopping: the running agent or check is stopped, nothing half-committed; "
             f"`phasegate resume` continues it ({what})[/yellow]"
         )
         engine.shutdown.set()
