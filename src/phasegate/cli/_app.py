@@ -26,7 +26,10 @@ app = typer.Typer(
     "With [graph] enabled = true in phasegate.toml, planning, development and pr_review "
     "follow the development graph: competing plans, a build that answers with a diff, "
     "review tiers, a bounded fix loop, and a draft PR proposal that the apply arm lands "
-    "or a person approves (`phasegate demo --graph` shows one).",
+    "or a person approves (`phasegate demo --graph` shows one).\n\n"
+    "Killed at any moment, a workflow goes on with `phasegate worker` or `phasegate resume "
+    "ID`: no duplicate issue, PR, comment or merge, no unrecorded work on the base, stale "
+    "git locks repaired, leftover agents and checks stopped (README: After a crash).",
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,

@@ -170,7 +170,14 @@ def resume(
     no_advance: NoAdvance = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Resume a failed, paused or interrupted workflow from its current phase."""
+    """Resume a failed, paused or interrupted workflow from its current phase.
+
+    After a crash (a killed worker, a power cut) `phasegate worker` or resume
+    carries it on: side effects a dead process began are looked up, never
+    repeated; what a killed agent left uncommitted is discarded (recorded as
+    attempt_discarded); stale git locks and half-made worktrees are repaired;
+    leftover agent and check processes are stopped. README: "After a crash".
+    """
     _manual(repo, workflow_id, lambda _e, ctx: decisions.resume(ctx), not no_advance, as_json)
 
 
@@ -251,7 +258,7 @@ def verify_override(
 @app.command()
 def cleanup(
     workflow_id: Annotated[
-        str | None, typer.Argument(metavar="[ID]", help="One workflow (default: every one).")
+        str | None, typer.Argument(metavar="ID", help="One workflow (default: every one).")
     ] = None,
     repo: RepoOption = Path("."),
     as_json: JsonOption = False,
