@@ -7,6 +7,11 @@
   SIGKILL: no cleanup, no settle) right after a chosen call succeeds.
 - ``FlakyForge``: wraps a Forge and raises ForgeError on a chosen call N times
   (a forge that times out).
+- ``phasegate.testing.flaky_git.FlakyGit``: a ``git`` first on PATH that fails a
+  seeded fraction of calls with lock contention before running the real git.
+- ``phasegate.testing.torture``: the random kill-torture harness (``run_trial``:
+  a whole workflow SIGKILLed at random or aimed moments, then every invariant
+  checked); ``benchmarks/kill_torture.py`` runs many trials.
 
 ``python -m phasegate.testing --repo R --crash-after METHOD`` runs one worker
 pass over R's workflows with a CrashingForge: the crash tests use it to die
