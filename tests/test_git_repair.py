@@ -350,3 +350,42 @@ def test_a_workflow_resumes_and_completes_over_a_broken_worktree(
     assert (row["current_phase"], row["status"]) == ("completed", "completed"), row["error"]
     assert git(happy_repo, "show", "main:feature.txt") == "the feature"
     assert git(happy_repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+def test_a_merge_into_a_checkout_where_a_persons_commit_is_open_pauses_and_resume_lands_both(
+    happy_repo: Path, engine_for, tmp_path: Path
+) -> None:
+    # The person's main checkout has an edit and their `git commit -a` waits in its
+    # editor holding index.lock: git's merge then says only "stash failed". That is
+    # contention, never a failed merge, and their commit must survive.
+    engine, store = engine_for(happy_repo)
+    workflow_id = engine.start("Add the feature file", "Add feature.txt.")
+    (happy_repo / "README.md").write_text("# the person's edit\n")
+    go = tmp_path / "go"
+    commit = subprocess.Popen(
+        ["git", "-c", "user.name=p", "-c", "user.email=p@l", "commit", "-q", "-a"],
+        cwd=happy_repo,
+        env={**os.environ, "GIT_EDITOR": f"while [ ! -f {go} ]; do sleep 0.05; done; echo mine >"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not (happy_repo / ".git" / "index.lock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        row = engine.advance(workflow_id)
+        assert (row["current_phase"], row["status"]) == ("merge", "paused"), row["error"]
+        assert "index.lock is held" in row["error"]
+        assert not [m for m in store.milestones(workflow_id) if m.kind == "merge_failed"]
+    finally:
+        go.write_text("")
+        _, err = commit.communicate(timeout=30)
+    assert commit.returncode == 0, err
+
+    engine.decide(workflow_id, decisions.resume)
+    row = engine.advance(workflow_id)
+    assert (row["current_phase"], row["status"]) == ("completed", "completed"), row["error"]
+    log = git(happy_repo, "log", "--format=%s", "main")
+    assert "mine" in log.splitlines() and log.count("Merge #") == 1
+    assert git(happy_repo, "show", "main:feature.txt") == "the feature"

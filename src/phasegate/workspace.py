@@ -17,7 +17,15 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 from phasegate import _repair
-from phasegate._git import IDENTITY, DirtyCheckout, GitError, GitTransient, git, run_git
+from phasegate._git import (
+    IDENTITY,
+    TRANSIENT_ATTEMPTS,
+    DirtyCheckout,
+    GitError,
+    GitTransient,
+    git,
+    run_git,
+)
 from phasegate.checks import CheckResult, run_checks
 from phasegate.contract import PhasegateError
 
@@ -440,7 +448,19 @@ class Workspace:
         if holder is not None:
             # A person's own checkout: their unrelated edits do not block the merge,
             # and git refuses, touching nothing, when the merge would overwrite one.
-            proc = run_git([*IDENTITY, "merge", "--no-ff", "-m", message, branch], holder)
+            for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
+                proc = run_git([*IDENTITY, "merge", "--no-ff", "-m", message, branch], holder)
+                # With edits in the checkout, git stashes around the merge and says only
+                # "stash failed" when another git (a person's commit) holds index.lock.
+                if proc.returncode == 0 or not self._index_locked(holder):
+                    break
+                if attempt == TRANSIENT_ATTEMPTS:
+                    raise GitTransient(
+                        f"git merge {branch} failed in {holder} {attempt} times: "
+                        f"{(proc.stderr or proc.stdout).strip()} (its index.lock is held: "
+                        "another git process is working there)"
+                    )
+                time.sleep(0.2 * attempt)
             if proc.returncode != 0:
                 if git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], holder, check=False):
                     git(["merge", "--abort"], holder, check=False)
@@ -458,6 +478,14 @@ class Workspace:
             return self.rev(scratch, "HEAD")
         finally:
             self.remove_worktree(repo, scratch)
+
+    @staticmethod
+    def _index_locked(checkout: Path) -> bool:
+        """Whether the checkout's ``index.lock`` exists: another git is working there."""
+        lock = Path(
+            git(["rev-parse", "--path-format=absolute", "--git-path", "index.lock"], checkout)
+        )
+        return lock.exists()
 
     @contextmanager
     def merge_lock(self, repo: Path, timeout_s: float = 600.0) -> Iterator[None]:
