@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,11 +25,11 @@ from phasegate.cartridge import load_cartridge
 from phasegate.contract import MilestoneWrite
 from phasegate.engine import Engine, _Heartbeat
 from phasegate.journal import SideEffects
-from phasegate.store import Fence, FenceLost, Store, open_store
+from phasegate.store import Fence, FenceLost, Store, StoreUnavailable, open_store
 from phasegate.testing import InMemoryForge
 from phasegate.workspace import Workspace
 
-from conftest import git
+from conftest import HAPPY_ANSWERS, git, make_repo, scripted_cartridge
 
 HOST = os.uname().nodename
 
@@ -239,3 +240,50 @@ def test_a_stale_worker_does_not_reconcile_away_the_live_worker_s_agent(
     finally:
         agent.kill()
         agent.wait()
+
+
+@pytest.mark.parametrize(
+    ("busy_s", "locked_s"),
+    [(0.05, 2.2), (4.0, 5.0)],
+    ids=["the heartbeat gives up first", "a step's own check finds the lease expired first"],
+)
+def test_a_lease_lost_to_a_locked_store_says_the_store_not_another_process(
+    tmp_path: Path, busy_s: float, locked_s: float
+) -> None:
+    repo = make_repo(tmp_path / "repo", {"README.md": "# s\n", ".gitignore": ".phasegate/\n"})
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    slow_build = (
+        'runner = "command"\ncommand = "sleep 3; echo the feature > feature.txt; echo built"\n'
+        "timeout = 30\n"
+    )
+    (repo / "phasegate.toml").write_text(scripted_cartridge(role_overrides={"build": slow_build}))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "cartridge")
+    db = repo / ".phasegate" / "state.db"
+    cartridge = load_cartridge(repo)
+    # With a busy timeout longer than the lease, a renewal is still waiting on the lock
+    # when the step's own check (after the build agent) finds the lease expired.
+    store = open_store(f"sqlite:///{db}", busy_timeout_s=busy_s)
+    engine = Engine(repo, cartridge, store, lease_ttl_s=1.2, store_retry_delays_s=(0.1,))
+    wf = engine.start("Add the feature file", "Add feature.txt.")
+    holder = None
+    try:
+
+        def lock_during_the_build() -> None:
+            wait_until(lambda: store.load_context(wf).current_phase == "development", "build")
+            time.sleep(0.3)
+            hold_write_lock(db, locked_s)  # renewals fail past the 1.2 s lease
+
+        holder = threading.Thread(target=lock_during_the_build)
+        holder.start()
+        with pytest.raises(StoreUnavailable) as raised:
+            engine.advance(wf)
+        said = str(raised.value)
+        assert "lease" in said and wf in said and "state.db" in said
+        assert "another process" not in said
+    finally:
+        if holder is not None:
+            holder.join(10)
+    row = store.workflow_row(wf)
+    assert row["current_phase"] == "development" and row["error"] is None  # as last committed
+    store.close()

@@ -86,6 +86,7 @@ class _Heartbeat(threading.Thread):
         self.ttl_s = ttl_s
         self.stopped = threading.Event()
         self.failures = 0  # renewals that raised, for the log and the tests
+        self.last_fault: StoreUnavailable | None = None  # the last renewal's store fault
 
     def run(self) -> None:
         fence, interval = self.fence, self.ttl_s / 3
@@ -96,6 +97,8 @@ class _Heartbeat(threading.Thread):
                 held = self.store.renew(fence.workflow_id, fence.owner, fence.value, self.ttl_s)
             except Exception as exc:  # the thread must outlive any failed renewal
                 self.failures += 1
+                if isinstance(exc, StoreUnavailable):
+                    self.last_fault = exc
                 if time.monotonic() - renewed_at >= self.ttl_s:
                     log.error("lease on %s expired unrenewed: %s", fence.workflow_id, exc)
                     if isinstance(exc, StoreUnavailable):
@@ -342,13 +345,16 @@ class Engine:
                     break
         except FenceLost as exc:
             log.error("advance of %s stopped: %s", workflow_id, exc)
-            if fence.unrenewed is not None:
-                # Nobody took the workflow over: the store stayed unavailable longer
-                # than the lease. Say so, not "another process changed it".
-                fault = fence.unrenewed
+            # Nobody took the workflow over, so its lease ran out unrenewed: the store
+            # would not take the renewals (a step's own check may find that before the
+            # heartbeat, still waiting out the busy timeout, gives up). Say so, not
+            # "another process changed it".
+            if not self._taken_over(fence):
+                fault = fence.unrenewed or heartbeat.last_fault
                 raise StoreUnavailable(
-                    fault.where,
-                    f"{fault.reason} (for longer than the {self.lease_ttl_s:g} s lease; "
+                    fault.where if fault else str(self.store.engine.url.database),
+                    f"{fault.reason if fault else 'the lease could not be renewed'} "
+                    f"(for longer than the {self.lease_ttl_s:g} s lease; "
                     f"workflow {workflow_id} is as last committed)",
                 ) from None
         finally:
@@ -356,6 +362,15 @@ class Engine:
             self.fences.pop(workflow_id, None)
             self._release(workflow_id)
         return self.store.workflow_row(workflow_id)
+
+    def _taken_over(self, fence: Fence) -> bool:
+        """Whether another claim moved the workflow's fence past ``fence`` (reads only:
+        they go on while the store is write-locked)."""
+        try:
+            row = self.store.workflow_row(fence.workflow_id)
+        except StoreUnavailable:
+            return False
+        return row["fence"] != fence.value
 
     def retry_cleanup(self, workflow_id: str) -> MilestoneView | None:
         """Retry the workflow's failed cleanup under its lease (phases/cleanup.py).
