@@ -545,3 +545,13 @@ def test_inside_a_workflows_worktree_commands_find_the_repositorys_workflows(
     assert listed.returncode == 0, listed.stderr
     assert [w["id"] for w in json.loads(listed.stdout)] == [workflow["id"]]
     assert not (worktree / ".phasegate").exists()  # no second, empty store made there
+
+
+def test_looking_at_a_repository_with_no_store_creates_none(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    listed = phasegate_cli("status", "--json", cwd=repo)
+    shown = phasegate_cli("show", "abc123", cwd=repo)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []
+    assert shown.returncode == 2 and "abc123" in shown.stderr
+    assert not (repo / ".phasegate").exists()
+    assert git(repo, "status", "--porcelain") == ""

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
+import sqlalchemy as sa
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -91,10 +92,22 @@ def _open_for_reading(repo: Path) -> Store:
     """The store, even while the cartridge is broken: looking must not need it valid."""
     root = _repo_root(repo)
     try:
-        return open_store(load_cartridge(root).store_url(root))
+        url = load_cartridge(root).store_url(root)
     except CartridgeError as exc:
         err.print(f"[yellow]warning:[/yellow] {escape(str(exc))}; reading the default store")
-        return open_store(Cartridge().store_url(root))
+        url = Cartridge().store_url(root)
+    return open_store(_nothing_to_read_yet(url) or url)
+
+
+def _nothing_to_read_yet(url: str) -> str | None:
+    """An empty in-memory store's URL when ``url`` names a SQLite file that does not
+    exist yet: looking (``status``, ``show``) must not create it in the repository."""
+    if not url.startswith("sqlite"):
+        return None
+    database = sa.engine.make_url(url).database
+    if database and database != ":memory:" and not Path(database).exists():
+        return "sqlite://"
+    return None
 
 
 # -- progress -----------------------------------------------------------------------
