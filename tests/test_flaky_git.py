@@ -199,3 +199,20 @@ def test_a_base_sync_failing_on_a_lock_pauses_the_merge_and_resume_completes_it(
         engine.decide(workflow_id, decisions.resume)
         row = engine.advance(workflow_id)
     assert (row["current_phase"], row["status"]) == ("completed", "completed"), row["error"]
+
+
+def test_a_worktree_add_racing_another_prune_is_contention_not_a_failure() -> None:
+    # Two workers on one repository: one's `worktree prune` removes the empty
+    # .git/worktrees while the other's `worktree add` is between creating it and its entry.
+    from phasegate._git import is_transient
+
+    raced = subprocess.CompletedProcess(
+        ["git", "worktree", "add"],
+        128,
+        "",
+        "Preparing worktree (detached HEAD 849631d)\nfatal: could not create directory of "
+        "'.git/worktrees/b85d543b-verify': No such file or directory\n",
+    )
+    assert is_transient(raced)
+    missing = subprocess.CompletedProcess(["git"], 128, "", "fatal: not a git repository\n")
+    assert not is_transient(missing)

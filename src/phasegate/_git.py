@@ -78,7 +78,10 @@ _TRANSIENT = re.compile(
     r"|could not lock config file"
     r"|Another git process seems to be running"
     r"|unable to write new index file"
-    r"|Resource temporarily unavailable",
+    r"|Resource temporarily unavailable"
+    # another process's `git worktree prune` removed the empty .git/worktrees between
+    # this `worktree add` creating it and creating its entry: nothing was made yet
+    r"|could not create directory of '[^']*worktrees/[^']*': No such file or directory",
     re.IGNORECASE,
 )
 
