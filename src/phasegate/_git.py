@@ -24,12 +24,14 @@ Errors::
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import re
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from phasegate.contract import PhasegateError
@@ -111,6 +113,35 @@ def _run_once(
     )
 
 
+@contextmanager
+def _worktree_admin_lock(cwd: Path | str, timeout_s: float = 120.0) -> Iterator[None]:
+    """One ``git worktree`` command at a time per repository, across threads and
+    processes (an flock on ``<common>/phasegate/worktrees.lock``, opened anew per
+    command). git's own ``worktree prune`` removes another process's entry that a
+    ``worktree add`` is still making ("could not open .../gitdir"), so two workers'
+    adds and prunes must not interleave. Raises GitTransient after ``timeout_s``."""
+    found = _run_once(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd, None)
+    if found.returncode != 0:  # not a repository: let the command itself say so
+        yield
+        return
+    path = Path(found.stdout.strip()) / "phasegate" / "worktrees.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    with path.open("a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise GitTransient(f"{path} is still held after {timeout_s:g}s") from None
+                time.sleep(0.02)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def run_git(
     args: Sequence[str], cwd: Path | str, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -123,7 +154,11 @@ def run_git(
     """
     delay = _BACKOFF_S
     for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
-        proc = _run_once(args, cwd, input)
+        if args and args[0] == "worktree":
+            with _worktree_admin_lock(cwd):
+                proc = _run_once(args, cwd, input)
+        else:
+            proc = _run_once(args, cwd, input)
         if not is_transient(proc):
             return proc
         if attempt < TRANSIENT_ATTEMPTS:
