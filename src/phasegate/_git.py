@@ -44,6 +44,7 @@ __all__ = [
     "GitTransient",
     "git",
     "is_transient",
+    "repository_flock",
     "run_git",
 ]
 
@@ -124,7 +125,16 @@ def _worktree_admin_lock(cwd: Path | str, timeout_s: float = 120.0) -> Iterator[
     if found.returncode != 0:  # not a repository: let the command itself say so
         yield
         return
-    path = Path(found.stdout.strip()) / "phasegate" / "worktrees.lock"
+    with repository_flock(Path(found.stdout.strip()) / "phasegate" / "worktrees.lock", timeout_s):
+        yield
+
+
+@contextmanager
+def repository_flock(path: Path, timeout_s: float, poll_s: float = 0.02) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` while the block runs, across threads and
+    processes (the file is opened anew per acquisition, so two threads of one
+    process exclude each other too); the kernel drops it when its holder dies.
+    Raises GitTransient, naming ``path``, after ``timeout_s`` seconds of waiting."""
     path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
     with path.open("a") as handle:
@@ -135,7 +145,7 @@ def _worktree_admin_lock(cwd: Path | str, timeout_s: float = 120.0) -> Iterator[
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     raise GitTransient(f"{path} is still held after {timeout_s:g}s") from None
-                time.sleep(0.02)
+                time.sleep(poll_s)
         try:
             yield
         finally:

@@ -7,7 +7,6 @@ Every function takes explicit paths; nothing here reads the store. Errors are
 
 from __future__ import annotations
 
-import fcntl
 import re
 import shutil
 import threading
@@ -24,6 +23,7 @@ from phasegate._git import (
     GitError,
     GitTransient,
     git,
+    repository_flock,
     run_git,
 )
 from phasegate.checks import CheckResult, run_checks
@@ -495,23 +495,8 @@ class Workspace:
         The kernel drops it when its holder dies. Raises GitTransient after
         ``timeout_s`` seconds of waiting."""
         path = self.common_dir(repo) / "phasegate" / "merge.lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + timeout_s
-        with path.open("a") as handle:
-            while True:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise GitTransient(
-                            f"the merge lock {path} is still held after {timeout_s:g}s"
-                        ) from None
-                    time.sleep(0.05)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        with repository_flock(path, timeout_s, poll_s=0.05):
+            yield
 
     # -- checks -----------------------------------------------------------------
 
