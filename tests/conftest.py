@@ -69,6 +69,18 @@ def alive(pid: int) -> bool:
     return not (status.exists() and "\nState:\tZ" in status.read_text())
 
 
+def new_workflow(store: Store) -> str:
+    """A workflow row with made-up fields, for tests of the store alone."""
+    return store.create_workflow(
+        title="t",
+        ticket="x",
+        repo_path="/r",
+        base_branch="main",
+        auto_merge=False,
+        content_language="en",
+    )
+
+
 def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:
     """A git repository on ``main`` with one commit of ``files``."""
     path.mkdir(parents=True, exist_ok=True)

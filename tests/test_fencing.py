@@ -29,7 +29,7 @@ from phasegate.store import Fence, FenceLost, Store, StoreUnavailable, open_stor
 from phasegate.testing import InMemoryForge
 from phasegate.workspace import Workspace
 
-from conftest import HAPPY_ANSWERS, git, make_repo, scripted_cartridge
+from conftest import HAPPY_ANSWERS, git, make_repo, new_workflow, scripted_cartridge
 
 HOST = os.uname().nodename
 
@@ -44,17 +44,6 @@ def store(db_path: Path) -> Iterator[Store]:
     s = open_store(f"sqlite:///{db_path}", busy_timeout_s=0.05)
     yield s
     s.close()
-
-
-def new_workflow(store: Store) -> str:
-    return store.create_workflow(
-        title="t",
-        ticket="x",
-        repo_path="/r",
-        base_branch="main",
-        auto_merge=False,
-        content_language="en",
-    )
 
 
 def hold_write_lock(db_path: Path, seconds: float) -> None:

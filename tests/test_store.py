@@ -23,6 +23,8 @@ from phasegate.store.tables import metadata
 from phasegate.testing import FixedClock, InMemoryForge
 from phasegate.workspace import Workspace
 
+from conftest import new_workflow
+
 HOST = os.uname().nodename
 
 
@@ -41,17 +43,6 @@ def store(db_url: str, clock: FixedClock) -> Store:
     s = open_store(db_url, clock)
     yield s
     s.close()
-
-
-def new_workflow(store: Store) -> str:
-    return store.create_workflow(
-        title="t",
-        ticket="x",
-        repo_path="/r",
-        base_branch="main",
-        auto_merge=False,
-        content_language="en",
-    )
 
 
 # -- migrations ------------------------------------------------------------------------

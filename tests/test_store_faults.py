@@ -23,7 +23,7 @@ from phasegate.engine import Engine
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable, open_store
 from phasegate.testing import FixedClock
 
-from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
+from conftest import HAPPY_ANSWERS, git, make_repo, new_workflow, phasegate_cli, scripted_cartridge
 
 BUSY_S = 0.2
 
@@ -43,17 +43,6 @@ def store(db_path: Path, clock: FixedClock) -> Iterator[Store]:
     s = open_store(f"sqlite:///{db_path}", clock, busy_timeout_s=BUSY_S)
     yield s
     s.close()
-
-
-def new_workflow(store: Store) -> str:
-    return store.create_workflow(
-        title="t",
-        ticket="x",
-        repo_path="/r",
-        base_branch="main",
-        auto_merge=False,
-        content_language="en",
-    )
 
 
 @contextmanager
