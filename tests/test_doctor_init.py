@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from phasegate import doctor
-from phasegate.cartridge import default_cartridge, load_cartridge
+from phasegate.cartridge import load_cartridge
+from phasegate.cartridge_init import default_cartridge
 from phasegate.discover import CheckGuess, detect_base_branch, detect_checks, program_version
 from phasegate.doctor import diagnose
 

@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from phasegate.cartridge import CARTRIDGE_FILE, DefaultCartridge, default_cartridge, load_cartridge
+from phasegate.cartridge import CARTRIDGE_FILE, load_cartridge
+from phasegate.cartridge_init import DefaultCartridge, default_cartridge
 from phasegate.cli._app import (
     JsonOption,
     RepoOption,
