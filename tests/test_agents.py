@@ -15,7 +15,7 @@ from phasegate.agents.service import AnswerError
 from phasegate.cartridge import RoleBinding
 from phasegate.phases.deps import verdict_parser
 
-from conftest import alive, git, make_repo
+from conftest import alive, git, make_repo, phasegate_cli
 
 
 def command_runner(command: str, **binding: object) -> CommandRunner:
@@ -153,6 +153,12 @@ def test_a_read_only_role_that_writes_is_undone_and_fails(happy_repo: Path, engi
     assert git(worktree, "status", "--porcelain") == ""
     runs = [r for r in store.agent_runs(row["id"]) if r["role"] == "plan"]
     assert [r["error_kind"] for r in runs] == ["read_only_violation"] * 3
+    violations = [e["data"] for e in store.events(row["id"]) if e["type"] == "violation"]
+    assert [(v["name"], v["role"], v["paths"]) for v in violations] == [
+        ("read_only_violation", "plan", ["planted.txt"])
+    ] * 3
+    shown = phasegate_cli("show", row["id"], "--repo", str(happy_repo)).stdout
+    assert "violations (3)" in shown and "read_only_violation · plan" in shown
 
 
 def test_an_agent_sees_only_the_environment_its_binding_names(

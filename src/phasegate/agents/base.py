@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["AgentRequest", "AgentResult", "ERROR_KINDS", "Runner"]
+__all__ = ["AgentRequest", "AgentResult", "ERROR_KINDS", "Runner", "VIOLATIONS", "Violation"]
 
 #: Named reasons an agent call did not produce an answer.
 ERROR_KINDS = (
@@ -23,6 +23,33 @@ ERROR_KINDS = (
     "read_only_violation",
     "runner_error",
 )
+
+#: Named ways an agent run overstepped its role (issue 10), recorded as
+#: ``violation`` events and printed by ``show``:
+#: - ``read_only_violation``: a read-only role changed its checkout;
+#: - ``ref_violation``: a branch, HEAD or another ref was moved (restored);
+#: - ``git_dir_violation``: the git config, hooks or ``info/`` changed (restored);
+#: - ``sandbox_denied``: the sandbox refused a write outside the agent's own areas;
+#: - ``secret_in_change``: the change or answer held a secret (refused);
+#: - ``oversized``: a diff or answer above its cartridge limit (refused).
+VIOLATIONS = (
+    "read_only_violation",
+    "ref_violation",
+    "git_dir_violation",
+    "sandbox_denied",
+    "secret_in_change",
+    "oversized",
+)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One overstep of an agent run: ``name`` (one of VIOLATIONS), what happened
+    (``detail``, one line) and the paths or refs it concerned."""
+
+    name: str
+    detail: str
+    paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,6 +94,7 @@ class AgentResult:
     output_tokens: int = 0
     cost_usd: float = 0.0
     duration_s: float = 0.0
+    violations: tuple[Violation, ...] = ()
 
     @property
     def ok(self) -> bool:

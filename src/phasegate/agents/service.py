@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from phasegate.agents import make_runner
-from phasegate.agents.base import AgentRequest, AgentResult, Runner
+from phasegate.agents.base import AgentRequest, AgentResult, Runner, Violation
 from phasegate.agents.env import redact, secret_values
 from phasegate.cartridge import READ_ONLY_ROLES, ROLE_SESSION_LINES, Cartridge
 from phasegate.contract import (
@@ -23,7 +23,7 @@ from phasegate.journal import ProcessJournal
 from phasegate.store import AgentRunRecord, Fence, Store
 from phasegate.workspace import GitError, git
 
-__all__ = ["AgentFailed", "AgentService", "AnswerError", "Answer"]
+__all__ = ["AgentFailed", "AgentService", "AnswerError", "Answer", "violation_event"]
 
 T = TypeVar("T")
 
@@ -189,6 +189,8 @@ class AgentService:
             self._record(
                 ctx, phase, role, line, runner.name, round, attempt, outcome, kind, detail, result
             )
+            for violation in result.violations:
+                self._emit(ctx.id, violation_event(role, phase, violation, secrets))
             self._emit(
                 ctx.id,
                 EventWrite(
@@ -292,11 +294,35 @@ def read_only_violation(
         git(["reset", "--hard", "-q"], cwd)
         git(["clean", "-fdq"], cwd)
     done = "undone" if undo else "left as they are (the checkout had edits before)"
+    error = f"the read-only {role} role changed {len(changed)} path(s), {done}: " + ", ".join(
+        changed[:5]
+    )
     return replace(
         result,
         error_kind="read_only_violation",
-        error=f"the read-only {role} role changed {len(changed)} path(s), {done}: "
-        + ", ".join(changed[:5]),
+        error=error,
+        violations=(
+            *result.violations,
+            Violation("read_only_violation", error, tuple(changed)),
+        ),
+    )
+
+
+def violation_event(
+    role: str, phase: str, violation: Violation, secrets: list[str] | None = None
+) -> EventWrite:
+    """The ``violation`` event ``show`` prints: name, role, phase, detail and up to
+    50 paths, each redacted of ``secrets``."""
+    hide = secrets or []
+    return EventWrite(
+        "violation",
+        {
+            "name": violation.name,
+            "role": role,
+            "phase": phase,
+            "detail": redact(violation.detail, hide)[:2000],
+            "paths": [redact(p, hide) for p in violation.paths[:50]],
+        },
     )
 
 

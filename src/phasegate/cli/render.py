@@ -296,6 +296,11 @@ def _detail(store: Store, workflow_id: str) -> dict[str, Any]:
             {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in r.items()} for r in runs
         ],
         "report": row["state"].get("report"),
+        "violations": [
+            {**e["data"], "at": _iso(e["created_at"])}
+            for e in store.events(workflow_id)
+            if e["type"] == "violation"
+        ],
         "decisions": decisions_of(row["state"]),
         "cleanup": _cleanup_of(milestones),
     }
@@ -403,6 +408,7 @@ def _print_detail(detail: Mapping[str, Any]) -> None:
             highlight=False,
         )
     _print_decisions(detail["decisions"])
+    _print_violations(detail["violations"])
     runs = detail["agent_runs"]
     if runs:
         agents = Table(
@@ -453,6 +459,21 @@ def _print_decisions(records: list[dict[str, Any]]) -> None:
         )
         reason = " ".join(str(d["reason"]).split())
         console.print(f"    [dim]{escape(reason[:300])}[/dim]", highlight=False)
+
+
+def _print_violations(violations: list[dict[str, Any]]) -> None:
+    """What agents overstepped (``phasegate.agents.VIOLATIONS``), oldest first."""
+    if not violations:
+        return
+    console.print(f"[bold red]violations ({len(violations)})[/bold red]")
+    for v in violations:
+        paths = ", ".join(v.get("paths") or [])
+        console.print(
+            f"  [red]{v['name']}[/red] · {v.get('role')} in {v.get('phase')} · "
+            f"{escape(v.get('detail') or '')}"
+            + (f" [dim]({escape(paths[:200])})[/dim]" if paths else ""),
+            highlight=False,
+        )
 
 
 _MARKS = {
