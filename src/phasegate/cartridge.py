@@ -7,13 +7,13 @@ typo in a limit must not silently fall back to the default.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from phasegate._toml import TomlError, read_toml
 from phasegate.contract import PhasegateError
 from phasegate.graph.proposals import PROPOSAL_KINDS
 from phasegate.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, AutomationProfile
@@ -223,6 +223,36 @@ class LandingAreas(_Strict):
     pass_env: list[str] = Field(
         default_factory=list, description="variables the checks see besides PATH, HOME, locale"
     )
+
+    def worktree_dir(self, repo: Path) -> Path:
+        """Where the workflows' worktrees are made: ``worktree_root`` resolved against
+        ``repo`` (an absolute path, or relative to the repository root).
+
+        Raises CartridgeError naming ``landing_areas.worktree_root`` unless it is
+        inside the repository's ``.phasegate/`` or outside the repository
+        altogether and not one of its ancestors: worktrees made at ``/``, beside
+        the repository's files, in its ``.git`` or in the checkout itself would
+        mix agents' files with the person's (issue 10).
+        """
+        repo = repo.resolve()
+        root = Path(self.worktree_root).expanduser()
+        path = (root if root.is_absolute() else repo / root).resolve()
+        own = repo / ".phasegate"
+        key = f"{repo / CARTRIDGE_FILE}: landing_areas.worktree_root = {self.worktree_root!r}"
+        if path == repo or path in repo.parents:
+            where = "the repository itself" if path == repo else "an ancestor of the repository"
+            raise CartridgeError(
+                f"{key}: {path} is {where}; use a directory "
+                "inside .phasegate/ (the default .phasegate/worktrees) or one "
+                "outside the repository"
+            )
+        if path.is_relative_to(repo) and not (path != own and path.is_relative_to(own)):
+            raise CartridgeError(
+                f"{key}: {path} is inside the checkout; "
+                "worktrees go inside .phasegate/ (the default "
+                ".phasegate/worktrees) or outside the repository"
+            )
+        return path
 
 
 class WorkflowSettings(_Strict):
@@ -500,10 +530,12 @@ def load_cartridge(repo: Path) -> Cartridge:
     if not path.is_file():
         raise CartridgeError(f"{path}: no cartridge; run `phasegate init` in the repository")
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise CartridgeError(f"{path}: not valid TOML: {exc}") from None
+        raw = read_toml(path)
+    except TomlError as exc:
+        raise CartridgeError(str(exc)) from None
     try:
-        return Cartridge.model_validate(raw)
+        cartridge = Cartridge.model_validate(raw)
     except ValidationError as exc:
         raise CartridgeError(_format_errors(path, exc)) from None
+    cartridge.landing_areas.worktree_dir(repo)  # raises naming the key
+    return cartridge

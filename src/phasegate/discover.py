@@ -12,10 +12,11 @@ import os
 import re
 import shutil
 import subprocess
-import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from phasegate._toml import TomlError, read_toml
 
 __all__ = [
     "AGENT_CLIS",
@@ -140,8 +141,8 @@ def _has_pytest_config(repo: Path) -> str | None:
     pyproject = repo / "pyproject.toml"
     if pyproject.is_file():
         try:
-            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+            data = read_toml(pyproject)
+        except TomlError:
             data = {}
         if "pytest" in data.get("tool", {}):
             return "[tool.pytest] in pyproject.toml"

@@ -14,7 +14,6 @@ import importlib.util
 import os
 import shlex
 import shutil
-import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from phasegate import __version__
+from phasegate._toml import TomlError, read_toml
 from phasegate.agents import DEFAULT_EXECUTABLES
 from phasegate.cartridge import (
     CARTRIDGE_FILE,
@@ -127,8 +127,8 @@ def _read_roles(path: Path) -> dict[str, RoleBinding | str | None]:
     ``[graph] enabled = true`` GRAPH_MODE_ROLES and the optional graph roles that
     have a table (plan_review is not asked in graph mode), else ROLE_SESSION_LINES."""
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        raw = read_toml(path)
+    except TomlError:
         return {}
     tables = raw.get("roles") if isinstance(raw.get("roles"), dict) else {}
     graph = raw.get("graph") if isinstance(raw.get("graph"), dict) else {}

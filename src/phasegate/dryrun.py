@@ -55,13 +55,13 @@ import importlib.util
 import re
 import shutil
 import tempfile
-import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phasegate._toml import TomlError, read_toml
 from phasegate.agents import DEFAULT_EXECUTABLES
 from phasegate.cartridge import ALL_ROLES, Cartridge, RoleBinding
 from phasegate.contract import PhasegateError
@@ -176,11 +176,9 @@ def _step(path: Path, where: str, raw: Any) -> Step:
 def load_script(path: Path) -> dict[str, list[Step]]:
     """Read a dry-run script: ``{table name: steps}`` in file order. Raises ScriptError."""
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ScriptError(f"{path}: cannot read the script: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ScriptError(f"{path}: not valid TOML: {exc}") from None
+        raw = read_toml(path)
+    except TomlError as exc:
+        raise ScriptError(str(exc)) from None
     scripts: dict[str, list[Step]] = {}
     for name, table in raw.items():
         if not isinstance(table, dict):

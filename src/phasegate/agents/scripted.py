@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from phasegate._toml import TomlError, read_toml
 from phasegate.agents.base import AgentRequest, AgentResult
 from phasegate.contract import PhasegateError
 from phasegate.workspace import PatchError, Workspace
@@ -47,9 +47,10 @@ _ANSWER_KEYS = frozenset(
 def load_answers(path: Path) -> dict[str, list[dict[str, Any]]]:
     """Read a scripted-answers TOML file. Raises PhasegateError naming the bad key."""
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise PhasegateError(f"{path}: cannot read scripted answers: {exc}") from None
+        raw = read_toml(path)
+    except TomlError as exc:
+        what = str(exc).removeprefix(f"{path}: ")
+        raise PhasegateError(f"{path}: cannot read scripted answers: {what}") from None
     for role, answers in raw.items():
         if not isinstance(answers, list):
             raise PhasegateError(f"{path}: {role}: expected an array of tables [[{role}]]")

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from phasegate import __version__
+from phasegate._terminal import visible
 from phasegate.cartridge import Cartridge, CartridgeError, load_cartridge
 from phasegate.contract import PhasegateError
 from phasegate.doctor import not_a_repository
@@ -48,9 +49,15 @@ class UsageError(PhasegateError):
     """Bad input on the command line."""
 
 
+def shown(text: str) -> str:
+    """``text`` (a ticket's, an agent's, git's) ready for ``console.print``: control
+    characters as visible escapes (``phasegate._terminal.visible``), markup escaped."""
+    return escape(visible(text))
+
+
 def _fail(message: str, code: int = 2) -> typer.Exit:
     # Messages quote keys, paths and agent output: "[roles.build]" is text, not markup.
-    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, markup=True)
+    err.print(f"[red]error:[/red] {shown(message)}", highlight=False, markup=True)
     return typer.Exit(code)
 
 
@@ -94,7 +101,7 @@ def _open_for_reading(repo: Path) -> Store:
     try:
         url = load_cartridge(root).store_url(root)
     except CartridgeError as exc:
-        err.print(f"[yellow]warning:[/yellow] {escape(str(exc))}; reading the default store")
+        err.print(f"[yellow]warning:[/yellow] {shown(str(exc))}; reading the default store")
         url = Cartridge().store_url(root)
     return open_store(_nothing_to_read_yet(url) or url)
 

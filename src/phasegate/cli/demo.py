@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from phasegate._terminal import visible
 from phasegate.cartridge import Cartridge, CartridgeError
 from phasegate.cli._app import JsonOption, ProfileOption, UsageError, _errors, _open, app, console
 from phasegate.cli.render import _detail, _engine, _finish, _graceful, _print_detail, _Progress
@@ -70,7 +71,7 @@ def demo(
         report = row["state"].get("report")
         if report:
             console.print(
-                render_report(report, report.get("content_language", "en")),
+                visible(render_report(report, report.get("content_language", "en"))),
                 highlight=False,
                 markup=False,
             )

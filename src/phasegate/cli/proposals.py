@@ -19,7 +19,6 @@ from types import FrameType
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from phasegate import decisions
@@ -38,6 +37,7 @@ from phasegate.cli._app import (
     app,
     console,
     err,
+    shown,
 )
 from phasegate.cli.render import _STOPPED, _drive_unless_taken, _engine, _finish, _graceful, _iso
 from phasegate.contract import AWAITING_APPROVAL, DEVELOPMENT, RUNNABLE_STATUSES
@@ -86,12 +86,12 @@ def _proposal_json(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def _print_checks(proposal_id: str, data: Mapping[str, Any]) -> None:
     if not data.get("applied"):
-        line = f"[red]the patch does not apply: {escape(str(data.get('error', '')))[:300]}[/red]"
+        line = f"[red]the patch does not apply: {shown(str(data.get('error', '')))[:300]}[/red]"
     else:
         results = data.get("results") or []
         failed = [r["command"] for r in results if not r.get("passed")]
         line = (
-            f"[red]failed: {escape(', '.join(failed))}[/red]"
+            f"[red]failed: {shown(', '.join(failed))}[/red]"
             if failed
             else f"[green]{len(results)} passed[/green]"
         )
@@ -106,11 +106,11 @@ def _print_proposals(rows: list[dict[str, Any]]) -> None:
         table.add_row(
             r["id"],
             r["kind"],
-            escape(title),
+            shown(title),
             mode,
             r["status"],
             str(r["attempts"]),
-            escape(r["decided_by"] or ""),
+            shown(r["decided_by"] or ""),
         )
     console.print(table)
 
@@ -149,7 +149,7 @@ def propose(
         elif not answer.ok:
             err.print(
                 f"{elapsed} [yellow]{call.node}: {call.role}: {answer.error_kind}: "
-                f"{escape((answer.error or '')[:200])}[/yellow]",
+                f"{shown((answer.error or '')[:200])}[/yellow]",
                 highlight=False,
             )
 
@@ -181,7 +181,7 @@ def propose(
                     cancel=cancel,
                 )
         except ProposeInterrupted as exc:
-            err.print(f"[yellow]{escape(str(exc))}[/yellow]", highlight=False)
+            err.print(f"[yellow]{shown(str(exc))}[/yellow]", highlight=False)
             raise typer.Exit(130) from None
     loop = record["fix_loop"]
     summary = {
@@ -206,7 +206,7 @@ def propose(
         if record["stopped"]:
             stop = record["stopped"]
             console.print(
-                f"  stopped at {stop['node']}: {stop['reason']}: {escape(stop['detail'])}",
+                f"  stopped at {stop['node']}: {stop['reason']}: {shown(stop['detail'])}",
                 highlight=False,
             )
         if loop["stop"]:
@@ -363,7 +363,7 @@ def _gate(
         when += " (recorded before; the workflow had not moved on)"
     console.print(
         f"proposal [bold]{row['id']}[/bold] ({row['kind']}) {verdict} by "
-        f"{escape(str(row['decided_by']))} {when}; {what}",
+        f"{shown(str(row['decided_by']))} {when}; {what}",
         highlight=False,
     )
     if policy.mode_of(row["kind"]) == "auto":
@@ -454,6 +454,6 @@ def replay(
             highlight=False,
         )
     else:
-        console.print(f"different: {escape(str(check.difference))}", highlight=False)
+        console.print(f"different: {shown(str(check.difference))}", highlight=False)
     if not check.identical:
         raise typer.Exit(1)

@@ -15,13 +15,13 @@ from typing import Any
 import typer
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from phasegate._terminal import visible
 from phasegate.cartridge import Cartridge
-from phasegate.cli._app import console, err
+from phasegate.cli._app import console, err, shown
 from phasegate.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES
 from phasegate.engine import Engine, LeaseHeld
 from phasegate.profiles import MAX_REVERSIONS, AutomationProfile, decisions_of
@@ -71,28 +71,28 @@ class _Progress:
         elif type_ == "agent_finished" and data.get("outcome") != "ok":
             self.line(
                 f"  [yellow]{data.get('role')} agent: {data.get('outcome')}: "
-                f"{escape(str(data.get('error'))[:200])}[/yellow]"
+                f"{shown(str(data.get('error'))[:200])}[/yellow]"
             )
         elif type_ == "committed":
             self.progress.update(
                 self.task, description=f"{data.get('phase')} · {data.get('status')}"
             )
             if data.get("outcome") in ("failed", "pause"):
-                self.line(f"  [red]{data.get('outcome')}: {escape(str(data.get('reason')))}[/red]")
+                self.line(f"  [red]{data.get('outcome')}: {shown(str(data.get('reason')))}[/red]")
             elif data.get("outcome") == "retry":
                 self.line(f"  {data.get('phase')}: another round")
         elif type_ == "reversion":
             self.line(
                 f"  [yellow]reverted to planning ({data.get('reversion_number')} of "
                 f"{MAX_REVERSIONS}): "
-                f"{escape(str(data.get('reason'))[:200])}[/yellow]"
+                f"{shown(str(data.get('reason'))[:200])}[/yellow]"
             )
         elif type_ == "cleanup_retried":
             color = "green" if data.get("status") == "completed" else "yellow"
-            note = escape(str(data.get("note"))[:200])
+            note = shown(str(data.get("note"))[:200])
             self.line(f"  [{color}]cleanup retried: {data.get('status')}: {note}[/{color}]")
         elif type_ in ("reconciled", "worktree_healed", "paused_by_shutdown"):
-            note = escape(str(data.get("note") or data.get("path")))
+            note = shown(str(data.get("note") or data.get("path")))
             self.line(f"  [cyan]{type_}: {note}[/cyan]")
 
 
@@ -200,7 +200,7 @@ def _finish(
             highlight=False,
         )
         if row.get("error"):
-            console.print(f"  reason: {escape(row['error'])}", highlight=False)
+            console.print(f"  reason: {shown(row['error'])}", highlight=False)
         if status == "waiting" and not approved:
             console.print(
                 f"  next: `phasegate approve-merge {row['id']}{at}` or "
@@ -331,9 +331,10 @@ _TITLE_FIRST = 20  # what a title gets before an optional column does
 
 def _status_cells(r: Mapping[str, Any], wide: bool) -> dict[str, str]:
     updated = r["updated_at"] or ""
+    title = visible(r["title"], one_line=True)
     return {
         "id": r["id"],
-        "title": r["title"] if len(r["title"]) <= 40 else r["title"][:39] + "…",
+        "title": title if len(title) <= 40 else title[:39] + "…",
         "phase": r["current_phase"],
         "status": r["status"],
         "profile": r["profile"],
@@ -365,25 +366,25 @@ def _status_table(rows: list[dict[str, Any]], width: int) -> Table:
             else:
                 table.add_column(header, no_wrap=True)
         for row in cells:
-            table.add_row(*(escape(row[c]) if c == "title" else row[c] for c in columns))
+            table.add_row(*(shown(row[c]) if c == "title" else row[c] for c in columns))
         return table
 
     def needs(columns: list[str]) -> int:
         """The width the table takes with ``columns`` and a title of _TITLE_FIRST."""
         return Console(width=10_000).measure(table_of(columns, _TITLE_FIRST)).maximum
 
-    shown = ["id", "title", "phase", "status"]
+    fits = ["id", "title", "phase", "status"]
     for column in _OPTIONAL:
-        if needs([*shown, column]) <= width:
-            shown.append(column)
-    shown = [c for c in _STATUS_COLUMNS if c in shown]
+        if needs([*fits, column]) <= width:
+            fits.append(column)
+    fits = [c for c in _STATUS_COLUMNS if c in fits]
     # the title gets what the other columns leave, so rich cuts nothing else
-    return table_of(shown, max(_MIN_TITLE, _TITLE_FIRST + width - needs(shown)))
+    return table_of(fits, max(_MIN_TITLE, _TITLE_FIRST + width - needs(fits)))
 
 
 def _print_detail(detail: Mapping[str, Any]) -> None:
     s = detail["workflow"]
-    console.print(f"[bold]{s['id']}[/bold] {escape(s['title'])}", highlight=False)
+    console.print(f"[bold]{s['id']}[/bold] {shown(s['title'])}", highlight=False)
     # two short lines rather than one folded anywhere at 80 columns
     console.print(
         f"  {s['current_phase']} · {s['status']} · dev round {s['dev_round']} · "
@@ -397,13 +398,13 @@ def _print_detail(detail: Mapping[str, Any]) -> None:
         highlight=False,
     )
     if s["error"]:
-        console.print(f"  [red]reason: {escape(s['error'])}[/red]", highlight=False)
+        console.print(f"  [red]reason: {shown(s['error'])}[/red]", highlight=False)
     _print_timeline(detail["milestones"])
     cleaned = detail.get("cleanup")
     if cleaned and cleaned["status"] == "failed":
         console.print(
             f"  [red]cleanup failed ({cleaned['attempts']} attempt(s)): "
-            f"{escape(cleaned['reason'])}[/red]\n"
+            f"{shown(cleaned['reason'])}[/red]\n"
             f"  the merge landed; fix that, then `phasegate cleanup {s['id']}`",
             highlight=False,
         )
@@ -432,14 +433,16 @@ def _print_detail(detail: Mapping[str, Any]) -> None:
                 str(r["input_tokens"] + r["output_tokens"]),
                 f"{r['cost_usd']:.4f}",
                 f"{r['duration_s']:.1f}",
-                escape((r["error"] or "")[:60]),
+                shown((r["error"] or "")[:60]),
             )
         console.print()
         console.print(agents)
     if detail["report"] and s["status"] == "waiting":  # what a person approves or answers
         console.print()
         console.print(
-            render_report(detail["report"], detail["report"].get("content_language", "en")),
+            visible(
+                render_report(detail["report"], detail["report"].get("content_language", "en"))
+            ),
             highlight=False,
             markup=False,
         )
@@ -458,7 +461,7 @@ def _print_decisions(records: list[dict[str, Any]]) -> None:
             highlight=False,
         )
         reason = " ".join(str(d["reason"]).split())
-        console.print(f"    [dim]{escape(reason[:300])}[/dim]", highlight=False)
+        console.print(f"    [dim]{shown(reason[:300])}[/dim]", highlight=False)
 
 
 def _print_violations(violations: list[dict[str, Any]]) -> None:
@@ -470,8 +473,8 @@ def _print_violations(violations: list[dict[str, Any]]) -> None:
         paths = ", ".join(v.get("paths") or [])
         console.print(
             f"  [red]{v['name']}[/red] · {v.get('role')} in {v.get('phase')} · "
-            f"{escape(v.get('detail') or '')}"
-            + (f" [dim]({escape(paths[:200])})[/dim]" if paths else ""),
+            f"{shown(v.get('detail') or '')}"
+            + (f" [dim]({shown(paths[:200])})[/dim]" if paths else ""),
             highlight=False,
         )
 
@@ -502,4 +505,4 @@ def _print_timeline(milestones: list[dict[str, Any]]) -> None:
         summary = (m["summary"] or "").splitlines()[0] if m["summary"] else ""
         if len(summary) > min(room, 80):
             summary = summary[: min(room, 80) - 1] + "…"
-        console.print(f"{head}[dim]{escape(summary)}[/dim]", highlight=False)
+        console.print(f"{head}[dim]{shown(summary)}[/dim]", highlight=False)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
 from phasegate.cartridge import CARTRIDGE_FILE, load_cartridge
 from phasegate.cartridge_init import DefaultCartridge, default_cartridge
@@ -21,6 +20,7 @@ from phasegate.cli._app import (
     _title_of,
     app,
     console,
+    shown,
 )
 from phasegate.cli.render import _STOPPED, _detail, _engine, _graceful, _print_detail, _Progress
 from phasegate.doctor import Diagnosis, diagnose
@@ -55,7 +55,7 @@ def init(
 
 def _print_chosen(chosen: DefaultCartridge) -> None:
     def say(label: str, text: str) -> None:
-        console.print(f"  {label}: {escape(text)}", highlight=False)
+        console.print(f"  {label}: {shown(text)}", highlight=False)
 
     if chosen.runner is None:
         say("roles", "none bound (no agent CLI found, no model key set)")
@@ -76,7 +76,7 @@ def _print_chosen(chosen: DefaultCartridge) -> None:
     else:
         say("checks", "none found")
     for note in chosen.notes:
-        console.print(f"  [yellow]note:[/yellow] {escape(note)}", highlight=False)
+        console.print(f"  [yellow]note:[/yellow] {shown(note)}", highlight=False)
     if chosen.runner is None:
         console.print(
             f"next: bind the roles in {CARTRIDGE_FILE}, then `phasegate doctor`", highlight=False
@@ -112,7 +112,7 @@ def doctor(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
 
 def _print_diagnosis(found: Diagnosis) -> None:
     def line(mark: str, text: str) -> None:
-        console.print(f"  {mark} {escape(text)}", highlight=False)
+        console.print(f"  {mark} {shown(text)}", highlight=False)
 
     yes, no = "[green]✓[/green]", "[red]✗[/red]"
     console.print(
@@ -135,7 +135,7 @@ def _print_diagnosis(found: Diagnosis) -> None:
     cart = found.cartridge
     if cart["path"]:
         state = "valid" if cart["valid"] else ("invalid" if cart["found"] else "not found")
-        console.print(f"[bold]cartridge[/bold] {escape(cart['path'])}: {state}", highlight=False)
+        console.print(f"[bold]cartridge[/bold] {shown(cart['path'])}: {state}", highlight=False)
     if found.roles:
         console.print("[bold]roles[/bold]")
     for role in found.roles:
@@ -283,7 +283,7 @@ def dry_run(
             highlight=False,
         )
         if summary["error"]:
-            console.print(f"  reason: {escape(summary['error'])}", highlight=False)
+            console.print(f"  reason: {shown(summary['error'])}", highlight=False)
         where = f"kept in {clone}" if keep else "removed (--keep keeps it)"
         console.print(f"  {root} was not touched; the clone was {where}", highlight=False)
     if engine.shutdown.is_set():

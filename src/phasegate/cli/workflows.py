@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from phasegate import decisions
 from phasegate.cartridge import CARTRIDGE_FILE
@@ -25,6 +24,7 @@ from phasegate.cli._app import (
     app,
     console,
     err,
+    shown,
 )
 from phasegate.cli.render import (
     _detail,
@@ -304,5 +304,5 @@ def _print_cleanups(outcomes: list[dict[str, Any]]) -> None:
         elif o["cleanup"] == "none":
             what = "nothing to do (not merged yet)"
         else:
-            what = f"[red]{o['cleanup']}[/red]: {escape(str(o['reason']))}"
+            what = f"[red]{o['cleanup']}[/red]: {shown(str(o['reason']))}"
         console.print(f"workflow [bold]{o['id']}[/bold]: cleanup {what}", highlight=False)

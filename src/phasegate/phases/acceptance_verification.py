@@ -124,8 +124,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
 
     repo = Path(ctx.repo_path)
     # Beside the worktrees, not in the git directory: an agent works here.
-    root = Path(deps.cartridge.landing_areas.worktree_root)
-    path = (root if root.is_absolute() else repo / root) / f"{ctx.id}-verify"
+    path = deps.cartridge.landing_areas.worktree_dir(repo) / f"{ctx.id}-verify"
     with deps.workspace.temporary_checkout(repo, merge_sha, path) as checkout:
         checks = deps.run_checks(checkout)
         # What the checks leave behind must not count against the read-only verifier.

@@ -46,8 +46,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     base_sha = deps.workspace.rev(repo, ctx.base_branch)
     deps.effects.create_branch(PREPARATION, branch, ctx.base_branch)
 
-    root = Path(deps.cartridge.landing_areas.worktree_root)
-    path = (root if root.is_absolute() else repo / root) / ctx.id
+    path = deps.cartridge.landing_areas.worktree_dir(repo) / ctx.id
     worktree = deps.workspace.ensure_worktree(repo, branch, path)
 
     return PhaseResult.advance(
