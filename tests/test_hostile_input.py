@@ -133,3 +133,13 @@ def test_visible_escapes_every_control_character_but_newline_and_tab() -> None:
     assert visible("a\x00b\x1b\x7f\x9bc\td\ne\u2066") == "a\\x00b\\x1b\\x7f\\x9bc\td\ne\\u2066"
     assert visible("x\ty\nz", one_line=True) == "x\\ty\\nz"
     assert visible("plain text, ünïcödé ✓") == "plain text, ünïcödé ✓"
+
+
+def test_log_lines_show_control_characters_as_escapes() -> None:
+    import logging
+
+    from phasegate.cli import _VisibleFormatter
+
+    record = logging.LogRecord("engine", logging.WARNING, "", 0, "phase %s: %s", ("x", EVIL), None)
+    line = _VisibleFormatter("%(levelname)s: %(message)s").format(record)
+    assert line.startswith("WARNING: phase x: \\x1b[2J") and "\x1b" not in line
