@@ -11,6 +11,7 @@ from pathlib import Path
 
 from phasegate._process import run_supervised
 from phasegate.contract import WorkflowPaused
+from phasegate.redaction import redact
 
 __all__ = ["CheckResult", "run_checks"]
 
@@ -35,12 +36,6 @@ class CheckResult:
         return {**asdict(self), "passed": self.passed}
 
 
-def _redact(text: str, secrets: Sequence[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text
-
-
 def run_checks(
     commands: Sequence[str],
     cwd: Path,
@@ -54,7 +49,8 @@ def run_checks(
     """Run each check command in ``cwd`` with a timeout in seconds; capture its output.
 
     ``env`` is the commands' whole environment (None: this process's);
-    every value in ``secrets`` is redacted from the output, which becomes
+    every value in ``secrets`` is redacted from the output, raw or encoded
+    (``phasegate.redaction``), which becomes
     evidence, a reason shown to people and the next build prompt.
     ``on_spawn(command, pid)`` learns each check's supervisor before the
     check works, so a restarted worker can stop it if this one dies
@@ -85,7 +81,7 @@ def run_checks(
                 command=command,
                 exit_code=finished.returncode,
                 duration_s=round(finished.duration_s, 3),
-                output=_redact(finished.stdout, secrets)[-_OUTPUT_TAIL:],
+                output=redact(finished.stdout, secrets)[-_OUTPUT_TAIL:],
                 timed_out=finished.stopped == "timeout",
             )
         )

@@ -13,6 +13,13 @@ import re
 from collections.abc import Iterable, Mapping
 
 from phasegate.cartridge import RoleBinding
+from phasegate.redaction import (
+    MIN_SECRET,
+    files_with_secrets,
+    holds_secret,
+    redact,
+    secret_variants,
+)
 
 __all__ = [
     "BASE_ENV",
@@ -20,16 +27,19 @@ __all__ = [
     "check_env",
     "child_env",
     "environment_secrets",
+    "files_with_secrets",
+    "holds_secret",
     "redact",
     "secret_names_in",
     "secret_values",
+    "secret_variants",
 ]
 
 #: Always passed through: what any program needs to run and read text.
 BASE_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM")
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.I)
-_MIN_SECRET = 8  # shorter values would redact ordinary words
+_MIN_SECRET = MIN_SECRET
 
 
 def child_env(
@@ -76,12 +86,13 @@ def environment_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
 
 
 def secret_names_in(text: str, environ: Mapping[str, str] | None = None) -> list[str]:
-    """The names of the secret-named variables whose values occur in ``text``."""
+    """The names of the secret-named variables whose values occur in ``text``, raw or
+    encoded (``phasegate.redaction.secret_variants``)."""
     source = os.environ if environ is None else environ
     return sorted(
         name
         for name, value in source.items()
-        if _SECRET_NAME.search(name) and len(value) >= _MIN_SECRET and value in text
+        if _SECRET_NAME.search(name) and len(value) >= _MIN_SECRET and holds_secret(text, [value])
     )
 
 
@@ -93,10 +104,3 @@ def secret_values(binding: RoleBinding, environ: Mapping[str, str] | None = None
         values.append(source[binding.api_key_env])
     values += [v for k, v in binding.env.items() if _SECRET_NAME.search(k)]
     return _secret_set(values)
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret value replaced by ``***``."""
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text

@@ -1,0 +1,97 @@
+"""Keeping secret values out of every record: raw and in the encodings a model
+can trivially produce (issue 10, item 4). Pure: no environment, no I/O.
+
+    redact(text, secrets)            # "***" for each value or encoded copy
+    files_with_secrets(diff, secrets)  # the paths of a diff that hold one
+
+The variants of a secret set are compiled into one pattern once (cached by
+the set), so redacting every record of a workflow costs one regex pass each.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import re
+from collections.abc import Iterable
+from urllib.parse import quote, quote_plus
+
+__all__ = ["MIN_SECRET", "files_with_secrets", "holds_secret", "redact", "secret_variants"]
+
+MIN_SECRET = 8  # characters; shorter values would redact ordinary words
+
+
+def _base64_cores(raw: bytes) -> list[str]:
+    """The base64 text ``raw`` has inside any longer base64 text: for each of the 3
+    alignments (0, 1, 2 bytes before it), the characters its bits alone decide."""
+    cores = []
+    for lead in range(3):
+        encoded = base64.b64encode(bytes(lead) + raw).decode().rstrip("=")
+        # A character is 6 bits: the first ceil(8*lead/6) mix in the bytes before,
+        # the last partial one mixes in the bytes after.
+        start = -(-8 * lead // 6)
+        end = (8 * (lead + len(raw))) // 6
+        cores.append(encoded[start:end])
+    return cores
+
+
+def secret_variants(secret: str) -> list[str]:
+    """The texts that give ``secret`` away: raw, reversed, URL-encoded, hex (lower
+    and upper), and base64 (standard and urlsafe, padded or not, at any of the 3
+    alignments inside a longer base64 text); deduplicated, longest first."""
+    raw = secret.encode("utf-8")
+    found = {secret, secret[::-1], quote(secret, safe=""), quote_plus(secret, safe="")}
+    found |= {"".join(f"%{b:02X}" for b in raw), "".join(f"%{b:02x}" for b in raw)}
+    found |= {raw.hex(), raw.hex().upper()}
+    for core in _base64_cores(raw):
+        found |= {core, core.translate(_URLSAFE)}
+    return sorted((v for v in found if v), key=len, reverse=True)
+
+
+_URLSAFE = str.maketrans("+/", "-_")
+
+
+@functools.lru_cache(maxsize=64)
+def _pattern(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
+    # Computed once per secret set: a record, a diff, every answer of a
+    # workflow are redacted of the same few values.
+    variants = {v for s in secrets if len(s) >= MIN_SECRET for v in secret_variants(s)}
+    if not variants:
+        return None
+    # Longest first: the alternation takes the first that matches at a position,
+    # so a secret containing another is replaced whole.
+    ordered = sorted(variants, key=lambda v: (-len(v), v))
+    return re.compile("|".join(re.escape(v) for v in ordered))
+
+
+def _compiled(secrets: Iterable[str]) -> re.Pattern[str] | None:
+    return _pattern(tuple(sorted(set(secrets))))
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret value, raw or encoded (``secret_variants``),
+    replaced by ``***``. Values shorter than 8 characters are left alone."""
+    pattern = _compiled(secrets)
+    return text if pattern is None or not text else pattern.sub("***", text)
+
+
+def holds_secret(text: str, secrets: Iterable[str]) -> bool:
+    """Whether ``text`` holds any secret value, raw or encoded (``secret_variants``)."""
+    pattern = _compiled(secrets)
+    return pattern is not None and pattern.search(text) is not None
+
+
+def files_with_secrets(diff: str, secrets: Iterable[str]) -> list[str]:
+    """The paths of a unified diff (``git diff``) whose section holds a secret value,
+    raw or encoded; a secret outside any file section (a preamble) names ``-``."""
+    pattern = _compiled(secrets)
+    if pattern is None or pattern.search(diff) is None:
+        return []
+    found: list[str] = []
+    for section in re.split(r"^(?=diff --git )", diff, flags=re.MULTILINE):
+        if pattern.search(section):
+            head = section.split("\n", 1)[0]
+            path = head.split(" b/", 1)[-1] if head.startswith("diff --git ") else "-"
+            if path not in found:
+                found.append(path)
+    return found
