@@ -380,7 +380,11 @@ def test_a_change_holding_a_key_is_discarded_never_committed(
     assert row["status"] == "completed"
     rejected = milestones(store, row["id"], "change_rejected")
     assert [(m.attempt, m.summary) for m in rejected] == [
-        (1, "the change held the value of SERVICE_API_KEY; it was discarded")
+        (
+            1,
+            "secret_in_change: the change held a secret value (raw or encoded) in 1 file(s): "
+            "config.txt; it was discarded",
+        )
     ]
     assert "sk-live-leaked" not in git(repo, "log", "-p", "--all", "--", "config.txt")
     assert git(repo, "show", "main:config.txt") == "key = read from the environment"

@@ -214,6 +214,18 @@ class Limits(_Strict):
     )
     max_verification_attempts: int = Field(default=3, ge=1)
     max_verification_parse_failures: int = Field(default=2, ge=1)
+    max_diff_bytes: int = Field(
+        default=5_000_000,
+        ge=1,
+        description="bytes of a change (an attempt's diff, a proposal's patch) above "
+        "which it is refused, never stored or committed",
+    )
+    max_answer_bytes: int = Field(
+        default=1_000_000,
+        ge=1,
+        description="bytes of an agent's answer above which the call fails (oversized); "
+        "the graph's build, which answers with a diff, is held to max_diff_bytes",
+    )
 
 
 class LandingAreas(_Strict):

@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 
-from phasegate.cartridge import RoleBinding
+from phasegate.cartridge import Cartridge, RoleBinding
 from phasegate.redaction import (
     MIN_SECRET,
     files_with_secrets,
@@ -24,6 +24,7 @@ from phasegate.redaction import (
 __all__ = [
     "BASE_ENV",
     "CHECK_ENV",
+    "cartridge_secrets",
     "check_env",
     "child_env",
     "environment_secrets",
@@ -103,4 +104,17 @@ def secret_values(binding: RoleBinding, environ: Mapping[str, str] | None = None
     if binding.api_key_env and binding.api_key_env in source:
         values.append(source[binding.api_key_env])
     values += [v for k, v in binding.env.items() if _SECRET_NAME.search(k)]
+    return _secret_set(values)
+
+
+def cartridge_secrets(cartridge: Cartridge, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Every value no record may hold: ``environment_secrets`` and the secret values
+    of every bound role (``secret_values``). A record one role's agent writes may
+    quote what another role's agent holds (a review of a change, a PR body)."""
+    source = os.environ if environ is None else environ
+    values = environment_secrets(source)
+    for name in type(cartridge.roles).model_fields:
+        binding = getattr(cartridge.roles, name)
+        if binding is not None:
+            values += secret_values(binding, source)
     return _secret_set(values)

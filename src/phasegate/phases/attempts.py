@@ -14,11 +14,13 @@ run was kept, discarded or changed nothing.
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phasegate.agents.env import secret_names_in
+from phasegate.agents.base import Violation
+from phasegate.agents.env import cartridge_secrets, files_with_secrets
 from phasegate.contract import DEVELOPMENT, MilestoneView, MilestoneWrite, WorkflowContext
 from phasegate.phases.deps import PhaseDeps
 from phasegate.store import Store
@@ -28,10 +30,13 @@ __all__ = [
     "ATTEMPT_TRAILER",
     "RUN_TRAILER",
     "Attempt",
+    "Change",
     "account_build_runs",
     "begin",
     "discard",
+    "measure_change",
     "ok_build_runs",
+    "refused_change",
     "trailers",
 ]
 
@@ -127,19 +132,77 @@ def trailers(message: str) -> dict[str, str]:
     return found
 
 
-def _diff_facts(diff: str) -> tuple[list[str], int, int]:
+@dataclass(frozen=True)
+class Change:
+    """What a worktree holds beyond a commit, measured without holding it whole:
+    ``size`` (bytes of ``git diff``), its ``sha256`` (hex, over the head's SHA, a
+    newline and the diff), the paths, insertions and deletions (lines), and the
+    diff text itself only when ``size`` is within the limit it was measured
+    against (``None`` above it)."""
+
+    size: int
+    sha256: str
+    paths: list[str]
+    insertions: int
+    deletions: int
+    diff: str | None
+
+    @property
+    def oversized(self) -> bool:
+        return self.diff is None
+
+
+def measure_change(cwd: Path, start: str, head: str, limit: int) -> Change:
+    """Everything the worktree at ``cwd`` holds beyond ``start`` (commits made since,
+    staged, unstaged, untracked), as a Change; the diff is read into memory only
+    when at most ``limit`` bytes (``limits.max_diff_bytes``), so an agent that
+    wrote 50 MB costs a file on disk, not its size in memory. Raises GitError."""
+    git(["add", "-A", "--intent-to-add"], cwd)
     paths: list[str] = []
     insertions = deletions = 0
-    for line in diff.splitlines():
-        if line.startswith("diff --git "):
-            path = line.split(" b/", 1)[-1]
-            if path not in paths:
-                paths.append(path)
-        elif line.startswith("+") and not line.startswith("+++"):
-            insertions += 1
-        elif line.startswith("-") and not line.startswith("---"):
-            deletions += 1
-    return paths, insertions, deletions
+    for line in git(["diff", "--numstat", "-z", start], cwd).split("\0"):
+        # -z: "added\tdeleted\tpath" per file; "-" counts for a binary file
+        added, _, rest = line.partition("\t")
+        deleted, _, path = rest.partition("\t")
+        if not path:
+            continue
+        paths.append(path)
+        insertions += int(added) if added.isdigit() else 0
+        deletions += int(deleted) if deleted.isdigit() else 0
+    with tempfile.TemporaryDirectory(prefix="phasegate-diff-") as tmp:
+        out = Path(tmp) / "change.diff"
+        git(["diff", f"--output={out}", start], cwd)
+        digest = hashlib.sha256(f"{head}\n".encode())
+        size = 0
+        with out.open("rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+        diff = out.read_text(encoding="utf-8", errors="replace") if size <= limit else None
+    return Change(size, digest.hexdigest(), paths, insertions, deletions, diff)
+
+
+def refused_change(change: Change, limit: int, secrets: list[str]) -> Violation | None:
+    """Why ``change`` must not be committed or applied, or None: ``oversized``
+    above ``limit`` bytes (``limits.max_diff_bytes``, its size named), or
+    ``secret_in_change`` when a file of it holds a secret value, raw or encoded
+    (the files named, never the value)."""
+    if change.diff is None:
+        return Violation(
+            "oversized",
+            f"the change is {change.size} bytes > limit {limit} (limits.max_diff_bytes) "
+            f"over {len(change.paths)} path(s), sha256 {change.sha256[:12]}; never stored",
+            tuple(change.paths[:50]),
+        )
+    files = files_with_secrets(change.diff, secrets)
+    if files:
+        return Violation(
+            "secret_in_change",
+            f"the change held a secret value (raw or encoded) in {len(files)} file(s): "
+            + ", ".join(files[:10]),
+            tuple(files[:50]),
+        )
+    return None
 
 
 def discard(
@@ -158,13 +221,18 @@ def discard(
     between finds the same leftovers and writes the same row again.
     """
     head = deps.workspace.rev(cwd, "HEAD")
-    diff = deps.workspace.change_since(cwd, start)
+    change = measure_change(cwd, start, head, deps.limits.max_diff_bytes)
     runs = ok_build_runs(deps.store, attempt) if attempt is not None else []
     merging = deps.workspace.merge_in_progress(cwd)
-    if not diff and head == start and not runs and not merging:
+    if not change.size and head == start and not runs and not merging:
         return None
-    paths, insertions, deletions = _diff_facts(diff)
-    digest = hashlib.sha256(f"{head}\n{diff}".encode()).hexdigest()
+    paths, insertions, deletions = change.paths, change.insertions, change.deletions
+    digest = change.sha256
+    # What was thrown away, to read or re-apply by hand (a person's edits in the
+    # worktree go too), unless it is oversized or holds a secret, raw or encoded.
+    kept = change.diff or ""
+    if files_with_secrets(kept, cartridge_secrets(deps.cartridge)):
+        kept = ""
     number = attempt.number if attempt is not None else int(ctx.state.get("test_retries", 0)) + 1
     view = deps.store.write_milestone(
         ctx.id,
@@ -183,9 +251,8 @@ def discard(
                 "insertions": insertions,
                 "deletions": deletions,
                 "diff_sha256": digest,
-                # What was thrown away, to read or re-apply by hand (a person's
-                # edits in the worktree go too), unless it holds a secret's value.
-                "diff": "" if secret_names_in(diff) else diff[:20_000],
+                "diff_bytes": change.size,
+                "diff": kept[:20_000],
                 "merge_in_progress": merging,
                 "agent_runs": runs,
                 # how many ok build runs' output this discards (0 or 1: one ok run

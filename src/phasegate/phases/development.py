@@ -67,10 +67,11 @@ Bounded retries on failing checks (spec 000, development).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
-from phasegate.agents.env import secret_names_in
-from phasegate.agents.service import AgentFailed
+from phasegate.agents.env import cartridge_secrets, redact
+from phasegate.agents.service import AgentFailed, violation_event
 from phasegate.contract import DEVELOPMENT, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.phases import graph_mode
 from phasegate.phases.attempts import (
@@ -79,7 +80,9 @@ from phasegate.phases.attempts import (
     Attempt,
     begin,
     discard,
+    measure_change,
     ok_build_runs,
+    refused_change,
     trailers,
 )
 from phasegate.phases.deps import PhaseDeps, agent_failure, developed, worktree_of
@@ -104,6 +107,12 @@ change nothing and end your answer with one line:  REPLAN: <why>
 {plan}
 {extra}"""
 
+
+#: The ``attempt_discarded`` reason of a change refused by ``refused_change``.
+_REFUSED_WHY = {
+    "oversized": "the change was over limits.max_diff_bytes",
+    "secret_in_change": "the change held a secret",
+}
 
 #: The build agent's word that the plan cannot be implemented as constrained.
 _REPLAN = re.compile(r"^\s*REPLAN:\s*(.+?)\s*$", re.MULTILINE | re.IGNORECASE)
@@ -286,21 +295,29 @@ def _build(
                 ),
             ),
         )
-    leaked = secret_names_in(deps.workspace.change_since(cwd, before))
-    if leaked:
-        # A key in the change would be committed, reviewed, merged: drop the whole
-        # attempt (commits the agent made itself included); name the variable only.
-        discard(ctx, deps, cwd, before, "the change held a secret", attempt)
-        return _attempt_failed(
+    limit = deps.limits.max_diff_bytes
+    secrets = cartridge_secrets(deps.cartridge)
+    change = measure_change(cwd, before, deps.workspace.rev(cwd, "HEAD"), limit)
+    refused = refused_change(change, limit, secrets)
+    if refused is not None:
+        # An oversized change, or a key in it (raw or encoded), would be committed,
+        # reviewed, merged: drop the whole attempt (commits the agent made itself
+        # included); name the size or the files, never the value.
+        why = _REFUSED_WHY[refused.name]
+        discard(ctx, deps, cwd, before, why, attempt)
+        failed = _attempt_failed(
             ctx,
             deps,
             number,
-            f"the change held the value of {', '.join(leaked)}; it was discarded",
+            f"{refused.name}: {refused.detail}; it was discarded",
             attempt.journal("failed", agent_run=run_id),
         )
+        event = violation_event("build", DEVELOPMENT, refused, secrets)
+        return replace(failed, events=(*failed.events, event))
     message = (
-        f"{ctx.title}\n\nphasegate workflow {ctx.id}, development round {ctx.dev_round}, "
-        f"attempt {number}\n\n{ATTEMPT_TRAILER}: {attempt.trailer}\n{RUN_TRAILER}: {run_id}"
+        f"{redact(ctx.title, secrets)}\n\nphasegate workflow {ctx.id}, "
+        f"development round {ctx.dev_round}, attempt {number}\n\n"
+        f"{ATTEMPT_TRAILER}: {attempt.trailer}\n{RUN_TRAILER}: {run_id}"
     )
     commit = deps.workspace.commit_all(cwd, message)
     if commit is None and deps.workspace.rev(cwd, "HEAD") != before:

@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from phasegate.agents.env import secret_names_in
+from phasegate.agents.env import cartridge_secrets, redact
+from phasegate.agents.service import violation_event
 from phasegate.contract import DEVELOPMENT, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.phases.attempts import measure_change, refused_change
 from phasegate.phases.deps import PhaseDeps, developed, worktree_of
 from phasegate.workspace import PatchError
 
@@ -49,21 +51,27 @@ def apply_draft(
                 state=state,
                 milestones=milestones,
             )
-        leaked = secret_names_in(deps.workspace.change_since(cwd, before))
-        if leaked:
+        limit = deps.limits.max_diff_bytes
+        secrets = cartridge_secrets(deps.cartridge)
+        change = measure_change(cwd, before, before, limit)
+        refused = refused_change(change, limit, secrets)
+        if refused is not None:
+            # An approval does not make a key (raw or encoded) or an oversized
+            # patch fit to commit: nothing of it lands, a person decides.
             deps.workspace.reset_to(cwd, before)
             return PhaseResult(
                 "pause",
                 updates=updates,
-                reason=f"proposal {draft['id']} holds the value of {', '.join(leaked)}; "
+                reason=f"proposal {draft['id']}: {refused.name}: {refused.detail}; "
                 "nothing was applied",
                 state=state,
                 milestones=milestones,
+                events=(violation_event("build", DEVELOPMENT, refused, secrets),),
             )
         deps.workspace.commit_all(
             cwd,
-            f"{ctx.title}\n\nphasegate workflow {ctx.id}, graph run {run['graph_run']}, "
-            f"attempt {draft['attempts']}\n\n{trailer}",
+            f"{redact(ctx.title, secrets)}\n\nphasegate workflow {ctx.id}, "
+            f"graph run {run['graph_run']}, attempt {draft['attempts']}\n\n{trailer}",
         )
     applied = deps.store.apply_proposal(str(draft["id"]))
     for shaped in deps.store.proposals(run_id=str(run["graph_run"]), status="proposed"):
