@@ -33,6 +33,7 @@ from typing import Any
 
 from phasegate.agents import binding_problems
 from phasegate.agents.base import Runner
+from phasegate.agents.env import cartridge_secrets
 from phasegate.agents.service import AgentService
 from phasegate.cartridge import CARTRIDGE_FILE, Cartridge, CartridgeError
 from phasegate.clock import Clock, SystemClock
@@ -157,7 +158,9 @@ class Engine:
         self.cartridge = cartridge
         self.store = store
         self.workspace = workspace or Workspace()
-        self.forge = forge or LocalForge(store, self.repo, self.workspace)
+        self.forge = forge or LocalForge(
+            store, self.repo, self.workspace, cartridge_secrets(cartridge)
+        )
         self.clock = clock or SystemClock()
         self.shutdown = threading.Event()
         self.on_event = on_event

@@ -28,12 +28,19 @@ from typing import Any
 
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner
-from phasegate.agents.env import check_env, environment_secrets, redact, secret_values
+from phasegate.agents.env import (
+    cartridge_secrets,
+    check_env,
+    redact,
+    secret_values,
+)
 from phasegate.agents.service import (
     AgentFailed,
     AgentService,
     AnswerError,
+    answer_limit_of,
     checkout_state,
+    oversized_answer,
     read_only_violation,
 )
 from phasegate.autonomy import AutonomyPolicy
@@ -134,7 +141,7 @@ class RunnerAnswers:
             raise ProposeInterrupted(f"stopped before the {call.role} agent ran")
         binding = self.cartridge.role(call.role)
         runner = self.runner(call.role)
-        secrets = secret_values(binding)
+        secrets = sorted({*secret_values(binding), *cartridge_secrets(self.cartridge)})
         if self.on_call is not None:
             self.on_call(call, None)
         results: list[AgentResult] = []
@@ -197,7 +204,7 @@ class RunnerAnswers:
         result = runner.run(request, self.cancel)
         if before is not None and checkout_state(self.repo) != before:
             result = read_only_violation(self.repo, call.role, result, undo=before == "")
-        return result
+        return oversized_answer(result, answer_limit_of(self.cartridge, call.role, True))
 
 
 class WorkflowAnswers:
@@ -416,7 +423,7 @@ def check_proposals(
             areas.check_timeout,
             cancel,
             env=check_env(areas.pass_env),
-            secrets=environment_secrets(),
+            secrets=cartridge_secrets(cartridge),
         )
 
     run_checks = run_checks or unjournaled
@@ -443,7 +450,7 @@ def check_proposals(
         except WorkflowPaused as exc:
             raise ProposeInterrupted(f"stopped while the checks ran: {exc}") from None
         except (GitError, OSError) as exc:
-            data["error"] = redact(str(exc), environment_secrets())[:4000]
+            data["error"] = redact(str(exc), cartridge_secrets(cartridge))[:4000]
         found[str(proposal["id"])] = data
     return found
 

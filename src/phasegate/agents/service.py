@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner, Violation
-from phasegate.agents.env import redact, secret_values
+from phasegate.agents.env import cartridge_secrets, redact, secret_values
 from phasegate.cartridge import READ_ONLY_ROLES, ROLE_SESSION_LINES, Cartridge
 from phasegate.contract import (
     EventWrite,
@@ -23,7 +23,15 @@ from phasegate.journal import ProcessJournal
 from phasegate.store import AgentRunRecord, Fence, Store
 from phasegate.workspace import GitError, git
 
-__all__ = ["AgentFailed", "AgentService", "AnswerError", "Answer", "violation_event"]
+__all__ = [
+    "AgentFailed",
+    "AgentService",
+    "AnswerError",
+    "Answer",
+    "answer_limit_of",
+    "oversized_answer",
+    "violation_event",
+]
 
 T = TypeVar("T")
 
@@ -127,7 +135,8 @@ class AgentService:
         line = session_line or ROLE_SESSION_LINES.get(role, "fresh")
         if read_only is None:
             read_only = role in READ_ONLY_ROLES
-        secrets = secret_values(binding)
+        secrets = sorted({*secret_values(binding), *cartridge_secrets(self.cartridge)})
+        answer_limit = answer_limit_of(self.cartridge, role, read_only)
         tries = 1 + (self.cartridge.limits.agent_retries if retries is None else retries)
         kind, detail = "runner_error", "not run"
         made = 0  # calls that ran: what the failure message counts
@@ -172,6 +181,7 @@ class AgentService:
                 result = read_only_violation(cwd, role, result)
             if result.error_kind == "interrupted":
                 raise WorkflowPaused(f"shutdown while the {role} agent ran")
+            result = oversized_answer(result, answer_limit)
             result = replace(
                 result,
                 text=redact(result.text, secrets),
@@ -305,6 +315,41 @@ def read_only_violation(
             *result.violations,
             Violation("read_only_violation", error, tuple(changed)),
         ),
+    )
+
+
+#: What is kept of an oversized answer: its head, then this marker.
+OVERSIZED_MARKER = "\n[... answer truncated by phasegate: {size} bytes > limit {limit} ...]"
+_OVERSIZED_HEAD = 2000  # characters
+
+
+def answer_limit_of(cartridge: Cartridge, role: str, read_only: bool) -> int:
+    """Bytes an answer of ``role`` may hold: ``limits.max_answer_bytes``, or
+    ``limits.max_diff_bytes`` for the graph's build (it answers with a diff:
+    ``build`` asked read-only)."""
+    limits = cartridge.limits
+    if role == "build" and read_only:
+        return max(limits.max_answer_bytes, limits.max_diff_bytes)
+    return limits.max_answer_bytes
+
+
+def oversized_answer(result: AgentResult, limit: int) -> AgentResult:
+    """``result`` unchanged when its text is at most ``limit`` bytes (UTF-8); else a
+    failed call (error kind ``oversized``, an ``oversized`` violation naming the
+    size) whose text is the answer's first 2000 characters and a marker: an
+    answer above the limit is never kept, parsed or stored whole."""
+    if len(result.text) <= limit // 4:
+        return result  # at most 4 bytes a character: within the limit, no encoding needed
+    size = len(result.text.encode("utf-8", errors="replace"))
+    if size <= limit:
+        return result
+    detail = f"the answer is {size} bytes > limit {limit} (limits.max_answer_bytes); refused"
+    return replace(
+        result,
+        text=result.text[:_OVERSIZED_HEAD] + OVERSIZED_MARKER.format(size=size, limit=limit),
+        error_kind="oversized",
+        error=detail,
+        violations=(*result.violations, Violation("oversized", detail)),
     )
 
 

@@ -2,14 +2,19 @@
 
 The embedded default (DESIGN.md §6). Branches live in the repository itself,
 so publishing a branch is a no-op, and a merge is ``git merge --no-ff`` into
-the base branch.
+the base branch. Every title, body, comment and merge message is redacted of
+``secrets`` (raw or encoded, ``phasegate.redaction``) before it is stored or
+committed: what an agent wrote reaches them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+from phasegate.agents.env import environment_secrets
 from phasegate.forge.base import ForgeError, Issue, PullRequest
+from phasegate.redaction import redact
 from phasegate.store import Store
 from phasegate.store import tables as t
 from phasegate.workspace import Workspace
@@ -18,17 +23,35 @@ __all__ = ["LocalForge"]
 
 
 class LocalForge:
-    def __init__(self, store: Store, repo: Path, workspace: Workspace) -> None:
+    """The local forge of ``repo``. ``secrets`` (default: ``environment_secrets()``;
+    the engine passes ``cartridge_secrets``) are redacted from what it records."""
+
+    def __init__(
+        self,
+        store: Store,
+        repo: Path,
+        workspace: Workspace,
+        secrets: Sequence[str] | None = None,
+    ) -> None:
         self.store = store
         self.repo = repo
         self.key = str(repo.resolve())
         self.workspace = workspace
+        self.secrets = list(environment_secrets() if secrets is None else secrets)
+
+    def _clean(self, text: str) -> str:
+        return redact(text, self.secrets)
 
     # -- issues -----------------------------------------------------------------
 
     def create_issue(self, title: str, body: str, marker: str) -> int:
         return self.store.forge_insert(
-            t.forge_issues, self.key, title=title, body=body, state="open", marker=marker
+            t.forge_issues,
+            self.key,
+            title=self._clean(title),
+            body=self._clean(body),
+            state="open",
+            marker=marker,
         )
 
     def find_issue(self, marker: str) -> int | None:
@@ -57,7 +80,7 @@ class LocalForge:
     # -- comments ---------------------------------------------------------------
 
     def comment(self, issue_number: int, body: str, marker: str) -> int:
-        return self.store.forge_add_comment(self.key, issue_number, body, marker)
+        return self.store.forge_add_comment(self.key, issue_number, self._clean(body), marker)
 
     def find_comment(self, issue_number: int, marker: str) -> int | None:
         rows = self.store.forge_rows(
@@ -81,8 +104,8 @@ class LocalForge:
             self.key,
             head=head,
             base=base,
-            title=title,
-            body=body,
+            title=self._clean(title),
+            body=self._clean(body),
             state="open",
         )
 
@@ -107,7 +130,7 @@ class LocalForge:
 
     def update_pull_request(self, number: int, body: str) -> None:
         self.pull_request(number)
-        self.store.forge_update(t.forge_pull_requests, self.key, number, body=body)
+        self.store.forge_update(t.forge_pull_requests, self.key, number, body=self._clean(body))
 
     def merge_pull_request(self, number: int, message: str) -> str:
         pr = self.pull_request(number)
@@ -115,7 +138,7 @@ class LocalForge:
             return pr.merge_sha
         if pr.state != "open":
             raise ForgeError(f"pull request #{number} is {pr.state}")
-        sha = self.workspace.merge_into_base(self.repo, pr.base, pr.head, message)
+        sha = self.workspace.merge_into_base(self.repo, pr.base, pr.head, self._clean(message))
         self._record_merge(number, sha)
         return sha
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from phasegate._process import start_ticks
-from phasegate.agents.env import check_env, environment_secrets
+from phasegate.agents.env import cartridge_secrets, check_env
 from phasegate.agents.service import AgentFailed, AgentService, AnswerError
 from phasegate.cartridge import Cartridge
 from phasegate.clock import Clock
@@ -49,9 +49,10 @@ class PhaseDeps:
         """The cartridge's checks in ``cwd``, stopped by shutdown, each journaled.
 
         They see PATH, HOME, the locale and ``landing_areas.pass_env``, never a
-        key, and every secret value of phasegate's environment is redacted
-        from their output: a test that prints the environment must not carry
-        a token into the store, a reason, or the next agent's prompt. Each
+        key, and every secret value of phasegate's environment and of the
+        cartridge's bindings is redacted (raw or encoded) from their output:
+        a test that prints the environment must not carry a token into the
+        store, a reason, or the next agent's prompt. Each
         check process has a ``check_process`` milestone while it runs
         (``ProcessJournal``), so a restarted worker stops what this one left
         running if it dies. Raises WorkflowPaused on shutdown.
@@ -67,7 +68,7 @@ class PhaseDeps:
                 areas.check_timeout,
                 self.shutdown,
                 env=check_env(areas.pass_env),
-                secrets=environment_secrets(),
+                secrets=cartridge_secrets(self.cartridge),
                 # Unique per run: the pid and start ticks of its supervisor.
                 on_spawn=lambda command, pid: spawned(
                     pid, f"check {command!r}", f"{pid}.{start_ticks(pid)}"
