@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import base64
+import json
+import subprocess
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
+from phasegate.engine import Engine
+from phasegate.forge.local import LocalForge
 from phasegate.redaction import files_with_secrets, holds_secret, redact, secret_variants
+from phasegate.store import Store
+from phasegate.workspace import Workspace
+
+from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 
 SENTINEL = "sk-sentinel-9f3b2c7d1e"
 
@@ -85,3 +96,122 @@ def test_redacting_a_megabyte_with_a_set_of_secrets_is_fast() -> None:
 
     assert out.endswith("***")
     assert per_call < 1.0, f"{per_call:.2f} s per MB"
+
+
+# -- a whole workflow: the sentinel keys an agent holds appear nowhere -------------
+
+# A build agent holding two keys its binding names (api_key_env, and a pass_env
+# variable whose name says it is secret). Its first call leaks them every way it
+# can: answer, stderr, and a change with them raw, base64 and hex; its retry
+# writes a clean change but still quotes the keys in its answer.
+LEAKY_BUILD = r"""
+import base64, os, sys
+from pathlib import Path
+
+keys = [os.environ["PG_SENTINEL_KEY"], os.environ["SENTINEL_TOKEN"]]
+encoded = []
+for key in keys:
+    raw = key.encode()
+    encoded += [key, key[::-1], raw.hex(), raw.hex().upper(),
+                base64.b64encode(raw).decode(), base64.urlsafe_b64encode(b"ab" + raw).decode()]
+sys.stdin.read()
+print("debug:", " ".join(encoded), file=sys.stderr)
+if os.environ["PHASEGATE_CALL_INDEX"] == "0":
+    Path("leak.txt").write_text("key = " + keys[0] + "\n")
+    Path("leak.b64").write_text(base64.b64encode(("token=" + keys[1]).encode()).decode() + "\n")
+    Path("notes.md").write_text("nothing secret here\n")
+else:
+    Path("feature.txt").write_text("the feature, key read from the environment\n")
+print("wrote the change; for the record:", " ".join(encoded))
+"""
+
+SENTINEL_KEY = "sk-sentinel-7Qx9Lm2Pz4wR"
+SENTINEL_TOKEN = "tok-envtable-55aa66bbCC"
+
+
+def _needles(secret: str) -> dict[str, bytes]:
+    raw = secret.encode()
+    b64 = base64.b64encode(raw).decode()
+    return {
+        "raw": raw,
+        "reversed": secret[::-1].encode(),
+        "hex": raw.hex().encode(),
+        "HEX": raw.hex().upper().encode(),
+        # the characters of the secret's own base64 that no neighbour changes
+        "base64": b64[: (len(raw) * 8) // 6].encode(),
+        "base64 after 2 bytes": base64.urlsafe_b64encode(b"ab" + raw)[3:-4],
+    }
+
+
+def _found_in(blob: bytes) -> list[str]:
+    return [
+        f"{secret[:6]}…/{how}"
+        for secret in (SENTINEL_KEY, SENTINEL_TOKEN)
+        for how, needle in _needles(secret).items()
+        if needle in blob or needle.lower() in blob.lower()
+    ]
+
+
+def test_a_leaking_agents_keys_appear_nowhere_in_store_forge_git_or_output(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PG_SENTINEL_KEY", SENTINEL_KEY)
+    monkeypatch.setenv("SENTINEL_TOKEN", SENTINEL_TOKEN)
+    agent = tmp_path / "leaky_build.py"
+    agent.write_text(LEAKY_BUILD)
+    repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": ".phasegate/\n"})
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    build = (
+        f'runner = "command"\ncommand = "{sys.executable} {agent}"\ntimeout = 60\n'
+        f'api_key_env = "PG_SENTINEL_KEY"\npass_env = ["SENTINEL_TOKEN"]\n'
+    )
+    (repo / "phasegate.toml").write_text(scripted_cartridge(role_overrides={"build": build}))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "cartridge")
+    engine, store = engine_for(repo)
+
+    row = engine.advance(engine.start("t", "ticket"))
+
+    assert row["status"] == "completed", row["error"]
+    violations = [e["data"] for e in store.events(row["id"]) if e["type"] == "violation"]
+    assert [(v["name"], sorted(v["paths"])) for v in violations] == [
+        ("secret_in_change", ["leak.b64", "leak.txt"])
+    ]
+    rejected = [m for m in store.milestones(row["id"]) if m.kind == "change_rejected"]
+    assert len(rejected) == 1 and "leak.b64" in rejected[0].summary
+    assert "wrote the change; for the record: ***" in json.dumps(
+        [m.data for m in store.milestones(row["id"])]
+    )
+    forge = LocalForge(store, repo, Workspace())
+    (pr,) = forge.pull_requests()
+    on_forge = (pr.title + pr.body + json.dumps(forge.comments(), default=str)).encode()
+    assert forge.comments() and _found_in(on_forge) == []
+    assert git(repo, "show", "main:feature.txt").startswith("the feature")
+    assert "leak.txt" not in git(repo, "log", "--all", "--name-only", "--format=")
+
+    shown = [
+        phasegate_cli(*args, cwd=repo)
+        for args in (("show", row["id"]), ("show", row["id"], "--json"), ("status", "--json"))
+    ]
+    assert all(s.returncode == 0 for s in shown), [s.stderr for s in shown]
+    assert "secret_in_change" in shown[0].stdout and "secret_in_change" in shown[1].stdout
+    printed = "".join(s.stdout + s.stderr for s in shown).encode()
+    history = subprocess.run(
+        ["git", "log", "-p", "--all"], cwd=repo, capture_output=True, check=True
+    ).stdout
+    # every object git holds, reachable or not (an agent's blob that a reset dropped)
+    objects = subprocess.run(
+        ["git", "cat-file", "--batch-all-objects", "--batch"],
+        cwd=repo,
+        capture_output=True,
+        check=True,
+    ).stdout
+    store.close()
+    stored = b"".join(f.read_bytes() for f in (repo / ".phasegate").rglob("*") if f.is_file())
+    assert b"wrote the change" in stored  # the store was read, WAL included
+    assert {
+        "store": _found_in(stored),
+        "output": _found_in(printed),
+        "git log -p --all": _found_in(history),
+        "git objects": _found_in(objects),
+    } == {"store": [], "output": [], "git log -p --all": [], "git objects": []}

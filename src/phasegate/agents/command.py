@@ -1,7 +1,9 @@
 """The ``command`` runner: any shell command is an agent.
 
-The prompt goes to the command's stdin, to ``PHASEGATE_PROMPT`` (when under
-100 kB) and to the file named by ``PHASEGATE_PROMPT_FILE``; stdout is the
+The prompt goes to the command's stdin (written whole, however late the
+command reads it), to ``PHASEGATE_PROMPT`` (only when under 100,000 bytes in
+UTF-8: Linux refuses to exec with one environment string over 128 KiB, E2BIG)
+and always to the file named by ``PHASEGATE_PROMPT_FILE``; stdout is the
 answer. The command runs in the worktree, with PATH, the locale, HOME/USER/
 SHELL and what the role binding names (``env``, ``pass_env``, ``api_key_env``).
 """
@@ -20,7 +22,8 @@ from phasegate.cartridge import RoleBinding
 
 __all__ = ["CommandRunner"]
 
-_ENV_PROMPT_LIMIT = 100_000  # Linux refuses a single env string over 128 kB
+# bytes; Linux refuses a single env string over 128 KiB (MAX_ARG_STRLEN): E2BIG
+_ENV_PROMPT_LIMIT = 100_000
 # A user's own command may rely on its home (its tools' logins live there).
 _COMMAND_ENV = (*BASE_ENV, "HOME", "USER", "SHELL")
 
@@ -51,7 +54,8 @@ class CommandRunner:
                 "PHASEGATE_READ_ONLY": "1" if request.read_only else "0",
                 "PHASEGATE_PROMPT_FILE": str(prompt_file),
             }
-            if len(request.prompt) < _ENV_PROMPT_LIMIT:
+            # Bytes, not characters: 40,000 CJK characters are 120,000 bytes.
+            if len(request.prompt.encode("utf-8", errors="replace")) < _ENV_PROMPT_LIMIT:
                 extra["PHASEGATE_PROMPT"] = request.prompt
             outcome = run_agent_process(
                 self.command,
