@@ -17,6 +17,7 @@ from phasegate.agents.base import AgentRequest
 from phasegate.agents.command import CommandRunner
 from phasegate.cartridge import RoleBinding
 from phasegate.engine import Engine
+from phasegate.phases.attempts import measure_change, refused_change
 from phasegate.store import Store
 
 from conftest import HAPPY_ANSWERS, git, make_repo, scripted_cartridge
@@ -205,3 +206,19 @@ def test_a_50_mb_change_is_refused_with_its_size_named_and_never_stored(
     stored = sum(f.stat().st_size for f in (repo / ".phasegate").glob("state.db*"))
     assert stored < 1_000_000, stored
     assert row["self_kib"] < 200 * 1024, row
+
+
+def test_a_binary_file_counts_with_its_bytes_not_gits_one_line(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    start = git(repo, "rev-parse", "HEAD")
+    (repo / "blob.bin").write_bytes(b"\0" + bytes(range(256)) * 24_000)  # 6 MB, binary to git
+    (repo / "small.txt").write_text("a line\n")
+
+    change = measure_change(repo, start, start, limit=5_000_000)
+    refused = refused_change(change, 5_000_000, [], repo)
+
+    assert change.binary == ("blob.bin",) and change.size > 6_000_000
+    assert refused is not None and refused.name == "oversized"
+    assert refused.paths == ("blob.bin", "small.txt")
+    within = measure_change(repo, start, start, limit=10_000_000)
+    assert within.diff is not None and refused_change(within, 10_000_000, [], repo) is None

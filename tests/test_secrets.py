@@ -15,6 +15,7 @@ import pytest
 
 from phasegate.engine import Engine
 from phasegate.forge.local import LocalForge
+from phasegate.phases.attempts import measure_change, refused_change
 from phasegate.redaction import files_with_secrets, holds_secret, redact, secret_variants
 from phasegate.store import Store
 from phasegate.workspace import Workspace
@@ -215,3 +216,20 @@ def test_a_leaking_agents_keys_appear_nowhere_in_store_forge_git_or_output(
         "git log -p --all": _found_in(history),
         "git objects": _found_in(objects),
     } == {"store": [], "output": [], "git log -p --all": [], "git objects": []}
+
+
+def test_a_secret_inside_a_binary_file_of_the_change_is_found(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    start = git(repo, "rev-parse", "HEAD")
+    (repo / "data.bin").write_bytes(b"\0\1\2" + base64.b64encode(SENTINEL.encode()) + b"\0")
+    (repo / "clean.bin").write_bytes(b"\0\1\2 nothing here \0")
+
+    change = measure_change(repo, start, start, limit=1_000_000)
+    refused = refused_change(change, 1_000_000, [SENTINEL], repo)
+
+    assert "Binary files" in (change.diff or "") and set(change.binary) == {"data.bin", "clean.bin"}
+    assert refused is not None and (refused.name, refused.paths) == (
+        "secret_in_change",
+        ("data.bin",),
+    )
+    assert SENTINEL not in refused.detail

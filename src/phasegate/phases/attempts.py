@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from phasegate.agents.base import Violation
-from phasegate.agents.env import cartridge_secrets, files_with_secrets
+from phasegate.agents.env import cartridge_secrets, files_with_secrets, holds_secret
 from phasegate.contract import DEVELOPMENT, MilestoneView, MilestoneWrite, WorkflowContext
 from phasegate.phases.deps import PhaseDeps
 from phasegate.store import Store
@@ -138,7 +138,8 @@ class Change:
     ``size`` (bytes of ``git diff``), its ``sha256`` (hex, over the head's SHA, a
     newline and the diff), the paths, insertions and deletions (lines), and the
     diff text itself only when ``size`` is within the limit it was measured
-    against (``None`` above it)."""
+    against (``None`` above it). ``binary`` names the paths git shows only as
+    "Binary files differ": their bytes in the worktree count in ``size``."""
 
     size: int
     sha256: str
@@ -146,6 +147,7 @@ class Change:
     insertions: int
     deletions: int
     diff: str | None
+    binary: tuple[str, ...] = ()
 
     @property
     def oversized(self) -> bool:
@@ -159,34 +161,39 @@ def measure_change(cwd: Path, start: str, head: str, limit: int) -> Change:
     wrote 50 MB costs a file on disk, not its size in memory. Raises GitError."""
     git(["add", "-A", "--intent-to-add"], cwd)
     paths: list[str] = []
+    binary: list[str] = []
     insertions = deletions = 0
-    for line in git(["diff", "--numstat", "-z", start], cwd).split("\0"):
+    for line in git(["diff", "--no-renames", "--numstat", "-z", start], cwd).split("\0"):
         # -z: "added\tdeleted\tpath" per file; "-" counts for a binary file
         added, _, rest = line.partition("\t")
         deleted, _, path = rest.partition("\t")
         if not path:
             continue
         paths.append(path)
+        if added == "-":
+            binary.append(path)
         insertions += int(added) if added.isdigit() else 0
         deletions += int(deleted) if deleted.isdigit() else 0
+    # git's diff says only "Binary files differ": what such a file holds counts too
+    size = sum(f.stat().st_size for f in (cwd / b for b in binary) if f.is_file())
     with tempfile.TemporaryDirectory(prefix="phasegate-diff-") as tmp:
         out = Path(tmp) / "change.diff"
-        git(["diff", f"--output={out}", start], cwd)
+        git(["diff", "--no-renames", f"--output={out}", start], cwd)
         digest = hashlib.sha256(f"{head}\n".encode())
-        size = 0
         with out.open("rb") as handle:
             while chunk := handle.read(1 << 20):
                 digest.update(chunk)
                 size += len(chunk)
         diff = out.read_text(encoding="utf-8", errors="replace") if size <= limit else None
-    return Change(size, digest.hexdigest(), paths, insertions, deletions, diff)
+    return Change(size, digest.hexdigest(), paths, insertions, deletions, diff, tuple(binary))
 
 
-def refused_change(change: Change, limit: int, secrets: list[str]) -> Violation | None:
-    """Why ``change`` must not be committed or applied, or None: ``oversized``
-    above ``limit`` bytes (``limits.max_diff_bytes``, its size named), or
-    ``secret_in_change`` when a file of it holds a secret value, raw or encoded
-    (the files named, never the value)."""
+def refused_change(change: Change, limit: int, secrets: list[str], cwd: Path) -> Violation | None:
+    """Why ``change`` (measured in the worktree ``cwd``) must not be committed or
+    applied, or None: ``oversized`` above ``limit`` bytes
+    (``limits.max_diff_bytes``, its size named), or ``secret_in_change`` when a
+    file of it holds a secret value, raw or encoded, binary files read from
+    the worktree (the files named, never the value)."""
     if change.diff is None:
         return Violation(
             "oversized",
@@ -195,6 +202,11 @@ def refused_change(change: Change, limit: int, secrets: list[str]) -> Violation 
             tuple(change.paths[:50]),
         )
     files = files_with_secrets(change.diff, secrets)
+    for path in change.binary:
+        found = cwd / path
+        # latin-1 maps every byte to one character: an ASCII secret stays findable
+        if found.is_file() and holds_secret(found.read_bytes().decode("latin-1"), secrets):
+            files.append(path)
     if files:
         return Violation(
             "secret_in_change",
@@ -231,7 +243,7 @@ def discard(
     # What was thrown away, to read or re-apply by hand (a person's edits in the
     # worktree go too), unless it is oversized or holds a secret, raw or encoded.
     kept = change.diff or ""
-    if files_with_secrets(kept, cartridge_secrets(deps.cartridge)):
+    if refused_change(change, deps.limits.max_diff_bytes, cartridge_secrets(deps.cartridge), cwd):
         kept = ""
     number = attempt.number if attempt is not None else int(ctx.state.get("test_retries", 0)) + 1
     view = deps.store.write_milestone(

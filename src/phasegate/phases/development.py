@@ -298,7 +298,7 @@ def _build(
     limit = deps.limits.max_diff_bytes
     secrets = cartridge_secrets(deps.cartridge)
     change = measure_change(cwd, before, deps.workspace.rev(cwd, "HEAD"), limit)
-    refused = refused_change(change, limit, secrets)
+    refused = refused_change(change, limit, secrets, cwd)
     if refused is not None:
         # An oversized change, or a key in it (raw or encoded), would be committed,
         # reviewed, merged: drop the whole attempt (commits the agent made itself

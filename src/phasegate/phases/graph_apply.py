@@ -54,7 +54,7 @@ def apply_draft(
         limit = deps.limits.max_diff_bytes
         secrets = cartridge_secrets(deps.cartridge)
         change = measure_change(cwd, before, before, limit)
-        refused = refused_change(change, limit, secrets)
+        refused = refused_change(change, limit, secrets, cwd)
         if refused is not None:
             # An approval does not make a key (raw or encoded) or an oversized
             # patch fit to commit: nothing of it lands, a person decides.
