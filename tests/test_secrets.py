@@ -233,3 +233,35 @@ def test_a_secret_inside_a_binary_file_of_the_change_is_found(tmp_path: Path) ->
         ("data.bin",),
     )
     assert SENTINEL not in refused.detail
+
+
+def test_a_graph_build_diff_holding_a_base64_key_is_refused_before_it_is_a_proposal(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_graph_workflow import ANSWERS, FEATURE, graph_repo
+
+    monkeypatch.setenv("SERVICE_API_KEY", SENTINEL)
+    encoded = base64.b64encode(f"token={SENTINEL}".encode()).decode()
+    leaky = (
+        "Adds config.\n\n```diff\n--- /dev/null\n+++ b/config.txt\n@@ -0,0 +1 @@\n"
+        f"+{encoded}\n```\n"
+    )
+    answers = ANSWERS.replace(
+        f"[[build]]\ntext = '''{FEATURE}'''",
+        f"[[build]]\ntext = '''{leaky}'''\n[[build]]\ntext = '''{FEATURE}'''",
+    )
+    assert answers.count("[[build]]") == 2
+    repo = graph_repo(tmp_path, answers=answers)
+    engine, store = engine_for(repo)
+
+    row = engine.advance(engine.start("t", "ticket"))
+
+    assert row["status"] == "completed", row["error"]
+    violations = [e["data"] for e in store.events(row["id"]) if e["type"] == "violation"]
+    assert [(v["name"], v["paths"]) for v in violations] == [("secret_in_change", ["config.txt"])]
+    runs = [r["error_kind"] for r in store.agent_runs(row["id"]) if r["role"] == "build"]
+    assert runs == ["secret_in_change", None]
+    assert git(repo, "show", "main:feature.txt") == "the feature"
+    store.close()
+    stored = b"".join(f.read_bytes() for f in (repo / ".phasegate").rglob("*") if f.is_file())
+    assert encoded[4:-4].encode() not in stored and SENTINEL.encode() not in stored

@@ -42,6 +42,7 @@ from phasegate.agents.service import (
     checkout_state,
     oversized_answer,
     read_only_violation,
+    secret_in_diff_answer,
 )
 from phasegate.autonomy import AutonomyPolicy
 from phasegate.cartridge import Cartridge
@@ -204,7 +205,12 @@ class RunnerAnswers:
         result = runner.run(request, self.cancel)
         if before is not None and checkout_state(self.repo) != before:
             result = read_only_violation(self.repo, call.role, result, undo=before == "")
-        return oversized_answer(result, answer_limit_of(self.cartridge, call.role, True))
+        result = oversized_answer(result, answer_limit_of(self.cartridge, call.role, True))
+        if call.role == "build":  # it answers with a diff: the proposal's patch to be
+            binding = self.cartridge.role(call.role)
+            secrets = sorted({*secret_values(binding), *cartridge_secrets(self.cartridge)})
+            result = secret_in_diff_answer(result, secrets)
+        return result
 
 
 class WorkflowAnswers:

@@ -82,16 +82,19 @@ def holds_secret(text: str, secrets: Iterable[str]) -> bool:
 
 
 def files_with_secrets(diff: str, secrets: Iterable[str]) -> list[str]:
-    """The paths of a unified diff (``git diff``) whose section holds a secret value,
-    raw or encoded; a secret outside any file section (a preamble) names ``-``."""
+    """The paths of a unified diff (``git diff``'s, or bare ``---``/``+++`` headers)
+    whose section holds a secret value, raw or encoded; a secret before any file
+    header names ``-``. Never the value itself."""
     pattern = _compiled(secrets)
     if pattern is None or pattern.search(diff) is None:
         return []
     found: list[str] = []
-    for section in re.split(r"^(?=diff --git )", diff, flags=re.MULTILINE):
-        if pattern.search(section):
-            head = section.split("\n", 1)[0]
-            path = head.split(" b/", 1)[-1] if head.startswith("diff --git ") else "-"
-            if path not in found:
-                found.append(path)
+    path = "-"
+    for line in diff.splitlines():
+        if line.startswith("diff --git "):
+            path = line.split(" b/", 1)[-1]
+        elif line.startswith(("--- a/", "+++ b/")):
+            path = line[6:]
+        if pattern.search(line) and path not in found:
+            found.append(path)
     return found

@@ -22,6 +22,8 @@ ERROR_KINDS = (
     "invalid_patch",
     "read_only_violation",
     "runner_error",
+    "oversized",  # an answer above limits.max_answer_bytes (issue 10)
+    "secret_in_change",  # the graph's build answered with a diff holding a secret
 )
 
 #: Named ways an agent run overstepped its role (issue 10), recorded as

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner, Violation
-from phasegate.agents.env import cartridge_secrets, redact, secret_values
+from phasegate.agents.env import cartridge_secrets, files_with_secrets, redact, secret_values
 from phasegate.cartridge import READ_ONLY_ROLES, ROLE_SESSION_LINES, Cartridge
 from phasegate.contract import (
     EventWrite,
@@ -30,6 +30,7 @@ __all__ = [
     "Answer",
     "answer_limit_of",
     "oversized_answer",
+    "secret_in_diff_answer",
     "violation_event",
 ]
 
@@ -182,6 +183,8 @@ class AgentService:
             if result.error_kind == "interrupted":
                 raise WorkflowPaused(f"shutdown while the {role} agent ran")
             result = oversized_answer(result, answer_limit)
+            if role == "build" and read_only:
+                result = secret_in_diff_answer(result, secrets)
             result = replace(
                 result,
                 text=redact(result.text, secrets),
@@ -350,6 +353,29 @@ def oversized_answer(result: AgentResult, limit: int) -> AgentResult:
         error_kind="oversized",
         error=detail,
         violations=(*result.violations, Violation("oversized", detail)),
+    )
+
+
+def secret_in_diff_answer(result: AgentResult, secrets: list[str]) -> AgentResult:
+    """``result`` unchanged unless its text, the graph's build answer (a unified
+    diff, the proposal's patch to be), holds a secret value raw or encoded in a
+    file section; then a failed call (error kind ``secret_in_change``, a
+    ``secret_in_change`` violation naming the files, never the value)."""
+    if not result.ok:
+        return result
+    files = files_with_secrets(result.text, secrets)
+    if not files:
+        return result
+    detail = (
+        f"the diff held a secret value (raw or encoded) in {len(files)} file(s): "
+        + ", ".join(files[:10])
+        + "; refused"
+    )
+    return replace(
+        result,
+        error_kind="secret_in_change",
+        error=detail,
+        violations=(*result.violations, Violation("secret_in_change", detail, tuple(files[:50]))),
     )
 
 
