@@ -13,9 +13,10 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from phasegate.agents.base import AgentRequest
+from phasegate.agents.base import AgentRequest, AgentResult
 from phasegate.agents.command import CommandRunner
-from phasegate.cartridge import RoleBinding
+from phasegate.agents.service import answer_limit_of, oversized_answer
+from phasegate.cartridge import Cartridge, RoleBinding
 from phasegate.engine import Engine
 from phasegate.phases.attempts import measure_change, refused_change
 from phasegate.store import Store
@@ -222,3 +223,18 @@ def test_a_binary_file_counts_with_its_bytes_not_gits_one_line(tmp_path: Path) -
     assert refused.paths == ("blob.bin", "small.txt")
     within = measure_change(repo, start, start, limit=10_000_000)
     assert within.diff is not None and refused_change(within, 10_000_000, [], repo) is None
+
+
+def test_the_graphs_build_answering_with_a_diff_is_held_to_max_diff_bytes() -> None:
+    cartridge = Cartridge.model_validate(
+        {"limits": {"max_answer_bytes": 1_000, "max_diff_bytes": 50_000}}
+    )
+    diff = AgentResult("+" + "x" * 20_000)
+
+    assert answer_limit_of(cartridge, "build", read_only=True) == 50_000
+    assert answer_limit_of(cartridge, "build", read_only=False) == 1_000
+    assert oversized_answer(diff, 50_000) is diff
+    refused = oversized_answer(diff, 1_000)
+    assert (refused.error_kind, refused.violations[0].name) == ("oversized", "oversized")
+    assert "20001 bytes > limit 1000" in (refused.error or "")
+    assert len(refused.text) < 2_100 and refused.text.endswith("...]")
