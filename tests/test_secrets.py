@@ -265,3 +265,21 @@ def test_a_graph_build_diff_holding_a_base64_key_is_refused_before_it_is_a_propo
     store.close()
     stored = b"".join(f.read_bytes() for f in (repo / ".phasegate").rglob("*") if f.is_file())
     assert encoded[4:-4].encode() not in stored and SENTINEL.encode() not in stored
+
+
+def test_base64_wrapped_over_lines_as_the_base64_tool_writes_it_is_found() -> None:
+    long_key = "sk-ant-api03-" + "Zq8Lw2Xv9Rt4Yp6Mn1Bc3Kd5Hf7Jg0" * 3  # 103 characters
+    wrapped = subprocess.run(
+        ["base64"], input=f"ANTHROPIC_API_KEY={long_key}\n".encode(), capture_output=True
+    ).stdout.decode()
+    assert wrapped.count("\n") >= 2  # wrapped at 76 columns
+    diff = "diff --git a/k.b64 b/k.b64\n+++ b/k.b64\n" + "".join(
+        "+" + line + "\n" for line in wrapped.splitlines()
+    )
+
+    out = redact(f"the key:\n{wrapped}(end)", [long_key])
+
+    assert out == "the key:\n***\n(end)"
+    assert not holds_secret(out, [long_key])
+    assert files_with_secrets(diff, [long_key]) == ["k.b64"]
+    assert files_with_secrets(diff, ["some-other-secret"]) == []

@@ -68,33 +68,60 @@ def _compiled(secrets: Iterable[str]) -> re.Pattern[str] | None:
     return _pattern(tuple(sorted(set(secrets))))
 
 
+# Two or more lines of base64 characters (``base64`` wraps at 76, MIME at 76 with
+# CRLF), each perhaps behind a diff's "+", "-" or " ": a secret's base64 split
+# over lines is found in the block's lines joined.
+_B64_LINE = r"[+\- ]?[A-Za-z0-9+/_=-]{4,}"
+_WRAPPED = re.compile(rf"^{_B64_LINE}(?:\r?\n{_B64_LINE})+$", re.MULTILINE)
+
+
+def _wrapped_blocks(text: str, pattern: re.Pattern[str]) -> list[tuple[int, int]]:
+    """The spans of the wrapped base64 blocks of ``text`` whose joined lines hold
+    a secret's variant (with and without a diff's line markers)."""
+    if "\n" not in text:
+        return []
+    spans = []
+    for block in _WRAPPED.finditer(text):
+        lines = block.group().splitlines()
+        bare = "".join(line[1:] if line[:1] in "+- " else line for line in lines)
+        if pattern.search("".join(lines)) or pattern.search(bare):
+            spans.append(block.span())
+    return spans
+
+
 def redact(text: str, secrets: Iterable[str]) -> str:
     """``text`` with every secret value, raw or encoded (``secret_variants``),
-    replaced by ``***``. Values shorter than 8 characters are left alone."""
+    replaced by ``***``; a wrapped base64 block holding one goes whole. Values
+    shorter than 8 characters are left alone."""
     pattern = _compiled(secrets)
-    return text if pattern is None or not text else pattern.sub("***", text)
+    if pattern is None or not text:
+        return text
+    for start, end in reversed(_wrapped_blocks(text, pattern)):
+        text = text[:start] + "***" + text[end:]
+    return pattern.sub("***", text)
 
 
 def holds_secret(text: str, secrets: Iterable[str]) -> bool:
-    """Whether ``text`` holds any secret value, raw or encoded (``secret_variants``)."""
+    """Whether ``text`` holds any secret value, raw or encoded (``secret_variants``),
+    a base64 one wrapped over lines included."""
     pattern = _compiled(secrets)
-    return pattern is not None and pattern.search(text) is not None
+    if pattern is None:
+        return False
+    return pattern.search(text) is not None or bool(_wrapped_blocks(text, pattern))
 
 
 def files_with_secrets(diff: str, secrets: Iterable[str]) -> list[str]:
     """The paths of a unified diff (``git diff``'s, or bare ``---``/``+++`` headers)
     whose section holds a secret value, raw or encoded; a secret before any file
     header names ``-``. Never the value itself."""
-    pattern = _compiled(secrets)
-    if pattern is None or pattern.search(diff) is None:
+    if not holds_secret(diff, secrets):
         return []
-    found: list[str] = []
+    sections: dict[str, list[str]] = {}
     path = "-"
     for line in diff.splitlines():
         if line.startswith("diff --git "):
             path = line.split(" b/", 1)[-1]
         elif line.startswith(("--- a/", "+++ b/")):
             path = line[6:]
-        if pattern.search(line) and path not in found:
-            found.append(path)
-    return found
+        sections.setdefault(path, []).append(line)
+    return [name for name, lines in sections.items() if holds_secret("\n".join(lines), secrets)]
