@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phasegate import guard
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner
 from phasegate.agents.env import (
@@ -202,7 +203,9 @@ class RunnerAnswers:
             budget_usd=budget,
         )
         before = checkout_state(self.repo)
-        result = runner.run(request, self.cancel)
+        with guard.watch(self.repo, self.run_id, role=call.role, phase=call.node) as watched:
+            result = runner.run(request, self.cancel)
+        result = watched.apply(result)  # refs and .git as they were (issue 10)
         if before is not None and checkout_state(self.repo) != before:
             result = read_only_violation(self.repo, call.role, result, undo=before == "")
         result = oversized_answer(result, answer_limit_of(self.cartridge, call.role, True))
