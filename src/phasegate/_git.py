@@ -302,19 +302,21 @@ def read_ledger(common: Path, offset: int) -> tuple[dict[str, str], int]:
     shrank: it was replaced)."""
     path = common / LEDGER
     try:
-        data = path.read_bytes()
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            handle.seek(offset if offset <= size else 0)
+            data = handle.read()
+            size = handle.tell()
     except FileNotFoundError:
         return {}, 0
-    if len(data) < offset:
-        offset = 0
     moved: dict[str, str] = {}
-    for line in data[offset:].decode("utf-8", "replace").splitlines():
+    for line in data.decode("utf-8", "replace").splitlines():
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a kill: its command's ref, if moved, is the guard's to judge
         moved[str(entry.get("ref"))] = str(entry.get("to", ""))
-    return moved, len(data)
+    return moved, size
 
 
 def run_git_unrecorded(

@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from phasegate._git import (
+    LEDGER,
     list_refs,
     read_ledger,
     record_refs,
@@ -166,7 +167,7 @@ def snapshot(cwd: Path, *, role: str = "", phase: str = "") -> Snapshot | None:
     branch = _git_out(["symbolic-ref", "-q", "HEAD"], cwd) or ""
     with refs_lock(common, exclusive=True):
         refs = list_refs(cwd)
-        ledger = read_ledger(common, 0)[1]
+        ledger = (common / LEDGER).stat().st_size if (common / LEDGER).exists() else 0
     files, dirs = _watched(cwd, common)
     return Snapshot(
         cwd=str(cwd),
