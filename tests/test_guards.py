@@ -270,3 +270,44 @@ def test_a_killed_phasegate_s_guard_journal_is_restored_by_the_next_run(tmp_path
     assert git(repo, "branch", "--list", "stray") == ""
     assert (repo / ".git" / "config").read_bytes() == config
     assert guard.recover(repo, "wf-1") == []  # once
+
+
+def test_a_worker_killed_during_an_agent_run_has_its_refs_and_config_restored_on_restart(
+    happy_repo: Path, engine_for, tmp_path: Path
+) -> None:
+    flag, ready = tmp_path / "attacked", tmp_path / "ready"
+    _bind(
+        happy_repo,
+        "build",
+        f"if [ ! -e {flag} ]; then touch {flag}; git config core.hooksPath {tmp_path}; "
+        f"git branch stray main; touch {ready}; sleep 60; fi; "
+        "echo made > feature.txt; echo built",
+    )
+    config = (happy_repo / ".git" / "config").read_bytes()
+    engine, store = engine_for(happy_repo)
+    workflow_id = engine.start("t", "ticket")
+    worker = subprocess.Popen(
+        [str(Path(sys.executable).parent / "phasegate"), "worker", "--repo", str(happy_repo)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert time.monotonic() < deadline and worker.poll() is None
+            time.sleep(0.05)
+        os.killpg(worker.pid, signal.SIGKILL)
+    finally:
+        worker.wait()
+    assert git(happy_repo, "branch", "--list", "stray") != ""  # as the agent left it
+
+    row = engine.advance(workflow_id)  # reconciliation first, then the phases
+
+    assert row["status"] == "completed", row["error"]
+    assert git(happy_repo, "branch", "--list", "stray") == ""
+    assert (happy_repo / ".git" / "config").read_bytes() == config
+    notes = [e["data"]["note"] for e in store.events(workflow_id) if e["type"] == "reconciled"]
+    assert any(n.startswith("ref_violation of a killed build run undone") for n in notes), notes
+    assert any(n.startswith("git_dir_violation of a killed build run") for n in notes), notes

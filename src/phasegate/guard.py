@@ -26,8 +26,9 @@ their checkout leaves its content staged there, visible, uncommitted.
 
 Crash safety: the snapshot is journaled to ``<common>/phasegate/guard/<key>.json``
 before the agent starts and removed after the check; the next ``watch`` of
-the same key (the workflow's next agent call, after reconciliation stopped
-the orphan) restores from a journal a killed phasegate left, first.
+the same key (the workflow's next agent call) and the engine's reconciliation
+(``SideEffects.reconcile``, after it stopped the orphaned agent) restore from
+a journal a killed phasegate left.
 
 Not told apart: ref moves by a person during an agent run (they are undone
 like the agent's; the violation names both values, and git's reflog keeps
@@ -303,7 +304,10 @@ def _journal_path(common: Path, key: str) -> Path:
 
 def recover(cwd: Path, key: str) -> list[tuple[str, str, Violation]]:
     """Restore from the journal a killed phasegate left for ``key`` (a run never
-    checked); (role, phase, violation) for each found. [] when there is none."""
+    checked); (role, phase, violation) for each found. [] when there is none
+    (or ``cwd`` is no directory in a repository)."""
+    if not Path(cwd).is_dir():
+        return []
     common_s = _git_out(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd)
     if not common_s:
         return []
