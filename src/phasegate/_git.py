@@ -232,6 +232,18 @@ def repository_flock(path: Path, timeout_s: float, poll_s: float = 0.02) -> Iter
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _moves_refs(args: Sequence[str]) -> bool:
+    """Whether ``git args`` may move a ref (``REF_MOVING``, less the reading forms
+    phasegate uses often: ``branch --list``, ``symbolic-ref [-q] [--short] NAME``)."""
+    at, name = _subcommand(args)
+    rest = args[at + 1 :]
+    if name == "branch":
+        return "--list" not in rest
+    if name == "symbolic-ref":
+        return "-d" in rest or "--delete" in rest or len([a for a in rest if a[:1] != "-"]) > 1
+    return name in REF_MOVING
+
+
 def _common_dir(cwd: Path | str) -> Path | None:
     found = _run_git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd, None)
     return Path(found.stdout.strip()) if found.returncode == 0 else None
@@ -339,8 +351,7 @@ def run_git(
     ``TRANSIENT_ATTEMPTS`` runs in all (about 1.5 s at most); raises
     GitTransient, with git's message, when it persists.
     """
-    name = _subcommand(args)[1]
-    if name not in REF_MOVING or (name == "branch" and "--list" in args):
+    if not _moves_refs(args):
         return _run_git(args, cwd, input)
     common = _common_dir(cwd)
     if common is None:  # not a repository: let the command itself say so
