@@ -311,3 +311,38 @@ def test_a_worker_killed_during_an_agent_run_has_its_refs_and_config_restored_on
     notes = [e["data"]["note"] for e in store.events(workflow_id) if e["type"] == "reconciled"]
     assert any(n.startswith("ref_violation of a killed build run undone") for n in notes), notes
     assert any(n.startswith("git_dir_violation of a killed build run") for n in notes), notes
+
+
+def test_a_graph_role_that_sets_fsmonitor_and_moves_the_base_fails_and_is_undone(
+    tmp_path: Path,
+) -> None:
+    from phasegate.agents.command import CommandRunner
+    from phasegate.cartridge import Cartridge, RoleBinding
+    from phasegate.graph import AgentCall
+    from phasegate.harness import RunnerAnswers
+
+    script, marker = _marker_script(tmp_path)
+    repo = make_repo(tmp_path / "repo")
+    base = git(repo, "rev-parse", "main")
+    agent = CommandRunner(
+        RoleBinding(
+            runner="command",
+            command=f"git config core.fsmonitor {script}; "
+            "git commit -q --allow-empty -m evil; echo VERDICT: approve",
+        )
+    )
+    role = {"runner": "scripted", "script": "unused.toml"}
+    cartridge = Cartridge.model_validate(
+        {"roles": {"review": role}, "limits": {"agent_retries": 0}}
+    )
+    answers = RunnerAnswers(cartridge, repo, "run-1", runners={"review": agent})
+    answer = answers(AgentCall("review", "review", "review", "Review it."))
+    assert marker.exists()  # the agent's own commit ran it, inside the agent's run
+    marker.unlink()
+    assert answer.error_kind == "ref_violation"
+    assert "refs/heads/main" in (answer.error or "")
+    assert git(repo, "rev-parse", "main") == base
+    proc = subprocess.run(["git", "config", "core.fsmonitor"], cwd=repo, capture_output=True)
+    assert proc.returncode == 1
+    subprocess.run(["git", "status"], cwd=repo, check=True, capture_output=True)
+    assert not marker.exists()

@@ -94,7 +94,9 @@ class RunnerAnswers:
     try answers with its last ``error_kind`` (``phasegate.agents.ERROR_KINDS``).
     Spend caps: the role's ``budget_usd`` and ``limits.workflow_budget_usd``,
     counted over this run. A read-only role that changed the checkout fails with
-    ``read_only_violation`` (and is undone when the checkout was clean).
+    ``read_only_violation`` (and is undone when the checkout was clean); one
+    that moved a ref or changed the git directory, with ``ref_violation`` or
+    ``git_dir_violation`` (restored, ``phasegate.guard``).
     Text and errors are redacted of the role's secret values.
 
     ``runners`` overrides bindings by role (tests); ``on_call(call, answer)``

@@ -126,7 +126,10 @@ class AgentService:
         role's, ROLE_SESSION_LINES) names the provider session the call
         resumes; ``read_only`` (default: whether the role is in
         READ_ONLY_ROLES) overrides the role's access, as the development graph
-        does for its build, which answers with a diff. Raises AgentFailed when
+        does for its build, which answers with a diff. Every try is guarded
+        (``phasegate.guard``): refs, HEADs, the git config, hooks and ``info/``
+        the agent changed are restored and the try fails with
+        ``ref_violation``/``git_dir_violation``, like any failed call. Raises AgentFailed when
         all tries fail (exit code, timeout, garbage, ...) or at once when a
         spend cap is reached (kind ``budget``); WorkflowPaused when shutdown
         interrupts a call; FenceLost before a call, or after one without
