@@ -24,11 +24,11 @@ watched directories removed. Each kind found is one Violation:
 person's index and working tree are never touched: a commit an agent made in
 their checkout leaves its content staged there, visible, uncommitted.
 
-Crash safety: the snapshot is journaled to ``<common>/phasegate/guard/<key>.json``
-before the agent starts and removed after the check; the next ``watch`` of
-the same key (the workflow's next agent call) and the engine's reconciliation
-(``SideEffects.reconcile``, after it stopped the orphaned agent) restore from
-a journal a killed phasegate left.
+Crash safety: the snapshot is journaled before the agent starts (to
+``<common>/phasegate/guard-<key>.json``) and removed after the check; the
+engine's reconciliation (``SideEffects.reconcile``, after it stopped the
+orphaned agent) and the next ``watch`` of the same key restore from a journal
+a killed phasegate left.
 
 Not told apart: ref moves by a person during an agent run (they are undone
 like the agent's; the violation names both values, and git's reflog keeps
@@ -299,7 +299,8 @@ def _relative(path: str, common: Path) -> str:
 
 def _journal_path(common: Path, key: str) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in key)
-    return common / "phasegate" / "guard" / f"{safe}.json"
+    # a file, not a directory: directories in <common>/phasegate are checkouts
+    return common / "phasegate" / f"guard-{safe}.json"
 
 
 def recover(cwd: Path, key: str) -> list[tuple[str, str, Violation]]:
