@@ -192,7 +192,9 @@ def test_phasegate_git_runs_no_hook_fsmonitor_or_textconv_planted_in_config(
 def test_a_guard_restores_config_hooks_and_refs_it_finds_changed(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     git(repo, "branch", "kept")
+    global_config = Path(os.environ["GIT_CONFIG_GLOBAL"])  # the test's own (conftest)
     with guard.watch(repo, "k") as watched:
+        git(repo, "config", "--global", "core.sshCommand", "/bin/false")
         git(repo, "config", "core.fsmonitor", "/bin/true")
         (repo / ".git" / "hooks" / "post-commit").write_text("#!/bin/sh\n")
         git(repo, "branch", "-D", "kept")
@@ -200,6 +202,7 @@ def test_a_guard_restores_config_hooks_and_refs_it_finds_changed(tmp_path: Path)
         git(repo, "commit", "-q", "--allow-empty", "-m", "moved")
     proc = subprocess.run(["git", "config", "core.fsmonitor"], cwd=repo, capture_output=True)
     assert proc.returncode == 1  # unset again
+    assert not global_config.exists()  # it was not there before
     assert not (repo / ".git" / "hooks" / "post-commit").exists()
     assert git(repo, "branch", "--format=%(refname:short)").split() == ["kept", "main"]
     assert git(repo, "log", "--format=%s", "main") == "initial"

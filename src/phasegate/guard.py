@@ -8,8 +8,9 @@ An agent may change its worktree's files and index, nothing else of git's.
   (``phasegate._git``: what phasegate itself moves meanwhile is not the agent's);
 - every worktree's ``HEAD`` (the agent's own, the person's checkout, others);
 - the git directory's files that can change what git runs or sees: the
-  common ``config`` and ``config.worktree``, each worktree git dir's
-  ``config.worktree``, ``commondir`` and ``gitdir``, the worktree's ``.git``
+  common ``config`` and ``config.worktree``, the global config phasegate's
+  git reads (``GIT_CONFIG_GLOBAL``, ``~/.gitconfig``, the XDG one), each
+  worktree git dir's ``config.worktree``, ``commondir`` and ``gitdir``, the worktree's ``.git``
   file, everything under ``hooks/``, ``info/`` and an absolute
   ``core.hooksPath``, and the stash's reflog.
 
@@ -139,6 +140,15 @@ def _gitdirs(common: Path) -> list[Path]:
     )
 
 
+def _global_configs() -> list[Path]:
+    """The global git config files phasegate's own git reads (an unconfined agent
+    sharing the person's HOME could plant an ``sshCommand`` or a filter there)."""
+    if os.environ.get("GIT_CONFIG_GLOBAL"):
+        return [Path(os.environ["GIT_CONFIG_GLOBAL"])]
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return [Path(os.path.expanduser("~/.gitconfig")), Path(xdg) / "git" / "config"]
+
+
 def _watched(cwd: Path, common: Path) -> tuple[list[Path], list[Path]]:
     """The files and directories a snapshot keeps (this module's docstring)."""
     files = [common / "config", common / "config.worktree", common / "logs" / "refs" / "stash"]
@@ -147,6 +157,7 @@ def _watched(cwd: Path, common: Path) -> tuple[list[Path], list[Path]]:
         if each != common:
             files += [each / "config.worktree", each / "commondir", each / "gitdir"]
     files.append(cwd / ".git")
+    files += _global_configs()
     dirs = [common / name for name in _WATCHED_DIRS]
     for value in (_git_out(["config", "--get-all", "core.hooksPath"], cwd) or "").splitlines():
         hooks = Path(os.path.expanduser(value.strip()))
