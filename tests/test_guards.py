@@ -349,3 +349,24 @@ def test_a_graph_role_that_sets_fsmonitor_and_moves_the_base_fails_and_is_undone
     assert proc.returncode == 1
     subprocess.run(["git", "status"], cwd=repo, check=True, capture_output=True)
     assert not marker.exists()
+
+
+def test_an_agent_s_own_branch_is_put_back_keeping_its_working_tree_edits(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path / "repo", {"a.txt": "a\n"})
+    ws = Workspace()
+    ws.create_branch(repo, "mine", "main")
+    tree = ws.ensure_worktree(repo, "mine", tmp_path / "wt")
+    start = ws.rev(tree, "HEAD")
+    with guard.watch(tree, "k") as watched:
+        git(tree, "checkout", "-q", "-b", "elsewhere")
+        (tree / "a.txt").write_text("edited\n")
+        git(tree, "commit", "-qam", "the agent's own commit")
+        (tree / "new.txt").write_text("new\n")
+    assert [v.name for v in watched.found] == ["ref_violation"]
+    assert git(tree, "symbolic-ref", "--short", "HEAD") == "mine"
+    assert ws.rev(tree, "HEAD") == start
+    assert git(repo, "branch", "--list", "elsewhere") == ""
+    assert (tree / "a.txt").read_text() == "edited\n" and (tree / "new.txt").exists()
+    assert git(tree, "status", "--porcelain") == "M a.txt\n?? new.txt"  # index = HEAD
