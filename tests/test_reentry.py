@@ -491,34 +491,31 @@ def _base_sync_crash(lab: Lab) -> None:
 
 
 @pytest.mark.slow
-def test_a_commit_and_its_revert_is_no_change_and_the_next_attempt_builds_it(
+def test_a_build_agent_s_own_commit_and_revert_is_undone_and_its_retry_builds_it(
     tmp_path: Path,
 ) -> None:
-    lab = Lab(tmp_path, checks=["true"])  # checks that pass on an empty change too
+    # Issue 10: phasegate makes the attempt's commit; an agent's own commits on
+    # its branch are a ref_violation (undone), so a net-empty pair of commits never
+    # reaches development's change accounting: the call is retried like a failed one.
+    lab = Lab(tmp_path, checks=["true"])
     try:
-        _commit_and_revert(lab)
+        lab.configure(revert=("build-1",))
+        workflow_id = lab.start()
+
+        lab.settle(workflow_id)
+
+        row = lab.row(workflow_id)
+        assert row["status"] == "completed", lab.log_tail()
+        assert git(lab.repo, "show", f"{row['merge_sha']}:log.txt").splitlines() == [LINE]
+        assert "a line" not in git(lab.repo, "log", "--format=%s", row["merge_sha"])
+        assert _build_error_kinds(lab, workflow_id) == ["ref_violation", None]
+        assert lab.calls("build") == 2
     finally:
         lab.cleanup()
 
 
-def _commit_and_revert(lab: Lab) -> None:
-    lab.configure(revert=("build-1",))
-    workflow_id = lab.start()
-
-    lab.settle(workflow_id)
-
-    row = lab.row(workflow_id)
-    assert row["status"] == "completed", lab.log_tail()
-    assert git(lab.repo, "show", f"{row['merge_sha']}:log.txt").splitlines() == [LINE]
-    runs = lab.milestones(workflow_id, "tests_run")
-    assert [(m.attempt, m.data["passed"]) for m in runs] == [(1, False), (2, True)]
-    assert runs[0].summary.endswith("; no change")
-    assert lab.calls("build") == 2
-    assert "its commits undo each other" in lab.prompt("build", 2)
-
-
 @pytest.mark.slow
-def test_a_build_whose_net_change_stays_empty_never_merges(tmp_path: Path) -> None:
+def test_a_build_agent_that_always_commits_itself_never_merges(tmp_path: Path) -> None:
     lab = Lab(tmp_path, extra="[limits]\nmax_dev_retries = 1\n", checks=["true"])
     try:
         lab.configure(revert=("build",))
@@ -526,13 +523,21 @@ def test_a_build_whose_net_change_stays_empty_never_merges(tmp_path: Path) -> No
 
         row = lab.settle(workflow_id)
 
-        assert (row["current_phase"], row["status"]) == ("development", "paused"), lab.log_tail()
-        assert "net change against main is empty" in row["error"]
+        assert (row["current_phase"], row["status"]) == ("development", "failed"), lab.log_tail()
+        assert "ref_violation" in row["error"]
         assert git(lab.repo, "rev-list", "--merges", "main") == ""
         assert lab.milestones(workflow_id, "pr_reviewed") == []
-        assert lab.calls("build") == 2
+        assert _build_error_kinds(lab, workflow_id) == ["ref_violation"] * 3
     finally:
         lab.cleanup()
+
+
+def _build_error_kinds(lab: Lab, workflow_id: str) -> list[str | None]:
+    store = lab.store()
+    try:
+        return [r["error_kind"] for r in store.agent_runs(workflow_id) if r["role"] == "build"]
+    finally:
+        store.close()
 
 
 def test_a_discarded_change_holding_a_key_is_accounted_for_without_keeping_the_key(

@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -492,40 +493,46 @@ def test_leftover_directory_at_the_worktree_path_does_not_block_preparation(lab:
 # command running it (the worker's, which has a session of its own) once the
 # workflow branch is deleted for good: right after merge's cleanup, before
 # merge commits. Armed by a file, it fires once, and never in the test's group.
+# A git on PATH that SIGKILLs the worker's process group once, right after its
+# own `git branch -D phasegate/...` succeeded (phasegate's git runs no hook, so
+# the kill point is a wrapper, not a reference-transaction hook).
 KILL_AFTER_BRANCH_DELETE = """\
 #!{python}
-import json, os, signal, sys
+import json, os, signal, subprocess, sys
 from pathlib import Path
 
+done = subprocess.run([{real!r}, *sys.argv[1:]]).returncode
 arm = Path({arm!r})
-if sys.argv[1] != "committed" or not arm.exists():
-    sys.exit(0)
-cfg = json.loads(arm.read_text())
-git_dir = Path(cfg["git_dir"])
-for line in sys.stdin.read().splitlines():
-    _old, new, ref = line.split()
-    # git deletes a branch in two transactions (packed refs, then the loose
-    # ref); only after the second is it gone and every lock released.
-    gone = not (git_dir / ref).exists() and not (git_dir / "packed-refs.lock").exists()
-    if ref.startswith("refs/heads/phasegate/") and set(new) == {{"0"}} and gone:
-        if os.getpgid(0) != cfg["test_pgid"]:
-            arm.unlink()
-            os.killpg(os.getpgid(0), signal.SIGKILL)
+args = sys.argv[1:]
+while args[:1] == ["-c"]:
+    args = args[2:]
+deleted = args[:2] == ["branch", "-D"] and any(a.startswith("phasegate/") for a in args)
+if done == 0 and deleted and arm.exists():
+    cfg = json.loads(arm.read_text())
+    if os.getpgid(0) != cfg["test_pgid"]:
+        arm.unlink()
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+sys.exit(done)
 """
 
 
 @pytest.mark.slow
 def test_sigkill_after_the_merge_removed_its_branch_and_worktree_still_completes(
-    lab: Lab,
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The pull request is merged and its branch and worktree are gone on
     # purpose, but the workflow row still says merge: the restart must not
     # try to "heal" the worktree from a branch that was meant to go.
     arm = lab.root / "arm.json"
-    arm.write_text(json.dumps({"git_dir": str(lab.repo / ".git"), "test_pgid": os.getpgid(0)}))
-    hook = lab.repo / ".git" / "hooks" / "reference-transaction"
-    hook.write_text(KILL_AFTER_BRANCH_DELETE.format(python=sys.executable, arm=str(arm)))
-    hook.chmod(0o755)
+    arm.write_text(json.dumps({"test_pgid": os.getpgid(0)}))
+    wrapper = lab.root / "bin" / "git"
+    wrapper.parent.mkdir()
+    script = KILL_AFTER_BRANCH_DELETE.format(
+        python=sys.executable, arm=str(arm), real=shutil.which("git")
+    )
+    wrapper.write_text(script)
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
     workflow_id = lab.start()
 
     worker = lab.worker()

@@ -12,6 +12,20 @@ short jittered backoff; when it persists, ``GitTransient`` is raised — from
 a lock's exit code mistaken for it. Any other exit is returned (``run_git``)
 or raised as ``GitError`` (``git``) at once, never retried.
 
+Nothing in a repository's configuration runs code inside phasegate's own git
+(issue 10, item 3): every call passes ``HARDENED`` (hooks and fsmonitor off,
+no signing program) and a ``diff``/``log``/``show`` never runs an external
+diff or a textconv. Filter drivers (``filter.<x>.clean``, git-lfs) and merge
+drivers stay on: they come from the configuration only, never from a file
+in the worktree, and the repository's own configuration is guarded around
+every agent run (``phasegate.guard``); the person's global one is theirs.
+
+Every ref-moving command phasegate runs (``REF_MOVING``) appends the refs it
+moved to the repository's ref ledger (``<common>/phasegate/ref-ledger``, one
+JSON line per ref), under a shared flock on ``<common>/phasegate/refs.lock``
+that the guard takes exclusively to compare: a ref that moved during an agent
+run is the agent's unless the ledger says phasegate moved it there.
+
 Errors::
 
     PhasegateError
@@ -25,6 +39,7 @@ Errors::
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import random
 import re
@@ -37,15 +52,24 @@ from pathlib import Path
 from phasegate.contract import PhasegateError
 
 __all__ = [
+    "HARDENED",
     "IDENTITY",
+    "LEDGER",
+    "REF_MOVING",
+    "REFS_LOCK",
     "TRANSIENT_ATTEMPTS",
     "DirtyCheckout",
     "GitError",
     "GitTransient",
     "git",
     "is_transient",
+    "list_refs",
+    "read_ledger",
+    "record_refs",
+    "refs_lock",
     "repository_flock",
     "run_git",
+    "run_git_unrecorded",
 ]
 
 
@@ -99,12 +123,68 @@ def is_transient(proc: subprocess.CompletedProcess[str]) -> bool:
 #: ``objects/maintenance.lock`` behind when a kill lands in it.
 _NO_BACKGROUND = ("-c", "gc.auto=0", "-c", "maintenance.auto=false")
 
+#: What every git call of phasegate's passes so that nothing an agent could plant in
+#: a configuration or a hooks directory runs with phasegate's environment: no hook
+#: (``/dev/null`` is no directory), no fsmonitor daemon or script, and no signing
+#: program (phasegate's commits are phasegate's, never signed with a person's key).
+HARDENED = (
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "commit.gpgSign=false",
+    "-c",
+    "tag.gpgSign=false",
+)
+
+#: Subcommands that run an external diff or a textconv filter unless told not to.
+_DIFFING = frozenset({"diff", "log", "show"})
+
+#: Subcommands that can move a ref; phasegate's own runs of them are in the ledger.
+REF_MOVING = frozenset(
+    {
+        "am",
+        "branch",
+        "checkout",
+        "cherry-pick",
+        "commit",
+        "fetch",
+        "merge",
+        "pull",
+        "push",
+        "rebase",
+        "reset",
+        "revert",
+        "stash",
+        "switch",
+        "symbolic-ref",
+        "tag",
+        "update-ref",
+    }
+)
+
+#: The ref ledger and its lock, relative to the repository's common directory.
+LEDGER = "phasegate/ref-ledger"
+REFS_LOCK = "phasegate/refs.lock"
+
+
+def _subcommand(args: Sequence[str]) -> tuple[int, str]:
+    """Where git's subcommand is in ``args`` (after any ``-c key=value``), and its name."""
+    i = 0
+    while i < len(args) and args[i] == "-c":
+        i += 2
+    return i, (args[i] if i < len(args) else "")
+
 
 def _run_once(
     args: Sequence[str], cwd: Path | str, input: str | None
 ) -> subprocess.CompletedProcess[str]:
+    at, name = _subcommand(args)
+    if name in _DIFFING:
+        args = [*args[: at + 1], "--no-ext-diff", "--no-textconv", *args[at + 1 :]]
     return subprocess.run(
-        ["git", *_NO_BACKGROUND, *args],
+        ["git", *_NO_BACKGROUND, *HARDENED, *args],
         cwd=cwd,
         capture_output=True,
         encoding="utf-8",
@@ -152,16 +232,140 @@ def repository_flock(path: Path, timeout_s: float, poll_s: float = 0.02) -> Iter
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _moves_refs(args: Sequence[str]) -> bool:
+    """Whether ``git args`` may move a ref (``REF_MOVING``, less the reading forms
+    phasegate uses often: ``branch --list``, ``symbolic-ref [-q] [--short] NAME``)."""
+    at, name = _subcommand(args)
+    rest = args[at + 1 :]
+    if name == "branch":
+        return "--list" not in rest
+    if name == "symbolic-ref":
+        return "-d" in rest or "--delete" in rest or len([a for a in rest if a[:1] != "-"]) > 1
+    return name in REF_MOVING
+
+
+def _common_dir(cwd: Path | str) -> Path | None:
+    found = _run_git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd, None)
+    return Path(found.stdout.strip()) if found.returncode == 0 else None
+
+
+def list_refs(cwd: Path | str) -> dict[str, str]:
+    """Every ref of the repository at ``cwd`` (loose and packed): refname → its
+    object name, or ``"ref: <target>"`` for a symbolic ref. Raises GitError
+    (GitTransient when git keeps failing on a lock)."""
+    proc = _run_git(["for-each-ref", "--format=%(refname)%00%(objectname)%00%(symref)"], cwd, None)
+    if proc.returncode != 0:
+        raise GitError(f"git for-each-ref failed in {cwd}: {proc.stderr.strip()}")
+    refs = {}
+    for line in proc.stdout.splitlines():
+        name, sha, symref = line.split("\0")
+        refs[name] = f"ref: {symref}" if symref else sha
+    return refs
+
+
+@contextmanager
+def refs_lock(common: Path, *, exclusive: bool, timeout_s: float = 120.0) -> Iterator[None]:
+    """The repository's refs lock (``<common>/REFS_LOCK``): shared by phasegate's
+    ref-moving commands (they do not exclude each other), exclusive for the guard
+    comparing refs with a snapshot, so no ledger line is still to come for a ref
+    it sees moved. Raises GitTransient after ``timeout_s`` seconds of waiting."""
+    path = common / REFS_LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    with path.open("a") as handle:
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        while True:
+            try:
+                fcntl.flock(handle, mode | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise GitTransient(f"{path} is still held after {timeout_s:g}s") from None
+                time.sleep(0.01)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def record_refs(common: Path, before: dict[str, str], after: dict[str, str]) -> None:
+    """Append to the ref ledger every ref that differs between ``before`` and
+    ``after`` (``"to": ""`` for a deleted one); one write per line (O_APPEND)."""
+    lines = [
+        json.dumps({"ref": name, "to": after.get(name, "")}) + "\n"
+        for name in sorted(before.keys() | after.keys())
+        if before.get(name) != after.get(name)
+    ]
+    if not lines:
+        return
+    path = common / LEDGER
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        for line in lines:
+            os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def read_ledger(common: Path, offset: int) -> tuple[dict[str, str], int]:
+    """The ledger's lines from byte ``offset`` on: refname → the last value phasegate
+    moved it to ("" deleted), and the ledger's size now (read from 0 again when it
+    shrank: it was replaced)."""
+    path = common / LEDGER
+    try:
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            handle.seek(offset if offset <= size else 0)
+            data = handle.read()
+            size = handle.tell()
+    except FileNotFoundError:
+        return {}, 0
+    moved: dict[str, str] = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill: its command's ref, if moved, is the guard's to judge
+        moved[str(entry.get("ref"))] = str(entry.get("to", ""))
+    return moved, size
+
+
+def run_git_unrecorded(
+    args: Sequence[str], cwd: Path | str, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``run_git`` without the ref ledger or its lock: for the guard, which holds the
+    refs lock exclusively and writes the ledger lines of its restores itself."""
+    return _run_git(args, cwd, input)
+
+
 def run_git(
     args: Sequence[str], cwd: Path | str, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``git args`` in ``cwd``, never prompting, in the C locale (messages phasegate
-    reads stay English); whatever it exits with, except lock contention.
+    reads stay English), with hooks, fsmonitor and signing off (``HARDENED``);
+    whatever it exits with, except lock contention. A ref-moving command
+    (``REF_MOVING``) records the refs it moved in the ledger.
 
     A transient failure (see ``is_transient``) is retried up to
     ``TRANSIENT_ATTEMPTS`` runs in all (about 1.5 s at most); raises
     GitTransient, with git's message, when it persists.
     """
+    if not _moves_refs(args):
+        return _run_git(args, cwd, input)
+    common = _common_dir(cwd)
+    if common is None:  # not a repository: let the command itself say so
+        return _run_git(args, cwd, input)
+    with refs_lock(common, exclusive=False):
+        before = list_refs(cwd)
+        proc = _run_git(args, cwd, input)
+        record_refs(common, before, list_refs(cwd))
+    return proc
+
+
+def _run_git(
+    args: Sequence[str], cwd: Path | str, input: str | None
+) -> subprocess.CompletedProcess[str]:
     delay = _BACKOFF_S
     for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
         if args and args[0] == "worktree":

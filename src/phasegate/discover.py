@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from phasegate._git import run_git
 from phasegate._toml import TomlError, read_toml
 
 __all__ = [
@@ -98,7 +99,7 @@ def git_version(which: Which = shutil.which) -> str | None:
 
 
 def _git(repo: Path, *args: str) -> str | None:
-    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+    proc = run_git(args, repo)  # hardened like all of phasegate's git (issue 10)
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 

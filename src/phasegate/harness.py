@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phasegate import guard
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner
 from phasegate.agents.env import (
@@ -93,7 +94,9 @@ class RunnerAnswers:
     try answers with its last ``error_kind`` (``phasegate.agents.ERROR_KINDS``).
     Spend caps: the role's ``budget_usd`` and ``limits.workflow_budget_usd``,
     counted over this run. A read-only role that changed the checkout fails with
-    ``read_only_violation`` (and is undone when the checkout was clean).
+    ``read_only_violation`` (and is undone when the checkout was clean); one
+    that moved a ref or changed the git directory, with ``ref_violation`` or
+    ``git_dir_violation`` (restored, ``phasegate.guard``).
     Text and errors are redacted of the role's secret values.
 
     ``runners`` overrides bindings by role (tests); ``on_call(call, answer)``
@@ -202,7 +205,9 @@ class RunnerAnswers:
             budget_usd=budget,
         )
         before = checkout_state(self.repo)
-        result = runner.run(request, self.cancel)
+        with guard.watch(self.repo, self.run_id, role=call.role, phase=call.node) as watched:
+            result = runner.run(request, self.cancel)
+        result = watched.apply(result)  # refs and .git as they were (issue 10)
         if before is not None and checkout_state(self.repo) != before:
             result = read_only_violation(self.repo, call.role, result, undo=before == "")
         result = oversized_answer(result, answer_limit_of(self.cartridge, call.role, True))

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from phasegate import guard
 from phasegate._process import boot_id, kill_orphan_group, start_ticks
 from phasegate.contract import MilestoneView, MilestoneWrite, PhasegateError
 from phasegate.forge import Forge
@@ -355,6 +356,9 @@ class SideEffects:
             else:
                 self.store.settle_milestone(row, "cancelled", summary=f"{row.kind}: interrupted")
                 notes.append(f"{row.kind}: interrupted")
+        # What an agent run a dead process never checked left in refs and .git (issue 10)
+        for role, _phase, violation in guard.recover(self.repo, self.workflow_id):
+            notes.append(f"{violation.name} of a killed {role} run undone: {violation.detail}")
         return notes
 
     def _stop_orphan(self, row: MilestoneView) -> str:

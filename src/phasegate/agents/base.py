@@ -21,6 +21,8 @@ ERROR_KINDS = (
     "interrupted",
     "invalid_patch",
     "read_only_violation",
+    "ref_violation",
+    "git_dir_violation",
     "runner_error",
     "oversized",  # an answer above limits.max_answer_bytes (issue 10)
     "secret_in_change",  # the graph's build answered with a diff holding a secret

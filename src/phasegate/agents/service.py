@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from phasegate import guard
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner, Violation
 from phasegate.agents.env import cartridge_secrets, files_with_secrets, redact, secret_values
@@ -125,7 +126,10 @@ class AgentService:
         role's, ROLE_SESSION_LINES) names the provider session the call
         resumes; ``read_only`` (default: whether the role is in
         READ_ONLY_ROLES) overrides the role's access, as the development graph
-        does for its build, which answers with a diff. Raises AgentFailed when
+        does for its build, which answers with a diff. Every try is guarded
+        (``phasegate.guard``): refs, HEADs, the git config, hooks and ``info/``
+        the agent changed are restored and the try fails with
+        ``ref_violation``/``git_dir_violation``, like any failed call. Raises AgentFailed when
         all tries fail (exit code, timeout, garbage, ...) or at once when a
         spend cap is reached (kind ``budget``); WorkflowPaused when shutdown
         interrupts a call; FenceLost before a call, or after one without
@@ -173,7 +177,11 @@ class AgentService:
                 ),
             )
             clean_before = request.read_only and checkout_state(cwd) == ""
-            result = self._run_journaled(ctx, phase, runner, request, round)
+            with guard.watch(cwd, ctx.id, role=role, phase=phase) as watched:
+                result = self._run_journaled(ctx, phase, runner, request, round)
+            result = watched.apply(result)  # refs and .git as they were (issue 10)
+            for earlier in watched.recovered:  # what a killed run left, undone now
+                self._emit(ctx.id, violation_event(*earlier, secrets))
             made += 1
             # The worker that took over owns the workflow's rows now: its
             # reconciliation settled this call's process; write nothing of it.

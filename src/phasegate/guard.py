@@ -1,0 +1,381 @@
+"""Guards on refs and ``.git`` around an agent run (issue 10, items 2 and 3).
+
+An agent may change its worktree's files and index, nothing else of git's.
+``watch(cwd, key)`` snapshots, before the run:
+
+- every ref of the repository (``git for-each-ref``: heads, tags, remotes,
+  ``refs/phasegate``, the stash, loose and packed) and the ledger's size
+  (``phasegate._git``: what phasegate itself moves meanwhile is not the agent's);
+- every worktree's ``HEAD`` (the agent's own, the person's checkout, others);
+- the git directory's files that can change what git runs or sees: the
+  common ``config`` and ``config.worktree``, the global config phasegate's
+  git reads (``GIT_CONFIG_GLOBAL``, ``~/.gitconfig``, the XDG one), each
+  worktree git dir's ``config.worktree``, ``commondir`` and ``gitdir``, the worktree's ``.git``
+  file, everything under ``hooks/``, ``info/`` and an absolute
+  ``core.hooksPath``, and the stash's reflog.
+
+After the run (or when the block raises), under the refs lock held
+exclusively: a ref that differs from its snapshot and from the last value
+the ledger says phasegate gave it is put back (one the agent created is
+deleted), a changed ``HEAD`` is put back, and when the agent's own HEAD or
+branch moved its index is reset to the restored HEAD, keeping its working
+tree; changed files are rewritten (mode and symlinks too), new files in the
+watched directories removed. Each kind found is one Violation:
+``ref_violation`` (refs and HEADs) and ``git_dir_violation`` (files). The
+person's index and working tree are never touched: a commit an agent made in
+their checkout leaves its content staged there, visible, uncommitted.
+
+Crash safety: the snapshot is journaled before the agent starts (to
+``<common>/phasegate/guard-<key>.json``) and removed after the check; the
+engine's reconciliation (``SideEffects.reconcile``, after it stopped the
+orphaned agent) and the next ``watch`` of the same key restore from a journal
+a killed phasegate left.
+
+Not told apart: ref moves by a person during an agent run (they are undone
+like the agent's; the violation names both values, and git's reflog keeps
+the commit), and two agents' runs overlapping in one repository (one may be
+blamed for the other's move; both are undone).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from phasegate._git import (
+    LEDGER,
+    list_refs,
+    read_ledger,
+    record_refs,
+    refs_lock,
+    run_git_unrecorded,
+)
+from phasegate.agents.base import AgentResult, Violation
+
+__all__ = ["Snapshot", "Watch", "recover", "restore", "snapshot", "watch"]
+
+#: A watched file's state: ("file", base64 bytes, mode), ("link", target, 0) or absent.
+FileState = tuple[str, str, int]
+
+#: Directories under the common git dir whose every file is watched.
+_WATCHED_DIRS = ("hooks", "info")
+
+#: The most files read from one watched directory (a hooksPath may be anything).
+_MAX_FILES = 2000
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What an agent run must leave as it was (this module's docstring).
+
+    ``refs``: refname → object name or ``"ref: target"``; ``files``: absolute
+    path → FileState; ``dirs``: directories whose new files are removed;
+    ``gitdir``/``branch``: the worktree's own git dir and branch ("" when
+    detached); ``ledger``: the ref ledger's size in bytes when taken."""
+
+    cwd: str
+    common: str
+    gitdir: str
+    branch: str
+    refs: dict[str, str]
+    files: dict[str, FileState | None]
+    dirs: tuple[str, ...]
+    ledger: int
+    role: str = ""
+    phase: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Snapshot:
+        data = json.loads(text)
+        data["dirs"] = tuple(data["dirs"])
+        data["files"] = {k: tuple(v) if v else None for k, v in data["files"].items()}
+        return cls(**data)
+
+
+def _git_out(args: list[str], cwd: Path | str) -> str | None:
+    proc = run_git_unrecorded(args, cwd)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def _read(path: Path) -> FileState | None:
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(info.st_mode):
+        return ("link", os.readlink(path), 0)
+    if not stat.S_ISREG(info.st_mode):
+        return ("other", "", 0)
+    return ("file", base64.b64encode(path.read_bytes()).decode(), stat.S_IMODE(info.st_mode))
+
+
+def _files_under(root: Path) -> list[Path]:
+    found: list[Path] = []
+    if not root.is_dir() or root.is_symlink():
+        return found
+    for dirpath, _dirs, names in os.walk(root):
+        found += [Path(dirpath) / name for name in names]
+        if len(found) >= _MAX_FILES:
+            break
+    return sorted(found[:_MAX_FILES])
+
+
+def _gitdirs(common: Path) -> list[Path]:
+    """The common dir (the main checkout's git dir) and every linked worktree's."""
+    linked = common / "worktrees"
+    return (
+        [common, *sorted(p for p in linked.iterdir() if p.is_dir())]
+        if linked.is_dir()
+        else [common]
+    )
+
+
+def _global_configs() -> list[Path]:
+    """The global git config files phasegate's own git reads (an unconfined agent
+    sharing the person's HOME could plant an ``sshCommand`` or a filter there)."""
+    if os.environ.get("GIT_CONFIG_GLOBAL"):
+        return [Path(os.environ["GIT_CONFIG_GLOBAL"])]
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return [Path(os.path.expanduser("~/.gitconfig")), Path(xdg) / "git" / "config"]
+
+
+def _watched(cwd: Path, common: Path) -> tuple[list[Path], list[Path]]:
+    """The files and directories a snapshot keeps (this module's docstring)."""
+    files = [common / "config", common / "config.worktree", common / "logs" / "refs" / "stash"]
+    for each in _gitdirs(common):
+        files.append(each / "HEAD")
+        if each != common:
+            files += [each / "config.worktree", each / "commondir", each / "gitdir"]
+    files.append(cwd / ".git")
+    files += _global_configs()
+    dirs = [common / name for name in _WATCHED_DIRS]
+    for value in (_git_out(["config", "--get-all", "core.hooksPath"], cwd) or "").splitlines():
+        hooks = Path(os.path.expanduser(value.strip()))
+        if hooks.is_absolute() and hooks != Path("/dev/null"):
+            dirs.append(hooks)
+    for directory in dirs:
+        files += _files_under(directory)
+    return sorted(set(files)), dirs
+
+
+def snapshot(cwd: Path, *, role: str = "", phase: str = "") -> Snapshot | None:
+    """The snapshot of the repository ``cwd`` is in, or None outside git.
+    Taken under the refs lock held exclusively (GitTransient after its timeout)."""
+    common_s = _git_out(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd)
+    gitdir_s = _git_out(["rev-parse", "--path-format=absolute", "--git-dir"], cwd)
+    if not common_s or not gitdir_s:
+        return None
+    common, gitdir = Path(common_s), Path(gitdir_s)
+    branch = _git_out(["symbolic-ref", "-q", "HEAD"], cwd) or ""
+    with refs_lock(common, exclusive=True):
+        refs = list_refs(cwd)
+        ledger = (common / LEDGER).stat().st_size if (common / LEDGER).exists() else 0
+    files, dirs = _watched(cwd, common)
+    return Snapshot(
+        cwd=str(cwd),
+        common=str(common),
+        gitdir=str(gitdir),
+        branch=branch,
+        refs=refs,
+        files={str(p): _read(p) for p in files},
+        dirs=tuple(str(d) for d in dirs),
+        ledger=ledger,
+        role=role,
+        phase=phase,
+    )
+
+
+def _write(path: Path, state: FileState | None) -> None:
+    """Put ``state`` back at ``path`` (atomically for a file; None removes it)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)  # what the agent put in the way of a file git reads
+    if state is None or state[0] == "other":
+        if state is None and (path.exists() or path.is_symlink()):
+            path.unlink()
+        return
+    tmp = path.with_name(f".{path.name}.phasegate-restore")
+    if tmp.exists() or tmp.is_symlink():
+        tmp.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kind, content, mode = state
+    if kind == "link":
+        os.symlink(content, tmp)
+    else:
+        tmp.write_bytes(base64.b64decode(content))
+        tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
+def _short(value: str | None) -> str:
+    if not value:
+        return "(none)"
+    return value if value.startswith("ref: ") else value[:12]
+
+
+def _restore_refs(snap: Snapshot, common: Path) -> tuple[list[str], list[str]]:
+    """Refs back to the snapshot or to phasegate's own later value; (refnames, notes)."""
+    # Listed and written where the snapshot listed them: per-worktree refs
+    # (refs/bisect, refs/worktree) are the worktree's own.
+    where = Path(snap.cwd) if Path(snap.cwd).is_dir() else common
+    now = list_refs(where)
+    moved, _size = read_ledger(common, snap.ledger)
+    names, notes, stdin = [], [], []
+    after = dict(now)
+    for name in sorted(snap.refs.keys() | now.keys()):
+        want = moved[name] if name in moved else snap.refs.get(name, "")
+        have = now.get(name, "")
+        if have == want:
+            continue
+        names.append(name)
+        notes.append(f"{name} {_short(want)} ← {_short(have)}")
+        if not want:
+            stdin.append(f"delete {name}\n")
+            after.pop(name, None)
+        elif want.startswith("ref: "):
+            run_git_unrecorded(["symbolic-ref", name, want[5:]], where)
+            after[name] = want
+        else:
+            stdin.append(f"update {name} {want}\n")
+            after[name] = want
+    if stdin:
+        proc = run_git_unrecorded(["update-ref", "--no-deref", "--stdin"], where, "".join(stdin))
+        if proc.returncode != 0:
+            notes.append(f"(git update-ref failed: {proc.stderr.strip()[:300]})")
+    record_refs(common, now, after)  # other runs' guards must see these as phasegate's
+    return names, notes
+
+
+def restore(snap: Snapshot) -> list[Violation]:
+    """Compare the repository with ``snap`` and undo what differs (this module's
+    docstring); the violations found, ``ref_violation`` first. Raises
+    GitTransient when the refs lock stays held, OSError when a file cannot be
+    written back."""
+    common, cwd = Path(snap.common), Path(snap.cwd)
+    violations: list[Violation] = []
+    with refs_lock(common, exclusive=True):
+        names, notes = _restore_refs(snap, common)
+        heads, changed = [], []
+        for path_s, state in snap.files.items():
+            path = Path(path_s)
+            if _read(path) == state:
+                continue
+            in_worktree = path.parent.parent == common / "worktrees" or path == cwd / ".git"
+            if in_worktree and not path.parent.is_dir():
+                continue  # that worktree was removed meanwhile: nothing to put back in it
+            _write(path, state)
+            (heads if path.name == "HEAD" and path.parent in _gitdirs(common) else changed).append(
+                path_s
+            )
+        for directory in snap.dirs:
+            for path in _files_under(Path(directory)):
+                if str(path) not in snap.files:
+                    path.unlink()
+                    changed.append(str(path))
+    own_moved = any(Path(h).parent == Path(snap.gitdir) for h in heads) or snap.branch in names
+    if own_moved and cwd.is_dir():
+        # The index the agent left belongs to the commit it moved to: match it to the
+        # restored HEAD, keeping the working tree (the attempt fails; its edits are visible).
+        run_git_unrecorded(["reset", "-q"], cwd)
+    if names or heads:
+        moved = names + [f"HEAD of {Path(h).parent}" for h in heads]
+        detail = f"the agent moved {len(moved)} ref(s), restored: " + "; ".join(
+            notes + [f"HEAD of {Path(h).parent}" for h in heads]
+        )
+        violations.append(Violation("ref_violation", detail[:2000], tuple(moved)))
+    if changed:
+        shown = [_relative(p, common) for p in changed]
+        detail = f"the agent changed {len(shown)} file(s) of the git directory, restored: "
+        violations.append(
+            Violation("git_dir_violation", (detail + ", ".join(shown[:10]))[:2000], tuple(shown))
+        )
+    return violations
+
+
+def _relative(path: str, common: Path) -> str:
+    try:
+        return str(Path(path).relative_to(common))
+    except ValueError:
+        return path
+
+
+def _journal_path(common: Path, key: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in key)
+    # a file, not a directory: directories in <common>/phasegate are checkouts
+    return common / "phasegate" / f"guard-{safe}.json"
+
+
+def recover(cwd: Path, key: str) -> list[tuple[str, str, Violation]]:
+    """Restore from the journal a killed phasegate left for ``key`` (a run never
+    checked); (role, phase, violation) for each found. [] when there is none
+    (or ``cwd`` is no directory in a repository)."""
+    if not Path(cwd).is_dir():
+        return []
+    common_s = _git_out(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd)
+    if not common_s:
+        return []
+    journal = _journal_path(Path(common_s), key)
+    if not journal.is_file():
+        return []
+    try:
+        snap = Snapshot.from_json(journal.read_text())
+    except (ValueError, TypeError, KeyError):
+        journal.unlink()  # cut by the kill before the agent started: nothing to check
+        return []
+    found = [(snap.role, snap.phase, v) for v in restore(snap)]
+    journal.unlink()
+    return found
+
+
+@dataclass
+class Watch:
+    """One guarded run: the violations found after it (``found``), and those
+    restored from a killed run's journal before it (``recovered``)."""
+
+    found: list[Violation] = field(default_factory=list)
+    recovered: list[tuple[str, str, Violation]] = field(default_factory=list)
+
+    def apply(self, result: AgentResult) -> AgentResult:
+        """``result`` failed with the first violation found (its name as error
+        kind), every one added to its violations; as it is when none."""
+        if not self.found:
+            return result
+        first = self.found[0]
+        error = first.detail if result.ok else f"{first.detail} (and: {result.error})"
+        return replace(
+            result,
+            error_kind=first.name,
+            error=error,
+            violations=(*result.violations, *self.found),
+        )
+
+
+@contextmanager
+def watch(cwd: Path, key: str, *, role: str = "", phase: str = "") -> Iterator[Watch]:
+    """Guard the agent run in the block (this module's docstring). ``key`` names
+    the journal (the workflow or graph run: one agent at a time each). Nothing
+    is guarded outside git."""
+    seen = Watch(recovered=recover(cwd, key))
+    snap = snapshot(cwd, role=role, phase=phase)
+    if snap is None:
+        yield seen
+        return
+    journal = _journal_path(Path(snap.common), key)
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    tmp = journal.with_suffix(".tmp")
+    tmp.write_text(snap.to_json())
+    os.replace(tmp, journal)
+    try:
+        yield seen
+    finally:
+        seen.found = restore(snap)
+        journal.unlink()
