@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +34,7 @@ from phasegate._supervisor import (
     start_ticks,
     tagged,
 )
+from phasegate.sandbox import Confinement, sandbox_for
 
 __all__ = [
     "Finished",
@@ -98,6 +101,7 @@ def run_supervised(
     cancel: threading.Event | None,
     on_spawn: Callable[[int], None] | None = None,
     merge_stderr: bool = False,
+    confinement: Confinement | None = None,
 ) -> Finished:
     """Run ``args`` (a shell command when a string) in ``cwd`` to its end, its timeout
     (seconds) or ``cancel``; returns what it wrote and how it ended.
@@ -109,7 +113,34 @@ def run_supervised(
     the process is stopped and the error re-raised. Raises SpawnError when
     the command cannot start. Returns within about ``timeout_s`` plus the
     grace (2 s) plus the drain (2 s), whatever the command's descendants do.
+
+    A ``confinement`` that is confined runs the command inside its sandbox
+    (``phasegate.sandbox``; a shell command as ``/bin/sh -c``) with a private
+    temp dir (``TMPDIR``) made for this run and removed after it; the
+    supervisor stays outside, so stopping works the same.
     """
+    if confinement is None or not confinement.confined:
+        return _run(args, cwd, env, stdin, timeout_s, cancel, on_spawn, merge_stderr)
+    tmp = Path(tempfile.mkdtemp(prefix="phasegate-tmp-"))
+    try:
+        argv = ["/bin/sh", "-c", args] if isinstance(args, str) else list(args)
+        wrapped = sandbox_for(confinement).wrap(argv, confinement, cwd, tmp)
+        return _run(wrapped, cwd, env, stdin, timeout_s, cancel, on_spawn, merge_stderr)
+    finally:
+        # The subtree is gone by now (the supervisor saw to it): what is left is scratch.
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run(
+    args: str | Sequence[str],
+    cwd: Path,
+    env: Mapping[str, str] | None,
+    stdin: str | None,
+    timeout_s: float,
+    cancel: threading.Event | None,
+    on_spawn: Callable[[int], None] | None,
+    merge_stderr: bool,
+) -> Finished:
     started = time.monotonic()
     command = [args] if isinstance(args, str) else list(args)
     status_r, status_w = os.pipe()

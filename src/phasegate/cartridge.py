@@ -127,7 +127,9 @@ _RUNNER_KEYS: dict[str, frozenset[str]] = {
         }
     ),
 }
-_COMMON_KEYS = frozenset({"runner", "timeout", "env", "pass_env", "budget_usd"})
+_COMMON_KEYS = frozenset(
+    {"runner", "timeout", "env", "pass_env", "budget_usd", "sandbox", "network"}
+)
 _REQUIRED_KEYS = {
     "command": ("command",),
     "scripted": ("script",),
@@ -157,6 +159,11 @@ class RoleBinding(_Strict):
     ``pass_env`` (variables passed through from phasegate's environment) and
     ``api_key_env`` (the variable holding the model key). Nothing else of
     phasegate's environment reaches it but PATH and the locale.
+
+    ``sandbox`` is how its process is confined (``phasegate.sandbox``):
+    "bwrap" (an error where bubblewrap does not work), "none", or unset:
+    bwrap where it works, else none with a warning. ``network = false`` cuts
+    a confined agent off the network (its model too: for a local one only).
     """
 
     runner: Literal["command", "scripted", "claude-code", "codex", "api", "mini-swe-agent"]
@@ -177,6 +184,8 @@ class RoleBinding(_Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     input_usd_per_mtok: float | None = Field(default=None, ge=0)
     output_usd_per_mtok: float | None = Field(default=None, ge=0)
+    sandbox: Literal["bwrap", "none"] | None = None
+    network: bool = True
 
     @model_validator(mode="after")
     def _runner_fields(self) -> RoleBinding:
@@ -235,6 +244,10 @@ class LandingAreas(_Strict):
     pass_env: list[str] = Field(
         default_factory=list, description="variables the checks see besides PATH, HOME, locale"
     )
+    # How the checks are confined: as a role's ``sandbox`` and ``network``;
+    # writable are the checkout and a private temp dir.
+    sandbox: Literal["bwrap", "none"] | None = None
+    network: bool = True
 
     def worktree_dir(self, repo: Path) -> Path:
         """Where the workflows' worktrees are made: ``worktree_root`` resolved against

@@ -12,6 +12,7 @@ from pathlib import Path
 from phasegate._process import run_supervised
 from phasegate.contract import WorkflowPaused
 from phasegate.redaction import redact
+from phasegate.sandbox import Confinement, for_checkout
 
 __all__ = ["CheckResult", "run_checks"]
 
@@ -45,6 +46,7 @@ def run_checks(
     env: Mapping[str, str] | None = None,
     secrets: Sequence[str] = (),
     on_spawn: Callable[[str, int], None] | None = None,
+    confinement: Confinement | None = None,
 ) -> list[CheckResult]:
     """Run each check command in ``cwd`` with a timeout in seconds; capture its output.
 
@@ -60,8 +62,12 @@ def run_checks(
     exits is stopped too. Raises WorkflowPaused, after stopping the running
     check, when ``cancel`` is set: a shutdown must not wait out a long test
     suite. Raises SpawnError (an OSError) when a check cannot start (``cwd``
-    missing).
+    missing). A ``confinement`` (``sandbox.check_confinement``) runs each
+    check in its sandbox with ``cwd`` writable (its ``.git`` not) and a
+    private temp dir; None runs them unconfined.
     """
+    if confinement is not None:
+        confinement = for_checkout(confinement, cwd)
     results = []
     for command in commands:
         finished = run_supervised(
@@ -73,6 +79,7 @@ def run_checks(
             cancel=cancel,
             on_spawn=None if on_spawn is None else partial(on_spawn, command),
             merge_stderr=True,
+            confinement=confinement,
         )
         if finished.stopped == "interrupted":
             raise WorkflowPaused(f"shutdown while the check {command!r} ran")

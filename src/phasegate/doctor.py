@@ -5,7 +5,10 @@ their versions, which model keys are set (never a value, nor any part of one),
 git, the cartridge's validity and every role's binding. ``Diagnosis.missing``
 lists what stops a run (an unbound role, a missing executable, an unset
 ``api_key_env``, litellm missing for an ``api`` role, ...); ``warnings`` what
-may surprise one without stopping it.
+may surprise one without stopping it. It says which sandbox each role that
+starts a process gets, and the checks (``phasegate.sandbox.choose``): an
+explicit ``sandbox = "bwrap"`` that cannot work here is missing, a process
+that will run unconfined a warning.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from phasegate.discover import (
     keys_set,
     program_version,
 )
+from phasegate.sandbox import PROCESS_RUNNERS, SandboxKind, choose
 from phasegate.store import store_url_problem
 from phasegate.workspace import GitError, git
 
@@ -90,6 +94,8 @@ class RoleStatus:
     api_key_env: str | None = None
     api_key_set: bool | None = None
     error: str | None = None
+    sandbox: str | None = None  # "bwrap" or "none"; None: its runner starts no process
+    sandbox_reason: str | None = None
 
 
 @dataclass
@@ -104,6 +110,8 @@ class Diagnosis:
     cartridge: dict[str, Any]
     roles: list[RoleStatus]
     litellm: bool
+    #: The checks' sandbox: {"kind", "reason"}; empty when there are no checks.
+    checks_sandbox: dict[str, str] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -222,7 +230,20 @@ def _role_status(
         )
     if binding.runner == "api" and not litellm:
         missing.append(f"{where}: the api runner needs litellm: {_LITELLM_HINT}")
+    if binding.runner in PROCESS_RUNNERS:
+        status.sandbox, status.sandbox_reason = _sandbox(where, binding.sandbox, missing, warnings)
     return status
+
+
+def _sandbox(
+    where: str, setting: SandboxKind | None, missing: list[str], warnings: list[str]
+) -> tuple[str, str]:
+    kind, reason = choose(setting)
+    if setting == "bwrap" and reason.startswith("unavailable"):
+        missing.append(f'{where}.sandbox = "bwrap", but it is {reason}')
+    elif kind == "none":
+        warnings.append(f"{where} runs UNCONFINED (no sandbox): {reason}")
+    return kind, reason
 
 
 def diagnose(
@@ -274,6 +295,10 @@ def diagnose(
                 )
     if cartridge is not None and root is not None:
         _check_workflow(cartridge, root, missing, warnings)
+    checks_sandbox: dict[str, str] = {}
+    if cartridge is not None and cartridge.landing_areas.checks:
+        kind, reason = _sandbox("landing_areas", cartridge.landing_areas.sandbox, missing, warnings)
+        checks_sandbox = {"kind": kind, "reason": reason}
 
     names = [*AGENT_CLIS, *(r.executable for r in roles if r.executable and r.runner != "command")]
     clis = []
@@ -292,6 +317,7 @@ def diagnose(
         cartridge=cartridge_info,
         roles=roles,
         litellm=litellm,
+        checks_sandbox=checks_sandbox,
         missing=missing,
         warnings=warnings,
     )

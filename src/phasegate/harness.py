@@ -59,6 +59,7 @@ from phasegate.graph import (
 )
 from phasegate.graph.calls import asked_as, call_row, recorded_answer
 from phasegate.graph.proposals import Evidence
+from phasegate.sandbox import agent_confinement, check_confinement
 from phasegate.store import Store
 from phasegate.workspace import CheckResult, GitError, PatchError, Workspace
 
@@ -203,6 +204,13 @@ class RunnerAnswers:
             session_id=self._sessions.get(call.thread),
             state_dir=self.repo / ".phasegate" / "agents" / self.run_id,
             budget_usd=budget,
+            confinement=agent_confinement(
+                self.cartridge.role(call.role).sandbox,
+                network=self.cartridge.role(call.role).network,
+                cwd=self.repo,
+                state_dir=self.repo / ".phasegate" / "agents" / self.run_id,
+                repo=self.repo,
+            ),
         )
         before = checkout_state(self.repo)
         with guard.watch(self.repo, self.run_id, role=call.role, phase=call.node) as watched:
@@ -435,6 +443,7 @@ def check_proposals(
             cancel,
             env=check_env(areas.pass_env),
             secrets=cartridge_secrets(cartridge),
+            confinement=check_confinement(areas.sandbox, network=areas.network),
         )
 
     run_checks = run_checks or unjournaled

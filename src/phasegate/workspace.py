@@ -28,6 +28,7 @@ from phasegate._git import (
 )
 from phasegate.checks import CheckResult, run_checks
 from phasegate.contract import PhasegateError
+from phasegate.sandbox import Confinement
 
 __all__ = [
     "CheckResult",
@@ -510,8 +511,16 @@ class Workspace:
         env: Mapping[str, str] | None = None,
         secrets: Sequence[str] = (),
         on_spawn: Callable[[str, int], None] | None = None,
+        confinement: Confinement | None = None,
     ) -> list[CheckResult]:
         """``phasegate.checks.run_checks``: the seam phases and the harness call."""
         return run_checks(
-            commands, cwd, timeout_s, cancel, env=env, secrets=secrets, on_spawn=on_spawn
+            commands,
+            cwd,
+            timeout_s,
+            cancel,
+            env=env,
+            secrets=secrets,
+            on_spawn=on_spawn,
+            confinement=confinement,
         )

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from phasegate.sandbox import Confinement
+
 __all__ = ["AgentRequest", "AgentResult", "ERROR_KINDS", "Runner", "VIOLATIONS", "Violation"]
 
 #: Named reasons an agent call did not produce an answer.
@@ -68,6 +70,8 @@ class AgentRequest:
     - ``state_dir``: the workflow's own directory for this runner's state (an
       isolated HOME, CODEX_HOME); it outlives the call, so sessions resume.
     - ``budget_usd``: what this call may spend at most, or None for no cap.
+    - ``confinement``: how the runner confines the agent's process
+      (``phasegate.sandbox``); None runs it unconfined.
     """
 
     workflow_id: str
@@ -83,6 +87,7 @@ class AgentRequest:
     state_dir: Path | None = None
     budget_usd: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    confinement: Confinement | None = None
 
 
 @dataclass(frozen=True)

@@ -225,5 +225,6 @@ class ClaudeCodeRunner:
             timeout_s=request.timeout_s,
             cancel=cancel,
             on_spawn=on_spawn,
+            confinement=request.confinement,
         )
-        return outcome.failure(request.timeout_s) or parse_result(outcome)
+        return outcome.attach(outcome.failure(request.timeout_s) or parse_result(outcome))

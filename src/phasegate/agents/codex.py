@@ -188,15 +188,16 @@ class CodexRunner:
             timeout_s=request.timeout_s,
             cancel=cancel,
             on_spawn=on_spawn,
+            confinement=request.confinement,
         )
         failure = outcome.failure(request.timeout_s)
         if failure is None:
-            return self._result(outcome, home)
+            return outcome.attach(self._result(outcome, home))
         if failure.error_kind == "timeout":
             # killed mid-turn: what the answered turns cost is in the session log
             thread = parse_events(outcome.stdout)["thread_id"]
-            return replace(failure, **self._spend(home, thread, None))
-        return failure
+            return outcome.attach(replace(failure, **self._spend(home, thread, None)))
+        return outcome.attach(failure)
 
     def _spend(
         self, home: Path, thread: str | None, usage: dict[str, Any] | None

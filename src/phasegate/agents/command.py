@@ -65,16 +65,21 @@ class CommandRunner:
                 timeout_s=request.timeout_s,
                 cancel=cancel,
                 on_spawn=on_spawn,
+                confinement=request.confinement,
             )
         failure = outcome.failure(request.timeout_s)
         if failure is not None:
-            return failure
+            return outcome.attach(failure)
         if outcome.returncode != 0:
-            return AgentResult(
-                outcome.stdout,
-                error_kind="exit_code",
-                error=f"exited with code {outcome.returncode}: {outcome.tail()}",
-                exit_code=outcome.returncode,
-                duration_s=outcome.duration_s,
+            return outcome.attach(
+                AgentResult(
+                    outcome.stdout,
+                    error_kind="exit_code",
+                    error=f"exited with code {outcome.returncode}: {outcome.tail()}",
+                    exit_code=outcome.returncode,
+                    duration_s=outcome.duration_s,
+                )
             )
-        return AgentResult(outcome.stdout, exit_code=0, duration_s=outcome.duration_s)
+        return outcome.attach(
+            AgentResult(outcome.stdout, exit_code=0, duration_s=outcome.duration_s)
+        )

@@ -343,16 +343,28 @@ class MiniSweAgentRunner:
             timeout_s=request.timeout_s,
             cancel=cancel,
             on_spawn=on_spawn,
+            confinement=request.confinement,
+            # The commands' outputs are in the trajectory, not on stdout.
+            transcript=lambda: _read_text(trajectory_path),
         )
         failure = outcome.failure(request.timeout_s)
         if failure is not None:
-            return failure
-        return parse_trajectory(
-            outcome,
-            _read_json(trajectory_path),
-            step_limit=config["agent"]["step_limit"],
-            cost_limit=config["agent"]["cost_limit"],
+            return outcome.attach(failure)
+        return outcome.attach(
+            parse_trajectory(
+                outcome,
+                _read_json(trajectory_path),
+                step_limit=config["agent"]["step_limit"],
+                cost_limit=config["agent"]["cost_limit"],
+            )
         )
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""  # it stopped before writing one
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

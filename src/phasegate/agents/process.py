@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from phasegate._process import SpawnError, run_supervised
-from phasegate.agents.base import AgentResult
+from phasegate.agents.base import AgentResult, Violation
+from phasegate.sandbox import Confinement, refused_writes
 
 __all__ = ["ProcessOutcome", "run_agent_process"]
 
@@ -30,6 +31,17 @@ class ProcessOutcome:
     duration_s: float
     stopped: str | None = None
     spawn_error: str | None = None
+    violations: tuple[Violation, ...] = ()
+
+    def attach(self, result: AgentResult) -> AgentResult:
+        """``result`` with this process's ``sandbox_denied`` violations added.
+
+        The call's outcome stays what it was: the sandbox already refused the
+        write; the violation is the record of the attempt.
+        """
+        if not self.violations:
+            return result
+        return replace(result, violations=(*result.violations, *self.violations))
 
     def failure(self, timeout_s: float) -> AgentResult | None:
         """The AgentResult for a process that did not finish on its own, else None."""
@@ -64,10 +76,18 @@ def run_agent_process(
     timeout_s: float,
     cancel: threading.Event,
     on_spawn: Callable[[int], None] | None = None,
+    confinement: Confinement | None = None,
+    transcript: Callable[[], str] | None = None,
 ) -> ProcessOutcome:
     """Run ``args`` (a shell command when a string) to completion, timeout (seconds)
-    or shutdown, supervised (``phasegate._process.run_supervised``); a program
-    that cannot start is a ``spawn_error``, never an exception."""
+    or shutdown, supervised (``phasegate._process.run_supervised``) and confined
+    by ``confinement`` (``phasegate.sandbox``); a program that cannot start is a
+    ``spawn_error``, never an exception.
+
+    ``violations`` holds one ``sandbox_denied`` per write outside its areas
+    that the process reported refused (``sandbox.refused_writes``) in its
+    stdout, stderr, or ``transcript()`` (what a runner's agent wrote to a
+    file: its trajectory)."""
     try:
         finished = run_supervised(
             args,
@@ -77,13 +97,26 @@ def run_agent_process(
             timeout_s=timeout_s,
             cancel=cancel,
             on_spawn=on_spawn,
+            confinement=confinement,
         )
     except SpawnError as exc:
         return ProcessOutcome("", "", None, 0.0, spawn_error=str(exc))
+    violations: tuple[Violation, ...] = ()
+    if confinement is not None and confinement.confined:
+        seen = "\n".join([finished.stdout, finished.stderr, transcript() if transcript else ""])
+        violations = tuple(
+            Violation(
+                "sandbox_denied",
+                f"the sandbox refused a write to {path or 'a path it did not name'}: {line}",
+                (path,) if path else (),
+            )
+            for path, line in refused_writes(seen, confinement, cwd)
+        )
     return ProcessOutcome(
         finished.stdout,
         finished.stderr,
         finished.returncode,
         finished.duration_s,
         stopped=finished.stopped,
+        violations=violations,
     )

@@ -21,6 +21,7 @@ from phasegate.contract import (
     WorkflowPaused,
 )
 from phasegate.journal import ProcessJournal
+from phasegate.sandbox import agent_confinement
 from phasegate.store import AgentRunRecord, Fence, Store
 from phasegate.workspace import GitError, git
 
@@ -155,6 +156,7 @@ class AgentService:
                     raise AgentFailed(role, 0, "budget", "the spend cap is reached before the call")
                 kind, detail = "budget", f"the spend cap is reached after: {detail or 'a call'}"
                 break
+            state_dir = self.repo / ".phasegate" / "agents" / ctx.id
             request = AgentRequest(
                 workflow_id=ctx.id,
                 phase=phase,
@@ -166,8 +168,15 @@ class AgentService:
                 read_only=read_only,
                 call_index=self.store.count_agent_runs(ctx.id, role),
                 session_id=self.store.provider_session(ctx.id, line),
-                state_dir=self.repo / ".phasegate" / "agents" / ctx.id,
+                state_dir=state_dir,
                 budget_usd=budget,
+                confinement=agent_confinement(
+                    binding.sandbox,
+                    network=binding.network,
+                    cwd=cwd,
+                    state_dir=state_dir,
+                    repo=self.repo,
+                ),
             )
             self._emit(
                 ctx.id,

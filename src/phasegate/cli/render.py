@@ -26,6 +26,7 @@ from phasegate.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES
 from phasegate.engine import Engine, LeaseHeld
 from phasegate.profiles import MAX_REVERSIONS, AutomationProfile, decisions_of
 from phasegate.report import render_report
+from phasegate.sandbox import start_confined
 from phasegate.store import Store
 
 
@@ -122,6 +123,8 @@ def _graceful(engine: Engine, what: str = "the id is printed below") -> Iterator
 
 
 def _engine(repo: Path, cartridge: Cartridge, store: Store, progress: _Progress | None) -> Engine:
+    # Before any agent runs: a "bwrap" that cannot work is exit 2; unconfined is loud.
+    start_confined(cartridge, lambda text: err.print(f"[bold red]{escape(text)}[/bold red]"))
     return Engine(repo, cartridge, store, on_event=progress)
 
 

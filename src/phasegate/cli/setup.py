@@ -153,10 +153,15 @@ def _print_diagnosis(found: Diagnosis) -> None:
                 parts.append(role.executable)
             if role.api_key_env:
                 parts.append(f"{role.api_key_env} {'set' if role.api_key_set else 'NOT SET'}")
+            if role.sandbox:
+                parts.append(f"sandbox {role.sandbox} ({role.sandbox_reason})")
             problem = (role.executable and not role.resolved and role.runner != "command") or (
                 role.api_key_env and not role.api_key_set
             )
             line(no if problem else yes, f"{role.role}: " + " · ".join(parts))
+    if found.checks_sandbox:
+        sandbox = found.checks_sandbox
+        line("•", f"checks: sandbox {sandbox['kind']} ({sandbox['reason']})")
     line(
         yes if found.litellm else "[dim]−[/dim]",
         f"litellm {'installed' if found.litellm else 'not installed'} (for api roles)",

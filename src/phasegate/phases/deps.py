@@ -18,6 +18,7 @@ from phasegate.clock import Clock
 from phasegate.contract import PR_REVIEW, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.forge import Forge
 from phasegate.journal import ProcessJournal, SideEffects
+from phasegate.sandbox import check_confinement
 from phasegate.store import Store
 from phasegate.workspace import CheckResult, Workspace
 
@@ -69,6 +70,7 @@ class PhaseDeps:
                 self.shutdown,
                 env=check_env(areas.pass_env),
                 secrets=cartridge_secrets(self.cartridge),
+                confinement=check_confinement(areas.sandbox, network=areas.network),
                 # Unique per run: the pid and start ticks of its supervisor.
                 on_spawn=lambda command, pid: spawned(
                     pid, f"check {command!r}", f"{pid}.{start_ticks(pid)}"
