@@ -30,6 +30,19 @@ def _git_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("GIT_COMMITTER_EMAIL", "test@localhost")
 
 
+@pytest.fixture(autouse=True)
+def _unconfined_unless_sandboxed(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    # Most tests watch their agents from outside (pid files, markers in tmp_path),
+    # which the sandbox forbids; the sandbox itself, and every real-CLI test, run
+    # confined (pytest.mark.sandboxed): the default of a person's machine.
+    if request.node.get_closest_marker("sandboxed") is None:
+        monkeypatch.setenv("PHASEGATE_SANDBOX", "none")
+    else:
+        monkeypatch.delenv("PHASEGATE_SANDBOX", raising=False)
+
+
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=repo, check=True, capture_output=True, text=True

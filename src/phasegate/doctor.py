@@ -45,7 +45,7 @@ from phasegate.discover import (
     keys_set,
     program_version,
 )
-from phasegate.sandbox import PROCESS_RUNNERS, SandboxKind, choose
+from phasegate.sandbox import PROCESS_RUNNERS, SandboxKind, bwrap_works, choose
 from phasegate.store import store_url_problem
 from phasegate.workspace import GitError, git
 
@@ -239,7 +239,7 @@ def _sandbox(
     where: str, setting: SandboxKind | None, missing: list[str], warnings: list[str]
 ) -> tuple[str, str]:
     kind, reason = choose(setting)
-    if setting == "bwrap" and reason.startswith("unavailable"):
+    if kind == "bwrap" and bwrap_works() is not None:
         missing.append(f'{where}.sandbox = "bwrap", but it is {reason}')
     elif kind == "none":
         warnings.append(f"{where} runs UNCONFINED (no sandbox): {reason}")

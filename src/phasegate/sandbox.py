@@ -34,7 +34,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
@@ -43,6 +43,7 @@ from phasegate.cartridge import CARTRIDGE_FILE, Cartridge, CartridgeError
 
 __all__ = [
     "PROCESS_RUNNERS",
+    "SANDBOX_VAR",
     "Bubblewrap",
     "Confinement",
     "NoSandbox",
@@ -64,6 +65,9 @@ __all__ = [
 ]
 
 SandboxKind = Literal["bwrap", "none"]
+
+#: The machine's default sandbox for the roles and checks a cartridge leaves unset.
+SANDBOX_VAR = "PHASEGATE_SANDBOX"
 
 _PR_SET_DUMPABLE = 4
 _MAX_DENIED = 20  # violations named per run; a loop of refused writes is one story
@@ -178,13 +182,23 @@ def bwrap_works() -> str | None:
     return None
 
 
-def choose(setting: SandboxKind | None) -> tuple[SandboxKind, str]:
+def choose(
+    setting: SandboxKind | None, environ: Mapping[str, str] | None = None
+) -> tuple[SandboxKind, str]:
     """The sandbox a ``sandbox`` cartridge value gets, and why.
 
-    None (the default) is bwrap where it works, else none; "none" is none;
-    "bwrap" is bwrap, with the reason it will fail when it does not work here
-    (``doctor`` and the start of a run turn that into an error naming the key).
+    None (the default) is ``PHASEGATE_SANDBOX`` from the environment when it
+    is "bwrap" or "none" (the machine's default for what the cartridge leaves
+    unset), else bwrap where it works, else none; "none" is none; "bwrap" is
+    bwrap, with the reason it will fail when it does not work here (``doctor``
+    and the start of a run turn that into an error naming the key).
     """
+    machine = (os.environ if environ is None else environ).get(SANDBOX_VAR, "")
+    if setting is None and machine == "none":
+        return "none", f"{SANDBOX_VAR}=none in the environment"
+    if setting is None and machine == "bwrap":
+        why_not = bwrap_works()
+        return "bwrap", f"{SANDBOX_VAR}=bwrap" if why_not is None else f"unavailable: {why_not}"
     if setting == "none":
         return "none", 'sandbox = "none" in the cartridge'
     why_not = bwrap_works()
@@ -274,6 +288,9 @@ def sandbox_plan(cartridge: Cartridge) -> dict[str, tuple[SandboxKind, str]]:
 def sandbox_problems(cartridge: Cartridge) -> list[str]:
     """Each ``sandbox = "bwrap"`` that cannot work on this machine, naming its key."""
     problems = []
+    machine = os.environ.get(SANDBOX_VAR, "")
+    if machine not in ("", "bwrap", "none"):
+        problems.append(f'{SANDBOX_VAR}={machine!r}: give "bwrap" or "none"')
     for key, (kind, _reason) in sandbox_plan(cartridge).items():
         if kind == "bwrap" and bwrap_works() is not None:
             problems.append(f'{key}.sandbox = "bwrap", but {bwrap_works()}')

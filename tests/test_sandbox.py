@@ -1,0 +1,399 @@
+"""Agents and checks in a bubblewrap sandbox (issue 10, build item 1): real bwrap,
+real processes, real workflows through the real CLI."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from phasegate._process import run_supervised
+from phasegate.agents.base import AgentRequest
+from phasegate.agents.command import CommandRunner
+from phasegate.cartridge import RoleBinding
+from phasegate.checks import run_checks
+from phasegate.doctor import diagnose
+from phasegate.sandbox import (
+    agent_confinement,
+    bwrap_works,
+    check_confinement,
+    confinement,
+    refused_writes,
+)
+
+from conftest import git, make_repo, phasegate_cli, scripted_cartridge
+
+WHY_NOT = bwrap_works()
+pytestmark = [
+    pytest.mark.sandboxed,
+    pytest.mark.skipif(WHY_NOT is not None, reason=f"bubblewrap does not work here: {WHY_NOT}"),
+]
+
+SENTINEL = "sentinel-of-phasegate-9f2c7e"
+
+HAPPY = """
+[[plan]]
+text = "1. Write feature.txt"
+[[plan_review]]
+text = "VERDICT: approve"
+[[review]]
+text = "VERDICT: approve"
+[[verification]]
+text = "VERDICT: confirmed"
+"""
+
+#: A build agent that tries every way out, then does its own work.
+ESCAPE = r"""
+import os, re, sys
+home, git_config, other, outside = sys.argv[1:5]
+prompt = sys.stdin.read()
+tried = []
+for path in (os.path.join(home, "x"), git_config, os.path.join(other, "planted.txt"), outside):
+    try:
+        with open(path, "a") as f:
+            f.write("escaped\n")
+        tried.append(f"WROTE {path}")
+    except OSError as exc:
+        print(exc, file=sys.stderr)  # "[Errno 30] Read-only file system: '...'"
+        tried.append(f"refused {path}")
+pid = re.search(r"phasegate pid (\d+)", prompt).group(1)
+try:
+    environ = open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace")
+except OSError as exc:
+    environ = f"unreadable: {exc}"
+# Every process it can see, in case phasegate hides under another pid.
+for entry in os.listdir("/proc"):
+    if entry.isdigit():
+        try:
+            environ += open(f"/proc/{entry}/environ", "rb").read().decode(errors="replace")
+        except OSError:
+            pass
+with open("feature.txt", "w") as f:
+    f.write("the feature\n")
+with open("report.txt", "w") as f:
+    f.write("\n".join(tried) + "\nENVIRON " + environ + "\n")
+print("built")
+"""
+
+
+def project(tmp_path: Path, build: str, *, checks: list[str] | None = None) -> Path:
+    repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
+    (repo / "answers.toml").write_text(HAPPY)
+    (repo / "phasegate.toml").write_text(
+        scripted_cartridge(checks=checks, role_overrides={"build": build})
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "cartridge")
+    return repo
+
+
+def toml_string(text: str) -> str:
+    return json.dumps(text)
+
+
+def phasegate_env(tmp_path: Path) -> dict[str, str]:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    return {**os.environ, "HOME": str(home), "PHASEGATE_SENTINEL_TOKEN": SENTINEL}
+
+
+def run_ticket(repo: Path, env: dict[str, str], ticket: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).parent / "phasegate"
+    # exec keeps the shell's pid ($$): the agent learns phasegate's own pid from its ticket.
+    script = f'exec {exe} run --repo {repo} --json "{ticket} (phasegate pid $$)"'
+    return subprocess.run(
+        ["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=180
+    )
+
+
+def test_a_sandboxed_build_agent_changes_its_worktree_and_nothing_else(tmp_path: Path) -> None:
+    env = phasegate_env(tmp_path)
+    agent = tmp_path / "escape.py"
+    agent.write_text(ESCAPE)
+    repo_dir = tmp_path / "repo"
+    other = tmp_path / "other-worktree"
+    outside = tmp_path / "outside.txt"
+    git_config = repo_dir / ".git" / "config"
+    argv = [sys.executable, agent, env["HOME"], git_config, other, outside]
+    build = (
+        f'runner = "command"\ncommand = {toml_string(" ".join(map(str, argv)))}\n'
+        'timeout = 60\nsandbox = "bwrap"\n'
+    )
+    repo = project(tmp_path, build)
+    git(repo, "worktree", "add", "-q", str(other), "-b", "other")
+    config_before = git_config.read_bytes()
+
+    proc = run_ticket(repo, env, "add the feature")
+
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["status"] == "completed", summary
+    # On the host: nothing escaped, the agent's own edit landed.
+    assert not (Path(env["HOME"]) / "x").exists()
+    assert git_config.read_bytes() == config_before
+    assert not (other / "planted.txt").exists()
+    assert not outside.exists()
+    assert git(repo, "show", "main:feature.txt") == "the feature"
+    report = git(repo, "show", "main:report.txt")
+    assert "WROTE" not in report and report.count("refused") == 4
+    assert "ENVIRON unreadable" in report
+    assert SENTINEL not in report
+    # Each refused write is a named violation that show prints.
+    detail = json.loads(phasegate_cli("show", summary["id"], "--repo", str(repo), "--json").stdout)
+    denied = [v for v in detail["violations"] if v["name"] == "sandbox_denied"]
+    assert sorted(p for v in denied for p in v["paths"]) == sorted(
+        str(p) for p in (Path(env["HOME"]) / "x", git_config, other / "planted.txt", outside)
+    )
+    assert {v["role"] for v in denied} == {"build"}
+    shown = phasegate_cli("show", summary["id"], "--repo", str(repo)).stdout
+    assert "violations (4)" in shown and "sandbox_denied · build" in shown
+    assert SENTINEL not in proc.stdout + proc.stderr
+
+
+def test_sandbox_none_runs_unconfined_with_a_loud_warning(tmp_path: Path) -> None:
+    marker = tmp_path / "unconfined.txt"
+    command = f"echo out > {marker}; echo the feature > feature.txt; echo built"
+    build = f'runner = "command"\ncommand = {toml_string(command)}\nsandbox = "none"\n'
+    repo = project(tmp_path, build)
+    proc = run_ticket(repo, phasegate_env(tmp_path), "add the feature")
+    assert proc.returncode == 0, proc.stderr
+    assert marker.read_text() == "out\n"  # it could write outside: unconfined
+    assert proc.stderr.count("UNCONFINED") == 1
+    assert "roles.build" in proc.stderr and 'sandbox = "none"' in proc.stderr
+    assert "roles.review" not in proc.stderr  # scripted: no process to confine
+
+
+def test_doctor_names_each_roles_sandbox_and_refuses_a_bwrap_that_cannot_work(
+    tmp_path: Path,
+) -> None:
+    build = 'runner = "command"\ncommand = "true"\nsandbox = "bwrap"\n'
+    repo = project(tmp_path, build, checks=["true"])
+    text = (
+        (repo / "phasegate.toml")
+        .read_text()
+        .replace(
+            '[roles.review]\nrunner = "scripted"\nscript = "answers.toml"\ntimeout = 30\n',
+            '[roles.review]\nrunner = "command"\ncommand = "true"\nsandbox = "none"\n',
+        )
+    )
+    (repo / "phasegate.toml").write_text(text)
+    found = {r.role: (r.sandbox, r.sandbox_reason) for r in diagnose(repo).roles}
+    assert found["build"] == ("bwrap", 'sandbox = "bwrap"')
+    assert found["review"] == ("none", 'sandbox = "none" in the cartridge')
+    assert found["plan"] == (None, None)  # scripted: runs in phasegate, no process
+    wide = {**os.environ, "COLUMNS": "200"}
+    shown = phasegate_cli("doctor", "--repo", str(repo), env=wide).stdout.splitlines()
+    assert any("build: command" in s and 'sandbox bwrap (sandbox = "bwrap")' in s for s in shown)
+    assert any("review: command" in s and "sandbox none" in s for s in shown)
+    assert any("checks: sandbox bwrap" in s for s in shown)
+    assert any("roles.review runs UNCONFINED" in s for s in shown)
+
+    # A bwrap that fails on this machine (a wrapper on PATH causes it): the key is named.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: no permission to unshare' >&2\nexit 1\n")
+    (fake / "bwrap").chmod(0o755)
+    env = {**wide, "PATH": f"{fake}:{os.environ['PATH']}"}
+    doctor = phasegate_cli("doctor", "--repo", str(repo), env=env)
+    assert doctor.returncode == 1
+    assert 'roles.build.sandbox = "bwrap", but it is unavailable' in doctor.stdout
+    assert "no permission to unshare" in doctor.stdout
+    run = phasegate_cli("run", "--repo", str(repo), "a ticket", env=env)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert 'roles.build.sandbox = "bwrap"' in run.stderr + run.stdout
+
+
+# -- the runner and the checks, directly -------------------------------------------------
+
+
+def request(tmp_path: Path, *, network: bool = True, timeout_s: float = 30) -> AgentRequest:
+    worktree = tmp_path / "wt"
+    worktree.mkdir(exist_ok=True)
+    return AgentRequest(
+        workflow_id="w1",
+        phase="development",
+        role="build",
+        session_line="main",
+        prompt="do it",
+        cwd=worktree,
+        timeout_s=timeout_s,
+        read_only=False,
+        confinement=agent_confinement(
+            "bwrap", network=network, cwd=worktree, state_dir=None, repo=tmp_path
+        ),
+    )
+
+
+def command_runner(command: str) -> CommandRunner:
+    return CommandRunner(RoleBinding(runner="command", command=command))
+
+
+def test_network_false_cuts_a_connection_to_a_local_server(tmp_path: Path) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    accepted: list[bytes] = []
+
+    def serve() -> None:
+        server.settimeout(10)
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(conn.recv(16))
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    probe = (
+        f"{sys.executable} -c \"import socket; s = socket.create_connection(('127.0.0.1', {port}),"
+        " timeout=3); s.sendall(b'hello'); print('connected')\""
+    )
+    try:
+        on = command_runner(probe).run(request(tmp_path, network=True), threading.Event())
+        off = command_runner(probe).run(request(tmp_path, network=False), threading.Event())
+    finally:
+        server.close()
+    assert on.ok and on.text.strip() == "connected"
+    assert off.error_kind == "exit_code" and "Connection refused" in (off.error or "")
+    assert accepted == [b"hello"]  # the sandboxed call never reached it
+
+
+def process_alive_with(needle: str) -> list[int]:
+    """Live processes (not zombies) whose command line holds ``needle``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if needle in cmdline and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+def tree_command(tag: str) -> str:
+    # A child, a grandchild that left the session (setsid) and ignores SIGTERM.
+    return f"sleep 300.{tag}1 & setsid sh -c 'trap \"\" TERM; sleep 300.{tag}2' & sleep 300.{tag}3"
+
+
+def wait_for(predicate, timeout_s: float = 10.0) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_a_timeout_kills_a_sandboxed_agents_whole_tree(tmp_path: Path) -> None:
+    tag = "4711"
+    runner = command_runner(tree_command(tag))
+    result = runner.run(request(tmp_path, timeout_s=1.5), threading.Event())
+    assert result.error_kind == "timeout"
+    assert process_alive_with(f"300.{tag}") == []
+
+
+def test_a_cancellation_kills_a_sandboxed_agents_whole_tree(tmp_path: Path) -> None:
+    tag = "4712"
+    cancel = threading.Event()
+    started = []
+    runner = command_runner(tree_command(tag))
+    watcher = threading.Timer(1.0, lambda: (started.extend(process_alive_with(tag)), cancel.set()))
+    watcher.start()
+    result = runner.run(request(tmp_path, timeout_s=60), cancel)
+    assert len(started) >= 3  # the tree was there when cancelled
+    assert result.error_kind == "interrupted"
+    assert process_alive_with(f"300.{tag}") == []
+
+
+KILLED_PHASEGATE = """
+import sys
+from pathlib import Path
+from phasegate._process import run_supervised
+from phasegate.sandbox import agent_confinement
+cwd = Path(sys.argv[1])
+c = agent_confinement("bwrap", network=True, cwd=cwd, state_dir=None, repo=cwd.parent)
+run_supervised(sys.argv[2], cwd=cwd, env=None, stdin=None, timeout_s=300, cancel=None,
+               on_spawn=lambda pid: print(pid, flush=True), confinement=c)
+"""
+
+
+def test_a_killed_phasegate_takes_its_sandboxed_agents_tree_with_it(tmp_path: Path) -> None:
+    tag = "4713"
+    (tmp_path / "wt").mkdir()
+    with subprocess.Popen(
+        [sys.executable, "-c", KILLED_PHASEGATE, str(tmp_path / "wt"), tree_command(tag)],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as phasegate:
+        assert phasegate.stdout is not None
+        phasegate.stdout.readline()  # the supervisor started
+        assert wait_for(lambda: len(process_alive_with(f"300.{tag}")) >= 3)
+        phasegate.send_signal(signal.SIGKILL)
+    assert wait_for(lambda: process_alive_with(f"300.{tag}") == [], timeout_s=10)
+
+
+def test_checks_run_confined_in_their_checkout(tmp_path: Path) -> None:
+    checkout = make_repo(tmp_path / "checkout")
+    outside = tmp_path / "outside.txt"
+    results = run_checks(
+        ["echo ok > in-checkout.txt", f"echo no > {outside}", "touch $TMPDIR/scratch"],
+        checkout,
+        30,
+        confinement=check_confinement("bwrap", network=True),
+    )
+    assert [r.passed for r in results] == [True, False, True]
+    assert (checkout / "in-checkout.txt").read_text() == "ok\n"
+    assert "Read-only file system" in results[1].output and not outside.exists()
+
+
+def test_refused_writes_are_named_from_what_real_programs_print(tmp_path: Path) -> None:
+    worktree = tmp_path / "wt"
+    worktree.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    c = confinement("bwrap", network=True, writable=[worktree])
+    script = textwrap.dedent(
+        f"""
+        touch {target}/by-touch
+        echo x > {target}/by-sh
+        mkdir {target}/by-mkdir
+        {sys.executable} -c "open('{target}/by-python', 'w')"
+        git -C {target} init -q
+        echo fine > mine.txt
+        """
+    )
+    finished = run_supervised(
+        script, cwd=worktree, env=None, stdin=None, timeout_s=30, cancel=None, confinement=c
+    )
+    found = dict(refused_writes(finished.stdout + finished.stderr, c, worktree))
+    assert {f"{target}/{name}" for name in ("by-touch", "by-sh", "by-mkdir", "by-python")} <= set(
+        found
+    )
+    assert any(p.startswith(f"{target}/.git") for p in found), found
+    assert (worktree / "mine.txt").read_text() == "fine\n"
+    assert not any(p.startswith(str(worktree)) for p in found)
+
+
+def test_make_undumpable_turns_off_dumpable_for_phasegates_process() -> None:
+    probe = (
+        "import ctypes; from phasegate.sandbox import make_undumpable; "
+        "assert make_undumpable(); "
+        "print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))"  # PR_GET_DUMPABLE
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.stdout.strip() == "0", done.stderr
+    assert ctypes.CDLL(None).prctl(3, 0, 0, 0, 0) == 1  # this process is untouched
