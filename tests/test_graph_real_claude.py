@@ -28,7 +28,7 @@ from phasegate.testing.model_server import ScriptedModelServer, Step, key_sha
 
 from conftest import agent_cli, git, phasegate_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sandboxed]
 
 # Markers: the fixed first line of each graph prompt (phasegate.graph.prompts), none of
 # them a part of another prompt's template, the ticket, the plans or the patch.

@@ -31,6 +31,8 @@ from conftest import HAPPY_ANSWERS, agent_cli, git, make_repo, phasegate_cli, sc
 
 slow = pytest.mark.slow
 
+pytestmark = pytest.mark.sandboxed
+
 SENTINEL = "sk-sentinel-4f1e9c2b7a3d5e6f"
 OTHER_KEY = "sk-other-provider-key-77aa55"
 VERIFIER_KEY = "dummy-verifier-key-0000"

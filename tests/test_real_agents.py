@@ -33,7 +33,7 @@ BUILD = "Implement the plan below"
 REVIEW = "Review this pull request"
 VERIFY = "You are an independent verifier"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sandboxed]
 
 
 def claude_scripts(build: Sequence[Step] | None = None) -> dict[str, list[Step]]:
@@ -383,7 +383,10 @@ def test_a_read_only_role_gets_no_key_unless_the_cartridge_passes_it(
         for role in ("plan_review", "build", "review", "verification")
     }
     dump = tmp_path / "plan-env.txt"
-    roles["plan"] = f'runner = "command"\ncommand = "env > {dump}; echo 1. the plan"\n'
+    # A probe watched from outside: it writes beside the repository, which a sandbox refuses.
+    roles["plan"] = (
+        f'runner = "command"\ncommand = "env > {dump}; echo 1. the plan"\nsandbox = "none"\n'
+    )
     repo = make_project(tmp_path, roles)
     proc = run_ticket(repo, env={"GITHUB_TOKEN": SENTINEL})
     assert proc.returncode == 0, proc.stderr
@@ -568,7 +571,7 @@ def test_codex_commands_do_not_see_the_model_key(
     tmp_path: Path, codex: str, server_factory
 ) -> None:
     dump = ToolCall(
-        "exec_command", {"cmd": "env > ../codex-shell-env.txt; printf 'f\\n' > feature.txt"}
+        "exec_command", {"cmd": "env > codex-shell-env.txt; printf 'f\\n' > feature.txt"}
     )
     scripts = {
         PLAN: [Step(text="1. Create feature.txt.")],
@@ -587,7 +590,8 @@ def test_codex_commands_do_not_see_the_model_key(
     )
     proc = run_ticket(repo)
     assert proc.returncode == 0, proc.stderr
-    seen = next((repo / ".phasegate" / "worktrees").glob("codex-shell-env.txt")).read_text()
+    # In the worktree: the sandbox refuses a write beside it (issue 10); the commit has it.
+    seen = git(repo, "show", "main:codex-shell-env.txt")
     assert "PATH=" in seen
     assert SENTINEL not in seen and "OPENAI_API_KEY" not in seen
     # while Codex itself held the key for the model

@@ -397,3 +397,36 @@ def test_make_undumpable_turns_off_dumpable_for_phasegates_process() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.stdout.strip() == "0", done.stderr
     assert ctypes.CDLL(None).prctl(3, 0, 0, 0, 0) == 1  # this process is untouched
+
+
+def test_a_sigkilled_supervisor_takes_the_whole_sandbox_with_it(tmp_path: Path) -> None:
+    # No sweep runs after a SIGKILL of the supervisor itself: bwrap dies with it, and
+    # with bwrap the PID namespace, so even a process that cleared its environment
+    # (no tag for kill_orphan_group to find) and left the session is gone.
+    tag = "4714"
+    (tmp_path / "wt").mkdir()
+    command = f"env -i setsid sh -c 'trap \"\" TERM; sleep 300.{tag}2' & sleep 300.{tag}1"
+    supervisors: list[int] = []
+
+    def kill_the_supervisor() -> None:
+        assert wait_for(lambda: len(process_alive_with(f"300.{tag}")) >= 2)
+        os.kill(supervisors[0], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_supervisor)
+    c = agent_confinement("bwrap", network=True, cwd=tmp_path / "wt", state_dir=None, repo=tmp_path)
+    started = time.monotonic()
+    killer.start()
+    finished = run_supervised(
+        command,
+        cwd=tmp_path / "wt",
+        env=None,
+        stdin=None,
+        timeout_s=60,
+        cancel=None,
+        on_spawn=supervisors.append,
+        confinement=c,
+    )
+    killer.join()
+    assert finished.returncode == -signal.SIGKILL
+    assert time.monotonic() - started < 30
+    assert wait_for(lambda: process_alive_with(f"300.{tag}") == [], timeout_s=5)

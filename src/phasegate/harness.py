@@ -191,6 +191,7 @@ class RunnerAnswers:
     ) -> AgentResult:
         index = self._tries.get(call.role, 0)
         self._tries[call.role] = index + 1
+        binding = self.cartridge.role(call.role)
         request = AgentRequest(
             workflow_id=self.run_id,
             phase=call.node,
@@ -205,8 +206,8 @@ class RunnerAnswers:
             state_dir=self.repo / ".phasegate" / "agents" / self.run_id,
             budget_usd=budget,
             confinement=agent_confinement(
-                self.cartridge.role(call.role).sandbox,
-                network=self.cartridge.role(call.role).network,
+                binding.sandbox,
+                network=binding.network,
                 cwd=self.repo,
                 state_dir=self.repo / ".phasegate" / "agents" / self.run_id,
                 repo=self.repo,

@@ -116,6 +116,10 @@ class CodexRunner:
             # its shell does not (a build must not be able to write it into the change).
             'shell_environment_policy.inherit = "core"',
             'shell_environment_policy.exclude = ["*KEY*", "*TOKEN*", "*SECRET*", "*PASSWORD*"]',
+            # Codex's own sandbox (bwrap, when on PATH) protects a `.git` in each of its
+            # writable roots and fails on /tmp ("Can't mkdir /tmp/.git"): its commands
+            # get the worktree and TMPDIR (phasegate's sandbox makes one per run).
+            "sandbox_workspace_write.exclude_slash_tmp = true",
         ]
         if b.model:
             lines.append(f"model = {_toml_str(b.model)}")
