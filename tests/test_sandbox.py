@@ -13,9 +13,13 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import test_mini_swe_agent_runner as mswe
+import test_real_agents as real
 
 from phasegate._process import run_supervised
 from phasegate.agents.base import AgentRequest
@@ -30,8 +34,9 @@ from phasegate.sandbox import (
     confinement,
     refused_writes,
 )
+from phasegate.testing.model_server import Step, ToolCall
 
-from conftest import git, make_repo, phasegate_cli, scripted_cartridge
+from conftest import agent_cli, git, make_repo, phasegate_cli, scripted_cartridge
 
 WHY_NOT = bwrap_works()
 pytestmark = [
@@ -430,3 +435,62 @@ def test_a_sigkilled_supervisor_takes_the_whole_sandbox_with_it(tmp_path: Path) 
     assert finished.returncode == -signal.SIGKILL
     assert time.monotonic() - started < 30
     assert wait_for(lambda: process_alive_with(f"300.{tag}") == [], timeout_s=5)
+
+
+# -- the real agent CLIs ------------------------------------------------------------------
+
+
+def real_cli_project(tmp_path: Path, cli: str, url: str) -> tuple[Path, Callable[[Path], Any]]:
+    """A project whose every role is the real ``cli``, and how to run its ticket."""
+    roles = ("plan", "plan_review", "build", "review", "verification")
+    if cli == "mini":
+        bindings = {r: mswe.mini_role(agent_cli(cli), url, key=r != "verification") for r in roles}
+        return mswe.make_project(tmp_path, bindings), mswe.run_ticket
+    role = real.claude_role if cli == "claude" else real.codex_role
+    return real.make_project(
+        tmp_path, {r: role(agent_cli(cli), url) for r in roles}
+    ), real.run_ticket
+
+
+def escape_scripts(cli: str, outside: Path) -> dict[str, list[Step]]:
+    """Every role answers; the build first tries a write beside the repository."""
+    escape = f"echo out > {outside}"
+    if cli == "mini":
+        bash = mswe.bash
+        build = [
+            Step(text="Trying.", tools=(bash(f"{escape}; echo the feature > feature.txt"),)),
+            mswe.answer("Created feature.txt."),
+        ]
+        return mswe.mini_scripts(build=build)
+    if cli == "claude":
+        write = ToolCall("Write", {"file_path": "{cwd}/feature.txt", "content": "the feature\n"})
+        build = [
+            Step(tools=(ToolCall("Bash", {"command": escape}),)),
+            Step(tools=(write,)),
+            Step(text="Created feature.txt."),
+        ]
+    else:
+        both = ToolCall("exec_command", {"cmd": f"{escape}; echo the feature > feature.txt"})
+        build = [Step(tools=(both,)), Step(text="Created feature.txt.")]
+    scripts = real.claude_scripts(build=build)
+    scripts[real.VERIFY] = [Step(text="It is there.\nVERDICT: confirmed")]
+    return scripts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cli", ["claude", "codex", "mini"])
+def test_a_real_cli_agents_refused_write_is_a_named_violation(
+    tmp_path: Path, cli: str, server_factory
+) -> None:
+    outside = tmp_path / "outside.txt"
+    server = server_factory(escape_scripts(cli, outside))
+    repo, run_ticket = real_cli_project(tmp_path, cli, server.url)
+    proc = run_ticket(repo)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert git(repo, "show", "main:feature.txt") == "the feature"
+    assert not outside.exists()
+    violations = real.show(repo, summary["id"])["violations"]
+    denied = [(v["name"], v["role"], v["paths"]) for v in violations]
+    # Exactly the one refused write: the CLI's own work in the sandbox refuses nothing.
+    assert denied == [("sandbox_denied", "build", [str(outside)])]

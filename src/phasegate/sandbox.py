@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
@@ -335,7 +336,9 @@ _PATHLIKE = re.compile(r"(?<![\w/.~-])(~?/[^\s:'\",;)]+|\.?[\w.-]+/[^\s:'\",;)]+
 def refused_writes(output: str, c: Confinement, cwd: Path) -> list[tuple[str, str]]:
     """The writes a confined process's ``output`` reports refused: (path, line) pairs.
 
-    A line saying "Read-only file system" (or EROFS) names a refused write;
+    A line saying "Read-only file system" (or EROFS) names a refused write
+    (in a JSON line, a line of one of its strings: tools' outputs in an event
+    stream or a transcript);
     its path is the quoted one, else the path-like word nearest before the
     message (``sh: 1: cannot create /x: ...``), else the first after it;
     relative paths are taken from ``cwd``. One pair per distinct path that
@@ -345,11 +348,8 @@ def refused_writes(output: str, c: Confinement, cwd: Path) -> list[tuple[str, st
     """
     if not c.confined:
         return []
-    # Agents' tool outputs arrive JSON-escaped inside their event streams.
-    text = output.replace("\\n", "\n").replace('\\"', '"')
-    text = text.replace("\\u2018", "\u2018").replace("\\u2019", "\u2019")
     found: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in _lines(output):
         hit = _EROFS.search(line)
         if hit is None:
             continue
@@ -365,6 +365,31 @@ def refused_writes(output: str, c: Confinement, cwd: Path) -> list[tuple[str, st
         if len(found) >= _MAX_DENIED:
             break
     return list(found.items())[:_MAX_DENIED]
+
+
+def _lines(output: str) -> Iterator[str]:
+    """The lines of ``output``; a JSON line (an agent's event stream, its transcript)
+    gives the lines of each string in it instead: its tools' outputs."""
+    for line in output.splitlines():
+        if not _EROFS.search(line):
+            continue
+        try:
+            value = json.loads(line) if line.lstrip().startswith(("{", "[")) else None
+        except ValueError:
+            value = None
+        if value is None:
+            # A line of a JSON document spread over lines: its strings still escaped.
+            yield from line.replace("\\n", "\n").replace('\\"', '"').splitlines()
+            continue
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                yield from item.splitlines()
+            elif isinstance(item, dict):
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
 
 
 def _nearest(line: str, hit: re.Match[str]) -> list[str]:

@@ -17,6 +17,9 @@
   without its last turns.
 - HOME is a directory of the workflow's own (the CLI writes its sessions and
   settings there); the environment holds only what the role binding names.
+- Writes the sandbox refused are read from what the call appended to its
+  session transcripts (``HOME/.claude/projects/*/*.jsonl``, where its tools'
+  output is): ``sandbox_denied`` violations.
 - Error kinds: ``max_turns``, ``budget``, ``model_error``,
   ``permission_denied``, ``timeout``, ``exit_code``, ``runner_error``.
 """
@@ -27,6 +30,7 @@ import json
 import shutil
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from phasegate.agents.base import AgentRequest, AgentResult
@@ -226,5 +230,27 @@ class ClaudeCodeRunner:
             cancel=cancel,
             on_spawn=on_spawn,
             confinement=request.confinement,
+            # Its tools' output is in its session transcripts, not in the JSON result.
+            transcript=_appended(Path(env["HOME"]) / ".claude" / "projects"),
         )
         return outcome.attach(outcome.failure(request.timeout_s) or parse_result(outcome))
+
+
+def _appended(projects: Path) -> Callable[[], str]:
+    """What is written to the session transcripts (``*.jsonl``) under ``projects``
+    from now on, read when the returned function is called."""
+
+    def sizes() -> dict[Path, int]:
+        return {path: path.stat().st_size for path in projects.glob("*/*.jsonl")}
+
+    before = sizes()
+
+    def read() -> str:
+        texts = []
+        for path in sizes():
+            with path.open("rb") as f:
+                f.seek(before.get(path, 0))
+                texts.append(f.read().decode("utf-8", "replace"))
+        return "\n".join(texts)
+
+    return read
