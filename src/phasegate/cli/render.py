@@ -124,7 +124,7 @@ def _graceful(engine: Engine, what: str = "the id is printed below") -> Iterator
 
 def _engine(repo: Path, cartridge: Cartridge, store: Store, progress: _Progress | None) -> Engine:
     # Before any agent runs: a "bwrap" that cannot work is exit 2; unconfined is loud.
-    start_confined(cartridge, lambda text: err.print(f"[bold red]{escape(text)}[/bold red]"))
+    start_confined(cartridge, lambda text: err.print(f"[bold red]{shown(text)}[/bold red]"))
     return Engine(repo, cartridge, store, on_event=progress)
 
 
