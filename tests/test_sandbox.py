@@ -21,7 +21,7 @@ import pytest
 import test_mini_swe_agent_runner as mswe
 import test_real_agents as real
 
-from phasegate._process import run_supervised
+from phasegate._process import kill_orphan_group, run_supervised, start_ticks
 from phasegate.agents.base import AgentRequest
 from phasegate.agents.command import CommandRunner
 from phasegate.cartridge import RoleBinding
@@ -327,7 +327,7 @@ def test_a_cancellation_kills_a_sandboxed_agents_whole_tree(tmp_path: Path) -> N
 KILLED_PHASEGATE = """
 import sys
 from pathlib import Path
-from phasegate._process import run_supervised
+from phasegate._process import kill_orphan_group, run_supervised, start_ticks
 from phasegate.sandbox import agent_confinement
 cwd = Path(sys.argv[1])
 c = agent_confinement("bwrap", network=True, cwd=cwd, state_dir=None, repo=cwd.parent)
@@ -349,6 +349,28 @@ def test_a_killed_phasegate_takes_its_sandboxed_agents_tree_with_it(tmp_path: Pa
         assert wait_for(lambda: len(process_alive_with(f"300.{tag}")) >= 3)
         phasegate.send_signal(signal.SIGKILL)
     assert wait_for(lambda: process_alive_with(f"300.{tag}") == [], timeout_s=10)
+
+
+def test_kill_orphan_group_stops_a_sandboxed_tree_its_dead_worker_left(tmp_path: Path) -> None:
+    # The worker died and its supervisor cannot act (stopped): a restarted worker's
+    # kill_orphan_group, from the journaled pid and start ticks, stops the tree.
+    tag = "4715"
+    (tmp_path / "wt").mkdir()
+    with subprocess.Popen(
+        [sys.executable, "-c", KILLED_PHASEGATE, str(tmp_path / "wt"), tree_command(tag)],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as phasegate:
+        assert phasegate.stdout is not None
+        supervisor = int(phasegate.stdout.readline())
+        ticks = start_ticks(supervisor)
+        assert wait_for(lambda: len(process_alive_with(f"300.{tag}")) >= 3)
+        os.kill(supervisor, signal.SIGSTOP)
+        phasegate.send_signal(signal.SIGKILL)
+    time.sleep(0.5)
+    assert len(process_alive_with(f"300.{tag}")) >= 3  # nothing stopped it yet
+    assert kill_orphan_group(supervisor, ticks)
+    assert wait_for(lambda: process_alive_with(f"300.{tag}") == [], timeout_s=5)
 
 
 def test_checks_run_confined_in_their_checkout(tmp_path: Path) -> None:
