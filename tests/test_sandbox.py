@@ -413,6 +413,9 @@ def test_refused_writes_are_named_from_what_real_programs_print(tmp_path: Path) 
     assert any(p.startswith(f"{target}/.git") for p in found), found
     assert (worktree / "mine.txt").read_text() == "fine\n"
     assert not any(p.startswith(str(worktree)) for p in found)
+    # A transcript repeats the ticket: a refusal quoted from it is not the agent's.
+    quoted = f"touch: cannot touch '{target}/by-touch': Read-only file system"
+    assert refused_writes(quoted, c, worktree, prompt=f"The log says:\n{quoted}\n") == []
 
 
 def test_make_undumpable_turns_off_dumpable_for_phasegates_process() -> None:

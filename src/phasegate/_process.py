@@ -121,7 +121,7 @@ def run_supervised(
     """
     if confinement is None or not confinement.confined:
         return _run(args, cwd, env, stdin, timeout_s, cancel, on_spawn, merge_stderr)
-    tmp = Path(tempfile.mkdtemp(prefix="phasegate-tmp-"))
+    tmp = Path(os.path.realpath(tempfile.mkdtemp(prefix="phasegate-tmp-")))
     try:
         argv = ["/bin/sh", "-c", args] if isinstance(args, str) else list(args)
         wrapped = sandbox_for(confinement).wrap(argv, confinement, cwd, tmp)

@@ -333,7 +333,9 @@ _QUOTED = re.compile(r"'([^'\n]+)'|\"([^\"\n]+)\"|‘([^’\n]+)’|`([^`'\n]+)'
 _PATHLIKE = re.compile(r"(?<![\w/.~-])(~?/[^\s:'\",;)]+|\.?[\w.-]+/[^\s:'\",;)]+)")
 
 
-def refused_writes(output: str, c: Confinement, cwd: Path) -> list[tuple[str, str]]:
+def refused_writes(
+    output: str, c: Confinement, cwd: Path, *, prompt: str = ""
+) -> list[tuple[str, str]]:
     """The writes a confined process's ``output`` reports refused: (path, line) pairs.
 
     A line saying "Read-only file system" (or EROFS) names a refused write
@@ -343,15 +345,17 @@ def refused_writes(output: str, c: Confinement, cwd: Path) -> list[tuple[str, st
     message (``sh: 1: cannot create /x: ...``), else the first after it;
     relative paths are taken from ``cwd``. One pair per distinct path that
     lies outside ``c``'s writable areas ("" for a line that names none), at
-    most 20, each line cut to 300 characters. What a process was refused
-    without printing it is not seen. Nothing for an unconfined ``c``.
+    most 20, each line cut to 300 characters. A line that is in ``prompt``
+    (a transcript repeats the ticket) is not the process's. What a process
+    was refused without printing it is not seen. Nothing for an unconfined
+    ``c``.
     """
     if not c.confined:
         return []
     found: dict[str, str] = {}
     for line in _lines(output):
         hit = _EROFS.search(line)
-        if hit is None:
+        if hit is None or (prompt and line.strip() in prompt):
             continue
         shown = line.strip()[:300]
         paths = [next(g for g in m.groups() if g) for m in _QUOTED.finditer(line)]

@@ -346,6 +346,7 @@ class MiniSweAgentRunner:
             confinement=request.confinement,
             # The commands' outputs are in the trajectory, not on stdout.
             transcript=lambda: _read_text(trajectory_path),
+            prompt=request.prompt,
         )
         failure = outcome.failure(request.timeout_s)
         if failure is not None:

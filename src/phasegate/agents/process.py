@@ -78,6 +78,7 @@ def run_agent_process(
     on_spawn: Callable[[int], None] | None = None,
     confinement: Confinement | None = None,
     transcript: Callable[[], str] | None = None,
+    prompt: str | None = None,
 ) -> ProcessOutcome:
     """Run ``args`` (a shell command when a string) to completion, timeout (seconds)
     or shutdown, supervised (``phasegate._process.run_supervised``) and confined
@@ -87,7 +88,7 @@ def run_agent_process(
     ``violations`` holds one ``sandbox_denied`` per write outside its areas
     that the process reported refused (``sandbox.refused_writes``) in its
     stdout, stderr, or ``transcript()`` (what a runner's agent wrote to a
-    file: its trajectory)."""
+    file: its trajectory); a line of ``prompt`` (default: ``stdin``) is not one."""
     try:
         finished = run_supervised(
             args,
@@ -110,7 +111,9 @@ def run_agent_process(
                 f"the sandbox refused a write to {path or 'a path it did not name'}: {line}",
                 (path,) if path else (),
             )
-            for path, line in refused_writes(seen, confinement, cwd)
+            for path, line in refused_writes(
+                seen, confinement, cwd, prompt=stdin if prompt is None else prompt
+            )
         )
     return ProcessOutcome(
         finished.stdout,
