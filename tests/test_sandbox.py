@@ -519,3 +519,67 @@ def test_a_real_cli_agents_refused_write_is_a_named_violation(
     denied = [(v["name"], v["role"], v["paths"]) for v in violations]
     # Exactly the one refused write: the CLI's own work in the sandbox refuses nothing.
     assert denied == [("sandbox_denied", "build", [str(outside)])]
+
+
+#: A build agent that waits, while it runs, for the test to say the person is done.
+WAIT_FOR_PERSON = r"""
+import os, sys, time
+go = sys.argv[2]
+open("feature.txt", "w").write("the feature\n")
+deadline = time.time() + 60
+while not os.path.exists(go) and time.time() < deadline:
+    time.sleep(0.05)
+print("built")
+"""
+
+
+def test_a_person_working_in_the_repository_during_a_confined_run_keeps_their_work(
+    tmp_path: Path,
+) -> None:
+    # A confined agent cannot move refs or write git's config: the guard watches its
+    # own branch only, so a person's commit, branch and ~/.gitconfig edit made while
+    # it runs are theirs to keep (an unconfined run would undo them: tests/test_guards.py).
+    env = phasegate_env(tmp_path)
+    gitconfig = Path(env["HOME"]) / ".gitconfig"
+    gitconfig.write_text("[user]\n\tname = Person\n\temail = person@example.com\n")
+    go = tmp_path / "go"
+    agent = tmp_path / "wait.py"
+    agent.write_text(WAIT_FOR_PERSON)
+    command = f"{sys.executable} {agent} unused {go}"
+    build = f'runner = "command"\ncommand = {toml_string(command)}\nsandbox = "bwrap"\n'
+    repo = project(tmp_path, build)
+    exe = Path(sys.executable).parent / "phasegate"
+    worker = subprocess.Popen(
+        [exe, "run", "--repo", repo, "--json", "add the feature"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        worktrees = repo / ".phasegate" / "worktrees"
+        deadline = time.monotonic() + 60
+        while not any((w / "feature.txt").exists() for w in worktrees.glob("*")):
+            assert time.monotonic() < deadline and worker.poll() is None, worker.stderr
+            time.sleep(0.05)
+        person = {**env, "GIT_AUTHOR_DATE": "2026-01-01T00:00:00", "HOME": env["HOME"]}
+        (repo / "mine.txt").write_text("the person's own work\n")
+        for args in (["add", "mine.txt"], ["commit", "-qm", "my work"], ["branch", "mine"]):
+            subprocess.run(["git", *args], cwd=repo, env=person, check=True)
+        mine = git(repo, "rev-parse", "HEAD")
+        gitconfig.write_text(gitconfig.read_text() + "[alias]\n\tst = status\n")
+        go.touch()
+        out, err = worker.communicate(timeout=120)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["status"] == "completed", summary
+    assert git(repo, "rev-parse", "mine") == mine  # the person's branch stays
+    assert git(repo, "merge-base", "--is-ancestor", mine, "main") == ""  # their commit too
+    assert git(repo, "show", "main:mine.txt") == "the person's own work"
+    assert git(repo, "show", "main:feature.txt") == "the feature"
+    assert "st = status" in gitconfig.read_text()
+    detail = json.loads(phasegate_cli("show", summary["id"], "--repo", str(repo), "--json").stdout)
+    assert detail["violations"] == []

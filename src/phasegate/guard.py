@@ -31,10 +31,17 @@ engine's reconciliation (``SideEffects.reconcile``, after it stopped the
 orphaned agent) and the next ``watch`` of the same key restore from a journal
 a killed phasegate left.
 
-Not told apart: ref moves by a person during an agent run (they are undone
-like the agent's; the violation names both values, and git's reflog keeps
-the commit), and two agents' runs overlapping in one repository (one may be
-blamed for the other's move; both are undone).
+A confined run (``own_only``: the agent ran under bubblewrap, where the git
+directory and the person's home are read-only to it) is watched for what is
+its own only: its branch, its worktree's HEAD, the repository's config,
+hooks and ``info/``. Other refs, other HEADs and the global config cannot be
+the agent's then, so a person who commits, checks out or edits their
+``~/.gitconfig`` meanwhile keeps what they did.
+
+Not told apart in an unconfined run (``sandbox = "none"``): ref moves by a
+person during it (they are undone like the agent's; the violation names both
+values, and git's reflog keeps the commit), and two agents' runs overlapping
+in one repository (one may be blamed for the other's move; both are undone).
 """
 
 from __future__ import annotations
@@ -78,7 +85,9 @@ class Snapshot:
     ``refs``: refname → object name or ``"ref: target"``; ``files``: absolute
     path → FileState; ``dirs``: directories whose new files are removed;
     ``gitdir``/``branch``: the worktree's own git dir and branch ("" when
-    detached); ``ledger``: the ref ledger's size in bytes when taken."""
+    detached); ``ledger``: the ref ledger's size in bytes when taken;
+    ``own_only``: a confined run's snapshot, of its own branch and HEAD only
+    (the module's docstring)."""
 
     cwd: str
     common: str
@@ -90,6 +99,7 @@ class Snapshot:
     ledger: int
     role: str = ""
     phase: str = ""
+    own_only: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -168,9 +178,13 @@ def _watched(cwd: Path, common: Path) -> tuple[list[Path], list[Path]]:
     return sorted(set(files)), dirs
 
 
-def snapshot(cwd: Path, *, role: str = "", phase: str = "") -> Snapshot | None:
-    """The snapshot of the repository ``cwd`` is in, or None outside git.
-    Taken under the refs lock held exclusively (GitTransient after its timeout)."""
+def snapshot(
+    cwd: Path, *, role: str = "", phase: str = "", own_only: bool = False
+) -> Snapshot | None:
+    """The snapshot of the repository ``cwd`` is in, or None outside git; with
+    ``own_only`` of a confined run's own branch, HEAD and the repository's git
+    files (the module's docstring). Taken under the refs lock held exclusively
+    (GitTransient after its timeout)."""
     common_s = _git_out(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd)
     gitdir_s = _git_out(["rev-parse", "--path-format=absolute", "--git-dir"], cwd)
     if not common_s or not gitdir_s:
@@ -181,6 +195,11 @@ def snapshot(cwd: Path, *, role: str = "", phase: str = "") -> Snapshot | None:
         refs = list_refs(cwd)
         ledger = (common / LEDGER).stat().st_size if (common / LEDGER).exists() else 0
     files, dirs = _watched(cwd, common)
+    if own_only:
+        refs = {name: value for name, value in refs.items() if name == branch}
+        others = {each / "HEAD" for each in _gitdirs(common) if each != gitdir}
+        theirs = others | set(_global_configs()) | {common / "logs" / "refs" / "stash"}
+        files = [path for path in files if path not in theirs]
     return Snapshot(
         cwd=str(cwd),
         common=str(common),
@@ -192,6 +211,7 @@ def snapshot(cwd: Path, *, role: str = "", phase: str = "") -> Snapshot | None:
         ledger=ledger,
         role=role,
         phase=phase,
+        own_only=own_only,
     )
 
 
@@ -231,7 +251,8 @@ def _restore_refs(snap: Snapshot, common: Path) -> tuple[list[str], list[str]]:
     moved, _size = read_ledger(common, snap.ledger)
     names, notes, stdin = [], [], []
     after = dict(now)
-    for name in sorted(snap.refs.keys() | now.keys()):
+    # A confined run's snapshot holds its own branch only: every other ref is not its to undo.
+    for name in sorted(snap.refs.keys() if snap.own_only else snap.refs.keys() | now.keys()):
         want = moved[name] if name in moved else snap.refs.get(name, "")
         have = now.get(name, "")
         if have == want:
@@ -360,12 +381,15 @@ class Watch:
 
 
 @contextmanager
-def watch(cwd: Path, key: str, *, role: str = "", phase: str = "") -> Iterator[Watch]:
+def watch(
+    cwd: Path, key: str, *, role: str = "", phase: str = "", confined: bool = False
+) -> Iterator[Watch]:
     """Guard the agent run in the block (this module's docstring). ``key`` names
-    the journal (the workflow or graph run: one agent at a time each). Nothing
-    is guarded outside git."""
+    the journal (the workflow or graph run: one agent at a time each); a
+    ``confined`` run is watched for its own branch and HEAD only. Nothing is
+    guarded outside git."""
     seen = Watch(recovered=recover(cwd, key))
-    snap = snapshot(cwd, role=role, phase=phase)
+    snap = snapshot(cwd, role=role, phase=phase, own_only=confined)
     if snap is None:
         yield seen
         return

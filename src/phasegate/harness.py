@@ -214,7 +214,10 @@ class RunnerAnswers:
             ),
         )
         before = checkout_state(self.repo)
-        with guard.watch(self.repo, self.run_id, role=call.role, phase=call.node) as watched:
+        confined = request.confinement is not None and request.confinement.confined
+        with guard.watch(
+            self.repo, self.run_id, role=call.role, phase=call.node, confined=confined
+        ) as watched:
             result = runner.run(request, self.cancel)
         result = watched.apply(result)  # refs and .git as they were (issue 10)
         if before is not None and checkout_state(self.repo) != before:

@@ -186,7 +186,8 @@ class AgentService:
                 ),
             )
             clean_before = request.read_only and checkout_state(cwd) == ""
-            with guard.watch(cwd, ctx.id, role=role, phase=phase) as watched:
+            confined = request.confinement is not None and request.confinement.confined
+            with guard.watch(cwd, ctx.id, role=role, phase=phase, confined=confined) as watched:
                 result = self._run_journaled(ctx, phase, runner, request, round)
             result = watched.apply(result)  # refs and .git as they were (issue 10)
             for earlier in watched.recovered:  # what a killed run left, undone now
