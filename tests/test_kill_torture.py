@@ -25,7 +25,8 @@ from phasegate.testing.torture import (
     trial_mode,
 )
 
-pytestmark = pytest.mark.slow
+# Sandboxed, as on a person's machine: kills land on bwrap and its PID namespace too.
+pytestmark = [pytest.mark.slow, pytest.mark.sandboxed]
 
 TRIALS = int(os.environ.get("PHASEGATE_TORTURE_TRIALS", "20"))
 

@@ -31,7 +31,11 @@ app = typer.Typer(
     "or a person approves (`phasegate demo --graph` shows one).\n\n"
     "Killed at any moment, a workflow goes on with `phasegate worker` or `phasegate resume "
     "ID`: no duplicate issue, PR, comment or merge, no unrecorded work on the base, stale "
-    "git locks repaired, leftover agents and checks stopped (README: After a crash).",
+    "git locks repaired, leftover agents and checks stopped (README: After a crash).\n\n"
+    "Agents and checks run under bubblewrap where it works (worktree writable, the rest "
+    'read-only, phasegate\'s process and keys out of sight; `sandbox = "none"` per role '
+    "turns it off, with a warning); refs and .git are restored after every agent run; "
+    "secrets are redacted raw and encoded (README: Agents contained).",
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
