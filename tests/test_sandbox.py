@@ -462,6 +462,24 @@ def test_a_sigkilled_supervisor_takes_the_whole_sandbox_with_it(tmp_path: Path) 
     assert wait_for(lambda: process_alive_with(f"300.{tag}") == [], timeout_s=5)
 
 
+def test_a_sandboxed_process_has_no_capability_even_when_phasegate_is_root(tmp_path: Path) -> None:
+    # As root, bwrap alone leaves every capability: `mount -o remount,rw /` then
+    # makes the whole filesystem writable again (found by a fresh-user trial).
+    (tmp_path / "wt").mkdir()
+    outside = tmp_path / "outside.txt"
+    c = agent_confinement("bwrap", network=True, cwd=tmp_path / "wt", state_dir=None, repo=tmp_path)
+    script = (
+        "grep CapEff /proc/self/status; mount -o remount,rw,bind / || echo remount refused; "
+        f"echo escaped > {outside} || echo write refused"
+    )
+    finished = run_supervised(
+        script, cwd=tmp_path / "wt", env=None, stdin=None, timeout_s=30, cancel=None, confinement=c
+    )
+    assert "CapEff:\t0000000000000000" in finished.stdout, finished.stdout
+    assert "remount refused" in finished.stdout and "write refused" in finished.stdout
+    assert not outside.exists()
+
+
 # -- the real agent CLIs ------------------------------------------------------------------
 
 

@@ -15,6 +15,8 @@ through ``wrap``. Under bubblewrap (``bwrap``):
 - a PID namespace of its own with a fresh /proc: phasegate's process, its
   environment and its memory are out of sight (``/proc/<pid>`` of phasegate
   is no process there);
+- no capability at all (``--cap-drop ALL``), run as root too: a process of a
+  root phasegate cannot remount ``/`` writable or override permissions;
 - a new session (no ``TIOCSTI`` into phasegate's terminal), dies with its
   parent; the network is reachable unless ``network`` is off
   (``--unshare-net``: only a loopback of its own).
@@ -133,6 +135,9 @@ class Bubblewrap:
     def wrap(self, argv: Sequence[str], c: Confinement, cwd: Path, tmp: Path) -> list[str]:
         args = [self.executable, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         args += ["--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"]
+        # Run as root (a container, CI), bwrap would leave the process every capability:
+        # CAP_SYS_ADMIN remounts / writable, CAP_DAC_OVERRIDE ignores permissions.
+        args += ["--cap-drop", "ALL"]
         if not c.network:
             args.append("--unshare-net")
         mounts = [(p, "--bind") for p in (*c.writable, tmp)]
@@ -154,7 +159,15 @@ def sandbox_for(confinement: Confinement | None) -> Sandbox:
 
 
 _PROBE = ("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid")
-_PROBE_TAIL = ("--unshare-ipc", "--unshare-net", "--die-with-parent", "--new-session", "true")
+_PROBE_TAIL = (
+    "--unshare-ipc",
+    "--unshare-net",
+    "--die-with-parent",
+    "--new-session",
+    "--cap-drop",
+    "ALL",
+    "true",
+)
 
 
 @functools.cache
