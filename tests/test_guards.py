@@ -163,6 +163,50 @@ def test_a_read_only_role_that_plants_code_in_git_never_has_it_run(
     assert "violations (1)" in shown and "git_dir_violation · plan" in shown
 
 
+@pytest.mark.parametrize("attack", ["system_config", "included_file", "alternates"])
+def test_an_unconfined_role_planting_config_outside_the_repository_is_undone(
+    happy_repo: Path, engine_for, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attack: str
+) -> None:
+    # Found by a fresh-user trial: /etc/gitconfig and a file the global config
+    # includes were not watched, so a planted fsmonitor (or a filter, run with
+    # phasegate's environment) went on running in every git after the workflow.
+    script, marker = _marker_script(tmp_path)
+    system = tmp_path / "system.gitconfig"
+    system.write_text("[user]\n\tname = System\n")
+    monkeypatch.setenv("GIT_CONFIG_SYSTEM", str(system))
+    included = tmp_path / "included.gitconfig"
+    included.write_text("[color]\n\tui = auto\n")
+    global_config = Path(os.environ["GIT_CONFIG_GLOBAL"])
+    global_config.write_text(f"[include]\n\tpath = {included}\n")
+    alternates = happy_repo / ".git" / "objects" / "info" / "alternates"
+    target, body = {
+        "system_config": (system, f"printf '[core]\\n\\tfsmonitor = {script}\\n' >> {system}"),
+        "included_file": (
+            included,
+            f"printf '[core]\\n\\tfsmonitor = {script}\\n' >> {included}",
+        ),
+        "alternates": (alternates, f"echo {tmp_path}/no-such-objects > {alternates}"),
+    }[attack]
+    before = target.read_bytes() if target.exists() else None
+    _bind(
+        happy_repo,
+        "plan",
+        f'if [ "$PHASEGATE_CALL_INDEX" = 0 ]; then {body}; fi; echo "1. Write feature.txt"',
+    )
+    engine, store = engine_for(happy_repo)
+    row = engine.advance(engine.start("t", "ticket"))
+    assert row["status"] == "completed", row["error"]
+    person = subprocess.run(["git", "status"], cwd=happy_repo, capture_output=True, text=True)
+    assert person.returncode == 0 and "error:" not in person.stderr, person.stderr
+    assert not marker.exists(), marker.read_text()
+    assert (target.read_bytes() if target.exists() else None) == before
+    found = _violations(store, row["id"])
+    assert [(v["name"], v["role"]) for v in found] == [("git_dir_violation", "plan")]
+    assert str(target) in found[0]["paths"] or any(
+        str(target).endswith(p) for p in found[0]["paths"]
+    ), found
+
+
 def test_phasegate_git_runs_no_hook_fsmonitor_or_textconv_planted_in_config(
     tmp_path: Path,
 ) -> None:

@@ -554,9 +554,10 @@ print("built")
 def test_a_person_working_in_the_repository_during_a_confined_run_keeps_their_work(
     tmp_path: Path,
 ) -> None:
-    # A confined agent cannot move refs or write git's config: the guard watches its
-    # own branch only, so a person's commit, branch and ~/.gitconfig edit made while
-    # it runs are theirs to keep (an unconfined run would undo them: tests/test_guards.py).
+    # A confined agent cannot move refs or write git's config: the guard watches what
+    # it can reach only, so a person's commit, branch, config, hook and info/ edits
+    # made while it runs are theirs to keep (found by a fresh-user trial; an
+    # unconfined run undoes them: tests/test_guards.py).
     env = phasegate_env(tmp_path)
     gitconfig = Path(env["HOME"]) / ".gitconfig"
     gitconfig.write_text("[user]\n\tname = Person\n\temail = person@example.com\n")
@@ -586,6 +587,13 @@ def test_a_person_working_in_the_repository_during_a_confined_run_keeps_their_wo
             subprocess.run(["git", *args], cwd=repo, env=person, check=True)
         mine = git(repo, "rev-parse", "HEAD")
         gitconfig.write_text(gitconfig.read_text() + "[alias]\n\tst = status\n")
+        subprocess.run(
+            ["git", "config", "user.signingkey", "mine"], cwd=repo, env=person, check=True
+        )
+        hook = repo / ".git" / "hooks" / "pre-push"
+        hook.write_text("#!/bin/sh\nexit 0\n")
+        with (repo / ".git" / "info" / "exclude").open("a") as exclude:
+            exclude.write("my-scratch/\n")
         go.touch()
         out, err = worker.communicate(timeout=120)
     finally:
@@ -599,5 +607,8 @@ def test_a_person_working_in_the_repository_during_a_confined_run_keeps_their_wo
     assert git(repo, "show", "main:mine.txt") == "the person's own work"
     assert git(repo, "show", "main:feature.txt") == "the feature"
     assert "st = status" in gitconfig.read_text()
+    assert git(repo, "config", "user.signingkey") == "mine"
+    assert hook.read_text() == "#!/bin/sh\nexit 0\n"
+    assert "my-scratch/" in (repo / ".git" / "info" / "exclude").read_text()
     detail = json.loads(phasegate_cli("show", summary["id"], "--repo", str(repo), "--json").stdout)
     assert detail["violations"] == []

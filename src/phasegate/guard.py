@@ -6,13 +6,15 @@ An agent may change its worktree's files and index, nothing else of git's.
 - every ref of the repository (``git for-each-ref``: heads, tags, remotes,
   ``refs/phasegate``, the stash, loose and packed) and the ledger's size
   (``phasegate._git``: what phasegate itself moves meanwhile is not the agent's);
-- every worktree's ``HEAD`` (the agent's own, the person's checkout, others);
-- the git directory's files that can change what git runs or sees: the
-  common ``config`` and ``config.worktree``, the global config phasegate's
-  git reads (``GIT_CONFIG_GLOBAL``, ``~/.gitconfig``, the XDG one), each
-  worktree git dir's ``config.worktree``, ``commondir`` and ``gitdir``, the worktree's ``.git``
-  file, everything under ``hooks/``, ``info/`` and an absolute
-  ``core.hooksPath``, and the stash's reflog.
+- the agent's worktree's ``HEAD`` and the person's checkout's (never another
+  workflow's worktree: its worker adds and removes those meanwhile);
+- the files that can change what git runs or sees: the common ``config`` and
+  ``config.worktree``, the global and system config phasegate's git reads
+  (``GIT_CONFIG_GLOBAL``, ``~/.gitconfig``, the XDG one, ``/etc/gitconfig``)
+  and every file they ``include``, the agent's worktree git dir's
+  ``config.worktree``, ``commondir`` and ``gitdir`` and its ``.git`` file,
+  everything under ``hooks/``, ``info/`` and an absolute ``core.hooksPath``,
+  ``objects/info/alternates`` and the stash's reflog.
 
 After the run (or when the block raises), under the refs lock held
 exclusively: a ref that differs from its snapshot and from the last value
@@ -32,11 +34,12 @@ orphaned agent) and the next ``watch`` of the same key restore from a journal
 a killed phasegate left.
 
 A confined run (``own_only``: the agent ran under bubblewrap, where the git
-directory and the person's home are read-only to it) is watched for what is
-its own only: its branch, its worktree's HEAD, the repository's config,
-hooks and ``info/``. Other refs, other HEADs and the global config cannot be
-the agent's then, so a person who commits, checks out or edits their
-``~/.gitconfig`` meanwhile keeps what they did.
+directory, the person's home and the system are read-only to it) is watched
+for what it can reach only: its worktree's ``.git`` file (in its writable
+worktree: pointed elsewhere, it would hand phasegate's git a config of the
+agent's), its worktree git dir's files and its branch. Everything else
+cannot be the agent's then, so a person who commits, checks out or edits
+their git config or hooks meanwhile keeps what they did.
 
 Not told apart in an unconfined run (``sandbox = "none"``): ref moves by a
 person during it (they are undone like the agent's; the violation names both
@@ -49,6 +52,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import stat
 from collections.abc import Iterator
@@ -150,24 +154,66 @@ def _gitdirs(common: Path) -> list[Path]:
     )
 
 
-def _global_configs() -> list[Path]:
-    """The global git config files phasegate's own git reads (an unconfined agent
-    sharing the person's HOME could plant an ``sshCommand`` or a filter there)."""
+def _user_configs() -> list[Path]:
+    """The global and system git config files phasegate's own git reads (an
+    unconfined agent sharing the person's HOME, or run as root, could plant an
+    ``sshCommand``, an fsmonitor or a filter there)."""
+    found: list[Path] = []
     if os.environ.get("GIT_CONFIG_GLOBAL"):
-        return [Path(os.environ["GIT_CONFIG_GLOBAL"])]
-    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
-    return [Path(os.path.expanduser("~/.gitconfig")), Path(xdg) / "git" / "config"]
+        found.append(Path(os.environ["GIT_CONFIG_GLOBAL"]))
+    else:
+        xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+        found += [Path(os.path.expanduser("~/.gitconfig")), Path(xdg) / "git" / "config"]
+    # Watched under GIT_CONFIG_NOSYSTEM too: the person's own git may read it.
+    found.append(Path(os.environ.get("GIT_CONFIG_SYSTEM") or "/etc/gitconfig"))
+    return found
 
 
-def _watched(cwd: Path, common: Path) -> tuple[list[Path], list[Path]]:
-    """The files and directories a snapshot keeps (this module's docstring)."""
-    files = [common / "config", common / "config.worktree", common / "logs" / "refs" / "stash"]
-    for each in _gitdirs(common):
-        files.append(each / "HEAD")
-        if each != common:
-            files += [each / "config.worktree", each / "commondir", each / "gitdir"]
-    files.append(cwd / ".git")
-    files += _global_configs()
+_SECTION = re.compile(r"^\s*\[\s*([^\]\s\"]+)")
+_INCLUDE_PATH = re.compile(r"^\s*path\s*=\s*\"?(.*?)\"?\s*$", re.IGNORECASE)
+
+
+def _included(configs: list[Path], depth: int = 5) -> list[Path]:
+    """``configs`` and every file their ``[include]``/``[includeIf]`` sections name,
+    followed ``depth`` levels: an agent may plant its settings in an included file."""
+    found, todo = list(configs), list(configs)
+    for _ in range(depth):
+        more: list[Path] = []
+        for config in todo:
+            try:
+                lines = config.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            section = ""
+            for line in lines:
+                if header := _SECTION.match(line):
+                    section = header.group(1).lower()
+                elif section in ("include", "includeif") and (path := _INCLUDE_PATH.match(line)):
+                    target = Path(os.path.expanduser(path.group(1)))
+                    target = target if target.is_absolute() else config.parent / target
+                    if target not in found:
+                        found.append(target)
+                        more.append(target)
+        todo = more
+    return found
+
+
+def _watched(
+    cwd: Path, common: Path, gitdir: Path, own_only: bool
+) -> tuple[list[Path], list[Path]]:
+    """The files and directories a snapshot keeps (this module's docstring).
+
+    Never another workflow's worktree git dir: its worker adds and removes it
+    meanwhile, and a snapshot caught half-made must not be put back."""
+    files = [cwd / ".git"]
+    if gitdir != common:
+        files += [gitdir / "HEAD", gitdir / "config.worktree", gitdir / "commondir"]
+        files.append(gitdir / "gitdir")
+    if own_only:
+        return files, []
+    files += [common / "HEAD", common / "logs" / "refs" / "stash"]
+    files.append(common / "objects" / "info" / "alternates")
+    files += _included([common / "config", common / "config.worktree", *_user_configs()])
     dirs = [common / name for name in _WATCHED_DIRS]
     for value in (_git_out(["config", "--get-all", "core.hooksPath"], cwd) or "").splitlines():
         hooks = Path(os.path.expanduser(value.strip()))
@@ -194,12 +240,11 @@ def snapshot(
     with refs_lock(common, exclusive=True):
         refs = list_refs(cwd)
         ledger = (common / LEDGER).stat().st_size if (common / LEDGER).exists() else 0
-    files, dirs = _watched(cwd, common)
+    files, dirs = _watched(cwd, common, gitdir, own_only)
     if own_only:
-        refs = {name: value for name, value in refs.items() if name == branch}
-        others = {each / "HEAD" for each in _gitdirs(common) if each != gitdir}
-        theirs = others | set(_global_configs()) | {common / "logs" / "refs" / "stash"}
-        files = [path for path in files if path not in theirs]
+        # Its own branch, in a worktree of its own; in the person's checkout (the
+        # graph's roles run there) the branch is the person's, and theirs to move.
+        refs = {name: value for name, value in refs.items() if name == branch and gitdir != common}
     return Snapshot(
         cwd=str(cwd),
         common=str(common),
@@ -401,5 +446,8 @@ def watch(
     try:
         yield seen
     finally:
-        seen.found = restore(snap)
-        journal.unlink()
+        # Gone: a worker that took the workflow over restored from it (its
+        # reconciliation) and owns the repository's state now; undo nothing twice.
+        if journal.exists():
+            seen.found = restore(snap)
+            journal.unlink(missing_ok=True)
