@@ -414,3 +414,23 @@ def test_an_agent_s_own_branch_is_put_back_keeping_its_working_tree_edits(
     assert git(repo, "branch", "--list", "elsewhere") == ""
     assert (tree / "a.txt").read_text() == "edited\n" and (tree / "new.txt").exists()
     assert git(tree, "status", "--porcelain") == "M a.txt\n?? new.txt"  # index = HEAD
+
+
+def test_what_phasegate_git_starts_never_sees_a_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A filter driver (git-lfs's kind) still runs in phasegate's git: it gets
+    # phasegate's environment without the secret-named variables (fresh-user trial:
+    # a filter planted in /etc/gitconfig saw MY_SECRET_TOKEN).
+    monkeypatch.setenv("MY_SECRET_TOKEN", "sentinel-secret-value-4711")
+    seen = tmp_path / "filter-env"
+    repo = make_repo(tmp_path / "repo", {".gitattributes": "*.txt filter=probe\n"})
+    git(repo, "config", "filter.probe.clean", f"sh -c 'env >> {seen}; cat'")
+    ws = Workspace()
+    ws.create_branch(repo, "feature", "main")
+    tree = ws.ensure_worktree(repo, "feature", tmp_path / "wt")
+    (tree / "a.txt").write_text("changed\n")
+    ws.commit_all(tree, "change")
+    assert seen.exists()  # the filter ran
+    assert "sentinel-secret-value-4711" not in seen.read_text()
+    assert "MY_SECRET_TOKEN" not in seen.read_text()

@@ -50,6 +50,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from phasegate.contract import PhasegateError
+from phasegate.redaction import SECRET_NAME
 
 __all__ = [
     "HARDENED",
@@ -190,8 +191,16 @@ def _run_once(
         encoding="utf-8",
         errors="replace",
         input=input,
-        env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"},
+        env=_git_env(),
     )
+
+
+def _git_env() -> dict[str, str]:
+    """phasegate's environment without its secrets (issue 10): whatever git starts
+    (a filter or merge driver, an ssh or credential helper from a config phasegate
+    does not control) never sees a model key or a forge token. No prompt; English."""
+    env = {k: v for k, v in os.environ.items() if not SECRET_NAME.search(k)}
+    return {**env, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
 
 
 @contextmanager

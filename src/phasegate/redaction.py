@@ -16,9 +16,19 @@ import re
 from collections.abc import Iterable
 from urllib.parse import quote, quote_plus
 
-__all__ = ["MIN_SECRET", "files_with_secrets", "holds_secret", "redact", "secret_variants"]
+__all__ = [
+    "MIN_SECRET",
+    "SECRET_NAME",
+    "files_with_secrets",
+    "holds_secret",
+    "redact",
+    "secret_variants",
+]
 
 MIN_SECRET = 8  # characters; shorter values would redact ordinary words
+
+#: Variables whose name says they hold a secret (model keys, forge tokens, passwords).
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.I)
 
 
 def _base64_cores(raw: bytes) -> list[str]:

@@ -9,12 +9,12 @@ phasegate's environment never reaches an agent unless the cartridge says so.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
 
 from phasegate.cartridge import Cartridge, RoleBinding
 from phasegate.redaction import (
     MIN_SECRET,
+    SECRET_NAME,
     files_with_secrets,
     holds_secret,
     redact,
@@ -39,7 +39,6 @@ __all__ = [
 #: Always passed through: what any program needs to run and read text.
 BASE_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM")
 
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.I)
 _MIN_SECRET = MIN_SECRET
 
 
@@ -83,7 +82,7 @@ def _secret_set(values: Iterable[str]) -> list[str]:
 def environment_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
     """Every value in the environment held by a variable whose name says it is secret."""
     source = os.environ if environ is None else environ
-    return _secret_set(v for k, v in source.items() if _SECRET_NAME.search(k))
+    return _secret_set(v for k, v in source.items() if SECRET_NAME.search(k))
 
 
 def secret_names_in(text: str, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -93,7 +92,7 @@ def secret_names_in(text: str, environ: Mapping[str, str] | None = None) -> list
     return sorted(
         name
         for name, value in source.items()
-        if _SECRET_NAME.search(name) and len(value) >= _MIN_SECRET and holds_secret(text, [value])
+        if SECRET_NAME.search(name) and len(value) >= _MIN_SECRET and holds_secret(text, [value])
     )
 
 
@@ -103,7 +102,7 @@ def secret_values(binding: RoleBinding, environ: Mapping[str, str] | None = None
     values = environment_secrets(source)
     if binding.api_key_env and binding.api_key_env in source:
         values.append(source[binding.api_key_env])
-    values += [v for k, v in binding.env.items() if _SECRET_NAME.search(k)]
+    values += [v for k, v in binding.env.items() if SECRET_NAME.search(k)]
     return _secret_set(values)
 
 
