@@ -10,6 +10,8 @@ terminal that clears itself.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,22 @@ def test_log_lines_show_control_characters_as_escapes() -> None:
     record = logging.LogRecord("engine", logging.WARNING, "", 0, "phase %s: %s", ("x", EVIL), None)
     line = _VisibleFormatter("%(levelname)s: %(message)s").format(record)
     assert line.startswith("WARNING: phase x: \\x1b[2J") and "\x1b" not in line
+
+
+def test_a_ticket_that_is_not_utf8_is_exit_2_naming_it(tmp_path: Path) -> None:
+    repo = project(tmp_path, scripted_cartridge())
+    exe = Path(sys.executable).parent / "phasegate"
+    # argv bytes that are not UTF-8 (Python holds them as lone surrogates)
+    raw = subprocess.run(
+        [exe.as_posix().encode(), b"run", b"--repo", str(repo).encode(), b"bad \x9b31m"],
+        capture_output=True,
+        text=True,
+    )
+    assert raw.returncode == 2 and "argument 4 is not UTF-8 text" in raw.stderr, raw.stderr
+    ticket = tmp_path / "ticket.md"
+    ticket.write_bytes(b"bad \x9b ticket\n")
+    proc = phasegate_cli("run", "--repo", str(repo), "--ticket", str(ticket))
+    assert proc.returncode == 2 and f"{ticket}: not UTF-8 text (byte 4)" in proc.stderr
+    assert "Traceback" not in raw.stderr + proc.stderr
+    status = phasegate_cli("status", "--repo", str(repo), "--json")
+    assert json.loads(status.stdout) == []  # nothing was filed

@@ -7,6 +7,7 @@ failed or paused; 2 bad input (cartridge, unknown workflow, illegal request);
 """
 
 import logging
+import sys
 from importlib import import_module
 
 from phasegate._terminal import visible
@@ -26,7 +27,22 @@ class _VisibleFormatter(logging.Formatter):
         return visible(super().format(record))
 
 
+def _not_utf8(argv: list[str]) -> str | None:
+    """The first argument that is not UTF-8 text (Python carries its bytes as lone
+    surrogates, which no store, prompt or forge can take), named, else None."""
+    for number, arg in enumerate(argv, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"argument {number} is not UTF-8 text (character {exc.start + 1})"
+    return None
+
+
 def main() -> None:
+    bad = _not_utf8(sys.argv[1:])
+    if bad is not None:
+        print(f"error: {bad}", file=sys.stderr)
+        raise SystemExit(2)
     handler = logging.StreamHandler()
     handler.setFormatter(_VisibleFormatter("%(levelname)s: %(message)s"))
     logging.basicConfig(level=logging.WARNING, handlers=[handler])

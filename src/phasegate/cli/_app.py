@@ -147,9 +147,11 @@ def _ticket_from(ticket: str | None, ticket_file: Path | None) -> str:
         raise UsageError("give the ticket text or --ticket FILE (one of them)")
     if ticket_file is not None:
         try:
-            ticket = ticket_file.read_text(encoding="utf-8")
+            ticket = ticket_file.read_bytes().decode("utf-8")
         except OSError as exc:
             raise UsageError(f"cannot read {ticket_file}: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{ticket_file}: not UTF-8 text (byte {exc.start})") from None
     assert ticket is not None
     if not ticket.strip():
         raise UsageError("the ticket is empty")
