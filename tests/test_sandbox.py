@@ -216,6 +216,10 @@ def test_doctor_names_each_roles_sandbox_and_refuses_a_bwrap_that_cannot_work(
     run = phasegate_cli("run", "--repo", str(repo), "a ticket", env=env)
     assert run.returncode == 2, run.stdout + run.stderr
     assert 'roles.build.sandbox = "bwrap"' in run.stderr + run.stdout
+    # A machine default run refuses, doctor reports missing too (fresh-user trial).
+    bogus = {**os.environ, "COLUMNS": "200", "PHASEGATE_SANDBOX": "bogus"}
+    doctor = phasegate_cli("doctor", "--repo", str(repo), env=bogus)
+    assert doctor.returncode == 1 and "PHASEGATE_SANDBOX='bogus'" in doctor.stdout
 
 
 # -- the runner and the checks, directly -------------------------------------------------

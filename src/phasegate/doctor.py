@@ -45,7 +45,7 @@ from phasegate.discover import (
     keys_set,
     program_version,
 )
-from phasegate.sandbox import PROCESS_RUNNERS, SandboxKind, bwrap_works, choose
+from phasegate.sandbox import PROCESS_RUNNERS, SANDBOX_VAR, SandboxKind, bwrap_works, choose
 from phasegate.store import store_url_problem
 from phasegate.workspace import GitError, git
 
@@ -295,6 +295,9 @@ def diagnose(
                 )
     if cartridge is not None and root is not None:
         _check_workflow(cartridge, root, missing, warnings)
+    machine = env.get(SANDBOX_VAR, "")
+    if machine not in ("", "bwrap", "none"):  # run refuses it: so does doctor
+        missing.append(f'{SANDBOX_VAR}={machine!r}: give "bwrap" or "none"')
     checks_sandbox: dict[str, str] = {}
     if cartridge is not None and cartridge.landing_areas.checks:
         kind, reason = _sandbox("landing_areas", cartridge.landing_areas.sandbox, missing, warnings)
