@@ -18,6 +18,14 @@
   "token_count", "info": {"total_token_usage": {...}}}}`` holds the thread's
   running totals, the same numbers ``turn.completed`` gives), so a spend cap
   sees what a failed call cost.
+- Codex's own sandbox (``bwrap`` on PATH, ``workspace-write``) runs each command
+  through a ``codex-linux-sandbox`` alias Codex links under ``CODEX_HOME/tmp``,
+  and it refuses to make that alias when CODEX_HOME lies under the temp dir
+  (``TMPDIR``, else /tmp): every command then fails ("bwrap: execvp
+  codex-linux-sandbox"). CODEX_HOME is under the repository's ``.phasegate/``,
+  which is under /tmp in a dry run's clone, so each call gets a private
+  ``TMPDIR`` of its own beside CODEX_HOME (``state_dir/codex-tmp-*``, removed
+  after the call); phasegate's sandbox replaces it with its per-run one.
 - Error kinds: ``model_error`` (a failed turn), ``timeout``, ``exit_code``,
   ``runner_error``.
 """
@@ -27,6 +35,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -118,7 +127,7 @@ class CodexRunner:
             'shell_environment_policy.exclude = ["*KEY*", "*TOKEN*", "*SECRET*", "*PASSWORD*"]',
             # Codex's own sandbox (bwrap, when on PATH) protects a `.git` in each of its
             # writable roots and fails on /tmp ("Can't mkdir /tmp/.git"): its commands
-            # get the worktree and TMPDIR (phasegate's sandbox makes one per run).
+            # get the worktree and TMPDIR (a private one per call: see run()).
             "sandbox_workspace_write.exclude_slash_tmp = true",
         ]
         if b.model:
@@ -164,14 +173,21 @@ class CodexRunner:
         home = request.state_dir / "codex-home"
         home.mkdir(parents=True, exist_ok=True)
         self._write_config(home)
-        env = child_env(self.binding, extra={"HOME": str(home), "CODEX_HOME": str(home)})
-        result = self._once(request, cancel, on_spawn, env, home, resume=True)
-        if (
-            request.session_id
-            and result.error_kind == "exit_code"
-            and "not found" in (result.error or "")
-        ):
-            result = self._once(request, cancel, on_spawn, env, home, resume=False)
+        # Not the temp dir CODEX_HOME may lie under (a dry run's clone is in /tmp):
+        # there Codex makes no codex-linux-sandbox alias and its bwrap runs nothing.
+        tmp = tempfile.mkdtemp(prefix="codex-tmp-", dir=request.state_dir)
+        extra = {"HOME": str(home), "CODEX_HOME": str(home), "TMPDIR": tmp}
+        env = child_env(self.binding, extra=extra)
+        try:
+            result = self._once(request, cancel, on_spawn, env, home, resume=True)
+            if (
+                request.session_id
+                and result.error_kind == "exit_code"
+                and "not found" in (result.error or "")
+            ):
+                result = self._once(request, cancel, on_spawn, env, home, resume=False)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # Codex's bwrap mount targets, the commands' files
         return result
 
     def _once(
