@@ -26,15 +26,26 @@
   which is under /tmp in a dry run's clone, so each call gets a private
   ``TMPDIR`` of its own beside CODEX_HOME (``state_dir/codex-tmp-*``, removed
   after the call); phasegate's sandbox replaces it with its per-run one.
+- Inside phasegate's sandbox Codex keeps its own where that works: its bwrap
+  makes a user namespace of its own, which fails when phasegate runs as root
+  (a container, CI: with every capability dropped, root may not map uid 0,
+  "bwrap: setting up uid map: Operation not permitted"). There
+  (``own_sandbox_fails``, probed once) Codex runs ``danger-full-access`` and
+  phasegate's sandbox alone confines its commands: the worktree, the state dir
+  and a private temp dir writable, the network as the cartridge says
+  (Codex's own would have cut it), a read-only role held to its checkout by
+  the ``read_only_violation`` check.
 - Error kinds: ``model_error`` (a failed turn), ``timeout``, ``exit_code``,
   ``runner_error``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
+import subprocess
 import tempfile
 import threading
 from collections.abc import Callable
@@ -46,8 +57,9 @@ from phasegate.agents.base import AgentRequest, AgentResult
 from phasegate.agents.env import child_env
 from phasegate.agents.process import ProcessOutcome, run_agent_process
 from phasegate.cartridge import RoleBinding
+from phasegate.sandbox import Bubblewrap, Confinement
 
-__all__ = ["CodexRunner", "parse_events", "rollout_totals"]
+__all__ = ["CodexRunner", "own_sandbox_fails", "parse_events", "rollout_totals"]
 
 
 def _toml_str(value: str) -> str:
@@ -111,6 +123,51 @@ def rollout_totals(home: Path, thread: str | None) -> dict[str, Any] | None:
     return totals
 
 
+#: What Codex's bwrap asks for its commands: user, PID and network namespaces of their own.
+_OWN_SANDBOX_PROBE = (
+    "--unshare-user",
+    "--unshare-pid",
+    "--unshare-net",
+    "--ro-bind",
+    "/",
+    "/",
+    "--cap-drop",
+    "ALL",
+    "--",
+    "true",
+)
+
+
+@functools.cache
+def own_sandbox_fails(network: bool = True) -> str | None:
+    """None when Codex's own sandbox starts inside phasegate's bubblewrap sandbox
+    (with ``network`` as given), else why not (bwrap's last line).
+
+    Runs, confined as an agent is, the bwrap found on PATH (the one Codex
+    prefers to its bundled copy) making the namespaces Codex's makes; the
+    answer is cached per process.
+    """
+    outer = Bubblewrap()
+    inner = shutil.which("bwrap") or outer.executable
+    with tempfile.TemporaryDirectory(prefix="phasegate-codex-probe-") as tmp:
+        argv = outer.wrap(
+            [inner, *_OWN_SANDBOX_PROBE],
+            Confinement("bwrap", network=network),
+            Path("/"),
+            Path(tmp),
+        )
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{inner} cannot run inside phasegate's sandbox: {exc}"
+    if done.returncode == 0:
+        return None
+    why = (done.stderr.strip() or done.stdout.strip()).splitlines()
+    return why[-1] if why else f"exit code {done.returncode}"
+
+
 class CodexRunner:
     name = "codex"
 
@@ -145,8 +202,14 @@ class CodexRunner:
         (home / "config.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     def argv(self, request: AgentRequest, *, resume: bool = True) -> list[str]:
+        """The ``codex exec`` command line for ``request``: Codex's own sandbox
+        ``read-only`` or ``workspace-write``, or ``danger-full-access`` inside
+        phasegate's sandbox where Codex's cannot start (``own_sandbox_fails``)."""
         exe = self.binding.executable or shutil.which("codex") or "codex"
         sandbox = "read-only" if request.read_only else "workspace-write"
+        c = request.confinement
+        if c is not None and c.confined and own_sandbox_fails(c.network) is not None:
+            sandbox = "danger-full-access"  # phasegate's bwrap confines every command
         args = [
             exe,
             "exec",
@@ -187,7 +250,7 @@ class CodexRunner:
             ):
                 result = self._once(request, cancel, on_spawn, env, home, resume=False)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # Codex's bwrap mount targets, the commands' files
+            shutil.rmtree(tmp, ignore_errors=True)  # Codex's mount targets, its commands' files
         return result
 
     def _once(
