@@ -169,11 +169,22 @@ def test_a_dry_run_whose_reviewer_always_requests_changes_ends_paused_with_the_r
 
 
 @pytest.mark.slow
-def test_a_dry_run_on_the_codex_cli_completes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "sandbox",
+    [
+        pytest.param('sandbox = "none"\n', id="none"),
+        pytest.param("", id="default", marks=pytest.mark.sandboxed),  # bwrap where it works
+    ],
+)
+def test_a_dry_run_on_the_codex_cli_completes(tmp_path: Path, sandbox: str) -> None:
+    # The clone, and so CODEX_HOME, is under /tmp: unconfined (sandbox = "none",
+    # bwrap on PATH) Codex's own bwrap found no codex-linux-sandbox alias there and
+    # its build changed no file; confined as root, Codex's bwrap cannot start inside
+    # phasegate's, which then confines it alone.
     codex = agent_cli("codex")
     role = (
         f'runner = "codex"\nexecutable = {json.dumps(codex)}\n'
-        'api_key_env = "OPENAI_API_KEY"\ntimeout = 90\n'
+        f'api_key_env = "OPENAI_API_KEY"\ntimeout = 90\n{sandbox}'
     )
     repo = make_user_repo(tmp_path, dict.fromkeys(ROLES, role))
     before = snapshot(repo)
