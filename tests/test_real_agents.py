@@ -8,6 +8,7 @@ plays a script per role, chosen by a phrase of that role's prompt.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import threading
@@ -18,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from phasegate.agents.base import AgentRequest
-from phasegate.agents.codex import CodexRunner, rollout_totals
+from phasegate.agents.codex import CodexRunner, own_sandbox_fails, rollout_totals
 from phasegate.cartridge import RoleBinding
+from phasegate.sandbox import Bubblewrap, agent_confinement, bwrap_works
 from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, key_sha
 
 from conftest import agent_cli, git, make_repo, phasegate_cli, scripted_cartridge
@@ -596,3 +598,27 @@ def test_codex_commands_do_not_see_the_model_key(
     assert SENTINEL not in seen and "OPENAI_API_KEY" not in seen
     # while Codex itself held the key for the model
     assert {r.key_sha for r in server.requests if r.script == BUILD} == {key_sha(SENTINEL)}
+
+
+def test_the_own_sandbox_probe_agrees_with_codex_inside_phasegates_sandbox(
+    tmp_path: Path, codex: str
+) -> None:
+    # own_sandbox_fails decides whether Codex keeps its workspace-write sandbox inside
+    # phasegate's: it must say what Codex's own sandbox really does there (as root it
+    # cannot start, as a person it can), or Codex's every command would fail.
+    why_not = bwrap_works()
+    if why_not is not None:
+        pytest.skip(f"phasegate's sandbox does not work here: {why_not}")
+    worktree, home, tmp = tmp_path / "wt", tmp_path / "codex-home", tmp_path / "tmp"
+    for path in (worktree, home, tmp):
+        path.mkdir()
+    argv = Bubblewrap().wrap(
+        [codex, "sandbox", "-c", 'sandbox_mode="workspace-write"', "--", "touch", "made"],
+        agent_confinement("bwrap", network=True, cwd=worktree, state_dir=home, repo=tmp_path),
+        worktree,
+        tmp,
+    )
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "CODEX_HOME": str(home)}
+    done = subprocess.run(argv, cwd=worktree, env=env, capture_output=True, text=True, timeout=60)
+    codex_sandbox_starts = done.returncode == 0 and (worktree / "made").exists()
+    assert codex_sandbox_starts == (own_sandbox_fails(True) is None), done.stderr
