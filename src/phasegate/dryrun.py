@@ -68,6 +68,7 @@ from phasegate.contract import PhasegateError
 from phasegate.graph import prompts as graph_prompts
 from phasegate.graph.facts import ChangeFacts
 from phasegate.phases import acceptance_verification, development, planning, pr_review
+from phasegate.redaction import SECRET_NAME
 from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall
 from phasegate.workspace import GitError, git
 
@@ -94,7 +95,6 @@ DUMMY_KEY = "phasegate-dry-run-key"
 _STEP_KEYS = frozenset(
     {"text", "tools", "status", "input_tokens", "output_tokens", "delay_s", "hang"}
 )
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.I)
 
 
 def _marker(prompt: str) -> str:
@@ -269,8 +269,8 @@ def offline_binding(binding: RoleBinding, url: str) -> RoleBinding:
     if binding.runner not in OFFLINE_RUNNERS:
         return binding
     data = binding.model_dump(exclude_unset=True)
-    data["pass_env"] = [n for n in binding.pass_env if not _SECRET_NAME.search(n)]
-    env = {k: v for k, v in binding.env.items() if not _SECRET_NAME.search(k)}
+    data["pass_env"] = [n for n in binding.pass_env if not SECRET_NAME.search(n)]
+    env = {k: v for k, v in binding.env.items() if not SECRET_NAME.search(k)}
     if binding.runner == "claude-code":
         data.update(base_url=url, api_key_env=None)
         env.update(ANTHROPIC_API_KEY=DUMMY_KEY, CLAUDE_CODE_MAX_RETRIES="0")
