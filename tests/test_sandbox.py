@@ -474,14 +474,18 @@ def test_a_sandboxed_process_has_no_capability_even_when_phasegate_is_root(tmp_p
     c = agent_confinement("bwrap", network=True, cwd=tmp_path / "wt", state_dir=None, repo=tmp_path)
     script = (
         "grep CapEff /proc/self/status; mount -o remount,rw,bind / || echo remount refused; "
-        f"echo escaped > {outside} || echo write refused"
+        f"echo escaped > {outside} || echo write refused; "
+        # the kernel's settings are the host's: a second trial wrote domainname there
+        "echo sandbox > /proc/sys/kernel/domainname || echo sysctl refused"
     )
     finished = run_supervised(
         script, cwd=tmp_path / "wt", env=None, stdin=None, timeout_s=30, cancel=None, confinement=c
     )
     assert "CapEff:\t0000000000000000" in finished.stdout, finished.stdout
     assert "remount refused" in finished.stdout and "write refused" in finished.stdout
+    assert "sysctl refused" in finished.stdout
     assert not outside.exists()
+    assert Path("/proc/sys/kernel/domainname").read_text() != "sandbox\n"
 
 
 # -- the real agent CLIs ------------------------------------------------------------------

@@ -16,7 +16,9 @@ through ``wrap``. Under bubblewrap (``bwrap``):
   environment and its memory are out of sight (``/proc/<pid>`` of phasegate
   is no process there);
 - no capability at all (``--cap-drop ALL``), run as root too: a process of a
-  root phasegate cannot remount ``/`` writable or override permissions;
+  root phasegate cannot remount ``/`` writable or override permissions; and
+  ``/proc/sys`` (the kernel's settings) read-only, with a UTS namespace of its
+  own (its hostname is its own);
 - a new session (no ``TIOCSTI`` into phasegate's terminal), dies with its
   parent; the network is reachable unless ``network`` is off
   (``--unshare-net``: only a loopback of its own).
@@ -126,6 +128,10 @@ class NoSandbox:
         return list(argv)
 
 
+#: What of /proc must be read-only inside the sandbox (the kernel's settings, SysRq).
+_PROC_KNOBS = ("/proc/sys", "/proc/sysrq-trigger")
+
+
 class Bubblewrap:
     """bubblewrap (``bwrap``, 0.8 or later): see the module docstring for what it confines."""
 
@@ -134,7 +140,14 @@ class Bubblewrap:
 
     def wrap(self, argv: Sequence[str], c: Confinement, cwd: Path, tmp: Path) -> list[str]:
         args = [self.executable, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        args += ["--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"]
+        # The fresh /proc leaves the kernel's knobs writable to a root process, even
+        # without capabilities (a trial wrote kernel.domainname on the host; a
+        # core_pattern of "|script" would run that script as root outside).
+        for knob in _PROC_KNOBS:
+            if Path(knob).exists():
+                args += ["--ro-bind", knob, knob]
+        args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent"]
+        args.append("--new-session")
         # Run as root (a container, CI), bwrap would leave the process every capability:
         # CAP_SYS_ADMIN remounts / writable, CAP_DAC_OVERRIDE ignores permissions.
         args += ["--cap-drop", "ALL"]
@@ -158,7 +171,20 @@ def sandbox_for(confinement: Confinement | None) -> Sandbox:
     return Bubblewrap()
 
 
-_PROBE = ("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid")
+_PROBE = (
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--ro-bind",
+    "/proc/sys",
+    "/proc/sys",
+    "--unshare-pid",
+    "--unshare-uts",
+)
 _PROBE_TAIL = (
     "--unshare-ipc",
     "--unshare-net",
