@@ -389,3 +389,38 @@ def test_a_merge_into_a_checkout_where_a_persons_commit_is_open_pauses_and_resum
     log = git(happy_repo, "log", "--format=%s", "main")
     assert "mine" in log.splitlines() and log.count("Merge #") == 1
     assert git(happy_repo, "show", "main:feature.txt") == "the feature"
+
+
+def test_a_merge_a_killed_phasegate_left_begun_in_the_persons_checkout_is_redone(
+    tmp_path: Path,
+) -> None:
+    # Found by the kill torture (sandboxed, in CI): a kill inside `git merge` left
+    # MERGE_HEAD in the person's checkout, and every later merge failed with
+    # "You have not concluded your merge".
+    from phasegate.workspace import DirtyCheckout
+
+    repo = make_repo(tmp_path / "repo", {"a.txt": "a\n"})
+    ws = Workspace()
+    ws.create_branch(repo, "feature", "main")
+    tree = ws.ensure_worktree(repo, "feature", tmp_path / "wt")
+    (tree / "b.txt").write_text("b\n")
+    ws.commit_all(tree, "feature")
+    message = "Merge feature (phasegate workflow abc)"
+    # what a kill between git's MERGE_HEAD and its commit leaves
+    git(repo, "merge", "--no-ff", "--no-commit", "-m", message, "feature")
+    assert ws.merge_in_progress(repo)
+    merged = ws.merge_into_base(repo, "main", "feature", message)
+    assert git(repo, "log", "-1", "--format=%s", merged) == message
+    assert not ws.merge_in_progress(repo)
+    # a merge of the person's own is theirs: refused, touching nothing
+    git(repo, "branch", "other", "HEAD~1")
+    git(repo, "checkout", "-q", "other")
+    (repo / "c.txt").write_text("c\n")
+    git(repo, "add", "c.txt")
+    git(repo, "commit", "-qm", "other work")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "--no-ff", "--no-commit", "-m", "my own merge", "other")
+    ws.create_branch(repo, "second", "main")
+    with pytest.raises(DirtyCheckout, match="a merge of your own is in progress"):
+        ws.merge_into_base(repo, "main", "second", "Merge second")
+    assert ws.merge_in_progress(repo)

@@ -434,3 +434,30 @@ def test_what_phasegate_git_starts_never_sees_a_secret(
     assert seen.exists()  # the filter ran
     assert "sentinel-secret-value-4711" not in seen.read_text()
     assert "MY_SECRET_TOKEN" not in seen.read_text()
+
+
+def test_a_nested_repository_in_the_change_never_runs_its_config_and_is_refused(
+    happy_repo: Path, engine_for, tmp_path: Path
+) -> None:
+    # Second fresh-user trial: a build agent made a repository inside its worktree
+    # with a filter in its own .git/config; phasegate's `git status` looked inside
+    # it to see whether it was dirty and ran the filter, outside any sandbox.
+    script, marker = _marker_script(tmp_path)
+    evil = (
+        "git init -q sub && cd sub && echo '* filter=evil' > .gitattributes && git add -A && "
+        "git -c user.name=a -c user.email=a@b commit -qm s && "
+        f"git config filter.evil.clean {script} && echo dirty > f && cd .."
+    )
+    build = (
+        f'if [ "$PHASEGATE_CALL_INDEX" = 0 ]; then {evil}; fi; '
+        "echo the feature > feature.txt; echo built"
+    )
+    _bind(happy_repo, "build", build)
+    engine, store = engine_for(happy_repo)
+    row = engine.advance(engine.start("t", "ticket"))
+    assert row["status"] == "completed", row["error"]
+    assert not marker.exists(), marker.read_text()
+    assert git(happy_repo, "show", "main:feature.txt") == "the feature"
+    assert "sub" not in git(happy_repo, "ls-tree", "--name-only", "main").split()
+    found = _violations(store, row["id"])
+    assert [(v["name"], v["paths"]) for v in found] == [("git_dir_violation", ["sub"])], found

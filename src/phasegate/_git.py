@@ -137,6 +137,14 @@ HARDENED = (
     "commit.gpgSign=false",
     "-c",
     "tag.gpgSign=false",
+    # A repository nested in a worktree has a .git of the agent's making: git would
+    # run its filters and fsmonitor to see whether it is dirty (second trial).
+    "-c",
+    "diff.ignoreSubmodules=all",
+    "-c",
+    "submodule.recurse=false",
+    "-c",
+    "status.submoduleSummary=false",
 )
 
 #: Subcommands that run an external diff or a textconv filter unless told not to.

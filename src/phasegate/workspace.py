@@ -287,7 +287,7 @@ class Workspace:
         usually caches (virtualenvs, build trees) the next run wants.
         """
         git(["reset", "-q", "--hard", "HEAD"], path)
-        git(["clean", "-fdq"], path)
+        git(["clean", "-ffdq"], path)  # -ff: a repository nested in it goes too
 
     def commit_message(self, path: Path, rev: str) -> str:
         """The full message of commit ``rev`` in the repository at ``path``."""
@@ -302,7 +302,7 @@ class Workspace:
     def reset_to(self, path: Path, rev: str) -> None:
         """Put the worktree's branch back at ``rev`` and drop every change since."""
         git(["reset", "-q", "--hard", rev], path)
-        git(["clean", "-fdq"], path)
+        git(["clean", "-ffdq"], path)  # -ff: a repository nested in it goes too
 
     def commit_all(self, path: Path, message: str) -> str | None:
         """Commit every change in the worktree; the new SHA, or None if clean."""
@@ -447,6 +447,7 @@ class Workspace:
         self.remove_worktree(repo, scratch)  # a crashed merge's leftover, if any
         holder = next((p for p, b in self._registered_worktrees(repo).items() if b == base), None)
         if holder is not None:
+            self._abort_our_killed_merge(holder, message)
             # A person's own checkout: their unrelated edits do not block the merge,
             # and git refuses, touching nothing, when the merge would overwrite one.
             for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
@@ -479,6 +480,22 @@ class Workspace:
             return self.rev(scratch, "HEAD")
         finally:
             self.remove_worktree(repo, scratch)
+
+    def _abort_our_killed_merge(self, holder: Path, message: str) -> None:
+        """Abort the merge a killed phasegate left begun in ``holder`` (MERGE_HEAD, and
+        MERGE_MSG says it is this merge's); a merge of the person's is theirs: raises
+        DirtyCheckout, touching nothing."""
+        if not self.merge_in_progress(holder):
+            return
+        msg = Path(git(["rev-parse", "--path-format=absolute", "--git-path", "MERGE_MSG"], holder))
+        begun = msg.read_text(errors="replace") if msg.is_file() else ""
+        if begun.splitlines()[:1] == message.splitlines()[:1]:
+            git(["merge", "--abort"], holder, check=False)
+            return
+        raise DirtyCheckout(
+            f"cannot merge into the base in {holder}: a merge of your own is in progress "
+            "there (MERGE_HEAD); conclude or abort it, then resume"
+        )
 
     @staticmethod
     def _index_locked(checkout: Path) -> bool:

@@ -323,7 +323,7 @@ def read_only_violation(
     changed = [line[3:] for line in git(["status", "--porcelain", "-uall"], cwd).splitlines()]
     if undo:
         git(["reset", "--hard", "-q"], cwd)
-        git(["clean", "-fdq"], cwd)
+        git(["clean", "-ffdq"], cwd)  # -ff: a repository nested in it goes too
     done = "undone" if undo else "left as they are (the checkout had edits before)"
     error = f"the read-only {role} role changed {len(changed)} path(s), {done}: " + ", ".join(
         changed[:5]

@@ -139,7 +139,8 @@ class Change:
     newline and the diff), the paths, insertions and deletions (lines), and the
     diff text itself only when ``size`` is within the limit it was measured
     against (``None`` above it). ``binary`` names the paths git shows only as
-    "Binary files differ": their bytes in the worktree count in ``size``."""
+    "Binary files differ": their bytes in the worktree count in ``size``;
+    ``gitlinks`` the paths where the change adds or moves a nested repository."""
 
     size: int
     sha256: str
@@ -148,6 +149,7 @@ class Change:
     deletions: int
     diff: str | None
     binary: tuple[str, ...] = ()
+    gitlinks: tuple[str, ...] = ()
 
     @property
     def oversized(self) -> bool:
@@ -174,6 +176,7 @@ def measure_change(cwd: Path, start: str, head: str, limit: int) -> Change:
             binary.append(path)
         insertions += int(added) if added.isdigit() else 0
         deletions += int(deleted) if deleted.isdigit() else 0
+    gitlinks = _new_gitlinks(cwd, start)
     # git's diff says only "Binary files differ": what such a file holds counts too
     size = sum(f.stat().st_size for f in (cwd / b for b in binary) if f.is_file())
     with tempfile.TemporaryDirectory(prefix="phasegate-diff-") as tmp:
@@ -185,21 +188,54 @@ def measure_change(cwd: Path, start: str, head: str, limit: int) -> Change:
                 digest.update(chunk)
                 size += len(chunk)
         diff = out.read_text(encoding="utf-8", errors="replace") if size <= limit else None
-    return Change(size, digest.hexdigest(), paths, insertions, deletions, diff, tuple(binary))
+    return Change(
+        size, digest.hexdigest(), paths, insertions, deletions, diff, tuple(binary), tuple(gitlinks)
+    )
+
+
+def _new_gitlinks(cwd: Path, start: str) -> list[str]:
+    """The paths where the index (after ``add -A``) holds a repository that ``start``
+    does not, as it is there: nested repositories the change would add or move.
+    (phasegate's diffs ignore submodules, so the index is asked, not a diff.)"""
+
+    def links(listing: str) -> dict[str, str]:
+        # "<mode> <sha> <stage>\t<path>" (ls-files -s), "<mode> commit <sha>\t<path>" (ls-tree)
+        found = {}
+        for line in listing.splitlines():
+            meta, _, path = line.partition("\t")
+            fields = meta.split()
+            if fields and fields[0] == "160000":
+                found[path] = fields[2] if fields[1] == "commit" else fields[1]
+        return found
+
+    before = links(git(["ls-tree", "-r", start], cwd))
+    now = links(git(["ls-files", "-s"], cwd))
+    return sorted(path for path, sha in now.items() if before.get(path) != sha)
 
 
 def refused_change(change: Change, limit: int, secrets: list[str], cwd: Path) -> Violation | None:
     """Why ``change`` (measured in the worktree ``cwd``) must not be committed or
     applied, or None: ``oversized`` above ``limit`` bytes
-    (``limits.max_diff_bytes``, its size named), or ``secret_in_change`` when a
-    file of it holds a secret value, raw or encoded, binary files read from
-    the worktree (the files named, never the value)."""
+    (``limits.max_diff_bytes``, its size named), ``git_dir_violation`` when it
+    adds a nested repository (a gitlink: its ``.git`` is the agent's), or
+    ``secret_in_change`` when a file of it holds a secret value, raw or
+    encoded, binary files read from the worktree (the files named, never the
+    value)."""
     if change.diff is None:
         return Violation(
             "oversized",
             f"the change is {change.size} bytes > limit {limit} (limits.max_diff_bytes) "
             f"over {len(change.paths)} path(s), sha256 {change.sha256[:12]}; never stored",
             tuple(change.paths[:50]),
+        )
+    if change.gitlinks:
+        # A repository inside the change has a .git of the agent's making: its
+        # config (filters, hooks) would run in every git that looks inside it.
+        return Violation(
+            "git_dir_violation",
+            f"the change holds {len(change.gitlinks)} nested git repositor(ies) "
+            "(gitlinks), refused: " + ", ".join(change.gitlinks[:10]),
+            change.gitlinks[:50],
         )
     files = files_with_secrets(change.diff, secrets)
     for path in change.binary:

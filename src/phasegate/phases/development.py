@@ -112,6 +112,7 @@ change nothing and end your answer with one line:  REPLAN: <why>
 _REFUSED_WHY = {
     "oversized": "the change was over limits.max_diff_bytes",
     "secret_in_change": "the change held a secret",
+    "git_dir_violation": "the change held a nested git repository",
 }
 
 #: The build agent's word that the plan cannot be implemented as constrained.
