@@ -164,3 +164,15 @@ def test_a_ticket_that_is_not_utf8_is_exit_2_naming_it(tmp_path: Path) -> None:
     assert "Traceback" not in raw.stderr + proc.stderr
     status = phasegate_cli("status", "--repo", str(repo), "--json")
     assert json.loads(status.stdout) == []  # nothing was filed
+
+
+def test_a_ticket_over_a_megabyte_is_exit_2_without_reading_it_whole(tmp_path: Path) -> None:
+    # Second fresh-user trial: `--ticket /dev/zero` grew to 18 GB; 50 MB was stored whole.
+    repo = project(tmp_path, scripted_cartridge())
+    big = tmp_path / "big.md"
+    big.write_text("word " * 240_000)  # 1.2 MB
+    for source in ("/dev/zero", str(big)):
+        proc = phasegate_cli("run", "--repo", str(repo), "--ticket", source, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert "the ticket is over 1000000 bytes" in flat(proc.stderr)
+    assert json.loads(phasegate_cli("status", "--repo", str(repo), "--json").stdout) == []

@@ -142,17 +142,30 @@ def main_callback(
     """phasegate"""
 
 
+#: The most a ticket may have, in bytes (UTF-8): every prompt and the store carry it.
+MAX_TICKET_BYTES = 1_000_000
+
+
 def _ticket_from(ticket: str | None, ticket_file: Path | None) -> str:
     if (ticket is None) == (ticket_file is None):
         raise UsageError("give the ticket text or --ticket FILE (one of them)")
     if ticket_file is not None:
         try:
-            ticket = ticket_file.read_bytes().decode("utf-8")
+            with ticket_file.open("rb") as handle:  # /dev/zero must not fill the memory
+                raw = handle.read(MAX_TICKET_BYTES + 1)
+            ticket = raw.decode("utf-8")
         except OSError as exc:
             raise UsageError(f"cannot read {ticket_file}: {exc}") from None
         except UnicodeDecodeError as exc:
-            raise UsageError(f"{ticket_file}: not UTF-8 text (byte {exc.start})") from None
+            if exc.start < MAX_TICKET_BYTES:
+                raise UsageError(f"{ticket_file}: not UTF-8 text (byte {exc.start})") from None
+            ticket = raw.decode("utf-8", "replace")  # cut inside a character: too big anyway
     assert ticket is not None
+    if len(ticket.encode("utf-8", "surrogateescape")) > MAX_TICKET_BYTES:
+        raise UsageError(
+            f"the ticket is over {MAX_TICKET_BYTES} bytes: every prompt and the store carry "
+            "it whole; put what is long in the repository and point to it"
+        )
     if not ticket.strip():
         raise UsageError("the ticket is empty")
     return ticket
