@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from phasegate import guard
+from phasegate._git import withhold_from_git
 from phasegate.agents.base import AgentResult
 from phasegate.workspace import Workspace
 
@@ -423,6 +424,9 @@ def test_what_phasegate_git_starts_never_sees_a_secret(
     # phasegate's environment without the secret-named variables (fresh-user trial:
     # a filter planted in /etc/gitconfig saw MY_SECRET_TOKEN).
     monkeypatch.setenv("MY_SECRET_TOKEN", "sentinel-secret-value-4711")
+    # a role's api_key_env need not say KEY: the engine withholds its value by value
+    monkeypatch.setenv("MY_LLM", "llm-secret-value-0815")
+    withhold_from_git(["llm-secret-value-0815"])
     seen = tmp_path / "filter-env"
     repo = make_repo(tmp_path / "repo", {".gitattributes": "*.txt filter=probe\n"})
     git(repo, "config", "filter.probe.clean", f"sh -c 'env >> {seen}; cat'")
@@ -434,6 +438,7 @@ def test_what_phasegate_git_starts_never_sees_a_secret(
     assert seen.exists()  # the filter ran
     assert "sentinel-secret-value-4711" not in seen.read_text()
     assert "MY_SECRET_TOKEN" not in seen.read_text()
+    assert "llm-secret-value-0815" not in seen.read_text()
 
 
 def test_a_nested_repository_in_the_change_never_runs_its_config_and_is_refused(

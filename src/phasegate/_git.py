@@ -203,11 +203,25 @@ def _run_once(
     )
 
 
+#: Values no git of phasegate's may see whatever their variable's name (a role's
+#: ``api_key_env`` need not say KEY): set by ``withhold_from_git``.
+_WITHHELD: frozenset[str] = frozenset()
+
+
+def withhold_from_git(values: Sequence[str]) -> None:
+    """Keep every variable holding one of ``values`` out of phasegate's git calls too
+    (the engine passes the cartridge's secret values; process-wide, like the
+    environment they come from)."""
+    global _WITHHELD
+    _WITHHELD = _WITHHELD | frozenset(values)
+
+
 def _git_env() -> dict[str, str]:
     """phasegate's environment without its secrets (issue 10): whatever git starts
     (a filter or merge driver, an ssh or credential helper from a config phasegate
-    does not control) never sees a model key or a forge token. No prompt; English."""
-    env = {k: v for k, v in os.environ.items() if not SECRET_NAME.search(k)}
+    does not control) never sees a model key or a forge token — no secret-named
+    variable, nor one holding a withheld value. No prompt; English."""
+    env = {k: v for k, v in os.environ.items() if not SECRET_NAME.search(k) and v not in _WITHHELD}
     return {**env, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
 
 

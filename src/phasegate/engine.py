@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from phasegate._git import withhold_from_git
 from phasegate.agents import binding_problems
 from phasegate.agents.base import Runner
 from phasegate.agents.env import cartridge_secrets
@@ -158,9 +158,9 @@ class Engine:
         self.cartridge = cartridge
         self.store = store
         self.workspace = workspace or Workspace()
-        self.forge = forge or LocalForge(
-            store, self.repo, self.workspace, cartridge_secrets(cartridge)
-        )
+        secrets = cartridge_secrets(cartridge)
+        withhold_from_git(secrets)  # a filter git runs sees no role's key (issue 10)
+        self.forge = forge or LocalForge(store, self.repo, self.workspace, secrets)
         self.clock = clock or SystemClock()
         self.shutdown = threading.Event()
         self.on_event = on_event
