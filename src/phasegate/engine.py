@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -158,9 +159,9 @@ class Engine:
         self.cartridge = cartridge
         self.store = store
         self.workspace = workspace or Workspace()
-        secrets = cartridge_secrets(cartridge)
-        withhold_from_git(secrets)  # a filter git runs sees no role's key (issue 10)
-        self.forge = forge or LocalForge(store, self.repo, self.workspace, secrets)
+        hidden = cartridge_secrets(cartridge)
+        withhold_from_git(hidden)  # a filter git runs sees no role's key (issue 10)
+        self.forge = forge or LocalForge(store, self.repo, self.workspace, hidden)
         self.clock = clock or SystemClock()
         self.shutdown = threading.Event()
         self.on_event = on_event
