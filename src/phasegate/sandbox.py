@@ -39,6 +39,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -171,51 +172,26 @@ def sandbox_for(confinement: Confinement | None) -> Sandbox:
     return Bubblewrap()
 
 
-_PROBE = (
-    "--ro-bind",
-    "/",
-    "/",
-    "--dev",
-    "/dev",
-    "--proc",
-    "/proc",
-    "--ro-bind",
-    "/proc/sys",
-    "/proc/sys",
-    "--unshare-pid",
-    "--unshare-uts",
-)
-_PROBE_TAIL = (
-    "--unshare-ipc",
-    "--unshare-net",
-    "--die-with-parent",
-    "--new-session",
-    "--cap-drop",
-    "ALL",
-    "true",
-)
-
-
 @functools.cache
 def bwrap_works() -> str | None:
     """None when bubblewrap confines processes on this machine, else why not (one line).
 
-    Runs ``bwrap`` once per process with every option ``Bubblewrap`` uses
-    (``--unshare-net`` included); the answer is cached.
+    Runs ``true`` once per process under the very command line ``Bubblewrap``
+    builds (``--unshare-net`` included); the answer is cached.
     """
     exe = shutil.which("bwrap")
     if exe is None:
         return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    tmp = Path(tempfile.mkdtemp(prefix="phasegate-probe-"))
+    probe = Bubblewrap(exe).wrap(["true"], Confinement("bwrap", network=False), tmp, tmp)
     try:
         done = subprocess.run(
-            [exe, *_PROBE, *_PROBE_TAIL],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            stdin=subprocess.DEVNULL,
+            probe, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{exe} cannot run: {exc}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     if done.returncode != 0:
         why = (done.stderr.strip() or done.stdout.strip()).splitlines()
         return f"{exe} fails here: {why[-1] if why else f'exit code {done.returncode}'}"
