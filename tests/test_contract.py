@@ -23,6 +23,8 @@ from phasegate.store import Store, commit_phase_result, open_store
 from phasegate.store import tables as t
 from phasegate.testing import FixedClock
 
+from conftest import new_workflow
+
 ALL_PHASES = (*PHASE_ORDER, "wait")
 
 
@@ -35,14 +37,7 @@ def store(tmp_path: Path) -> Store:
 
 def workflow_in(store: Store, phase: str) -> str:
     """A workflow placed in ``phase`` by the commit path itself."""
-    wf = store.create_workflow(
-        title="t",
-        ticket="x",
-        repo_path="/r",
-        base_branch="main",
-        auto_merge=False,
-        content_language="en",
-    )
+    wf = new_workflow(store)
     if phase != "preparation":
         commit_phase_result(store, store.load_context(wf), PhaseResult.advance(phase))
     return wf
