@@ -15,10 +15,12 @@ or raised as ``GitError`` (``git``) at once, never retried.
 Nothing in a repository's configuration runs code inside phasegate's own git
 (issue 10, item 3): every call passes ``HARDENED`` (hooks and fsmonitor off,
 no signing program) and a ``diff``/``log``/``show`` never runs an external
-diff or a textconv. Filter drivers (``filter.<x>.clean``, git-lfs) and merge
-drivers stay on: they come from the configuration only, never from a file
-in the worktree, and the repository's own configuration is guarded around
-every agent run (``phasegate.guard``); the person's global one is theirs.
+diff or a textconv, nor looks inside a nested repository (submodules ignored).
+Filter drivers (``filter.<x>.clean``, git-lfs) and merge drivers stay on: they
+come from the configuration only, never from a file in the worktree, and the
+configuration an agent could reach is guarded around every agent run
+(``phasegate.guard``); what they start gets phasegate's environment without
+its secrets (``_git_env``).
 
 Every ref-moving command phasegate runs (``REF_MOVING``) appends the refs it
 moved to the repository's ref ledger (``<common>/phasegate/ref-ledger``, one
