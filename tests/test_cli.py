@@ -57,7 +57,7 @@ def cli_json(*args: str) -> tuple[int, Any]:
 def forge_comments(repo: Path, issue: int) -> list[str]:
     store = open_store(load_cartridge(repo).store_url(repo))
     try:
-        return [str(c["body"]) for c in LocalForge(store, repo, Workspace()).comments(issue)]
+        return [str(c["body"]) for c in LocalForge(store, repo, Workspace()).comment_rows(issue)]
     finally:
         store.close()
 

@@ -44,7 +44,7 @@ def _report_text(lab: Lab, workflow_id: str) -> str:
 
     store = lab.store()
     try:
-        comments = LocalForge(store, lab.repo, Workspace()).comments()
+        comments = LocalForge(store, lab.repo, Workspace()).comment_rows()
         return "\n".join(c["body"] for c in comments if ":report:" in str(c["marker"]))
     finally:
         store.close()

@@ -306,7 +306,7 @@ def test_the_report_is_rendered_in_the_content_language(
     engine, store = engine_for(repo)
     row = engine.advance(engine.start("t", "ticket"))
     assert row["status"] == "completed"
-    comments = LocalForge(store, repo, engine.workspace).comments()
+    comments = LocalForge(store, repo, engine.workspace).comment_rows()
     reports = [c for c in comments if ":report:" in str(c["marker"])]
     assert len(reports) == 1 and marker in str(reports[0]["body"])
     assert row["state"]["report"]["changes"]["files"] == 1

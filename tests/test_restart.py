@@ -364,7 +364,7 @@ def assert_exactly_once(repo: Path, workflow_id: str) -> None:
         )
         assert git(repo, "rev-list", "--merges", "main").split() == [row["merge_sha"]]
 
-        markers = [c["marker"] for c in forge.comments()]
+        markers = [c["marker"] for c in forge.comment_rows()]
         assert markers and None not in markers
         assert sorted({m for m in markers if markers.count(m) > 1}) == []
 

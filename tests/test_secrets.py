@@ -185,8 +185,8 @@ def test_a_leaking_agents_keys_appear_nowhere_in_store_forge_git_or_output(
     )
     forge = LocalForge(store, repo, Workspace())
     (pr,) = forge.pull_requests()
-    on_forge = (pr.title + pr.body + json.dumps(forge.comments(), default=str)).encode()
-    assert forge.comments() and _found_in(on_forge) == []
+    on_forge = (pr.title + pr.body + json.dumps(forge.comment_rows(), default=str)).encode()
+    assert forge.comment_rows() and _found_in(on_forge) == []
     assert git(repo, "show", "main:feature.txt").startswith("the feature")
     assert "leak.txt" not in git(repo, "log", "--all", "--name-only", "--format=")
 

@@ -333,7 +333,7 @@ EFFECTS: dict[str, tuple[str, Callable[[SideEffects], Any], Callable[[CountingFo
     "comment": (
         "comment",
         lambda e: e.comment("report", 1, "the report", "report:d1"),
-        lambda f: len(f.comments),
+        lambda f: len(f.posted),
     ),
     "pull_request": (
         "create_pull_request",

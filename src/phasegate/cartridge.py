@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from phasegate._toml import TomlError, read_toml
+from phasegate.cartridge_forge import ForgeSettings
 from phasegate.contract import PhasegateError
 from phasegate.graph.proposals import PROPOSAL_KINDS
 from phasegate.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, AutomationProfile
@@ -286,10 +287,6 @@ class WorkflowSettings(_Strict):
     profile: str | None = None  # a built-in profile or a [profiles.NAME] table
     content_language: Literal["en", "zh"] = "en"
     acceptance_verification: bool = True
-
-
-class ForgeSettings(_Strict):
-    kind: Literal["local"] = "local"
 
 
 class StoreSettings(_Strict):

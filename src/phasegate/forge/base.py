@@ -1,22 +1,69 @@
-"""The Forge seam: issues, comments, pull requests and merges.
+"""The Forge seam: issues, comments, pull requests, labels, CI checks and merges.
 
 Every create call has a ``find`` twin: the side-effect journal looks for an
 existing result before it repeats a call (DESIGN.md §1), so the lookups must
 be exact: by marker for issues and comments, by head branch for pull requests.
+
+Two forges implement it: ``LocalForge`` (the store and the repository itself)
+and ``GitHubForge`` (githubkit). What only a team's forge has — people with
+permissions, their comments, CI — the local forge answers empty: its people
+speak through the CLI, its checks are ``landing_areas.checks``.
+
+Errors: every call raises ``ForgeError`` or a subclass. ``ForgeUnavailable``
+(5xx, timeouts, rate limits past their bound) is transient: the engine pauses
+the workflow with reason ``forge_unavailable`` and ``resume`` goes on. The
+others (``ForgeAuthError``, ``ForgeNotFound``) need a person and say what to fix.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
-__all__ = ["Forge", "ForgeError", "Issue", "PullRequest"]
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal, Protocol
 
 from phasegate.contract import PhasegateError
+
+__all__ = [
+    "PERMISSIONS",
+    "STATUS_LABEL_PREFIX",
+    "TRUSTED_PERMISSIONS",
+    "Check",
+    "Comment",
+    "Forge",
+    "ForgeAuthError",
+    "ForgeError",
+    "ForgeNotFound",
+    "ForgeUnavailable",
+    "Issue",
+    "Labelled",
+    "PullRequest",
+]
+
+#: A person's permission on a repository, weakest first (GitHub's names).
+PERMISSIONS = ("none", "read", "triage", "write", "maintain", "admin")
+#: Whose label starts a workflow and whose words reach a prompt (issue 11, item 4).
+TRUSTED_PERMISSIONS = frozenset({"write", "maintain", "admin"})
+#: Status labels are this prefix and the workflow's status group:
+#: ``phasegate:planning`` … ``phasegate:needs-you``.
+STATUS_LABEL_PREFIX = "phasegate:"
 
 
 class ForgeError(PhasegateError):
     """The forge refused or failed a call."""
+
+
+class ForgeUnavailable(ForgeError):
+    """The forge did not answer usefully within its bounds (5xx, timeouts, rate
+    limits waited out too long): transient, the workflow pauses and resumes."""
+
+
+class ForgeAuthError(ForgeError):
+    """The forge refused the credentials (401) or the permission (403): the message
+    names the token variable or the permission that is missing."""
+
+
+class ForgeNotFound(ForgeError):
+    """The repository, issue or pull request does not exist, or the token cannot see it."""
 
 
 @dataclass(frozen=True)
@@ -25,6 +72,8 @@ class Issue:
     title: str
     body: str
     state: str  # open | closed
+    author: str = ""
+    labels: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -36,17 +85,88 @@ class PullRequest:
     body: str
     state: str  # open | merged | closed
     merge_sha: str | None
+    head_sha: str | None = None
+    merged_by: str | None = None
+
+
+@dataclass(frozen=True)
+class Comment:
+    """What a person wrote on an issue or a pull request.
+
+    ``kind``: ``conversation`` (an issue or PR comment), ``review`` (a review's
+    summary, with ``review_state``) or ``inline`` (a review comment on a line:
+    ``path``, ``line`` in the new file, ``diff_hunk``). ``created_at`` is aware (UTC).
+    """
+
+    id: int
+    author: str
+    body: str
+    created_at: datetime
+    kind: Literal["conversation", "review", "inline"] = "conversation"
+    review_state: str | None = None  # approved | changes_requested | commented
+    path: str | None = None
+    line: int | None = None
+    diff_hunk: str | None = None
+
+
+@dataclass(frozen=True)
+class Check:
+    """One CI check of a commit: a check run or a commit status.
+
+    ``state``: ``pending`` (queued, in progress, or expected), ``success``
+    (success, neutral, skipped) or ``failure`` (anything else that concluded).
+    ``output`` is what the check said (title, summary, text), capped by the forge.
+    """
+
+    name: str
+    state: Literal["pending", "success", "failure"]
+    output: str = ""
+    url: str | None = None
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """An open issue carrying a label, and who put the label on it, when."""
+
+    issue: Issue
+    by: str
+    at: datetime
+    extra: dict[str, str] = field(default_factory=dict)
 
 
 class Forge(Protocol):
+    # -- issues -------------------------------------------------------------------
     def create_issue(self, title: str, body: str, marker: str) -> int: ...
     def find_issue(self, marker: str) -> int | None: ...
     def issue(self, number: int) -> Issue: ...
     def close_issue(self, number: int) -> None: ...
 
+    def set_status_label(self, number: int, label: str | None) -> None:
+        """Give issue ``number`` the one status label ``label`` (it starts with
+        STATUS_LABEL_PREFIX), removing any other status label; None removes them all.
+        Labels that are not status labels are left alone."""
+        ...
+
+    def labelled_issues(self, label: str) -> list[Labelled]:
+        """Open issues carrying ``label``, each with who labelled it last."""
+        ...
+
+    def permission(self, login: str) -> str:
+        """``login``'s permission on the repository, one of PERMISSIONS."""
+        ...
+
+    # -- comments -----------------------------------------------------------------
     def comment(self, issue_number: int, body: str, marker: str) -> int: ...
     def find_comment(self, issue_number: int, marker: str) -> int | None: ...
 
+    def comments(self, number: int, since: datetime | None = None) -> list[Comment]:
+        """What people wrote on issue or pull request ``number`` (conversation
+        comments; for a pull request also review summaries and inline review
+        comments), oldest first, created after ``since`` when given. phasegate's own
+        comments (with a ``phasegate:`` marker) are left out."""
+        ...
+
+    # -- branches, pull requests, CI ------------------------------------------------
     def publish_branch(self, branch: str) -> None:
         """Make ``branch`` visible to the forge (a push); a no-op where they share the repo."""
         ...
@@ -55,6 +175,11 @@ class Forge(Protocol):
     def find_pull_request(self, head: str) -> int | None: ...
     def pull_request(self, number: int) -> PullRequest: ...
     def update_pull_request(self, number: int, body: str) -> None: ...
+
+    def checks(self, sha: str) -> list[Check]:
+        """The CI checks of commit ``sha`` (check runs and commit statuses); [] where
+        the forge has no CI."""
+        ...
 
     def merge_pull_request(self, number: int, message: str) -> str:
         """Merge the pull request; return the merge commit SHA."""

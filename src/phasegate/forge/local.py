@@ -10,10 +10,11 @@ committed: what an agent wrote reaches them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 from phasegate.agents.env import environment_secrets
-from phasegate.forge.base import ForgeError, Issue, PullRequest
+from phasegate.forge.base import Check, Comment, ForgeError, Issue, Labelled, PullRequest
 from phasegate.redaction import redact
 from phasegate.store import Store
 from phasegate.store import tables as t
@@ -71,6 +72,17 @@ class LocalForge:
             t.forge_issues, self.key, number, state="closed", closed_at=self.store.clock.now()
         )
 
+    def set_status_label(self, number: int, label: str | None) -> None:
+        """Status labels are GitHub's way of showing a phase: the local forge's
+        people read ``phasegate status`` instead."""
+        self.issue(number)
+
+    def labelled_issues(self, label: str) -> list[Labelled]:
+        return []  # no one labels local issues: tickets come from `phasegate run`
+
+    def permission(self, login: str) -> str:
+        return "admin"  # the local forge's only person is the one at the terminal
+
     def issues(self) -> list[Issue]:
         return [
             Issue(r["number"], r["title"], r["body"], r["state"])
@@ -88,7 +100,11 @@ class LocalForge:
         )
         return rows[0]["id"] if rows else None
 
-    def comments(self, issue_number: int | None = None) -> list[dict[str, object]]:
+    def comments(self, number: int, since: datetime | None = None) -> list[Comment]:
+        return []  # the local forge's comments are phasegate's own; people use the CLI
+
+    def comment_rows(self, issue_number: int | None = None) -> list[dict[str, object]]:
+        """The stored comments (phasegate's own), of one issue or all."""
         where = {} if issue_number is None else {"issue_number": issue_number}
         return self.store.forge_rows(t.forge_comments, self.key, **where)
 
@@ -127,6 +143,9 @@ class LocalForge:
             self.pull_request(r["number"])
             for r in self.store.forge_rows(t.forge_pull_requests, self.key)
         ]
+
+    def checks(self, sha: str) -> list[Check]:
+        return []  # no CI: the local forge's checks are landing_areas.checks
 
     def update_pull_request(self, number: int, body: str) -> None:
         self.pull_request(number)

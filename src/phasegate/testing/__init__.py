@@ -25,7 +25,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from phasegate.agents.scripted import ScriptedRunner
-from phasegate.forge.base import Forge, ForgeError, Issue, PullRequest
+from phasegate.forge.base import (
+    STATUS_LABEL_PREFIX,
+    Check,
+    Comment,
+    Forge,
+    ForgeError,
+    Issue,
+    Labelled,
+    PullRequest,
+)
 
 __all__ = ["CrashingForge", "FixedClock", "FlakyForge", "InMemoryForge", "ScriptedRunner"]
 
@@ -51,15 +60,46 @@ class FixedClock:
 
 
 class InMemoryForge:
-    """A Forge held in dicts. Merges record a made-up SHA; no git is touched."""
+    """A Forge held in dicts. Merges record a made-up SHA; no git is touched.
+
+    What people do is set by the test: ``said`` (number → their comments;
+    ``posted`` holds phasegate's own), ``ci`` (sha → checks), ``permissions``
+    (login → permission, default none),
+    ``labelled`` (what ``labelled_issues`` returns); ``labels`` records the
+    status labels phasegate set.
+    """
 
     def __init__(self) -> None:
         self.issues: dict[int, Issue] = {}
         self.markers: dict[str, int] = {}
-        self.comments: list[dict[str, Any]] = []
+        self.posted: list[dict[str, Any]] = []  # phasegate's own comments
         self.prs: dict[int, PullRequest] = {}
         self.published: list[str] = []
+        self.said: dict[int, list[Comment]] = {}
+        self.ci: dict[str, list[Check]] = {}
+        self.permissions: dict[str, str] = {}
+        self.labelled: list[Labelled] = []
+        self.labels: dict[int, set[str]] = {}
         self._next = 0
+
+    def set_status_label(self, number: int, label: str | None) -> None:
+        self.issue(number)
+        kept = {x for x in self.labels.get(number, set()) if not x.startswith(STATUS_LABEL_PREFIX)}
+        self.labels[number] = kept | ({label} if label else set())
+
+    def labelled_issues(self, label: str) -> list[Labelled]:
+        issues = self.issues
+        return [x for x in self.labelled if issues.get(x.issue.number, x.issue).state == "open"]
+
+    def permission(self, login: str) -> str:
+        return self.permissions.get(login, "none")
+
+    def comments(self, number: int, since: datetime | None = None) -> list[Comment]:
+        said = sorted(self.said.get(number, []), key=lambda c: c.created_at)
+        return [c for c in said if since is None or c.created_at > since]
+
+    def checks(self, sha: str) -> list[Check]:
+        return list(self.ci.get(sha, []))
 
     def _number(self) -> int:
         self._next += 1
@@ -84,11 +124,11 @@ class InMemoryForge:
         self.issues[number] = Issue(i.number, i.title, i.body, "closed")
 
     def comment(self, issue_number: int, body: str, marker: str) -> int:
-        self.comments.append({"issue": issue_number, "body": body, "marker": marker})
-        return len(self.comments)
+        self.posted.append({"issue": issue_number, "body": body, "marker": marker})
+        return len(self.posted)
 
     def find_comment(self, issue_number: int, marker: str) -> int | None:
-        for i, c in enumerate(self.comments, start=1):
+        for i, c in enumerate(self.posted, start=1):
             if c["issue"] == issue_number and c["marker"] == marker:
                 return i
         return None

@@ -1,0 +1,78 @@
+"""The cartridge's ``[forge]`` table: which forge, and how phasegate reaches GitHub.
+
+``kind = "local"`` (the default) keeps issues and pull requests in the store.
+``kind = "github"`` drives a GitHub repository (issue 11): ``repository``
+(``owner/name``, else read from the ``origin`` remote), ``base_url`` for GitHub
+Enterprise (its API root, ``https://HOST/api/v3``), and either a token in the
+environment variable ``token_env`` names or a GitHub App (``app_id``,
+``private_key_file``, ``installation_id``). The token itself never appears in
+the cartridge: it would end up in git.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["ForgeSettings"]
+
+_REPOSITORY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$")
+_LABEL = re.compile(r"^[^,\s][^,]{0,49}$")
+
+
+class ForgeSettings(BaseModel):
+    """``[forge]``. Keys other than ``kind`` are about GitHub; given with ``kind =
+    "local"`` they are an error, so a half-switched cartridge is noticed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    kind: Literal["local", "github"] = "local"
+    repository: str | None = None  # owner/name; None: from the origin remote
+    base_url: str | None = None  # the API root; None: https://api.github.com
+    token_env: str = "GITHUB_TOKEN"
+    app_id: int | None = None
+    private_key_file: str | None = None  # PEM, relative to the repository
+    installation_id: int | None = None
+    merge_method: Literal["merge", "squash", "rebase"] = "merge"
+    trigger_label: str = "phasegate"
+    watch_in_worker: bool = False  # `phasegate worker` also does what `watch` does
+    poll_s: float = Field(default=30.0, gt=0, le=3600)  # how often wait and CI look again
+    max_ci_repairs: int = Field(default=2, ge=0, le=20)  # CI-repair rounds before a stop
+    max_rate_limit_wait_s: float = Field(default=300.0, ge=0, le=3600)
+    max_retries: int = Field(default=3, ge=0, le=10)  # tries past the first on 5xx/timeouts
+    timeout_s: float = Field(default=30.0, gt=0, le=600)  # one HTTP request
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ForgeSettings:
+        if self.kind == "local":
+            given = sorted(k for k in self.model_fields_set if k != "kind")
+            if given:
+                raise ValueError(
+                    f'forge.{given[0]}: only read when forge.kind = "github" '
+                    "(this cartridge has the local forge)"
+                )
+            return self
+        if self.repository is not None and not _REPOSITORY.match(self.repository):
+            raise ValueError(
+                f"forge.repository: {self.repository!r} is not owner/name (e.g. octo/widgets)"
+            )
+        if self.base_url is not None and not re.match(r"^https?://[^\s/]+", self.base_url):
+            raise ValueError(f"forge.base_url: {self.base_url!r} is not an http(s) URL")
+        app = {"app_id": self.app_id, "private_key_file": self.private_key_file}
+        if any(v is not None for v in app.values()) or self.installation_id is not None:
+            missing = [k for k, v in app.items() if v is None]
+            if missing:
+                raise ValueError(
+                    f"forge.{missing[0]}: a GitHub App needs app_id and private_key_file"
+                )
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", self.token_env):
+            raise ValueError(f"forge.token_env: {self.token_env!r} is not a variable name")
+        if not _LABEL.match(self.trigger_label):
+            raise ValueError(f"forge.trigger_label: {self.trigger_label!r} is not a label name")
+        return self
+
+    @property
+    def uses_app(self) -> bool:
+        return self.app_id is not None
