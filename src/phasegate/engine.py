@@ -1,4 +1,5 @@
-"""The engine: ``advance()``, the worker loop, reconciliation and shutdown.
+"""The engine: ``advance()``, reconciliation and shutdown (the worker loop and the
+lease heartbeat are in ``phasegate.worker``).
 
 ``advance(workflow_id)`` (DESIGN.md §1) claims the workflow's lease, retries
 a failed cleanup of its merge (phases/cleanup.py), then repeats: load the
@@ -26,7 +27,6 @@ import logging
 import os
 import secrets
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -56,65 +56,14 @@ from phasegate.forge import Forge, LocalForge
 from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
+from phasegate.worker import Heartbeat, LeaseHeld, run_worker
 from phasegate.workspace import GitTransient, Workspace, git
 
 __all__ = ["Engine", "LeaseHeld"]
 
 log = logging.getLogger(__name__)
 
-#: Seconds between a worker's retries of failed cleanups.
-CLEANUP_RETRY_S = 60.0
-
 EventCallback = Callable[[str, str, Mapping[str, Any]], None]
-
-
-class LeaseHeld(PhasegateError):
-    """Another live worker holds the workflow's lease."""
-
-
-class _Heartbeat(threading.Thread):
-    """Renews ``fence``'s lease every third of its TTL until stopped.
-
-    A renewal that raises (the store locked past its busy timeout, full) is
-    logged and tried again sooner, never the end of the thread; the lease is
-    lost, and ``fence.lost`` set, when a renewal finds it taken over or when
-    no renewal succeeded for a whole TTL (another worker may claim it).
-    """
-
-    def __init__(self, store: Store, fence: Fence, ttl_s: float) -> None:
-        super().__init__(daemon=True, name=f"lease-{fence.workflow_id}")
-        self.store = store
-        self.fence = fence
-        self.ttl_s = ttl_s
-        self.stopped = threading.Event()
-        self.failures = 0  # renewals that raised, for the log and the tests
-        self.last_fault: StoreUnavailable | None = None  # the last renewal's store fault
-
-    def run(self) -> None:
-        fence, interval = self.fence, self.ttl_s / 3
-        renewed_at = time.monotonic()
-        wait = interval
-        while not self.stopped.wait(wait):
-            try:
-                held = self.store.renew(fence.workflow_id, fence.owner, fence.value, self.ttl_s)
-            except Exception as exc:  # the thread must outlive any failed renewal
-                self.failures += 1
-                if isinstance(exc, StoreUnavailable):
-                    self.last_fault = exc
-                if time.monotonic() - renewed_at >= self.ttl_s:
-                    log.error("lease on %s expired unrenewed: %s", fence.workflow_id, exc)
-                    if isinstance(exc, StoreUnavailable):
-                        fence.unrenewed = exc
-                    fence.lost.set()
-                    return
-                log.warning("lease on %s not renewed, retrying: %s", fence.workflow_id, exc)
-                wait = interval / 4
-                continue
-            if not held:
-                log.error("lease on %s was taken over; this worker stops", fence.workflow_id)
-                fence.lost.set()
-                return
-            renewed_at, wait = time.monotonic(), interval
 
 
 class _StoreGaveUp(Exception):
@@ -338,7 +287,7 @@ class Engine:
             raise LeaseHeld(f"workflow {workflow_id} is being advanced by another worker")
         fence = Fence(self.store, workflow_id, self.owner, claimed)
         self.fences[workflow_id] = fence
-        heartbeat = _Heartbeat(self.store, fence, self.lease_ttl_s)
+        heartbeat = Heartbeat(self.store, fence, self.lease_ttl_s)
         heartbeat.start()
         try:
             self._retry_cleanup(workflow_id)
@@ -548,34 +497,6 @@ class Engine:
     # -- the worker -------------------------------------------------------------
 
     def run_worker(self, *, once: bool = False, poll_s: float = 2.0) -> None:
-        """Advance every runnable workflow, forever (or one pass with ``once``).
-
-        A pass also retries failed cleanups (of completed workflows too), at
-        most every ``CLEANUP_RETRY_S`` seconds: what blocks one is usually a
-        person's checkout, which does not go away within a poll.
-        """
-        cleaned_at = float("-inf")
-        while not self.shutdown.is_set():
-            advanced = set()  # advance() retried their cleanups already
-            for workflow_id in self.store.runnable_workflow_ids(RUNNABLE_STATUSES):
-                if self.shutdown.is_set():
-                    break
-                try:
-                    self.advance(workflow_id)
-                    advanced.add(workflow_id)
-                except LeaseHeld:
-                    continue
-            if once or time.monotonic() - cleaned_at >= CLEANUP_RETRY_S:
-                cleaned_at = time.monotonic()
-                for workflow_id in self.store.workflow_ids_with_milestone(cleanup.KIND, "failed"):
-                    if self.shutdown.is_set():
-                        break
-                    if workflow_id in advanced:
-                        continue
-                    try:
-                        self.retry_cleanup(workflow_id)
-                    except LeaseHeld:
-                        continue
-            if once:
-                return
-            self.shutdown.wait(poll_s)
+        """Advance every runnable workflow, forever (or one pass with ``once``):
+        ``phasegate.worker.run_worker``."""
+        run_worker(self, once=once, poll_s=poll_s)
