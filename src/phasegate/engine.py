@@ -53,6 +53,7 @@ from phasegate.contract import (
     WorkflowPaused,
 )
 from phasegate.forge import Forge, LocalForge
+from phasegate.forge.base import ForgeError, ForgeUnavailable, status_label
 from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
@@ -116,6 +117,7 @@ class Engine:
         self.on_event = on_event
         self.lease_ttl_s = lease_ttl_s
         self.store_retry_delays_s = tuple(store_retry_delays_s)
+        self._labels: dict[str, str | None] = {}  # workflow → the status label last set
         self.owner = f"{os.uname().nodename}:{os.getpid()}:{secrets.token_hex(3)}"
         self.agents = AgentService(store, cartridge, self.repo, self.shutdown, runners, self._emit)
         # The lease each workflow is advanced (or decided) under, while it is:
@@ -221,6 +223,7 @@ class Engine:
         FenceLost (nothing written) once another worker took the lease over.
         """
         row = self.store.commit_phase_result(ctx, result, fence=self.fences.get(ctx.id))
+        self._label(row)
         for event in result.events:
             self._notify(ctx.id, event.type, event.data)
         self._notify(
@@ -234,6 +237,20 @@ class Engine:
             },
         )
         return row
+
+    def _label(self, row: Mapping[str, Any]) -> None:
+        """Show the workflow's status on its issue (``phasegate:planning`` …
+        ``phasegate:needs-you``). Best effort: a label is a view of the store, never
+        evidence, so a forge that refuses it is logged and tried at the next change."""
+        number, label = row.get("issue_number"), status_label(row["status"])
+        if not number or self._labels.get(row["id"], "") == label:
+            return
+        try:
+            self.forge.set_status_label(int(number), label)
+        except ForgeError as exc:
+            log.warning("status label %s on #%s not set: %s", label, number, exc)
+            return
+        self._labels[row["id"]] = label
 
     def decide(
         self, workflow_id: str, decision: Callable[[WorkflowContext], PhaseResult]
@@ -396,6 +413,9 @@ class Engine:
         except GitTransient as exc:  # git kept failing on a lock: resume retries
             log.warning("phase %s of %s paused: %s", ctx.current_phase, ctx.id, exc)
             result = PhaseResult("pause", reason=f"{ctx.current_phase}: {exc}")
+        except ForgeUnavailable as exc:  # past its retries and rate-limit waits: resume retries
+            log.warning("phase %s of %s paused: %s", ctx.current_phase, ctx.id, exc)
+            result = PhaseResult("pause", reason=f"forge_unavailable: {ctx.current_phase}: {exc}")
         except Exception as exc:  # a phase must never crash the engine half-committed
             if isinstance(exc, PhasegateError):  # expected: its message says it all
                 log.warning("phase %s of %s: %s", ctx.current_phase, ctx.id, exc)

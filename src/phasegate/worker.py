@@ -1,7 +1,11 @@
 """The worker: passes over the runnable workflows, and the lease heartbeat.
 
 ``run_worker`` advances every runnable workflow of one engine, pass after pass,
-until shutdown (DESIGN.md §1).
+until shutdown (DESIGN.md §1). A workflow that is only waiting on the forge (in
+wait for people, or in pr_review for CI) is looked at again after
+``forge.poll_s`` seconds, not on every pass: a team's forge has a rate limit;
+anything that changes the workflow's row (a person's decision) makes it due at
+once.
 """
 
 from __future__ import annotations
@@ -9,9 +13,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from phasegate.contract import RUNNABLE_STATUSES, PhasegateError
+from phasegate.contract import PR_REVIEW, RUNNABLE_STATUSES, PhasegateError
 from phasegate.phases import cleanup
 from phasegate.store import Fence, Store, StoreUnavailable
 
@@ -75,27 +79,44 @@ class Heartbeat(threading.Thread):
             renewed_at, wait = time.monotonic(), interval
 
 
+def _polling(row: dict[str, Any]) -> bool:
+    """Whether the workflow, as ``advance`` left it, only waits on the forge."""
+    return row["status"] == "waiting" or (
+        row["current_phase"] == PR_REVIEW and row["status"] == "pr_review"
+    )
+
+
 def run_worker(engine: Engine, *, once: bool = False, poll_s: float = 2.0) -> None:
     """Advance every runnable workflow of ``engine``, forever (or one pass with
     ``once``), ``poll_s`` seconds between passes, until ``engine.shutdown``.
 
-    A pass also
+    A workflow left waiting on the forge is advanced again once
+    ``forge.poll_s`` passed or its row changed (its version). A pass also
     retries failed cleanups (of completed workflows too), at most every
     ``CLEANUP_RETRY_S`` seconds: what blocks one is usually a person's
     checkout, which does not go away within a poll.
     """
     store, shutdown = engine.store, engine.shutdown
+    forge_poll_s = engine.cartridge.forge.poll_s if engine.cartridge.forge.kind != "local" else 0.0
+    due: dict[str, tuple[int, float]] = {}  # workflow → (version left at, next look)
     cleaned_at = float("-inf")
     while not shutdown.is_set():
         advanced = set()  # advance() retried their cleanups already
         for workflow_id in store.runnable_workflow_ids(RUNNABLE_STATUSES):
             if shutdown.is_set():
                 break
+            if workflow_id in due and not once:
+                version, at = due[workflow_id]
+                if time.monotonic() < at and store.workflow_row(workflow_id)["version"] == version:
+                    continue
             try:
-                engine.advance(workflow_id)
+                row = engine.advance(workflow_id)
                 advanced.add(workflow_id)
             except LeaseHeld:
                 continue
+            due.pop(workflow_id, None)
+            if forge_poll_s and _polling(row):
+                due[workflow_id] = (row["version"], time.monotonic() + forge_poll_s)
         if once or time.monotonic() - cleaned_at >= CLEANUP_RETRY_S:
             cleaned_at = time.monotonic()
             for workflow_id in store.workflow_ids_with_milestone(cleanup.KIND, "failed"):

@@ -27,6 +27,7 @@ __all__ = [
     "PERMISSIONS",
     "STATUS_LABEL_PREFIX",
     "TRUSTED_PERMISSIONS",
+    "status_label",
     "Check",
     "Comment",
     "Forge",
@@ -46,6 +47,29 @@ TRUSTED_PERMISSIONS = frozenset({"write", "maintain", "admin"})
 #: Status labels are this prefix and the workflow's status group:
 #: ``phasegate:planning`` … ``phasegate:needs-you``.
 STATUS_LABEL_PREFIX = "phasegate:"
+
+
+_STATUS_LABELS = {
+    "preparing": "planning",
+    "planning": "planning",
+    "developing": "developing",
+    "pr_review": "reviewing",
+    "reporting": "waiting",
+    "waiting": "waiting",
+    "merging": "merging",
+    "verification_pending": "verifying",
+    "completed": "done",
+}
+
+
+def status_label(status: str) -> str | None:
+    """The issue's status label for a workflow ``status``: ``phasegate:planning``,
+    ``…:developing``, ``…:reviewing``, ``…:waiting``, ``…:merging``, ``…:verifying``,
+    ``…:done``; ``phasegate:needs-you`` for every status only a person moves on
+    from (paused, failed, awaiting approval); None (no status label) once cancelled."""
+    if status == "cancelled":
+        return None
+    return STATUS_LABEL_PREFIX + _STATUS_LABELS.get(status, "needs-you")
 
 
 class ForgeError(PhasegateError):

@@ -121,6 +121,7 @@ def developed(
             "test_retries": 0,
             "last_check_failure": None,
             "review_feedback": None,
+            "ci_failure": None,
             "head_sha": head,
             "sync_base": False,
         },

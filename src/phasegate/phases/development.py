@@ -238,6 +238,8 @@ def _build(
         )
     if ctx.state.get("review_feedback"):
         extra += f"\n## The reviewer sent the change back\n\n{ctx.state['review_feedback']}\n"
+    if ctx.state.get("ci_failure"):
+        extra += f"\n## CI failed on the pull request\n\n{ctx.state['ci_failure']}\n"
     if ctx.user_feedback:
         extra += f"\n## Feedback from a person\n\n{ctx.user_feedback}\n"
     if ctx.state.get("last_check_failure"):

@@ -276,14 +276,17 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     if not ctx.state.get("plan"):
         return PhaseResult("failed", reason="no finalized plan (plan_finalized milestone missing)")
     run = {k: ctx.state.get(k) for k in ("graph_runs", "graph_run", "graph_ticket", "graph_date")}
-    started: dict[str, Any] = {"graph_feedback": None}
-    if not run["graph_run"] or ctx.user_feedback or ctx.state.get("graph_feedback"):
-        # A new run: feedback from a person, or the last proposal was rejected.
+    started: dict[str, Any] = {"graph_feedback": None, "ci_failure": None}
+    ci_failure = ctx.state.get("ci_failure")
+    if not run["graph_run"] or ctx.user_feedback or ctx.state.get("graph_feedback") or ci_failure:
+        # A new run: feedback from a person, the last proposal was rejected, or CI failed.
         ticket = str(run["graph_ticket"] or _ticket(ctx, feedback=False))
         if ctx.user_feedback:
             ticket += f"\n\n## Feedback from a person\n\n{ctx.user_feedback}"
         if ctx.state.get("graph_feedback"):
             ticket += f"\n\n## The previous change was rejected\n\n{ctx.state['graph_feedback']}"
+        if ci_failure:
+            ticket += f"\n\n## CI failed on the pull request\n\n{ci_failure}"
         run = _new_run(ctx, deps, ticket)
         started.update(run)
     if not run["graph_date"]:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from phasegate.contract import PR_REVIEW, REPORT, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.phases import ci
 from phasegate.phases.deps import PhaseDeps
 
 __all__ = ["evidence_of", "review"]
@@ -27,6 +28,9 @@ def review(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     )
     if ctx.dev_round > 1:
         deps.effects.update_pull_request(PR_REVIEW, pr, body, f"dev{ctx.dev_round}")
+    gate = ci.ci_gate(ctx, deps, pr)
+    if isinstance(gate, PhaseResult):  # CI pending (wait), failed (repair) or past its bound
+        return gate
     summary = (
         f"approve (the development graph, tier {review_data.get('tier')}, "
         f"attempt {row['attempts'] if row else '?'})"
@@ -43,7 +47,9 @@ def review(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     return PhaseResult.advance(
         REPORT,
         updates={"pr_number": pr, "current_round": 0},
+        state={"ci_repairs": 0} if gate is not None else {},
         milestones=(
+            *(() if gate is None else (gate,)),
             MilestoneWrite(
                 "pr_reviewed",
                 round=ctx.dev_round,

@@ -48,7 +48,7 @@ from phasegate.contract import (
     PhaseResult,
     WorkflowContext,
 )
-from phasegate.phases import graph_mode
+from phasegate.phases import ci, graph_mode
 from phasegate.phases.deps import PhaseDeps, agent_failure, verdict_parser, worktree_of
 from phasegate.phases.limits import limit_reached, reason_with
 from phasegate.profiles import reversion_or_stop
@@ -76,12 +76,12 @@ with one line:  VERDICT: approve   or   VERDICT: request_changes
 """
 
 
-def _checks_text(ctx: WorkflowContext) -> str:
+def _checks_text(ctx: WorkflowContext, ci_passed: MilestoneWrite | None = None) -> str:
     """The last check results of this development round, for a reviewer with no shell."""
     runs = [m for m in ctx.milestones_of("tests_run") if m.round == ctx.dev_round]
+    lines = [f"- CI `{c['name']}`: passed" for c in (ci_passed.data["checks"] if ci_passed else [])]
     if not runs:
-        return "(no checks configured)"
-    lines = []
+        return "\n".join(lines) or "(no checks configured)"
     for check in runs[-1].data.get("checks", []):
         mark = "passed" if check.get("passed") else "FAILED"
         lines.append(
@@ -116,6 +116,10 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     )
     if ctx.dev_round > 1:
         deps.effects.update_pull_request(PR_REVIEW, pr, body, f"dev{ctx.dev_round}")
+    gate = ci.ci_gate(ctx, deps, pr)
+    if isinstance(gate, PhaseResult):  # CI pending (wait), failed (repair) or past its bound
+        return gate
+    ci_evidence = () if gate is None else (gate,)
 
     diff = deps.workspace.diff(repo, ctx.base_branch, ctx.branch_name)
     try:
@@ -128,7 +132,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 ticket=ctx.ticket,
                 diff=diff[:_DIFF_LIMIT],
                 round=round_num,
-                checks=_checks_text(ctx),
+                checks=_checks_text(ctx, gate),
             ),
             worktree_of(ctx),
             round=round_num,
@@ -151,9 +155,13 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             f"review:r{round_num}",
             best_effort=True,
         )
+    passed = {"ci_repairs": 0} if ci_evidence else {}
     if review.verdict == "approve":
         return PhaseResult.advance(
-            REPORT, updates={"pr_number": pr, "current_round": 0}, milestones=(reviewed,)
+            REPORT,
+            updates={"pr_number": pr, "current_round": 0},
+            state=passed,
+            milestones=(*ci_evidence, reviewed),
         )
     cycle_rounds = round_num - int(ctx.state.get("cycle_start_dev_round") or 1) + 1
     if cycle_rounds >= deps.limits.max_pr_review_rounds:
@@ -175,8 +183,9 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             reason=reason_with(reason, review.comments),
             context=f"{reason}. The last review:\n\n{review.comments[-3000:]}",
             at=deps.clock.now(),
-            milestones=(reviewed, limit),
+            milestones=(*ci_evidence, reviewed, limit),
             state={
+                **passed,
                 "carried_findings": limit.data["carried"],
                 "review_feedback": review.comments,
             },
@@ -185,8 +194,8 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     return PhaseResult.advance(
         DEVELOPMENT,
         updates={"pr_number": pr, "current_round": 0, "dev_round": ctx.dev_round + 1},
-        state={"review_feedback": review.comments},
-        milestones=(reviewed,),
+        state={**passed, "review_feedback": review.comments},
+        milestones=(*ci_evidence, reviewed),
     )
 
 

@@ -4,23 +4,29 @@ Must not touch the git working tree (spec 000, wait): only the store.
 
 - preconditions: current_phase == "wait", status == "waiting".
 - inputs: user_feedback (``phasegate feedback``), auto_merge,
-  state.merge_approved (``phasegate approve-merge``), pr_number.
+  state.merge_approved (``phasegate approve-merge``), pr_number; on a team's
+  forge what trusted people wrote on the pull request and the issue since
+  state.wait_started_at, and the pull request's state (phases/forge_feedback.py).
 - authoritative evidence: ``requirement_received`` for new feedback; its
   absence keeps the workflow waiting.
-- side effects: none outside the store.
+- side effects: none outside the store (the forge is only read).
 - postconditions: feedback → current_phase == "development", dev_round + 1
   (the feedback stays in user_feedback for the build prompt); auto_merge or an
-  approval with a pull request → current_phase == "merge", status "merging";
-  otherwise unchanged, status "waiting".
+  approval with a pull request (an approving review or ``/phasegate merge`` by a
+  trusted person, a merge a person did on the forge) → current_phase ==
+  "merge", status "merging"; the pull request closed unmerged → status
+  "cancelled"; otherwise unchanged, status "waiting".
 - re-entry point: re-entered every worker cycle while waiting; no memory.
-- recovery behavior: no failure path.
+- recovery behavior: no failure path of its own; a forge that does not answer
+  pauses the workflow (forge_unavailable) and ``resume`` listens again.
 - terminal outcomes: completed → development (feedback); completed → merge;
-  wait.
+  failed (cancelled: the pull request was closed); wait.
 """
 
 from __future__ import annotations
 
 from phasegate.contract import DEVELOPMENT, MERGE, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.phases import forge_feedback
 from phasegate.phases.deps import PhaseDeps
 
 __all__ = ["run"]
@@ -41,6 +47,9 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 ),
             ),
         )
+    heard = forge_feedback.listen(ctx, deps)
+    if heard is not None:
+        return heard
     approved = ctx.auto_merge or bool(ctx.state.get("merge_approved"))
     if approved and ctx.pr_number:
         who = "auto_merge" if ctx.auto_merge else ctx.state.get("merge_approved_by", "a person")

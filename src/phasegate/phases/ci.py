@@ -1,0 +1,123 @@
+"""CI as evidence in pr_review (spec 000, pr_review: "CI status via the external
+evidence layer"; recovery: "CI pending → wait + poll; CI failure → CI repair
+(re-enters pr_review)").
+
+The forge's checks of the pushed head (``state.head_sha``) decide before the
+review agent is asked:
+
+- none (the local forge, a repository without CI) or all passed: the review
+  goes on, with a ``ci_passed`` milestone as evidence when there were checks;
+- any pending: the phase returns ``wait`` — the workflow stays in pr_review,
+  no worker holds it, and the next look is due after ``forge.poll_s``; a
+  ``ci_pending`` milestone marks the first look at each head;
+- any failed: a CI-repair round — development with dev_round + 1 and the
+  failing checks' names and output as the build's input (``ci_failure``),
+  at most ``forge.max_ci_repairs`` in a row; past that the profile's reversion
+  to planning (spec 003) or a pause for a person.
+
+A forge that cannot be reached raises ForgeUnavailable: the engine pauses the
+workflow with reason ``forge_unavailable`` and ``resume`` looks again.
+"""
+
+from __future__ import annotations
+
+from phasegate.contract import DEVELOPMENT, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.forge.base import Check
+from phasegate.phases.deps import PhaseDeps
+from phasegate.profiles import reversion_or_stop
+
+__all__ = ["OUTPUT_LIMIT", "ci_gate", "failure_text"]
+
+OUTPUT_LIMIT = 4_000  # characters of one failing check's output in the build prompt
+
+
+def failure_text(failed: list[Check]) -> str:
+    """What the build agent reads about failing checks: name, link, output."""
+    parts = ["CI failed on the pull request's head. Make these checks pass:"]
+    for check in failed:
+        link = f" ({check.url})" if check.url else ""
+        output = check.output.strip()[-OUTPUT_LIMIT:] or "(the check said nothing more)"
+        parts.append(f"### {check.name}: failed{link}\n\n```\n{output}\n```")
+    return "\n\n".join(parts)
+
+
+def _shown(checks: list[Check]) -> list[dict[str, str | None]]:
+    return [{"name": c.name, "state": c.state, "url": c.url} for c in checks]
+
+
+def ci_gate(ctx: WorkflowContext, deps: PhaseDeps, pr: int) -> PhaseResult | MilestoneWrite | None:
+    """Look at CI for pull request ``pr``; returns the result that ends the phase now
+    (wait, a CI-repair round, a stop), or the evidence to commit with the review
+    (a ``ci_passed`` milestone), or None when there is no CI to wait for.
+
+    Raises ForgeError (ForgeUnavailable when the forge does not answer).
+    """
+    head = ctx.state.get("head_sha")
+    if not head:
+        return None
+    checks = deps.forge.checks(str(head))
+    if not checks:
+        return None
+    key = str(head)[:12]
+    pending = [c for c in checks if c.state == "pending"]
+    failed = [c for c in checks if c.state == "failure"]
+    if failed:
+        return _repair(ctx, deps, pr, failed, checks, key)
+    if pending:
+        seen = any(m.data.get("sha") == head for m in ctx.milestones_of("ci_pending"))
+        names = ", ".join(c.name for c in pending)
+        marker = MilestoneWrite(
+            "ci_pending",
+            round=ctx.dev_round,
+            key=key,
+            summary=f"waiting for CI: {names}"[:200],
+            data={"pr": pr, "sha": head, "checks": _shown(checks)},
+        )
+        # Nothing new while still pending: no write, no commit, on every look.
+        updates = {"pr_number": pr} if ctx.pr_number != pr else {}
+        return PhaseResult("wait", updates=updates, milestones=() if seen else (marker,))
+    return MilestoneWrite(
+        "ci_passed",
+        round=ctx.dev_round,
+        key=key,
+        summary=f"CI passed: {len(checks)} check(s)",
+        data={"pr": pr, "sha": head, "checks": _shown(checks)},
+    )
+
+
+def _repair(
+    ctx: WorkflowContext,
+    deps: PhaseDeps,
+    pr: int,
+    failed: list[Check],
+    checks: list[Check],
+    key: str,
+) -> PhaseResult:
+    repairs = int(ctx.state.get("ci_repairs") or 0)
+    limit = deps.cartridge.forge.max_ci_repairs
+    text = failure_text(failed)
+    evidence = MilestoneWrite(
+        "ci_failed",
+        status="failed",
+        round=ctx.dev_round,
+        key=key,
+        summary=("CI failed: " + ", ".join(c.name for c in failed))[:200],
+        data={"pr": pr, "sha": ctx.state.get("head_sha"), "checks": _shown(checks)},
+    )
+    if repairs >= limit:
+        reason = f"CI still fails after {repairs} CI-repair round(s) (forge.max_ci_repairs)"
+        return reversion_or_stop(
+            ctx,
+            reason=f"{reason}: {', '.join(c.name for c in failed)}",
+            context=f"{reason}.\n\n{text[-3000:]}",
+            at=deps.clock.now(),
+            milestones=(evidence,),
+            state={"ci_failure": text, "ci_repairs": 0},
+            hint="fix CI or send feedback, then `phasegate resume`",
+        )
+    return PhaseResult.advance(
+        DEVELOPMENT,
+        updates={"pr_number": pr, "current_round": 0, "dev_round": ctx.dev_round + 1},
+        state={"ci_failure": text, "ci_repairs": repairs + 1},
+        milestones=(evidence,),
+    )

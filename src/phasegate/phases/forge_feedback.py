@@ -1,0 +1,150 @@
+"""What people say on the forge while a workflow waits (issue 11, item 5; spec 000
+wait: "GitHub issue comment polling").
+
+Read in wait, after ``state.wait_started_at``, from the pull request (its
+conversation, review summaries and inline review comments) and the issue; only
+what trusted people wrote counts (write, maintain or admin permission: the
+forge's ``permission``). Text by anyone else never reaches a prompt.
+
+- an approving review, or a comment whose first line is ``/phasegate merge``:
+  approve-merge, recorded with who;
+- any other comment or review: feedback — development with dev_round + 1, the
+  text in ``user_feedback`` for the build prompt; an inline comment keeps its
+  path, line and diff hunk;
+- the pull request merged by a person on the forge: on to merge, which finds the
+  merge and goes on to acceptance verification on that merge SHA;
+- the pull request closed unmerged: the workflow ends ``cancelled`` with who.
+
+Comments are told apart by id (``state.heard_comments``), and the window opens a
+few minutes before ``wait_started_at``, so a skewed clock loses no comment and
+none is heard twice. The local forge answers empty: its people use the CLI.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from phasegate.contract import DEVELOPMENT, MERGE, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.forge.base import TRUSTED_PERMISSIONS, Comment
+from phasegate.phases.deps import PhaseDeps
+
+__all__ = ["MERGE_COMMAND", "listen"]
+
+log = logging.getLogger(__name__)
+
+MERGE_COMMAND = "/phasegate merge"
+_SKEW = timedelta(minutes=5)  # how far the forge's clock may be behind ours
+_HEARD_KEPT = 500  # comment ids remembered; older ones are before any window anyway
+
+
+def listen(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
+    """The result of what people did on the forge since the wait began, or None
+    when nothing new (the wait phase goes on as for the local forge).
+
+    Raises ForgeError (ForgeUnavailable: the engine pauses, resume listens again).
+    """
+    if not ctx.pr_number:
+        return None
+    pr = deps.forge.pull_request(ctx.pr_number)
+    if pr.state == "merged":
+        who = pr.merged_by or "a person"
+        return PhaseResult.advance(
+            MERGE,
+            milestones=(
+                MilestoneWrite(
+                    "merge_approved",
+                    round=ctx.dev_round,
+                    summary=f"merged on the forge by {who}",
+                    data={"by": who, "merge_sha": pr.merge_sha},
+                ),
+            ),
+        )
+    if pr.state == "closed":
+        reason = f"pull request #{pr.number} was closed unmerged on the forge"
+        return PhaseResult("failed", status="cancelled", reason=reason)
+
+    started = ctx.state.get("wait_started_at")
+    since = datetime.fromisoformat(started) - _SKEW if started else None
+    heard = set(ctx.state.get("heard_comments") or ())
+    said = deps.forge.comments(ctx.pr_number, since)
+    if ctx.issue_number and ctx.issue_number != ctx.pr_number:
+        said += deps.forge.comments(ctx.issue_number, since)
+    new = sorted((c for c in said if c.id not in heard), key=lambda c: c.created_at)
+    if not new:
+        return None
+    trusted = _trusted(deps, new)
+    ids = sorted(heard | {c.id for c in new})[-_HEARD_KEPT:]
+    approval = next((c for c in trusted if _approves(c)), None)
+    words = [c for c in trusted if not _approves(c) and c.body.strip()]
+    if words:
+        text = "\n\n".join(_quoted(c) for c in words)
+        authors = sorted({c.author for c in words})
+        return PhaseResult.advance(
+            DEVELOPMENT,
+            updates={
+                "dev_round": ctx.dev_round + 1,
+                "current_round": 0,
+                "user_feedback": text,
+            },
+            state={"merge_approved": False, "heard_comments": ids},
+            milestones=(
+                MilestoneWrite(
+                    "requirement_received",
+                    round=ctx.dev_round + 1,
+                    summary=f"from {', '.join(authors)} on the forge: {text[:160]}",
+                    data={"feedback": text, "authors": authors, "comments": [c.id for c in words]},
+                ),
+            ),
+        )
+    if approval is not None:
+        return PhaseResult.advance(
+            MERGE,
+            state={"heard_comments": ids, "merge_approved_by": approval.author},
+            milestones=(
+                MilestoneWrite(
+                    "merge_approved",
+                    round=ctx.dev_round,
+                    summary=f"{approval.author} on the forge",
+                    data={"by": approval.author, "comment": approval.id},
+                ),
+            ),
+        )
+    # Only untrusted words (or empty reviews): remember them, so they are not
+    # weighed again on every look; nothing else changes.
+    return PhaseResult("wait", state={"heard_comments": ids})
+
+
+def _trusted(deps: PhaseDeps, comments: list[Comment]) -> list[Comment]:
+    permissions: dict[str, str] = {}
+    kept = []
+    for c in comments:
+        if c.author not in permissions:
+            permissions[c.author] = deps.forge.permission(c.author)
+        if permissions[c.author] in TRUSTED_PERMISSIONS:
+            kept.append(c)
+        else:
+            log.info(
+                "comment %s by %s ignored: %s permission is not write, maintain or admin",
+                c.id,
+                c.author,
+                permissions[c.author],
+            )
+    return kept
+
+
+def _approves(c: Comment) -> bool:
+    if c.kind == "review" and c.review_state == "approved":
+        return True
+    first = c.body.strip().splitlines()[0].strip().lower() if c.body.strip() else ""
+    return first == MERGE_COMMAND
+
+
+def _quoted(c: Comment) -> str:
+    if c.kind == "inline":
+        where = f"`{c.path}` line {c.line}" if c.line else f"`{c.path}`"
+        hunk = f"\n```diff\n{c.diff_hunk.strip()[-1500:]}\n```" if c.diff_hunk else ""
+        return f"**{c.author}** commented on {where}:{hunk}\n{c.body.strip()}"
+    if c.kind == "review":
+        return f"**{c.author}** reviewed ({c.review_state or 'commented'}):\n{c.body.strip()}"
+    return f"**{c.author}** wrote:\n{c.body.strip()}"
