@@ -12,8 +12,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from phasegate import decisions
+from phasegate.cartridge_forge import ForgeSettings
 from phasegate.engine import Engine
-from phasegate.forge.base import Check, Comment
+from phasegate.forge.base import Check, Comment, ForgeUnavailable
 from phasegate.store import Store
 from phasegate.testing import InMemoryForge
 
@@ -244,3 +246,67 @@ def test_the_issue_carries_one_status_label_that_follows_the_workflow(
     # InMemoryForge's merge SHA is made up: verification cannot check it out.
     assert row["current_phase"] == "acceptance_verification" and row["status"] == "failed"
     assert forge.labels[issue] == {"phasegate:needs-you", "bug"}
+
+
+# -- a forge that does not answer; the worker's looks -----------------------------------
+
+
+class DownForge(TeamForge):
+    """TeamForge whose CI is unreachable while ``down`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = True
+
+    def checks(self, sha: str) -> list[Check]:
+        if self.down:
+            raise ForgeUnavailable("GET /repos/o/r/commits/…/check-runs: 502 after 3 tries")
+        return super().checks(sha)
+
+
+def test_an_unavailable_forge_pauses_with_forge_unavailable_and_resume_goes_on(
+    tmp_path: Path, engine_for: Build
+) -> None:
+    repo, _ = team_repo(tmp_path)
+    forge = DownForge()
+    engine, store = engine_for(repo, forge=forge)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "paused" and row["error"].startswith("forge_unavailable: pr_review:")
+    assert "502 after 3 tries" in row["error"]
+
+    forge.down = False
+    engine.decide(workflow_id, decisions.resume)
+    row = engine.advance(workflow_id)
+    assert row["status"] == "waiting"
+    assert len([m for m in store.milestones(workflow_id) if m.kind == "pr_created"]) == 1
+
+
+def test_the_worker_looks_at_a_forge_waiting_workflow_every_poll_s_unless_its_row_changed(
+    tmp_path: Path, engine_for: Build
+) -> None:
+    repo, _ = team_repo(tmp_path)
+    forge = TeamForge()
+    forge.state_of_ci = [Check("ci/tests", "pending")]
+    engine, store = engine_for(repo, forge=forge)
+    # The worker reads forge.poll_s from the cartridge; a team's forge is not local.
+    engine.cartridge = engine.cartridge.model_copy(
+        update={"forge": ForgeSettings(kind="github", repository="o/r", poll_s=3600)}
+    )
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    passes = iter(range(4))
+
+    def count_passes(timeout: float | None = None) -> bool:
+        if next(passes, None) is None:
+            engine.shutdown.set()
+        return engine.shutdown.is_set()
+
+    engine.shutdown.wait = count_passes  # type: ignore[method-assign]
+    engine.run_worker(poll_s=0)
+    assert len(forge.looked_at) == 1, "the worker looked at pending CI on every pass"
+
+    engine.shutdown.clear()
+    passes = iter(range(2))
+    engine.decide(workflow_id, lambda ctx: decisions.feedback(ctx, "mind the tests"))
+    engine.run_worker(poll_s=0)
+    assert len(forge.looked_at) == 2, "a changed row was not looked at again at once"
