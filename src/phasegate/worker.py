@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from phasegate.contract import PR_REVIEW, RUNNABLE_STATUSES, PhasegateError
@@ -22,7 +23,7 @@ from phasegate.store import Fence, Store, StoreUnavailable
 if TYPE_CHECKING:
     from phasegate.engine import Engine
 
-__all__ = ["CLEANUP_RETRY_S", "Heartbeat", "LeaseHeld", "run_worker"]
+__all__ = ["CLEANUP_RETRY_S", "Heartbeat", "LeaseHeld", "run_worker", "waits_on_ci"]
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,15 @@ class Heartbeat(threading.Thread):
             renewed_at, wait = time.monotonic(), interval
 
 
-def _polling(row: dict[str, Any]) -> bool:
+def waits_on_ci(row: Mapping[str, Any]) -> bool:
+    """Whether the workflow, as ``advance`` left it, waits for the forge's CI
+    (pr_review's ``wait``: phases/ci.py)."""
+    return row["current_phase"] == PR_REVIEW and row["status"] == "pr_review"
+
+
+def _polling(row: Mapping[str, Any]) -> bool:
     """Whether the workflow, as ``advance`` left it, only waits on the forge."""
-    return row["status"] == "waiting" or (
-        row["current_phase"] == PR_REVIEW and row["status"] == "pr_review"
-    )
+    return row["status"] == "waiting" or waits_on_ci(row)
 
 
 def run_worker(engine: Engine, *, once: bool = False, poll_s: float = 2.0) -> None:

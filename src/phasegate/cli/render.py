@@ -28,6 +28,7 @@ from phasegate.profiles import MAX_REVERSIONS, AutomationProfile, decisions_of
 from phasegate.report import render_report
 from phasegate.sandbox import start_confined
 from phasegate.store import Store
+from phasegate.worker import waits_on_ci
 
 
 class _Progress:
@@ -137,6 +138,10 @@ def _drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
     with _Progress(quiet=as_json) as progress, _graceful(engine):
         engine.on_event = progress
         row = engine.advance(workflow_id)
+        # CI runs on the forge: the foreground run waits for it (Ctrl-C leaves the
+        # workflow resumable, and a worker would look at it just the same).
+        while waits_on_ci(row) and not engine.shutdown.wait(engine.cartridge.forge.poll_s):
+            row = engine.advance(workflow_id)
     _finish(engine.store, row, as_json, interrupted=engine.shutdown.is_set())
 
 
