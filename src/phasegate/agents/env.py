@@ -109,9 +109,12 @@ def secret_values(binding: RoleBinding, environ: Mapping[str, str] | None = None
 def cartridge_secrets(cartridge: Cartridge, environ: Mapping[str, str] | None = None) -> list[str]:
     """Every value no record may hold: ``environment_secrets`` and the secret values
     of every bound role (``secret_values``). A record one role's agent writes may
-    quote what another role's agent holds (a review of a change, a PR body)."""
+    quote what another role's agent holds (a review of a change, a PR body). The
+    forge's token (``forge.token_env``) too, whatever its variable is called."""
     source = os.environ if environ is None else environ
     values = environment_secrets(source)
+    if cartridge.forge.kind != "local" and source.get(cartridge.forge.token_env):
+        values.append(source[cartridge.forge.token_env])
     for name in type(cartridge.roles).model_fields:
         binding = getattr(cartridge.roles, name)
         if binding is not None:
