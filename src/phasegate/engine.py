@@ -133,8 +133,14 @@ class Engine:
         *,
         auto_merge: bool | None = None,
         profile: str | None = None,
+        issue: tuple[str, int] | None = None,
+        state: Mapping[str, Any] | None = None,
     ) -> str:
         """File a new workflow in preparation; returns its id.
+
+        ``issue`` (``owner/name``, number): the workflow is for that existing forge
+        issue, at most one per issue (``Store.create_workflow``: raises IssueTaken);
+        ``state`` is added to the workflow's state (a trigger's ticket snapshot).
 
         ``profile`` names its automation profile (default: ``workflow.profile``,
         else ``review``); the workflow keeps it in ``state["profile"]``.
@@ -182,7 +188,12 @@ class Engine:
             ),
             content_language=settings.content_language,
             # kept per workflow: flipping [graph] enabled never strands one midway
-            state={"profile": chosen.as_state(), "graph_mode": self.cartridge.graph.enabled},
+            state={
+                **(state or {}),
+                "profile": chosen.as_state(),
+                "graph_mode": self.cartridge.graph.enabled,
+            },
+            issue=issue,
         )
 
     # -- events -----------------------------------------------------------------

@@ -16,6 +16,7 @@ from phasegate.contract import (
     EventWrite,
     MilestoneView,
     MilestoneWrite,
+    PhasegateError,
     PhaseResult,
     StaleContext,
     WorkflowContext,
@@ -44,6 +45,19 @@ UPDATABLE_COLUMNS = frozenset(
 )
 
 
+class IssueTaken(PhasegateError):
+    """A workflow was started for this forge issue already."""
+
+    def __init__(self, repository: str, number: int, workflow_id: str) -> None:
+        super().__init__(
+            f"{repository}#{number} has workflow {workflow_id} already "
+            f"(`phasegate show {workflow_id}`)"
+        )
+        self.repository = repository
+        self.number = number
+        self.workflow_id = workflow_id
+
+
 def _workflow_dict(row: Mapping[str, Any]) -> dict[str, Any]:
     """A workflow row as a dict, its timestamps UTC-aware."""
     out = dict(row)
@@ -67,11 +81,26 @@ class WorkflowRows(StoreBase):
         auto_merge: bool,
         content_language: str,
         state: Mapping[str, Any] | None = None,
+        issue: tuple[str, int] | None = None,
     ) -> str:
-        """Insert a workflow in ``preparation``; returns its id (8 hex digits)."""
+        """Insert a workflow in ``preparation``; returns its id (8 hex digits).
+
+        ``issue`` (forge repository ``owner/name``, issue number): the workflow is
+        for that existing issue (a trigger, issue 11): ``issue_number`` is set and
+        ``state["forge_repository"]`` records the repository. Raises IssueTaken when
+        a workflow has that issue already: the lookup and the insert are one
+        writing transaction, so two watchers racing never both start one.
+        """
         now = self.clock.now()
         workflow_id = secrets.token_hex(4)
+        state = dict(state or {})
+        if issue is not None:
+            state["forge_repository"] = issue[0]
         with self.transaction() as conn:
+            if issue is not None:
+                taken = self._workflow_for_issue(conn, *issue)
+                if taken is not None:
+                    raise IssueTaken(issue[0], issue[1], taken)
             conn.execute(
                 t.workflows.insert().values(
                     id=workflow_id,
@@ -83,13 +112,33 @@ class WorkflowRows(StoreBase):
                     status=PHASE_STATUS_MAP[PREPARATION],
                     auto_merge=auto_merge,
                     content_language=content_language,
-                    state=dict(state or {}),
+                    issue_number=issue[1] if issue is not None else None,
+                    state=state,
                     created_at=now,
                     updated_at=now,
                 )
             )
             self._add_event(conn, workflow_id, EventWrite("phase_change", {"phase": PREPARATION}))
         return workflow_id
+
+    def workflow_for_issue(self, repository: str, number: int) -> str | None:
+        """The id of the workflow started for issue ``number`` of forge repository
+        ``repository`` (``create_workflow(issue=...)``), else None."""
+        with self.reading() as conn:
+            return self._workflow_for_issue(conn, repository, number)
+
+    @staticmethod
+    def _workflow_for_issue(conn: sa.Connection, repository: str, number: int) -> str | None:
+        # The repository is in the JSON state, read the same way on every dialect:
+        # few workflows share an issue number, so the filter in Python is cheap.
+        rows = conn.execute(
+            sa.select(t.workflows.c.id, t.workflows.c.state)
+            .where(t.workflows.c.issue_number == number)
+            .order_by(t.workflows.c.created_at, t.workflows.c.id)
+        )
+        return next(
+            (r.id for r in rows if (r.state or {}).get("forge_repository") == repository), None
+        )
 
     def workflow_row(self, workflow_id: str) -> dict[str, Any]:
         """The workflow's row as a dict. Raises WorkflowNotFound."""
