@@ -65,7 +65,13 @@ VERDICT: confirmed   or   VERDICT: rejected   or   VERDICT: indeterminate
 
 
 def acceptance_hash(ctx: WorkflowContext) -> str:
-    """A hash of what the ticket asks (title and text): 16 hex digits."""
+    """A hash of what the ticket asks: 16 hex digits. A workflow started from a
+    forge issue has its ticket snapshot's (``state["acceptance_hash"]``,
+    phasegate.triggers), so a new snapshot of an edited issue verifies again;
+    else the title's and the ticket text's (the same formula as a snapshot's)."""
+    snapshot = ctx.state.get("acceptance_hash")
+    if snapshot:
+        return str(snapshot)
     return hashlib.sha256(f"{ctx.title}\n{ctx.ticket}".encode()).hexdigest()[:16]
 
 
