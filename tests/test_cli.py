@@ -429,6 +429,8 @@ def test_help_lists_every_command() -> None:
         "revert",
         "verify-override",
         "cleanup",
+        "watch",
+        "import",
         "propose",
         "proposals",
         "approve",

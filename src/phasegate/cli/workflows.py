@@ -26,6 +26,7 @@ from phasegate.cli._app import (
     err,
     shown,
 )
+from phasegate.cli._watching import watch_in_worker
 from phasegate.cli.render import (
     _detail,
     _drive,
@@ -98,7 +99,11 @@ def worker(
         root, cartridge, store = _open(repo)
         progress = _Progress(quiet=False)
         engine = _engine(root, cartridge, store, progress)
-        with progress, _graceful(engine, "`phasegate status` lists the workflows"):
+        with (
+            progress,
+            _graceful(engine, "`phasegate status` lists the workflows"),
+            watch_in_worker(root, cartridge, engine, once=once, say=progress.line),
+        ):
             engine.run_worker(once=once, poll_s=poll)
     if engine.shutdown.is_set():
         raise typer.Exit(130)

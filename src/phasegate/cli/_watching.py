@@ -1,0 +1,147 @@
+"""What ``watch`` and ``worker`` share to watch the forge: the GitHub repository a
+cartridge names, the progress lines of a start or an ignore, and ``watching``,
+the watch beside a worker loop (``forge.watch_in_worker``, ``watch --work``).
+
+Commandless, so ``worker`` (cli/workflows.py) uses it without changing the
+order ``--help`` lists the commands in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from phasegate.cartridge import CARTRIDGE_FILE, Cartridge
+from phasegate.cli._app import MAX_TICKET_BYTES, UsageError, shown
+from phasegate.contract import PhasegateError
+from phasegate.engine import Engine
+from phasegate.forge.base import ForgeUnavailable
+from phasegate.triggers import (
+    Ignored,
+    Started,
+    TicketSnapshot,
+    Watcher,
+    repository_of,
+    watch_forever,
+)
+
+__all__ = [
+    "github_repository",
+    "reporter",
+    "ticket_note",
+    "unavailable",
+    "watch_in_worker",
+    "watching",
+]
+
+log = logging.getLogger(__name__)
+
+
+def github_repository(command: str, root: Path, cartridge: Cartridge) -> str:
+    """The cartridge's GitHub repository (``owner/name``); UsageError with the local forge."""
+    if cartridge.forge.kind != "github":
+        raise UsageError(
+            f'{command} needs forge.kind = "github" in {CARTRIDGE_FILE} (this cartridge has '
+            'the local forge, whose tickets come from `phasegate run "ticket"`)'
+        )
+    return repository_of(cartridge.forge.repository, root)
+
+
+def ticket_note(snapshot: TicketSnapshot) -> str:
+    """Whose words the ticket has, and how many comments were left out, for a person."""
+    left = f"; {snapshot.left_out} comment(s) by others left out" if snapshot.left_out else ""
+    return f"ticket by {shown(', '.join(snapshot.authors))}{left}"
+
+
+def result_line(result: Started | Ignored) -> str:
+    if isinstance(result, Started):
+        return (
+            f"#{result.issue_number}: workflow [bold]{result.workflow_id}[/bold] started "
+            f"(labelled by {shown(result.labelled_by)}; {ticket_note(result.snapshot)})"
+        )
+    return f"[yellow]#{result.issue_number}: ignored: {shown(result.reason)}[/yellow]"
+
+
+def reporter(as_json: bool, say: Callable[[str], None]) -> Callable[[Started | Ignored], None]:
+    def report(result: Started | Ignored) -> None:
+        if as_json:
+            # One object a line, flushed: a script reads them as they come.
+            sys.stdout.write(json.dumps(result.as_dict()) + "\n")
+            sys.stdout.flush()
+        else:
+            say(result_line(result))
+
+    return report
+
+
+def unavailable(say: Callable[[str], None]) -> Callable[[ForgeUnavailable], None]:
+    def tell(exc: ForgeUnavailable) -> None:
+        say(f"[yellow]the forge is unavailable, looking again later: {shown(str(exc))}[/yellow]")
+
+    return tell
+
+
+@contextmanager
+def watching(
+    engine: Engine,
+    watcher: Watcher,
+    *,
+    once: bool,
+    interval_s: float,
+    report: Callable[[Started | Ignored], None],
+    say: Callable[[str], None],
+) -> Iterator[None]:
+    """Watch beside a worker loop run inside the block: with ``once``, one pass
+    now (what it starts the loop then advances); else a thread polling every
+    ``interval_s`` seconds, so a long agent run never delays a trigger, stopped
+    when the block ends. An error that needs a person (a refused token, a
+    repository not found) stops the watching, loudly, not the worker."""
+    if once:
+        for result in watcher.watch_once():
+            report(result)
+        yield
+        return
+    stop = threading.Event()
+
+    def loop() -> None:
+        try:
+            watch_forever(watcher, stop, interval_s, report, unavailable(say))
+        except PhasegateError as exc:
+            log.error("watching %s stopped: %s", watcher.repository, exc)
+            say(f"[red]watching stopped: {shown(str(exc))}[/red]")
+
+    thread = threading.Thread(target=loop, name="phasegate-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+
+
+@contextmanager
+def watch_in_worker(
+    root: Path, cartridge: Cartridge, engine: Engine, *, once: bool, say: Callable[[str], None]
+) -> Iterator[None]:
+    """``phasegate worker``'s hook: ``watching`` the cartridge's repository every
+    ``forge.poll_s`` seconds when ``forge.watch_in_worker = true``, else nothing."""
+    if not cartridge.forge.watch_in_worker:
+        yield
+        return
+    repository = github_repository("forge.watch_in_worker", root, cartridge)
+    watcher = Watcher(engine, repository, max_ticket_bytes=MAX_TICKET_BYTES)
+    say(f"watching {repository} for the label {watcher.label!r}")
+    with watching(
+        engine,
+        watcher,
+        once=once,
+        interval_s=cartridge.forge.poll_s,
+        report=reporter(False, say),
+        say=say,
+    ):
+        yield

@@ -1,0 +1,154 @@
+"""Workflows started from the forge's issues: ``watch`` and ``import`` (issue 11, item 4).
+
+A skin over ``phasegate.triggers``: only a person with write, maintain or admin
+permission starts a workflow (a label) or puts words in its ticket (a comment).
+``phasegate worker`` watches too when the cartridge says ``forge.watch_in_worker
+= true`` (``cli._watching``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from phasegate.cartridge import CARTRIDGE_FILE
+from phasegate.cli._app import (
+    MAX_TICKET_BYTES,
+    NoAdvance,
+    ProfileOption,
+    RepoOption,
+    UsageError,
+    _errors,
+    _open,
+    app,
+    console,
+    err,
+)
+from phasegate.cli._watching import github_repository, reporter, ticket_note, unavailable, watching
+from phasegate.cli.render import _drive, _engine, _finish, _graceful, _Progress
+from phasegate.triggers import Watcher, parse_issue_ref, start_from_issue, watch_forever
+
+
+@app.command()
+def watch(
+    repo: RepoOption = Path("."),
+    once: Annotated[bool, typer.Option(help="One look at the labelled issues, then exit.")] = False,
+    interval: Annotated[
+        float | None,
+        typer.Option(help="Seconds between looks (default: forge.poll_s).", min=0.1),
+    ] = None,
+    work: Annotated[
+        bool,
+        typer.Option(
+            help="Also advance the workflows here, as `phasegate worker` does (default: "
+            "only start them; a worker advances them)."
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object a line per start or ignore.")
+    ] = False,
+) -> None:
+    """Start a workflow for each open issue labelled with forge.trigger_label
+    (default "phasegate") by a person with write, maintain or admin permission.
+
+    A label by anyone else starts nothing and is reported once. The ticket is
+    the issue's title and body and the comments of people with write access,
+    as they are at that moment; other people's comments never reach an agent.
+    One workflow per issue, however many watchers run. Needs forge.kind =
+    "github". Ctrl-C/SIGTERM stop it cleanly.
+    """
+    with _errors():
+        root, cartridge, store = _open(repo)
+        repository = github_repository("watch", root, cartridge)
+        cartridge.require_roles(root / CARTRIDGE_FILE)
+        progress = _Progress(quiet=as_json or not work)
+        engine = _engine(root, cartridge, store, progress if work else None)
+        watcher = Watcher(engine, repository, max_ticket_bytes=MAX_TICKET_BYTES)
+        say = progress.line if work else _say
+        report = reporter(as_json, say)
+        every = interval if interval is not None else cartridge.forge.poll_s
+        if not as_json:
+            err.print(
+                f"watching {watcher.repository} for the label {watcher.label!r}"
+                + ("" if once else f" every {every:g}s (Ctrl-C stops)"),
+                highlight=False,
+            )
+        with _graceful(engine, "`phasegate status` lists the workflows"):
+            if work:
+                with (
+                    progress,
+                    watching(engine, watcher, once=once, interval_s=every, report=report, say=say),
+                ):
+                    engine.run_worker(once=once)
+            elif once:
+                for result in watcher.watch_once():
+                    report(result)
+            else:
+                watch_forever(watcher, engine.shutdown, every, report, unavailable(say))
+    if engine.shutdown.is_set():
+        raise typer.Exit(130)
+
+
+def _say(text: str) -> None:
+    console.print(text, highlight=False)
+
+
+@app.command("import")
+def import_issue(
+    issue: Annotated[
+        str, typer.Argument(metavar="OWNER/REPO#N", help="The issue: OWNER/REPO#N, #N or N.")
+    ],
+    by: Annotated[str, typer.Option(help="Who vouches for the issue's text.")] = "cli",
+    auto_merge: Annotated[
+        bool | None,
+        typer.Option(
+            "--auto-merge/--no-auto-merge",
+            help="Override workflow.auto_merge and the profile's default.",
+        ),
+    ] = None,
+    profile: ProfileOption = None,
+    repo: RepoOption = Path("."),
+    no_advance: NoAdvance = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+) -> None:
+    """Start a workflow from an existing issue of the cartridge's repository,
+    whatever its labels, and run it in the foreground like `run`.
+
+    The ticket is the issue's title and body and the comments of people with
+    write, maintain or admin permission; other people's comments never reach
+    an agent. An issue that has a workflow already is refused, naming it.
+    Needs forge.kind = "github".
+    """
+    with _errors():
+        ref = parse_issue_ref(issue)
+        root, cartridge, store = _open(repo)
+        repository = github_repository("import", root, cartridge)
+        if ref.repository is not None and ref.repository.lower() != repository.lower():
+            raise UsageError(
+                f"{ref.repository}#{ref.number} is not in this cartridge's repository "
+                f"{repository} (forge.repository in {CARTRIDGE_FILE}, or the origin remote)"
+            )
+        cartridge.require_roles(root / CARTRIDGE_FILE)
+        engine = _engine(root, cartridge, store, None)
+        workflow_id, snapshot = start_from_issue(
+            engine,
+            repository,
+            ref.number,
+            by=by,
+            trigger="import",
+            max_ticket_bytes=MAX_TICKET_BYTES,
+            auto_merge=auto_merge,
+            profile=profile,
+        )
+        if not as_json:
+            console.print(
+                f"workflow [bold]{workflow_id}[/bold] filed from {snapshot.source} "
+                f"({ticket_note(snapshot)})",
+                highlight=False,
+            )
+        if no_advance:
+            _finish(store, store.workflow_row(workflow_id), as_json, driven=False)
+        else:
+            _drive(engine, workflow_id, as_json)

@@ -1,0 +1,427 @@
+"""Trusted triggers: a workflow started from a forge issue (issue 11, item 4).
+
+Two ways in, one rule: only people with write, maintain or admin permission on
+the repository (``TRUSTED_PERMISSIONS``) start a workflow or put words in its
+ticket.
+
+- **watch**: ``Watcher.watch_once`` looks at the open issues carrying the
+  cartridge's ``forge.trigger_label``; one labelled by a trusted person, with
+  no workflow yet, is snapshotted and started. A label by anyone else is
+  ``Ignored`` and logged, once per issue and labeller.
+- **import**: ``start_from_issue`` does the same for one issue by hand (the
+  person at the terminal holds the token and vouches), whatever its labels.
+
+The ticket is a ``TicketSnapshot`` taken at that moment (``snapshot_ticket``):
+the issue's title and body and the conversation comments of trusted authors,
+each with its author. Text by anyone else never reaches it, so it never
+reaches a prompt. The snapshot's hash is spec 000's acceptance hash
+(``state["acceptance_hash"]``, read by ``acceptance_verification.acceptance_hash``):
+a new snapshot of an edited issue verifies again.
+
+At most one workflow per issue: ``Store.create_workflow(issue=...)`` looks the
+issue up and inserts in one writing transaction and raises IssueTaken, so two
+watchers (or a watcher and an import) racing start one workflow between them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from phasegate.contract import PhasegateError
+from phasegate.engine import Engine
+from phasegate.forge.base import TRUSTED_PERMISSIONS, Comment, Forge, ForgeUnavailable, Issue
+from phasegate.store.workflows import IssueTaken
+from phasegate.workspace import git
+
+__all__ = [
+    "Ignored",
+    "IssueRef",
+    "Started",
+    "TicketSnapshot",
+    "TriggerRefused",
+    "Watcher",
+    "filed_by_phasegate",
+    "parse_issue_ref",
+    "repository_of",
+    "snapshot_ticket",
+    "start_from_issue",
+    "watch_forever",
+]
+
+log = logging.getLogger(__name__)
+
+#: The marker phasegate's journal puts on an issue it filed (journal.SideEffects):
+#: such an issue belongs to the workflow that filed it.
+_FILED_MARKER = re.compile(r"phasegate:workflow:([0-9a-f]{8})\b")
+#: ``owner/name`` as GitHub spells it (forge.repository's rule, cartridge_forge).
+_OWNER_NAME = r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}?"
+_ISSUE_REF = re.compile(rf"^(?:(?P<repo>{_OWNER_NAME})#|#)?(?P<n>[1-9][0-9]{{0,9}})$")
+_REMOTE = re.compile(rf"[/:](?P<repo>{_OWNER_NAME})(?:\.git)?/?$")
+
+
+class TriggerRefused(PhasegateError):
+    """This issue cannot start a workflow: another repository's, closed, filed by
+    phasegate itself, or a ticket too big. The message says which."""
+
+
+# -- the snapshot -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TicketSnapshot:
+    """What a workflow started from an issue is asked to do.
+
+    ``text``: the issue body, then each trusted author's conversation comment
+    (oldest first) headed by its author and time (UTC). ``authors``: the logins
+    whose words are in ``text`` (the issue's author first, then each commenter
+    once). ``vouched_by``: the trusted person who started it (labeller or
+    importer), who vouches for the body. ``hash``: sha256 of ``title`` and
+    ``text`` (the acceptance hash's formula), 16 hex digits. ``source``:
+    ``owner/name#N``. ``left_out``: how many people's comments were not trusted.
+    """
+
+    title: str
+    text: str
+    authors: tuple[str, ...]
+    hash: str
+    issue_number: int
+    source: str
+    vouched_by: str
+    left_out: int = 0
+
+    def state(self, trigger: Literal["label", "import"]) -> dict[str, Any]:
+        """What the workflow keeps of the snapshot in its state."""
+        return {
+            "acceptance_hash": self.hash,
+            "ticket_source": self.source,
+            "ticket_authors": list(self.authors),
+            "triggered_by": self.vouched_by,
+            "trigger": trigger,
+        }
+
+
+class _Trust:
+    """``login``'s permission, asked of the forge once per login (per snapshot or pass)."""
+
+    def __init__(self, forge: Forge) -> None:
+        self.forge = forge
+        self.known: dict[str, str] = {}
+
+    def permission(self, login: str) -> str:
+        if login not in self.known:
+            self.known[login] = self.forge.permission(login) if login else "none"
+        return self.known[login]
+
+    def trusted(self, login: str) -> bool:
+        return self.permission(login) in TRUSTED_PERMISSIONS
+
+
+def _comment_block(comment: Comment) -> str:
+    when = comment.created_at.strftime("%Y-%m-%d %H:%M UTC")
+    return f"@{comment.author} wrote ({when}):\n\n{comment.body.strip()}"
+
+
+def snapshot_ticket(
+    forge: Forge,
+    number: int,
+    repository: str,
+    *,
+    vouched_by: str,
+    issue: Issue | None = None,
+    trust: _Trust | None = None,
+) -> TicketSnapshot:
+    """Snapshot issue ``number`` of ``repository`` (``owner/name``) as a ticket.
+
+    The body is taken whoever wrote it: ``vouched_by``, a trusted person, chose
+    this issue as a ticket (a label, an import), and the usual case is an issue
+    a user filed and a maintainer accepted; what it asks is then the
+    maintainer's call, as on any forge. Comments are another matter: anyone
+    can add one after that choice, so only those whose author is trusted now
+    (``forge.permission`` in TRUSTED_PERMISSIONS, asked once per author) are
+    kept, each under its author's name; review summaries and inline comments
+    are not the ticket's. Known gap: the body as it is now is snapshotted, so an
+    untrusted author's edit between the label and the snapshot (at most a
+    watch interval) is taken as vouched for; the Forge protocol has no edit
+    times to tell.
+
+    ``issue``: the issue when the caller has read it already. Raises ForgeError
+    (ForgeNotFound for an issue that does not exist).
+    """
+    issue = issue or forge.issue(number)
+    trust = trust or _Trust(forge)
+    kept: list[Comment] = []
+    left_out = 0
+    for comment in forge.comments(number):
+        if comment.kind != "conversation":
+            continue
+        if trust.trusted(comment.author):
+            kept.append(comment)
+        else:
+            left_out += 1
+    text = issue.body.strip() or "(the issue has no description)"
+    if kept:
+        blocks = "\n\n".join(_comment_block(c) for c in kept)
+        text += (
+            "\n\n---\n\nComments by people with write access to the repository, "
+            f"oldest first:\n\n{blocks}"
+        )
+    authors = dict.fromkeys([issue.author or vouched_by, *(c.author for c in kept)])
+    digest = hashlib.sha256(f"{issue.title}\n{text}".encode()).hexdigest()[:16]
+    return TicketSnapshot(
+        title=issue.title,
+        text=text,
+        authors=tuple(authors),
+        hash=digest,
+        issue_number=number,
+        source=f"{repository}#{number}",
+        vouched_by=vouched_by,
+        left_out=left_out,
+    )
+
+
+def filed_by_phasegate(issue: Issue) -> str | None:
+    """The id of the workflow that filed ``issue`` (its hidden marker), else None."""
+    found = _FILED_MARKER.search(issue.body)
+    return found.group(1) if found else None
+
+
+# -- starting -----------------------------------------------------------------------
+
+
+def start_from_issue(
+    engine: Engine,
+    repository: str,
+    number: int,
+    *,
+    by: str,
+    trigger: Literal["label", "import"],
+    max_ticket_bytes: int,
+    issue: Issue | None = None,
+    trust: _Trust | None = None,
+    auto_merge: bool | None = None,
+    profile: str | None = None,
+) -> tuple[str, TicketSnapshot]:
+    """Snapshot issue ``number`` and start its workflow through ``Engine.start``
+    (the one path ``phasegate run`` takes); returns (workflow id, snapshot).
+
+    ``by``: the trusted person who vouches (the caller checked). Raises
+    IssueTaken when the issue has a workflow already (also when another process
+    started it a moment ago), TriggerRefused for a closed issue, one phasegate
+    filed itself or a ticket over ``max_ticket_bytes`` (UTF-8), ForgeError,
+    CartridgeError from ``Engine.start``.
+    """
+    taken = engine.store.workflow_for_issue(repository, number)
+    if taken is not None:
+        raise IssueTaken(repository, number, taken)
+    issue = issue or engine.forge.issue(number)
+    where = f"{repository}#{number}"
+    if issue.state != "open":
+        raise TriggerRefused(f"{where} is {issue.state}: only an open issue starts a workflow")
+    filer = filed_by_phasegate(issue)
+    if filer is not None:
+        raise TriggerRefused(f"{where} was filed by phasegate for workflow {filer}")
+    snapshot = snapshot_ticket(
+        engine.forge, number, repository, vouched_by=by, issue=issue, trust=trust
+    )
+    size = len(snapshot.text.encode("utf-8", "surrogateescape"))
+    if size > max_ticket_bytes:
+        raise TriggerRefused(
+            f"{where}: its ticket (body and trusted comments) is {size} bytes, over "
+            f"{max_ticket_bytes}: every prompt and the store carry it whole"
+        )
+    workflow_id = engine.start(
+        snapshot.title or f"{where}",
+        snapshot.text,
+        auto_merge=auto_merge,
+        profile=profile,
+        issue=(repository, number),
+        state=snapshot.state(trigger),
+    )
+    return workflow_id, snapshot
+
+
+# -- watching -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Started:
+    """A workflow started for a labelled issue."""
+
+    issue_number: int
+    workflow_id: str
+    labelled_by: str
+    snapshot: TicketSnapshot
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "event": "started",
+            "issue": self.issue_number,
+            "workflow_id": self.workflow_id,
+            "labelled_by": self.labelled_by,
+            "authors": list(self.snapshot.authors),
+            "comments_left_out": self.snapshot.left_out,
+            "acceptance_hash": self.snapshot.hash,
+        }
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A labelled issue that starts nothing, and why."""
+
+    issue_number: int
+    labelled_by: str
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "event": "ignored",
+            "issue": self.issue_number,
+            "labelled_by": self.labelled_by,
+            "reason": self.reason,
+        }
+
+
+class Watcher:
+    """Starts a workflow for each open issue a trusted person labelled with
+    ``label`` (default: the cartridge's ``forge.trigger_label``) on ``repository``
+    (``owner/name``), through ``engine`` (its forge, store and cartridge).
+
+    Keeps, for its lifetime, which (issue, labeller) it reported Ignored, so a
+    poll repeats no warning; a new labeller of the same issue is new.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        repository: str,
+        *,
+        max_ticket_bytes: int,
+        label: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.repository = repository
+        self.label = label or engine.cartridge.forge.trigger_label
+        self.max_ticket_bytes = max_ticket_bytes
+        self.reported: set[tuple[int, str]] = set()
+
+    def watch_once(self) -> list[Started | Ignored]:
+        """One look at the labelled issues; returns what it started and what it
+        ignored for the first time (an issue with a workflow is passed over in
+        silence). Permissions are asked afresh each pass (once per login).
+
+        Raises ForgeError (ForgeUnavailable: try again later), CartridgeError.
+        """
+        engine, store = self.engine, self.engine.store
+        trust = _Trust(engine.forge)
+        results: list[Started | Ignored] = []
+        for labelled in engine.forge.labelled_issues(self.label):
+            if engine.shutdown.is_set():
+                break
+            number, by = labelled.issue.number, labelled.by
+            if store.workflow_for_issue(self.repository, number) is not None:
+                continue
+            permission = trust.permission(by)
+            if permission not in TRUSTED_PERMISSIONS:
+                reason = (
+                    f"labelled {self.label!r} by {by or 'someone unknown'}, whose permission "
+                    f"is {permission!r}: only write, maintain or admin starts a workflow"
+                )
+                self._ignore(results, number, by, reason)
+                continue
+            try:
+                workflow_id, snapshot = start_from_issue(
+                    engine,
+                    self.repository,
+                    number,
+                    by=by,
+                    trigger="label",
+                    max_ticket_bytes=self.max_ticket_bytes,
+                    issue=labelled.issue,
+                    trust=trust,
+                )
+            except IssueTaken:
+                continue  # another watcher started it between our look and our insert
+            except TriggerRefused as exc:
+                self._ignore(results, number, by, str(exc))
+                continue
+            log.info(
+                "%s#%d: workflow %s started (labelled by %s; comments by %d others left out)",
+                self.repository,
+                number,
+                workflow_id,
+                by,
+                snapshot.left_out,
+            )
+            results.append(Started(number, workflow_id, by, snapshot))
+        return results
+
+    def _ignore(self, results: list[Started | Ignored], number: int, by: str, reason: str) -> None:
+        if (number, by) in self.reported:
+            return
+        self.reported.add((number, by))
+        log.warning("%s#%d ignored: %s", self.repository, number, reason)
+        results.append(Ignored(number, by, reason))
+
+
+def watch_forever(
+    watcher: Watcher,
+    stop: threading.Event,
+    interval_s: float,
+    report: Callable[[Started | Ignored], None],
+    unavailable: Callable[[ForgeUnavailable], None],
+) -> None:
+    """``watcher.watch_once()`` every ``interval_s`` seconds until ``stop`` is set;
+    each result goes to ``report``. A forge that is unavailable (ForgeUnavailable)
+    goes to ``unavailable`` and is asked again next time; any other error
+    (ForgeAuthError, ForgeNotFound, CartridgeError, StoreUnavailable) ends the
+    loop: it needs a person."""
+    while not stop.is_set():
+        try:
+            for result in watcher.watch_once():
+                report(result)
+        except ForgeUnavailable as exc:
+            unavailable(exc)
+        stop.wait(interval_s)
+
+
+# -- naming issues ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IssueRef:
+    """``OWNER/REPO#N``, or ``#N`` / ``N`` (``repository`` None: the cartridge's)."""
+
+    repository: str | None
+    number: int
+
+
+def parse_issue_ref(text: str) -> IssueRef:
+    """Read ``OWNER/REPO#N``, ``#N`` or ``N``. Raises TriggerRefused when it is none."""
+    found = _ISSUE_REF.match(text.strip())
+    if found is None:
+        raise TriggerRefused(f"{text!r} is not an issue: give OWNER/REPO#N, #N or N")
+    return IssueRef(found.group("repo"), int(found.group("n")))
+
+
+def repository_of(configured: str | None, root: Path) -> str:
+    """The forge repository (``owner/name``): ``forge.repository`` when set, else
+    read from the ``origin`` remote of the repository at ``root`` (an https or
+    ssh URL of GitHub's shape). Raises TriggerRefused when neither names one."""
+    if configured:
+        return configured
+    url = git(["remote", "get-url", "origin"], root, check=False).strip()
+    # A URL, not a path: /srv/git/a/b.git names no owner on a forge.
+    found = _REMOTE.search(url) if re.match(r"^(?:[a-z+]+://|[\w.-]+@[\w.-]+:)", url) else None
+    if found is None:
+        raise TriggerRefused(
+            "the cartridge names no forge.repository and the origin remote is not a "
+            'GitHub URL: set forge.repository = "owner/name" in phasegate.toml'
+        )
+    return found.group("repo")
