@@ -17,7 +17,7 @@ from phasegate.agents.base import AgentRequest, AgentResult
 from phasegate.agents.scripted import ScriptedRunner
 from phasegate.cli._watching import watching
 from phasegate.engine import Engine
-from phasegate.forge.base import Comment, Issue, Labelled
+from phasegate.forge.base import Comment, ForgeUnavailable, Issue, Labelled
 from phasegate.phases.acceptance_verification import acceptance_hash
 from phasegate.store import Store
 from phasegate.store.workflows import IssueTaken
@@ -29,6 +29,7 @@ from phasegate.triggers import (
     Watcher,
     parse_issue_ref,
     repository_of,
+    resnapshot,
     snapshot_ticket,
     start_from_issue,
 )
@@ -213,7 +214,12 @@ def test_an_edited_issue_or_a_trusted_comment_gives_a_new_hash_an_untrusted_one_
     workflow_id, snapshot = start_from_issue(
         engine, REPOSITORY, 41, by="maya", trigger="import", max_ticket_bytes=MAX
     )
-    assert acceptance_hash(engine.store.load_context(workflow_id)) == snapshot.hash
+    ctx = engine.store.load_context(workflow_id)
+    assert acceptance_hash(ctx) == snapshot.hash
+    # Snapshotted again (at verification), the same issue keeps the hash; an edit not.
+    assert (again := resnapshot(forge, ctx)) is not None and again.hash == snapshot.hash
+    forge.issues[41] = Issue(41, "Add feature.txt", "Now three lines.", "open")
+    assert (later := resnapshot(forge, ctx)) is not None and later.hash != snapshot.hash
 
 
 def test_import_starts_regardless_of_label_once_and_refuses_what_is_not_a_ticket(
@@ -241,21 +247,36 @@ def test_import_starts_regardless_of_label_once_and_refuses_what_is_not_a_ticket
     assert len(started(engine)) == 1
 
 
-def test_the_workers_watching_thread_starts_what_is_labelled_and_stops_with_the_block(
+class _DownForge(InMemoryForge):
+    """Answers its first ``down`` listings of labelled issues with a 503's error."""
+
+    down = 2
+
+    def labelled_issues(self, label: str) -> list[Labelled]:
+        if self.down > 0:
+            self.down -= 1
+            raise ForgeUnavailable("GET /repos/octo/widgets/issues: 503 (three tries)")
+        return super().labelled_issues(label)
+
+
+def test_the_workers_watching_thread_outlasts_an_unavailable_forge_and_stops_with_the_block(
     triggered: Callable[..., Engine],
 ) -> None:
-    forge = people()
+    forge = _DownForge()
+    forge.permissions, forge.issues = people().permissions, people().issues
+    label(forge, 41, "wade")
     engine = triggered(forge)
     watcher = Watcher(engine, REPOSITORY, max_ticket_bytes=MAX)
     reported: list[Started | Ignored] = []
+    said_lines: list[str] = []
     with watching(
-        engine, watcher, once=False, interval_s=0.05, report=reported.append, say=lambda _: None
+        engine, watcher, once=False, interval_s=0.05, report=reported.append, say=said_lines.append
     ):
-        label(forge, 41, "wade")
         deadline = time.monotonic() + 30
         while not reported and time.monotonic() < deadline:
             time.sleep(0.05)
     assert [type(r) for r in reported] == [Started]
+    assert len([line for line in said_lines if "503" in line]) == 2
     assert not any(t.name == "phasegate-watch" for t in threading.enumerate())
     assert len(started(engine)) == 1
 

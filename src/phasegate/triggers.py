@@ -32,13 +32,16 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from phasegate.contract import PhasegateError
-from phasegate.engine import Engine
+from phasegate.contract import PhasegateError, WorkflowContext
 from phasegate.forge.base import TRUSTED_PERMISSIONS, Comment, Forge, ForgeUnavailable, Issue
+from phasegate.store import StoreUnavailable
 from phasegate.store.workflows import IssueTaken
 from phasegate.workspace import git
+
+if TYPE_CHECKING:  # the engine imports the phases, which may read a snapshot again
+    from phasegate.engine import Engine
 
 __all__ = [
     "Ignored",
@@ -50,6 +53,7 @@ __all__ = [
     "filed_by_phasegate",
     "parse_issue_ref",
     "repository_of",
+    "resnapshot",
     "snapshot_ticket",
     "start_from_issue",
     "watch_forever",
@@ -184,6 +188,21 @@ def snapshot_ticket(
         vouched_by=vouched_by,
         left_out=left_out,
     )
+
+
+def resnapshot(forge: Forge, ctx: WorkflowContext) -> TicketSnapshot | None:
+    """The issue a workflow was started from (``state["ticket_source"]``), snapshotted
+    again now, vouched for by the same person: its hash differs from
+    ``state["acceptance_hash"]`` when the issue was edited or a trusted person
+    commented since. None for a workflow that was not started from an issue.
+    Raises ForgeError."""
+    source = ctx.state.get("ticket_source")
+    if not source:
+        return None
+    ref = parse_issue_ref(str(source))
+    repository = str(ctx.state.get("forge_repository") or ref.repository)
+    by = str(ctx.state.get("triggered_by") or "")
+    return snapshot_ticket(forge, ref.number, repository, vouched_by=by)
 
 
 def filed_by_phasegate(issue: Issue) -> str | None:
@@ -375,18 +394,19 @@ def watch_forever(
     stop: threading.Event,
     interval_s: float,
     report: Callable[[Started | Ignored], None],
-    unavailable: Callable[[ForgeUnavailable], None],
+    unavailable: Callable[[ForgeUnavailable | StoreUnavailable], None],
 ) -> None:
     """``watcher.watch_once()`` every ``interval_s`` seconds until ``stop`` is set;
-    each result goes to ``report``. A forge that is unavailable (ForgeUnavailable)
-    goes to ``unavailable`` and is asked again next time; any other error
-    (ForgeAuthError, ForgeNotFound, CartridgeError, StoreUnavailable) ends the
-    loop: it needs a person."""
+    each result goes to ``report``. A forge or store that is unavailable for now
+    (ForgeUnavailable, StoreUnavailable: nothing was half-written) goes to
+    ``unavailable`` and is tried again next time; any other error
+    (ForgeAuthError, ForgeNotFound, CartridgeError) ends the loop: it needs a
+    person."""
     while not stop.is_set():
         try:
             for result in watcher.watch_once():
                 report(result)
-        except ForgeUnavailable as exc:
+        except (ForgeUnavailable, StoreUnavailable) as exc:
             unavailable(exc)
         stop.wait(interval_s)
 

@@ -21,6 +21,7 @@ from phasegate.cli._app import MAX_TICKET_BYTES, UsageError, shown
 from phasegate.contract import PhasegateError
 from phasegate.engine import Engine
 from phasegate.forge.base import ForgeUnavailable
+from phasegate.store import StoreUnavailable
 from phasegate.triggers import (
     Ignored,
     Started,
@@ -79,9 +80,11 @@ def reporter(as_json: bool, say: Callable[[str], None]) -> Callable[[Started | I
     return report
 
 
-def unavailable(say: Callable[[str], None]) -> Callable[[ForgeUnavailable], None]:
-    def tell(exc: ForgeUnavailable) -> None:
-        say(f"[yellow]the forge is unavailable, looking again later: {shown(str(exc))}[/yellow]")
+def unavailable(
+    say: Callable[[str], None],
+) -> Callable[[ForgeUnavailable | StoreUnavailable], None]:
+    def tell(exc: ForgeUnavailable | StoreUnavailable) -> None:
+        say(f"[yellow]looking again later: {shown(str(exc))}[/yellow]")
 
     return tell
 
