@@ -216,10 +216,16 @@ def test_an_edited_issue_or_a_trusted_comment_gives_a_new_hash_an_untrusted_one_
     )
     ctx = engine.store.load_context(workflow_id)
     assert acceptance_hash(ctx) == snapshot.hash
-    # Snapshotted again (at verification), the same issue keeps the hash; an edit not.
+    # Snapshotted again (at verification), the same issue keeps the hash; a
+    # trusted comment changes it; an edit by its untrusted author is refused.
     assert (again := resnapshot(forge, ctx)) is not None and again.hash == snapshot.hash
-    forge.issues[41] = Issue(41, "Add feature.txt", "Now three lines.", "open")
+    forge.said[41].append(said(41, "maya", "three lines, in fact", 7))
     assert (later := resnapshot(forge, ctx)) is not None and later.hash != snapshot.hash
+    forge.issues[41] = Issue(41, "Add feature.txt", f"{SENTINEL}: now three", "open", "ollie")
+    with pytest.raises(TriggerRefused, match="ollie has no write access"):
+        resnapshot(forge, ctx)
+    forge.issues[41] = Issue(41, "Add feature.txt", "Now three lines.", "open", "wade")
+    assert (edited := resnapshot(forge, ctx)) is not None and edited.hash != later.hash
 
 
 def test_import_starts_regardless_of_label_once_and_refuses_what_is_not_a_ticket(

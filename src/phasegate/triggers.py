@@ -89,6 +89,8 @@ class TicketSnapshot:
     importer), who vouches for the body. ``hash``: sha256 of ``title`` and
     ``text`` (the acceptance hash's formula), 16 hex digits. ``source``:
     ``owner/name#N``. ``left_out``: how many people's comments were not trusted.
+    ``vouched_hash``: sha256 of the title and body alone, 16 hex digits: what the
+    voucher vouched for (``resnapshot`` tells an edit by it).
     """
 
     title: str
@@ -98,6 +100,7 @@ class TicketSnapshot:
     issue_number: int
     source: str
     vouched_by: str
+    vouched_hash: str
     left_out: int = 0
 
     def state(self, trigger: Literal["label", "import"]) -> dict[str, Any]:
@@ -107,6 +110,7 @@ class TicketSnapshot:
             "ticket_source": self.source,
             "ticket_authors": list(self.authors),
             "triggered_by": self.vouched_by,
+            "ticket_vouched_hash": self.vouched_hash,
             "trigger": trigger,
         }
 
@@ -177,32 +181,53 @@ def snapshot_ticket(
             f"oldest first:\n\n{blocks}"
         )
     authors = dict.fromkeys([issue.author or vouched_by, *(c.author for c in kept)])
-    digest = hashlib.sha256(f"{issue.title}\n{text}".encode()).hexdigest()[:16]
     return TicketSnapshot(
         title=issue.title,
         text=text,
         authors=tuple(authors),
-        hash=digest,
+        hash=_hash(issue.title, text),
         issue_number=number,
         source=f"{repository}#{number}",
         vouched_by=vouched_by,
+        vouched_hash=_hash(issue.title, issue.body),
         left_out=left_out,
     )
 
 
+def _hash(title: str, text: str) -> str:
+    return hashlib.sha256(f"{title}\n{text}".encode()).hexdigest()[:16]
+
+
 def resnapshot(forge: Forge, ctx: WorkflowContext) -> TicketSnapshot | None:
     """The issue a workflow was started from (``state["ticket_source"]``), snapshotted
-    again now, vouched for by the same person: its hash differs from
-    ``state["acceptance_hash"]`` when the issue was edited or a trusted person
-    commented since. None for a workflow that was not started from an issue.
-    Raises ForgeError."""
+    again now: its hash differs from ``state["acceptance_hash"]`` when the issue
+    was edited or a trusted person commented since. None for a workflow that was
+    not started from an issue.
+
+    The voucher vouched for the title and body as they were: an edit since is
+    taken only when the issue's author is trusted (on GitHub only the author and
+    collaborators edit an issue), else TriggerRefused says a trusted person must
+    label or import it again, and no edited word of an untrusted author reaches
+    a prompt. Raises ForgeError.
+    """
     source = ctx.state.get("ticket_source")
     if not source:
         return None
     ref = parse_issue_ref(str(source))
     repository = str(ctx.state.get("forge_repository") or ref.repository)
+    trust = _Trust(forge)
+    issue = forge.issue(ref.number)
     by = str(ctx.state.get("triggered_by") or "")
-    return snapshot_ticket(forge, ref.number, repository, vouched_by=by)
+    fresh = snapshot_ticket(forge, ref.number, repository, vouched_by=by, issue=issue, trust=trust)
+    if fresh.vouched_hash != ctx.state.get("ticket_vouched_hash") and not trust.trusted(
+        issue.author
+    ):
+        raise TriggerRefused(
+            f"{fresh.source} was edited since {by} vouched for it, and its author "
+            f"{issue.author or '(unknown)'} has no write access: a trusted person must "
+            "label it again (or `phasegate import` it) for the edit to count"
+        )
+    return fresh
 
 
 def filed_by_phasegate(issue: Issue) -> str | None:
