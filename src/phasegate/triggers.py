@@ -49,6 +49,7 @@ __all__ = [
     "Started",
     "TicketSnapshot",
     "TriggerRefused",
+    "TrustCache",
     "Watcher",
     "filed_by_phasegate",
     "parse_issue_ref",
@@ -115,8 +116,9 @@ class TicketSnapshot:
         }
 
 
-class _Trust:
-    """``login``'s permission, asked of the forge once per login (per snapshot or pass)."""
+class TrustCache:
+    """People's permissions on the repository, each asked of the forge once: one
+    is kept per snapshot or watch pass, since a permission can change."""
 
     def __init__(self, forge: Forge) -> None:
         self.forge = forge
@@ -143,7 +145,7 @@ def snapshot_ticket(
     *,
     vouched_by: str,
     issue: Issue | None = None,
-    trust: _Trust | None = None,
+    trust: TrustCache | None = None,
 ) -> TicketSnapshot:
     """Snapshot issue ``number`` of ``repository`` (``owner/name``) as a ticket.
 
@@ -163,7 +165,7 @@ def snapshot_ticket(
     (ForgeNotFound for an issue that does not exist).
     """
     issue = issue or forge.issue(number)
-    trust = trust or _Trust(forge)
+    trust = trust or TrustCache(forge)
     kept: list[Comment] = []
     left_out = 0
     for comment in forge.comments(number):
@@ -215,7 +217,7 @@ def resnapshot(forge: Forge, ctx: WorkflowContext) -> TicketSnapshot | None:
         return None
     ref = parse_issue_ref(str(source))
     repository = str(ctx.state.get("forge_repository") or ref.repository)
-    trust = _Trust(forge)
+    trust = TrustCache(forge)
     issue = forge.issue(ref.number)
     by = str(ctx.state.get("triggered_by") or "")
     fresh = snapshot_ticket(forge, ref.number, repository, vouched_by=by, issue=issue, trust=trust)
@@ -248,7 +250,7 @@ def start_from_issue(
     trigger: Literal["label", "import"],
     max_ticket_bytes: int,
     issue: Issue | None = None,
-    trust: _Trust | None = None,
+    trust: TrustCache | None = None,
     auto_merge: bool | None = None,
     profile: str | None = None,
 ) -> tuple[str, TicketSnapshot]:
@@ -363,7 +365,7 @@ class Watcher:
         Raises ForgeError (ForgeUnavailable: try again later), CartridgeError.
         """
         engine, store = self.engine, self.engine.store
-        trust = _Trust(engine.forge)
+        trust = TrustCache(engine.forge)
         results: list[Started | Ignored] = []
         for labelled in engine.forge.labelled_issues(self.label):
             if engine.shutdown.is_set():
