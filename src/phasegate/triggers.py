@@ -35,7 +35,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from phasegate.contract import PhasegateError, WorkflowContext
-from phasegate.forge.base import TRUSTED_PERMISSIONS, Comment, Forge, ForgeUnavailable, Issue
+from phasegate.forge.base import (
+    TRUSTED_PERMISSIONS,
+    Comment,
+    Forge,
+    ForgeUnavailable,
+    Issue,
+    TrustCache,
+)
 from phasegate.store import StoreUnavailable
 from phasegate.store.workflows import IssueTaken
 from phasegate.workspace import git
@@ -114,23 +121,6 @@ class TicketSnapshot:
             "ticket_vouched_hash": self.vouched_hash,
             "trigger": trigger,
         }
-
-
-class TrustCache:
-    """People's permissions on the repository, each asked of the forge once: one
-    is kept per snapshot or watch pass, since a permission can change."""
-
-    def __init__(self, forge: Forge) -> None:
-        self.forge = forge
-        self.known: dict[str, str] = {}
-
-    def permission(self, login: str) -> str:
-        if login not in self.known:
-            self.known[login] = self.forge.permission(login) if login else "none"
-        return self.known[login]
-
-    def trusted(self, login: str) -> bool:
-        return self.permission(login) in TRUSTED_PERMISSIONS
 
 
 def _comment_block(comment: Comment) -> str:

@@ -27,6 +27,7 @@ __all__ = [
     "PERMISSIONS",
     "STATUS_LABEL_PREFIX",
     "TRUSTED_PERMISSIONS",
+    "TrustCache",
     "status_label",
     "Check",
     "Comment",
@@ -212,3 +213,20 @@ class Forge(Protocol):
     def find_merge(self, number: int) -> str | None:
         """The merge SHA if the pull request was merged (even if the forge has not recorded it)."""
         ...
+
+
+class TrustCache:
+    """People's permissions on the repository, each asked of the forge once: one
+    is kept per snapshot or watch pass, since a permission can change."""
+
+    def __init__(self, forge: Forge) -> None:
+        self.forge = forge
+        self.known: dict[str, str] = {}
+
+    def permission(self, login: str) -> str:
+        if login not in self.known:
+            self.known[login] = self.forge.permission(login) if login else "none"
+        return self.known[login]
+
+    def trusted(self, login: str) -> bool:
+        return self.permission(login) in TRUSTED_PERMISSIONS

@@ -26,7 +26,7 @@ import logging
 from datetime import datetime, timedelta
 
 from phasegate.contract import DEVELOPMENT, MERGE, MilestoneWrite, PhaseResult, WorkflowContext
-from phasegate.forge.base import TRUSTED_PERMISSIONS, Comment
+from phasegate.forge.base import Comment, TrustCache
 from phasegate.phases.deps import PhaseDeps
 
 __all__ = ["MERGE_COMMAND", "listen"]
@@ -116,20 +116,12 @@ def listen(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
 
 
 def _trusted(deps: PhaseDeps, comments: list[Comment]) -> list[Comment]:
-    permissions: dict[str, str] = {}
-    kept = []
+    trust = TrustCache(deps.forge)
+    kept = [c for c in comments if trust.trusted(c.author)]
     for c in comments:
-        if c.author not in permissions:
-            permissions[c.author] = deps.forge.permission(c.author)
-        if permissions[c.author] in TRUSTED_PERMISSIONS:
-            kept.append(c)
-        else:
-            log.info(
-                "comment %s by %s ignored: %s permission is not write, maintain or admin",
-                c.id,
-                c.author,
-                permissions[c.author],
-            )
+        if c not in kept:
+            shown = trust.permission(c.author)
+            log.info("comment %s by %s ignored: %s permission", c.id, c.author, shown)
     return kept
 
 
