@@ -1,0 +1,353 @@
+"""The fake GitHub (phasegate.testing.github_server) over real HTTP, with real git.
+
+Each REST area round-trips through httpx; pushes go through git's smart HTTP
+with an askpass helper; merges are checked on the bare repository itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from phasegate.testing.github_server import GitHubServer
+
+from conftest import git
+
+REPO = "alice/app"
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    """A repository with ``main`` (a.txt: one line) and ``feature`` (a second line)."""
+    work = tmp_path / "checkout"
+    work.mkdir()
+    git(work, "init", "-q", "-b", "main")
+    (work / "a.txt").write_text("one\n")
+    git(work, "add", "a.txt")
+    git(work, "commit", "-q", "-m", "first")
+    git(work, "checkout", "-q", "-b", "feature")
+    (work / "a.txt").write_text("one\ntwo\n")
+    git(work, "commit", "-q", "-am", "second line")
+    git(work, "checkout", "-q", "main")
+    return work
+
+
+@pytest.fixture
+def gh(tmp_path: Path, checkout: Path) -> Iterator[GitHubServer]:
+    """alice owns alice/app (seeded from ``checkout``); bob maintains it; rita reads it."""
+    with GitHubServer(tmp_path / "github") as server:
+        server.add_user("alice", "tok-alice")
+        server.create_repo("alice", "app", from_path=checkout, private=True)
+        for login, role in (("bob", "maintain"), ("rita", "read")):
+            server.add_user(login, f"tok-{login}")
+            server.grant(REPO, login, role)
+        yield server
+
+
+def client(gh: GitHubServer, token: str | None = "tok-alice", **kw: object) -> httpx.Client:
+    headers = {"Authorization": f"token {token}"} if token else {}
+    return httpx.Client(base_url=gh.url, headers=headers, **kw)  # type: ignore[arg-type]
+
+
+def open_pull(c: httpx.Client, head: str = "feature", body: str = "Implements #1") -> dict:
+    answer = c.post(
+        f"/repos/{REPO}/pulls", json={"title": "p", "head": head, "base": "main", "body": body}
+    )
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def bare(gh: GitHubServer, *args: str) -> str:
+    return git(gh.bare_path(REPO), *args)
+
+
+# -- auth and permissions --
+def test_no_token_or_an_unknown_one_is_401_and_every_answer_has_rate_limit_headers(
+    gh: GitHubServer,
+) -> None:
+    with client(gh, None) as anonymous, client(gh, "not-a-token") as stranger, client(gh) as alice:
+        assert anonymous.get(f"/repos/{REPO}").status_code == 401
+        bad = stranger.get(f"/repos/{REPO}")
+        assert (bad.status_code, bad.json()["message"]) == (401, "Bad credentials")
+        first, second = alice.get(f"/repos/{REPO}"), alice.get(f"/repos/{REPO}")
+    assert first.json()["full_name"] == REPO
+    assert first.json()["clone_url"] == f"{gh.url}/git/{REPO}.git"
+    assert int(first.headers["x-ratelimit-remaining"]) - 1 == int(
+        second.headers["x-ratelimit-remaining"]
+    )
+    assert int(first.headers["x-ratelimit-reset"]) > time.time()
+    assert bad.headers["x-ratelimit-limit"] == "5000"
+
+
+def test_permissions_gate_writes_and_hide_a_private_repo(gh: GitHubServer) -> None:
+    gh.add_user("eve", "tok-eve")
+    with client(gh) as alice, client(gh, "tok-rita") as rita, client(gh, "tok-eve") as eve:
+        alice.post(f"/repos/{REPO}/issues", json={"title": "t"})
+        assert eve.get(f"/repos/{REPO}").status_code == 404  # private, not hers
+        labelled = rita.post(f"/repos/{REPO}/issues/1/labels", json={"labels": ["phasegate"]})
+        assert labelled.status_code == 403
+        assert rita.post(f"/repos/{REPO}/issues/1/comments", json={"body": "hi"}).status_code == 201
+        role = alice.get(f"/repos/{REPO}/collaborators/bob/permission").json()
+        nobody = alice.get(f"/repos/{REPO}/collaborators/eve/permission").json()
+    assert gh.issue(REPO, 1).labels == []
+    assert (role["permission"], role["role_name"], role["user"]["login"]) == (
+        "write",
+        "maintain",
+        "bob",
+    )
+    assert nobody["role_name"] == "none"
+
+
+# -- issues, labels, comments ------------------------------------------------------------------
+def test_issues_round_trip_with_labels_events_comments_and_state(gh: GitHubServer) -> None:
+    with client(gh, "tok-bob") as bob:
+        made = bob.post(
+            f"/repos/{REPO}/issues", json={"title": "Do it", "body": "b", "labels": ["phasegate"]}
+        )
+        number = made.json()["number"]
+        assert made.status_code == 201 and made.headers["Location"].endswith(f"/issues/{number}")
+        bob.post(f"/repos/{REPO}/issues/{number}/labels", json={"labels": ["phasegate:planning"]})
+        left = bob.delete(f"/repos/{REPO}/issues/{number}/labels/phasegate:planning")
+        assert [x["name"] for x in left.json()] == ["phasegate"]
+        assert bob.delete(f"/repos/{REPO}/issues/{number}/labels/nope").status_code == 404
+        events = bob.get(f"/repos/{REPO}/issues/{number}/events").json()
+        by_label = bob.get(f"/repos/{REPO}/issues", params={"labels": "PHASEGATE"}).json()
+        posted = bob.post(f"/repos/{REPO}/issues/{number}/comments", json={"body": "hello"})
+        said = bob.get(f"/repos/{REPO}/issues/{number}/comments").json()
+        later = bob.get(
+            f"/repos/{REPO}/issues/{number}/comments", params={"since": "2999-01-01T00:00:00Z"}
+        )
+        closed = bob.patch(f"/repos/{REPO}/issues/{number}", json={"state": "closed", "body": "b2"})
+        still_open = bob.get(f"/repos/{REPO}/issues").json()
+        every = bob.get(f"/repos/{REPO}/issues", params={"state": "all"}).json()
+        labels = bob.get(f"/repos/{REPO}/labels").json()
+    assert [(e["event"], e["label"]["name"], e["actor"]["login"]) for e in events] == [
+        ("labeled", "phasegate", "bob"),
+        ("labeled", "phasegate:planning", "bob"),
+        ("unlabeled", "phasegate:planning", "bob"),
+    ]
+    assert [i["number"] for i in by_label] == [number]
+    assert posted.status_code == 201 and [c["body"] for c in said] == ["hello"]
+    assert said[0]["user"]["login"] == "bob" and said[0]["author_association"] == "COLLABORATOR"
+    assert later.json() == []
+    assert (closed.json()["state"], closed.json()["body"]) == ("closed", "b2")
+    assert still_open == [] and [i["number"] for i in every] == [number]
+    assert {x["name"] for x in labels} == {"phasegate", "phasegate:planning"}
+    assert gh.counts(REPO) == {"issues": 1, "pulls": 0, "comments": 1, "reviews": 0, "merges": 0}
+
+
+def test_a_repository_label_is_made_once_then_422(gh: GitHubServer) -> None:
+    with client(gh) as alice:
+        first = alice.post(f"/repos/{REPO}/labels", json={"name": "phasegate", "color": "00ff00"})
+        again = alice.post(f"/repos/{REPO}/labels", json={"name": "phasegate", "color": "00ff00"})
+    assert (first.status_code, first.json()["color"]) == (201, "00ff00")
+    assert again.status_code == 422 and again.json()["errors"][0]["code"] == "already_exists"
+
+
+def test_lists_page_by_per_page_with_a_link_header(gh: GitHubServer) -> None:
+    for n in range(5):
+        gh.open_issue(REPO, f"issue {n}", None, "alice")
+    with client(gh) as alice:
+        first = alice.get(f"/repos/{REPO}/issues", params={"per_page": 2})
+        last = alice.get(f"/repos/{REPO}/issues", params={"per_page": 2, "page": 3})
+    assert [i["number"] for i in first.json()] == [5, 4]  # newest first, as GitHub
+    assert 'rel="next"' in first.headers["Link"] and "page=3" in first.headers["Link"]
+    assert [i["number"] for i in last.json()] == [1]
+    assert 'rel="prev"' in last.headers["Link"] and 'rel="next"' not in last.headers["Link"]
+
+
+# -- pull requests --
+def test_pull_requests_round_trip_with_real_shas_and_are_found_by_head(
+    gh: GitHubServer, checkout: Path
+) -> None:
+    gh.open_issue(REPO, "the ticket", "b", "alice")
+    with client(gh) as alice:
+        made = open_pull(alice)
+        again = alice.post(
+            f"/repos/{REPO}/pulls", json={"title": "p", "head": "feature", "base": "main"}
+        )
+        found = alice.get(
+            f"/repos/{REPO}/pulls", params={"head": "alice:feature", "state": "all"}
+        ).json()
+        other = alice.get(f"/repos/{REPO}/pulls", params={"head": "alice:nope"}).json()
+        edited = alice.patch(f"/repos/{REPO}/pulls/2", json={"body": "Implements #1\n\nv2"}).json()
+        as_issue = alice.get(f"/repos/{REPO}/issues/2").json()
+    assert made["number"] == 2  # numbers are shared with issues
+    assert made["head"]["sha"] == git(checkout, "rev-parse", "feature")
+    assert made["base"]["sha"] == git(checkout, "rev-parse", "main")
+    assert (made["mergeable"], made["mergeable_state"], made["commits"]) == (True, "clean", 1)
+    assert (made["additions"], made["deletions"], made["changed_files"]) == (1, 0, 1)
+    assert again.status_code == 422
+    assert [p["number"] for p in found] == [2] and other == []
+    assert edited["body"] == "Implements #1\n\nv2"
+    assert as_issue["pull_request"]["merged_at"] is None
+
+
+@pytest.mark.parametrize("method", ["merge", "squash", "rebase"])
+def test_a_merge_through_the_api_is_real_git_on_the_bare_repo(
+    gh: GitHubServer, method: str
+) -> None:
+    with client(gh) as alice, client(gh, "tok-bob") as bob:
+        head = open_pull(alice)["head"]["sha"]
+        done = bob.put(f"/repos/{REPO}/pulls/1/merge", json={"merge_method": method, "sha": head})
+        pull = alice.get(f"/repos/{REPO}/pulls/1").json()
+        twice = bob.put(f"/repos/{REPO}/pulls/1/merge", json={"merge_method": method})
+    sha = done.json()["sha"]
+    assert done.status_code == 200 and done.json()["merged"] is True
+    assert bare(gh, "rev-parse", "main") == sha
+    parents = bare(gh, "rev-list", "--parents", "-n1", sha).split()[1:]
+    assert len(parents) == (2 if method == "merge" else 1)
+    assert bare(gh, "show", f"{sha}:a.txt") == "one\ntwo"
+    if method == "merge":
+        assert parents[1] == head
+    else:
+        assert sha != head  # squash and rebase write a new commit, as GitHub does
+    assert (pull["merged"], pull["merge_commit_sha"], pull["merged_by"]["login"]) == (
+        True,
+        sha,
+        "bob",
+    )
+    assert pull["state"] == "closed"
+    assert twice.status_code == 405
+    assert gh.counts(REPO)["merges"] == 1
+
+
+def test_a_merge_of_a_head_that_moved_is_409_and_merges_nothing(gh: GitHubServer) -> None:
+    with client(gh) as alice:
+        stale = open_pull(alice)["base"]["sha"]
+        moved = alice.put(f"/repos/{REPO}/pulls/1/merge", json={"sha": stale})
+        pull = alice.get(f"/repos/{REPO}/pulls/1").json()
+    assert moved.status_code == 409
+    assert pull["merged"] is False and pull["state"] == "open"
+    assert bare(gh, "rev-parse", "main") == pull["base"]["sha"]
+
+
+def test_a_conflicting_pull_request_is_not_mergeable_and_its_merge_is_405(
+    gh: GitHubServer, checkout: Path
+) -> None:
+    git(checkout, "checkout", "-q", "-b", "rival", "main")
+    (checkout / "a.txt").write_text("one\nTWO\n")
+    git(checkout, "commit", "-q", "-am", "rival line")
+    git(checkout, "push", "-q", str(gh.bare_path(REPO)), "rival")
+    with client(gh) as alice:
+        open_pull(alice)
+        rival = open_pull(alice, head="rival")
+        assert alice.put(f"/repos/{REPO}/pulls/1/merge", json={}).status_code == 200
+        after = alice.get(f"/repos/{REPO}/pulls/{rival['number']}").json()
+        refused = alice.put(f"/repos/{REPO}/pulls/{rival['number']}/merge", json={})
+    assert rival["mergeable"] is True  # before the first merge
+    assert (after["mergeable"], after["mergeable_state"]) == (False, "dirty")
+    assert (
+        refused.status_code == 405 and refused.json()["message"] == "Pull Request is not mergeable"
+    )
+
+
+def test_closing_keywords_close_the_issue_on_merge_and_implements_does_not(
+    gh: GitHubServer, checkout: Path
+) -> None:
+    gh.open_issue(REPO, "kept open", None, "alice")
+    gh.open_issue(REPO, "closed by keyword", None, "alice")
+    git(checkout, "checkout", "-q", "-b", "other", "main")
+    (checkout / "b.txt").write_text("b\n")
+    git(checkout, "add", "b.txt")
+    git(checkout, "commit", "-q", "-m", "b")
+    git(checkout, "push", "-q", str(gh.bare_path(REPO)), "other")
+    with client(gh) as alice:
+        first = open_pull(alice, body="Implements #1")["number"]
+        second = open_pull(alice, head="other", body="Fixes #2")["number"]
+        for number in (first, second):
+            assert alice.put(f"/repos/{REPO}/pulls/{number}/merge", json={}).status_code == 200
+        states = [alice.get(f"/repos/{REPO}/issues/{n}").json()["state"] for n in (1, 2)]
+    assert states == ["open", "closed"]
+
+
+def test_reviews_and_inline_comments_carry_state_path_line_and_the_real_diff_hunk(
+    gh: GitHubServer,
+) -> None:
+    with client(gh) as alice:
+        open_pull(alice)
+        gh.review(
+            REPO, 1, "bob", "CHANGES_REQUESTED", "not yet", comments=[("a.txt", 2, "why two?")]
+        )
+        gh.review(REPO, 1, "bob", "APPROVED")
+        gh.comment(REPO, 1, "looks fine now", "bob")
+        reviews = alice.get(f"/repos/{REPO}/pulls/1/reviews").json()
+        inline = alice.get(f"/repos/{REPO}/pulls/1/comments").json()
+        talk = alice.get(f"/repos/{REPO}/issues/1/comments").json()
+        pull = alice.get(f"/repos/{REPO}/pulls/1").json()
+    assert [(r["state"], r["body"], r["user"]["login"]) for r in reviews] == [
+        ("CHANGES_REQUESTED", "not yet", "bob"),
+        ("APPROVED", "", "bob"),
+    ]
+    assert reviews[0]["commit_id"] == pull["head"]["sha"]
+    [line] = inline
+    assert (line["path"], line["line"], line["body"]) == ("a.txt", 2, "why two?")
+    assert line["diff_hunk"] == "@@ -1 +1,2 @@\n one\n+two"
+    assert line["pull_request_review_id"] == reviews[0]["id"]
+    assert [c["body"] for c in talk] == ["looks fine now"]
+    assert pull["review_comments"] == 1
+    with pytest.raises(ValueError, match="not in the diff"):
+        gh.review(REPO, 1, "bob", "COMMENTED", comments=[("a.txt", 9, "nowhere")])
+
+
+def test_people_merge_or_close_a_pull_request_by_hand(gh: GitHubServer, checkout: Path) -> None:
+    git(checkout, "checkout", "-q", "-b", "other", "main")
+    (checkout / "b.txt").write_text("b\n")
+    git(checkout, "add", "b.txt")
+    git(checkout, "commit", "-q", "-m", "b")
+    git(checkout, "push", "-q", str(gh.bare_path(REPO)), "other")
+    with client(gh) as alice:
+        open_pull(alice)
+        open_pull(alice, head="other")
+        sha = gh.merge_by_hand(REPO, 1, "bob", method="squash")
+        gh.close_pull(REPO, 2, "bob")
+        merged, closed = (alice.get(f"/repos/{REPO}/pulls/{n}").json() for n in (1, 2))
+    assert (merged["merged"], merged["merge_commit_sha"], merged["merged_by"]["login"]) == (
+        True,
+        sha,
+        "bob",
+    )
+    assert (closed["state"], closed["merged"], closed["merged_by"]) == ("closed", False, None)
+
+
+# -- CI --
+def test_check_runs_and_the_combined_status_of_a_commit(gh: GitHubServer) -> None:
+    sha = bare(gh, "rev-parse", "feature")
+    old = gh.check_run(
+        REPO, sha, "tests", "completed", "failure", title="2 failed", text="E assert"
+    )
+    gh.check_run(REPO, sha, "tests", "in_progress")  # a re-run: the latest is what counts
+    gh.check_run(REPO, sha, "lint", "completed", "success", summary="clean")
+    gh.status(REPO, sha, "ci/legacy", "pending", "bob")
+    gh.status(REPO, sha, "ci/legacy", "failure", "bob", description="broke")
+    with client(gh) as alice:
+        latest = alice.get(f"/repos/{REPO}/commits/{sha}/check-runs").json()
+        every = alice.get(
+            f"/repos/{REPO}/commits/feature/check-runs", params={"filter": "all"}
+        ).json()
+        status = alice.get(f"/repos/{REPO}/commits/{sha}/status").json()
+        nothing = alice.get(f"/repos/{REPO}/commits/main/status").json()
+    runs = {r["name"]: r for r in latest["check_runs"]}
+    assert latest["total_count"] == 2 and runs["tests"]["status"] == "in_progress"
+    assert runs["lint"]["output"]["summary"] == "clean" and runs["lint"]["conclusion"] == "success"
+    assert every["total_count"] == 3
+    assert [r for r in every["check_runs"] if r["id"] == old.id][0]["output"]["text"] == "E assert"
+    assert (status["state"], status["total_count"]) == ("failure", 1)
+    assert status["statuses"][0]["description"] == "broke"
+    assert (nothing["state"], nothing["statuses"]) == ("pending", [])
+
+
+# -- repositories --
+def test_a_repository_created_over_rest_has_its_first_commit(gh: GitHubServer) -> None:
+    with client(gh, "tok-bob") as bob:
+        made = bob.post("/user/repos", json={"name": "fresh", "auto_init": True, "private": True})
+        again = bob.post("/user/repos", json={"name": "fresh"})
+        seen = bob.get("/repos/bob/fresh").json()
+    assert made.status_code == 201 and made.json()["full_name"] == "bob/fresh"
+    assert again.status_code == 422
+    assert seen["permissions"]["admin"] is True and seen["private"] is True
+    assert git(gh.bare_path("bob/fresh"), "log", "--format=%s", "main") == "Initial commit"
