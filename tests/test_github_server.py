@@ -6,12 +6,19 @@ with an askpass helper; merges are checked on the bare repository itself.
 
 from __future__ import annotations
 
+import os
+import stat
+import subprocess
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from phasegate.testing.github_server import GitHubServer
 
@@ -48,9 +55,11 @@ def gh(tmp_path: Path, checkout: Path) -> Iterator[GitHubServer]:
         yield server
 
 
-def client(gh: GitHubServer, token: str | None = "tok-alice", **kw: object) -> httpx.Client:
-    headers = {"Authorization": f"token {token}"} if token else {}
-    return httpx.Client(base_url=gh.url, headers=headers, **kw)  # type: ignore[arg-type]
+def client(
+    gh: GitHubServer, token: str | None = "tok-alice", scheme: str = "token", timeout: float = 30
+) -> httpx.Client:
+    headers = {"Authorization": f"{scheme} {token}"} if token else {}
+    return httpx.Client(base_url=gh.url, headers=headers, timeout=timeout)
 
 
 def open_pull(c: httpx.Client, head: str = "feature", body: str = "Implements #1") -> dict:
@@ -351,3 +360,181 @@ def test_a_repository_created_over_rest_has_its_first_commit(gh: GitHubServer) -
     assert again.status_code == 422
     assert seen["permissions"]["admin"] is True and seen["private"] is True
     assert git(gh.bare_path("bob/fresh"), "log", "--format=%s", "main") == "Initial commit"
+
+
+# -- git over smart HTTP --
+def askpass(tmp_path: Path) -> Path:
+    """GitHub's way for a token: user x-access-token, password the token (from the environment)."""
+    helper = tmp_path / "askpass.sh"
+    helper.write_text(
+        '#!/bin/sh\ncase "$1" in\n'
+        "  Username*) echo x-access-token ;;\n"
+        '  *) echo "$FAKE_GH_TOKEN" ;;\n'
+        "esac\n"
+    )
+    helper.chmod(helper.stat().st_mode | stat.S_IXUSR)
+    return helper
+
+
+def git_env(helper: Path | None, token: str = "") -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_ASKPASS", "SSH_ASKPASS")}
+    env.update(GIT_TERMINAL_PROMPT="0", FAKE_GH_TOKEN=token)
+    if helper is not None:
+        env["GIT_ASKPASS"] = str(helper)
+    return env
+
+
+def run_git(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_clone_and_push_over_http_with_an_askpass_helper_reach_the_bare_repo(
+    gh: GitHubServer, tmp_path: Path
+) -> None:
+    with client(gh) as alice:
+        clone_url = alice.get(f"/repos/{REPO}").json()["clone_url"]
+    env = git_env(askpass(tmp_path), "tok-bob")
+    cloned = run_git(tmp_path, env, "clone", "-q", clone_url, "work")
+    assert cloned.returncode == 0, cloned.stderr
+    work = tmp_path / "work"
+    git(work, "checkout", "-q", "-b", "phasegate/1")
+    (work / "c.txt").write_text("c\n")
+    git(work, "add", "c.txt")
+    git(work, "commit", "-q", "-m", "c")
+    pushed = run_git(work, env, "push", "-q", "origin", "phasegate/1")
+    assert pushed.returncode == 0, pushed.stderr
+    assert bare(gh, "rev-parse", "phasegate/1") == git(work, "rev-parse", "HEAD")
+    assert "tok-bob" not in (work / ".git" / "config").read_text()
+    logins = {r.login for r in gh.requests if r.path.startswith("/git/") and r.status == 200}
+    assert logins == {"bob"}
+    assert any(r.status == 401 for r in gh.requests if r.path.startswith("/git/"))  # asked first
+
+
+def test_a_push_without_credentials_or_without_write_is_refused(
+    gh: GitHubServer, checkout: Path, tmp_path: Path
+) -> None:
+    clone_url = f"{gh.url}/git/{REPO}.git"
+    git(checkout, "checkout", "-q", "-b", "sneaky", "main")
+    (checkout / "s.txt").write_text("s\n")
+    git(checkout, "add", "s.txt")
+    git(checkout, "commit", "-q", "-m", "s")
+    anonymous = run_git(checkout, git_env(None), "push", clone_url, "sneaky")
+    reader = run_git(checkout, git_env(askpass(tmp_path), "tok-rita"), "push", clone_url, "sneaky")
+    fetched = run_git(checkout, git_env(askpass(tmp_path), "tok-rita"), "fetch", clone_url, "main")
+    assert anonymous.returncode != 0 and reader.returncode != 0
+    assert "403" in reader.stderr or "denied" in reader.stderr
+    assert fetched.returncode == 0, fetched.stderr  # reading is what read permits
+    assert "sneaky" not in bare(gh, "branch", "--list")
+
+
+# -- faults on demand --
+def test_a_fault_answers_its_times_then_stops_and_handles_nothing_meanwhile(
+    gh: GitHubServer,
+) -> None:
+    gh.fail("POST", r"/issues$", 429, times=2, headers={"Retry-After": "1"})
+    gh.fail("GET", r"/pulls/\d+$", 500)
+    with client(gh) as alice:
+        answers = [alice.post(f"/repos/{REPO}/issues", json={"title": "t"}) for _ in range(3)]
+        server_error = alice.get(f"/repos/{REPO}/pulls/7")
+        after = alice.get(f"/repos/{REPO}/pulls/7")
+    assert [a.status_code for a in answers] == [429, 429, 201]
+    assert answers[0].headers["Retry-After"] == "1"
+    assert answers[0].json()["message"].startswith("API rate limit exceeded")
+    assert (server_error.status_code, after.status_code) == (500, 404)
+    assert gh.counts(REPO)["issues"] == 1
+    assert [r.status for r in gh.requests if r.method == "POST"] == [429, 429, 201]
+
+
+def test_a_rate_limit_fault_sets_githubs_headers_over_the_usual_ones(gh: GitHubServer) -> None:
+    reset = str(int(time.time()) + 2)
+    gh.fail(
+        "*", r"/repos/", 403, headers={"x-ratelimit-remaining": "0", "x-ratelimit-reset": reset}
+    )
+    with client(gh) as alice:
+        limited, fine = alice.get(f"/repos/{REPO}"), alice.get(f"/repos/{REPO}")
+    assert limited.status_code == 403
+    assert (limited.headers["x-ratelimit-remaining"], limited.headers["x-ratelimit-reset"]) == (
+        "0",
+        reset,
+    )
+    assert fine.status_code == 200 and fine.headers["x-ratelimit-remaining"] != "0"
+
+
+def test_a_delay_times_the_client_out_and_the_side_effect_still_happens(gh: GitHubServer) -> None:
+    gh.delay("POST", r"/comments$", 1.0)
+    gh.open_issue(REPO, "t", None, "alice")
+    with client(gh, timeout=0.3) as impatient, pytest.raises(httpx.ReadTimeout):
+        impatient.post(f"/repos/{REPO}/issues/1/comments", json={"body": "once"})
+    deadline = time.monotonic() + 5
+    while gh.counts(REPO)["comments"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [c.body for c in gh.issue(REPO, 1).comments] == ["once"]
+    with client(gh, timeout=0.3) as alice:  # the delay was used up
+        assert alice.post(f"/repos/{REPO}/issues/1/comments", json={"body": "b"}).status_code == 201
+
+
+# -- GitHub Apps --
+def rsa_pem() -> tuple[str, str]:
+    """A fresh RSA key pair: (private PKCS#8 PEM, public PEM)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return private, public.decode()
+
+
+@pytest.fixture(scope="module")
+def app_key() -> tuple[str, str]:
+    return rsa_pem()
+
+
+def app_jwt(private: str, app_id: int = 42, lifetime_s: int = 540) -> str:
+    now = int(time.time())
+    return jwt.encode(
+        {"iat": now - 60, "exp": now + lifetime_s, "iss": str(app_id)}, private, "RS256"
+    )
+
+
+def test_an_app_jwt_mints_an_installation_token_that_acts_as_its_bot(
+    gh: GitHubServer, app_key: tuple[str, str]
+) -> None:
+    private, public = app_key
+    gh.add_app(42, public, 777, slug="phasegate-ci", owner="alice")
+    with client(gh, app_jwt(private), "Bearer") as app:
+        installation = app.get(f"/repos/{REPO}/installation").json()
+        minted = app.post("/app/installations/777/access_tokens")
+    assert (installation["id"], installation["app_id"]) == (777, 42)
+    assert minted.status_code == 201
+    token = minted.json()["token"]
+    expires = datetime.fromisoformat(minted.json()["expires_at"].replace("Z", "+00:00"))
+    assert timedelta(minutes=55) < expires - datetime.now(UTC) <= timedelta(hours=1)
+    with client(gh, token) as bot:
+        made = bot.post(f"/repos/{REPO}/issues", json={"title": "from the app", "labels": ["x"]})
+    assert made.status_code == 201
+    assert (made.json()["user"]["login"], made.json()["user"]["type"]) == (
+        "phasegate-ci[bot]",
+        "Bot",
+    )
+
+
+def test_a_bad_app_jwt_is_401(gh: GitHubServer, app_key: tuple[str, str]) -> None:
+    private, public = app_key
+    gh.add_app(42, public, 777, owner="alice")
+    other_key, _ = rsa_pem()
+    bad = {
+        "signed by another key": app_jwt(other_key),
+        "too long a life": app_jwt(private, lifetime_s=3600),
+        "an unknown app": app_jwt(private, app_id=9),
+        "not a JWT": "tok-alice",
+    }
+    for why, token in bad.items():
+        with client(gh, token, "Bearer") as app:
+            answer = app.post("/app/installations/777/access_tokens")
+        assert answer.status_code == 401, why

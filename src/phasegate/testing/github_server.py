@@ -345,6 +345,9 @@ class _Observe:
 
         delay = gh._planned(method, path, delays=True)
         if delay is not None:
+            # The request is read before the wait and handled after it, whether
+            # the client is still there or not: a timeout does not undo the work.
+            receive = await _buffered(receive)
             await asyncio.sleep(delay.delay_s)
         fault = gh._planned(method, path, delays=False)
         if fault is None:
@@ -353,6 +356,23 @@ class _Observe:
         reason = _REASONS.get(fault.status, "Error")
         body = fault.body if fault.body is not None else error_body(fault.status, reason)
         await JSONResponse(body, fault.status, headers=fault.headers)(scope, receive, observed)
+
+
+async def _buffered(receive: Receive) -> Receive:
+    """``receive`` read to the end of the request body now, replayed later."""
+    messages: list[Message] = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            break
+
+    async def replay() -> Message:
+        if messages:
+            return messages.pop(0)
+        return await receive()
+
+    return replay
 
 
 def build_app(gh: GitHubServer) -> FastAPI:
