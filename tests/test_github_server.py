@@ -50,8 +50,7 @@ def gh(tmp_path: Path, checkout: Path) -> Iterator[GitHubServer]:
         server.add_user("alice", "tok-alice")
         server.create_repo("alice", "app", from_path=checkout, private=True)
         for login, role in (("bob", "maintain"), ("rita", "read")):
-            server.add_user(login, f"tok-{login}")
-            server.grant(REPO, login, role)
+            server.add_user(login, f"tok-{login}", permissions={REPO: role})
         yield server
 
 
@@ -194,6 +193,24 @@ def test_pull_requests_round_trip_with_real_shas_and_are_found_by_head(
     assert [p["number"] for p in found] == [2] and other == []
     assert edited["body"] == "Implements #1\n\nv2"
     assert as_issue["pull_request"]["merged_at"] is None
+
+
+def test_mergeable_is_null_while_github_would_still_be_working_it_out(
+    gh: GitHubServer, checkout: Path
+) -> None:
+    gh.mergeable_unknown_reads = 1
+    with client(gh) as alice:
+        made = open_pull(alice)
+        worked_out = alice.get(f"/repos/{REPO}/pulls/1").json()
+        git(checkout, "checkout", "-q", "feature")
+        (checkout / "a.txt").write_text("one\ntwo\nthree\n")
+        git(checkout, "commit", "-q", "-am", "third line")
+        git(checkout, "push", "-q", str(gh.bare_path(REPO)), "feature")
+        moved, settled = (alice.get(f"/repos/{REPO}/pulls/1").json() for _ in range(2))
+    assert (made["mergeable"], made["mergeable_state"]) == (None, "unknown")
+    assert worked_out["mergeable"] is True
+    assert moved["mergeable"] is None and moved["head"]["sha"] == git(checkout, "rev-parse", "HEAD")
+    assert (settled["mergeable"], settled["commits"]) == (True, 2)
 
 
 @pytest.mark.parametrize("method", ["merge", "squash", "rebase"])

@@ -188,6 +188,9 @@ class Shapes:
             "description": x.description,
             "color": x.color,
             "default": False,
+            # Required by the 2026-03-10 description githubkit 0.16 parses with.
+            "archived_at": None,
+            "archived_by": None,
         }
 
     # -- issues -----------------------------------------------------------------------------

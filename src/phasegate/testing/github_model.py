@@ -161,6 +161,8 @@ class Pull:
     merged_by: User | None = None
     merge_commit_sha: str | None = None
     frozen: PullFacts | None = None
+    seen: tuple[str | None, str | None] = (None, None)  # (base, head) mergeable was worked out for
+    unknown_reads: int = 0  # reads left that say mergeable null
     reviews: list[Review] = field(default_factory=list)
     review_comments: list[ReviewComment] = field(default_factory=list)
 

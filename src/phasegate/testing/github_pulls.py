@@ -6,6 +6,7 @@ requests need; it works on the same records and lock.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterable
 from datetime import datetime
@@ -35,6 +36,7 @@ class PullRequests:
 
     if TYPE_CHECKING:
         lock: threading.RLock
+        mergeable_unknown_reads: int
 
         def _id(self) -> int: ...
         def _at(self, at: datetime | None) -> datetime: ...
@@ -99,6 +101,20 @@ class PullRequests:
         facts = repo.git.facts(pull.base, pull.head)
         pull.head_sha = facts.head_sha or pull.head_sha
         pull.base_sha = facts.base_sha or pull.base_sha
+        if pull.seen != (facts.base_sha, facts.head_sha):
+            pull.seen = (facts.base_sha, facts.head_sha)
+            pull.unknown_reads = self.mergeable_unknown_reads
+        return facts
+
+    def shown_facts(self, repo: Repo, issue: Issue) -> PullFacts:
+        """``pull_facts`` as a read over the API sees them: ``mergeable`` None for
+        the first ``mergeable_unknown_reads`` reads after a change."""
+        facts = self.pull_facts(repo, issue)
+        pull = issue.pull
+        assert pull is not None
+        if pull.frozen is None and pull.unknown_reads > 0:
+            pull.unknown_reads -= 1
+            return dataclasses.replace(facts, mergeable=None)
         return facts
 
     def edit_pull(

@@ -375,14 +375,14 @@ def create_pull(call: Call) -> Any:
         maintainer_can_modify=bool(call.field("maintainer_can_modify", False)),
     )
     call.created(f"{call.gh.url}/repos/{r.full_name}/pulls/{issue.number}")
-    return call.gh.shapes.pull(r, issue, call.gh.pull_facts(r, issue))
+    return call.gh.shapes.pull(r, issue, call.gh.shown_facts(r, issue))
 
 
 @route("GET", "/repos/{owner}/{repo}/pulls/{pull_number}")
 def get_pull(call: Call) -> Any:
     r = call.repo()
     issue = call.gh.pull(r, call.number("pull_number"))
-    return call.gh.shapes.pull(r, issue, call.gh.pull_facts(r, issue))
+    return call.gh.shapes.pull(r, issue, call.gh.shown_facts(r, issue))
 
 
 @route("PATCH", "/repos/{owner}/{repo}/pulls/{pull_number}")
@@ -399,7 +399,7 @@ def update_pull(call: Call) -> Any:
         state=call.field("state"),
         base=call.field("base"),
     )
-    return call.gh.shapes.pull(r, issue, call.gh.pull_facts(r, issue))
+    return call.gh.shapes.pull(r, issue, call.gh.shown_facts(r, issue))
 
 
 @route("PUT", "/repos/{owner}/{repo}/pulls/{pull_number}/merge")

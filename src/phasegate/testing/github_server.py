@@ -322,6 +322,7 @@ class _Observe:
         )
         login = user.login if user else None
         rest = not path.startswith("/git/")
+        version = headers.get("x-github-api-version", "2022-11-28")
         state = scope.setdefault("state", {})
         state["fake_github_body"] = None
         query = scope.get("query_string", b"").decode("latin-1")
@@ -336,7 +337,7 @@ class _Observe:
             if message["type"] == "http.response.start":
                 record(message["status"])
                 if rest:
-                    extra = gh.rate_headers(login) | {"x-github-api-version-selected": "2022-11-28"}
+                    extra = gh.rate_headers(login) | {"x-github-api-version-selected": version}
                     present = {k.decode("latin-1").lower() for k, _ in message.get("headers", [])}
                     message["headers"] = list(message.get("headers", [])) + [
                         (k.encode(), v.encode()) for k, v in extra.items() if k not in present
@@ -432,7 +433,9 @@ def _endpoint(gh: GitHubServer, r: Route) -> Callable[[Request], Any]:
 async def _git(gh: GitHubServer, request: Request) -> Response:
     """Smart HTTP through ``git http-backend``: basic auth, then the CGI, streamed."""
     params = request.path_params
-    user = gh.basic_user(request.headers.get("authorization"))
+    # Basic (git's askpass) or a token header (``http.extraHeader``).
+    authorization = request.headers.get("authorization")
+    user = gh.basic_user(authorization) or gh.token_user(authorization)
     if user is None:
         return Response(
             "Authentication failed\n",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -59,6 +59,9 @@ class GitHub(PullRequests):
         self.repos: dict[str, Repo] = {}  # lower-case full name → repository
         self.apps: dict[int, App] = {}
         self.tokens: dict[str, tuple[User, datetime | None]] = {}  # token → user, expiry
+        #: GitHub works out ``mergeable`` in the background: after a pull request
+        #: opens or its head or base moves, this many reads of it say null.
+        self.mergeable_unknown_reads = 0
         self._ids = 1000
 
     # -- ids, time, lookups --------------------------------------------------------
@@ -106,15 +109,24 @@ class GitHub(PullRequests):
             return found[0]
 
     # -- people and repositories -----------------------------------------------------
-    def add_user(self, login: str, token: str | None = None, *, type: str = "User") -> User:
+    def add_user(
+        self,
+        login: str,
+        token: str | None = None,
+        *,
+        type: str = "User",
+        permissions: Mapping[str, str] | None = None,
+    ) -> User:
         """Add user ``login`` authenticating with ``token`` (one is made if None;
-        see ``User.token``)."""
+        see ``User.token``), granted ``permissions`` (repository → permission)."""
         with self.lock:
             if login.lower() in self.users:
                 raise ValueError(f"user {login} exists")
             user = User(self._id(), login, type, token or f"ghp_{secrets.token_hex(18)}")
             self.users[login.lower()] = user
             self.tokens[user.token] = (user, None)  # type: ignore[index]
+            for repo, permission in (permissions or {}).items():
+                self.grant(repo, login, permission)
             return user
 
     def create_repo(
