@@ -418,7 +418,9 @@ def test_a_clone_and_push_over_http_with_an_askpass_helper_reach_the_bare_repo(
     work = tmp_path / "work"
     git(work, "checkout", "-q", "-b", "phasegate/1")
     (work / "c.txt").write_text("c\n")
-    git(work, "add", "c.txt")
+    # Over git's 1 MiB http.postBuffer, so the push streams chunked while it is answered.
+    (work / "noise.bin").write_bytes(os.urandom(2 * 1024 * 1024))
+    git(work, "add", "c.txt", "noise.bin")
     git(work, "commit", "-q", "-m", "c")
     pushed = run_git(work, env, "push", "-q", "origin", "phasegate/1")
     assert pushed.returncode == 0, pushed.stderr

@@ -44,6 +44,7 @@ import json
 import re
 import shutil
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -51,12 +52,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import jwt
 import uvicorn
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -161,7 +163,12 @@ class GitHubServer(GitHub):
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self.shapes = Shapes(self.url, self.association)
         config = uvicorn.Config(
-            _Observe(build_app(self), self), log_level="warning", access_log=False, lifespan="off"
+            _Observe(build_app(self), self),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            # A delayed request still running must not hold stop() for long.
+            timeout_graceful_shutdown=2,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
@@ -430,6 +437,28 @@ def _endpoint(gh: GitHubServer, r: Route) -> Callable[[Request], Any]:
     return endpoint
 
 
+class _CGIResponse(Response):
+    """A streamed answer that, unlike Starlette's StreamingResponse, never calls
+    ``receive`` to watch for a disconnect: that would take request body chunks
+    the backend is still reading (git's pushes stream while it answers)."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], status: int, headers: dict[str, str]) -> None:
+        self.chunks = chunks
+        self.status_code = status
+        self.raw_headers = [
+            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
+        ]
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        async for chunk in self.chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 async def _git(gh: GitHubServer, request: Request) -> Response:
     """Smart HTTP through ``git http-backend``: basic auth, then the CGI, streamed."""
     params = request.path_params
@@ -462,41 +491,47 @@ async def _git(gh: GitHubServer, request: Request) -> Response:
         {k.lower(): v for k, v in request.headers.items()},
         user.login,
     )
-    proc = await asyncio.create_subprocess_exec(
-        "git",
-        "http-backend",
-        env=env,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
+    # A plain Popen driven from worker threads: asyncio's child watcher, off the
+    # main thread, can lose a child's exit status to other waiters.
+    proc = subprocess.Popen(["git", "http-backend"], env=env, stdin=PIPE, stdout=PIPE)
     assert proc.stdin is not None and proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
 
     async def feed() -> None:
         # Fed beside reading: a backend that answers before it read everything
         # must not wait on a pipe nobody drains.
         try:
             async for chunk in request.stream():
-                proc.stdin.write(chunk)
-                await proc.stdin.drain()
+                await run_in_threadpool(stdin.write, chunk)
         finally:
-            proc.stdin.close()
+            await run_in_threadpool(stdin.close)
 
     feeding = asyncio.create_task(feed())
     status, headers = 200, {}
-    while line := (await proc.stdout.readline()).rstrip(b"\r\n"):
+    while line := (await run_in_threadpool(stdout.readline)).rstrip(b"\r\n"):
         name, _, value = line.decode("latin-1").partition(":")
         if name.lower() == "status":
             status = int(value.split()[0])
         else:
             headers[name] = value.strip()
+    if not headers:  # the backend died before it answered
+        feeding.cancel()
+        code = await run_in_threadpool(proc.wait)
+        return Response(f"git http-backend exited {code}\n", 500, media_type="text/plain")
 
     async def body() -> AsyncIterator[bytes]:
-        while chunk := await proc.stdout.read(65536):
-            yield chunk
-        await feeding
-        await proc.wait()
+        try:
+            while chunk := await run_in_threadpool(stdout.read1, 65536):
+                yield chunk
+            await feeding
+            await run_in_threadpool(proc.wait)
+        finally:
+            if proc.poll() is None:  # the client went away mid-answer
+                proc.kill()
+                await run_in_threadpool(proc.wait)
+            stdout.close()
         if push and proc.returncode == 0:
             with gh.lock:
                 repo.pushed_at = gh.clock()
 
-    return StreamingResponse(body(), status, headers)
+    return _CGIResponse(body(), status, headers)
