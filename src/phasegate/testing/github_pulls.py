@@ -151,7 +151,7 @@ class PullRequests:
     ) -> str:
         """``by`` merges pull request ``number`` with real git; the merge commit SHA.
 
-        GitHubError 405 when it is closed, already merged or conflicts, 409 when
+        GitHubError 405 when it is closed, already merged, a draft or conflicts, 409 when
         ``sha`` is not the head any more, 422 for an unknown method."""
         with self.lock:
             r, user, now = self.repo(repo), self.user(by), self._at(at)
@@ -162,6 +162,8 @@ class PullRequests:
                 raise invalid("PullRequest", "merge_method", "invalid")
             if issue.state != "open" or pull.merged_at is not None:
                 raise GitHubError(405, "Pull Request is not mergeable")
+            if pull.draft:
+                raise GitHubError(405, "Pull Request is still a draft")
             facts = self.pull_facts(r, issue)
             if sha is not None and sha != facts.head_sha:
                 raise GitHubError(409, "Head branch was modified. Review and try the merge again.")

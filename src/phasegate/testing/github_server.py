@@ -30,6 +30,13 @@ free port::
   body=…)`` answers instead of GitHub; ``delay(method, path_regex, seconds,
   times=N)`` holds the request that long first and then handles it, so a
   client that timed out may still find its side effect done, as on GitHub.
+- What people do, in Python (github_state.py, github_pulls.py): ``add_user``
+  (with ``permissions``), ``grant``, ``open_issue``, ``edit_issue``,
+  ``label``/``unlabel`` (a labeled event with the actor), ``comment``,
+  ``review`` (APPROVED, CHANGES_REQUESTED, COMMENTED; inline ``(path, line,
+  body)`` comments get the real diff hunk), ``check_run``/``update_check_run``,
+  ``status``, ``merge_by_hand``, ``close_pull``; ``mergeable_unknown_reads``
+  makes a pull request's ``mergeable`` null for a few reads after it changes.
 - What tests look at: ``requests`` (method, path, query, status, login, JSON
   body; never a credential), ``counts(repo)``, ``bare_path(repo)``, and the
   model itself (``repo(...).issues``).
@@ -362,6 +369,10 @@ class _Observe:
             await self.app(scope, receive, observed)
             return
         reason = _REASONS.get(fault.status, "Error")
+        if fault.status == 403 and fault.headers.get("x-ratelimit-remaining") == "0":
+            reason = f"API rate limit exceeded for user ID {user.id if user else 0}."
+        elif fault.status in (403, 429) and "retry-after" in {k.lower() for k in fault.headers}:
+            reason = "You have exceeded a secondary rate limit. Please wait a few minutes."
         body = fault.body if fault.body is not None else error_body(fault.status, reason)
         await JSONResponse(body, fault.status, headers=fault.headers)(scope, receive, observed)
 

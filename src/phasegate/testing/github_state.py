@@ -11,8 +11,8 @@ permissions) is the server's part; a test speaking for people through this
 API (``label``, ``comment``, ``review``, ``check_run``, ``merge_by_hand`` …)
 is taken at its word, so it can set up what a read-only person could never do.
 
-Times are UTC, whole seconds (GitHub's resolution), from ``clock``; every
-people's action takes ``at=`` to place it in time.
+Times are UTC, whole seconds (GitHub's resolution), from ``clock``; what a
+test does for a person takes ``at=`` to place it in time.
 """
 
 from __future__ import annotations
@@ -324,14 +324,6 @@ class GitHub(PullRequests):
             issue.comments.append(said)
             issue.updated_at = now
             return said
-
-    def find_comment(self, repo: str, comment_id: int) -> tuple[Issue, IssueComment]:
-        with self.lock:
-            for issue in self.repo(repo).issues.values():
-                for said in issue.comments:
-                    if said.id == comment_id:
-                        return issue, said
-            raise not_found()
 
     # -- CI -----------------------------------------------------------------------------------
     def check_run(
