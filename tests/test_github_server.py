@@ -148,6 +148,26 @@ def test_issues_round_trip_with_labels_events_comments_and_state(gh: GitHubServe
     assert gh.counts(REPO) == {"issues": 1, "pulls": 0, "comments": 1, "reviews": 0, "merges": 0}
 
 
+def test_the_clock_and_at_place_what_people_do_in_time_and_since_filters_by_it(
+    tmp_path: Path, checkout: Path
+) -> None:
+    start = datetime(2026, 3, 1, 12, 0, 0, 500_000, tzinfo=UTC)
+    with GitHubServer(tmp_path / "timed", clock=lambda: start) as timed:
+        timed.add_user("alice", "tok-alice")
+        timed.create_repo("alice", "app", from_path=checkout)
+        timed.open_issue(REPO, "t", None, "alice")
+        timed.comment(REPO, 1, "before", "alice")
+        timed.comment(REPO, 1, "after", "alice", at=start + timedelta(minutes=5))
+        with client(timed) as alice:
+            issue = alice.get(f"/repos/{REPO}/issues/1").json()
+            since = alice.get(
+                f"/repos/{REPO}/issues/1/comments", params={"since": "2026-03-01T12:01:00Z"}
+            )
+    assert issue["created_at"] == "2026-03-01T12:00:00Z"  # whole seconds, as GitHub keeps them
+    assert [c["body"] for c in since.json()] == ["after"]
+    assert since.json()[0]["created_at"] == "2026-03-01T12:05:00Z"
+
+
 def test_a_repository_label_is_made_once_then_422(gh: GitHubServer) -> None:
     with client(gh) as alice:
         first = alice.post(f"/repos/{REPO}/labels", json={"name": "phasegate", "color": "00ff00"})

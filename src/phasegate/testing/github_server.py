@@ -543,6 +543,6 @@ async def _git(gh: GitHubServer, request: Request) -> Response:
             stdout.close()
         if push and proc.returncode == 0:
             with gh.lock:
-                repo.pushed_at = gh.clock()
+                repo.pushed_at = gh._at(None)
 
     return _CGIResponse(body(), status, headers)

@@ -70,7 +70,8 @@ class GitHub(PullRequests):
         return self._ids
 
     def _at(self, at: datetime | None) -> datetime:
-        return at.astimezone(UTC).replace(microsecond=0) if at else self.clock()
+        """``at``, or the clock's now, as GitHub keeps times: UTC, whole seconds."""
+        return (at or self.clock()).astimezone(UTC).replace(microsecond=0)
 
     def user(self, login: str) -> User:
         """The user ``login``; GitHubError 404 if none."""
@@ -150,7 +151,7 @@ class GitHub(PullRequests):
                 raise invalid("Repository", "name", "custom", "name already exists on this account")
             git = BareRepo(self.root / user.login / f"{name}.git")
             git.init(default_branch)
-            now = self.clock()
+            now = self._at(None)
             repo = Repo(self._id(), user, name, git, now, default_branch, private, description)
             if from_path is not None:
                 git.seed(Path(from_path))
@@ -447,7 +448,7 @@ class GitHub(PullRequests):
                 self.user(owner),
                 bot,
                 names,
-                self.clock(),
+                self._at(None),
             )
             self.apps[app_id] = app
             return app
