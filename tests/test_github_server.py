@@ -202,6 +202,7 @@ def test_pull_requests_round_trip_with_real_shas_and_are_found_by_head(
             f"/repos/{REPO}/pulls", params={"head": "alice:feature", "state": "all"}
         ).json()
         other = alice.get(f"/repos/{REPO}/pulls", params={"head": "alice:nope"}).json()
+        bare_head = alice.get(f"/repos/{REPO}/pulls", params={"head": "nope"}).json()
         edited = alice.patch(f"/repos/{REPO}/pulls/2", json={"body": "Implements #1\n\nv2"}).json()
         as_issue = alice.get(f"/repos/{REPO}/issues/2").json()
     assert made["number"] == 2  # numbers are shared with issues
@@ -211,6 +212,7 @@ def test_pull_requests_round_trip_with_real_shas_and_are_found_by_head(
     assert (made["additions"], made["deletions"], made["changed_files"]) == (1, 0, 1)
     assert again.status_code == 422
     assert [p["number"] for p in found] == [2] and other == []
+    assert [p["number"] for p in bare_head] == [2]  # no owner: GitHub ignores the filter
     assert edited["body"] == "Implements #1\n\nv2"
     assert as_issue["pull_request"]["merged_at"] is None
 

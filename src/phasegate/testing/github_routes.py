@@ -343,6 +343,10 @@ def list_pulls(call: Call) -> Any:
     if head and ":" in head:
         owner, branch = head.split(":", 1)
         head = branch if owner.lower() == r.owner.login.lower() else "\0no such head"
+    elif head:
+        # GitHub ignores a head without its ``owner:``: every pull request comes
+        # back, so a lookup by a bare branch name finds the wrong one there too.
+        head = None
     found = [
         i
         for i in r.issues.values()
