@@ -168,6 +168,17 @@ def test_the_clock_and_at_place_what_people_do_in_time_and_since_filters_by_it(
     assert since.json()[0]["created_at"] == "2026-03-01T12:05:00Z"
 
 
+def test_a_body_over_githubs_65536_characters_is_422(gh: GitHubServer) -> None:
+    gh.open_issue(REPO, "t", None, "alice")
+    with client(gh) as alice:
+        long = alice.post(f"/repos/{REPO}/issues/1/comments", json={"body": "x" * 65537})
+        most = alice.post(f"/repos/{REPO}/issues/1/comments", json={"body": "x" * 65536})
+        issue = alice.post(f"/repos/{REPO}/issues", json={"title": "t", "body": "x" * 65537})
+    assert long.status_code == 422 and "too long" in long.json()["errors"][0]["message"]
+    assert (most.status_code, issue.status_code) == (201, 422)
+    assert gh.counts(REPO)["comments"] == 1
+
+
 def test_a_repository_label_is_made_once_then_422(gh: GitHubServer) -> None:
     with client(gh) as alice:
         first = alice.post(f"/repos/{REPO}/labels", json={"name": "phasegate", "color": "00ff00"})

@@ -42,7 +42,10 @@ if TYPE_CHECKING:
 
     from phasegate.testing.github_server import GitHubServer
 
-__all__ = ["ROUTES", "Call", "Route"]
+__all__ = ["MAX_BODY_CHARS", "ROUTES", "Call", "Route"]
+
+#: What GitHub takes in an issue's, a pull request's or a comment's body.
+MAX_BODY_CHARS = 65536
 
 
 @dataclass
@@ -73,6 +76,14 @@ class Call:
         if value is None or value == "":
             raise invalid(resource, name, "missing_field")
         return value
+
+    def text(self, resource: str, required: bool = False) -> str | None:
+        """The ``body`` field: GitHub refuses one over 65536 characters (422)."""
+        value = self.required("body", resource) if required else self.field("body")
+        if value is not None and len(str(value)) > MAX_BODY_CHARS:
+            message = f"body is too long (maximum is {MAX_BODY_CHARS} characters)"
+            raise invalid(resource, "body", "custom", message)
+        return None if value is None else str(value)
 
     def number(self, name: str) -> int:
         try:
@@ -235,7 +246,7 @@ def create_issue(call: Call) -> Any:
     title = str(call.required("title", "Issue"))
     labels = _label_names(call.field("labels", [])) if _can(call, r, "triage") else []
     issue = call.gh.open_issue(
-        r.full_name, title, call.field("body"), call.user.login, labels=labels
+        r.full_name, title, call.text("Issue"), call.user.login, labels=labels
     )
     call.created(f"{call.gh.url}/repos/{r.full_name}/issues/{issue.number}")
     return call.gh.shapes.issue(r, issue)
@@ -258,7 +269,7 @@ def update_issue(call: Call) -> Any:
         issue.number,
         login,
         title=call.field("title"),
-        body=call.field("body"),
+        body=call.text("Issue"),
         state=call.field("state"),
         state_reason=call.field("state_reason"),
     )
@@ -324,8 +335,8 @@ def list_comments(call: Call) -> Any:
 def create_comment(call: Call) -> Any:
     r = call.repo()
     number = call.number("issue_number")
-    body = call.required("body", "IssueComment")
-    said = call.gh.comment(r.full_name, number, str(body), call.user.login)
+    body = call.text("IssueComment", required=True)
+    said = call.gh.comment(r.full_name, number, body or "", call.user.login)
     issue = call.gh.issue(r, number)
     call.created(f"{call.gh.url}/repos/{r.full_name}/issues/comments/{said.id}")
     return call.gh.shapes.comment(r, issue, said)
@@ -373,7 +384,7 @@ def create_pull(call: Call) -> Any:
         str(call.required("head", "PullRequest")),
         str(call.required("base", "PullRequest")),
         str(call.required("title", "PullRequest")),
-        call.field("body"),
+        call.text("PullRequest"),
         call.user.login,
         draft=bool(call.field("draft", False)),
         maintainer_can_modify=bool(call.field("maintainer_can_modify", False)),
@@ -399,7 +410,7 @@ def update_pull(call: Call) -> Any:
         issue.number,
         call.user.login,
         title=call.field("title"),
-        body=call.field("body"),
+        body=call.text("PullRequest"),
         state=call.field("state"),
         base=call.field("base"),
     )
