@@ -16,6 +16,10 @@ free port::
 - REST (github_routes.py): ``Authorization: token T`` or ``Bearer T``; no or
   an unknown token is 401 ``Bad credentials``. Every answer carries
   ``x-ratelimit-*`` headers counting the caller's requests, like GitHub's.
+  GitHub's sharp edges are kept: pull requests are listed among issues (with
+  ``pull_request``), a ``head`` filter without ``owner:`` is ignored, a body
+  over 65536 characters is 422, closing keywords (``Fixes #N``) close the
+  issue when the pull request merges into the default branch.
 - Git: each repository's ``clone_url`` is ``{url}/git/OWNER/NAME.git``,
   served by ``git http-backend`` (one subprocess per request, bodies
   streamed both ways). It wants HTTP basic auth with a token as password
