@@ -158,14 +158,20 @@ def test_the_clock_and_at_place_what_people_do_in_time_and_since_filters_by_it(
         timed.open_issue(REPO, "t", None, "alice")
         timed.comment(REPO, 1, "before", "alice")
         timed.comment(REPO, 1, "after", "alice", at=start + timedelta(minutes=5))
+        timed.open_issue(REPO, "untouched", None, "alice")
         with client(timed) as alice:
             issue = alice.get(f"/repos/{REPO}/issues/1").json()
             since = alice.get(
                 f"/repos/{REPO}/issues/1/comments", params={"since": "2026-03-01T12:01:00Z"}
             )
+            timed.edit_issue(REPO, 1, "alice", body="edited", at=start + timedelta(hours=1))
+            edited = alice.get(f"/repos/{REPO}/issues", params={"since": "2026-03-01T12:30:00Z"})
     assert issue["created_at"] == "2026-03-01T12:00:00Z"  # whole seconds, as GitHub keeps them
     assert [c["body"] for c in since.json()] == ["after"]
     assert since.json()[0]["created_at"] == "2026-03-01T12:05:00Z"
+    [changed] = edited.json()  # since filters issues by updated_at
+    assert (changed["number"], changed["body"]) == (1, "edited")
+    assert changed["updated_at"] == "2026-03-01T13:00:00Z"
 
 
 def test_a_body_over_githubs_65536_characters_is_422(gh: GitHubServer) -> None:
@@ -379,7 +385,8 @@ def test_check_runs_and_the_combined_status_of_a_commit(gh: GitHubServer) -> Non
     old = gh.check_run(
         REPO, sha, "tests", "completed", "failure", title="2 failed", text="E assert"
     )
-    gh.check_run(REPO, sha, "tests", "in_progress")  # a re-run: the latest is what counts
+    rerun = gh.check_run(REPO, sha, "tests", "queued")  # a re-run: the latest is what counts
+    gh.update_check_run(REPO, rerun.id, "in_progress")
     gh.check_run(REPO, sha, "lint", "completed", "success", summary="clean")
     gh.status(REPO, sha, "ci/legacy", "pending", "bob")
     gh.status(REPO, sha, "ci/legacy", "failure", "bob", description="broke")
@@ -398,6 +405,12 @@ def test_check_runs_and_the_combined_status_of_a_commit(gh: GitHubServer) -> Non
     assert (status["state"], status["total_count"]) == ("failure", 1)
     assert status["statuses"][0]["description"] == "broke"
     assert (nothing["state"], nothing["statuses"]) == ("pending", [])
+    gh.update_check_run(REPO, rerun.id, "completed", "success", summary="fixed")
+    with client(gh) as alice:
+        done = alice.get(f"/repos/{REPO}/commits/{sha}/check-runs", params={"check_name": "tests"})
+    [finished] = done.json()["check_runs"]
+    assert (finished["status"], finished["conclusion"]) == ("completed", "success")
+    assert finished["completed_at"] is not None and finished["started_at"] is not None
 
 
 # -- repositories --

@@ -343,12 +343,7 @@ class GitHub(PullRequests):
     ) -> CheckRun:
         """CI posts a check run ``name`` on commit ``sha`` (``status`` queued,
         in_progress or completed; ``conclusion`` required once completed)."""
-        if status not in CHECK_STATUSES:
-            raise ValueError(f"status must be one of {CHECK_STATUSES}")
-        if (status == "completed") != (conclusion is not None) or (
-            conclusion is not None and conclusion not in CHECK_CONCLUSIONS
-        ):
-            raise ValueError(f"a completed run has a conclusion, one of {CHECK_CONCLUSIONS}")
+        _check_state(status, conclusion)
         with self.lock:
             r, now = self.repo(repo), self._at(at)
             started = None if status == "queued" else now
@@ -381,6 +376,7 @@ class GitHub(PullRequests):
         at: datetime | None = None,
     ) -> CheckRun:
         """CI moves check run ``run_id`` on (e.g. in_progress → completed)."""
+        _check_state(status, conclusion)
         with self.lock:
             r, now = self.repo(repo), self._at(at)
             run = next((x for x in r.check_runs if x.id == run_id), None)
@@ -475,3 +471,14 @@ class GitHub(PullRequests):
     def bare_path(self, repo: str) -> Path:
         """The bare repository behind ``repo``."""
         return self.repo(repo).git.path
+
+
+def _check_state(status: str, conclusion: str | None) -> None:
+    """ValueError unless ``status`` is one of CHECK_STATUSES and a conclusion
+    (one of CHECK_CONCLUSIONS) comes exactly with ``completed``."""
+    if status not in CHECK_STATUSES:
+        raise ValueError(f"status must be one of {CHECK_STATUSES}")
+    if (status == "completed") != (conclusion is not None) or (
+        conclusion is not None and conclusion not in CHECK_CONCLUSIONS
+    ):
+        raise ValueError(f"a completed run has a conclusion, one of {CHECK_CONCLUSIONS}")
