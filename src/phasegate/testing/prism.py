@@ -7,24 +7,36 @@ uses (``OPERATIONS``, issue 11's shared list). Point phasegate's forge at
 ``PrismProxy.url`` instead of the fake GitHub server: Prism forwards each call
 upstream and checks both directions against the description.
 
-What Prism 5.16 does with ``--errors`` in proxy mode (read from its source and
-proved by ``tests/test_prism.py``):
+What Prism 5.16 does with ``--errors`` in proxy mode (read in its source,
+each proved in ``tests/test_prism.py``):
 
-- a request the description rejects (a missing required body field, a query
-  value outside its enum, a body with an unsupported content type) is **not
-  forwarded**: the client gets 422 (415 for the content type)
-  ``application/problem+json`` with ``validation`` naming each violation;
-- a forwarded response the description rejects (a missing required field, a
-  wrong type, an undocumented 2xx status) is replaced by 500
-  ``application/problem+json`` of type ``VIOLATIONS`` -- the upstream call has
-  happened by then;
-- a method and path outside the cut is refused with 404 ``NO_PATH_MATCHED_ERROR``
-  or 405 ``NO_METHOD_MATCHED_ERROR``, never forwarded;
-- an undocumented non-2xx status (a 429 or 500 on demand) is only a warning:
-  it passes through unchanged, with an ``sl-violations`` header;
-- every violation, error or warning, is logged as a line ``Violation: <where>
-  <message>`` by the ``VALIDATOR`` logger; ``PrismProxy.violations()`` returns
-  them, so a fixture asserts none happened whatever status the client saw.
+- a request the description rejects (a required body field missing, a query
+  value outside its enum or format, a content type it does not list) is
+  **not forwarded**: 422 ``application/problem+json``, type
+  ``UNPROCESSABLE_ENTITY``, its ``validation`` listing each violation;
+- a forwarded response the description rejects (a required field missing, a
+  wrong type or format -- ``uri``, ``date-time``, an int64 over 2**53 -- a
+  2xx status the operation does not document, 204 included, a body that is
+  not JSON where JSON is documented) becomes 500 ``application/problem+json``
+  of type ``VIOLATIONS``; the upstream call has happened by then;
+- a path or method outside the cut is refused, never forwarded: 404
+  ``NO_PATH_MATCHED_ERROR`` / 405 ``NO_METHOD_MATCHED_ERROR``; so is a
+  ``{ref}`` holding a raw ``/`` (send ``%2F``, which reaches upstream as is);
+- a 4xx/5xx status the operation does not document (429, 500 on demand) is a
+  **warning** only: it passes through unchanged, headers (``Retry-After``,
+  ``x-ratelimit-*``) and body, with an ``sl-violations`` header added;
+- an upstream **501** is answered with a mock Prism makes from the
+  description's examples (a 2xx!): never script a 501;
+- an upstream Prism cannot read (down, an empty body said to be JSON) is 500
+  ``application/problem+json`` of type ``FetchError``;
+- what passes is re-serialised: JSON bodies compact (same values, same key
+  order), gzip undone, query values percent-encoded (``head=o%3Ab``),
+  CORS headers added; ``Authorization``, ``Link``, ``Location`` pass as sent.
+
+Prism logs a refused exchange as one line without its violations, so
+``PrismProxy`` puts a recording relay in front of Prism: ``violations()``
+lists each one, attributed to its request, and ``assert_clean()`` fails a
+test on any, whatever status the client made of it.
 
 The cut itself is ``phasegate.testing.github_openapi`` (standard library only,
 so ``scripts/cut_openapi.py`` runs from a clean clone); this module makes it
@@ -38,6 +50,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -53,6 +66,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from phasegate.testing import github_openapi
 from phasegate.testing.github_openapi import OPERATIONS, cut_description, cut_file
 
 __all__ = [
@@ -71,8 +85,6 @@ __all__ = [
 _NODE_MODULES = Path(__file__).resolve().parents[3] / ".ci" / "node" / "node_modules"
 #: Where ``.ci/run`` installs GitHub's description (``@octokit/openapi``).
 DEFAULT_SOURCE = _NODE_MODULES / "@octokit" / "openapi" / "generated" / "api.github.com.json"
-# Bumped whenever the cut changes what it writes: cached cuts are keyed by it.
-_CUT_VERSION = "1"
 
 
 class PrismError(RuntimeError):
@@ -121,13 +133,14 @@ _cut_lock = threading.Lock()
 def cached_cut(source: Path | None = None, cache_dir: Path | None = None) -> Path:
     """The cut of ``source`` (default ``find_description()``), made once and kept
     in ``cache_dir`` (default ``<tmp>/phasegate-prism``) under a name keyed by
-    the source's SHA-256 and by ``OPERATIONS``, so a new description or a new
-    operation makes a new cut. Raises ``PrismError`` if the source is missing."""
+    the SHA-256 of the source and of ``github_openapi.py`` (the cut and
+    ``OPERATIONS``): a new description or a new cut makes a new file. Raises
+    ``PrismError`` if the source is missing."""
     source = source or find_description()
     if not source.is_file():
         raise PrismError(f"no OpenAPI description at {source}")
     content = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    listed = hashlib.sha256(f"{_CUT_VERSION}{OPERATIONS!r}".encode()).hexdigest()[:8]
+    listed = hashlib.sha256(Path(github_openapi.__file__).read_bytes()).hexdigest()[:8]
     dest = (cache_dir or Path(tempfile.gettempdir()) / "phasegate-prism") / (
         f"github-{content}-{listed}.json"
     )
@@ -142,6 +155,8 @@ def cached_cut(source: Path | None = None, cache_dir: Path | None = None) -> Pat
 #: Prism's own problem types start with this; Prism's proxy failures (upstream
 #: unreachable) are ``application/problem+json`` too, with type ``FetchError``.
 PRISM_ERRORS = "https://stoplight.io/prism/errors#"
+_UPSTREAM_501 = re.compile(r"Upstream call to (\S+) has returned 501")
+_REMOCKED = "upstream answered 501 and Prism answered a mock of its own instead"
 _HOP_BY_HOP = frozenset(
     ("connection", "keep-alive", "transfer-encoding", "content-length", "upgrade", "te")
 )
@@ -154,8 +169,9 @@ class Violation:
     ``where`` is Prism's location, dotted: ``request.body.title``,
     ``request.query.state``, ``response.body.0.url``, ``response`` (a status
     the operation does not document), ``request`` (a route outside the cut, a
-    content type); ``severity`` is ``error`` or ``warning``; ``status`` is what
-    the client got (Prism's 422/415/404/405/500 for an error it refused).
+    content type), ``proxy`` (Prism could not judge: upstream unreadable, a
+    501 it mocked); ``severity`` is ``error`` or ``warning``; ``status`` is
+    what the client got (Prism's 422/404/405/500 for what it refused).
     """
 
     method: str
@@ -201,7 +217,8 @@ def violations_of(
             location = tuple(str(p) for p in item.get("location") or ())
             if prefix and location[:1] != prefix:
                 location = prefix + location
-            out.append(made(item.get("severity", "error"), ".".join(location), item["message"]))
+            message = str(item.get("message", item))
+            out.append(made(str(item.get("severity", "error")), ".".join(location), message))
         return out
 
     lower = {k.lower(): v for k, v in headers.items()}
@@ -211,15 +228,22 @@ def violations_of(
     found = [] if header is None else [made("error", "response", "over 8 KB of violations")]
     if not lower.get("content-type", "").startswith("application/problem+json"):
         return found
-    problem = json.loads(body)
+    try:
+        problem = json.loads(body)
+    except ValueError:  # a HEAD request's answer has no body
+        return [*found, made("error", "proxy", f"Prism refused it: {body[:200]!r}")]
     if problem.get("validation"):
         # A refused request's locations say only "body", "query"...: Prism answered
         # before anything went upstream.
         refused = problem.get("type") == PRISM_ERRORS + "UNPROCESSABLE_ENTITY"
         return found + from_list(problem["validation"], ("request",) if refused else ())
-    kind = str(problem.get("type", "")).removeprefix(PRISM_ERRORS)
-    detail = f"{kind}: {problem.get('title', '')} {problem.get('detail', '')}".strip()
-    return [*found, made("error", "request", detail)]
+    kind = str(problem.get("type", ""))
+    detail = f"{kind.removeprefix(PRISM_ERRORS)}: {problem.get('title', '')}"
+    if problem.get("detail"):
+        detail += f" ({problem['detail']})"
+    # Prism's own types judge the request (a route outside the cut, a content
+    # type); anything else is Prism failing to reach upstream (FetchError).
+    return [*found, made("error", "request" if kind.startswith(PRISM_ERRORS) else "proxy", detail)]
 
 
 class _Recorder(ThreadingHTTPServer):
@@ -239,6 +263,9 @@ class _RecordingHandler(BaseHTTPRequestHandler):
     """
 
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: with Nagle on, the client's delayed
+    # ACK held every answer 40-50 ms.
+    disable_nagle_algorithm = True
     server: _Recorder
 
     def _relay(self) -> None:
@@ -312,6 +339,7 @@ class PrismProxy:
         self.calls: list[Call] = []
         self._violations: list[Violation] = []
         self._lock = threading.Lock()
+        self._log_mark = 0
         self._process: subprocess.Popen[bytes] | None = None
         self._recorder: _Recorder | None = None
         self._log_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -388,6 +416,13 @@ class PrismProxy:
                 time.sleep(0.05)
         return False
 
+    @property
+    def pid(self) -> int:
+        """Prism's process id, also its process group's (``PrismError`` if not running)."""
+        if self._process is None:
+            raise PrismError("Prism is not running")
+        return self._process.pid
+
     # -- what Prism said --------------------------------------------------
 
     def _record(
@@ -398,12 +433,25 @@ class PrismProxy:
             self.calls.append(Call(method, target, status))
             self._violations.extend(found)
 
+    def reset(self) -> None:
+        """Forget the calls and violations so far (one proxy, many tests)."""
+        with self._lock:
+            self.calls.clear()
+            self._violations.clear()
+            self._log_mark = len(self.log())
+
     def violations(self, *, warnings: bool = True) -> list[Violation]:
         """Every violation so far, in order; ``warnings=False`` keeps the errors
         only (an undocumented 4xx/5xx status, as a fault on demand gives, is a
-        warning)."""
+        warning). An upstream 501 is one too, found in Prism's log: Prism
+        answers it with a mock of its own, 2xx, that no response shows."""
+        remocked = [
+            Violation("?", path, 501, "error", "proxy", _REMOCKED)
+            for path in _UPSTREAM_501.findall(self.log()[self._log_mark :])
+        ]
         with self._lock:
-            return [v for v in self._violations if warnings or v.severity == "error"]
+            found = self._violations + remocked
+        return [v for v in found if warnings or v.severity == "error"]
 
     def assert_clean(self, *, warnings: bool = False) -> None:
         """Raises ``AssertionError`` listing every error (and warning, if asked)."""
