@@ -491,3 +491,20 @@ def test_exit_stops_prism_and_its_process_group(upstream: Upstream) -> None:
         os.killpg(pid, 0)
     with pytest.raises(urllib.error.URLError):
         call(f"{url}/repos/o/r/branches")
+
+
+def test_one_prism_follows_a_new_upstream(proxy: PrismProxy, upstream: Upstream) -> None:
+    other = Upstream()
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        other.answer = Answer(body=[label("elsewhere")])
+        proxy.upstream_url = other.url
+        status, _, body = call(f"{proxy.url}/repos/o/r/labels")
+        assert (status, json.loads(body)) == (200, [label("elsewhere")])
+        assert upstream.received == []
+        assert other.received[-1].headers["host"] == other.url.removeprefix("http://")
+    finally:
+        proxy.upstream_url = upstream.url
+        other.shutdown()
+        other.server_close()
+    proxy.assert_clean()

@@ -59,8 +59,9 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -246,39 +247,57 @@ def violations_of(
     return [*found, made("error", "request" if kind.startswith(PRISM_ERRORS) else "proxy", detail)]
 
 
-class _Recorder(ThreadingHTTPServer):
+class _Relay(ThreadingHTTPServer):
+    """Passes each exchange on to ``target()`` (a base URL) and shows it to ``seen``."""
+
     daemon_threads = True
 
-    def __init__(self, prism_port: int, proxy: PrismProxy) -> None:
-        super().__init__(("127.0.0.1", 0), _RecordingHandler)
-        self.prism_port = prism_port
-        self.proxy = proxy
+    def __init__(
+        self,
+        target: Callable[[], str],
+        seen: Callable[[str, str, int, Mapping[str, str], bytes], None] | None = None,
+    ) -> None:
+        super().__init__(("127.0.0.1", 0), _RelayHandler)
+        self.target = target
+        self.seen = seen
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
 
 
-class _RecordingHandler(BaseHTTPRequestHandler):
-    """Passes each exchange to Prism unchanged and records what Prism said of it.
+class _RelayHandler(BaseHTTPRequestHandler):
+    """Relays one exchange whole (read, pass on, answer), headers and body unchanged.
 
-    Prism itself logs a refused exchange as one line without its violations,
-    so the recorder is where they become visible, in order, per request.
+    In front of Prism it records what Prism said of each exchange: Prism logs
+    a refused one as a single line without its violations. Behind Prism it is
+    the switch that lets one Prism serve upstream after upstream (its
+    ``Host`` becomes the upstream's own, as if Prism had called it).
     """
 
     protocol_version = "HTTP/1.1"
     # Headers and body go out in two writes: with Nagle on, the client's delayed
     # ACK held every answer 40-50 ms.
     disable_nagle_algorithm = True
-    server: _Recorder
+    server: _Relay
 
     def _relay(self) -> None:
         body = self._read_body()
+        target = urllib.parse.urlsplit(self.server.target())
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-        connection = http.client.HTTPConnection("127.0.0.1", self.server.prism_port, timeout=120)
+        if self.server.seen is None:
+            headers = {k: v for k, v in headers.items() if k.lower() != "host"}
+            headers["Host"] = target.netloc
+        connection = http.client.HTTPConnection(target.hostname, target.port, timeout=120)
         try:
-            connection.request(self.command, self.path, body=body, headers=headers)
+            path = target.path.rstrip("/") + self.path
+            connection.request(self.command, path, body=body, headers=headers)
             response = connection.getresponse()
             status, reply_headers, reply = response.status, response.getheaders(), response.read()
         finally:
             connection.close()
-        self.server.proxy._record(self.command, self.path, status, dict(reply_headers), reply)
+        if self.server.seen is not None:
+            self.server.seen(self.command, self.path, status, dict(reply_headers), reply)
         self.send_response_only(status)
         for name, value in reply_headers:
             if name.lower() not in _HOP_BY_HOP:
@@ -317,6 +336,11 @@ class PrismProxy:
     by default the cut of GitHub's (``cached_cut``). On exit Prism's process
     group is stopped (SIGTERM, SIGKILL after ``stop_timeout_s``).
 
+    ``upstream_url`` may be set while running: the next exchange goes there
+    (Prism calls a switch that follows it), so one Prism, started once
+    (about 2 s, then 0.3-0.7 s the first time each operation's schemas are
+    compiled), serves the fake GitHub of test after test; ``reset()`` between.
+
     ``violations()`` lists what GitHub's description did not allow, in order;
     ``assert_clean()`` raises ``AssertionError`` listing them; ``calls`` holds
     every exchange. Raises ``PrismError`` when Prism or the description is
@@ -341,7 +365,8 @@ class PrismProxy:
         self._lock = threading.Lock()
         self._log_mark = 0
         self._process: subprocess.Popen[bytes] | None = None
-        self._recorder: _Recorder | None = None
+        self._front: _Relay | None = None
+        self._switch: _Relay | None = None
         self._log_dir: tempfile.TemporaryDirectory[str] | None = None
         self.prism_url = ""
         self.url = ""
@@ -355,21 +380,21 @@ class PrismProxy:
             raise PrismError(f"no OpenAPI description at {description}")
         self._log_dir = tempfile.TemporaryDirectory(prefix="phasegate-prism-log-")
         try:
-            port = self._start(prism, description)
-            self.prism_url = f"http://127.0.0.1:{port}"
-            self._recorder = _Recorder(port, self)
-            threading.Thread(target=self._recorder.serve_forever, daemon=True).start()
+            self._switch = _serve(_Relay(lambda: self.upstream_url))
+            self.prism_url = f"http://127.0.0.1:{self._start(prism, description)}"
+            self._front = _serve(_Relay(lambda: self.prism_url, self._record))
         except BaseException:
             self.__exit__(None, None, None)
             raise
-        self.url = f"http://127.0.0.1:{self._recorder.server_address[1]}"
+        self.url = self._front.url
         return self.url
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._recorder is not None:
-            self._recorder.shutdown()
-            self._recorder.server_close()
-            self._recorder = None
+        for relay in (self._front, self._switch):
+            if relay is not None:
+                relay.shutdown()
+                relay.server_close()
+        self._front = self._switch = None
         if self._process is not None:
             _stop_group(self._process, self.stop_timeout_s)
             self._process = None
@@ -378,7 +403,7 @@ class PrismProxy:
             self._log_dir = None
 
     def _start(self, prism: str, description: Path) -> int:
-        assert self._log_dir is not None
+        assert self._log_dir is not None and self._switch is not None
         log_path = Path(self._log_dir.name) / "prism.log"
         # No colours: the log is read by people in a failed test's output.
         env = {**os.environ, "NO_COLOR": "1", "FORCE_COLOR": "0"}
@@ -386,7 +411,7 @@ class PrismProxy:
             port = _free_port()
             with log_path.open("wb") as log:
                 self._process = subprocess.Popen(
-                    [prism, "proxy", str(description), self.upstream_url, "--errors",
+                    [prism, "proxy", str(description), self._switch.url, "--errors",
                      "--port", str(port), "--host", "127.0.0.1"],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     env=env, start_new_session=True,
@@ -410,7 +435,8 @@ class PrismProxy:
                 # Any answer will do: outside the description it is Prism's own 404.
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).close()
                 return True
-            except urllib.error.HTTPError:
+            except urllib.error.HTTPError as answer:
+                answer.close()
                 return True
             except OSError:
                 time.sleep(0.05)
@@ -468,6 +494,11 @@ class PrismProxy:
             return ""
         path = Path(self._log_dir.name) / "prism.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _serve(relay: _Relay) -> _Relay:
+    threading.Thread(target=relay.serve_forever, daemon=True).start()
+    return relay
 
 
 def _free_port() -> int:
