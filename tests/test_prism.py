@@ -9,6 +9,7 @@ front of it. Skipped only where Prism is not installed; in CI (``CI`` or
 from __future__ import annotations
 
 import gzip
+import http.client
 import json
 import os
 import subprocess
@@ -507,4 +508,19 @@ def test_one_prism_follows_a_new_upstream(proxy: PrismProxy, upstream: Upstream)
         proxy.upstream_url = upstream.url
         other.shutdown()
         other.server_close()
+    proxy.assert_clean()
+
+
+def test_chunked_request_body_reaches_upstream_whole(proxy: PrismProxy, upstream: Upstream) -> None:
+    upstream.answer = Answer(201, issue(6, "chunked"))
+    host, port = proxy.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        chunks = iter([b'{"title": ', b'"chunked"}'])
+        headers = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
+        connection.request("POST", "/repos/o/r/issues", chunks, headers, encode_chunked=True)
+        assert connection.getresponse().status == 201
+    finally:
+        connection.close()
+    assert json.loads(upstream.received[-1].body) == {"title": "chunked"}
     proxy.assert_clean()
