@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,10 @@ import pytest
 from phasegate.cartridge import load_cartridge
 from phasegate.engine import Engine
 from phasegate.store import Store, open_store
+from phasegate.testing.github_model import User
+from phasegate.testing.github_server import GitHubServer
 from phasegate.testing.model_server import ScriptedModelServer, Step
+from phasegate.testing.prism import PrismError, PrismProxy, find_description, find_prism
 
 ROLES = ("plan", "plan_review", "build", "review", "verification")
 
@@ -215,3 +219,79 @@ def phasegate_cli(
         timeout=timeout,
         env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
+
+
+# -- GitHub: the fake server behind Prism (issue 11) ---------------------------------
+
+
+@pytest.fixture(scope="session")
+def prism() -> Iterator[PrismProxy]:
+    """One Prism for the session (its start and schema compiles cost seconds); each
+    test's fake GitHub is put behind it by ``github``. Skipped where Prism is not
+    installed, failed instead in CI (``.ci/run`` installs it)."""
+    try:
+        find_prism()
+        find_description()
+    except PrismError as missing:
+        if os.environ.get("CI") or os.environ.get("PHASEGATE_PRISM"):
+            pytest.fail(str(missing))
+        pytest.skip(str(missing))
+    with PrismProxy("http://127.0.0.1:9") as proxy:
+        yield proxy
+
+
+@dataclass
+class GitHubLab:
+    """A fake GitHub (``server``) reached through Prism at ``api_url``, holding
+    ``repository`` with the bot phasegate acts as and three people: maya
+    (maintain), olga (admin) and rex (read)."""
+
+    server: GitHubServer
+    api_url: str
+    repository: str
+    bot: User
+    people: dict[str, User]
+
+    def cartridge(self, extra: str = "") -> str:
+        """A ``[forge]`` table for this lab (poll_s short: tests wait on it)."""
+        return (
+            f'[forge]\nkind = "github"\nrepository = "{self.repository}"\n'
+            f'base_url = "{self.api_url}"\npoll_s = 0.2\n{extra}'
+        )
+
+
+@pytest.fixture
+def github(
+    prism: PrismProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[GitHubLab]:
+    """A fresh fake GitHub per test, every REST exchange judged by GitHub's schema:
+    the test fails on any violation Prism saw. GITHUB_TOKEN is the bot's token."""
+    with GitHubServer(root=tmp_path / "fake-github") as server:
+        prism.upstream_url = server.url
+        prism.reset()
+        bot = server.add_user("phasegate-bot")
+        people = {login: server.add_user(login) for login in ("maya", "olga", "rex")}
+        monkeypatch.setenv("GITHUB_TOKEN", bot.token)
+        lab = GitHubLab(server, prism.url, "octo/widgets", bot, people)
+        yield lab
+        prism.assert_clean()
+
+
+def github_repo(
+    lab: GitHubLab, path: Path, cartridge: str, files: dict[str, str], forge_extra: str = ""
+) -> Path:
+    """A local repository holding ``files`` and the cartridge ``cartridge`` (plus the
+    lab's [forge] table), pushed to the lab as ``octo/widgets``; the bot may write,
+    maya maintains, olga administers, rex reads. ``forge_extra``: more [forge] keys.
+    Returns the local path."""
+    text = cartridge + "\n" + lab.cartridge(forge_extra)
+    repo = make_repo(path, {**files, "phasegate.toml": text})
+    lab.server.create_repo("octo", "widgets", from_path=repo)
+    for login, permission in (
+        ("phasegate-bot", "write"),
+        ("maya", "maintain"),
+        ("olga", "admin"),
+        ("rex", "read"),
+    ):
+        lab.server.grant(lab.repository, login, permission)
+    return repo

@@ -40,6 +40,9 @@ class ForgeSettings(BaseModel):
     watch_in_worker: bool = False  # `phasegate worker` also does what `watch` does
     poll_s: float = Field(default=30.0, gt=0, le=3600)  # how often wait and CI look again
     max_ci_repairs: int = Field(default=2, ge=0, le=20)  # CI-repair rounds before a stop
+    # Checks that must report and pass: until one has reported on a head it is pending
+    # (CI registers its runs a while after a push; without these, none yet is no CI).
+    required_checks: list[str] = Field(default_factory=list)
     max_rate_limit_wait_s: float = Field(default=300.0, ge=0, le=3600)
     max_retries: int = Field(default=3, ge=0, le=10)  # tries past the first on 5xx/timeouts
     timeout_s: float = Field(default=30.0, gt=0, le=600)  # one HTTP request

@@ -7,6 +7,8 @@ review agent is asked:
 
 - none (the local forge, a repository without CI) or all passed: the review
   goes on, with a ``ci_passed`` milestone as evidence when there were checks;
+  a check named in ``forge.required_checks`` that has not reported on the
+  head yet counts as pending (CI registers its runs a while after a push);
 - any pending: the phase returns ``wait`` — the workflow stays in pr_review,
   no worker holds it, and the next look is due after ``forge.poll_s``; a
   ``ci_pending`` milestone marks the first look at each head;
@@ -56,6 +58,12 @@ def ci_gate(ctx: WorkflowContext, deps: PhaseDeps, pr: int) -> PhaseResult | Mil
     if not head:
         return None
     checks = deps.forge.checks(str(head))
+    reported = {c.name for c in checks}
+    checks += [
+        Check(name, "pending", "has not reported on this head yet")
+        for name in deps.cartridge.forge.required_checks
+        if name not in reported
+    ]
     if not checks:
         return None
     key = str(head)[:12]

@@ -1,0 +1,167 @@
+"""Whole workflows on GitHub (issue 11): the fake GitHub of ``phasegate.testing``
+behind Prism, so every REST exchange is judged by GitHub's own OpenAPI
+description (the ``github`` fixture fails the test on any violation).
+
+Real git everywhere: the branch is pushed over HTTP to the fake's bare
+repository with the token through askpass, the merge is made there by the API,
+verification checks out the merge it fetched back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from phasegate import decisions
+from phasegate.engine import Engine
+from phasegate.store import Store
+
+from conftest import GitHubLab, git, github_repo, scripted_cartridge
+
+Build = Callable[..., tuple[Engine, Store]]
+
+ANSWERS = """
+[[plan]]
+text = "1. Write feature.txt"
+[[plan_review]]
+text = "VERDICT: approve"
+[[review]]
+text = "VERDICT: approve"
+[[verification]]
+text = "feature.txt is on the merge commit.\\nVERDICT: confirmed"
+"""
+
+
+def team_repo(lab: GitHubLab, tmp_path: Path, **cartridge: object) -> tuple[Path, Path]:
+    """octo/widgets on the lab, with a build agent that records each prompt in
+    ``prompts/`` and writes feature.txt; returns (local repo, prompts dir)."""
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    build = (
+        'runner = "command"\n'
+        f'command = "cat > {prompts}/build-$(ls {prompts} | wc -l).txt; '
+        'echo feature $(date +%N) > feature.txt; echo built"\n'
+    )
+    extra = str(cartridge.pop("forge_extra", ""))
+    text = scripted_cartridge(role_overrides={"build": build}, **cartridge)  # type: ignore[arg-type]
+    repo = github_repo(
+        lab,
+        tmp_path / "repo",
+        text,
+        {"README.md": "# widgets\n", ".gitignore": ".phasegate/\n", "answers.toml": ANSWERS},
+        forge_extra=extra,
+    )
+    return repo, prompts
+
+
+def prompts_of(prompts: Path) -> list[str]:
+    return [p.read_text() for p in sorted(prompts.iterdir(), key=lambda p: p.stat().st_mtime_ns)]
+
+
+def test_a_whole_lifecycle_on_github_closes_the_issue_only_after_a_confirmed_verdict(
+    github: GitHubLab, tmp_path: Path, engine_for: Build, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    repo, _ = team_repo(github, tmp_path, auto_merge=False)
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "waiting", row["error"]
+
+    gh, name = github.server, github.repository
+    widgets = gh.repo(name)
+    issue = gh.issue(name, row["issue_number"])
+    pr = gh.pull(name, row["pr_number"])
+    assert gh.counts(name)["issues"] == 1 and gh.counts(name)["pulls"] == 1
+    assert f"phasegate:workflow:{workflow_id}" in (issue.body or "")
+    assert (pr.body or "").startswith(f"Implements #{issue.number}")
+    # The branch was pushed: the PR's head is the commit phasegate made.
+    head = git(repo, "rev-parse", row["branch_name"])
+    assert widgets.git.rev(f"refs/heads/{row['branch_name']}") == head
+    said = [c.body for c in issue.comments]
+    assert any("Review of" in b for b in said) and len(said) >= 2  # plan, review, report
+    assert {x.name for x in issue.labels} == {"phasegate:waiting"}
+    assert issue.state == "open"
+
+    gh.comment(name, pr.number, "/phasegate merge", by="olga")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "completed", row["error"]
+    assert gh.counts(name)["merges"] == 1
+    assert gh.pull(name, pr.number).merged_by.login == "phasegate-bot"
+    merge_sha = row["merge_sha"]
+    assert widgets.git.rev("refs/heads/main") == merge_sha
+    assert git(repo, "cat-file", "-t", merge_sha) == "commit"  # fetched back for verification
+    assert gh.issue(name, issue.number).state == "closed"
+    closed_at = [e for e in gh.issue(name, issue.number).events if e.event == "closed"]
+    assert len(closed_at) == 1 and closed_at[0].actor.login == "phasegate-bot"
+    assert {x.name for x in gh.issue(name, issue.number).labels} == {"phasegate:done"}
+
+    # The token is nowhere: store, logs, git config, PR and issue text, what git was given.
+    token = github.bot.token
+    db = repo / ".phasegate" / "state.db"
+    assert token.encode() not in db.read_bytes()
+    assert token not in (repo / ".git" / "config").read_text()
+    assert token not in caplog.text
+    texts = [pr.body or "", issue.body or "", *[c.body for c in gh.issue(name, 1).comments]]
+    assert not [t for t in texts if token in t]
+    assert not [r for r in gh.requests if token in str(r)]
+
+
+def test_pending_ci_waits_and_a_failing_check_run_is_repaired_with_its_output(
+    github: GitHubLab, tmp_path: Path, engine_for: Build
+) -> None:
+    repo, prompts = team_repo(
+        github, tmp_path, auto_merge=False, forge_extra='required_checks = ["ci/tests"]\n'
+    )
+    engine, store = engine_for(repo)
+    gh, name = github.server, github.repository
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    # ci/tests has not reported on the pushed head: pending, the workflow is let go.
+    assert (row["current_phase"], row["status"], row["lease_owner"]) == (
+        "pr_review",
+        "pr_review",
+        None,
+    )
+    first = row["state"]["head_sha"]
+    run = gh.check_run(name, first, "ci/tests", status="in_progress")
+    assert engine.advance(workflow_id)["dev_round"] == 1
+    gh.update_check_run(
+        name, run.id, "completed", "failure", title="2 failed", text="E   assert 1 == 2  # ci-77"
+    )
+    row = engine.advance(workflow_id)
+    assert row["dev_round"] == 2 and row["current_phase"] == "pr_review"
+    repair = prompts_of(prompts)[-1]
+    assert "## CI failed on the pull request" in repair and "ci-77" in repair
+    second = row["state"]["head_sha"]
+    assert second != first and gh.pull(name, row["pr_number"]).head_sha == second
+
+    gh.check_run(name, second, "ci/tests", conclusion="success")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "waiting", row["error"]
+    passed = [m for m in store.milestones(workflow_id) if m.kind == "ci_passed"]
+    assert [m.data["checks"][0]["name"] for m in passed] == ["ci/tests"]
+    assert gh.counts(name)["pulls"] == 1
+
+
+def test_a_429_with_retry_after_still_makes_one_pull_request_and_500s_pause_forge_unavailable(
+    github: GitHubLab, tmp_path: Path, engine_for: Build
+) -> None:
+    repo, _ = team_repo(github, tmp_path, auto_merge=False)
+    gh, name = github.server, github.repository
+    gh.fail("POST", r"/repos/octo/widgets/pulls$", 429, times=1, headers={"Retry-After": "1"})
+    gh.fail("GET", r"/repos/octo/widgets/commits/[0-9a-f]+/check-runs$", 500, times=12)
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "paused" and row["error"].startswith("forge_unavailable:"), row
+    assert gh.counts(name)["pulls"] == 1
+
+    gh.faults.clear()
+    engine.decide(workflow_id, decisions.resume)
+    row = engine.advance(workflow_id)
+    assert row["status"] == "waiting", row["error"]
+    assert gh.counts(name)["pulls"] == 1 and gh.counts(name)["issues"] == 1
