@@ -312,6 +312,8 @@ class WorkflowContext:
     user_feedback: str | None = None
     content_language: str = "en"
     error: str | None = None
+    #: The workflow this one was forked from (a conflict-resolution child), else None.
+    parent_workflow_id: str | None = None
     state: Mapping[str, Any] = field(default_factory=dict)
     milestones: tuple[MilestoneView, ...] = ()
 

@@ -37,6 +37,9 @@ workflows = sa.Table(
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("updated_at", Timestamp, nullable=False),
     sa.Column("completed_at", Timestamp),
+    # The workflow a conflict-resolution child was forked from (phases/conflict.py).
+    sa.Column("parent_workflow_id", sa.String(32)),
+    sa.Index("ix_workflows_parent", "parent_workflow_id"),
 )
 
 milestones = sa.Table(

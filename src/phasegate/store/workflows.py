@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from phasegate.contract import (
     COMPLETED,
+    PHASE_ORDER,
     PHASE_STATUS_MAP,
     PREPARATION,
     ContractViolation,
@@ -82,20 +83,41 @@ class WorkflowRows(StoreBase):
         content_language: str,
         state: Mapping[str, Any] | None = None,
         issue: tuple[str, int] | None = None,
+        parent_workflow_id: str | None = None,
+        phase: str = PREPARATION,
+        branch_name: str | None = None,
     ) -> str:
-        """Insert a workflow in ``preparation``; returns its id (8 hex digits).
+        """Insert a workflow in ``phase`` (default ``preparation``); returns its id
+        (8 hex digits).
 
         ``issue`` (forge repository ``owner/name``, issue number): the workflow is
         for that existing issue (a trigger, issue 11): ``issue_number`` is set and
         ``state["forge_repository"]`` records the repository. Raises IssueTaken when
         a workflow has that issue already: the lookup and the insert are one
         writing transaction, so two watchers racing never both start one.
+
+        A conflict-resolution child (phases/conflict.py) names the workflow it was
+        forked from in ``parent_workflow_id``, starts in ``merge`` and works on its
+        parent's ``branch_name``. Raises ContractViolation for a phase outside
+        PHASE_ORDER.
         """
+        if phase not in PHASE_ORDER:
+            raise ContractViolation(f"a workflow cannot start in phase {phase!r}")
         now = self.clock.now()
         workflow_id = secrets.token_hex(4)
         state = dict(state or {})
         if issue is not None:
             state["forge_repository"] = issue[0]
+        # Only what is given: a store still at an older revision (its migration
+        # test) has no parent_workflow_id column to insert a NULL into.
+        optional = {
+            key: value
+            for key, value in (
+                ("parent_workflow_id", parent_workflow_id),
+                ("branch_name", branch_name),
+            )
+            if value is not None
+        }
         with self.transaction() as conn:
             if issue is not None:
                 taken = self._workflow_for_issue(conn, *issue)
@@ -108,17 +130,18 @@ class WorkflowRows(StoreBase):
                     ticket=ticket,
                     repo_path=repo_path,
                     base_branch=base_branch,
-                    current_phase=PREPARATION,
-                    status=PHASE_STATUS_MAP[PREPARATION],
+                    current_phase=phase,
+                    status=PHASE_STATUS_MAP[phase],
                     auto_merge=auto_merge,
                     content_language=content_language,
                     issue_number=issue[1] if issue is not None else None,
                     state=state,
                     created_at=now,
                     updated_at=now,
+                    **optional,
                 )
             )
-            self._add_event(conn, workflow_id, EventWrite("phase_change", {"phase": PREPARATION}))
+            self._add_event(conn, workflow_id, EventWrite("phase_change", {"phase": phase}))
         return workflow_id
 
     def workflow_for_issue(self, repository: str, number: int) -> str | None:
@@ -139,6 +162,21 @@ class WorkflowRows(StoreBase):
         return next(
             (r.id for r in rows if (r.state or {}).get("forge_repository") == repository), None
         )
+
+    def child_workflows(self, parent_workflow_id: str) -> list[dict[str, Any]]:
+        """The rows of the workflows forked from ``parent_workflow_id``, oldest first."""
+        c = t.workflows.c
+        with self.reading() as conn:
+            rows = (
+                conn.execute(
+                    sa.select(t.workflows)
+                    .where(c.parent_workflow_id == parent_workflow_id)
+                    .order_by(c.created_at, c.id)
+                )
+                .mappings()
+                .all()
+            )
+        return [_workflow_dict(r) for r in rows]
 
     def workflow_row(self, workflow_id: str) -> dict[str, Any]:
         """The workflow's row as a dict. Raises WorkflowNotFound."""
@@ -221,6 +259,7 @@ class WorkflowRows(StoreBase):
             user_feedback=row["user_feedback"],
             content_language=row["content_language"],
             error=row["error"],
+            parent_workflow_id=row["parent_workflow_id"],
             state=dict(row["state"] or {}),
             milestones=tuple(_milestone_view(r) for r in milestones),
         )
@@ -405,6 +444,11 @@ def commit_phase_result(
     only while that lease is still this worker's: a worker whose lease was
     taken over commits nothing.
 
+    A child's end (completed or failed) wakes its parent in the same
+    transaction (``_wake_parent``): a parent paused for that child
+    (``state["conflict_child"]``, phases/conflict.py) gets its phase's status
+    back, so the next advance resumes its merge.
+
     Returns the workflow's new row. Raises ContractViolation (an illegal
     ``next_phase`` or update; nothing written), StaleContext (the row moved
     past ``ctx.version``; nothing written), FenceLost (another claim moved the
@@ -450,8 +494,38 @@ def commit_phase_result(
             store._upsert_milestone(conn, ctx.id, ctx.current_phase, write)
         for event in result.events:
             store._add_event(conn, ctx.id, event)
+        if ctx.parent_workflow_id and status in ("completed", "failed"):
+            _wake_parent(store, conn, ctx.parent_workflow_id, ctx.id, status, now)
         # Read in the same transaction: once it commits, nothing is left to fail.
         return store._workflow_row(conn, ctx.id)
+
+
+def _wake_parent(
+    store: WorkflowRows, conn: sa.Connection, parent_id: str, child_id: str, how: str, now: Any
+) -> None:
+    """Give the parent paused for ``child_id`` its phase's status back: it is
+    runnable again and decides on the child's outcome (``how``) itself."""
+    c = t.workflows.c
+    parent = conn.execute(
+        sa.select(c.status, c.current_phase, c.version, c.state).where(c.id == parent_id)
+    ).first()
+    if (
+        parent is None
+        or parent.status != "paused"
+        or (parent.state or {}).get("conflict_child") != child_id
+    ):
+        return  # a person moved it on meanwhile, or it waits for something else
+    conn.execute(
+        t.workflows.update()
+        .where(c.id == parent_id, c.version == parent.version)
+        .values(
+            status=PHASE_STATUS_MAP[parent.current_phase],
+            error=None,
+            version=parent.version + 1,
+            updated_at=now,
+        )
+    )
+    store._add_event(conn, parent_id, EventWrite("child_ended", {"child": child_id, "status": how}))
 
 
 def _refuse(conn: sa.Connection, ctx: WorkflowContext, fence: Fence | None) -> NoReturn:
