@@ -12,8 +12,11 @@ self-heal for it (spec 000, preparation).
 - postconditions: issue_number, branch_name, worktree_path set;
   current_phase == "planning", status == "planning".
 - re-entry point: current_phase == "preparation". A completed issue or branch
-  milestone is reused, a surviving branch is attached to, a leftover directory
-  at the worktree path is cleared (#814).
+  milestone is reused, a leftover directory at the worktree path is cleared.
+  The fork fast path (#814): a branch that already exists — in the
+  repository, or as ``origin/BRANCH`` on the ``origin`` remote, fetched — is
+  attached to (a worktree on it) instead of being made anew from the base;
+  its ``branch_created`` milestone says "attached" and keeps the head found.
 - recovery behavior: a git or forge error leaves ``branch_created`` failed and
   the workflow failed with the reason; ``phasegate resume`` re-runs the phase
   without a second issue.
@@ -25,8 +28,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from phasegate._git import run_git
 from phasegate.contract import PLANNING, PREPARATION, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.phases.deps import PhaseDeps
+from phasegate.workspace import git
 
 __all__ = ["branch_name_for", "run"]
 
@@ -44,7 +49,9 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
 
     branch = ctx.branch_name or branch_name_for(ctx)
     base_sha = deps.workspace.rev(repo, ctx.base_branch)
-    deps.effects.create_branch(PREPARATION, branch, ctx.base_branch)
+    attached = _attach(ctx, deps, repo, branch)
+    if attached is None:
+        deps.effects.create_branch(PREPARATION, branch, ctx.base_branch)
 
     path = deps.cartridge.landing_areas.worktree_dir(repo) / ctx.id
     worktree = deps.workspace.ensure_worktree(repo, branch, path)
@@ -59,6 +66,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         },
         state={"base_sha": base_sha},
         milestones=(
+            *((attached,) if attached else ()),
             MilestoneWrite(
                 "worktree_ready",
                 summary=f"worktree at {worktree}",
@@ -66,3 +74,45 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             ),
         ),
     )
+
+
+def _attach(
+    ctx: WorkflowContext, deps: PhaseDeps, repo: Path, branch: str
+) -> MilestoneWrite | None:
+    """The ``branch_created`` milestone of a surviving branch, attached to; None when
+    the branch is new (or the journal made it: its milestone is reused as it is).
+
+    Written under the journal's own dedupe key, so the journal reads the branch as
+    made. A branch only on ``origin`` is fetched and made local, tracking it.
+    """
+    journal = MilestoneWrite("branch_created", key=branch)
+    made = deps.store.milestone_by_key(deps.store.dedupe_key(ctx.id, PREPARATION, journal))
+    if made is not None and made.status == "completed":
+        return None
+    where = "local"
+    if not deps.workspace.branch_exists(repo, branch):
+        if not _fetched(repo, branch):
+            return None
+        git(["branch", "--track", branch, f"origin/{branch}"], repo)
+        where = "origin"
+    sha = deps.workspace.rev(repo, branch)
+    return MilestoneWrite(
+        "branch_created",
+        key=branch,
+        summary=f"{branch}: attached to the surviving {where} branch at {sha[:12]}",
+        data={
+            "params": {"branch": branch, "base": ctx.base_branch},
+            "result": {"sha": sha},
+            "attached": where,
+        },
+    )
+
+
+def _fetched(repo: Path, branch: str) -> bool:
+    """Whether ``origin`` has ``branch``, fetched as ``origin/<branch>``; False without
+    an origin remote or when it has no such branch."""
+    if run_git(["remote", "get-url", "origin"], repo).returncode != 0:
+        return False
+    ref = f"refs/heads/{branch}"
+    proc = run_git(["fetch", "-q", "origin", f"+{ref}:refs/remotes/origin/{branch}"], repo)
+    return proc.returncode == 0
