@@ -277,7 +277,12 @@ def test_development_reverts_to_planning_where_the_profile_allows(
 def test_a_merge_conflict_reverts_to_planning_where_the_profile_allows(
     tmp_path: Path, engine_for: Build, profile: str
 ) -> None:
-    repo = project(tmp_path, answers(build_answers("the feature")), auto_merge=False)
+    # The check refuses the conflict fork's resolution (phases/conflict.py), never a
+    # build's commit: the child fails, the merge cannot proceed, the profile decides.
+    refuse_fork = "! git log -1 --format=%B | grep -q Phasegate-Conflict"
+    repo = project(
+        tmp_path, answers(build_answers("the feature")), auto_merge=False, checks=[refuse_fork]
+    )
     engine, store = engine_for(repo, clock=FixedClock())
     automatic = SPEC_TABLE[profile][0] < 1.0
     wf, parked = (engine.start("t", "ticket", profile=profile, auto_merge=False) for _ in range(2))
@@ -288,8 +293,9 @@ def test_a_merge_conflict_reverts_to_planning_where_the_profile_allows(
     git(repo, "add", "feature.txt")
     git(repo, "commit", "-qm", "a conflicting change on main")
 
-    row = engine.advance(wf, max_steps=2)  # wait → merge, merge
+    row = engine.advance(wf, max_steps=3)  # wait → merge, merge (fork), merge
     worktree = Path(row["worktree_path"])
+    assert [c["status"] for c in store.child_workflows(wf)] == ["failed"]
     if automatic:
         assert (row["current_phase"], row["status"], row["error"]) == ("planning", "planning", None)
         (record,) = row["state"]["decisions"]

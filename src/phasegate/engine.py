@@ -322,7 +322,8 @@ class Engine:
             for _ in range(max_steps):
                 if fence.lost.is_set():
                     raise FenceLost(f"workflow {workflow_id}: the lease was lost")
-                if self.shutdown.is_set() or not self._step(workflow_id):
+                stopped = self.shutdown.is_set() or not self._step(workflow_id)
+                if stopped and not self._advance_child(workflow_id):
                     break
         except FenceLost as exc:
             log.error("advance of %s stopped: %s", workflow_id, exc)
@@ -343,6 +344,19 @@ class Engine:
             self.fences.pop(workflow_id, None)
             self._release(workflow_id)
         return self.store.workflow_row(workflow_id)
+
+    def _advance_child(self, workflow_id: str) -> bool:
+        """Advance the child the workflow paused for (a conflict fork, phases/conflict.py)
+        here and now; True when the child's end woke the workflow (go on with it)."""
+        row = self.store.workflow_row(workflow_id)
+        child = row["state"].get("conflict_child")
+        if not child or row["status"] != "paused" or self.shutdown.is_set():
+            return False
+        try:
+            self.advance(child)
+        except LeaseHeld:
+            return False  # a worker has it; its end wakes this workflow there
+        return self.store.workflow_row(workflow_id)["status"] in RUNNABLE_STATUSES
 
     def _taken_over(self, fence: Fence) -> bool:
         """Whether another claim moved the workflow's fence past ``fence`` (reads only:

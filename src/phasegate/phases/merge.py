@@ -16,9 +16,12 @@
 - re-entry point: a completed ``merge_completed`` is reused; one left
   in_progress by a killed process is settled by looking for the merge commit
   on the base before the phase runs, so a restart never merges twice.
-- recovery behavior: a conflict with the base means the merge cannot
-  proceed within the plan (spec 003, Apply constrained): a reversion to
-  planning with the conflict as the next plan's input where the profile's
+- recovery behavior: a conflict with the base forks a conflict-resolution
+  child (phases/conflict.py: ``conflict_fork`` milestone, the parent paused
+  until the child ends; a child's own merge phase is ``conflict.resolve``).
+  Once the child resolved it the merge runs again; once it failed the merge
+  cannot proceed within the plan (spec 003, Apply constrained): a reversion
+  to planning with the conflict as the next plan's input where the profile's
   ``auto_reversion_from_apply`` < 1.0 allows it, else a pause for a person
   (resolve and resume, or ``phasegate revert``); past the loop guard, failed
   (pause where a person decides anyway). Uncommitted edits in the merge's
@@ -28,8 +31,9 @@
   its reason, retried later (phases/cleanup.py), and the phase still
   advances with merge_sha.
 - terminal outcomes: completed → acceptance_verification; completed →
-  planning (reversion); pause (conflict, edits in the way, git still failing
-  on a lock after its retries: GitTransient, never read as a conflict);
+  planning (reversion); pause (conflict fork, a failed child's conflict,
+  edits in the way, git still failing on a lock after its retries:
+  GitTransient, never read as a conflict);
   failed (merge error, loop guard).
 """
 
@@ -44,15 +48,16 @@ from phasegate.contract import (
     PhaseResult,
     WorkflowContext,
 )
-from phasegate.phases import cleanup
+from phasegate.phases import cleanup, conflict
 from phasegate.phases.deps import PhaseDeps
-from phasegate.profiles import reversion_or_stop
 from phasegate.workspace import DirtyCheckout, GitError, GitTransient
 
 __all__ = ["run"]
 
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    if conflict.is_child(ctx):
+        return conflict.resolve(ctx, deps)
     if not ctx.pr_number:
         return PhaseResult("failed", reason="no pull request to merge")
     assert ctx.branch_name is not None
@@ -69,23 +74,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     except GitTransient as exc:  # a lock, not a conflict: nothing to re-plan
         return PhaseResult("pause", reason=f"syncing {ctx.base_branch} failed: {exc}")
     if not synced:
-        return reversion_or_stop(
-            ctx,
-            reason=f"{ctx.branch_name} conflicts with {ctx.base_branch}",
-            hint="resolve the conflict on the branch, then `phasegate resume`",
-            context=f"The merge could not proceed: {ctx.branch_name} conflicts with "
-            f"{ctx.base_branch}, which changed the same lines since the branch was made. "
-            f"The new plan must fit what {ctx.base_branch} holds now.",
-            at=deps.clock.now(),
-            milestones=(
-                MilestoneWrite(
-                    "merge_failed",
-                    status="failed",
-                    round=ctx.dev_round,
-                    summary="conflict with base",
-                ),
-            ),
-        )
+        return conflict.on_conflict(ctx, deps)
     message = f"Merge #{ctx.pr_number}: {ctx.title}\n\nphasegate workflow {ctx.id}"
     try:
         sha = deps.effects.merge(MERGE, ctx.pr_number, message)
