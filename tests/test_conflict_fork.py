@@ -21,7 +21,7 @@ from phasegate.engine import Engine
 from phasegate.store import Store
 from phasegate.testing import CRASH_EXIT_CODE, ScriptedRunner
 
-from conftest import git, make_repo, scripted_cartridge
+from conftest import git, make_repo, phasegate_cli, scripted_cartridge
 
 Build = Callable[..., tuple[Engine, Store]]
 
@@ -146,6 +146,14 @@ def test_a_conflicting_merge_forks_a_child_that_resolves_and_the_parent_complete
     assert len(git(repo, "log", "-1", "--format=%P", resolved).split()) == 2
     (attempt,) = kinds(store, child["id"], "conflict_attempt")
     assert attempt.status == "completed" and "+alpha" in attempt.data["diff"]
+
+    # status and show say who forked whom, a line each.
+    status = phasegate_cli("status", "--repo", str(repo))
+    assert status.returncode == 0 and f"child of {b}" in status.stdout, status.stdout
+    shown = phasegate_cli("show", b, "--repo", str(repo)).stdout
+    assert f"conflict-resolution child {child['id']}: completed" in shown
+    shown = phasegate_cli("show", child["id"], "--repo", str(repo)).stdout
+    assert f"conflict-resolution child of {b}" in shown
 
 
 def test_an_unresolvable_conflict_fails_the_child_closed_and_pauses_the_parent(

@@ -278,6 +278,11 @@ def _summary(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
         "created_at": _iso(row["created_at"]),
         "updated_at": _iso(row["updated_at"]),
         "completed_at": _iso(row.get("completed_at")),
+        # the conflict fork (phases/conflict.py): whose child this is, and its own children
+        "parent_workflow_id": row.get("parent_workflow_id"),
+        "children": [
+            {"id": c["id"], "status": c["status"]} for c in store.child_workflows(row["id"])
+        ],
     }
 
 
@@ -340,6 +345,8 @@ _TITLE_FIRST = 20  # what a title gets before an optional column does
 def _status_cells(r: Mapping[str, Any], wide: bool) -> dict[str, str]:
     updated = r["updated_at"] or ""
     title = visible(r["title"], one_line=True)
+    if r.get("parent_workflow_id"):
+        title = f"child of {r['parent_workflow_id']}: {title}"
     return {
         "id": r["id"],
         "title": title if len(title) <= 40 else title[:39] + "…",
@@ -405,6 +412,12 @@ def _print_detail(detail: Mapping[str, Any]) -> None:
         + f"{s['tokens']} tokens · ${s['cost_usd']:.4f}",
         highlight=False,
     )
+    if s.get("parent_workflow_id"):
+        console.print(f"  conflict-resolution child of {s['parent_workflow_id']}", highlight=False)
+    for child in s.get("children", ()):
+        console.print(
+            f"  conflict-resolution child {child['id']}: {child['status']}", highlight=False
+        )
     if s["error"]:
         console.print(f"  [red]reason: {shown(s['error'])}[/red]", highlight=False)
     _print_timeline(detail["milestones"])
