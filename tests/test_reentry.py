@@ -96,7 +96,7 @@ if arm.exists():
 """
 
 # One worker pass that dies (os._exit, like SIGKILL) right before or after the
-# first call of a Workspace method: argv = repo, method, before|after.
+# nth (default: first) call of a Workspace method: argv = repo, method, before|after[, n].
 CRASH_RUNNER = """\
 import os, sys
 from pathlib import Path
@@ -107,10 +107,15 @@ from phasegate.store import open_store
 from phasegate.workspace import Workspace
 
 repo, method, when = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+nth = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 real = getattr(Workspace, method)
+calls = []
 
 
 def crashing(self, *args, **kwargs):
+    calls.append(method)
+    if len(calls) < nth:
+        return real(self, *args, **kwargs)
     if when == "before":
         os._exit(137)
     real(self, *args, **kwargs)
@@ -266,9 +271,9 @@ class Lab:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
 
-    def crash(self, method: str, when: str) -> int:
+    def crash(self, method: str, when: str, nth: int = 1) -> int:
         proc = subprocess.run(
-            [sys.executable, str(self.runner), str(self.repo), method, when],
+            [sys.executable, str(self.runner), str(self.repo), method, when, str(nth)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -450,7 +455,14 @@ def test_a_crash_at_each_point_of_an_attempt_leaves_the_base_with_the_recorded_a
 def test_a_base_sync_left_half_done_by_a_crash_is_undone_and_merged_again(
     tmp_path: Path,
 ) -> None:
-    lab = Lab(tmp_path, auto_merge=False, profile="ci")
+    # The last check refuses the conflict fork's resolution (phases/conflict.py), never
+    # a build's commit: the child fails its 3 attempts and ci reverts to planning.
+    checks = [
+        "test -f log.txt",
+        shlex.join([sys.executable, str(tmp_path / "check.py")]),
+        "! git log -1 --format=%B | grep -q Phasegate-Conflict",
+    ]
+    lab = Lab(tmp_path, auto_merge=False, profile="ci", checks=checks)
     try:
         _base_sync_crash(lab)
     finally:
@@ -465,14 +477,15 @@ def _base_sync_crash(lab: Lab) -> None:
     git(lab.repo, "commit", "-qam", "a conflicting readme on main")
     approve = ("approve-merge", workflow_id, "--by", "alice", "--no-advance")
     assert phasegate_cli(*approve, "--repo", str(lab.repo)).returncode == 0
-    # The merge conflicts, ci reverts to planning with sync_base; the next build's
-    # start_base_merge leaves README.md in conflict, and the process dies there.
-    assert lab.crash("start_base_merge", "after") == CRASH_EXIT, lab.log_tail()
+    # The merge conflicts, its child fails (3 base merges, 3 builds), ci reverts to
+    # planning with sync_base; the next build's start_base_merge (the 4th) leaves
+    # README.md in conflict, and the process dies there.
+    assert lab.crash("start_base_merge", "after", nth=4) == CRASH_EXIT, lab.log_tail()
     row = lab.row(workflow_id)
     worktree = Path(row["worktree_path"])
     assert (row["current_phase"], row["dev_round"]) == ("development", 2)
     assert git(worktree, "rev-parse", "-q", "--verify", "MERGE_HEAD")
-    assert lab.calls("build") == 1
+    assert lab.calls("build") == 4
 
     assert lab.settle(workflow_id, (*STOPPED, "waiting"))["status"] == "waiting", lab.log_tail()
     gone = lab.milestones(workflow_id, "attempt_discarded")
@@ -484,7 +497,7 @@ def _base_sync_crash(lab: Lab) -> None:
 
     assert len(assert_base_holds_exactly_the_recorded_attempts(lab, workflow_id)) == 2
     assert git(lab.repo, "show", "main:README.md") == "resolved"
-    assert lab.calls("build") == 2
+    assert lab.calls("build") == 5
 
 
 # -- an empty net change (issue 9, item 12) -----------------------------------------
