@@ -17,6 +17,7 @@ from typing import Any
 
 from phasegate import decisions
 from phasegate.agents.base import AgentRequest, AgentResult
+from phasegate.contract import PhaseResult
 from phasegate.engine import Engine
 from phasegate.store import Store
 from phasegate.testing import CRASH_EXIT_CODE, ScriptedRunner
@@ -287,6 +288,13 @@ def test_a_child_waits_until_its_parent_has_paused_for_it(
 
     assert (row["current_phase"], row["status"]) == ("merge", "merging")
     assert builds.requests == [] and store.milestones(child) == []
+
+    # A parent that named the child and was moved on since waits for nobody: the
+    # child fails closed rather than land a resolution on its branch.
+    engine.commit(store.load_context(parent), PhaseResult("retry", state={"conflict_child": child}))
+    row = engine.advance(child)
+    assert row["status"] == "failed" and "no longer waits" in row["error"]
+    assert builds.requests == []
 
 
 def test_preparation_attaches_to_a_surviving_local_branch(

@@ -22,8 +22,9 @@ The child (``resolve``; a workflow in merge with ``state["kind"] == "conflict"``
 the parent's repository, base and branch, no issue and no pull request of its
 own):
 
-- preconditions: its parent is paused for it (else it waits: the parent may
-  not have committed its pause yet); the parent's branch is still at
+- preconditions: its parent is paused for it (it waits while the parent's
+  pause, naming it, is not committed yet; it fails once the parent was moved
+  on from that pause); the parent's branch is still at
   ``state["parent_head"]``, where the fork found it.
 - inputs: state.conflicted (the files ``git merge-tree`` named), the
   parent's title and ticket, the last attempt's failure.
@@ -50,7 +51,8 @@ own):
   and completes.
 - terminal outcomes: completed → completed (wakes the parent); retry (another
   attempt); wait (the parent has not paused yet); failed (attempts spent,
-  the branch moved since the fork, the build agent failed every try).
+  the branch moved since the fork, the parent no longer waits, the build
+  agent failed every try).
 """
 
 from __future__ import annotations
@@ -238,8 +240,16 @@ def resolve(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     """Run one attempt of the child's resolution; see the module docstring."""
     assert ctx.parent_workflow_id is not None and ctx.branch_name is not None
     parent = deps.store.workflow_row(ctx.parent_workflow_id)
-    if parent["status"] != "paused" or parent["state"].get("conflict_child") != ctx.id:
+    if parent["state"].get("conflict_child") != ctx.id:
         return PhaseResult("wait")  # the parent's pause is not committed yet
+    if parent["status"] != "paused":
+        # Its pause named this child, and something else moved it on since (a
+        # reversion, a person): a resolution now would land on a branch nobody waits on.
+        return PhaseResult(
+            "failed",
+            reason=f"parent {parent['id']} no longer waits for this resolution "
+            f"({parent['current_phase']}, {parent['status']})",
+        )
     repo = Path(ctx.repo_path)
     start = str(ctx.state["parent_head"])
     head = deps.workspace.rev(repo, ctx.branch_name)
