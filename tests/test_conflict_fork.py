@@ -357,3 +357,47 @@ def _filed(store: Store, repo: Path, branch: str) -> str:
         content_language="en",
         branch_name=branch,
     )
+
+
+def test_a_childs_end_wakes_only_the_parent_paused_for_it_in_the_same_commit(
+    tmp_path: Path, engine_for: Build
+) -> None:
+    # What a worker relies on when another worker advanced the child: no poll of
+    # the parent, its status is back in the child's own commit.
+    repo = project(tmp_path)
+    engine, store = engine_for(repo)
+    parent, other = engine.start("p", "ticket"), engine.start("o", "ticket")
+
+    def child_of(wf: str) -> str:
+        return store.create_workflow(
+            title="c",
+            ticket="x",
+            repo_path=str(repo),
+            base_branch="main",
+            auto_merge=False,
+            content_language="en",
+            parent_workflow_id=wf,
+            phase="merge",
+        )
+
+    child, stranger = child_of(parent), child_of(other)
+    engine.commit(
+        store.load_context(parent),
+        PhaseResult("pause", reason="waiting for child", state={"conflict_child": child}),
+    )
+    engine.commit(store.load_context(other), PhaseResult("pause", reason="a person's"))
+
+    engine.commit(store.load_context(stranger), PhaseResult("failed", reason="x"))
+    assert store.workflow_row(other)["status"] == "paused"  # not waiting for that child
+    engine.commit(store.load_context(child), PhaseResult.advance("completed"))
+
+    row = store.workflow_row(parent)
+    assert (row["current_phase"], row["status"], row["error"]) == (
+        "preparation",
+        "preparing",
+        None,
+    )
+    assert [e["data"] for e in store.events(parent) if e["type"] == "child_ended"] == [
+        {"child": child, "status": "completed"}
+    ]
+    assert [c["id"] for c in store.child_workflows(parent)] == [child]
