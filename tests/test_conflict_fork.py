@@ -20,7 +20,7 @@ from phasegate.agents.base import AgentRequest, AgentResult
 from phasegate.contract import PhaseResult
 from phasegate.engine import Engine
 from phasegate.store import Store
-from phasegate.testing import CRASH_EXIT_CODE, ScriptedRunner
+from phasegate.testing import CRASH_EXIT_CODE, InMemoryForge, ScriptedRunner
 
 from conftest import git, make_repo, phasegate_cli, scripted_cartridge
 
@@ -401,3 +401,32 @@ def test_a_childs_end_wakes_only_the_parent_paused_for_it_in_the_same_commit(
         {"child": child, "status": "completed"}
     ]
     assert [c["id"] for c in store.child_workflows(parent)] == [child]
+
+
+def test_the_resolution_is_published_through_the_forge_so_a_pull_request_sees_it(
+    tmp_path: Path, engine_for: Build
+) -> None:
+    # Any forge: only the Forge protocol is used (here the in-memory one, whose
+    # merge touches no git, so the base's conflicting change is committed by hand).
+    repo = project(tmp_path, auto_merge=False)
+    forge = InMemoryForge()
+    builds = Builds([resolution(BOTH)])
+    engine, store = engine_for(repo, runners={"build": builds}, forge=forge)
+    wf = engine.start("beta", "feature.txt says beta", auto_merge=False)
+    builds.writes(wf, "beta\n")
+    assert engine.advance(wf)["current_phase"] == "wait"
+    (repo / "feature.txt").write_text("alpha\n")
+    git(repo, "commit", "-qam", "alpha on main")
+    engine.decide(wf, lambda ctx: decisions.approve_merge(ctx, "test"))
+    published = len(forge.published)
+
+    row = engine.advance(wf, max_steps=3)  # wait → merge, merge (fork), merge
+
+    (child,) = store.child_workflows(wf)
+    assert child["status"] == "completed"
+    resolved = child["state"]["resolution"]
+    assert forge.published[published:] == [row["branch_name"]]
+    (pushed,) = kinds(store, child["id"], "branch_pushed")
+    assert pushed.status == "completed" and pushed.data["params"]["sha"] == resolved
+    assert git(repo, "merge-base", "--is-ancestor", "main", resolved) == ""  # holds the base
+    assert row["merge_sha"] == forge.prs[row["pr_number"]].merge_sha  # merged on the forge
