@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from phasegate import decisions
 from phasegate.agents.base import AgentRequest, AgentResult
 from phasegate.contract import PhaseResult
@@ -430,3 +432,25 @@ def test_the_resolution_is_published_through_the_forge_so_a_pull_request_sees_it
     assert pushed.status == "completed" and pushed.data["params"]["sha"] == resolved
     assert git(repo, "merge-base", "--is-ancestor", "main", resolved) == ""  # holds the base
     assert row["merge_sha"] == forge.prs[row["pr_number"]].merge_sha  # merged on the forge
+
+
+def test_a_resolution_holding_a_key_anywhere_is_refused_never_landed(
+    tmp_path: Path, engine_for: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SERVICE_API_KEY", "sk-live-leaked-000111")
+    repo = project(tmp_path)
+    leaky = resolution(BOTH, **{"config.txt": "key = sk-live-leaked-000111\n"})
+    builds = Builds([leaky, resolution(BOTH)])  # the key outside the conflicted file
+    engine, store = engine_for(repo, runners={"build": builds})
+    a, b = two_conflicting(engine, builds)
+
+    row = engine.advance(b)
+
+    assert row["status"] == "completed", row["error"]
+    (child,) = store.child_workflows(b)
+    first, second = kinds(store, child["id"], "conflict_attempt")
+    assert first.status == "failed" and "secret value in: config.txt" in first.summary
+    assert first.data["diff"] == "" and first.data["checks"] == []  # nothing of it kept
+    assert second.status == "completed"
+    assert "sk-live-leaked" not in git(repo, "log", "-p", "--all")
+    assert "sk-live-leaked" not in str([m.data for m in store.milestones(child["id"])])

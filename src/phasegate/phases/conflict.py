@@ -36,10 +36,12 @@ own):
   leaves only a directory the next one clears.
 - an attempt: merge the base in, ask the ``build`` role on a session line of
   its own (``conflict-a<N>``, never the parent's ``main``) to resolve the
-  markers, refuse the result while a marker remains, a secret is in the
-  resolution, or ``landing_areas.checks`` fail. Evidence: a
-  ``conflict_attempt`` milestone per attempt (the resolution's diff of the
-  conflicted files, the checks' results, the markers left).
+  markers, refuse the result while a marker remains, the resolution (what
+  the merge commit holds that neither side had) is over
+  ``limits.max_diff_bytes`` or holds a secret, or ``landing_areas.checks``
+  fail. Evidence: a ``conflict_attempt`` milestone per attempt (the
+  resolution's diff of the conflicted files, the checks' results, the
+  markers left).
 - bounded: ``1 + limits.max_dev_retries`` attempts (``test_retries`` counts
   them, so ``resume`` grants a fresh set); then the child fails closed, its
   evidence kept.
@@ -321,11 +323,21 @@ def _attempt(
         sha = deps.workspace.rev(cwd, "HEAD")
     start = str(ctx.state["parent_head"])
     diff = git(["diff", start, "HEAD", "--", *conflicted], cwd) if sha and conflicted else ""
-    leaked = files_with_secrets(diff, cartridge_secrets(deps.cartridge)) if diff else []
-    checks = deps.run_checks(cwd) if sha and not leaked else []
+    # What the merge commit holds that neither side had (the combined diff): the
+    # agent's own writing, wherever it wrote; the base's changes are not its.
+    own = git(["show", "--format=", "--cc", "HEAD"], cwd) if sha else ""
+    oversized = len(own.encode()) > deps.limits.max_diff_bytes
+    leaked = [] if oversized else files_with_secrets(own, cartridge_secrets(deps.cartridge))
+    checks = deps.run_checks(cwd) if sha and not leaked and not oversized else []
     failure = ""
     if marked:
         failure = "conflict markers remain in: " + ", ".join(marked)
+    elif oversized:
+        failure = (
+            f"the resolution is {len(own.encode())} bytes > limit "
+            f"{deps.limits.max_diff_bytes} (limits.max_diff_bytes)"
+        )
+        diff = ""  # never stored
     elif leaked:
         failure = "the resolution held a secret value in: " + ", ".join(leaked)
         diff = ""  # never stored
