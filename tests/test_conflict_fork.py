@@ -263,6 +263,58 @@ def test_a_kill_right_after_the_fork_then_resuming_forks_no_second_child(
     assert git(repo, "show", "main:feature.txt") == BOTH.strip()
 
 
+# One pass that runs the parent's merge and its child with a resolving build, and
+# dies (os._exit) once the resolution is the parent's branch, before the child
+# publishes it or commits its end.
+CRASH_AFTER_LANDING = """\
+import os, sys
+from pathlib import Path
+
+from phasegate.cartridge import load_cartridge
+from phasegate.engine import Engine
+from phasegate.phases import conflict
+from phasegate.store import open_store
+from phasegate.testing import ScriptedRunner
+
+repo, workflow_id = Path(sys.argv[1]), sys.argv[2]
+conflict._landed = lambda *args, **kwargs: os._exit(137)
+cartridge = load_cartridge(repo)
+store = open_store(cartridge.store_url(repo))
+answer = {"text": "resolved", "files": {"feature.txt": "alpha\\nbeta\\n"}}
+runners = {"build": ScriptedRunner({"build": [answer]})}
+Engine(repo, cartridge, store, runners=runners).advance(workflow_id)
+sys.exit(3)
+"""
+
+
+def test_a_kill_after_the_resolution_landed_completes_the_child_without_resolving_again(
+    tmp_path: Path, engine_for: Build
+) -> None:
+    repo = project(tmp_path)
+    builds = Builds([resolution("never asked\n")])
+    engine, store = engine_for(repo, runners={"build": builds})
+    a, b = two_conflicting(engine, builds, auto_merge=False)
+    script = tmp_path / "crash_after_landing.py"
+    script.write_text(CRASH_AFTER_LANDING)
+
+    proc = subprocess.run(
+        [sys.executable, str(script), str(repo), b], capture_output=True, text=True, timeout=120
+    )
+
+    assert proc.returncode == CRASH_EXIT_CODE, proc.stdout + proc.stderr
+    (child,) = store.child_workflows(b)
+    assert child["status"] == "merging"  # its end was never committed
+    landed = git(repo, "rev-parse", child["branch_name"])
+    assert f"Phasegate-Conflict: {child['id']}" in git(repo, "log", "-1", "--format=%B", landed)
+
+    row = engine.advance(b)
+
+    assert row["status"] == "completed", row["error"]
+    assert [r for r in builds.requests if r.phase == "merge"] == []  # not resolved again
+    assert store.workflow_row(child["id"])["state"]["resolution"] == landed
+    assert git(repo, "show", "main:feature.txt") == BOTH.strip()
+
+
 def test_a_child_waits_until_its_parent_has_paused_for_it(
     tmp_path: Path, engine_for: Build
 ) -> None:

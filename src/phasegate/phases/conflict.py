@@ -128,7 +128,7 @@ def on_conflict(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     if latest is not None and latest.status == "completed":
         child = deps.store.workflow_row(str(latest.data["child"]))
         if child["status"] not in ("completed", "failed"):
-            return _waiting(ctx, child, ())
+            return _waiting(child)
         if child["status"] == "failed" and ctx.state.get("conflict_settled") != child["id"]:
             return _child_failed(ctx, deps, child)
         # Resolved, and the base moved on since; or failed, decided, and resumed by a
@@ -193,18 +193,15 @@ def _fork(ctx: WorkflowContext, deps: PhaseDeps, number: int) -> PhaseResult:
         summary=f"forked child {child_id} to resolve {len(files)} conflicted file(s)",
         data={"child": child_id},
     )
-    return _waiting(ctx, deps.store.workflow_row(child_id), ())
+    return _waiting(deps.store.workflow_row(child_id))
 
 
-def _waiting(
-    ctx: WorkflowContext, child: dict[str, Any], milestones: tuple[MilestoneWrite, ...]
-) -> PhaseResult:
+def _waiting(child: dict[str, Any]) -> PhaseResult:
     note = f" (child {child['status']}: {child['error']})" if child.get("error") else ""
     return PhaseResult(
         "pause",
         reason=f"waiting for conflict resolution by child {child['id']}{note}",
         state={"conflict_child": child["id"]},
-        milestones=milestones,
     )
 
 
@@ -270,6 +267,8 @@ def resolve(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         if isinstance(outcome, PhaseResult):
             return outcome
         sha, evidence = outcome
+        if deps.effects.fence is not None:  # a worker that lost the lease lands nothing
+            deps.effects.fence.check()
         # Compare-and-swap: only from the head the child started from.
         git(["update-ref", f"refs/heads/{ctx.branch_name}", sha, start], repo)
     return _landed(ctx, deps, sha, (evidence,))
