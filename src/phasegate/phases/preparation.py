@@ -8,7 +8,8 @@ self-heal for it (spec 000, preparation).
 - inputs: title, ticket, repo_path, base_branch, the cartridge's worktree_root.
 - authoritative evidence: the ``branch_created`` milestone (completed); also
   ``issue_created`` and ``worktree_ready``.
-- side effects: forge issue (journaled), git branch (journaled), git worktree.
+- side effects: forge issue (journaled; none for a workflow started from an
+  existing issue by `watch` or `import`), git branch (journaled), git worktree.
 - postconditions: issue_number, branch_name, worktree_path set;
   current_phase == "planning", status == "planning".
 - re-entry point: current_phase == "preparation". A completed issue or branch
@@ -44,8 +45,11 @@ def branch_name_for(ctx: WorkflowContext) -> str:
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     repo = Path(ctx.repo_path)
-    body = f"{ctx.ticket}\n\n_Filed by phasegate for workflow `{ctx.id}`._"
-    issue = deps.effects.create_issue(PREPARATION, ctx.title, body)
+    if ctx.issue_number:  # started from a person's issue (watch, import): it is the ticket
+        issue = ctx.issue_number
+    else:
+        body = f"{ctx.ticket}\n\n_Filed by phasegate for workflow `{ctx.id}`._"
+        issue = deps.effects.create_issue(PREPARATION, ctx.title, body)
 
     branch = ctx.branch_name or branch_name_for(ctx)
     base_sha = deps.workspace.rev(repo, ctx.base_branch)
