@@ -47,7 +47,7 @@ import random
 import re
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -189,7 +189,7 @@ def _subcommand(args: Sequence[str]) -> tuple[int, str]:
 
 
 def _run_once(
-    args: Sequence[str], cwd: Path | str, input: str | None
+    args: Sequence[str], cwd: Path | str, input: str | None, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     at, name = _subcommand(args)
     if name in _DIFFING:
@@ -201,7 +201,7 @@ def _run_once(
         encoding="utf-8",
         errors="replace",
         input=input,
-        env=_git_env(),
+        env={**_git_env(), **(env or {})},
     )
 
 
@@ -373,7 +373,11 @@ def run_git_unrecorded(
 
 
 def run_git(
-    args: Sequence[str], cwd: Path | str, input: str | None = None
+    args: Sequence[str],
+    cwd: Path | str,
+    input: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``git args`` in ``cwd``, never prompting, in the C locale (messages phasegate
     reads stay English), with hooks, fsmonitor and signing off (``HARDENED``);
@@ -383,21 +387,25 @@ def run_git(
     A transient failure (see ``is_transient``) is retried up to
     ``TRANSIENT_ATTEMPTS`` runs in all (about 1.5 s at most); raises
     GitTransient, with git's message, when it persists.
+
+    ``env`` is added to the environment of this one git process, past
+    ``_git_env``'s withholding: how the forge hands git its token (an askpass
+    helper's variable) without any other git, or an agent, seeing it.
     """
     if not _moves_refs(args):
-        return _run_git(args, cwd, input)
+        return _run_git(args, cwd, input, env)
     common = _common_dir(cwd)
     if common is None:  # not a repository: let the command itself say so
-        return _run_git(args, cwd, input)
+        return _run_git(args, cwd, input, env)
     with refs_lock(common, exclusive=False):
         before = list_refs(cwd)
-        proc = _run_git(args, cwd, input)
+        proc = _run_git(args, cwd, input, env)
         record_refs(common, before, list_refs(cwd))
     return proc
 
 
 def _run_git(
-    args: Sequence[str], cwd: Path | str, input: str | None
+    args: Sequence[str], cwd: Path | str, input: str | None, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     delay = _BACKOFF_S
     for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
@@ -405,7 +413,7 @@ def _run_git(
             with _worktree_admin_lock(cwd):
                 proc = _run_once(args, cwd, input)
         else:
-            proc = _run_once(args, cwd, input)
+            proc = _run_once(args, cwd, input, env)
         if not is_transient(proc):
             return proc
         if attempt < TRANSIENT_ATTEMPTS:
