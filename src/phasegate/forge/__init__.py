@@ -1,6 +1,40 @@
-"""Forges: where issues, pull requests and merges live."""
+"""Forges: where issues, pull requests and merges live.
 
-from phasegate.forge.base import Forge, ForgeError, Issue, PullRequest
+``LocalForge`` (the store and the repository) and ``GitHubForge`` (githubkit);
+``make_forge`` picks the one the cartridge's ``[forge]`` names.
+"""
+
+from phasegate.forge.base import (
+    Check,
+    Comment,
+    Forge,
+    ForgeAuthError,
+    ForgeError,
+    ForgeNotFound,
+    ForgeUnavailable,
+    Issue,
+    Labelled,
+    PullRequest,
+)
+from phasegate.forge.github import GitHubForge
+from phasegate.forge.github_auth import ForgeAuth, forge_auth, make_forge, repository_from_origin
 from phasegate.forge.local import LocalForge
 
-__all__ = ["Forge", "ForgeError", "Issue", "LocalForge", "PullRequest"]
+__all__ = [
+    "Check",
+    "Comment",
+    "Forge",
+    "ForgeAuth",
+    "ForgeAuthError",
+    "ForgeError",
+    "ForgeNotFound",
+    "ForgeUnavailable",
+    "GitHubForge",
+    "Issue",
+    "Labelled",
+    "LocalForge",
+    "PullRequest",
+    "forge_auth",
+    "make_forge",
+    "repository_from_origin",
+]
