@@ -1,0 +1,633 @@
+"""GitHubForge against the fake GitHub (phasegate.testing.github_server): real
+HTTP on 127.0.0.1, real git over smart HTTP into a real bare repository."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from phasegate.cartridge import Cartridge
+from phasegate.cartridge_forge import ForgeSettings
+from phasegate.forge import (
+    ForgeAuth,
+    ForgeAuthError,
+    ForgeError,
+    ForgeNotFound,
+    ForgeUnavailable,
+    GitHubForge,
+    LocalForge,
+    forge_auth,
+    make_forge,
+    repository_from_origin,
+)
+from phasegate.forge.github import CHECK_OUTPUT_BYTES, neutralize_closing
+from phasegate.forge.github_faults import GitHubRefused
+from phasegate.forge.github_git import FETCHED_PREFIX
+from phasegate.journal import SideEffects
+from phasegate.store import open_store
+from phasegate.testing.github_server import GitHubServer
+from phasegate.workspace import Workspace
+
+from conftest import git, make_repo, new_workflow
+
+REPO = "octo/app"
+#: phasegate's token in these tests: it must appear in no argv, config, URL or log.
+SENTINEL = "ghp_SENTINEL0123456789abcdefSENTINEL"
+
+
+@pytest.fixture
+def github(tmp_path: Path) -> Iterator[GitHubServer]:
+    with GitHubServer(tmp_path / "github") as server:
+        yield server
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Path:
+    return make_repo(tmp_path / "checkout", {"README.md": "# app\n", "app.py": "x = 1\n"})
+
+
+def settings(github: GitHubServer, **given: object) -> ForgeSettings:
+    return ForgeSettings(kind="github", repository=REPO, base_url=github.url, **given)  # type: ignore[arg-type]
+
+
+def forge_for(
+    github: GitHubServer, local: Path, token: str = SENTINEL, **given: object
+) -> GitHubForge:
+    return GitHubForge(
+        REPO,
+        ForgeAuth.from_token(token, "GITHUB_TOKEN"),
+        local,
+        Workspace(),
+        settings(github, **given),
+        retry_backoff_s=0.01,
+    )
+
+
+@pytest.fixture
+def forge(github: GitHubServer, local: Path) -> GitHubForge:
+    github.create_repo("octo", "app", from_path=local)
+    github.add_user("phasegate-bot", SENTINEL)
+    github.grant(REPO, "phasegate-bot", "write")
+    for login, permission in (("maya", "maintain"), ("rita", "read")):
+        github.add_user(login)
+        github.grant(REPO, login, permission)
+    github.add_user("stranger")
+    return forge_for(github, local)
+
+
+def branch_with_change(local: Path, branch: str, text: str = "x = 2\n") -> str:
+    git(local, "checkout", "-q", "-b", branch)
+    (local / "app.py").write_text(text)
+    git(local, "commit", "-qam", f"change on {branch}")
+    sha = git(local, "rev-parse", "HEAD")
+    git(local, "checkout", "-q", "main")
+    return sha
+
+
+def posts(github: GitHubServer, suffix: str) -> list[object]:
+    return [r for r in github.requests if r.method == "POST" and r.path.endswith(suffix)]
+
+
+# -- issues ---------------------------------------------------------------------------
+
+
+def test_issue_round_trips_with_its_marker_hidden_and_closes(forge: GitHubForge) -> None:
+    number = forge.create_issue("Add x", "Please add x.", "phasegate:workflow:w1")
+    assert forge.find_issue("phasegate:workflow:w1") == number
+    assert forge.find_issue("phasegate:workflow:other") is None
+    issue = forge.issue(number)
+    assert (issue.title, issue.body, issue.state, issue.author) == (
+        "Add x",
+        "Please add x.",
+        "open",
+        "phasegate-bot",
+    )
+    forge.close_issue(number)
+    assert forge.issue(number).state == "closed"
+
+
+def test_a_repeated_create_issue_after_a_crash_finds_the_first(
+    github: GitHubServer, forge: GitHubForge
+) -> None:
+    first = forge.create_issue("Add x", "body", "phasegate:workflow:w1")
+    # a restarted process: a new forge, the journal looks before it repeats
+    again = forge_for(github, forge.repo)
+    assert again.find_issue("phasegate:workflow:w1") == first
+    assert github.counts(REPO)["issues"] == 1
+
+
+def test_the_journal_finds_an_issue_and_pr_whose_answers_timed_out_instead_of_repeating(
+    github: GitHubServer, forge: GitHubForge, local: Path, tmp_path: Path
+) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    workflow = new_workflow(store)
+    slow = forge_for(github, local, timeout_s=0.5)
+    effects = SideEffects(store, slow, Workspace(), workflow, local)
+    github.delay("POST", r"/issues$", 1.0)
+    with pytest.raises(ForgeUnavailable):
+        effects.create_issue("preparation", "Add x", "body")
+    branch_with_change(local, "phasegate/w")
+    effects.push_branch("development", "phasegate/w", git(local, "rev-parse", "phasegate/w"))
+    time.sleep(1.0)  # GitHub finishes the issue the client gave up on
+    number = effects.create_issue("preparation", "Add x", "body")  # resume: looks first
+    github.delay("POST", r"/pulls$", 1.0)
+    with pytest.raises(ForgeUnavailable):
+        effects.open_pull_request("pr_review", "phasegate/w", "main", "t", f"Implements #{number}")
+    time.sleep(1.0)
+    pr = effects.open_pull_request("pr_review", "phasegate/w", "main", "t", f"Implements #{number}")
+    assert forge.pull_request(pr).head == "phasegate/w"
+    assert (github.counts(REPO)["issues"], github.counts(REPO)["pulls"]) == (1, 1)
+    assert len(posts(github, "/issues")) == 1 and len(posts(github, "/pulls")) == 1
+
+
+def test_status_label_is_created_once_and_replaces_the_other_status_labels(
+    github: GitHubServer, forge: GitHubForge
+) -> None:
+    number = forge.create_issue("t", "b", "phasegate:workflow:w1")
+    github.label(REPO, number, "bug", "maya")
+    forge.set_status_label(number, "phasegate:planning")
+    forge.set_status_label(number, "phasegate:development")
+    assert set(forge.issue(number).labels) == {"bug", "phasegate:development"}
+    forge.set_status_label(number, None)
+    assert forge.issue(number).labels == ("bug",)
+    assert len(posts(github, "/labels")) == 2 + 2  # two labels made, each added once
+    with pytest.raises(ForgeError, match="no status label"):
+        forge.set_status_label(number, "planning")
+
+
+def test_labelled_issues_say_who_labelled_last_and_skip_pull_requests(
+    github: GitHubServer, forge: GitHubForge, local: Path
+) -> None:
+    first = github.open_issue(REPO, "one", "text", "stranger").number
+    second = github.open_issue(REPO, "two", "text", "stranger").number
+    github.label(REPO, first, "phasegate", "rita")
+    github.unlabel(REPO, first, "phasegate", "rita")
+    github.label(REPO, first, "phasegate", "maya")
+    github.label(REPO, second, "phasegate", "rita")
+    github.open_issue(REPO, "closed one", "", "maya", labels=["phasegate"])
+    github.edit_issue(REPO, 3, "maya", state="closed")
+    branch_with_change(local, "feature")
+    forge.publish_branch("feature")
+    pr = forge.create_pull_request("feature", "main", "PR", "body")
+    github.label(REPO, pr, "phasegate", "maya")
+    found = {x.issue.number: x.by for x in forge.labelled_issues("phasegate")}
+    assert found == {first: "maya", second: "rita"}
+
+
+def test_permission_is_githubs_role_and_none_for_strangers(forge: GitHubForge) -> None:
+    assert forge.permission("maya") == "maintain"
+    assert forge.permission("rita") == "read"
+    assert forge.permission("octo") == "admin"
+    assert forge.permission("nobody-at-all") == "none"
+
+
+# -- comments -------------------------------------------------------------------------
+
+
+def test_comment_round_trips_and_a_repeat_finds_it(
+    github: GitHubServer, forge: GitHubForge
+) -> None:
+    number = forge.create_issue("t", "b", "phasegate:workflow:w1")
+    cid = forge.comment(number, "Report.\n\n<!-- phasegate:w1:report -->", "phasegate:w1:report")
+    assert forge.find_comment(number, "phasegate:w1:report") == cid
+    assert forge.find_comment(number, "phasegate:w1:other") is None
+    other = forge.comment(number, "no marker in the text", "phasegate:w1:plain")
+    assert forge.find_comment(number, "phasegate:w1:plain") == other
+    assert github.counts(REPO)["comments"] == 2
+
+
+def test_comments_merge_conversation_reviews_and_inline_oldest_first_without_phasegates(
+    github: GitHubServer, forge: GitHubForge, local: Path
+) -> None:
+    branch_with_change(local, "feature")
+    forge.publish_branch("feature")
+    pr = forge.create_pull_request("feature", "main", "PR", "body")
+    t0 = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    forge.comment(pr, "phasegate's report", "phasegate:w1:report")
+    github.comment(REPO, pr, "too early", "maya", at=t0 - timedelta(hours=1))
+    github.comment(REPO, pr, "please rename x", "maya", at=t0 + timedelta(minutes=1))
+    github.review(
+        REPO,
+        pr,
+        "maya",
+        "COMMENTED",
+        "",
+        comments=[("app.py", 1, "why 2?")],
+        at=t0 + timedelta(minutes=2),
+    )
+    github.review(REPO, pr, "maya", "APPROVED", "", at=t0 + timedelta(minutes=3))
+    said = forge.comments(pr, since=t0)
+    assert [(c.kind, c.author, c.body) for c in said] == [
+        ("conversation", "maya", "please rename x"),
+        ("inline", "maya", "why 2?"),
+        ("review", "maya", ""),
+    ]
+    inline = said[1]
+    assert (inline.path, inline.line) == ("app.py", 1)
+    assert inline.diff_hunk and "+x = 2" in inline.diff_hunk
+    assert said[2].review_state == "approved"
+    assert all(c.created_at.tzinfo is not None for c in said)
+    everything = forge.comments(pr)
+    assert [c.body for c in everything][0] == "too early"
+    assert not any("report" in c.body for c in everything)
+
+
+def test_issue_comments_have_no_reviews(github: GitHubServer, forge: GitHubForge) -> None:
+    number = github.open_issue(REPO, "t", "b", "maya").number
+    github.comment(REPO, number, "more detail", "maya")
+    assert [c.body for c in forge.comments(number)] == ["more detail"]
+    assert not [r for r in github.requests if "/reviews" in r.path]
+
+
+# -- branches, pull requests, merges -----------------------------------------------------
+
+
+def test_pull_request_round_trips_by_head_and_never_says_a_closing_keyword(
+    github: GitHubServer, forge: GitHubForge, local: Path
+) -> None:
+    issue = forge.create_issue("t", "b", "phasegate:workflow:w1")
+    sha = branch_with_change(local, "phasegate/w1")
+    forge.publish_branch("phasegate/w1")
+    assert github.repo(REPO).git.git("rev-parse", "refs/heads/phasegate/w1").strip() == sha
+    number = forge.create_pull_request("phasegate/w1", "main", "Add x", f"Fixes #{issue}.")
+    assert forge.find_pull_request("phasegate/w1") == number
+    assert forge.find_pull_request("elsewhere") is None
+    pr = forge.pull_request(number)
+    assert (pr.head, pr.base, pr.state, pr.head_sha) == ("phasegate/w1", "main", "open", sha)
+    assert pr.body == f"Implements #{issue}."
+    forge.update_pull_request(number, f"Closes: #{issue} and resolves octo/app#{issue}")
+    assert (
+        forge.pull_request(number).body == f"Implements: #{issue} and Implements octo/app#{issue}"
+    )
+    merged = forge.merge_pull_request(number, f"Merge: fixes #{issue}\n\nResolved #{issue}")
+    assert forge.issue(issue).state == "open"  # merging closed nothing: verification will
+    after = forge.pull_request(number)
+    assert (after.state, after.merge_sha, after.merged_by) == ("merged", merged, "phasegate-bot")
+    assert git(local, "cat-file", "-t", merged) == "commit"
+    assert git(local, "rev-parse", f"{FETCHED_PREFIX}main") == merged
+
+
+def test_a_repeated_merge_returns_the_first_merge_and_find_merge_sees_it(
+    github: GitHubServer, forge: GitHubForge, local: Path
+) -> None:
+    branch_with_change(local, "feature")
+    forge.publish_branch("feature")
+    number = forge.create_pull_request("feature", "main", "t", "b")
+    assert forge.find_merge(number) is None
+    sha = forge.merge_pull_request(number, "merge it")
+    assert forge.merge_pull_request(number, "merge it") == sha
+    assert forge_for(github, local).find_merge(number) == sha
+    assert github.counts(REPO)["merges"] == 1
+
+
+def test_a_merge_github_refuses_says_githubs_status_and_message(
+    github: GitHubServer, forge: GitHubForge, local: Path
+) -> None:
+    branch_with_change(local, "one", "x = 'one'\n")
+    branch_with_change(local, "two", "x = 'two'\n")
+    forge.publish_branch("one")
+    forge.publish_branch("two")
+    first = forge.create_pull_request("one", "main", "one", "b")
+    second = forge.create_pull_request("two", "main", "two", "b")
+    forge.merge_pull_request(first, "one")
+    with pytest.raises(GitHubRefused) as conflict:  # the same line: a real conflict
+        forge.merge_pull_request(second, "two")
+    assert conflict.value.status == 405 and "not mergeable" in str(conflict.value)
+    github.fail("PUT", r"/merge$", 409, body={"message": "Head branch was modified."})
+    third = forge.create_pull_request("two", "one", "onto one", "b")
+    with pytest.raises(GitHubRefused, match="Head branch was modified") as moved:
+        forge.merge_pull_request(third, "m")
+    assert moved.value.status == 409
+    assert forge.pull_request(second).state == "open"
+    assert github.counts(REPO)["merges"] == 1
+
+
+def test_squash_merge_uses_the_cartridges_method(
+    github: GitHubServer, forge: GitHubForge, local: Path
+) -> None:
+    squash = forge_for(github, local, merge_method="squash")
+    branch_with_change(local, "feature")
+    squash.publish_branch("feature")
+    number = squash.create_pull_request("feature", "main", "t", "b")
+    sha = squash.merge_pull_request(number, "Squashed\n\nbody")
+    parents = git(local, "rev-list", "--parents", "-n", "1", sha).split()
+    assert len(parents) == 2  # the commit and its one parent: a squash, not a merge
+    puts = [r for r in github.requests if r.method == "PUT"]
+    assert puts[-1].body["merge_method"] == "squash"
+
+
+def test_checks_read_check_runs_and_statuses_capping_output(
+    github: GitHubServer, forge: GitHubForge, local: Path
+) -> None:
+    sha = branch_with_change(local, "feature")
+    forge.publish_branch("feature")
+    github.check_run(
+        REPO, sha, "tests", "completed", "failure", title="2 failed", summary="boom " * 4000
+    )
+    github.check_run(REPO, sha, "lint", "in_progress")
+    github.check_run(REPO, sha, "docs", "completed", "skipped")
+    github.status(REPO, sha, "ci/legacy", "error", "octo", description="exploded")
+    found = {c.name: c for c in forge.checks(sha)}
+    assert {n: c.state for n, c in found.items()} == {
+        "tests": "failure",
+        "lint": "pending",
+        "docs": "success",
+        "ci/legacy": "failure",
+    }
+    assert found["tests"].output.startswith("2 failed\n\nboom")
+    assert len(found["tests"].output.encode()) <= CHECK_OUTPUT_BYTES
+    assert found["ci/legacy"].output == "exploded"
+    assert forge.checks(git(local, "rev-parse", "main")) == []
+
+
+# -- the token: nowhere but the askpass variable -------------------------------------------
+
+
+def test_push_sends_the_token_through_askpass_only(
+    github: GitHubServer,
+    forge: GitHubForge,
+    local: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a git first on PATH that records every argv and environment it runs with
+    log_file = tmp_path / "git-argv.log"
+    wrapper = tmp_path / "bin" / "git"
+    wrapper.parent.mkdir()
+    real = subprocess.run(["which", "git"], capture_output=True, text=True).stdout.strip()
+    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {log_file}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    caplog.set_level(logging.DEBUG)
+    branch_with_change(local, "feature")
+    forge.publish_branch("feature")
+    pushes = [r for r in github.requests if r.path.endswith("git-receive-pack")]
+    assert pushes and all(r.login == "phasegate-bot" for r in pushes)
+    assert SENTINEL not in log_file.read_text()  # no argv held it
+    assert "feature" in log_file.read_text()
+    assert SENTINEL not in (local / ".git" / "config").read_text()
+    assert git(local, "remote") == ""  # no remote was added with a URL
+    assert SENTINEL not in caplog.text
+    assert SENTINEL not in "".join(str(r) for r in github.requests)
+
+
+def test_no_text_sent_holds_the_token_or_a_secret(
+    github: GitHubServer, forge: GitHubForge, local: Path
+) -> None:
+    secret = "sk-model-key-0123456789"
+    careful = GitHubForge(
+        REPO,
+        ForgeAuth.from_token(SENTINEL, "GITHUB_TOKEN"),
+        local,
+        Workspace(),
+        settings(github),
+        [secret],
+    )
+    leak = f"token {SENTINEL} key {secret}"
+    number = careful.create_issue(f"title {leak}", f"body {leak}", "phasegate:workflow:w1")
+    careful.comment(number, f"report {leak}", "phasegate:w1:report")
+    branch_with_change(local, "feature")
+    careful.publish_branch("feature")
+    pr = careful.create_pull_request(
+        "feature", "main", f"PR {leak}", f"Implements #{number}. {leak}"
+    )
+    careful.update_pull_request(pr, f"again {leak}")
+    careful.merge_pull_request(pr, f"merge {leak}\n\n{leak}")
+    sent = repr([r.body for r in github.requests])
+    assert "***" in sent
+    assert SENTINEL not in sent and secret not in sent
+    bare = github.bare_path(REPO)
+    log = subprocess.run(
+        ["git", "log", "--format=%B", "main"], cwd=bare, capture_output=True, text=True
+    )
+    assert SENTINEL not in log.stdout and secret not in log.stdout
+
+
+def test_a_refused_push_names_the_token_and_never_shows_it(
+    github: GitHubServer, forge: GitHubForge, local: Path
+) -> None:
+    github.add_user("reader", "ghp_READER0123456789abcdefREADER")
+    github.grant(REPO, "reader", "read")
+    reader = forge_for(github, local, token="ghp_READER0123456789abcdefREADER")
+    branch_with_change(local, "feature")
+    with pytest.raises(ForgeError) as raised:
+        reader.publish_branch("feature")
+    assert "ghp_READER" not in str(raised.value)
+    assert "git push" in str(raised.value)
+
+
+# -- faults -----------------------------------------------------------------------------
+
+
+def test_a_429_with_retry_after_is_waited_out_and_makes_one_pull_request(
+    github: GitHubServer, forge: GitHubForge, local: Path
+) -> None:
+    branch_with_change(local, "feature")
+    forge.publish_branch("feature")
+    github.fail("POST", r"/pulls$", 429, times=1, headers={"Retry-After": "1"})
+    number = forge.create_pull_request("feature", "main", "t", "b")
+    assert forge.find_pull_request("feature") == number
+    assert github.counts(REPO)["pulls"] == 1
+    assert [r.status for r in posts(github, "/pulls")] == [429, 201]
+
+
+def test_a_primary_rate_limit_waits_until_x_ratelimit_reset(
+    github: GitHubServer, forge: GitHubForge
+) -> None:
+    number = forge.create_issue("t", "b", "phasegate:workflow:w1")
+    reset = str(int(time.time()) + 1)
+    github.fail(
+        "GET",
+        rf"/issues/{number}$",
+        403,
+        headers={"x-ratelimit-remaining": "0", "x-ratelimit-reset": reset},
+        body={"message": "API rate limit exceeded for user ID 1."},
+    )
+    started = time.monotonic()
+    assert forge.issue(number).title == "t"
+    assert time.monotonic() - started < 5  # waited for the reset, not githubkit's minute
+    gets = [r.status for r in github.requests if r.path.endswith(f"/issues/{number}")]
+    assert gets == [403, 200]
+
+
+def test_a_rate_limit_longer_than_the_bound_is_forge_unavailable(
+    github: GitHubServer, local: Path, forge: GitHubForge
+) -> None:
+    patient = forge_for(github, local, max_rate_limit_wait_s=5)
+    github.fail(
+        "GET",
+        r"/issues/1$",
+        403,
+        times=1,
+        headers={"Retry-After": "60"},
+        body={"message": "secondary rate limit"},
+    )
+    with pytest.raises(ForgeUnavailable, match="rate limit"):
+        patient.issue(1)
+
+
+def test_three_500s_are_forge_unavailable_and_create_nothing_twice(
+    github: GitHubServer, local: Path, forge: GitHubForge
+) -> None:
+    bounded = forge_for(github, local, max_retries=2)
+    github.fail("POST", r"/issues$", 500, times=3)
+    with pytest.raises(ForgeUnavailable, match="500"):
+        bounded.create_issue("t", "b", "phasegate:workflow:w1")
+    assert github.counts(REPO)["issues"] == 0
+    assert bounded.create_issue("t", "b", "phasegate:workflow:w1") == 1  # resume goes on
+    github.fail("GET", r"/issues/1$", 502, times=2)
+    assert bounded.issue(1).title == "t"  # two 502s are within max_retries
+
+
+def test_a_push_github_fails_with_500_once_is_pushed_on_the_next_try(
+    github: GitHubServer, forge: GitHubForge, local: Path
+) -> None:
+    sha = branch_with_change(local, "feature")
+    github.fail("POST", r"git-receive-pack$", 500, times=1)
+    forge.publish_branch("feature")
+    assert github.repo(REPO).git.git("rev-parse", "refs/heads/feature").strip() == sha
+    statuses = [r.status for r in github.requests if r.path.endswith("git-receive-pack")]
+    assert statuses[0] == 500 and statuses[-1] == 200
+
+
+def test_401_is_an_auth_error_naming_the_token_variable(
+    github: GitHubServer, local: Path, forge: GitHubForge
+) -> None:
+    wrong = GitHubForge(
+        REPO,
+        ForgeAuth.from_token("ghp_WRONG0123456789abcdefWRONG", "PHASEGATE_GH"),
+        local,
+        Workspace(),
+        settings(github, token_env="PHASEGATE_GH"),
+    )
+    with pytest.raises(ForgeAuthError, match="PHASEGATE_GH") as raised:
+        wrong.issue(1)
+    assert "401" in str(raised.value) and "ghp_WRONG" not in str(raised.value)
+
+
+def test_403_is_an_auth_error_naming_the_permission(
+    github: GitHubServer, forge: GitHubForge
+) -> None:
+    github.fail(
+        "POST",
+        r"/issues$",
+        403,
+        body={"message": "Resource not accessible by integration"},
+        headers={"x-accepted-github-permissions": "issues=write"},
+    )
+    with pytest.raises(ForgeAuthError, match="issues=write") as raised:
+        forge.create_issue("t", "b", "m")
+    assert "Resource not accessible" in str(raised.value)
+
+
+def test_404_is_not_found_naming_the_repository(
+    github: GitHubServer, local: Path, forge: GitHubForge
+) -> None:
+    missing = GitHubForge(
+        "octo/gone",
+        ForgeAuth.from_token(SENTINEL, "GITHUB_TOKEN"),
+        local,
+        Workspace(),
+        settings(github),
+    )
+    with pytest.raises(ForgeNotFound, match="octo/gone"):
+        missing.publish_branch("main")
+    with pytest.raises(ForgeNotFound, match="octo/gone"):
+        missing.create_issue("t", "b", "m")
+
+
+# -- auth and the repository --------------------------------------------------------------
+
+
+def test_github_app_mints_installation_tokens_through_the_fake(
+    github: GitHubServer, forge: GitHubForge, local: Path, tmp_path: Path
+) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    github.add_app(77, public, 7001, slug="phasegate", owner="octo")
+    (local / "app.pem").write_text(pem)
+    app_settings = settings(github, app_id=77, private_key_file="app.pem")
+    auth = forge_auth(app_settings, local, REPO, environ={})
+    app = GitHubForge(REPO, auth, local, Workspace(), app_settings)
+    number = app.create_issue("from the app", "b", "phasegate:workflow:app")
+    assert app.issue(number).author == "phasegate[bot]"
+    assert app.find_issue("phasegate:workflow:app") == number
+    branch_with_change(local, "app-branch")
+    app.publish_branch("app-branch")
+    minted = posts(github, "/access_tokens")
+    assert minted and all(r.status == 201 for r in minted)
+    pushes = [r for r in github.requests if r.path.endswith("git-receive-pack")]
+    assert pushes[-1].login == "phasegate[bot]"
+    # the same App on another GitHub: its tokens are that GitHub's, none reused
+    with GitHubServer(tmp_path / "other") as other:
+        other.create_repo("octo", "app", from_path=local)
+        other.add_app(77, public, 7001, slug="phasegate", owner="octo")
+        elsewhere = settings(other, app_id=77, private_key_file="app.pem")
+        auth = forge_auth(elsewhere, local, REPO, environ={})
+        there = GitHubForge(REPO, auth, local, Workspace(), elsewhere)
+        assert there.create_issue("there", "b", "phasegate:workflow:app") == 1
+
+
+def test_make_forge_picks_the_cartridges_forge(
+    github: GitHubServer, forge: GitHubForge, local: Path, tmp_path: Path
+) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    cartridge = Cartridge.model_validate({})
+    assert isinstance(make_forge(cartridge, local, store, Workspace(), []), LocalForge)
+    git(local, "remote", "add", "origin", f"{github.url}/git/{REPO}.git")
+    on_github = cartridge.model_copy(
+        update={"forge": ForgeSettings(kind="github", base_url=github.url, token_env="PG_GH")}
+    )
+    made = make_forge(on_github, local, store, Workspace(), [], environ={"PG_GH": SENTINEL})
+    assert isinstance(made, GitHubForge) and made.repository == REPO
+    assert made.permission("maya") == "maintain"
+
+
+def test_a_missing_token_variable_is_named(local: Path, github: GitHubServer) -> None:
+    with pytest.raises(ForgeAuthError, match="MY_GH_TOKEN is not set"):
+        forge_auth(settings(github, token_env="MY_GH_TOKEN"), local, REPO, environ={})
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://github.com/octo/app.git",
+        "https://github.com/octo/app",
+        "git@github.com:octo/app.git",
+        "ssh://git@ghe.example.com/octo/app.git",
+        "http://127.0.0.1:8080/git/octo/app.git",
+    ],
+)
+def test_repository_comes_from_the_origin_remote(local: Path, url: str) -> None:
+    git(local, "remote", "add", "origin", url)
+    assert repository_from_origin(local) == "octo/app"
+
+
+def test_no_origin_names_forge_repository(local: Path) -> None:
+    with pytest.raises(ForgeError, match="forge.repository"):
+        repository_from_origin(local)
+
+
+def test_closing_keywords_become_implements() -> None:
+    text = "Closes #1, fixed: #2, RESOLVES o/r#3, fix https://github.com/o/r/issues/4; fixes bugs"
+    assert neutralize_closing(text) == (
+        "Implements #1, Implements: #2, Implements o/r#3, "
+        "Implements https://github.com/o/r/issues/4; fixes bugs"
+    )
