@@ -236,7 +236,8 @@ def prism() -> Iterator[PrismProxy]:
         if os.environ.get("CI") or os.environ.get("PHASEGATE_PRISM"):
             pytest.fail(str(missing))
         pytest.skip(str(missing))
-    with PrismProxy("http://127.0.0.1:9") as proxy:
+    proxy = PrismProxy("http://127.0.0.1:9")
+    with proxy:  # its __enter__ returns the URL, not the proxy
         yield proxy
 
 
