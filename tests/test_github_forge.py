@@ -7,7 +7,6 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -34,20 +33,12 @@ from phasegate.forge.github_faults import GitHubRefused
 from phasegate.forge.github_git import FETCHED_PREFIX
 from phasegate.journal import SideEffects
 from phasegate.store import open_store
-from phasegate.testing.github_server import GitHubServer
+from phasegate.testing.github_server import GitHubServer, Recorded
 from phasegate.workspace import Workspace
 
-from conftest import git, make_repo, new_workflow
+from conftest import GitHubLab, git, make_repo, new_workflow
 
 REPO = "octo/app"
-#: phasegate's token in these tests: it must appear in no argv, config, URL or log.
-SENTINEL = "ghp_SENTINEL0123456789abcdefSENTINEL"
-
-
-@pytest.fixture
-def github(tmp_path: Path) -> Iterator[GitHubServer]:
-    with GitHubServer(tmp_path / "github") as server:
-        yield server
 
 
 @pytest.fixture
@@ -55,32 +46,31 @@ def local(tmp_path: Path) -> Path:
     return make_repo(tmp_path / "checkout", {"README.md": "# app\n", "app.py": "x = 1\n"})
 
 
-def settings(github: GitHubServer, **given: object) -> ForgeSettings:
-    return ForgeSettings(kind="github", repository=REPO, base_url=github.url, **given)  # type: ignore[arg-type]
+def settings(api_url: str, **given: object) -> ForgeSettings:
+    return ForgeSettings(kind="github", repository=REPO, base_url=api_url, **given)  # type: ignore[arg-type]
 
 
 def forge_for(
-    github: GitHubServer, local: Path, token: str = SENTINEL, **given: object
+    github: GitHubLab, local: Path, token: str | None = None, **given: object
 ) -> GitHubForge:
+    """phasegate's forge on the lab, as its bot (whose token is the sentinel: it must
+    appear in no argv, config, URL, log or text sent)."""
     return GitHubForge(
         REPO,
-        ForgeAuth.from_token(token, "GITHUB_TOKEN"),
+        ForgeAuth.from_token(token or github.bot.token, "GITHUB_TOKEN"),
         local,
         Workspace(),
-        settings(github, **given),
+        settings(github.api_url, **given),
         retry_backoff_s=0.01,
     )
 
 
 @pytest.fixture
-def forge(github: GitHubServer, local: Path) -> GitHubForge:
-    github.create_repo("octo", "app", from_path=local)
-    github.add_user("phasegate-bot", SENTINEL)
-    github.grant(REPO, "phasegate-bot", "write")
-    for login, permission in (("maya", "maintain"), ("rita", "read")):
-        github.add_user(login)
-        github.grant(REPO, login, permission)
-    github.add_user("stranger")
+def forge(github: GitHubLab, local: Path) -> GitHubForge:
+    github.server.create_repo("octo", "app", from_path=local)
+    for login, permission in (("phasegate-bot", "write"), ("maya", "maintain"), ("rex", "read")):
+        github.server.grant(REPO, login, permission)
+    github.server.add_user("stranger")
     return forge_for(github, local)
 
 
@@ -93,8 +83,8 @@ def branch_with_change(local: Path, branch: str, text: str = "x = 2\n") -> str:
     return sha
 
 
-def posts(github: GitHubServer, suffix: str) -> list[object]:
-    return [r for r in github.requests if r.method == "POST" and r.path.endswith(suffix)]
+def posts(github: GitHubLab, suffix: str) -> list[Recorded]:
+    return [r for r in github.server.requests if r.method == "POST" and r.path.endswith(suffix)]
 
 
 # -- issues ---------------------------------------------------------------------------
@@ -116,44 +106,44 @@ def test_issue_round_trips_with_its_marker_hidden_and_closes(forge: GitHubForge)
 
 
 def test_a_repeated_create_issue_after_a_crash_finds_the_first(
-    github: GitHubServer, forge: GitHubForge
+    github: GitHubLab, forge: GitHubForge
 ) -> None:
     first = forge.create_issue("Add x", "body", "phasegate:workflow:w1")
     # a restarted process: a new forge, the journal looks before it repeats
     again = forge_for(github, forge.repo)
     assert again.find_issue("phasegate:workflow:w1") == first
-    assert github.counts(REPO)["issues"] == 1
+    assert github.server.counts(REPO)["issues"] == 1
 
 
 def test_the_journal_finds_an_issue_and_pr_whose_answers_timed_out_instead_of_repeating(
-    github: GitHubServer, forge: GitHubForge, local: Path, tmp_path: Path
+    github: GitHubLab, forge: GitHubForge, local: Path, tmp_path: Path
 ) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
     workflow = new_workflow(store)
     slow = forge_for(github, local, timeout_s=0.5)
     effects = SideEffects(store, slow, Workspace(), workflow, local)
-    github.delay("POST", r"/issues$", 1.0)
+    github.server.delay("POST", r"/issues$", 1.0)
     with pytest.raises(ForgeUnavailable):
         effects.create_issue("preparation", "Add x", "body")
     branch_with_change(local, "phasegate/w")
     effects.push_branch("development", "phasegate/w", git(local, "rev-parse", "phasegate/w"))
     time.sleep(1.0)  # GitHub finishes the issue the client gave up on
     number = effects.create_issue("preparation", "Add x", "body")  # resume: looks first
-    github.delay("POST", r"/pulls$", 1.0)
+    github.server.delay("POST", r"/pulls$", 1.0)
     with pytest.raises(ForgeUnavailable):
         effects.open_pull_request("pr_review", "phasegate/w", "main", "t", f"Implements #{number}")
     time.sleep(1.0)
     pr = effects.open_pull_request("pr_review", "phasegate/w", "main", "t", f"Implements #{number}")
     assert forge.pull_request(pr).head == "phasegate/w"
-    assert (github.counts(REPO)["issues"], github.counts(REPO)["pulls"]) == (1, 1)
+    assert (github.server.counts(REPO)["issues"], github.server.counts(REPO)["pulls"]) == (1, 1)
     assert len(posts(github, "/issues")) == 1 and len(posts(github, "/pulls")) == 1
 
 
 def test_status_label_is_created_once_and_replaces_the_other_status_labels(
-    github: GitHubServer, forge: GitHubForge
+    github: GitHubLab, forge: GitHubForge
 ) -> None:
     number = forge.create_issue("t", "b", "phasegate:workflow:w1")
-    github.label(REPO, number, "bug", "maya")
+    github.server.label(REPO, number, "bug", "maya")
     forge.set_status_label(number, "phasegate:planning")
     forge.set_status_label(number, "phasegate:development")
     assert set(forge.issue(number).labels) == {"bug", "phasegate:development"}
@@ -165,27 +155,27 @@ def test_status_label_is_created_once_and_replaces_the_other_status_labels(
 
 
 def test_labelled_issues_say_who_labelled_last_and_skip_pull_requests(
-    github: GitHubServer, forge: GitHubForge, local: Path
+    github: GitHubLab, forge: GitHubForge, local: Path
 ) -> None:
-    first = github.open_issue(REPO, "one", "text", "stranger").number
-    second = github.open_issue(REPO, "two", "text", "stranger").number
-    github.label(REPO, first, "phasegate", "rita")
-    github.unlabel(REPO, first, "phasegate", "rita")
-    github.label(REPO, first, "phasegate", "maya")
-    github.label(REPO, second, "phasegate", "rita")
-    github.open_issue(REPO, "closed one", "", "maya", labels=["phasegate"])
-    github.edit_issue(REPO, 3, "maya", state="closed")
+    first = github.server.open_issue(REPO, "one", "text", "stranger").number
+    second = github.server.open_issue(REPO, "two", "text", "stranger").number
+    github.server.label(REPO, first, "phasegate", "rex")
+    github.server.unlabel(REPO, first, "phasegate", "rex")
+    github.server.label(REPO, first, "phasegate", "maya")
+    github.server.label(REPO, second, "phasegate", "rex")
+    github.server.open_issue(REPO, "closed one", "", "maya", labels=["phasegate"])
+    github.server.edit_issue(REPO, 3, "maya", state="closed")
     branch_with_change(local, "feature")
     forge.publish_branch("feature")
     pr = forge.create_pull_request("feature", "main", "PR", "body")
-    github.label(REPO, pr, "phasegate", "maya")
+    github.server.label(REPO, pr, "phasegate", "maya")
     found = {x.issue.number: x.by for x in forge.labelled_issues("phasegate")}
-    assert found == {first: "maya", second: "rita"}
+    assert found == {first: "maya", second: "rex"}
 
 
 def test_permission_is_githubs_role_and_none_for_strangers(forge: GitHubForge) -> None:
     assert forge.permission("maya") == "maintain"
-    assert forge.permission("rita") == "read"
+    assert forge.permission("rex") == "read"
     assert forge.permission("octo") == "admin"
     assert forge.permission("nobody-at-all") == "none"
 
@@ -193,29 +183,27 @@ def test_permission_is_githubs_role_and_none_for_strangers(forge: GitHubForge) -
 # -- comments -------------------------------------------------------------------------
 
 
-def test_comment_round_trips_and_a_repeat_finds_it(
-    github: GitHubServer, forge: GitHubForge
-) -> None:
+def test_comment_round_trips_and_a_repeat_finds_it(github: GitHubLab, forge: GitHubForge) -> None:
     number = forge.create_issue("t", "b", "phasegate:workflow:w1")
     cid = forge.comment(number, "Report.\n\n<!-- phasegate:w1:report -->", "phasegate:w1:report")
     assert forge.find_comment(number, "phasegate:w1:report") == cid
     assert forge.find_comment(number, "phasegate:w1:other") is None
     other = forge.comment(number, "no marker in the text", "phasegate:w1:plain")
     assert forge.find_comment(number, "phasegate:w1:plain") == other
-    assert github.counts(REPO)["comments"] == 2
+    assert github.server.counts(REPO)["comments"] == 2
 
 
 def test_comments_merge_conversation_reviews_and_inline_oldest_first_without_phasegates(
-    github: GitHubServer, forge: GitHubForge, local: Path
+    github: GitHubLab, forge: GitHubForge, local: Path
 ) -> None:
     branch_with_change(local, "feature")
     forge.publish_branch("feature")
     pr = forge.create_pull_request("feature", "main", "PR", "body")
     t0 = datetime(2026, 3, 1, 12, tzinfo=UTC)
     forge.comment(pr, "phasegate's report", "phasegate:w1:report")
-    github.comment(REPO, pr, "too early", "maya", at=t0 - timedelta(hours=1))
-    github.comment(REPO, pr, "please rename x", "maya", at=t0 + timedelta(minutes=1))
-    github.review(
+    github.server.comment(REPO, pr, "too early", "maya", at=t0 - timedelta(hours=1))
+    github.server.comment(REPO, pr, "please rename x", "maya", at=t0 + timedelta(minutes=1))
+    github.server.review(
         REPO,
         pr,
         "maya",
@@ -224,7 +212,7 @@ def test_comments_merge_conversation_reviews_and_inline_oldest_first_without_pha
         comments=[("app.py", 1, "why 2?")],
         at=t0 + timedelta(minutes=2),
     )
-    github.review(REPO, pr, "maya", "APPROVED", "", at=t0 + timedelta(minutes=3))
+    github.server.review(REPO, pr, "maya", "APPROVED", "", at=t0 + timedelta(minutes=3))
     said = forge.comments(pr, since=t0)
     assert [(c.kind, c.author, c.body) for c in said] == [
         ("conversation", "maya", "please rename x"),
@@ -241,23 +229,23 @@ def test_comments_merge_conversation_reviews_and_inline_oldest_first_without_pha
     assert not any("report" in c.body for c in everything)
 
 
-def test_issue_comments_have_no_reviews(github: GitHubServer, forge: GitHubForge) -> None:
-    number = github.open_issue(REPO, "t", "b", "maya").number
-    github.comment(REPO, number, "more detail", "maya")
+def test_issue_comments_have_no_reviews(github: GitHubLab, forge: GitHubForge) -> None:
+    number = github.server.open_issue(REPO, "t", "b", "maya").number
+    github.server.comment(REPO, number, "more detail", "maya")
     assert [c.body for c in forge.comments(number)] == ["more detail"]
-    assert not [r for r in github.requests if "/reviews" in r.path]
+    assert not [r for r in github.server.requests if "/reviews" in r.path]
 
 
 # -- branches, pull requests, merges -----------------------------------------------------
 
 
 def test_pull_request_round_trips_by_head_and_never_says_a_closing_keyword(
-    github: GitHubServer, forge: GitHubForge, local: Path
+    github: GitHubLab, forge: GitHubForge, local: Path
 ) -> None:
     issue = forge.create_issue("t", "b", "phasegate:workflow:w1")
     sha = branch_with_change(local, "phasegate/w1")
     forge.publish_branch("phasegate/w1")
-    assert github.repo(REPO).git.git("rev-parse", "refs/heads/phasegate/w1").strip() == sha
+    assert github.server.repo(REPO).git.git("rev-parse", "refs/heads/phasegate/w1").strip() == sha
     number = forge.create_pull_request("phasegate/w1", "main", "Add x", f"Fixes #{issue}.")
     assert forge.find_pull_request("phasegate/w1") == number
     assert forge.find_pull_request("elsewhere") is None
@@ -277,7 +265,7 @@ def test_pull_request_round_trips_by_head_and_never_says_a_closing_keyword(
 
 
 def test_a_repeated_merge_returns_the_first_merge_and_find_merge_sees_it(
-    github: GitHubServer, forge: GitHubForge, local: Path
+    github: GitHubLab, forge: GitHubForge, local: Path
 ) -> None:
     branch_with_change(local, "feature")
     forge.publish_branch("feature")
@@ -286,11 +274,11 @@ def test_a_repeated_merge_returns_the_first_merge_and_find_merge_sees_it(
     sha = forge.merge_pull_request(number, "merge it")
     assert forge.merge_pull_request(number, "merge it") == sha
     assert forge_for(github, local).find_merge(number) == sha
-    assert github.counts(REPO)["merges"] == 1
+    assert github.server.counts(REPO)["merges"] == 1
 
 
 def test_a_merge_github_refuses_says_githubs_status_and_message(
-    github: GitHubServer, forge: GitHubForge, local: Path
+    github: GitHubLab, forge: GitHubForge, local: Path
 ) -> None:
     branch_with_change(local, "one", "x = 'one'\n")
     branch_with_change(local, "two", "x = 'two'\n")
@@ -302,17 +290,17 @@ def test_a_merge_github_refuses_says_githubs_status_and_message(
     with pytest.raises(GitHubRefused) as conflict:  # the same line: a real conflict
         forge.merge_pull_request(second, "two")
     assert conflict.value.status == 405 and "not mergeable" in str(conflict.value)
-    github.fail("PUT", r"/merge$", 409, body={"message": "Head branch was modified."})
+    github.server.fail("PUT", r"/merge$", 409, body={"message": "Head branch was modified."})
     third = forge.create_pull_request("two", "one", "onto one", "b")
     with pytest.raises(GitHubRefused, match="Head branch was modified") as moved:
         forge.merge_pull_request(third, "m")
     assert moved.value.status == 409
     assert forge.pull_request(second).state == "open"
-    assert github.counts(REPO)["merges"] == 1
+    assert github.server.counts(REPO)["merges"] == 1
 
 
 def test_squash_merge_uses_the_cartridges_method(
-    github: GitHubServer, forge: GitHubForge, local: Path
+    github: GitHubLab, forge: GitHubForge, local: Path
 ) -> None:
     squash = forge_for(github, local, merge_method="squash")
     branch_with_change(local, "feature")
@@ -321,21 +309,21 @@ def test_squash_merge_uses_the_cartridges_method(
     sha = squash.merge_pull_request(number, "Squashed\n\nbody")
     parents = git(local, "rev-list", "--parents", "-n", "1", sha).split()
     assert len(parents) == 2  # the commit and its one parent: a squash, not a merge
-    puts = [r for r in github.requests if r.method == "PUT"]
+    puts = [r for r in github.server.requests if r.method == "PUT"]
     assert puts[-1].body["merge_method"] == "squash"
 
 
 def test_checks_read_check_runs_and_statuses_capping_output(
-    github: GitHubServer, forge: GitHubForge, local: Path
+    github: GitHubLab, forge: GitHubForge, local: Path
 ) -> None:
     sha = branch_with_change(local, "feature")
     forge.publish_branch("feature")
-    github.check_run(
+    github.server.check_run(
         REPO, sha, "tests", "completed", "failure", title="2 failed", summary="boom " * 4000
     )
-    github.check_run(REPO, sha, "lint", "in_progress")
-    github.check_run(REPO, sha, "docs", "completed", "skipped")
-    github.status(REPO, sha, "ci/legacy", "error", "octo", description="exploded")
+    github.server.check_run(REPO, sha, "lint", "in_progress")
+    github.server.check_run(REPO, sha, "docs", "completed", "skipped")
+    github.server.status(REPO, sha, "ci/legacy", "error", "octo", description="exploded")
     found = {c.name: c for c in forge.checks(sha)}
     assert {n: c.state for n, c in found.items()} == {
         "tests": "failure",
@@ -353,7 +341,7 @@ def test_checks_read_check_runs_and_statuses_capping_output(
 
 
 def test_push_sends_the_token_through_askpass_only(
-    github: GitHubServer,
+    github: GitHubLab,
     forge: GitHubForge,
     local: Path,
     tmp_path: Path,
@@ -371,29 +359,29 @@ def test_push_sends_the_token_through_askpass_only(
     caplog.set_level(logging.DEBUG)
     branch_with_change(local, "feature")
     forge.publish_branch("feature")
-    pushes = [r for r in github.requests if r.path.endswith("git-receive-pack")]
+    pushes = [r for r in github.server.requests if r.path.endswith("git-receive-pack")]
     assert pushes and all(r.login == "phasegate-bot" for r in pushes)
-    assert SENTINEL not in log_file.read_text()  # no argv held it
+    assert github.bot.token not in log_file.read_text()  # no argv held it
     assert "feature" in log_file.read_text()
-    assert SENTINEL not in (local / ".git" / "config").read_text()
+    assert github.bot.token not in (local / ".git" / "config").read_text()
     assert git(local, "remote") == ""  # no remote was added with a URL
-    assert SENTINEL not in caplog.text
-    assert SENTINEL not in "".join(str(r) for r in github.requests)
+    assert github.bot.token not in caplog.text
+    assert github.bot.token not in "".join(str(r) for r in github.server.requests)
 
 
 def test_no_text_sent_holds_the_token_or_a_secret(
-    github: GitHubServer, forge: GitHubForge, local: Path
+    github: GitHubLab, forge: GitHubForge, local: Path
 ) -> None:
     secret = "sk-model-key-0123456789"
     careful = GitHubForge(
         REPO,
-        ForgeAuth.from_token(SENTINEL, "GITHUB_TOKEN"),
+        ForgeAuth.from_token(github.bot.token, "GITHUB_TOKEN"),
         local,
         Workspace(),
-        settings(github),
+        settings(github.api_url),
         [secret],
     )
-    leak = f"token {SENTINEL} key {secret}"
+    leak = f"token {github.bot.token} key {secret}"
     number = careful.create_issue(f"title {leak}", f"body {leak}", "phasegate:workflow:w1")
     careful.comment(number, f"report {leak}", "phasegate:w1:report")
     branch_with_change(local, "feature")
@@ -403,21 +391,21 @@ def test_no_text_sent_holds_the_token_or_a_secret(
     )
     careful.update_pull_request(pr, f"again {leak}")
     careful.merge_pull_request(pr, f"merge {leak}\n\n{leak}")
-    sent = repr([r.body for r in github.requests])
+    sent = repr([r.body for r in github.server.requests])
     assert "***" in sent
-    assert SENTINEL not in sent and secret not in sent
-    bare = github.bare_path(REPO)
+    assert github.bot.token not in sent and secret not in sent
+    bare = github.server.bare_path(REPO)
     log = subprocess.run(
         ["git", "log", "--format=%B", "main"], cwd=bare, capture_output=True, text=True
     )
-    assert SENTINEL not in log.stdout and secret not in log.stdout
+    assert github.bot.token not in log.stdout and secret not in log.stdout
 
 
 def test_a_refused_push_names_the_token_and_never_shows_it(
-    github: GitHubServer, forge: GitHubForge, local: Path
+    github: GitHubLab, forge: GitHubForge, local: Path
 ) -> None:
-    github.add_user("reader", "ghp_READER0123456789abcdefREADER")
-    github.grant(REPO, "reader", "read")
+    github.server.add_user("reader", "ghp_READER0123456789abcdefREADER")
+    github.server.grant(REPO, "reader", "read")
     reader = forge_for(github, local, token="ghp_READER0123456789abcdefREADER")
     branch_with_change(local, "feature")
     with pytest.raises(ForgeError) as raised:
@@ -430,23 +418,23 @@ def test_a_refused_push_names_the_token_and_never_shows_it(
 
 
 def test_a_429_with_retry_after_is_waited_out_and_makes_one_pull_request(
-    github: GitHubServer, forge: GitHubForge, local: Path
+    github: GitHubLab, forge: GitHubForge, local: Path
 ) -> None:
     branch_with_change(local, "feature")
     forge.publish_branch("feature")
-    github.fail("POST", r"/pulls$", 429, times=1, headers={"Retry-After": "1"})
+    github.server.fail("POST", r"/pulls$", 429, times=1, headers={"Retry-After": "1"})
     number = forge.create_pull_request("feature", "main", "t", "b")
     assert forge.find_pull_request("feature") == number
-    assert github.counts(REPO)["pulls"] == 1
+    assert github.server.counts(REPO)["pulls"] == 1
     assert [r.status for r in posts(github, "/pulls")] == [429, 201]
 
 
 def test_a_primary_rate_limit_waits_until_x_ratelimit_reset(
-    github: GitHubServer, forge: GitHubForge
+    github: GitHubLab, forge: GitHubForge
 ) -> None:
     number = forge.create_issue("t", "b", "phasegate:workflow:w1")
     reset = str(int(time.time()) + 1)
-    github.fail(
+    github.server.fail(
         "GET",
         rf"/issues/{number}$",
         403,
@@ -456,15 +444,15 @@ def test_a_primary_rate_limit_waits_until_x_ratelimit_reset(
     started = time.monotonic()
     assert forge.issue(number).title == "t"
     assert time.monotonic() - started < 5  # waited for the reset, not githubkit's minute
-    gets = [r.status for r in github.requests if r.path.endswith(f"/issues/{number}")]
+    gets = [r.status for r in github.server.requests if r.path.endswith(f"/issues/{number}")]
     assert gets == [403, 200]
 
 
 def test_a_rate_limit_longer_than_the_bound_is_forge_unavailable(
-    github: GitHubServer, local: Path, forge: GitHubForge
+    github: GitHubLab, local: Path, forge: GitHubForge
 ) -> None:
     patient = forge_for(github, local, max_rate_limit_wait_s=5)
-    github.fail(
+    github.server.fail(
         "GET",
         r"/issues/1$",
         403,
@@ -477,48 +465,46 @@ def test_a_rate_limit_longer_than_the_bound_is_forge_unavailable(
 
 
 def test_three_500s_are_forge_unavailable_and_create_nothing_twice(
-    github: GitHubServer, local: Path, forge: GitHubForge
+    github: GitHubLab, local: Path, forge: GitHubForge
 ) -> None:
     bounded = forge_for(github, local, max_retries=2)
-    github.fail("POST", r"/issues$", 500, times=3)
+    github.server.fail("POST", r"/issues$", 500, times=3)
     with pytest.raises(ForgeUnavailable, match="500"):
         bounded.create_issue("t", "b", "phasegate:workflow:w1")
-    assert github.counts(REPO)["issues"] == 0
+    assert github.server.counts(REPO)["issues"] == 0
     assert bounded.create_issue("t", "b", "phasegate:workflow:w1") == 1  # resume goes on
-    github.fail("GET", r"/issues/1$", 502, times=2)
+    github.server.fail("GET", r"/issues/1$", 502, times=2)
     assert bounded.issue(1).title == "t"  # two 502s are within max_retries
 
 
 def test_a_push_github_fails_with_500_once_is_pushed_on_the_next_try(
-    github: GitHubServer, forge: GitHubForge, local: Path
+    github: GitHubLab, forge: GitHubForge, local: Path
 ) -> None:
     sha = branch_with_change(local, "feature")
-    github.fail("POST", r"git-receive-pack$", 500, times=1)
+    github.server.fail("POST", r"git-receive-pack$", 500, times=1)
     forge.publish_branch("feature")
-    assert github.repo(REPO).git.git("rev-parse", "refs/heads/feature").strip() == sha
-    statuses = [r.status for r in github.requests if r.path.endswith("git-receive-pack")]
+    assert github.server.repo(REPO).git.git("rev-parse", "refs/heads/feature").strip() == sha
+    statuses = [r.status for r in github.server.requests if r.path.endswith("git-receive-pack")]
     assert statuses[0] == 500 and statuses[-1] == 200
 
 
 def test_401_is_an_auth_error_naming_the_token_variable(
-    github: GitHubServer, local: Path, forge: GitHubForge
+    github: GitHubLab, local: Path, forge: GitHubForge
 ) -> None:
     wrong = GitHubForge(
         REPO,
         ForgeAuth.from_token("ghp_WRONG0123456789abcdefWRONG", "PHASEGATE_GH"),
         local,
         Workspace(),
-        settings(github, token_env="PHASEGATE_GH"),
+        settings(github.api_url, token_env="PHASEGATE_GH"),
     )
     with pytest.raises(ForgeAuthError, match="PHASEGATE_GH") as raised:
         wrong.issue(1)
     assert "401" in str(raised.value) and "ghp_WRONG" not in str(raised.value)
 
 
-def test_403_is_an_auth_error_naming_the_permission(
-    github: GitHubServer, forge: GitHubForge
-) -> None:
-    github.fail(
+def test_403_is_an_auth_error_naming_the_permission(github: GitHubLab, forge: GitHubForge) -> None:
+    github.server.fail(
         "POST",
         r"/issues$",
         403,
@@ -531,14 +517,14 @@ def test_403_is_an_auth_error_naming_the_permission(
 
 
 def test_404_is_not_found_naming_the_repository(
-    github: GitHubServer, local: Path, forge: GitHubForge
+    github: GitHubLab, local: Path, forge: GitHubForge
 ) -> None:
     missing = GitHubForge(
         "octo/gone",
-        ForgeAuth.from_token(SENTINEL, "GITHUB_TOKEN"),
+        ForgeAuth.from_token(github.bot.token, "GITHUB_TOKEN"),
         local,
         Workspace(),
-        settings(github),
+        settings(github.api_url),
     )
     with pytest.raises(ForgeNotFound, match="octo/gone"):
         missing.publish_branch("main")
@@ -550,7 +536,7 @@ def test_404_is_not_found_naming_the_repository(
 
 
 def test_github_app_mints_installation_tokens_through_the_fake(
-    github: GitHubServer, forge: GitHubForge, local: Path, tmp_path: Path
+    github: GitHubLab, forge: GitHubForge, local: Path, tmp_path: Path
 ) -> None:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = key.private_bytes(
@@ -561,9 +547,11 @@ def test_github_app_mints_installation_tokens_through_the_fake(
         .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
         .decode()
     )
-    github.add_app(77, public, 7001, slug="phasegate", owner="octo")
+    github.server.add_app(77, public, 7001, slug="phasegate", owner="octo")
     (local / "app.pem").write_text(pem)
-    app_settings = settings(github, app_id=77, private_key_file="app.pem")
+    # Straight at the fake, not through Prism: the fake writes a bot's URLs with a raw
+    # "[bot]" (…/users/phasegate[bot]), which GitHub's schema rightly refuses as a uri.
+    app_settings = settings(github.server.url, app_id=77, private_key_file="app.pem")
     auth = forge_auth(app_settings, local, REPO, environ={})
     app = GitHubForge(REPO, auth, local, Workspace(), app_settings)
     number = app.create_issue("from the app", "b", "phasegate:workflow:app")
@@ -573,36 +561,36 @@ def test_github_app_mints_installation_tokens_through_the_fake(
     app.publish_branch("app-branch")
     minted = posts(github, "/access_tokens")
     assert minted and all(r.status == 201 for r in minted)
-    pushes = [r for r in github.requests if r.path.endswith("git-receive-pack")]
+    pushes = [r for r in github.server.requests if r.path.endswith("git-receive-pack")]
     assert pushes[-1].login == "phasegate[bot]"
     # the same App on another GitHub: its tokens are that GitHub's, none reused
     with GitHubServer(tmp_path / "other") as other:
         other.create_repo("octo", "app", from_path=local)
         other.add_app(77, public, 7001, slug="phasegate", owner="octo")
-        elsewhere = settings(other, app_id=77, private_key_file="app.pem")
+        elsewhere = settings(other.url, app_id=77, private_key_file="app.pem")
         auth = forge_auth(elsewhere, local, REPO, environ={})
         there = GitHubForge(REPO, auth, local, Workspace(), elsewhere)
         assert there.create_issue("there", "b", "phasegate:workflow:app") == 1
 
 
 def test_make_forge_picks_the_cartridges_forge(
-    github: GitHubServer, forge: GitHubForge, local: Path, tmp_path: Path
+    github: GitHubLab, forge: GitHubForge, local: Path, tmp_path: Path
 ) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
     cartridge = Cartridge.model_validate({})
     assert isinstance(make_forge(cartridge, local, store, Workspace(), []), LocalForge)
-    git(local, "remote", "add", "origin", f"{github.url}/git/{REPO}.git")
+    git(local, "remote", "add", "origin", f"{github.server.url}/git/{REPO}.git")
     on_github = cartridge.model_copy(
-        update={"forge": ForgeSettings(kind="github", base_url=github.url, token_env="PG_GH")}
+        update={"forge": ForgeSettings(kind="github", base_url=github.api_url, token_env="PG_GH")}
     )
-    made = make_forge(on_github, local, store, Workspace(), [], environ={"PG_GH": SENTINEL})
+    made = make_forge(on_github, local, store, Workspace(), [], environ={"PG_GH": github.bot.token})
     assert isinstance(made, GitHubForge) and made.repository == REPO
     assert made.permission("maya") == "maintain"
 
 
-def test_a_missing_token_variable_is_named(local: Path, github: GitHubServer) -> None:
+def test_a_missing_token_variable_is_named(local: Path) -> None:
     with pytest.raises(ForgeAuthError, match="MY_GH_TOKEN is not set"):
-        forge_auth(settings(github, token_env="MY_GH_TOKEN"), local, REPO, environ={})
+        forge_auth(settings("http://127.0.0.1:9", token_env="MY_GH_TOKEN"), local, REPO, environ={})
 
 
 @pytest.mark.parametrize(
