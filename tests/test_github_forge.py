@@ -29,6 +29,7 @@ from phasegate.forge import (
     repository_from_origin,
 )
 from phasegate.forge.github import CHECK_OUTPUT_BYTES, neutralize_closing
+from phasegate.forge.github_api import BODY_LIMIT
 from phasegate.forge.github_faults import GitHubRefused
 from phasegate.forge.github_git import FETCHED_PREFIX
 from phasegate.journal import SideEffects
@@ -191,6 +192,19 @@ def test_comment_round_trips_and_a_repeat_finds_it(github: GitHubLab, forge: Git
     other = forge.comment(number, "no marker in the text", "phasegate:w1:plain")
     assert forge.find_comment(number, "phasegate:w1:plain") == other
     assert github.server.counts(REPO)["comments"] == 2
+
+
+def test_a_body_longer_than_github_takes_is_cut_keeping_its_marker(
+    github: GitHubLab, forge: GitHubForge
+) -> None:
+    number = forge.create_issue("t", "x" * 70_000, "phasegate:workflow:w1")
+    assert forge.find_issue("phasegate:workflow:w1") == number
+    report = "y" * 70_000 + "\n\n<!-- phasegate:w1:report -->"
+    cid = forge.comment(number, report, "phasegate:w1:report")
+    assert forge.find_comment(number, "phasegate:w1:report") == cid
+    sent = [r.body["body"] for r in github.server.requests if r.method == "POST" and r.body]
+    assert len(sent) == 2
+    assert all(len(body) <= BODY_LIMIT and "characters were more" in body for body in sent)
 
 
 def test_comments_merge_conversation_reviews_and_inline_oldest_first_without_phasegates(

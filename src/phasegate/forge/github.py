@@ -48,6 +48,7 @@ from phasegate.forge.github_api import (
     PAGE,
     GitHubAPI,
     cap,
+    fit,
     labels_of,
     login_of,
     marker_comment,
@@ -84,7 +85,7 @@ class GitHubForge(GitHubAPI):
     # -- issues -------------------------------------------------------------------
 
     def create_issue(self, title: str, body: str, marker: str) -> int:
-        text = f"{self._clean(body)}\n\n{marker_comment(marker)}"
+        text = fit(self._clean(body), f"\n\n{marker_comment(marker)}")
         return self._create(
             f"issue {marker}",
             lambda rest: rest.issues.create(
@@ -225,9 +226,9 @@ class GitHubForge(GitHubAPI):
 
     def comment(self, issue_number: int, body: str, marker: str) -> int:
         hidden = marker_comment(marker)
-        text = self._clean(body)
-        if hidden not in text:
-            text = f"{text}\n\n{hidden}"
+        # the marker goes last whatever the caller put where: cutting a long body
+        # must never cut it off
+        text = fit(self._clean(body).replace(hidden, "").rstrip(), f"\n\n{hidden}")
         return self._create(
             f"comment {marker}",
             lambda rest: rest.issues.create_comment(

@@ -39,10 +39,12 @@ from phasegate.workspace import Workspace
 
 __all__ = [
     "API_VERSION",
+    "BODY_LIMIT",
     "CHECK_OUTPUT_BYTES",
     "PAGE",
     "GitHubAPI",
     "cap",
+    "fit",
     "timestamp",
     "labels_of",
     "login_of",
@@ -56,6 +58,8 @@ T = TypeVar("T")
 
 #: The most of one check's output phasegate keeps (bytes of UTF-8): it reaches a prompt.
 CHECK_OUTPUT_BYTES = 8 * 1024
+#: The most characters GitHub takes in an issue's, comment's or pull request's body.
+BODY_LIMIT = 65536
 #: Items asked for per page of a list (GitHub's most).
 PAGE = 100
 
@@ -77,6 +81,16 @@ def neutralize_closing(text: str) -> str:
     """``text`` with every GitHub closing keyword before an issue reference replaced
     by ``Implements``: ``Fixes #3`` → ``Implements #3``."""
     return _CLOSING.sub("Implements", text)
+
+
+def fit(text: str, suffix: str = "") -> str:
+    """``text`` then ``suffix``, within GitHub's BODY_LIMIT: what does not fit is cut
+    from ``text`` (with a note), never from ``suffix`` (a body's hidden marker,
+    which finding it again depends on)."""
+    if len(text) + len(suffix) <= BODY_LIMIT:
+        return text + suffix
+    note = f"\n\n… (cut: {len(text)} characters were more than GitHub takes)"
+    return text[: BODY_LIMIT - len(suffix) - len(note)] + note + suffix
 
 
 def cap(text: str, limit: int = CHECK_OUTPUT_BYTES) -> str:
@@ -145,7 +159,7 @@ class GitHubAPI:
     def _pr_text(self, text: str) -> str:
         """A pull request's title or body, a merge's message: redacted, and closing
         no issue (the issue closes only after verification)."""
-        return self._clean(neutralize_closing(text))
+        return fit(self._clean(neutralize_closing(text)))
 
     def _gh(self) -> GitHub[Any]:
         with self._lock:
