@@ -19,7 +19,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-import pydantic
 from githubkit import GitHub
 from githubkit.exception import GitHubException
 
@@ -173,11 +172,12 @@ class GitHubAPI:
         )
 
     def _api(self, call: Callable[[Any], T]) -> T:
-        """``call(rest)`` with githubkit's REST namespace of API_VERSION; its
-        githubkit errors (and answers its models refuse) raised as ForgeErrors."""
+        """``call(rest)`` with githubkit's REST namespace of API_VERSION; its githubkit
+        errors, a body githubkit refuses to send, and an answer that is not the JSON
+        it should be (ValueError, KeyError in ``call``) raised as ForgeErrors."""
         try:
             return call(self._gh().rest(API_VERSION))
-        except (GitHubException, pydantic.ValidationError) as exc:
+        except (GitHubException, ValueError, KeyError) as exc:
             raise self._error(exc) from exc
 
     def _get(self, call: Callable[[Any], Any]) -> Any:
@@ -204,7 +204,7 @@ class GitHubAPI:
                 **kwargs,
             )
             return list(pages)
-        except (GitHubException, pydantic.ValidationError) as exc:
+        except (GitHubException, ValueError, KeyError) as exc:
             raise self._error(exc) from exc
 
     def _create(self, what: str, post: Callable[[Any], int], find: Callable[[], int | None]) -> int:
@@ -216,7 +216,7 @@ class GitHubAPI:
         for attempt in range(self.settings.max_retries + 1):
             try:
                 return post(self._gh().rest(API_VERSION))
-            except (GitHubException, pydantic.ValidationError) as exc:
+            except (GitHubException, ValueError, KeyError) as exc:
                 again = isinstance(exc, GitHubException) and is_transient(exc) and answered(exc)
                 if not again or attempt == self.settings.max_retries:
                     raise self._error(exc) from exc

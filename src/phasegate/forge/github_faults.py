@@ -224,6 +224,8 @@ def _translate(exc: Exception, repository: str, credentials: str) -> ForgeError:
         return ForgeError(f"githubkit refused what phasegate was to send: {exc}")
     if isinstance(exc, AuthCredentialError | AuthExpiredError):
         return ForgeAuthError(f"GitHub credentials unusable ({credentials}): {exc}")
+    if isinstance(exc, ValueError | KeyError):
+        return ForgeError(f"GitHub's answer is not what its API describes: {exc!r}")
     if not isinstance(exc, GitHubException):
         return ForgeError(f"GitHub call failed: {exc!r}")
     inner = _inner(exc)
