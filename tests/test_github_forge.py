@@ -400,6 +400,17 @@ def test_no_text_sent_holds_the_token_or_a_secret(
     assert github.bot.token not in merged and secret not in merged
 
 
+def test_fetch_branch_brings_githubs_branch_or_says_none(
+    github: GitHubLab, forge: GitHubForge, local: Path
+) -> None:
+    sha = branch_with_change(local, "survivor")
+    forge.publish_branch("survivor")
+    git(local, "branch", "-D", "survivor")
+    assert forge.fetch_branch("survivor") == sha
+    assert git(local, "rev-parse", f"{FETCHED_PREFIX}survivor") == sha
+    assert forge.fetch_branch("never-pushed") is None
+
+
 def test_a_refused_push_names_the_token_and_never_shows_it(
     github: GitHubLab, forge: GitHubForge, local: Path
 ) -> None:

@@ -455,6 +455,16 @@ class GitHubForge(GitHubAPI):
         self._fetch_base(pr.base, sha, always=True)
         return str(sha)
 
+    def fetch_branch(self, branch: str) -> str | None:
+        """Fetch GitHub's ``branch`` into ``refs/phasegate/forge/<branch>`` with the
+        forge's token; its SHA, or None when GitHub has no such branch. Beyond the
+        Forge protocol: for attaching to a branch that survives only on GitHub, where
+        a plain ``git fetch origin`` has no credentials."""
+        try:
+            return self._remote().fetch(branch)
+        except ForgeNotFound:
+            return None
+
     def _fetch_base(self, base: str, sha: str, *, always: bool = False) -> None:
         """Bring ``base`` from GitHub into the local repository when commit ``sha``
         (a merge) is not there yet: acceptance verification checks it out."""

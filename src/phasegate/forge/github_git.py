@@ -12,7 +12,8 @@ helper of the person's offers another credential or stores this one.
 
 Errors: a failed push or fetch is a ``ForgeError`` carrying git's stderr,
 redacted; ``ForgeUnavailable`` when git could not reach the server or it
-answered 5xx, ``ForgeAuthError`` when it refused the token.
+answered 5xx, ``ForgeAuthError`` when it refused the token, ``ForgeNotFound``
+when the branch fetched is not there.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from phasegate._git import run_git
-from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeUnavailable
+from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeNotFound, ForgeUnavailable
 from phasegate.redaction import redact
 
 __all__ = ["ASKPASS_USER", "ASKPASS_VARIABLE", "FETCHED_PREFIX", "GitRemote"]
@@ -71,6 +72,7 @@ _UNREACHABLE = re.compile(
     r"|HTTP 5\d\d|RPC failed|unexpected disconnect|early EOF|transfer closed",
     re.IGNORECASE,
 )
+_MISSING = re.compile(r"couldn't find remote ref", re.IGNORECASE)
 _REFUSED = re.compile(
     r"Authentication failed|The requested URL returned error: 40[13]"
     r"|could not read (?:Username|Password)|Permission to .* denied|HTTP 40[13]",
@@ -152,7 +154,8 @@ class GitRemote:
 
     def fetch(self, branch: str) -> str:
         """Fetch GitHub's ``branch`` into ``refs/phasegate/forge/<branch>``; returns
-        the SHA it points to. Raises ForgeError (see the module)."""
+        the SHA it points to. Raises ForgeNotFound when GitHub has no such branch,
+        else ForgeError (see the module)."""
         local = f"{FETCHED_PREFIX}{branch}"
         self._run(
             [
@@ -193,6 +196,8 @@ class GitRemote:
             return
         stderr = redact(proc.stderr.strip(), [token, *self.secrets])
         message = f"git {what} to {self.url} failed: {stderr}"
+        if _MISSING.search(stderr):
+            raise ForgeNotFound(message)
         if _REFUSED.search(stderr):
             raise ForgeAuthError(f"{message} (GitHub refused {self.credentials})")
         if _UNREACHABLE.search(stderr):
