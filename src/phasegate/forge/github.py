@@ -95,6 +95,9 @@ class GitHubForge(GitHubAPI):
         )
 
     def find_issue(self, marker: str) -> int | None:
+        """The issue whose body holds ``marker``'s hidden comment: every issue of the
+        repository is read (state all, newest first), only phasegate's own when its
+        login is known (an App's bot; a token's is not asked for)."""
         hidden = marker_comment(marker)
         login = self.auth.login()
         issues = self._list(
@@ -259,6 +262,11 @@ class GitHubForge(GitHubAPI):
         return self._is_pull[number]
 
     def comments(self, number: int, since: datetime | None = None) -> list[Comment]:
+        """Conversation comments; for a pull request also its submitted reviews (those
+        with a verdict or a text: a bare COMMENTED review only holds inline comments)
+        and inline comments (path, line in the new file, else the original line, diff
+        hunk). Anything holding a ``<!-- phasegate:`` marker is phasegate's own and
+        left out; ``since`` is exclusive."""
         said = [
             Comment(
                 c["id"], login_of(c.get("user")), c.get("body") or "", timestamp(c["created_at"])
@@ -390,6 +398,10 @@ class GitHubForge(GitHubAPI):
         )
 
     def checks(self, sha: str) -> list[Check]:
+        """Check runs (the latest per name, as GitHub lists them) and the combined
+        status's statuses of ``sha``: a run not completed is pending; success, neutral
+        and skipped are success; every other conclusion, and a status of error or
+        failure, is failure. Output is title, summary and text, capped at 8 KB."""
         runs = self._list(
             lambda rest: rest.checks.list_for_ref,
             self.owner,
@@ -423,6 +435,12 @@ class GitHubForge(GitHubAPI):
         return found
 
     def merge_pull_request(self, number: int, message: str) -> str:
+        """Merge with ``forge.merge_method`` at the head phasegate read (GitHub refuses
+        with 409 if it moved since); ``message``'s first line is the commit title.
+        A pull request already merged (by an earlier try, or a person) answers its
+        merge SHA. GitHub's refusal (405 not mergeable, 409) is GitHubRefused with
+        its status; a closed one is ForgeError. The base is fetched afterwards
+        (``refs/phasegate/forge/<base>``) so that the merge commit is local."""
         pr = self.pull_request(number)
         if pr.state == "merged" and pr.merge_sha:
             self._fetch_base(pr.base, pr.merge_sha)
