@@ -52,8 +52,9 @@ from phasegate.contract import (
     WorkflowContext,
     WorkflowPaused,
 )
-from phasegate.forge import Forge, LocalForge
+from phasegate.forge import Forge
 from phasegate.forge.base import ForgeError, ForgeUnavailable, status_label
+from phasegate.forge.github_auth import make_forge
 from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
@@ -111,7 +112,7 @@ class Engine:
         self.workspace = workspace or Workspace()
         hidden = cartridge_secrets(cartridge)
         withhold_from_git(hidden)  # a filter git runs sees no role's key (issue 10)
-        self.forge = forge or LocalForge(store, self.repo, self.workspace, hidden)
+        self.forge = forge or make_forge(cartridge, self.repo, store, self.workspace, hidden)
         self.clock = clock or SystemClock()
         self.shutdown = threading.Event()
         self.on_event = on_event
