@@ -31,6 +31,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 from phasegate.agents.service import AgentFailed
@@ -43,6 +44,7 @@ from phasegate.contract import (
     WorkflowContext,
 )
 from phasegate.phases.deps import PhaseDeps, verdict_parser
+from phasegate.triggers import TriggerRefused, resnapshot
 
 __all__ = ["acceptance_hash", "override", "run"]
 
@@ -93,6 +95,23 @@ def _confirm(ctx: WorkflowContext, deps: PhaseDeps, row: MilestoneWrite, who: st
 
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+    """The phase (module docstring). A workflow started from a forge issue
+    verifies against the issue as it is now (``triggers.resnapshot``): an edit
+    since the start gives a new acceptance hash, so it verifies again, and the
+    verifier reads the edited ticket; an edit the start's voucher cannot vouch
+    for pauses the workflow."""
+    try:
+        fresh = resnapshot(deps.forge, ctx)
+    except TriggerRefused as exc:
+        return PhaseResult("pause", reason=str(exc))
+    if fresh is None or fresh.hash == acceptance_hash(ctx):
+        return _run(ctx, deps)
+    edited = {"acceptance_hash": fresh.hash, "verified_ticket": fresh.text}
+    result = _run(replace(ctx, state={**ctx.state, **edited}), deps)
+    return replace(result, state={**edited, **result.state})
+
+
+def _run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     if not deps.cartridge.workflow.acceptance_verification:
         return PhaseResult.advance(COMPLETED, state={"verification_status": "disabled"})
     merge_sha = ctx.merge_sha
@@ -144,7 +163,11 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 ctx,
                 ACCEPTANCE_VERIFICATION,
                 "verification",
-                VERIFY_PROMPT.format(title=ctx.title, ticket=ctx.ticket, checks=check_text),
+                VERIFY_PROMPT.format(
+                    title=ctx.title,
+                    ticket=ctx.state.get("verified_ticket") or ctx.ticket,
+                    checks=check_text,
+                ),
                 checkout,
                 round=attempt,
                 attempt=attempt,
