@@ -437,3 +437,30 @@ def test_init_prints_what_it_chose(tmp_path: Path) -> None:
     assert "roles: none bound" in out
     assert "no role is bound" in out and "next: bind the roles in phasegate.toml" in out
     assert load_cartridge(bare).missing_roles() == list(ROLES)
+
+
+def test_doctor_says_which_github_repository_and_credentials_and_names_a_missing_token(
+    tmp_path: Path,
+) -> None:
+    from conftest import scripted_cartridge
+
+    repo = make_repo(tmp_path / "repo", {"README.md": "# r\n"})
+    (repo / "phasegate.toml").write_text(
+        scripted_cartridge() + '\n[forge]\nkind = "github"\ntoken_env = "WIDGETS_PAT"\n'
+    )
+    (repo / "answers.toml").write_text("")
+    git(repo, "remote", "add", "origin", "git@github.com:octo/widgets.git")
+    which = lambda name: f"/usr/bin/{name}"  # noqa: E731
+    found = diagnose(repo, which=which, environ={})
+    assert found.forge["repository"] == "octo/widgets"
+    assert any("WIDGETS_PAT is not set" in m for m in found.missing), found.missing
+
+    found = diagnose(repo, which=which, environ={"WIDGETS_PAT": SENTINEL})
+    assert found.forge == {
+        "kind": "github",
+        "api": "https://api.github.com",
+        "repository": "octo/widgets",
+        "credentials": "the token in WIDGETS_PAT",
+    }
+    assert not [m for m in found.missing if "forge" in m]
+    assert SENTINEL not in json.dumps(found.as_dict())

@@ -45,6 +45,8 @@ from phasegate.discover import (
     keys_set,
     program_version,
 )
+from phasegate.forge.base import ForgeError
+from phasegate.forge.github_auth import forge_auth, repository_from_origin
 from phasegate.sandbox import PROCESS_RUNNERS, SANDBOX_VAR, SandboxKind, bwrap_works, choose
 from phasegate.store import store_url_problem
 from phasegate.workspace import GitError, git
@@ -112,6 +114,9 @@ class Diagnosis:
     litellm: bool
     #: The checks' sandbox: {"kind", "reason"}; empty when there are no checks.
     checks_sandbox: dict[str, str] = field(default_factory=dict)
+    #: The forge: {"kind", and for GitHub "repository", "api", "credentials"}; empty
+    #: without a valid cartridge. Nothing is sent to the forge.
+    forge: dict[str, str] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -293,8 +298,10 @@ def diagnose(
                 roles.append(
                     _role_status(name, binding, root, which, env, litellm, missing, warnings)
                 )
+    forge: dict[str, str] = {}
     if cartridge is not None and root is not None:
         _check_workflow(cartridge, root, missing, warnings)
+        forge = _forge(cartridge, root, env, missing)
     machine = env.get(SANDBOX_VAR, "")
     if machine not in ("", "bwrap", "none"):  # run refuses it: so does doctor
         missing.append(f'{SANDBOX_VAR}={machine!r}: give "bwrap" or "none"')
@@ -321,9 +328,29 @@ def diagnose(
         roles=roles,
         litellm=litellm,
         checks_sandbox=checks_sandbox,
+        forge=forge,
         missing=missing,
         warnings=warnings,
     )
+
+
+def _forge(
+    cartridge: Cartridge, root: Path, env: Mapping[str, str], missing: list[str]
+) -> dict[str, str]:
+    """What the forge will be, from the cartridge, the origin remote and the
+    environment alone: the repository, the API and whose credentials (never a
+    token's value). A GitHub forge that could not start is a problem."""
+    settings = cartridge.forge
+    if settings.kind == "local":
+        return {"kind": "local"}
+    found = {"kind": settings.kind, "api": settings.base_url or "https://api.github.com"}
+    try:
+        repository = settings.repository or repository_from_origin(root)
+        found["repository"] = repository
+        found["credentials"] = forge_auth(settings, root, repository, env).credentials
+    except ForgeError as exc:
+        missing.append(str(exc))
+    return found
 
 
 def _check_workflow(

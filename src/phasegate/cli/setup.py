@@ -162,6 +162,17 @@ def _print_diagnosis(found: Diagnosis) -> None:
     if found.checks_sandbox:
         sandbox = found.checks_sandbox
         line("•", f"checks: sandbox {sandbox['kind']} ({sandbox['reason']})")
+    if found.forge.get("kind") == "github":
+        forge = found.forge
+        ready = "repository" in forge and "credentials" in forge
+        where = forge.get("repository", "repository unknown")
+        line(
+            yes if ready else no,
+            f"forge: GitHub {where} at {forge['api']}, "
+            f"{forge.get('credentials', 'no credentials')}",
+        )
+    elif found.forge:
+        line("•", "forge: local (issues and pull requests in the store)")
     line(
         yes if found.litellm else "[dim]−[/dim]",
         f"litellm {'installed' if found.litellm else 'not installed'} (for api roles)",
