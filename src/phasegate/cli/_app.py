@@ -35,7 +35,12 @@ app = typer.Typer(
     "Agents and checks run under bubblewrap where it works (worktree writable, the rest "
     'read-only, phasegate\'s process and keys out of sight; `sandbox = "none"` per role '
     "turns it off, with a warning); refs and .git are restored after every agent run; "
-    "secrets are redacted raw and encoded (README: Agents contained).",
+    "secrets are redacted raw and encoded (README: Agents contained).\n\n"
+    'On GitHub ([forge] kind = "github"): `phasegate watch` starts a workflow for each '
+    "issue a trusted person labels `phasegate` (`phasegate import OWNER/REPO#N` by hand); "
+    "CI checks are evidence; review comments send the change back; an approving review "
+    "or `/phasegate merge` merges; the issue closes only after verification (README: "
+    "Using it with GitHub).",
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
