@@ -176,6 +176,13 @@ def _ticket_from(ticket: str | None, ticket_file: Path | None) -> str:
     return ticket
 
 
+AutoMergeOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--auto-merge/--no-auto-merge",
+        help="Override workflow.auto_merge and the profile's default.",
+    ),
+]
 ProfileOption = Annotated[
     str | None,
     typer.Option(

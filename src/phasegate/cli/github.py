@@ -16,6 +16,8 @@ import typer
 from phasegate.cartridge import CARTRIDGE_FILE
 from phasegate.cli._app import (
     MAX_TICKET_BYTES,
+    AutoMergeOption,
+    JsonOption,
     NoAdvance,
     ProfileOption,
     RepoOption,
@@ -101,17 +103,11 @@ def import_issue(
         str, typer.Argument(metavar="OWNER/REPO#N", help="The issue: OWNER/REPO#N, #N or N.")
     ],
     by: Annotated[str, typer.Option(help="Who vouches for the issue's text.")] = "cli",
-    auto_merge: Annotated[
-        bool | None,
-        typer.Option(
-            "--auto-merge/--no-auto-merge",
-            help="Override workflow.auto_merge and the profile's default.",
-        ),
-    ] = None,
+    auto_merge: AutoMergeOption = None,
     profile: ProfileOption = None,
     repo: RepoOption = Path("."),
     no_advance: NoAdvance = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Start a workflow from an existing issue of the cartridge's repository,
     whatever its labels, and run it in the foreground like `run`.

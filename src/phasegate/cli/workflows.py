@@ -12,6 +12,7 @@ import typer
 from phasegate import decisions
 from phasegate.cartridge import CARTRIDGE_FILE
 from phasegate.cli._app import (
+    AutoMergeOption,
     JsonOption,
     NoAdvance,
     ProfileOption,
@@ -54,13 +55,7 @@ def run(
     title: Annotated[
         str | None, typer.Option(help="Title (default: the ticket's first line).")
     ] = None,
-    auto_merge: Annotated[
-        bool | None,
-        typer.Option(
-            "--auto-merge/--no-auto-merge",
-            help="Override workflow.auto_merge and the profile's default.",
-        ),
-    ] = None,
+    auto_merge: AutoMergeOption = None,
     profile: ProfileOption = None,
     repo: RepoOption = Path("."),
     as_json: JsonOption = False,
