@@ -23,10 +23,11 @@ from test_restart import FEATURE, Lab, assert_exactly_once, wait_until
 from phasegate._process import start_ticks
 from phasegate.cartridge import load_cartridge
 from phasegate.contract import MilestoneWrite
-from phasegate.engine import Engine, _Heartbeat
+from phasegate.engine import Engine
 from phasegate.journal import SideEffects
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable, open_store
 from phasegate.testing import InMemoryForge
+from phasegate.worker import Heartbeat
 from phasegate.workspace import Workspace
 
 from conftest import HAPPY_ANSWERS, git, make_repo, new_workflow, scripted_cartridge
@@ -58,10 +59,10 @@ def hold_write_lock(db_path: Path, seconds: float) -> None:
         other.close()
 
 
-def heartbeat(store: Store, wf: str, ttl_s: float) -> tuple[_Heartbeat, Fence]:
+def heartbeat(store: Store, wf: str, ttl_s: float) -> tuple[Heartbeat, Fence]:
     owner = f"{HOST}:{os.getpid()}:hb"
     fence = Fence(store, wf, owner, store.claim(wf, owner, ttl_s) or 0)
-    beat = _Heartbeat(store, fence, ttl_s)
+    beat = Heartbeat(store, fence, ttl_s)
     beat.start()
     return beat, fence
 
