@@ -225,3 +225,30 @@ def test_a_trusted_label_on_github_runs_trusted_words_only_and_an_edited_issue_v
     }
     assert len(keys) == 2, "the edited issue did not verify under a new acceptance hash"
     assert gh.issue(name, issue.number).state == "closed"
+
+
+def test_a_merge_a_person_did_on_github_is_verified_and_a_closed_pr_cancels(
+    github: GitHubLab, tmp_path: Path, engine_for: Build
+) -> None:
+    repo, _ = team_repo(github, tmp_path, auto_merge=False)
+    engine, store = engine_for(repo)
+    gh, name = github.server, github.repository
+    merged = engine.start("Add the feature", "Write feature.txt")
+    closed = engine.start("Add another feature", "Write feature.txt too")
+    assert engine.advance(merged)["status"] == "waiting"
+    assert engine.advance(closed)["status"] == "waiting"
+
+    pr = store.workflow_row(merged)["pr_number"]
+    sha = gh.merge_by_hand(name, pr, by="maya", method="squash")
+    row = engine.advance(merged)
+    assert row["status"] == "completed", row["error"]
+    assert row["merge_sha"] == sha and gh.counts(name)["merges"] == 1
+    approved = [m for m in store.milestones(merged) if m.kind == "merge_approved"]
+    assert approved[-1].summary == "merged on the forge by maya"
+    assert gh.issue(name, row["issue_number"]).state == "closed"
+
+    gh.close_pull(name, store.workflow_row(closed)["pr_number"], by="olga")
+    row = engine.advance(closed)
+    assert row["status"] == "cancelled" and "closed unmerged" in row["error"]
+    assert gh.issue(name, row["issue_number"]).state == "open"
+    assert {x.name for x in gh.issue(name, row["issue_number"]).labels} == set()
