@@ -39,13 +39,14 @@ from phasegate.forge.base import (
     TRUSTED_PERMISSIONS,
     Comment,
     Forge,
+    ForgeError,
     ForgeUnavailable,
     Issue,
     TrustCache,
 )
+from phasegate.forge.github_auth import repository_from_origin
 from phasegate.store import StoreUnavailable
 from phasegate.store.workflows import IssueTaken
-from phasegate.workspace import git
 
 if TYPE_CHECKING:  # the engine imports the phases, which may read a snapshot again
     from phasegate.engine import Engine
@@ -75,7 +76,6 @@ _FILED_MARKER = re.compile(r"phasegate:workflow:([0-9a-f]{8})\b")
 #: ``owner/name`` as GitHub spells it (forge.repository's rule, cartridge_forge).
 _OWNER_NAME = r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}?"
 _ISSUE_REF = re.compile(rf"^(?:(?P<repo>{_OWNER_NAME})#|#)?(?P<n>[1-9][0-9]{{0,9}})$")
-_REMOTE = re.compile(rf"[/:](?P<repo>{_OWNER_NAME})(?:\.git)?/?$")
 
 
 class TriggerRefused(PhasegateError):
@@ -450,15 +450,11 @@ def parse_issue_ref(text: str) -> IssueRef:
 def repository_of(configured: str | None, root: Path) -> str:
     """The forge repository (``owner/name``): ``forge.repository`` when set, else
     read from the ``origin`` remote of the repository at ``root`` (an https or
-    ssh URL of GitHub's shape). Raises TriggerRefused when neither names one."""
+    ssh URL of GitHub's shape: ``github_auth.repository_from_origin``). Raises
+    TriggerRefused when neither names one."""
     if configured:
         return configured
-    url = git(["remote", "get-url", "origin"], root, check=False).strip()
-    # A URL, not a path: /srv/git/a/b.git names no owner on a forge.
-    found = _REMOTE.search(url) if re.match(r"^(?:[a-z+]+://|[\w.-]+@[\w.-]+:)", url) else None
-    if found is None:
-        raise TriggerRefused(
-            "the cartridge names no forge.repository and the origin remote is not a "
-            'GitHub URL: set forge.repository = "owner/name" in phasegate.toml'
-        )
-    return found.group("repo")
+    try:
+        return repository_from_origin(root)
+    except ForgeError as exc:
+        raise TriggerRefused(str(exc)) from exc

@@ -66,19 +66,22 @@ _REPOSITORY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$
 _REMOTE = re.compile(
     r"[:/](?P<owner>[A-Za-z0-9][A-Za-z0-9-]{0,38})/(?P<name>[A-Za-z0-9._-]+?)(?:\.git)?/?$"
 )
+_URL = re.compile(r"^(?:[a-z+]+://|[\w.-]+@[\w.-]+:)")
 
 
 def repository_from_origin(repo: Path) -> str:
     """``owner/name`` of the ``origin`` remote of ``repo`` (an https, ssh or scp-like
-    URL). Raises ForgeError naming forge.repository when there is no origin or
-    its URL names no GitHub repository."""
+    URL; a local path names none). Raises ForgeError naming forge.repository when
+    there is no origin or its URL names no GitHub repository."""
     proc = run_git(["remote", "get-url", "origin"], repo)
     if proc.returncode != 0:
         raise ForgeError(
             f"forge.repository is not set and {repo} has no origin remote: "
             'set forge.repository = "owner/name"'
         )
-    found = _REMOTE.search(proc.stdout.strip())
+    url = proc.stdout.strip()
+    # A URL, not a path: /srv/git/a/b.git names no owner on a forge.
+    found = _REMOTE.search(url) if _URL.match(url) else None
     repository = f"{found['owner']}/{found['name']}" if found else ""
     if not _REPOSITORY.match(repository):
         # the URL itself is not shown: it may hold credentials
