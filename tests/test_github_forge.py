@@ -394,13 +394,16 @@ def test_github_app_mints_installation_tokens_through_the_fake(
     )
     github.server.add_app(77, public, 7001, slug="phasegate", owner="octo")
     (local / "app.pem").write_text(pem)
-    # Straight at the fake, not through Prism: the fake writes a bot's URLs with a raw
-    # "[bot]" (…/users/phasegate[bot]), which GitHub's schema rightly refuses as a uri.
-    app_settings = settings(github.server.url, app_id=77, private_key_file="app.pem")
+    # Through Prism: the bot's URLs are percent-encoded (…/users/phasegate%5Bbot%5D)
+    # as GitHub writes them; a raw "[bot]" is no uri, and the schema says so.
+    app_settings = settings(github.api_url, app_id=77, private_key_file="app.pem")
     auth = forge_auth(app_settings, local, REPO, environ={})
     app = GitHubForge(REPO, auth, local, Workspace(), app_settings)
     number = app.create_issue("from the app", "b", "phasegate:workflow:app")
     assert app.issue(number).author == "phasegate[bot]"
+    shown = github.server.shapes.user(github.server.user("phasegate[bot]"))
+    assert shown["url"].endswith("/users/phasegate%5Bbot%5D")
+    assert shown["html_url"].endswith("/apps/phasegate")
     assert app.find_issue("phasegate:workflow:app") == number
     branch_with_change(local, "app-branch")
     app.publish_branch("app-branch")

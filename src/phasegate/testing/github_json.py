@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 from phasegate.testing.github_git import PullFacts
 from phasegate.testing.github_model import (
@@ -61,7 +62,11 @@ class Shapes:
 
     # -- people ---------------------------------------------------------------------
     def user(self, u: User) -> Json:
-        base = f"{self.api}/users/{u.login}"
+        # GitHub percent-encodes a bot's login in its URLs (…/users/slug%5Bbot%5D):
+        # a raw "[bot]" is no valid uri, and the schema says uri
+        login = quote(u.login, safe="")
+        base = f"{self.api}/users/{login}"
+        html = f"{self.api}/apps/{u.login.removesuffix('[bot]')}" if u.type == "Bot" else None
         return {
             "login": u.login,
             "id": u.id,
@@ -69,7 +74,7 @@ class Shapes:
             "avatar_url": f"{self.api}/avatars/{u.id}",
             "gravatar_id": "",
             "url": base,
-            "html_url": f"{self.api}/{u.login}",
+            "html_url": html or f"{self.api}/{login}",
             "followers_url": f"{base}/followers",
             "following_url": f"{base}/following{{/other_user}}",
             "gists_url": f"{base}/gists{{/gist_id}}",
