@@ -1,7 +1,7 @@
 """The fake GitHub's objects in GitHub's JSON shapes, one helper per object.
 
 Each helper gives what @octokit/openapi's ``api.github.com`` description marks
-required for that object (``simple-user``, ``full-repository``, ``label``,
+required for that object (``simple-user``, ``full-repository``, ``public-user``, ``label``,
 ``issue``, ``issue-comment``, ``labeled-issue-event``, ``pull-request`` and
 ``pull-request-simple``, ``pull-request-review``,
 ``pull-request-review-comment``, ``check-run``, ``combined-commit-status``,
@@ -87,6 +87,14 @@ class Shapes:
             "type": u.type,
             "site_admin": False,
         }
+
+    def public_user(self, u: User, since: datetime) -> Json:
+        """``public-user`` (``GET /user``'s answer for a token without user scopes)."""
+        profile = dict.fromkeys(("name", "company", "blog", "location", "email", "bio"))
+        counts = dict.fromkeys(("public_repos", "public_gists", "followers", "following"), 0)
+        return {**self.user(u), **profile, **counts, "hireable": None,
+                "user_view_type": "public", "created_at": iso(since),
+                "updated_at": iso(since)}  # fmt: skip
 
     def collaborator_permission(self, u: User, role: str) -> Json:
         """``repository-collaborator-permission``: GitHub's ``permission`` folds

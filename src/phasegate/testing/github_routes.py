@@ -186,7 +186,8 @@ def _author_or(call: Call, r: Repo, issue: Issue, need: str) -> None:
         raise GitHubError(403, f"Must have {need} access to repository")
 
 
-# -- users, repositories (repos/get, repos/create-for-authenticated-user) --
+# -- users, repositories (repos/get, repos/create-for-authenticated-user, create-in-org,
+# users/get-authenticated) --
 @route("GET", "/repos/{owner}/{repo}")
 def get_repo(call: Call) -> Any:
     r = call.repo()
@@ -208,6 +209,34 @@ def create_repo(call: Call) -> Any:
     )
     call.created(f"{call.gh.url}/repos/{r.full_name}")
     return call.gh.shapes.repo(r)
+
+
+@route("POST", "/orgs/{org}/repos")
+def create_org_repo(call: Call) -> Any:
+    # No membership is kept: any person may create in an organisation, a bot only
+    # in the one its App is installed on (GitHub: administration write).
+    org = call.gh.user(call.params["org"])
+    if org.type != "Organization":
+        raise not_found()
+    if call.user.type == "Bot" and not any(
+        a.bot is call.user and a.owner is org for a in call.gh.apps.values()
+    ):
+        raise GitHubError(403, "Resource not accessible by integration")
+    r = call.gh.create_repo(
+        org.login,
+        str(call.required("name", "Repository")),
+        private=bool(call.field("private", False)),
+        description=call.field("description"),
+        auto_init=bool(call.field("auto_init", False)),
+    )
+    r.collaborators[call.user.login] = "admin"
+    call.created(f"{call.gh.url}/repos/{r.full_name}")
+    return call.gh.shapes.repo(r)
+
+
+@route("GET", "/user")
+def get_authenticated(call: Call) -> Any:
+    return call.gh.shapes.public_user(call.user, call.gh._at(None))
 
 
 @route("GET", "/repos/{owner}/{repo}/collaborators/{username}/permission")
