@@ -23,7 +23,7 @@ from githubkit import GitHub
 from githubkit.exception import GitHubException
 
 from phasegate.cartridge_forge import ForgeSettings
-from phasegate.forge.base import ForgeError
+from phasegate.forge.base import ForgeError, ForgeNotFound
 from phasegate.forge.github_auth import API_VERSION, ForgeAuth, github_client
 from phasegate.forge.github_faults import (
     MAX_BACKOFF_S,
@@ -241,3 +241,52 @@ class GitHubAPI:
             retries=self.settings.max_retries,
             backoff_s=self.retry_backoff_s,
         )
+
+    # -- the repository itself: a new project (spec 000 preparation, gh.create_repo) --
+
+    def find_repository(self) -> dict[str, Any] | None:
+        """GitHub's ``full-repository`` JSON of ``repository`` (``GET /repos/{owner}/{repo}``),
+        or None when GitHub has none (or the token cannot see it: 404)."""
+        try:
+            return self._get(lambda rest: rest.repos.get(self.owner, self.name))
+        except ForgeNotFound:
+            return None
+
+    def login(self) -> str:
+        """The login the forge's token acts as (``GET /user``)."""
+        return str(self._get(lambda rest: rest.users.get_authenticated())["login"])
+
+    def create_repository(self, description: str, *, private: bool) -> dict[str, Any]:
+        """Create ``repository``, empty (no ``auto_init``: phasegate pushes its own first
+        commit), with ``description``: ``POST /user/repos`` when its owner is the
+        token's user, else ``POST /orgs/{org}/repos``. A 5xx is looked up
+        (``find_repository``, a repository carrying ``description``) before a repeat.
+        Returns its ``full-repository`` JSON. Raises GitHubRefused 422 when the name
+        is taken, ForgeAuthError when the token may not create it (403)."""
+        fields = {
+            "name": self.name,
+            "description": self._clean(description),
+            "private": private,
+            "has_issues": True,
+            "auto_init": False,
+        }
+        made: dict[str, Any] = {}
+
+        def post(rest: Any) -> int:
+            if self.owner.lower() == self.login().lower():
+                answer = rest.repos.create_for_authenticated_user(data=fields)
+            else:
+                answer = rest.repos.create_in_org(self.owner, data=fields)
+            made.update(answer.json())
+            return int(made["id"])
+
+        def find() -> int | None:
+            found = self.find_repository()
+            if found is None or found.get("description") != fields["description"]:
+                return None
+            made.update(found)
+            return int(found["id"])
+
+        self._create(f"repository {self.repository}", post, find)
+        self._clone_url = str(made["clone_url"])
+        return made
