@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from phasegate import decisions
+from phasegate import new_project as projects
 from phasegate.cartridge import CARTRIDGE_FILE
 from phasegate.cli._app import (
     AutoMergeOption,
@@ -17,6 +18,7 @@ from phasegate.cli._app import (
     NoAdvance,
     ProfileOption,
     RepoOption,
+    UsageError,
     _errors,
     _open,
     _open_for_reading,
@@ -59,6 +61,27 @@ def run(
     profile: ProfileOption = None,
     repo: RepoOption = Path("."),
     as_json: JsonOption = False,
+    new_project: Annotated[
+        str | None,
+        typer.Option(
+            "--new-project",
+            metavar="[OWNER/]NAME",
+            help="Make a new project first: a checkout at --dir with --repo's "
+            "phasegate.toml copied into its first commit (else `phasegate init`'s), and "
+            'with forge.kind = "github" the repository OWNER/NAME on GitHub (OWNER: '
+            "the token's user, or an organization) holding that first commit; then "
+            "the workflow runs there. Run again after a crash, it goes on.",
+        ),
+    ] = None,
+    directory: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir", help="Where --new-project makes its checkout (default ./NAME; new or empty)."
+        ),
+    ] = None,
+    public: Annotated[
+        bool, typer.Option("--public", help="--new-project on GitHub: a public repository.")
+    ] = False,
 ) -> None:
     """File a ticket and run its workflow in the foreground (Ctrl-C leaves it resumable).
 
@@ -70,6 +93,25 @@ def run(
     """
     with _errors():
         ticket = _ticket_from(ticket, ticket_file)
+        if new_project is not None:
+            engine, workflow_id = _start_new_project(
+                new_project,
+                directory,
+                repo,
+                public,
+                lambda e, state: e.start(
+                    title or _title_of(ticket),
+                    ticket,
+                    auto_merge=auto_merge,
+                    profile=profile,
+                    state=state,
+                ),
+                as_json,
+            )
+            _drive(engine, workflow_id, as_json)
+            return
+        if directory is not None or public:
+            raise UsageError("--dir and --public are read only with --new-project")
         root, cartridge, store = _open(repo)
         cartridge.require_roles(root / CARTRIDGE_FILE)
         engine = _engine(root, cartridge, store, None)
@@ -79,6 +121,37 @@ def run(
         if not as_json:
             console.print(f"workflow [bold]{workflow_id}[/bold] filed", highlight=False)
         _drive(engine, workflow_id, as_json)
+
+
+def _start_new_project(
+    name: str,
+    directory: Path | None,
+    template: Path,
+    public: bool,
+    start: Callable[[Engine, dict[str, Any]], str],
+    as_json: bool,
+) -> tuple[Engine, str]:
+    """The new project's checkout and its workflow (phasegate.new_project): an earlier
+    try's workflow found in the checkout is continued, never filed again."""
+    where = (directory or Path(name.rpartition("/")[2])).resolve()
+    earlier = None
+    if (where / CARTRIDGE_FILE).is_file() and (where / ".git").exists():
+        _root, _cartridge, store = _open(where)
+        earlier = projects.earlier_workflow(store, name.rpartition("/")[2])
+        store.close()
+    project = projects.resolve(name, where, template.resolve(), private=not public, earlier=earlier)
+    project.cartridge().require_roles(where / CARTRIDGE_FILE)
+    root, cartridge, store = _open(projects.make_checkout(project))
+    engine = _engine(root, cartridge, store, None)
+    workflow_id = earlier or start(engine, {"new_project": project.state()})
+    if not as_json:
+        what = project.repository or "a local repository"
+        verb = "continued" if earlier else "filed"
+        console.print(
+            f"new project {what} at {root}: workflow [bold]{workflow_id}[/bold] {verb}",
+            highlight=False,
+        )
+    return engine, workflow_id
 
 
 @app.command()

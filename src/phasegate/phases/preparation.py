@@ -8,7 +8,9 @@ self-heal for it (spec 000, preparation).
 - inputs: title, ticket, repo_path, base_branch, the cartridge's worktree_root.
 - authoritative evidence: the ``branch_created`` milestone (completed); also
   ``issue_created`` and ``worktree_ready``.
-- side effects: forge issue (journaled; none for a workflow started from an
+- side effects: for a new project (``state["new_project"]``) first the forge's
+  repository with its first commit (journaled as ``repo_setup``: phasegate.new_project),
+  forge issue (journaled; none for a workflow started from an
   existing issue by `watch` or `import`), git branch (journaled), git worktree.
 - postconditions: issue_number, branch_name, worktree_path set;
   current_phase == "planning", status == "planning".
@@ -29,6 +31,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from phasegate import new_project
 from phasegate._git import run_git
 from phasegate.contract import PLANNING, PREPARATION, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.phases.deps import PhaseDeps
@@ -45,6 +48,8 @@ def branch_name_for(ctx: WorkflowContext) -> str:
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     repo = Path(ctx.repo_path)
+    if ctx.state.get("new_project"):  # the repository before the issue (repo_setup)
+        new_project.set_up(ctx, deps)
     if ctx.issue_number:  # started from a person's issue (watch, import): it is the ticket
         issue = ctx.issue_number
     else:
