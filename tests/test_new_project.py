@@ -11,13 +11,21 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from phasegate import new_project as projects
+from phasegate.cartridge_forge import ForgeSettings
+from phasegate.engine import Engine
+from phasegate.forge import ForgeAuth, GitHubForge
+from phasegate.store import Store
 from phasegate.testing import CRASH_EXIT_CODE
+from phasegate.workspace import Workspace
 
 from conftest import HAPPY_ANSWERS, GitHubLab, git, phasegate_cli, scripted_cartridge
 
 TICKET = "Write feature.txt"
+Build = Callable[..., tuple[Engine, Store]]
 
 
 def template(lab: GitHubLab | None, tmp_path: Path) -> Path:
@@ -151,3 +159,32 @@ def test_a_new_project_on_the_local_forge_is_a_new_local_repository(tmp_path: Pa
     )  # fmt: skip
     assert owned.returncode == 2 and "forge.kind" in owned.stderr
     assert not (tmp_path / "other").exists()
+
+
+def test_a_name_taken_after_the_check_fails_the_workflow_before_any_issue(
+    github: GitHubLab, tmp_path: Path, engine_for: Build
+) -> None:
+    project = projects.resolve("gadgets", tmp_path / "gadgets", template(github, tmp_path))
+    root = projects.make_checkout(project)
+    github.server.create_repo("phasegate-bot", "gadgets", description="theirs")  # a race
+    engine, _ = engine_for(root)
+    row = engine.advance(engine.start("t", TICKET, state={"new_project": project.state()}))
+    assert row["status"] == "failed" and "is not this workflow's" in (row["error"] or "")
+    assert repo_posts(github) == []
+    assert github.server.counts("phasegate-bot/gadgets")["issues"] == 0
+
+
+def test_an_organisations_repository_is_made_through_the_orgs_endpoint(
+    github: GitHubLab, tmp_path: Path
+) -> None:
+    github.server.add_user("octo-org", type="Organization")
+    settings = ForgeSettings(kind="github", repository="octo-org/gizmo", base_url=github.api_url)
+    auth = ForgeAuth.from_token(github.bot.token, "GITHUB_TOKEN")
+    forge = GitHubForge("octo-org/gizmo", auth, tmp_path, Workspace(), settings)
+    assert forge.find_repository() is None
+    made = forge.create_repository("d", private=False)
+    assert made["full_name"] == "octo-org/gizmo" and not made["private"]
+    posted = [(r.path, r.status) for r in github.server.requests if r.method == "POST"]
+    assert posted == [("/orgs/octo-org/repos", 201)]
+    assert github.server.permission("octo-org/gizmo", "phasegate-bot") == "admin"
+    assert (forge.find_repository() or {}).get("description") == "d"
