@@ -448,6 +448,7 @@ def test_ref_with_slashes_matches_only_percent_encoded(
 #: A body each listed operation accepts (the request must pass for its response to be judged).
 VALID_BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/user/repos"): {"name": "r"},
+    ("POST", "/orgs/{org}/repos"): {"name": "r"},
     ("POST", "/repos/{owner}/{repo}/issues"): {"title": "t"},
     ("PATCH", "/repos/{owner}/{repo}/issues/{issue_number}"): {"state": "closed"},
     ("POST", "/repos/{owner}/{repo}/issues/{issue_number}/labels"): {"labels": ["phasegate"]},
