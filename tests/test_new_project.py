@@ -14,15 +14,18 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
 from phasegate import new_project as projects
 from phasegate.cartridge_forge import ForgeSettings
 from phasegate.engine import Engine
-from phasegate.forge import ForgeAuth, GitHubForge
+from phasegate.forge import ForgeAuth, GitHubForge, forge_auth
 from phasegate.store import Store
 from phasegate.testing import CRASH_EXIT_CODE
 from phasegate.workspace import Workspace
 
-from conftest import HAPPY_ANSWERS, GitHubLab, git, phasegate_cli, scripted_cartridge
+from conftest import HAPPY_ANSWERS, GitHubLab, git, make_repo, phasegate_cli, scripted_cartridge
 
 TICKET = "Write feature.txt"
 Build = Callable[..., tuple[Engine, Store]]
@@ -188,3 +191,36 @@ def test_an_organisations_repository_is_made_through_the_orgs_endpoint(
     assert posted == [("/orgs/octo-org/repos", 201)]
     assert github.server.permission("octo-org/gizmo", "phasegate-bot") == "admin"
     assert (forge.find_repository() or {}).get("description") == "d"
+
+
+def test_a_github_app_makes_its_organisations_repository_and_pushes_to_it(
+    github: GitHubLab, tmp_path: Path
+) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    github.server.add_user("octo-org", type="Organization")
+    github.server.add_app(78, public.decode(), 7002, slug="phasegate", owner="octo-org")
+    checkout = make_repo(tmp_path / "gizmo")
+    (checkout / "app.pem").write_text(pem)
+    settings = ForgeSettings(
+        kind="github",
+        repository="octo-org/gizmo",
+        base_url=github.api_url,
+        app_id=78,
+        installation_id=7002,
+        private_key_file="app.pem",
+    )
+    auth = forge_auth(settings, checkout, "octo-org/gizmo", environ={})
+    forge = GitHubForge("octo-org/gizmo", auth, checkout, Workspace(), settings)
+    made = forge.create_repository("d", private=True)
+    forge.publish_branch("main")
+    assert made["full_name"] == "octo-org/gizmo"
+    posted = [(r.path, r.login) for r in github.server.requests if r.path.endswith("/repos")]
+    assert posted == [("/orgs/octo-org/repos", "phasegate[bot]")]  # never GET /user
+    head = github.server.repo("octo-org/gizmo").git.git("rev-parse", "main").strip()
+    assert head == git(checkout, "rev-parse", "main")

@@ -184,6 +184,11 @@ def resolve(
                 f'{CARTRIDGE_FILE} has forge.kind = "local" (set kind = "github")'
             )
         return NewProject(bare, directory, text, base, None, private, earlier)
+    if owner is None and cartridge.forge.uses_app:
+        raise NewProjectRefused(
+            f"--new-project {name!r}: a GitHub App creates repositories in an organisation "
+            "only: give OWNER/NAME (and forge.installation_id)"
+        )
     if owner is None:
         owner = _github(cartridge, directory, f"{bare}/{bare}", environ).login()
     repository = f"{owner}/{bare}"

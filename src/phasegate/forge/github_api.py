@@ -259,8 +259,9 @@ class GitHubAPI:
     def create_repository(self, description: str, *, private: bool) -> dict[str, Any]:
         """Create ``repository``, empty (no ``auto_init``: phasegate pushes its own first
         commit), with ``description``: ``POST /user/repos`` when its owner is the
-        token's user, else ``POST /orgs/{org}/repos``. A 5xx is looked up
-        (``find_repository``, a repository carrying ``description``) before a repeat.
+        token's user, else (and always for a GitHub App) ``POST /orgs/{org}/repos``.
+        A 5xx is looked up (``find_repository``, a repository carrying
+        ``description``) before a repeat.
         Returns its ``full-repository`` JSON. Raises GitHubRefused 422 when the name
         is taken, ForgeAuthError when the token may not create it (403)."""
         fields = {
@@ -273,7 +274,8 @@ class GitHubAPI:
         made: dict[str, Any] = {}
 
         def post(rest: Any) -> int:
-            if self.owner.lower() == self.login().lower():
+            # a GitHub App creates only in an organisation (GET /user is no App's)
+            if not self.settings.uses_app and self.owner.lower() == self.login().lower():
                 answer = rest.repos.create_for_authenticated_user(data=fields)
             else:
                 answer = rest.repos.create_in_org(self.owner, data=fields)
