@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-from github_forge_kit import REPO, branch_with_change, forge, forge_for, local, posts, settings
 
 from phasegate.forge import ForgeAuth, ForgeAuthError, ForgeNotFound, ForgeUnavailable, GitHubForge
 from phasegate.workspace import Workspace
 
 from conftest import GitHubLab
+from github_forge_kit import REPO, branch_with_change, forge, forge_for, local, posts, settings
 
 __all__ = ["forge", "local"]  # fixtures, used by name
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from github_forge_kit import REPO, branch_with_change, forge, forge_for, local, posts, settings
 
 from phasegate.cartridge import Cartridge
 from phasegate.cartridge_forge import ForgeSettings
@@ -38,6 +37,7 @@ from phasegate.testing.github_server import GitHubServer
 from phasegate.workspace import Workspace
 
 from conftest import GitHubLab, git, new_workflow
+from github_forge_kit import REPO, branch_with_change, forge, forge_for, local, posts, settings
 
 __all__ = ["forge", "local"]  # fixtures, used by name
 
