@@ -35,6 +35,7 @@ __all__ = [
     "ForgeAuthError",
     "ForgeError",
     "ForgeNotFound",
+    "ForgeNotMergeable",
     "ForgeUnavailable",
     "Issue",
     "Labelled",
@@ -88,7 +89,16 @@ class ForgeAuthError(ForgeError):
 
 
 class ForgeNotFound(ForgeError):
-    """The repository, issue or pull request does not exist, or the token cannot see it."""
+    """The repository, issue, pull request or branch does not exist, or the token
+    cannot see it."""
+
+
+class ForgeNotMergeable(ForgeError):
+    """The forge would not merge an open pull request (GitHub's 405 "not
+    mergeable"): most often its base moved since the branch was synced and now
+    conflicts. merge syncs the base again: a conflict forks the conflict
+    resolution (spec 000, merge), a clean merge is tried again, and a refusal
+    for a reason of the forge's own (branch protection, a draft) pauses."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +202,18 @@ class Forge(Protocol):
         ...
 
     # -- branches, pull requests, CI ------------------------------------------------
+    def branch_ref(self, branch: str) -> str:
+        """A local ref holding the forge's current ``branch``: what a workflow
+        branches from, syncs with and is verified against (issue 11, items 6, 7).
+
+        The local forge's branches are the repository's, so it is ``branch`` itself;
+        one the repository lacks may survive on its ``origin`` remote (#814),
+        fetched into ``refs/remotes/origin/<branch>``. GitHub's is fetched with
+        the forge's credentials into ``refs/phasegate/forge/<branch>``, and that
+        ref is returned. Raises ForgeNotFound when the forge has no such branch.
+        """
+        ...
+
     def publish_branch(self, branch: str) -> None:
         """Make ``branch`` visible to the forge (a push); a no-op where they share the repo."""
         ...

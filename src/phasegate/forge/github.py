@@ -38,6 +38,7 @@ from phasegate.forge.base import (
     Comment,
     ForgeError,
     ForgeNotFound,
+    ForgeNotMergeable,
     ForgeUnavailable,
     Issue,
     Labelled,
@@ -56,8 +57,15 @@ from phasegate.forge.github_api import (
     timestamp,
 )
 from phasegate.forge.github_faults import GitHubRefused
+from phasegate.forge.github_git import FETCHED_PREFIX
 
-__all__ = ["CHECK_OUTPUT_BYTES", "GitHubForge", "marker_comment", "neutralize_closing"]
+__all__ = [
+    "CHECK_OUTPUT_BYTES",
+    "GitHubForge",
+    "GitHubNotMergeable",
+    "marker_comment",
+    "neutralize_closing",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +74,11 @@ STATUS_LABEL_COLOR = "5319e7"
 
 _OWN_MARKER = re.compile(r"<!--\s*phasegate:")
 _TRAILING_MARKER = re.compile(r"\s*<!-- phasegate:[^>]*-->\s*$")
+
+
+class GitHubNotMergeable(GitHubRefused, ForgeNotMergeable):
+    """GitHub's 405 on merging an open pull request: ForgeNotMergeable (merge syncs
+    the base again, a conflict forks its resolution), with GitHub's status and message."""
 
 
 class GitHubForge(GitHubAPI):
@@ -438,9 +451,11 @@ class GitHubForge(GitHubAPI):
         """Merge with ``forge.merge_method`` at the head phasegate read (GitHub refuses
         with 409 if it moved since); ``message``'s first line is the commit title.
         A pull request already merged (by an earlier try, or a person) answers its
-        merge SHA. GitHub's refusal (405 not mergeable, 409) is GitHubRefused with
-        its status; a closed one is ForgeError. The base is fetched afterwards
-        (``refs/phasegate/forge/<base>``) so that the merge commit is local."""
+        merge SHA. GitHub's 405 on a pull request still open is GitHubNotMergeable
+        (a ForgeNotMergeable: it conflicts with the base, or a rule of GitHub's holds
+        it), a 409 GitHubRefused with its status; a closed one is ForgeError. The
+        base is fetched afterwards (``refs/phasegate/forge/<base>``) so that the
+        merge commit is local."""
         pr = self.pull_request(number)
         if pr.state == "merged" and pr.merge_sha:
             self._fetch_base(pr.base, pr.merge_sha)
@@ -461,8 +476,13 @@ class GitHubForge(GitHubAPI):
             # an earlier try (or a person) may have merged it: then that merge is the answer
             again = self.pull_request(number)
             if again.state != "merged" or not again.merge_sha:
+                if again.state != "open":
+                    raise ForgeError(
+                        f"pull request #{number} on {self.repository} was closed unmerged"
+                    ) from exc
                 if isinstance(exc, GitHubRefused):  # 405 not mergeable, 409 head moved
-                    raise GitHubRefused(
+                    refused = GitHubNotMergeable if exc.status == 405 else GitHubRefused
+                    raise refused(
                         f"GitHub would not merge pull request #{number} on {self.repository} "
                         f"({exc.status}): {exc.github_message}",
                         exc.status,
@@ -482,6 +502,14 @@ class GitHubForge(GitHubAPI):
             return self._remote().fetch(branch)
         except ForgeNotFound:
             return None
+
+    def branch_ref(self, branch: str) -> str:
+        """Fetch GitHub's ``branch`` with the forge's token into
+        ``refs/phasegate/forge/<branch>`` and return that ref (the person's own
+        branches and remote-tracking refs are never moved). Raises ForgeNotFound
+        when GitHub has no such branch, else ForgeError as ``github_git`` says."""
+        self._remote().fetch(branch)
+        return f"{FETCHED_PREFIX}{branch}"
 
     def _fetch_base(self, base: str, sha: str, *, always: bool = False) -> None:
         """Bring ``base`` from GitHub into the local repository when commit ``sha``

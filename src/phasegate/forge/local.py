@@ -13,8 +13,17 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
+from phasegate._git import run_git
 from phasegate.agents.env import environment_secrets
-from phasegate.forge.base import Check, Comment, ForgeError, Issue, Labelled, PullRequest
+from phasegate.forge.base import (
+    Check,
+    Comment,
+    ForgeError,
+    ForgeNotFound,
+    Issue,
+    Labelled,
+    PullRequest,
+)
 from phasegate.redaction import redact
 from phasegate.store import Store
 from phasegate.store import tables as t
@@ -109,6 +118,19 @@ class LocalForge:
         return self.store.forge_rows(t.forge_comments, self.key, **where)
 
     # -- pull requests ----------------------------------------------------------
+
+    def branch_ref(self, branch: str) -> str:
+        """``branch`` itself when the repository has it; else ``origin``'s, fetched
+        with plain git into ``refs/remotes/origin/<branch>`` (a clone elsewhere may
+        have pushed it: #814). Raises ForgeNotFound when neither has it."""
+        if self.workspace.branch_exists(self.repo, branch):
+            return branch
+        if run_git(["remote", "get-url", "origin"], self.repo).returncode == 0:
+            tracking = f"refs/remotes/origin/{branch}"
+            fetch = ["fetch", "-q", "origin", f"+refs/heads/{branch}:{tracking}"]
+            if run_git(fetch, self.repo).returncode == 0:
+                return tracking
+        raise ForgeNotFound(f"no branch {branch} in {self.repo} nor on its origin remote")
 
     def publish_branch(self, branch: str) -> None:
         if not self.workspace.branch_exists(self.repo, branch):

@@ -133,6 +133,10 @@ class InMemoryForge:
                 return i
         return None
 
+    def branch_ref(self, branch: str) -> str:
+        """``branch`` itself: no git here, its branches are the repository's."""
+        return branch
+
     def publish_branch(self, branch: str) -> None:
         self.published.append(branch)
 
