@@ -34,7 +34,8 @@ own):
   branch, and a child branch would be one more ref to publish, guard and
   clean up; each attempt starts from the recorded head, so a killed attempt
   leaves only a directory the next one clears.
-- an attempt: merge the base in, ask the ``build`` role on a session line of
+- an attempt: merge the forge's base in (``forge.branch_ref``, fetched anew
+  per attempt on GitHub), ask the ``build`` role on a session line of
   its own (``conflict-a<N>``, never the parent's ``main``) to resolve the
   markers, refuse the result while a marker remains, the resolution (what
   the merge commit holds that neither side had) is over
@@ -118,10 +119,11 @@ def conflicted_files(repo: Path, base: str, branch: str) -> list[str]:
 # -- the parent ---------------------------------------------------------------------
 
 
-def on_conflict(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
+def on_conflict(ctx: WorkflowContext, deps: PhaseDeps, base: str | None = None) -> PhaseResult:
     """The parent's answer to a conflict with the base: fork a child (or find the one
     a crash left), wait for a running one, or, once its child failed, the profile's
-    reversion or a pause (``profiles.reversion_or_stop``)."""
+    reversion or a pause (``profiles.reversion_or_stop``). ``base`` is the ref the
+    conflict was found with (``forge.branch_ref``; default: asked of the forge)."""
     forks = ctx.milestones_of(FORK_KIND)
     latest = forks[-1] if forks else None
     number = 1
@@ -136,13 +138,13 @@ def on_conflict(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         number = latest.round + 1
     elif latest is not None:
         number = latest.round  # a fork a crash left unsettled: redone under its key
-    return _fork(ctx, deps, number)
+    return _fork(ctx, deps, number, base or deps.forge.branch_ref(ctx.base_branch))
 
 
-def _fork(ctx: WorkflowContext, deps: PhaseDeps, number: int) -> PhaseResult:
+def _fork(ctx: WorkflowContext, deps: PhaseDeps, number: int, base: str) -> PhaseResult:
     assert ctx.branch_name is not None
     repo = Path(ctx.repo_path)
-    files = conflicted_files(repo, ctx.base_branch, ctx.branch_name)
+    files = conflicted_files(repo, base, ctx.branch_name)
     head = deps.workspace.rev(repo, ctx.branch_name)
     if deps.effects.fence is not None:
         deps.effects.fence.check()
@@ -261,9 +263,10 @@ def resolve(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             "the resolution is left to whoever moved it",
         )
     number = int(ctx.state.get("test_retries", 0)) + 1
+    base = deps.forge.branch_ref(ctx.base_branch)  # what the forge holds now, not at the fork
     path = deps.cartridge.landing_areas.worktree_dir(repo) / ctx.id
     with deps.workspace.temporary_checkout(repo, start, path) as cwd:
-        outcome = _attempt(ctx, deps, cwd, number)
+        outcome = _attempt(ctx, deps, cwd, number, base)
         if isinstance(outcome, PhaseResult):
             return outcome
         sha, evidence = outcome
@@ -275,11 +278,11 @@ def resolve(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
 
 
 def _attempt(
-    ctx: WorkflowContext, deps: PhaseDeps, cwd: Path, number: int
+    ctx: WorkflowContext, deps: PhaseDeps, cwd: Path, number: int, base: str
 ) -> tuple[str, MilestoneWrite] | PhaseResult:
-    """One attempt in the checkout ``cwd``: the merge commit and its evidence, or the
-    result that ends the attempt (retry, failed)."""
-    conflicted = deps.workspace.start_base_merge(cwd, ctx.base_branch)
+    """One attempt in the checkout ``cwd``, merging the ref ``base``: the merge commit
+    and its evidence, or the result that ends the attempt (retry, failed)."""
+    conflicted = deps.workspace.start_base_merge(cwd, base)
     extra = ""
     if ctx.state.get("last_check_failure"):
         extra = f"\n## Your last attempt was refused\n\n{ctx.state['last_check_failure']}\n"

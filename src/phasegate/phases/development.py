@@ -162,7 +162,8 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     head = deps.workspace.rev(cwd, "HEAD")
     # The net change against the base, not the commits: a change and its revert
     # is no change, and must never go on to merge as one.
-    changed = deps.workspace.diff_stat(repo, ctx.base_branch, ctx.branch_name)["files"] > 0
+    base = deps.forge.branch_ref(ctx.base_branch)  # GitHub's, not a stale local one
+    changed = deps.workspace.diff_stat(repo, base, ctx.branch_name)["files"] > 0
     checks = deps.run_checks(cwd)
     # The checks ran on the commit just made; what they leave in the worktree
     # (bytecode, caches, rewritten files) is theirs, not the change's, and the
@@ -249,7 +250,8 @@ def _build(
     before = attempt.start
     if ctx.state.get("sync_base"):
         # Reverted from a merge that could not proceed: build on what the base holds now.
-        conflicted = deps.workspace.start_base_merge(cwd, ctx.base_branch)
+        base = deps.forge.branch_ref(ctx.base_branch)
+        conflicted = deps.workspace.start_base_merge(cwd, base)
         if conflicted:
             extra += (
                 f"\n## {ctx.base_branch} was merged into your branch and these files conflict\n\n"

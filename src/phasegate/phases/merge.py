@@ -1,4 +1,4 @@
-"""merge: sync the base into the branch, merge the pull request with real git, clean up.
+"""merge: sync the forge's base into the branch, merge the pull request, clean up.
 
 (spec 000, merge)
 
@@ -8,8 +8,12 @@
 - authoritative evidence: ``merge_completed`` (journaled, with the merge
   SHA) or ``merge_failed``; ``cleanup`` is tracked apart and never decides
   the outcome.
-- side effects: ``git merge`` of the base into the branch (sync), the forge
-  merge (``git merge --no-ff`` into the base), worktree and branch removal.
+- side effects: ``git merge`` of the forge's base (``forge.branch_ref``:
+  the base branch on the local forge, GitHub's fetched on GitHub) into the
+  branch (sync), the synced branch published (journaled ``branch_pushed``)
+  when it moved or the forge's pull request has another head, the forge
+  merge (``git merge --no-ff`` into the base; GitHub's merge API), worktree
+  and branch removal.
   The issue is NOT closed here: only a confirmed verification closes it.
 - postconditions: current_phase == "acceptance_verification", status ==
   "verification_pending", merge_sha set.
@@ -24,7 +28,11 @@
   to planning with the conflict as the next plan's input where the profile's
   ``auto_reversion_from_apply`` < 1.0 allows it, else a pause for a person
   (resolve and resume, or ``phasegate revert``); past the loop guard, failed
-  (pause where a person decides anyway). Uncommitted edits in the merge's
+  (pause where a person decides anyway). A forge that refuses the merge as
+  not mergeable (``ForgeNotMergeable``, GitHub's 405: its base moved after
+  the sync) has the base synced again: a conflict forks as above, a clean
+  merge is pushed and merged again (retry), and a branch already holding the
+  forge's base pauses with the forge's reason. Uncommitted edits in the merge's
   way in the checkout holding the base pause the workflow with the reason
   (fix, then resume). Once the merge landed nothing fails the phase: a
   failed worktree or branch removal is a failed ``cleanup`` milestone with
@@ -48,6 +56,7 @@ from phasegate.contract import (
     PhaseResult,
     WorkflowContext,
 )
+from phasegate.forge.base import ForgeNotMergeable
 from phasegate.phases import cleanup, conflict
 from phasegate.phases.deps import PhaseDeps
 from phasegate.workspace import DirtyCheckout, GitError, GitTransient
@@ -64,20 +73,15 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     repo = Path(ctx.repo_path)
     merged = deps.forge.find_merge(ctx.pr_number)
     worktree = Path(ctx.worktree_path) if ctx.worktree_path else None
-    try:
-        synced = (
-            merged is not None
-            or worktree is None
-            or not worktree.exists()
-            or deps.workspace.sync_base(worktree, ctx.base_branch)
-        )
-    except GitTransient as exc:  # a lock, not a conflict: nothing to re-plan
-        return PhaseResult("pause", reason=f"syncing {ctx.base_branch} failed: {exc}")
-    if not synced:
-        return conflict.on_conflict(ctx, deps)
+    if merged is None and worktree is not None and worktree.exists():
+        synced = _sync(ctx, deps, worktree)
+        if synced is not None:
+            return synced
     message = f"Merge #{ctx.pr_number}: {ctx.title}\n\nphasegate workflow {ctx.id}"
     try:
         sha = deps.effects.merge(MERGE, ctx.pr_number, message)
+    except ForgeNotMergeable as exc:
+        return _refused(ctx, deps, worktree, exc)
     except GitTransient as exc:
         return PhaseResult("pause", reason=f"merge failed for now: {exc}")
     except DirtyCheckout as exc:
@@ -107,4 +111,49 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         updates={"merge_sha": sha},
         state={"worktree_removed": done.worktree_removed},
         milestones=(done.milestone(attempts=1),),
+    )
+
+
+def _sync(ctx: WorkflowContext, deps: PhaseDeps, worktree: Path) -> PhaseResult | None:
+    """Merge the forge's base (``forge.branch_ref``) into the branch and publish what
+    the forge lacks (journaled ``branch_pushed``); None when the merge may go on,
+    else the result that stops it here (a conflict forks, a lock pauses)."""
+    assert ctx.branch_name is not None and ctx.pr_number is not None
+    base = deps.forge.branch_ref(ctx.base_branch)
+    before = deps.workspace.rev(worktree, "HEAD")
+    try:
+        if not deps.workspace.sync_base(worktree, base):
+            return conflict.on_conflict(ctx, deps, base)
+    except GitTransient as exc:  # a lock, not a conflict: nothing to re-plan
+        return PhaseResult("pause", reason=f"syncing {ctx.base_branch} failed: {exc}")
+    head = deps.workspace.rev(worktree, "HEAD")
+    # The forge merges its pull request's head: it must be the synced one. A forge
+    # that tracks heads says which it has (a sync pushed before a crash is not
+    # pushed again); the local forge shares the repository and says none.
+    known = deps.forge.pull_request(ctx.pr_number).head_sha
+    if head != before or (known is not None and known != head):
+        deps.effects.push_branch(MERGE, ctx.branch_name, head)
+    return None
+
+
+def _refused(
+    ctx: WorkflowContext, deps: PhaseDeps, worktree: Path | None, exc: ForgeNotMergeable
+) -> PhaseResult:
+    """The forge would not merge the pull request: its base most likely moved since
+    the sync (another pull request merged meanwhile). Synced again: a conflict
+    forks its resolution, a base that moved is merged again (retry); a branch that
+    holds the forge's base already was refused for a reason of the forge's own."""
+    if worktree is None or not worktree.exists():
+        return PhaseResult("pause", reason=f"{exc}; the worktree to sync it in is gone")
+    before = deps.workspace.rev(worktree, "HEAD")
+    stopped = _sync(ctx, deps, worktree)
+    if stopped is not None:
+        return stopped
+    if deps.workspace.rev(worktree, "HEAD") != before:
+        return PhaseResult("retry")  # pushed with the base that moved: merge it again
+    return PhaseResult(
+        "pause",
+        reason=f"{exc}; {ctx.branch_name} holds {ctx.base_branch} and merges cleanly, so the "
+        "forge refused it for a reason of its own (branch protection, required checks, a "
+        "draft): settle that on the forge, then `phasegate resume`",
     )

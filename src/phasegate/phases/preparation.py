@@ -6,6 +6,10 @@ self-heal for it (spec 000, preparation).
 - preconditions: current_phase == "preparation", status == "preparing"; the
   repository exists and has the base branch.
 - inputs: title, ticket, repo_path, base_branch, the cartridge's worktree_root.
+  The branch is made from the forge's base (``forge.branch_ref``: the base
+  branch itself on the local forge, GitHub's fetched on GitHub, where the
+  local one is stale once a pull request merged there); ``state["base_sha"]``
+  is where it was.
 - authoritative evidence: the ``branch_created`` milestone (completed); also
   ``issue_created`` and ``worktree_ready``.
 - side effects: for a new project (``state["new_project"]``) first the forge's
@@ -17,9 +21,11 @@ self-heal for it (spec 000, preparation).
 - re-entry point: current_phase == "preparation". A completed issue or branch
   milestone is reused, a leftover directory at the worktree path is cleared.
   The fork fast path (#814): a branch that already exists — in the
-  repository, or as ``origin/BRANCH`` on the ``origin`` remote, fetched — is
-  attached to (a worktree on it) instead of being made anew from the base;
-  its ``branch_created`` milestone says "attached" and keeps the head found.
+  repository, or on the forge (``forge.branch_ref``: the local forge fetches
+  ``origin/BRANCH`` from the ``origin`` remote, GitHub's is fetched with the
+  forge's token) — is attached to (a worktree on it) instead of being made
+  anew from the base; its ``branch_created`` milestone says "attached"
+  (``local``, ``origin`` or ``forge``) and keeps the head found.
 - recovery behavior: a git or forge error leaves ``branch_created`` failed and
   the workflow failed with the reason; ``phasegate resume`` re-runs the phase
   without a second issue.
@@ -34,6 +40,7 @@ from pathlib import Path
 from phasegate import new_project
 from phasegate._git import run_git
 from phasegate.contract import PLANNING, PREPARATION, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.forge.base import ForgeNotFound
 from phasegate.phases.deps import PhaseDeps
 from phasegate.workspace import git
 
@@ -57,10 +64,11 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         issue = deps.effects.create_issue(PREPARATION, ctx.title, body)
 
     branch = ctx.branch_name or branch_name_for(ctx)
-    base_sha = deps.workspace.rev(repo, ctx.base_branch)
+    base = deps.forge.branch_ref(ctx.base_branch)
+    base_sha = deps.workspace.rev(repo, base)
     attached = _attach(ctx, deps, repo, branch)
     if attached is None:
-        deps.effects.create_branch(PREPARATION, branch, ctx.base_branch)
+        deps.effects.create_branch(PREPARATION, branch, base)
 
     path = deps.cartridge.landing_areas.worktree_dir(repo) / ctx.id
     worktree = deps.workspace.ensure_worktree(repo, branch, path)
@@ -92,7 +100,8 @@ def _attach(
     the branch is new (or the journal made it: its milestone is reused as it is).
 
     Written under the journal's own dedupe key, so the journal reads the branch as
-    made. A branch only on ``origin`` is fetched and made local, tracking it.
+    made. A branch only on the forge is fetched and made local: tracking
+    ``origin/<branch>`` when it came from the origin remote.
     """
     journal = MilestoneWrite("branch_created", key=branch)
     made = deps.store.milestone_by_key(deps.store.dedupe_key(ctx.id, PREPARATION, journal))
@@ -100,10 +109,12 @@ def _attach(
         return None
     where = "local"
     if not deps.workspace.branch_exists(repo, branch):
-        if not _fetched(repo, branch):
+        ref = _on_forge(deps, repo, branch)
+        if ref is None:
             return None
-        git(["branch", "--track", branch, f"origin/{branch}"], repo)
-        where = "origin"
+        tracked = ref.startswith("refs/remotes/")
+        git(["branch", *(["--track"] if tracked else []), branch, ref], repo)
+        where = "origin" if tracked else "forge"
     sha = deps.workspace.rev(repo, branch)
     return MilestoneWrite(
         "branch_created",
@@ -117,11 +128,13 @@ def _attach(
     )
 
 
-def _fetched(repo: Path, branch: str) -> bool:
-    """Whether ``origin`` has ``branch``, fetched as ``origin/<branch>``; False without
-    an origin remote or when it has no such branch."""
-    if run_git(["remote", "get-url", "origin"], repo).returncode != 0:
-        return False
-    ref = f"refs/heads/{branch}"
-    proc = run_git(["fetch", "-q", "origin", f"+{ref}:refs/remotes/origin/{branch}"], repo)
-    return proc.returncode == 0
+def _on_forge(deps: PhaseDeps, repo: Path, branch: str) -> str | None:
+    """The local ref holding the forge's ``branch`` (``forge.branch_ref``), or None
+    when the forge has none (or names a ref that holds no commit here)."""
+    try:
+        ref = deps.forge.branch_ref(branch)
+    except ForgeNotFound:
+        return None
+    if run_git(["rev-parse", "--verify", "-q", f"{ref}^{{commit}}"], repo).returncode != 0:
+        return None
+    return ref

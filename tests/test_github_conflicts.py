@@ -1,0 +1,166 @@
+"""The forge's base on GitHub (issue 11, items 6 and 7): a workflow branches from,
+syncs with and forks its conflict resolution against GitHub's main, which the
+local main no longer matches once a pull request merged on GitHub.
+
+The fake GitHub behind Prism, real git: two workflows write feature.txt's one
+line, the first merges by GitHub's API, the second's merge finds the conflict
+with GitHub's main locally and forks a conflict-resolution child, whose
+resolution is pushed to the pull request's branch on the fake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from phasegate import decisions
+from phasegate.engine import Engine
+from phasegate.store import Store
+
+from conftest import GitHubLab, git, github_repo, scripted_cartridge
+
+Build = Callable[..., tuple[Engine, Store]]
+
+ANSWERS = """
+[[plan]]
+text = "1. Write feature.txt"
+[[plan_review]]
+text = "VERDICT: approve"
+[[review]]
+text = "VERDICT: approve"
+[[verification]]
+text = "feature.txt is on the merge commit.\\nVERDICT: confirmed"
+"""
+
+# The build agent: in a conflict child's checkout (markers in feature.txt) it
+# resolves them to both lines when the test allows it, else leaves them; in
+# development it writes the line its ticket names.
+BUILD = """prompt=$(cat)
+if grep -q '^<<<<<<< ' feature.txt; then
+  if [ -e "{allow}" ]; then printf 'alpha\\nbeta\\n' > feature.txt; fi
+  echo resolved
+  exit 0
+fi
+case "$prompt" in
+  *"says alpha"*) echo alpha > feature.txt ;;
+  *"says beta"*) echo beta > feature.txt ;;
+  *) echo other > other.txt ;;
+esac
+echo built
+"""
+
+BOTH = "alpha\nbeta\n"
+
+
+def conflicting_repo(lab: GitHubLab, tmp_path: Path, *, resolvable: bool) -> Path:
+    """octo/widgets with feature.txt, every role scripted but build (``BUILD``)."""
+    allow = tmp_path / "resolvable"
+    if resolvable:
+        allow.write_text("yes\n")
+    script = tmp_path / "build.sh"
+    script.write_text(BUILD.format(allow=allow))
+    build = f'runner = "command"\ncommand = "sh {script}"\n'
+    text = scripted_cartridge(role_overrides={"build": build}, auto_merge=False)
+    return github_repo(
+        lab,
+        tmp_path / "repo",
+        text,
+        {
+            "README.md": "# widgets\n",
+            "feature.txt": "original\n",
+            ".gitignore": ".phasegate/\n",
+            "answers.toml": ANSWERS,
+        },
+    )
+
+
+def waiting_pair(engine: Engine) -> tuple[str, str]:
+    """Workflows alpha and beta, both waiting with a pull request made from the same
+    main; alpha approved and merged by the API, completed."""
+    a = engine.start("alpha", "feature.txt says alpha")
+    b = engine.start("beta", "feature.txt says beta")
+    for wf in (a, b):
+        row = engine.advance(wf)
+        assert row["status"] == "waiting", row["error"]
+    engine.decide(a, lambda ctx: decisions.approve_merge(ctx, "test"))
+    row = engine.advance(a)
+    assert row["status"] == "completed", row["error"]
+    return a, b
+
+
+def on_github(lab: GitHubLab, ref: str, path: str | None = None) -> str:
+    """The fake's ``ref`` (its SHA), or ``path``'s content there."""
+    bare = lab.server.repo(lab.repository).git
+    return bare.git("show", f"{ref}:{path}") if path else bare.git("rev-parse", ref).strip()
+
+
+def kinds(store: Store, wf: str, kind: str) -> list[Any]:
+    return [m for m in store.milestones(wf) if m.kind == kind]
+
+
+def test_a_conflict_with_githubs_main_forks_a_child_whose_resolution_github_merges(
+    github: GitHubLab, tmp_path: Path, engine_for: Build
+) -> None:
+    repo = conflicting_repo(github, tmp_path, resolvable=True)
+    engine, store = engine_for(repo)
+    gh, name = github.server, github.repository
+    stale = git(repo, "rev-parse", "main")
+    a, b = waiting_pair(engine)
+    merged_a = on_github(github, "refs/heads/main")
+    assert git(repo, "rev-parse", "main") == stale  # the local main never saw it
+
+    # Started after alpha merged on GitHub: made from GitHub's main, not the local one.
+    c = engine.start("gamma", "another change")
+    row = engine.advance(c, max_steps=1)
+    assert row["current_phase"] == "planning", row["error"]
+    assert row["state"]["base_sha"] == merged_a != stale
+    assert git(repo, "rev-parse", row["branch_name"]) == merged_a
+
+    engine.decide(b, lambda ctx: decisions.approve_merge(ctx, "test"))
+    row = engine.advance(b)
+
+    assert (row["current_phase"], row["status"]) == ("completed", "completed"), row["error"]
+    (child,) = store.child_workflows(b)
+    assert (child["status"], child["state"]["conflicted"]) == ("completed", ["feature.txt"])
+    # The resolution reached the pull request's branch on GitHub, and GitHub merged it.
+    resolution = child["state"]["resolution"]
+    pr = gh.pull(name, row["pr_number"])
+    assert pr.pull.merged_at is not None and gh.counts(name)["merges"] == 2
+    assert gh.pull_facts(gh.repo(name), pr).head_sha == resolution
+    assert f"Phasegate-Conflict: {child['id']}" in git(repo, "log", "-1", "--format=%B", resolution)
+    assert on_github(github, "refs/heads/main", "feature.txt") == BOTH
+    assert on_github(github, "refs/heads/main") == row["merge_sha"]
+    assert git(repo, "merge-base", "--is-ancestor", merged_a, resolution) == ""
+    pushed = [m.data["params"]["sha"] for m in kinds(store, child["id"], "branch_pushed")]
+    assert pushed == [resolution]
+    assert git(repo, "rev-parse", "main") == stale
+
+
+def test_an_unresolvable_conflict_on_github_fails_the_child_and_leaves_the_pull_request_open(
+    github: GitHubLab, tmp_path: Path, engine_for: Build
+) -> None:
+    repo = conflicting_repo(github, tmp_path, resolvable=False)
+    engine, store = engine_for(repo)
+    gh, name = github.server, github.repository
+    a, b = waiting_pair(engine)
+    merged_a = on_github(github, "refs/heads/main")
+    engine.decide(b, lambda ctx: decisions.approve_merge(ctx, "test"))
+    branch = store.workflow_row(b)["branch_name"]
+    head = on_github(github, f"refs/heads/{branch}")
+
+    row = engine.advance(b)
+
+    assert (row["current_phase"], row["status"]) == ("merge", "paused"), row["error"]
+    (child,) = store.child_workflows(b)
+    assert child["status"] == "failed" and "conflict unresolved" in child["error"]
+    assert "could not resolve" in row["error"]
+    attempts = kinds(store, child["id"], "conflict_attempt")
+    assert attempts and all(m.data["markers_left"] == ["feature.txt"] for m in attempts)
+    # Nothing merged, nothing pushed: the pull request is open at the head it had.
+    pr = gh.pull(name, row["pr_number"])
+    assert pr.state == "open" and pr.pull.merged_at is None
+    assert gh.counts(name)["merges"] == 1
+    assert on_github(github, "refs/heads/main") == merged_a
+    assert on_github(github, f"refs/heads/{branch}") == head
+    assert kinds(store, child["id"], "branch_pushed") == []
