@@ -164,3 +164,72 @@ def test_an_unresolvable_conflict_on_github_fails_the_child_and_leaves_the_pull_
     assert on_github(github, "refs/heads/main") == merged_a
     assert on_github(github, f"refs/heads/{branch}") == head
     assert kinds(store, child["id"], "branch_pushed") == []
+
+
+class MergedMeanwhile:
+    """The engine's forge, where a person merges pull request ``other`` on GitHub's
+    page right before phasegate's first merge call: GitHub's main moves after the
+    merge phase synced it, and GitHub refuses the merge (405, a conflict)."""
+
+    def __init__(self, inner: Any, lab: GitHubLab, other: int) -> None:
+        self.inner, self.lab, self.other = inner, lab, other
+        self.raced = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def merge_pull_request(self, number: int, message: str) -> str:
+        if not self.raced:
+            self.raced = True
+            self.lab.server.merge_by_hand(self.lab.repository, self.other, "olga")
+        return self.inner.merge_pull_request(number, message)
+
+
+def test_a_merge_github_refuses_as_not_mergeable_after_the_sync_forks_the_resolution(
+    github: GitHubLab, tmp_path: Path, engine_for: Build
+) -> None:
+    repo = conflicting_repo(github, tmp_path, resolvable=True)
+    engine, store = engine_for(repo)
+    gh, name = github.server, github.repository
+    a = engine.start("alpha", "feature.txt says alpha")
+    b = engine.start("beta", "feature.txt says beta")
+    for wf in (a, b):
+        assert engine.advance(wf)["status"] == "waiting"
+    engine.decide(b, lambda ctx: decisions.approve_merge(ctx, "test"))
+    raced = MergedMeanwhile(engine.forge, github, store.workflow_row(a)["pr_number"])
+    engine.forge = raced  # type: ignore[assignment]
+
+    row = engine.advance(b)
+
+    assert raced.raced and (row["current_phase"], row["status"]) == ("completed", "completed")
+    # The sync before the merge call was clean: only GitHub's 405 found the conflict.
+    (done,) = kinds(store, b, "merge_completed")  # the refused try's row, settled again
+    assert done.status == "completed" and done.data["result"]["sha"] == row["merge_sha"]
+    (fork,) = kinds(store, b, "conflict_fork")
+    (child,) = store.child_workflows(b)
+    assert child["status"] == "completed" and fork.data["child"] == child["id"]
+    assert gh.counts(name)["merges"] == 2
+    assert on_github(github, "refs/heads/main", "feature.txt") == BOTH
+
+
+def test_a_merge_github_refuses_though_it_merges_cleanly_pauses_with_githubs_reason(
+    github: GitHubLab, tmp_path: Path, engine_for: Build
+) -> None:
+    repo = conflicting_repo(github, tmp_path, resolvable=True)
+    engine, store = engine_for(repo)
+    gh, name = github.server, github.repository
+    wf = engine.start("alpha", "feature.txt says alpha")
+    assert engine.advance(wf)["status"] == "waiting"
+    engine.decide(wf, lambda ctx: decisions.approve_merge(ctx, "test"))
+    # A rule of GitHub's (branch protection) holds it: not a conflict to resolve.
+    gh.fail("PUT", r"/pulls/\d+/merge$", 405, times=1, body={"message": "Required review"})
+
+    row = engine.advance(wf)
+
+    assert (row["current_phase"], row["status"]) == ("merge", "paused")
+    assert "Required review" in row["error"] and "reason of its own" in row["error"]
+    assert store.child_workflows(wf) == [] and gh.counts(name)["merges"] == 0
+    engine.decide(wf, decisions.resume)
+    row = engine.advance(wf)
+    assert row["status"] == "completed", row["error"]
+    assert gh.counts(name)["merges"] == 1
