@@ -61,7 +61,13 @@ def conflicting_repo(lab: GitHubLab, tmp_path: Path, *, resolvable: bool) -> Pat
     script = tmp_path / "build.sh"
     script.write_text(BUILD.format(allow=allow))
     build = f'runner = "command"\ncommand = "sh {script}"\n'
-    text = scripted_cartridge(role_overrides={"build": build}, auto_merge=False)
+    reviews = tmp_path / "reviews"
+    reviews.mkdir()
+    review = (  # keeps each review prompt (the diff reviewed) in reviews/
+        f'runner = "command"\ncommand = "cat > {reviews}/$(date +%s%N).txt; '
+        'echo VERDICT: approve"\n'
+    )
+    text = scripted_cartridge(role_overrides={"build": build, "review": review}, auto_merge=False)
     return github_repo(
         lab,
         tmp_path / "repo",
@@ -95,6 +101,11 @@ def on_github(lab: GitHubLab, ref: str, path: str | None = None) -> str:
     return bare.git("show", f"{ref}:{path}") if path else bare.git("rev-parse", ref).strip()
 
 
+def reviewed_diffs(tmp_path: Path) -> list[str]:
+    """Every review prompt the review role was given, oldest first."""
+    return [p.read_text() for p in sorted((tmp_path / "reviews").iterdir())]
+
+
 def kinds(store: Store, wf: str, kind: str) -> list[Any]:
     return [m for m in store.milestones(wf) if m.kind == kind]
 
@@ -110,12 +121,16 @@ def test_a_conflict_with_githubs_main_forks_a_child_whose_resolution_github_merg
     merged_a = on_github(github, "refs/heads/main")
     assert git(repo, "rev-parse", "main") == stale  # the local main never saw it
 
-    # Started after alpha merged on GitHub: made from GitHub's main, not the local one.
+    # Started after alpha merged on GitHub: made from GitHub's main, not the local
+    # one, and reviewed against it (alpha's change is not in its diff).
     c = engine.start("gamma", "another change")
     row = engine.advance(c, max_steps=1)
     assert row["current_phase"] == "planning", row["error"]
     assert row["state"]["base_sha"] == merged_a != stale
-    assert git(repo, "rev-parse", row["branch_name"]) == merged_a
+    assert git(repo, "merge-base", row["branch_name"], merged_a) == merged_a
+    assert engine.advance(c)["status"] == "waiting"
+    (reviewed,) = [t for t in reviewed_diffs(tmp_path) if "gamma" in t]
+    assert "+other" in reviewed and "+alpha" not in reviewed
 
     engine.decide(b, lambda ctx: decisions.approve_merge(ctx, "test"))
     row = engine.advance(b)

@@ -242,10 +242,11 @@ def _sync_base(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
     cannot resolve conflict markers) and the ticket says so.
     """
     cwd = worktree_of(ctx)
-    conflicted = deps.workspace.start_base_merge(cwd, ctx.base_branch)
+    base = deps.forge.branch_ref(ctx.base_branch)
+    conflicted = deps.workspace.start_base_merge(cwd, base)
     note = ""
     if conflicted:  # resetting to the base also ends the merge left in progress
-        deps.workspace.reset_to(cwd, deps.workspace.rev(cwd, ctx.base_branch))
+        deps.workspace.reset_to(cwd, deps.workspace.rev(cwd, base))
         note = (
             f"\n\n## The branch was rebuilt from {ctx.base_branch}\n\nThe previous change "
             f"conflicted with {ctx.base_branch} in: {', '.join(conflicted)}. Write the whole "

@@ -121,7 +121,8 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         return gate
     ci_evidence = () if gate is None else (gate,)
 
-    diff = deps.workspace.diff(repo, ctx.base_branch, ctx.branch_name)
+    base = deps.forge.branch_ref(ctx.base_branch)  # GitHub's: the local one may be stale
+    diff = deps.workspace.diff(repo, base, ctx.branch_name)
     try:
         review = deps.agents.ask(
             ctx,

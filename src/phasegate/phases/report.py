@@ -47,7 +47,9 @@ def build_payload(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
     reviews = ctx.milestones_of("pr_reviewed")
     usage = deps.store.usage_totals(ctx.id)
     changes = (
-        deps.workspace.diff_stat(Path(ctx.repo_path), ctx.base_branch, ctx.branch_name)
+        deps.workspace.diff_stat(
+            Path(ctx.repo_path), deps.forge.branch_ref(ctx.base_branch), ctx.branch_name
+        )
         if ctx.branch_name
         else {}
     )
