@@ -5,6 +5,10 @@
 resolution reaches the forge through ``publish_branch``, so a GitHub pull
 request sees it as the local forge's branch does.
 
+"The base" is the forge's (``forge.branch_ref``): the base branch itself on
+the local forge, GitHub's fetched on GitHub, where the local one is stale once
+a pull request merged there.
+
 The parent's side (``on_conflict``, called by merge when the base does not
 merge into the branch):
 
@@ -119,11 +123,11 @@ def conflicted_files(repo: Path, base: str, branch: str) -> list[str]:
 # -- the parent ---------------------------------------------------------------------
 
 
-def on_conflict(ctx: WorkflowContext, deps: PhaseDeps, base: str | None = None) -> PhaseResult:
+def on_conflict(ctx: WorkflowContext, deps: PhaseDeps, base: str) -> PhaseResult:
     """The parent's answer to a conflict with the base: fork a child (or find the one
     a crash left), wait for a running one, or, once its child failed, the profile's
     reversion or a pause (``profiles.reversion_or_stop``). ``base`` is the ref the
-    conflict was found with (``forge.branch_ref``; default: asked of the forge)."""
+    conflict was found with (``forge.branch_ref``): the fork names its conflicted files."""
     forks = ctx.milestones_of(FORK_KIND)
     latest = forks[-1] if forks else None
     number = 1
@@ -138,7 +142,7 @@ def on_conflict(ctx: WorkflowContext, deps: PhaseDeps, base: str | None = None) 
         number = latest.round + 1
     elif latest is not None:
         number = latest.round  # a fork a crash left unsettled: redone under its key
-    return _fork(ctx, deps, number, base or deps.forge.branch_ref(ctx.base_branch))
+    return _fork(ctx, deps, number, base)
 
 
 def _fork(ctx: WorkflowContext, deps: PhaseDeps, number: int, base: str) -> PhaseResult:
