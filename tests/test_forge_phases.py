@@ -12,6 +12,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from phasegate import decisions
 from phasegate.cartridge_forge import ForgeSettings
 from phasegate.engine import Engine
@@ -310,3 +312,31 @@ def test_the_worker_looks_at_a_forge_waiting_workflow_every_poll_s_unless_its_ro
     engine.decide(workflow_id, lambda ctx: decisions.feedback(ctx, "mind the tests"))
     engine.run_worker(poll_s=0)
     assert len(forge.looked_at) == 2, "a changed row was not looked at again at once"
+
+
+def test_a_secret_in_a_trusted_comment_reaches_no_prompt_and_no_record(
+    tmp_path: Path, engine_for: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "ghp_SENTINELtokenvalue0123456789abcd"
+    monkeypatch.setenv("WIDGETS_DEPLOY_TOKEN", secret)
+    engine, store, forge, workflow_id, prompts = waiting(tmp_path, engine_for)
+    pr = store.workflow_row(workflow_id)["pr_number"]
+    hear(forge, said(pr, "maya", f"Use the deploy token {secret} in the config."))
+    row = engine.advance(workflow_id)
+    assert row["dev_round"] == 2
+    prompt = build_prompts(prompts)[-1]
+    assert "Use the deploy token" in prompt and secret not in prompt
+    for db in (Path(engine.repo) / ".phasegate").glob("state.db*"):  # the WAL too
+        assert secret.encode() not in db.read_bytes(), db
+
+
+def test_a_secret_in_a_ticket_is_redacted_before_it_is_stored(
+    tmp_path: Path, engine_for: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "sk-SENTINEL-ticket-secret-0123456789"
+    monkeypatch.setenv("BILLING_API_KEY", secret)
+    repo, _ = team_repo(tmp_path)
+    engine, store = engine_for(repo, forge=TeamForge())
+    workflow_id = engine.start(f"Rotate {secret}", f"The old key was {secret}; rotate it.")
+    row = store.workflow_row(workflow_id)
+    assert secret not in row["title"] + row["ticket"] and "rotate it" in row["ticket"]

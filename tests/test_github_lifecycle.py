@@ -106,8 +106,8 @@ def test_a_whole_lifecycle_on_github_closes_the_issue_only_after_a_confirmed_ver
 
     # The token is nowhere: store, logs, git config, PR and issue text, what git was given.
     token = github.bot.token
-    db = repo / ".phasegate" / "state.db"
-    assert token.encode() not in db.read_bytes()
+    for db in (repo / ".phasegate").glob("state.db*"):  # the WAL too
+        assert token.encode() not in db.read_bytes(), db
     assert token not in (repo / ".git" / "config").read_text()
     assert token not in caplog.text
     comments = [c.body for c in gh.issue(name, issue.number).comments]

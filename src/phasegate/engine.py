@@ -34,7 +34,7 @@ from typing import Any
 from phasegate._git import withhold_from_git
 from phasegate.agents import binding_problems
 from phasegate.agents.base import Runner
-from phasegate.agents.env import cartridge_secrets
+from phasegate.agents.env import cartridge_secrets, redact
 from phasegate.agents.service import AgentService
 from phasegate.cartridge import CARTRIDGE_FILE, Cartridge, CartridgeError
 from phasegate.clock import Clock, SystemClock
@@ -175,9 +175,11 @@ class Engine:
         if problems:
             raise CartridgeError(f"{CARTRIDGE_FILE}: " + "; ".join(problems))
         self.workspace.exclude(self.repo, ".phasegate/")
+        # A key pasted into a ticket (or an issue) reaches neither the store nor a prompt.
+        hidden = cartridge_secrets(self.cartridge)
         return self.store.create_workflow(
-            title=title,
-            ticket=ticket,
+            title=redact(title, hidden),
+            ticket=redact(ticket, hidden),
             repo_path=str(self.repo),
             base_branch=base,
             auto_merge=(

@@ -142,6 +142,9 @@ class AgentService:
         if read_only is None:
             read_only = role in READ_ONLY_ROLES
         secrets = sorted({*secret_values(binding), *cartridge_secrets(self.cartridge)})
+        # No secret reaches an agent, whoever wrote it into the text: a person's
+        # comment, a ticket, a check's output.
+        prompt = redact(prompt, secrets)
         answer_limit = answer_limit_of(self.cartridge, role, read_only)
         tries = 1 + (self.cartridge.limits.agent_retries if retries is None else retries)
         kind, detail = "runner_error", "not run"

@@ -11,6 +11,7 @@ import typer
 
 from phasegate import decisions
 from phasegate import new_project as projects
+from phasegate.agents.env import cartridge_secrets
 from phasegate.cartridge import CARTRIDGE_FILE
 from phasegate.cli._app import (
     AutoMergeOption,
@@ -42,10 +43,11 @@ from phasegate.cli.render import (
     _status_table,
     _summary,
 )
-from phasegate.contract import MERGE, PhaseResult
+from phasegate.contract import MERGE, PhaseResult, WorkflowContext
 from phasegate.engine import Engine, LeaseHeld
 from phasegate.phases import acceptance_verification
 from phasegate.phases.cleanup import KIND
+from phasegate.redaction import redact
 
 
 @app.command()
@@ -263,9 +265,12 @@ def feedback(
     as_json: JsonOption = False,
 ) -> None:
     """Send feedback: a waiting workflow goes back to development with it."""
-    _manual(
-        repo, workflow_id, lambda _e, ctx: decisions.feedback(ctx, text), not no_advance, as_json
-    )
+
+    def given(engine: Engine, ctx: WorkflowContext) -> PhaseResult:
+        # A key pasted into feedback must reach neither the store nor a prompt.
+        return decisions.feedback(ctx, redact(text, cartridge_secrets(engine.cartridge)))
+
+    _manual(repo, workflow_id, given, not no_advance, as_json)
 
 
 @app.command("approve-merge")

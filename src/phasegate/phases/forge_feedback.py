@@ -25,9 +25,11 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
+from phasegate.agents.env import cartridge_secrets
 from phasegate.contract import DEVELOPMENT, MERGE, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.forge.base import Comment, TrustCache
 from phasegate.phases.deps import PhaseDeps
+from phasegate.redaction import redact
 
 __all__ = ["MERGE_COMMAND", "listen"]
 
@@ -78,7 +80,8 @@ def listen(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
     approval = next((c for c in trusted if _approves(c)), None)
     words = [c for c in trusted if not _approves(c) and c.body.strip()]
     if words:
-        text = "\n\n".join(_quoted(c) for c in words)
+        # A key someone pasted must reach neither the store nor a prompt.
+        text = redact("\n\n".join(_quoted(c) for c in words), cartridge_secrets(deps.cartridge))
         authors = sorted({c.author for c in words})
         return PhaseResult.advance(
             DEVELOPMENT,
