@@ -79,10 +79,15 @@ class _Progress:
             self.progress.update(
                 self.task, description=f"{data.get('phase')} · {data.get('status')}"
             )
-            if data.get("outcome") in ("failed", "pause"):
-                self.line(f"  [red]{data.get('outcome')}: {shown(str(data.get('reason')))}[/red]")
-            elif data.get("outcome") == "retry":
+            outcome = data.get("outcome")
+            if outcome in ("failed", "pause"):
+                said = data.get("status") if data.get("status") == "cancelled" else outcome
+                self.line(f"  [red]{said}: {shown(str(data.get('reason')))}[/red]")
+            elif outcome == "retry":
                 self.line(f"  {data.get('phase')}: another round")
+            elif outcome == "wait" and data.get("phase") == "pr_review":
+                # Committed only at the first look at a head that CI has not finished.
+                self.line(f"  waiting for CI (`phasegate show {workflow_id}` lists the checks)")
         elif type_ == "reversion":
             self.line(
                 f"  [yellow]reverted to planning ({data.get('reversion_number')} of "
