@@ -5,10 +5,16 @@ random moments, every invariant checked on every trial, no violation allowed.
 ``PHASEGATE_TORTURE_SEED`` the first seed (default: a new one each run, printed, so CI
 explores new moments and a failure names the seed that replays it).
 ``benchmarks/kill_torture.py --trials 300`` runs many more and prints the figures.
+
+On the GitHub forge (issue 11: "no duplicate issue, PR, comment or merge"), the fake
+GitHub behind Prism: ``PHASEGATE_TORTURE_GITHUB_TRIALS`` trials (default 6, about
+three minutes; a trial is slower than a local one, every forge call crossing Prism),
+one of them always killing a request to GitHub in flight.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from collections import Counter
@@ -16,19 +22,37 @@ from pathlib import Path
 
 import pytest
 
+from phasegate.testing.prism import PrismProxy
 from phasegate.testing.torture import (
     AIMS,
+    GITHUB_AIMS,
     TARGETS,
+    GitHubRig,
+    Trial,
+    github_plan,
     plan_kills,
     run_trial,
     run_uninterrupted,
     trial_mode,
 )
+from phasegate.testing.torture_github import BOT, CHANGING, REPOSITORY, check_github
+from phasegate.testing.torture_lab import Lab
 
 # Sandboxed, as on a person's machine: kills land on bwrap and its PID namespace too.
 pytestmark = [pytest.mark.slow, pytest.mark.sandboxed]
 
 TRIALS = int(os.environ.get("PHASEGATE_TORTURE_TRIALS", "20"))
+GITHUB_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_GITHUB_TRIALS", "6"))
+
+
+def first_seed() -> int:
+    return int(os.environ.get("PHASEGATE_TORTURE_SEED") or random.randrange(1, 10**6))
+
+
+def failures_of(trials: list[Trial]) -> str:
+    return "replay with PHASEGATE_TORTURE_SEED=<seed>:\n" + "\n".join(
+        f"seed {t.seed} ({t.root}): {v.kind}: {v.detail}" for t in trials for v in t.violations
+    )
 
 
 def test_kill_plans_are_replayed_by_their_seed_and_cover_every_aim_and_target() -> None:
@@ -38,10 +62,14 @@ def test_kill_plans_are_replayed_by_their_seed_and_cover_every_aim_and_target() 
     assert {k.target for k in plans} == set(TARGETS)
     assert all(0.0 <= k.at_s <= 3.0 for k in plans)
     assert Counter(len(plan_kills(seed, 3.0)) for seed in range(200)).keys() == {1, 2, 3}
+    # A github trial draws from every aim, its own the most after random.
+    aims = Counter(k.aim for seed in range(200) for k in github_plan(seed, 3.0))
+    assert set(aims) == set(GITHUB_AIMS) and github_plan(7, 3.0) == github_plan(7, 3.0)
+    assert aims.most_common(2)[1][0] == "github_request"
 
 
 def test_random_kills_never_break_an_invariant(tmp_path: Path) -> None:
-    first = int(os.environ.get("PHASEGATE_TORTURE_SEED") or random.randrange(1, 10**6))
+    first = first_seed()
     spans = {mode: run_uninterrupted(tmp_path / mode, mode=mode) for mode in ("classic", "graph")}
     trials = [
         run_trial(tmp_path / f"trial-{s}", s, span_s=spans[trial_mode(s)])
@@ -50,10 +78,57 @@ def test_random_kills_never_break_an_invariant(tmp_path: Path) -> None:
     kills = Counter(k["phase"] for t in trials for k in t.kills)
     print(f"\nseeds {first}..{first + TRIALS - 1}; uninterrupted {spans}")
     print(f"kills by phase: {dict(kills)}")
-    failures = [
-        f"seed {t.seed} ({t.root}): {v.kind}: {v.detail}" for t in trials for v in t.violations
-    ]
-    assert not failures, "replay with PHASEGATE_TORTURE_SEED=<seed>:\n" + "\n".join(failures)
+    assert all(t.ok for t in trials), failures_of(trials)
     assert sum(len(t.kills) for t in trials) >= TRIALS  # every trial was really interrupted
     assert all(t.status == "completed" for t in trials)
     assert {t.mode for t in trials} == {"classic", "graph"} or TRIALS < 4
+
+
+def github_seeds(first: int, count: int) -> list[int]:
+    """``count`` seeds from ``first`` on, the last replaced by the next seed whose first
+    kill is aimed at a request in flight (when none before it is): the aim is run."""
+    seeds = list(range(first, first + count))
+    if not any(github_plan(s, 1.0)[0].aim == "github_request" for s in seeds[:-1]):
+        seeds[-1] = next(
+            s for s in itertools.count(seeds[-1]) if github_plan(s, 1.0)[0].aim == "github_request"
+        )
+    return seeds
+
+
+def test_kills_on_the_github_forge_never_duplicate_an_issue_pr_comment_or_merge(
+    tmp_path: Path, prism: PrismProxy
+) -> None:
+    rig = GitHubRig(prism)
+    caught: set[str] = set()
+
+    def break_on_purpose(lab: Lab, workflow_id: str) -> None:
+        # What a duplicate would look like on GitHub, made by hand: the invariants see it.
+        assert lab.forge is not None
+        gh = lab.forge.server
+        issue = next(i for i in gh.repo(REPOSITORY).issues.values() if i.pull is None)
+        gh.open_issue(REPOSITORY, issue.title, issue.body, BOT)
+        gh.comment(REPOSITORY, issue.number, issue.comments[0].body, BOT)
+        (lab.logs / "leak.log").write_text(lab.forge.env["GITHUB_TOKEN"])
+        caught.update(v.kind for v in check_github(lab, lab.forge, workflow_id))
+
+    span = run_uninterrupted(
+        tmp_path / "uninterrupted", mode="github", github=rig, inspect=break_on_purpose
+    )
+    assert caught == {"issues", "duplicate_comment", "token"}
+
+    seeds = github_seeds(first_seed(), GITHUB_TRIALS)
+    trials = [
+        run_trial(tmp_path / f"trial-{s}", s, span_s=span, mode="github", github=rig) for s in seeds
+    ]
+    kills = [k for t in trials for k in t.kills]
+    print(f"\ngithub seeds {seeds}; uninterrupted {span:.1f} s")
+    print(f"kills by phase: {dict(Counter(k['phase'] for k in kills))}")
+    print(f"kills by aim: {dict(Counter(k['aim'] for k in kills))}")
+    print(f"requests killed in flight: {[k['request'] for k in kills if 'request' in k]}")
+    print(f"seconds per trial: {[t.duration_s for t in trials]}")
+    assert all(t.ok for t in trials), failures_of(trials)
+    assert all(t.status == "completed" for t in trials)
+    assert len(kills) >= len(trials)  # every trial was really interrupted
+    in_flight = [k["request"] for k in kills if k.get("request")]
+    assert all(r.split()[0] in CHANGING for r in in_flight), in_flight
+    assert any(k["aim"] == "github_request" for k in kills) or GITHUB_TRIALS < 1

@@ -11,6 +11,10 @@ merges unattended (``full-auto``). It files one workflow, then starts
   yet settled, a ``git`` process of the workflow running, the merge phase,
   acceptance verification, an agent running;
 
+on the GitHub forge (``mode="github"``, ``phasegate.testing.torture_github``)
+also at a request in flight: the fake GitHub holds the next changing request
+a moment, the kill lands while it is held, and GitHub acts for the dead client;
+
 each kill either to the phasegate process alone (its agents, checks and git
 children are orphaned, as when only the worker is OOM-killed) or to every
 process of the trial (a machine crash). After the last kill a new worker
@@ -21,13 +25,16 @@ runs until the workflow settles, and the invariants are checked
 - exactly 1 issue, 1 pull request and 1 merge of the branch on the base
   [``issues``, ``pull_requests``, ``merges``]; no comment marker twice
   [``duplicate_comment``]; no milestone left ``in_progress`` [``in_progress``];
+  on GitHub these are read on the fake, with more of its own (the issue closed
+  once after the verdict, its labels, the token nowhere, GitHub's schema;
+  ``torture_github``);
 - no process of the trial alive once the worker stopped [``process_alive``];
 - no git lock, no worktree but the person's, no scratch or half-made
   checkout left [``git_lock``, ``worktree_left``];
-- the change on the base is exactly what the recorded attempts produced: the
-  build agent appends one line per run, so the base holds one well-formed line
-  per build run phasegate recorded as ``ok`` and kept, less the runs whose
-  output it discarded as evidence [``change``];
+- the change on the base (GitHub's main, on GitHub) is exactly what the
+  recorded attempts produced: the build agent appends one line per run, so the
+  base holds one well-formed line per build run phasegate recorded as ``ok``
+  and kept, less the runs whose output it discarded as evidence [``change``];
 - the base's checks pass [``base_checks``]; the person's repository still works
   (``git status``, ``git branch -D``) [``repository``].
 
@@ -44,10 +51,13 @@ import random
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phasegate.testing.github_server import Fault
+from phasegate.testing.torture_github import HOLD_S, GitHubRig, TrialForge
 from phasegate.testing.torture_invariants import Violation, check_invariants
 from phasegate.testing.torture_lab import (
     Lab,
@@ -59,9 +69,13 @@ from phasegate.testing.torture_lab import (
 )
 
 __all__ = [
+    "GITHUB_AIMS",
+    "GITHUB_WEIGHTS",
+    "GitHubRig",
     "KillPlan",
     "Trial",
     "Violation",
+    "github_plan",
     "plan_kills",
     "run_trial",
     "run_uninterrupted",
@@ -70,6 +84,10 @@ __all__ = [
 
 #: How a kill is aimed: at a random moment, or at the first moment a window opens.
 AIMS = ("random", "journal_window", "git", "merge", "verification", "agent", "apply_arm")
+#: A github trial's aims: every other one, and a request to GitHub in flight, drawn
+#: as often as five others together (``GITHUB_WEIGHTS``): it is what the mode is for.
+GITHUB_AIMS = (*AIMS, "github_request")
+GITHUB_WEIGHTS = (*(1,) * len(AIMS), 5)
 #: Whom a kill hits: the phasegate worker alone, or every process of the trial.
 TARGETS = ("phasegate", "everything")
 
@@ -97,6 +115,7 @@ class Trial:
     root: Path
     mode: str = "classic"
     kills: list[dict[str, Any]] = field(default_factory=list)
+    github_requests: int = 0  # requests the fake GitHub answered over the trial
     resumes: int = 0
     status: str = ""
     violations: list[Violation] = field(default_factory=list)
@@ -107,19 +126,35 @@ class Trial:
         return not self.violations
 
 
-def plan_kills(seed: int, span_s: float) -> list[KillPlan]:
+def plan_kills(
+    seed: int,
+    span_s: float,
+    aims: tuple[str, ...] = AIMS,
+    weights: tuple[int, ...] | None = None,
+) -> list[KillPlan]:
     """1–3 kills for trial ``seed``: moments uniform in [0, ``span_s``] seconds (the
-    length of an uninterrupted run), aims and targets drawn from the seed."""
+    length of an uninterrupted run), aims (among ``aims``, by ``weights``; half of
+    the kills are ``random``) and targets drawn from the seed. A ``github_request``
+    kill is armed at its moment."""
     rng = random.Random(seed)
+
+    def aim() -> str:
+        return rng.choice(aims) if weights is None else rng.choices(aims, weights)[0]
+
     return [
         KillPlan(
             at_s=rng.uniform(0.0, span_s),
-            aim=rng.choice(AIMS) if rng.random() < 0.5 else "random",
+            aim=aim() if rng.random() < 0.5 else "random",
             target=rng.choice(TARGETS),
             before_claim=rng.random() < 0.1,
         )
         for _ in range(rng.randint(1, 3))
     ]
+
+
+def github_plan(seed: int, span_s: float) -> list[KillPlan]:
+    """The kills of github trial ``seed`` (``plan_kills`` over ``GITHUB_AIMS``)."""
+    return plan_kills(seed, span_s, GITHUB_AIMS, GITHUB_WEIGHTS)
 
 
 # -- aiming -------------------------------------------------------------------------
@@ -182,85 +217,153 @@ def run_trial(
     span_s: float = 6.0,
     max_sleep_s: float = 0.15,
     mode: str | None = None,
+    github: GitHubRig | None = None,
 ) -> Trial:
     """Run trial ``seed`` in the empty directory ``root``; returns what it did and found.
 
     ``span_s`` is the length of an uninterrupted run in seconds (random kills
     fall within it); ``max_sleep_s`` bounds each agent's random sleeps;
-    ``mode`` is ``classic`` or ``graph`` (default: ``trial_mode(seed)``).
+    ``mode`` is ``classic``, ``graph`` (default: ``trial_mode(seed)``) or
+    ``github``, which needs ``github``: the run's Prism, the trial's fake
+    GitHub is put behind it (ValueError without).
     """
     started = time.monotonic()
     mode = mode or trial_mode(seed)
+    if (mode == "github") != (github is not None):
+        raise ValueError("a github trial, and only one, runs on a GitHubRig")
+    forge = github.forge_for(root) if github is not None else None
     trial = Trial(seed=seed, root=root, mode=mode)
-    lab = Lab(root, seed, max_sleep_s, mode)
-    workflow_id = lab.start_workflow()
-    for plan in plan_kills(seed, span_s):
-        if _settled(lab, workflow_id):
-            break
-        worker = lab.worker()
-        begun = time.monotonic()
-        claimed = plan.aim != "random" or not plan.before_claim
-        if claimed:
-            # Kill moments are drawn over the workflow's run, not over Python's start-up.
-            claimed = wait_for(
-                lambda w=worker: lab.claimed_by(workflow_id, w.pid) or _settled(lab, workflow_id),
-                15.0,
-            )
-        if plan.aim == "random":
-            time.sleep(plan.at_s if claimed else plan.at_s % 0.8)
-            hit = True
-        else:
-            hit = wait_for(
-                lambda aim=plan.aim: (
-                    _window_open(lab, workflow_id, aim) or _settled(lab, workflow_id)
-                ),
-                WINDOW_S,
-            )
-        phase = lab.row(workflow_id)["current_phase"] if claimed else "before_claim"
-        if plan.target == "phasegate":
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(worker.pid, signal.SIGKILL)
-            worker.wait(timeout=10)
-        else:
-            kill_all(lab.root, worker)
-        trial.kills.append(
-            {
-                "phase": phase,
-                "aim": plan.aim,
-                "target": plan.target,
-                "after_s": round(time.monotonic() - begun, 3),
-                "window_hit": hit,
-            }
-        )
-    trial.resumes, trial.status = _settle(lab, workflow_id)
-    trial.violations = check_invariants(lab, workflow_id)
+    try:
+        lab = Lab(root, seed, max_sleep_s, mode, forge)
+        workflow_id = lab.start_workflow()
+        for plan in github_plan(seed, span_s) if forge else plan_kills(seed, span_s):
+            if _settled(lab, workflow_id):
+                break
+            # On GitHub a moment is drawn over what is left of the run (by the changes
+            # an uninterrupted run makes): a later kill lands on more than a done workflow.
+            left = forge.left(github.changes_per_run) if forge and github else 1.0
+            trial.kills.append(_kill_once(lab, workflow_id, plan, left))
+        trial.resumes, trial.status = _settle(lab, workflow_id)
+        trial.violations = check_invariants(lab, workflow_id)
+        trial.github_requests = len(forge.server.requests) if forge else 0
+    finally:
+        if forge is not None:
+            forge.stop()
     trial.duration_s = round(time.monotonic() - started, 2)
     return trial
 
 
-def run_uninterrupted(root: Path, *, max_sleep_s: float = 0.15, mode: str = "classic") -> float:
+def _kill_once(lab: Lab, workflow_id: str, plan: KillPlan, left: float) -> dict[str, Any]:
+    """One worker started and killed as ``plan`` says, its moment scaled by ``left``
+    (the share of the run still to come, 0..1); what the kill hit."""
+    worker = lab.worker()
+    begun = time.monotonic()
+    claimed = plan.aim != "random" or not plan.before_claim
+    if claimed:
+        # Kill moments are drawn over the workflow's run, not over Python's start-up.
+        claimed = wait_for(
+            lambda w=worker: lab.claimed_by(workflow_id, w.pid) or _settled(lab, workflow_id),
+            15.0,
+        )
+    held: list[Fault] = []
+    if plan.aim == "random":
+        time.sleep(plan.at_s * left if claimed else plan.at_s % 0.8)
+        hit = True
+    elif plan.aim == "github_request":
+        assert lab.forge is not None
+        time.sleep(plan.at_s * left)
+        held = lab.forge.hold_changes()
+        hit = wait_for(
+            lambda: any(f.times == 0 for f in held) or _settled(lab, workflow_id), WINDOW_S
+        )
+    else:
+        hit = wait_for(
+            lambda aim=plan.aim: _window_open(lab, workflow_id, aim) or _settled(lab, workflow_id),
+            WINDOW_S,
+        )
+    answered = len(lab.forge.server.requests) if lab.forge else 0
+    phase = lab.row(workflow_id)["current_phase"] if claimed else "before_claim"
+    if plan.target == "phasegate":
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+    else:
+        kill_all(lab.root, worker)
+    kill = {
+        "phase": phase,
+        "aim": plan.aim,
+        "target": plan.target,
+        "after_s": round(time.monotonic() - begun, 3),
+        "window_hit": hit,
+    }
+    if held:
+        kill["request"] = _held_request(lab.forge, held, answered)  # type: ignore[arg-type]
+    return kill
+
+
+def _held_request(forge: TrialForge, held: list[Fault], answered: int) -> str:
+    """Which request the kill caught in flight (``METHOD /path``; "" if none was):
+    the first of its method the fake answers after the kill, once its hold ends."""
+    methods = {f.method for f in held if f.times == 0}
+    forge.release(held)
+    if not methods:
+        return ""
+    found: list[str] = []
+
+    def answered_since() -> bool:
+        with forge.server.lock:
+            later = forge.server.requests[answered:]
+        found[:] = [f"{r.method} {r.path}" for r in later if r.method in methods]
+        return bool(found)
+
+    wait_for(answered_since, HOLD_S + 5.0, poll_s=0.02)
+    return found[0] if found else "?"
+
+
+def run_uninterrupted(
+    root: Path,
+    *,
+    max_sleep_s: float = 0.15,
+    mode: str = "classic",
+    github: GitHubRig | None = None,
+    inspect: Callable[[Lab, str], None] | None = None,
+) -> float:
     """The same workflow with no kill: seconds from its worker's start to settled.
 
-    The span random kills are drawn from, and the peer a trial is measured
-    against. Raises RuntimeError when even the uninterrupted run does not
-    complete or violates an invariant: the harness itself would be wrong.
+        The span random kills are drawn from, and the peer a trial is measured
+        against (``mode`` and ``github`` as for ``run_trial``; on GitHub it sets
+    ``github.changes_per_run``, what later kills are spread over). Raises RuntimeError
+        when even the uninterrupted run does not complete or violates an
+        invariant: the harness itself would be wrong. ``inspect(lab, workflow_id)``
+        then runs on the settled run while its fake GitHub still serves (a test
+        that breaks an invariant on purpose, to see it caught).
     """
-    lab = Lab(root, 0, max_sleep_s, mode)
-    workflow_id = lab.start_workflow()
-    worker = lab.worker()
+    forge = github.forge_for(root) if github is not None else None
     try:
-        wait_for(
-            lambda: lab.claimed_by(workflow_id, worker.pid) or _settled(lab, workflow_id), 15.0
-        )
-        started = time.monotonic()
-        wait_for(lambda: _settled(lab, workflow_id), SETTLE_S, poll_s=0.02)
-        elapsed = time.monotonic() - started
+        lab = Lab(root, 0, max_sleep_s, mode, forge)
+        workflow_id = lab.start_workflow()
+        worker = lab.worker()
+        try:
+            wait_for(
+                lambda: lab.claimed_by(workflow_id, worker.pid) or _settled(lab, workflow_id),
+                15.0,
+            )
+            started = time.monotonic()
+            wait_for(lambda: _settled(lab, workflow_id), SETTLE_S, poll_s=0.02)
+            elapsed = time.monotonic() - started
+        finally:
+            _stop(lab, worker)
+        status = lab.row(workflow_id)["status"]
+        violations = check_invariants(lab, workflow_id)
+        if status != "completed" or violations:
+            raise RuntimeError(f"the uninterrupted run in {root} ended {status}: {violations}")
+        if github is not None and forge is not None:
+            github.changes_per_run = forge.changes()
+        if inspect is not None:
+            inspect(lab, workflow_id)
     finally:
-        _stop(lab, worker)
-    status = lab.row(workflow_id)["status"]
-    violations = check_invariants(lab, workflow_id)
-    if status != "completed" or violations:
-        raise RuntimeError(f"the uninterrupted run in {root} ended {status}: {violations}")
+        if forge is not None:
+            forge.stop()
     return elapsed
 
 
@@ -290,5 +393,5 @@ def _settle(lab: Lab, workflow_id: str) -> tuple[int, str]:
         resumes += 1
         subprocess.run(
             [phasegate_exe(), "resume", "--no-advance", "--repo", str(lab.repo), workflow_id],
-            capture_output=True, timeout=60, cwd=lab.root,
+            capture_output=True, timeout=60, cwd=lab.root, env=lab.env,
         )  # fmt: skip

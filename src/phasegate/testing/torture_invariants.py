@@ -6,17 +6,20 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-from dataclasses import dataclass
+import tempfile
+from pathlib import Path
 
-from phasegate.testing.torture_lab import Lab, cmdline, kill_all, trial_processes, wait_for
+from phasegate.testing.torture_github import check_github
+from phasegate.testing.torture_lab import (
+    Lab,
+    Violation,
+    cmdline,
+    kill_all,
+    trial_processes,
+    wait_for,
+)
 
 __all__ = ["Violation", "check_invariants"]
-
-
-@dataclass(frozen=True)
-class Violation:
-    kind: str
-    detail: str
 
 
 # -- the invariants -------------------------------------------------------------------
@@ -32,31 +35,15 @@ def check_invariants(lab: Lab, workflow_id: str) -> list[Violation]:
 
     row = lab.row(workflow_id)
     expect(row["status"] == "completed", "not_completed", f"{row['status']}: {row['error']}")
-    repo_key = str(lab.repo)
-    issues = lab.query("SELECT count(*) FROM forge_issues")[0][0]
-    prs = lab.query("SELECT count(*) FROM forge_pull_requests")[0][0]
-    expect(issues == 1, "issues", f"{issues} issues in {repo_key}")
-    expect(prs == 1, "pull_requests", f"{prs} pull requests")
-    markers = lab.query(
-        "SELECT marker, count(*) FROM forge_comments WHERE marker IS NOT NULL "
-        "GROUP BY marker HAVING count(*) > 1"
-    )
-    expect(not markers, "duplicate_comment", f"markers posted twice: {markers}")
+    if lab.forge is not None:
+        found += check_github(lab, lab.forge, workflow_id)
+    else:
+        found += _check_local_forge(lab)
     stuck = lab.query(
         "SELECT phase, kind FROM milestones WHERE workflow_id = ? AND status = 'in_progress'",
         workflow_id,
     )
     expect(not stuck, "in_progress", f"milestones left in_progress: {stuck}")
-
-    merges = lab._git("rev-list", "--first-parent", "--merges", "main").split()
-    expect(len(merges) == 1, "merges", f"{len(merges)} merge commits on main")
-    first_parent = lab._git("rev-list", "--first-parent", "main").split()
-    expect(
-        len(first_parent) == lab.base_commits + 1,
-        "merges",
-        f"main's first-parent line has {len(first_parent)} commits; "
-        f"{lab.base_commits} + one merge expected",
-    )
 
     wait_for(lambda: not trial_processes(lab.root), 5.0, poll_s=0.1)
     alive = [f"{pid} {cmdline(pid)}" for pid in trial_processes(lab.root)]
@@ -102,6 +89,37 @@ def check_invariants(lab: Lab, workflow_id: str) -> list[Violation]:
     return found
 
 
+def _check_local_forge(lab: Lab) -> list[Violation]:
+    """One issue, one pull request, no marker twice in the store; one merge on main."""
+    found: list[Violation] = []
+
+    def expect(ok: bool, kind: str, detail: str) -> None:
+        if not ok:
+            found.append(Violation(kind, detail))
+
+    repo_key = str(lab.repo)
+    issues = lab.query("SELECT count(*) FROM forge_issues")[0][0]
+    prs = lab.query("SELECT count(*) FROM forge_pull_requests")[0][0]
+    expect(issues == 1, "issues", f"{issues} issues in {repo_key}")
+    expect(prs == 1, "pull_requests", f"{prs} pull requests")
+    markers = lab.query(
+        "SELECT marker, count(*) FROM forge_comments WHERE marker IS NOT NULL "
+        "GROUP BY marker HAVING count(*) > 1"
+    )
+    expect(not markers, "duplicate_comment", f"markers posted twice: {markers}")
+
+    merges = lab._git("rev-list", "--first-parent", "--merges", "main").split()
+    expect(len(merges) == 1, "merges", f"{len(merges)} merge commits on main")
+    first_parent = lab._git("rev-list", "--first-parent", "main").split()
+    expect(
+        len(first_parent) == lab.base_commits + 1,
+        "merges",
+        f"main's first-parent line has {len(first_parent)} commits; "
+        f"{lab.base_commits} + one merge expected",
+    )
+    return found
+
+
 def _check_change(lab: Lab, workflow_id: str) -> list[Violation]:
     """The base holds one whole line per build run recorded ``ok`` and kept (classic);
     the applied proposal's patch exactly once (graph)."""
@@ -109,7 +127,7 @@ def _check_change(lab: Lab, workflow_id: str) -> list[Violation]:
         return _check_graph_change(lab, workflow_id)
     found = []
     try:
-        text = lab._git("show", "main:changes.txt") + "\n"
+        text = lab._git("show", "main:changes.txt", cwd=lab.base_repo) + "\n"
     except subprocess.CalledProcessError:
         text = ""
     lines = text.splitlines(keepends=True) if text.strip() else []
@@ -139,7 +157,7 @@ def _check_change(lab: Lab, workflow_id: str) -> list[Violation]:
 
     store = open_store(f"sqlite:///{lab.db}")
     try:
-        runs = account_build_runs(store, lab.repo, workflow_id, "main")
+        runs = account_build_runs(store, lab.base_repo, workflow_id, "main")
     finally:
         store.close()
     if runs["unaccounted"] or len(runs["kept"]) != len(lines):
@@ -149,9 +167,17 @@ def _check_change(lab: Lab, workflow_id: str) -> list[Violation]:
                 f"{len(lines)} line(s) on main; build runs by phasegate's accounting: {runs}",
             )
         )
-    check = subprocess.run(
-        [sys.executable, "check_changes.py"], cwd=lab.repo, capture_output=True, text=True
-    )
+    with tempfile.TemporaryDirectory(prefix="torture-main-") as scratch:
+        where = lab.repo
+        if lab.forge is not None:  # GitHub's main, in a directory of its own
+            where = Path(scratch)
+            tar = subprocess.run(
+                ["git", "archive", "main"], cwd=lab.base_repo, check=True, capture_output=True
+            )
+            subprocess.run(["tar", "-x", "-C", scratch], input=tar.stdout, check=True)
+        check = subprocess.run(
+            [sys.executable, "check_changes.py"], cwd=where, capture_output=True, text=True
+        )
     if check.returncode != 0 and row_completed(lab, workflow_id):
         found.append(Violation("base_checks", (check.stderr or check.stdout).strip()[-300:]))
     return found

@@ -2,9 +2,10 @@
 
 ``Lab`` builds one trial's repository (classic: command agents that append a
 line to ``changes.txt`` in two writes; graph: the demo's sample through the
-development graph), files its workflow, starts its ``phasegate worker``
-processes and reads its store with a plain read-only sqlite3 connection.
-``trial_processes`` finds every process of a trial by its working directory.
+development graph; github: classic, on a fake GitHub, ``torture_github``),
+files its workflow, starts its ``phasegate worker`` processes and reads its
+store with a plain read-only sqlite3 connection. ``trial_processes`` finds
+every process of a trial by its working directory.
 """
 
 from __future__ import annotations
@@ -20,10 +21,27 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ANSWERS", "Lab", "kill_all", "trial_processes"]
+if TYPE_CHECKING:
+    from phasegate.testing.torture_github import TrialForge
+
+__all__ = ["ANSWERS", "FORGE_DIR", "Lab", "Violation", "kill_all", "trial_processes"]
+
+#: Where a github trial's fake GitHub keeps its data, under the trial's root: the
+#: fake's own git processes are not the trial's (no kill, no ``process_alive``).
+FORGE_DIR = "github"
+
+
+@dataclass(frozen=True)
+class Violation:
+    """An invariant a settled trial broke: its kind and what was found."""
+
+    kind: str
+    detail: str
+
 
 # The agents: read the prompt, sleep a little, answer; the build role appends one
 # line in two writes with a sleep between, so a kill can leave half a line behind.
@@ -77,6 +95,7 @@ def trial_processes(root: Path) -> list[int]:
     repository, worktrees and scratch checkouts), this one excepted."""
     found = []
     prefix = str(root.resolve())
+    forge = f"{prefix}/{FORGE_DIR}"
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -85,7 +104,8 @@ def trial_processes(root: Path) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
         except OSError:
             continue  # gone, or not ours to read
-        if state not in ("Z", "X") and (cwd == prefix or cwd.startswith(prefix + "/")):
+        inside = cwd == prefix or cwd.startswith(prefix + "/")
+        if state not in ("Z", "X") and inside and not (cwd + "/").startswith(forge + "/"):
             found.append(int(entry.name))
     return found
 
@@ -111,8 +131,21 @@ def kill_all(root: Path, worker: subprocess.Popen[bytes] | None) -> None:
 
 
 class Lab:
-    def __init__(self, root: Path, seed: int, max_sleep_s: float, mode: str = "classic") -> None:
+    """One trial's repository and processes. ``mode`` is ``classic``, ``graph`` or
+    ``github`` (which needs ``forge``: the trial's fake GitHub, seeded here)."""
+
+    def __init__(
+        self,
+        root: Path,
+        seed: int,
+        max_sleep_s: float,
+        mode: str = "classic",
+        forge: TrialForge | None = None,
+    ) -> None:
+        if (mode == "github") != (forge is not None):
+            raise ValueError("a github trial, and only one, has a forge")
         self.mode = mode
+        self.forge = forge
         self.root = root.resolve()
         self.repo = self.root / "repo"
         self.db = self.repo / ".phasegate" / "state.db"
@@ -130,6 +163,18 @@ class Lab:
         else:
             self._make_repo(agent, config)
         self.base_commits = len(self._git("rev-list", "main").split())
+        if forge is not None:
+            forge.seed(self.repo)
+
+    @property
+    def base_repo(self) -> Path:
+        """Where the merged change lands: the repository, or GitHub's bare one."""
+        return self.forge.bare if self.forge is not None else self.repo
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment of the trial's phasegate processes (the bot's token on GitHub)."""
+        return {**os.environ, "COLUMNS": "200", **(self.forge.env if self.forge else {})}
 
     def _make_graph_repo(self) -> None:
         """The demo's sample project through the development graph (scripted agents, a
@@ -166,7 +211,7 @@ class Lab:
         (self.repo / "phasegate.toml").write_text(
             '[workflow]\nbase_branch = "main"\nprofile = "full-auto"\n\n'
             f'[landing_areas]\nchecks = ["{sys.executable} check_changes.py"]\n'
-            "check_timeout = 60\n\n" + roles
+            "check_timeout = 60\n\n" + roles + (f"\n{self.forge.cartridge()}" if self.forge else "")
         )
         self._git("init", "-q", "-b", "main")
         self._git("add", "-A")
@@ -179,17 +224,22 @@ class Lab:
         """File the workflow through the Engine API without running it; returns its id."""
         from phasegate.cartridge import load_cartridge
         from phasegate.engine import Engine
+        from phasegate.forge.github_auth import make_forge
         from phasegate.store import open_store
+        from phasegate.workspace import Workspace
 
         with _START_LOCK:  # alembic's migration context is process-global, not per thread
             cartridge = load_cartridge(self.repo)
             store = open_store(cartridge.store_url(self.repo))
+            forge = None
+            if self.forge is not None:  # the bot's token, not this process's GITHUB_TOKEN
+                forge = make_forge(cartridge, self.repo, store, Workspace(), [], self.forge.env)
             try:
                 if self.mode == "graph":
                     from phasegate.demo import DEMO_TICKET, DEMO_TITLE
 
                     return Engine(self.repo, cartridge, store).start(DEMO_TITLE, DEMO_TICKET)
-                return Engine(self.repo, cartridge, store).start(TITLE, TICKET)
+                return Engine(self.repo, cartridge, store, forge=forge).start(TITLE, TICKET)
             finally:
                 store.close()
 
@@ -203,7 +253,7 @@ class Lab:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={**os.environ, "COLUMNS": "200"},
+                env=self.env,
             )
 
     def query(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
