@@ -1,6 +1,7 @@
 """Random kill-torture: many trials of ``phasegate.testing.torture``, and what they found.
 
     python benchmarks/kill_torture.py --trials 300 [--seed 1] [--jobs 2] [--keep DIR]
+    python benchmarks/kill_torture.py --github --trials 30     # on the fake GitHub, one job
 
 Each trial runs one whole workflow (command agents that really edit files, a
 profile that merges unattended), SIGKILLs it 1–3 times at moments drawn from
@@ -13,11 +14,15 @@ trial violated an invariant.
 
 The peer it runs beside is the uninterrupted run: the same workflow with no
 kill (``--calibrate``), so the slowdown a crash costs is a ratio.
+
+``--github`` runs every trial on the GitHub forge (``torture_github``): the fake
+GitHub behind one Prism (installed by ``.ci/run``), so one trial at a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import statistics
 import sys
@@ -27,7 +32,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from phasegate.testing.torture import Trial, run_trial, run_uninterrupted, trial_mode
+from phasegate.testing.torture import GitHubRig, Trial, run_trial, run_uninterrupted, trial_mode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,21 +41,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="the first trial's seed")
     parser.add_argument("--jobs", type=int, default=2, help="trials run at once")
     parser.add_argument("--keep", type=Path, help="keep every trial's directory under DIR")
+    parser.add_argument("--github", action="store_true", help="on the fake GitHub (one job)")
     args = parser.parse_args(argv)
+    with GitHubRig() if args.github else contextlib.nullcontext() as rig:
+        return run(args, rig)
 
+
+def run(args: argparse.Namespace, rig: GitHubRig | None) -> int:
+    """The trials ``args`` ask for (on ``rig``'s fake GitHub when given); the exit code."""
     base = args.keep or Path(tempfile.mkdtemp(prefix="phasegate-torture-"))
     base.mkdir(parents=True, exist_ok=True)
     spans = {}
-    for mode in ("classic", "graph"):
-        runs = [run_uninterrupted(base / f"uninterrupted-{mode}-{i}", mode=mode) for i in range(3)]
+    for mode in ("github",) if rig else ("classic", "graph"):
+        runs = [
+            run_uninterrupted(base / f"uninterrupted-{mode}-{i}", mode=mode, github=rig)
+            for i in range(3)
+        ]
         spans[mode] = statistics.median(runs)
         print(f"uninterrupted {mode} run: {spans[mode]:.2f} s (median of 3)")
 
     def trial(seed: int) -> Trial:
-        return run_trial(base / f"trial-{seed}", seed, span_s=spans[trial_mode(seed)])
+        mode = "github" if rig else trial_mode(seed)
+        return run_trial(base / f"trial-{seed}", seed, span_s=spans[mode], mode=mode, github=rig)
 
     started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+    with ThreadPoolExecutor(max_workers=1 if rig else args.jobs) as pool:
         trials = list(pool.map(trial, range(args.seed, args.seed + args.trials)))
     elapsed = time.monotonic() - started
 
@@ -82,6 +97,12 @@ def report(trials: list[Trial], elapsed_s: float, spans: dict[str, float]) -> No
         print(f"{title}: " + ", ".join(f"{name} {n}" for name, n in counts.most_common()))
     missed = sum(1 for k in kills if not k["window_hit"])
     print(f"aimed kills whose window never opened (fired at its end): {missed}")
+    requests = Counter(k["request"] or "(settled first)" for k in kills if "request" in k)
+    if any(t.github_requests for t in trials):
+        per_trial = statistics.median(t.github_requests for t in trials)
+        print(f"requests to the fake GitHub: {per_trial:.0f} per trial (median)")
+    if requests:
+        print("requests killed in flight: " + ", ".join(f"{r} {n}" for r, n in requests.items()))
     statuses = Counter(t.status for t in trials)
     print("final status: " + ", ".join(f"{s} {n}" for s, n in statuses.most_common()))
     print(f"resumes after a pause: {sum(t.resumes for t in trials)}")
