@@ -46,7 +46,7 @@ from phasegate.testing.torture_lab import FORGE_DIR, Violation
 if TYPE_CHECKING:
     from phasegate.testing.torture_lab import Lab
 
-__all__ = ["HOLD_S", "REPOSITORY", "GitHubRig", "TrialForge", "check_github"]
+__all__ = ["BOT", "CHANGING", "HOLD_S", "REPOSITORY", "GitHubRig", "TrialForge", "check_github"]
 
 REPOSITORY = "octo/widgets"
 BOT = "phasegate-bot"
