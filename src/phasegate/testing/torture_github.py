@@ -9,11 +9,12 @@ worker, as GitHub does -- with ``octo/widgets``, the bot phasegate acts as
 (write), and a ``[forge]`` table pointing at Prism. The worker gets the bot's
 token in ``GITHUB_TOKEN`` only (``TrialForge.env``).
 
-The ``github_request`` aim: after a random moment, every request that could
-change GitHub (POST, PATCH, PUT, DELETE; REST through Prism, or git's push) is
-held ``HOLD_S`` seconds by the fake before it is handled; the kill lands as
-soon as one is held. GitHub then does what the dead client asked, and the
-journal must find it instead of asking again.
+The ``github_request`` aim: after a random moment, the next request of each
+method that could change GitHub (POST, PATCH, PUT, DELETE: REST through Prism,
+or git over HTTP, whose fetches POST too) is held ``HOLD_S`` seconds by the
+fake before it is handled; the kill lands as soon as one is held. GitHub then
+does what the dead client asked, and the journal must find it instead of
+asking again.
 
 The invariants checked on the fake (``check_github``; ``Violation`` kinds in
 brackets): exactly one issue, holding the workflow's marker [``issues``]; one
