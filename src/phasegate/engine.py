@@ -321,6 +321,8 @@ class Engine:
         heartbeat = Heartbeat(self.store, fence, self.lease_ttl_s)
         heartbeat.start()
         try:
+            # A process killed between a commit and its label left the label stale.
+            self._label(self.store.workflow_row(workflow_id))
             self._retry_cleanup(workflow_id)
             for _ in range(max_steps):
                 if fence.lost.is_set():

@@ -31,6 +31,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,12 +44,15 @@ from phasegate.contract import (
     PhaseResult,
     WorkflowContext,
 )
+from phasegate.forge.base import ForgeError, status_label
 from phasegate.phases.deps import PhaseDeps, verdict_parser
 from phasegate.triggers import TriggerRefused, resnapshot
 
 __all__ = ["acceptance_hash", "override", "run"]
 
 KIND = "acceptance_verification"
+
+log = logging.getLogger(__name__)
 
 VERIFY_PROMPT = """You are an independent verifier. The change for the ticket below has been
 merged; your working directory is a checkout of the merge commit. Do not modify
@@ -86,6 +90,12 @@ def _confirm(ctx: WorkflowContext, deps: PhaseDeps, row: MilestoneWrite, who: st
             f"verified:{row.key}",
             best_effort=True,
         )
+        # The done label before the close, not only after the commit: a process
+        # killed after the last commit has nothing left to relabel the issue.
+        try:
+            deps.forge.set_status_label(ctx.issue_number, status_label("completed"))
+        except ForgeError as exc:
+            log.warning("status label on #%s not set: %s", ctx.issue_number, exc)
         deps.effects.close_issue(ACCEPTANCE_VERIFICATION, ctx.issue_number)
     return PhaseResult.advance(
         COMPLETED,
