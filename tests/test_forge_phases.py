@@ -233,7 +233,7 @@ def test_a_pull_request_closed_on_the_forge_cancels_the_workflow(
     forge.prs[pr] = type(old)(**{**old.__dict__, "state": "closed"})
     row = engine.advance(workflow_id)
     assert row["status"] == "cancelled" and f"#{pr} was closed unmerged" in row["error"]
-    assert forge.labels[row["issue_number"]] == set()
+    assert forge.labels[row["issue_number"]] == {"phasegate:cancelled"}
 
 
 def test_the_issue_carries_one_status_label_that_follows_the_workflow(

@@ -251,4 +251,4 @@ def test_a_merge_a_person_did_on_github_is_verified_and_a_closed_pr_cancels(
     row = engine.advance(closed)
     assert row["status"] == "cancelled" and "closed unmerged" in row["error"]
     assert gh.issue(name, row["issue_number"]).state == "open"
-    assert {x.name for x in gh.issue(name, row["issue_number"]).labels} == set()
+    assert {x.name for x in gh.issue(name, row["issue_number"]).labels} == {"phasegate:cancelled"}

@@ -95,6 +95,47 @@ def test_a_label_by_a_read_only_user_starts_nothing_and_is_reported_once(
     assert [type(r) for r in watcher.watch_once()] == [Started]
 
 
+def test_an_issue_with_another_stores_status_label_starts_nothing_and_is_reported_once(
+    triggered: Callable[..., Engine],
+) -> None:
+    forge = people()
+    issue = forge.issues[41]
+    forge.issues[41] = Issue(41, issue.title, issue.body, "open", "ollie", ("phasegate:cancelled",))
+    label(forge, 41, "maya")
+    engine = triggered(forge)
+    watcher = Watcher(engine, REPOSITORY, max_ticket_bytes=MAX)
+    (ignored,) = watcher.watch_once()
+    assert isinstance(ignored, Ignored) and ignored.labelled_by == "maya"
+    assert "'phasegate:cancelled'" in ignored.reason
+    assert watcher.watch_once() == [] and engine.store.list_workflows() == []
+
+
+def test_the_snapshot_hears_every_comment_already_on_the_issue_trusted_or_not(
+    triggered: Callable[..., Engine],
+) -> None:
+    forge = people()
+    forge.said[41] = [said(41, "maya", "one line", 3), said(41, "ollie", SENTINEL, 4)]
+    engine = triggered(forge)
+    workflow_id, snapshot = start_from_issue(
+        engine, REPOSITORY, 41, by="maya", trigger="label", max_ticket_bytes=MAX
+    )
+    assert snapshot.left_out == 1
+    assert engine.store.workflow_row(workflow_id)["state"]["heard_comments"] == [3, 4]
+
+
+def test_a_pull_request_is_refused_as_a_ticket_and_a_labelled_one_is_passed_over(
+    triggered: Callable[..., Engine],
+) -> None:
+    forge = people()
+    forge.issues[45] = Issue(45, "Fix", "a change", "open", "maya", pull_request=True)
+    label(forge, 45, "maya")
+    engine = triggered(forge)
+    with pytest.raises(TriggerRefused, match="#45 is a pull request"):
+        start_from_issue(engine, REPOSITORY, 45, by="cli", trigger="import", max_ticket_bytes=MAX)
+    assert Watcher(engine, REPOSITORY, max_ticket_bytes=MAX).watch_once() == []
+    assert engine.store.list_workflows() == []
+
+
 class _MeetingForge(InMemoryForge):
     """Holds each caller of ``comments`` (the snapshot, after the lookup that found
     no workflow) until both watchers are there, so both race to the insert."""

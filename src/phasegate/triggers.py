@@ -21,6 +21,10 @@ a new snapshot of an edited issue verifies again.
 At most one workflow per issue: ``Store.create_workflow(issue=...)`` looks the
 issue up and inserts in one writing transaction and raises IssueTaken, so two
 watchers (or a watcher and an import) racing start one workflow between them.
+Across stores (a second checkout, another machine) the forge says it: an issue
+carrying a status label (``phasegate:…``, ``phasegate:cancelled`` included) has
+or had a workflow somewhere, and the watcher passes over it until a person
+removes that label.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from phasegate.contract import PhasegateError, WorkflowContext
 from phasegate.forge.base import (
+    STATUS_LABEL_PREFIX,
     TRUSTED_PERMISSIONS,
     Comment,
     Forge,
@@ -98,7 +103,9 @@ class TicketSnapshot:
     ``text`` (the acceptance hash's formula), 16 hex digits. ``source``:
     ``owner/name#N``. ``left_out``: how many people's comments were not trusted.
     ``vouched_hash``: sha256 of the title and body alone, 16 hex digits: what the
-    voucher vouched for (``resnapshot`` tells an edit by it).
+    voucher vouched for (``resnapshot`` tells an edit by it). ``comment_ids``: the
+    ids of every comment on the issue at that moment, trusted or not: wait hears
+    only comments made after them (``state["heard_comments"]``).
     """
 
     title: str
@@ -110,6 +117,7 @@ class TicketSnapshot:
     vouched_by: str
     vouched_hash: str
     left_out: int = 0
+    comment_ids: tuple[int, ...] = ()
 
     def state(self, trigger: Literal["label", "import"]) -> dict[str, Any]:
         """What the workflow keeps of the snapshot in its state."""
@@ -120,6 +128,9 @@ class TicketSnapshot:
             "triggered_by": self.vouched_by,
             "ticket_vouched_hash": self.vouched_hash,
             "trigger": trigger,
+            # Told apart by id, not by clock: what was on the issue when the
+            # workflow started is in the ticket (or was left out), never feedback.
+            "heard_comments": sorted(self.comment_ids),
         }
 
 
@@ -158,7 +169,8 @@ def snapshot_ticket(
     trust = trust or TrustCache(forge)
     kept: list[Comment] = []
     left_out = 0
-    for comment in forge.comments(number):
+    comments = forge.comments(number)
+    for comment in comments:
         if comment.kind != "conversation":
             continue
         if trust.trusted(comment.author):
@@ -183,6 +195,7 @@ def snapshot_ticket(
         vouched_by=vouched_by,
         vouched_hash=_hash(issue.title, issue.body),
         left_out=left_out,
+        comment_ids=tuple(c.id for c in comments),
     )
 
 
@@ -249,15 +262,18 @@ def start_from_issue(
 
     ``by``: the trusted person who vouches (the caller checked). Raises
     IssueTaken when the issue has a workflow already (also when another process
-    started it a moment ago), TriggerRefused for a closed issue, one phasegate
-    filed itself or a ticket over ``max_ticket_bytes`` (UTF-8), ForgeError,
-    CartridgeError from ``Engine.start``.
+    started it a moment ago), TriggerRefused for a pull request (GitHub numbers
+    them among the issues), a closed issue, one phasegate filed itself or a
+    ticket over ``max_ticket_bytes`` (UTF-8), ForgeError, CartridgeError from
+    ``Engine.start``.
     """
     taken = engine.store.workflow_for_issue(repository, number)
     if taken is not None:
         raise IssueTaken(repository, number, taken)
     issue = issue or engine.forge.issue(number)
     where = f"{repository}#{number}"
+    if issue.pull_request:
+        raise TriggerRefused(f"#{number} is a pull request: only an issue starts a workflow")
     if issue.state != "open":
         raise TriggerRefused(f"{where} is {issue.state}: only an open issue starts a workflow")
     filer = filed_by_phasegate(issue)
@@ -330,7 +346,9 @@ class Watcher:
     (``owner/name``), through ``engine`` (its forge, store and cartridge).
 
     Keeps, for its lifetime, which (issue, labeller) it reported Ignored, so a
-    poll repeats no warning; a new labeller of the same issue is new.
+    poll repeats no warning; a new labeller of the same issue is new. An issue
+    carrying a status label (another store runs or ran a workflow for it) is
+    reported once per label.
     """
 
     def __init__(
@@ -349,8 +367,9 @@ class Watcher:
 
     def watch_once(self) -> list[Started | Ignored]:
         """One look at the labelled issues; returns what it started and what it
-        ignored for the first time (an issue with a workflow is passed over in
-        silence). Permissions are asked afresh each pass (once per login).
+        ignored for the first time (an issue with a workflow in this store is passed
+        over in silence; one with a status label but none here is Ignored: another
+        store's). Permissions are asked afresh each pass (once per login).
 
         Raises ForgeError (ForgeUnavailable: try again later), CartridgeError.
         """
@@ -362,6 +381,23 @@ class Watcher:
                 break
             number, by = labelled.issue.number, labelled.by
             if store.workflow_for_issue(self.repository, number) is not None:
+                continue
+            if labelled.issue.pull_request:
+                continue
+            status = next(
+                (
+                    x
+                    for x in labelled.issue.labels
+                    if x.startswith(STATUS_LABEL_PREFIX) and x != self.label
+                ),
+                None,
+            )
+            if status is not None:
+                reason = (
+                    f"it carries the status label {status!r}: a workflow runs or ran for it "
+                    "from another store; remove the label to start a new one"
+                )
+                self._ignore(results, number, by, reason, seen_as=status)
                 continue
             permission = trust.permission(by)
             if permission not in TRUSTED_PERMISSIONS:
@@ -398,10 +434,20 @@ class Watcher:
             results.append(Started(number, workflow_id, by, snapshot))
         return results
 
-    def _ignore(self, results: list[Started | Ignored], number: int, by: str, reason: str) -> None:
-        if (number, by) in self.reported:
+    def _ignore(
+        self,
+        results: list[Started | Ignored],
+        number: int,
+        by: str,
+        reason: str,
+        *,
+        seen_as: str | None = None,
+    ) -> None:
+        # seen_as: what makes it the same report again (default: the labeller)
+        key = (number, seen_as or by)
+        if key in self.reported:
             return
-        self.reported.add((number, by))
+        self.reported.add(key)
         log.warning("%s#%d ignored: %s", self.repository, number, reason)
         results.append(Ignored(number, by, reason))
 

@@ -58,8 +58,10 @@ def watch(
     A label by anyone else starts nothing and is reported once. The ticket is
     the issue's title and body and the comments of people with write access,
     as they are at that moment; other people's comments never reach an agent.
-    One workflow per issue, however many watchers run. Needs forge.kind =
-    "github". Ctrl-C/SIGTERM stop it cleanly.
+    One workflow per issue, however many watchers run: an issue carrying a
+    phasegate: status label (phasegate:cancelled too) has or had a workflow,
+    maybe in another checkout, and is passed over until a person removes that
+    label. Needs forge.kind = "github". Ctrl-C/SIGTERM stop it cleanly.
     """
     with _errors():
         root, cartridge, store = _open(repo)
@@ -114,8 +116,8 @@ def import_issue(
 
     The ticket is the issue's title and body and the comments of people with
     write, maintain or admin permission; other people's comments never reach
-    an agent. An issue that has a workflow already is refused, naming it.
-    Needs forge.kind = "github".
+    an agent. An issue that has a workflow already is refused, naming it, and
+    so is a pull request's number. Needs forge.kind = "github".
     """
     with _errors():
         ref = parse_issue_ref(issue)

@@ -61,6 +61,7 @@ _STATUS_LABELS = {
     "merging": "merging",
     "verification_pending": "verifying",
     "completed": "done",
+    "cancelled": "cancelled",
 }
 
 
@@ -68,9 +69,10 @@ def status_label(status: str) -> str | None:
     """The issue's status label for a workflow ``status``: ``phasegate:planning``,
     ``…:developing``, ``…:reviewing``, ``…:waiting``, ``…:merging``, ``…:verifying``,
     ``…:done``; ``phasegate:needs-you`` for every status only a person moves on
-    from (paused, failed, awaiting approval); None (no status label) once cancelled."""
-    if status == "cancelled":
-        return None
+    from (paused, failed, awaiting approval); ``phasegate:cancelled`` once cancelled.
+
+    Any status label tells every watcher, whatever its store, that the issue has
+    (or had) a workflow: it starts none for it until a person removes the label."""
     return STATUS_LABEL_PREFIX + _STATUS_LABELS.get(status, "needs-you")
 
 
@@ -109,6 +111,8 @@ class Issue:
     state: str  # open | closed
     author: str = ""
     labels: tuple[str, ...] = ()
+    #: GitHub lists pull requests among the issues: this one is a pull request.
+    pull_request: bool = False
 
 
 @dataclass(frozen=True)

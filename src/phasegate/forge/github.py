@@ -142,6 +142,7 @@ class GitHubForge(GitHubAPI):
             found["state"],
             author=login_of(found.get("user")),
             labels=labels_of(found.get("labels") or ()),
+            pull_request=bool(found.get("pull_request")),
         )
 
     def close_issue(self, number: int) -> None:
@@ -203,7 +204,8 @@ class GitHubForge(GitHubAPI):
         )
         found = []
         for item in issues:
-            if item.get("pull_request"):
+            issue = self._issue(item)
+            if issue.pull_request:
                 continue
             by = self._labelled_by(item["number"], label)
             if by is None:
@@ -211,7 +213,7 @@ class GitHubForge(GitHubAPI):
                     "#%s carries %s but no labeled event says who added it", item["number"], label
                 )
                 continue
-            found.append(Labelled(self._issue(item), by[0], by[1]))
+            found.append(Labelled(issue, by[0], by[1]))
         return found
 
     def _labelled_by(self, number: int, label: str) -> tuple[str, datetime] | None:

@@ -11,7 +11,9 @@ review agent is asked:
   head yet counts as pending (CI registers its runs a while after a push);
 - any pending: the phase returns ``wait`` — the workflow stays in pr_review,
   no worker holds it, and the next look is due after ``forge.poll_s``; a
-  ``ci_pending`` milestone marks the first look at each head;
+  ``ci_pending`` milestone marks the first look at each head. Each look also
+  asks the pull request what wait asks of it (``forge_feedback.pull_request_settled``):
+  merged by a person → on to merge; closed unmerged → ``cancelled``;
 - any failed: a CI-repair round — development with dev_round + 1 and the
   failing checks' names and output as the build's input (``ci_failure``),
   at most ``forge.max_ci_repairs`` in a row; past that the profile's reversion
@@ -23,9 +25,12 @@ workflow with reason ``forge_unavailable`` and ``resume`` looks again.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from phasegate.contract import DEVELOPMENT, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.forge.base import Check
 from phasegate.phases.deps import PhaseDeps
+from phasegate.phases.forge_feedback import pull_request_settled
 from phasegate.profiles import reversion_or_stop
 
 __all__ = ["OUTPUT_LIMIT", "ci_gate", "failure_text"]
@@ -50,7 +55,8 @@ def _shown(checks: list[Check]) -> list[dict[str, str | None]]:
 def ci_gate(ctx: WorkflowContext, deps: PhaseDeps, pr: int) -> PhaseResult | MilestoneWrite | None:
     """Look at CI for pull request ``pr``; returns the result that ends the phase now
     (wait, a CI-repair round, a stop), or the evidence to commit with the review
-    (a ``ci_passed`` milestone), or None when there is no CI to wait for.
+    (a ``ci_passed`` milestone), or None when there is no CI to wait for. While
+    CI is pending, a pull request a person merged or closed ends the phase too.
 
     Raises ForgeError (ForgeUnavailable when the forge does not answer).
     """
@@ -72,6 +78,11 @@ def ci_gate(ctx: WorkflowContext, deps: PhaseDeps, pr: int) -> PhaseResult | Mil
     if failed:
         return _repair(ctx, deps, pr, failed, checks, key)
     if pending:
+        # A person may end it while CI runs; nothing else would notice before CI ends,
+        # and a closed pull request's CI may never end.
+        settled = pull_request_settled(ctx, deps, pr)
+        if settled is not None:
+            return replace(settled, updates={**settled.updates, "pr_number": pr})
         seen = any(m.data.get("sha") == head for m in ctx.milestones_of("ci_pending"))
         names = ", ".join(c.name for c in pending)
         marker = MilestoneWrite(

@@ -1,8 +1,8 @@
 """What people say on the forge while a workflow waits (issue 11, item 5; spec 000
 wait: "GitHub issue comment polling").
 
-Read in wait, after ``state.wait_started_at``, from the pull request (its
-conversation, review summaries and inline review comments) and the issue; only
+Read in wait from the pull request (its conversation, review summaries and
+inline review comments) and the issue; only
 what trusted people wrote counts (write, maintain or admin permission: the
 forge's ``permission``). Text by anyone else never reaches a prompt.
 
@@ -13,17 +13,21 @@ forge's ``permission``). Text by anyone else never reaches a prompt.
   path, line and diff hunk;
 - the pull request merged by a person on the forge: on to merge, which finds the
   merge and goes on to acceptance verification on that merge SHA;
-- the pull request closed unmerged: the workflow ends ``cancelled`` with who.
+- the pull request closed unmerged: the workflow ends ``cancelled`` with who
+  (``pull_request_settled``, which pr_review's CI gate asks too while CI is pending);
+- the issue closed by a person (phasegate closes it only after verification, so
+  in wait it is always a person's, "not planned" say): ``cancelled``.
 
-Comments are told apart by id (``state.heard_comments``), and the window opens a
-few minutes before ``wait_started_at``, so a skewed clock loses no comment and
-none is heard twice. The local forge answers empty: its people use the CLI.
+Comments are told apart by id, never by clock: ``state.heard_comments`` starts as
+every comment on the issue when the workflow started from it (``triggers``: what
+was there is in the ticket or was left out) and grows with each one heard, so
+none is heard twice, and one written while development ran is heard at the first
+wait. The local forge answers empty: its people use the CLI.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
 
 from phasegate.agents.env import cartridge_secrets
 from phasegate.contract import DEVELOPMENT, MERGE, MilestoneWrite, PhaseResult, WorkflowContext
@@ -31,13 +35,15 @@ from phasegate.forge.base import Comment, TrustCache
 from phasegate.phases.deps import PhaseDeps
 from phasegate.redaction import redact
 
-__all__ = ["MERGE_COMMAND", "listen"]
+__all__ = ["HEARD_KEPT", "MERGE_COMMAND", "listen", "pull_request_settled"]
 
 log = logging.getLogger(__name__)
 
 MERGE_COMMAND = "/phasegate merge"
-_SKEW = timedelta(minutes=5)  # how far the forge's clock may be behind ours
-_HEARD_KEPT = 500  # comment ids remembered; older ones are before any window anyway
+#: Comment ids remembered, the newest (ids only grow). Every comment is read on each
+#: look, so one forgotten would be heard again: only a workflow whose issue and pull
+#: request hold more comments than this could see its oldest again.
+HEARD_KEPT = 5000
 
 
 def listen(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
@@ -48,35 +54,24 @@ def listen(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
     """
     if not ctx.pr_number:
         return None
-    pr = deps.forge.pull_request(ctx.pr_number)
-    if pr.state == "merged":
-        who = pr.merged_by or "a person"
-        return PhaseResult.advance(
-            MERGE,
-            milestones=(
-                MilestoneWrite(
-                    "merge_approved",
-                    round=ctx.dev_round,
-                    summary=f"merged on the forge by {who}",
-                    data={"by": who, "merge_sha": pr.merge_sha},
-                ),
-            ),
-        )
-    if pr.state == "closed":
-        reason = f"pull request #{pr.number} was closed unmerged on the forge"
-        return PhaseResult("failed", status="cancelled", reason=reason)
-
-    started = ctx.state.get("wait_started_at")
-    since = datetime.fromisoformat(started) - _SKEW if started else None
-    heard = set(ctx.state.get("heard_comments") or ())
-    said = deps.forge.comments(ctx.pr_number, since)
+    settled = pull_request_settled(ctx, deps, ctx.pr_number)
+    if settled is not None:
+        return settled
     if ctx.issue_number and ctx.issue_number != ctx.pr_number:
-        said += deps.forge.comments(ctx.issue_number, since)
+        issue = deps.forge.issue(ctx.issue_number)
+        if issue.state == "closed":
+            reason = f"issue #{issue.number} was closed on the forge"
+            return PhaseResult("failed", status="cancelled", reason=reason)
+
+    heard = set(ctx.state.get("heard_comments") or ())
+    said = deps.forge.comments(ctx.pr_number)
+    if ctx.issue_number and ctx.issue_number != ctx.pr_number:
+        said += deps.forge.comments(ctx.issue_number)
     new = sorted((c for c in said if c.id not in heard), key=lambda c: c.created_at)
     if not new:
         return None
     trusted = _trusted(deps, new)
-    ids = sorted(heard | {c.id for c in new})[-_HEARD_KEPT:]
+    ids = sorted(heard | {c.id for c in new})[-HEARD_KEPT:]
     approval = next((c for c in trusted if _approves(c)), None)
     words = [c for c in trusted if not _approves(c) and c.body.strip()]
     if words:
@@ -116,6 +111,31 @@ def listen(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
     # Only untrusted words (or empty reviews): remember them, so they are not
     # weighed again on every look; nothing else changes.
     return PhaseResult("wait", state={"heard_comments": ids})
+
+
+def pull_request_settled(ctx: WorkflowContext, deps: PhaseDeps, number: int) -> PhaseResult | None:
+    """What a person did to pull request ``number`` on the forge: merged it → on to
+    merge (which finds that merge and verifies its SHA), closed it unmerged → the
+    workflow ``cancelled``; None while it is open. Asked in wait and by pr_review's
+    CI gate while CI is pending. Raises ForgeError."""
+    pr = deps.forge.pull_request(number)
+    if pr.state == "merged":
+        who = pr.merged_by or "a person"
+        return PhaseResult.advance(
+            MERGE,
+            milestones=(
+                MilestoneWrite(
+                    "merge_approved",
+                    round=ctx.dev_round,
+                    summary=f"merged on the forge by {who}",
+                    data={"by": who, "merge_sha": pr.merge_sha},
+                ),
+            ),
+        )
+    if pr.state == "closed":
+        reason = f"pull request #{pr.number} was closed unmerged on the forge"
+        return PhaseResult("failed", status="cancelled", reason=reason)
+    return None
 
 
 def _trusted(deps: PhaseDeps, comments: list[Comment]) -> list[Comment]:
