@@ -14,13 +14,13 @@ Must not touch the git working tree (spec 000, wait): only the store.
   (the feedback stays in user_feedback for the build prompt); auto_merge or an
   approval with a pull request (an approving review or ``/phasegate merge`` by a
   trusted person, a merge a person did on the forge) → current_phase ==
-  "merge", status "merging"; the pull request closed unmerged → status
-  "cancelled"; otherwise unchanged, status "waiting".
+  "merge", status "merging"; the pull request closed unmerged, or the issue
+  closed by a person → status "cancelled"; otherwise unchanged, status "waiting".
 - re-entry point: re-entered every worker cycle while waiting; no memory.
 - recovery behavior: no failure path of its own; a forge that does not answer
   pauses the workflow (forge_unavailable) and ``resume`` listens again.
 - terminal outcomes: completed → development (feedback); completed → merge;
-  failed (cancelled: the pull request was closed); wait.
+  failed (cancelled: the pull request or the issue was closed); wait.
 """
 
 from __future__ import annotations
