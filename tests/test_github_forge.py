@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,8 +15,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from phasegate import decisions
 from phasegate.cartridge import Cartridge
 from phasegate.cartridge_forge import ForgeSettings
+from phasegate.engine import Engine
 from phasegate.forge import (
     ForgeAuth,
     ForgeAuthError,
@@ -32,11 +35,11 @@ from phasegate.forge.github_api import BODY_LIMIT
 from phasegate.forge.github_faults import GitHubRefused
 from phasegate.forge.github_git import FETCHED_PREFIX
 from phasegate.journal import SideEffects
-from phasegate.store import open_store
+from phasegate.store import Store, open_store
 from phasegate.testing.github_server import GitHubServer
 from phasegate.workspace import Workspace
 
-from conftest import GitHubLab, git, new_workflow
+from conftest import GitHubLab, git, github_repo, new_workflow, scripted_cartridge
 from github_forge_kit import REPO, branch_with_change, forge, forge_for, local, posts, settings
 
 __all__ = ["forge", "local"]  # fixtures, used by name
@@ -467,3 +470,47 @@ def test_closing_keywords_become_implements() -> None:
         "Implements #1, Implements: #2, Implements o/r#3, "
         "Implements https://github.com/o/r/issues/4; fixes bugs"
     )
+
+
+# -- credentials refused during a workflow --------------------------------------------------
+
+WORKFLOW_ANSWERS = """
+[[plan]]
+text = "1. Write feature.txt"
+[[plan_review]]
+text = "VERDICT: approve"
+[[review]]
+text = "VERDICT: approve"
+[[verification]]
+text = "feature.txt is on the merge commit.\\nVERDICT: confirmed"
+"""
+
+
+def test_a_token_revoked_while_a_workflow_waits_pauses_it_and_resume_completes_once(
+    github: GitHubLab, tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    build = {"build": 'runner = "command"\ncommand = "echo feature > feature.txt; echo built"\n'}
+    repo = github_repo(
+        github,
+        tmp_path / "repo",
+        scripted_cartridge(role_overrides=build, auto_merge=False),
+        {"README.md": "# w\n", ".gitignore": ".phasegate/\n", "answers.toml": WORKFLOW_ANSWERS},
+    )
+    engine, _ = engine_for(repo)
+    gh, name, bot = github.server, github.repository, github.bot
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "waiting", row["error"]
+    with gh.lock:  # the token is revoked on GitHub: every call is 401
+        revoked = gh.tokens.pop(bot.token)
+    gh.comment(name, row["pr_number"], "/phasegate merge", by="olga")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "paused", row["error"]
+    assert row["error"].startswith("forge_auth: wait: ") and "GITHUB_TOKEN" in row["error"]
+    with gh.lock:
+        gh.tokens[bot.token] = revoked
+    engine.decide(workflow_id, decisions.resume)
+    row = engine.advance(workflow_id)
+    assert row["status"] == "completed", row["error"]
+    counts = gh.counts(name)
+    assert (counts["issues"], counts["pulls"], counts["merges"]) == (1, 1, 1)
