@@ -445,18 +445,58 @@ def test_a_missing_token_variable_is_named(local: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "url",
+    ("url", "base_url"),
     [
-        "https://github.com/octo/app.git",
-        "https://github.com/octo/app",
-        "git@github.com:octo/app.git",
-        "ssh://git@ghe.example.com/octo/app.git",
-        "http://127.0.0.1:8080/git/octo/app.git",
+        ("https://github.com/octo/app.git", None),
+        ("https://github.com/octo/app", "https://api.github.com"),
+        ("git@github.com:octo/app.git", None),
+        ("ssh://git@GHE.example.com:2222/octo/app.git", "https://ghe.example.com/api/v3"),
+        ("http://127.0.0.1:8080/git/octo/app.git", "http://127.0.0.1:9/api"),
     ],
 )
-def test_repository_comes_from_the_origin_remote(local: Path, url: str) -> None:
+def test_repository_comes_from_the_origin_remote_on_the_apis_host(
+    local: Path, url: str, base_url: str | None
+) -> None:
     git(local, "remote", "add", "origin", url)
-    assert repository_from_origin(local) == "octo/app"
+    assert repository_from_origin(local, base_url) == "octo/app"
+
+
+@pytest.mark.parametrize(
+    ("url", "base_url", "host"),
+    [
+        ("git@ghe.corp.example:octo/app.git", None, "ghe.corp.example"),
+        ("https://gitlab.com/octo/app.git", None, "gitlab.com"),
+        ("https://github.com/octo/app.git", "https://ghe.corp.example/api/v3", "github.com"),
+        ("ssh://git@gitlab.com/octo/app.git", "https://ghe.corp.example/api/v3", "gitlab.com"),
+    ],
+)
+def test_an_origin_on_another_host_than_the_apis_is_refused_naming_it(
+    local: Path, url: str, base_url: str | None, host: str
+) -> None:
+    git(local, "remote", "add", "origin", url)
+    with pytest.raises(ForgeError, match=f"is on {host}") as refused:
+        repository_from_origin(local, base_url)
+    assert f'forge.base_url = "https://{host}/api/v3"' in str(refused.value)
+    assert "forge.repository" in str(refused.value)
+
+
+def test_make_forge_refuses_a_gitlab_origin_before_any_token_is_read(
+    local: Path, tmp_path: Path
+) -> None:
+    git(local, "remote", "add", "origin", "https://gitlab.com/octo/app.git")
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    cartridge = Cartridge.model_validate({"forge": {"kind": "github"}})
+    with pytest.raises(ForgeError, match="gitlab.com"):
+        make_forge(cartridge, local, store, Workspace(), [], environ={"GITHUB_TOKEN": "t"})
+    store.close()
+
+
+def test_a_repository_with_a_git_suffix_is_refused_naming_the_key() -> None:
+    with pytest.raises(ValueError, match=r"forge.repository: 'octo/widgets.git' ends in .git"):
+        ForgeSettings(kind="github", repository="octo/widgets.git")
+    assert (
+        ForgeSettings(kind="github", repository="octo/widgets.js").repository == "octo/widgets.js"
+    )
 
 
 def test_no_origin_names_forge_repository(local: Path) -> None:

@@ -345,7 +345,7 @@ def _forge(
         return {"kind": "local"}
     found = {"kind": settings.kind, "api": settings.base_url or "https://api.github.com"}
     try:
-        repository = settings.repository or repository_from_origin(root)
+        repository = settings.repository or repository_from_origin(root, settings.base_url)
         found["repository"] = repository
         found["credentials"] = forge_auth(settings, root, repository, env).credentials
     except ForgeError as exc:
