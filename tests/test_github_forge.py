@@ -526,7 +526,7 @@ text = "feature.txt is on the merge commit.\\nVERDICT: confirmed"
 """
 
 
-def test_a_token_revoked_while_a_workflow_waits_pauses_it_and_resume_completes_once(
+def test_a_404_or_a_revoked_token_in_wait_pauses_and_resume_completes_once(
     github: GitHubLab, tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
 ) -> None:
     build = {"build": 'runner = "command"\ncommand = "echo feature > feature.txt; echo built"\n'}
@@ -541,9 +541,14 @@ def test_a_token_revoked_while_a_workflow_waits_pauses_it_and_resume_completes_o
     workflow_id = engine.start("Add the feature", "Write feature.txt")
     row = engine.advance(workflow_id)
     assert row["status"] == "waiting", row["error"]
+    gh.comment(name, row["pr_number"], "/phasegate merge", by="olga")
+    gh.fail("GET", rf"/repos/{name}/", 404, times=1)  # GitHub lost sight of something
+    row = engine.advance(workflow_id)
+    assert row["status"] == "paused", row["error"]
+    assert row["error"].startswith("forge_not_found: wait: ")
+    engine.decide(workflow_id, decisions.resume)
     with gh.lock:  # the token is revoked on GitHub: every call is 401
         revoked = gh.tokens.pop(bot.token)
-    gh.comment(name, row["pr_number"], "/phasegate merge", by="olga")
     row = engine.advance(workflow_id)
     assert row["status"] == "paused", row["error"]
     assert row["error"].startswith("forge_auth: wait: ") and "GITHUB_TOKEN" in row["error"]
