@@ -451,16 +451,17 @@ def test_doctor_says_which_github_repository_and_credentials_and_names_a_missing
     (repo / "answers.toml").write_text("")
     git(repo, "remote", "add", "origin", "git@github.com:octo/widgets.git")
     which = lambda name: f"/usr/bin/{name}"  # noqa: E731
-    found = diagnose(repo, which=which, environ={})
+    found = diagnose(repo, which=which, environ={}, offline=True)
     assert found.forge["repository"] == "octo/widgets"
     assert any("WIDGETS_PAT is not set" in m for m in found.missing), found.missing
 
-    found = diagnose(repo, which=which, environ={"WIDGETS_PAT": SENTINEL})
+    found = diagnose(repo, which=which, environ={"WIDGETS_PAT": SENTINEL}, offline=True)
     assert found.forge == {
         "kind": "github",
         "api": "https://api.github.com",
         "repository": "octo/widgets",
         "credentials": "the token in WIDGETS_PAT",
+        "access": "unknown",
     }
     assert not [m for m in found.missing if "forge" in m]
     assert SENTINEL not in json.dumps(found.as_dict())

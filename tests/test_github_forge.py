@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,8 +15,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from phasegate import decisions
 from phasegate.cartridge import Cartridge
 from phasegate.cartridge_forge import ForgeSettings
+from phasegate.engine import Engine
 from phasegate.forge import (
     ForgeAuth,
     ForgeAuthError,
@@ -32,11 +35,11 @@ from phasegate.forge.github_api import BODY_LIMIT
 from phasegate.forge.github_faults import GitHubRefused
 from phasegate.forge.github_git import FETCHED_PREFIX
 from phasegate.journal import SideEffects
-from phasegate.store import open_store
+from phasegate.store import Store, open_store
 from phasegate.testing.github_server import GitHubServer
 from phasegate.workspace import Workspace
 
-from conftest import GitHubLab, git, new_workflow
+from conftest import GitHubLab, git, github_repo, new_workflow, scripted_cartridge
 from github_forge_kit import REPO, branch_with_change, forge, forge_for, local, posts, settings
 
 __all__ = ["forge", "local"]  # fixtures, used by name
@@ -442,18 +445,58 @@ def test_a_missing_token_variable_is_named(local: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "url",
+    ("url", "base_url"),
     [
-        "https://github.com/octo/app.git",
-        "https://github.com/octo/app",
-        "git@github.com:octo/app.git",
-        "ssh://git@ghe.example.com/octo/app.git",
-        "http://127.0.0.1:8080/git/octo/app.git",
+        ("https://github.com/octo/app.git", None),
+        ("https://github.com/octo/app", "https://api.github.com"),
+        ("git@github.com:octo/app.git", None),
+        ("ssh://git@GHE.example.com:2222/octo/app.git", "https://ghe.example.com/api/v3"),
+        ("http://127.0.0.1:8080/git/octo/app.git", "http://127.0.0.1:9/api"),
     ],
 )
-def test_repository_comes_from_the_origin_remote(local: Path, url: str) -> None:
+def test_repository_comes_from_the_origin_remote_on_the_apis_host(
+    local: Path, url: str, base_url: str | None
+) -> None:
     git(local, "remote", "add", "origin", url)
-    assert repository_from_origin(local) == "octo/app"
+    assert repository_from_origin(local, base_url) == "octo/app"
+
+
+@pytest.mark.parametrize(
+    ("url", "base_url", "host"),
+    [
+        ("git@ghe.corp.example:octo/app.git", None, "ghe.corp.example"),
+        ("https://gitlab.com/octo/app.git", None, "gitlab.com"),
+        ("https://github.com/octo/app.git", "https://ghe.corp.example/api/v3", "github.com"),
+        ("ssh://git@gitlab.com/octo/app.git", "https://ghe.corp.example/api/v3", "gitlab.com"),
+    ],
+)
+def test_an_origin_on_another_host_than_the_apis_is_refused_naming_it(
+    local: Path, url: str, base_url: str | None, host: str
+) -> None:
+    git(local, "remote", "add", "origin", url)
+    with pytest.raises(ForgeError, match=f"is on {host}") as refused:
+        repository_from_origin(local, base_url)
+    assert f'forge.base_url = "https://{host}/api/v3"' in str(refused.value)
+    assert "forge.repository" in str(refused.value)
+
+
+def test_make_forge_refuses_a_gitlab_origin_before_any_token_is_read(
+    local: Path, tmp_path: Path
+) -> None:
+    git(local, "remote", "add", "origin", "https://gitlab.com/octo/app.git")
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    cartridge = Cartridge.model_validate({"forge": {"kind": "github"}})
+    with pytest.raises(ForgeError, match="gitlab.com"):
+        make_forge(cartridge, local, store, Workspace(), [], environ={"GITHUB_TOKEN": "t"})
+    store.close()
+
+
+def test_a_repository_with_a_git_suffix_is_refused_naming_the_key() -> None:
+    with pytest.raises(ValueError, match=r"forge.repository: 'octo/widgets.git' ends in .git"):
+        ForgeSettings(kind="github", repository="octo/widgets.git")
+    assert (
+        ForgeSettings(kind="github", repository="octo/widgets.js").repository == "octo/widgets.js"
+    )
 
 
 def test_no_origin_names_forge_repository(local: Path) -> None:
@@ -467,3 +510,52 @@ def test_closing_keywords_become_implements() -> None:
         "Implements #1, Implements: #2, Implements o/r#3, "
         "Implements https://github.com/o/r/issues/4; fixes bugs"
     )
+
+
+# -- credentials refused during a workflow --------------------------------------------------
+
+WORKFLOW_ANSWERS = """
+[[plan]]
+text = "1. Write feature.txt"
+[[plan_review]]
+text = "VERDICT: approve"
+[[review]]
+text = "VERDICT: approve"
+[[verification]]
+text = "feature.txt is on the merge commit.\\nVERDICT: confirmed"
+"""
+
+
+def test_a_404_or_a_revoked_token_in_wait_pauses_and_resume_completes_once(
+    github: GitHubLab, tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    build = {"build": 'runner = "command"\ncommand = "echo feature > feature.txt; echo built"\n'}
+    repo = github_repo(
+        github,
+        tmp_path / "repo",
+        scripted_cartridge(role_overrides=build, auto_merge=False),
+        {"README.md": "# w\n", ".gitignore": ".phasegate/\n", "answers.toml": WORKFLOW_ANSWERS},
+    )
+    engine, _ = engine_for(repo)
+    gh, name, bot = github.server, github.repository, github.bot
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "waiting", row["error"]
+    gh.comment(name, row["pr_number"], "/phasegate merge", by="olga")
+    gh.fail("GET", rf"/repos/{name}/", 404, times=1)  # GitHub lost sight of something
+    row = engine.advance(workflow_id)
+    assert row["status"] == "paused", row["error"]
+    assert row["error"].startswith("forge_not_found: wait: ")
+    engine.decide(workflow_id, decisions.resume)
+    with gh.lock:  # the token is revoked on GitHub: every call is 401
+        revoked = gh.tokens.pop(bot.token)
+    row = engine.advance(workflow_id)
+    assert row["status"] == "paused", row["error"]
+    assert row["error"].startswith("forge_auth: wait: ") and "GITHUB_TOKEN" in row["error"]
+    with gh.lock:
+        gh.tokens[bot.token] = revoked
+    engine.decide(workflow_id, decisions.resume)
+    row = engine.advance(workflow_id)
+    assert row["status"] == "completed", row["error"]
+    counts = gh.counts(name)
+    assert (counts["issues"], counts["pulls"], counts["merges"]) == (1, 1, 1)

@@ -345,7 +345,9 @@ def test_issue_refs_and_the_origin_remote_name_the_repository(tmp_path: Path) ->
     git(repo, "remote", "set-url", "origin", "git@github.com:octo/widgets.git")
     assert repository_of(None, repo) == "octo/widgets"
     git(repo, "remote", "set-url", "origin", "https://ghe.example.com/octo/widgets")
-    assert repository_of(None, repo) == "octo/widgets"
+    with pytest.raises(TriggerRefused, match="forge.base_url"):
+        repository_of(None, repo)  # not github.com: the token must not go to api.github.com
+    assert repository_of(None, repo, "https://ghe.example.com/api/v3") == "octo/widgets"
 
 
 GITHUB = '[forge]\nkind = "github"\nrepository = "octo/widgets"\n'

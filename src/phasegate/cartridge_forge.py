@@ -57,6 +57,12 @@ class ForgeSettings(BaseModel):
                     "(this cartridge has the local forge)"
                 )
             return self
+        if self.repository is not None and self.repository.lower().endswith(".git"):
+            # GitHub's API knows octo/widgets; octo/widgets.git is a clone URL's tail
+            raise ValueError(
+                f"forge.repository: {self.repository!r} ends in .git: give owner/name "
+                f"without it ({self.repository[:-4]!r})"
+            )
         if self.repository is not None and not _REPOSITORY.match(self.repository):
             raise ValueError(
                 f"forge.repository: {self.repository!r} is not owner/name (e.g. octo/widgets)"

@@ -9,6 +9,11 @@ may surprise one without stopping it. It says which sandbox each role that
 starts a process gets, and the checks (``phasegate.sandbox.choose``): an
 explicit ``sandbox = "bwrap"`` that cannot work here is missing, a process
 that will run unconfined a warning.
+
+With ``forge.kind = "github"`` it makes one read-only call, ``GET
+/repos/{owner}/{repo}`` with the cartridge's credentials (``offline=True``
+skips it): a refused token, a repository the token cannot see, or one it may
+read but not push to is missing; GitHub out of reach is a warning.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from phasegate.cartridge import (
     RoleBinding,
     load_cartridge,
 )
+from phasegate.cartridge_forge import ForgeSettings
 from phasegate.discover import (
     AGENT_CLIS,
     MODEL_KEY_VARS,
@@ -45,11 +51,12 @@ from phasegate.discover import (
     keys_set,
     program_version,
 )
-from phasegate.forge.base import ForgeError
-from phasegate.forge.github_auth import forge_auth, repository_from_origin
+from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeUnavailable
+from phasegate.forge.github_api import GitHubAPI
+from phasegate.forge.github_auth import ForgeAuth, forge_auth, repository_from_origin
 from phasegate.sandbox import PROCESS_RUNNERS, SANDBOX_VAR, SandboxKind, bwrap_works, choose
 from phasegate.store import store_url_problem
-from phasegate.workspace import GitError, git
+from phasegate.workspace import GitError, Workspace, git
 
 __all__ = ["AgentCli", "Diagnosis", "RoleStatus", "diagnose", "not_a_repository"]
 
@@ -114,8 +121,9 @@ class Diagnosis:
     litellm: bool
     #: The checks' sandbox: {"kind", "reason"}; empty when there are no checks.
     checks_sandbox: dict[str, str] = field(default_factory=dict)
-    #: The forge: {"kind", and for GitHub "repository", "api", "credentials"}; empty
-    #: without a valid cartridge. Nothing is sent to the forge.
+    #: The forge: {"kind", and for GitHub "repository", "api", "credentials", and
+    #: "access" (what GitHub says the credentials may do: "push", "read", or
+    #: "unknown" offline or unreached)}; empty without a valid cartridge.
     forge: dict[str, str] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -257,8 +265,12 @@ def diagnose(
     which: Which = shutil.which,
     environ: Mapping[str, str] | None = None,
     version_timeout_s: float = 5.0,
+    offline: bool = False,
 ) -> Diagnosis:
-    """Look at this machine and the repository at ``repo``; change nothing."""
+    """Look at this machine and the repository at ``repo``; change nothing.
+
+    ``offline``: send nothing to the forge (a GitHub forge is judged from the
+    cartridge, the origin remote and the environment alone)."""
     env = os.environ if environ is None else environ
     missing: list[str] = []
     warnings: list[str] = []
@@ -301,7 +313,7 @@ def diagnose(
     forge: dict[str, str] = {}
     if cartridge is not None and root is not None:
         _check_workflow(cartridge, root, missing, warnings)
-        forge = _forge(cartridge, root, env, missing)
+        forge = _forge(cartridge, root, env, missing, warnings, offline=offline)
     machine = env.get(SANDBOX_VAR, "")
     if machine not in ("", "bwrap", "none"):  # run refuses it: so does doctor
         missing.append(f'{SANDBOX_VAR}={machine!r}: give "bwrap" or "none"')
@@ -335,22 +347,94 @@ def diagnose(
 
 
 def _forge(
-    cartridge: Cartridge, root: Path, env: Mapping[str, str], missing: list[str]
+    cartridge: Cartridge,
+    root: Path,
+    env: Mapping[str, str],
+    missing: list[str],
+    warnings: list[str],
+    *,
+    offline: bool,
 ) -> dict[str, str]:
-    """What the forge will be, from the cartridge, the origin remote and the
-    environment alone: the repository, the API and whose credentials (never a
-    token's value). A GitHub forge that could not start is a problem."""
+    """What the forge will be: the repository, the API, whose credentials (never a
+    token's value) and, unless ``offline``, what GitHub says they may do there. A
+    GitHub forge that could not start is a problem."""
     settings = cartridge.forge
     if settings.kind == "local":
         return {"kind": "local"}
     found = {"kind": settings.kind, "api": settings.base_url or "https://api.github.com"}
+    _tracked_key(settings, root, warnings)
     try:
-        repository = settings.repository or repository_from_origin(root)
+        repository = settings.repository or repository_from_origin(root, settings.base_url)
         found["repository"] = repository
-        found["credentials"] = forge_auth(settings, root, repository, env).credentials
+        auth = forge_auth(settings, root, repository, env)
+        found["credentials"] = auth.credentials
     except ForgeError as exc:
         missing.append(str(exc))
+        return found
+    found["access"] = "unknown"
+    if not offline:
+        found["access"] = _access(settings, root, repository, auth, missing, warnings)
     return found
+
+
+def _access(
+    settings: ForgeSettings,
+    root: Path,
+    repository: str,
+    auth: ForgeAuth,
+    missing: list[str],
+    warnings: list[str],
+) -> str:
+    """``GET /repos/{owner}/{repo}`` once, read-only: "push" or "read" as the
+    repository's ``permissions`` for these credentials say, "unknown" when GitHub
+    was not reached or did not say."""
+    # one try, a short wait: doctor answers a person now, it does not ride out an outage
+    quick = settings.model_copy(
+        update={"max_retries": 0, "max_rate_limit_wait_s": 0.0, "timeout_s": 10.0}
+    )
+    try:
+        shape = GitHubAPI(repository, auth, root, Workspace(), quick).find_repository()
+    except ForgeUnavailable as exc:
+        warnings.append(f"forge: GitHub not reached, so the credentials are untried: {exc}")
+        return "unknown"
+    except ForgeAuthError as exc:
+        missing.append(f"forge: {exc}")
+        return "unknown"
+    except ForgeError as exc:
+        warnings.append(f"forge: GitHub's answer about {repository} is unclear: {exc}")
+        return "unknown"
+    if shape is None:
+        missing.append(
+            f"forge: GitHub has no repository {repository}, or {auth.credentials} cannot "
+            "see it: check forge.repository (or the origin remote) and the token's access"
+        )
+        return "unknown"
+    permissions = shape.get("permissions")
+    if not isinstance(permissions, dict):  # an App's installation token may not be told
+        return "unknown"
+    if permissions.get("push") or permissions.get("admin") or permissions.get("maintain"):
+        return "push"
+    missing.append(
+        f"forge: {auth.credentials} can read but not push to {repository}: it needs "
+        "Contents: write (and Issues, Pull requests: write)"
+    )
+    return "read"
+
+
+def _tracked_key(settings: ForgeSettings, root: Path, warnings: list[str]) -> None:
+    """Warn when the GitHub App's key file is in git: it would be in every
+    worktree, in every agent's reach, and pushed with the branch."""
+    if settings.private_key_file is None:
+        return
+    try:
+        git(["ls-files", "--error-unmatch", "--", settings.private_key_file], root)
+    except GitError:
+        return  # untracked (or outside the repository): as it should be
+    warnings.append(
+        f"forge.private_key_file {settings.private_key_file} is tracked by git: it is in "
+        "every worktree and pushed with each branch; `git rm --cached` it, add it to "
+        ".gitignore, and rotate the App's key"
+    )
 
 
 def _check_workflow(

@@ -53,7 +53,13 @@ from phasegate.contract import (
     WorkflowPaused,
 )
 from phasegate.forge import Forge
-from phasegate.forge.base import ForgeError, ForgeUnavailable, status_label
+from phasegate.forge.base import (
+    ForgeAuthError,
+    ForgeError,
+    ForgeNotFound,
+    ForgeUnavailable,
+    status_label,
+)
 from phasegate.forge.github_auth import make_forge
 from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
@@ -446,6 +452,12 @@ class Engine:
         except ForgeUnavailable as exc:  # past its retries and rate-limit waits: resume retries
             log.warning("phase %s of %s paused: %s", ctx.current_phase, ctx.id, exc)
             result = PhaseResult("pause", reason=f"forge_unavailable: {ctx.current_phase}: {exc}")
+        except ForgeAuthError as exc:  # a token or permission to fix; the work itself is sound
+            log.warning("phase %s of %s paused: %s", ctx.current_phase, ctx.id, exc)
+            result = PhaseResult("pause", reason=f"forge_auth: {ctx.current_phase}: {exc}")
+        except ForgeNotFound as exc:  # a repository renamed or out of the token's sight
+            log.warning("phase %s of %s paused: %s", ctx.current_phase, ctx.id, exc)
+            result = PhaseResult("pause", reason=f"forge_not_found: {ctx.current_phase}: {exc}")
         except Exception as exc:  # a phase must never crash the engine half-committed
             if isinstance(exc, PhasegateError):  # expected: its message says it all
                 log.warning("phase %s of %s: %s", ctx.current_phase, ctx.id, exc)

@@ -493,7 +493,7 @@ def parse_issue_ref(text: str) -> IssueRef:
     return IssueRef(found.group("repo"), int(found.group("n")))
 
 
-def repository_of(configured: str | None, root: Path) -> str:
+def repository_of(configured: str | None, root: Path, base_url: str | None = None) -> str:
     """The forge repository (``owner/name``): ``forge.repository`` when set, else
     read from the ``origin`` remote of the repository at ``root`` (an https or
     ssh URL of GitHub's shape: ``github_auth.repository_from_origin``). Raises
@@ -501,6 +501,6 @@ def repository_of(configured: str | None, root: Path) -> str:
     if configured:
         return configured
     try:
-        return repository_from_origin(root)
+        return repository_from_origin(root, base_url)
     except ForgeError as exc:
         raise TriggerRefused(str(exc)) from exc

@@ -50,7 +50,7 @@ def github_repository(command: str, root: Path, cartridge: Cartridge) -> str:
             f'{command} needs forge.kind = "github" in {CARTRIDGE_FILE} (this cartridge has '
             'the local forge, whose tickets come from `phasegate run "ticket"`)'
         )
-    return repository_of(cartridge.forge.repository, root)
+    return repository_of(cartridge.forge.repository, root, cartridge.forge.base_url)
 
 
 def ticket_note(snapshot: TicketSnapshot) -> str:

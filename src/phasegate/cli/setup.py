@@ -90,7 +90,14 @@ def _print_chosen(chosen: DefaultCartridge) -> None:
 
 
 @app.command(short_help="Check what a run needs; list what is missing.")
-def doctor(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
+def doctor(
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+    offline: Annotated[
+        bool,
+        typer.Option(help="Send nothing to GitHub: skip the lookup of the repository."),
+    ] = False,
+) -> None:
     """Check agent CLIs, model keys, git and the cartridge: is a run ready?
 
     What a run needs: agent CLIs, model keys, git, the cartridge and its roles.
@@ -100,8 +107,14 @@ def doctor(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     their values), the git version, whether the cartridge is valid, what each
     role is bound to, and what is missing. Exit code 0 when everything a run
     needs is there, 1 when something is missing.
+
+    With forge.kind = "github" it asks GitHub once, read-only, for the
+    repository (GET /repos/OWNER/NAME) with the cartridge's credentials: a
+    refused token, a repository the token cannot see, or one it can read but
+    not push to is missing; GitHub out of reach is a warning. --offline skips
+    that lookup.
     """
-    found = diagnose(repo)
+    found = diagnose(repo, offline=offline)
     if as_json:
         console.print_json(json.dumps(found.as_dict()))
     else:
@@ -164,12 +177,15 @@ def _print_diagnosis(found: Diagnosis) -> None:
         line("•", f"checks: sandbox {sandbox['kind']} ({sandbox['reason']})")
     if found.forge.get("kind") == "github":
         forge = found.forge
-        ready = "repository" in forge and "credentials" in forge
+        access = forge.get("access", "unknown")
+        ready = "repository" in forge and "credentials" in forge and access != "read"
+        ready = ready and not [m for m in found.missing if m.startswith("forge:")]
         where = forge.get("repository", "repository unknown")
+        said = {"push": ", may push", "read": ", may NOT push"}.get(access, "")
         line(
             yes if ready else no,
             f"forge: GitHub {where} at {forge['api']}, "
-            f"{forge.get('credentials', 'no credentials')}",
+            f"{forge.get('credentials', 'no credentials')}{said}",
         )
     elif found.forge:
         line("•", "forge: local (issues and pull requests in the store)")

@@ -1,6 +1,6 @@
 """Who phasegate is on GitHub, and which repository (issue 11, item 1).
 
-    repository_from_origin(repo)        # "owner/name" from the origin remote's URL
+    repository_from_origin(repo, base_url)  # "owner/name" from the origin remote's URL
     forge_auth(settings, repo, repository)   # a token from forge.token_env, or a GitHub App
     make_forge(cartridge, repo, store, workspace, secrets)   # the forge the cartridge names
 
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import httpx
 from githubkit import AppAuthStrategy, AppInstallationAuthStrategy, GitHub, TokenAuthStrategy
@@ -69,10 +70,13 @@ _REMOTE = re.compile(
 _URL = re.compile(r"^(?:[a-z+]+://|[\w.-]+@[\w.-]+:)")
 
 
-def repository_from_origin(repo: Path) -> str:
+def repository_from_origin(repo: Path, base_url: str | None = None) -> str:
     """``owner/name`` of the ``origin`` remote of ``repo`` (an https, ssh or scp-like
-    URL; a local path names none). Raises ForgeError naming forge.repository when
-    there is no origin or its URL names no GitHub repository."""
+    URL; a local path names none), on the host ``base_url`` (the API root;
+    None: github.com) speaks for, so the token is never sent to another host.
+    Raises ForgeError naming forge.repository when there is no origin or its URL
+    names no GitHub repository, and naming origin's host and forge.base_url when
+    origin is on another host than the API's."""
     proc = run_git(["remote", "get-url", "origin"], repo)
     if proc.returncode != 0:
         raise ForgeError(
@@ -89,7 +93,24 @@ def repository_from_origin(repo: Path) -> str:
             f"forge.repository is not set and the origin remote of {repo} names no "
             'owner/name: set forge.repository = "owner/name"'
         )
+    host = _host_of(url)
+    api_host = _host_of(base_url) if base_url else "github.com"
+    if host != api_host:
+        where = f"forge.base_url ({base_url})" if base_url else "GitHub (github.com)"
+        raise ForgeError(
+            f"the origin remote of {repo} is on {host}, not on {where}: for GitHub "
+            f'Enterprise set forge.base_url = "https://{host}/api/v3"; for another '
+            'forge or repository set forge.repository = "owner/name" (and forge.base_url)'
+        )
     return repository
+
+
+def _host_of(url: str) -> str:
+    """The host name of a URL, ``ssh://`` or scp-like ``user@host:path``, lower case,
+    without port; GitHub's API host ``api.github.com`` is github.com's."""
+    scp_like = url.split("@", 1)[-1].split(":", 1)[0]
+    host = (urlsplit(url).hostname or "" if "://" in url else scp_like).lower()
+    return "github.com" if host == "api.github.com" else host
 
 
 def github_client(
@@ -279,6 +300,6 @@ def make_forge(
     settings = cartridge.forge
     if settings.kind == "local":
         return LocalForge(store, repo, workspace, secrets)
-    repository = settings.repository or repository_from_origin(repo)
+    repository = settings.repository or repository_from_origin(repo, settings.base_url)
     auth = forge_auth(settings, repo, repository, environ)
     return GitHubForge(repository, auth, repo, workspace, settings, secrets)
