@@ -340,3 +340,22 @@ def test_a_secret_in_a_ticket_is_redacted_before_it_is_stored(
     workflow_id = engine.start(f"Rotate {secret}", f"The old key was {secret}; rotate it.")
     row = store.workflow_row(workflow_id)
     assert secret not in row["title"] + row["ticket"] and "rotate it" in row["ticket"]
+
+
+def test_a_review_comment_and_an_issue_comment_with_the_same_number_are_both_heard(
+    tmp_path: Path, engine_for: Build
+) -> None:
+    # GitHub numbers issue comments, reviews and review comments each on its own.
+    engine, store, forge, workflow_id, prompts = waiting(tmp_path, engine_for)
+    row = store.workflow_row(workflow_id)
+    at = datetime.now(UTC) + timedelta(minutes=1)
+    hear(
+        forge,
+        (row["issue_number"], Comment(77, "maya", "First: the issue comment.", at)),
+        (row["pr_number"], Comment(77, "olga", "Second: the line.", at, "inline", None, "x", 1)),
+    )
+    assert engine.advance(workflow_id)["dev_round"] == 2
+    prompt = build_prompts(prompts)[-1]
+    assert "First: the issue comment." in prompt and "Second: the line." in prompt
+    heard = store.workflow_row(workflow_id)["state"]["heard_comments"]
+    assert {"conversation:77", "inline:77"} <= set(heard)

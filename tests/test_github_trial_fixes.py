@@ -74,7 +74,7 @@ def test_comments_before_the_start_are_never_feedback_and_one_after_it_is_heard_
     (started,) = Watcher(engine, name, max_ticket_bytes=MAX).watch_once()
     assert isinstance(started, Started)
     row = store.workflow_row(started.workflow_id)
-    assert set(row["state"]["heard_comments"]) == {c.id for c in before}
+    assert set(row["state"]["heard_comments"]) == {f"conversation:{c.id}" for c in before}
 
     # Said after the snapshot, before the first wait: heard there, once.
     gh.comment(name, issue.number, "Also say hello in it.", by="maya")

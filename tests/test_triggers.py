@@ -120,7 +120,10 @@ def test_the_snapshot_hears_every_comment_already_on_the_issue_trusted_or_not(
         engine, REPOSITORY, 41, by="maya", trigger="label", max_ticket_bytes=MAX
     )
     assert snapshot.left_out == 1
-    assert engine.store.workflow_row(workflow_id)["state"]["heard_comments"] == [3, 4]
+    assert engine.store.workflow_row(workflow_id)["state"]["heard_comments"] == [
+        "conversation:3",
+        "conversation:4",
+    ]
 
 
 def test_a_pull_request_is_refused_as_a_ticket_and_a_labelled_one_is_passed_over(

@@ -117,7 +117,7 @@ class TicketSnapshot:
     vouched_by: str
     vouched_hash: str
     left_out: int = 0
-    comment_ids: tuple[int, ...] = ()
+    comment_ids: tuple[str, ...] = ()  # Comment.key of each
 
     def state(self, trigger: Literal["label", "import"]) -> dict[str, Any]:
         """What the workflow keeps of the snapshot in its state."""
@@ -130,7 +130,7 @@ class TicketSnapshot:
             "trigger": trigger,
             # Told apart by id, not by clock: what was on the issue when the
             # workflow started is in the ticket (or was left out), never feedback.
-            "heard_comments": sorted(self.comment_ids),
+            "heard_comments": list(self.comment_ids),
         }
 
 
@@ -195,7 +195,7 @@ def snapshot_ticket(
         vouched_by=vouched_by,
         vouched_hash=_hash(issue.title, issue.body),
         left_out=left_out,
-        comment_ids=tuple(c.id for c in comments),
+        comment_ids=tuple(c.key for c in comments),
     )
 
 

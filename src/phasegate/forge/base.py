@@ -147,6 +147,12 @@ class Comment:
     line: int | None = None
     diff_hunk: str | None = None
 
+    @property
+    def key(self) -> str:
+        """``kind:id``: what tells comments apart (GitHub numbers issue comments,
+        reviews and review comments each in a sequence of its own)."""
+        return f"{self.kind}:{self.id}"
+
 
 @dataclass(frozen=True)
 class Check:

@@ -40,9 +40,9 @@ __all__ = ["HEARD_KEPT", "MERGE_COMMAND", "listen", "pull_request_settled"]
 log = logging.getLogger(__name__)
 
 MERGE_COMMAND = "/phasegate merge"
-#: Comment ids remembered, the newest (ids only grow). Every comment is read on each
-#: look, so one forgotten would be heard again: only a workflow whose issue and pull
-#: request hold more comments than this could see its oldest again.
+#: Comment keys (``Comment.key``) remembered, the newest. Every comment is read on
+#: each look, so one forgotten would be heard again: only a workflow whose issue and
+#: pull request hold more comments than this could see its oldest again.
 HEARD_KEPT = 5000
 
 
@@ -63,15 +63,16 @@ def listen(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
             reason = f"issue #{issue.number} was closed on the forge"
             return PhaseResult("failed", status="cancelled", reason=reason)
 
-    heard = set(ctx.state.get("heard_comments") or ())
+    kept = [str(k) for k in ctx.state.get("heard_comments") or ()]
+    heard = set(kept)
     said = deps.forge.comments(ctx.pr_number)
     if ctx.issue_number and ctx.issue_number != ctx.pr_number:
         said += deps.forge.comments(ctx.issue_number)
-    new = sorted((c for c in said if c.id not in heard), key=lambda c: c.created_at)
+    new = sorted((c for c in said if c.key not in heard), key=lambda c: c.created_at)
     if not new:
         return None
     trusted = _trusted(deps, new)
-    ids = sorted(heard | {c.id for c in new})[-HEARD_KEPT:]
+    ids = [*kept, *(c.key for c in new)][-HEARD_KEPT:]  # the newest heard last
     approval = next((c for c in trusted if _approves(c)), None)
     words = [c for c in trusted if not _approves(c) and c.body.strip()]
     if words:
