@@ -359,3 +359,20 @@ def test_a_review_comment_and_an_issue_comment_with_the_same_number_are_both_hea
     assert "First: the issue comment." in prompt and "Second: the line." in prompt
     heard = store.workflow_row(workflow_id)["state"]["heard_comments"]
     assert {"conversation:77", "inline:77"} <= set(heard)
+
+
+def test_an_issue_closed_while_ci_is_pending_cancels_before_any_review(
+    tmp_path: Path, engine_for: Build
+) -> None:
+    repo, _ = team_repo(tmp_path)
+    forge = TeamForge()
+    forge.state_of_ci = [Check("ci/tests", "pending")]
+    engine, store = engine_for(repo, forge=forge)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "pr_review"
+    issue = forge.issues[row["issue_number"]]
+    forge.issues[issue.number] = type(issue)(**{**issue.__dict__, "state": "closed"})
+    row = engine.advance(workflow_id)
+    assert row["status"] == "cancelled" and "was closed on the forge" in row["error"]
+    assert store.count_agent_runs(workflow_id, "review") == 0

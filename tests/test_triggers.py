@@ -139,6 +139,17 @@ def test_a_pull_request_is_refused_as_a_ticket_and_a_labelled_one_is_passed_over
     assert engine.store.list_workflows() == []
 
 
+def test_import_refuses_an_issue_another_checkouts_workflow_labelled(
+    triggered: Callable[..., Engine],
+) -> None:
+    forge = people()
+    forge.issues[46] = Issue(46, "Fix", "a bug", "open", "maya", labels=("phasegate:waiting",))
+    engine = triggered(forge)
+    with pytest.raises(TriggerRefused, match="'phasegate:waiting': a workflow runs or ran"):
+        start_from_issue(engine, REPOSITORY, 46, by="cli", trigger="import", max_ticket_bytes=MAX)
+    assert engine.store.list_workflows() == []
+
+
 class _MeetingForge(InMemoryForge):
     """Holds each caller of ``comments`` (the snapshot, after the lookup that found
     no workflow) until both watchers are there, so both race to the insert."""

@@ -235,6 +235,15 @@ def resnapshot(forge: Forge, ctx: WorkflowContext) -> TicketSnapshot | None:
     return fresh
 
 
+def status_label_of(issue: Issue, trigger_label: str) -> str | None:
+    """The ``phasegate:`` status label ``issue`` carries (some store runs or ran a
+    workflow for it), else None; the trigger label itself is not one."""
+    return next(
+        (x for x in issue.labels if x.startswith(STATUS_LABEL_PREFIX) and x != trigger_label),
+        None,
+    )
+
+
 def filed_by_phasegate(issue: Issue) -> str | None:
     """The id of the workflow that filed ``issue`` (its hidden marker), else None."""
     found = _FILED_MARKER.search(issue.body)
@@ -263,7 +272,8 @@ def start_from_issue(
     ``by``: the trusted person who vouches (the caller checked). Raises
     IssueTaken when the issue has a workflow already (also when another process
     started it a moment ago), TriggerRefused for a pull request (GitHub numbers
-    them among the issues), a closed issue, one phasegate filed itself or a
+    them among the issues), a closed issue, one phasegate filed itself, one
+    carrying a status label (another checkout's workflow), or a
     ticket over ``max_ticket_bytes`` (UTF-8), ForgeError, CartridgeError from
     ``Engine.start``.
     """
@@ -279,6 +289,12 @@ def start_from_issue(
     filer = filed_by_phasegate(issue)
     if filer is not None:
         raise TriggerRefused(f"{where} was filed by phasegate for workflow {filer}")
+    status = status_label_of(issue, engine.cartridge.forge.trigger_label)
+    if status is not None:
+        raise TriggerRefused(
+            f"{where} carries the status label {status!r}: a workflow runs or ran for it "
+            "from another checkout; remove the label to start a new one"
+        )
     snapshot = snapshot_ticket(
         engine.forge, number, repository, vouched_by=by, issue=issue, trust=trust
     )
@@ -384,14 +400,7 @@ class Watcher:
                 continue
             if labelled.issue.pull_request:
                 continue
-            status = next(
-                (
-                    x
-                    for x in labelled.issue.labels
-                    if x.startswith(STATUS_LABEL_PREFIX) and x != self.label
-                ),
-                None,
-            )
+            status = status_label_of(labelled.issue, self.label)
             if status is not None:
                 reason = (
                     f"it carries the status label {status!r}: a workflow runs or ran for it "

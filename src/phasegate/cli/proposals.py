@@ -23,6 +23,7 @@ from rich.table import Table
 
 from phasegate import decisions
 from phasegate.agents import binding_problems
+from phasegate.agents.env import cartridge_secrets
 from phasegate.autonomy import AutonomyPolicy, streak
 from phasegate.cartridge import CARTRIDGE_FILE, CartridgeError
 from phasegate.cli._app import (
@@ -47,6 +48,7 @@ from phasegate.harness import ProposeInterrupted, RunnerAnswers, replay_check
 from phasegate.harness import propose as run_graph
 from phasegate.phases.graph_mode import CHECKS_GATE
 from phasegate.profiles import AutomationProfile
+from phasegate.redaction import redact
 from phasegate.store import APPLY_ARM, Store
 from phasegate.store.tables import PROPOSAL_STATUSES
 from phasegate.workspace import Workspace
@@ -295,6 +297,8 @@ def _gate(
         if reason is not None and not reason.strip():
             raise UsageError("--reason is empty; say why")
         root, cartridge, store = _open(repo)
+        if reason is not None:  # a key pasted into a reason reaches neither store nor prompt
+            reason = redact(reason, cartridge_secrets(cartridge))
         found = store.proposal(proposal_id)
         profile = None
         # Only a workflow's draft PR gates it; its other proposals (scope's

@@ -310,7 +310,9 @@ def revert(
     _manual(
         repo,
         workflow_id,
-        lambda e, ctx: decisions.revert(ctx, to_phase, reason, e.clock.now()),
+        lambda e, ctx: decisions.revert(
+            ctx, to_phase, redact(reason, cartridge_secrets(e.cartridge)), e.clock.now()
+        ),
         not no_advance,
         as_json,
         announce_reversion=True,

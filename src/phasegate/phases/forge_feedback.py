@@ -57,11 +57,6 @@ def listen(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
     settled = pull_request_settled(ctx, deps, ctx.pr_number)
     if settled is not None:
         return settled
-    if ctx.issue_number and ctx.issue_number != ctx.pr_number:
-        issue = deps.forge.issue(ctx.issue_number)
-        if issue.state == "closed":
-            reason = f"issue #{issue.number} was closed on the forge"
-            return PhaseResult("failed", status="cancelled", reason=reason)
 
     kept = [str(k) for k in ctx.state.get("heard_comments") or ()]
     heard = set(kept)
@@ -115,10 +110,11 @@ def listen(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
 
 
 def pull_request_settled(ctx: WorkflowContext, deps: PhaseDeps, number: int) -> PhaseResult | None:
-    """What a person did to pull request ``number`` on the forge: merged it → on to
-    merge (which finds that merge and verifies its SHA), closed it unmerged → the
-    workflow ``cancelled``; None while it is open. Asked in wait and by pr_review's
-    CI gate while CI is pending. Raises ForgeError."""
+    """What a person did to pull request ``number`` or the workflow's issue on the
+    forge: merged the pull request → on to merge (which finds that merge and
+    verifies its SHA); closed it unmerged, or closed the issue → the workflow
+    ``cancelled``; None while both are open. Asked in wait and by pr_review's CI
+    gate while CI is pending. Raises ForgeError."""
     pr = deps.forge.pull_request(number)
     if pr.state == "merged":
         who = pr.merged_by or "a person"
@@ -136,6 +132,13 @@ def pull_request_settled(ctx: WorkflowContext, deps: PhaseDeps, number: int) -> 
     if pr.state == "closed":
         reason = f"pull request #{pr.number} was closed unmerged on the forge"
         return PhaseResult("failed", status="cancelled", reason=reason)
+    # phasegate closes the issue only after verification: before it, a closed
+    # issue is a person's "not planned".
+    if ctx.issue_number and ctx.issue_number != number:
+        issue = deps.forge.issue(ctx.issue_number)
+        if issue.state == "closed":
+            reason = f"issue #{issue.number} was closed on the forge"
+            return PhaseResult("failed", status="cancelled", reason=reason)
     return None
 
 
