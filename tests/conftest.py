@@ -296,3 +296,33 @@ def github_repo(
     ):
         lab.server.grant(lab.repository, login, permission)
     return repo
+
+
+# -- a build agent that records its prompts (the forge tests) -------------------------
+
+#: Scripted answers for every role but build, which ``recording_build`` plays.
+ANSWERS_BUT_BUILD = """
+[[plan]]
+text = "1. Write feature.txt"
+[[plan_review]]
+text = "VERDICT: approve"
+[[review]]
+text = "VERDICT: approve"
+[[verification]]
+text = "feature.txt is on the merge commit.\\nVERDICT: confirmed"
+"""
+
+
+def recording_build(prompts: Path) -> str:
+    """A ``[roles.build]`` body: a command agent that writes each prompt it gets to
+    ``prompts/`` (``recorded_prompts`` reads them) and changes feature.txt."""
+    return (
+        'runner = "command"\n'
+        f'command = "cat > {prompts}/build-$(ls {prompts} | wc -l).txt; '
+        'echo feature $(date +%N) > feature.txt; echo built"\n'
+    )
+
+
+def recorded_prompts(prompts: Path) -> list[str]:
+    """The prompts ``recording_build`` wrote, oldest first."""
+    return [p.read_text() for p in sorted(prompts.iterdir(), key=lambda p: p.stat().st_mtime_ns)]

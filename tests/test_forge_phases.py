@@ -21,20 +21,16 @@ from phasegate.forge.base import Check, Comment, ForgeUnavailable
 from phasegate.store import Store
 from phasegate.testing import InMemoryForge
 
-from conftest import git, make_repo, scripted_cartridge
+from conftest import (
+    ANSWERS_BUT_BUILD,
+    git,
+    make_repo,
+    recorded_prompts,
+    recording_build,
+    scripted_cartridge,
+)
 
 Build = Callable[..., tuple[Engine, Store]]
-
-ANSWERS = """
-[[plan]]
-text = "1. Write feature.txt"
-[[plan_review]]
-text = "VERDICT: approve"
-[[review]]
-text = "VERDICT: approve"
-[[verification]]
-text = "VERDICT: confirmed"
-"""
 
 
 class TeamForge(InMemoryForge):
@@ -57,22 +53,14 @@ def team_repo(tmp_path: Path, *, profile: str | None = None) -> tuple[Path, Path
     prompts = tmp_path / "prompts"
     prompts.mkdir()
     repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
-    (repo / "answers.toml").write_text(ANSWERS)
-    build = (
-        'runner = "command"\n'
-        f'command = "cat > {prompts}/build-$(ls {prompts} | wc -l).txt; '
-        'echo feature $(date +%N) > feature.txt; echo built"\n'
-    )
+    (repo / "answers.toml").write_text(ANSWERS_BUT_BUILD)
+    build = recording_build(prompts)
     (repo / "phasegate.toml").write_text(
         scripted_cartridge(auto_merge=False, profile=profile, role_overrides={"build": build})
     )
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "cartridge")
     return repo, prompts
-
-
-def build_prompts(prompts: Path) -> list[str]:
-    return [p.read_text() for p in sorted(prompts.iterdir(), key=lambda p: p.stat().st_mtime_ns)]
 
 
 def said(
@@ -118,7 +106,7 @@ def test_pending_ci_waits_without_holding_the_workflow_then_a_failure_is_repaire
     # The repair round builds again with the failing check's output, then waits on CI.
     assert row["dev_round"] == 2 and row["current_phase"] == "pr_review"
     assert row["state"]["head_sha"] != first_head and forge.looked_at[-1] != first_head
-    first, repair = build_prompts(prompts)
+    first, repair = recorded_prompts(prompts)
     assert "ci-sentinel-7" not in first
     assert "## CI failed on the pull request" in repair and "ci-sentinel-7" in repair
     assert "ci/tests: failed" in repair and "ci/lint" not in repair
@@ -143,7 +131,7 @@ def test_ci_that_keeps_failing_stops_after_max_ci_repairs(
     # Two repair rounds (the default forge.max_ci_repairs), then a person decides.
     assert row["status"] == "paused" and row["dev_round"] == 3
     assert "forge.max_ci_repairs" in row["error"] and "ci/tests" in row["error"]
-    assert len(build_prompts(prompts)) == 3
+    assert len(recorded_prompts(prompts)) == 3
     assert [m.round for m in store.milestones(workflow_id) if m.kind == "ci_failed"] == [1, 2, 3]
 
 
@@ -182,7 +170,7 @@ def test_a_maintainers_inline_comment_starts_round_two_and_an_outsiders_never_re
     )
     row = engine.advance(workflow_id)
     assert row["dev_round"] == 2 and row["status"] == "waiting"
-    prompt = build_prompts(prompts)[-1]
+    prompt = recorded_prompts(prompts)[-1]
     assert "Call it feature_flag instead." in prompt
     assert "`feature.txt` line 1" in prompt and "+feature" in prompt
     assert "SENTINEL-from-an-outsider" not in prompt
@@ -201,7 +189,7 @@ def test_only_untrusted_words_change_nothing_but_what_was_heard(
     row = engine.advance(workflow_id)
     assert (row["status"], row["dev_round"]) == ("waiting", 1)
     assert len(row["state"]["heard_comments"]) == 2
-    assert len(build_prompts(prompts)) == 1
+    assert len(recorded_prompts(prompts)) == 1
 
 
 def test_a_trusted_merge_command_approves_the_merge_and_records_who(
@@ -324,7 +312,7 @@ def test_a_secret_in_a_trusted_comment_reaches_no_prompt_and_no_record(
     hear(forge, said(pr, "maya", f"Use the deploy token {secret} in the config."))
     row = engine.advance(workflow_id)
     assert row["dev_round"] == 2
-    prompt = build_prompts(prompts)[-1]
+    prompt = recorded_prompts(prompts)[-1]
     assert "Use the deploy token" in prompt and secret not in prompt
     for db in (Path(engine.repo) / ".phasegate").glob("state.db*"):  # the WAL too
         assert secret.encode() not in db.read_bytes(), db
@@ -355,7 +343,7 @@ def test_a_review_comment_and_an_issue_comment_with_the_same_number_are_both_hea
         (row["pr_number"], Comment(77, "olga", "Second: the line.", at, "inline", None, "x", 1)),
     )
     assert engine.advance(workflow_id)["dev_round"] == 2
-    prompt = build_prompts(prompts)[-1]
+    prompt = recorded_prompts(prompts)[-1]
     assert "First: the issue comment." in prompt and "Second: the line." in prompt
     heard = store.workflow_row(workflow_id)["state"]["heard_comments"]
     assert {"conversation:77", "inline:77"} <= set(heard)

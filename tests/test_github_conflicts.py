@@ -18,20 +18,10 @@ from phasegate import decisions
 from phasegate.engine import Engine
 from phasegate.store import Store
 
-from conftest import GitHubLab, git, github_repo, scripted_cartridge
+from conftest import ANSWERS_BUT_BUILD, GitHubLab, git, github_repo, scripted_cartridge
 
 Build = Callable[..., tuple[Engine, Store]]
 
-ANSWERS = """
-[[plan]]
-text = "1. Write feature.txt"
-[[plan_review]]
-text = "VERDICT: approve"
-[[review]]
-text = "VERDICT: approve"
-[[verification]]
-text = "feature.txt is on the merge commit.\\nVERDICT: confirmed"
-"""
 
 # The build agent: in a conflict child's checkout (markers in feature.txt) it
 # resolves them to both lines when the test allows it, else leaves them; in
@@ -76,7 +66,7 @@ def conflicting_repo(lab: GitHubLab, tmp_path: Path, *, resolvable: bool) -> Pat
             "README.md": "# widgets\n",
             "feature.txt": "original\n",
             ".gitignore": ".phasegate/\n",
-            "answers.toml": ANSWERS,
+            "answers.toml": ANSWERS_BUT_BUILD,
         },
     )
 

@@ -20,20 +20,17 @@ from phasegate.engine import Engine
 from phasegate.store import Store
 from phasegate.triggers import Ignored, Started, Watcher
 
-from conftest import GitHubLab, git, github_repo, scripted_cartridge
+from conftest import (
+    ANSWERS_BUT_BUILD,
+    GitHubLab,
+    git,
+    github_repo,
+    recorded_prompts,
+    recording_build,
+    scripted_cartridge,
+)
 
 Build = Callable[..., tuple[Engine, Store]]
-
-ANSWERS = """
-[[plan]]
-text = "1. Write feature.txt"
-[[plan_review]]
-text = "VERDICT: approve"
-[[review]]
-text = "VERDICT: approve"
-[[verification]]
-text = "feature.txt is on the merge commit.\\nVERDICT: confirmed"
-"""
 
 
 def team_repo(
@@ -44,11 +41,7 @@ def team_repo(
     (local repo, prompts dir)."""
     prompts = tmp_path / "prompts"
     prompts.mkdir()
-    build = (
-        'runner = "command"\n'
-        f'command = "cat > {prompts}/build-$(ls {prompts} | wc -l).txt; '
-        'echo feature $(date +%N) > feature.txt; echo built"\n'
-    )
+    build = recording_build(prompts)
     extra = str(cartridge.pop("forge_extra", ""))
     overrides = {"build": build, **(roles or {})}
     text = scripted_cartridge(role_overrides=overrides, **cartridge)  # type: ignore[arg-type]
@@ -56,14 +49,14 @@ def team_repo(
         lab,
         tmp_path / "repo",
         text,
-        {"README.md": "# widgets\n", ".gitignore": ".phasegate/\n", "answers.toml": ANSWERS},
+        {
+            "README.md": "# widgets\n",
+            ".gitignore": ".phasegate/\n",
+            "answers.toml": ANSWERS_BUT_BUILD,
+        },
         forge_extra=extra,
     )
     return repo, prompts
-
-
-def prompts_of(prompts: Path) -> list[str]:
-    return [p.read_text() for p in sorted(prompts.iterdir(), key=lambda p: p.stat().st_mtime_ns)]
 
 
 def test_a_whole_lifecycle_on_github_closes_the_issue_only_after_a_confirmed_verdict(
@@ -140,7 +133,7 @@ def test_pending_ci_waits_and_a_failing_check_run_is_repaired_with_its_output(
     )
     row = engine.advance(workflow_id)
     assert row["dev_round"] == 2 and row["current_phase"] == "pr_review"
-    repair = prompts_of(prompts)[-1]
+    repair = recorded_prompts(prompts)[-1]
     assert "## CI failed on the pull request" in repair and "ci-77" in repair
     second = row["state"]["head_sha"]
     widgets = gh.repo(name)
@@ -208,7 +201,7 @@ def test_a_trusted_label_on_github_runs_trusted_words_only_and_an_edited_issue_v
     row = engine.advance(started.workflow_id)
     assert row["status"] == "paused" and "rejected" in (row["error"] or ""), row
     assert row["issue_number"] == issue.number and gh.counts(name)["issues"] == 1
-    every = "".join(prompts_of(prompts)) + "".join(p.read_text() for p in seen.iterdir())
+    every = "".join(recorded_prompts(prompts)) + "".join(p.read_text() for p in seen.iterdir())
     assert "Keep it to one line." in every and "SENTINEL-rex" not in every
     assert gh.issue(name, issue.number).state == "open"  # not verified: not closed
 
@@ -276,10 +269,10 @@ def test_a_maintainers_review_on_github_starts_round_two_with_its_lines_and_no_o
     gh.comment(name, row["issue_number"], "Also mention it in the README.", by="olga")
     row = engine.advance(workflow_id)
     assert row["dev_round"] == 2 and row["status"] == "waiting", row["error"]
-    prompt = prompts_of(prompts)[-1]
+    prompt = recorded_prompts(prompts)[-1]
     assert "Say what the feature is on this line." in prompt
     assert "`feature.txt` line 1" in prompt and "@@" in prompt  # the diff hunk
     assert "Nearly there." in prompt and "Also mention it in the README." in prompt
-    assert "SENTINEL-outsider" not in "".join(prompts_of(prompts))
-    assert github.bot.token not in "".join(prompts_of(prompts))
+    assert "SENTINEL-outsider" not in "".join(recorded_prompts(prompts))
+    assert github.bot.token not in "".join(recorded_prompts(prompts))
     assert gh.counts(name)["pulls"] == 1
