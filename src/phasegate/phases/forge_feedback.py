@@ -144,11 +144,13 @@ def pull_request_settled(ctx: WorkflowContext, deps: PhaseDeps, number: int) -> 
 
 def _trusted(deps: PhaseDeps, comments: list[Comment]) -> list[Comment]:
     trust = TrustCache(deps.forge)
-    kept = [c for c in comments if trust.trusted(c.author)]
+    kept = []
     for c in comments:
-        if c not in kept:
+        if trust.trusted(c.author):
+            kept.append(c)
+        else:
             shown = trust.permission(c.author)
-            log.info("comment %s by %s ignored: %s permission", c.id, c.author, shown)
+            log.info("comment %s by %s ignored: %s permission", c.key, c.author, shown)
     return kept
 
 
