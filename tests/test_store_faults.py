@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,7 +103,6 @@ def test_reads_go_on_while_another_connection_holds_the_write_lock(
     fence = store.claim(wf, "host:1:a", 60)
     assert fence is not None
     with write_lock_held(db_path):
-        started = time.monotonic()
         ctx = store.load_context(wf)
         assert ctx.id == wf and [m.kind for m in ctx.milestones] == ["issue_created"]
         assert [w["id"] for w in store.list_workflows()] == [wf]
@@ -115,9 +113,9 @@ def test_reads_go_on_while_another_connection_holds_the_write_lock(
         assert store.count_agent_runs(wf, "build") == 0
         assert store.proposals(workflow_id=wf) == []
         assert store.gate_history() == []
+        # A read that asked for the write lock would have failed here with StoreUnavailable
+        # after BUSY_S: that each returned is the proof (no clock: CI machines stall).
         assert store.check_fence(wf, "host:1:a", fence) is True
-        # Each read would have waited BUSY_S (then failed) had it asked for the write lock.
-        assert time.monotonic() - started < BUSY_S
         with pytest.raises(StoreUnavailable, match=r"state\.db is unavailable: database is locked"):
             store.add_event(wf, EventWrite("note", {}))
     assert store.load_context(wf).version == ctx.version
