@@ -41,6 +41,7 @@ from phasegate.harness import (
 )
 from phasegate.store import Store, open_store
 from phasegate.store import tables as t
+from phasegate.store._sqlite import SqliteDialect
 from phasegate.testing import FixedClock
 
 from conftest import git, make_repo, phasegate_cli, scripted_cartridge
@@ -121,7 +122,8 @@ def test_migrations_upgrade_a_0001_database_with_its_data_in_place(
     tmp_path: Path, clock: FixedClock
 ) -> None:
     url = f"sqlite:///{tmp_path / 'state.db'}"
-    old = Store(sa.create_engine(url), clock)
+    dialect = SqliteDialect(sa.engine.make_url(url))
+    old = Store(dialect.engine(), clock, dialect)
     old.migrate("0001")
     assert "proposals" not in sa.inspect(old.engine).get_table_names()
     workflow_id = old.create_workflow(

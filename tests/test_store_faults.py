@@ -240,7 +240,7 @@ class FaultAtPlanningCommit(Store):
 def _faulty_engine(repo: Path, fault: Callable[[Store], None], **kwargs: Any) -> Engine:
     cartridge = load_cartridge(repo)
     plain = open_store(cartridge.store_url(repo), busy_timeout_s=BUSY_S)
-    store = FaultAtPlanningCommit(plain.engine, plain.clock)
+    store = FaultAtPlanningCommit(plain.engine, plain.clock, plain.dialect)
     store.fault, store.seen = fault, []
     return Engine(repo, cartridge, store, **kwargs)
 

@@ -13,12 +13,12 @@ Errors::
 
 from __future__ import annotations
 
-import sqlite3
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from alembic import command
@@ -31,18 +31,6 @@ from phasegate.contract import EventWrite, PhasegateError
 from phasegate.store import tables as t
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
-
-#: SQLite's words for a store that cannot take a transaction now (locked past the
-#: busy timeout) or at all (full disk, failing I/O): faults of the store, not bugs
-#: of a query, and the only OperationalErrors turned into StoreUnavailable.
-_UNAVAILABLE = (
-    "database is locked",
-    "database table is locked",
-    "database or disk is full",
-    "disk i/o error",
-    "unable to open database file",
-    "attempt to write a readonly database",
-)
 
 
 class StoreUnavailable(PhasegateError):
@@ -62,6 +50,61 @@ class FenceLost(PhasegateError):
     this worker's fence is stale and it must stop without another write."""
 
 
+class ChangeFeed(Protocol):
+    """Wake-ups (issue 12, item 4): tells a waiting worker that the store changed.
+
+    One per waiting thread; ``Dialect.changes`` makes it. SQLite's watches
+    ``PRAGMA data_version`` (``_sqlite``), PostgreSQL's LISTENs (``_postgres``).
+    """
+
+    def wait(self, timeout_s: float, stop: threading.Event | None = None) -> bool:
+        """Block until another connection committed a change since the last call
+        (or since the feed was made), ``timeout_s`` seconds pass, or ``stop`` is set.
+        True when a change was seen. Never raises for the store's faults: a feed
+        that cannot look sleeps out its timeout and returns True (look anyway)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Dialect(Protocol):
+    """What differs between the databases, and only that: how the engine is made,
+    which errors mean "unavailable", upserts, named locks, wake-ups.
+
+    ``_sqlite.SqliteDialect`` and ``_postgres.PostgresDialect`` implement it; the
+    rest of the Store is the same SQL on both.
+    """
+
+    name: str
+
+    def unavailable(self, exc: BaseException) -> str | None:
+        """The reason to report when ``exc`` (a DBAPI or SQLAlchemy error) means the
+        store cannot take a transaction now or at all (locked past the busy
+        timeout, full, I/O failing, server gone), else None (a bug: re-raised)."""
+        ...
+
+    def insert(self, table: sa.Table) -> Any:
+        """``INSERT`` into ``table`` with this database's ``on_conflict_do_update`` /
+        ``on_conflict_do_nothing`` (an upsert in one statement)."""
+        ...
+
+    def serialize(self, conn: sa.Connection, key: str) -> None:
+        """Hold the lock named ``key`` until ``conn``'s transaction ends: two writing
+        transactions serializing on one key never interleave (a read-then-insert,
+        such as "one workflow per issue", stays whole). SQLite serializes every
+        writing transaction already (BEGIN IMMEDIATE): nothing to do there."""
+        ...
+
+    def notify(self, conn: sa.Connection) -> None:
+        """Tell the other workers' ChangeFeeds, once ``conn``'s transaction commits,
+        that there is something to act on (SQLite: nothing, data_version tells)."""
+        ...
+
+    def changes(self) -> ChangeFeed:
+        """A new ChangeFeed on this store."""
+        ...
+
+
 def _utc(value: datetime | None) -> datetime | None:
     # SQLite hands back naive datetimes; everything we write is UTC.
     if value is None or value.tzinfo is not None:
@@ -76,9 +119,10 @@ def _utc_row(row: Mapping[str, Any]) -> dict[str, Any]:
 class StoreBase:
     """The engine and clock every part of the Store works through."""
 
-    def __init__(self, engine: sa.Engine, clock: Clock) -> None:
+    def __init__(self, engine: sa.Engine, clock: Clock, dialect: Dialect) -> None:
         self.engine = engine
         self.clock = clock
+        self.dialect = dialect
 
     # -- schema -----------------------------------------------------------------
 
@@ -122,15 +166,19 @@ class StoreBase:
 
     @contextmanager
     def faults(self) -> Iterator[None]:
-        """Turn SQLite's unavailable-store errors (``_UNAVAILABLE``) into StoreUnavailable."""
+        """Turn the database's unavailable-store errors (``Dialect.unavailable``) into
+        StoreUnavailable; any other error is a bug and passes through."""
         try:
             yield
-        except (sa.exc.OperationalError, sqlite3.OperationalError) as exc:
-            orig = getattr(exc, "orig", None) or exc
-            reason = str(orig).strip()
-            if not any(words in reason.lower() for words in _UNAVAILABLE):
+        except Exception as exc:
+            reason = self.dialect.unavailable(exc)
+            if reason is None:
                 raise
             raise StoreUnavailable(self.where, reason) from exc
+
+    def changes(self) -> ChangeFeed:
+        """A ChangeFeed on this store: what a waiting worker blocks on (issue 12)."""
+        return self.dialect.changes()
 
     @property
     def where(self) -> str:

@@ -1,43 +1,141 @@
-"""SQLite's part of the store: the pragmas every connection gets and how a
-transaction begins.
+"""SQLite's part of the store: the pragmas every connection gets, how a
+transaction begins, which errors mean "unavailable", its upsert, and wake-ups.
 
 Durable and lock-light (DESIGN.md §6): WAL, ``synchronous=FULL`` (a committed
 phase survives a power cut, not only a process crash), a busy timeout, foreign
 keys on; a writing transaction is ``BEGIN IMMEDIATE`` (two writers never
-deadlock upgrading a read lock), a reading one (``Store.reading``) a deferred
-``BEGIN``, which takes no write lock and in WAL mode never waits for a writer.
+deadlock upgrading a read lock, and writers are serialized, so ``serialize``
+has nothing to add), a reading one (``Store.reading``) a deferred ``BEGIN``,
+which takes no write lock and in WAL mode never waits for a writer.
+
+Wake-ups: ``PRAGMA data_version`` changes on a connection once any other
+connection (of this process or another) committed; reading it touches only
+the WAL index in shared memory, so a feed can look every few milliseconds.
 """
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+import time
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite
 
 #: Seconds a writing transaction waits for another's write lock before the
 #: store reports itself unavailable (StoreUnavailable).
 DEFAULT_BUSY_TIMEOUT_S = 30.0
 
+#: SQLite's words for a store that cannot take a transaction now (locked past the
+#: busy timeout) or at all (full disk, failing I/O): faults of the store, not bugs
+#: of a query, and the only OperationalErrors turned into StoreUnavailable.
+_UNAVAILABLE = (
+    "database is locked",
+    "database table is locked",
+    "database or disk is full",
+    "disk i/o error",
+    "unable to open database file",
+    "attempt to write a readonly database",
+)
 
-def _sqlite_engine(url: sa.URL, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> sa.Engine:
-    engine = sa.create_engine(url, connect_args={"timeout": busy_timeout_s})
-    busy_ms = max(0, round(busy_timeout_s * 1000))
+#: Seconds between a ChangeFeed's looks at ``PRAGMA data_version``.
+FEED_LOOK_S = 0.005
 
-    @sa.event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # Autocommit at the driver level so SQLAlchemy's begin() below owns
-        # the transaction and can make it IMMEDIATE.
-        dbapi_conn.isolation_level = None
-        cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA synchronous=FULL")
-        cursor.close()
 
-    @sa.event.listens_for(engine, "begin")
-    def _on_begin(conn: sa.Connection) -> None:
-        reading = conn.get_execution_options().get("phasegate_reading", False)
-        conn.exec_driver_sql("BEGIN" if reading else "BEGIN IMMEDIATE")
+class SqliteDialect:
+    """The Dialect of a SQLite file (``_base.Dialect``)."""
 
-    return engine
+    name = "sqlite"
+
+    def __init__(self, url: sa.URL, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> None:
+        self.url = url
+        self.busy_timeout_s = busy_timeout_s
+
+    def engine(self) -> sa.Engine:
+        engine = sa.create_engine(self.url, connect_args={"timeout": self.busy_timeout_s})
+        busy_ms = max(0, round(self.busy_timeout_s * 1000))
+
+        @sa.event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Autocommit at the driver level so SQLAlchemy's begin() below owns
+            # the transaction and can make it IMMEDIATE.
+            dbapi_conn.isolation_level = None
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA synchronous=FULL")
+            cursor.close()
+
+        @sa.event.listens_for(engine, "begin")
+        def _on_begin(conn: sa.Connection) -> None:
+            reading = conn.get_execution_options().get("phasegate_reading", False)
+            conn.exec_driver_sql("BEGIN" if reading else "BEGIN IMMEDIATE")
+
+        return engine
+
+    def unavailable(self, exc: BaseException) -> str | None:
+        if not isinstance(exc, sa.exc.OperationalError | sqlite3.OperationalError):
+            return None
+        reason = str(getattr(exc, "orig", None) or exc).strip()
+        return reason if any(words in reason.lower() for words in _UNAVAILABLE) else None
+
+    def insert(self, table: sa.Table) -> Any:
+        return sqlite.insert(table)
+
+    def serialize(self, conn: sa.Connection, key: str) -> None:
+        return None  # BEGIN IMMEDIATE: one writing transaction at a time already
+
+    def notify(self, conn: sa.Connection) -> None:
+        return None  # every commit moves the other connections' data_version
+
+    def changes(self) -> DataVersionFeed:
+        return DataVersionFeed(self.url.database or "")
+
+
+class DataVersionFeed:
+    """A ChangeFeed that looks at ``PRAGMA data_version`` every ``look_s`` seconds,
+    on a connection of its own (an in-memory store has nothing to watch: it only
+    sleeps out the timeout)."""
+
+    def __init__(self, path: str, look_s: float = FEED_LOOK_S) -> None:
+        self.look_s = look_s
+        self._conn: sqlite3.Connection | None = None
+        self._seen: int | None = None
+        if path and path != ":memory:":
+            try:
+                self._conn = sqlite3.connect(path, timeout=0, check_same_thread=False)
+                self._seen = self._version()
+            except sqlite3.Error:
+                self._conn = None
+
+    def _version(self) -> int | None:
+        if self._conn is None:
+            return None
+        try:
+            return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+        except sqlite3.Error:
+            return None
+
+    def wait(self, timeout_s: float, stop: threading.Event | None = None) -> bool:
+        stop = stop or threading.Event()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            version = self._version()
+            if version is None and self._conn is not None:
+                stop.wait(max(0.0, deadline - time.monotonic()))
+                return True  # cannot look: the caller looks at the store itself
+            if version is not None and version != self._seen:
+                self._seen = version
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or stop.is_set():
+                return False
+            if stop.wait(min(self.look_s, left)):
+                return False
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from phasegate.clock import Clock, SystemClock
 from phasegate.contract import PhasegateError
 from phasegate.store._base import FenceLost, StoreUnavailable
-from phasegate.store._sqlite import DEFAULT_BUSY_TIMEOUT_S, _sqlite_engine
+from phasegate.store._sqlite import DEFAULT_BUSY_TIMEOUT_S, SqliteDialect
 from phasegate.store.agent_runs import AgentRunRecord, AgentRunRows, UsageTotals
 from phasegate.store.forge_rows import ForgeRows
 from phasegate.store.graph_runs import APPLY_ARM, VERDICTS, GraphRows
@@ -76,10 +76,10 @@ def open_store(
     db_path = parsed.database
     if db_path and db_path != ":memory:":
         Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-    engine = _sqlite_engine(
+    dialect = SqliteDialect(
         parsed, DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
     )
-    store = Store(engine, clock or SystemClock())
+    store = Store(dialect.engine(), clock or SystemClock(), dialect)
     store.migrate()
     return store
 
