@@ -1,4 +1,5 @@
-"""Shared fixtures: real git repositories, a real SQLite file, the real CLI."""
+"""Shared fixtures: real git repositories, a real SQLite file, a real PostgreSQL
+server, the real CLI."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from phasegate.store import Store, open_store
 from phasegate.testing.github_model import User
 from phasegate.testing.github_server import GitHubServer
 from phasegate.testing.model_server import ScriptedModelServer, Step
+from phasegate.testing.postgres import PostgresUnavailable, drop_schema, fresh_schema, server_url
 from phasegate.testing.prism import PrismError, PrismProxy, find_description, find_prism
 
 ROLES = ("plan", "plan_review", "build", "review", "verification")
@@ -84,6 +86,56 @@ def alive(pid: int) -> bool:
         return False
     status = Path(f"/proc/{pid}/status")
     return not (status.exists() and "\nState:\tZ" in status.read_text())
+
+
+# -- the two databases (issue 12): one conformance suite on both --------------------
+
+
+def postgres_required() -> bool:
+    """CI sets PHASEGATE_POSTGRES=required: a server that does not start fails the
+    PostgreSQL tests there; elsewhere they are skipped with the reason."""
+    return os.environ.get("PHASEGATE_POSTGRES") == "required"
+
+
+def no_postgres(reason: str) -> None:
+    """Fail (CI) or skip (elsewhere) a test that needs PostgreSQL, saying why."""
+    if postgres_required():
+        pytest.fail(f"PHASEGATE_POSTGRES=required: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> Iterator[str]:
+    """A superuser URL of the session's PostgreSQL: PHASEGATE_POSTGRES_URL, or a
+    throwaway server started here (phasegate.testing.postgres), stopped at the end."""
+    try:
+        url, server = server_url()
+    except PostgresUnavailable as exc:
+        no_postgres(str(exc))
+    yield url
+    if server is not None:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(postgres_server_url: str) -> Iterator[str]:
+    """A ``store.url`` on the session's server with a schema of this test's own
+    (empty; dropped afterwards): cheaper than a database per test."""
+    name, url = fresh_schema(postgres_server_url)
+    yield url
+    drop_schema(postgres_server_url, name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The conformance suite's store URL: a SQLite file, then a PostgreSQL schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state.db'}"
+    return str(request.getfixturevalue("pg_url"))
+
+
+def on_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
 
 
 def new_workflow(store: Store) -> str:

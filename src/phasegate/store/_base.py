@@ -140,6 +140,9 @@ class StoreBase:
                 if MigrationContext.configure(conn).get_current_revision() == head:
                     return
         with self.transaction() as conn:
+            # Workers starting together on one server: one migrates, the others
+            # wait here and then find the schema at head.
+            self.dialect.serialize(conn, "phasegate:migrate")
             config.attributes["connection"] = conn
             command.upgrade(config, revision)
 

@@ -21,7 +21,8 @@ import sqlalchemy as sa
 
 from phasegate.clock import Clock, SystemClock
 from phasegate.contract import PhasegateError
-from phasegate.store._base import FenceLost, StoreUnavailable
+from phasegate.store._base import Dialect, FenceLost, StoreUnavailable
+from phasegate.store._postgres import PostgresDialect
 from phasegate.store._sqlite import DEFAULT_BUSY_TIMEOUT_S, SqliteDialect
 from phasegate.store.agent_runs import AgentRunRecord, AgentRunRows, UsageTotals
 from phasegate.store.forge_rows import ForgeRows
@@ -48,7 +49,8 @@ __all__ = [
 
 
 class StoreUrlUnsupported(PhasegateError):
-    """``store.url`` names a database this version cannot open (PostgreSQL, for now)."""
+    """``store.url`` names a database this version cannot open (neither SQLite nor
+    PostgreSQL), or is no database URL at all."""
 
 
 class Store(WorkflowRows, LeaseRows, AgentRunRows, ForgeRows, GraphRows):
@@ -58,14 +60,16 @@ class Store(WorkflowRows, LeaseRows, AgentRunRows, ForgeRows, GraphRows):
 def open_store(
     url: str, clock: Clock | None = None, *, busy_timeout_s: float | None = None
 ) -> Store:
-    """Open (and migrate) the store at ``url``, ``sqlite:///path`` (the cartridge's
-    ``store.url``). A SQLite file's parent directory is created when missing.
+    """Open (and migrate) the store at ``url`` (the cartridge's ``store.url``):
+    ``sqlite:///path`` (a SQLite file's parent directory is created when missing)
+    or ``postgresql://user:password@host:port/db`` (``postgres://`` too; psycopg 3).
 
     ``busy_timeout_s`` (seconds; default ``DEFAULT_BUSY_TIMEOUT_S``, or the URL's
     ``?busy_timeout=`` query) is how long a write waits for another's lock
-    before StoreUnavailable. Raises StoreUrlUnsupported for a PostgreSQL (or any
-    other) URL, naming ``store.url``; StoreUnavailable when the file cannot be
-    opened or migrated (locked, full, unreadable).
+    before StoreUnavailable (PostgreSQL: ``lock_timeout``). Raises
+    StoreUrlUnsupported for any other database, naming ``store.url``;
+    StoreUnavailable when the store cannot be opened or migrated (locked, full,
+    unreadable, the server refused or is gone), its message without the password.
     """
     parsed = _parse_url(url)
     query_timeout = parsed.query.get("busy_timeout")
@@ -73,14 +77,21 @@ def open_store(
         parsed = parsed.difference_update_query(["busy_timeout"])
         if busy_timeout_s is None:
             busy_timeout_s = _seconds(str(query_timeout), url)
-    db_path = parsed.database
-    if db_path and db_path != ":memory:":
-        Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-    dialect = SqliteDialect(
-        parsed, DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
-    )
+    timeout = DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
+    dialect: Dialect
+    if parsed.get_backend_name() == "postgresql":
+        dialect = PostgresDialect(parsed.set(drivername="postgresql+psycopg"), timeout)
+    else:
+        db_path = parsed.database
+        if db_path and db_path != ":memory:":
+            Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+        dialect = SqliteDialect(parsed, timeout)
     store = Store(dialect.engine(), clock or SystemClock(), dialect)
-    store.migrate()
+    try:
+        store.migrate()
+    except BaseException:
+        store.close()
+        raise
     return store
 
 
@@ -94,24 +105,26 @@ def store_url_problem(url: str) -> str | None:
 
 
 def _parse_url(url: str) -> sa.URL:
+    # libpq's and Heroku's spelling; SQLAlchemy knows only "postgresql".
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
     try:
         parsed = sa.engine.make_url(url)
     except sa.exc.ArgumentError:
         raise StoreUrlUnsupported(
-            f"store.url: {url!r} is not a database URL; use sqlite:///path/to/state.db"
+            f"store.url: {url!r} is not a database URL; use sqlite:///path/to/state.db "
+            "or postgresql://user:password@host/db"
         ) from None
     backend = parsed.get_backend_name()
-    if backend == "postgresql":
-        # Until the PostgreSQL part lands (its own issue), refuse it here, with
-        # the key to change, not later with a missing driver's traceback.
+    if backend not in ("sqlite", "postgresql"):
         raise StoreUrlUnsupported(
-            f"store.url: PostgreSQL is not supported yet; use sqlite:///path/to/state.db "
-            f"(or leave store.url out for .phasegate/state.db), not {_shown(parsed)}"
+            f"store.url: {backend} is not a supported store; use sqlite:///path/to/state.db "
+            f"or postgresql://user:password@host/db, not {_shown(parsed)}"
         )
-    if backend != "sqlite":
+    if backend == "postgresql" and parsed.drivername not in ("postgresql", "postgresql+psycopg"):
         raise StoreUrlUnsupported(
-            f"store.url: {backend} is not a supported store; use sqlite:///path/to/state.db, "
-            f"not {_shown(parsed)}"
+            f"store.url: the {parsed.drivername} driver is not supported; "
+            f"write postgresql://... (psycopg 3), not {_shown(parsed)}"
         )
     return parsed
 
