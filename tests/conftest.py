@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
+import sqlalchemy as sa
 
 from phasegate.cartridge import load_cartridge
 from phasegate.engine import Engine
 from phasegate.store import Store, open_store
+from phasegate.store.tables import metadata
 from phasegate.testing.github_model import User
 from phasegate.testing.github_server import GitHubServer
 from phasegate.testing.model_server import ScriptedModelServer, Step
@@ -136,6 +141,32 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 def on_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
+
+
+#: What a store reports when another transaction's lock outlasted its busy timeout.
+LOCKED = r"database is locked|lock not available"
+
+
+@contextmanager
+def writes_held(url: str) -> Iterator[None]:
+    """Another connection holding what every write of the store at ``url`` waits for,
+    reads left free: SQLite's write lock (``BEGIN IMMEDIATE`` and a write), on
+    PostgreSQL every phasegate table locked ``IN EXCLUSIVE MODE`` (which only
+    ``ACCESS SHARE``, a plain read, gets past)."""
+    if on_sqlite(url):
+        other = sqlite3.connect(sa.engine.make_url(url).database or "", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("UPDATE workflows SET title = title")
+        try:
+            yield
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        return
+    with psycopg.connect(url) as pg:  # a transaction, rolled back on leaving with an error
+        pg.execute(f"LOCK TABLE {', '.join(metadata.tables)} IN EXCLUSIVE MODE")
+        yield
+        pg.rollback()
 
 
 def new_workflow(store: Store) -> str:

@@ -7,8 +7,8 @@ its lease's expiry."""
 from __future__ import annotations
 
 import os
+import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -30,33 +30,37 @@ from phasegate.testing import InMemoryForge
 from phasegate.worker import Heartbeat
 from phasegate.workspace import Workspace
 
-from conftest import HAPPY_ANSWERS, git, make_repo, new_workflow, scripted_cartridge
+from conftest import (
+    HAPPY_ANSWERS,
+    LOCKED,
+    git,
+    make_repo,
+    new_workflow,
+    scripted_cartridge,
+    writes_held,
+)
 
 HOST = os.uname().nodename
 
 
 @pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "state.db"
+def url(store_url: str) -> str:
+    """The conformance suite's store: SQLite, then PostgreSQL (conftest)."""
+    return store_url
 
 
 @pytest.fixture
-def store(db_path: Path) -> Iterator[Store]:
-    s = open_store(f"sqlite:///{db_path}", busy_timeout_s=0.05)
+def store(url: str) -> Iterator[Store]:
+    s = open_store(url, busy_timeout_s=0.05)
     yield s
     s.close()
 
 
-def hold_write_lock(db_path: Path, seconds: float) -> None:
-    """Hold SQLite's write lock from another connection for ``seconds``."""
-    other = sqlite3.connect(db_path, isolation_level=None, timeout=5)
-    try:
-        other.execute("BEGIN IMMEDIATE")
-        other.execute("UPDATE workflows SET title = title")
+def hold_write_lock(url: str | Path, seconds: float) -> None:
+    """Hold what the store's writes wait for from another connection for ``seconds``
+    (``url``: a store URL, or a SQLite file's path)."""
+    with writes_held(url if isinstance(url, str) else f"sqlite:///{url}"):
         time.sleep(seconds)
-        other.execute("ROLLBACK")
-    finally:
-        other.close()
 
 
 def heartbeat(store: Store, wf: str, ttl_s: float) -> tuple[Heartbeat, Fence]:
@@ -68,13 +72,13 @@ def heartbeat(store: Store, wf: str, ttl_s: float) -> tuple[Heartbeat, Fence]:
 
 
 def test_a_renewal_that_fails_on_a_locked_store_is_retried_and_the_heartbeat_lives_on(
-    store: Store, db_path: Path
+    store: Store, url: str
 ) -> None:
     wf = new_workflow(store)
     beat, fence = heartbeat(store, wf, ttl_s=3.0)  # a beat every 1 s, 0.25 s after a failure
     claimed_until = store.workflow_row(wf)["lease_expires_at"]
     try:
-        hold_write_lock(db_path, 1.6)  # the beat at 1 s (and its retries) find the store locked
+        hold_write_lock(url, 1.6)  # the beat at 1 s (and its retries) find the store locked
         wait_until(
             lambda: store.workflow_row(wf)["lease_expires_at"] > claimed_until,
             "a renewal after the lock was released",
@@ -90,16 +94,16 @@ def test_a_renewal_that_fails_on_a_locked_store_is_retried_and_the_heartbeat_liv
 
 
 def test_a_heartbeat_that_cannot_renew_for_a_whole_ttl_marks_the_fence_lost(
-    store: Store, db_path: Path
+    store: Store, url: str
 ) -> None:
     wf = new_workflow(store)
     beat, fence = heartbeat(store, wf, ttl_s=1.2)
-    hold_write_lock(db_path, 2.0)
+    hold_write_lock(url, 2.0)
     beat.join(5)
     assert not beat.is_alive() and beat.failures >= 2
     assert fence.lost.is_set()
     # the store's fault, not a takeover: what a stopped worker then says
-    assert fence.unrenewed is not None and "locked" in fence.unrenewed.reason
+    assert fence.unrenewed is not None and re.search(LOCKED, fence.unrenewed.reason)
     with pytest.raises(FenceLost):
         fence.check()
 

@@ -41,7 +41,7 @@ from phasegate.harness import (
 )
 from phasegate.store import Store, open_store
 from phasegate.store import tables as t
-from phasegate.store._sqlite import SqliteDialect
+from phasegate.store.store import make_dialect
 from phasegate.testing import FixedClock
 
 from conftest import git, make_repo, phasegate_cli, scripted_cartridge
@@ -104,8 +104,8 @@ def clock() -> FixedClock:
 
 
 @pytest.fixture
-def store(tmp_path: Path, clock: FixedClock) -> Store:
-    s = open_store(f"sqlite:///{tmp_path / 'state.db'}", clock)
+def store(store_url: str, clock: FixedClock) -> Store:
+    s = open_store(store_url, clock)
     yield s
     s.close()
 
@@ -119,10 +119,10 @@ def table_count(store: Store, table: sa.Table) -> int:
 
 
 def test_migrations_upgrade_a_0001_database_with_its_data_in_place(
-    tmp_path: Path, clock: FixedClock
+    store_url: str, clock: FixedClock
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'state.db'}"
-    dialect = SqliteDialect(sa.engine.make_url(url))
+    url = store_url
+    dialect = make_dialect(url)
     old = Store(dialect.engine(), clock, dialect)
     old.migrate("0001")
     assert "proposals" not in sa.inspect(old.engine).get_table_names()

@@ -77,6 +77,10 @@ class Dialect(Protocol):
 
     name: str
 
+    def engine(self) -> sa.Engine:
+        """A new engine on this database, every connection set up as the store needs."""
+        ...
+
     def unavailable(self, exc: BaseException) -> str | None:
         """The reason to report when ``exc`` (a DBAPI or SQLAlchemy error) means the
         store cannot take a transaction now or at all (locked past the busy

@@ -102,23 +102,21 @@ class AgentRunRows(StoreBase):
     def bind_provider_session(
         self, workflow_id: str, session_line: str, runner: str, session_id: str
     ) -> None:
-        """Bind (or rebind) the one provider session of a session line."""
-        c = t.provider_sessions.c
+        """Bind (or rebind) the one provider session of a session line: one upsert on
+        the line's unique key, so two binds racing leave one row (the later's)."""
         now = self.clock.now()
+        insert = self.dialect.insert(t.provider_sessions).values(
+            workflow_id=workflow_id,
+            session_line=session_line,
+            runner=runner,
+            session_id=session_id,
+            created_at=now,
+            updated_at=now,
+        )
         with self.transaction() as conn:
-            updated = conn.execute(
-                t.provider_sessions.update()
-                .where(c.workflow_id == workflow_id, c.session_line == session_line)
-                .values(runner=runner, session_id=session_id, updated_at=now)
-            ).rowcount
-            if not updated:
-                conn.execute(
-                    t.provider_sessions.insert().values(
-                        workflow_id=workflow_id,
-                        session_line=session_line,
-                        runner=runner,
-                        session_id=session_id,
-                        created_at=now,
-                        updated_at=now,
-                    )
+            conn.execute(
+                insert.on_conflict_do_update(
+                    index_elements=["workflow_id", "session_line"],
+                    set_={"runner": runner, "session_id": session_id, "updated_at": now},
                 )
+            )

@@ -14,7 +14,11 @@ class ForgeRows(StoreBase):
     """Issues, pull requests and comments of the local forge."""
 
     def forge_next_number(self, conn: sa.Connection, repo: str) -> int:
+        """The repository's next issue/PR number, held for ``conn``'s transaction:
+        a second writer numbering in ``repo`` waits until this one commits (on
+        PostgreSQL's READ COMMITTED two would otherwise read one maximum)."""
         # Issues and pull requests share one number space, as on GitHub.
+        self.dialect.serialize(conn, f"forge-number:{repo}")
         highest = 0
         for table in (t.forge_issues, t.forge_pull_requests):
             value = conn.execute(

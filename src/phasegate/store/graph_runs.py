@@ -61,6 +61,8 @@ class GraphRows(StoreBase):
         now = self.clock.now()
         run_id = str(record["run_id"])
         with self.transaction() as conn:
+            # Modes are decided on a settled gate history: no decision lands meanwhile.
+            _hold_decisions(self, conn)
             conn.execute(
                 t.graph_runs.insert().values(
                     run_id=run_id,
@@ -173,6 +175,9 @@ class GraphRows(StoreBase):
             raise ValueError("a decision needs who took it")
         c = t.proposals.c
         with self.transaction() as conn:
+            # Before the read: two people deciding at once, the second reads the
+            # first's verdict (ProposalDecided), never a stale "proposed".
+            _hold_decisions(self, conn)
             row = conn.execute(
                 sa.select(c.status, c.decided_by, c.decided_at).where(c.id == proposal_id)
             ).first()
@@ -192,6 +197,7 @@ class GraphRows(StoreBase):
                     "a decision is not changed"
                 )
             seq = _last_decision_seq(conn)
+            self.dialect.notify(conn)  # the workflow waiting on this gate may go on
             conn.execute(
                 t.proposals.update()
                 .where(c.id == proposal_id, c.status == "proposed")
@@ -217,6 +223,7 @@ class GraphRows(StoreBase):
         """
         c = t.proposals.c
         with self.transaction() as conn:
+            _hold_decisions(self, conn)
             row = conn.execute(sa.select(c.status, c.mode).where(c.id == proposal_id)).first()
             if row is None:
                 raise ProposalNotFound(proposal_id)
@@ -304,11 +311,15 @@ class GraphRows(StoreBase):
         ]
 
 
+def _hold_decisions(store: StoreBase, conn: sa.Connection) -> None:
+    """Serialize the transactions that decide proposals or read the gate history to
+    decide modes (``Dialect.serialize``): numbering a decision reads the highest
+    decision_seq, and a verdict reads the proposal's status, both then written."""
+    store.dialect.serialize(conn, "proposals:decisions")
+
+
 def _last_decision_seq(conn: sa.Connection) -> int | None:
-    """The highest decision_seq, read so that no other transaction numbers a
-    decision before this one commits: SQLite's IMMEDIATE transactions already
-    serialize writers; PostgreSQL takes a lock that only conflicts with itself
-    and writers (readers go on)."""
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql("LOCK TABLE proposals IN SHARE ROW EXCLUSIVE MODE")
+    """The highest decision_seq; the caller holds ``_hold_decisions``, so no other
+    transaction numbers a decision before this one commits (the unique constraint
+    on decision_seq stays the backstop)."""
     return conn.execute(sa.select(sa.func.max(t.proposals.c.decision_seq))).scalar()

@@ -65,13 +65,18 @@ class LeaseRows(StoreBase):
         ``owner`` already. A holder on this host whose process is gone (a
         SIGKILLed worker) no longer holds it, so a restart need not wait; any
         other holder (on another host, or alive here) loses it only by expiry.
-        Raises WorkflowNotFound, StoreUnavailable.
+        Two claims racing (threads, processes, machines) never both win: the row
+        is read ``FOR UPDATE`` (PostgreSQL; SQLite's writers are serialized
+        already), so the second reads the first's lease. Raises
+        WorkflowNotFound, StoreUnavailable.
         """
         now = self.clock.now()
         c = t.workflows.c
         with self.transaction() as conn:
             row = conn.execute(
-                sa.select(c.lease_owner, c.lease_expires_at, c.fence).where(c.id == workflow_id)
+                sa.select(c.lease_owner, c.lease_expires_at, c.fence)
+                .where(c.id == workflow_id)
+                .with_for_update()
             ).first()
             if row is None:
                 raise WorkflowNotFound(workflow_id)
@@ -131,13 +136,17 @@ class LeaseRows(StoreBase):
         )
 
     def release(self, workflow_id: str, owner: str) -> None:
+        """Give ``owner``'s lease up (the fence stays: the next claim moves it on);
+        other workers are told (``Dialect.notify``). Raises StoreUnavailable."""
         c = t.workflows.c
         with self.transaction() as conn:
-            conn.execute(
+            released = conn.execute(
                 t.workflows.update()
                 .where(c.id == workflow_id, c.lease_owner == owner)
                 .values(lease_owner=None, lease_expires_at=None)
-            )
+            ).rowcount
+            if released:
+                self.dialect.notify(conn)
 
 
 def _holder_alive(holder: str) -> bool:

@@ -71,21 +71,7 @@ def open_store(
     StoreUnavailable when the store cannot be opened or migrated (locked, full,
     unreadable, the server refused or is gone), its message without the password.
     """
-    parsed = _parse_url(url)
-    query_timeout = parsed.query.get("busy_timeout")
-    if query_timeout is not None:
-        parsed = parsed.difference_update_query(["busy_timeout"])
-        if busy_timeout_s is None:
-            busy_timeout_s = _seconds(str(query_timeout), url)
-    timeout = DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
-    dialect: Dialect
-    if parsed.get_backend_name() == "postgresql":
-        dialect = PostgresDialect(parsed.set(drivername="postgresql+psycopg"), timeout)
-    else:
-        db_path = parsed.database
-        if db_path and db_path != ":memory:":
-            Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-        dialect = SqliteDialect(parsed, timeout)
+    dialect = make_dialect(url, busy_timeout_s)
     store = Store(dialect.engine(), clock or SystemClock(), dialect)
     try:
         store.migrate()
@@ -93,6 +79,24 @@ def open_store(
         store.close()
         raise
     return store
+
+
+def make_dialect(url: str, busy_timeout_s: float | None = None) -> Dialect:
+    """The Dialect of ``store.url`` (see ``open_store``), its schema untouched. A
+    SQLite file's parent directory is created. Raises StoreUrlUnsupported."""
+    parsed = _parse_url(url)
+    query_timeout = parsed.query.get("busy_timeout")
+    if query_timeout is not None:
+        parsed = parsed.difference_update_query(["busy_timeout"])
+        if busy_timeout_s is None:
+            busy_timeout_s = _seconds(str(query_timeout), url)
+    timeout = DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
+    if parsed.get_backend_name() == "postgresql":
+        return PostgresDialect(parsed.set(drivername="postgresql+psycopg"), timeout)
+    db_path = parsed.database
+    if db_path and db_path != ":memory:":
+        Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+    return SqliteDialect(parsed, timeout)
 
 
 def store_url_problem(url: str) -> str | None:

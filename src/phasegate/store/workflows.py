@@ -94,7 +94,8 @@ class WorkflowRows(StoreBase):
         for that existing issue (a trigger, issue 11): ``issue_number`` is set and
         ``state["forge_repository"]`` records the repository. Raises IssueTaken when
         a workflow has that issue already: the lookup and the insert are one
-        writing transaction, so two watchers racing never both start one.
+        writing transaction serialized on the issue (``Dialect.serialize``), so
+        two watchers racing, on one machine or on two, never both start one.
 
         A conflict-resolution child (phases/conflict.py) names the workflow it was
         forked from in ``parent_workflow_id``, starts in ``merge`` and works on its
@@ -120,6 +121,9 @@ class WorkflowRows(StoreBase):
         }
         with self.transaction() as conn:
             if issue is not None:
+                # READ COMMITTED (PostgreSQL) lets two lookups both find nothing:
+                # the second waits here until the first committed its insert.
+                self.dialect.serialize(conn, f"issue:{issue[0]}#{issue[1]}")
                 taken = self._workflow_for_issue(conn, *issue)
                 if taken is not None:
                     raise IssueTaken(issue[0], issue[1], taken)
@@ -142,6 +146,7 @@ class WorkflowRows(StoreBase):
                 )
             )
             self._add_event(conn, workflow_id, EventWrite("phase_change", {"phase": phase}))
+            self.dialect.notify(conn)  # a new workflow for a waiting worker
         return workflow_id
 
     def workflow_for_issue(self, repository: str, number: int) -> str | None:
@@ -496,6 +501,7 @@ def commit_phase_result(
             store._add_event(conn, ctx.id, event)
         if ctx.parent_workflow_id and status in ("completed", "failed"):
             _wake_parent(store, conn, ctx.parent_workflow_id, ctx.id, status, now)
+        store.dialect.notify(conn)  # a person's decision, a settled phase: workers look
         # Read in the same transaction: once it commits, nothing is left to fail.
         return store._workflow_row(conn, ctx.id)
 
