@@ -1,6 +1,7 @@
-"""A ``store.url`` this version cannot open (PostgreSQL, until its issue lands):
-``doctor`` reports it by its key and exits 1; every command stops with one line
-naming ``store.url`` and exits 2, never a traceback (issue 9, item 12)."""
+"""``store.url``: SQLite and PostgreSQL are opened (``postgresql://`` and ``postgres://``),
+any other database is refused naming the key (``doctor`` reports it and exits 1, every
+command exits 2); a PostgreSQL server that cannot be reached stops every command with
+one line and exit 1, the password never shown (issue 9, item 12; issue 12)."""
 
 from __future__ import annotations
 
@@ -9,38 +10,50 @@ from pathlib import Path
 
 import pytest
 
-from phasegate.store import StoreUrlUnsupported, open_store, store_url_problem
+from phasegate.store import StoreUnavailable, StoreUrlUnsupported, open_store, store_url_problem
 
 from conftest import git, make_repo, phasegate_cli, scripted_cartridge
 
-PG_URL = "postgresql://phasegate:s3cr3t-pw@db.example:5432/phasegate"
+# Port 1 of this machine: refused at once, no DNS, no waiting for a timeout.
+PG_URL = "postgresql://phasegate:s3cr3t-pw@127.0.0.1:1/phasegate"
 
 
-@pytest.fixture
-def pg_repo(tmp_path: Path) -> Path:
+def repo_with_store(tmp_path: Path, url: str) -> Path:
     repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": ".phasegate/\n"})
     (repo / "answers.toml").write_text("")
-    (repo / "phasegate.toml").write_text(scripted_cartridge(extra=f'[store]\nurl = "{PG_URL}"\n'))
+    (repo / "phasegate.toml").write_text(scripted_cartridge(extra=f'[store]\nurl = "{url}"\n'))
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "cartridge")
     return repo
 
 
-def test_open_store_refuses_postgresql_naming_store_url_and_hiding_the_password() -> None:
-    with pytest.raises(StoreUrlUnsupported, match=r"store\.url: PostgreSQL is not supported yet"):
-        open_store(PG_URL)
-    problem = store_url_problem(PG_URL)
-    assert problem is not None and "sqlite:///" in problem and "s3cr3t-pw" not in problem
-    assert store_url_problem("sqlite:///x/state.db") is None
+@pytest.mark.parametrize("url", [PG_URL, PG_URL.replace("postgresql://", "postgres://")])
+def test_an_unreachable_postgresql_is_unavailable_and_its_password_is_never_shown(
+    url: str,
+) -> None:
+    assert store_url_problem(url) is None
+    with pytest.raises(StoreUnavailable, match="connection") as raised:
+        open_store(url, busy_timeout_s=2)
+    assert "s3cr3t-pw" not in str(raised.value)
+    assert "127.0.0.1" in str(raised.value)
+
+
+def test_other_databases_and_drivers_are_refused_naming_store_url() -> None:
     assert "mysql is not a supported store" in (store_url_problem("mysql://h/db") or "")
+    problem = store_url_problem("postgresql+asyncpg://u:s3cr3t-pw@h/db")
+    assert problem is not None and "store.url" in problem and "s3cr3t-pw" not in problem
+    with pytest.raises(StoreUrlUnsupported, match=r"store\.url: .* is not a database URL"):
+        open_store("not a url")
+    assert store_url_problem("sqlite:///x/state.db") is None
 
 
-def test_doctor_reports_a_postgresql_store_url_as_a_problem_and_exits_1(pg_repo: Path) -> None:
-    proc = phasegate_cli("doctor", "--repo", str(pg_repo), "--json")
+def test_doctor_reports_an_unsupported_store_url_as_a_problem_and_exits_1(tmp_path: Path) -> None:
+    repo = repo_with_store(tmp_path, "mysql://phasegate:s3cr3t-pw@db.example/phasegate")
+    proc = phasegate_cli("doctor", "--repo", str(repo), "--json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     found = json.loads(proc.stdout)
-    assert [m for m in found["missing"] if m.startswith("store.url: PostgreSQL is not supported")]
+    assert [m for m in found["missing"] if m.startswith("store.url: mysql is not a supported")]
     assert "s3cr3t-pw" not in proc.stdout
 
 
@@ -53,12 +66,13 @@ def test_doctor_reports_a_postgresql_store_url_as_a_problem_and_exits_1(pg_repo:
         ("worker", "--once"),
     ],
 )
-def test_every_command_on_a_postgresql_store_url_exits_2_with_one_line(
-    pg_repo: Path, args: tuple[str, ...]
+def test_every_command_on_an_unreachable_postgresql_exits_1_with_one_line(
+    tmp_path: Path, args: tuple[str, ...]
 ) -> None:
-    proc = phasegate_cli(*args, "--repo", str(pg_repo))
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    repo = repo_with_store(tmp_path, PG_URL)
+    proc = phasegate_cli(*args, "--repo", str(repo))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     said = " ".join(proc.stderr.split())
-    assert "store.url: PostgreSQL is not supported yet; use sqlite:///" in said
+    assert "127.0.0.1" in said and "is unavailable: connection" in said
     assert "s3cr3t-pw" not in proc.stdout + proc.stderr

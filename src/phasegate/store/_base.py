@@ -193,7 +193,8 @@ class StoreBase:
         url = self.engine.url
         if url.get_backend_name() == "sqlite":
             return url.database or ":memory:"
-        return url.render_as_string(hide_password=True)
+        # As the user writes it (postgresql://), not with the driver SQLAlchemy was given.
+        return url.set(drivername=url.get_backend_name()).render_as_string(hide_password=True)
 
     def close(self) -> None:
         self.engine.dispose()
