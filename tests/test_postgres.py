@@ -123,6 +123,30 @@ def test_concurrent_claims_never_give_one_workflow_two_holders(
         racers[0].release(wf, f"elsewhere:{winner}:w")
 
 
+def test_workers_picking_runnable_workflows_at_once_each_get_other_ones(
+    stores: Callable[[], Store],
+) -> None:
+    racers = [stores() for _ in range(RACERS)]
+    workflows = {new_workflow(racers[0]) for _ in range(RACERS * 2)}
+    runnable = frozenset({"preparing"})
+    results = race(
+        [
+            lambda s=s, i=i: s.claim_runnable(runnable, f"elsewhere:{i}:w", 60, limit=3)
+            for i, s in enumerate(racers)
+        ]
+    )
+    assert all(isinstance(r, list) for r in results), results
+    claimed = [wf for got in results for wf, _fence in got]
+    assert len(claimed) == len(set(claimed))  # never one workflow to two workers
+    # What nobody got was passed over locked or taken meanwhile, and is still free.
+    rest = [wf for wf, _fence in racers[0].claim_runnable(runnable, "late:1:z", 60, limit=99)]
+    assert sorted(claimed + rest) == sorted(workflows)
+    rows = {wf: racers[0].workflow_row(wf) for wf in claimed}
+    for i, got in enumerate(results):
+        for wf, fence in got:
+            assert (rows[wf]["lease_owner"], rows[wf]["fence"]) == (f"elsewhere:{i}:w", fence)
+
+
 def test_local_forge_numbers_stay_unique_under_concurrent_inserts(
     stores: Callable[[], Store],
 ) -> None:
