@@ -176,6 +176,29 @@ def test_agent_runs_are_summed_never_overwritten(store: Store) -> None:
 # -- the dedupe key ---------------------------------------------------------------------
 
 
+def test_a_session_line_binds_one_provider_session_and_a_rebind_replaces_it(
+    store: Store, clock: FixedClock
+) -> None:
+    wf = new_workflow(store)
+    assert store.provider_session(wf, "build") is None
+    store.bind_provider_session(wf, "build", "claude", "s-1")
+    created = clock.now()
+    clock.advance(5)
+    store.bind_provider_session(wf, "build", "codex", "s-2")
+    store.bind_provider_session(wf, "review", "claude", "s-3")
+    assert store.provider_session(wf, "build") == "s-2"
+    assert store.provider_session(wf, "review") == "s-3"
+    with store.reading() as conn:
+        rows = conn.execute(
+            sa.select(t.provider_sessions).where(t.provider_sessions.c.session_line == "build")
+        ).all()
+    assert len(rows) == 1 and rows[0].runner == "codex"
+    assert (rows[0].created_at.replace(tzinfo=None), rows[0].updated_at.replace(tzinfo=None)) == (
+        created.replace(tzinfo=None),
+        clock.now().replace(tzinfo=None),
+    )
+
+
 def test_a_milestone_is_upserted_on_its_dedupe_key(store: Store) -> None:
     wf = new_workflow(store)
     running = MilestoneWrite("tests_run", status="in_progress", round=1, attempt=1)

@@ -95,6 +95,10 @@ class PostgresDialect:
             # A server restarted under a pool: a dead connection is noticed and
             # replaced before a transaction uses it, not reported as a fault.
             pool_pre_ping=True,
+            # A worker advancing N workflows at once holds up to 2N connections (each
+            # advance and its heartbeat); the overflow is closed again when returned.
+            pool_size=5,
+            max_overflow=50,
         )
 
         @sa.event.listens_for(engine, "begin")

@@ -228,7 +228,7 @@ class WorkflowRows(StoreBase):
         """Ids of workflows holding a ``kind`` milestone in ``status``, oldest first
         (a failed ``cleanup`` waiting for its retry, whatever the workflow's status)."""
         m = t.milestones
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             return list(
                 conn.execute(
                     sa.select(m.c.workflow_id)
