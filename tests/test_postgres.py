@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+import sqlalchemy as sa
 from test_gate import clean_run
 
 from phasegate.contract import EventWrite, PhaseResult, ProposalDecided
@@ -230,6 +233,46 @@ def test_the_listen_feed_wakes_on_a_commit_from_another_connection(
         assert feed.wait(30, stop) is False  # a set stop returns at once, not after 30 s
     finally:
         feed.close()
+
+
+# -- faults the server reports: StoreUnavailable by SQLSTATE, never a traceback ------------
+
+
+def admin(url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=True)
+
+
+def test_a_connection_terminated_mid_transaction_is_store_unavailable_and_nothing_is_written(
+    stores: Callable[[], Store], postgres_server_url: str
+) -> None:
+    store = stores()
+    wf = new_workflow(store)
+    ctx = store.load_context(wf)
+    said = "admin shutdown|connection failed or lost"
+    with pytest.raises(StoreUnavailable, match=said), store.transaction() as conn:
+        conn.execute(t.workflows.update().values(title="half"))
+        pid = conn.execute(sa.select(sa.func.pg_backend_pid())).scalar_one()
+        with admin(postgres_server_url) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        conn.execute(sa.select(1))
+    assert store.workflow_row(wf)["title"] == "t"  # a new connection; the update was lost
+    assert store.commit_phase_result(ctx, PhaseResult("completed"))["current_phase"] == "planning"
+
+
+def test_too_many_connections_is_store_unavailable(pg_url: str, postgres_server_url: str) -> None:
+    role = f"r_{uuid.uuid4().hex[:8]}"
+    with admin(postgres_server_url) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 0")
+    try:
+        url = sa.engine.make_url(pg_url).set(username=role).render_as_string(hide_password=False)
+        # Refused while connecting: libpq gives no SQLSTATE then, the refusal is all there is.
+        with pytest.raises(
+            StoreUnavailable, match="unavailable: connection .*too many connections"
+        ):
+            open_store(url)
+    finally:
+        with admin(postgres_server_url) as conn:
+            conn.execute(f"DROP ROLE {role}")
 
 
 # -- a server stopped under a running store ------------------------------------------------
