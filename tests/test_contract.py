@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import sqlalchemy as sa
 
@@ -29,8 +27,9 @@ ALL_PHASES = (*PHASE_ORDER, "wait")
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    s = open_store(f"sqlite:///{tmp_path / 'state.db'}", FixedClock())
+def store(store_url: str) -> Store:
+    # The commit path's contract, on both databases (conftest's store_url).
+    s = open_store(store_url, FixedClock())
     yield s
     s.close()
 
