@@ -5,8 +5,9 @@ transaction, and the store's own errors.
 Errors::
 
     PhasegateError
-     ├── StoreUnavailable   the store is locked past its busy timeout, full, or
-     │                      failing I/O: nothing of the transaction was written
+     ├── StoreUnavailable   the store is locked past its busy timeout, full,
+     │                      failing I/O, or its server is gone: nothing of the
+     │                      transaction was written
      └── FenceLost          the lease this worker advanced under was taken over:
                             it must not start an agent, run a side effect, commit
 """
@@ -35,8 +36,10 @@ _MIGRATIONS = Path(__file__).parent / "migrations"
 
 class StoreUnavailable(PhasegateError):
     """The store cannot take the transaction: locked past its busy timeout, the
-    disk full, or I/O failing. The transaction was rolled back, so nothing of it
-    was written; trying again later may succeed. ``reason`` is SQLite's message.
+    disk full, I/O failing, or (PostgreSQL) the server refused, gone or out of
+    connections. The transaction was rolled back, so nothing of it was written;
+    trying again later may succeed. ``where`` is the file or the URL without its
+    password; ``reason`` the database's message (``Dialect.unavailable``).
     """
 
     def __init__(self, where: str, reason: str) -> None:

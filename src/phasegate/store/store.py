@@ -4,8 +4,10 @@ SQLite (the embedded default) runs in WAL mode with ``synchronous=FULL``, a
 busy timeout, foreign keys on, ``BEGIN IMMEDIATE`` for writing transactions
 (two processes never deadlock on a read lock upgraded to a write) and a plain
 deferred ``BEGIN`` for reading ones, which take no write lock (``_sqlite``).
-The schema comes from Alembic migrations (``migrations/``), applied when the
-store is opened.
+PostgreSQL (``store.url = "postgresql://..."``, psycopg 3) is the same SQL at
+READ COMMITTED, read-then-writes held whole by named locks and row locks
+(``_postgres``). The schema comes from Alembic migrations (``migrations/``),
+applied when the store is opened, on both.
 
 ``Store`` is assembled from one part per responsibility, each in its module:
 workflows, milestones, events and the commit path (``workflows``), leases
