@@ -39,9 +39,7 @@ from phasegate.agents.service import AgentService
 from phasegate.cartridge import CARTRIDGE_FILE, Cartridge, CartridgeError
 from phasegate.clock import Clock, SystemClock
 from phasegate.contract import (
-    ACCEPTANCE_VERIFICATION,
     COMPLETED,
-    PREPARATION,
     RUNNABLE_STATUSES,
     ContractViolation,
     EventWrite,
@@ -61,6 +59,7 @@ from phasegate.forge.base import (
     status_label,
 )
 from phasegate.forge.github_auth import make_forge
+from phasegate.healing import self_heal
 from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
@@ -81,12 +80,6 @@ class _StoreGaveUp(Exception):
     def __init__(self, fault: StoreUnavailable) -> None:
         super().__init__(str(fault))
         self.fault = fault
-
-
-def _merged(ctx: WorkflowContext) -> bool:
-    """Whether the pull request's merge is settled (reconciliation has run by then)."""
-    merge = ctx.milestone("merge_completed")
-    return merge is not None and merge.status == "completed"
 
 
 class Engine:
@@ -436,7 +429,7 @@ class Engine:
                 self._emit(ctx.id, EventWrite("reconciled", {"note": note}))
             if notes:
                 ctx = self.store.load_context(workflow_id)
-            healed = self._self_heal(ctx, deps)
+            healed = self_heal(ctx, deps, lambda event: self._emit(ctx.id, event))
             result = healed or resolve_phase_handler(ctx.current_phase)(ctx, deps)
         except WorkflowPaused as exc:
             self._emit(
@@ -517,44 +510,6 @@ class Engine:
             raise exc from again
         log.error("%s paused: %s", workflow_id, reason)
         return False
-
-    def _self_heal(self, ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
-        """Re-create a missing or broken worktree from its branch.
-
-        Not in preparation, which creates it, nor in acceptance_verification,
-        which works on a temporary checkout of the merge commit after merge
-        removed the worktree and the branch; nor once ``merge_completed`` is
-        settled, since merge removes both right after merging and a process
-        killed before merge committed must find them gone, not broken.
-
-        First, always, clears what killed git processes left in the
-        repository (``Workspace.repair``: stale locks, a killed add's locked
-        worktree), so no phase trusts or sticks on it.
-
-        Returns a failed result when the branch itself is gone: a phase must
-        never run against the wrong checkout.
-        """
-        for note in deps.workspace.repair(Path(ctx.repo_path)):
-            self._emit(ctx.id, EventWrite("git_repaired", {"note": note}))
-        if (
-            ctx.current_phase in (PREPARATION, ACCEPTANCE_VERIFICATION)
-            or not ctx.worktree_path
-            or not ctx.branch_name
-            or ctx.state.get("worktree_removed")
-            or _merged(ctx)
-        ):
-            return None
-        path = Path(ctx.worktree_path)
-        if deps.workspace.is_healthy(path, ctx.branch_name):
-            return None
-        repo = Path(ctx.repo_path)
-        if not deps.workspace.branch_exists(repo, ctx.branch_name):
-            return PhaseResult(
-                "failed", reason=f"branch {ctx.branch_name} is gone; cannot heal the worktree"
-            )
-        deps.workspace.ensure_worktree(repo, ctx.branch_name, path)
-        self._emit(ctx.id, EventWrite("worktree_healed", {"path": str(path)}))
-        return None
 
     # -- the worker -------------------------------------------------------------
 
