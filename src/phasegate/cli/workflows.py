@@ -200,7 +200,8 @@ def worker(
 
 @app.command()
 def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
-    """Every workflow: phase, status, profile, tokens and cost."""
+    """Every workflow: phase, status, the worker holding it (while one does), profile,
+    tokens and cost."""
     with _errors():
         store = _open_for_reading(repo)
         rows = [_summary(store, r) for r in store.list_workflows()]
