@@ -9,6 +9,7 @@ from pathlib import Path
 from phasegate.contract import (
     ACCEPTANCE_VERIFICATION,
     PREPARATION,
+    WAIT,
     EventWrite,
     PhaseResult,
     WorkflowContext,
@@ -40,9 +41,16 @@ def self_heal(
     repository (``Workspace.repair``: stale locks, a killed add's locked
     worktree), so no phase trusts or sticks on it.
 
+    Nothing at all in wait, which must not touch git (spec 000, wait) and is
+    looked at again and again while people decide: the phase after it
+    (development, merge) repairs and heals first (issue 12: a worker's look at
+    an idle waiting workflow runs no git).
+
     Returns a failed result when the branch itself is gone: a phase must
     never run against the wrong checkout.
     """
+    if ctx.current_phase == WAIT:
+        return None
     for note in deps.workspace.repair(Path(ctx.repo_path)):
         emit(EventWrite("git_repaired", {"note": note}))
     if (

@@ -188,6 +188,9 @@ class _Worker:
             # run() ends only at shutdown then, and this relay with it.
             threading.Thread(target=self._relay_shutdown, daemon=True, name="shutdown").start()
         cleaned_at = float("-inf")
+        freed = self.store.free_gone_leases()
+        if freed:
+            log.info("%d leases of gone workers of this host released", freed)
         try:
             while not self.shutdown.is_set() and not self.errors:
                 self.ended.clear()

@@ -145,6 +145,34 @@ class LeaseRows(StoreBase):
             ).all()
         return {row[0]: row[1] for row in rows}
 
+    def free_gone_leases(self) -> int:
+        """Release, in one statement, every lease held by a process of this host that
+        is gone (a SIGKILLed worker's), moving each fence on; returns how many.
+
+        What a worker starting after a crash does first (issue 12, item 7): the
+        dead worker's workflows are free again at once for every worker, on
+        any host (one elsewhere cannot see that the holder is gone and would
+        wait out the expiry). Raises StoreUnavailable.
+        """
+        c = t.workflows.c
+        with self.reading() as conn:
+            holders = set(
+                conn.execute(
+                    sa.select(c.lease_owner).distinct().where(c.lease_owner.is_not(None))
+                ).scalars()
+            )
+        gone = sorted(h for h in holders if not _holder_alive(h))
+        if not gone:
+            return 0
+        with self.transaction() as conn:
+            return int(
+                conn.execute(
+                    t.workflows.update()
+                    .where(c.lease_owner.in_(gone))
+                    .values(lease_owner=None, lease_expires_at=None, fence=c.fence + 1)
+                ).rowcount
+            )
+
     def lease_rows(self, statuses: Collection[str]) -> list[dict[str, Any]]:
         """The workflows whose status is in ``statuses``, oldest first, each as
         ``id``, ``version``, ``status``, ``current_phase``, ``lease_owner`` and
