@@ -17,9 +17,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from test_flaky_git import distinct_builds_repo
 
 from phasegate import decisions
+from phasegate._git import GitTransient, run_git
 from phasegate.cartridge import load_cartridge
 from phasegate.engine import Engine, LeaseHeld
 from phasegate.store import open_store
@@ -122,3 +124,21 @@ def test_the_merge_lock_admits_one_holder_at_a_time_across_threads(tmp_path: Pat
         thread.join()
     assert overlaps == []
     assert (Path(ws.common_dir(repo)) / "phasegate" / "merge.lock").exists()
+
+
+def test_a_worktree_entry_another_add_is_still_making_is_retried_not_a_failure(
+    tmp_path: Path,
+) -> None:
+    # Found by two workers of concurrency 8 (issue 12): one's `worktree add` had made
+    # .git/worktrees/<name>/ and not yet written its commondir when the other's
+    # `git branch --list` read every worktree, and pr_review failed on it. Made here
+    # half-made for good: git keeps failing, and it must be read as contention.
+    repo = make_repo(tmp_path / "repo")
+    entry = repo / ".git" / "worktrees" / "half-made"
+    entry.mkdir(parents=True)
+    (entry / "gitdir").write_text(f"{tmp_path / 'half-made'}/.git\n")
+    (entry / "commondir").write_text("")  # git writes it after gitdir
+    with pytest.raises(GitTransient, match="failed to read .*half-made/commondir"):
+        run_git(["branch", "--list", "main"], repo)
+    (entry / "commondir").write_text("../..\n")  # the add went on and made it whole
+    assert run_git(["branch", "--list", "main"], repo).stdout.strip() == "* main"

@@ -285,20 +285,23 @@ def test_the_worker_looks_at_a_forge_waiting_workflow_every_poll_s_unless_its_ro
     )
     workflow_id = engine.start("Add the feature", "Write feature.txt")
     passes = iter(range(4))
+    read_rows = store.lease_rows
 
-    def count_passes(timeout: float | None = None) -> bool:
-        if next(passes, None) is None:
+    def count_passes(statuses: frozenset[str]) -> list[dict[str, object]]:
+        # every pass reads the runnable rows once: the fifth with no advance running
+        # ends the worker
+        if not engine.fences and next(passes, None) is None:
             engine.shutdown.set()
-        return engine.shutdown.is_set()
+        return read_rows(statuses)
 
-    engine.shutdown.wait = count_passes  # type: ignore[method-assign]
-    engine.run_worker(poll_s=0)
+    store.lease_rows = count_passes  # type: ignore[method-assign]
+    engine.run_worker(poll_s=0.01)
     assert len(forge.looked_at) == 1, "the worker looked at pending CI on every pass"
 
     engine.shutdown.clear()
     passes = iter(range(2))
     engine.decide(workflow_id, lambda ctx: decisions.feedback(ctx, "mind the tests"))
-    engine.run_worker(poll_s=0)
+    engine.run_worker(poll_s=0.01)
     assert len(forge.looked_at) == 2, "a changed row was not looked at again at once"
 
 

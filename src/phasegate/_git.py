@@ -111,7 +111,10 @@ _TRANSIENT = re.compile(
     r"|Resource temporarily unavailable"
     # another process's `git worktree prune` removed the empty .git/worktrees between
     # this `worktree add` creating it and creating its entry: nothing was made yet
-    r"|could not create directory of '[^']*worktrees/[^']*': No such file or directory",
+    r"|could not create directory of '[^']*worktrees/[^']*': No such file or directory"
+    # another process's `worktree add` made its entry and has not written its commondir
+    # yet: a command that reads every worktree (branch, status) finds it empty (issue 12)
+    r"|failed to read [^\n]*worktrees/[^/\n]*/(?:commondir|gitdir)",
     re.IGNORECASE,
 )
 

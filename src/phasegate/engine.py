@@ -39,9 +39,7 @@ from phasegate.agents.service import AgentService
 from phasegate.cartridge import CARTRIDGE_FILE, Cartridge, CartridgeError
 from phasegate.clock import Clock, SystemClock
 from phasegate.contract import (
-    ACCEPTANCE_VERIFICATION,
     COMPLETED,
-    PREPARATION,
     RUNNABLE_STATUSES,
     ContractViolation,
     EventWrite,
@@ -61,10 +59,11 @@ from phasegate.forge.base import (
     status_label,
 )
 from phasegate.forge.github_auth import make_forge
+from phasegate.healing import self_heal
 from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
-from phasegate.worker import Heartbeat, LeaseHeld, run_worker
+from phasegate.worker import DEFAULT_CONCURRENCY, Heartbeat, LeaseHeld, run_worker
 from phasegate.workspace import GitTransient, Workspace, git
 
 __all__ = ["Engine", "LeaseHeld"]
@@ -81,12 +80,6 @@ class _StoreGaveUp(Exception):
     def __init__(self, fault: StoreUnavailable) -> None:
         super().__init__(str(fault))
         self.fault = fault
-
-
-def _merged(ctx: WorkflowContext) -> bool:
-    """Whether the pull request's merge is settled (reconciliation has run by then)."""
-    merge = ctx.milestone("merge_completed")
-    return merge is not None and merge.status == "completed"
 
 
 class Engine:
@@ -130,6 +123,8 @@ class Engine:
         # The lease each workflow is advanced (or decided) under, while it is:
         # what deps_for hands the journal and what the agent service checks.
         self.fences: dict[str, Fence] = self.agents.fences
+        self._holding = threading.Lock()  # guards the check-and-reserve of _hold
+        self._claiming: set[str] = set()  # workflows a thread of this engine is claiming
 
     # -- starting ---------------------------------------------------------------
 
@@ -281,23 +276,48 @@ class Engine:
         advances the workflow the decision is refused (LeaseHeld) and nothing
         changes, so a running phase's result is never thrown away.
         """
-        # This engine's own advance holds the lease under the same owner, which a
-        # claim would take (and fence out): refuse, as for another process.
-        claimed = None
-        if workflow_id not in self.fences:
-            claimed = self.store.claim(workflow_id, self.owner, self.lease_ttl_s)
-        if claimed is None:
-            raise LeaseHeld(
-                f"workflow {workflow_id} is being advanced by another process; "
-                "wait until it stops (or stop it), then try again"
-            )
-        self.fences[workflow_id] = Fence(self.store, workflow_id, self.owner, claimed)
+        self._hold(
+            workflow_id,
+            None,
+            f"workflow {workflow_id} is being advanced by another process; "
+            "wait until it stops (or stop it), then try again",
+        )
         try:
             ctx = self.store.load_context(workflow_id)
             return self.commit(ctx, decision(ctx))
         finally:
-            self.fences.pop(workflow_id, None)
-            self._release(workflow_id)
+            self._let_go(workflow_id)
+
+    def _hold(self, workflow_id: str, claimed: int | None, refusal: str) -> Fence:
+        """Take the workflow's lease for one of this engine's threads (``claimed``: the
+        fence a bulk claim already took, ``LeaseRows.claim_free``) and return its Fence.
+
+        At most one thread of an engine holds a workflow: its threads share the
+        owner, which a claim treats as free (and would fence the other thread
+        out), so the engine's own holds are told apart here, under a lock.
+        Raises LeaseHeld with ``refusal`` when another thread of this engine or
+        another live process holds it; StoreUnavailable, WorkflowNotFound.
+        """
+        with self._holding:
+            if workflow_id in self.fences or workflow_id in self._claiming:
+                raise LeaseHeld(refusal)
+            self._claiming.add(workflow_id)
+        try:
+            if claimed is None:
+                claimed = self.store.claim(workflow_id, self.owner, self.lease_ttl_s)
+            if claimed is None:
+                raise LeaseHeld(refusal)
+            fence = Fence(self.store, workflow_id, self.owner, claimed)
+            self.fences[workflow_id] = fence
+            return fence
+        finally:
+            with self._holding:
+                self._claiming.discard(workflow_id)
+
+    def _let_go(self, workflow_id: str) -> None:
+        """End this engine's hold on the workflow (``_hold``) and release its lease."""
+        self.fences.pop(workflow_id, None)
+        self._release(workflow_id)
 
     def _release(self, workflow_id: str) -> None:
         try:
@@ -306,24 +326,24 @@ class Engine:
             # The lease then ends by expiry (or with this process): nothing is lost.
             log.warning("lease on %s not released: %s", workflow_id, exc)
 
-    def advance(self, workflow_id: str, *, max_steps: int = 200) -> dict[str, Any]:
+    def advance(
+        self, workflow_id: str, *, max_steps: int = 200, claimed: int | None = None
+    ) -> dict[str, Any]:
         """Run the workflow until it waits, pauses, fails, completes or shutdown is asked.
 
         Stops at once, committing nothing more, when the lease is lost to
         another worker (FenceLost, logged), or raises StoreUnavailable when it
         was lost because the store stayed unavailable for a whole lease TTL.
-        Returns the workflow's row. Raises
-        WorkflowNotFound; LeaseHeld when another live worker is advancing it;
+        ``claimed``: the fence of the lease the worker already took for it (a
+        bulk claim, ``LeaseRows.claim_free``). Returns the workflow's row. Raises
+        WorkflowNotFound; LeaseHeld when another live worker (or another thread
+        of this engine) is advancing it;
         StoreUnavailable when the store stayed unavailable past the retries and
         even the pause could not be written (the workflow is as last committed).
         """
-        claimed = None
-        if workflow_id not in self.fences:  # not already advanced (or decided) here
-            claimed = self.store.claim(workflow_id, self.owner, self.lease_ttl_s)
-        if claimed is None:
-            raise LeaseHeld(f"workflow {workflow_id} is being advanced by another worker")
-        fence = Fence(self.store, workflow_id, self.owner, claimed)
-        self.fences[workflow_id] = fence
+        fence = self._hold(
+            workflow_id, claimed, f"workflow {workflow_id} is being advanced by another worker"
+        )
         heartbeat = Heartbeat(self.store, fence, self.lease_ttl_s)
         heartbeat.start()
         try:
@@ -352,8 +372,7 @@ class Engine:
                 ) from None
         finally:
             heartbeat.stopped.set()
-            self.fences.pop(workflow_id, None)
-            self._release(workflow_id)
+            self._let_go(workflow_id)
         return self.store.workflow_row(workflow_id)
 
     def _advance_child(self, workflow_id: str) -> bool:
@@ -385,12 +404,13 @@ class Engine:
         waiting. Raises LeaseHeld while another live process advances it,
         WorkflowNotFound for an unknown id.
         """
-        if self.store.claim(workflow_id, self.owner, self.lease_ttl_s) is None:
-            raise LeaseHeld(f"workflow {workflow_id} is being advanced by another process")
+        self._hold(
+            workflow_id, None, f"workflow {workflow_id} is being advanced by another process"
+        )
         try:
             return self._retry_cleanup(workflow_id)
         finally:
-            self.store.release(workflow_id, self.owner)
+            self._let_go(workflow_id)
 
     def _retry_cleanup(self, workflow_id: str) -> MilestoneView | None:
         settled = cleanup.retry(self.store, self.workspace, workflow_id)
@@ -436,7 +456,7 @@ class Engine:
                 self._emit(ctx.id, EventWrite("reconciled", {"note": note}))
             if notes:
                 ctx = self.store.load_context(workflow_id)
-            healed = self._self_heal(ctx, deps)
+            healed = self_heal(ctx, deps, lambda event: self._emit(ctx.id, event))
             result = healed or resolve_phase_handler(ctx.current_phase)(ctx, deps)
         except WorkflowPaused as exc:
             self._emit(
@@ -518,47 +538,11 @@ class Engine:
         log.error("%s paused: %s", workflow_id, reason)
         return False
 
-    def _self_heal(self, ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
-        """Re-create a missing or broken worktree from its branch.
-
-        Not in preparation, which creates it, nor in acceptance_verification,
-        which works on a temporary checkout of the merge commit after merge
-        removed the worktree and the branch; nor once ``merge_completed`` is
-        settled, since merge removes both right after merging and a process
-        killed before merge committed must find them gone, not broken.
-
-        First, always, clears what killed git processes left in the
-        repository (``Workspace.repair``: stale locks, a killed add's locked
-        worktree), so no phase trusts or sticks on it.
-
-        Returns a failed result when the branch itself is gone: a phase must
-        never run against the wrong checkout.
-        """
-        for note in deps.workspace.repair(Path(ctx.repo_path)):
-            self._emit(ctx.id, EventWrite("git_repaired", {"note": note}))
-        if (
-            ctx.current_phase in (PREPARATION, ACCEPTANCE_VERIFICATION)
-            or not ctx.worktree_path
-            or not ctx.branch_name
-            or ctx.state.get("worktree_removed")
-            or _merged(ctx)
-        ):
-            return None
-        path = Path(ctx.worktree_path)
-        if deps.workspace.is_healthy(path, ctx.branch_name):
-            return None
-        repo = Path(ctx.repo_path)
-        if not deps.workspace.branch_exists(repo, ctx.branch_name):
-            return PhaseResult(
-                "failed", reason=f"branch {ctx.branch_name} is gone; cannot heal the worktree"
-            )
-        deps.workspace.ensure_worktree(repo, ctx.branch_name, path)
-        self._emit(ctx.id, EventWrite("worktree_healed", {"path": str(path)}))
-        return None
-
     # -- the worker -------------------------------------------------------------
 
-    def run_worker(self, *, once: bool = False, poll_s: float = 2.0) -> None:
-        """Advance every runnable workflow, forever (or one pass with ``once``):
-        ``phasegate.worker.run_worker``."""
-        run_worker(self, once=once, poll_s=poll_s)
+    def run_worker(
+        self, *, once: bool = False, poll_s: float = 2.0, concurrency: int = DEFAULT_CONCURRENCY
+    ) -> None:
+        """Advance the runnable workflows, ``concurrency`` at once, forever (or each
+        once with ``once``): ``phasegate.worker.run_worker``."""
+        run_worker(self, once=once, poll_s=poll_s, concurrency=concurrency)

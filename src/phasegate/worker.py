@@ -1,11 +1,29 @@
-"""The worker: passes over the runnable workflows, and the lease heartbeat.
+"""The worker: passes over the runnable workflows, on threads, woken by the store;
+and the lease heartbeat.
 
-``run_worker`` advances every runnable workflow of one engine, pass after pass,
-until shutdown (DESIGN.md §1). A workflow that is only waiting on the forge (in
-wait for people, or in pr_review for CI) is looked at again after
-``forge.poll_s`` seconds, not on every pass: a team's forge has a rate limit;
-anything that changes the workflow's row (a person's decision) makes it due at
-once.
+``run_worker`` advances the runnable workflows of one engine until shutdown
+(DESIGN.md §1; issue 12, items 1, 4 and 7), up to ``concurrency`` at once, each
+on a thread of its own under its own lease (agents are subprocesses: threads
+only wait on them). A pass reads every runnable workflow's row in one query,
+takes the leases of as many due ones as it has free threads in one statement
+(``LeaseRows.claim_free``: a worker starting after a crash reclaims a dead
+worker's workflows a batch at a time), and starts their advances. Between
+passes it waits on the store's ChangeFeed (``Store.changes``), a thread's end
+or shutdown, ``poll_s`` at most: a person's decision, a new ticket or
+feedback is acted on at once.
+
+What is due: a workflow this worker has not advanced yet, or whose row (its
+version) changed since an advance left it. Left waiting for people on the
+local forge, it is due again only when its row or the local forge's pull
+requests and issues change (``LeaseRows.local_forge_marker``): an idle
+waiting workflow costs reads, never a write, per pass. Left waiting on a
+team's forge (wait for people, pr_review for CI) it is due again after
+``forge.poll_s`` too: a forge has a rate limit. Left runnable otherwise (a
+conflict child whose parent's pause is not committed yet) after ``poll_s``.
+
+Shutdown (``engine.shutdown``: SIGINT/SIGTERM in the CLI) stops every running
+agent; each interrupted phase pauses as a single advance's does, and
+``run_worker`` returns only once every thread has ended.
 """
 
 from __future__ import annotations
@@ -14,21 +32,38 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from phasegate.contract import PR_REVIEW, RUNNABLE_STATUSES, PhasegateError
+from phasegate.contract import PR_REVIEW, RUNNABLE_STATUSES, WAIT, PhasegateError
 from phasegate.phases import cleanup
 from phasegate.store import Fence, Store, StoreUnavailable
 
 if TYPE_CHECKING:
     from phasegate.engine import Engine
 
-__all__ = ["CLEANUP_RETRY_S", "Heartbeat", "LeaseHeld", "run_worker", "waits_on_ci"]
+__all__ = [
+    "CLEANUP_RETRY_S",
+    "DEFAULT_CONCURRENCY",
+    "Heartbeat",
+    "LeaseHeld",
+    "run_worker",
+    "waits_on_ci",
+]
 
 log = logging.getLogger(__name__)
 
 #: Seconds between a worker's retries of failed cleanups.
 CLEANUP_RETRY_S = 60.0
+
+#: Workflows one worker advances at once by default: agents are subprocesses, so
+#: a thread costs little while it waits on one; what bounds it is the machine
+#: running that many agents (and their checks) side by side.
+DEFAULT_CONCURRENCY = 4
+
+#: The least seconds between two passes a store change started: the worker's own
+#: commits (and heartbeats) change the store too, and must not make it spin.
+MIN_PASS_S = 0.02
 
 
 class LeaseHeld(PhasegateError):
@@ -91,48 +126,208 @@ def _polling(row: Mapping[str, Any]) -> bool:
     return row["status"] == "waiting" or waits_on_ci(row)
 
 
-def run_worker(engine: Engine, *, once: bool = False, poll_s: float = 2.0) -> None:
-    """Advance every runnable workflow of ``engine``, forever (or one pass with
-    ``once``), ``poll_s`` seconds between passes, until ``engine.shutdown``.
+@dataclass(frozen=True)
+class _Left:
+    """How an advance left a workflow that is still runnable: its row's ``version``,
+    the local forge's marker read before the advance began, and when (monotonic
+    seconds) it is due again whatever changes (``inf``: only on a change)."""
 
-    A workflow left waiting on the forge is advanced again once
-    ``forge.poll_s`` passed or its row changed (its version). A pass also
-    retries failed cleanups (of completed workflows too), at most every
-    ``CLEANUP_RETRY_S`` seconds: what blocks one is usually a person's
-    checkout, which does not go away within a poll.
+    version: int
+    forge: tuple[int, int] | None
+    due_at: float
+
+
+def run_worker(
+    engine: Engine,
+    *,
+    once: bool = False,
+    poll_s: float = 2.0,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> None:
+    """Advance the runnable workflows of ``engine``, up to ``concurrency`` at once,
+    forever (or, with ``once``, each once), until ``engine.shutdown``; this
+    module's docstring says what is due, and when a pass runs (``poll_s``
+    seconds apart at the most).
+
+    A pass also retries failed cleanups (of completed workflows too), at most
+    every ``CLEANUP_RETRY_S`` seconds: what blocks one is usually a person's
+    checkout, which does not go away within a poll. Returns once every thread
+    ended; re-raises the first error an advance raised other than LeaseHeld
+    (StoreUnavailable: the store stayed unavailable), after asking the other
+    threads to stop (``engine.shutdown``) and waiting for them.
     """
-    store, shutdown = engine.store, engine.shutdown
-    forge_poll_s = engine.cartridge.forge.poll_s if engine.cartridge.forge.kind != "local" else 0.0
-    due: dict[str, tuple[int, float]] = {}  # workflow → (version left at, next look)
-    cleaned_at = float("-inf")
-    while not shutdown.is_set():
-        advanced = set()  # advance() retried their cleanups already
-        for workflow_id in store.runnable_workflow_ids(RUNNABLE_STATUSES):
-            if shutdown.is_set():
-                break
-            if workflow_id in due and not once:
-                version, at = due[workflow_id]
-                if time.monotonic() < at and store.workflow_row(workflow_id)["version"] == version:
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+    _Worker(engine, once, poll_s, concurrency).run()
+
+
+class _Worker:
+    """``run_worker``'s state: the threads running, how each workflow was left."""
+
+    def __init__(self, engine: Engine, once: bool, poll_s: float, concurrency: int) -> None:
+        self.engine = engine
+        self.store = engine.store
+        self.shutdown = engine.shutdown
+        self.once = once
+        self.poll_s = poll_s
+        self.concurrency = concurrency
+        forge = engine.cartridge.forge
+        self.local_forge = forge.kind == "local"
+        self.forge_poll_s = 0.0 if self.local_forge else forge.poll_s
+        self.running: dict[str, threading.Thread] = {}
+        self.left: dict[str, _Left] = {}
+        self.advanced: set[str] = set()  # advance() retried their cleanups already
+        self.seen: set[str] = set()  # with once: dispatched in this one pass
+        self.errors: list[BaseException] = []
+        self.ended = threading.Event()  # a thread ended: a slot is free, a row was left
+        self.lock = threading.Lock()  # running, left, advanced, errors, across threads
+
+    def run(self) -> None:
+        feed = self.store.changes()
+        if not self.once:
+            # run() ends only at shutdown then, and this relay with it.
+            threading.Thread(target=self._relay_shutdown, daemon=True, name="shutdown").start()
+        cleaned_at = float("-inf")
+        freed = self.store.free_gone_leases()
+        if freed:
+            log.info("%d leases of gone workers of this host released", freed)
+        try:
+            while not self.shutdown.is_set() and not self.errors:
+                self.ended.clear()
+                dispatched = self._pass()
+                if self.once:
+                    with self.lock:
+                        idle = not self.running
+                    if not dispatched and idle:  # every one advanced once
+                        self._retry_cleanups()
+                        break
+                    if not dispatched:
+                        self.ended.wait(self.poll_s)
+                    continue
+                if time.monotonic() - cleaned_at >= CLEANUP_RETRY_S:
+                    cleaned_at = time.monotonic()
+                    self._retry_cleanups()
+                self._wait(feed)
+        finally:
+            self._join()
+            feed.close()
+        if self.errors:
+            raise self.errors[0]
+
+    def _relay_shutdown(self) -> None:
+        self.shutdown.wait()
+        self.ended.set()
+
+    def _wait(self, feed: Any) -> None:
+        """Until a thread ends, shutdown, or (with a thread free) the store changes;
+        ``poll_s`` at most. A pass a change starts comes ``MIN_PASS_S`` after the last."""
+        started = time.monotonic()
+        with self.lock:
+            full = len(self.running) >= self.concurrency
+        if full:
+            self.ended.wait(self.poll_s)
+        elif feed.wait(self.poll_s, stop=self.ended):
+            left = MIN_PASS_S - (time.monotonic() - started)
+            if left > 0:
+                self.shutdown.wait(left)
+
+    def _pass(self) -> bool:
+        """Start the advances of the due workflows, as many as threads are free; True
+        when one was started."""
+        with self.lock:
+            free = self.concurrency - len(self.running)
+        if free <= 0:
+            return False
+        forge = self.store.local_forge_marker() if self.local_forge else None
+        now = time.monotonic()
+        due = []
+        with self.lock:
+            for row in self.store.lease_rows(RUNNABLE_STATUSES):
+                workflow_id = row["id"]
+                if workflow_id in self.running or workflow_id in self.seen:
+                    continue
+                left = self.left.get(workflow_id)
+                if (
+                    left is not None
+                    and not self.once
+                    and row["version"] == left.version
+                    and forge == left.forge
+                    and now < left.due_at
+                ):
+                    continue
+                due.append(workflow_id)
+        if not due or self.shutdown.is_set():
+            return False
+        taken = self.store.claim_free(due, self.engine.owner, self.engine.lease_ttl_s, limit=free)
+        for workflow_id in due:  # oldest first, as listed
+            if workflow_id in taken:
+                self._start(workflow_id, taken[workflow_id], forge)
+        return bool(taken)
+
+    def _start(self, workflow_id: str, fence: int, forge: tuple[int, int] | None) -> None:
+        thread = threading.Thread(
+            target=self._advance,
+            args=(workflow_id, fence, forge),
+            daemon=True,
+            name=f"advance-{workflow_id}",
+        )
+        with self.lock:
+            self.running[workflow_id] = thread
+            if self.once:
+                self.seen.add(workflow_id)
+        thread.start()
+
+    def _advance(self, workflow_id: str, fence: int, forge: tuple[int, int] | None) -> None:
+        left = None
+        try:
+            row = self.engine.advance(workflow_id, claimed=fence)
+            left = self._left_at(row, forge)
+        except LeaseHeld:
+            pass  # this engine's own decide or cleanup holds it: looked at again next pass
+        except BaseException as exc:  # ends the worker, once every thread stopped
+            log.exception("advance of %s raised", workflow_id)
+            with self.lock:
+                self.errors.append(exc)
+            self.shutdown.set()
+        finally:
+            with self.lock:
+                self.running.pop(workflow_id, None)
+                self.advanced.add(workflow_id)
+                if left is None:
+                    self.left.pop(workflow_id, None)
+                else:
+                    self.left[workflow_id] = left
+            self.ended.set()
+
+    def _left_at(self, row: Mapping[str, Any], forge: tuple[int, int] | None) -> _Left | None:
+        if row["status"] not in RUNNABLE_STATUSES or self.shutdown.is_set():
+            return None
+        now = time.monotonic()
+        if self.forge_poll_s and _polling(row):
+            return _Left(row["version"], forge, now + self.forge_poll_s)
+        if row["current_phase"] == WAIT and row["status"] == "waiting":
+            return _Left(row["version"], forge, float("inf"))
+        return _Left(row["version"], forge, now + self.poll_s)
+
+    def _retry_cleanups(self) -> None:
+        for workflow_id in self.store.workflow_ids_with_milestone(cleanup.KIND, "failed"):
+            if self.shutdown.is_set():
+                return
+            with self.lock:
+                if workflow_id in self.advanced or workflow_id in self.running:
                     continue
             try:
-                row = engine.advance(workflow_id)
-                advanced.add(workflow_id)
+                self.engine.retry_cleanup(workflow_id)
             except LeaseHeld:
                 continue
-            due.pop(workflow_id, None)
-            if forge_poll_s and _polling(row):
-                due[workflow_id] = (row["version"], time.monotonic() + forge_poll_s)
-        if once or time.monotonic() - cleaned_at >= CLEANUP_RETRY_S:
-            cleaned_at = time.monotonic()
-            for workflow_id in store.workflow_ids_with_milestone(cleanup.KIND, "failed"):
-                if shutdown.is_set():
-                    break
-                if workflow_id in advanced:
-                    continue
-                try:
-                    engine.retry_cleanup(workflow_id)
-                except LeaseHeld:
-                    continue
-        if once:
-            return
-        shutdown.wait(poll_s)
+        with self.lock:
+            self.advanced.clear()
+
+    def _join(self) -> None:
+        while True:
+            with self.lock:
+                threads = list(self.running.values())
+            if not threads:
+                return
+            for thread in threads:
+                thread.join()

@@ -288,7 +288,17 @@ def _summary(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
         "children": [
             {"id": c["id"], "status": c["status"]} for c in store.child_workflows(row["id"])
         ],
+        **_holder(store, row),
     }
+
+
+def _holder(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
+    """Which worker holds the workflow's lease (``host:pid:token``) and until when, while
+    it is unexpired (issue 12, item 1); both None when nobody does."""
+    expires = row.get("lease_expires_at")
+    if not row.get("lease_owner") or expires is None or expires <= store.clock.now():
+        return {"worker": None, "lease_expires_at": None}
+    return {"worker": row["lease_owner"], "lease_expires_at": _iso(expires)}
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -341,8 +351,18 @@ def _cleanup_of(milestones: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 #: status's columns, in the order shown; the ones a narrow terminal drops first
 #: come last in _OPTIONAL (id, phase and status are always whole).
-_STATUS_COLUMNS = ("id", "title", "phase", "status", "profile", "tokens", "cost (USD)", "updated")
-_OPTIONAL = ("tokens", "cost (USD)", "profile", "updated")
+_STATUS_COLUMNS = (
+    "id",
+    "title",
+    "phase",
+    "status",
+    "worker",
+    "profile",
+    "tokens",
+    "cost (USD)",
+    "updated",
+)
+_OPTIONAL = ("worker", "tokens", "cost (USD)", "profile", "updated")
 _MIN_TITLE = 12  # the least a title gets, even in the worst case at 80 columns
 _TITLE_FIRST = 20  # what a title gets before an optional column does
 
@@ -357,6 +377,8 @@ def _status_cells(r: Mapping[str, Any], wide: bool) -> dict[str, str]:
         "title": title if len(title) <= 40 else title[:39] + "…",
         "phase": r["current_phase"],
         "status": r["status"],
+        # host:pid, enough to find the process (--json has the whole owner)
+        "worker": ":".join(str(r.get("worker") or "").split(":")[:2]),
         "profile": r["profile"],
         "tokens": str(r["tokens"]),
         "cost (USD)": f"{r['cost_usd']:.4f}",
@@ -368,7 +390,8 @@ def _status_cells(r: Mapping[str, Any], wide: bool) -> dict[str, str]:
 def _status_table(rows: list[dict[str, Any]], width: int) -> Table:
     """``status``'s table, fitted to ``width`` columns: id, phase and status are
     never cut; the title is cut with an ellipsis, and what does not fit
-    (updated, then profile, cost, tokens) is left out, for ``--json`` to give.
+    (updated, then profile, cost, tokens, then the worker holding it: shown only
+    while a worker holds one) is left out, for ``--json`` to give.
     Wide (100 columns or more): boxed; narrower: no rules, to leave the text room."""
     wide = width >= 100
     cells = [_status_cells(r, wide) for r in rows]
@@ -394,7 +417,8 @@ def _status_table(rows: list[dict[str, Any]], width: int) -> Table:
         return Console(width=10_000).measure(table_of(columns, _TITLE_FIRST)).maximum
 
     fits = ["id", "title", "phase", "status"]
-    for column in _OPTIONAL:
+    held = any(r.get("worker") for r in rows)  # the column only while a worker holds one
+    for column in (c for c in _OPTIONAL if held or c != "worker"):
         if needs([*fits, column]) <= width:
             fits.append(column)
     fits = [c for c in _STATUS_COLUMNS if c in fits]

@@ -48,6 +48,7 @@ from phasegate.engine import Engine, LeaseHeld
 from phasegate.phases import acceptance_verification
 from phasegate.phases.cleanup import KIND
 from phasegate.redaction import redact
+from phasegate.worker import DEFAULT_CONCURRENCY
 
 
 @app.command()
@@ -162,9 +163,27 @@ def worker(
     once: Annotated[
         bool, typer.Option(help="One pass over the runnable workflows, then exit.")
     ] = False,
-    poll: Annotated[float, typer.Option(help="Seconds between passes.")] = 2.0,
+    poll: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between passes at the most: the worker wakes at once when the "
+            "store changes (a decision, a new ticket, an agent's end)."
+        ),
+    ] = 2.0,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "--concurrency",
+            "-j",
+            min=1,
+            help="Workflows advanced at once, each on a thread under its own lease. "
+            f"Default {DEFAULT_CONCURRENCY}: agents are processes of their own, so what "
+            "bounds it is how many agents (and checks) the machine runs side by side.",
+        ),
+    ] = DEFAULT_CONCURRENCY,
 ) -> None:
-    """Advance every runnable workflow until stopped (SIGTERM/Ctrl-C stop it cleanly)."""
+    """Advance every runnable workflow until stopped (SIGTERM/Ctrl-C stop every running
+    agent; each workflow pauses resumable, and the worker exits once all have stopped)."""
     with _errors():
         root, cartridge, store = _open(repo)
         progress = _Progress(quiet=False)
@@ -174,14 +193,15 @@ def worker(
             _graceful(engine, "`phasegate status` lists the workflows"),
             watch_in_worker(root, cartridge, engine, once=once, say=progress.line),
         ):
-            engine.run_worker(once=once, poll_s=poll)
+            engine.run_worker(once=once, poll_s=poll, concurrency=concurrency)
     if engine.shutdown.is_set():
         raise typer.Exit(130)
 
 
 @app.command()
 def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
-    """Every workflow: phase, status, profile, tokens and cost."""
+    """Every workflow: phase, status, the worker holding it (while one does), profile,
+    tokens and cost."""
     with _errors():
         store = _open_for_reading(repo)
         rows = [_summary(store, r) for r in store.list_workflows()]

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import sqlalchemy as sa
 
 from phasegate.contract import WorkflowNotFound
 from phasegate.store import tables as t
-from phasegate.store._base import FenceLost, StoreBase, StoreUnavailable, _utc
+from phasegate.store._base import FenceLost, StoreBase, StoreUnavailable, _utc, _utc_row
 
 
 @dataclass
@@ -138,6 +140,113 @@ class LeaseRows(StoreBase):
                     )
                 )
         return [(row.id, row.fence + 1) for row in rows]
+    def claim_free(
+        self, workflow_ids: Collection[str], owner: str, ttl_s: float, *, limit: int | None = None
+    ) -> dict[str, int]:
+        """Take, in one statement, the lease of each of ``workflow_ids`` that is free
+        (no owner, expired, or a gone process of this host's: as ``claim`` judges it,
+        except that ``owner``'s own unexpired lease is not free, since a thread of
+        ``owner`` holds it), the oldest ``limit`` of them at most; returns workflow →
+        its new fence, for those taken only.
+
+        How a worker fills its free threads, and how one starting after a crash
+        reclaims a dead worker's workflows (issue 12, item 7): one transaction
+        for a batch, not one per workflow. The UPDATE itself judges freeness, so
+        a lease another worker took meanwhile is left alone. Raises
+        StoreUnavailable.
+        """
+        if not workflow_ids or (limit is not None and limit <= 0):
+            return {}
+        now = self.clock.now()
+        c = t.workflows.c
+        ids = sorted(workflow_ids)
+        with self.reading() as conn:
+            holders = set(
+                conn.execute(
+                    sa.select(c.lease_owner)
+                    .distinct()
+                    .where(c.id.in_(ids), c.lease_owner.is_not(None), c.lease_owner != owner)
+                ).scalars()
+            )
+        gone = sorted(h for h in holders if not _holder_alive(h))
+        free = sa.or_(
+            c.lease_owner.is_(None),
+            c.lease_expires_at.is_(None),
+            c.lease_expires_at <= now,
+            c.lease_owner.in_(gone),
+        )
+        chosen = sa.select(c.id).where(c.id.in_(ids), free).order_by(c.created_at, c.id)
+        if limit is not None:
+            chosen = chosen.limit(limit)
+        with self.transaction() as conn:
+            rows = conn.execute(
+                t.workflows.update()
+                .where(c.id.in_(chosen.scalar_subquery()), free)
+                .values(
+                    lease_owner=owner,
+                    lease_expires_at=now + timedelta(seconds=ttl_s),
+                    fence=c.fence + 1,
+                )
+                .returning(c.id, c.fence)
+            ).all()
+        return {row[0]: row[1] for row in rows}
+
+    def free_gone_leases(self) -> int:
+        """Release, in one statement, every lease held by a process of this host that
+        is gone (a SIGKILLed worker's), moving each fence on; returns how many.
+
+        What a worker starting after a crash does first (issue 12, item 7): the
+        dead worker's workflows are free again at once for every worker, on
+        any host (one elsewhere cannot see that the holder is gone and would
+        wait out the expiry). Raises StoreUnavailable.
+        """
+        c = t.workflows.c
+        with self.reading() as conn:
+            holders = set(
+                conn.execute(
+                    sa.select(c.lease_owner).distinct().where(c.lease_owner.is_not(None))
+                ).scalars()
+            )
+        gone = sorted(h for h in holders if not _holder_alive(h))
+        if not gone:
+            return 0
+        with self.transaction() as conn:
+            return int(
+                conn.execute(
+                    t.workflows.update()
+                    .where(c.lease_owner.in_(gone))
+                    .values(lease_owner=None, lease_expires_at=None, fence=c.fence + 1)
+                ).rowcount
+            )
+
+    def lease_rows(self, statuses: Collection[str]) -> list[dict[str, Any]]:
+        """The workflows whose status is in ``statuses``, oldest first, each as
+        ``id``, ``version``, ``status``, ``current_phase``, ``lease_owner`` and
+        ``lease_expires_at`` (UTC-aware): what a worker's pass decides on, read in
+        one query (issue 12, item 4: an idle pass reads, never writes)."""
+        c = t.workflows.c
+        with self.reading() as conn:
+            rows = conn.execute(
+                sa.select(
+                    c.id, c.version, c.status, c.current_phase, c.lease_owner, c.lease_expires_at
+                )
+                .where(c.status.in_(sorted(statuses)))
+                .order_by(c.created_at, c.id)
+            ).mappings()
+            return [_utc_row(r) for r in rows]
+
+    def local_forge_marker(self) -> tuple[int, int]:
+        """How many of the local forge's pull requests are no longer open and how many
+        of its issues are closed: what, beside a workflow's own row, can end a wait
+        on the local forge (phases/wait.py, forge_feedback.pull_request_settled)."""
+        with self.reading() as conn:
+            prs = conn.execute(
+                sa.select(sa.func.count()).where(t.forge_pull_requests.c.state != "open")
+            ).scalar_one()
+            issues = conn.execute(
+                sa.select(sa.func.count()).where(t.forge_issues.c.state == "closed")
+            ).scalar_one()
+        return int(prs), int(issues)
 
     def renew(self, workflow_id: str, owner: str, fence: int, ttl_s: float) -> bool:
         """Extend ``owner``'s lease under ``fence`` to ``ttl_s`` seconds from now.

@@ -1,0 +1,128 @@
+"""Wake-ups, not polls (issue 12, item 4).
+
+A worker waiting with ``poll_s=60`` acts on a person's decision made from
+another connection at once: the store's ChangeFeed woke it (a 60 s poll could
+not have). An idle waiting workflow costs no write across many passes: the
+SQLite file's ``data_version``, seen from a connection of the test's own, does
+not move, nor do the workflow's lease and fence.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from phasegate import decisions
+from phasegate.cartridge import load_cartridge
+from phasegate.engine import Engine
+from phasegate.store import open_store
+
+WAIT_S = 30.0  # bound on a wait; a correctness check, never a timing judgement
+
+
+class Running:
+    """A worker on its own thread, over its own engine and store."""
+
+    def __init__(self, repo: Path, poll_s: float) -> None:
+        cartridge = load_cartridge(repo)
+        self.store = open_store(cartridge.store_url(repo))
+        self.engine = Engine(repo, cartridge, self.store)
+        self.passes = 0
+        read_rows = self.store.lease_rows
+
+        def counted(statuses: frozenset[str]) -> list[dict[str, object]]:
+            self.passes += 1  # each pass reads the runnable rows once
+            return read_rows(statuses)
+
+        self.store.lease_rows = counted  # type: ignore[method-assign]
+        self.thread = threading.Thread(
+            target=self.engine.run_worker, kwargs={"poll_s": poll_s}, daemon=True
+        )
+
+    def __enter__(self) -> Running:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.engine.shutdown.set()
+        self.thread.join(WAIT_S)
+        assert not self.thread.is_alive(), "the worker did not stop"
+        self.store.close()
+
+
+def _until(probe, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not probe():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def waiting(happy_repo: Path, engine_for) -> Iterator[tuple[Path, str]]:
+    """A workflow in wait (no auto-merge), advanced there by an engine of its own."""
+    engine, _store = engine_for(happy_repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt", auto_merge=False)
+    assert engine.advance(workflow_id)["status"] == "waiting"
+    yield happy_repo, workflow_id
+
+
+def test_a_decision_made_while_the_worker_waits_60_s_is_acted_on_at_once(
+    waiting: tuple[Path, str], engine_for
+) -> None:
+    repo, workflow_id = waiting
+    person, store = engine_for(repo)
+    fence = store.workflow_row(workflow_id)["fence"]
+    with Running(repo, poll_s=60.0):
+        _until(
+            lambda: (
+                (r := store.workflow_row(workflow_id))["fence"] > fence and r["lease_owner"] is None
+            ),
+            "the worker's first look at the workflow",
+        )
+        person.decide(workflow_id, lambda ctx: decisions.approve_merge(ctx, "a person"))
+        _until(
+            lambda: store.workflow_row(workflow_id)["status"] in ("completed", "failed", "paused"),
+            "the worker to merge and verify the approved workflow",
+        )
+    assert store.workflow_row(workflow_id)["status"] == "completed"
+
+
+def test_an_idle_waiting_workflow_costs_no_write_across_many_passes(
+    waiting: tuple[Path, str],
+) -> None:
+    repo, workflow_id = waiting
+    db = repo / ".phasegate" / "state.db"
+    watcher = sqlite3.connect(db)
+    try:
+        with Running(repo, poll_s=0.02) as worker:
+            # its first look at the workflow claims and releases the lease (two writes)
+            _until(
+                lambda: (
+                    worker.passes >= 2
+                    and watcher.execute(
+                        "SELECT lease_owner IS NULL AND fence > 0 FROM workflows WHERE id = ?",
+                        (workflow_id,),
+                    ).fetchone()[0]
+                ),
+                "the first look",
+            )
+            before = watcher.execute("PRAGMA data_version").fetchone()[0]
+            lease = watcher.execute(
+                "SELECT version, fence, lease_owner FROM workflows WHERE id = ?", (workflow_id,)
+            ).fetchone()
+            passes = worker.passes
+            _until(lambda: worker.passes >= passes + 20, "twenty more passes")
+            after = watcher.execute("PRAGMA data_version").fetchone()[0]
+            again = watcher.execute(
+                "SELECT version, fence, lease_owner FROM workflows WHERE id = ?", (workflow_id,)
+            ).fetchone()
+    finally:
+        watcher.close()
+    assert after == before, "a pass wrote to the store"
+    assert again == lease and lease[2] is None, "the lease was claimed again"
