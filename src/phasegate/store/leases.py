@@ -140,6 +140,7 @@ class LeaseRows(StoreBase):
                     )
                 )
         return [(row.id, row.fence + 1) for row in rows]
+
     def claim_free(
         self, workflow_ids: Collection[str], owner: str, ttl_s: float, *, limit: int | None = None
     ) -> dict[str, int]:
