@@ -1,8 +1,9 @@
 """The concurrent worker (issue 12, items 1 and 7).
 
 Real ``phasegate worker`` processes with ``--concurrency`` on one repository
-and one SQLite file: many workflows advanced at once, each under its own lease,
-never one by two threads; a shutdown stops every running agent and the
+and one store (the acceptance run on a SQLite file and on a PostgreSQL schema):
+many workflows advanced at once, each under its own lease, never one by two
+threads; a shutdown stops every running agent and the
 workflows resume; ``status`` names the worker holding each; a dead worker's
 leases are taken back a batch at a time.
 """
@@ -86,11 +87,20 @@ def _count(store: Store, sql: str) -> list[tuple[object, ...]]:
         return [tuple(r) for r in conn.exec_driver_sql(sql).all()]
 
 
+def _on_store(repo: Path, url: str) -> None:
+    """Point the repository's cartridge at the store ``url`` (committed: workers read it)."""
+    cartridge = repo / "phasegate.toml"
+    cartridge.write_text(cartridge.read_text() + f'\n[store]\nurl = "{url}"\n')
+    git(repo, "commit", "-q", "-am", "store")
+
+
 def test_two_workers_of_concurrency_8_complete_120_workflows_with_no_duplicate(
-    tmp_path: Path,
+    tmp_path: Path, store_url: str
 ) -> None:
     repo = distinct_builds_repo(tmp_path / "repo")
+    _on_store(repo, store_url)
     cartridge = load_cartridge(repo)
+    assert cartridge.store_url(repo) == store_url
     store = open_store(cartridge.store_url(repo))
     engine = Engine(repo, cartridge, store)
     logs = [tmp_path / "worker-1.log", tmp_path / "worker-2.log"]
