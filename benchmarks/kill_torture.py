@@ -2,6 +2,7 @@
 
     python benchmarks/kill_torture.py --trials 300 [--seed 1] [--jobs 2] [--keep DIR]
     python benchmarks/kill_torture.py --github --trials 30     # on the fake GitHub, one job
+    python benchmarks/kill_torture.py --mode postgres --trials 30   # PostgreSQL, two workers
 
 Each trial runs one whole workflow (command agents that really edit files, a
 profile that merges unattended), SIGKILLs it 1–3 times at moments drawn from
@@ -17,6 +18,12 @@ kill (``--calibrate``), so the slowdown a crash costs is a ratio.
 
 ``--github`` runs every trial on the GitHub forge (``torture_github``): the fake
 GitHub behind one Prism (installed by ``.ci/run``), so one trial at a time.
+
+``--mode postgres`` runs every trial on a PostgreSQL store with two workers
+(``torture_postgres``: three workflows, each worker of concurrency 2, the kills
+aimed at one worker or both): on ``PHASEGATE_POSTGRES_URL``, or a throwaway
+server started for the run (``phasegate.testing.postgres``); each trial a
+schema of its own. ``--github`` is ``--mode github``.
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from phasegate.testing.postgres import server_url
 from phasegate.testing.torture import GitHubRig, Trial, run_trial, run_uninterrupted, trial_mode
+from phasegate.testing.torture_postgres import run_postgres_trial, run_postgres_uninterrupted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,28 +50,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="the first trial's seed")
     parser.add_argument("--jobs", type=int, default=2, help="trials run at once")
     parser.add_argument("--keep", type=Path, help="keep every trial's directory under DIR")
-    parser.add_argument("--github", action="store_true", help="on the fake GitHub (one job)")
+    parser.add_argument(
+        "--mode",
+        choices=("local", "github", "postgres"),
+        default="local",
+        help="local: classic and graph trials on SQLite; github: on the fake GitHub "
+        "(one job); postgres: on PostgreSQL with two workers",
+    )
+    parser.add_argument("--github", action="store_true", help="the same as --mode github")
     args = parser.parse_args(argv)
-    with GitHubRig() if args.github else contextlib.nullcontext() as rig:
+    if args.github:
+        args.mode = "github"
+    if args.mode == "postgres":
+        url, server = server_url()
+        try:
+            return run(args, None, url)
+        finally:
+            if server is not None:
+                server.stop()
+    with GitHubRig() if args.mode == "github" else contextlib.nullcontext() as rig:
         return run(args, rig)
 
 
-def run(args: argparse.Namespace, rig: GitHubRig | None) -> int:
-    """The trials ``args`` ask for (on ``rig``'s fake GitHub when given); the exit code."""
+def run(args: argparse.Namespace, rig: GitHubRig | None, postgres_url: str = "") -> int:
+    """The trials ``args`` ask for (on ``rig``'s fake GitHub when given, on the
+    PostgreSQL server at ``postgres_url`` when given); the exit code."""
     base = args.keep or Path(tempfile.mkdtemp(prefix="phasegate-torture-"))
     base.mkdir(parents=True, exist_ok=True)
     spans = {}
-    for mode in ("github",) if rig else ("classic", "graph"):
+    modes = ("github",) if rig else ("postgres",) if postgres_url else ("classic", "graph")
+    for mode in modes:
+        roots = [base / f"uninterrupted-{mode}-{i}" for i in range(3)]
         runs = [
-            run_uninterrupted(base / f"uninterrupted-{mode}-{i}", mode=mode, github=rig)
-            for i in range(3)
+            run_postgres_uninterrupted(root, postgres_url=postgres_url)
+            if postgres_url
+            else run_uninterrupted(root, mode=mode, github=rig)
+            for root in roots
         ]
         spans[mode] = statistics.median(runs)
         print(f"uninterrupted {mode} run: {spans[mode]:.2f} s (median of 3)")
 
     def trial(seed: int) -> Trial:
+        root = base / f"trial-{seed}"
+        if postgres_url:
+            span = spans["postgres"]
+            return run_postgres_trial(root, seed, postgres_url=postgres_url, span_s=span)
         mode = "github" if rig else trial_mode(seed)
-        return run_trial(base / f"trial-{seed}", seed, span_s=spans[mode], mode=mode, github=rig)
+        return run_trial(root, seed, span_s=spans[mode], mode=mode, github=rig)
 
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=1 if rig else args.jobs) as pool:

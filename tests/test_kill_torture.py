@@ -10,6 +10,12 @@ On the GitHub forge (issue 11: "no duplicate issue, PR, comment or merge"), the 
 GitHub behind Prism: ``PHASEGATE_TORTURE_GITHUB_TRIALS`` trials (default 6, about
 three minutes; a trial is slower than a local one, every forge call crossing Prism),
 one of them always killing a request to GitHub in flight.
+
+On PostgreSQL (issue 12: "passes on PostgreSQL with two workers, one of them killed at
+random"): ``PHASEGATE_TORTURE_POSTGRES_TRIALS`` trials (default 3, about a minute and a
+half here), three workflows shared by two workers, one of the trials always killing one
+worker while the other runs; ``benchmarks/kill_torture.py --mode postgres --trials N``
+runs more.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
+from phasegate.store import tables
 from phasegate.testing.prism import PrismProxy
 from phasegate.testing.torture import (
     AIMS,
@@ -36,13 +44,21 @@ from phasegate.testing.torture import (
     trial_mode,
 )
 from phasegate.testing.torture_github import BOT, CHANGING, REPOSITORY, check_github
-from phasegate.testing.torture_lab import Lab
+from phasegate.testing.torture_lab import Lab, wait_for
+from phasegate.testing.torture_postgres import (
+    POSTGRES_TARGETS,
+    check_workers,
+    postgres_plan,
+    run_postgres_trial,
+    run_postgres_uninterrupted,
+)
 
 # Sandboxed, as on a person's machine: kills land on bwrap and its PID namespace too.
 pytestmark = [pytest.mark.slow, pytest.mark.sandboxed]
 
 TRIALS = int(os.environ.get("PHASEGATE_TORTURE_TRIALS", "20"))
 GITHUB_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_GITHUB_TRIALS", "6"))
+POSTGRES_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_POSTGRES_TRIALS", "3"))
 
 
 def first_seed() -> int:
@@ -142,3 +158,78 @@ def test_kills_on_the_github_forge_never_duplicate_an_issue_pr_comment_or_merge(
     in_flight = [k["request"] for k in kills if k.get("request")]
     assert all(r.split()[0] in CHANGING for r in in_flight), in_flight
     assert any(k["aim"] == "github_request" for k in kills) or GITHUB_TRIALS < 1
+
+
+# -- PostgreSQL, two workers (issue 12) ------------------------------------------------
+
+
+def test_postgres_kill_plans_are_replayed_by_their_seed_and_hit_one_worker_or_both() -> None:
+    assert postgres_plan(7, 3.0) == postgres_plan(7, 3.0)
+    plans = [k for seed in range(200) for k in postgres_plan(seed, 3.0)]
+    assert {k.target for k in plans} == set(POSTGRES_TARGETS)
+    assert {k.victim for k in plans} == {0, 1}
+    assert {k.aim for k in plans} == set(AIMS)
+    one = sum(k.target in ("phasegate", "tree") for k in plans)
+    assert one > len(plans) / 2, "most kills hit one worker while the other runs"
+
+
+def postgres_seeds(first: int, count: int) -> list[int]:
+    """``count`` seeds from ``first`` on, the last replaced by the next seed whose first
+    kill hits one worker alone (when none before it does): that kill is run."""
+    seeds = list(range(first, first + count))
+    one = ("phasegate", "tree")
+    if not any(postgres_plan(s, 1.0)[0].target in one for s in seeds[:-1]):
+        seeds[-1] = next(
+            s for s in itertools.count(seeds[-1]) if postgres_plan(s, 1.0)[0].target in one
+        )
+    return seeds
+
+
+def test_kills_of_one_of_two_workers_on_postgresql_never_break_an_invariant(
+    tmp_path: Path, postgres_server_url: str
+) -> None:
+    span = run_postgres_uninterrupted(tmp_path / "uninterrupted", postgres_url=postgres_server_url)
+    seeds = postgres_seeds(first_seed(), POSTGRES_TRIALS)
+    url = postgres_server_url
+    trials = [
+        run_postgres_trial(tmp_path / f"trial-{s}", s, postgres_url=url, span_s=span) for s in seeds
+    ]
+    kills = [k for t in trials for k in t.kills]
+    print(f"\npostgres seeds {seeds}; uninterrupted {span:.1f} s")
+    print(f"kills: {[(k['phase'], k['aim'], k['target']) for k in kills]}")
+    print(f"seconds per trial: {[t.duration_s for t in trials]}")
+    assert all(t.ok for t in trials), failures_of(trials)
+    assert all(t.status == "completed" for t in trials)
+    assert len(kills) >= len(trials)  # every trial was really interrupted
+    assert any(k["target"] in ("phasegate", "tree") for k in kills) or POSTGRES_TRIALS < 1
+
+
+def test_a_live_workers_lease_taken_over_is_caught_as_lease_taken(
+    tmp_path: Path, pg_url: str
+) -> None:
+    # What a takeover of a live worker's lease would look like, made by hand: the
+    # honesty invariant of the postgres trials sees it in the worker's own words.
+    lab = Lab(tmp_path / "lab", 0, 0.5, "postgres", store_url=pg_url)
+    worker = None
+    try:
+        workflow_id = lab.start_workflow()
+        worker = lab.worker()
+        assert wait_for(lambda: lab.claimed_by(workflow_id, worker.pid), 60.0, poll_s=0.02)
+        assert check_workers(lab) == []
+        c = tables.workflows.c
+        with lab.store.transaction() as conn:
+            conn.execute(
+                tables.workflows.update()
+                .where(c.id == workflow_id)
+                .values(lease_owner="elsewhere:1:thief", fence=c.fence + 1)
+            )
+        log = lab.logs / "worker-1.log"
+        assert wait_for(lambda: "stopped" in log.read_text(errors="replace"), 60.0, poll_s=0.05)
+        assert [v.kind for v in check_workers(lab)] == ["lease_taken"]
+        stolen = lab.read(sa.select(c.lease_owner).where(c.id == workflow_id))
+        assert stolen == [("elsewhere:1:thief",)], "the worker wrote nothing more"
+    finally:
+        if worker is not None:
+            worker.kill()
+            worker.wait(timeout=10)
+        lab.close()

@@ -56,6 +56,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+
+from phasegate.store import tables as t
 from phasegate.testing.github_server import Fault
 from phasegate.testing.torture_github import HOLD_S, GitHubRig, TrialForge
 from phasegate.testing.torture_invariants import Violation, check_invariants
@@ -105,6 +108,7 @@ class KillPlan:
     aim: str
     target: str
     before_claim: bool = False  # a random kill while the worker is still starting up
+    victim: int = 0  # which worker a kill of one hits, when two run (torture_postgres)
 
 
 @dataclass
@@ -160,16 +164,27 @@ def github_plan(seed: int, span_s: float) -> list[KillPlan]:
 # -- aiming -------------------------------------------------------------------------
 
 
+#: The journaled side effects a ``journal_window`` kill is aimed at (DESIGN.md §1).
+JOURNALED = (
+    "issue_created", "branch_created", "branch_pushed", "pr_created", "pr_updated",
+    "comment_posted", "merge_completed", "issue_closed",
+)  # fmt: skip
+
+
+def _in_progress(lab: Lab, workflow_id: str, kinds: tuple[str, ...]) -> bool:
+    m = t.milestones.c
+    return bool(
+        lab.read(
+            sa.select(m.id)
+            .where(m.workflow_id == workflow_id, m.status == "in_progress", m.kind.in_(kinds))
+            .limit(1)
+        )
+    )
+
+
 def _window_open(lab: Lab, workflow_id: str, aim: str) -> bool:
     if aim == "journal_window":
-        return bool(
-            lab.query(
-                "SELECT 1 FROM milestones WHERE workflow_id = ? AND status = 'in_progress' "
-                "AND kind IN ('issue_created', 'branch_created', 'branch_pushed', 'pr_created',"
-                " 'pr_updated', 'comment_posted', 'merge_completed', 'issue_closed')",
-                workflow_id,
-            )
-        )
+        return _in_progress(lab, workflow_id, JOURNALED)
     if aim == "git":
         return any(comm(pid) == "git" for pid in trial_processes(lab.root))
     if aim == "merge":
@@ -177,24 +192,22 @@ def _window_open(lab: Lab, workflow_id: str, aim: str) -> bool:
     if aim == "verification":
         return lab.row(workflow_id)["current_phase"] == "acceptance_verification"
     if aim == "apply_arm":  # a draft PR the policy let through, not yet landed
+        p = t.proposals.c
         return (
             bool(
-                lab.query(
-                    "SELECT 1 FROM proposals WHERE workflow_id = ? AND kind = 'draft_pr_create' "
-                    "AND mode = 'auto' AND status != 'applied'",
-                    workflow_id,
+                lab.read(
+                    sa.select(p.id).where(
+                        p.workflow_id == workflow_id,
+                        p.kind == "draft_pr_create",
+                        p.mode == "auto",
+                        p.status != "applied",
+                    )
                 )
             )
             or lab.row(workflow_id)["current_phase"] == "pr_review"
         )
     if aim == "agent":
-        return bool(
-            lab.query(
-                "SELECT 1 FROM milestones WHERE workflow_id = ? AND status = 'in_progress' "
-                "AND kind = 'agent_process'",
-                workflow_id,
-            )
-        )
+        return _in_progress(lab, workflow_id, ("agent_process",))
     return False
 
 
@@ -233,6 +246,7 @@ def run_trial(
         raise ValueError("a github trial, and only one, runs on a GitHubRig")
     forge = github.forge_for(root) if github is not None else None
     trial = Trial(seed=seed, root=root, mode=mode)
+    lab = None
     try:
         lab = Lab(root, seed, max_sleep_s, mode, forge)
         workflow_id = lab.start_workflow()
@@ -244,9 +258,11 @@ def run_trial(
             left = forge.left(github.changes_per_run) if forge and github else 1.0
             trial.kills.append(_kill_once(lab, workflow_id, plan, left))
         trial.resumes, trial.status = _settle(lab, workflow_id)
-        trial.violations = check_invariants(lab, workflow_id)
+        trial.violations = check_invariants(lab, [workflow_id])
         trial.github_requests = len(forge.server.requests) if forge else 0
     finally:
+        if lab is not None:
+            lab.close()
         if forge is not None:
             forge.stop()
     trial.duration_s = round(time.monotonic() - started, 2)
@@ -339,6 +355,7 @@ def run_uninterrupted(
         that breaks an invariant on purpose, to see it caught).
     """
     forge = github.forge_for(root) if github is not None else None
+    lab = None
     try:
         lab = Lab(root, 0, max_sleep_s, mode, forge)
         workflow_id = lab.start_workflow()
@@ -354,7 +371,7 @@ def run_uninterrupted(
         finally:
             _stop(lab, worker)
         status = lab.row(workflow_id)["status"]
-        violations = check_invariants(lab, workflow_id)
+        violations = check_invariants(lab, [workflow_id])
         if status != "completed" or violations:
             raise RuntimeError(f"the uninterrupted run in {root} ended {status}: {violations}")
         if github is not None and forge is not None:
@@ -362,6 +379,8 @@ def run_uninterrupted(
         if inspect is not None:
             inspect(lab, workflow_id)
     finally:
+        if lab is not None:
+            lab.close()
         if forge is not None:
             forge.stop()
     return elapsed

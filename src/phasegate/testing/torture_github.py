@@ -229,12 +229,12 @@ def _check_closed(
     ]
     if "close" in order and ("merge" not in order or order.index("close") < order.index("merge")):
         found.append(Violation("issue_closed", f"closed before the merge: {order}"))
-    answered = lab.query(
-        "SELECT min(created_at) FROM agent_runs WHERE workflow_id = ? "
-        "AND role = 'verification' AND outcome = 'ok'",
-        workflow_id,
-    )
-    first = _utc(answered[0][0]) if answered and answered[0][0] else None
+    answered = [
+        r["created_at"]
+        for r in lab.store.agent_runs(workflow_id)
+        if r["role"] == "verification" and r["outcome"] == "ok"
+    ]
+    first = _utc(min(answered)) if answered else None
     if closed and (first is None or closed[0].created_at < first.replace(microsecond=0)):
         found.append(
             Violation("issue_closed", f"closed at {closed[0].created_at}; first verdict {first}")

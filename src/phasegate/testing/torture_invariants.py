@@ -1,5 +1,11 @@
 """The kill-torture harness's invariants, checked on a settled trial (see
-``phasegate.testing.torture`` for the list and the kinds of ``Violation``)."""
+``phasegate.testing.torture`` for the list and the kinds of ``Violation``).
+
+The store is read through the lab's own Store (``Lab.read``: SQLAlchemy Core),
+so the same checks hold on SQLite and on PostgreSQL. A trial of several
+workflows (postgres) is checked for each, and the forge and the base for all:
+one issue, one pull request and one merge on the base per workflow.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,12 @@ import contextlib
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
+import sqlalchemy as sa
+
+from phasegate.store import tables as t
 from phasegate.testing.torture_github import check_github
 from phasegate.testing.torture_lab import (
     Lab,
@@ -25,25 +35,34 @@ __all__ = ["Violation", "check_invariants"]
 # -- the invariants -------------------------------------------------------------------
 
 
-def check_invariants(lab: Lab, workflow_id: str) -> list[Violation]:
-    """Every invariant of the module docstring, checked on the settled trial."""
+def check_invariants(lab: Lab, workflow_ids: Sequence[str]) -> list[Violation]:
+    """Every invariant of ``phasegate.testing.torture``'s docstring, checked on the
+    settled trial of ``workflow_ids`` (a github trial has one)."""
     found: list[Violation] = []
 
     def expect(ok: bool, kind: str, detail: str) -> None:
         if not ok:
             found.append(Violation(kind, detail))
 
-    row = lab.row(workflow_id)
-    expect(row["status"] == "completed", "not_completed", f"{row['status']}: {row['error']}")
+    m = t.milestones.c
+    for workflow_id in workflow_ids:
+        row = lab.row(workflow_id)
+        expect(
+            row["status"] == "completed",
+            "not_completed",
+            f"{workflow_id} {row['status']}: {row['error']}",
+        )
+        stuck = lab.read(
+            sa.select(m.phase, m.kind).where(
+                m.workflow_id == workflow_id, m.status == "in_progress"
+            )
+        )
+        expect(not stuck, "in_progress", f"{workflow_id}'s milestones left in_progress: {stuck}")
     if lab.forge is not None:
+        (workflow_id,) = workflow_ids
         found += check_github(lab, lab.forge, workflow_id)
     else:
-        found += _check_local_forge(lab)
-    stuck = lab.query(
-        "SELECT phase, kind FROM milestones WHERE workflow_id = ? AND status = 'in_progress'",
-        workflow_id,
-    )
-    expect(not stuck, "in_progress", f"milestones left in_progress: {stuck}")
+        found += _check_local_forge(lab, workflow_ids)
 
     wait_for(lambda: not trial_processes(lab.root), 5.0, poll_s=0.1)
     alive = [f"{pid} {cmdline(pid)}" for pid in trial_processes(lab.root)]
@@ -69,7 +88,9 @@ def check_invariants(lab: Lab, workflow_id: str) -> list[Violation]:
     ]
     expect(not leftovers, "worktree_left", f"checkout directories left: {leftovers}")
 
-    found += _check_change(lab, workflow_id)
+    for workflow_id in workflow_ids:
+        found += _check_change(lab, workflow_id)
+    found += _check_base(lab, workflow_ids)
 
     with contextlib.suppress(subprocess.CalledProcessError):
         lab._git("stash", "list")  # harmless; makes sure the person's git still runs
@@ -89,84 +110,93 @@ def check_invariants(lab: Lab, workflow_id: str) -> list[Violation]:
     return found
 
 
-def _check_local_forge(lab: Lab) -> list[Violation]:
-    """One issue, one pull request, no marker twice in the store; one merge on main."""
+def _check_local_forge(lab: Lab, workflow_ids: Sequence[str]) -> list[Violation]:
+    """One issue and one pull request (of the workflow's branch) per workflow, no
+    marker twice in the store; one merge on main per workflow, nothing else."""
     found: list[Violation] = []
 
     def expect(ok: bool, kind: str, detail: str) -> None:
         if not ok:
             found.append(Violation(kind, detail))
 
-    repo_key = str(lab.repo)
-    issues = lab.query("SELECT count(*) FROM forge_issues")[0][0]
-    prs = lab.query("SELECT count(*) FROM forge_pull_requests")[0][0]
-    expect(issues == 1, "issues", f"{issues} issues in {repo_key}")
-    expect(prs == 1, "pull_requests", f"{prs} pull requests")
-    markers = lab.query(
-        "SELECT marker, count(*) FROM forge_comments WHERE marker IS NOT NULL "
-        "GROUP BY marker HAVING count(*) > 1"
+    n = len(workflow_ids)
+    issues = lab.read(sa.select(t.forge_issues.c.number))
+    heads = sorted(h for (h,) in lab.read(sa.select(t.forge_pull_requests.c.head)))
+    branches = sorted(str(lab.row(w)["branch_name"]) for w in workflow_ids)
+    expect(len(issues) == n, "issues", f"{len(issues)} issues in {lab.repo}; {n} expected")
+    expect(heads == branches, "pull_requests", f"pull requests by head: {heads}; {branches}")
+    c = t.forge_comments.c
+    markers = lab.read(
+        sa.select(c.marker, sa.func.count())
+        .where(c.marker.is_not(None))
+        .group_by(c.marker)
+        .having(sa.func.count() > 1)
     )
     expect(not markers, "duplicate_comment", f"markers posted twice: {markers}")
 
     merges = lab._git("rev-list", "--first-parent", "--merges", "main").split()
-    expect(len(merges) == 1, "merges", f"{len(merges)} merge commits on main")
+    expect(len(merges) == n, "merges", f"{len(merges)} merge commits on main; {n} expected")
     first_parent = lab._git("rev-list", "--first-parent", "main").split()
     expect(
-        len(first_parent) == lab.base_commits + 1,
+        len(first_parent) == lab.base_commits + n,
         "merges",
         f"main's first-parent line has {len(first_parent)} commits; "
-        f"{lab.base_commits} + one merge expected",
+        f"{lab.base_commits} + {n} merge(s) expected",
     )
     return found
 
 
 def _check_change(lab: Lab, workflow_id: str) -> list[Violation]:
-    """The base holds one whole line per build run recorded ``ok`` and kept (classic);
-    the applied proposal's patch exactly once (graph)."""
+    """The base holds one whole line per build run recorded ``ok`` and kept, in the
+    workflow's changes file (classic); the applied proposal's patch exactly once
+    (graph)."""
     if lab.mode == "graph":
         return _check_graph_change(lab, workflow_id)
     found = []
+    name = lab.changes_file(workflow_id)
     try:
-        text = lab._git("show", "main:changes.txt", cwd=lab.base_repo) + "\n"
+        text = lab._git("show", f"main:{name}", cwd=lab.base_repo) + "\n"
     except subprocess.CalledProcessError:
         text = ""
     lines = text.splitlines(keepends=True) if text.strip() else []
-    recorded = lab.query(
-        "SELECT count(*) FROM agent_runs WHERE workflow_id = ? AND role = 'build' "
-        "AND outcome = 'ok'",
-        workflow_id,
-    )[0][0]
-    discarded = lab.query(
-        "SELECT count(*) FROM milestones WHERE workflow_id = ? AND kind = 'attempt_discarded' "
-        "AND json_extract(data, '$.recorded_run') = 1",
-        workflow_id,
-    )[0][0]
+    runs = lab.store.agent_runs(workflow_id)
+    recorded = sum(1 for r in runs if r["role"] == "build" and r["outcome"] == "ok")
+    discarded = sum(
+        1
+        for ms in lab.store.milestones(workflow_id)
+        if ms.kind == "attempt_discarded" and ms.data.get("recorded_run") in (1, True)
+    )
     kept = recorded - discarded
     if len(lines) != kept:
         found.append(
             Violation(
                 "change",
-                f"main's changes.txt has {len(lines)} line(s); {recorded} build run(s) "
+                f"main's {name} has {len(lines)} line(s); {recorded} build run(s) "
                 f"recorded ok, {discarded} of them discarded: {kept} expected",
             )
         )
     # The same rule by phasegate's own accounting: every ok build run kept (a trailer on
     # main names it), discarded as evidence, or unchanged; one line per kept run.
     from phasegate.phases.attempts import account_build_runs
-    from phasegate.store import open_store
 
-    store = open_store(f"sqlite:///{lab.db}")
-    try:
-        runs = account_build_runs(store, lab.base_repo, workflow_id, "main")
-    finally:
-        store.close()
-    if runs["unaccounted"] or len(runs["kept"]) != len(lines):
+    accounted = account_build_runs(lab.store, lab.base_repo, workflow_id, "main")
+    if accounted["unaccounted"] or len(accounted["kept"]) != len(lines):
         found.append(
             Violation(
                 "change",
-                f"{len(lines)} line(s) on main; build runs by phasegate's accounting: {runs}",
+                f"{len(lines)} line(s) in {name} on main; build runs by phasegate's "
+                f"accounting: {accounted}",
             )
         )
+    return found
+
+
+def _check_base(lab: Lab, workflow_ids: Sequence[str]) -> list[Violation]:
+    """The base's own checks pass once every workflow completed (classic: on main,
+    GitHub's main on GitHub; graph: its tests, in ``_check_graph_change``)."""
+    found: list[Violation] = []
+    if lab.mode == "graph":
+        return found
     with tempfile.TemporaryDirectory(prefix="torture-main-") as scratch:
         where = lab.repo
         if lab.forge is not None:  # GitHub's main, in a directory of its own
@@ -178,7 +208,7 @@ def _check_change(lab: Lab, workflow_id: str) -> list[Violation]:
         check = subprocess.run(
             [sys.executable, "check_changes.py"], cwd=where, capture_output=True, text=True
         )
-    if check.returncode != 0 and row_completed(lab, workflow_id):
+    if check.returncode != 0 and all(row_completed(lab, w) for w in workflow_ids):
         found.append(Violation("base_checks", (check.stderr or check.stdout).strip()[-300:]))
     return found
 
@@ -187,11 +217,14 @@ def _check_graph_change(lab: Lab, workflow_id: str) -> list[Violation]:
     from phasegate.demo import _CALC_AFTER
 
     found = []
-    applied = lab.query(
-        "SELECT count(*) FROM proposals WHERE workflow_id = ? AND kind = 'draft_pr_create' "
-        "AND status = 'applied'",
-        workflow_id,
-    )[0][0]
+    p = t.proposals.c
+    applied = len(
+        lab.read(
+            sa.select(p.id).where(
+                p.workflow_id == workflow_id, p.kind == "draft_pr_create", p.status == "applied"
+            )
+        )
+    )
     if applied != 1:
         found.append(Violation("change", f"{applied} draft PR proposals applied, 1 expected"))
     landed = lab._git("log", "--format=%B", "main").count("Phasegate-Proposal:")

@@ -2,10 +2,12 @@
 
 ``Lab`` builds one trial's repository (classic: command agents that append a
 line to ``changes.txt`` in two writes; graph: the demo's sample through the
-development graph; github: classic, on a fake GitHub, ``torture_github``),
-files its workflow, starts its ``phasegate worker`` processes and reads its
-store with a plain read-only sqlite3 connection. ``trial_processes`` finds
-every process of a trial by its working directory.
+development graph; github: classic, on a fake GitHub, ``torture_github``;
+postgres: classic on a PostgreSQL store, several workflows each appending to
+``changes-<workflow id>.txt``, ``torture_postgres``), files its workflows,
+starts its ``phasegate worker`` processes and reads its store through a
+``Store`` of its own (reads only: ``Lab.read``), on either database.
+``trial_processes`` finds every process of a trial by its working directory.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import json
 import os
 import shlex
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -25,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
+
 if TYPE_CHECKING:
+    from phasegate.store import Store
     from phasegate.testing.torture_github import TrialForge
 
 __all__ = ["ANSWERS", "FORGE_DIR", "Lab", "Violation", "kill_all", "trial_processes"]
@@ -45,6 +49,8 @@ class Violation:
 
 # The agents: read the prompt, sleep a little, answer; the build role appends one
 # line in two writes with a sleep between, so a kill can leave half a line behind.
+# With several workflows (postgres) each appends to a file of its own: their
+# merges never conflict.
 AGENT_SCRIPT = """\
 import hashlib, json, os, random, sys, time
 from pathlib import Path
@@ -55,7 +61,9 @@ rng = random.Random(f"{config['seed']}:{role}:{time.time_ns()}")
 time.sleep(rng.uniform(0, config["max_sleep_s"]))
 if role == "build":
     token = hashlib.sha1(os.urandom(8)).hexdigest()[:10]
-    with open("changes.txt", "a") as out:
+    own = config["per_workflow"]
+    name = f"changes-{os.environ['PHASEGATE_WORKFLOW_ID']}.txt" if own else "changes.txt"
+    with open(name, "a") as out:
         out.write(f"run-{token}")
         out.flush()
         time.sleep(rng.uniform(0, config["max_sleep_s"]))
@@ -64,15 +72,16 @@ if role == "build":
 print(config["answers"][role])
 """
 
-# The project's own test: every line of changes.txt is one whole line an agent wrote.
+# The project's own test: every line of changes*.txt is one whole line an agent wrote.
 CHECK_SCRIPT = """\
 import re, sys
 from pathlib import Path
 
-lines = Path("changes.txt").read_text().splitlines(keepends=True)
+files = sorted(Path().glob("changes*.txt"))
+lines = [line for f in files for line in f.read_text().splitlines(keepends=True)]
 bad = [line for line in lines if not re.fullmatch(r"run-[0-9a-f]{10} ok\\n", line)]
 if not lines or bad:
-    sys.exit(f"changes.txt: {len(lines)} line(s), malformed: {bad[:3]!r}")
+    sys.exit(f"changes*.txt: {len(lines)} line(s), malformed: {bad[:3]!r}")
 """
 
 ANSWERS = {
@@ -84,6 +93,9 @@ ANSWERS = {
 }
 ROLES = tuple(ANSWERS)
 _START_LOCK = threading.Lock()
+#: How many times ``Lab.read`` tries a store that is unavailable.
+READ_ATTEMPTS = 50
+ROW_KEYS = ("current_phase", "status", "error", "branch_name", "lease_owner")
 TITLE = "Append one line to changes.txt"
 TICKET = "Append one line to changes.txt; check_changes.py must pass."
 
@@ -131,8 +143,11 @@ def kill_all(root: Path, worker: subprocess.Popen[bytes] | None) -> None:
 
 
 class Lab:
-    """One trial's repository and processes. ``mode`` is ``classic``, ``graph`` or
-    ``github`` (which needs ``forge``: the trial's fake GitHub, seeded here)."""
+    """One trial's repository and processes. ``mode`` is ``classic``, ``graph``,
+    ``github`` (which needs ``forge``: the trial's fake GitHub, seeded here) or
+    ``postgres`` (which needs ``store_url``: a PostgreSQL schema of the trial's
+    own, in the cartridge's ``store.url``; ValueError otherwise). ``close()``
+    closes the lab's own Store."""
 
     def __init__(
         self,
@@ -141,20 +156,32 @@ class Lab:
         max_sleep_s: float,
         mode: str = "classic",
         forge: TrialForge | None = None,
+        store_url: str | None = None,
     ) -> None:
         if (mode == "github") != (forge is not None):
             raise ValueError("a github trial, and only one, has a forge")
+        if (mode == "postgres") != (store_url is not None):
+            raise ValueError("a postgres trial, and only one, has a store_url")
         self.mode = mode
         self.forge = forge
+        self.store_url = store_url
         self.root = root.resolve()
         self.repo = self.root / "repo"
         self.db = self.repo / ".phasegate" / "state.db"
         self.logs = self.root / "logs"
         self.workers = 0
+        self._store: Store | None = None  # opened by the first start_workflow
         self.logs.mkdir(parents=True, exist_ok=True)
         config = self.root / "agent.json"
         config.write_text(
-            json.dumps({"seed": seed, "max_sleep_s": max_sleep_s, "answers": ANSWERS})
+            json.dumps(
+                {
+                    "seed": seed,
+                    "max_sleep_s": max_sleep_s,
+                    "answers": ANSWERS,
+                    "per_workflow": mode == "postgres",
+                }
+            )
         )
         agent = self.root / "agent.py"
         agent.write_text(AGENT_SCRIPT)
@@ -175,6 +202,10 @@ class Lab:
     def env(self) -> dict[str, str]:
         """The environment of the trial's phasegate processes (the bot's token on GitHub)."""
         return {**os.environ, "COLUMNS": "200", **(self.forge.env if self.forge else {})}
+
+    def changes_file(self, workflow_id: str) -> str:
+        """The file the workflow's build agent appends its lines to."""
+        return f"changes-{workflow_id}.txt" if self.mode == "postgres" else "changes.txt"
 
     def _make_graph_repo(self) -> None:
         """The demo's sample project through the development graph (scripted agents, a
@@ -211,7 +242,10 @@ class Lab:
         (self.repo / "phasegate.toml").write_text(
             '[workflow]\nbase_branch = "main"\nprofile = "full-auto"\n\n'
             f'[landing_areas]\nchecks = ["{sys.executable} check_changes.py"]\n'
-            "check_timeout = 60\n\n" + roles + (f"\n{self.forge.cartridge()}" if self.forge else "")
+            "check_timeout = 60\n\n"
+            + roles
+            + (f"\n{self.forge.cartridge()}" if self.forge else "")
+            + (f'\n[store]\nurl = "{self.store_url}"\n' if self.store_url else "")
         )
         self._git("init", "-q", "-b", "main")
         self._git("add", "-A")
@@ -220,8 +254,9 @@ class Lab:
             "commit", "-q", "-m", "initial",
         )  # fmt: skip
 
-    def start_workflow(self) -> str:
-        """File the workflow through the Engine API without running it; returns its id."""
+    def start_workflow(self, title: str = TITLE) -> str:
+        """File a workflow through the Engine API without running it; returns its id.
+        The first one opens (and migrates) the store the lab reads."""
         from phasegate.cartridge import load_cartridge
         from phasegate.engine import Engine
         from phasegate.forge.github_auth import make_forge
@@ -230,24 +265,39 @@ class Lab:
 
         with _START_LOCK:  # alembic's migration context is process-global, not per thread
             cartridge = load_cartridge(self.repo)
-            store = open_store(cartridge.store_url(self.repo))
+            if self._store is None:
+                self._store = open_store(cartridge.store_url(self.repo))
+            store = self._store
             forge = None
             if self.forge is not None:  # the bot's token, not this process's GITHUB_TOKEN
                 forge = make_forge(cartridge, self.repo, store, Workspace(), [], self.forge.env)
-            try:
-                if self.mode == "graph":
-                    from phasegate.demo import DEMO_TICKET, DEMO_TITLE
+            if self.mode == "graph":
+                from phasegate.demo import DEMO_TICKET, DEMO_TITLE
 
-                    return Engine(self.repo, cartridge, store).start(DEMO_TITLE, DEMO_TICKET)
-                return Engine(self.repo, cartridge, store, forge=forge).start(TITLE, TICKET)
-            finally:
-                store.close()
+                return Engine(self.repo, cartridge, store).start(DEMO_TITLE, DEMO_TICKET)
+            return Engine(self.repo, cartridge, store, forge=forge).start(title, TICKET)
 
-    def worker(self) -> subprocess.Popen[bytes]:
+    @property
+    def store(self) -> Store:
+        """The lab's own Store on the trial's database (after ``start_workflow``)."""
+        if self._store is None:
+            raise RuntimeError("no workflow was started: the trial has no store yet")
+        return self._store
+
+    def close(self) -> None:
+        """Close the lab's Store (the trial's processes are not touched)."""
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def worker(self, concurrency: int | None = None) -> subprocess.Popen[bytes]:
+        """Start a ``phasegate worker`` of the trial (``--concurrency`` when given), in a
+        session of its own, its output in ``logs/worker-N.log``."""
         self.workers += 1
+        extra = ["--concurrency", str(concurrency)] if concurrency is not None else []
         with open(self.logs / f"worker-{self.workers}.log", "wb") as log:
             return subprocess.Popen(
-                [phasegate_exe(), "worker", "--repo", str(self.repo), "--poll", "0.1"],
+                [phasegate_exe(), "worker", "--repo", str(self.repo), "--poll", "0.1", *extra],
                 cwd=self.root,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -256,32 +306,42 @@ class Lab:
                 env=self.env,
             )
 
-    def query(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
-        # A plain reader: never migrates, never takes the write lock.
-        if not self.db.exists():
-            return []
-        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10)
-        try:
-            return conn.execute(sql, args).fetchall()
-        except sqlite3.OperationalError:
-            return []  # the schema is still being made
-        finally:
-            conn.close()
+    def read(self, statement: sa.Executable) -> list[tuple[Any, ...]]:
+        """The rows of a SQLAlchemy ``statement`` (a read), in one read-only transaction
+        of the lab's Store: the same on SQLite and PostgreSQL. A store briefly
+        unavailable (SQLite recovering a killed writer's WAL) is read again, up to
+        ``READ_ATTEMPTS`` times; then StoreUnavailable is raised."""
+        from phasegate.store import StoreUnavailable
+
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                with self.store.reading() as conn:
+                    return [tuple(r) for r in conn.execute(statement).all()]
+            except StoreUnavailable:
+                if attempt == READ_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.1)
+        raise AssertionError("unreachable")
 
     def claimed_by(self, workflow_id: str, pid: int) -> bool:
         """Whether the worker ``pid`` holds the workflow's lease (owner ``host:pid:...``)."""
-        rows = self.query("SELECT lease_owner FROM workflows WHERE id = ?", workflow_id)
-        return bool(rows and rows[0][0] and f":{pid}:" in rows[0][0])
+        owner = self.row(workflow_id)["lease_owner"]
+        return bool(owner and f":{pid}:" in owner)
 
     def row(self, workflow_id: str) -> dict[str, Any]:
-        rows = self.query(
-            "SELECT current_phase, status, error, branch_name FROM workflows WHERE id = ?",
-            workflow_id,
+        """The workflow's ``current_phase``, ``status``, ``error``, ``branch_name`` and
+        ``lease_owner`` (empty strings and None before it exists)."""
+        from phasegate.store import tables as t
+
+        c = t.workflows.c
+        rows = self.read(
+            sa.select(c.current_phase, c.status, c.error, c.branch_name, c.lease_owner).where(
+                c.id == workflow_id
+            )
         )
         if not rows:
-            return {"current_phase": "", "status": "", "error": None, "branch_name": None}
-        phase, status, error, branch = rows[0]
-        return {"current_phase": phase, "status": status, "error": error, "branch_name": branch}
+            return dict.fromkeys(ROW_KEYS, None) | {"current_phase": "", "status": ""}
+        return dict(zip(ROW_KEYS, rows[0], strict=True))
 
 
 def phasegate_exe() -> str:
