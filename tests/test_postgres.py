@@ -193,6 +193,24 @@ def test_concurrent_decisions_are_numbered_one_by_one_and_one_proposal_is_decide
     assert racers[0].proposal(late["id"])["decided_by"] == decided[0]["decided_by"]
 
 
+def test_binds_of_one_session_line_racing_leave_one_row(stores: Callable[[], Store]) -> None:
+    racers = [stores() for _ in range(RACERS)]
+    wf = new_workflow(racers[0])
+    results = race(
+        [
+            lambda s=s, i=i: s.bind_provider_session(wf, "build", "claude", f"s-{i}")
+            for i, s in enumerate(racers)
+        ]
+    )
+    assert results == [None] * RACERS  # no IntegrityError: one upsert, not update-then-insert
+    with racers[0].reading() as conn:
+        count = conn.execute(
+            sa.select(sa.func.count()).select_from(t.provider_sessions)
+        ).scalar_one()
+    assert count == 1
+    assert racers[0].provider_session(wf, "build") in {f"s-{i}" for i in range(RACERS)}
+
+
 def test_workers_opening_a_fresh_schema_at_once_migrate_it_once(
     postgres_server_url: str,
 ) -> None:
