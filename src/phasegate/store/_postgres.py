@@ -30,6 +30,8 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
+__all__ = ["CHANNEL", "ListenFeed", "PostgresDialect", "lock_id"]
+
 #: The channel every phasegate store notifies and listens on.
 CHANNEL = "phasegate"
 
