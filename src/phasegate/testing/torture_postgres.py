@@ -242,6 +242,10 @@ def _kill_once(lab: Lab, ids: Sequence[str], pair: _Pair, plan: KillPlan) -> dic
         )
         if plan.aim == "random":
             time.sleep(plan.at_s)
+            # A kill of one worker hits one that holds a workflow, when one does.
+            holding = [w for w in pair.workers if any(pair.holder(i) is w for i in ids)]
+            if holding and victim not in holding:
+                victim = holding[plan.victim % len(holding)]
         else:
             probe, opened = _window(lab, ids, plan.aim, pair), None
             deadline = time.monotonic() + WINDOW_S
