@@ -2,7 +2,7 @@
 
     python benchmarks/kill_torture.py --trials 300 [--seed 1] [--jobs 2] [--keep DIR]
     python benchmarks/kill_torture.py --github --trials 30     # on the fake GitHub, one job
-    python benchmarks/kill_torture.py --mode postgres --trials 30   # PostgreSQL, two workers
+    python benchmarks/kill_torture.py --mode postgres --trials 30 [--workflows 3]  # two workers
 
 Each trial runs one whole workflow (command agents that really edit files, a
 profile that merges unattended), SIGKILLs it 1–3 times at moments drawn from
@@ -41,7 +41,11 @@ from pathlib import Path
 
 from phasegate.testing.postgres import server_url
 from phasegate.testing.torture import GitHubRig, Trial, run_trial, run_uninterrupted, trial_mode
-from phasegate.testing.torture_postgres import run_postgres_trial, run_postgres_uninterrupted
+from phasegate.testing.torture_postgres import (
+    WORKFLOWS,
+    run_postgres_trial,
+    run_postgres_uninterrupted,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         "(one job); postgres: on PostgreSQL with two workers",
     )
     parser.add_argument("--github", action="store_true", help="the same as --mode github")
+    parser.add_argument(
+        "--workflows", type=int, default=WORKFLOWS, help="per postgres trial, shared by two workers"
+    )
     args = parser.parse_args(argv)
     if args.github:
         args.mode = "github"
@@ -82,7 +89,7 @@ def run(args: argparse.Namespace, rig: GitHubRig | None, postgres_url: str = "")
     for mode in modes:
         roots = [base / f"uninterrupted-{mode}-{i}" for i in range(3)]
         runs = [
-            run_postgres_uninterrupted(root, postgres_url=postgres_url)
+            run_postgres_uninterrupted(root, postgres_url=postgres_url, workflows=args.workflows)
             if postgres_url
             else run_uninterrupted(root, mode=mode, github=rig)
             for root in roots
@@ -94,7 +101,9 @@ def run(args: argparse.Namespace, rig: GitHubRig | None, postgres_url: str = "")
         root = base / f"trial-{seed}"
         if postgres_url:
             span = spans["postgres"]
-            return run_postgres_trial(root, seed, postgres_url=postgres_url, span_s=span)
+            return run_postgres_trial(
+                root, seed, postgres_url=postgres_url, span_s=span, workflows=args.workflows
+            )
         mode = "github" if rig else trial_mode(seed)
         return run_trial(root, seed, span_s=spans[mode], mode=mode, github=rig)
 
