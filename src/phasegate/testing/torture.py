@@ -38,6 +38,10 @@ runs until the workflow settles, and the invariants are checked
 - the base's checks pass [``base_checks``]; the person's repository still works
   (``git status``, ``git branch -D``) [``repository``].
 
+On a PostgreSQL store with two workers sharing several workflows, one of
+them killed at random (issue 12): ``phasegate.testing.torture_postgres``, the
+same invariants for every workflow.
+
 A seed replays a trial's plan (its kill moments, kinds and the agents'
 sleeps); timing on a busy machine still varies, so a violation is reported
 with its seed and the trial's directory is kept for reading.
