@@ -28,7 +28,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Registration", "head", "locate", "read_refs", "registrations"]
+__all__ = [
+    "Registration",
+    "head",
+    "locate",
+    "branch_name_is_plain",
+    "merge_head",
+    "read_refs",
+    "registrations",
+    "resolve",
+]
 
 # Variables that make git look elsewhere than a checkout's .git: then only git knows.
 _REDIRECTING = ("GIT_DIR", "GIT_COMMON_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_NAMESPACE")
@@ -175,6 +184,57 @@ def read_refs(gitdir: Path, common: Path) -> dict[str, str] | None:
         if target in raw and not raw[target].startswith("ref: "):
             refs[name] = value  # (a dangling or looping one git leaves out)
     return dict(sorted(refs.items()))
+
+
+def resolve(cwd: Path | str, name: str) -> str | None:
+    """The object ``name`` names in the checkout at ``cwd``, as ``git rev-parse
+    --verify <name>`` finds it, for ``HEAD`` and a plain branch name only; None
+    when this module cannot say (another kind of name, a ref of another kind
+    shadowing the branch in git's lookup order, files not plain): ask git.
+    A branch is taken to name a commit, as every git command that moves one
+    makes it."""
+    located = locate(cwd)
+    refs = read_refs(*located) if located is not None else None
+    if located is None or refs is None:
+        return None
+    gitdir, common = located
+    if name == "HEAD":
+        value = head(gitdir)
+        if value is not None and value.startswith("ref: "):
+            value = refs.get(value[5:])
+        return value if value is not None and _OBJECT.match(value) else None
+    if not _valid_name(f"refs/heads/{name}") or name.startswith("refs/"):
+        return None
+    # rev-parse tries <gitdir>/<name>, refs/<name> and refs/tags/<name> before refs/heads/<name>
+    try:
+        shadowed = (gitdir / name).exists() or (common / name).exists()
+    except OSError:
+        return None
+    if shadowed or f"refs/{name}" in refs or f"refs/tags/{name}" in refs:
+        return None
+    value = refs.get(f"refs/heads/{name}")
+    return value if value is not None and _OBJECT.match(value) else None
+
+
+def branch_name_is_plain(name: str) -> bool:
+    """Whether ``name`` is a branch name this module reads (no glob, no odd character)."""
+    return _valid_name(f"refs/heads/{name}")
+
+
+def merge_head(cwd: Path | str) -> bool | None:
+    """Whether the checkout at ``cwd`` has a merge in progress (a ``MERGE_HEAD``
+    naming an object); None when this module cannot say."""
+    located = locate(cwd)
+    if located is None:
+        return None
+    try:
+        text = (located[0] / "MERGE_HEAD").read_text(errors="replace")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    first = text.split("\n", 1)[0].strip()
+    return True if _OBJECT.match(first) else None
 
 
 @dataclass(frozen=True)
