@@ -23,12 +23,11 @@ from conftest import git as sh_git
 from conftest import make_repo
 
 #: One demo lifecycle made 258 git calls before issue 12 (60 of them the ref
-#: ledger's and the worktree lock's own); 50 now with confined agents, 57 with
-#: unconfined ones (as here: the guard asks ``config --get-all core.hooksPath``
-#: once per run). The issue's target is 35: the rest are reads outside these
-#: modules (a read-only role's status before and after its run,
-#: agents/service.py: 12) and the self-heal's one status per step (7).
-MAX_DEMO_CALLS = 57
+#: ledger's and the worktree lock's own); 50 now. The issue's target is 35: the
+#: rest are reads outside these modules (a read-only role's status before and
+#: after its run, agents/service.py: 12; the self-heal's one status per step,
+#: engine.py: 7).
+MAX_DEMO_CALLS = 50
 
 
 def _git_refs(cwd: Path) -> dict[str, str]:
@@ -182,3 +181,24 @@ def test_a_removed_worktree_directory_is_pruned_and_a_healthy_repository_is_not(
         ws.repair(repo)
     assert [c.args for c in calls] == [("worktree", "prune")]
     assert "wt" not in git(["worktree", "list"], repo)
+
+
+def test_the_guard_asks_git_for_a_hooks_path_only_when_a_config_names_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    (tmp_path / "global").write_text("[user]\n\tname = p\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "global"))
+    monkeypatch.setenv("GIT_CONFIG_SYSTEM", "/dev/null")
+    with recording() as calls:
+        assert snapshot(repo) is not None
+    assert calls == []
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "pre-commit").write_text("#!/bin/sh\n")
+    sh_git(repo, "config", "core.hooksPath", str(hooks))
+    with recording() as calls:
+        snap = snapshot(repo)
+    assert snap is not None and str(hooks) in snap.dirs
+    assert str(hooks / "pre-commit") in snap.files
+    assert [c.subcommand for c in calls] == ["config"]

@@ -216,6 +216,29 @@ def _included(configs: list[Path], depth: int = 5) -> list[Path]:
     return found
 
 
+def _hooks_paths(cwd: Path, configs: list[Path]) -> list[str]:
+    """Every ``core.hooksPath`` git reads at ``cwd``; asked of git only when one of
+    ``configs`` (every file a setting could come from, includes followed) names
+    the key or an include at all, or the environment passes settings (``GIT_CONFIG_*``):
+    otherwise there is none, and the answer costs no git."""
+    environment = any(k.startswith("GIT_CONFIG_") and k not in _CONFIG_FILES for k in os.environ)
+    named = False
+    for config in configs:
+        try:
+            text = config.read_bytes().lower()
+        except OSError:
+            continue  # absent (most are): no setting there
+        # an include this module might not follow as git does (a condition, a ~user): ask git
+        named = named or b"hookspath" in text or b"include" in text
+    if not named and not environment:
+        return []
+    return (_git_out(["config", "--get-all", "core.hooksPath"], cwd) or "").splitlines()
+
+
+#: ``GIT_CONFIG_*`` variables that name a file (watched in ``_user_configs``), not a setting.
+_CONFIG_FILES = frozenset({"GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM"})
+
+
 def _watched(
     cwd: Path, common: Path, gitdir: Path, own_only: bool
 ) -> tuple[list[Path], list[Path]]:
@@ -231,9 +254,10 @@ def _watched(
         return files, []
     files += [common / "HEAD", common / "logs" / "refs" / "stash"]
     files.append(common / "objects" / "info" / "alternates")
-    files += _included([common / "config", common / "config.worktree", *_user_configs()])
+    configs = _included([common / "config", common / "config.worktree", *_user_configs()])
+    files += configs
     dirs = [common / name for name in _WATCHED_DIRS]
-    for value in (_git_out(["config", "--get-all", "core.hooksPath"], cwd) or "").splitlines():
+    for value in _hooks_paths(cwd, [*configs, gitdir / "config.worktree"]):
         hooks = Path(os.path.expanduser(value.strip()))
         if hooks.is_absolute() and hooks != Path("/dev/null"):
             dirs.append(hooks)
