@@ -316,6 +316,7 @@ _GIT_READS = frozenset(
         "cat-file",
         "config",
         "diff",
+        "diff-index",
         "for-each-ref",
         "log",
         "ls-files",
