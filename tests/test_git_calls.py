@@ -96,6 +96,10 @@ def test_a_ref_file_git_would_not_read_leaves_the_answer_to_git(tmp_path: Path) 
         refs = list_refs(repo)
     assert [c.subcommand for c in calls] == ["for-each-ref"]
     assert "refs/heads/broken" not in refs and "refs/heads/main" in refs
+    (repo / ".git" / "refs" / "heads" / "broken").unlink()
+    (repo / ".git" / "refs" / "heads" / "link").symlink_to("main")  # an old-style symref
+    assert _gitfs.read_refs(repo / ".git", repo / ".git") is None
+    assert list_refs(repo) == _git_refs(repo)
 
 
 def test_with_git_dir_in_the_environment_only_git_is_asked(

@@ -26,7 +26,14 @@ Every ref-moving command phasegate runs (``REF_MOVING``) appends the refs it
 moved to the repository's ref ledger (``<common>/phasegate/ref-ledger``, one
 JSON line per ref), under a shared flock on ``<common>/phasegate/refs.lock``
 that the guard takes exclusively to compare: a ref that moved during an agent
-run is the agent's unless the ledger says phasegate moved it there.
+run is the agent's unless the ledger says phasegate moved it there. The refs
+before and after, and the common directory, are read from git's own files
+when they are plain (``phasegate._gitfs``; git is asked otherwise), so the
+ledger costs no git process of its own (issue 12, item 6). Nothing here
+caches what git says: each answer is read afresh, whatever thread asks.
+
+``recording()`` lists every git process phasegate starts while it is active
+(benchmarks/lifecycle.py counts a lifecycle's with it); costless when off.
 
 Errors::
 

@@ -109,7 +109,9 @@ def _valid_name(name: str) -> bool:
     )
 
 
-def _loose(root: Path, include: tuple[str, ...] | None, exclude: tuple[str, ...]) -> dict | None:
+def _loose(
+    root: Path, include: tuple[str, ...] | None, exclude: tuple[str, ...]
+) -> dict[str, str] | None:
     """Loose refs under ``root/refs``: refname → its file's content; None when one
     is no ref git would read as one."""
     found: dict[str, str] = {}
@@ -127,6 +129,8 @@ def _loose(root: Path, include: tuple[str, ...] | None, exclude: tuple[str, ...]
                 continue
             if not _valid_name(refname):
                 return None
+            if (Path(dirpath) / name).is_symlink():
+                return None  # a symbolic ref of the old kind: git reads it as one
             try:
                 content = (Path(dirpath) / name).read_text(errors="replace").strip()
             except FileNotFoundError:
