@@ -23,11 +23,11 @@ from conftest import git as sh_git
 from conftest import make_repo
 
 #: One demo lifecycle made 258 git calls before issue 12 (60 of them the ref
-#: ledger's and the worktree lock's own); 48 now. The issue's target is 35: the
+#: ledger's and the worktree lock's own); 47 now. The issue's target is 35: the
 #: rest are reads outside these modules (a read-only role's status before and
 #: after its run, agents/service.py: 12; the self-heal's one status per step,
-#: engine.py: 7).
-MAX_DEMO_CALLS = 48
+#: healing.py: 6).
+MAX_DEMO_CALLS = 47
 
 
 def _git_refs(cwd: Path) -> dict[str, str]:
