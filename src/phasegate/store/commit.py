@@ -8,6 +8,8 @@ under a lease, on its fence; a conflict child's end wakes its parent.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import sqlalchemy as sa
@@ -17,6 +19,7 @@ from phasegate.contract import (
     PHASE_STATUS_MAP,
     ContractViolation,
     EventWrite,
+    MilestoneWrite,
     PhaseResult,
     StaleContext,
     WorkflowContext,
@@ -25,13 +28,37 @@ from phasegate.contract import (
     next_phase,
 )
 from phasegate.store import tables as t
-from phasegate.store._base import FenceLost
+from phasegate.store._base import INSERT_EVENT, Dialect, FenceLost, _utc, event_params
 from phasegate.store.leases import Fence
 
 if TYPE_CHECKING:
     from phasegate.store.workflows import WorkflowRows
 
-__all__ = ["UPDATABLE_COLUMNS", "commit_phase_result"]
+__all__ = [
+    "UPDATABLE_COLUMNS",
+    "commit_phase_result",
+    "dedupe_key",
+    "milestone_upsert",
+    "milestone_writes",
+    "workflow_dict",
+]
+
+_c = t.workflows.c
+
+#: The commit's UPDATE, built once: its SET columns are the keys of the
+#: parameters it is executed with (SQLAlchemy compiles, and caches, one SQL
+#: string per set of keys), its WHERE names its own parameters (``w_*``: a
+#: parameter named as a column is that column's new value). ``RETURNING`` hands
+#: back the new row in the same statement, so nothing is read again.
+_UPDATE = (
+    t.workflows.update()
+    .where(_c.id == sa.bindparam("w_id"), _c.version == sa.bindparam("w_version"))
+    .returning(t.workflows)
+)
+#: The same, only while the lease is still this worker's (owner and fence).
+_UPDATE_FENCED = _UPDATE.where(
+    _c.lease_owner == sa.bindparam("w_owner"), _c.fence == sa.bindparam("w_fence")
+)
 
 #: Workflow columns a PhaseResult may set through ``updates``. current_phase and
 #: status are deliberately absent: only the outcome decides those.
@@ -48,6 +75,80 @@ UPDATABLE_COLUMNS = frozenset(
         "user_feedback",
     }
 )
+
+
+def workflow_dict(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A workflow row as a dict, its timestamps UTC-aware."""
+    out = dict(row)
+    for key in ("created_at", "updated_at", "completed_at", "lease_expires_at"):
+        out[key] = _utc(out[key])
+    return out
+
+
+def dedupe_key(workflow_id: str, phase: str, write: MilestoneWrite) -> str:
+    """A milestone's unique key: ``{workflow}:{phase}:{kind}:r{round}:a{attempt}[:{key}]``."""
+    key = f"{workflow_id}:{phase}:{write.kind}:r{write.round}:a{write.attempt}"
+    return f"{key}:{write.key}" if write.key else key
+
+
+def milestone_writes(
+    workflow_id: str, phase: str, writes: Iterable[MilestoneWrite], now: datetime
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The parameters of ``milestone_upsert`` for ``writes`` (in the phase ``phase``
+    unless a write names its own), and those of their ``milestone_updated`` events
+    (``INSERT_EVENT``), in the same order: ``(milestones, events)``."""
+    milestones: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    for write in writes:
+        where = write.phase or phase
+        key = dedupe_key(workflow_id, where, write)
+        milestones.append(
+            {
+                "workflow_id": workflow_id,
+                "kind": write.kind,
+                "phase": where,
+                "round": write.round,
+                "attempt": write.attempt,
+                "dedupe_key": key,
+                "status": write.status,
+                "summary": write.summary,
+                "data": dict(write.data),
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+        events.append(
+            {
+                "workflow_id": workflow_id,
+                "type": "milestone_updated",
+                "data": {"kind": write.kind, "phase": where, "status": write.status, "key": key},
+                "created_at": now,
+            }
+        )
+    return milestones, events
+
+
+def milestone_upsert(dialect: Dialect, returning: bool = False) -> Any:
+    """``INSERT … ON CONFLICT (dedupe_key) DO UPDATE`` of one milestone, built once
+    per dialect: a write of an existing key settles that row in place (status,
+    summary, data, updated_at), keeping its id, kind, phase, round and attempt.
+    Executed with ``milestone_writes``' parameters (a list of them: one
+    executemany). With ``returning`` it hands back the row written."""
+    built = _UPSERTS.get((dialect.name, returning))
+    if built is not None:
+        return built
+    insert = dialect.insert(t.milestones)
+    upsert = insert.on_conflict_do_update(
+        index_elements=[t.milestones.c.dedupe_key],
+        set_={name: insert.excluded[name] for name in ("status", "summary", "data", "updated_at")},
+    )
+    built = upsert.returning(t.milestones) if returning else upsert
+    _UPSERTS[(dialect.name, returning)] = built
+    return built
+
+
+#: ``milestone_upsert``'s statements by (dialect name, returning).
+_UPSERTS: dict[tuple[str, bool], Any] = {}
 
 
 def _validate(ctx: WorkflowContext, result: PhaseResult) -> None:
@@ -121,23 +222,24 @@ def commit_phase_result(
     if phase == COMPLETED and ctx.current_phase != COMPLETED:
         values["completed_at"] = now
 
-    c = t.workflows.c
-    where = [c.id == ctx.id, c.version == ctx.version]
+    statement = _UPDATE_FENCED if fence is not None else _UPDATE
+    params = {**values, "w_id": ctx.id, "w_version": ctx.version}
     if fence is not None:
-        where += [c.lease_owner == fence.owner, c.fence == fence.value]
+        params.update(w_owner=fence.owner, w_fence=fence.value)
+    milestones, events = milestone_writes(ctx.id, ctx.current_phase, result.milestones, now)
+    events += [event_params(ctx.id, event, now) for event in result.events]
     with store.transaction() as conn:
-        updated = conn.execute(t.workflows.update().where(*where).values(**values)).rowcount
-        if updated != 1:
+        row = conn.execute(statement, params).mappings().first()
+        if row is None:
             _refuse(conn, ctx, fence)
-        for write in result.milestones:
-            store._upsert_milestone(conn, ctx.id, ctx.current_phase, write)
-        for event in result.events:
-            store._add_event(conn, ctx.id, event)
+        if milestones:
+            conn.execute(milestone_upsert(store.dialect), milestones)
+        if events:
+            conn.execute(INSERT_EVENT, events)
         if ctx.parent_workflow_id and status in ("completed", "failed"):
             _wake_parent(store, conn, ctx.parent_workflow_id, ctx.id, status, now)
         store.dialect.notify(conn)  # a person's decision, a settled phase: workers look
-        # Read in the same transaction: once it commits, nothing is left to fail.
-        return store._workflow_row(conn, ctx.id)
+    return workflow_dict(row)
 
 
 def _wake_parent(

@@ -23,8 +23,15 @@ from phasegate.contract import (
     WorkflowNotFound,
 )
 from phasegate.store import tables as t
-from phasegate.store._base import StoreBase, _utc
-from phasegate.store.commit import UPDATABLE_COLUMNS, commit_phase_result
+from phasegate.store._base import INSERT_EVENT, StoreBase
+from phasegate.store.commit import (
+    UPDATABLE_COLUMNS,
+    commit_phase_result,
+    dedupe_key,
+    milestone_upsert,
+    milestone_writes,
+    workflow_dict,
+)
 from phasegate.store.leases import Fence
 
 __all__ = ["UPDATABLE_COLUMNS", "IssueTaken", "WorkflowRows", "commit_phase_result"]
@@ -43,12 +50,13 @@ class IssueTaken(PhasegateError):
         self.workflow_id = workflow_id
 
 
-def _workflow_dict(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A workflow row as a dict, its timestamps UTC-aware."""
-    out = dict(row)
-    for key in ("created_at", "updated_at", "completed_at", "lease_expires_at"):
-        out[key] = _utc(out[key])
-    return out
+#: What ``load_context`` and ``workflow_row`` read, built once (issue 12, item 5).
+_SELECT_WORKFLOW = sa.select(t.workflows).where(t.workflows.c.id == sa.bindparam("w_id"))
+_SELECT_MILESTONES = (
+    sa.select(t.milestones)
+    .where(t.milestones.c.workflow_id == sa.bindparam("w_id"))
+    .order_by(t.milestones.c.id)
+)
 
 
 class WorkflowRows(StoreBase):
@@ -165,7 +173,7 @@ class WorkflowRows(StoreBase):
                 .mappings()
                 .all()
             )
-        return [_workflow_dict(r) for r in rows]
+        return [workflow_dict(r) for r in rows]
 
     def workflow_row(self, workflow_id: str) -> dict[str, Any]:
         """The workflow's row as a dict. Raises WorkflowNotFound."""
@@ -174,14 +182,10 @@ class WorkflowRows(StoreBase):
 
     @staticmethod
     def _workflow_row(conn: sa.Connection, workflow_id: str) -> dict[str, Any]:
-        row = (
-            conn.execute(sa.select(t.workflows).where(t.workflows.c.id == workflow_id))
-            .mappings()
-            .first()
-        )
+        row = conn.execute(_SELECT_WORKFLOW, {"w_id": workflow_id}).mappings().first()
         if row is None:
             raise WorkflowNotFound(workflow_id)
-        return _workflow_dict(row)
+        return workflow_dict(row)
 
     def list_workflows(self) -> list[dict[str, Any]]:
         """Every workflow row, oldest first."""
@@ -195,7 +199,7 @@ class WorkflowRows(StoreBase):
             )
         # Through the same conversion as workflow_row, so `status` and `show`
         # report the same (UTC-aware) timestamps.
-        return [_workflow_dict(r) for r in rows]
+        return [workflow_dict(r) for r in rows]
 
     def runnable_workflow_ids(self, statuses: frozenset[str]) -> list[str]:
         """Ids of workflows whose status is in ``statuses``, oldest first."""
@@ -227,7 +231,7 @@ class WorkflowRows(StoreBase):
         transaction. Raises WorkflowNotFound, StoreUnavailable."""
         with self.reading() as conn:
             row = self._workflow_row(conn, workflow_id)
-            milestones = self._workflow_rows(t.milestones, workflow_id, conn=conn)
+            milestones = conn.execute(_SELECT_MILESTONES, {"w_id": workflow_id}).mappings().all()
         return WorkflowContext(
             id=row["id"],
             title=row["title"],
@@ -266,8 +270,8 @@ class WorkflowRows(StoreBase):
 
     @staticmethod
     def dedupe_key(workflow_id: str, phase: str, write: MilestoneWrite) -> str:
-        key = f"{workflow_id}:{phase}:{write.kind}:r{write.round}:a{write.attempt}"
-        return f"{key}:{write.key}" if write.key else key
+        """The milestone's unique key (``store.commit.dedupe_key``)."""
+        return dedupe_key(workflow_id, phase, write)
 
     def milestones(self, workflow_id: str) -> list[MilestoneView]:
         """The workflow's milestones, oldest first."""
@@ -287,54 +291,27 @@ class WorkflowRows(StoreBase):
         return _milestone_view(row) if row else None
 
     def write_milestone(self, workflow_id: str, phase: str, write: MilestoneWrite) -> MilestoneView:
-        """Upsert one milestone in its own transaction (the side-effect journal's write)."""
+        """Upsert one milestone in its own transaction (the side-effect journal's
+        write); returns it as written."""
+        milestones, events = milestone_writes(workflow_id, phase, (write,), self.clock.now())
         with self.transaction() as conn:
-            key = self._upsert_milestone(conn, workflow_id, phase, write)
-        found = self.milestone_by_key(key)
-        assert found is not None
-        return found
+            row = (
+                conn.execute(milestone_upsert(self.dialect, returning=True), milestones)
+                .mappings()
+                .one()
+            )
+            conn.execute(INSERT_EVENT, events)
+        return _milestone_view(row)
 
     def _upsert_milestone(
         self, conn: sa.Connection, workflow_id: str, phase: str, write: MilestoneWrite
     ) -> str:
-        now = self.clock.now()
-        phase = write.phase or phase
-        key = self.dedupe_key(workflow_id, phase, write)
-        existing = conn.execute(
-            sa.select(t.milestones.c.id).where(t.milestones.c.dedupe_key == key)
-        ).scalar()
-        values = {
-            "status": write.status,
-            "summary": write.summary,
-            "data": dict(write.data),
-            "updated_at": now,
-        }
-        if existing is None:
-            conn.execute(
-                t.milestones.insert().values(
-                    workflow_id=workflow_id,
-                    kind=write.kind,
-                    phase=phase,
-                    round=write.round,
-                    attempt=write.attempt,
-                    dedupe_key=key,
-                    created_at=now,
-                    **values,
-                )
-            )
-        else:
-            conn.execute(
-                t.milestones.update().where(t.milestones.c.id == existing).values(**values)
-            )
-        self._add_event(
-            conn,
-            workflow_id,
-            EventWrite(
-                "milestone_updated",
-                {"kind": write.kind, "phase": phase, "status": write.status, "key": key},
-            ),
-        )
-        return key
+        """Upsert ``write`` and its ``milestone_updated`` event in ``conn``'s
+        transaction; returns its dedupe key."""
+        milestones, events = milestone_writes(workflow_id, phase, (write,), self.clock.now())
+        conn.execute(milestone_upsert(self.dialect), milestones)
+        conn.execute(INSERT_EVENT, events)
+        return milestones[0]["dedupe_key"]
 
     def settle_milestone(
         self,
