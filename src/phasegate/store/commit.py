@@ -229,7 +229,7 @@ def commit_phase_result(
     milestones, events = milestone_writes(ctx.id, ctx.current_phase, result.milestones, now)
     events += [event_params(ctx.id, event, now) for event in result.events]
     with store.transaction() as conn:
-        row = conn.execute(statement, params).mappings().first()
+        row = conn.execute(statement, params).first()
         if row is None:
             _refuse(conn, ctx, fence)
         if milestones:
@@ -239,7 +239,7 @@ def commit_phase_result(
         if ctx.parent_workflow_id and status in ("completed", "failed"):
             _wake_parent(store, conn, ctx.parent_workflow_id, ctx.id, status, now)
         store.dialect.notify(conn)  # a person's decision, a settled phase: workers look
-    return workflow_dict(row)
+    return workflow_dict(row._mapping)
 
 
 def _wake_parent(
