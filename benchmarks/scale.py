@@ -3,14 +3,16 @@
     .venv/bin/python benchmarks/scale.py [--n 10 50 200] [--latency 0 1] [--json]
     .venv/bin/python benchmarks/scale.py --n 10 --quick          # a smoke run
 
-For every store (SQLite; PostgreSQL when ``--postgres URL`` or
-``PHASEGATE_POSTGRES_URL`` names a server this phasegate can use), every agent
+For every store (SQLite; PostgreSQL: the server ``PHASEGATE_POSTGRES_URL``
+names, else a throwaway one started by ``phasegate.testing.postgres``, a schema
+of its own per run; ``--no-postgres`` or no server to be had skips it with a
+note), every agent
 latency (``0``: zero-latency scripted agents; ``1``: every agent call takes 1 s)
 and every N, N workflows are filed on one fresh repository (each adds a file of
 its own and merges unattended, so merges never conflict), then real
 ``phasegate worker`` processes take them from filed to settled:
 
-- 1 process, ``--concurrency 1``;
+- 1 process, ``--concurrency 1`` (one workflow at a time);
 - 1 process, ``--concurrency C`` (``--high``, default 16);
 - ``W`` processes (``--workers``, default 4), ``--concurrency 1`` each.
 
@@ -48,7 +50,8 @@ import sqlalchemy as sa
 
 from phasegate.cartridge import load_cartridge
 from phasegate.engine import Engine
-from phasegate.store import Store, open_store, store_url_problem
+from phasegate.store import Store, open_store
+from phasegate.testing.postgres import PostgresUnavailable, drop_schema, fresh_schema, server_url
 
 ROLES = ("plan", "plan_review", "build", "review", "verification")
 ANSWERS = {
@@ -132,11 +135,12 @@ def _env() -> dict[str, str]:
 
 
 def spawn_worker(
-    repo: Path, log: Path, *, concurrency: int = 1, poll_s: float | None = None
+    repo: Path, log: Path, *, concurrency: int | None = None, poll_s: float | None = None
 ) -> subprocess.Popen[bytes]:
-    """One ``phasegate worker`` process in a session of its own, its output in ``log``."""
+    """One ``phasegate worker`` process in a session of its own, its output in ``log``;
+    ``concurrency`` None: the worker's default (and a phasegate without the flag)."""
     command = [str(PHASEGATE), "worker", "--repo", str(repo)]
-    if concurrency != 1:
+    if concurrency is not None:
         command += ["--concurrency", str(concurrency)]
     if poll_s is not None:
         command += ["--poll", str(poll_s)]
@@ -231,8 +235,11 @@ def run_once(
     concurrency: int,
     store_url: str | None,
     timeout_s: float,
+    flag: bool = True,
 ) -> dict[str, Any]:
-    """N workflows from filed to settled by ``processes`` workers × ``concurrency``."""
+    """N workflows from filed to settled by ``processes`` workers × ``concurrency``
+    (``flag`` False: a phasegate without ``--concurrency``, whose worker does one at
+    a time)."""
     repo = make_project(root, latency_s, store_url)
     file_workflows(repo, n)
     store = open_project_store(repo)
@@ -241,7 +248,8 @@ def run_once(
     usage: list[dict[str, float]] = []
     try:
         started = time.perf_counter()
-        workers = [spawn_worker(repo, log, concurrency=concurrency, poll_s=0.1) for log in logs]
+        given = concurrency if flag else None
+        workers = [spawn_worker(repo, log, concurrency=given, poll_s=0.1) for log in logs]
         deadline = time.monotonic() + timeout_s
         while True:
             counts = status_counts(store)
@@ -282,27 +290,40 @@ def run_once(
 # -- PostgreSQL -----------------------------------------------------------------------
 
 
-def postgres_problem(url: str | None) -> str | None:
-    """Why the PostgreSQL column is skipped, or None when it can run."""
-    if not url:
-        return "no PostgreSQL server: set PHASEGATE_POSTGRES_URL or pass --postgres URL"
-    return store_url_problem(url)
+@contextmanager
+def postgres_server(wanted: bool, notes: list[str]) -> Iterator[str | None]:
+    """The PostgreSQL server to run on: ``PHASEGATE_POSTGRES_URL``, else a throwaway one
+    (``phasegate.testing.postgres``, stopped after); None, with a note saying why, when
+    not ``wanted`` or none can be had."""
+    if not wanted:
+        notes.append("PostgreSQL skipped: --no-postgres")
+        yield None
+        return
+    try:
+        url, server = server_url()
+    except PostgresUnavailable as exc:
+        notes.append(f"PostgreSQL skipped: {' '.join(str(exc).split())}")
+        yield None
+        return
+    try:
+        yield url
+    finally:
+        if server is not None:
+            server.stop()
 
 
 @contextmanager
-def fresh_database(url: str, name: str) -> Iterator[str]:
-    """A new, empty database ``name`` on the server of ``url`` for one run (dropped after);
-    yields its URL."""
-    server = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+def fresh_store_url(server: str | None) -> Iterator[str | None]:
+    """A ``store.url`` for one run: None (the embedded SQLite file) without a server,
+    else an empty schema of its own on it (dropped after)."""
+    if server is None:
+        yield None
+        return
+    name, url = fresh_schema(server)
     try:
-        with server.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}"')
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        yield sa.engine.make_url(url).set(database=name).render_as_string(hide_password=False)
+        yield url
     finally:
-        with server.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        server.dispose()
+        drop_schema(server, name)
 
 
 # -- the matrix -----------------------------------------------------------------------
@@ -311,40 +332,36 @@ def fresh_database(url: str, name: str) -> Iterator[str]:
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     notes: list[str] = []
     configs = [(1, 1), (1, args.high), (args.workers, 1)]
-    if not concurrency_supported():
+    flag = concurrency_supported()
+    if not flag:
         notes.append(
             f"`phasegate worker --concurrency` is not in this phasegate: "
             f"concurrency {args.high} skipped"
         )
         configs = [c for c in configs if c[1] == 1]
-    stores: list[tuple[str, str | None]] = [("sqlite", None)]
-    pg_url = args.postgres or os.environ.get("PHASEGATE_POSTGRES_URL")
-    problem = postgres_problem(pg_url)
-    if problem is None:
-        stores.append(("postgresql", pg_url))
-    else:
-        notes.append(f"PostgreSQL skipped: {problem}")
     runs: list[dict[str, Any]] = []
-    for store_name, url in stores:
-        for latency in args.latency:
-            for n in args.n:
-                for processes, concurrency in configs:
-                    with tempfile.TemporaryDirectory(prefix="phasegate-scale-") as tmp:
+    with postgres_server(not args.no_postgres, notes) as pg:
+        stores = [("sqlite", None)] + ([("postgresql", pg)] if pg else [])
+        for store_name, server in stores:
+            for latency in args.latency:
+                for n in args.n:
+                    for processes, concurrency in configs:
                         label = f"{store_name} L={latency:g}s N={n} {processes}x{concurrency}"
                         print(f"running {label} ...", file=sys.stderr, flush=True)
-                        kwargs = dict(
-                            n=n,
-                            latency_s=latency,
-                            processes=processes,
-                            concurrency=concurrency,
-                            timeout_s=args.timeout,
-                        )
-                        if url is None:
-                            run = run_once(Path(tmp), store_url=None, **kwargs)
-                        else:
-                            name = f"phasegate_scale_{os.getpid()}"
-                            with fresh_database(url, name) as db_url:
-                                run = run_once(Path(tmp), store_url=db_url, **kwargs)
+                        with (
+                            tempfile.TemporaryDirectory(prefix="phasegate-scale-") as tmp,
+                            fresh_store_url(server) as url,
+                        ):
+                            run = run_once(
+                                Path(tmp),
+                                n=n,
+                                latency_s=latency,
+                                processes=processes,
+                                concurrency=concurrency,
+                                store_url=url,
+                                timeout_s=args.timeout,
+                                flag=flag,
+                            )
                         runs.append({"store": store_name, **run})
     return {"notes": notes, "runs": runs, "ratios": ratios(runs, args.high, args.workers)}
 
@@ -460,7 +477,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--high", type=int, default=16, help="the high --concurrency")
     parser.add_argument("--workers", type=int, default=4, help="worker processes")
-    parser.add_argument("--postgres", help="a PostgreSQL server URL (a database per run)")
+    parser.add_argument(
+        "--no-postgres", action="store_true", help="SQLite only (no PostgreSQL column)"
+    )
     parser.add_argument(
         "--timeout", type=float, default=1800.0, help="seconds a run may take to settle"
     )

@@ -14,8 +14,8 @@ decisions go round the workflows. ``resume`` has the same path (a decision
 committed, a worker to wake) and is not timed separately.
 
 Printed: median, p90 and max over the decisions, for SQLite and for
-PostgreSQL when ``--postgres URL`` or ``PHASEGATE_POSTGRES_URL`` names a server
-this phasegate can use. The issue's target is a median of at most 50 ms.
+PostgreSQL (as in ``scale.py``: ``PHASEGATE_POSTGRES_URL``, else a throwaway
+server; ``--no-postgres`` skips it). The issue's target is a median of at most 50 ms.
 Figures are printed, never judged.
 """
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -42,9 +41,9 @@ from phasegate.store import Store, open_store
 sys.path.insert(0, str(Path(__file__).parent))
 from scale import (  # noqa: E402  (a sibling script, not a package)
     file_workflows,
-    fresh_database,
+    fresh_store_url,
     make_project,
-    postgres_problem,
+    postgres_server,
     spawn_worker,
     stop_worker,
 )
@@ -130,28 +129,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--decisions", type=int, default=30, help="decisions timed")
     parser.add_argument("--workflows", type=int, default=10, help="workflows decided on")
     parser.add_argument("--poll", type=float, default=None, help="the worker's --poll (s)")
-    parser.add_argument("--postgres", help="a PostgreSQL server URL (a database per run)")
+    parser.add_argument(
+        "--no-postgres", action="store_true", help="SQLite only (no PostgreSQL figure)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
     if args.decisions < 1 or args.workflows < 1:
         parser.error("--decisions and --workflows must be at least 1")
     results: dict[str, Any] = {"notes": [], "stores": {}}
-    stores: list[tuple[str, str | None]] = [("sqlite", None)]
-    pg_url = args.postgres or os.environ.get("PHASEGATE_POSTGRES_URL")
-    problem = postgres_problem(pg_url)
-    if problem is None:
-        stores.append(("postgresql", pg_url))
-    else:
-        results["notes"].append(f"PostgreSQL skipped: {problem}")
     kwargs = dict(decisions_n=args.decisions, workflows=args.workflows, poll_s=args.poll)
-    for name, url in stores:
-        with tempfile.TemporaryDirectory(prefix="phasegate-wakeup-") as tmp:
-            if url is None:
-                run = measure(Path(tmp), store_url=None, **kwargs)
-            else:
-                with fresh_database(url, f"phasegate_wakeup_{os.getpid()}") as db_url:
-                    run = measure(Path(tmp), store_url=db_url, **kwargs)
-        results["stores"][name] = {**run, **_summary(run["latencies_s"])}
+    with postgres_server(not args.no_postgres, results["notes"]) as pg:
+        for name, server in [("sqlite", None)] + ([("postgresql", pg)] if pg else []):
+            with (
+                tempfile.TemporaryDirectory(prefix="phasegate-wakeup-") as tmp,
+                fresh_store_url(server) as url,
+            ):
+                run = measure(Path(tmp), store_url=url, **kwargs)
+            results["stores"][name] = {**run, **_summary(run["latencies_s"])}
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
