@@ -71,11 +71,7 @@ class SqliteDialect:
         @sa.event.listens_for(engine, "begin")
         def _on_begin(conn: sa.Connection) -> None:
             reading = conn.get_execution_options().get("phasegate_reading", False)
-            # Straight to the driver: through exec_driver_sql this one statement was
-            # 85 of the commit path's 590 Python calls (issue 12, item 5). A lock
-            # held past the busy timeout raises sqlite3.OperationalError, which
-            # ``unavailable`` reads as well as SQLAlchemy's wrapper of it.
-            conn.connection.driver_connection.execute("BEGIN" if reading else "BEGIN IMMEDIATE")
+            conn.exec_driver_sql("BEGIN" if reading else "BEGIN IMMEDIATE")
 
         return engine
 
