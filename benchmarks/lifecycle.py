@@ -15,14 +15,32 @@
 (b) The commit path: ``commit_phase_result`` on a real SQLite file, each commit
     carrying one milestone and one event. Its peer baseline is the same
     transaction written by hand with the standard ``sqlite3`` module against the
-    same schema with the same settings (WAL, synchronous=NORMAL, foreign keys,
-    ``BEGIN IMMEDIATE``): one UPDATE of the workflow row (fenced on its
-    version), one INSERT into milestones, one INSERT into events. A second raw
-    variant runs every statement phasegate actually issues per commit (the
-    milestone's dedupe-key lookup, the ``milestone_updated`` event, the re-read
-    of the row it returns), so the ratio splits into "more SQL" and "SQLAlchemy".
-    The three are interleaved commit by commit so that machine noise hits
-    them alike.
+    same schema with the same settings as the store (WAL, synchronous=FULL,
+    foreign keys, a busy timeout, ``BEGIN IMMEDIATE``): one UPDATE of the
+    workflow row (fenced on its version), one INSERT into milestones, one INSERT
+    into events. A second raw variant runs every statement phasegate actually
+    issues per commit (the UPDATE with ``RETURNING`` the new row, the milestone
+    as an ``INSERT … ON CONFLICT (dedupe_key) DO UPDATE``, its
+    ``milestone_updated`` event beside the result's), so the ratio splits into
+    "more SQL" and "SQLAlchemy". The three are interleaved commit by commit so
+    that machine noise hits them alike. Each commit is timed twice: wall time
+    (``perf_counter``; mostly the fsyncs of synchronous=FULL) and the process's
+    CPU time (``process_time``; what the code costs); the target of issue 12 is
+    phasegate's CPU per commit at most 3x raw sqlite3's.
+
+(c) Git calls: one demo lifecycle (as in (a)) with every git process phasegate
+    starts recorded (``phasegate._git.recording``), counted by subcommand. Its
+    *git floor* is the same git work done in the fewest calls the lifecycle's
+    own choices allow: every call that may change something (anything but a
+    read: ``status``, ``diff``, ``rev-parse``, ``ls-files``, ...) plus each read
+    whose answer is not otherwise known — the first of identical reads (same
+    arguments, directory and input) with no changing call and no agent run
+    between them; a read the ref ledger or the worktree lock makes for itself
+    (``bookkeeping``) is never in the floor. Its time is those calls' measured
+    wall times summed. Printed: calls, floor calls and their ratio, git seconds,
+    floor seconds and their ratio. The floor is generous to phasegate: a read
+    another read already answered in other words (``rev-parse`` after
+    ``for-each-ref``) is still counted in it.
 
 Prints a plain-text table (or JSON with ``--json``). Medians are reported
 because a single fsync or GC pause should not move the figure.
@@ -41,13 +59,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy
 
+from phasegate import guard
+from phasegate._git import GitCall, recording
+from phasegate.agents import service
 from phasegate.cartridge import load_cartridge
 from phasegate.contract import EventWrite, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
@@ -169,24 +191,26 @@ class _PhasegateCommits:
 class _RawCommits:
     """The same transaction by hand with ``sqlite3``, on the same schema and settings.
 
-    ``full``: also the statements phasegate issues besides the three (the dedupe
-    lookup, the milestone_updated event, the re-read of the row).
+    ``full``: the statements phasegate issues, as it issues them (the UPDATE
+    returning the row, the milestone's upsert, its ``milestone_updated`` event);
+    else the floor: UPDATE + 2 plain INSERTs.
     """
 
     def __init__(self, path: Path, *, full: bool) -> None:
         self.full = full
         self.label = (
-            "raw sqlite3, phasegate's statements (6)" if full else "raw sqlite3: UPDATE + 2 INSERTs"
+            "raw sqlite3, phasegate's statements (4)" if full else "raw sqlite3: UPDATE + 2 INSERTs"
         )
         store = open_store(f"sqlite:///{path}")  # the schema, from the same migrations
         self.workflow_id = _new_workflow(store)
         store.close()
         self.conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+        # The store's own pragmas (store/_sqlite.py): synchronous=FULL, as the store commits.
         for pragma in (
             "journal_mode=WAL",
             "busy_timeout=30000",
             "foreign_keys=ON",
-            "synchronous=NORMAL",
+            "synchronous=FULL",
         ):
             self.conn.execute(f"PRAGMA {pragma}")
         self.version = 0
@@ -199,27 +223,36 @@ class _RawCommits:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            updated = conn.execute(
+            update = (
                 "UPDATE workflows SET current_phase = ?, status = ?, error = NULL, state = ?, "
-                "version = ?, updated_at = ? WHERE id = ? AND version = ?",
-                (
-                    "preparation",
-                    "preparing",
-                    json.dumps(self.state),
-                    self.version + 1,
-                    now,
-                    self.workflow_id,
-                    self.version,
-                ),
-            ).rowcount
-            if updated != 1:
-                raise RuntimeError("stale version")
+                "version = ?, updated_at = ? WHERE id = ? AND version = ?"
+            )
+            params = (
+                "preparation",
+                "preparing",
+                json.dumps(self.state),
+                self.version + 1,
+                now,
+                self.workflow_id,
+                self.version,
+            )
             if self.full:
-                conn.execute("SELECT id FROM milestones WHERE dedupe_key = ?", (key,)).fetchone()
+                row = conn.execute(update + " RETURNING *", params).fetchone()
+                if row is None:
+                    raise RuntimeError("stale version")
+            elif conn.execute(update, params).rowcount != 1:
+                raise RuntimeError("stale version")
             conn.execute(
                 "INSERT INTO milestones (workflow_id, kind, phase, round, attempt, status, "
                 "dedupe_key, summary, data, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                + (
+                    " ON CONFLICT (dedupe_key) DO UPDATE SET status = excluded.status, "
+                    "summary = excluded.summary, data = excluded.data, "
+                    "updated_at = excluded.updated_at"
+                    if self.full
+                    else ""
+                ),
                 (
                     self.workflow_id,
                     "bench",
@@ -248,46 +281,177 @@ class _RawCommits:
                         },
                     ),
                 )
-            for type_, data in events:
-                conn.execute(
-                    "INSERT INTO events (workflow_id, type, data, created_at) VALUES (?, ?, ?, ?)",
-                    (self.workflow_id, type_, json.dumps(data), now),
-                )
+            conn.executemany(
+                "INSERT INTO events (workflow_id, type, data, created_at) VALUES (?, ?, ?, ?)",
+                [(self.workflow_id, type_, json.dumps(data), now) for type_, data in events],
+            )
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         self.version += 1
-        if self.full:
-            conn.execute("SELECT * FROM workflows WHERE id = ?", (self.workflow_id,)).fetchone()
 
     def close(self) -> None:
         self.conn.close()
 
 
 def bench_commits(commits: int, warmup: int, directory: Path) -> dict[str, Any]:
-    """Interleave the three writers commit by commit; seconds per commit for each."""
+    """Interleave the three writers commit by commit; for each, wall seconds per
+    commit (``median_s``, …) and CPU seconds per commit (``cpu``: its stats), with
+    phasegate's medians over this writer's (``phasegate_ratio``, ``cpu_ratio``)."""
     writers: Sequence[Any] = (
         _PhasegateCommits(directory / "phasegate.db"),
         _RawCommits(directory / "raw.db", full=False),
         _RawCommits(directory / "raw-full.db", full=True),
     )
-    samples: list[list[float]] = [[] for _ in writers]
+    walls: list[list[float]] = [[] for _ in writers]
+    cpus: list[list[float]] = [[] for _ in writers]
     try:
         for i in range(warmup + commits):
-            for writer, times in zip(writers, samples, strict=True):
+            for writer, wall, cpu in zip(writers, walls, cpus, strict=True):
+                cpu_started = time.process_time_ns()
                 started = time.perf_counter_ns()
                 writer.commit(i)
+                ended = time.perf_counter_ns()
+                cpu_ended = time.process_time_ns()
                 if i >= warmup:
-                    times.append((time.perf_counter_ns() - started) / 1e9)
+                    wall.append((ended - started) / 1e9)
+                    cpu.append((cpu_ended - cpu_started) / 1e9)
     finally:
         for writer in writers:
             writer.close()
-    out = {w.label: _stats(times) for w, times in zip(writers, samples, strict=True)}
-    pg = out[writers[0].label]["median_s"]
+    out = {
+        w.label: {**_stats(wall), "cpu": _stats(cpu)}
+        for w, wall, cpu in zip(writers, walls, cpus, strict=True)
+    }
+    pg = out[writers[0].label]
     for w in writers[1:]:
-        out[w.label]["phasegate_ratio"] = pg / out[w.label]["median_s"]
+        out[w.label]["phasegate_ratio"] = pg["median_s"] / out[w.label]["median_s"]
+        out[w.label]["cpu_ratio"] = pg["cpu"]["median_s"] / out[w.label]["cpu"]["median_s"]
     return out
+
+
+# -- (c) git calls --------------------------------------------------------------------
+
+#: Subcommands that only read (``branch --list`` and a one-name ``symbolic-ref`` too).
+_GIT_READS = frozenset(
+    {
+        "cat-file",
+        "config",
+        "diff",
+        "diff-index",
+        "for-each-ref",
+        "log",
+        "ls-files",
+        "ls-tree",
+        "merge-base",
+        "remote",
+        "rev-list",
+        "rev-parse",
+        "show",
+        "status",
+    }
+)
+
+
+def _reads(call: GitCall) -> bool:
+    rest = call.args[call.args.index(call.subcommand) + 1 :]
+    if call.subcommand == "branch":
+        return "--list" in rest
+    if call.subcommand == "worktree":
+        return rest[:1] == ("list",)
+    if call.subcommand == "symbolic-ref":
+        return len([a for a in rest if not a.startswith("-")]) == 1
+    if call.subcommand == "add":
+        return False
+    return call.subcommand in _GIT_READS
+
+
+def git_floor(calls: Sequence[GitCall | None]) -> list[GitCall]:
+    """The calls of ``calls`` in the git floor (module docstring, (c)); a None in
+    ``calls`` is an agent run, after which every read is asked anew."""
+    floor: list[GitCall] = []
+    known: set[tuple[tuple[str, ...], str, str | None]] = set()
+    for call in calls:
+        if call is None:
+            known.clear()
+        elif call.bookkeeping:
+            continue
+        elif not _reads(call):
+            known.clear()
+            floor.append(call)
+        elif (key := (call.args, call.cwd, call.input)) not in known:
+            known.add(key)
+            floor.append(call)
+    return floor
+
+
+def bench_git_calls() -> dict[str, Any]:
+    """One demo lifecycle's git calls by subcommand, and its floor (module docstring)."""
+    marks: list[int] = []
+    watch = guard.watch
+
+    @contextmanager
+    def marking_watch(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        with watch(*args, **kwargs) as seen:
+            try:
+                yield seen
+            finally:
+                marks.append(len(calls))  # the agent ran: what git says may differ now
+
+    with tempfile.TemporaryDirectory(prefix="phasegate-bench-") as tmp:
+        repo = make_sample_project(Path(tmp) / "calc")
+        cartridge = load_cartridge(repo)
+        store = open_store(cartridge.store_url(repo))
+        service.guard.watch = marking_watch  # type: ignore[assignment]
+        try:
+            engine = Engine(repo, cartridge, store)
+            with recording() as calls:
+                row = engine.advance(engine.start(DEMO_TITLE, DEMO_TICKET))
+        finally:
+            service.guard.watch = watch  # type: ignore[assignment]
+            store.close()
+    if row["status"] != "completed":
+        raise SystemExit(f"demo workflow ended {row['status']}: {row.get('error')}")
+    marked: list[GitCall | None] = list(calls)
+    for at in reversed(marks):
+        marked.insert(at, None)
+    floor = git_floor(marked)
+    by_subcommand: dict[str, int] = {}
+    for call in calls:
+        by_subcommand[call.subcommand] = by_subcommand.get(call.subcommand, 0) + 1
+    seconds = sum(c.seconds for c in calls)
+    floor_s = sum(c.seconds for c in floor)
+    return {
+        "calls": len(calls),
+        "bookkeeping_calls": sum(c.bookkeeping for c in calls),
+        "by_subcommand": dict(sorted(by_subcommand.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "floor_calls": len(floor),
+        "calls_ratio": len(calls) / len(floor),
+        "git_s": seconds,
+        "floor_s": floor_s,
+        "time_ratio": seconds / floor_s,
+        "agent_runs": len(marks),
+    }
+
+
+def _render_git(git_calls: dict[str, Any]) -> str:
+    rows = [
+        ["git calls (all)", str(git_calls["calls"]), _ms(git_calls["git_s"])],
+        ["git floor", str(git_calls["floor_calls"]), _ms(git_calls["floor_s"])],
+        [
+            "lifecycle / floor",
+            f"{git_calls['calls_ratio']:.2f}x",
+            f"{git_calls['time_ratio']:.2f}x",
+        ],
+        ["of them the ledger's and locks' own", str(git_calls["bookkeeping_calls"]), ""],
+    ]
+    rows += [[f"  {name}", str(n), ""] for name, n in git_calls["by_subcommand"].items()]
+    return _table(
+        f"(c) git calls of one demo lifecycle ({git_calls['agent_runs']} agent runs)",
+        ["", "calls", "git ms"],
+        rows,
+    )
 
 
 # -- output -------------------------------------------------------------------------
@@ -361,17 +525,32 @@ def render(result: dict[str, Any]) -> str:
             _ms(s["p95_s"]),
             f"{1 / s['median_s']:8.0f}",
             f"{s['phasegate_ratio']:.2f}x" if "phasegate_ratio" in s else "",
+            _ms(s["cpu"]["median_s"]),
+            _ms(s["cpu"]["p95_s"]),
+            f"{s['cpu_ratio']:.2f}x" if "cpu_ratio" in s else "",
         ]
         for label, s in commits.items()
     ]
     out.append(
         _table(
             f"(b) one commit = 1 milestone + 1 event; {first['n']} commits after "
-            f"{result['settings']['warmup']} warm-up, WAL, BEGIN IMMEDIATE (ms)",
-            ["writer", "median", "p95", "commits/s", "phasegate / this"],
+            f"{result['settings']['warmup']} warm-up, WAL, synchronous=FULL, "
+            "BEGIN IMMEDIATE (ms; cpu = process_time)",
+            [
+                "writer",
+                "wall median",
+                "wall p95",
+                "commits/s",
+                "phasegate / this",
+                "cpu median",
+                "cpu p95",
+                "phasegate / this (cpu)",
+            ],
             rows,
         )
     )
+    if "git_calls" in result:
+        out.append(_render_git(result["git_calls"]))
     out.append(f"SQLite files in {result['settings']['directory']}")
     return "\n".join(out)
 
@@ -410,6 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "lifecycle": lifecycle,
         "commits": commits,
+        "git_calls": bench_git_calls(),
     }
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0
