@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from phasegate._git import withhold_from_git
+from phasegate._host import host_name
 from phasegate.agents import binding_problems
 from phasegate.agents.base import Runner
 from phasegate.agents.env import cartridge_secrets, redact
@@ -118,7 +119,7 @@ class Engine:
         self.lease_ttl_s = lease_ttl_s
         self.store_retry_delays_s = tuple(store_retry_delays_s)
         self._labels: dict[str, str | None] = {}  # workflow → the status label last set
-        self.owner = f"{os.uname().nodename}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.owner = f"{host_name()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.agents = AgentService(store, cartridge, self.repo, self.shutdown, runners, self._emit)
         # The lease each workflow is advanced (or decided) under, while it is:
         # what deps_for hands the journal and what the agent service checks.

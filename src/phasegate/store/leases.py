@@ -20,6 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from phasegate._host import host_name
 from phasegate.contract import WorkflowNotFound
 from phasegate.store import tables as t
 from phasegate.store._base import FenceLost, StoreBase, StoreUnavailable, _utc, _utc_row
@@ -304,11 +305,12 @@ class LeaseRows(StoreBase):
 def _holder_alive(holder: str) -> bool:
     """Whether the lease holder ``host:pid:...`` may still be running.
 
-    Only a holder on this host can be checked; any other is assumed alive
-    until its lease expires.
+    Only a holder on this host (``phasegate._host.host_name``: PHASEGATE_HOSTNAME
+    or the node name) can be checked; any other is assumed alive until its
+    lease expires.
     """
     parts = holder.split(":")
-    if len(parts) < 2 or parts[0] != os.uname().nodename or not parts[1].isdigit():
+    if len(parts) < 2 or parts[0] != host_name() or not parts[1].isdigit():
         return True
     try:
         os.kill(int(parts[1]), 0)
