@@ -64,10 +64,11 @@ from phasegate.healing import self_heal
 from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
+from phasegate.takeover import ForeignWorkflow, forge_repository, moved_here, placed_here
 from phasegate.worker import DEFAULT_CONCURRENCY, Heartbeat, LeaseHeld, run_worker
 from phasegate.workspace import GitTransient, Workspace, git
 
-__all__ = ["Engine", "LeaseHeld"]
+__all__ = ["Engine", "ForeignWorkflow", "LeaseHeld"]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,9 @@ class Engine:
         hidden = cartridge_secrets(cartridge)
         withhold_from_git(hidden)  # a filter git runs sees no role's key (issue 10)
         self.forge = forge or make_forge(cartridge, self.repo, store, self.workspace, hidden)
+        # Whose workflows this engine runs (takeover.py): its forge repository's, from
+        # any clone, and its own path's.
+        self.repository = forge_repository(cartridge, self.forge)
         self.clock = clock or SystemClock()
         self.shutdown = threading.Event()
         self.on_event = on_event
@@ -199,6 +203,7 @@ class Engine:
                 "graph_mode": self.cartridge.graph.enabled,
             },
             issue=issue,
+            repository=self.repository,
         )
 
     # -- events -----------------------------------------------------------------
@@ -450,6 +455,11 @@ class Engine:
             # Before reconciliation, which stops agents it takes for orphans: a
             # stale worker must not stop the live agent of the one that took over.
             fence.check()
+        if ctx.repo_path != str(self.repo):  # another clone's, or another repository's
+            moved = self._take_over(ctx)
+            if moved is None:
+                return False
+            ctx = moved
         deps = self.deps_for(ctx)
         try:
             notes = deps.effects.reconcile()
@@ -494,6 +504,24 @@ class Engine:
         if row is None:
             return False
         return result.outcome in ("completed", "retry") and row["current_phase"] != COMPLETED
+
+    def _take_over(self, ctx: WorkflowContext) -> WorkflowContext | None:
+        """Move the workflow to this clone when it is another clone's of this engine's
+        forge repository (``takeover.placed_here``; committed with a ``taken_over``
+        event) and return its context; None when the move was not committed.
+        Raises ForeignWorkflow for another repository's workflow, nothing written."""
+        moved = placed_here(
+            self.store.workflow_row(ctx.id),
+            self.repo,
+            self.repository,
+            self.cartridge.landing_areas.worktree_dir(self.repo),
+        )
+        if moved is None:
+            return ctx
+        if self._commit_retrying(ctx, moved_here(ctx, moved, self.owner)) is None:
+            return None
+        log.warning("workflow %s taken over from %s into %s", ctx.id, ctx.repo_path, self.repo)
+        return self.store.load_context(ctx.id)
 
     def _commit_retrying(self, ctx: WorkflowContext, result: PhaseResult) -> dict[str, Any] | None:
         """Commit the phase's result, trying again while the store is unavailable.
