@@ -274,7 +274,7 @@ def test_an_expired_lease_can_be_claimed(store: Store, clock: FixedClock) -> Non
     assert store.renew(wf, alive, 1, 10) is False
 
 
-def test_claim_runnable_takes_free_runnable_workflows_oldest_first(
+def test_claim_free_takes_free_leases_oldest_first_and_leaves_held_ones(
     store: Store, clock: FixedClock
 ) -> None:
     workflows = []
@@ -283,16 +283,15 @@ def test_claim_runnable_takes_free_runnable_workflows_oldest_first(
         clock.advance(1)  # created one after the other: the order claims follow
     held = workflows[0]
     assert store.claim(held, "elsewhere:1:a", 10) == 1
-    runnable = frozenset({"preparing"})
 
-    assert store.claim_runnable(runnable, "elsewhere:2:b", 60, limit=2) == [
-        (workflows[1], 1),
-        (workflows[2], 1),
-    ]
-    assert store.claim_runnable(runnable, "elsewhere:3:c", 60, limit=5) == [(workflows[3], 1)]
-    assert store.claim_runnable(frozenset({"planning"}), "elsewhere:3:c", 60) == []
+    assert store.claim_free(workflows, "elsewhere:2:b", 60, limit=2) == {
+        workflows[1]: 1,
+        workflows[2]: 1,
+    }
+    assert store.claim_free(workflows, "elsewhere:3:c", 60, limit=5) == {workflows[3]: 1}
+    assert store.claim_free(workflows, "elsewhere:3:c", 60) == {}  # its own is not free to it
     clock.advance(11)  # a's lease expired unrenewed
-    assert store.claim_runnable(runnable, "elsewhere:4:d", 60, limit=5) == [(held, 2)]
+    assert store.claim_free(workflows, "elsewhere:4:d", 60) == {held: 2}
     assert store.workflow_row(held)["lease_owner"] == "elsewhere:4:d"
     assert store.renew(held, "elsewhere:1:a", 1, 10) is False  # a's fence is stale
 

@@ -30,6 +30,8 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
+__all__ = ["CHANNEL", "ListenFeed", "PostgresDialect", "lock_id"]
+
 #: The channel every phasegate store notifies and listens on.
 CHANNEL = "phasegate"
 
@@ -50,9 +52,6 @@ _UNAVAILABLE_STATES = {
     "40P01": "deadlock detected",
     "40001": "serialization failure",
 }
-
-#: Seconds a feed that lost its connection waits before it connects again.
-RECONNECT_S = 0.5
 
 
 def lock_id(key: str) -> int:
@@ -161,8 +160,9 @@ class PostgresDialect:
 class ListenFeed:
     """A ChangeFeed that LISTENs on ``CHANNEL`` on a connection of its own.
 
-    A feed whose server went away connects again on its next ``wait`` and
-    returns True meanwhile (it cannot know what it missed: look anyway).
+    A feed whose connection was lost returns True at once (look anyway: what it
+    missed is unknown) and connects again on its next ``wait``; while it cannot,
+    each ``wait`` sleeps out its timeout and returns True (the Protocol's rule).
     """
 
     def __init__(self, conninfo: str) -> None:
@@ -188,9 +188,10 @@ class ListenFeed:
         stop = stop or threading.Event()
         deadline = time.monotonic() + timeout_s
         if self._conn is None:
-            # What changed while the feed was not listening is unknown.
+            # What changed while the feed was not listening is unknown: look anyway,
+            # at once when it listens again, after the timeout while it cannot.
             if not self._connect():
-                stop.wait(min(RECONNECT_S, max(0.0, timeout_s)))
+                stop.wait(max(0.0, timeout_s))
             return True
         while not stop.is_set():
             left = deadline - time.monotonic()

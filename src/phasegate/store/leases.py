@@ -100,48 +100,6 @@ class LeaseRows(StoreBase):
             )
             return fence + 1
 
-    def claim_runnable(
-        self, statuses: frozenset[str], owner: str, ttl_s: float, limit: int = 1
-    ) -> list[tuple[str, int]]:
-        """Take the leases of up to ``limit`` workflows whose status is in ``statuses``
-        and whose lease is free (no owner, expired, or ``owner``'s), oldest first,
-        for ``ttl_s`` seconds; returns (workflow id, new fence) of each, in one
-        transaction.
-
-        Many workers picking at once each get other workflows: the rows are read
-        ``FOR UPDATE SKIP LOCKED`` (PostgreSQL; one already being claimed is
-        passed over, not waited for; SQLite's writers are serialized already). A
-        holder on this host whose process is gone is not seen here: ``claim``
-        takes such a workflow over. Raises StoreUnavailable.
-        """
-        now = self.clock.now()
-        c = t.workflows.c
-        free = sa.or_(
-            c.lease_owner.is_(None),
-            c.lease_owner == owner,
-            c.lease_expires_at.is_(None),
-            c.lease_expires_at <= now,
-        )
-        with self.transaction() as conn:
-            rows = conn.execute(
-                sa.select(c.id, c.fence)
-                .where(c.status.in_(sorted(statuses)), free)
-                .order_by(c.created_at, c.id)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            ).all()
-            for row in rows:
-                conn.execute(
-                    t.workflows.update()
-                    .where(c.id == row.id)
-                    .values(
-                        lease_owner=owner,
-                        lease_expires_at=now + timedelta(seconds=ttl_s),
-                        fence=row.fence + 1,
-                    )
-                )
-        return [(row.id, row.fence + 1) for row in rows]
-
     def claim_free(
         self, workflow_ids: Collection[str], owner: str, ttl_s: float, *, limit: int | None = None
     ) -> dict[str, int]:
@@ -177,7 +135,15 @@ class LeaseRows(StoreBase):
             c.lease_expires_at <= now,
             c.lease_owner.in_(gone),
         )
-        chosen = sa.select(c.id).where(c.id.in_(ids), free).order_by(c.created_at, c.id)
+        # SKIP LOCKED (PostgreSQL; SQLite serializes writers already): workers filling
+        # their threads at once each take other workflows, none waits on another's
+        # batch only to find it taken. The UPDATE's own ``free`` still judges each row.
+        chosen = (
+            sa.select(c.id)
+            .where(c.id.in_(ids), free)
+            .order_by(c.created_at, c.id)
+            .with_for_update(skip_locked=True)
+        )
         if limit is not None:
             chosen = chosen.limit(limit)
         with self.transaction() as conn:

@@ -28,6 +28,15 @@ import uuid
 from pathlib import Path
 from urllib.parse import quote
 
+__all__ = [
+    "PostgresServer",
+    "PostgresUnavailable",
+    "drop_schema",
+    "find_bindir",
+    "fresh_schema",
+    "server_url",
+]
+
 #: Seconds ``pg_ctl`` may take to start or stop the server.
 START_TIMEOUT_S = 60
 
