@@ -6,7 +6,9 @@ a failed cleanup of its merge (phases/cleanup.py), then repeats: load the
 context, reconcile side effects a dead process left in_progress, self-heal
 the worktree (not in preparation), run the phase's handler, commit its
 PhaseResult through ``commit_phase_result``, until the workflow waits,
-pauses, fails or completes.
+pauses, fails or completes. A workflow another clone of the same forge
+repository started (its worker died) is first moved to this clone, and one of
+another repository refused (``phasegate.takeover``).
 
 A shutdown request (SIGINT/SIGTERM in the CLI) stops any running agent; the
 interrupted phase raises WorkflowPaused and nothing is committed, so the
@@ -343,7 +345,8 @@ class Engine:
         ``claimed``: the fence of the lease the worker already took for it (a
         bulk claim, ``LeaseRows.claim_free``). Returns the workflow's row. Raises
         WorkflowNotFound; LeaseHeld when another live worker (or another thread
-        of this engine) is advancing it;
+        of this engine) is advancing it; ForeignWorkflow (nothing run) when it is
+        another repository's (``phasegate.takeover``);
         StoreUnavailable when the store stayed unavailable past the retries and
         even the pause could not be written (the workflow is as last committed).
         """
