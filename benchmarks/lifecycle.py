@@ -24,6 +24,20 @@
     The three are interleaved commit by commit so that machine noise hits
     them alike.
 
+(c) Git calls: one demo lifecycle (as in (a)) with every git process phasegate
+    starts recorded (``phasegate._git.recording``), counted by subcommand. Its
+    *git floor* is the same git work done in the fewest calls the lifecycle's
+    own choices allow: every call that may change something (anything but a
+    read: ``status``, ``diff``, ``rev-parse``, ``ls-files``, ...) plus each read
+    whose answer is not otherwise known — the first of identical reads (same
+    arguments, directory and input) with no changing call and no agent run
+    between them; a read the ref ledger or the worktree lock makes for itself
+    (``bookkeeping``) is never in the floor. Its time is those calls' measured
+    wall times summed. Printed: calls, floor calls and their ratio, git seconds,
+    floor seconds and their ratio. The floor is generous to phasegate: a read
+    another read already answered in other words (``rev-parse`` after
+    ``for-each-ref``) is still counted in it.
+
 Prints a plain-text table (or JSON with ``--json``). Medians are reported
 because a single fsync or GC pause should not move the figure.
 """
@@ -41,13 +55,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy
 
+from phasegate import guard
+from phasegate._git import GitCall, recording
+from phasegate.agents import service
 from phasegate.cartridge import load_cartridge
 from phasegate.contract import EventWrite, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
@@ -290,6 +308,129 @@ def bench_commits(commits: int, warmup: int, directory: Path) -> dict[str, Any]:
     return out
 
 
+# -- (c) git calls --------------------------------------------------------------------
+
+#: Subcommands that only read (``branch --list`` and a one-name ``symbolic-ref`` too).
+_GIT_READS = frozenset(
+    {
+        "cat-file",
+        "config",
+        "diff",
+        "diff-index",
+        "for-each-ref",
+        "log",
+        "ls-files",
+        "ls-tree",
+        "merge-base",
+        "remote",
+        "rev-list",
+        "rev-parse",
+        "show",
+        "status",
+    }
+)
+
+
+def _reads(call: GitCall) -> bool:
+    rest = call.args[call.args.index(call.subcommand) + 1 :]
+    if call.subcommand == "branch":
+        return "--list" in rest
+    if call.subcommand == "worktree":
+        return rest[:1] == ("list",)
+    if call.subcommand == "symbolic-ref":
+        return len([a for a in rest if not a.startswith("-")]) == 1
+    if call.subcommand == "add":
+        return False
+    return call.subcommand in _GIT_READS
+
+
+def git_floor(calls: Sequence[GitCall | None]) -> list[GitCall]:
+    """The calls of ``calls`` in the git floor (module docstring, (c)); a None in
+    ``calls`` is an agent run, after which every read is asked anew."""
+    floor: list[GitCall] = []
+    known: set[tuple[tuple[str, ...], str, str | None]] = set()
+    for call in calls:
+        if call is None:
+            known.clear()
+        elif call.bookkeeping:
+            continue
+        elif not _reads(call):
+            known.clear()
+            floor.append(call)
+        elif (key := (call.args, call.cwd, call.input)) not in known:
+            known.add(key)
+            floor.append(call)
+    return floor
+
+
+def bench_git_calls() -> dict[str, Any]:
+    """One demo lifecycle's git calls by subcommand, and its floor (module docstring)."""
+    marks: list[int] = []
+    watch = guard.watch
+
+    @contextmanager
+    def marking_watch(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        with watch(*args, **kwargs) as seen:
+            try:
+                yield seen
+            finally:
+                marks.append(len(calls))  # the agent ran: what git says may differ now
+
+    with tempfile.TemporaryDirectory(prefix="phasegate-bench-") as tmp:
+        repo = make_sample_project(Path(tmp) / "calc")
+        cartridge = load_cartridge(repo)
+        store = open_store(cartridge.store_url(repo))
+        service.guard.watch = marking_watch  # type: ignore[assignment]
+        try:
+            engine = Engine(repo, cartridge, store)
+            with recording() as calls:
+                row = engine.advance(engine.start(DEMO_TITLE, DEMO_TICKET))
+        finally:
+            service.guard.watch = watch  # type: ignore[assignment]
+            store.close()
+    if row["status"] != "completed":
+        raise SystemExit(f"demo workflow ended {row['status']}: {row.get('error')}")
+    marked: list[GitCall | None] = list(calls)
+    for at in reversed(marks):
+        marked.insert(at, None)
+    floor = git_floor(marked)
+    by_subcommand: dict[str, int] = {}
+    for call in calls:
+        by_subcommand[call.subcommand] = by_subcommand.get(call.subcommand, 0) + 1
+    seconds = sum(c.seconds for c in calls)
+    floor_s = sum(c.seconds for c in floor)
+    return {
+        "calls": len(calls),
+        "bookkeeping_calls": sum(c.bookkeeping for c in calls),
+        "by_subcommand": dict(sorted(by_subcommand.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "floor_calls": len(floor),
+        "calls_ratio": len(calls) / len(floor),
+        "git_s": seconds,
+        "floor_s": floor_s,
+        "time_ratio": seconds / floor_s,
+        "agent_runs": len(marks),
+    }
+
+
+def _render_git(git_calls: dict[str, Any]) -> str:
+    rows = [
+        ["git calls (all)", str(git_calls["calls"]), _ms(git_calls["git_s"])],
+        ["git floor", str(git_calls["floor_calls"]), _ms(git_calls["floor_s"])],
+        [
+            "lifecycle / floor",
+            f"{git_calls['calls_ratio']:.2f}x",
+            f"{git_calls['time_ratio']:.2f}x",
+        ],
+        ["of them the ledger's and locks' own", str(git_calls["bookkeeping_calls"]), ""],
+    ]
+    rows += [[f"  {name}", str(n), ""] for name, n in git_calls["by_subcommand"].items()]
+    return _table(
+        f"(c) git calls of one demo lifecycle ({git_calls['agent_runs']} agent runs)",
+        ["", "calls", "git ms"],
+        rows,
+    )
+
+
 # -- output -------------------------------------------------------------------------
 
 
@@ -372,6 +513,8 @@ def render(result: dict[str, Any]) -> str:
             rows,
         )
     )
+    if "git_calls" in result:
+        out.append(_render_git(result["git_calls"]))
     out.append(f"SQLite files in {result['settings']['directory']}")
     return "\n".join(out)
 
@@ -410,6 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "lifecycle": lifecycle,
         "commits": commits,
+        "git_calls": bench_git_calls(),
     }
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0

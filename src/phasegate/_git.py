@@ -26,7 +26,14 @@ Every ref-moving command phasegate runs (``REF_MOVING``) appends the refs it
 moved to the repository's ref ledger (``<common>/phasegate/ref-ledger``, one
 JSON line per ref), under a shared flock on ``<common>/phasegate/refs.lock``
 that the guard takes exclusively to compare: a ref that moved during an agent
-run is the agent's unless the ledger says phasegate moved it there.
+run is the agent's unless the ledger says phasegate moved it there. The refs
+before and after, and the common directory, are read from git's own files
+when they are plain (``phasegate._gitfs``; git is asked otherwise), so the
+ledger costs no git process of its own (issue 12, item 6). Nothing here
+caches what git says: each answer is read afresh, whatever thread asks.
+
+``recording()`` lists every git process phasegate starts while it is active
+(benchmarks/lifecycle.py counts a lifecycle's with it); costless when off.
 
 Errors::
 
@@ -46,11 +53,14 @@ import os
 import random
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+from phasegate import _gitfs
 from phasegate.contract import PhasegateError
 from phasegate.redaction import SECRET_NAME
 
@@ -61,7 +71,9 @@ __all__ = [
     "REF_MOVING",
     "REFS_LOCK",
     "TRANSIENT_ATTEMPTS",
+    "common_dir",
     "DirtyCheckout",
+    "GitCall",
     "GitError",
     "GitTransient",
     "git",
@@ -69,6 +81,7 @@ __all__ = [
     "list_refs",
     "read_ledger",
     "record_refs",
+    "recording",
     "refs_lock",
     "repository_flock",
     "run_git",
@@ -191,14 +204,69 @@ def _subcommand(args: Sequence[str]) -> tuple[int, str]:
     return i, (args[i] if i < len(args) else "")
 
 
+@dataclass(frozen=True)
+class GitCall:
+    """One git process phasegate ran, as ``recording`` keeps it: ``args`` as the
+    caller passed them (without ``HARDENED``), ``cwd``, ``input`` (stdin or None),
+    its exit code, its wall time in seconds, and ``bookkeeping``: run by this
+    module for the ref ledger or the worktree lock, not asked for by a caller."""
+
+    args: tuple[str, ...]
+    cwd: str
+    input: str | None
+    returncode: int
+    seconds: float
+    bookkeeping: bool
+
+    @property
+    def subcommand(self) -> str:
+        return _subcommand(self.args)[1]
+
+
+# Active recorders (benchmarks and tests counting calls): every thread's calls go to
+# each. A list looked at once per call, so counting costs nothing when none is active.
+_RECORDERS: list[list[GitCall]] = []
+_RECORDERS_LOCK = threading.Lock()
+_LOCAL = threading.local()
+
+
+@contextmanager
+def recording() -> Iterator[list[GitCall]]:
+    """Every git process phasegate runs while the block runs, in any thread, appended
+    to the list yielded (``GitCall``s in the order they finished). For counting
+    (benchmarks/lifecycle.py, tests/test_git_calls.py, issue 12 item 6); nothing
+    reads it to decide anything."""
+    calls: list[GitCall] = []
+    with _RECORDERS_LOCK:
+        _RECORDERS.append(calls)
+    try:
+        yield calls
+    finally:
+        with _RECORDERS_LOCK:
+            _RECORDERS.remove(calls)
+
+
+@contextmanager
+def _bookkeeping() -> Iterator[None]:
+    """Calls made in the block are this module's own (``GitCall.bookkeeping``)."""
+    outer = getattr(_LOCAL, "bookkeeping", False)
+    _LOCAL.bookkeeping = True
+    try:
+        yield
+    finally:
+        _LOCAL.bookkeeping = outer
+
+
 def _run_once(
     args: Sequence[str], cwd: Path | str, input: str | None, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     at, name = _subcommand(args)
+    ran = args
     if name in _DIFFING:
-        args = [*args[: at + 1], "--no-ext-diff", "--no-textconv", *args[at + 1 :]]
-    return subprocess.run(
-        ["git", *_NO_BACKGROUND, *HARDENED, *args],
+        ran = [*args[: at + 1], "--no-ext-diff", "--no-textconv", *args[at + 1 :]]
+    started = time.perf_counter()
+    proc = subprocess.run(
+        ["git", *_NO_BACKGROUND, *HARDENED, *ran],
         cwd=cwd,
         capture_output=True,
         encoding="utf-8",
@@ -206,6 +274,19 @@ def _run_once(
         input=input,
         env={**_git_env(), **(env or {})},
     )
+    if _RECORDERS:
+        call = GitCall(
+            tuple(args),
+            str(cwd),
+            input,
+            proc.returncode,
+            time.perf_counter() - started,
+            getattr(_LOCAL, "bookkeeping", False),
+        )
+        with _RECORDERS_LOCK:
+            for calls in _RECORDERS:
+                calls.append(call)
+    return proc
 
 
 #: Values no git of phasegate's may see whatever their variable's name (a role's
@@ -237,11 +318,11 @@ def _worktree_admin_lock(cwd: Path | str, timeout_s: float = 120.0) -> Iterator[
     command). git's own ``worktree prune`` removes another process's entry that a
     ``worktree add`` is still making ("could not open .../gitdir"), so two workers'
     adds and prunes must not interleave. Raises GitTransient after ``timeout_s``."""
-    found = _run_once(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd, None)
-    if found.returncode != 0:  # not a repository: let the command itself say so
+    common = common_dir(cwd)
+    if common is None:  # not a repository: let the command itself say so
         yield
         return
-    with repository_flock(Path(found.stdout.strip()) / "phasegate" / "worktrees.lock", timeout_s):
+    with repository_flock(common / "phasegate" / "worktrees.lock", timeout_s):
         yield
 
 
@@ -280,15 +361,28 @@ def _moves_refs(args: Sequence[str]) -> bool:
     return name in REF_MOVING
 
 
-def _common_dir(cwd: Path | str) -> Path | None:
-    found = _run_git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd, None)
-    return Path(found.stdout.strip()) if found.returncode == 0 else None
+def common_dir(cwd: Path | str) -> Path | None:
+    """The git common directory of the repository at ``cwd``, absolute and resolved;
+    None when ``cwd`` is in no repository. Read from the checkout's files when
+    ``cwd`` is a checkout's top (``phasegate._gitfs``), else from git (one
+    ``rev-parse``; GitTransient when it keeps failing on a lock)."""
+    located = _gitfs.locate(cwd)
+    if located is not None:
+        return located[1]
+    with _bookkeeping():
+        found = _run_git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd, None)
+    return Path(found.stdout.strip()).resolve() if found.returncode == 0 else None
 
 
 def list_refs(cwd: Path | str) -> dict[str, str]:
     """Every ref of the repository at ``cwd`` (loose and packed): refname → its
-    object name, or ``"ref: <target>"`` for a symbolic ref. Raises GitError
-    (GitTransient when git keeps failing on a lock)."""
+    object name, or ``"ref: <target>"`` for a symbolic ref. Read from the ref
+    files when they are plain (``phasegate._gitfs.read_refs``), else from
+    ``git for-each-ref``. Raises GitError (GitTransient when git keeps failing
+    on a lock)."""
+    located = _gitfs.locate(cwd)
+    if located is not None and (refs := _gitfs.read_refs(*located)) is not None:
+        return refs
     proc = _run_git(["for-each-ref", "--format=%(refname)%00%(objectname)%00%(symref)"], cwd, None)
     if proc.returncode != 0:
         raise GitError(f"git for-each-ref failed in {cwd}: {proc.stderr.strip()}")
@@ -397,13 +491,15 @@ def run_git(
     """
     if not _moves_refs(args):
         return _run_git(args, cwd, input, env)
-    common = _common_dir(cwd)
+    common = common_dir(cwd)
     if common is None:  # not a repository: let the command itself say so
         return _run_git(args, cwd, input, env)
     with refs_lock(common, exclusive=False):
-        before = list_refs(cwd)
+        with _bookkeeping():
+            before = list_refs(cwd)
         proc = _run_git(args, cwd, input, env)
-        record_refs(common, before, list_refs(cwd))
+        with _bookkeeping():
+            record_refs(common, before, list_refs(cwd))
     return proc
 
 

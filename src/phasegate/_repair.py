@@ -25,11 +25,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from phasegate import _gitfs
+
 __all__ = [
     "WorktreeEntry",
     "held",
     "lock_files",
     "parse_worktrees",
+    "read_worktrees",
     "registration",
     "remove_stale_locks",
     "worktree_dirs",
@@ -66,6 +69,29 @@ def parse_worktrees(porcelain: str) -> list[WorktreeEntry]:
             )
         )
     return entries
+
+
+def read_worktrees(common: Path) -> list[WorktreeEntry] | None:
+    """What ``git worktree list --porcelain`` says, read from the git directory (the
+    main checkout's ``HEAD``, each registration's ``gitdir``, ``HEAD`` and
+    ``locked``: ``phasegate._gitfs``); None when anything there is not plain (a
+    bare repository, a registration without a readable ``gitdir`` or ``HEAD``):
+    ask git then."""
+    if common.name != ".git" or _gitfs.head(common) is None:
+        return None
+    heads = [(common.parent.resolve(), common, None, False)]
+    for entry in _gitfs.registrations(common):
+        if entry.path is None:
+            return None
+        heads.append((entry.path, entry.admin, entry.locked, entry.prunable))
+    found = []
+    for path, gitdir, locked, prunable in heads:
+        head = _gitfs.head(gitdir)
+        if head is None:
+            return None
+        branch = head[5:].removeprefix("refs/heads/") if head.startswith("ref: ") else None
+        found.append(WorktreeEntry(path, branch, locked, prunable))
+    return found
 
 
 def worktree_dirs(common: Path) -> list[Path]:

@@ -60,8 +60,10 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from phasegate import _gitfs
 from phasegate._git import (
     LEDGER,
+    common_dir,
     list_refs,
     read_ledger,
     record_refs,
@@ -119,6 +121,22 @@ class Snapshot:
 def _git_out(args: list[str], cwd: Path | str) -> str | None:
     proc = run_git_unrecorded(args, cwd)
     return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def _locate(cwd: Path) -> tuple[Path, Path, str] | None:
+    """(git dir, common dir, the branch HEAD names or "") of the checkout at ``cwd``:
+    read from its files (``phasegate._gitfs``), else asked of git; None outside git."""
+    located = _gitfs.locate(cwd)
+    head = _gitfs.head(located[0]) if located is not None else None
+    if located is not None and head is not None:
+        branch = head[5:] if head.startswith("ref: ") else ""
+        return located[0], located[1], branch
+    common_s = _git_out(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd)
+    gitdir_s = _git_out(["rev-parse", "--path-format=absolute", "--git-dir"], cwd)
+    if not common_s or not gitdir_s:
+        return None
+    branch = _git_out(["symbolic-ref", "-q", "HEAD"], cwd) or ""
+    return Path(gitdir_s).resolve(), Path(common_s).resolve(), branch
 
 
 def _read(path: Path) -> FileState | None:
@@ -198,6 +216,29 @@ def _included(configs: list[Path], depth: int = 5) -> list[Path]:
     return found
 
 
+def _hooks_paths(cwd: Path, configs: list[Path]) -> list[str]:
+    """Every ``core.hooksPath`` git reads at ``cwd``; asked of git only when one of
+    ``configs`` (every file a setting could come from, includes followed) names
+    the key or an include at all, or the environment passes settings (``GIT_CONFIG_*``):
+    otherwise there is none, and the answer costs no git."""
+    environment = any(k.startswith("GIT_CONFIG_") and k not in _CONFIG_FILES for k in os.environ)
+    named = False
+    for config in configs:
+        try:
+            text = config.read_bytes().lower()
+        except OSError:
+            continue  # absent (most are): no setting there
+        # an include this module might not follow as git does (a condition, a ~user): ask git
+        named = named or b"hookspath" in text or b"include" in text
+    if not named and not environment:
+        return []
+    return (_git_out(["config", "--get-all", "core.hooksPath"], cwd) or "").splitlines()
+
+
+#: ``GIT_CONFIG_*`` variables that name a file (watched in ``_user_configs``), not a setting.
+_CONFIG_FILES = frozenset({"GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM"})
+
+
 def _watched(
     cwd: Path, common: Path, gitdir: Path, own_only: bool
 ) -> tuple[list[Path], list[Path]]:
@@ -213,9 +254,10 @@ def _watched(
         return files, []
     files += [common / "HEAD", common / "logs" / "refs" / "stash"]
     files.append(common / "objects" / "info" / "alternates")
-    files += _included([common / "config", common / "config.worktree", *_user_configs()])
+    configs = _included([common / "config", common / "config.worktree", *_user_configs()])
+    files += configs
     dirs = [common / name for name in _WATCHED_DIRS]
-    for value in (_git_out(["config", "--get-all", "core.hooksPath"], cwd) or "").splitlines():
+    for value in _hooks_paths(cwd, [*configs, gitdir / "config.worktree"]):
         hooks = Path(os.path.expanduser(value.strip()))
         if hooks.is_absolute() and hooks != Path("/dev/null"):
             dirs.append(hooks)
@@ -231,12 +273,10 @@ def snapshot(
     ``own_only`` of a confined run's own branch, HEAD and the repository's git
     files (the module's docstring). Taken under the refs lock held exclusively
     (GitTransient after its timeout)."""
-    common_s = _git_out(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd)
-    gitdir_s = _git_out(["rev-parse", "--path-format=absolute", "--git-dir"], cwd)
-    if not common_s or not gitdir_s:
+    located = _locate(cwd)
+    if located is None:
         return None
-    common, gitdir = Path(common_s), Path(gitdir_s)
-    branch = _git_out(["symbolic-ref", "-q", "HEAD"], cwd) or ""
+    gitdir, common, branch = located
     with refs_lock(common, exclusive=True):
         refs = list_refs(cwd)
         ledger = (common / LEDGER).stat().st_size if (common / LEDGER).exists() else 0
@@ -386,10 +426,10 @@ def recover(cwd: Path, key: str) -> list[tuple[str, str, Violation]]:
     (or ``cwd`` is no directory in a repository)."""
     if not Path(cwd).is_dir():
         return []
-    common_s = _git_out(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd)
-    if not common_s:
+    common = common_dir(cwd)
+    if common is None:
         return []
-    journal = _journal_path(Path(common_s), key)
+    journal = _journal_path(common, key)
     if not journal.is_file():
         return []
     try:

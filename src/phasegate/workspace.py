@@ -15,14 +15,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from phasegate import _repair
+from phasegate import _gitfs, _repair
 from phasegate._git import (
     IDENTITY,
     TRANSIENT_ATTEMPTS,
     DirtyCheckout,
     GitError,
     GitTransient,
+    common_dir,
     git,
+    list_refs,
     repository_flock,
     run_git,
 )
@@ -101,16 +103,38 @@ def _patch_paths(patch: str) -> list[str]:
     return paths
 
 
+def _deleted(fields: list[str]) -> list[str]:
+    """The paths ``git status --porcelain=v2 -z`` says are deleted vs HEAD, staged or not."""
+    found, i = [], 0
+    while i < len(fields):
+        entry = fields[i]
+        kind, xy = entry[:2], entry[2:4]
+        if kind in ("1 ", "2 ") and "D" in xy:
+            found.append(entry.split(" ", 8 if kind == "1 " else 9)[-1])
+        i += 2 if kind == "2 " else 1  # a rename's or copy's origin path follows it
+    return found
+
+
 class Workspace:
     """Worktrees and git operations for one machine."""
 
     # -- branches and worktrees -------------------------------------------------
 
     def branch_exists(self, repo: Path, branch: str) -> bool:
+        """Whether ``refs/heads/<branch>`` exists (read from the ref files when plain)."""
+        if _gitfs.branch_name_is_plain(branch):
+            return f"refs/heads/{branch}" in list_refs(repo)
         return bool(git(["branch", "--list", branch], repo))
 
     def rev(self, repo: Path, ref: str) -> str:
-        return git(["rev-parse", "--verify", f"{ref}^{{commit}}"], repo)
+        """The commit ``ref`` names (``rev-parse --verify <ref>^{commit}``; HEAD and a
+        plain branch read from the ref files: ``_gitfs.resolve``). Raises GitError."""
+        found = _gitfs.resolve(repo, ref)
+        return (
+            found
+            if found is not None
+            else git(["rev-parse", "--verify", f"{ref}^{{commit}}"], repo)
+        )
 
     def create_branch(self, repo: Path, branch: str, base: str) -> str:
         """Create ``branch`` at ``base`` unless it exists; return its head SHA."""
@@ -123,9 +147,12 @@ class Workspace:
             git(["branch", "-D", branch], repo)
 
     def _worktrees(self, repo: Path) -> dict[Path, _repair.WorktreeEntry]:
-        """Worktree path → its record in ``git worktree list --porcelain``."""
-        out = git(["worktree", "list", "--porcelain"], repo)
-        return {e.path: e for e in _repair.parse_worktrees(out)}
+        """Worktree path → its record in ``git worktree list --porcelain`` (read from
+        the git directory when it is plain: ``_repair.read_worktrees``)."""
+        entries = _repair.read_worktrees(self.common_dir(repo))
+        if entries is None:
+            entries = _repair.parse_worktrees(git(["worktree", "list", "--porcelain"], repo))
+        return {e.path: e for e in entries}
 
     def _registered_worktrees(self, repo: Path) -> dict[Path, str | None]:
         """Worktree path → checked-out branch (None when detached)."""
@@ -133,8 +160,10 @@ class Workspace:
 
     def common_dir(self, repo: Path) -> Path:
         """The repository's git common directory (``.git`` of the main checkout), absolute."""
-        common = Path(git(["rev-parse", "--git-common-dir"], repo))
-        return (common if common.is_absolute() else repo / common).resolve()
+        common = common_dir(repo)
+        if common is None:
+            raise GitError(f"{repo} is not in a git repository")
+        return common
 
     def repair(self, repo: Path) -> list[str]:
         """Clear what killed git processes left in ``repo``; returns what was done.
@@ -164,14 +193,20 @@ class Workspace:
                 elif not re.search("is not locked|is not a working tree", proc.stderr):
                     # (else its add finished, or its remove did, since the listing)
                     raise GitError(f"git worktree unlock {entry.path}: {proc.stderr.strip()}")
-        git(["worktree", "prune"], repo)
+        self._prune(repo)
         return notes
+
+    def _prune(self, repo: Path) -> None:
+        """``git worktree prune`` when a registration is prunable, or when the git
+        directory is not plain enough to tell: a healthy repository costs no git."""
+        listed = _repair.read_worktrees(self.common_dir(repo))
+        if listed is None or any(e.prunable for e in listed):
+            git(["worktree", "prune"], repo)
 
     def exclude(self, repo: Path, pattern: str) -> None:
         """Add ``pattern`` to the repository's ``info/exclude`` (once), so phasegate's
         own state never shows up as untracked, whoever wrote the cartridge."""
-        path = Path(git(["rev-parse", "--git-path", "info/exclude"], repo))
-        path = path if path.is_absolute() else repo / path
+        path = self.common_dir(repo) / "info" / "exclude"  # where --git-path puts it
         lines = path.read_text().splitlines() if path.exists() else []
         if pattern not in lines:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -205,7 +240,7 @@ class Workspace:
                 self._drop_worktree(repo, other)
         if path.exists():
             shutil.rmtree(path)
-        git(["worktree", "prune"], repo)
+        self._prune(repo)
         path.parent.mkdir(parents=True, exist_ok=True)
         git(["worktree", "add", str(path), branch], repo)
         return path
@@ -227,16 +262,21 @@ class Workspace:
         locked = gitdir / "locked"
         if locked.exists() and locked.read_text().startswith("initializing"):
             return "left locked by a killed worktree add"
-        if run_git(["symbolic-ref", "--short", "-q", "HEAD"], path).stdout.strip() != branch:
+        if _gitfs.head(gitdir) not in (None, f"ref: refs/heads/{branch}"):
             return f"HEAD is not {branch}"
-        if run_git(["rev-parse", "--verify", "-q", "HEAD"], path).returncode != 0:
-            return "HEAD does not resolve"
-        status = run_git(["status", "--porcelain"], path)
+        # One status tells all the rest: HEAD's branch (git's own reading, should the
+        # file above be unusual), whether it resolves, and what is deleted vs HEAD
+        # (staged or not: what ``diff --diff-filter=D HEAD`` lists).
+        status = run_git(["status", "--porcelain=v2", "--branch", "-z"], path)
         if status.returncode != 0:
             return f"git status fails: {status.stderr.strip()}"
-        missing = run_git(["diff", "--name-only", "--diff-filter=D", "HEAD"], path)
-        if missing.returncode != 0 or missing.stdout.strip():
-            return f"tracked files missing: {' '.join(missing.stdout.split()[:5])}"
+        fields = status.stdout.split("\0")
+        if f"# branch.head {branch}" not in fields:
+            return f"HEAD is not {branch}"
+        if "# branch.oid (initial)" in fields:
+            return "HEAD does not resolve"
+        if missing := _deleted(fields):
+            return f"tracked files missing: {' '.join(missing[:5])}"
         return None
 
     def is_healthy(self, path: Path, branch: str) -> bool:
@@ -255,7 +295,7 @@ class Workspace:
         path = path.resolve()
         if path in self._worktrees(repo) or path.exists():
             self._drop_worktree(repo, path)
-        git(["worktree", "prune"], repo)
+        self._prune(repo)
 
     @contextmanager
     def temporary_checkout(self, repo: Path, sha: str, path: Path) -> Iterator[Path]:
@@ -320,6 +360,9 @@ class Workspace:
 
     def merge_in_progress(self, path: Path) -> bool:
         """Whether the worktree at ``path`` has a merge begun and not concluded (MERGE_HEAD)."""
+        found = _gitfs.merge_head(path)
+        if found is not None:
+            return found
         return bool(git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], path, check=False))
 
     def diff(self, repo: Path, base: str, head: str) -> str:
@@ -375,7 +418,7 @@ class Workspace:
             return []
         conflicted = git(["diff", "--name-only", "--diff-filter=U"], worktree).splitlines()
         if not conflicted:
-            if git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], worktree, check=False):
+            if self.merge_in_progress(worktree):
                 git(["merge", "--abort"], worktree, check=False)
             detail = (proc.stderr or proc.stdout).strip()
             raise GitError(f"git merge {base} failed in {worktree}: {detail}")
@@ -387,7 +430,7 @@ class Workspace:
         Only unmerged paths are a conflict: any other failure raises GitError,
         lock contention that persists GitTransient (``phasegate._git``).
         """
-        if git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], worktree, check=False):
+        if self.merge_in_progress(worktree):
             git(["merge", "--abort"], worktree, check=False)  # a killed attempt's
         if self._merge_base_in(worktree, base):
             git(["merge", "--abort"], worktree, check=False)
@@ -403,7 +446,7 @@ class Workspace:
         first. Raises GitError when the merge failed without conflicts,
         GitTransient when on a lock.
         """
-        if git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], worktree, check=False):
+        if self.merge_in_progress(worktree):
             git(["merge", "--abort"], worktree, check=False)
         return self._merge_base_in(worktree, base)
 
@@ -464,7 +507,7 @@ class Workspace:
                     )
                 time.sleep(0.2 * attempt)
             if proc.returncode != 0:
-                if git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], holder, check=False):
+                if self.merge_in_progress(holder):
                     git(["merge", "--abort"], holder, check=False)
                 detail = (proc.stderr or proc.stdout).strip()
                 if "local changes" in detail or "untracked working tree files" in detail:

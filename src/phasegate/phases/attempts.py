@@ -196,21 +196,19 @@ def measure_change(cwd: Path, start: str, head: str, limit: int) -> Change:
 def _new_gitlinks(cwd: Path, start: str) -> list[str]:
     """The paths where the index (after ``add -A``) holds a repository that ``start``
     does not, as it is there: nested repositories the change would add or move.
-    (phasegate's diffs ignore submodules, so the index is asked, not a diff.)"""
-
-    def links(listing: str) -> dict[str, str]:
-        # "<mode> <sha> <stage>\t<path>" (ls-files -s), "<mode> commit <sha>\t<path>" (ls-tree)
-        found = {}
-        for line in listing.splitlines():
-            meta, _, path = line.partition("\t")
-            fields = meta.split()
-            if fields and fields[0] == "160000":
-                found[path] = fields[2] if fields[1] == "commit" else fields[1]
-        return found
-
-    before = links(git(["ls-tree", "-r", start], cwd))
-    now = links(git(["ls-files", "-s"], cwd))
-    return sorted(path for path, sha in now.items() if before.get(path) != sha)
+    (phasegate's diffs ignore submodules, so the index is compared with ``start``'s
+    tree, submodules not ignored whatever a config or ``.gitmodules`` says; never
+    the worktree, so nothing of the nested repository's runs: one call.)"""
+    out = git(
+        ["diff-index", "--cached", "--no-renames", "-z", "--ignore-submodules=none", start], cwd
+    )
+    fields = out.split("\0")
+    # -z: ":<old mode> <new mode> <old sha> <new sha> <status>" NUL "<path>" NUL, per entry
+    return sorted(
+        path
+        for meta, path in zip(fields[::2], fields[1::2], strict=False)
+        if meta.startswith(":") and meta.split()[1:2] == ["160000"]
+    )
 
 
 def refused_change(change: Change, limit: int, secrets: list[str], cwd: Path) -> Violation | None:
