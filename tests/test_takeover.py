@@ -23,13 +23,15 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from phasegate.cartridge import load_cartridge
+from phasegate.cartridge import Cartridge, load_cartridge
+from phasegate.cartridge_forge import ForgeSettings
 from phasegate.clock import SystemClock
 from phasegate.contract import RUNNABLE_STATUSES
 from phasegate.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.store.store import make_dialect
-from phasegate.takeover import ForeignWorkflow
+from phasegate.takeover import ForeignWorkflow, forge_repository, placed_here
+from phasegate.testing import InMemoryForge
 
 from conftest import (
     ANSWERS_BUT_BUILD,
@@ -187,6 +189,36 @@ def test_migration_0005_upgrades_a_0004_store_its_workflows_claimed_by_their_pat
         assert store.lease_rows(RUNNABLE_STATUSES, repo_path="/clone-2", repository="o/n") == []
     finally:
         store.close()
+
+
+def test_a_workflow_is_moved_only_from_another_clone_of_the_same_forge_repository(
+    tmp_path: Path,
+) -> None:
+    github = Cartridge().model_copy(
+        update={"forge": ForgeSettings(kind="github", repository="Octo/Widgets")}
+    )
+    assert forge_repository(github, InMemoryForge()) == "octo/widgets"  # one name, any case
+    assert forge_repository(Cartridge(), InMemoryForge()) is None  # the local forge
+    here, trees = tmp_path / "clone-b", tmp_path / "clone-b" / ".phasegate" / "worktrees"
+
+    def row(repo_path: Path, repository: str | None, worktree: bool = True) -> dict[str, object]:
+        tree = str(repo_path / ".phasegate" / "worktrees" / "w1") if worktree else None
+        return {"id": "w1", "repo_path": str(repo_path), "repository": repository,
+                "worktree_path": tree}  # fmt: skip
+
+    elsewhere = tmp_path / "clone-a"
+    assert placed_here(row(elsewhere, "octo/widgets"), here, "octo/widgets", trees) == {
+        "repo_path": str(here),
+        "worktree_path": str(trees / "w1"),
+    }
+    # before preparation made a worktree, only the repository moves
+    moved = placed_here(row(elsewhere, "octo/widgets", worktree=False), here, "octo/widgets", trees)
+    assert moved == {"repo_path": str(here)}
+    assert placed_here(row(here, "octo/widgets"), here, "octo/widgets", trees) is None
+    assert placed_here(row(here, None), here, "octo/widgets", trees) is None  # before 0005
+    for foreign in (row(elsewhere, "octo/gadgets"), row(elsewhere, None), row(here, "o/x")):
+        with pytest.raises(ForeignWorkflow):
+            placed_here(foreign, here, "octo/widgets", trees)
 
 
 # -- another clone takes over --------------------------------------------------------------

@@ -37,12 +37,14 @@ class ForeignWorkflow(PhasegateError):
 
 
 def forge_repository(cartridge: Cartridge, forge: Forge) -> str | None:
-    """The team forge's repository (``owner/name``) the engine works on, or None on
-    the local forge (whose workflows are their clone's alone)."""
+    """The team forge's repository (``owner/name``, lower-cased: GitHub's names are
+    case-insensitive, and two clones' cartridges may spell one differently) the
+    engine works on, or None on the local forge (whose workflows are their
+    clone's alone)."""
     if cartridge.forge.kind == "local":
         return None
     name = getattr(forge, "repository", None) or cartridge.forge.repository
-    return str(name) if name else None
+    return str(name).lower() if name else None
 
 
 def placed_here(
