@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from phasegate._host import host_name
 from phasegate.cartridge import Cartridge, load_cartridge
 from phasegate.cartridge_forge import ForgeSettings
 from phasegate.clock import SystemClock
-from phasegate.contract import RUNNABLE_STATUSES
+from phasegate.contract import RUNNABLE_STATUSES, PhasegateError
 from phasegate.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.store.store import make_dialect
@@ -403,5 +404,21 @@ def test_a_branch_never_pushed_is_made_again_from_its_start_in_the_clone_taking_
         counts = gh.counts(name)
         assert (counts["issues"], counts["pulls"], counts["merges"]) == (1, 1, 1)
         assert "feature" in gh.repo(name).git.git("show", f"{row['merge_sha']}:feature.txt")
+    finally:
+        store.close()
+
+
+def test_phasegate_hostname_names_the_machine_in_lease_owners_and_refuses_a_colon(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    repo = _shared_repo(tmp_path / "x", f"sqlite:///{tmp_path / 'state.db'}")
+    monkeypatch.setenv("PHASEGATE_HOSTNAME", "machine-a")
+    cartridge = load_cartridge(repo)
+    store = open_store(cartridge.store_url(repo))
+    try:
+        assert Engine(repo, cartridge, store).owner.startswith(f"machine-a:{os.getpid()}:")
+        monkeypatch.setenv("PHASEGATE_HOSTNAME", "machine:a")
+        with pytest.raises(PhasegateError, match="must not contain ':'"):
+            host_name()
     finally:
         store.close()
