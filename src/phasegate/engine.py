@@ -44,6 +44,7 @@ from phasegate.clock import Clock, SystemClock
 from phasegate.contract import (
     COMPLETED,
     RUNNABLE_STATUSES,
+    WAIT,
     ContractViolation,
     EventWrite,
     MilestoneView,
@@ -383,6 +384,28 @@ class Engine:
             heartbeat.stopped.set()
             self._let_go(workflow_id)
         return self.store.workflow_row(workflow_id)
+
+    def idle_at(self, workflow_id: str) -> int | None:
+        """The workflow's version when it only waits for people with nothing new, else
+        None (advance it): in wait, nothing in progress to reconcile, its label set
+        by this engine, and the wait phase's look (reads only: spec 000, wait) finds
+        nothing. Reads only and takes no lease, so an idle waiting workflow costs
+        no write, on any forge (issue 12, item 4). Raises WorkflowNotFound.
+        """
+        ctx = self.store.load_context(workflow_id)
+        if ctx.current_phase != WAIT or ctx.status != "waiting":
+            return None
+        if any(m.status == "in_progress" for m in ctx.milestones):
+            return None
+        if ctx.issue_number and self._labels.get(ctx.id, "") != status_label(ctx.status):
+            return None  # a process killed before its label left it stale: advance sets it
+        try:
+            result = resolve_phase_handler(WAIT)(ctx, self.deps_for(ctx))
+        except ForgeError:
+            return None  # advance pauses on it with the reason
+        if result.outcome != "wait" or result.milestones or result.state or result.updates:
+            return None
+        return ctx.version
 
     def _advance_child(self, workflow_id: str) -> bool:
         """Advance the child the workflow paused for (a conflict fork, phases/conflict.py)

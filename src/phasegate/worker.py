@@ -127,6 +127,10 @@ def _polling(row: Mapping[str, Any]) -> bool:
     return row["status"] == "waiting" or waits_on_ci(row)
 
 
+#: The phase and status of a workflow waiting for people (``Engine.idle_at``).
+_WAITING = {"current_phase": WAIT, "status": "waiting"}
+
+
 @dataclass(frozen=True)
 class _Left:
     """How an advance left a workflow that is still runnable: its row's ``version``,
@@ -183,6 +187,8 @@ class _Worker:
         self.advanced: set[str] = set()  # advance() retried their cleanups already
         self.seen: set[str] = set()  # with once: dispatched in this one pass
         self.errors: list[BaseException] = []
+        #: What the last read of the rows left due (``_pass``): to claim, waiting, marker.
+        self.backlog: tuple[list[str], list[str], tuple[int, int] | None] | None = None
         self.ended = threading.Event()  # a thread ended: a slot is free, a row was left
         self.lock = threading.Lock()  # running, left, advanced, errors, across threads
 
@@ -195,10 +201,11 @@ class _Worker:
         freed = self.store.free_gone_leases()
         if freed:
             log.info("%d leases of gone workers of this host released", freed)
+        reread = True
         try:
             while not self.shutdown.is_set() and not self.errors:
                 self.ended.clear()
-                dispatched = self._pass()
+                dispatched = self._pass(reread or self.once)
                 if self.once:
                     with self.lock:
                         idle = not self.running
@@ -211,7 +218,7 @@ class _Worker:
                 if time.monotonic() - cleaned_at >= CLEANUP_RETRY_S:
                     cleaned_at = time.monotonic()
                     self._retry_cleanups()
-                self._wait(feed)
+                reread = self._wait(feed)
         finally:
             self._join()
             feed.close()
@@ -222,31 +229,65 @@ class _Worker:
         self.shutdown.wait()
         self.ended.set()
 
-    def _wait(self, feed: Any) -> None:
+    def _wait(self, feed: Any) -> bool:
         """Until a thread ends, shutdown, or (with a thread free) the store changes;
-        ``poll_s`` at most. A pass a change starts comes ``MIN_PASS_S`` after the last."""
+        ``poll_s`` at most. A pass a change starts comes ``MIN_PASS_S`` after the last.
+        True when the next pass must read the rows again (the store changed, or
+        ``poll_s`` passed); False when only a thread ended (the backlog goes on)."""
         started = time.monotonic()
         with self.lock:
             full = len(self.running) >= self.concurrency
         if full:
-            self.ended.wait(self.poll_s)
-        elif feed.wait(self.poll_s, stop=self.ended):
+            return not self.ended.wait(self.poll_s)
+        if feed.wait(self.poll_s, stop=self.ended):
             left = MIN_PASS_S - (time.monotonic() - started)
             if left > 0:
                 self.shutdown.wait(left)
+            return True
+        return not self.ended.is_set()
 
-    def _pass(self) -> bool:
+    def _pass(self, reread: bool) -> bool:
         """Start the advances of the due workflows, as many as threads are free; True
-        when one was started."""
+        when one was started. ``reread``: read the rows again, else go on with
+        the due ones the last read left over (a thread ended, nothing changed:
+        1,000 waiting workflows are read once, not once per thread's end)."""
         with self.lock:
             free = self.concurrency - len(self.running)
         if free <= 0:
             return False
+        if reread or self.backlog is None:
+            self.backlog = self._due()
+        due, waiting, forge = self.backlog
+        if self.shutdown.is_set():
+            return False
+        with self.lock:
+            due = [i for i in due if i not in self.running]
+            waiting = [i for i in waiting if i not in self.running]
+        started: list[str] = []
+        if due:
+            taken = self.store.claim_free(
+                due, self.engine.owner, self.engine.lease_ttl_s, limit=free
+            )
+            for workflow_id in due:  # oldest first, as listed
+                if workflow_id in taken:
+                    self._start(workflow_id, taken[workflow_id], forge)
+                    started.append(workflow_id)
+            due = [i for i in due if i not in taken]
+        for workflow_id in waiting[: max(0, free - len(started))]:
+            self._start(workflow_id, None, forge)
+            started.append(workflow_id)
+        self.backlog = (due, [i for i in waiting if i not in started], forge)
+        return bool(started)
+
+    def _due(self) -> tuple[list[str], list[str], tuple[int, int] | None]:
+        """The workflows due now, oldest first: those to claim, those waiting for
+        people (looked at without a lease first), and the local forge's marker."""
         forge = self.store.local_forge_marker() if self.local_forge else None
         now = time.monotonic()
-        due = []
+        due, waiting = [], []
+        rows = self.store.lease_rows(RUNNABLE_STATUSES, **self.mine)
         with self.lock:
-            for row in self.store.lease_rows(RUNNABLE_STATUSES, **self.mine):
+            for row in rows:
                 workflow_id = row["id"]
                 if workflow_id in self.running or workflow_id in self.seen:
                     continue
@@ -259,16 +300,13 @@ class _Worker:
                     and now < left.due_at
                 ):
                     continue
-                due.append(workflow_id)
-        if not due or self.shutdown.is_set():
-            return False
-        taken = self.store.claim_free(due, self.engine.owner, self.engine.lease_ttl_s, limit=free)
-        for workflow_id in due:  # oldest first, as listed
-            if workflow_id in taken:
-                self._start(workflow_id, taken[workflow_id], forge)
-        return bool(taken)
+                if row["current_phase"] == WAIT and row["status"] == "waiting":
+                    waiting.append(workflow_id)
+                else:
+                    due.append(workflow_id)
+        return due, waiting, forge
 
-    def _start(self, workflow_id: str, fence: int, forge: tuple[int, int] | None) -> None:
+    def _start(self, workflow_id: str, fence: int | None, forge: tuple[int, int] | None) -> None:
         thread = threading.Thread(
             target=self._advance,
             args=(workflow_id, fence, forge),
@@ -281,11 +319,18 @@ class _Worker:
                 self.seen.add(workflow_id)
         thread.start()
 
-    def _advance(self, workflow_id: str, fence: int, forge: tuple[int, int] | None) -> None:
+    def _advance(self, workflow_id: str, fence: int | None, forge: tuple[int, int] | None) -> None:
+        """Advance the workflow under the lease ``fence`` (None: a waiting one, looked
+        at without a lease first and advanced, under a claim of its own, only when
+        its wait has something new: ``Engine.idle_at``)."""
         left = None
         try:
-            row = self.engine.advance(workflow_id, claimed=fence)
-            left = self._left_at(row, forge)
+            idle = self.engine.idle_at(workflow_id) if fence is None else None
+            if idle is not None:
+                left = self._left_at({"version": idle, **_WAITING}, forge)
+            else:
+                row = self.engine.advance(workflow_id, claimed=fence)
+                left = self._left_at(row, forge)
         except LeaseHeld:
             pass  # this engine's own decide or cleanup holds it: looked at again next pass
         except BaseException as exc:  # ends the worker, once every thread stopped

@@ -90,6 +90,7 @@ class AgentService:
         self.repo = repo
         self.cancel = cancel
         self._runners: dict[str, Runner] = dict(runners or {})
+        self._making = threading.Lock()
         self._emit = emit or (lambda _wf, _ev: None)
         self.fences: dict[str, Fence] = {}
 
@@ -100,9 +101,11 @@ class AgentService:
             fence.check()
 
     def runner(self, role: str) -> Runner:
-        if role not in self._runners:
-            self._runners[role] = make_runner(self.cartridge.role(role), self.repo)
-        return self._runners[role]
+        # The worker's threads share the service: one runner per role, made once.
+        with self._making:
+            if role not in self._runners:
+                self._runners[role] = make_runner(self.cartridge.role(role), self.repo)
+            return self._runners[role]
 
     def ask(
         self,

@@ -53,7 +53,16 @@ class SqliteDialect:
         self.busy_timeout_s = busy_timeout_s
 
     def engine(self) -> sa.Engine:
-        engine = sa.create_engine(self.url, connect_args={"timeout": self.busy_timeout_s})
+        in_memory = self.url.database in (None, "", ":memory:")
+        engine = sa.create_engine(
+            self.url,
+            connect_args={"timeout": self.busy_timeout_s},
+            # A worker advancing N workflows at once holds up to 2N connections of a
+            # file (each advance and its heartbeat), more while writers wait out a
+            # lock: the pool must not be what fails first. Overflow connections close
+            # when returned. (An in-memory store is one connection per thread.)
+            **({} if in_memory else {"pool_size": 5, "max_overflow": 100}),
+        )
         busy_ms = max(0, round(self.busy_timeout_s * 1000))
 
         @sa.event.listens_for(engine, "connect")
@@ -76,6 +85,8 @@ class SqliteDialect:
         return engine
 
     def unavailable(self, exc: BaseException) -> str | None:
+        if isinstance(exc, sa.exc.TimeoutError):
+            return f"no connection free within the pool's timeout: {exc}"
         if not isinstance(exc, sa.exc.OperationalError | sqlite3.OperationalError):
             return None
         reason = str(getattr(exc, "orig", None) or exc).strip()

@@ -179,13 +179,16 @@ class LeaseRows(StoreBase):
         if not gone:
             return 0
         with self.transaction() as conn:
-            return int(
+            freed = int(
                 conn.execute(
                     t.workflows.update()
                     .where(c.lease_owner.in_(gone))
                     .values(lease_owner=None, lease_expires_at=None, fence=c.fence + 1)
                 ).rowcount
             )
+            if freed:
+                self.dialect.notify(conn)  # other workers may take them now
+            return freed
 
     def lease_rows(
         self,
