@@ -208,18 +208,19 @@ def test_a_workflow_is_moved_only_from_another_clone_of_the_same_forge_repositor
                 "worktree_path": tree}  # fmt: skip
 
     elsewhere = tmp_path / "clone-a"
-    assert placed_here(row(elsewhere, "octo/widgets"), here, "octo/widgets", trees) == {
+    assert placed_here(row(elsewhere, "octo/widgets"), here, "octo/widgets", Cartridge()) == {
         "repo_path": str(here),
         "worktree_path": str(trees / "w1"),
     }
     # before preparation made a worktree, only the repository moves
-    moved = placed_here(row(elsewhere, "octo/widgets", worktree=False), here, "octo/widgets", trees)
+    early = row(elsewhere, "octo/widgets", worktree=False)
+    moved = placed_here(early, here, "octo/widgets", Cartridge())
     assert moved == {"repo_path": str(here)}
-    assert placed_here(row(here, "octo/widgets"), here, "octo/widgets", trees) is None
-    assert placed_here(row(here, None), here, "octo/widgets", trees) is None  # before 0005
+    assert placed_here(row(here, "octo/widgets"), here, "octo/widgets", Cartridge()) is None
+    assert placed_here(row(here, None), here, "octo/widgets", Cartridge()) is None  # before 0005
     for foreign in (row(elsewhere, "octo/gadgets"), row(elsewhere, None), row(here, "o/x")):
         with pytest.raises(ForeignWorkflow):
-            placed_here(foreign, here, "octo/widgets", trees)
+            placed_here(foreign, here, "octo/widgets", Cartridge())
 
 
 # -- another clone takes over --------------------------------------------------------------

@@ -536,12 +536,8 @@ class Engine:
         forge repository (``takeover.placed_here``; committed with a ``taken_over``
         event) and return its context; None when the move was not committed.
         Raises ForeignWorkflow for another repository's workflow, nothing written."""
-        moved = placed_here(
-            self.store.workflow_row(ctx.id),
-            self.repo,
-            self.repository,
-            self.cartridge.landing_areas.worktree_dir(self.repo),
-        )
+        row = self.store.workflow_row(ctx.id)
+        moved = placed_here(row, self.repo, self.repository, self.cartridge)
         if moved is None:
             return ctx
         if self._commit_retrying(ctx, moved_here(ctx, moved, self.owner)) is None:

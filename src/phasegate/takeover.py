@@ -48,12 +48,12 @@ def forge_repository(cartridge: Cartridge, forge: Forge) -> str | None:
 
 
 def placed_here(
-    row: Mapping[str, Any], repo: Path, repository: str | None, worktree_dir: Path
+    row: Mapping[str, Any], repo: Path, repository: str | None, cartridge: Cartridge
 ) -> dict[str, str] | None:
     """The ``repo_path`` and ``worktree_path`` that move the workflow ``row`` to the
     clone at ``repo`` (resolved) of forge repository ``repository``; None when the
-    row names this clone already. ``worktree_dir``: this cartridge's
-    ``landing_areas.worktree_dir(repo)``.
+    row names this clone already. The worktree goes where this ``cartridge`` puts
+    the workflow's (``landing_areas.worktree_dir(repo)``, as preparation does).
 
     Raises ForeignWorkflow when the row is another repository's: another forge
     repository, or (no forge repository recorded) another path.
@@ -73,7 +73,7 @@ def placed_here(
         return None
     moved = {"repo_path": here}
     if row.get("worktree_path"):
-        moved["worktree_path"] = str(worktree_dir / row["id"])
+        moved["worktree_path"] = str(cartridge.landing_areas.worktree_dir(repo) / row["id"])
     return moved
 
 
