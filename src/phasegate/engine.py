@@ -375,7 +375,7 @@ class Engine:
             if not self._taken_over(fence):
                 fault = fence.unrenewed or heartbeat.last_fault
                 raise StoreUnavailable(
-                    fault.where if fault else str(self.store.engine.url.database),
+                    fault.where if fault else self.store.where,
                     f"{fault.reason if fault else 'the lease could not be renewed'} "
                     f"(for longer than the {self.lease_ttl_s:g} s lease; "
                     f"workflow {workflow_id} is as last committed)",

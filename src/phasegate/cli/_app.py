@@ -40,7 +40,11 @@ app = typer.Typer(
     "issue a trusted person labels `phasegate` (`phasegate import OWNER/REPO#N` by hand); "
     "CI checks are evidence; review comments send the change back; an approving review "
     "or `/phasegate merge` merges; the issue closes only after verification (README: "
-    "Using it with GitHub).",
+    "Using it with GitHub).\n\n"
+    "Many at once: `phasegate worker --concurrency N` advances N workflows side by side, "
+    "woken by the store, not a poll; several workers (on several machines with "
+    '[store] url = "postgresql://…") share the work, one worker per workflow (README: '
+    "Many workflows, many workers).",
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,

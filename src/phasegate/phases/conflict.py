@@ -18,7 +18,7 @@ merge into the branch):
   with the child's id: a crash anywhere in between never forks twice.
 - the parent pauses with ``state["conflict_child"]`` naming the child; the
   child's completed or failed commit wakes it in the same transaction
-  (``store.workflows._wake_parent``), and merge runs again: the branch now
+  (``store.commit._wake_parent``), and merge runs again: the branch now
   holds the base (it merges), or the child failed and the profile's
   ``reversion_or_stop`` decides, as for a conflict before the fork existed.
 

@@ -220,11 +220,18 @@ class StoreBase:
         return [_utc_row(r) for r in rows]
 
     def _add_event(self, conn: sa.Connection, workflow_id: str, event: EventWrite) -> None:
-        conn.execute(
-            t.events.insert().values(
-                workflow_id=workflow_id,
-                type=event.type,
-                data=dict(event.data),
-                created_at=self.clock.now(),
-            )
-        )
+        conn.execute(INSERT_EVENT, event_params(workflow_id, event, self.clock.now()))
+
+
+#: One event row, built once; executed with ``event_params`` (or a list of them).
+INSERT_EVENT = t.events.insert()
+
+
+def event_params(workflow_id: str, event: EventWrite, now: datetime) -> dict[str, Any]:
+    """The parameters of ``INSERT_EVENT`` for ``event`` of ``workflow_id`` at ``now``."""
+    return {
+        "workflow_id": workflow_id,
+        "type": event.type,
+        "data": dict(event.data),
+        "created_at": now,
+    }

@@ -10,7 +10,7 @@ READ COMMITTED, read-then-writes held whole by named locks and row locks
 applied when the store is opened, on both.
 
 ``Store`` is assembled from one part per responsibility, each in its module:
-workflows, milestones, events and the commit path (``workflows``), leases
+workflows, milestones and events (``workflows``), the commit path (``commit``), leases
 (``leases``), agent runs and sessions (``agent_runs``), the local forge's rows
 (``forge_rows``), the development graph's runs and proposals (``graph_runs``).
 """

@@ -1,15 +1,15 @@
-"""Workflows, their milestones and events, and the single commit path (spec 000)."""
+"""Workflows, their milestones and events; the single commit path (spec 000) is
+``store.commit``, reached as ``Store.commit_phase_result``."""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 import sqlalchemy as sa
 
 from phasegate.contract import (
-    COMPLETED,
     PHASE_ORDER,
     PHASE_STATUS_MAP,
     PREPARATION,
@@ -19,33 +19,22 @@ from phasegate.contract import (
     MilestoneWrite,
     PhasegateError,
     PhaseResult,
-    StaleContext,
     WorkflowContext,
     WorkflowNotFound,
-    is_legal_next_phase,
-    next_phase,
 )
 from phasegate.store import tables as t
-from phasegate.store._base import FenceLost, StoreBase, _utc
+from phasegate.store._base import INSERT_EVENT, StoreBase
+from phasegate.store.commit import (
+    UPDATABLE_COLUMNS,
+    commit_phase_result,
+    dedupe_key,
+    milestone_upsert,
+    milestone_writes,
+    workflow_dict,
+)
 from phasegate.store.leases import Fence, of_repository
 
-#: Workflow columns a PhaseResult may set through ``updates``. current_phase and
-#: status are deliberately absent: only the outcome decides those.
-UPDATABLE_COLUMNS = frozenset(
-    {
-        "current_round",
-        "dev_round",
-        # A workflow taken over by another clone of its forge repository (takeover.py)
-        "repo_path",
-        "branch_name",
-        "worktree_path",
-        "issue_number",
-        "pr_number",
-        "merge_sha",
-        "auto_merge",
-        "user_feedback",
-    }
-)
+__all__ = ["UPDATABLE_COLUMNS", "IssueTaken", "WorkflowRows", "commit_phase_result"]
 
 
 class IssueTaken(PhasegateError):
@@ -61,12 +50,13 @@ class IssueTaken(PhasegateError):
         self.workflow_id = workflow_id
 
 
-def _workflow_dict(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A workflow row as a dict, its timestamps UTC-aware."""
-    out = dict(row)
-    for key in ("created_at", "updated_at", "completed_at", "lease_expires_at"):
-        out[key] = _utc(out[key])
-    return out
+#: What ``load_context`` and ``workflow_row`` read, built once (issue 12, item 5).
+_SELECT_WORKFLOW = sa.select(t.workflows).where(t.workflows.c.id == sa.bindparam("w_id"))
+_SELECT_MILESTONES = (
+    sa.select(t.milestones)
+    .where(t.milestones.c.workflow_id == sa.bindparam("w_id"))
+    .order_by(t.milestones.c.id)
+)
 
 
 class WorkflowRows(StoreBase):
@@ -196,7 +186,7 @@ class WorkflowRows(StoreBase):
                 .mappings()
                 .all()
             )
-        return [_workflow_dict(r) for r in rows]
+        return [workflow_dict(r) for r in rows]
 
     def workflow_row(self, workflow_id: str) -> dict[str, Any]:
         """The workflow's row as a dict. Raises WorkflowNotFound."""
@@ -205,14 +195,10 @@ class WorkflowRows(StoreBase):
 
     @staticmethod
     def _workflow_row(conn: sa.Connection, workflow_id: str) -> dict[str, Any]:
-        row = (
-            conn.execute(sa.select(t.workflows).where(t.workflows.c.id == workflow_id))
-            .mappings()
-            .first()
-        )
+        row = conn.execute(_SELECT_WORKFLOW, {"w_id": workflow_id}).mappings().first()
         if row is None:
             raise WorkflowNotFound(workflow_id)
-        return _workflow_dict(row)
+        return workflow_dict(row)
 
     def list_workflows(self) -> list[dict[str, Any]]:
         """Every workflow row, oldest first."""
@@ -226,7 +212,7 @@ class WorkflowRows(StoreBase):
             )
         # Through the same conversion as workflow_row, so `status` and `show`
         # report the same (UTC-aware) timestamps.
-        return [_workflow_dict(r) for r in rows]
+        return [workflow_dict(r) for r in rows]
 
     def runnable_workflow_ids(self, statuses: frozenset[str]) -> list[str]:
         """Ids of workflows whose status is in ``statuses``, oldest first."""
@@ -262,7 +248,7 @@ class WorkflowRows(StoreBase):
         transaction. Raises WorkflowNotFound, StoreUnavailable."""
         with self.reading() as conn:
             row = self._workflow_row(conn, workflow_id)
-            milestones = self._workflow_rows(t.milestones, workflow_id, conn=conn)
+            milestones = conn.execute(_SELECT_MILESTONES, {"w_id": workflow_id}).mappings().all()
         return WorkflowContext(
             id=row["id"],
             title=row["title"],
@@ -293,15 +279,16 @@ class WorkflowRows(StoreBase):
     def commit_phase_result(
         self, ctx: WorkflowContext, result: PhaseResult, *, fence: Fence | None = None
     ) -> dict[str, Any]:
-        """Commit ``result`` for the phase ``ctx`` was loaded in; see ``commit_phase_result``."""
+        """Commit ``result`` for the phase ``ctx`` was loaded in; see
+        ``store.commit.commit_phase_result``."""
         return commit_phase_result(self, ctx, result, fence=fence)
 
     # -- milestones -------------------------------------------------------------
 
     @staticmethod
     def dedupe_key(workflow_id: str, phase: str, write: MilestoneWrite) -> str:
-        key = f"{workflow_id}:{phase}:{write.kind}:r{write.round}:a{write.attempt}"
-        return f"{key}:{write.key}" if write.key else key
+        """The milestone's unique key (``store.commit.dedupe_key``)."""
+        return dedupe_key(workflow_id, phase, write)
 
     def milestones(self, workflow_id: str) -> list[MilestoneView]:
         """The workflow's milestones, oldest first."""
@@ -321,54 +308,27 @@ class WorkflowRows(StoreBase):
         return _milestone_view(row) if row else None
 
     def write_milestone(self, workflow_id: str, phase: str, write: MilestoneWrite) -> MilestoneView:
-        """Upsert one milestone in its own transaction (the side-effect journal's write)."""
+        """Upsert one milestone in its own transaction (the side-effect journal's
+        write); returns it as written."""
+        milestones, events = milestone_writes(workflow_id, phase, (write,), self.clock.now())
         with self.transaction() as conn:
-            key = self._upsert_milestone(conn, workflow_id, phase, write)
-        found = self.milestone_by_key(key)
-        assert found is not None
-        return found
+            row = (
+                conn.execute(milestone_upsert(self.dialect, returning=True), milestones)
+                .mappings()
+                .one()
+            )
+            conn.execute(INSERT_EVENT, events)
+        return _milestone_view(row)
 
     def _upsert_milestone(
         self, conn: sa.Connection, workflow_id: str, phase: str, write: MilestoneWrite
     ) -> str:
-        now = self.clock.now()
-        phase = write.phase or phase
-        key = self.dedupe_key(workflow_id, phase, write)
-        existing = conn.execute(
-            sa.select(t.milestones.c.id).where(t.milestones.c.dedupe_key == key)
-        ).scalar()
-        values = {
-            "status": write.status,
-            "summary": write.summary,
-            "data": dict(write.data),
-            "updated_at": now,
-        }
-        if existing is None:
-            conn.execute(
-                t.milestones.insert().values(
-                    workflow_id=workflow_id,
-                    kind=write.kind,
-                    phase=phase,
-                    round=write.round,
-                    attempt=write.attempt,
-                    dedupe_key=key,
-                    created_at=now,
-                    **values,
-                )
-            )
-        else:
-            conn.execute(
-                t.milestones.update().where(t.milestones.c.id == existing).values(**values)
-            )
-        self._add_event(
-            conn,
-            workflow_id,
-            EventWrite(
-                "milestone_updated",
-                {"kind": write.kind, "phase": phase, "status": write.status, "key": key},
-            ),
-        )
-        return key
+        """Upsert ``write`` and its ``milestone_updated`` event in ``conn``'s
+        transaction; returns its dedupe key."""
+        milestones, events = milestone_writes(workflow_id, phase, (write,), self.clock.now())
+        conn.execute(milestone_upsert(self.dialect), milestones)
+        conn.execute(INSERT_EVENT, events)
+        return milestones[0]["dedupe_key"]
 
     def settle_milestone(
         self,
@@ -432,141 +392,4 @@ def _milestone_view(row: Mapping[str, Any]) -> MilestoneView:
         dedupe_key=row["dedupe_key"],
         summary=row["summary"],
         data=dict(row["data"] or {}),
-    )
-
-
-def _validate(ctx: WorkflowContext, result: PhaseResult) -> None:
-    if result.next_phase is not None:
-        if result.outcome != "completed":
-            raise ContractViolation(
-                f"next_phase {result.next_phase!r} given with outcome {result.outcome!r}; "
-                "only a completed outcome moves the phase"
-            )
-        if not is_legal_next_phase(result.next_phase):
-            raise ContractViolation(
-                f"illegal next_phase {result.next_phase!r} from {ctx.current_phase!r}; "
-                "expected a phase in PHASE_ORDER or one of wait, completed"
-            )
-    unknown = set(result.updates) - UPDATABLE_COLUMNS
-    if unknown:
-        raise ContractViolation(f"a PhaseResult may not set {sorted(unknown)}")
-
-
-def commit_phase_result(
-    store: WorkflowRows, ctx: WorkflowContext, result: PhaseResult, *, fence: Fence | None = None
-) -> dict[str, Any]:
-    """The single commit path (spec 000, ``_commit_phase_result``).
-
-    In one transaction: validates ``result``, updates the workflow row (phase,
-    status, error, ``updates``, merged ``state``), upserts the milestones and
-    appends the events it carries. Only ``outcome == "completed"`` changes
-    ``current_phase``; ``failed``/``pause`` set status ``failed``/``paused``
-    (or ``result.status``) with ``result.reason`` as the error; ``retry`` and
-    ``wait`` keep the phase and its status.
-
-    With ``fence`` (the lease the engine advances under) the row is updated
-    only while that lease is still this worker's: a worker whose lease was
-    taken over commits nothing.
-
-    A child's end (completed or failed) wakes its parent in the same
-    transaction (``_wake_parent``): a parent paused for that child
-    (``state["conflict_child"]``, phases/conflict.py) gets its phase's status
-    back, so the next advance resumes its merge.
-
-    Returns the workflow's new row. Raises ContractViolation (an illegal
-    ``next_phase`` or update; nothing written), StaleContext (the row moved
-    past ``ctx.version``; nothing written), FenceLost (another claim moved the
-    fence on; nothing written, ``fence.lost`` set), StoreUnavailable (locked
-    past the busy timeout, full; rolled back, nothing written).
-    """
-    _validate(ctx, result)
-    phase = ctx.current_phase
-    if result.outcome == "completed":
-        phase = result.next_phase or next_phase(ctx.current_phase)
-        status = result.status or PHASE_STATUS_MAP[phase]
-        error = None
-    elif result.outcome == "failed":
-        status, error = result.status or "failed", result.reason
-    elif result.outcome == "pause":
-        status, error = result.status or "paused", result.reason
-    else:
-        status = result.status or PHASE_STATUS_MAP.get(phase, ctx.status)
-        error = None
-
-    now = store.clock.now()
-    values: dict[str, Any] = {
-        **result.updates,
-        "current_phase": phase,
-        "status": status,
-        "error": error,
-        "state": {**ctx.state, **result.state},
-        "version": ctx.version + 1,
-        "updated_at": now,
-    }
-    if phase == COMPLETED and ctx.current_phase != COMPLETED:
-        values["completed_at"] = now
-
-    c = t.workflows.c
-    where = [c.id == ctx.id, c.version == ctx.version]
-    if fence is not None:
-        where += [c.lease_owner == fence.owner, c.fence == fence.value]
-    with store.transaction() as conn:
-        updated = conn.execute(t.workflows.update().where(*where).values(**values)).rowcount
-        if updated != 1:
-            _refuse(conn, ctx, fence)
-        for write in result.milestones:
-            store._upsert_milestone(conn, ctx.id, ctx.current_phase, write)
-        for event in result.events:
-            store._add_event(conn, ctx.id, event)
-        if ctx.parent_workflow_id and status in ("completed", "failed"):
-            _wake_parent(store, conn, ctx.parent_workflow_id, ctx.id, status, now)
-        store.dialect.notify(conn)  # a person's decision, a settled phase: workers look
-        # Read in the same transaction: once it commits, nothing is left to fail.
-        return store._workflow_row(conn, ctx.id)
-
-
-def _wake_parent(
-    store: WorkflowRows, conn: sa.Connection, parent_id: str, child_id: str, how: str, now: Any
-) -> None:
-    """Give the parent paused for ``child_id`` its phase's status back: it is
-    runnable again and decides on the child's outcome (``how``) itself."""
-    c = t.workflows.c
-    parent = conn.execute(
-        sa.select(c.status, c.current_phase, c.version, c.state).where(c.id == parent_id)
-    ).first()
-    if (
-        parent is None
-        or parent.status != "paused"
-        or (parent.state or {}).get("conflict_child") != child_id
-    ):
-        return  # a person moved it on meanwhile, or it waits for something else
-    conn.execute(
-        t.workflows.update()
-        .where(c.id == parent_id, c.version == parent.version)
-        .values(
-            status=PHASE_STATUS_MAP[parent.current_phase],
-            error=None,
-            version=parent.version + 1,
-            updated_at=now,
-        )
-    )
-    store._add_event(conn, parent_id, EventWrite("child_ended", {"child": child_id, "status": how}))
-
-
-def _refuse(conn: sa.Connection, ctx: WorkflowContext, fence: Fence | None) -> NoReturn:
-    """Why the commit's UPDATE matched no row: the version moved, or the fence."""
-    c = t.workflows.c
-    row = conn.execute(sa.select(c.version, c.lease_owner, c.fence).where(c.id == ctx.id)).first()
-    if row is None:
-        raise WorkflowNotFound(ctx.id)
-    if row.version != ctx.version:
-        raise StaleContext(
-            f"workflow {ctx.id} changed since version {ctx.version}; result not committed"
-        )
-    if fence is not None:
-        fence.lost.set()
-    raise FenceLost(
-        f"workflow {ctx.id}: the lease is held by {row.lease_owner} (fence {row.fence}), "
-        f"not {fence.owner if fence else '?'} (fence {fence.value if fence else '?'}); "
-        "result not committed"
     )

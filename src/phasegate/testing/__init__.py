@@ -12,6 +12,12 @@
 - ``phasegate.testing.torture``: the random kill-torture harness (``run_trial``:
   a whole workflow SIGKILLed at random or aimed moments, then every invariant
   checked); ``benchmarks/kill_torture.py`` runs many trials.
+- ``phasegate.testing.postgres.PostgresServer``: a throwaway PostgreSQL server
+  (initdb and pg_ctl in a temporary directory; as the ``postgres`` user when
+  run as root), or the one ``PHASEGATE_POSTGRES_URL`` names; a schema per test.
+- ``phasegate.testing.github_server.GitHubServer`` (the fake GitHub) and
+  ``phasegate.testing.prism.PrismProxy`` (GitHub's OpenAPI description checking
+  every request and answer).
 
 ``python -m phasegate.testing --repo R --crash-after METHOD`` runs one worker
 pass over R's workflows with a CrashingForge: the crash tests use it to die

@@ -1,0 +1,291 @@
+"""The single commit path (spec 000, ``_commit_phase_result``): a PhaseResult
+validated and written in one transaction, fenced on the workflow's version and,
+under a lease, on its fence; a conflict child's end wakes its parent.
+
+``commit_phase_result`` is the only code that changes a workflow's
+``current_phase`` or ``status`` for a phase's outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import sqlalchemy as sa
+
+from phasegate.contract import (
+    COMPLETED,
+    PHASE_STATUS_MAP,
+    ContractViolation,
+    EventWrite,
+    MilestoneWrite,
+    PhaseResult,
+    StaleContext,
+    WorkflowContext,
+    WorkflowNotFound,
+    is_legal_next_phase,
+    next_phase,
+)
+from phasegate.store import tables as t
+from phasegate.store._base import INSERT_EVENT, Dialect, FenceLost, _utc, event_params
+from phasegate.store.leases import Fence
+
+if TYPE_CHECKING:
+    from phasegate.store.workflows import WorkflowRows
+
+__all__ = [
+    "UPDATABLE_COLUMNS",
+    "commit_phase_result",
+    "dedupe_key",
+    "milestone_upsert",
+    "milestone_writes",
+    "workflow_dict",
+]
+
+_c = t.workflows.c
+
+#: The commit's UPDATE, built once: its SET columns are the keys of the
+#: parameters it is executed with (SQLAlchemy compiles, and caches, one SQL
+#: string per set of keys), its WHERE names its own parameters (``w_*``: a
+#: parameter named as a column is that column's new value). ``RETURNING`` hands
+#: back the new row in the same statement, so nothing is read again.
+_UPDATE = (
+    t.workflows.update()
+    .where(_c.id == sa.bindparam("w_id"), _c.version == sa.bindparam("w_version"))
+    .returning(t.workflows)
+)
+#: The same, only while the lease is still this worker's (owner and fence).
+_UPDATE_FENCED = _UPDATE.where(
+    _c.lease_owner == sa.bindparam("w_owner"), _c.fence == sa.bindparam("w_fence")
+)
+
+#: Workflow columns a PhaseResult may set through ``updates``. current_phase and
+#: status are deliberately absent: only the outcome decides those.
+UPDATABLE_COLUMNS = frozenset(
+    {
+        "current_round",
+        "dev_round",
+        # A workflow taken over by another clone of its forge repository (takeover.py)
+        "repo_path",
+        "branch_name",
+        "worktree_path",
+        "issue_number",
+        "pr_number",
+        "merge_sha",
+        "auto_merge",
+        "user_feedback",
+    }
+)
+
+
+def workflow_dict(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A workflow row as a dict, its timestamps UTC-aware."""
+    out = dict(row)
+    for key in ("created_at", "updated_at", "completed_at", "lease_expires_at"):
+        out[key] = _utc(out[key])
+    return out
+
+
+def dedupe_key(workflow_id: str, phase: str, write: MilestoneWrite) -> str:
+    """A milestone's unique key: ``{workflow}:{phase}:{kind}:r{round}:a{attempt}[:{key}]``."""
+    key = f"{workflow_id}:{phase}:{write.kind}:r{write.round}:a{write.attempt}"
+    return f"{key}:{write.key}" if write.key else key
+
+
+def milestone_writes(
+    workflow_id: str, phase: str, writes: Iterable[MilestoneWrite], now: datetime
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The parameters of ``milestone_upsert`` for ``writes`` (in the phase ``phase``
+    unless a write names its own), and those of their ``milestone_updated`` events
+    (``INSERT_EVENT``), in the same order: ``(milestones, events)``."""
+    milestones: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    for write in writes:
+        where = write.phase or phase
+        key = dedupe_key(workflow_id, where, write)
+        milestones.append(
+            {
+                "workflow_id": workflow_id,
+                "kind": write.kind,
+                "phase": where,
+                "round": write.round,
+                "attempt": write.attempt,
+                "dedupe_key": key,
+                "status": write.status,
+                "summary": write.summary,
+                "data": dict(write.data),
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+        events.append(
+            {
+                "workflow_id": workflow_id,
+                "type": "milestone_updated",
+                "data": {"kind": write.kind, "phase": where, "status": write.status, "key": key},
+                "created_at": now,
+            }
+        )
+    return milestones, events
+
+
+def milestone_upsert(dialect: Dialect, returning: bool = False) -> Any:
+    """``INSERT … ON CONFLICT (dedupe_key) DO UPDATE`` of one milestone, built once
+    per dialect: a write of an existing key settles that row in place (status,
+    summary, data, updated_at), keeping its id, kind, phase, round and attempt.
+    Executed with ``milestone_writes``' parameters (a list of them: one
+    executemany). With ``returning`` it hands back the row written."""
+    built = _UPSERTS.get((dialect.name, returning))
+    if built is not None:
+        return built
+    insert = dialect.insert(t.milestones)
+    upsert = insert.on_conflict_do_update(
+        index_elements=[t.milestones.c.dedupe_key],
+        set_={name: insert.excluded[name] for name in ("status", "summary", "data", "updated_at")},
+    )
+    built = upsert.returning(t.milestones) if returning else upsert
+    _UPSERTS[(dialect.name, returning)] = built
+    return built
+
+
+#: ``milestone_upsert``'s statements by (dialect name, returning).
+_UPSERTS: dict[tuple[str, bool], Any] = {}
+
+
+def _validate(ctx: WorkflowContext, result: PhaseResult) -> None:
+    if result.next_phase is not None:
+        if result.outcome != "completed":
+            raise ContractViolation(
+                f"next_phase {result.next_phase!r} given with outcome {result.outcome!r}; "
+                "only a completed outcome moves the phase"
+            )
+        if not is_legal_next_phase(result.next_phase):
+            raise ContractViolation(
+                f"illegal next_phase {result.next_phase!r} from {ctx.current_phase!r}; "
+                "expected a phase in PHASE_ORDER or one of wait, completed"
+            )
+    unknown = set(result.updates) - UPDATABLE_COLUMNS
+    if unknown:
+        raise ContractViolation(f"a PhaseResult may not set {sorted(unknown)}")
+
+
+def commit_phase_result(
+    store: WorkflowRows, ctx: WorkflowContext, result: PhaseResult, *, fence: Fence | None = None
+) -> dict[str, Any]:
+    """The single commit path (spec 000, ``_commit_phase_result``).
+
+    In one transaction: validates ``result``, updates the workflow row (phase,
+    status, error, ``updates``, merged ``state``), upserts the milestones and
+    appends the events it carries. Only ``outcome == "completed"`` changes
+    ``current_phase``; ``failed``/``pause`` set status ``failed``/``paused``
+    (or ``result.status``) with ``result.reason`` as the error; ``retry`` and
+    ``wait`` keep the phase and its status.
+
+    With ``fence`` (the lease the engine advances under) the row is updated
+    only while that lease is still this worker's: a worker whose lease was
+    taken over commits nothing.
+
+    A child's end (completed or failed) wakes its parent in the same
+    transaction (``_wake_parent``): a parent paused for that child
+    (``state["conflict_child"]``, phases/conflict.py) gets its phase's status
+    back, so the next advance resumes its merge.
+
+    Returns the workflow's new row. Raises ContractViolation (an illegal
+    ``next_phase`` or update; nothing written), StaleContext (the row moved
+    past ``ctx.version``; nothing written), FenceLost (another claim moved the
+    fence on; nothing written, ``fence.lost`` set), StoreUnavailable (locked
+    past the busy timeout, full; rolled back, nothing written).
+    """
+    _validate(ctx, result)
+    phase = ctx.current_phase
+    if result.outcome == "completed":
+        phase = result.next_phase or next_phase(ctx.current_phase)
+        status = result.status or PHASE_STATUS_MAP[phase]
+        error = None
+    elif result.outcome == "failed":
+        status, error = result.status or "failed", result.reason
+    elif result.outcome == "pause":
+        status, error = result.status or "paused", result.reason
+    else:
+        status = result.status or PHASE_STATUS_MAP.get(phase, ctx.status)
+        error = None
+
+    now = store.clock.now()
+    values: dict[str, Any] = {
+        **result.updates,
+        "current_phase": phase,
+        "status": status,
+        "error": error,
+        "state": {**ctx.state, **result.state},
+        "version": ctx.version + 1,
+        "updated_at": now,
+    }
+    if phase == COMPLETED and ctx.current_phase != COMPLETED:
+        values["completed_at"] = now
+
+    statement = _UPDATE_FENCED if fence is not None else _UPDATE
+    params = {**values, "w_id": ctx.id, "w_version": ctx.version}
+    if fence is not None:
+        params.update(w_owner=fence.owner, w_fence=fence.value)
+    milestones, events = milestone_writes(ctx.id, ctx.current_phase, result.milestones, now)
+    events += [event_params(ctx.id, event, now) for event in result.events]
+    with store.transaction() as conn:
+        row = conn.execute(statement, params).first()
+        if row is None:
+            _refuse(conn, ctx, fence)
+        if milestones:
+            conn.execute(milestone_upsert(store.dialect), milestones)
+        if events:
+            conn.execute(INSERT_EVENT, events)
+        if ctx.parent_workflow_id and status in ("completed", "failed"):
+            _wake_parent(store, conn, ctx.parent_workflow_id, ctx.id, status, now)
+        store.dialect.notify(conn)  # a person's decision, a settled phase: workers look
+    return workflow_dict(row._mapping)
+
+
+def _wake_parent(
+    store: WorkflowRows, conn: sa.Connection, parent_id: str, child_id: str, how: str, now: Any
+) -> None:
+    """Give the parent paused for ``child_id`` its phase's status back: it is
+    runnable again and decides on the child's outcome (``how``) itself."""
+    c = t.workflows.c
+    parent = conn.execute(
+        sa.select(c.status, c.current_phase, c.version, c.state).where(c.id == parent_id)
+    ).first()
+    if (
+        parent is None
+        or parent.status != "paused"
+        or (parent.state or {}).get("conflict_child") != child_id
+    ):
+        return  # a person moved it on meanwhile, or it waits for something else
+    conn.execute(
+        t.workflows.update()
+        .where(c.id == parent_id, c.version == parent.version)
+        .values(
+            status=PHASE_STATUS_MAP[parent.current_phase],
+            error=None,
+            version=parent.version + 1,
+            updated_at=now,
+        )
+    )
+    store._add_event(conn, parent_id, EventWrite("child_ended", {"child": child_id, "status": how}))
+
+
+def _refuse(conn: sa.Connection, ctx: WorkflowContext, fence: Fence | None) -> NoReturn:
+    """Why the commit's UPDATE matched no row: the version moved, or the fence."""
+    c = t.workflows.c
+    row = conn.execute(sa.select(c.version, c.lease_owner, c.fence).where(c.id == ctx.id)).first()
+    if row is None:
+        raise WorkflowNotFound(ctx.id)
+    if row.version != ctx.version:
+        raise StaleContext(
+            f"workflow {ctx.id} changed since version {ctx.version}; result not committed"
+        )
+    if fence is not None:
+        fence.lost.set()
+    raise FenceLost(
+        f"workflow {ctx.id}: the lease is held by {row.lease_owner} (fence {row.fence}), "
+        f"not {fence.owner if fence else '?'} (fence {fence.value if fence else '?'}); "
+        "result not committed"
+    )
