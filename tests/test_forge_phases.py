@@ -287,12 +287,12 @@ def test_the_worker_looks_at_a_forge_waiting_workflow_every_poll_s_unless_its_ro
     passes = iter(range(4))
     read_rows = store.lease_rows
 
-    def count_passes(statuses: frozenset[str]) -> list[dict[str, object]]:
+    def count_passes(statuses: frozenset[str], **mine: str | None) -> list[dict[str, object]]:
         # every pass reads the runnable rows once: the fifth with no advance running
         # ends the worker
         if not engine.fences and next(passes, None) is None:
             engine.shutdown.set()
-        return read_rows(statuses)
+        return read_rows(statuses, **mine)
 
     store.lease_rows = count_passes  # type: ignore[method-assign]
     engine.run_worker(poll_s=0.01)

@@ -35,9 +35,9 @@ class Running:
         self.passes = 0
         read_rows = self.store.lease_rows
 
-        def counted(statuses: frozenset[str]) -> list[dict[str, object]]:
+        def counted(statuses: frozenset[str], **mine: str | None) -> list[dict[str, object]]:
             self.passes += 1  # each pass reads the runnable rows once
-            return read_rows(statuses)
+            return read_rows(statuses, **mine)
 
         self.store.lease_rows = counted  # type: ignore[method-assign]
         self.thread = threading.Thread(

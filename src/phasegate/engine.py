@@ -6,7 +6,9 @@ a failed cleanup of its merge (phases/cleanup.py), then repeats: load the
 context, reconcile side effects a dead process left in_progress, self-heal
 the worktree (not in preparation), run the phase's handler, commit its
 PhaseResult through ``commit_phase_result``, until the workflow waits,
-pauses, fails or completes.
+pauses, fails or completes. A workflow another clone of the same forge
+repository started (its worker died) is first moved to this clone, and one of
+another repository refused (``phasegate.takeover``).
 
 A shutdown request (SIGINT/SIGTERM in the CLI) stops any running agent; the
 interrupted phase raises WorkflowPaused and nothing is committed, so the
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from phasegate._git import withhold_from_git
+from phasegate._host import host_name
 from phasegate.agents import binding_problems
 from phasegate.agents.base import Runner
 from phasegate.agents.env import cartridge_secrets, redact
@@ -64,10 +67,11 @@ from phasegate.healing import self_heal
 from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
+from phasegate.takeover import ForeignWorkflow, forge_repository, moved_here, placed_here
 from phasegate.worker import DEFAULT_CONCURRENCY, Heartbeat, LeaseHeld, run_worker
 from phasegate.workspace import GitTransient, Workspace, git
 
-__all__ = ["Engine", "LeaseHeld"]
+__all__ = ["Engine", "ForeignWorkflow", "LeaseHeld"]
 
 log = logging.getLogger(__name__)
 
@@ -113,13 +117,16 @@ class Engine:
         hidden = cartridge_secrets(cartridge)
         withhold_from_git(hidden)  # a filter git runs sees no role's key (issue 10)
         self.forge = forge or make_forge(cartridge, self.repo, store, self.workspace, hidden)
+        # Whose workflows this engine runs (takeover.py): its forge repository's, from
+        # any clone, and its own path's.
+        self.repository = forge_repository(cartridge, self.forge)
         self.clock = clock or SystemClock()
         self.shutdown = threading.Event()
         self.on_event = on_event
         self.lease_ttl_s = lease_ttl_s
         self.store_retry_delays_s = tuple(store_retry_delays_s)
         self._labels: dict[str, str | None] = {}  # workflow → the status label last set
-        self.owner = f"{os.uname().nodename}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.owner = f"{host_name()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.agents = AgentService(store, cartridge, self.repo, self.shutdown, runners, self._emit)
         # The lease each workflow is advanced (or decided) under, while it is:
         # what deps_for hands the journal and what the agent service checks.
@@ -199,6 +206,7 @@ class Engine:
                 "graph_mode": self.cartridge.graph.enabled,
             },
             issue=issue,
+            repository=self.repository,
         )
 
     # -- events -----------------------------------------------------------------
@@ -338,7 +346,8 @@ class Engine:
         ``claimed``: the fence of the lease the worker already took for it (a
         bulk claim, ``LeaseRows.claim_free``). Returns the workflow's row. Raises
         WorkflowNotFound; LeaseHeld when another live worker (or another thread
-        of this engine) is advancing it;
+        of this engine) is advancing it; ForeignWorkflow (nothing run) when it is
+        another repository's (``phasegate.takeover``);
         StoreUnavailable when the store stayed unavailable past the retries and
         even the pause could not be written (the workflow is as last committed).
         """
@@ -472,6 +481,11 @@ class Engine:
             # Before reconciliation, which stops agents it takes for orphans: a
             # stale worker must not stop the live agent of the one that took over.
             fence.check()
+        if ctx.repo_path != str(self.repo):  # another clone's, or another repository's
+            moved = self._take_over(ctx)
+            if moved is None:
+                return False
+            ctx = moved
         deps = self.deps_for(ctx)
         try:
             notes = deps.effects.reconcile()
@@ -516,6 +530,20 @@ class Engine:
         if row is None:
             return False
         return result.outcome in ("completed", "retry") and row["current_phase"] != COMPLETED
+
+    def _take_over(self, ctx: WorkflowContext) -> WorkflowContext | None:
+        """Move the workflow to this clone when it is another clone's of this engine's
+        forge repository (``takeover.placed_here``; committed with a ``taken_over``
+        event) and return its context; None when the move was not committed.
+        Raises ForeignWorkflow for another repository's workflow, nothing written."""
+        row = self.store.workflow_row(ctx.id)
+        moved = placed_here(row, self.repo, self.repository, self.cartridge)
+        if moved is None:
+            return ctx
+        if self._commit_retrying(ctx, moved_here(ctx, moved, self.owner)) is None:
+            return None
+        log.warning("workflow %s taken over from %s into %s", ctx.id, ctx.repo_path, self.repo)
+        return self.store.load_context(ctx.id)
 
     def _commit_retrying(self, ctx: WorkflowContext, result: PhaseResult) -> dict[str, Any] | None:
         """Commit the phase's result, trying again while the store is unavailable.

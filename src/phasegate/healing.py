@@ -1,11 +1,20 @@
 """Self-heal: a workflow's worktree re-created from its branch before a phase runs
-(DESIGN.md §1; split out of engine.py, which calls it once per step)."""
+(DESIGN.md §1; split out of engine.py, which calls it once per step).
+
+A branch this clone does not have (the workflow was started in another clone,
+on a machine that died: issue 12, item 2, ``phasegate.takeover``) is brought
+from the forge first, where it was pushed (``Forge.branch_ref``: GitHub's is
+fetched with the forge's token). One that was never pushed is re-created from
+the commit it was made from, and the phase redoes its work: what the dead
+machine had built on it is lost with it, and an event says so.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
+from phasegate._git import run_git
 from phasegate.contract import (
     ACCEPTANCE_VERIFICATION,
     PREPARATION,
@@ -14,7 +23,9 @@ from phasegate.contract import (
     PhaseResult,
     WorkflowContext,
 )
+from phasegate.forge.base import ForgeNotFound
 from phasegate.phases import PhaseDeps
+from phasegate.workspace import git
 
 __all__ = ["self_heal"]
 
@@ -46,15 +57,25 @@ def self_heal(
     (development, merge) repairs and heals first (issue 12: a worker's look at
     an idle waiting workflow runs no git).
 
-    Returns a failed result when the branch itself is gone: a phase must
+    A branch missing here is restored (``restore_branch``) before the
+    worktree is made; in preparation too, once its ``branch_created`` is
+    settled (a restarted preparation in another clone makes the worktree
+    of the branch the journal recorded). Returns a failed result when the
+    branch was pushed and is gone, here and on the forge: a phase must
     never run against the wrong checkout.
     """
     if ctx.current_phase == WAIT:
         return None
     for note in deps.workspace.repair(Path(ctx.repo_path)):
         emit(EventWrite("git_repaired", {"note": note}))
+    if ctx.current_phase == PREPARATION:
+        made = ctx.milestone("branch_created")
+        if made is None or made.status != "completed":
+            return None
+        branch = str(made.data.get("params", {}).get("branch") or "")
+        return restore_branch(ctx, deps, branch, emit) if branch else None
     if (
-        ctx.current_phase in (PREPARATION, ACCEPTANCE_VERIFICATION)
+        ctx.current_phase == ACCEPTANCE_VERIFICATION
         or not ctx.worktree_path
         or not ctx.branch_name
         or ctx.state.get("worktree_removed")
@@ -65,10 +86,61 @@ def self_heal(
     if deps.workspace.is_healthy(path, ctx.branch_name):
         return None
     repo = Path(ctx.repo_path)
-    if not deps.workspace.branch_exists(repo, ctx.branch_name):
-        return PhaseResult(
-            "failed", reason=f"branch {ctx.branch_name} is gone; cannot heal the worktree"
-        )
+    failed = restore_branch(ctx, deps, ctx.branch_name, emit)
+    if failed is not None:
+        return failed
     deps.workspace.ensure_worktree(repo, ctx.branch_name, path)
     emit(EventWrite("worktree_healed", {"path": str(path)}))
     return None
+
+
+def restore_branch(
+    ctx: WorkflowContext, deps: PhaseDeps, branch: str, emit: Callable[[EventWrite], None]
+) -> PhaseResult | None:
+    """Make ``branch`` exist in ``ctx.repo_path`` when it does not: the forge's
+    (``branch_fetched``), else, when it was never pushed (no completed
+    ``branch_pushed``), made again at the commit it was first made from
+    (``branch_recreated``: the phase redoes what was lost). None when the branch
+    is there now; a failed result when it was pushed and is gone everywhere.
+    Raises ForgeError (ForgeUnavailable: the engine pauses) and GitError."""
+    repo = Path(ctx.repo_path)
+    if deps.workspace.branch_exists(repo, branch):
+        return None
+    try:
+        ref: str | None = deps.forge.branch_ref(branch)
+    except ForgeNotFound:
+        ref = None
+    if ref is not None and _commit(repo, ref):
+        git(["branch", branch, ref], repo)
+        sha = deps.workspace.rev(repo, branch)
+        emit(EventWrite("branch_fetched", {"branch": branch, "sha": sha, "ref": ref}))
+        return None
+    if any(m.kind == "branch_pushed" and m.status == "completed" for m in ctx.milestones):
+        return PhaseResult(
+            "failed",
+            reason=f"branch {branch} is gone, here and on the forge; cannot heal the worktree",
+        )
+    made = ctx.milestone("branch_created")
+    start = str((made.data.get("result") or {}).get("sha", "")) if made is not None else ""
+    start = start or str(ctx.state.get("base_sha") or "")
+    if not start or not _commit(repo, start):
+        start = deps.workspace.rev(repo, deps.forge.branch_ref(ctx.base_branch))
+    git(["branch", branch, start], repo)
+    emit(
+        EventWrite(
+            "branch_recreated",
+            {
+                "branch": branch,
+                "sha": start,
+                "note": f"{branch} was never pushed and is not in {repo}: made again at "
+                f"{start[:12]}, where it started; what the clone that made it had built "
+                f"on it is lost with that clone, and {ctx.current_phase} does its work again",
+            },
+        )
+    )
+    return None
+
+
+def _commit(repo: Path, ref: str) -> bool:
+    """Whether ``ref`` names a commit ``repo`` has."""
+    return run_git(["rev-parse", "--verify", "-q", f"{ref}^{{commit}}"], repo).returncode == 0

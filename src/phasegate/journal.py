@@ -23,13 +23,13 @@ while it runs, so a restarted worker stops what a dead one left running.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from phasegate import guard
+from phasegate._host import host_name
 from phasegate._process import boot_id, kill_orphan_group, start_ticks
 from phasegate.contract import MilestoneView, MilestoneWrite, PhasegateError
 from phasegate.forge import Forge
@@ -108,7 +108,7 @@ class ProcessJournal:
                 key=key,
                 summary=f"{what} running (pid {pid})",
                 data={
-                    "host": os.uname().nodename,
+                    "host": host_name(),
                     "boot": boot_id(),
                     "pgid": pid,
                     "ticks": start_ticks(pid),
@@ -366,7 +366,7 @@ class SideEffects:
         worktree under the one that replaces it. Only a process on this host, in
         this boot, can be reached; one from an earlier boot is gone."""
         data = row.data
-        if data.get("host") != os.uname().nodename:
+        if data.get("host") != host_name():
             how = f"on host {data.get('host')}, not reachable from here"
         elif data.get("boot", boot_id()) != boot_id():
             how = "already gone (the machine restarted)"

@@ -1,7 +1,8 @@
 """The worker: passes over the runnable workflows, on threads, woken by the store;
 and the lease heartbeat.
 
-``run_worker`` advances the runnable workflows of one engine until shutdown
+``run_worker`` advances the runnable workflows of one engine's repository (a
+store may be shared by many: ``takeover``) until shutdown
 (DESIGN.md §1; issue 12, items 1, 4 and 7), up to ``concurrency`` at once, each
 on a thread of its own under its own lease (agents are subprocesses: threads
 only wait on them). A pass reads every runnable workflow's row in one query,
@@ -175,6 +176,9 @@ class _Worker:
         self.once = once
         self.poll_s = poll_s
         self.concurrency = concurrency
+        # Only this repository's workflows, from any clone of its forge repository
+        # (a shared store: takeover.py), read through the store's index.
+        self.mine = {"repo_path": str(engine.repo), "repository": engine.repository}
         forge = engine.cartridge.forge
         self.local_forge = forge.kind == "local"
         self.forge_poll_s = 0.0 if self.local_forge else forge.poll_s
@@ -281,7 +285,7 @@ class _Worker:
         forge = self.store.local_forge_marker() if self.local_forge else None
         now = time.monotonic()
         due, waiting = [], []
-        rows = self.store.lease_rows(RUNNABLE_STATUSES)
+        rows = self.store.lease_rows(RUNNABLE_STATUSES, **self.mine)
         with self.lock:
             for row in rows:
                 workflow_id = row["id"]
@@ -355,7 +359,9 @@ class _Worker:
         return _Left(row["version"], forge, now + self.poll_s)
 
     def _retry_cleanups(self) -> None:
-        for workflow_id in self.store.workflow_ids_with_milestone(cleanup.KIND, "failed"):
+        for workflow_id in self.store.workflow_ids_with_milestone(
+            cleanup.KIND, "failed", **self.mine
+        ):
             if self.shutdown.is_set():
                 return
             with self.lock:

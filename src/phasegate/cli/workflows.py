@@ -11,6 +11,7 @@ import typer
 
 from phasegate import decisions
 from phasegate import new_project as projects
+from phasegate._host import HOSTNAME_VARIABLE
 from phasegate.agents.env import cartridge_secrets
 from phasegate.cartridge import CARTRIDGE_FILE
 from phasegate.cli._app import (
@@ -181,13 +182,28 @@ def worker(
             "bounds it is how many agents (and checks) the machine runs side by side.",
         ),
     ] = DEFAULT_CONCURRENCY,
+    lease_ttl: Annotated[
+        float,
+        typer.Option(
+            "--lease-ttl",
+            min=1.0,
+            help="Seconds a workflow's lease lasts unrenewed (renewed every third of it): "
+            "how long a worker on another machine waits before taking over the workflows "
+            "of one that died. A dead worker on this machine is taken over at once; "
+            f"{HOSTNAME_VARIABLE} names the machine when its host name does not tell "
+            "it apart (containers).",
+        ),
+    ] = 60.0,
 ) -> None:
-    """Advance every runnable workflow until stopped (SIGTERM/Ctrl-C stop every running
-    agent; each workflow pauses resumable, and the worker exits once all have stopped)."""
+    """Advance this repository's runnable workflows until stopped (SIGTERM/Ctrl-C stop
+    every running agent; each workflow pauses resumable, and the worker exits once all
+    have stopped). With a shared store (PostgreSQL), a worker in another clone of the
+    same forge repository takes over a dead worker's workflows once their leases expire."""
     with _errors():
         root, cartridge, store = _open(repo)
         progress = _Progress(quiet=False)
         engine = _engine(root, cartridge, store, progress)
+        engine.lease_ttl_s = lease_ttl
         with (
             progress,
             _graceful(engine, "`phasegate status` lists the workflows"),

@@ -66,6 +66,8 @@ UPDATABLE_COLUMNS = frozenset(
     {
         "current_round",
         "dev_round",
+        # A workflow taken over by another clone of its forge repository (takeover.py)
+        "repo_path",
         "branch_name",
         "worktree_path",
         "issue_number",

@@ -20,6 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from phasegate._host import host_name
 from phasegate.contract import WorkflowNotFound
 from phasegate.store import tables as t
 from phasegate.store._base import FenceLost, StoreBase, StoreUnavailable, _utc, _utc_row
@@ -189,20 +190,27 @@ class LeaseRows(StoreBase):
                 self.dialect.notify(conn)  # other workers may take them now
             return freed
 
-    def lease_rows(self, statuses: Collection[str]) -> list[dict[str, Any]]:
+    def lease_rows(
+        self,
+        statuses: Collection[str],
+        *,
+        repo_path: str | None = None,
+        repository: str | None = None,
+    ) -> list[dict[str, Any]]:
         """The workflows whose status is in ``statuses``, oldest first, each as
         ``id``, ``version``, ``status``, ``current_phase``, ``lease_owner`` and
         ``lease_expires_at`` (UTC-aware): what a worker's pass decides on, read in
-        one query (issue 12, item 4: an idle pass reads, never writes)."""
+        one query (issue 12, item 4: an idle pass reads, never writes). With
+        ``repo_path``, only the workflows of that worker's repository
+        (``of_repository``: a store shared by many repositories, item 2)."""
         c = t.workflows.c
+        query = sa.select(
+            c.id, c.version, c.status, c.current_phase, c.lease_owner, c.lease_expires_at
+        ).where(c.status.in_(sorted(statuses)))
+        if repo_path is not None:
+            query = query.where(of_repository(repository, repo_path))
         with self.reading() as conn:
-            rows = conn.execute(
-                sa.select(
-                    c.id, c.version, c.status, c.current_phase, c.lease_owner, c.lease_expires_at
-                )
-                .where(c.status.in_(sorted(statuses)))
-                .order_by(c.created_at, c.id)
-            ).mappings()
+            rows = conn.execute(query.order_by(c.created_at, c.id)).mappings()
             return [_utc_row(r) for r in rows]
 
     def local_forge_marker(self) -> tuple[int, int]:
@@ -270,14 +278,26 @@ class LeaseRows(StoreBase):
                 self.dialect.notify(conn)
 
 
+def of_repository(repository: str | None, repo_path: str) -> sa.ColumnElement[bool]:
+    """The workflows a worker in the clone at ``repo_path`` may advance: those of
+    its team forge's ``repository`` (``owner/name``; None with the local forge),
+    started in any clone of it, and those identified by their path alone
+    (``workflows.repository`` NULL: the local forge's, or from before migration
+    0005) that are this clone's. Served by ``ix_workflows_repository``."""
+    c = t.workflows.c
+    by_path = sa.and_(c.repository.is_(None), c.repo_path == repo_path)
+    return by_path if repository is None else sa.or_(c.repository == repository, by_path)
+
+
 def _holder_alive(holder: str) -> bool:
     """Whether the lease holder ``host:pid:...`` may still be running.
 
-    Only a holder on this host can be checked; any other is assumed alive
-    until its lease expires.
+    Only a holder on this host (``phasegate._host.host_name``: PHASEGATE_HOSTNAME
+    or the node name) can be checked; any other is assumed alive until its
+    lease expires.
     """
     parts = holder.split(":")
-    if len(parts) < 2 or parts[0] != os.uname().nodename or not parts[1].isdigit():
+    if len(parts) < 2 or parts[0] != host_name() or not parts[1].isdigit():
         return True
     try:
         os.kill(int(parts[1]), 0)

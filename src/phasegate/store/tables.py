@@ -40,6 +40,10 @@ workflows = sa.Table(
     # The workflow a conflict-resolution child was forked from (phases/conflict.py).
     sa.Column("parent_workflow_id", sa.String(32)),
     sa.Index("ix_workflows_parent", "parent_workflow_id"),
+    # The forge repository (owner/name) of a team forge's workflow; NULL: the
+    # repository at repo_path. What a worker's pass filters on (migration 0005).
+    sa.Column("repository", sa.String(255)),
+    sa.Index("ix_workflows_repository", "repository", "repo_path"),
 )
 
 milestones = sa.Table(

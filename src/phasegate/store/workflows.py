@@ -32,7 +32,7 @@ from phasegate.store.commit import (
     milestone_writes,
     workflow_dict,
 )
-from phasegate.store.leases import Fence
+from phasegate.store.leases import Fence, of_repository
 
 __all__ = ["UPDATABLE_COLUMNS", "IssueTaken", "WorkflowRows", "commit_phase_result"]
 
@@ -78,6 +78,7 @@ class WorkflowRows(StoreBase):
         parent_workflow_id: str | None = None,
         phase: str = PREPARATION,
         branch_name: str | None = None,
+        repository: str | None = None,
     ) -> str:
         """Insert a workflow in ``phase`` (default ``preparation``); returns its id
         (8 hex digits).
@@ -93,6 +94,11 @@ class WorkflowRows(StoreBase):
         forked from in ``parent_workflow_id``, starts in ``merge`` and works on its
         parent's ``branch_name``. Raises ContractViolation for a phase outside
         PHASE_ORDER.
+
+        ``repository``: the team forge's repository (``owner/name``) the workflow
+        is of, what a worker in any clone of it claims it by (``workflows.repository``,
+        issue 12 item 2); None: the repository at ``repo_path`` (the local forge).
+        A child is of its parent's repository.
         """
         if phase not in PHASE_ORDER:
             raise ContractViolation(f"a workflow cannot start in phase {phase!r}")
@@ -103,15 +109,22 @@ class WorkflowRows(StoreBase):
             state["forge_repository"] = issue[0]
         # Only what is given: a store still at an older revision (its migration
         # test) has no parent_workflow_id column to insert a NULL into.
-        optional = {
-            key: value
-            for key, value in (
-                ("parent_workflow_id", parent_workflow_id),
-                ("branch_name", branch_name),
-            )
-            if value is not None
-        }
         with self.transaction() as conn:
+            if repository is None and parent_workflow_id is not None:
+                repository = conn.execute(
+                    sa.select(t.workflows.c.repository).where(
+                        t.workflows.c.id == parent_workflow_id
+                    )
+                ).scalar()
+            optional = {
+                key: value
+                for key, value in (
+                    ("parent_workflow_id", parent_workflow_id),
+                    ("branch_name", branch_name),
+                    ("repository", repository),
+                )
+                if value is not None
+            }
             if issue is not None:
                 # READ COMMITTED (PostgreSQL) lets two lookups both find nothing:
                 # the second waits here until the first committed its insert.
@@ -212,17 +225,21 @@ class WorkflowRows(StoreBase):
                 ).scalars()
             )
 
-    def workflow_ids_with_milestone(self, kind: str, status: str) -> list[str]:
+    def workflow_ids_with_milestone(
+        self, kind: str, status: str, *, repo_path: str | None = None, repository: str | None = None
+    ) -> list[str]:
         """Ids of workflows holding a ``kind`` milestone in ``status``, oldest first
-        (a failed ``cleanup`` waiting for its retry, whatever the workflow's status)."""
+        (a failed ``cleanup`` waiting for its retry, whatever the workflow's status);
+        with ``repo_path``, only that repository's (``of_repository``)."""
         m = t.milestones
+        query = sa.select(m.c.workflow_id).where(m.c.kind == kind, m.c.status == status)
+        if repo_path is not None:
+            mine = sa.select(t.workflows.c.id).where(of_repository(repository, repo_path))
+            query = query.where(m.c.workflow_id.in_(mine.scalar_subquery()))
         with self.reading() as conn:
             return list(
                 conn.execute(
-                    sa.select(m.c.workflow_id)
-                    .where(m.c.kind == kind, m.c.status == status)
-                    .group_by(m.c.workflow_id)
-                    .order_by(sa.func.min(m.c.id))
+                    query.group_by(m.c.workflow_id).order_by(sa.func.min(m.c.id))
                 ).scalars()
             )
 
