@@ -48,14 +48,22 @@ from scale import (  # noqa: E402  (a sibling script, not a package)
     stop_worker,
 )
 
-_ROW = sa.table("workflows", sa.column("id"), sa.column("current_phase"), sa.column("status"))
-_PHASE = sa.select(_ROW.c.current_phase, _ROW.c.status).where(_ROW.c.id == sa.bindparam("w_id"))
+_ROW = sa.table(
+    "workflows",
+    sa.column("id"),
+    sa.column("current_phase"),
+    sa.column("status"),
+    sa.column("lease_owner"),
+)
+_PHASE = sa.select(_ROW.c.current_phase, _ROW.c.status, _ROW.c.lease_owner).where(
+    _ROW.c.id == sa.bindparam("w_id")
+)
 
 
-def _phase(store: Store, workflow_id: str) -> tuple[str, str]:
+def _phase(store: Store, workflow_id: str) -> tuple[str, str, str | None]:
     with store.reading() as conn:
         row = conn.execute(_PHASE, {"w_id": workflow_id}).one()
-    return row.current_phase, row.status
+    return row.current_phase, row.status, row.lease_owner
 
 
 def _until(probe: Any, timeout_s: float, look_s: float) -> bool:
@@ -68,7 +76,8 @@ def _until(probe: Any, timeout_s: float, look_s: float) -> bool:
 
 
 def _waiting(store: Store, workflow_id: str) -> bool:
-    return _phase(store, workflow_id) == ("wait", "waiting")
+    """In wait with no lease held: the worker's advance of it has ended."""
+    return _phase(store, workflow_id) == ("wait", "waiting", None)
 
 
 def measure(
@@ -90,7 +99,11 @@ def measure(
                 raise SystemExit(f"workflow {workflow_id} did not reach wait:\n{_tail(log)}")
         for i in range(decisions_n):
             workflow_id = ids[i % len(ids)]
-            _until(lambda w=workflow_id: _waiting(store, w), 300, 0.01)
+            # Every workflow back in wait, not only the one decided on next: else the
+            # worker's threads may all still be running earlier decisions' lifecycles
+            # and the figure is the queue behind them, not the wake-up.
+            for other in ids:
+                _until(lambda w=other: _waiting(store, w), 300, 0.01)
             while True:
                 try:
                     engine.decide(workflow_id, lambda c, i=i: decisions.feedback(c, f"more {i}"))

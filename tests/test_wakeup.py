@@ -2,9 +2,11 @@
 
 A worker waiting with ``poll_s=60`` acts on a person's decision made from
 another connection at once: the store's ChangeFeed woke it (a 60 s poll could
-not have). An idle waiting workflow costs no write across many passes: the
-SQLite file's ``data_version``, seen from a connection of the test's own, does
-not move, nor do the workflow's lease and fence.
+not have); so does one committed in the moment between the worker's advance
+letting the lease go and its reading the row it returns. An idle waiting
+workflow costs no write across many passes: the SQLite file's
+``data_version``, seen from a connection of the test's own, does not move,
+nor do the workflow's lease and fence.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ WAIT_S = 30.0  # bound on a wait; a correctness check, never a timing judgement
 class Running:
     """A worker on its own thread, over its own engine and store."""
 
-    def __init__(self, repo: Path, poll_s: float) -> None:
+    def __init__(self, repo: Path, poll_s: float, engine_cls: type[Engine] = Engine) -> None:
         cartridge = load_cartridge(repo)
         self.store = open_store(cartridge.store_url(repo))
-        self.engine = Engine(repo, cartridge, self.store)
+        self.engine = engine_cls(repo, cartridge, self.store)
         self.passes = 0
         read_rows = self.store.lease_rows
 
@@ -126,3 +128,30 @@ def test_an_idle_waiting_workflow_costs_no_write_across_many_passes(
         watcher.close()
     assert after == before, "a pass wrote to the store"
     assert again == lease and lease[2] is None, "the lease was claimed again"
+
+
+def test_a_decision_committed_as_the_worker_lets_the_lease_go_is_acted_on(
+    waiting: tuple[Path, str], engine_for
+) -> None:
+    repo, workflow_id = waiting
+    person, store = engine_for(repo)
+    decided: list[dict[str, object]] = []
+
+    class DecidedOnAsItLetsGo(Engine):
+        """The worker's engine, with a person's decision committed right after its
+        advance released the lease and before advance reads the row it returns."""
+
+        def _let_go(self, workflow_id: str) -> None:
+            super()._let_go(workflow_id)
+            if not decided and threading.current_thread().name.startswith("advance-"):
+                decided.append(
+                    person.decide(workflow_id, lambda ctx: decisions.feedback(ctx, "one more"))
+                )
+
+    with Running(repo, poll_s=60.0, engine_cls=DecidedOnAsItLetsGo):
+        _until(lambda: bool(decided), "the worker's advance and the decision after it")
+        _until(
+            lambda: store.workflow_row(workflow_id)["version"] > decided[0]["version"],
+            "the worker to act on the decision (a 60 s poll would come too late)",
+        )
+    assert store.workflow_row(workflow_id)["version"] > decided[0]["version"]

@@ -131,6 +131,16 @@ def _polling(row: Mapping[str, Any]) -> bool:
 _WAITING = {"current_phase": WAIT, "status": "waiting"}
 
 
+#: Advances of a waiting workflow on one thread while a look after each finds
+#: something new (``_Worker._advance_until_idle``): a bound, never reached by a wait
+#: phase that commits what it found.
+_RELOOKS = 3
+
+
+def _waiting(row: Mapping[str, Any]) -> bool:
+    return row["current_phase"] == WAIT and row["status"] == "waiting"
+
+
 @dataclass(frozen=True)
 class _Left:
     """How an advance left a workflow that is still runnable: its row's ``version``,
@@ -300,7 +310,7 @@ class _Worker:
                     and now < left.due_at
                 ):
                     continue
-                if row["current_phase"] == WAIT and row["status"] == "waiting":
+                if _waiting(row):
                     waiting.append(workflow_id)
                 else:
                     due.append(workflow_id)
@@ -326,11 +336,10 @@ class _Worker:
         left = None
         try:
             idle = self.engine.idle_at(workflow_id) if fence is None else None
-            if idle is not None:
-                left = self._left_at({"version": idle, **_WAITING}, forge)
+            if idle is None:
+                left = self._advance_until_idle(workflow_id, fence, forge)
             else:
-                row = self.engine.advance(workflow_id, claimed=fence)
-                left = self._left_at(row, forge)
+                left = self._left_at({"version": idle, **_WAITING}, forge)
         except LeaseHeld:
             pass  # this engine's own decide or cleanup holds it: looked at again next pass
         except BaseException as exc:  # ends the worker, once every thread stopped
@@ -348,13 +357,37 @@ class _Worker:
                     self.left[workflow_id] = left
             self.ended.set()
 
+    def _advance_until_idle(
+        self, workflow_id: str, fence: int | None, forge: tuple[int, int] | None
+    ) -> _Left | None:
+        """Advance the workflow; when it is left waiting, how a look (``Engine.idle_at``)
+        finds it, advancing it again while the look finds something new.
+
+        advance reads the row it returns after letting the lease go: a decision
+        committed in between is in that row's version, and a waiting workflow is
+        due again only when its version moves, so that decision would wait for
+        the next change. A look reads the version before it looks: what comes
+        after moves it. (And a change to a workflow while its thread runs is
+        skipped by the passes: its thread is what must see it.)
+        """
+        for _ in range(_RELOOKS):
+            row = self.engine.advance(workflow_id, claimed=fence)
+            fence = None
+            if not _waiting(row) or self.shutdown.is_set():
+                return self._left_at(row, forge)
+            idle = self.engine.idle_at(workflow_id)
+            if idle is not None:
+                return self._left_at({"version": idle, **_WAITING}, forge)
+        # Still something new after as many advances: looked at again after poll_s.
+        return _Left(row["version"], forge, time.monotonic() + self.poll_s)
+
     def _left_at(self, row: Mapping[str, Any], forge: tuple[int, int] | None) -> _Left | None:
         if row["status"] not in RUNNABLE_STATUSES or self.shutdown.is_set():
             return None
         now = time.monotonic()
         if self.forge_poll_s and _polling(row):
             return _Left(row["version"], forge, now + self.forge_poll_s)
-        if row["current_phase"] == WAIT and row["status"] == "waiting":
+        if _waiting(row):
             return _Left(row["version"], forge, float("inf"))
         return _Left(row["version"], forge, now + self.poll_s)
 
