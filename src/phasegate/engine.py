@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from phasegate import _gitfs
 from phasegate._git import withhold_from_git
 from phasegate._host import host_name
 from phasegate.agents import binding_problems
@@ -167,7 +168,11 @@ class Engine:
         if profile is not None and not profile.strip():
             raise CartridgeError("--profile: the profile name is empty")
         chosen = self.cartridge.profile(profile)
-        if git(["rev-parse", "--verify", "-q", "HEAD"], self.repo, check=False) == "":
+        # HEAD read from git's files when they are plain (_gitfs); git asked otherwise
+        has_commit = _gitfs.resolve(self.repo, "HEAD") is not None or (
+            git(["rev-parse", "--verify", "-q", "HEAD"], self.repo, check=False) != ""
+        )
+        if not has_commit:
             raise PhasegateError(f"{self.repo} has no commits yet; commit something first")
         base = settings.base_branch or git(["symbolic-ref", "--short", "HEAD"], self.repo)
         if not self.workspace.branch_exists(self.repo, base):

@@ -9,6 +9,7 @@ committed: what an agent wrote reaches them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +25,7 @@ from phasegate.forge.base import (
     Labelled,
     PullRequest,
 )
+from phasegate.guard import _CONFIG_FILES, _included, _user_configs
 from phasegate.redaction import redact
 from phasegate.store import Store
 from phasegate.store import tables as t
@@ -125,12 +127,35 @@ class LocalForge:
         have pushed it: #814). Raises ForgeNotFound when neither has it."""
         if self.workspace.branch_exists(self.repo, branch):
             return branch
-        if run_git(["remote", "get-url", "origin"], self.repo).returncode == 0:
+        if self._may_have_origin() and (
+            run_git(["remote", "get-url", "origin"], self.repo).returncode == 0
+        ):
             tracking = f"refs/remotes/origin/{branch}"
             fetch = ["fetch", "-q", "origin", f"+refs/heads/{branch}:{tracking}"]
             if run_git(fetch, self.repo).returncode == 0:
                 return tracking
         raise ForgeNotFound(f"no branch {branch} in {self.repo} nor on its origin remote")
+
+    def _may_have_origin(self) -> bool:
+        """Whether ``origin`` may be a remote here; False only when no config file git
+        reads (the repository's, the global and system ones, what they include)
+        says ``remote`` or ``include`` at all, no ``GIT_CONFIG_*`` passes settings
+        and git's old ``remotes/``/``branches/`` files have none: then there is
+        none, and saying so costs no git (issue 12 item 6; as the guard finds a
+        hooks path)."""
+        if any(k.startswith("GIT_CONFIG_") and k not in _CONFIG_FILES for k in os.environ):
+            return True
+        common = self.workspace.common_dir(self.repo)
+        if (common / "remotes" / "origin").exists() or (common / "branches" / "origin").exists():
+            return True
+        for config in _included([common / "config", common / "config.worktree", *_user_configs()]):
+            try:
+                text = config.read_bytes().lower()
+            except OSError:
+                continue  # absent (most are): no remote there
+            if b"remote" in text or b"include" in text:
+                return True
+        return False
 
     def publish_branch(self, branch: str) -> None:
         if not self.workspace.branch_exists(self.repo, branch):
