@@ -6,28 +6,33 @@ from __future__ import annotations
 
 import collections
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
 from phasegate import _gitfs
-from phasegate._git import git, list_refs, recording
+from phasegate._git import GitCall, changes, git, list_refs, note_change, recording
+from phasegate.agents import make_runner
+from phasegate.agents.base import AgentRequest, AgentResult
 from phasegate.cartridge import load_cartridge
 from phasegate.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
 from phasegate.engine import Engine
+from phasegate.forge.base import ForgeNotFound
+from phasegate.forge.local import LocalForge
 from phasegate.guard import snapshot
-from phasegate.store import open_store
+from phasegate.store import Fence, open_store
 from phasegate.workspace import Workspace
 
+from conftest import HAPPY_ANSWERS, make_repo, scripted_cartridge
 from conftest import git as sh_git
-from conftest import make_repo
 
 #: One demo lifecycle made 258 git calls before issue 12 (60 of them the ref
-#: ledger's and the worktree lock's own); 47 now. The issue's target is 35: the
-#: rest are reads outside these modules (a read-only role's status before and
-#: after its run, agents/service.py: 12; the self-heal's one status per step,
-#: healing.py: 6).
-MAX_DEMO_CALLS = 47
+#: ledger's and the worktree lock's own); 32 now (the issue's target: 35). A status
+#: phasegate took of a checkout stands until something may have written it
+#: (agents/service.py CheckoutSeen): the self-heal, a read-only role's check before
+#: its run and development's look for a dead attempt's leftovers reuse it.
+MAX_DEMO_CALLS = 32
 
 
 def _git_refs(cwd: Path) -> dict[str, str]:
@@ -206,3 +211,128 @@ def test_the_guard_asks_git_for_a_hooks_path_only_when_a_config_names_one(
     assert snap is not None and str(hooks) in snap.dirs
     assert str(hooks / "pre-commit") in snap.files
     assert [c.subcommand for c in calls] == ["config"]
+
+
+# -- what phasegate saw of a checkout, reused (agents/service.py CheckoutSeen) -------
+
+
+class _Marking:
+    """A runner that notes how many git calls ``calls`` held when each run started
+    and ended, then runs ``inner``."""
+
+    def __init__(self, inner, calls: list[GitCall], marks: list[tuple[str, int]]) -> None:
+        self.inner, self.calls, self.marks = inner, calls, marks
+        self.name = inner.name
+
+    def run(self, request: AgentRequest, cancel, on_spawn=None) -> AgentResult:
+        self.marks.append((f"{request.role} start", len(self.calls)))
+        try:
+            return self.inner.run(request, cancel, on_spawn)
+        finally:
+            self.marks.append((f"{request.role} end", len(self.calls)))
+
+
+def test_a_read_only_role_that_edits_after_a_status_phasegate_already_took_is_caught(
+    tmp_path: Path, engine_for
+) -> None:
+    repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    command = 'runner = "command"\ncommand = "echo sneaky > planted.txt; echo VERDICT: approve"\n'
+    (repo / "phasegate.toml").write_text(
+        scripted_cartridge(role_overrides={"plan_review": command})
+    )
+    sh_git(repo, "add", "-A")
+    sh_git(repo, "commit", "-qm", "cartridge")
+    cartridge = load_cartridge(repo)
+    marks: list[tuple[str, int]] = []
+    with recording() as calls:
+        runners = {
+            role: _Marking(make_runner(cartridge.role(role), repo), calls, marks)
+            for role in ("plan", "plan_review")
+        }
+        engine, store = engine_for(repo, runners=runners)
+        row = engine.advance(engine.start("t", "ticket"))
+
+    at = dict(reversed(marks))  # each label's first mark
+    between = calls[at["plan end"] : at["plan_review start"]]
+    # plan's check after its run is plan_review's before: no status of its own
+    assert [c.args for c in between] == [("status", "--porcelain", "-uall")]
+    assert row["status"] == "failed" and "read_only_violation" in row["error"]
+    worktree = Path(row["worktree_path"])
+    assert not (worktree / "planted.txt").exists()
+    assert sh_git(worktree, "status", "--porcelain", "-uall") == ""
+    runs = [r["error_kind"] for r in store.agent_runs(row["id"]) if r["role"] == "plan_review"]
+    assert runs == ["read_only_violation"] * 3
+
+
+def test_a_worktree_broken_between_two_advances_is_healed_by_the_second(
+    tmp_path: Path, engine_for
+) -> None:
+    from phasegate import decisions
+
+    repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    (repo / "phasegate.toml").write_text(scripted_cartridge(auto_merge=False))
+    sh_git(repo, "add", "-A")
+    sh_git(repo, "commit", "-qm", "cartridge")
+    engine, store = engine_for(repo)
+    wf = engine.start("t", "ticket")
+    row = engine.advance(wf)
+    assert (row["current_phase"], row["status"]) == ("wait", "waiting"), row["error"]
+    worktree = Path(row["worktree_path"])
+    (worktree / "README.md").unlink()  # the person's doing, while the workflow waits
+    assert not any(e["type"] == "worktree_healed" for e in store.events(wf))
+
+    engine.decide(wf, lambda ctx: decisions.approve_merge(ctx, "ana"))
+    row = engine.advance(wf)
+    assert row["status"] == "completed", row["error"]
+    assert any(e["type"] == "worktree_healed" for e in store.events(wf))
+
+
+def test_what_was_seen_of_a_checkout_lapses_at_any_change_and_with_another_lease(
+    tmp_path: Path, engine_for
+) -> None:
+    repo = make_repo(tmp_path / "repo", {"a.txt": "a\n"})
+    (repo / "phasegate.toml").write_text(scripted_cartridge())
+    other = make_repo(tmp_path / "other")
+    engine, store = engine_for(repo)
+    agents = engine.agents
+    fence = Fence(store, "wf", "me", 1)
+
+    def seen_after(change) -> bool:
+        agents.saw("wf", repo, changes(), healthy=True, clean=True)
+        assert agents.seen("wf", repo) is not None
+        change()
+        return agents.seen("wf", repo) is not None
+
+    assert agents.saw("wf", repo, changes(), healthy=True, clean=True) is None
+    assert agents.seen("wf", repo) is None  # no lease held: nothing kept
+    agents.fences["wf"] = fence
+    assert seen_after(lambda: git(["status", "--porcelain"], repo))  # a read
+    assert seen_after(lambda: git(["rev-parse", "HEAD"], repo))
+    assert not seen_after(lambda: git(["commit", "-q", "--allow-empty", "-m", "e"], repo))
+    assert not seen_after(note_change)  # an agent or a check ran
+    writer = threading.Thread(target=git, args=(["tag", "t"], other))  # another workflow's
+    assert not seen_after(lambda: (writer.start(), writer.join()))
+    assert not seen_after(lambda: agents.fences.update(wf=Fence(store, "wf", "me", 2)))
+    assert not seen_after(agents.fences["wf"].lost.set)  # the lease is lost
+    agents.saw("wf", repo, changes(), healthy=True, clean=True)
+    assert agents.seen("wf", tmp_path / "other") is None  # another checkout
+
+
+def test_a_repository_without_an_origin_remote_is_known_so_without_git(tmp_path: Path) -> None:
+    upstream = make_repo(tmp_path / "upstream")
+    sh_git(upstream, "branch", "topic")
+    clone = tmp_path / "clone"
+    sh_git(tmp_path, "clone", "-q", str(upstream), str(clone))
+    lone = make_repo(tmp_path / "lone")
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    try:
+        with recording() as calls, pytest.raises(ForgeNotFound):
+            LocalForge(store, lone, Workspace()).branch_ref("topic")
+        assert calls == []
+        found = LocalForge(store, clone, Workspace()).branch_ref("topic")
+    finally:
+        store.close()
+    assert found == "refs/remotes/origin/topic"
+    assert sh_git(clone, "rev-parse", found) == sh_git(upstream, "rev-parse", "topic")

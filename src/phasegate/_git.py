@@ -71,6 +71,7 @@ __all__ = [
     "REF_MOVING",
     "REFS_LOCK",
     "TRANSIENT_ATTEMPTS",
+    "changes",
     "common_dir",
     "DirtyCheckout",
     "GitCall",
@@ -79,6 +80,7 @@ __all__ = [
     "git",
     "is_transient",
     "list_refs",
+    "note_change",
     "read_ledger",
     "record_refs",
     "recording",
@@ -230,6 +232,54 @@ _RECORDERS_LOCK = threading.Lock()
 _LOCAL = threading.local()
 
 
+#: Subcommands that never change a checkout or a ref (the rest may: ``note_change``).
+_READS = frozenset(
+    {
+        "cat-file",
+        "diff-index",
+        "for-each-ref",
+        "log",
+        "ls-files",
+        "ls-tree",
+        "merge-base",
+        "rev-list",
+        "rev-parse",
+        "show",
+        "status",
+    }
+)
+_CHANGES = 0
+_CHANGES_LOCK = threading.Lock()
+
+
+def changes() -> int:
+    """How many times, so far, phasegate may have changed a checkout: every git call
+    but a read, before and after it runs, and every ``note_change`` (an agent ran,
+    a supervised process ran), in any thread. What phasegate saw of a checkout
+    when this was N is still so while it is N, but for a person's own edits
+    (agents/service.py, healing.py; issue 12 item 6). Another thread's workflow
+    moves it too: that only makes a caller look again."""
+    return _CHANGES
+
+
+def note_change() -> None:
+    """Count one change (``changes``): called before and after anything outside
+    git that may write a checkout (an agent's run, a check's process)."""
+    global _CHANGES
+    with _CHANGES_LOCK:
+        _CHANGES += 1
+
+
+def _may_change(at: int, name: str, args: Sequence[str]) -> bool:
+    if name == "diff":
+        return any(a.startswith("--output") for a in args[at + 1 :])
+    if name == "config":
+        return not any(a in ("--get", "--get-all", "--list", "-l") for a in args[at + 1 :])
+    if name == "remote":
+        return list(args[at + 1 : at + 2]) != ["get-url"]
+    return name not in _READS
+
+
 @contextmanager
 def recording() -> Iterator[list[GitCall]]:
     """Every git process phasegate runs while the block runs, in any thread, appended
@@ -264,16 +314,23 @@ def _run_once(
     ran = args
     if name in _DIFFING:
         ran = [*args[: at + 1], "--no-ext-diff", "--no-textconv", *args[at + 1 :]]
+    changing = _may_change(at, name, args)
+    if changing:
+        note_change()
     started = time.perf_counter()
-    proc = subprocess.run(
-        ["git", *_NO_BACKGROUND, *HARDENED, *ran],
-        cwd=cwd,
-        capture_output=True,
-        encoding="utf-8",
-        errors="replace",
-        input=input,
-        env={**_git_env(), **(env or {})},
-    )
+    try:
+        proc = subprocess.run(
+            ["git", *_NO_BACKGROUND, *HARDENED, *ran],
+            cwd=cwd,
+            capture_output=True,
+            encoding="utf-8",
+            errors="replace",
+            input=input,
+            env={**_git_env(), **(env or {})},
+        )
+    finally:
+        if changing:  # after too: a look taken while it ran may have seen half of it
+            note_change()
     if _RECORDERS:
         call = GitCall(
             tuple(args),

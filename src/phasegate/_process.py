@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phasegate import _supervisor
+from phasegate._git import note_change
 from phasegate._supervisor import (
     boot_id,
     descendants,
@@ -119,16 +120,21 @@ def run_supervised(
     temp dir (``TMPDIR``) made for this run and removed after it; the
     supervisor stays outside, so stopping works the same.
     """
-    if confinement is None or not confinement.confined:
-        return _run(args, cwd, env, stdin, timeout_s, cancel, on_spawn, merge_stderr)
-    tmp = Path(os.path.realpath(tempfile.mkdtemp(prefix="phasegate-tmp-")))
+    # An agent or a check may write its checkout: what phasegate saw of it is stale.
+    note_change()
     try:
-        argv = ["/bin/sh", "-c", args] if isinstance(args, str) else list(args)
-        wrapped = sandbox_for(confinement).wrap(argv, confinement, cwd, tmp)
-        return _run(wrapped, cwd, env, stdin, timeout_s, cancel, on_spawn, merge_stderr)
+        if confinement is None or not confinement.confined:
+            return _run(args, cwd, env, stdin, timeout_s, cancel, on_spawn, merge_stderr)
+        tmp = Path(os.path.realpath(tempfile.mkdtemp(prefix="phasegate-tmp-")))
+        try:
+            argv = ["/bin/sh", "-c", args] if isinstance(args, str) else list(args)
+            wrapped = sandbox_for(confinement).wrap(argv, confinement, cwd, tmp)
+            return _run(wrapped, cwd, env, stdin, timeout_s, cancel, on_spawn, merge_stderr)
+        finally:
+            # The subtree is gone by now (the supervisor saw to it): what is left is scratch.
+            shutil.rmtree(tmp, ignore_errors=True)
     finally:
-        # The subtree is gone by now (the supervisor saw to it): what is left is scratch.
-        shutil.rmtree(tmp, ignore_errors=True)
+        note_change()
 
 
 def _run(

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from phasegate._git import run_git
+from phasegate._git import changes, run_git
 from phasegate.contract import (
     ACCEPTANCE_VERIFICATION,
     PREPARATION,
@@ -57,6 +57,11 @@ def self_heal(
     (development, merge) repairs and heals first (issue 12: a worker's look at
     an idle waiting workflow runs no git).
 
+    The health check is skipped when this advance already found the worktree
+    healthy and nothing that may write a checkout ran since (no agent but a
+    read-only one that left it clean, no git call but reads, no check:
+    ``CheckoutSeen``); a new advance (after a person's decision) looks again.
+
     A branch missing here is restored (``restore_branch``) before the
     worktree is made; in preparation too, once its ``branch_created`` is
     settled (a restarted preparation in another clone makes the worktree
@@ -83,7 +88,14 @@ def self_heal(
     ):
         return None
     path = Path(ctx.worktree_path)
-    if deps.workspace.is_healthy(path, ctx.branch_name):
+    # Looked at in this advance and nothing has written a checkout since
+    # (agents/service.py CheckoutSeen): no git asked again.
+    if (seen := deps.agents.seen(ctx.id, path)) is not None and seen.healthy:
+        return None
+    at = changes()
+    problem, clean = deps.workspace.checkout_health(path, ctx.branch_name)
+    if problem is None:
+        deps.agents.saw(ctx.id, path, at, healthy=True, clean=clean)
         return None
     repo = Path(ctx.repo_path)
     failed = restore_branch(ctx, deps, ctx.branch_name, emit)

@@ -251,33 +251,45 @@ class Workspace:
         no killed ``worktree add`` left it locked, HEAD is ``branch`` and
         resolves, ``git status`` works and no tracked file is missing vs HEAD.
         Uncommitted edits are not a problem here (development discards them)."""
+        return self.checkout_health(path, branch)[0]
+
+    def checkout_health(
+        self, path: Path, branch: str, *, ask_git: bool = True
+    ) -> tuple[str | None, bool]:
+        """``checkout_problem`` and whether the checkout is clean (git's status lists
+        nothing: no change, no untracked file), from the same one git call. With
+        ``ask_git`` False only git's files are looked at (no git runs) and clean
+        is False (issue 12 item 6: the self-heal's and the read-only check's)."""
         dot_git = path / ".git"
         if not dot_git.is_file():
-            return "no .git file"
+            return "no .git file", False
         gitdir = Path(dot_git.read_text().removeprefix("gitdir:").strip())
         gitdir = gitdir if gitdir.is_absolute() else path / gitdir
         for name in ("HEAD", "commondir", "index"):
             if not (gitdir / name).is_file():
-                return f"git dir {gitdir} has no {name}"
+                return f"git dir {gitdir} has no {name}", False
         locked = gitdir / "locked"
         if locked.exists() and locked.read_text().startswith("initializing"):
-            return "left locked by a killed worktree add"
+            return "left locked by a killed worktree add", False
         if _gitfs.head(gitdir) not in (None, f"ref: refs/heads/{branch}"):
-            return f"HEAD is not {branch}"
+            return f"HEAD is not {branch}", False
+        if not ask_git:
+            return None, False
         # One status tells all the rest: HEAD's branch (git's own reading, should the
         # file above be unusual), whether it resolves, and what is deleted vs HEAD
         # (staged or not: what ``diff --diff-filter=D HEAD`` lists).
-        status = run_git(["status", "--porcelain=v2", "--branch", "-z"], path)
+        # untracked files listed whatever status.showUntrackedFiles says: "clean" means none
+        status = run_git(["status", "--porcelain=v2", "--branch", "-z", "-unormal"], path)
         if status.returncode != 0:
-            return f"git status fails: {status.stderr.strip()}"
+            return f"git status fails: {status.stderr.strip()}", False
         fields = status.stdout.split("\0")
         if f"# branch.head {branch}" not in fields:
-            return f"HEAD is not {branch}"
+            return f"HEAD is not {branch}", False
         if "# branch.oid (initial)" in fields:
-            return "HEAD does not resolve"
+            return "HEAD does not resolve", False
         if missing := _deleted(fields):
-            return f"tracked files missing: {' '.join(missing[:5])}"
-        return None
+            return f"tracked files missing: {' '.join(missing[:5])}", False
+        return None, not any(f and not f.startswith("# ") for f in fields)
 
     def is_healthy(self, path: Path, branch: str) -> bool:
         """Whether ``path`` is a complete checkout of ``branch`` (``checkout_problem``)."""

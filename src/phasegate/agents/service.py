@@ -3,6 +3,7 @@ bounds, records every call's usage and keeps one provider session per line."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from phasegate import guard
+from phasegate._git import changes, note_change
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner, Violation
 from phasegate.agents.env import cartridge_secrets, files_with_secrets, redact, secret_values
@@ -23,13 +25,14 @@ from phasegate.contract import (
 from phasegate.journal import ProcessJournal
 from phasegate.sandbox import agent_confinement
 from phasegate.store import AgentRunRecord, Fence, Store
-from phasegate.workspace import GitError, git
+from phasegate.workspace import GitError, Workspace, git
 
 __all__ = [
     "AgentFailed",
     "AgentService",
     "AnswerError",
     "Answer",
+    "CheckoutSeen",
     "answer_limit_of",
     "oversized_answer",
     "secret_in_diff_answer",
@@ -37,6 +40,22 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CheckoutSeen:
+    """What phasegate last saw of one workflow's checkout at ``path``: ``healthy``
+    (the self-heal's check passed), ``clean`` (git's status listed nothing), when
+    ``_git.changes()`` was ``changes``, under the lease ``fence``. It holds while
+    that lease is held and nothing that may write a checkout has run since (any
+    thread's: ``_git.note_change``); a new advance takes a new lease, so what a
+    person did between two advances is looked at again (issue 12 item 6)."""
+
+    path: Path
+    fence: Fence
+    changes: int
+    healthy: bool
+    clean: bool
 
 
 class AnswerError(PhasegateError):
@@ -93,6 +112,35 @@ class AgentService:
         self._making = threading.Lock()
         self._emit = emit or (lambda _wf, _ev: None)
         self.fences: dict[str, Fence] = {}
+        # Per workflow, never shared between them: a concurrent worker runs many.
+        self._seen: dict[str, CheckoutSeen] = {}
+
+    def seen(self, workflow_id: str, path: Path) -> CheckoutSeen | None:
+        """What phasegate saw of ``workflow_id``'s checkout at ``path`` that still
+        holds (``CheckoutSeen``), or None: look again."""
+        seen = self._seen.get(workflow_id)
+        if seen is None:
+            return None
+        fence = self.fences.get(workflow_id)
+        if (
+            fence is not seen.fence
+            or fence.lost.is_set()
+            or seen.changes != changes()
+            or seen.path != Path(os.path.realpath(path))
+        ):
+            self._seen.pop(workflow_id, None)
+            return None
+        return seen
+
+    def saw(self, workflow_id: str, path: Path, at: int, *, healthy: bool, clean: bool) -> None:
+        """Remember what a look at ``workflow_id``'s checkout at ``path`` found; ``at``
+        is ``_git.changes()`` taken before the look. Nothing is kept outside a
+        lease (no fence: an advance this engine does not hold)."""
+        fence = self.fences.get(workflow_id)
+        if fence is not None:
+            self._seen[workflow_id] = CheckoutSeen(
+                Path(os.path.realpath(path)), fence, at, healthy, clean
+            )
 
     def _check_fence(self, workflow_id: str) -> None:
         """Raise FenceLost when the workflow's lease was taken over from this worker."""
@@ -191,19 +239,30 @@ class AgentService:
                     {"role": role, "phase": phase, "round": round, "runner": runner.name},
                 ),
             )
-            clean_before = request.read_only and checkout_state(cwd) == ""
+            # The status phasegate took of the checkout since its last change (the
+            # self-heal's, the previous read-only run's) is its status now.
+            known = self.seen(ctx.id, cwd)
+            clean_before = request.read_only and (
+                (known is not None and known.clean) or checkout_state(cwd) == ""
+            )
             confined = request.confinement is not None and request.confinement.confined
+            note_change()  # an agent in this process (scripted, api) writes too
             with guard.watch(cwd, ctx.id, role=role, phase=phase, confined=confined) as watched:
                 result = self._run_journaled(ctx, phase, runner, request, round)
             result = watched.apply(result)  # refs and .git as they were (issue 10)
+            note_change()
             for earlier in watched.recovered:  # what a killed run left, undone now
                 self._emit(ctx.id, violation_event(*earlier, secrets))
             made += 1
             # The worker that took over owns the workflow's rows now: its
             # reconciliation settled this call's process; write nothing of it.
             self._check_fence(ctx.id)
-            if clean_before and checkout_state(cwd) != "":
-                result = read_only_violation(cwd, role, result)
+            if clean_before:
+                at = changes()
+                if checkout_state(cwd) != "":
+                    result = read_only_violation(cwd, role, result)
+                else:
+                    self._saw_clean_after(ctx, cwd, at, known)
             if result.error_kind == "interrupted":
                 raise WorkflowPaused(f"shutdown while the {role} agent ran")
             result = oversized_answer(result, answer_limit)
@@ -239,6 +298,22 @@ class AgentService:
             if kind == "budget":
                 break  # another try would only spend more
         raise AgentFailed(role, made, kind, detail)
+
+    def _saw_clean_after(
+        self, ctx: WorkflowContext, cwd: Path, at: int, known: CheckoutSeen | None
+    ) -> None:
+        """A read-only run left its checkout clean: remember so. Healthy still, when
+        it was before: the guard put refs and HEADs back, a clean status means no
+        tracked file is missing, and git's files (the ``.git`` file, the git dir,
+        HEAD: read, no git) are checked again here, for status ran wherever the
+        ``.git`` file led it."""
+        healthy = (
+            known is not None
+            and known.healthy
+            and ctx.branch_name is not None
+            and Workspace().checkout_health(cwd, ctx.branch_name, ask_git=False)[0] is None
+        )
+        self.saw(ctx.id, cwd, at, healthy=healthy, clean=True)
 
     def budget_left(self, workflow_id: str, role: str) -> float | None:
         """USD this role may still spend in the workflow: the smaller of what its

@@ -267,9 +267,12 @@ def discard(
     between finds the same leftovers and writes the same row again.
     """
     head = deps.workspace.rev(cwd, "HEAD")
+    merging = deps.workspace.merge_in_progress(cwd)
+    seen = deps.agents.seen(ctx.id, cwd)  # git's status of it since its last change
+    if attempt is None and head == start and not merging and seen is not None and seen.clean:
+        return None
     change = measure_change(cwd, start, head, deps.limits.max_diff_bytes)
     runs = ok_build_runs(deps.store, attempt) if attempt is not None else []
-    merging = deps.workspace.merge_in_progress(cwd)
     if not change.size and head == start and not runs and not merging:
         return None
     paths, insertions, deletions = change.paths, change.insertions, change.deletions
