@@ -336,3 +336,27 @@ def test_a_repository_without_an_origin_remote_is_known_so_without_git(tmp_path:
         store.close()
     assert found == "refs/remotes/origin/topic"
     assert sh_git(clone, "rev-parse", found) == sh_git(upstream, "rev-parse", "topic")
+
+
+def test_a_person_s_leftovers_in_the_worktree_between_advances_are_discarded_by_development(
+    tmp_path: Path, engine_for
+) -> None:
+    from phasegate import decisions
+
+    repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    (repo / "phasegate.toml").write_text(scripted_cartridge(auto_merge=False))
+    sh_git(repo, "add", "-A")
+    sh_git(repo, "commit", "-qm", "cartridge")
+    engine, store = engine_for(repo)
+    wf = engine.start("t", "ticket")
+    row = engine.advance(wf)
+    assert (row["current_phase"], row["status"]) == ("wait", "waiting"), row["error"]
+    worktree = Path(row["worktree_path"])
+    (worktree / "scratch.txt").write_text("the person's\n")  # healthy, not clean
+
+    engine.decide(wf, lambda ctx: decisions.feedback(ctx, "once more"))
+    engine.advance(wf)
+    discarded = [m for m in store.milestones(wf) if m.kind == "attempt_discarded"]
+    assert [m.data["paths"] for m in discarded] == [["scratch.txt"]]
+    assert not (worktree / "scratch.txt").exists()
