@@ -168,11 +168,8 @@ class Engine:
         if profile is not None and not profile.strip():
             raise CartridgeError("--profile: the profile name is empty")
         chosen = self.cartridge.profile(profile)
-        # HEAD read from git's files when they are plain (_gitfs); git asked otherwise
-        has_commit = _gitfs.resolve(self.repo, "HEAD") is not None or (
-            git(["rev-parse", "--verify", "-q", "HEAD"], self.repo, check=False) != ""
-        )
-        if not has_commit:
+        head = _gitfs.resolve(self.repo, "HEAD")  # from git's files; None: ask git
+        if not (head or git(["rev-parse", "--verify", "-q", "HEAD"], self.repo, check=False)):
             raise PhasegateError(f"{self.repo} has no commits yet; commit something first")
         base = settings.base_branch or git(["symbolic-ref", "--short", "HEAD"], self.repo)
         if not self.workspace.branch_exists(self.repo, base):
