@@ -47,6 +47,28 @@ def test_other_databases_and_drivers_are_refused_naming_store_url() -> None:
     assert store_url_problem("sqlite:///x/state.db") is None
 
 
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("postgresql://u:s3cr3t-pw@127.0.0.1:5432/db?busy_timeout=abc", "busy_timeout='abc'"),
+        ("postgresql://u:s3cr3t-pw@127.0.0.1:5432/db?busy_timeout=nan", "busy_timeout='nan'"),
+        ("postgresql://u:s3cr3t-pw@127.0.0.1:5432/db?busy_timeout=-5", "busy_timeout='-5'"),
+        ("postgresql://u:p%40ss%3Aw%2Fs3cr3t-pw@127.0.0.1/db?busy_timeout=x", "busy_timeout='x'"),
+        ("postgresql://u:s3cr3t-pw@127.0.0.1:notaport/db", "not a database URL"),
+        ("postgresql://u:s3cr3t-pw@127.0.0.1:5432/db?foo=bar", 'invalid connection option "foo"'),
+    ],
+)
+def test_a_malformed_store_url_is_one_line_naming_the_fault_never_the_password(
+    url: str, words: str
+) -> None:
+    # Found by a fresh user: the busy_timeout message quoted the whole URL, password
+    # and all; a bad port, NaN and an option libpq does not know were tracebacks.
+    with pytest.raises(StoreUrlUnsupported, match=r"^store\.url: ") as raised:
+        open_store(url)
+    assert words in str(raised.value)
+    assert "s3cr3t-pw" not in str(raised.value) and "\n" not in str(raised.value)
+
+
 def test_doctor_reports_an_unsupported_store_url_as_a_problem_and_exits_1(tmp_path: Path) -> None:
     repo = repo_with_store(tmp_path, "mysql://phasegate:s3cr3t-pw@db.example/phasegate")
     proc = phasegate_cli("doctor", "--repo", str(repo), "--json")

@@ -409,7 +409,7 @@ def test_a_branch_never_pushed_is_made_again_from_its_start_in_the_clone_taking_
         store.close()
 
 
-def test_phasegate_hostname_names_the_machine_in_lease_owners_and_refuses_a_colon(
+def test_phasegate_hostname_names_the_machine_in_lease_owners_and_refuses_what_breaks_one(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     repo = _shared_repo(tmp_path / "x", f"sqlite:///{tmp_path / 'state.db'}")
@@ -421,5 +421,14 @@ def test_phasegate_hostname_names_the_machine_in_lease_owners_and_refuses_a_colo
         monkeypatch.setenv("PHASEGATE_HOSTNAME", "machine:a")
         with pytest.raises(PhasegateError, match="must not contain ':'"):
             host_name()
+        # status prints it, and the owner must fit the store's 255-character column
+        monkeypatch.setenv("PHASEGATE_HOSTNAME", "evil\n\x1b[31mred")
+        with pytest.raises(PhasegateError, match="spaces or control characters"):
+            host_name()
+        monkeypatch.setenv("PHASEGATE_HOSTNAME", "h" * 201)
+        with pytest.raises(PhasegateError, match="201 characters is longer than 200"):
+            host_name()
+        monkeypatch.setenv("PHASEGATE_HOSTNAME", "h" * 200)
+        assert host_name() == "h" * 200
     finally:
         store.close()

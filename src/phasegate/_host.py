@@ -21,13 +21,28 @@ __all__ = ["HOSTNAME_VARIABLE", "host_name"]
 HOSTNAME_VARIABLE = "PHASEGATE_HOSTNAME"
 
 
+#: The longest host name a lease owner may carry: the owner (``host:pid:token``)
+#: must fit the store's 255-character column.
+MAX_HOST_NAME = 200
+
+
 def host_name() -> str:
     """``PHASEGATE_HOSTNAME`` when set (and not blank), else the kernel's node name.
 
-    Raises PhasegateError when the name holds a ``:``, which separates the
-    parts of a lease owner.
+    Raises PhasegateError when the name holds a ``:`` (it separates the parts of
+    a lease owner), whitespace or a control character (``status`` prints it), or
+    is longer than ``MAX_HOST_NAME`` characters.
     """
     name = os.environ.get(HOSTNAME_VARIABLE, "").strip() or os.uname().nodename
     if ":" in name:
         raise PhasegateError(f"{HOSTNAME_VARIABLE}={name!r}: a host name must not contain ':'")
+    if any(not ch.isprintable() or ch.isspace() for ch in name):
+        raise PhasegateError(
+            f"{HOSTNAME_VARIABLE}={name!r}: a host name must not hold spaces or control characters"
+        )
+    if len(name) > MAX_HOST_NAME:
+        raise PhasegateError(
+            f"{HOSTNAME_VARIABLE}: a host name of {len(name)} characters is longer than "
+            f"{MAX_HOST_NAME}"
+        )
     return name

@@ -167,8 +167,10 @@ def worker(
     poll: Annotated[
         float,
         typer.Option(
-            help="Seconds between passes at the most: the worker wakes at once when the "
-            "store changes (a decision, a new ticket, an agent's end)."
+            min=0.05,
+            max=3600.0,
+            help="Seconds between passes at the most (0.05 to 3600): the worker wakes at "
+            "once when the store changes (a decision, a new ticket, an agent's end).",
         ),
     ] = 2.0,
     concurrency: Annotated[
@@ -187,7 +189,9 @@ def worker(
         typer.Option(
             "--lease-ttl",
             min=1.0,
-            help="Seconds a workflow's lease lasts unrenewed (renewed every third of it): "
+            max=86400.0,
+            help="Seconds a workflow's lease lasts unrenewed (1 to 86400; renewed every "
+            "third of it): "
             "how long a worker on another machine waits before taking over the workflows "
             "of one that died. A dead worker on this machine is taken over at once; "
             f"{HOSTNAME_VARIABLE} names the machine when its host name does not tell "

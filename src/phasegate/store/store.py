@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psycopg
 import sqlalchemy as sa
 
 from phasegate.clock import Clock, SystemClock
@@ -91,10 +92,17 @@ def make_dialect(url: str, busy_timeout_s: float | None = None) -> Dialect:
     if query_timeout is not None:
         parsed = parsed.difference_update_query(["busy_timeout"])
         if busy_timeout_s is None:
-            busy_timeout_s = _seconds(str(query_timeout), url)
+            busy_timeout_s = _seconds(str(query_timeout), parsed)
     timeout = DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
     if parsed.get_backend_name() == "postgresql":
-        return PostgresDialect(parsed.set(drivername="postgresql+psycopg"), timeout)
+        dialect = PostgresDialect(parsed.set(drivername="postgresql+psycopg"), timeout)
+        try:
+            dialect.conninfo()  # libpq's own check of the URL's query: options it knows
+        except psycopg.ProgrammingError as exc:
+            raise StoreUrlUnsupported(
+                f"store.url: {str(exc).strip()} in {_shown(parsed)}"
+            ) from None
+        return dialect
     db_path = parsed.database
     if db_path and db_path != ":memory:":
         Path(db_path).parent.mkdir(parents=True, exist_ok=True)
@@ -116,10 +124,10 @@ def _parse_url(url: str) -> sa.URL:
         url = "postgresql://" + url[len("postgres://") :]
     try:
         parsed = sa.engine.make_url(url)
-    except sa.exc.ArgumentError:
+    except (sa.exc.ArgumentError, ValueError):  # ValueError: a port that is no number
         raise StoreUrlUnsupported(
-            f"store.url: {url!r} is not a database URL; use sqlite:///path/to/state.db "
-            "or postgresql://user:password@host/db"
+            "store.url: it is not a database URL (the password, if any, not shown); use "
+            "sqlite:///path/to/state.db or postgresql://user:password@host:5432/db"
         ) from None
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
@@ -139,13 +147,19 @@ def _shown(url: sa.URL) -> str:
     return url.render_as_string(hide_password=True)
 
 
-def _seconds(value: str, url: str) -> float:
+#: The longest ``?busy_timeout=`` (seconds) a store.url may ask for: an hour's wait
+#: for a lock is a stuck store, not a busy one.
+MAX_BUSY_TIMEOUT_S = 3600.0
+
+
+def _seconds(value: str, url: sa.URL) -> float:
     try:
         seconds = float(value)
     except ValueError:
         seconds = -1.0
-    if seconds < 0:
+    if not 0 <= seconds <= MAX_BUSY_TIMEOUT_S:  # NaN too
         raise StoreUrlUnsupported(
-            f"store.url: busy_timeout={value!r} in {url!r} is not a number of seconds"
+            f"store.url: busy_timeout={value!r} in {_shown(url)} is not a number of seconds "
+            f"from 0 to {MAX_BUSY_TIMEOUT_S:g}"
         )
     return seconds
