@@ -6,6 +6,7 @@ one line and exit 1, the password never shown (issue 9, item 12; issue 12)."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,22 @@ def test_other_databases_and_drivers_are_refused_naming_store_url() -> None:
     with pytest.raises(StoreUrlUnsupported, match=r"store\.url: .* is not a database URL"):
         open_store("not a url")
     assert store_url_problem("sqlite:///x/state.db") is None
+
+
+def test_doctor_reports_a_postgresql_server_that_does_not_answer_and_exits_1(
+    tmp_path: Path,
+) -> None:
+    # Found by a fresh user: doctor said "ready" for a store no command could open.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    repo = repo_with_store(tmp_path, f"postgresql://phasegate:s3cr3t-pw@127.0.0.1:{port}/pg")
+    proc = phasegate_cli("doctor", "--repo", str(repo), "--json", "--offline")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    found = json.loads(proc.stdout)
+    assert [m for m in found["missing"] if m.startswith("store.url: the server does not answer")]
+    assert "s3cr3t-pw" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,7 @@ from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeUnavailable
 from phasegate.forge.github_api import GitHubAPI
 from phasegate.forge.github_auth import ForgeAuth, forge_auth, repository_from_origin
 from phasegate.sandbox import PROCESS_RUNNERS, SANDBOX_VAR, SandboxKind, bwrap_works, choose
-from phasegate.store import store_url_problem
+from phasegate.store import store_server_problem
 from phasegate.workspace import GitError, Workspace, git
 
 __all__ = ["AgentCli", "Diagnosis", "RoleStatus", "diagnose", "not_a_repository"]
@@ -453,6 +453,6 @@ def _check_workflow(
             missing.append(f"workflow.base_branch: the branch {base!r} does not exist")
     if not cartridge.landing_areas.checks:
         warnings.append("landing_areas.checks is empty: no check tests the agents' changes")
-    problem = store_url_problem(cartridge.store_url(root))
+    problem = store_server_problem(cartridge.store_url(root))
     if problem is not None:  # every command would stop on it: a problem, not a warning
         missing.append(problem)

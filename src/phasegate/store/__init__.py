@@ -12,6 +12,7 @@ from phasegate.store.store import (
     UsageTotals,
     commit_phase_result,
     open_store,
+    store_server_problem,
     store_url_problem,
 )
 
@@ -27,5 +28,6 @@ __all__ = [
     "UsageTotals",
     "commit_phase_result",
     "open_store",
+    "store_server_problem",
     "store_url_problem",
 ]

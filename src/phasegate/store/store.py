@@ -47,6 +47,7 @@ __all__ = [
     "UsageTotals",
     "commit_phase_result",
     "open_store",
+    "store_server_problem",
     "store_url_problem",
 ]
 
@@ -116,6 +117,29 @@ def store_url_problem(url: str) -> str | None:
     except StoreUrlUnsupported as exc:
         return str(exc)
     return None
+
+
+def store_server_problem(url: str) -> str | None:
+    """Why the server ``store.url`` names does not answer (PostgreSQL: one connection,
+    nothing read or migrated; the password not shown), or None when it does, or
+    when the store is a SQLite file (opened when used). What ``doctor`` asks."""
+    try:
+        dialect = make_dialect(url, busy_timeout_s=5.0)
+    except StoreUrlUnsupported as exc:
+        return str(exc)
+    if not isinstance(dialect, PostgresDialect):
+        return None
+    engine = dialect.engine()
+    try:
+        with engine.connect():
+            return None
+    except Exception as exc:
+        reason = dialect.unavailable(exc)
+        if reason is None:
+            raise
+        return f"store.url: the server does not answer: {reason}"
+    finally:
+        engine.dispose()
 
 
 def _parse_url(url: str) -> sa.URL:
