@@ -62,6 +62,14 @@ CLEANUP_RETRY_S = 60.0
 #: running that many agents (and their checks) side by side.
 DEFAULT_CONCURRENCY = 4
 
+#: Seconds a worker waits after its store was first found unavailable before it
+#: tries again; doubled at each failure in a row, up to ``OUTAGE_MAX_S`` (issue 12).
+OUTAGE_FIRST_S = 0.5
+
+#: The most seconds between two tries of an unavailable store (or ``poll_s``, when
+#: longer): a restarted server is back within seconds.
+OUTAGE_MAX_S = 4.0
+
 #: The least seconds between two passes a store change started: the worker's own
 #: commits (and heartbeats) change the store too, and must not make it spin.
 MIN_PASS_S = 0.02
@@ -167,9 +175,13 @@ def run_worker(
     A pass also retries failed cleanups (of completed workflows too), at most
     every ``CLEANUP_RETRY_S`` seconds: what blocks one is usually a person's
     checkout, which does not go away within a poll. Returns once every thread
-    ended; re-raises the first error an advance raised other than LeaseHeld
-    (StoreUnavailable: the store stayed unavailable), after asking the other
-    threads to stop (``engine.shutdown``) and waiting for them.
+    ended; re-raises the first error an advance raised other than LeaseHeld and
+    StoreUnavailable, after asking the other threads to stop (``engine.shutdown``)
+    and waiting for them. A store found unavailable (a PostgreSQL restart, SQLite
+    locked past its busy timeout) by a pass, a cleanup or an advance is one
+    warning line, and the worker tries again after ``OUTAGE_FIRST_S`` seconds,
+    doubling to ``max(poll_s, OUTAGE_MAX_S)``: the workflows are as last
+    committed, and go on once the store is back (issue 12).
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, not {concurrency}")
@@ -199,6 +211,7 @@ class _Worker:
         self.errors: list[BaseException] = []
         #: What the last read of the rows left due (``_pass``): to claim, waiting, marker.
         self.backlog: tuple[list[str], list[str], tuple[int, int] | None] | None = None
+        self.outage_s = 0.0  # the wait before the next try of an unavailable store; 0: none
         self.ended = threading.Event()  # a thread ended: a slot is free, a row was left
         self.lock = threading.Lock()  # running, left, advanced, errors, across threads
 
@@ -208,14 +221,15 @@ class _Worker:
             # run() ends only at shutdown then, and this relay with it.
             threading.Thread(target=self._relay_shutdown, daemon=True, name="shutdown").start()
         cleaned_at = float("-inf")
-        freed = self.store.free_gone_leases()
-        if freed:
-            log.info("%d leases of gone workers of this host released", freed)
+        self._riding_out(self._free_gone_leases)
         reread = True
         try:
             while not self.shutdown.is_set() and not self.errors:
                 self.ended.clear()
-                dispatched = self._pass(reread or self.once)
+                dispatched = self._riding_out(self._pass, reread or self.once)
+                if dispatched is None:  # the store is unavailable: waited, try again
+                    reread = True
+                    continue
                 if self.once:
                     with self.lock:
                         idle = not self.running
@@ -227,13 +241,42 @@ class _Worker:
                     continue
                 if time.monotonic() - cleaned_at >= CLEANUP_RETRY_S:
                     cleaned_at = time.monotonic()
-                    self._retry_cleanups()
+                    self._riding_out(self._retry_cleanups)
                 reread = self._wait(feed)
         finally:
             self._join()
             feed.close()
         if self.errors:
             raise self.errors[0]
+
+    def _free_gone_leases(self) -> None:
+        freed = self.store.free_gone_leases()
+        if freed:
+            log.info("%d leases of gone workers of this host released", freed)
+
+    def _riding_out(self, step: Any, *args: Any) -> Any:
+        """``step(*args)``'s value; None, after one warning line and a wait (``_outage``),
+        when it raised StoreUnavailable: a worker outlives a store's restart."""
+        try:
+            value = step(*args)
+        except StoreUnavailable as exc:
+            self._outage(exc)
+            self.shutdown.wait(self.outage_s)
+            return None
+        if self.outage_s:
+            log.warning("the store is available again; the worker goes on")
+            self.outage_s = 0.0
+        return value
+
+    def _outage(self, exc: StoreUnavailable) -> None:
+        """Log a store fault as one line and lengthen the wait before the next try:
+        ``OUTAGE_FIRST_S`` doubling to ``max(poll_s, OUTAGE_MAX_S)``."""
+        with self.lock:
+            self.outage_s = min(
+                max(self.poll_s, OUTAGE_MAX_S), max(OUTAGE_FIRST_S, self.outage_s * 2)
+            )
+            wait = self.outage_s
+        log.warning("%s; trying again in %.1f s", exc, wait)
 
     def _relay_shutdown(self) -> None:
         self.shutdown.wait()
@@ -342,6 +385,10 @@ class _Worker:
                 left = self._left_at({"version": idle, **_WAITING}, forge)
         except LeaseHeld:
             pass  # this engine's own decide or cleanup holds it: looked at again next pass
+        except StoreUnavailable as exc:
+            # The workflow is as last committed (advance paused or left it): the
+            # passes look at it again once the store is back.
+            self._outage(exc)
         except BaseException as exc:  # ends the worker, once every thread stopped
             log.exception("advance of %s raised", workflow_id)
             with self.lock:

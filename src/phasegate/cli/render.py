@@ -162,19 +162,25 @@ def _repo_option(row: Mapping[str, Any]) -> str:
 
 
 def _drive_unless_taken(engine: Engine, workflow_id: str, as_json: bool) -> None:
-    """``_drive``, after a person's decision was recorded: a worker that took the
-    workflow on meanwhile is not an error, the workflow goes on there (exit 0)."""
+    """``_drive``, after the workflow was filed or a person's decision recorded: a
+    worker that took the workflow on meanwhile is not an error, the workflow goes
+    on there (exit 0; the holder named ``host:pid``, in JSON ``worker``; issue 12)."""
     try:
         _drive(engine, workflow_id, as_json)
     except LeaseHeld:
         row = engine.store.workflow_row(workflow_id)
+        worker = _holder(engine.store, row).get("worker")
+        # An owner is host:pid:token (Engine.owner); a person knows a process by host:pid.
+        where = ":".join(str(worker).split(":")[:2]) if worker else None
         if as_json:
             summary = {**_summary(engine.store, row), "taken_by_worker": True}
+            summary.setdefault("worker", where)
             console.print_json(json.dumps(summary, default=str))
         else:
+            by = f" ({where})" if where else ""
             console.print(
-                f"workflow {workflow_id} was taken on by a worker meanwhile and goes on there; "
-                f"`phasegate show {workflow_id}`",
+                f"workflow {workflow_id} was taken on by a worker{by} meanwhile and goes on "
+                f"there; `phasegate show {workflow_id}`",
                 highlight=False,
             )
 

@@ -124,7 +124,8 @@ def run(
         )
         if not as_json:
             console.print(f"workflow [bold]{workflow_id}[/bold] filed", highlight=False)
-        _drive(engine, workflow_id, as_json)
+        # A running worker may claim the new workflow before this process does.
+        _drive_unless_taken(engine, workflow_id, as_json)
 
 
 def _start_new_project(
