@@ -211,6 +211,9 @@ class _Worker:
         self.errors: list[BaseException] = []
         #: What the last read of the rows left due (``_pass``): to claim, waiting, marker.
         self.backlog: tuple[list[str], list[str], tuple[int, int] | None] | None = None
+        #: Workflows whose advance the store's outage ended: their leases, which advance
+        #: could not release then, are released by the next pass the store takes.
+        self.unreleased: set[str] = set()
         self.outage_s = 0.0  # the wait before the next try of an unavailable store; 0: none
         self.ended = threading.Event()  # a thread ended: a slot is free, a row was left
         self.lock = threading.Lock()  # running, left, advanced, errors, across threads
@@ -308,6 +311,12 @@ class _Worker:
             free = self.concurrency - len(self.running)
         if free <= 0:
             return False
+        with self.lock:
+            unreleased = [i for i in self.unreleased if i not in self.running]
+        for workflow_id in unreleased:
+            self.store.release(workflow_id, self.engine.owner)
+            with self.lock:
+                self.unreleased.discard(workflow_id)
         if reread or self.backlog is None:
             self.backlog = self._due()
         due, waiting, forge = self.backlog
@@ -389,6 +398,8 @@ class _Worker:
             # The workflow is as last committed (advance paused or left it): the
             # passes look at it again once the store is back.
             self._outage(exc)
+            with self.lock:
+                self.unreleased.add(workflow_id)
         except BaseException as exc:  # ends the worker, once every thread stopped
             log.exception("advance of %s raised", workflow_id)
             with self.lock:
