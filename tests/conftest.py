@@ -24,7 +24,13 @@ from phasegate.store.tables import metadata
 from phasegate.testing.github_model import User
 from phasegate.testing.github_server import GitHubServer
 from phasegate.testing.model_server import ScriptedModelServer, Step
-from phasegate.testing.postgres import PostgresUnavailable, drop_schema, fresh_schema, server_url
+from phasegate.testing.postgres import (
+    PostgresServer,
+    PostgresUnavailable,
+    drop_schema,
+    fresh_schema,
+    server_url,
+)
 from phasegate.testing.prism import PrismError, PrismProxy, find_description, find_prism
 
 ROLES = ("plan", "plan_review", "build", "review", "verification")
@@ -121,6 +127,17 @@ def postgres_server_url() -> Iterator[str]:
     yield url
     if server is not None:
         server.stop()
+
+
+@pytest.fixture
+def own_server() -> Iterator[PostgresServer]:
+    """A server of this test's own, to stop and start again (the session's is shared)."""
+    try:
+        server = PostgresServer().start()
+    except PostgresUnavailable as exc:
+        no_postgres(str(exc))
+    yield server
+    server.stop()
 
 
 @pytest.fixture

@@ -24,14 +24,13 @@ from phasegate.contract import EventWrite, PhaseResult, ProposalDecided
 from phasegate.store import Store, StoreUnavailable, open_store
 from phasegate.store import tables as t
 from phasegate.store.workflows import IssueTaken
-from phasegate.testing.postgres import PostgresServer, PostgresUnavailable, fresh_schema
+from phasegate.testing.postgres import PostgresServer, fresh_schema
 
 from conftest import (
     HAPPY_ANSWERS,
     git,
     make_repo,
     new_workflow,
-    no_postgres,
     phasegate_cli,
     scripted_cartridge,
 )
@@ -293,17 +292,6 @@ def test_too_many_connections_is_store_unavailable(pg_url: str, postgres_server_
 
 
 # -- a server stopped under a running store ------------------------------------------------
-
-
-@pytest.fixture
-def own_server() -> Iterator[PostgresServer]:
-    """A server of this test's own, to stop and start again (the session's is shared)."""
-    try:
-        server = PostgresServer().start()
-    except PostgresUnavailable as exc:
-        no_postgres(str(exc))
-    yield server
-    server.stop()
 
 
 def test_a_server_stopped_mid_run_is_store_unavailable_and_the_store_resumes_after(

@@ -12,18 +12,16 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from test_concurrent_worker import _settle, _stop, _wait_for, _worker
 
 from phasegate.cartridge import load_cartridge
 from phasegate.engine import Engine
 from phasegate.store import open_store
-from phasegate.testing.postgres import PostgresServer, PostgresUnavailable
+from phasegate.testing.postgres import PostgresServer
 
-from conftest import HAPPY_ANSWERS, git, make_repo, no_postgres, scripted_cartridge, writes_held
+from conftest import HAPPY_ANSWERS, git, make_repo, scripted_cartridge, writes_held
 
 # The build agent: says it started, then waits while its config says hold.
 AGENT = """\
@@ -63,17 +61,6 @@ def _held_builds_repo(root: Path, store_url: str | None) -> tuple[Path, Path, Pa
 
 def _let_go(config: Path) -> None:
     config.write_text(json.dumps({**json.loads(config.read_text()), "hold": False}))
-
-
-@pytest.fixture
-def own_server() -> Iterator[PostgresServer]:
-    """A server of this test's own, to restart (the session's is shared)."""
-    try:
-        server = PostgresServer().start()
-    except PostgresUnavailable as exc:
-        no_postgres(str(exc))
-    yield server
-    server.stop()
 
 
 def test_a_worker_outlives_a_postgresql_restart_and_completes_the_workflow(
