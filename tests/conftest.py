@@ -71,13 +71,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def agent_cli(name: str) -> str:
     """The path of a real agent CLI (claude, codex, mini): ``PHASEGATE_<NAME>_BIN``,
-    the copy .ci/run installs under .ci/node (npm) or .ci/mswe (a venv), or PATH.
+    the copy .ci/run installs under .ci/node (npm), .ci/mswe or .ci/<name> (a venv),
+    or PATH.
     Missing, it fails the test in CI (where .ci/run must have installed it) and
     skips it elsewhere."""
     candidates = [
         os.environ.get(f"PHASEGATE_{name.upper()}_BIN", ""),
         str(ROOT / ".ci" / "node" / "node_modules" / ".bin" / name),
         str(ROOT / ".ci" / "mswe" / "bin" / name),
+        str(ROOT / ".ci" / name / "bin" / name),  # a venv of its own: .ci/aider
         shutil.which(name) or "",
     ]
     found = next((c for c in candidates if c and Path(c).exists()), None)

@@ -5,7 +5,10 @@ repositories, the error kinds, and a whole workflow through the real CLI."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
@@ -208,6 +211,22 @@ def test_an_http_500_is_a_model_error_with_its_status_and_no_retry(
     assert len(server.requests) == 1  # retries are AgentService's, within agent_retries
 
 
+def test_no_server_at_the_base_url_is_a_model_error_without_a_made_up_status(
+    tmp_path: Path,
+) -> None:
+    # A port bound but not listening: connecting to it is refused at once. litellm
+    # calls that InternalServerError with status 500; no server said anything.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+        api = ApiRunner(RoleBinding(runner="api", model=MODEL, base_url=url, api_key_env=KEY_ENV))
+        result = api.run(request(tmp_path, "q", read_only=True), threading.Event())
+    assert result.error_kind == "model_error"
+    assert (result.error or "").startswith(f"model call failed (no connection to {url}): ")
+    assert "Connection refused" in (result.error or "") and "500" not in (result.error or "")
+    assert SENTINEL not in (result.error or "")
+
+
 def test_a_hanging_model_is_a_timeout_within_the_bound(tmp_path: Path, server_factory) -> None:
     server = server_factory({"*": [Step(hang=True)]})
     started = time.monotonic()
@@ -217,6 +236,49 @@ def test_a_hanging_model_is_a_timeout_within_the_bound(tmp_path: Path, server_fa
     elapsed = time.monotonic() - started
     assert result.error_kind == "timeout" and "1.5s" in (result.error or "")
     assert 1.4 < elapsed < 4
+
+
+EXIT_AFTER_A_TIMEOUT = """
+import atexit, sys, threading
+from pathlib import Path
+
+def report():  # registered first, so it runs after the api runner's own handler
+    from phasegate.agents import api
+    print("running at exit:", len(api._Call.running), flush=True)
+
+atexit.register(report)
+
+from phasegate.agents.api import ApiRunner
+from phasegate.agents.base import AgentRequest
+from phasegate.cartridge import RoleBinding
+
+binding = RoleBinding(runner="api", model="openai/m", base_url=sys.argv[1], api_key_env="K")
+request = AgentRequest(
+    workflow_id="wf", phase="planning", role="plan", session_line="main", prompt="q",
+    cwd=Path("."), timeout_s=0.01, read_only=True,
+)
+print(ApiRunner(binding).run(request, threading.Event()).error_kind, flush=True)
+"""
+
+
+def test_a_process_exits_only_once_a_call_abandoned_at_its_timeout_ended(
+    tmp_path: Path, server_factory
+) -> None:
+    # A fresh interpreter: the first call's thread is still in litellm's lazy
+    # imports when the call times out and the process exits. Frozen there by the
+    # interpreter's finalization, it once held an import lock that litellm's
+    # finalizers waited for: `phasegate run` never ended. Now exit waits for it.
+    server = server_factory({"*": [Step(hang=True)]})
+    env = {**os.environ, "K": SENTINEL}
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_AFTER_A_TIMEOUT, server.url + "/v1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert (done.returncode, done.stdout) == (0, "timeout\nrunning at exit: 0\n"), done.stderr
 
 
 def test_shutdown_interrupts_a_call_in_flight_promptly(tmp_path: Path, server_factory) -> None:

@@ -197,6 +197,25 @@ def test_status_fits_its_width_and_never_cuts_id_phase_or_status(width: int) -> 
         assert all(c in header for c in ("profile", "tokens", "cost (USD)", "updated (UTC)"))
 
 
+@pytest.mark.parametrize("width", [80, 150])
+def test_status_names_the_repository_when_the_store_holds_several(width: int) -> None:
+    rows = [
+        {**_summary_row("a1b2c3d4", "One", "development", "running"), "repository": "acme/api"},
+        {**_summary_row("e5f6a7b8", "Two", "wait", "waiting"), "repo_path": "/srv/clones/web"},
+    ]
+    out = io.StringIO()
+    Console(file=out, width=width).print(_status_table(rows, width))
+    lines = out.getvalue().splitlines()
+    assert "repository" in " ".join(lines[:3]), lines
+    [one] = [line for line in lines if "a1b2c3d4" in line]
+    [two] = [line for line in lines if "e5f6a7b8" in line]
+    assert "acme/api" in one and "web" in two and all(len(x) <= width for x in lines)
+    # One repository's rows (the usual, and every SQLite store): no column for it.
+    alone = io.StringIO()
+    Console(file=alone, width=width).print(_status_table(rows[:1], width))
+    assert "repository" not in alone.getvalue()
+
+
 def test_status_and_show_are_readable_at_80_columns(happy_repo: Path) -> None:
     title = "Add the feature that makes the calculator multiply two numbers and say so"
     code, run = cli_json("run", "--repo", str(happy_repo), f"{title}\n\nwith details")
@@ -428,6 +447,7 @@ def test_help_lists_every_command() -> None:
         "approve-merge",
         "revert",
         "verify-override",
+        "cancel",
         "cleanup",
         "watch",
         "import",
@@ -436,6 +456,8 @@ def test_help_lists_every_command() -> None:
         "approve",
         "reject",
         "replay",
+        "serve",
+        "events",
         "demo",
     ]
     helps = {name: text.strip() for name, text in lines}
@@ -559,3 +581,42 @@ def test_looking_at_a_repository_with_no_store_creates_none(tmp_path: Path) -> N
     assert shown.returncode == 2 and "abc123" in shown.stderr
     assert not (repo / ".phasegate").exists()
     assert git(repo, "status", "--porcelain") == ""
+
+
+def test_a_relative_sqlite_store_url_is_the_repositorys_wherever_the_command_runs(
+    tmp_path: Path,
+) -> None:
+    cartridge = scripted_cartridge(extra='[store]\nurl = "sqlite:///rel/state.db"\n')
+    repo = make_project(tmp_path, cartridge=cartridge)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ran = phasegate_cli("run", "--repo", str(repo), "--json", "a ticket", cwd=elsewhere)
+    assert ran.returncode == 0, ran.stderr
+    assert (repo / "rel" / "state.db").is_file() and not (elsewhere / "rel").exists()
+    shown = phasegate_cli("status", "--repo", str(repo), "--json", cwd=tmp_path)
+    assert [r["id"] for r in json.loads(shown.stdout)] == [json.loads(ran.stdout)["id"]]
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite://state.db"])
+def test_a_sqlite_store_url_that_names_no_file_is_refused_naming_the_key(
+    tmp_path: Path, url: str
+) -> None:
+    repo = make_project(tmp_path, cartridge=scripted_cartridge(extra=f'[store]\nurl = "{url}"\n'))
+    proc = phasegate_cli("run", "--repo", str(repo), "a ticket")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "store.url" in proc.stderr and "sqlite:///" in proc.stderr, proc.stderr
+
+
+def test_run_no_advance_files_the_ticket_for_a_worker_and_runs_nothing(tmp_path: Path) -> None:
+    repo = make_project(tmp_path)
+    code, filed = cli_json("run", "--repo", str(repo), "--no-advance", "a ticket")
+    assert code == 0, filed
+    assert (filed["current_phase"], filed["status"], filed["agent_runs"]) == (
+        "preparation",
+        "preparing",
+        0,
+    )
+    worked = phasegate_cli("worker", "--repo", str(repo), "--once")
+    assert worked.returncode == 0, worked.stderr
+    code, rows = cli_json("status", "--repo", str(repo))
+    assert [(r["id"], r["status"]) for r in rows] == [(filed["id"], "completed")]

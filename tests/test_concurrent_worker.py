@@ -211,8 +211,13 @@ def test_shutdown_stops_every_running_agent_and_the_workflows_resume_to_completi
         finally:
             code = _stop(first, timeout=120)
         agents = [int(p.name) for p in pids.iterdir()]
-        assert code == 130, logs[0].read_text(errors="replace")[-3000:]
+        said = logs[0].read_text(errors="replace")
+        assert code == 130, said[-3000:]
         assert not any(alive(pid) for pid in agents), "an agent outlived its worker"
+        # The notice names what the signal stopped: the workflows running then.
+        notice = " ".join(said[said.index("stopping the worker") :].split())
+        assert f"{running} running workflow(s)" in notice, said[-3000:]
+        assert all(i in notice for i in ids), notice
         assert sorted(holders) == sorted(ids)
         assert all(
             str(h).startswith(f"{os.uname().nodename}:{first.pid}:") for h in holders.values()
@@ -235,6 +240,22 @@ def test_shutdown_stops_every_running_agent_and_the_workflows_resume_to_completi
         assert [store.workflow_row(i)["status"] for i in ids] == ["completed"] * running
     finally:
         store.close()
+
+
+def test_an_idle_worker_stopped_says_nothing_was_running(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": ".phasegate/\n"})
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    (repo / "phasegate.toml").write_text(scripted_cartridge())
+    log = tmp_path / "worker.log"
+    worker = _worker(repo, log, concurrency=2)
+    # Up and waiting: its store exists once it has migrated it.
+    _wait_for(lambda: (repo / ".phasegate" / "state.db").exists(), "the worker's store", [log])
+    time.sleep(1.0)
+    code = _stop(worker)
+    said = " ".join(log.read_text(errors="replace").split())
+    assert code == 130, said
+    assert "stopping the worker: no workflow was running" in said
+    assert "resume" not in said, "nothing was stopped, so there is nothing to resume"
 
 
 def test_a_dead_workers_leases_are_taken_back_in_one_statement_and_a_live_ones_kept(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from phasegate import decisions
+from phasegate import decisions, operations
 from phasegate.agents.base import AgentRequest, AgentResult
 from phasegate.contract import PhaseResult
 from phasegate.engine import Engine
@@ -201,6 +201,35 @@ def test_an_unresolvable_conflict_fails_the_child_closed_and_pauses_the_parent(
     assert row["status"] == "completed", row["error"]
     assert [c["status"] for c in store.child_workflows(b)] == ["failed", "completed"]
     assert git(repo, "show", "main:feature.txt") == BOTH.strip()
+
+
+def test_a_child_a_person_cancels_wakes_its_parent_which_decides_as_for_a_failed_one(
+    tmp_path: Path, engine_for: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = project(tmp_path)
+    builds = Builds([resolution(BOTH)])
+    engine, store = engine_for(repo, runners={"build": builds})
+    _a, b = two_conflicting(engine, builds)
+    # The child is another worker's: this one pauses the parent for it and goes no further.
+    monkeypatch.setattr(engine, "_advance_child", lambda _workflow_id: False)
+    row = engine.advance(b)
+    assert (row["current_phase"], row["status"]) == ("merge", "paused")
+    (child,) = store.child_workflows(b)
+
+    operations.cancel(engine, child["id"], by="ana")
+
+    # The cancel's commit woke the parent, as a child's failure does.
+    row = store.workflow_row(b)
+    assert (row["current_phase"], row["status"]) == ("merge", "merging")
+    assert [e["data"] for e in store.events(b) if e["type"] == "child_ended"] == [
+        {"child": child["id"], "status": "cancelled"}
+    ]
+    monkeypatch.undo()
+    row = engine.advance(b)
+    # Nothing resolved: the profile decides (review: a person), never a wait for ever.
+    assert (row["current_phase"], row["status"]) == ("merge", "paused")
+    assert "could not resolve" in row["error"] and "cancelled by ana" in row["error"]
+    assert builds.requests and all(r.phase != "merge" for r in builds.requests)
 
 
 # One pass over the parent's merge that dies (os._exit, like SIGKILL) right after

@@ -413,6 +413,25 @@ def test_init_falls_back_to_codex_then_the_api_runner_then_examples(tmp_path: Pa
     assert_no_secret(codex.text, api.text, openai.text)
 
 
+def test_init_binds_gemini_when_it_is_the_only_cli_and_names_every_other_one_found(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    chosen = default_cartridge(
+        repo, which=found("gemini", "opencode", "aider"), environ={"GEMINI_API_KEY": SENTINEL}
+    )
+    assert (chosen.runner, chosen.api_key_env) == ("gemini", "GEMINI_API_KEY")
+    assert loads(tmp_path, chosen.text).role("review").runner == "gemini"
+    also = [n for n in chosen.notes if n.startswith("also found:")]
+    assert len(also) == 1 and "opencode (" in also[0] and "aider (" in also[0]
+    assert "and a model" in also[0]
+    # a program that needs a model named is never bound by init, only named
+    only = default_cartridge(repo, which=found("opencode"), environ={})
+    assert only.runner is None
+    assert any(n.startswith("also found: opencode (") for n in only.notes)
+    assert_no_secret(chosen.text)
+
+
 def test_init_prints_what_it_chose(tmp_path: Path) -> None:
     repo = make_repo(
         tmp_path / "repo", {"pyproject.toml": "[tool.pytest.ini_options]\n", "README.md": "x\n"}

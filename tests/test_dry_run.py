@@ -197,6 +197,38 @@ def test_a_dry_run_on_the_codex_cli_completes(tmp_path: Path, sandbox: str) -> N
     assert SENTINEL not in proc.stdout + proc.stderr
 
 
+#: The newer CLI runners, bound as a person would: the program, a model, the real
+#: key's variable (unset here: the dry run's dummy key replaces it).
+CLI_ROLES = {
+    "gemini": ("gemini", 'model = "gemini-2.5-flash"\napi_key_env = "GEMINI_API_KEY"\n'),
+    "opencode": (
+        "opencode",
+        'model = "anthropic/claude-sonnet-4-5"\napi_key_env = "ANTHROPIC_API_KEY"\n',
+    ),
+    "aider": ("aider", 'model = "openai/gpt-5"\napi_key_env = "OPENAI_API_KEY"\n'),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.sandboxed
+@pytest.mark.parametrize("runner", sorted(CLI_ROLES))
+def test_a_dry_run_on_gemini_opencode_or_aider_completes_offline(
+    tmp_path: Path, runner: str
+) -> None:
+    cli, model = CLI_ROLES[runner]
+    role = f'runner = "{runner}"\nexecutable = {json.dumps(agent_cli(cli))}\n{model}timeout = 120\n'
+    repo = make_user_repo(tmp_path, dict.fromkeys(ROLES, role))
+    before = snapshot(repo)
+    proc = dry_run(repo, "--json", "Add the dry-run file", env={"GEMINI_API_KEY": SENTINEL})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["workflow"]["status"] == "completed", result["workflow"]
+    assert {(r["runner"], r["outcome"]) for r in result["agent_runs"]} == {(runner, "ok")}
+    assert result["dry_run"]["model_requests"] >= len(ROLES)
+    assert snapshot(repo) == before
+    assert SENTINEL not in proc.stdout + proc.stderr
+
+
 @pytest.mark.slow
 def test_a_dry_run_on_the_api_runner_applies_the_scripted_diff(tmp_path: Path) -> None:
     for module in ("litellm", "phasegate.agents.api"):

@@ -13,19 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
-from test_real_agents import (
-    SENTINEL,
-    VERIFY,
-    assert_no_sentinel,
-    claude_role,
-    claude_scripts,
-    make_project,
-    run_ticket,
-    show,
-)
+from test_real_agents import KEYS, SENTINEL, TICKET_ENV, claude_role, claude_scripts
 
 from phasegate.testing.model_server import ScriptedModelServer, Step, key_sha
 
+from agent_cli_kit import VERIFY, assert_no_keys, make_project, run_ticket, show
 from conftest import agent_cli, git, phasegate_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.sandboxed]
@@ -130,7 +122,7 @@ def test_a_whole_graph_mode_workflow_on_the_real_claude_code(
     )
     repo = make_project(tmp_path, roles, extra=extra)
 
-    proc = run_ticket(repo, timeout=300)
+    proc = run_ticket(repo, TICKET_ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["status"] == "completed", summary
@@ -209,6 +201,6 @@ def test_a_whole_graph_mode_workflow_on_the_real_claude_code(
     assert (out["identical"], out["difference"], out["proposals"]) == (True, None, 1)
     assert out["calls"] == len(ROLES) - 1  # every graph call; the verifier is no graph call
 
-    assert_no_sentinel(
-        repo, proc.stdout, proc.stderr, json.dumps(detail), listed.stdout, replayed.stdout
+    assert_no_keys(
+        repo, KEYS, proc.stdout, proc.stderr, json.dumps(detail), listed.stdout, replayed.stdout
     )

@@ -11,10 +11,9 @@ runner configures mini and reads its trajectory.
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,18 @@ from phasegate.agents.process import ProcessOutcome
 from phasegate.cartridge import RoleBinding
 from phasegate.testing.model_server import Step, ToolCall, key_sha
 
-from conftest import HAPPY_ANSWERS, agent_cli, git, make_repo, phasegate_cli, scripted_cartridge
+from agent_cli_kit import (
+    BUILD,
+    PLAN,
+    PLAN_REVIEW,
+    REVIEW,
+    VERIFY,
+    assert_no_keys,
+    make_project,
+    run_ticket,
+    show,
+)
+from conftest import agent_cli, git, phasegate_cli
 
 slow = pytest.mark.slow
 
@@ -38,11 +48,10 @@ OTHER_KEY = "sk-other-provider-key-77aa55"
 VERIFIER_KEY = "dummy-verifier-key-0000"
 KEY_VAR = "SCRIPTED_MODEL_KEY"
 
-PLAN = "You are planning a change"
-PLAN_REVIEW = "Review this implementation plan"
-BUILD = "Implement the plan below"
-REVIEW = "Review this pull request"
-VERIFY = "You are an independent verifier"
+#: What a ticket's run hands phasegate: the key the bindings name and another one they do not.
+TICKET_ENV = {KEY_VAR: SENTINEL, "OPENAI_API_KEY": OTHER_KEY}
+KEYS = (SENTINEL, OTHER_KEY)
+
 
 IN_USD, OUT_USD = 1.25, 10.0  # per million tokens
 STEP_COST = (100 * IN_USD + 20 * OUT_USD) / 1e6  # a scripted step reports 100 + 20 tokens
@@ -96,42 +105,6 @@ def mini_role(exe: str, url: str, *, key: bool = True, extra: str = "") -> str:
         env["OPENAI_API_KEY"] = VERIFIER_KEY
     lines.append("env = {" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + "}")
     return "\n".join(lines) + "\n" + extra
-
-
-def make_project(tmp_path: Path, roles: Mapping[str, str], *, extra: str = "") -> Path:
-    repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
-    (repo / "answers.toml").write_text(HAPPY_ANSWERS)  # for the roles left scripted
-    (repo / "phasegate.toml").write_text(
-        scripted_cartridge(checks=["test -f feature.txt"], role_overrides=dict(roles), extra=extra)
-    )
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "cartridge")
-    return repo
-
-
-def run_ticket(repo: Path, *, timeout: float = 240):
-    # The key the bindings name, and another provider's key they do not name.
-    env = {KEY_VAR: SENTINEL, "OPENAI_API_KEY": OTHER_KEY}
-    return phasegate_cli(
-        "run", "--repo", str(repo), "--json", "Add feature.txt", timeout=timeout, env=env
-    )
-
-
-def show(repo: Path, workflow_id: str) -> dict:
-    out = phasegate_cli("show", workflow_id, "--repo", str(repo), "--json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
-def assert_no_keys(repo: Path, *outputs: str) -> None:
-    dump_path = repo / ".phasegate" / "state.db"
-    with sqlite3.connect(dump_path) as conn:
-        dump = "\n".join(conn.iterdump())
-    for key in (SENTINEL, OTHER_KEY):
-        for text in outputs:
-            assert key not in text
-        assert key.encode() not in dump_path.read_bytes()
-        assert key not in dump
 
 
 @pytest.fixture
@@ -290,7 +263,7 @@ def test_a_whole_workflow_with_every_role_on_the_real_mini_swe_agent(
     roles["verification"] = mini_role(mini, server.url, key=False)
     repo = make_project(tmp_path, roles)
 
-    proc = run_ticket(repo)
+    proc = run_ticket(repo, TICKET_ENV)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["status"] == "completed", summary
@@ -322,7 +295,7 @@ def test_a_whole_workflow_with_every_role_on_the_real_mini_swe_agent(
     system = {r.script: r.body["messages"][0]["content"] for r in requests}
     assert "read-only" in system[REVIEW] and "read-only" not in system[BUILD]
     assert "the feature" in json.dumps(server.played(VERIFY)[-1].body["messages"][-1])
-    assert_no_keys(repo, proc.stdout, proc.stderr, json.dumps(detail))
+    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, json.dumps(detail))
 
 
 ERRORS = {
@@ -385,7 +358,7 @@ def test_real_mini_swe_agent_error_paths_end_with_their_named_reason(
         extra="[limits]\nagent_retries = 1\n",
     )
     started = time.monotonic()
-    proc = run_ticket(repo, timeout=180)
+    proc = run_ticket(repo, TICKET_ENV, timeout=180)
     elapsed = time.monotonic() - started
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
@@ -400,7 +373,7 @@ def test_real_mini_swe_agent_error_paths_end_with_their_named_reason(
         assert builds[0]["cost_usd"] == pytest.approx(5_000_000 * 1.25e-6 + 100_000 * 1e-5)
     if case == "hang":
         assert elapsed < 60
-    assert_no_keys(repo, proc.stdout, proc.stderr)
+    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
 
 
 @slow
@@ -413,7 +386,7 @@ def test_a_read_only_role_that_writes_is_undone_and_fails(
     repo = make_project(
         tmp_path, {"review": mini_role(mini, server.url)}, extra="[limits]\nagent_retries = 0\n"
     )
-    proc = run_ticket(repo)
+    proc = run_ticket(repo, TICKET_ENV)
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
     assert (summary["current_phase"], summary["status"]) == ("pr_review", "failed")

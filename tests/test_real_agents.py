@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -24,16 +23,26 @@ from phasegate.cartridge import RoleBinding
 from phasegate.sandbox import Bubblewrap, agent_confinement, bwrap_works
 from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, key_sha
 
-from conftest import agent_cli, git, make_repo, phasegate_cli, scripted_cartridge
+from agent_cli_kit import (
+    BUILD,
+    PLAN,
+    PLAN_REVIEW,
+    REVIEW,
+    VERIFY,
+    assert_no_keys,
+    make_project,
+    run_ticket,
+    show,
+)
+from conftest import agent_cli, git, phasegate_cli
 
 SENTINEL = "sk-sentinel-4f1e9c2b7a3d5e6f"
 VERIFIER_KEY = "dummy-verifier-key-0000"
 
-PLAN = "You are planning a change"
-PLAN_REVIEW = "Review this implementation plan"
-BUILD = "Implement the plan below"
-REVIEW = "Review this pull request"
-VERIFY = "You are an independent verifier"
+#: What a ticket's run hands phasegate: the key the bindings name and another one they do not.
+TICKET_ENV = {"ANTHROPIC_API_KEY": SENTINEL, "OPENAI_API_KEY": SENTINEL}
+KEYS = (SENTINEL,)
+
 
 pytestmark = [pytest.mark.slow, pytest.mark.sandboxed]
 
@@ -74,34 +83,6 @@ def claude_role(exe: str, url: str, *, extra: str = "", key: bool = True) -> str
     return "\n".join(lines) + "\n" + extra
 
 
-def make_project(tmp_path: Path, roles: Mapping[str, str], *, extra: str = "") -> Path:
-    repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
-    (repo / "phasegate.toml").write_text(
-        scripted_cartridge(checks=["test -f feature.txt"], role_overrides=dict(roles), extra=extra)
-    )
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "cartridge")
-    return repo
-
-
-def run_ticket(repo: Path, *, env: Mapping[str, str] | None = None, timeout: float = 240):
-    return phasegate_cli(
-        "run",
-        "--repo",
-        str(repo),
-        "--json",
-        "Add feature.txt",
-        timeout=timeout,
-        env={"ANTHROPIC_API_KEY": SENTINEL, "OPENAI_API_KEY": SENTINEL, **(env or {})},
-    )
-
-
-def show(repo: Path, workflow_id: str) -> dict:
-    out = phasegate_cli("show", workflow_id, "--repo", str(repo), "--json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
 def reported_usage(
     server: ScriptedModelServer, marker: str, steps: Sequence[Step]
 ) -> tuple[int, int]:
@@ -121,15 +102,6 @@ def codex() -> str:
     return agent_cli("codex")
 
 
-def assert_no_sentinel(repo: Path, *outputs: str) -> None:
-    for text in outputs:
-        assert SENTINEL not in text
-    assert SENTINEL.encode() not in (repo / ".phasegate" / "state.db").read_bytes()
-    with sqlite3.connect(repo / ".phasegate" / "state.db") as conn:
-        dump = "\n".join(conn.iterdump())
-    assert SENTINEL not in dump
-
-
 def test_a_whole_workflow_with_every_role_on_the_real_claude_code(
     tmp_path: Path, claude: str, server_factory
 ) -> None:
@@ -140,7 +112,7 @@ def test_a_whole_workflow_with_every_role_on_the_real_claude_code(
     roles["verification"] = claude_role(claude, server.url, key=False)
     repo = make_project(tmp_path, roles)
 
-    proc = run_ticket(repo)
+    proc = run_ticket(repo, TICKET_ENV)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["status"] == "completed", summary
@@ -165,7 +137,7 @@ def test_a_whole_workflow_with_every_role_on_the_real_claude_code(
     by_script = {r.script: r.key_sha for r in model_requests}
     assert by_script[BUILD] == key_sha(SENTINEL)
     assert {r.key_sha for r in model_requests if r.script == VERIFY} == {key_sha(VERIFIER_KEY)}
-    assert_no_sentinel(repo, proc.stdout, proc.stderr, json.dumps(detail))
+    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, json.dumps(detail))
 
 
 def test_the_second_review_round_resumes_the_review_session(
@@ -187,7 +159,7 @@ def test_the_second_review_round_resumes_the_review_session(
             for role in ("plan", "plan_review", "build", "review", "verification")
         },
     )
-    proc = run_ticket(repo)
+    proc = run_ticket(repo, TICKET_ENV)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert (summary["status"], summary["dev_round"]) == ("completed", 2)
@@ -251,7 +223,7 @@ def test_real_claude_code_error_paths_end_with_their_named_reason(
     repo = make_project(tmp_path, roles, extra="[limits]\nagent_retries = 1\n")
 
     started = time.monotonic()
-    proc = run_ticket(repo, timeout=180)
+    proc = run_ticket(repo, TICKET_ENV, timeout=180)
     elapsed = time.monotonic() - started
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
@@ -261,7 +233,7 @@ def test_real_claude_code_error_paths_end_with_their_named_reason(
     assert [r["error_kind"] for r in builds] == [kind] * runs
     if case == "hang":
         assert elapsed < 60
-    assert_no_sentinel(repo, proc.stdout, proc.stderr)
+    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
 
 
 CLAUDE_BUDGET_STOPS = {
@@ -297,7 +269,7 @@ def test_a_claude_run_stopped_by_its_budget_records_the_tokens_it_spent(
     roles["build"] = claude_role(claude, server.url) + "budget_usd = 0.5\n"
     repo = make_project(tmp_path, roles, extra="[limits]\nagent_retries = 1\n")
 
-    proc = run_ticket(repo, timeout=180)
+    proc = run_ticket(repo, TICKET_ENV, timeout=180)
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
     assert (summary["status"], summary["current_phase"]) == ("paused", "development")
@@ -313,7 +285,7 @@ def test_a_claude_run_stopped_by_its_budget_records_the_tokens_it_spent(
     )
     assert builds[0]["cost_usd"] > 0.5
     assert summary["tokens"] >= input_tokens + output_tokens
-    assert_no_sentinel(repo, proc.stdout, proc.stderr)
+    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
 
 
 def codex_role(exe: str, url: str) -> str:
@@ -358,7 +330,7 @@ def test_a_whole_workflow_with_every_role_on_the_real_codex_cli(
             for role in ("plan", "plan_review", "build", "review", "verification")
         },
     )
-    proc = run_ticket(repo)
+    proc = run_ticket(repo, TICKET_ENV)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["status"] == "completed", summary
@@ -373,7 +345,7 @@ def test_a_whole_workflow_with_every_role_on_the_real_codex_cli(
     # the verifier's read-only sandbox saw the merged file
     verify_outputs = json.dumps([r.body for r in server.played(VERIFY)])
     assert "the feature" in verify_outputs
-    assert_no_sentinel(repo, proc.stdout, proc.stderr)
+    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
 
 
 def test_a_read_only_role_gets_no_key_unless_the_cartridge_passes_it(
@@ -390,12 +362,12 @@ def test_a_read_only_role_gets_no_key_unless_the_cartridge_passes_it(
         f'runner = "command"\ncommand = "env > {dump}; echo 1. the plan"\nsandbox = "none"\n'
     )
     repo = make_project(tmp_path, roles)
-    proc = run_ticket(repo, env={"GITHUB_TOKEN": SENTINEL})
+    proc = run_ticket(repo, {**TICKET_ENV, "GITHUB_TOKEN": SENTINEL})
     assert proc.returncode == 0, proc.stderr
     env_dump = dump.read_text()
     assert SENTINEL not in env_dump
     assert "ANTHROPIC_API_KEY" not in env_dump and "GITHUB_TOKEN" not in env_dump
-    assert_no_sentinel(repo, proc.stdout, proc.stderr)
+    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
 
 
 CODEX_ERRORS = {
@@ -435,7 +407,7 @@ def test_real_codex_error_paths_end_with_their_named_reason(
     repo = make_project(tmp_path, roles, extra="[limits]\nagent_retries = 1\nmax_dev_retries = 1\n")
 
     started = time.monotonic()
-    proc = run_ticket(repo, timeout=180)
+    proc = run_ticket(repo, TICKET_ENV, timeout=180)
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
     assert (summary["current_phase"], summary["status"]) == ("development", status)
@@ -449,7 +421,7 @@ def test_real_codex_error_paths_end_with_their_named_reason(
         assert [r["error_kind"] for r in builds] == [kind] * runs
     if case == "hang":
         assert time.monotonic() - started < 60
-    assert_no_sentinel(repo, proc.stdout, proc.stderr)
+    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
 
 
 # Codex's build: a tool call the server answers at a price, then an HTTP 500 that fails the
@@ -548,7 +520,7 @@ def test_a_failed_codex_build_spends_the_workflow_budget_and_pauses_it(
     limits = "[limits]\nagent_retries = 1\nworkflow_budget_usd = 0.1\n"
     repo = make_project(tmp_path, roles, extra=limits)
 
-    proc = run_ticket(repo, timeout=180)
+    proc = run_ticket(repo, TICKET_ENV, timeout=180)
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
     assert (summary["current_phase"], summary["status"]) == ("development", "paused")
@@ -566,7 +538,7 @@ def test_a_failed_codex_build_spends_the_workflow_budget_and_pauses_it(
     # no model request after the failed call: the cap stopped the retry before it ran
     assert [r.step for r in server.played(BUILD)] == [0, 1]
     assert server.requests[-1].script == BUILD
-    assert_no_sentinel(repo, proc.stdout, proc.stderr)
+    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
 
 
 def test_codex_commands_do_not_see_the_model_key(
@@ -590,7 +562,7 @@ def test_codex_commands_do_not_see_the_model_key(
             for role in ("plan", "plan_review", "build", "review", "verification")
         },
     )
-    proc = run_ticket(repo)
+    proc = run_ticket(repo, TICKET_ENV)
     assert proc.returncode == 0, proc.stderr
     # In the worktree: the sandbox refuses a write beside it (issue 10); the commit has it.
     seen = git(repo, "show", "main:codex-shell-env.txt")

@@ -36,6 +36,7 @@ from phasegate.sandbox import (
 )
 from phasegate.testing.model_server import Step, ToolCall
 
+import agent_cli_kit
 from conftest import agent_cli, git, make_repo, phasegate_cli, scripted_cartridge
 
 WHY_NOT = bwrap_works()
@@ -496,11 +497,11 @@ def real_cli_project(tmp_path: Path, cli: str, url: str) -> tuple[Path, Callable
     roles = ("plan", "plan_review", "build", "review", "verification")
     if cli == "mini":
         bindings = {r: mswe.mini_role(agent_cli(cli), url, key=r != "verification") for r in roles}
-        return mswe.make_project(tmp_path, bindings), mswe.run_ticket
+        return mswe.make_project(tmp_path, bindings), mswe.TICKET_ENV
     role = real.claude_role if cli == "claude" else real.codex_role
     return real.make_project(
         tmp_path, {r: role(agent_cli(cli), url) for r in roles}
-    ), real.run_ticket
+    ), real.TICKET_ENV
 
 
 def escape_scripts(cli: str, outside: Path) -> dict[str, list[Step]]:
@@ -535,8 +536,8 @@ def test_a_real_cli_agents_refused_write_is_a_named_violation(
 ) -> None:
     outside = tmp_path / "outside.txt"
     server = server_factory(escape_scripts(cli, outside))
-    repo, run_ticket = real_cli_project(tmp_path, cli, server.url)
-    proc = run_ticket(repo)
+    repo, ticket_env = real_cli_project(tmp_path, cli, server.url)
+    proc = agent_cli_kit.run_ticket(repo, ticket_env)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert git(repo, "show", "main:feature.txt") == "the feature"

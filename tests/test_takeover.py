@@ -23,12 +23,14 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from phasegate import decisions
 from phasegate._host import host_name
 from phasegate.cartridge import Cartridge, load_cartridge
 from phasegate.cartridge_forge import ForgeSettings
 from phasegate.clock import SystemClock
 from phasegate.contract import RUNNABLE_STATUSES, PhasegateError
 from phasegate.engine import Engine
+from phasegate.phases import attempts
 from phasegate.store import Store, open_store
 from phasegate.store.store import make_dialect
 from phasegate.takeover import ForeignWorkflow, forge_repository, placed_here
@@ -405,6 +407,92 @@ def test_a_branch_never_pushed_is_made_again_from_its_start_in_the_clone_taking_
         counts = gh.counts(name)
         assert (counts["issues"], counts["pulls"], counts["merges"]) == (1, 1, 1)
         assert "feature" in gh.repo(name).git.git("show", f"{row['merge_sha']}:feature.txt")
+    finally:
+        store.close()
+
+
+def test_a_clone_taking_a_workflow_back_takes_the_forges_branch_not_its_older_copy(
+    github: GitHubLab, pg_url: str, tmp_path: Path
+) -> None:
+    # A builds and pushes, B takes over and builds again, A takes it back and builds
+    # once more: A's push is forced (phasegate's branches are its own), so building
+    # on A's older copy would push B's work away.
+    _team(github, tmp_path, pg_url)
+    clone_a = _clone(github, tmp_path / "machine-a" / "widgets").resolve()
+    clone_b = _clone(github, tmp_path / "machine-b" / "widgets").resolve()
+    gh, name = github.server, github.repository
+    store = open_store(pg_url)
+    try:
+        first = Engine(clone_a, load_cartridge(clone_a), store)
+        second = Engine(clone_b, load_cartridge(clone_b), store)
+        workflow_id = first.start("Add the feature", "Write it")
+        row = first.advance(workflow_id, max_steps=3)
+        assert row["current_phase"] == "pr_review", row["error"]
+        branch = row["branch_name"]
+        older = git(clone_a, "rev-parse", branch)
+        assert gh.repo(name).git.git("rev-parse", branch).strip() == older
+
+        def back_to_planning(engine: Engine) -> None:
+            engine.decide(
+                workflow_id,
+                lambda c: decisions.revert(c, "planning", "again", datetime.now(UTC)),
+            )
+
+        back_to_planning(second)
+        row = second.advance(workflow_id, max_steps=2)  # takes over, plans, builds, pushes
+        assert row["repo_path"] == str(clone_b) and row["current_phase"] == "pr_review"
+        theirs = git(clone_b, "rev-parse", branch)
+        assert theirs != older and gh.repo(name).git.git("rev-parse", branch).strip() == theirs
+
+        back_to_planning(first)
+        row = first.advance(workflow_id)  # takes it back, builds on the forge's, merges
+        assert row["status"] == "completed", row["error"]
+        assert row["repo_path"] == str(clone_a)
+        merged = gh.repo(name).git.git("rev-list", row["merge_sha"]).split()
+        assert theirs in merged, "B's pushed work is in what was merged"
+        fetched = [e["data"] for e in store.events(workflow_id) if e["type"] == "branch_fetched"]
+        assert [d.get("replaced") for d in fetched] == [None, older], fetched
+        assert fetched[-1]["sha"] == theirs and "older" in fetched[-1]["note"]
+        counts = gh.counts(name)
+        assert (counts["issues"], counts["pulls"], counts["merges"]) == (1, 1, 1)
+    finally:
+        store.close()
+
+
+def test_an_attempt_dead_in_another_clone_from_a_commit_never_pushed_is_discarded_here(
+    github: GitHubLab, pg_url: str, tmp_path: Path
+) -> None:
+    _team(github, tmp_path, pg_url)
+    clone_a = _clone(github, tmp_path / "machine-a" / "widgets").resolve()
+    clone_b = _clone(github, tmp_path / "machine-b" / "widgets").resolve()
+    gh, name = github.server, github.repository
+    store = open_store(pg_url)
+    try:
+        first = Engine(clone_a, load_cartridge(clone_a), store)
+        workflow_id = first.start("Add the feature", "Write it")
+        row = first.advance(workflow_id, max_steps=2)
+        assert row["current_phase"] == "development", row["error"]
+        # A's build attempt started from a commit of A's own, and A died before its
+        # commit and before any push: B never had that commit.
+        worktree = Path(row["worktree_path"])
+        git(worktree, "commit", "-q", "--allow-empty", "-m", "A's own, never pushed")
+        only_a = git(worktree, "rev-parse", "HEAD")
+        ctx = store.load_context(workflow_id)
+        dead = attempts.Attempt(workflow_id, ctx.dev_round, 1, only_a, 0)
+        store.write_milestone(workflow_id, "development", dead.journal())
+
+        second = Engine(clone_b, load_cartridge(clone_b), store)
+        row = second.advance(workflow_id)
+        assert row["status"] == "completed", row["error"]
+        # Nothing of A's attempt is here to discard: B's attempt 1 ran from B's branch.
+        journals = {
+            (m["data"]["start"] == only_a, m["status"])
+            for m in store.milestone_rows(workflow_id)
+            if m["kind"] == "build_attempt" and m["round"] == ctx.dev_round and m["attempt"] == 1
+        }
+        assert journals == {(True, "cancelled"), (False, "completed")}, journals
+        counts = gh.counts(name)
+        assert (counts["issues"], counts["pulls"], counts["merges"]) == (1, 1, 1)
     finally:
         store.close()
 

@@ -24,13 +24,14 @@ its secrets (``_git_env``).
 
 Every ref-moving command phasegate runs (``REF_MOVING``) appends the refs it
 moved to the repository's ref ledger (``<common>/phasegate/ref-ledger``, one
-JSON line per ref), under a shared flock on ``<common>/phasegate/refs.lock``
-that the guard takes exclusively to compare: a ref that moved during an agent
-run is the agent's unless the ledger says phasegate moved it there. The refs
-before and after, and the common directory, are read from git's own files
-when they are plain (``phasegate._gitfs``; git is asked otherwise), so the
-ledger costs no git process of its own (issue 12, item 6). Nothing here
-caches what git says: each answer is read afresh, whatever thread asks.
+JSON line per ref; ``phasegate._refledger``), under a shared flock on
+``<common>/phasegate/refs.lock`` that the guard takes exclusively to compare:
+a ref that moved during an agent run is the agent's unless the ledger says
+phasegate moved it there. The refs before and after, and the common directory,
+are read from git's own files when they are plain (``phasegate._gitfs``; git
+is asked otherwise), so the ledger costs no git process of its own (issue 12,
+item 6). Nothing here caches what git says: each answer is read afresh,
+whatever thread asks.
 
 ``recording()`` lists every git process phasegate starts while it is active
 (benchmarks/lifecycle.py counts a lifecycle's with it); costless when off.
@@ -47,8 +48,6 @@ Errors::
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import random
 import re
@@ -61,13 +60,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phasegate import _gitfs
-from phasegate.contract import PhasegateError
+from phasegate._giterrors import DirtyCheckout, GitError, GitTransient
+from phasegate._refledger import (
+    LEDGER,
+    REFS_LOCK,
+    ledger_turn,
+    read_ledger,
+    record_refs,
+    refs_lock,
+    repository_flock,
+)
 from phasegate.redaction import SECRET_NAME
 
 __all__ = [
     "HARDENED",
     "IDENTITY",
     "LEDGER",
+    "READ_SUBCOMMANDS",
     "REF_MOVING",
     "REFS_LOCK",
     "TRANSIENT_ATTEMPTS",
@@ -89,19 +98,6 @@ __all__ = [
     "run_git",
     "run_git_unrecorded",
 ]
-
-
-class GitError(PhasegateError):
-    """A git command failed; the message holds the command and its stderr."""
-
-
-class DirtyCheckout(GitError):
-    """The checkout that holds the base branch has uncommitted changes; nothing was merged."""
-
-
-class GitTransient(GitError):
-    """A git failure that reads as transient (lock contention, exit 128 without a
-    conflict), still failing after bounded retries; the workflow pauses with it."""
 
 
 #: Who phasegate's own commits and merges are by.
@@ -193,10 +189,6 @@ REF_MOVING = frozenset(
     }
 )
 
-#: The ref ledger and its lock, relative to the repository's common directory.
-LEDGER = "phasegate/ref-ledger"
-REFS_LOCK = "phasegate/refs.lock"
-
 
 def _subcommand(args: Sequence[str]) -> tuple[int, str]:
     """Where git's subcommand is in ``args`` (after any ``-c key=value``), and its name."""
@@ -233,7 +225,7 @@ _LOCAL = threading.local()
 
 
 #: Subcommands that never change a checkout or a ref (the rest may: ``note_change``).
-_READS = frozenset(
+READ_SUBCOMMANDS = frozenset(
     {
         "cat-file",
         "diff-index",
@@ -277,7 +269,7 @@ def _may_change(at: int, name: str, args: Sequence[str]) -> bool:
         return not any(a in ("--get", "--get-all", "--list", "-l") for a in args[at + 1 :])
     if name == "remote":
         return list(args[at + 1 : at + 2]) != ["get-url"]
-    return name not in _READS
+    return name not in READ_SUBCOMMANDS
 
 
 @contextmanager
@@ -383,29 +375,6 @@ def _worktree_admin_lock(cwd: Path | str, timeout_s: float = 120.0) -> Iterator[
         yield
 
 
-@contextmanager
-def repository_flock(path: Path, timeout_s: float, poll_s: float = 0.02) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` while the block runs, across threads and
-    processes (the file is opened anew per acquisition, so two threads of one
-    process exclude each other too); the kernel drops it when its holder dies.
-    Raises GitTransient, naming ``path``, after ``timeout_s`` seconds of waiting."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + timeout_s
-    with path.open("a") as handle:
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise GitTransient(f"{path} is still held after {timeout_s:g}s") from None
-                time.sleep(poll_s)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _moves_refs(args: Sequence[str]) -> bool:
     """Whether ``git args`` may move a ref (``REF_MOVING``, less the reading forms
     phasegate uses often: ``branch --list``, ``symbolic-ref [-q] [--short] NAME``)."""
@@ -450,74 +419,6 @@ def list_refs(cwd: Path | str) -> dict[str, str]:
     return refs
 
 
-@contextmanager
-def refs_lock(common: Path, *, exclusive: bool, timeout_s: float = 120.0) -> Iterator[None]:
-    """The repository's refs lock (``<common>/REFS_LOCK``): shared by phasegate's
-    ref-moving commands (they do not exclude each other), exclusive for the guard
-    comparing refs with a snapshot, so no ledger line is still to come for a ref
-    it sees moved. Raises GitTransient after ``timeout_s`` seconds of waiting."""
-    path = common / REFS_LOCK
-    path.parent.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + timeout_s
-    with path.open("a") as handle:
-        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        while True:
-            try:
-                fcntl.flock(handle, mode | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise GitTransient(f"{path} is still held after {timeout_s:g}s") from None
-                time.sleep(0.01)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def record_refs(common: Path, before: dict[str, str], after: dict[str, str]) -> None:
-    """Append to the ref ledger every ref that differs between ``before`` and
-    ``after`` (``"to": ""`` for a deleted one); one write per line (O_APPEND)."""
-    lines = [
-        json.dumps({"ref": name, "to": after.get(name, "")}) + "\n"
-        for name in sorted(before.keys() | after.keys())
-        if before.get(name) != after.get(name)
-    ]
-    if not lines:
-        return
-    path = common / LEDGER
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        for line in lines:
-            os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-
-
-def read_ledger(common: Path, offset: int) -> tuple[dict[str, str], int]:
-    """The ledger's lines from byte ``offset`` on: refname → the last value phasegate
-    moved it to ("" deleted), and the ledger's size now (read from 0 again when it
-    shrank: it was replaced)."""
-    path = common / LEDGER
-    try:
-        with path.open("rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            handle.seek(offset if offset <= size else 0)
-            data = handle.read()
-            size = handle.tell()
-    except FileNotFoundError:
-        return {}, 0
-    moved: dict[str, str] = {}
-    for line in data.decode("utf-8", "replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill: its command's ref, if moved, is the guard's to judge
-        moved[str(entry.get("ref"))] = str(entry.get("to", ""))
-    return moved, size
-
-
 def run_git_unrecorded(
     args: Sequence[str], cwd: Path | str, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -555,7 +456,7 @@ def run_git(
         with _bookkeeping():
             before = list_refs(cwd)
         proc = _run_git(args, cwd, input, env)
-        with _bookkeeping():
+        with _bookkeeping(), ledger_turn(common):
             record_refs(common, before, list_refs(cwd))
     return proc
 

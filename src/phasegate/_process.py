@@ -103,6 +103,7 @@ def run_supervised(
     on_spawn: Callable[[int], None] | None = None,
     merge_stderr: bool = False,
     confinement: Confinement | None = None,
+    on_output: Callable[[str, bytes], None] | None = None,
 ) -> Finished:
     """Run ``args`` (a shell command when a string) in ``cwd`` to its end, its timeout
     (seconds) or ``cancel``; returns what it wrote and how it ended.
@@ -119,17 +120,24 @@ def run_supervised(
     (``phasegate.sandbox``; a shell command as ``/bin/sh -c``) with a private
     temp dir (``TMPDIR``) made for this run and removed after it; the
     supervisor stays outside, so stopping works the same.
+
+    ``on_output(stream, data)`` ("stdout" or "stderr", raw bytes as read) sees
+    the output as it comes, on this thread, before the process ends: what an
+    agent's live output is made of (``agents.output``). It must return at once
+    and never raise; what it is given is in the returned Finished all the same.
     """
     # An agent or a check may write its checkout: what phasegate saw of it is stale.
     note_change()
     try:
         if confinement is None or not confinement.confined:
-            return _run(args, cwd, env, stdin, timeout_s, cancel, on_spawn, merge_stderr)
+            return _run(args, cwd, env, stdin, timeout_s, cancel, on_spawn, merge_stderr, on_output)
         tmp = Path(os.path.realpath(tempfile.mkdtemp(prefix="phasegate-tmp-")))
         try:
             argv = ["/bin/sh", "-c", args] if isinstance(args, str) else list(args)
             wrapped = sandbox_for(confinement).wrap(argv, confinement, cwd, tmp)
-            return _run(wrapped, cwd, env, stdin, timeout_s, cancel, on_spawn, merge_stderr)
+            return _run(
+                wrapped, cwd, env, stdin, timeout_s, cancel, on_spawn, merge_stderr, on_output
+            )
         finally:
             # The subtree is gone by now (the supervisor saw to it): what is left is scratch.
             shutil.rmtree(tmp, ignore_errors=True)
@@ -146,6 +154,7 @@ def _run(
     cancel: threading.Event | None,
     on_spawn: Callable[[int], None] | None,
     merge_stderr: bool,
+    on_output: Callable[[str, bytes], None] | None = None,
 ) -> Finished:
     started = time.monotonic()
     command = [args] if isinstance(args, str) else list(args)
@@ -192,7 +201,7 @@ def _run(
         proc.wait()
         _close(proc)
         raise SpawnError(failure)
-    pump = _Pump(proc, stdin)
+    pump = _Pump(proc, stdin, on_output)
     deadline = started + timeout_s
     stopped: str | None = None
     while not pump.done():
@@ -260,8 +269,14 @@ class _Pump:
     """Writes the input and reads stdout/stderr of a process without blocking on
     either: a pipe held open by a stray descendant cannot hold phasegate up."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], stdin: str | None) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        stdin: str | None,
+        on_output: Callable[[str, bytes], None] | None = None,
+    ) -> None:
         self._selector = selectors.DefaultSelector()
+        self._on_output = on_output
         self._chunks: dict[int, list[bytes]] = {}
         self._input = memoryview((stdin or "").encode("utf-8"))
         for stream in (proc.stdout, proc.stderr):
@@ -322,6 +337,8 @@ class _Pump:
             return
         if data:
             self._chunks[fd].append(data)
+            if self._on_output is not None:
+                self._on_output("stdout" if fd == self._out else "stderr", data)
         else:
             self._selector.unregister(fd)
 

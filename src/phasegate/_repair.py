@@ -109,6 +109,17 @@ def worktree_dirs(common: Path) -> list[Path]:
 def registration(common: Path, path: Path) -> Path | None:
     """The git dir (``<common>/worktrees/<id>``) registering the worktree at ``path``."""
     target = path.resolve() / ".git"
+    # The worktree's own ``.git`` file names its registration: one read, not one per
+    # registration, when the two agree (else, or when it is gone, look at them all).
+    try:
+        pointed = target.read_text().strip()
+        if pointed.startswith("gitdir: "):
+            admin = (target.parent / pointed.removeprefix("gitdir: ")).resolve()
+            back = Path((admin / "gitdir").read_text().strip())
+            if admin.parent == (common / "worktrees").resolve() and back.resolve() == target:
+                return admin
+    except OSError:
+        pass
     for gitdir_file in (common / "worktrees").glob("*/gitdir"):
         try:
             if Path(gitdir_file.read_text().strip()).resolve() == target:

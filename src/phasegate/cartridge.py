@@ -9,12 +9,34 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from phasegate._toml import TomlError, read_toml
+from phasegate.cartridge_agents import (  # noqa: F401  (their home was here)
+    RUNNERS,
+    McpServer,
+    RoleBinding,
+    Roles,
+    resolve_agents,
+)
 from phasegate.cartridge_forge import ForgeSettings
+from phasegate.cartridge_graph import (  # noqa: F401  (their home was here)
+    EpicThreshold,
+    GraphSettings,
+    ReviewTierRule,
+    ReviewTiers,
+    WorkRouting,
+)
 from phasegate.contract import PhasegateError
 from phasegate.graph.proposals import PROPOSAL_KINDS
 from phasegate.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, AutomationProfile
@@ -28,9 +50,11 @@ __all__ = [
     "GraphSettings",
     "LandingAreas",
     "Limits",
+    "NotifySettings",
     "ProfileSettings",
     "ReviewTierRule",
     "ReviewTiers",
+    "McpServer",
     "RoleBinding",
     "Roles",
     "WorkRouting",
@@ -74,144 +98,6 @@ class CartridgeError(PhasegateError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # "yes" is not a bool
-
-
-RUNNERS = ("command", "scripted", "claude-code", "codex", "api", "mini-swe-agent")
-
-#: The keys each runner reads, besides those every runner reads (_COMMON_KEYS).
-_RUNNER_KEYS: dict[str, frozenset[str]] = {
-    "command": frozenset({"command", "api_key_env"}),
-    "scripted": frozenset({"script"}),
-    "claude-code": frozenset(
-        {
-            "executable",
-            "model",
-            "base_url",
-            "api_key_env",
-            "max_turns",
-            "append_system_prompt",
-            "allowed_tools",
-            "extra_args",
-        }
-    ),
-    "codex": frozenset(
-        {
-            "executable",
-            "model",
-            "base_url",
-            "api_key_env",
-            "extra_args",
-            "input_usd_per_mtok",
-            "output_usd_per_mtok",
-        }
-    ),
-    "api": frozenset(
-        {
-            "model",
-            "base_url",
-            "api_key_env",
-            "max_tokens",
-            "input_usd_per_mtok",
-            "output_usd_per_mtok",
-        }
-    ),
-    "mini-swe-agent": frozenset(
-        {
-            "executable",
-            "model",
-            "base_url",
-            "api_key_env",
-            "max_turns",
-            "extra_args",
-            "input_usd_per_mtok",
-            "output_usd_per_mtok",
-        }
-    ),
-}
-_COMMON_KEYS = frozenset(
-    {"runner", "timeout", "env", "pass_env", "budget_usd", "sandbox", "network"}
-)
-_REQUIRED_KEYS = {
-    "command": ("command",),
-    "scripted": ("script",),
-    "api": ("model",),
-    "mini-swe-agent": ("model",),
-}
-
-
-class RoleBinding(_Strict):
-    """Which runner plays a role, and with what.
-
-    - ``command``: a shell command run in the worktree; the prompt arrives on
-      stdin, in ``PHASEGATE_PROMPT`` and in the file ``PHASEGATE_PROMPT_FILE``;
-      stdout is the answer.
-    - ``scripted``: answers read from ``script`` (a TOML file, relative to
-      the repository root); the fake for tests and the demo.
-    - ``claude-code``: the Claude Code CLI (``claude -p``), one session per
-      session line, resumed across rounds.
-    - ``codex``: the Codex CLI (``codex exec --json``), resumed by thread id.
-    - ``api``: a model called through litellm (any provider or an
-      OpenAI-compatible ``base_url``); as the build role it answers with a
-      unified diff that phasegate applies.
-    - ``mini-swe-agent``: the mini-SWE-agent CLI (``mini``), its model called
-      through litellm; a fresh conversation per call.
-
-    An agent's process gets only what the cartridge names: ``env`` (values),
-    ``pass_env`` (variables passed through from phasegate's environment) and
-    ``api_key_env`` (the variable holding the model key). Nothing else of
-    phasegate's environment reaches it but PATH and the locale.
-
-    ``sandbox`` is how its process is confined (``phasegate.sandbox``):
-    "bwrap" (an error where bubblewrap does not work), "none", or unset:
-    bwrap where it works, else none with a warning. ``network = false`` cuts
-    a confined agent off the network (its model too: for a local one only).
-    """
-
-    runner: Literal["command", "scripted", "claude-code", "codex", "api", "mini-swe-agent"]
-    timeout: float = Field(default=900.0, gt=0, description="seconds; the agent is killed after")
-    env: dict[str, str] = Field(default_factory=dict)
-    pass_env: list[str] = Field(default_factory=list)
-    budget_usd: float | None = Field(default=None, gt=0, description="this role's spend cap")
-    command: str | None = None
-    script: str | None = None
-    executable: str | None = None
-    model: str | None = None
-    base_url: str | None = None
-    api_key_env: str | None = None
-    max_turns: int | None = Field(default=None, ge=1)
-    append_system_prompt: str | None = None
-    allowed_tools: list[str] | None = None
-    extra_args: list[str] = Field(default_factory=list)
-    max_tokens: int | None = Field(default=None, ge=1)
-    input_usd_per_mtok: float | None = Field(default=None, ge=0)
-    output_usd_per_mtok: float | None = Field(default=None, ge=0)
-    sandbox: Literal["bwrap", "none"] | None = None
-    network: bool = True
-
-    @model_validator(mode="after")
-    def _runner_fields(self) -> RoleBinding:
-        allowed = _COMMON_KEYS | _RUNNER_KEYS[self.runner]
-        for key in sorted(self.model_fields_set - allowed):
-            raise ValueError(f"`{key}` is not used by runner {self.runner!r}")
-        for key in _REQUIRED_KEYS.get(self.runner, ()):
-            if not getattr(self, key):
-                raise ValueError(f"runner {self.runner!r} needs a `{key}`")
-        return self
-
-
-class Roles(_Strict):
-    plan: RoleBinding | None = None
-    plan_review: RoleBinding | None = None
-    build: RoleBinding | None = None
-    review: RoleBinding | None = None
-    verification: RoleBinding | None = None
-    # The development graph's optional roles (GRAPH_OPTIONAL_ROLES).
-    scope_epic: RoleBinding | None = None
-    plan_alternative: RoleBinding | None = None
-    plan_arbitrate: RoleBinding | None = None
-    plan_adversary: RoleBinding | None = None
-    review_adversary: RoleBinding | None = None
-    arbitrate: RoleBinding | None = None
 
 
 class Limits(_Strict):
@@ -290,92 +176,55 @@ class WorkflowSettings(_Strict):
 
 
 class StoreSettings(_Strict):
+    """``[store]``: ``url`` a SQLite file (``sqlite:///relative/to/the/repository.db``
+    or ``sqlite:////absolute.db``) or a PostgreSQL server; None: the embedded default."""
+
     url: str | None = None
 
-
-class ReviewTierRule(_Strict):
-    """``tier`` for a change when every condition the rule names holds (spec 002).
-
-    ``min_files``, ``min_lines`` (insertions plus deletions) compare with the
-    change facts; ``paths`` match when a touched path is one of them, under
-    one ending in ``/``, or matched as a glob; ``self_modification`` when the
-    change touches governance paths (true) or does not (false).
-    """
-
-    tier: int = Field(ge=0, le=2)  # not Literal: strict ints refuse `true`
-    min_files: int | None = Field(default=None, ge=1)
-    min_lines: int | None = Field(default=None, ge=1)
-    paths: list[str] = Field(default_factory=list)
-    self_modification: bool | None = None
-
-    @model_validator(mode="after")
-    def _has_condition(self) -> ReviewTierRule:
-        if (
-            self.min_files is None
-            and self.min_lines is None
-            and not self.paths
-            and self.self_modification is None
-        ):
+    @field_validator("url")
+    @classmethod
+    def _a_file_or_a_server(cls, url: str | None) -> str | None:
+        if url is None or not url.startswith("sqlite:"):
+            return url
+        rest = url.removeprefix("sqlite:")
+        if not rest.startswith("///"):
             raise ValueError(
-                "a tier rule needs a condition: min_files, min_lines, paths or self_modification"
+                "a SQLite store is a file: sqlite:///path/relative/to/the/repository.db "
+                "or sqlite:////absolute/path.db"
             )
-        return self
+        if rest[3:].partition("?")[0] in ("", ":memory:"):
+            raise ValueError(
+                "an in-memory SQLite store keeps nothing once the command ends; "
+                "name a file: sqlite:///.phasegate/state.db"
+            )
+        return url
 
 
-class ReviewTiers(_Strict):
-    """How many reviewers a change gets: tier 0 review once, 1 with an adversary
-    (and the arbitrator when the two disagree), 2 with the adversary and always the
-    arbitrator. The highest matching tier wins; any tier of 1 or more needs both
-    [roles.review_adversary] and [roles.arbitrate] bound."""
+class NotifySettings(_Strict):
+    """``[notify]``: where a workflow that needs a person says so (``phasegate.notify``;
+    issue 13, item 4). ``webhook`` (or the environment variable ``webhook_env``
+    names: a webhook URL is often a secret) gets a JSON POST, ``format`` "slack"
+    (``{"text"}``) or "ntfy" (``{"topic", "title", "message"}``, the topic the
+    URL's last segment), within ``timeout_s`` seconds, tried ``retries`` more
+    times; ``desktop``: notify-send too, where it is on PATH and a display is set;
+    ``dashboard_url``: where people reach ``phasegate serve`` (through their tunnel
+    or proxy): each notification ends with the workflow's page there."""
 
-    default: int = Field(default=0, ge=0, le=2)
-    rules: list[ReviewTierRule] = Field(default_factory=list)
-
-
-class EpicThreshold(_Strict):
-    """Pieces of work (scope_epic's SUBTASK lines) that make a parent, and an epic."""
-
-    parent_at: int = Field(default=2, ge=2)
-    epic_at: int = Field(default=5, ge=3)
+    webhook: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    webhook_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    format: Literal["slack", "ntfy"] = "slack"
+    timeout_s: float = Field(default=5.0, gt=0, le=60)
+    retries: int = Field(default=2, ge=0, le=5)
+    desktop: bool = True
+    dashboard_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
 
     @model_validator(mode="after")
-    def _ordered(self) -> EpicThreshold:
-        if self.epic_at <= self.parent_at:
-            raise ValueError("epic_at must be greater than parent_at")
+    def _one_webhook(self) -> NotifySettings:
+        if self.webhook and self.webhook_env:
+            raise ValueError("give webhook or webhook_env, not both")
+        if self.format == "ntfy" and self.webhook and not urlsplit(self.webhook).path.strip("/"):
+            raise ValueError("format ntfy: the webhook is the topic's URL (https://ntfy.sh/TOPIC)")
         return self
-
-
-#: Where scope may send a shape of ticket: ``build`` continues into the run; the
-#: others stop it with an item_create proposal of the pieces.
-WorkRoute = Literal["build", "breakdown", "roadmap"]
-
-
-class WorkRouting(_Strict):
-    """Where scope sends each shape of ticket (a WorkRoute); ``build`` continues
-    into this run."""
-
-    single: WorkRoute = "build"
-    parent: WorkRoute = "breakdown"
-    epic: WorkRoute = "roadmap"
-
-
-class GraphSettings(_Strict):
-    """The development graph's ``[graph]`` table (spec 002)."""
-
-    enabled: bool = Field(
-        default=False,
-        description="planning, development and pr_review of `phasegate run` follow the graph",
-    )
-    fix_attempts: int = Field(
-        default=2, ge=0, description="build attempts after the first; 0 disables retries"
-    )
-    review_tiers: ReviewTiers = Field(default_factory=ReviewTiers)
-    epic_threshold: EpicThreshold = Field(default_factory=EpicThreshold)
-    work_routing: WorkRouting = Field(default_factory=WorkRouting)
-    governance_paths: list[str] = Field(
-        default_factory=list,
-        description="paths that make a change self_modification, besides the cartridge and .ci/",
-    )
 
 
 class AutonomySettings(_Strict):
@@ -425,6 +274,14 @@ class Cartridge(_Strict):
     graph: GraphSettings = Field(default_factory=GraphSettings)
     autonomy: AutonomySettings = Field(default_factory=AutonomySettings)
     profiles: dict[str, ProfileSettings] = Field(default_factory=dict)
+    notify: NotifySettings = Field(default_factory=NotifySettings)
+    #: Agent profiles: named bindings roles refer to (``phasegate.cartridge_agents``).
+    agents: dict[str, RoleBinding] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _agent_profiles(cls, data: Any) -> Any:
+        return resolve_agents(data)
 
     @model_validator(mode="after")
     def _profiles(self) -> Cartridge:
@@ -494,8 +351,15 @@ class Cartridge(_Strict):
         return profile.auto_merge
 
     def store_url(self, repo: Path) -> str:
-        """``store.url``, or the embedded default: SQLite at ``repo/.phasegate/state.db``."""
-        return self.store.url or f"sqlite:///{repo / '.phasegate' / 'state.db'}"
+        """``store.url``, or the embedded default: SQLite at ``repo/.phasegate/state.db``.
+        A relative SQLite path is the repository's (``repo``), wherever the command runs."""
+        url = self.store.url
+        if url is None:
+            return f"sqlite:///{repo / '.phasegate' / 'state.db'}"
+        if url.startswith("sqlite:///"):
+            path, mark, query = url.removeprefix("sqlite:///").partition("?")
+            return f"sqlite:///{repo / path}{mark}{query}"  # an absolute path stays itself
+        return url
 
     def required_roles(self) -> tuple[str, ...]:
         """The roles `phasegate run` needs bound: ROLE_SESSION_LINES, or GRAPH_MODE_ROLES

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phasegate.cartridge import CARTRIDGE_FILE, ROLE_SESSION_LINES
+from phasegate.cartridge_agents import AGENT_PROGRAMS
 from phasegate.discover import (
-    AGENT_CLIS,
     CheckGuess,
     Which,
     detect_base_branch,
@@ -75,22 +75,35 @@ def default_cartridge(
 ) -> DefaultCartridge:
     """Choose the cartridge ``phasegate init`` writes from what this machine and repo offer.
 
-    Roles: the ``claude-code`` runner when ``claude`` is on PATH, else ``codex``
-    when ``codex`` is, else ``api`` when ANTHROPIC_API_KEY or OPENAI_API_KEY is
-    set, else commented examples. ``api_key_env`` is written only when that
+    Roles: the first of ``AGENT_PROGRAMS`` on PATH that needs no model named
+    (``claude``, else ``codex``, else ``gemini``), else ``api`` when
+    ANTHROPIC_API_KEY or OPENAI_API_KEY is set, else commented examples; every
+    other agent CLI found is named in a note. ``api_key_env`` is written only when that
     variable is set. The base branch and the checks come from the repository
     (``discover.detect_base_branch``, ``discover.detect_checks``).
     """
     env = os.environ if environ is None else environ
-    keys = keys_set(("ANTHROPIC_API_KEY", "OPENAI_API_KEY"), env)
+    keys = keys_set(("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY"), env)
     notes: list[str] = []
     runner = executable = key = model = None
-    found = {name: which(name) for name in AGENT_CLIS}
-    if found["claude"] or found["codex"]:
-        cli = "claude" if found["claude"] else "codex"
-        runner, executable = ("claude-code" if cli == "claude" else "codex"), found[cli]
-        wanted = "ANTHROPIC_API_KEY" if cli == "claude" else "OPENAI_API_KEY"
-        if keys[wanted]:
+    found = {name: which(program.executable) for name, program in AGENT_PROGRAMS.items()}
+    # The first program found that needs no model named binds every role; the others
+    # found are named, for a person to bind with the model they want.
+    chosen = next((n for n, p in AGENT_PROGRAMS.items() if found[n] and not p.needs_model), None)
+    others = [n for n in AGENT_PROGRAMS if found[n] and n != chosen]
+    if others:
+        notes.append(
+            "also found: "
+            + ", ".join(f"{AGENT_PROGRAMS[n].executable} ({found[n]})" for n in others)
+            + "; bind a role to one with its runner"
+            + (" and a model" if any(AGENT_PROGRAMS[n].needs_model for n in others) else "")
+            + " (README, Runners)"
+        )
+    if chosen is not None:
+        program = AGENT_PROGRAMS[chosen]
+        runner, executable, cli = chosen, found[chosen], program.executable
+        wanted = program.key_env or "ANTHROPIC_API_KEY"
+        if keys.get(wanted):
             key = wanted
             lines = [f'api_key_env = "{wanted}"   # the variable holding the model key']
         else:
@@ -118,8 +131,9 @@ def default_cartridge(
             notes.append("the api runner needs litellm: pip install 'phasegate[api]'")
     else:
         roles = (
-            "# No agent CLI (claude, codex) was found on PATH and no model key is set.\n"
-            "# Bind each role, e.g. to Claude Code, to Codex, or to a model through litellm:\n"
+            "# No agent CLI (claude, codex, gemini) was found on PATH and no model key is set.\n"
+            "# Bind each role, e.g. to Claude Code, to Codex, or to a model through litellm\n"
+            "# (every runner, and agent profiles [agents.NAME]: README, Runners):\n"
             + "\n".join(
                 f'# [roles.{name}]\n# runner = "claude-code"      # or "codex", or "api" '
                 f'with model = "anthropic/claude-sonnet-4-5"\n'
@@ -128,7 +142,8 @@ def default_cartridge(
             )
         )
         notes.append(
-            "no role is bound: install Claude Code (claude) or Codex (codex), or set "
+            "no role is bound: install Claude Code (claude), Codex (codex) or Gemini CLI "
+            "(gemini), or set "
             "ANTHROPIC_API_KEY/OPENAI_API_KEY, then run `phasegate init --force`; or bind "
             f"[roles.{'], [roles.'.join(ROLE_SESSION_LINES)}] in {CARTRIDGE_FILE} yourself"
         )

@@ -43,8 +43,11 @@ __all__ = [
     "PSEUDO_PHASES",
     "REPORT",
     "RUNNABLE_STATUSES",
+    "CANCELLED",
+    "ENDED_STATUSES",
     "AWAITING_APPROVAL",
     "TERMINAL_STATUSES",
+    "NEEDS_YOU_STATUSES",
     "WAIT",
     "ContractViolation",
     "EventWrite",
@@ -113,9 +116,23 @@ RUNNABLE_STATUSES: frozenset[str] = frozenset(
 #: ``phasegate approve`` or ``reject`` moves it on.
 AWAITING_APPROVAL = "awaiting_approval"
 
+#: A workflow a person ended for good (``phasegate cancel``): nothing moves it on.
+CANCELLED = "cancelled"
+
+#: Statuses a workflow ends in: a conflict-resolution child's end wakes its parent.
+ENDED_STATUSES: frozenset[str] = frozenset({"completed", "failed", CANCELLED})
+
 #: Statuses that only a person (resume, feedback, override, approve) moves on from.
 TERMINAL_STATUSES: frozenset[str] = frozenset(
     {"completed", "failed", "paused", "planning_timeout", AWAITING_APPROVAL}
+)
+
+#: Statuses in which a workflow waits for a person (issue 13: the board's "needs you",
+#: a notification): its report waits for approve-merge or feedback (waiting), a
+#: proposal for approve or reject, a pause (a rejected verification among them) or a
+#: planning timeout for resume.
+NEEDS_YOU_STATUSES: frozenset[str] = frozenset(
+    {"waiting", AWAITING_APPROVAL, "paused", "planning_timeout"}
 )
 
 Outcome = Literal["completed", "failed", "pause", "retry", "wait"]

@@ -24,7 +24,7 @@ from phasegate.profiles import REVERTIBLE_PHASES, reversion_refusal, reversion_r
 if TYPE_CHECKING:
     from datetime import datetime
 
-__all__ = ["approve_merge", "feedback", "resume", "revert"]
+__all__ = ["approve_merge", "approved_by", "feedback", "resume", "revert", "revert_refusal"]
 
 #: What ``--to-phase`` accepts: our planning, or spec 003's name for it.
 REVERSION_TARGETS = (PLANNING, "strategize")
@@ -46,12 +46,29 @@ def resume(ctx: WorkflowContext) -> PhaseResult:
     )
 
 
+def approved_by(ctx: WorkflowContext) -> str | None:
+    """Who approved the merge of a workflow in wait that has not merged yet
+    (``approve_merge``), else None."""
+    if ctx.current_phase != WAIT or not ctx.state.get("merge_approved"):
+        return None
+    return str(ctx.state.get("merge_approved_by") or "a person")
+
+
 def feedback(ctx: WorkflowContext, text: str) -> PhaseResult:
     """Give the agents ``text``: a waiting workflow goes back to development with it
-    (spec 000, wait); any other goes on in its phase with it in the next prompt."""
+    (spec 000, wait); any other goes on in its phase with it in the next prompt.
+    Refused (ContractViolation) once its merge is approved: that would drop the
+    approval without a word; a person who changed their mind reverts it."""
     _open(ctx)
     if not text.strip():
         raise ContractViolation("the feedback is empty")
+    who = approved_by(ctx)
+    if who is not None:
+        raise ContractViolation(
+            f"workflow {ctx.id}'s merge is approved (by {who}) and it merges next; feedback "
+            f"now would drop that approval. To change it anyway: `phasegate revert {ctx.id} "
+            "--reason ...`"
+        )
     return PhaseResult(
         "retry", status=PHASE_STATUS_MAP[ctx.current_phase], updates={"user_feedback": text}
     )
@@ -65,11 +82,26 @@ def approve_merge(ctx: WorkflowContext, by: str) -> PhaseResult:
             f"workflow {ctx.id} is in {ctx.current_phase} ({ctx.status}), not waiting for a "
             "merge approval; `phasegate show` says what it needs"
         )
+    who = approved_by(ctx)
+    if who is not None:
+        raise ContractViolation(f"workflow {ctx.id}'s merge is already approved (by {who})")
     return PhaseResult(
         "retry",
         status=PHASE_STATUS_MAP[WAIT],
         state={"merge_approved": True, "merge_approved_by": by},
     )
+
+
+def revert_refusal(ctx: WorkflowContext) -> str | None:
+    """Why the workflow's state admits no manual reversion now (its phase, a merge
+    done, the loop guard), else None: what ``revert`` refuses whatever its reason."""
+    merged = ctx.milestone("merge_completed")
+    if ctx.current_phase not in REVERTIBLE_PHASES or (merged and merged.status == "completed"):
+        return (
+            f"workflow {ctx.id} is in {ctx.current_phase} ({ctx.status}); a reversion to "
+            f"planning is possible from {', '.join(REVERTIBLE_PHASES)} before the merge"
+        )
+    return reversion_refusal(ctx.id, ctx.state)
 
 
 def revert(ctx: WorkflowContext, to_phase: str, reason: str, at: datetime) -> PhaseResult:
@@ -88,13 +120,7 @@ def revert(ctx: WorkflowContext, to_phase: str, reason: str, at: datetime) -> Ph
         )
     if not reason.strip():
         raise ContractViolation("the reason is empty; say why the plan must change")
-    merged = ctx.milestone("merge_completed")
-    if ctx.current_phase not in REVERTIBLE_PHASES or (merged and merged.status == "completed"):
-        raise ContractViolation(
-            f"workflow {ctx.id} is in {ctx.current_phase} ({ctx.status}); a reversion to "
-            f"planning is possible from {', '.join(REVERTIBLE_PHASES)} before the merge"
-        )
-    refusal = reversion_refusal(ctx.id, ctx.state)
+    refusal = revert_refusal(ctx)
     if refusal is not None:
         raise ContractViolation(refusal)
     context = f"A person reverted the workflow from {ctx.current_phase}: {reason}"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from phasegate._git import run_git
 from phasegate._toml import TomlError, read_toml
+from phasegate.cartridge_agents import AGENT_PROGRAMS
 
 __all__ = [
     "AGENT_CLIS",
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 #: The agent CLIs phasegate drives, by executable name.
-AGENT_CLIS = ("claude", "codex")
+AGENT_CLIS = tuple(program.executable for program in AGENT_PROGRAMS.values())
 
 #: Environment variables that hold model keys, reported as set or not (never their values).
 MODEL_KEY_VARS = (

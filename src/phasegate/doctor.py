@@ -36,12 +36,14 @@ from phasegate.cartridge import (
     CARTRIDGE_FILE,
     GRAPH_MODE_ROLES,
     GRAPH_OPTIONAL_ROLES,
+    READ_ONLY_ROLES,
     ROLE_SESSION_LINES,
     Cartridge,
     CartridgeError,
     RoleBinding,
     load_cartridge,
 )
+from phasegate.cartridge_agents import AGENT_PROGRAMS
 from phasegate.cartridge_forge import ForgeSettings
 from phasegate.discover import (
     AGENT_CLIS,
@@ -62,10 +64,7 @@ __all__ = ["AgentCli", "Diagnosis", "RoleStatus", "diagnose", "not_a_repository"
 
 #: The executable a CLI runner starts when its binding names none.
 #: How to get each CLI, for the message that says it is missing.
-_INSTALL = {
-    "claude-code": "npm install -g @anthropic-ai/claude-code",
-    "codex": "npm install -g @openai/codex",
-}
+_INSTALL = {runner: program.install for runner, program in AGENT_PROGRAMS.items()}
 _LITELLM_HINT = "pip install 'phasegate[api]'"
 
 
@@ -105,6 +104,9 @@ class RoleStatus:
     error: str | None = None
     sandbox: str | None = None  # "bwrap" or "none"; None: its runner starts no process
     sandbox_reason: str | None = None
+    agent: str | None = None  # the agent profile the binding came from
+    #: Its MCP servers: name → the command as found on PATH, the url, or None (not found).
+    mcp_servers: dict[str, str | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -181,6 +183,18 @@ def _has_key(binding: RoleBinding, environ: Mapping[str, str]) -> bool:
     return any(n.endswith(("_API_KEY", "_AUTH_TOKEN", "_OAUTH_TOKEN")) for n in names)
 
 
+def _wants_key(runner: str) -> bool:
+    """Whether a ``runner``'s program reads a model key of a known variable."""
+    program = AGENT_PROGRAMS.get(runner)
+    return runner == "api" or (program is not None and program.key_env is not None)
+
+
+def _copilot_token(binding: RoleBinding) -> bool:
+    """Whether a copilot agent of ``binding`` gets a GitHub token to sign in with."""
+    names = {*binding.env, *binding.pass_env}
+    return bool(names & {"COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN"})
+
+
 def _role_status(
     name: str,
     binding: RoleBinding | str | None,
@@ -204,7 +218,9 @@ def _role_status(
         runner=binding.runner,
         model=binding.model,
         api_key_env=binding.api_key_env,
+        agent=binding.agent,
     )
+    _mcp_servers(where, name, binding, status, which, missing, warnings)
     # Any runner that starts a program names it in `executable`, or has a default one.
     executable = getattr(binding, "executable", None) or DEFAULT_EXECUTABLES.get(binding.runner)
     if binding.runner == "command" and binding.command:
@@ -236,16 +252,52 @@ def _role_status(
             missing.append(
                 f"{where}: api_key_env {binding.api_key_env} is not set in the environment"
             )
-    elif binding.runner in ("claude-code", "codex", "api") and not _has_key(binding, environ):
+    elif _wants_key(binding.runner) and not _has_key(binding, environ):
         warnings.append(
             f"{where}: no api_key_env; the {binding.runner} agent gets no model key "
             "unless its env or base_url provides one"
+        )
+    if binding.runner == "copilot" and not binding.base_url and not _copilot_token(binding):
+        # Without a provider of its own Copilot signs in to GitHub, and its home is
+        # the workflow's own: no person's stored login is there.
+        warnings.append(
+            f"{where}: no base_url and no GitHub token passed (pass_env COPILOT_GITHUB_TOKEN, "
+            "GH_TOKEN or GITHUB_TOKEN): the copilot agent cannot sign in"
         )
     if binding.runner == "api" and not litellm:
         missing.append(f"{where}: the api runner needs litellm: {_LITELLM_HINT}")
     if binding.runner in PROCESS_RUNNERS:
         status.sandbox, status.sandbox_reason = _sandbox(where, binding.sandbox, missing, warnings)
     return status
+
+
+def _mcp_servers(
+    where: str,
+    role: str,
+    binding: RoleBinding,
+    status: RoleStatus,
+    which: Which,
+    missing: list[str],
+    warnings: list[str],
+) -> None:
+    """Each MCP server's command found (``missing`` when not), and the servers a
+    program will not start named (``warnings``)."""
+    for server_name, server in binding.mcp_servers.items():
+        if server.url is not None:
+            status.mcp_servers[server_name] = server.url
+            continue
+        found = which(server.command or "")
+        status.mcp_servers[server_name] = found
+        if found is None:
+            missing.append(
+                f"{where}.mcp_servers.{server_name}.command: `{server.command}` is not found"
+            )
+    program = {"gemini": "Gemini CLI", "qwen": "Qwen Code"}.get(binding.runner)
+    if binding.mcp_servers and program and role in READ_ONLY_ROLES:
+        warnings.append(
+            f"{where}.mcp_servers: {program} starts no MCP server for a read-only role "
+            f"(its workspace is not trusted); only a {binding.runner} build gets them"
+        )
 
 
 def _sandbox(

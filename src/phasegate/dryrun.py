@@ -2,7 +2,8 @@
 
 A dry run proves a cartridge before a real ticket spends money: the roles keep
 their runner, executable, tools and permissions, but every ``claude-code``,
-``codex`` and ``api`` role talks to a local ``ScriptedModelServer`` (its
+``codex``, ``gemini``, ``opencode``, ``aider`` and ``api`` role talks to a local
+``ScriptedModelServer`` (its
 ``base_url`` and a dummy key replace the real ones) whose turns come from a
 script. ``command`` and ``scripted`` roles run as they are. Everything happens
 in a ``git clone --local --no-hardlinks`` of the repository in a temporary
@@ -31,7 +32,9 @@ The script (``--script FILE``) is TOML, one table per script::
 Each step is one model turn: ``text``, ``tools`` (calls ``{name, input}``:
 ``Write``/``Edit``/``Read``/``Bash`` for Claude Code, where ``{cwd}`` becomes
 the agent's working directory; ``exec_command`` with ``{cmd = "..."}`` for
-Codex), ``status`` (an HTTP error status), ``input_tokens``,
+Codex; ``write_file`` ``{file_path, content}`` for Gemini CLI; ``write``
+``{filePath, content}`` for opencode; aider edits from the text itself, in its
+edit format), ``status`` (an HTTP error status), ``input_tokens``,
 ``output_tokens``, ``delay_s``, ``hang``. A call plays its script from the
 first step; a turn that calls tools is answered by the next step. Roles the
 script leaves out get the built-in default: a plan, ``VERDICT: approve``, a
@@ -87,7 +90,7 @@ __all__ = [
 ]
 
 #: Runners whose model the dry run replaces with the scripted model server.
-OFFLINE_RUNNERS = ("claude-code", "codex", "api")
+OFFLINE_RUNNERS = ("claude-code", "codex", "gemini", "opencode", "aider", "api")
 #: The file the default build script writes.
 DRY_RUN_FILE = "phasegate-dry-run.txt"
 DUMMY_KEY = "phasegate-dry-run-key"
@@ -247,6 +250,15 @@ def default_scripts(build_runner: str | None, *, graph: bool = False) -> dict[st
         ]
     elif build_runner == "api":
         build = [Step(text=f"```diff\n{_DIFF}```\n")]
+    elif build_runner == "gemini":
+        write = ToolCall("write_file", {"file_path": "{cwd}/" + DRY_RUN_FILE, "content": line})
+        build = [Step(tools=(write,)), Step(text=f"Created {DRY_RUN_FILE}.")]
+    elif build_runner == "opencode":
+        write = ToolCall("write", {"filePath": DRY_RUN_FILE, "content": line + "\n"})
+        build = [Step(tools=(write,)), Step(text=f"Created {DRY_RUN_FILE}.")]
+    elif build_runner == "aider":
+        # aider's "whole" edit format: the file's name, then its whole content fenced
+        build = [Step(text=f"Creating it.\n\n{DRY_RUN_FILE}\n```\n{line}\n```\n")]
     else:
         write = ToolCall("Write", {"file_path": "{cwd}/" + DRY_RUN_FILE, "content": line + "\n"})
         build = [Step(tools=(write,)), Step(text=f"Created {DRY_RUN_FILE}.")]
@@ -284,7 +296,19 @@ def offline_binding(binding: RoleBinding, url: str) -> RoleBinding:
             "-c",
             "model_providers.phasegate.stream_max_retries=0",
         ]
+    elif binding.runner == "gemini":
+        data.update(base_url=url, api_key_env=None)  # the server speaks Gemini's API
+        env["GEMINI_API_KEY"] = DUMMY_KEY
+    elif binding.runner == "opencode":
+        # An OpenAI-compatible provider of phasegate's, the model the binding's own id.
+        name = (binding.model or "dry-run-model").rpartition("/")[2]
+        data.update(base_url=f"{url}/v1", model=name, api_key_env="PHASEGATE_DRY_RUN_API_KEY")
+        env["PHASEGATE_DRY_RUN_API_KEY"] = DUMMY_KEY
     else:
+        if binding.runner == "aider":
+            # Its edit format follows the model (gpt-5: search/replace blocks); the
+            # built-in build answers in the "whole" one, which aider takes from any model.
+            data["extra_args"] = [*binding.extra_args, "--edit-format", "whole"]
         # The server speaks Anthropic messages and OpenAI chat completions: a model
         # of another provider is called as an OpenAI-compatible one of the same name.
         model = binding.model or ""

@@ -68,7 +68,7 @@ from phasegate.healing import self_heal
 from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
-from phasegate.takeover import ForeignWorkflow, forge_repository, moved_here, placed_here
+from phasegate.takeover import ForeignWorkflow, forge_repository, take_over
 from phasegate.worker import DEFAULT_CONCURRENCY, Heartbeat, LeaseHeld, run_worker
 from phasegate.workspace import GitTransient, Workspace, git
 
@@ -249,7 +249,7 @@ class Engine:
         FenceLost (nothing written) once another worker took the lease over.
         """
         row = self.store.commit_phase_result(ctx, result, fence=self.fences.get(ctx.id))
-        self._label(row)
+        self._label(row["id"], row.get("issue_number"), row["status"])
         for event in result.events:
             self._notify(ctx.id, event.type, event.data)
         self._notify(
@@ -264,19 +264,19 @@ class Engine:
         )
         return row
 
-    def _label(self, row: Mapping[str, Any]) -> None:
+    def _label(self, workflow_id: str, number: int | None, status: str) -> None:
         """Show the workflow's status on its issue (``phasegate:planning`` …
         ``phasegate:needs-you``). Best effort: a label is a view of the store, never
         evidence, so a forge that refuses it is logged and tried at the next change."""
-        number, label = row.get("issue_number"), status_label(row["status"])
-        if not number or self._labels.get(row["id"], "") == label:
+        label = status_label(status)
+        if not number or self._labels.get(workflow_id, "") == label:
             return
         try:
             self.forge.set_status_label(int(number), label)
         except ForgeError as exc:
             log.warning("status label %s on #%s not set: %s", label, number, exc)
             return
-        self._labels[row["id"]] = label
+        self._labels[workflow_id] = label
 
     def decide(
         self, workflow_id: str, decision: Callable[[WorkflowContext], PhaseResult]
@@ -359,13 +359,18 @@ class Engine:
         heartbeat = Heartbeat(self.store, fence, self.lease_ttl_s)
         heartbeat.start()
         try:
+            # One read for the label, the cleanup and the first step: the lease is
+            # held, so nothing else writes the workflow until this advance commits.
+            ctx: WorkflowContext | None = self.store.load_context(workflow_id)
             # A process killed between a commit and its label left the label stale.
-            self._label(self.store.workflow_row(workflow_id))
-            self._retry_cleanup(workflow_id)
+            self._label(ctx.id, ctx.issue_number, ctx.status)
+            if self._retry_cleanup(workflow_id, ctx) is not None:
+                ctx = None  # the cleanup wrote a milestone: the first step reads again
             for _ in range(max_steps):
                 if fence.lost.is_set():
                     raise FenceLost(f"workflow {workflow_id}: the lease was lost")
-                stopped = self.shutdown.is_set() or not self._step(workflow_id)
+                stopped = self.shutdown.is_set() or not self._step(workflow_id, ctx)
+                ctx = None
                 if stopped and not self._advance_child(workflow_id):
                     break
         except FenceLost as exc:
@@ -446,16 +451,19 @@ class Engine:
         finally:
             self._let_go(workflow_id)
 
-    def _retry_cleanup(self, workflow_id: str) -> MilestoneView | None:
-        settled = cleanup.retry(self.store, self.workspace, workflow_id)
+    def _retry_cleanup(
+        self, workflow_id: str, ctx: WorkflowContext | None = None
+    ) -> MilestoneView | None:
+        settled = cleanup.retry(self.store, self.workspace, workflow_id, ctx)
         if settled is not None:
             self._notify(
                 workflow_id, "cleanup_retried", {"status": settled.status, "note": settled.summary}
             )
         return settled
 
-    def _step(self, workflow_id: str) -> bool:
+    def _step(self, workflow_id: str, ctx: WorkflowContext | None = None) -> bool:
         """Run the current phase once and commit. True when the workflow should go on.
+        ``ctx``: the workflow as just read under this lease (None: read it).
 
         A step whose store is unavailable is tried again after each of
         ``store_retry_delays_s`` (reloading the context: the phase re-enters as
@@ -464,7 +472,7 @@ class Engine:
         delays = iter(self.store_retry_delays_s)
         while True:
             try:
-                return self._try_step(workflow_id)
+                return self._try_step(workflow_id, ctx)
             except _StoreGaveUp as gave_up:  # the commit's own retries are spent
                 raise gave_up.fault from None
             except StoreUnavailable as exc:
@@ -473,9 +481,10 @@ class Engine:
                     return self._store_gave_up(workflow_id, exc)
                 log.warning("%s: %s; trying again in %.1fs", workflow_id, exc, delay)
                 self.shutdown.wait(delay)
+                ctx = None  # reloaded: the phase re-enters as after a crash
 
-    def _try_step(self, workflow_id: str) -> bool:
-        ctx = self.store.load_context(workflow_id)
+    def _try_step(self, workflow_id: str, loaded: WorkflowContext | None = None) -> bool:
+        ctx = loaded or self.store.load_context(workflow_id)
         if ctx.status not in RUNNABLE_STATUSES:
             return False
         fence = self.fences.get(workflow_id)
@@ -484,7 +493,7 @@ class Engine:
             # stale worker must not stop the live agent of the one that took over.
             fence.check()
         if ctx.repo_path != str(self.repo):  # another clone's, or another repository's
-            moved = self._take_over(ctx)
+            moved = take_over(self, ctx)
             if moved is None:
                 return False
             ctx = moved
@@ -532,20 +541,6 @@ class Engine:
         if row is None:
             return False
         return result.outcome in ("completed", "retry") and row["current_phase"] != COMPLETED
-
-    def _take_over(self, ctx: WorkflowContext) -> WorkflowContext | None:
-        """Move the workflow to this clone when it is another clone's of this engine's
-        forge repository (``takeover.placed_here``; committed with a ``taken_over``
-        event) and return its context; None when the move was not committed.
-        Raises ForeignWorkflow for another repository's workflow, nothing written."""
-        row = self.store.workflow_row(ctx.id)
-        moved = placed_here(row, self.repo, self.repository, self.cartridge)
-        if moved is None:
-            return ctx
-        if self._commit_retrying(ctx, moved_here(ctx, moved, self.owner)) is None:
-            return None
-        log.warning("workflow %s taken over from %s into %s", ctx.id, ctx.repo_path, self.repo)
-        return self.store.load_context(ctx.id)
 
     def _commit_retrying(self, ctx: WorkflowContext, result: PhaseResult) -> dict[str, Any] | None:
         """Commit the phase's result, trying again while the store is unavailable.

@@ -284,7 +284,19 @@ def for_checkout(c: Confinement, checkout: Path) -> Confinement:
 # -- what a cartridge gets ------------------------------------------------------------
 
 #: The runners that start a process on this machine (scripted and api run in phasegate).
-PROCESS_RUNNERS = frozenset({"command", "claude-code", "codex", "mini-swe-agent"})
+PROCESS_RUNNERS = frozenset(
+    {
+        "command",
+        "claude-code",
+        "codex",
+        "mini-swe-agent",
+        "aider",
+        "gemini",
+        "opencode",
+        "qwen",
+        "copilot",
+    }
+)
 
 
 def sandbox_plan(cartridge: Cartridge) -> dict[str, tuple[SandboxKind, str]]:

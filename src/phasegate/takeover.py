@@ -17,19 +17,35 @@ event, so the row says where the work now is. Self-heal then makes the
 worktree from the branch the forge has (``healing.restore_branch``). Every
 forge effect was journaled and is found again by lookup on the forge, so
 nothing is done twice.
+
+A clone taking a workflow back that it had before keeps an older copy of its
+branch, and maybe of its worktree: the forge's branch is what the clone that
+had it since pushed, and phasegate's pushes are forced (its branches are its
+own), so working on the older copy would push the other clone's work away.
+``take_over`` points the branch here at the forge's and removes the older
+worktree (self-heal makes it again), with a ``branch_fetched`` event naming
+what was replaced.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from phasegate._git import run_git
 from phasegate.cartridge import Cartridge
 from phasegate.contract import EventWrite, PhasegateError, PhaseResult, WorkflowContext
 from phasegate.forge import Forge
+from phasegate.forge.base import ForgeNotFound
 
-__all__ = ["ForeignWorkflow", "forge_repository", "moved_here", "placed_here"]
+if TYPE_CHECKING:
+    from phasegate.engine import Engine
+
+__all__ = ["ForeignWorkflow", "forge_repository", "moved_here", "placed_here", "take_over"]
+
+log = logging.getLogger(__name__)
 
 
 class ForeignWorkflow(PhasegateError):
@@ -98,3 +114,71 @@ def moved_here(ctx: WorkflowContext, moved: Mapping[str, str], owner: str) -> Ph
             ),
         ),
     )
+
+
+def take_over(engine: Engine, ctx: WorkflowContext) -> WorkflowContext | None:
+    """Move the workflow to ``engine``'s clone when it is another clone's of the
+    engine's forge repository (``placed_here``; committed with a ``taken_over``
+    event), its branch here brought level with the forge's (``_level_branch``), and
+    return its context; ``ctx`` itself when it is this clone's already; None when
+    the move was not committed. Raises ForeignWorkflow for another repository's
+    workflow, nothing written; ForgeError and GitError from bringing the branch."""
+    row = engine.store.workflow_row(ctx.id)
+    moved = placed_here(row, engine.repo, engine.repository, engine.cartridge)
+    if moved is None:
+        return ctx
+    if engine._commit_retrying(ctx, moved_here(ctx, moved, engine.owner)) is None:
+        return None
+    log.warning("workflow %s taken over from %s into %s", ctx.id, ctx.repo_path, engine.repo)
+    here = engine.store.load_context(ctx.id)
+    _level_branch(engine, here)
+    return here
+
+
+def _level_branch(engine: Engine, ctx: WorkflowContext) -> None:
+    """When this clone has the workflow's branch already (it had the workflow
+    before) and the forge's differs, point the branch at the forge's and remove
+    this clone's worktree of the workflow: both are older than what the clone
+    that had it since pushed. A branch the forge lacks (never pushed) is left."""
+    branch, repo = ctx.branch_name, engine.repo
+    if not branch or not engine.workspace.branch_exists(repo, branch):
+        return  # self-heal brings it (healing.restore_branch)
+    try:
+        forge_ref = engine.forge.branch_ref(branch)
+    except ForgeNotFound:
+        return
+    ours, theirs = engine.workspace.rev(repo, branch), engine.workspace.rev(repo, forge_ref)
+    if ours == theirs:
+        return
+    for path in {Path(p) for p in (ctx.worktree_path, _checked_out_at(repo, branch)) if p}:
+        engine.workspace.remove_worktree(repo, path)
+    proc = run_git(["branch", "--force", branch, theirs], repo)
+    if proc.returncode != 0:
+        raise PhasegateError(f"git branch --force {branch} {theirs}: {proc.stderr.strip()}")
+    engine._emit(
+        ctx.id,
+        EventWrite(
+            "branch_fetched",
+            {
+                "branch": branch,
+                "sha": theirs,
+                "ref": forge_ref,
+                "replaced": ours,
+                "note": f"this clone's copy of {branch} ({ours[:12]}) was older than the "
+                f"forge's ({theirs[:12]}), pushed by the clone that had the workflow since: "
+                "the forge's is taken, and the worktree is made again from it",
+            },
+        ),
+    )
+
+
+def _checked_out_at(repo: Path, branch: str) -> str | None:
+    """The worktree of ``repo`` that has ``branch`` checked out, if one does."""
+    listed = run_git(["worktree", "list", "--porcelain"], repo).stdout
+    path = None
+    for line in listed.splitlines():
+        if line.startswith("worktree "):
+            path = line.removeprefix("worktree ")
+        elif line == f"branch refs/heads/{branch}":
+            return path
+    return None

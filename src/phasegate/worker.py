@@ -72,7 +72,7 @@ OUTAGE_MAX_S = 4.0
 
 #: The least seconds between two passes a store change started: the worker's own
 #: commits (and heartbeats) change the store too, and must not make it spin.
-MIN_PASS_S = 0.02
+MIN_PASS_S = 0.005
 
 
 class LeaseHeld(PhasegateError):

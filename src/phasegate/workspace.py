@@ -179,21 +179,25 @@ class Workspace:
         """
         common = self.common_dir(repo)
         notes = [f"removed stale {p}" for p in _repair.remove_stale_locks(common)]
-        for entry in self._worktrees(repo).values():
+        # Read once, for the unlocks and the prune: this runs before every step.
+        listed = _repair.read_worktrees(common)
+        entries = listed
+        if entries is None:
+            entries = _repair.parse_worktrees(git(["worktree", "list", "--porcelain"], repo))
+        for entry in entries:
+            if entry.locked is None or not entry.locked.startswith("initializing"):
+                continue  # (asked first: finding a registration reads them all)
             marker = _repair.registration(common, entry.path)
-            if (
-                entry.locked is not None
-                and entry.locked.startswith("initializing")
-                and marker is not None
-                and not _repair.held(marker / "locked", common)
-            ):
-                proc = run_git(["worktree", "unlock", str(entry.path)], repo)
-                if proc.returncode == 0:
-                    notes.append(f"unlocked {entry.path}, left locked by a killed worktree add")
-                elif not re.search("is not locked|is not a working tree", proc.stderr):
-                    # (else its add finished, or its remove did, since the listing)
-                    raise GitError(f"git worktree unlock {entry.path}: {proc.stderr.strip()}")
-        self._prune(repo)
+            if marker is None or _repair.held(marker / "locked", common):
+                continue
+            proc = run_git(["worktree", "unlock", str(entry.path)], repo)
+            if proc.returncode == 0:
+                notes.append(f"unlocked {entry.path}, left locked by a killed worktree add")
+            elif not re.search("is not locked|is not a working tree", proc.stderr):
+                # (else its add finished, or its remove did, since the listing)
+                raise GitError(f"git worktree unlock {entry.path}: {proc.stderr.strip()}")
+        if listed is None or any(e.prunable for e in listed):
+            git(["worktree", "prune"], repo)
         return notes
 
     def _prune(self, repo: Path) -> None:

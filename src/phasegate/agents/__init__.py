@@ -8,22 +8,33 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from phasegate.agents.aider import AiderRunner
 from phasegate.agents.base import ERROR_KINDS, AgentRequest, AgentResult, Runner
 from phasegate.agents.claude_code import ClaudeCodeRunner
 from phasegate.agents.codex import CodexRunner
 from phasegate.agents.command import CommandRunner
+from phasegate.agents.copilot import CopilotRunner
+from phasegate.agents.gemini import GeminiRunner
 from phasegate.agents.mini_swe_agent import MiniSweAgentRunner
+from phasegate.agents.opencode import OpencodeRunner
+from phasegate.agents.qwen import QwenRunner
 from phasegate.agents.scripted import ScriptedRunner
 from phasegate.cartridge import RoleBinding
+from phasegate.cartridge_agents import AGENT_PROGRAMS
 
 __all__ = [
     "ERROR_KINDS",
+    "AiderRunner",
     "AgentRequest",
     "AgentResult",
     "ClaudeCodeRunner",
     "CodexRunner",
     "CommandRunner",
+    "CopilotRunner",
+    "GeminiRunner",
     "MiniSweAgentRunner",
+    "OpencodeRunner",
+    "QwenRunner",
     "DEFAULT_EXECUTABLES",
     "Runner",
     "binding_problems",
@@ -33,7 +44,7 @@ __all__ = [
 
 
 #: The program each CLI runner starts when its binding names no ``executable``.
-DEFAULT_EXECUTABLES = {"claude-code": "claude", "codex": "codex", "mini-swe-agent": "mini"}
+DEFAULT_EXECUTABLES = {runner: program.executable for runner, program in AGENT_PROGRAMS.items()}
 
 
 def binding_problems(
@@ -72,6 +83,16 @@ def make_runner(binding: RoleBinding, repo: Path) -> Runner:
         return ApiRunner(binding)
     if binding.runner == "mini-swe-agent":
         return MiniSweAgentRunner(binding)
+    if binding.runner == "aider":
+        return AiderRunner(binding)
+    if binding.runner == "gemini":
+        return GeminiRunner(binding)
+    if binding.runner == "opencode":
+        return OpencodeRunner(binding)
+    if binding.runner == "qwen":
+        return QwenRunner(binding)
+    if binding.runner == "copilot":
+        return CopilotRunner(binding)
     assert binding.script is not None
     script = Path(binding.script)
     return ScriptedRunner.from_file(script if script.is_absolute() else repo / script)

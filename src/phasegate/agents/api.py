@@ -18,8 +18,10 @@
   litellm's price table when it knows the model, else 0.
 - The call runs in a worker thread, so a shutdown (``cancel``) returns
   ``interrupted`` at once and the timeout is enforced even if the provider
-  trickles; the abandoned thread ends at litellm's own timeout.
-- Error kinds: ``model_error`` (with the HTTP status), ``timeout``,
+  trickles; the abandoned thread ends at litellm's own timeout, and a process
+  that exits waits for it up to 10 s.
+- Error kinds: ``model_error`` (with the HTTP status; "no connection" and the
+  socket's error when no server answered), ``timeout``,
   ``interrupted``, ``budget`` (the call cost more than it may; the text is
   kept, a diff is not applied), ``invalid_patch``, ``runner_error`` (litellm
   not installed, the key's variable unset).
@@ -27,6 +29,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import threading
@@ -44,6 +47,7 @@ from phasegate.workspace import GitError, PatchError, Workspace, git
 __all__ = ["ApiRunner", "build_context", "extract_diff"]
 
 _POLL_S = 0.05
+_EXIT_WAIT_S = 10.0  # seconds an exiting process gives calls abandoned at a timeout
 _LISTING_CHARS = 20_000  # of `git ls-files` shown to the build role
 _FILE_CHARS = 60_000  # of one file's content
 _CONTEXT_CHARS = 200_000  # of all file contents together
@@ -196,11 +200,14 @@ def extract_diff(answer: str) -> str | None:
 class _Call:
     """One litellm call on a daemon thread: its response or its exception."""
 
+    running: set[_Call] = set()  # those still running, abandoned ones included
+
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.response: Any = None
         self.error: Exception | None = None
         self.done = threading.Event()
         self._fn = fn
+        _Call.running.add(self)
         threading.Thread(target=self._run, name="phasegate-api-call", daemon=True).start()
 
     def _run(self) -> None:
@@ -209,7 +216,36 @@ class _Call:
         except Exception as exc:  # handed to the caller, who names it
             self.error = exc
         finally:
+            _Call.running.discard(self)
             self.done.set()
+
+
+def _let_abandoned_calls_end() -> None:
+    # At exit the interpreter freezes daemon threads where they are; one frozen in
+    # the middle of litellm's lazy imports keeps that module's lock, and litellm's
+    # finalizers import that module again: `phasegate run` hung after a call
+    # abandoned at a 0.05 s timeout (tests/test_local_model.py). Such a call ends
+    # at litellm's own timeout, the same; past a bound, exit goes on.
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    for call in list(_Call.running):
+        call.done.wait(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_let_abandoned_calls_end)
+
+
+def _connection_error(exc: BaseException) -> OSError | None:
+    """The socket error under litellm's and openai's wrapping (ConnectionRefusedError,
+    a DNS failure, ...) when the call failed before any HTTP answer, else None."""
+    found: OSError | None = None
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, OSError):
+            found = link
+        link = link.__cause__ or link.__context__
+    return found
 
 
 class ApiRunner:
@@ -358,13 +394,22 @@ class ApiRunner:
     ) -> AgentResult:
         if isinstance(exc, litellm.Timeout):
             return self._timeout(request, duration)
+        refused = _connection_error(exc)
+        if refused is not None:
+            # litellm calls a connection that never got an answer InternalServerError,
+            # status 500: no server said 500, none was there to say anything.
+            exc = refused
+            where = f"model call failed (no connection to {self.binding.base_url or 'the API'})"
+        else:
+            status = getattr(exc, "status_code", None)
+            where = (
+                f"model API error {status}"
+                if status
+                else f"model call failed ({type(exc).__name__})"
+            )
         message = " ".join(str(exc).split())[:1000]
         if key:
             message = message.replace(key, "***")
-        status = getattr(exc, "status_code", None)
-        where = (
-            f"model API error {status}" if status else f"model call failed ({type(exc).__name__})"
-        )
         return AgentResult(
             "", error_kind="model_error", error=f"{where}: {message}", duration_s=duration
         )

@@ -72,6 +72,11 @@ class AgentRequest:
     - ``budget_usd``: what this call may spend at most, or None for no cap.
     - ``confinement``: how the runner confines the agent's process
       (``phasegate.sandbox``); None runs it unconfined.
+    - ``on_output``: where the runner hands what its agent prints while it
+      runs, ``on_output(stream, data)`` with stream "stdout" or "stderr" and the
+      raw bytes (``agents.output.OutputLog.feed``: the live output, issue 13);
+      None: nobody watches. It returns at once and never raises; the answer is
+      still the result's text.
     """
 
     workflow_id: str
@@ -88,6 +93,7 @@ class AgentRequest:
     budget_usd: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     confinement: Confinement | None = None
+    on_output: Callable[[str, bytes], None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

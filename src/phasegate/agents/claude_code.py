@@ -35,6 +35,7 @@ from typing import Any
 
 from phasegate.agents.base import AgentRequest, AgentResult
 from phasegate.agents.env import child_env
+from phasegate.agents.mcp import claude_allowed_tools, claude_config
 from phasegate.agents.process import ProcessOutcome, run_agent_process
 from phasegate.cartridge import RoleBinding
 
@@ -153,6 +154,17 @@ def parse_result(outcome: ProcessOutcome) -> AgentResult:
     return AgentResult(text, **fields)
 
 
+#: The binding's MCP servers for ``--mcp-config``, in the workflow's state dir.
+MCP_CONFIG = "claude-mcp.json"
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (a server's env may hold a key)."""
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(text, encoding="utf-8")
+
+
 class ClaudeCodeRunner:
     name = "claude-code"
 
@@ -164,7 +176,7 @@ class ClaudeCodeRunner:
         exe = b.executable or shutil.which("claude") or "claude"
         args = [exe, "-p", "--output-format", "json"]
         if request.read_only:
-            tools = b.allowed_tools or list(READ_ONLY_TOOLS)
+            tools = [*(b.allowed_tools or READ_ONLY_TOOLS), *claude_allowed_tools(b.mcp_servers)]
             args += [
                 "--permission-mode",
                 "default",
@@ -174,7 +186,7 @@ class ClaudeCodeRunner:
                 _NO_WRITES,
             ]
         else:
-            tools = b.allowed_tools or list(WRITE_TOOLS)
+            tools = [*(b.allowed_tools or WRITE_TOOLS), *claude_allowed_tools(b.mcp_servers)]
             args += ["--permission-mode", "acceptEdits", "--allowedTools", ",".join(tools)]
         if b.model:
             args += ["--model", b.model]
@@ -184,6 +196,10 @@ class ClaudeCodeRunner:
             args += ["--max-budget-usd", f"{max(request.budget_usd, 0.0001):.4f}"]
         if b.append_system_prompt:
             args += ["--append-system-prompt", b.append_system_prompt]
+        if b.mcp_servers and request.state_dir is not None:
+            # Only the binding's servers: none of the repository's .mcp.json or the user's.
+            mcp = request.state_dir / MCP_CONFIG
+            args += ["--mcp-config", str(mcp), "--strict-mcp-config"]
         if resume and request.session_id:
             args += ["--resume", request.session_id]
         return [*args, *b.extra_args]
@@ -205,6 +221,13 @@ class ClaudeCodeRunner:
         }
         if self.binding.base_url:
             extra["ANTHROPIC_BASE_URL"] = self.binding.base_url
+        if self.binding.mcp_servers:
+            write_private(
+                request.state_dir / MCP_CONFIG, json.dumps(claude_config(self.binding.mcp_servers))
+            )
+            # -p connects MCP servers in the background: a server slower than the first
+            # model request would miss it. Blocking, the first request has their tools.
+            extra["MCP_CONNECTION_NONBLOCKING"] = "0"
         env = child_env(self.binding, extra=extra)
         result = self._once(request, cancel, on_spawn, env, resume=True)
         if request.session_id and "No conversation found" in (result.error or result.text):
@@ -230,6 +253,7 @@ class ClaudeCodeRunner:
             cancel=cancel,
             on_spawn=on_spawn,
             confinement=request.confinement,
+            on_output=request.on_output,
             # Its tools' output is in its session transcripts, not in the JSON result.
             transcript=_appended(Path(env["HOME"]) / ".claude" / "projects"),
         )

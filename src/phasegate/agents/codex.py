@@ -55,6 +55,7 @@ from typing import Any
 
 from phasegate.agents.base import AgentRequest, AgentResult
 from phasegate.agents.env import child_env
+from phasegate.agents.mcp import codex_toml
 from phasegate.agents.process import ProcessOutcome, run_agent_process
 from phasegate.cartridge import RoleBinding
 from phasegate.sandbox import Bubblewrap, Confinement
@@ -199,7 +200,9 @@ class CodexRunner:
                 'wire_api = "responses"',
                 f"env_key = {_toml_str(b.api_key_env or 'OPENAI_API_KEY')}",
             ]
+        lines += codex_toml(b.mcp_servers)
         (home / "config.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (home / "config.toml").chmod(0o600)  # an MCP server's env may hold a key
 
     def argv(self, request: AgentRequest, *, resume: bool = True) -> list[str]:
         """The ``codex exec`` command line for ``request``: Codex's own sandbox
@@ -272,6 +275,7 @@ class CodexRunner:
             cancel=cancel,
             on_spawn=on_spawn,
             confinement=request.confinement,
+            on_output=request.on_output,
         )
         failure = outcome.failure(request.timeout_s)
         if failure is None:

@@ -66,6 +66,7 @@ class CommandRunner:
                 cancel=cancel,
                 on_spawn=on_spawn,
                 confinement=request.confinement,
+                on_output=request.on_output,
             )
         failure = outcome.failure(request.timeout_s)
         if failure is not None:

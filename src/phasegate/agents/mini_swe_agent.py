@@ -344,6 +344,7 @@ class MiniSweAgentRunner:
             cancel=cancel,
             on_spawn=on_spawn,
             confinement=request.confinement,
+            on_output=request.on_output,
             # The commands' outputs are in the trajectory, not on stdout.
             transcript=lambda: _read_text(trajectory_path),
             prompt=request.prompt,

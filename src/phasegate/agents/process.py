@@ -79,6 +79,7 @@ def run_agent_process(
     confinement: Confinement | None = None,
     transcript: Callable[[], str] | None = None,
     prompt: str | None = None,
+    on_output: Callable[[str, bytes], None] | None = None,
 ) -> ProcessOutcome:
     """Run ``args`` (a shell command when a string) to completion, timeout (seconds)
     or shutdown, supervised (``phasegate._process.run_supervised``) and confined
@@ -88,7 +89,10 @@ def run_agent_process(
     ``violations`` holds one ``sandbox_denied`` per write outside its areas
     that the process reported refused (``sandbox.refused_writes``) in its
     stdout, stderr, or ``transcript()`` (what a runner's agent wrote to a
-    file: its trajectory); a line of ``prompt`` (default: ``stdin``) is not one."""
+    file: its trajectory); a line of ``prompt`` (default: ``stdin``) is not one.
+
+    ``on_output(stream, data)`` sees stdout and stderr as they are read, while
+    the process runs (``AgentRequest.on_output``: the live output, issue 13)."""
     try:
         finished = run_supervised(
             args,
@@ -99,6 +103,7 @@ def run_agent_process(
             cancel=cancel,
             on_spawn=on_spawn,
             confinement=confinement,
+            on_output=on_output,
         )
     except SpawnError as exc:
         return ProcessOutcome("", "", None, 0.0, spawn_error=str(exc))

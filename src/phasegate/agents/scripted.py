@@ -6,6 +6,8 @@ a table with ``text`` and optionally:
 - ``files``: path → content, written in the worktree (build roles only);
 - ``patch``: a unified diff, applied in the worktree like a build agent would;
 - ``exit_code``: non-zero makes the call fail like an agent that crashed;
+- ``output``: what it prints while it works, handed to ``on_output`` (the
+  live output, issue 13) before its sleep, as an agent's stdout would be;
 - ``sleep``: seconds to wait first; ``hang = true`` waits past any timeout;
 - ``input_tokens``, ``output_tokens``, ``cost_usd``: the usage to report.
 
@@ -35,6 +37,7 @@ _ANSWER_KEYS = frozenset(
         "files",
         "patch",
         "exit_code",
+        "output",
         "sleep",
         "hang",
         "input_tokens",
@@ -86,6 +89,8 @@ class ScriptedRunner:
                 error=f"no scripted answers for role {request.role!r}",
             )
         answer = answers[min(request.call_index, len(answers) - 1)]
+        if answer.get("output") and request.on_output is not None:
+            request.on_output("stdout", str(answer["output"]).encode("utf-8"))
         wait_s = float("inf") if answer.get("hang") else float(answer.get("sleep", 0))
         deadline = started + request.timeout_s
         while time.monotonic() < started + wait_s:

@@ -15,6 +15,7 @@ from phasegate._git import changes, note_change
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner, Violation
 from phasegate.agents.env import cartridge_secrets, files_with_secrets, redact, secret_values
+from phasegate.agents.output import OutputLog
 from phasegate.cartridge import READ_ONLY_ROLES, ROLE_SESSION_LINES, Cartridge
 from phasegate.contract import (
     EventWrite,
@@ -24,7 +25,7 @@ from phasegate.contract import (
 )
 from phasegate.journal import ProcessJournal
 from phasegate.sandbox import agent_confinement
-from phasegate.store import AgentRunRecord, Fence, Store
+from phasegate.store import AgentRunRecord, Fence, FenceLost, Store
 from phasegate.workspace import GitError, Workspace, git
 
 __all__ = [
@@ -174,7 +175,9 @@ class AgentService:
 
         Tries ``1 + retries`` times (default ``limits.agent_retries``); every
         try is recorded in ``agent_runs`` with its usage, its text and error
-        with every secret value redacted. ``session_line`` (default: the
+        with every secret value redacted. While the agent runs, what it prints
+        is written as throttled, redacted, bounded ``agent_output`` events
+        (``agents.output.OutputLog``; issue 13). ``session_line`` (default: the
         role's, ROLE_SESSION_LINES) names the provider session the call
         resumes; ``read_only`` (default: whether the role is in
         READ_ONLY_ROLES) overrides the role's access, as the development graph
@@ -211,6 +214,13 @@ class AgentService:
                 kind, detail = "budget", f"the spend cap is reached after: {detail or 'a call'}"
                 break
             state_dir = self.repo / ".phasegate" / "agents" / ctx.id
+            output = OutputLog(
+                lambda event: self._emit_live(ctx.id, event),
+                secrets,
+                role=role,
+                phase=phase,
+                round=round,
+            )
             request = AgentRequest(
                 workflow_id=ctx.id,
                 phase=phase,
@@ -231,6 +241,7 @@ class AgentService:
                     state_dir=state_dir,
                     repo=self.repo,
                 ),
+                on_output=output.feed,
             )
             self._emit(
                 ctx.id,
@@ -247,7 +258,10 @@ class AgentService:
             )
             confined = request.confinement is not None and request.confinement.confined
             note_change()  # an agent in this process (scripted, api) writes too
-            with guard.watch(cwd, ctx.id, role=role, phase=phase, confined=confined) as watched:
+            with (
+                output,
+                guard.watch(cwd, ctx.id, role=role, phase=phase, confined=confined) as watched,
+            ):
                 result = self._run_journaled(ctx, phase, runner, request, round)
             result = watched.apply(result)  # refs and .git as they were (issue 10)
             note_change()
@@ -298,6 +312,19 @@ class AgentService:
             if kind == "budget":
                 break  # another try would only spend more
         raise AgentFailed(role, made, kind, detail)
+
+    def _emit_live(self, workflow_id: str, event: EventWrite) -> None:
+        """An event written while an agent runs (its output), as the journal writes
+        a side effect: only after a look that this worker still holds the lease (a
+        worker stopped for a while finds it taken over and writes nothing, for
+        the worker that took over owns the rows). Raises StoreUnavailable."""
+        fence = self.fences.get(workflow_id)
+        if fence is not None:
+            try:
+                fence.check()
+            except FenceLost:
+                return  # the call's own check says so, after the run
+        self._emit(workflow_id, event)
 
     def _saw_clean_after(
         self, ctx: WorkflowContext, cwd: Path, at: int, known: CheckoutSeen | None

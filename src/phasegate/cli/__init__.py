@@ -14,7 +14,7 @@ from phasegate._terminal import visible
 from phasegate.cli._app import app
 
 # Each group registers its commands on import; this order is --help's order.
-for _group in ("setup", "workflows", "github", "proposals", "demo"):
+for _group in ("setup", "workflows", "github", "proposals", "web", "demo"):
     import_module(f"phasegate.cli.{_group}")
 
 __all__ = ["app", "main"]

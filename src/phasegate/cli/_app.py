@@ -17,6 +17,7 @@ from phasegate._terminal import visible
 from phasegate.cartridge import Cartridge, CartridgeError, load_cartridge
 from phasegate.contract import PhasegateError
 from phasegate.doctor import not_a_repository
+from phasegate.operations import MAX_TICKET_BYTES, check_ticket, title_of
 from phasegate.store import Store, StoreUnavailable, open_store
 from phasegate.workspace import GitError, git
 
@@ -44,7 +45,13 @@ app = typer.Typer(
     "Many at once: `phasegate worker --concurrency N` advances N workflows side by side, "
     "woken by the store, not a poll; several workers (on several machines with "
     '[store] url = "postgresql://…") share the work, one worker per workflow (README: '
-    "Many workflows, many workers).",
+    "Many workflows, many workers).\n\n"
+    "The dashboard: `phasegate serve` runs the worker and serves the board (what needs "
+    "you first) and each workflow's page, live, on 127.0.0.1:8765, behind a token "
+    "(PHASEGATE_WEB_TOKEN, or one printed at start) and CSRF; `phasegate events ID "
+    "--follow` gives the same stream in a terminal. A decision (resume, feedback, "
+    "approve-merge, revert, verify-override, approve, reject, cancel) has one set of "
+    "rules for the CLI and the dashboard (README: The dashboard).",
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
@@ -151,10 +158,6 @@ def main_callback(
     """phasegate"""
 
 
-#: The most a ticket may have, in bytes (UTF-8): every prompt and the store carry it.
-MAX_TICKET_BYTES = 1_000_000
-
-
 def _ticket_from(ticket: str | None, ticket_file: Path | None) -> str:
     if (ticket is None) == (ticket_file is None):
         raise UsageError("give the ticket text or --ticket FILE (one of them)")
@@ -170,14 +173,7 @@ def _ticket_from(ticket: str | None, ticket_file: Path | None) -> str:
                 raise UsageError(f"{ticket_file}: not UTF-8 text (byte {exc.start})") from None
             ticket = raw.decode("utf-8", "replace")  # cut inside a character: too big anyway
     assert ticket is not None
-    if len(ticket.encode("utf-8", "surrogateescape")) > MAX_TICKET_BYTES:
-        raise UsageError(
-            f"the ticket is over {MAX_TICKET_BYTES} bytes: every prompt and the store carry "
-            "it whole; put what is long in the repository and point to it"
-        )
-    if not ticket.strip():
-        raise UsageError("the ticket is empty")
-    return ticket
+    return check_ticket(ticket)
 
 
 AutoMergeOption = Annotated[
@@ -197,9 +193,7 @@ ProfileOption = Annotated[
 ]
 
 
-def _title_of(ticket: str) -> str:
-    first = next((line.strip() for line in ticket.splitlines() if line.strip()), "untitled")
-    return first.lstrip("#").strip()[:120]
+_title_of = title_of
 
 
 NoAdvance = Annotated[

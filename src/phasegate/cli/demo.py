@@ -10,11 +10,13 @@ from typing import Annotated
 
 import typer
 
+from phasegate import notify
 from phasegate._terminal import visible
 from phasegate.cartridge import Cartridge, CartridgeError
 from phasegate.cli._app import JsonOption, ProfileOption, UsageError, _errors, _open, app, console
-from phasegate.cli.render import _detail, _engine, _finish, _graceful, _print_detail, _Progress
+from phasegate.cli.render import _engine, _finish, _graceful, _print_detail, _Progress
 from phasegate.report import render_report
+from phasegate.summary import workflow_detail
 
 
 @app.command()
@@ -64,10 +66,10 @@ def demo(
         engine = _engine(root, cartridge, store, None)
         workflow_id = engine.start(DEMO_TITLE, DEMO_TICKET, profile=profile)
         with _Progress(quiet=as_json) as progress, _graceful(engine):
-            engine.on_event = progress
+            notify.set_on_event(engine, progress)  # keeps the engine's notifier
             row = engine.advance(workflow_id)
     if not as_json:
-        _print_detail(_detail(store, workflow_id))
+        _print_detail(workflow_detail(store, workflow_id))
         report = row["state"].get("report")
         if report:
             console.print(

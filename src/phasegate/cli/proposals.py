@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import getpass
 import json
 import secrets
 import signal
@@ -21,10 +20,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from phasegate import decisions
+from phasegate import operations
 from phasegate.agents import binding_problems
-from phasegate.agents.env import cartridge_secrets
-from phasegate.autonomy import AutonomyPolicy, streak
 from phasegate.cartridge import CARTRIDGE_FILE, CartridgeError
 from phasegate.cli._app import (
     JsonOption,
@@ -40,26 +37,14 @@ from phasegate.cli._app import (
     err,
     shown,
 )
-from phasegate.cli.render import _STOPPED, _drive_unless_taken, _engine, _finish, _graceful, _iso
-from phasegate.contract import AWAITING_APPROVAL, DEVELOPMENT, RUNNABLE_STATUSES
+from phasegate.cli.render import _STOPPED, _drive_unless_taken, _engine, _finish, _graceful
 from phasegate.engine import LeaseHeld
 from phasegate.graph import AgentCall, Answer, GraphRules
 from phasegate.harness import ProposeInterrupted, RunnerAnswers, replay_check
 from phasegate.harness import propose as run_graph
-from phasegate.phases.graph_mode import CHECKS_GATE
-from phasegate.profiles import AutomationProfile
-from phasegate.redaction import redact
-from phasegate.store import APPLY_ARM, Store
 from phasegate.store.tables import PROPOSAL_STATUSES
+from phasegate.summary import iso
 from phasegate.workspace import Workspace
-
-
-def _person() -> str:
-    """Who decides when --by is not given: the login name."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "cli"
 
 
 @contextmanager
@@ -83,7 +68,7 @@ def _stop_on_signal(cancel: threading.Event) -> Iterator[None]:
 
 
 def _proposal_json(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in row.items()}
+    return {k: (iso(v) if isinstance(v, datetime) else v) for k, v in row.items()}
 
 
 def _print_checks(proposal_id: str, data: Mapping[str, Any]) -> None:
@@ -262,17 +247,6 @@ def proposals(
         console.print('no proposals; `phasegate propose "ticket"` runs the graph on one')
 
 
-def _awaiting(store: Store, proposal: Mapping[str, Any]) -> str | None:
-    """The workflow paused in development for this proposal's run, if any."""
-    workflow_id = proposal.get("workflow_id")
-    if not workflow_id:
-        return None
-    row = store.workflow_row(str(workflow_id))
-    if row["current_phase"] != DEVELOPMENT or row["status"] != AWAITING_APPROVAL:
-        return None
-    return str(workflow_id) if row["state"].get("graph_run") == proposal["run_id"] else None
-
-
 def _gate(
     repo: Path,
     proposal_id: str,
@@ -282,54 +256,23 @@ def _gate(
     as_json: bool,
     advance: bool = True,
 ) -> None:
-    """Record a person's decision on a proposal, who and when, and say where its kind stands.
+    """Record a person's decision on a proposal (``operations.approve``/``reject``),
+    who and when, and say where its kind stands.
 
     A workflow paused for the proposal (graph mode) is resumed, and advanced
     in the foreground unless ``advance`` is False: an approval lands the
     patch, a rejection starts a new run told why.
     """
     with _errors():
-        who = _person() if by is None else by.strip()
-        if not who:
-            raise UsageError("--by needs a name")
-        if who in (APPLY_ARM, CHECKS_GATE):
-            raise UsageError(f"--by {who!r} names phasegate's own gate; give a person's name")
-        if reason is not None and not reason.strip():
-            raise UsageError("--reason is empty; say why")
         root, cartridge, store = _open(repo)
-        if reason is not None:  # a key pasted into a reason reaches neither store nor prompt
-            reason = redact(reason, cartridge_secrets(cartridge))
-        found = store.proposal(proposal_id)
-        profile = None
-        # Only a workflow's draft PR gates it; its other proposals (scope's
-        # item_create) are decided whenever, and move nothing.
-        gating = bool(found["workflow_id"]) and found["kind"] == "draft_pr_create"
-        if found["workflow_id"]:
-            owner = store.workflow_row(str(found["workflow_id"]))
-            profile = AutomationProfile.from_state(owner["state"])
-            if gating and found["status"] == "proposed" and _awaiting(store, found) is None:
-                # left behind by a revert or a new run: not work to land
-                raise UsageError(
-                    f"proposal {proposal_id} is from run {found['run_id']} of workflow "
-                    f"{owner['id']}, which is not waiting for it (it is in "
-                    f"{owner['current_phase']} · {owner['status']}); nothing recorded"
-                )
-        if gating and found["status"] == verdict and _awaiting(store, found) is not None:
-            row = found  # decided before, then the process died before the workflow moved
-        elif gating and found["status"] == verdict and owner["status"] in RUNNABLE_STATUSES:
-            raise UsageError(
-                f"proposal {proposal_id} was {verdict} already by {found['decided_by']}; "
-                f"workflow {owner['id']} is in {owner['current_phase']} · {owner['status']}: "
-                f"`phasegate resume {owner['id']}` (or a worker) goes on with it"
-            )
-        else:
-            row = store.decide_proposal(proposal_id, verdict, who, reason)
-        policy = AutonomyPolicy.from_cartridge(cartridge, profile)
-        clean = streak(row["kind"], store.gate_history(row["kind"]))
-        workflow_id = _awaiting(store, row) if gating else None
         engine = _engine(root, cartridge, store, None)
-        if workflow_id is not None:
-            engine.decide(workflow_id, decisions.resume)
+        who = operations.login_name() if by is None else by
+        if verdict == "approved":
+            outcome = operations.approve(engine, proposal_id, by=who)
+        else:
+            outcome = operations.reject(engine, proposal_id, reason or "", by=who)
+    row, workflow_id = outcome.proposal, outcome.workflow_id
+    clean, policy = outcome.streak, outcome.policy
     if as_json:
         payload: dict[str, Any] = {**_proposal_json(row), "streak": clean}
         stopped = False
@@ -362,8 +305,8 @@ def _gate(
         what = f"workflow {workflow_id} resumes: the apply arm lands it"
     else:
         what = f"workflow {workflow_id} resumes: a new run is told why"
-    when = f"at {_iso(row['decided_at'])}"
-    if row is found:
+    when = f"at {iso(row['decided_at'])}"
+    if outcome.recorded_before:
         when += " (recorded before; the workflow had not moved on)"
     console.print(
         f"proposal [bold]{row['id']}[/bold] ({row['kind']}) {verdict} by "

@@ -5,29 +5,29 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import typer
-from rich import box
-from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from phasegate import notify
 from phasegate._terminal import visible
 from phasegate.cartridge import Cartridge
 from phasegate.cli._app import console, err, shown
+from phasegate.cli.status_table import _status_table  # noqa: F401  (render's, for the commands)
 from phasegate.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES
 from phasegate.engine import Engine, LeaseHeld
-from phasegate.profiles import MAX_REVERSIONS, AutomationProfile, decisions_of
+from phasegate.profiles import MAX_REVERSIONS
 from phasegate.report import render_report
 from phasegate.sandbox import start_confined
 from phasegate.store import Store
+from phasegate.summary import lease_holder, workflow_summary
 from phasegate.worker import waits_on_ci
 
 
@@ -104,20 +104,30 @@ class _Progress:
 
 
 @contextmanager
-def _graceful(engine: Engine, what: str = "the id is printed below") -> Iterator[None]:
+def _graceful(
+    engine: Engine,
+    what: str = "the id is printed below",
+    notice: Callable[[], str] | None = None,
+) -> Iterator[None]:
     """First Ctrl-C/SIGTERM: stop agents and leave the workflow resumable. Second: quit now.
 
-    ``what`` ends the notice: where the person finds the workflow to resume."""
+    ``what`` ends the notice: where the person finds the workflow to resume;
+    ``notice``, when given, makes the whole notice at the moment of the signal."""
     hits = {"n": 0}
 
     def handler(signum: int, _frame: FrameType | None) -> None:
         hits["n"] += 1
         if hits["n"] > 1:
             raise KeyboardInterrupt
-        err.print(
-            "\n[yellow]stopping: the running agent or check is stopped, nothing half-committed; "
-            f"`phasegate resume` continues it ({what})[/yellow]"
+        text = (
+            notice()
+            if notice is not None
+            else (
+                "stopping: the running agent or check is stopped, nothing half-committed; "
+                f"`phasegate resume` continues it ({what})"
+            )
         )
+        err.print(f"\n[yellow]{text}[/yellow]")
         engine.shutdown.set()
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -128,10 +138,32 @@ def _graceful(engine: Engine, what: str = "the id is printed below") -> Iterator
             signal.signal(s, h)
 
 
-def _engine(repo: Path, cartridge: Cartridge, store: Store, progress: _Progress | None) -> Engine:
+def _worker_notice(engine: Engine) -> str:
+    """What a worker's first Ctrl-C/SIGTERM stops: the workflows it holds, or nothing."""
+    held = sorted(engine.fences)
+    if not held:
+        return "stopping the worker: no workflow was running"
+    return (
+        f"stopping the worker: {len(held)} running workflow(s) ({', '.join(held)}) stop "
+        "their agents and stay in their phase, nothing half-committed; the next worker "
+        "or `phasegate resume ID` carries each on (`phasegate status` lists them)"
+    )
+
+
+def _engine(
+    repo: Path,
+    cartridge: Cartridge,
+    store: Store,
+    progress: _Progress | None,
+    *,
+    notifying: bool = True,
+) -> Engine:
     # Before any agent runs: a "bwrap" that cannot work is exit 2; unconfined is loud.
     start_confined(cartridge, lambda text: err.print(f"[bold red]{shown(text)}[/bold red]"))
-    return Engine(repo, cartridge, store, on_event=progress)
+    engine = Engine(repo, cartridge, store, on_event=progress)
+    if notifying:  # a workflow this process leaves needing a person says so (issue 13)
+        notify.attach(engine)
+    return engine
 
 
 #: Statuses a command reports with exit code 1: the workflow stopped short.
@@ -141,7 +173,7 @@ _STOPPED = frozenset({"failed", "paused", "planning_timeout"})
 def _drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
     """Advance in the foreground with live progress; exit with the workflow's outcome."""
     with _Progress(quiet=as_json) as progress, _graceful(engine):
-        engine.on_event = progress
+        notify.set_on_event(engine, progress)  # keeps the engine's notifier
         row = engine.advance(workflow_id)
         # CI runs on the forge: the foreground run waits for it (Ctrl-C leaves the
         # workflow resumable, and a worker would look at it just the same).
@@ -169,11 +201,11 @@ def _drive_unless_taken(engine: Engine, workflow_id: str, as_json: bool) -> None
         _drive(engine, workflow_id, as_json)
     except LeaseHeld:
         row = engine.store.workflow_row(workflow_id)
-        worker = _holder(engine.store, row).get("worker")
+        worker = lease_holder(engine.store, row).get("worker")
         # An owner is host:pid:token (Engine.owner); a person knows a process by host:pid.
         where = ":".join(str(worker).split(":")[:2]) if worker else None
         if as_json:
-            summary = {**_summary(engine.store, row), "taken_by_worker": True}
+            summary = {**workflow_summary(engine.store, row), "taken_by_worker": True}
             summary.setdefault("worker", where)
             console.print_json(json.dumps(summary, default=str))
         else:
@@ -197,7 +229,7 @@ def _finish(
     ``driven``: the workflow was just advanced in the foreground, so a runnable
     status other than waiting means it stopped early (another process moved it).
     """
-    summary = _summary(store, row)
+    summary = workflow_summary(store, row)
     approved = row["state"].get("merge_approved")
     at = _repo_option(row)
     stopped_early = (
@@ -252,184 +284,6 @@ def _finish(
         raise typer.Exit(130)
     if row["status"] in _STOPPED or stopped_early:
         raise typer.Exit(1)
-
-
-def _summary(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
-    usage = store.usage_totals(row["id"])
-    awaited = None
-    if row["status"] == AWAITING_APPROVAL:
-        waiting = [
-            p
-            for p in store.proposals(status="proposed", workflow_id=row["id"])
-            if p["kind"] == "draft_pr_create"
-        ]
-        awaited = waiting[-1]["id"] if waiting else None
-    return {
-        "id": row["id"],
-        "title": row["title"],
-        "current_phase": row["current_phase"],
-        "status": row["status"],
-        "error": row.get("error"),
-        # the proposal a person's approve/reject moves the workflow on with, if any
-        "awaiting_proposal": awaited,
-        "dev_round": row["dev_round"],
-        "profile": AutomationProfile.from_state(row["state"]).name,
-        "reversion_count": int(row["state"].get("reversion_count") or 0),
-        "issue_number": row["issue_number"],
-        "pr_number": row["pr_number"],
-        "branch_name": row["branch_name"],
-        "merge_sha": row["merge_sha"],
-        "verification_status": row["state"].get("verification_status"),
-        "verified_by": row["state"].get("verified_by"),
-        "tokens": usage.tokens,
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "cost_usd": round(usage.cost_usd, 6),
-        "agent_runs": usage.runs,
-        "created_at": _iso(row["created_at"]),
-        "updated_at": _iso(row["updated_at"]),
-        "completed_at": _iso(row.get("completed_at")),
-        # the conflict fork (phases/conflict.py): whose child this is, and its own children
-        "parent_workflow_id": row.get("parent_workflow_id"),
-        "children": [
-            {"id": c["id"], "status": c["status"]} for c in store.child_workflows(row["id"])
-        ],
-        **_holder(store, row),
-    }
-
-
-def _holder(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
-    """Which worker holds the workflow's lease (``host:pid:token``) and until when, while
-    it is unexpired (issue 12, item 1); both None when nobody does."""
-    expires = row.get("lease_expires_at")
-    if not row.get("lease_owner") or expires is None or expires <= store.clock.now():
-        return {"worker": None, "lease_expires_at": None}
-    return {"worker": row["lease_owner"], "lease_expires_at": _iso(expires)}
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
-
-
-def _detail(store: Store, workflow_id: str) -> dict[str, Any]:
-    """What ``show`` prints: summary, phase timeline, milestones, agent runs, report."""
-    row = store.workflow_row(workflow_id)
-    milestones = store.milestone_rows(workflow_id)
-    phases = [e for e in store.events(workflow_id) if e["type"] == "phase_change"]
-    runs = store.agent_runs(workflow_id)
-    return {
-        "workflow": _summary(store, row),
-        "timeline": [
-            {"phase": e["data"].get("phase"), "at": _iso(e["created_at"])} for e in phases
-        ],
-        "milestones": [
-            {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in m.items()}
-            for m in milestones
-        ],
-        "agent_runs": [
-            {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in r.items()} for r in runs
-        ],
-        "report": row["state"].get("report"),
-        "violations": [
-            {**e["data"], "at": _iso(e["created_at"])}
-            for e in store.events(workflow_id)
-            if e["type"] == "violation"
-        ],
-        "decisions": decisions_of(row["state"]),
-        "cleanup": _cleanup_of(milestones),
-    }
-
-
-def _cleanup_of(milestones: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The merge's cleanup (phases/cleanup.py): its status and, when failed, why."""
-    found = [m for m in milestones if m["kind"] == "cleanup"]
-    if not found:
-        return None
-    last = found[-1]
-    return {
-        "status": last["status"],
-        "reason": ((last["data"] or {}).get("reason") or last["summary"])
-        if last["status"] == "failed"
-        else None,
-        "attempts": int((last["data"] or {}).get("attempts") or 1),
-    }
-
-
-#: status's columns, in the order shown; the ones a narrow terminal drops first
-#: come last in _OPTIONAL (id, phase and status are always whole).
-_STATUS_COLUMNS = (
-    "id",
-    "title",
-    "phase",
-    "status",
-    "worker",
-    "profile",
-    "tokens",
-    "cost (USD)",
-    "updated",
-)
-_OPTIONAL = ("worker", "tokens", "cost (USD)", "profile", "updated")
-_MIN_TITLE = 12  # the least a title gets, even in the worst case at 80 columns
-_TITLE_FIRST = 20  # what a title gets before an optional column does
-
-
-def _status_cells(r: Mapping[str, Any], wide: bool) -> dict[str, str]:
-    updated = r["updated_at"] or ""
-    title = visible(r["title"], one_line=True)
-    if r.get("parent_workflow_id"):
-        title = f"child of {r['parent_workflow_id']}: {title}"
-    return {
-        "id": r["id"],
-        "title": title if len(title) <= 40 else title[:39] + "…",
-        "phase": r["current_phase"],
-        "status": r["status"],
-        # host:pid, enough to find the process (--json has the whole owner)
-        "worker": ":".join(str(r.get("worker") or "").split(":")[:2]),
-        "profile": r["profile"],
-        "tokens": str(r["tokens"]),
-        "cost (USD)": f"{r['cost_usd']:.4f}",
-        # UTC; the date goes first when space is short (today's rows matter most)
-        "updated": updated[:19].replace("T", " ") if wide else updated[11:16],
-    }
-
-
-def _status_table(rows: list[dict[str, Any]], width: int) -> Table:
-    """``status``'s table, fitted to ``width`` columns: id, phase and status are
-    never cut; the title is cut with an ellipsis, and what does not fit
-    (updated, then profile, cost, tokens, then the worker holding it: shown only
-    while a worker holds one) is left out, for ``--json`` to give.
-    Wide (100 columns or more): boxed; narrower: no rules, to leave the text room."""
-    wide = width >= 100
-    cells = [_status_cells(r, wide) for r in rows]
-
-    def table_of(columns: list[str], title: int | None) -> Table:
-        table = (
-            Table(box=box.HEAVY_HEAD)
-            if wide
-            else Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        )
-        for c in columns:
-            header = "updated (UTC)" if c == "updated" and wide else c
-            if c == "title":
-                table.add_column(header, overflow="ellipsis", no_wrap=True, max_width=title)
-            else:
-                table.add_column(header, no_wrap=True)
-        for row in cells:
-            table.add_row(*(shown(row[c]) if c == "title" else row[c] for c in columns))
-        return table
-
-    def needs(columns: list[str]) -> int:
-        """The width the table takes with ``columns`` and a title of _TITLE_FIRST."""
-        return Console(width=10_000).measure(table_of(columns, _TITLE_FIRST)).maximum
-
-    fits = ["id", "title", "phase", "status"]
-    held = any(r.get("worker") for r in rows)  # the column only while a worker holds one
-    for column in (c for c in _OPTIONAL if held or c != "worker"):
-        if needs([*fits, column]) <= width:
-            fits.append(column)
-    fits = [c for c in _STATUS_COLUMNS if c in fits]
-    # the title gets what the other columns leave, so rich cuts nothing else
-    return table_of(fits, max(_MIN_TITLE, _TITLE_FIRST + width - needs(fits)))
 
 
 def _print_detail(detail: Mapping[str, Any]) -> None:

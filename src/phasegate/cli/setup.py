@@ -22,9 +22,10 @@ from phasegate.cli._app import (
     console,
     shown,
 )
-from phasegate.cli.render import _STOPPED, _detail, _engine, _graceful, _print_detail, _Progress
+from phasegate.cli.render import _STOPPED, _engine, _graceful, _print_detail, _Progress
 from phasegate.doctor import Diagnosis, diagnose
 from phasegate.store import open_store
+from phasegate.summary import workflow_detail
 from phasegate.workspace import Workspace
 
 
@@ -158,6 +159,8 @@ def _print_diagnosis(found: Diagnosis) -> None:
             line(no, f"{role.role}: {role.error}")
         else:
             parts = [role.runner or "?"]
+            if role.agent:
+                parts[0] = f"agent {role.agent} ({role.runner})"
             if role.model:
                 parts.append(f"model {role.model}")
             if role.executable and role.executable != role.resolved:
@@ -168,8 +171,13 @@ def _print_diagnosis(found: Diagnosis) -> None:
                 parts.append(f"{role.api_key_env} {'set' if role.api_key_set else 'NOT SET'}")
             if role.sandbox:
                 parts.append(f"sandbox {role.sandbox} ({role.sandbox_reason})")
-            problem = (role.executable and not role.resolved and role.runner != "command") or (
-                role.api_key_env and not role.api_key_set
+            if role.mcp_servers:
+                servers = [f"{n} {where or 'NOT FOUND'}" for n, where in role.mcp_servers.items()]
+                parts.append("mcp " + ", ".join(servers))
+            problem = (
+                (role.executable and not role.resolved and role.runner != "command")
+                or (role.api_key_env and not role.api_key_set)
+                or None in role.mcp_servers.values()
             )
             line(no if problem else yes, f"{role.role}: " + " · ".join(parts))
     if found.checks_sandbox:
@@ -271,7 +279,7 @@ def dry_run(
         with dry_run_workspace(root, cartridge, steps, keep=keep) as dry:
             store = open_store(dry.cartridge.store_url(dry.clone))
             try:
-                engine = _engine(dry.clone, dry.cartridge, store, None)
+                engine = _engine(dry.clone, dry.cartridge, store, None, notifying=False)
                 if not as_json:
                     console.print(
                         f"dry run on a clone of {root}: {dry.clone}\n"
@@ -288,7 +296,7 @@ def dry_run(
                 with _Progress(quiet=as_json) as progress, _graceful(engine):
                     engine.on_event = progress
                     engine.advance(workflow_id)
-                detail = _detail(store, workflow_id)
+                detail = workflow_detail(store, workflow_id)
             finally:
                 store.close()
             requests = dry.model_requests()

@@ -9,10 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
-from phasegate import decisions
 from phasegate import new_project as projects
+from phasegate import notify, operations
 from phasegate._host import HOSTNAME_VARIABLE
-from phasegate.agents.env import cartridge_secrets
 from phasegate.cartridge import CARTRIDGE_FILE
 from phasegate.cli._app import (
     AutoMergeOption,
@@ -25,7 +24,6 @@ from phasegate.cli._app import (
     _open,
     _open_for_reading,
     _ticket_from,
-    _title_of,
     app,
     console,
     err,
@@ -33,7 +31,6 @@ from phasegate.cli._app import (
 )
 from phasegate.cli._watching import watch_in_worker
 from phasegate.cli.render import (
-    _detail,
     _drive,
     _drive_unless_taken,
     _engine,
@@ -42,13 +39,10 @@ from phasegate.cli.render import (
     _print_detail,
     _Progress,
     _status_table,
-    _summary,
+    _worker_notice,
 )
-from phasegate.contract import MERGE, PhaseResult, WorkflowContext
-from phasegate.engine import Engine, LeaseHeld
-from phasegate.phases import acceptance_verification
-from phasegate.phases.cleanup import KIND
-from phasegate.redaction import redact
+from phasegate.engine import Engine
+from phasegate.summary import workflow_detail, workflow_summary
 from phasegate.worker import DEFAULT_CONCURRENCY
 
 
@@ -86,8 +80,11 @@ def run(
     public: Annotated[
         bool, typer.Option("--public", help="--new-project on GitHub: a public repository.")
     ] = False,
+    no_advance: NoAdvance = False,
 ) -> None:
     """File a ticket and run its workflow in the foreground (Ctrl-C leaves it resumable).
+
+    --no-advance files it only, for a running `phasegate worker` (or `serve`) to take.
 
     With [graph] enabled = true in phasegate.toml, planning, development and
     pr_review follow the development graph: competing plans, a read-only build
@@ -97,19 +94,23 @@ def run(
     """
     with _errors():
         ticket = _ticket_from(ticket, ticket_file)
+        if no_advance and new_project is not None:
+            raise UsageError("--no-advance files a ticket here; --new-project runs it there")
         if new_project is not None:
             engine, workflow_id = _start_new_project(
                 new_project,
                 directory,
                 repo,
                 public,
-                lambda e, state: e.start(
-                    title or _title_of(ticket),
+                lambda e, state: operations.start(
+                    e,
                     ticket,
+                    by=operations.login_name(),
+                    title=title,
                     auto_merge=auto_merge,
                     profile=profile,
                     state=state,
-                ),
+                )["id"],
                 as_json,
             )
             _drive(engine, workflow_id, as_json)
@@ -117,11 +118,19 @@ def run(
         if directory is not None or public:
             raise UsageError("--dir and --public are read only with --new-project")
         root, cartridge, store = _open(repo)
-        cartridge.require_roles(root / CARTRIDGE_FILE)
+        cartridge.require_roles(root / CARTRIDGE_FILE)  # before _engine's sandbox notice
         engine = _engine(root, cartridge, store, None)
-        workflow_id = engine.start(
-            title or _title_of(ticket), ticket, auto_merge=auto_merge, profile=profile
-        )
+        workflow_id = operations.start(
+            engine,
+            ticket,
+            by=operations.login_name(),
+            title=title,
+            auto_merge=auto_merge,
+            profile=profile,
+        )["id"]
+        if no_advance:  # a worker takes it
+            _finish(store, store.workflow_row(workflow_id), as_json, driven=False)
+            return
         if not as_json:
             console.print(f"workflow [bold]{workflow_id}[/bold] filed", highlight=False)
         # A running worker may claim the new workflow before this process does.
@@ -209,9 +218,10 @@ def worker(
         progress = _Progress(quiet=False)
         engine = _engine(root, cartridge, store, progress)
         engine.lease_ttl_s = lease_ttl
+        notify.catch_up(engine)  # what a killed process left unsent (issue 13)
         with (
             progress,
-            _graceful(engine, "`phasegate status` lists the workflows"),
+            _graceful(engine, notice=lambda: _worker_notice(engine)),
             watch_in_worker(root, cartridge, engine, once=once, say=progress.line),
         ):
             engine.run_worker(once=once, poll_s=poll, concurrency=concurrency)
@@ -225,7 +235,7 @@ def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     tokens and cost."""
     with _errors():
         store = _open_for_reading(repo)
-        rows = [_summary(store, r) for r in store.list_workflows()]
+        rows = [workflow_summary(store, r) for r in store.list_workflows()]
     if as_json:
         console.print_json(json.dumps(rows))
         return
@@ -242,7 +252,7 @@ def show(
     """One workflow: its phase timeline with milestones, agent runs and the reason it stopped."""
     with _errors():
         store = _open_for_reading(repo)
-        detail = _detail(store, workflow_id)
+        detail = workflow_detail(store, workflow_id)
     if as_json:
         console.print_json(json.dumps(detail, default=str))
         return
@@ -252,12 +262,12 @@ def show(
 def _manual(
     repo: Path,
     workflow_id: str,
-    decide: Callable[[Engine, Any], PhaseResult],
+    act: Callable[[Engine], dict[str, Any]],
     advance: bool,
     as_json: bool,
     announce_reversion: bool = False,
 ) -> None:
-    """Commit a person's decision through the single commit path, then (optionally) advance.
+    """Run a person's action (``phasegate.operations``), then (optionally) advance.
 
     With ``announce_reversion`` the reversion just recorded is confirmed on
     stderr before the workflow moves on (its exit code is the run's).
@@ -265,7 +275,7 @@ def _manual(
     with _errors():
         root, cartridge, store = _open(repo)
         engine = _engine(root, cartridge, store, None)
-        row = engine.decide(workflow_id, lambda ctx: decide(engine, ctx))
+        row = act(engine)
         if announce_reversion:
             recorded = row["state"]["decisions"][-1]
             err.print(
@@ -294,7 +304,14 @@ def resume(
     attempt_discarded); stale git locks and half-made worktrees are repaired;
     leftover agent and check processes are stopped. README: "After a crash".
     """
-    _manual(repo, workflow_id, lambda _e, ctx: decisions.resume(ctx), not no_advance, as_json)
+    by = operations.login_name()
+    _manual(
+        repo,
+        workflow_id,
+        lambda e: operations.resume(e, workflow_id, by=by),
+        not no_advance,
+        as_json,
+    )
 
 
 @app.command()
@@ -306,12 +323,14 @@ def feedback(
     as_json: JsonOption = False,
 ) -> None:
     """Send feedback: a waiting workflow goes back to development with it."""
-
-    def given(engine: Engine, ctx: WorkflowContext) -> PhaseResult:
-        # A key pasted into feedback must reach neither the store nor a prompt.
-        return decisions.feedback(ctx, redact(text, cartridge_secrets(engine.cartridge)))
-
-    _manual(repo, workflow_id, given, not no_advance, as_json)
+    by = operations.login_name()
+    _manual(
+        repo,
+        workflow_id,
+        lambda e: operations.feedback(e, workflow_id, text, by=by),
+        not no_advance,
+        as_json,
+    )
 
 
 @app.command("approve-merge")
@@ -324,7 +343,11 @@ def approve_merge(
 ) -> None:
     """Allow a waiting workflow (phase wait, after its report) to merge its pull request."""
     _manual(
-        repo, workflow_id, lambda _e, ctx: decisions.approve_merge(ctx, by), not no_advance, as_json
+        repo,
+        workflow_id,
+        lambda e: operations.approve_merge(e, workflow_id, by=by),
+        not no_advance,
+        as_json,
     )
 
 
@@ -348,12 +371,11 @@ def revert(
     branch, milestones and agent sessions are kept; the reason is the next
     plan's input and a decision record `phasegate show` lists.
     """
+    by = operations.login_name()
     _manual(
         repo,
         workflow_id,
-        lambda e, ctx: decisions.revert(
-            ctx, to_phase, redact(reason, cartridge_secrets(e.cartridge)), e.clock.now()
-        ),
+        lambda e: operations.revert(e, workflow_id, reason, by=by, to_phase=to_phase),
         not no_advance,
         as_json,
         announce_reversion=True,
@@ -369,11 +391,30 @@ def verify_override(
     as_json: JsonOption = False,
 ) -> None:
     """A person's acceptance verdict; confirmed closes the issue and completes the workflow."""
+    _manual(
+        repo,
+        workflow_id,
+        lambda e: operations.verify_override(e, workflow_id, verdict, by=by),
+        False,
+        as_json,
+    )
 
-    def decide(engine: Engine, ctx: Any) -> PhaseResult:
-        return acceptance_verification.override(ctx, engine.deps_for(ctx), verdict, by)
 
-    _manual(repo, workflow_id, decide, False, as_json)
+@app.command()
+def cancel(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID")],
+    by: Annotated[str | None, typer.Option(help="Who cancels (default: your login name).")] = None,
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+) -> None:
+    """Cancel a workflow that is not completed: status cancelled, for good.
+
+    Its forge issue and pull request, worktree and branch are left as they are.
+    Refused (exit 2, nothing changed) while a worker advances it: stop that
+    worker first (its agents stop, the workflow pauses), then cancel.
+    """
+    who = operations.login_name() if by is None else by
+    _manual(repo, workflow_id, lambda e: operations.cancel(e, workflow_id, by=who), False, as_json)
 
 
 @app.command()
@@ -394,20 +435,7 @@ def cleanup(
     with _errors():
         root, cartridge, store = _open(repo)
         engine = _engine(root, cartridge, store, None)
-        ids = [workflow_id] if workflow_id else store.workflow_ids_with_milestone(KIND, "failed")
-        outcomes = []
-        for wf in ids:
-            try:
-                settled = engine.retry_cleanup(wf)
-            except LeaseHeld as exc:
-                outcomes.append({"id": wf, "cleanup": "busy", "retried": False, "reason": str(exc)})
-                continue
-            found = settled or store.load_context(wf).milestone(KIND, phase=MERGE)
-            status = found.status if found else "none"
-            reason = found.summary if found and status == "failed" else None
-            outcomes.append(
-                {"id": wf, "cleanup": status, "retried": settled is not None, "reason": reason}
-            )
+        outcomes = operations.cleanup(engine, workflow_id, by=operations.login_name())
     if as_json:
         console.print_json(json.dumps(outcomes))
     elif not outcomes:

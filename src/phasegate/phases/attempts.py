@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phasegate._git import run_git
 from phasegate.agents.base import Violation
 from phasegate.agents.env import cartridge_secrets, files_with_secrets, holds_secret
 from phasegate.contract import DEVELOPMENT, MilestoneView, MilestoneWrite, WorkflowContext
@@ -322,20 +323,31 @@ def begin(ctx: WorkflowContext, deps: PhaseDeps, cwd: Path, number: int) -> tupl
     view = _journal_of(ctx, ctx.dev_round, number)
     if view is not None and view.status in _UNSETTLED:
         dead = Attempt.of(ctx, view)
-        if head != dead.start:
-            named = trailers(deps.workspace.commit_message(cwd, head)).get(ATTEMPT_TRAILER)
-            if named == dead.trailer:
-                # Committed before its result: the attempt's output. Only what the
-                # checks left uncommitted goes.
-                deps.workspace.discard_changes(cwd)
-                return dead, head
-        discard(ctx, deps, cwd, dead.start, "the attempt died before its commit", dead)
-        head = dead.start
+        if not _has_commit(cwd, dead.start):
+            # It died in another clone (takeover.py), from a commit that clone never
+            # pushed: what it built is lost with it; this attempt starts from the
+            # branch as this clone has it (the forge's, or made again).
+            why = "the attempt died in another clone, from a commit this clone lacks"
+            discard(ctx, deps, cwd, head, why, dead)
+        else:
+            if head != dead.start:
+                named = trailers(deps.workspace.commit_message(cwd, head)).get(ATTEMPT_TRAILER)
+                if named == dead.trailer:
+                    # Committed before its result: the attempt's output. Only what the
+                    # checks left uncommitted goes.
+                    deps.workspace.discard_changes(cwd)
+                    return dead, head
+            discard(ctx, deps, cwd, dead.start, "the attempt died before its commit", dead)
+            head = dead.start
     else:
         discard(ctx, deps, cwd, head, "uncommitted changes found at the start of an attempt")
     attempt = Attempt(ctx.id, ctx.dev_round, number, head, _last_run_id(deps.store, ctx.id))
     deps.store.write_milestone(ctx.id, DEVELOPMENT, attempt.journal())
     return attempt, ""
+
+
+def _has_commit(cwd: Path, sha: str) -> bool:
+    return run_git(["rev-parse", "--verify", "-q", f"{sha}^{{commit}}"], cwd).returncode == 0
 
 
 def account_build_runs(store: Store, repo: Path, workflow_id: str, rev: str) -> dict[str, list]:

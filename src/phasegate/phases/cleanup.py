@@ -89,13 +89,16 @@ def pending(ctx: WorkflowContext) -> MilestoneView | None:
     return found if found is not None and found.status == "failed" else None
 
 
-def retry(store: Store, workspace: Workspace, workflow_id: str) -> MilestoneView | None:
+def retry(
+    store: Store, workspace: Workspace, workflow_id: str, ctx: WorkflowContext | None = None
+) -> MilestoneView | None:
     """Retry the workflow's failed cleanup; returns its settled milestone, or None
-    when no cleanup was waiting. The caller holds the workflow's lease.
+    when no cleanup was waiting. The caller holds the workflow's lease; ``ctx``, the
+    workflow as the caller read it under that lease (None: read here).
 
     Raises WorkflowNotFound for an unknown id.
     """
-    ctx = store.load_context(workflow_id)
+    ctx = ctx or store.load_context(workflow_id)
     failed = pending(ctx)
     if failed is None or not ctx.branch_name:
         return None

@@ -17,7 +17,7 @@ merge into the branch):
   ``state["fork_round"]`` before one is created, and the milestone is settled
   with the child's id: a crash anywhere in between never forks twice.
 - the parent pauses with ``state["conflict_child"]`` naming the child; the
-  child's completed or failed commit wakes it in the same transaction
+  child's completed, failed or cancelled commit wakes it in the same transaction
   (``store.commit._wake_parent``), and merge runs again: the branch now
   holds the base (it merges), or the child failed and the profile's
   ``reversion_or_stop`` decides, as for a conflict before the fork existed.
@@ -71,7 +71,14 @@ from typing import Any
 from phasegate._git import IDENTITY, run_git
 from phasegate.agents.env import cartridge_secrets, files_with_secrets
 from phasegate.agents.service import AgentFailed
-from phasegate.contract import COMPLETED, MERGE, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.contract import (
+    COMPLETED,
+    ENDED_STATUSES,
+    MERGE,
+    MilestoneWrite,
+    PhaseResult,
+    WorkflowContext,
+)
 from phasegate.phases.deps import PhaseDeps, agent_failure
 from phasegate.profiles import reversion_or_stop
 from phasegate.workspace import git
@@ -133,9 +140,11 @@ def on_conflict(ctx: WorkflowContext, deps: PhaseDeps, base: str) -> PhaseResult
     number = 1
     if latest is not None and latest.status == "completed":
         child = deps.store.workflow_row(str(latest.data["child"]))
-        if child["status"] not in ("completed", "failed"):
+        if child["status"] not in ENDED_STATUSES:
             return _waiting(child)
-        if child["status"] == "failed" and ctx.state.get("conflict_settled") != child["id"]:
+        # A child a person cancelled resolved nothing: as one that failed.
+        unresolved = child["status"] != "completed"
+        if unresolved and ctx.state.get("conflict_settled") != child["id"]:
             return _child_failed(ctx, deps, child)
         # Resolved, and the base moved on since; or failed, decided, and resumed by a
         # person: a new round.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -95,6 +95,13 @@ class Dialect(Protocol):
         ``on_conflict_do_nothing`` (an upsert in one statement)."""
         ...
 
+    def writing(self) -> AbstractContextManager[None]:
+        """Held around every writing transaction, from before it begins until after it
+        ends: SQLite's queues a process's threads for the file's write lock
+        (PostgreSQL's does nothing). Raises the database's own "locked" error
+        when the wait passes the busy timeout."""
+        ...
+
     def serialize(self, conn: sa.Connection, key: str) -> None:
         """Hold the lock named ``key`` until ``conn``'s transaction ends: two writing
         transactions serializing on one key never interleave (a read-then-insert,
@@ -160,7 +167,7 @@ class StoreBase:
         Raises StoreUnavailable (rolled back, nothing written) when the store is
         locked past its busy timeout, full or failing I/O.
         """
-        with self.faults(), self.engine.begin() as conn:
+        with self.faults(), self.dialect.writing(), self.engine.begin() as conn:
             yield conn
 
     @contextmanager

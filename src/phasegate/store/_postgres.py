@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import psycopg
@@ -132,6 +133,9 @@ class PostgresDialect:
 
     def insert(self, table: sa.Table) -> Any:
         return postgresql.insert(table)
+
+    def writing(self) -> AbstractContextManager[None]:
+        return nullcontext()  # row locks: writers of different rows never wait
 
     def serialize(self, conn: sa.Connection, key: str) -> None:
         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(lock_id(key))))

@@ -16,6 +16,8 @@ import sqlalchemy as sa
 
 from phasegate.contract import (
     COMPLETED,
+    ENDED_STATUSES,
+    NEEDS_YOU_STATUSES,
     PHASE_STATUS_MAP,
     ContractViolation,
     EventWrite,
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
     from phasegate.store.workflows import WorkflowRows
 
 __all__ = [
+    "NEEDS_YOU_EVENT",
+    "NEEDS_YOU_EVENT_STATUSES",
     "UPDATABLE_COLUMNS",
     "commit_phase_result",
     "dedupe_key",
@@ -77,6 +81,17 @@ UPDATABLE_COLUMNS = frozenset(
         "user_feedback",
     }
 )
+
+
+#: The event a commit moving a workflow into a status of ``NEEDS_YOU_EVENT_STATUSES``
+#: appends, in its own transaction: ``{"status", "from", "phase", "version"}`` (the
+#: version that commit wrote). One per transition, whichever process commits it, and
+#: never lost to a crash after the commit: the notifications deliver from it
+#: (``phasegate.notify``; issue 13, item 4).
+NEEDS_YOU_EVENT = "needs_you"
+
+#: A person's turn (``NEEDS_YOU_STATUSES``), or a failure a person must look at.
+NEEDS_YOU_EVENT_STATUSES: frozenset[str] = NEEDS_YOU_STATUSES | {"failed"}
 
 
 def workflow_dict(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -177,7 +192,8 @@ def commit_phase_result(
 
     In one transaction: validates ``result``, updates the workflow row (phase,
     status, error, ``updates``, merged ``state``), upserts the milestones and
-    appends the events it carries. Only ``outcome == "completed"`` changes
+    appends the events it carries (and a ``NEEDS_YOU_EVENT`` when the status
+    changes into one of ``NEEDS_YOU_EVENT_STATUSES``). Only ``outcome == "completed"`` changes
     ``current_phase``; ``failed``/``pause`` set status ``failed``/``paused``
     (or ``result.status``) with ``result.reason`` as the error; ``retry`` and
     ``wait`` keep the phase and its status.
@@ -186,7 +202,7 @@ def commit_phase_result(
     only while that lease is still this worker's: a worker whose lease was
     taken over commits nothing.
 
-    A child's end (completed or failed) wakes its parent in the same
+    A child's end (completed, failed or cancelled) wakes its parent in the same
     transaction (``_wake_parent``): a parent paused for that child
     (``state["conflict_child"]``, phases/conflict.py) gets its phase's status
     back, so the next advance resumes its merge.
@@ -230,6 +246,9 @@ def commit_phase_result(
         params.update(w_owner=fence.owner, w_fence=fence.value)
     milestones, events = milestone_writes(ctx.id, ctx.current_phase, result.milestones, now)
     events += [event_params(ctx.id, event, now) for event in result.events]
+    if status != ctx.status and status in NEEDS_YOU_EVENT_STATUSES and _needs_a_person(ctx, values):
+        entered = {"status": status, "from": ctx.status, "phase": phase, "version": ctx.version + 1}
+        events.append(event_params(ctx.id, EventWrite(NEEDS_YOU_EVENT, entered), now))
     with store.transaction() as conn:
         row = conn.execute(statement, params).first()
         if row is None:
@@ -238,10 +257,19 @@ def commit_phase_result(
             conn.execute(milestone_upsert(store.dialect), milestones)
         if events:
             conn.execute(INSERT_EVENT, events)
-        if ctx.parent_workflow_id and status in ("completed", "failed"):
+        if ctx.parent_workflow_id and status in ENDED_STATUSES:
             _wake_parent(store, conn, ctx.parent_workflow_id, ctx.id, status, now)
         store.dialect.notify(conn)  # a person's decision, a settled phase: workers look
     return workflow_dict(row._mapping)
+
+
+def _needs_a_person(ctx: WorkflowContext, values: Mapping[str, Any]) -> bool:
+    """Whether the status the commit enters waits for a person: a workflow that
+    waits for its merge with ``auto_merge`` or an approval already given merges on
+    its own (no needs-you event, so no notification)."""
+    if values["status"] != "waiting" or values["current_phase"] != "wait":
+        return True
+    return not (ctx.auto_merge or values["state"].get("merge_approved"))
 
 
 def _wake_parent(

@@ -128,6 +128,21 @@ class GraphRows(StoreBase):
             raise RunNotFound(run_id)
         return _utc_row(row)
 
+    def runs_of(self, workflow_id: str) -> list[dict[str, Any]]:
+        """The recorded runs a workflow drove (graph mode), oldest first: each
+        run_id, workflow_id, date, record, created_at."""
+        with self.reading() as conn:
+            rows = (
+                conn.execute(
+                    sa.select(t.graph_runs)
+                    .where(t.graph_runs.c.workflow_id == workflow_id)
+                    .order_by(t.graph_runs.c.created_at, t.graph_runs.c.run_id)
+                )
+                .mappings()
+                .all()
+            )
+        return [_utc_row(row) for row in rows]
+
     def proposals(
         self,
         status: str | None = None,

@@ -25,6 +25,54 @@ from phasegate.contract import WorkflowNotFound
 from phasegate.store import tables as t
 from phasegate.store._base import FenceLost, StoreBase, StoreUnavailable, _utc, _utc_row
 
+_c = t.workflows.c
+
+#: ``claim_free``'s statements, built once (a pass runs them whenever a thread of a
+#: busy worker ends): the other owners of the given workflows' leases, and the claim.
+_HOLDERS = (
+    sa.select(_c.lease_owner)
+    .distinct()
+    .where(
+        _c.id.in_(sa.bindparam("ids", expanding=True)),
+        _c.lease_owner.is_not(None),
+        _c.lease_owner != sa.bindparam("owner"),
+    )
+)
+_FREE = sa.or_(
+    _c.lease_owner.is_(None),
+    _c.lease_expires_at.is_(None),
+    _c.lease_expires_at <= sa.bindparam("now"),
+    _c.lease_owner.in_(sa.bindparam("gone", expanding=True)),
+)
+# SKIP LOCKED (PostgreSQL; SQLite serializes writers already): workers filling
+# their threads at once each take other workflows, none waits on another's
+# batch only to find it taken. The UPDATE's own ``_FREE`` still judges each row.
+_CLAIM_FREE = (
+    t.workflows.update()
+    .where(
+        _c.id.in_(
+            sa.select(_c.id)
+            .where(_c.id.in_(sa.bindparam("ids", expanding=True)), _FREE)
+            .order_by(_c.created_at, _c.id)
+            .with_for_update(skip_locked=True)
+            .limit(sa.bindparam("limit"))
+            .scalar_subquery()
+        ),
+        _FREE,
+    )
+    .values(
+        lease_owner=sa.bindparam("owner"),
+        lease_expires_at=sa.bindparam("expires"),
+        fence=_c.fence + 1,
+    )
+    .returning(_c.id, _c.fence)
+)
+
+#: ``check_fence``'s read, built once: it runs before every side effect and agent.
+_FENCE = sa.select(_c.lease_owner, _c.lease_expires_at, _c.fence).where(
+    _c.id == sa.bindparam("w_id")
+)
+
 
 @dataclass
 class Fence:
@@ -118,44 +166,21 @@ class LeaseRows(StoreBase):
         if not workflow_ids or (limit is not None and limit <= 0):
             return {}
         now = self.clock.now()
-        c = t.workflows.c
         ids = sorted(workflow_ids)
         with self.reading() as conn:
-            holders = set(
-                conn.execute(
-                    sa.select(c.lease_owner)
-                    .distinct()
-                    .where(c.id.in_(ids), c.lease_owner.is_not(None), c.lease_owner != owner)
-                ).scalars()
-            )
+            holders = set(conn.execute(_HOLDERS, {"ids": ids, "owner": owner}).scalars())
         gone = sorted(h for h in holders if not _holder_alive(h))
-        free = sa.or_(
-            c.lease_owner.is_(None),
-            c.lease_expires_at.is_(None),
-            c.lease_expires_at <= now,
-            c.lease_owner.in_(gone),
-        )
-        # SKIP LOCKED (PostgreSQL; SQLite serializes writers already): workers filling
-        # their threads at once each take other workflows, none waits on another's
-        # batch only to find it taken. The UPDATE's own ``free`` still judges each row.
-        chosen = (
-            sa.select(c.id)
-            .where(c.id.in_(ids), free)
-            .order_by(c.created_at, c.id)
-            .with_for_update(skip_locked=True)
-        )
-        if limit is not None:
-            chosen = chosen.limit(limit)
         with self.transaction() as conn:
             rows = conn.execute(
-                t.workflows.update()
-                .where(c.id.in_(chosen.scalar_subquery()), free)
-                .values(
-                    lease_owner=owner,
-                    lease_expires_at=now + timedelta(seconds=ttl_s),
-                    fence=c.fence + 1,
-                )
-                .returning(c.id, c.fence)
+                _CLAIM_FREE,
+                {
+                    "ids": ids,
+                    "gone": gone,
+                    "now": now,
+                    "limit": len(ids) if limit is None else limit,
+                    "owner": owner,
+                    "expires": now + timedelta(seconds=ttl_s),
+                },
             ).all()
         return {row[0]: row[1] for row in rows}
 
@@ -249,11 +274,8 @@ class LeaseRows(StoreBase):
         unrenewed (another worker may claim it at any moment). Raises
         WorkflowNotFound, StoreUnavailable.
         """
-        c = t.workflows.c
         with self.reading() as conn:
-            row = conn.execute(
-                sa.select(c.lease_owner, c.lease_expires_at, c.fence).where(c.id == workflow_id)
-            ).first()
+            row = conn.execute(_FENCE, {"w_id": workflow_id}).first()
         if row is None:
             raise WorkflowNotFound(workflow_id)
         expires = _utc(row[1])

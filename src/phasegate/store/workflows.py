@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -372,9 +372,23 @@ class WorkflowRows(StoreBase):
 
     # -- events -----------------------------------------------------------------
 
-    def events(self, workflow_id: str, after_id: int = 0) -> list[dict[str, Any]]:
-        """The workflow's events with id > ``after_id``, oldest first."""
-        return self._workflow_rows(t.events, workflow_id, t.events.c.id > after_id)
+    def events(
+        self, workflow_id: str, after_id: int = 0, types: Collection[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The workflow's events with id > ``after_id``, oldest first; only those of
+        ``types`` when given."""
+        where = [t.events.c.id > after_id]
+        if types is not None:
+            where.append(t.events.c.type.in_(list(types)))
+        return self._workflow_rows(t.events, workflow_id, *where)
+
+    def last_event_id(self, workflow_id: str) -> int:
+        """The id of the workflow's newest event, 0 when it has none."""
+        with self.reading() as conn:
+            found = conn.execute(
+                sa.select(sa.func.max(t.events.c.id)).where(t.events.c.workflow_id == workflow_id)
+            ).scalar()
+        return int(found or 0)
 
     def add_event(self, workflow_id: str, event: EventWrite) -> None:
         with self.transaction() as conn:

@@ -6,7 +6,8 @@ It speaks the three wire formats the agent CLIs use (docs/agent-clis.md):
   Claude Code;
 - OpenAI Responses (``POST /v1/responses``), streaming SSE: Codex CLI;
 - OpenAI chat completions (``POST /v1/chat/completions``), plain JSON or
-  SSE chunks ending in ``[DONE]``: litellm, aider, mini-swe-agent.
+  SSE chunks ending in ``[DONE]``: litellm, aider, mini-swe-agent;
+- Gemini ``generateContent``/``streamGenerateContent`` (``model_gemini``): Gemini CLI.
 
 A script is a list of ``Step`` s, chosen by a marker: the first script whose
 marker occurs in the request's latest prompt (or ``"*"``) plays. The server
@@ -33,6 +34,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from phasegate.testing import model_anthropic, model_gemini
+
 __all__ = ["Recorded", "ScriptedModelServer", "Step", "ToolCall", "key_sha"]
 
 
@@ -41,7 +44,7 @@ def key_sha(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-_SECRET_HEADERS = ("x-api-key", "authorization", "api-key")
+_SECRET_HEADERS = ("x-api-key", "authorization", "api-key", "x-goog-api-key")
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ def _prompt_and_turns(api: str, body: Mapping[str, Any]) -> tuple[str, int]:
     session's new prompt starts its script afresh while the request still
     carries the earlier rounds' turns.
     """
+    if api == "gemini":
+        return model_gemini.prompt_and_turns(body)
     if api == "responses":
         items = body.get("input", [])
         if isinstance(items, str):
@@ -144,10 +149,22 @@ def _prompt_and_turns(api: str, body: Mapping[str, Any]) -> tuple[str, int]:
 
 
 def _cwd(body: Mapping[str, Any]) -> str:
+    """The agent's working directory: Claude Code says it in its system prompt,
+    Qwen Code in the context it sends as its first chat message."""
     system = body.get("system", "")
     if isinstance(system, list):
         system = "\n".join(s.get("text", "") for s in system if isinstance(s, dict))
     match = re.search(r"Primary working directory: (\S+)", str(system))
+    if match:
+        return match.group(1)
+    first = next((m for m in body.get("messages", []) if m.get("role") == "user"), {})
+    content = first.get("content", "")
+    texts = (
+        [content]
+        if isinstance(content, str)
+        else [c.get("text", "") for c in content if isinstance(c, dict)]
+    )
+    match = re.search(r"I'm currently working in the directory: (\S+)", "\n".join(texts))
     return match.group(1) if match else ""
 
 
@@ -243,6 +260,8 @@ class ScriptedModelServer:
         path = handler.path.split("?")[0]
         if path.endswith("/messages/count_tokens"):
             return self._json(handler, 200, {"input_tokens": 100})
+        if model_gemini.is_count_tokens(path):
+            return self._json(handler, 200, model_gemini.count_tokens())
         api = (
             "anthropic"
             if path.endswith("/messages")
@@ -250,6 +269,8 @@ class ScriptedModelServer:
             if path.endswith("/responses")
             else "chat"
             if path.endswith("/chat/completions")
+            else "gemini"
+            if model_gemini.is_gemini(path)
             else None
         )
         headers = {
@@ -259,6 +280,7 @@ class ScriptedModelServer:
         key = (
             handler.headers.get("x-api-key")
             or handler.headers.get("api-key")
+            or handler.headers.get("x-goog-api-key")
             or (handler.headers.get("authorization", "").removeprefix("Bearer ").strip())
         )
         record = Recorded("POST", handler.path, headers, body, key_sha(key) if key else None)
@@ -281,10 +303,19 @@ class ScriptedModelServer:
             self._stop.wait(step.delay_s)
         if step.status != 200:
             return self._error(handler, api, step.status, "scripted server error")
-        tools = tuple(ToolCall(t.name, _fill(dict(t.input), _cwd(body))) for t in step.tools)
+        cwd = model_gemini.cwd(body) if api == "gemini" else _cwd(body)
+        tools = tuple(ToolCall(t.name, _fill(dict(t.input), cwd)) for t in step.tools)
         stream = bool(body.get("stream"))
+        if api == "gemini":
+            streamed, reply = model_gemini.reply(path, step, tools)
+            if streamed:
+                return self._sse(handler, ((None, chunk) for chunk in reply))
+            return self._json(handler, 200, reply)
         if api == "anthropic":
-            return self._anthropic(handler, step, tools, body, stream)
+            streamed, reply = model_anthropic.reply(step, tools, body, self.model, stream)
+            if streamed:
+                return self._sse(handler, reply)
+            return self._json(handler, 200, reply)
         if api == "responses":
             return self._responses(handler, step, tools, body)
         return self._chat(handler, step, tools, stream)
@@ -307,6 +338,8 @@ class ScriptedModelServer:
         if api == "anthropic":
             kind = "api_error" if status >= 500 else "invalid_request_error"
             payload: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": msg}}
+        elif api == "gemini":
+            payload = model_gemini.error_payload(status, msg)
         else:
             payload = {"error": {"message": msg, "type": "server_error", "code": status}}
         self._json(handler, status, payload)
@@ -326,120 +359,6 @@ class ScriptedModelServer:
             handler.wfile.write(chunk.encode())
             handler.wfile.flush()
         handler.close_connection = True
-
-    def _anthropic(
-        self,
-        handler: BaseHTTPRequestHandler,
-        step: Step,
-        tools: tuple[ToolCall, ...],
-        body: Mapping[str, Any],
-        stream: bool,
-    ) -> None:
-        message_id = f"msg_{uuid.uuid4().hex[:24]}"
-        model = body.get("model", self.model)
-        stop_reason = "tool_use" if tools else "end_turn"
-        blocks: list[dict[str, Any]] = []
-        if step.text:
-            blocks.append({"type": "text", "text": step.text})
-        for tool in tools:
-            blocks.append(
-                {
-                    "type": "tool_use",
-                    "id": f"toolu_{uuid.uuid4().hex[:24]}",
-                    "name": tool.name,
-                    "input": dict(tool.input),
-                }
-            )
-        usage = {
-            "input_tokens": step.input_tokens,
-            "output_tokens": step.output_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
-        }
-        if not stream:
-            return self._json(
-                handler,
-                200,
-                {
-                    "id": message_id,
-                    "type": "message",
-                    "role": "assistant",
-                    "model": model,
-                    "content": blocks,
-                    "stop_reason": stop_reason,
-                    "stop_sequence": None,
-                    "usage": usage,
-                },
-            )
-
-        def events() -> Iterator[tuple[str | None, Any]]:
-            yield (
-                "message_start",
-                {
-                    "type": "message_start",
-                    "message": {
-                        "id": message_id,
-                        "type": "message",
-                        "role": "assistant",
-                        "model": model,
-                        "content": [],
-                        "stop_reason": None,
-                        "stop_sequence": None,
-                        "usage": {**usage, "output_tokens": 1},
-                    },
-                },
-            )
-            for i, block in enumerate(blocks):
-                if block["type"] == "text":
-                    yield (
-                        "content_block_start",
-                        {
-                            "type": "content_block_start",
-                            "index": i,
-                            "content_block": {"type": "text", "text": ""},
-                        },
-                    )
-                    yield (
-                        "content_block_delta",
-                        {
-                            "type": "content_block_delta",
-                            "index": i,
-                            "delta": {"type": "text_delta", "text": block["text"]},
-                        },
-                    )
-                else:
-                    yield (
-                        "content_block_start",
-                        {
-                            "type": "content_block_start",
-                            "index": i,
-                            "content_block": {**block, "input": {}},
-                        },
-                    )
-                    yield (
-                        "content_block_delta",
-                        {
-                            "type": "content_block_delta",
-                            "index": i,
-                            "delta": {
-                                "type": "input_json_delta",
-                                "partial_json": json.dumps(block["input"]),
-                            },
-                        },
-                    )
-                yield "content_block_stop", {"type": "content_block_stop", "index": i}
-            yield (
-                "message_delta",
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-                    "usage": {"output_tokens": step.output_tokens},
-                },
-            )
-            yield "message_stop", {"type": "message_stop"}
-
-        self._sse(handler, events())
-        return None
 
     def _responses(
         self,

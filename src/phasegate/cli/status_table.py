@@ -1,0 +1,96 @@
+"""``phasegate status``'s table: which columns fit a terminal's width, and their cells."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from phasegate._terminal import visible
+from phasegate.cli._app import shown
+
+#: status's columns, in the order shown; the ones a narrow terminal drops first
+#: come last in _OPTIONAL (id, phase and status are always whole).
+_STATUS_COLUMNS = (
+    "id",
+    "title",
+    "phase",
+    "status",
+    "repository",
+    "worker",
+    "profile",
+    "tokens",
+    "cost (USD)",
+    "updated",
+)
+_OPTIONAL = ("worker", "tokens", "cost (USD)", "profile", "updated")
+_MIN_TITLE = 12  # the least a title gets, even in the worst case at 80 columns
+_TITLE_FIRST = 20  # what a title gets before an optional column does
+
+
+def _status_cells(r: Mapping[str, Any], wide: bool) -> dict[str, str]:
+    updated = r["updated_at"] or ""
+    title = visible(r["title"], one_line=True)
+    if r.get("parent_workflow_id"):
+        title = f"child of {r['parent_workflow_id']}: {title}"
+    return {
+        "id": r["id"],
+        "title": title if len(title) <= 40 else title[:39] + "…",
+        "phase": r["current_phase"],
+        "status": r["status"],
+        "repository": r.get("repository") or Path(str(r.get("repo_path") or "")).name,
+        # host:pid, enough to find the process (--json has the whole owner)
+        "worker": ":".join(str(r.get("worker") or "").split(":")[:2]),
+        "profile": r["profile"],
+        "tokens": str(r["tokens"]),
+        "cost (USD)": f"{r['cost_usd']:.4f}",
+        # UTC; the date goes first when space is short (today's rows matter most)
+        "updated": updated[:19].replace("T", " ") if wide else updated[11:16],
+    }
+
+
+def _status_table(rows: list[dict[str, Any]], width: int) -> Table:
+    """``status``'s table, fitted to ``width`` columns: id, phase and status are
+    never cut, nor the repository when the rows are of several (a shared store); the
+    title is cut with an ellipsis, and what does not fit
+    (updated, then profile, cost, tokens, then the worker holding it: shown only
+    while a worker holds one) is left out, for ``--json`` to give.
+    Wide (100 columns or more): boxed; narrower: no rules, to leave the text room."""
+    wide = width >= 100
+    cells = [_status_cells(r, wide) for r in rows]
+
+    def table_of(columns: list[str], title: int | None) -> Table:
+        table = (
+            Table(box=box.HEAVY_HEAD)
+            if wide
+            else Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        )
+        for c in columns:
+            header = "updated (UTC)" if c == "updated" and wide else c
+            if c == "title":
+                table.add_column(header, overflow="ellipsis", no_wrap=True, max_width=title)
+            else:
+                table.add_column(header, no_wrap=True)
+        for row in cells:
+            table.add_row(*(shown(row[c]) if c == "title" else row[c] for c in columns))
+        return table
+
+    def needs(columns: list[str]) -> int:
+        """The width the table takes with ``columns`` and a title of _TITLE_FIRST."""
+        return Console(width=10_000).measure(table_of(columns, _TITLE_FIRST)).maximum
+
+    fits = ["id", "title", "phase", "status"]
+    held = any(r.get("worker") for r in rows)  # the column only while a worker holds one
+    # ... and the repository's only when the store holds more than one's (a shared store)
+    if len({c["repository"] for c in cells}) > 1:
+        fits.append("repository")
+    for column in (c for c in _OPTIONAL if held or c != "worker"):
+        if needs([*fits, column]) <= width:
+            fits.append(column)
+    fits = [c for c in _STATUS_COLUMNS if c in fits]
+    # the title gets what the other columns leave, so rich cuts nothing else
+    return table_of(fits, max(_MIN_TITLE, _TITLE_FIRST + width - needs(fits)))

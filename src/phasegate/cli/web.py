@@ -1,0 +1,208 @@
+"""The dashboard's commands: ``serve`` (phasegate.web) and ``events`` (its live
+stream in a terminal). Issue 13, items 2, 3 and 5."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from phasegate import notify
+from phasegate.agents.env import cartridge_secrets
+from phasegate.cartridge import Cartridge, CartridgeError, load_cartridge
+from phasegate.cli._app import (
+    JsonOption,
+    RepoOption,
+    _errors,
+    _open,
+    _open_for_reading,
+    _repo_root,
+    app,
+    console,
+    err,
+    shown,
+)
+from phasegate.cli._watching import watch_in_worker
+from phasegate.cli.render import _engine, _graceful, _worker_notice
+from phasegate.worker import DEFAULT_CONCURRENCY
+
+
+@app.command()
+def serve(
+    repo: RepoOption = Path("."),
+    host: Annotated[
+        str,
+        typer.Option(
+            help="The address to listen on. Default 127.0.0.1: only this machine; from "
+            "another, go through an SSH tunnel or a TLS reverse proxy (README)."
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="The port (0: any free one).")] = 8765,
+    concurrency: Annotated[
+        int,
+        typer.Option("--concurrency", "-j", min=1, help="Workflows the worker advances at once."),
+    ] = DEFAULT_CONCURRENCY,
+    no_worker: Annotated[
+        bool,
+        typer.Option("--no-worker", help="Serve only; another `phasegate worker` advances."),
+    ] = False,
+) -> None:
+    """Serve the dashboard on 127.0.0.1:8765 and run the worker.
+
+    The board (needs you first) and each workflow's page, both live. Every
+    request needs the token: PHASEGATE_WEB_TOKEN, else one made now and printed
+    with the login URL; it is exchanged once for a session cookie, and every
+    action carries a CSRF token. Actions are recorded as PHASEGATE_WEB_USER
+    (default: your OS user). Ctrl-C stops both; each workflow stays resumable.
+    """
+    # Imported here: the web app reads through cli.render, and every other command
+    # starts without loading FastAPI.
+    from phasegate.web.auth import TOKEN_VARIABLE, USER_VARIABLE, Access
+    from phasegate.web.serve import Dashboard
+
+    with _errors():
+        root, cartridge, store = _open(repo)
+        engine = _engine(root, cartridge, store, None)
+        access = Access()
+        if not no_worker:
+            notify.catch_up(engine)  # what a killed process left unsent, as `worker` does
+        dashboard = Dashboard(
+            engine, access, host, port, concurrency=concurrency, worker=not no_worker
+        )
+        notice = (
+            (lambda: "stopping the dashboard") if no_worker else (lambda: _worker_notice(engine))
+        )
+        with _graceful(engine, notice=notice):
+            try:
+                url = dashboard.start()
+            except OSError as exc:
+                raise typer.Exit(_said(f"cannot listen on {host}:{port}: {exc}")) from None
+            where = "the token in " + TOKEN_VARIABLE if not access.made_token else "this token"
+            err.print(f"phasegate serve: {url} (as {shown(access.user)}; {where})")
+            if access.made_token:
+                # The one place the token is shown: the terminal of who started it.
+                err.print(f"log in at {url}/login?token={access.token}", highlight=False)
+            err.print(
+                f"actions are recorded as {shown(access.user)} ({USER_VARIABLE} to change)",
+                highlight=False,
+            )
+            if host not in _LOOPBACK:
+                err.print(
+                    f"[yellow]warning:[/yellow] listening on {shown(host)}: other machines "
+                    "reach it, over plain HTTP (the token and the session cookie in clear "
+                    "text); an SSH tunnel or a TLS reverse proxy in front of 127.0.0.1 "
+                    "does not expose them",
+                    highlight=False,
+                )
+            # As `phasegate worker` does: the forge's labelled issues filed as tickets.
+            watch = (
+                watch_in_worker(root, cartridge, engine, once=False, say=_say_line)
+                if not no_worker
+                else contextlib.nullcontext()
+            )
+            with watch:
+                dashboard.wait()
+    if dashboard.errors:
+        raise typer.Exit(_said(f"the worker stopped: {dashboard.errors[0]}", 1))
+    raise typer.Exit(130 if engine.shutdown.is_set() else 0)
+
+
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _said(message: str, code: int = 2) -> int:
+    err.print(f"[red]error:[/red] {shown(message)}", highlight=False)
+    return code
+
+
+@app.command()
+def events(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID")],
+    repo: RepoOption = Path("."),
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")
+    ] = False,
+    after: Annotated[int, typer.Option(min=0, help="Only the events after this event id.")] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Print a workflow's events; --follow keeps printing them.
+
+    Its phase_change, milestone_updated, … rows, oldest first: the dashboard's
+    live stream in a terminal. --json: one JSON object a line (id, workflow_id,
+    type, data, created_at); --after ID: only the later ones."""
+    from phasegate.web import live
+
+    with _errors():
+        store = _open_for_reading(repo)
+        store.workflow_row(workflow_id)  # WorkflowNotFound: exit 2 before anything
+        secrets = _secrets(repo)
+        stop = threading.Event()
+        rows = (
+            live.follow_rows(store, workflow_id, after, stop)
+            if follow
+            else iter(store.events(workflow_id, after))
+        )
+        # Ctrl-C (and SIGTERM) set ``stop``: the stream ends between rows, never with
+        # a KeyboardInterrupt inside a store read (which could hang the exit).
+        with _stopped_by_signals(stop) if follow else contextlib.nullcontext():
+            for row in rows:
+                text = live.event_json(row, secrets)
+                if as_json:
+                    print(text, flush=True)
+                else:
+                    _print_event(json.loads(text))
+        if stop.is_set():
+            raise typer.Exit(130)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM set ``stop`` while inside; the handlers before are put back."""
+    previous = {
+        sig: signal.signal(sig, lambda _signum, _frame: stop.set())
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _print_event(shaped: dict[str, Any]) -> None:
+    """One event row for a person: id, time, type and its data as JSON on one line;
+    an agent's output (``agent_output``) as its role and then its lines, each
+    indented under it, as the agent printed them."""
+    head = f"{shaped['id']:>6} {shaped['created_at']} [bold]{shaped['type']}[/bold]"
+    data = shaped["data"]
+    if shaped["type"] == "agent_output":
+        console.print(f"{head} {shown(str(data.get('role')))}", highlight=False)
+        for line in str(data.get("text", "")).splitlines():
+            console.print(f"       │ {shown(line)}", highlight=False, soft_wrap=True)
+        return
+    text = json.dumps(data, sort_keys=True, ensure_ascii=False)
+    # soft_wrap: one row a line, for grep and tail
+    console.print(f"{head} {shown(text)}", highlight=False, soft_wrap=True)
+
+
+def _secrets(repo: Path) -> list[str]:
+    """What the printed rows must not hold: the cartridge's and the environment's
+    secrets (the environment's alone when the cartridge is broken)."""
+    try:
+        cartridge = load_cartridge(_repo_root(repo))
+    except CartridgeError:
+        cartridge = Cartridge()
+    return cartridge_secrets(cartridge)
+
+
+__all__ = ["events", "serve"]
+
+
+def _say_line(text: str) -> None:
+    err.print(shown(text), highlight=False)

@@ -1,0 +1,510 @@
+"""Every person's action, once: the rules and errors the CLI and the dashboard share
+(issue 13, item 1; DESIGN.md §5).
+
+A front end parses its input, calls one function here and renders what it
+returns; nothing here prints. Each action takes what it needs explicitly (an
+Engine, the workflow or proposal id, its arguments, ``by``: who acts) and
+returns the workflow's new row (``cleanup`` and the gate: their outcome).
+
+Who acts is recorded where the action records a person (approve-merge's
+``merge_approved_by``, verify-override's ``verified_by``, a proposal's
+``decided_by``) and, for every action, in the event it adds to the workflow's
+stream: ``decision`` with ``{"action", "by", ...}`` (the dashboard's
+timeline reads it).
+
+Errors (each a PhasegateError whose message is what the CLI prints):
+
+- ActionRefused: the input does not fit the action (an empty ticket, a
+  ``by`` naming phasegate's own gate, a stale proposal); nothing recorded.
+- ContractViolation: the decision does not fit the workflow's state
+  (``decisions``); nothing recorded.
+- LeaseHeld: another process advances the workflow; nothing recorded.
+- WorkflowNotFound, ProposalNotFound, ProposalDecided, CartridgeError,
+  StoreUnavailable as their modules raise them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from phasegate import decisions, review
+from phasegate.agents.env import cartridge_secrets
+from phasegate.autonomy import AutonomyPolicy, streak
+from phasegate.cartridge import CARTRIDGE_FILE
+from phasegate.contract import (
+    ACCEPTANCE_VERIFICATION,
+    AWAITING_APPROVAL,
+    CANCELLED,
+    DEVELOPMENT,
+    MERGE,
+    RUNNABLE_STATUSES,
+    WAIT,
+    ContractViolation,
+    EventWrite,
+    PhasegateError,
+    PhaseResult,
+    WorkflowContext,
+)
+from phasegate.engine import Engine, LeaseHeld
+from phasegate.phases import acceptance_verification
+from phasegate.phases.cleanup import KIND as CLEANUP
+from phasegate.phases.graph_mode import CHECKS_GATE
+from phasegate.profiles import AutomationProfile
+from phasegate.redaction import redact
+from phasegate.store import APPLY_ARM, Store
+
+__all__ = [
+    "ACTIONS",
+    "CANCELLED",
+    "DECISION_EVENT",
+    "MAX_TICKET_BYTES",
+    "MAX_TITLE_CHARS",
+    "ActionRefused",
+    "GateOutcome",
+    "actions",
+    "approve",
+    "approve_merge",
+    "awaiting",
+    "cancel",
+    "check_ticket",
+    "check_title",
+    "cleanup",
+    "comment",
+    "feedback",
+    "login_name",
+    "reject",
+    "resume",
+    "revert",
+    "review_drafts",
+    "send_review",
+    "start",
+    "title_of",
+    "verify_override",
+]
+
+#: The event every action adds to the workflow's stream: ``{"action", "by", ...}``.
+DECISION_EVENT = "decision"
+
+#: The most a ticket may have, in bytes (UTF-8): every prompt and the store carry it.
+MAX_TICKET_BYTES = 1_000_000
+
+#: The most characters a given title may have (a derived one is cut at 120).
+MAX_TITLE_CHARS = 300
+
+
+class ActionRefused(PhasegateError):
+    """The action's input does not fit it; nothing was recorded."""
+
+
+def login_name() -> str:
+    """Who acts when a front end names nobody: the login name, else ``cli``."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "cli"
+
+
+#: Every action on a workflow ``actions`` may offer, in the order a page lists them.
+ACTIONS = (
+    "approve_merge",
+    "feedback",
+    "approve",
+    "reject",
+    "verify_override",
+    "resume",
+    "revert",
+    "cancel",
+    "cleanup",
+)
+
+#: Where a person is asked for words: a report waiting, a stop to explain.
+_FEEDBACK_STATUSES = frozenset({"waiting", "paused", "failed", "planning_timeout"})
+
+
+def actions(ctx: WorkflowContext, *, held: bool = False) -> tuple[str, ...]:
+    """The actions that apply to the workflow now, by name, in ACTIONS' order: what a
+    front end offers (issue 13, item 2: "buttons for exactly the actions that apply").
+
+    ``held``: another process advances the workflow (its lease is live), so every
+    action would be refused with LeaseHeld: none applies. An action offered is one
+    the workflow's state admits (its function may still refuse its input: an
+    empty feedback, an empty reason); ``approve``/``reject`` are for the proposal
+    the workflow awaits. Pure: reads ``ctx`` only.
+    """
+    if held or ctx.status == CANCELLED:
+        return ()
+    if ctx.status == "completed":
+        cleaned = ctx.milestone(CLEANUP, phase=MERGE)
+        return ("cleanup",) if cleaned and cleaned.status == "failed" else ()
+    offered = {"cancel"}
+    approved = decisions.approved_by(ctx) is not None
+    if ctx.current_phase == WAIT and not approved:
+        offered.add("approve_merge")
+    if ctx.status in _FEEDBACK_STATUSES and not approved:
+        offered.add("feedback")
+    if ctx.status == AWAITING_APPROVAL:
+        offered |= {"approve", "reject"}
+    if ctx.current_phase == ACCEPTANCE_VERIFICATION:
+        offered.add("verify_override")
+    stopped = ctx.status in ("failed", "paused", "planning_timeout")
+    if stopped or (ctx.status in RUNNABLE_STATUSES and ctx.status != "waiting"):
+        offered.add("resume")  # a stop, or a runnable workflow nobody advances: interrupted
+    if decisions.revert_refusal(ctx) is None:
+        offered.add("revert")
+    return tuple(a for a in ACTIONS if a in offered)
+
+
+# -- starting ---------------------------------------------------------------------
+
+
+def check_ticket(ticket: str) -> str:
+    """``ticket`` unchanged when a workflow may be filed for it. Raises ActionRefused
+    when it is empty, over MAX_TICKET_BYTES (UTF-8) or holds a NUL character (no
+    prompt, file or program argument can carry one: it would fail in development)."""
+    if len(ticket.encode("utf-8", "surrogateescape")) > MAX_TICKET_BYTES:
+        raise ActionRefused(
+            f"the ticket is over {MAX_TICKET_BYTES} bytes: every prompt and the store carry "
+            "it whole; put what is long in the repository and point to it"
+        )
+    if "\x00" in ticket:
+        raise ActionRefused("the ticket holds a NUL character (\\x00): no agent can be given it")
+    if not ticket.strip():
+        raise ActionRefused("the ticket is empty")
+    return ticket
+
+
+def check_title(title: str) -> str:
+    """``title`` unchanged when a workflow may carry it. Raises ActionRefused when it
+    is over MAX_TITLE_CHARS or holds a NUL character: a title names the branch, the
+    commits and the pull request, which git and the forge bound."""
+    if "\x00" in title:
+        raise ActionRefused("the title holds a NUL character (\\x00)")
+    if len(title) > MAX_TITLE_CHARS:
+        raise ActionRefused(
+            f"the title is over {MAX_TITLE_CHARS} characters: say the rest in the ticket"
+        )
+    return title
+
+
+def title_of(ticket: str) -> str:
+    """A ticket's title when none is given: its first non-blank line, without
+    Markdown's heading marks, at most 120 characters."""
+    first = next((line.strip() for line in ticket.splitlines() if line.strip()), "untitled")
+    return first.lstrip("#").strip()[:120]
+
+
+def start(
+    engine: Engine,
+    ticket: str,
+    *,
+    by: str,
+    title: str | None = None,
+    auto_merge: bool | None = None,
+    profile: str | None = None,
+    state: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """File a ticket as ``phasegate run`` does before it drives: a new workflow in
+    preparation (``Engine.start``: ``auto_merge``, ``profile``, ``state``), its
+    title ``title`` else ``title_of(ticket)``. Returns the workflow's row; nothing
+    is advanced. Raises ActionRefused (the ticket), CartridgeError (a role left
+    unbound, the profile, the base branch), PhasegateError (no commit yet)."""
+    check_ticket(ticket)
+    if title is not None:
+        check_title(title)
+    engine.cartridge.require_roles(engine.repo / CARTRIDGE_FILE)
+    workflow_id = engine.start(
+        title or title_of(ticket), ticket, auto_merge=auto_merge, profile=profile, state=state
+    )
+    engine.store.add_event(workflow_id, _event("start", by))
+    return engine.store.workflow_row(workflow_id)
+
+
+# -- a workflow's decisions -------------------------------------------------------
+
+
+def _event(action: str, by: str, **data: Any) -> EventWrite:
+    return EventWrite(DECISION_EVENT, {"action": action, "by": by, **data})
+
+
+def _decide(
+    engine: Engine,
+    workflow_id: str,
+    action: str,
+    by: str,
+    decision: Callable[[WorkflowContext], PhaseResult],
+    **data: Any,
+) -> dict[str, Any]:
+    """Commit ``decision`` under the workflow's lease (``Engine.decide``) with its
+    decision event; a cancelled workflow refuses every decision."""
+
+    def decided(ctx: WorkflowContext) -> PhaseResult:
+        if ctx.status == CANCELLED:
+            raise ContractViolation(f"workflow {ctx.id} is cancelled; nothing moves it on")
+        result = decision(ctx)
+        return dataclasses.replace(result, events=(*result.events, _event(action, by, **data)))
+
+    return engine.decide(workflow_id, decided)
+
+
+def resume(engine: Engine, workflow_id: str, *, by: str) -> dict[str, Any]:
+    """Run the current phase again with fresh retry counters (``decisions.resume``)."""
+    return _decide(engine, workflow_id, "resume", by, decisions.resume)
+
+
+def feedback(engine: Engine, workflow_id: str, text: str, *, by: str) -> dict[str, Any]:
+    """Give the agents ``text``, its secrets redacted (``decisions.feedback``)."""
+    # A key pasted into feedback must reach neither the store nor a prompt.
+    said = redact(text, cartridge_secrets(engine.cartridge))
+    return _decide(engine, workflow_id, "feedback", by, lambda ctx: decisions.feedback(ctx, said))
+
+
+def comment(
+    engine: Engine, workflow_id: str, path: str, line: int, text: str, *, by: str
+) -> list[review.Draft]:
+    """Record a draft review comment on ``path`` line ``line`` (1-based, in the
+    workflow's branch), ``text`` its secrets redacted: a ``review_comment`` event,
+    outside the lease and changing no state, so no worker acts on it; it waits for
+    ``send_review`` (issue 13, item 2). Which lines a diff shows is the front end's
+    to check (it parsed the diff it shows). Returns the workflow's drafts now, this
+    one among them (``review_drafts``). Raises ActionRefused
+    (no path, a line below 1, an empty or over-long text), ContractViolation (a
+    completed or cancelled workflow: no round will read it), WorkflowNotFound."""
+    if not path.strip():
+        raise ActionRefused("the comment names no file")
+    if line < 1:
+        raise ActionRefused(f"line {line} is not a line number (they start at 1)")
+    if not text.strip():
+        raise ActionRefused("the comment is empty")
+    if len(text.encode("utf-8", "surrogateescape")) > review.MAX_COMMENT_BYTES:
+        raise ActionRefused(f"the comment is over {review.MAX_COMMENT_BYTES} bytes")
+    row = engine.store.workflow_row(workflow_id)
+    if row["status"] in ("completed", CANCELLED):
+        raise ContractViolation(
+            f"workflow {workflow_id} is {row['status']}; no round will read a comment"
+        )
+    said = redact(text.strip(), cartridge_secrets(engine.cartridge))
+    data = {"path": path, "line": line, "text": said, "by": by}
+    engine.store.add_event(workflow_id, EventWrite(review.REVIEW_COMMENT, data))
+    return review_drafts(engine.store, workflow_id)
+
+
+def review_drafts(store: Store, workflow_id: str) -> list[review.Draft]:
+    """The workflow's draft comments no review has sent yet, oldest first."""
+    return review.drafts(store.events(workflow_id))
+
+
+def send_review(engine: Engine, workflow_id: str, text: str = "", *, by: str) -> dict[str, Any]:
+    """Send the drafts as one review: one feedback (``feedback``'s rules) reading
+    the feedback not yet taken up, then ``text`` (a summary, may be empty), then
+    each draft's ``Review comment on PATH line N: TEXT``; and, in the same commit,
+    a ``review_sent`` event with the drafts' ids, so they are drafts no more. The
+    drafts are read under the lease: one written meanwhile waits for the next
+    review. Raises ActionRefused (no draft and no text), ContractViolation,
+    LeaseHeld, WorkflowNotFound."""
+    summary = redact(text, cartridge_secrets(engine.cartridge))
+
+    def decide(ctx: WorkflowContext) -> PhaseResult:
+        found = review_drafts(engine.store, ctx.id)
+        if not found and not summary.strip():
+            raise ActionRefused(
+                f"workflow {ctx.id} has no draft comment to send; comment on a line or say "
+                "something"
+            )
+        said = review.review_feedback(ctx.user_feedback, summary, found)
+        result = decisions.feedback(ctx, said)
+        sent = EventWrite(review.REVIEW_SENT, {"comments": [d.id for d in found], "by": by})
+        return dataclasses.replace(result, events=(*result.events, sent))
+
+    return _decide(engine, workflow_id, "review", by, decide)
+
+
+def approve_merge(engine: Engine, workflow_id: str, *, by: str) -> dict[str, Any]:
+    """Let a waiting workflow merge; ``by`` is its ``merge_approved_by``
+    (``decisions.approve_merge``)."""
+    return _decide(
+        engine, workflow_id, "approve_merge", by, lambda ctx: decisions.approve_merge(ctx, by)
+    )
+
+
+def revert(
+    engine: Engine, workflow_id: str, reason: str, *, by: str, to_phase: str = "planning"
+) -> dict[str, Any]:
+    """Send the workflow back to planning with ``reason``, its secrets redacted
+    (spec 003, "Manual Reversion"; ``decisions.revert``). The row's
+    ``state["decisions"][-1]`` is the reversion's record."""
+    why = redact(reason, cartridge_secrets(engine.cartridge))
+    return _decide(
+        engine,
+        workflow_id,
+        "revert",
+        by,
+        lambda ctx: decisions.revert(ctx, to_phase, why, engine.clock.now()),
+    )
+
+
+def verify_override(engine: Engine, workflow_id: str, verdict: str, *, by: str) -> dict[str, Any]:
+    """A person's acceptance verdict (confirmed or rejected), ``by`` its
+    ``verified_by`` (``phases.acceptance_verification.override``)."""
+
+    def decide(ctx: WorkflowContext) -> PhaseResult:
+        return acceptance_verification.override(ctx, engine.deps_for(ctx), verdict, by)
+
+    return _decide(engine, workflow_id, "verify_override", by, decide, verdict=verdict)
+
+
+def cancel(engine: Engine, workflow_id: str, *, by: str) -> dict[str, Any]:
+    """Cancel a workflow that is not completed: status ``cancelled`` through the
+    single commit path, its error ``cancelled by BY``; final (every later decision
+    is refused). Its forge issue and pull request are left as they are (the issue's
+    status label shows ``phasegate:cancelled``), its worktree and branch too.
+
+    Under the workflow's lease like every decision: while another process (or a
+    thread of ``engine``) advances it, and so may run its agents, the cancel is
+    refused with LeaseHeld and nothing changes; stop that worker (its agents stop,
+    the workflow pauses), then cancel. Raises ContractViolation for a completed or
+    already cancelled workflow, WorkflowNotFound.
+    """
+
+    def decide(ctx: WorkflowContext) -> PhaseResult:
+        if ctx.status == "completed":
+            raise ContractViolation(f"workflow {ctx.id} is completed; there is nothing to cancel")
+        return PhaseResult("failed", status=CANCELLED, reason=f"cancelled by {by}")
+
+    return _decide(engine, workflow_id, "cancel", by, decide)
+
+
+# -- the proposal gate (spec 002) ---------------------------------------------------
+
+
+def awaiting(store: Store, proposal: Mapping[str, Any]) -> str | None:
+    """The id of the workflow paused in development for ``proposal``'s run, if any."""
+    workflow_id = proposal.get("workflow_id")
+    if not workflow_id:
+        return None
+    row = store.workflow_row(str(workflow_id))
+    if row["current_phase"] != DEVELOPMENT or row["status"] != AWAITING_APPROVAL:
+        return None
+    return str(workflow_id) if row["state"].get("graph_run") == proposal["run_id"] else None
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """A person's decision on a proposal (``approve``/``reject``).
+
+    ``proposal``: its row as decided; ``recorded_before``: it had been decided so
+    before and the process died before its workflow moved on (nothing new
+    recorded); ``workflow_id``: the workflow resumed for it (graph mode), else
+    None; ``streak``: its kind's clean first-attempt approvals in a row;
+    ``policy``: the autonomy policy its kind graduates under.
+    """
+
+    proposal: dict[str, Any]
+    recorded_before: bool
+    workflow_id: str | None
+    streak: int
+    policy: AutonomyPolicy
+
+
+def approve(engine: Engine, proposal_id: str, *, by: str) -> GateOutcome:
+    """Approve a proposal (spec 002's gate): records who and when; a workflow paused
+    for it is resumed, not advanced (the apply arm lands it at its next advance)."""
+    return _gate(engine, proposal_id, "approved", by, None)
+
+
+def reject(engine: Engine, proposal_id: str, reason: str, *, by: str) -> GateOutcome:
+    """Reject a proposal saying why (``reason``, its secrets redacted); a workflow
+    paused for it is resumed (its next advance starts a new run told why)."""
+    return _gate(engine, proposal_id, "rejected", by, reason)
+
+
+def _gate(
+    engine: Engine, proposal_id: str, verdict: str, by: str, reason: str | None
+) -> GateOutcome:
+    """Record ``verdict`` on the proposal, then resume the workflow paused for it.
+
+    Who may decide: a person, never phasegate's own gates. A workflow's draft PR
+    that its workflow no longer waits for (a revert or a newer run left it
+    behind) is stale: refused. A proposal decided so before while its workflow
+    had not moved on is taken as decided (the process died in between); decided
+    so before and its workflow went on: refused. Raises ActionRefused,
+    ProposalNotFound, ProposalDecided, LeaseHeld.
+    """
+    who = by.strip()
+    if not who:
+        raise ActionRefused("--by needs a name")
+    if who in (APPLY_ARM, CHECKS_GATE):
+        raise ActionRefused(f"--by {who!r} names phasegate's own gate; give a person's name")
+    if reason is not None and not reason.strip():
+        raise ActionRefused("--reason is empty; say why")
+    store = engine.store
+    if reason is not None:  # a key pasted into a reason reaches neither store nor prompt
+        reason = redact(reason, cartridge_secrets(engine.cartridge))
+    found = store.proposal(proposal_id)
+    profile = None
+    # Only a workflow's draft PR gates it; its other proposals (scope's
+    # item_create) are decided whenever, and move nothing.
+    gating = bool(found["workflow_id"]) and found["kind"] == "draft_pr_create"
+    owner: dict[str, Any] = {}
+    if found["workflow_id"]:
+        owner = store.workflow_row(str(found["workflow_id"]))
+        profile = AutomationProfile.from_state(owner["state"])
+        if gating and found["status"] == "proposed" and awaiting(store, found) is None:
+            # left behind by a revert or a new run: not work to land
+            raise ActionRefused(
+                f"proposal {proposal_id} is from run {found['run_id']} of workflow "
+                f"{owner['id']}, which is not waiting for it (it is in "
+                f"{owner['current_phase']} · {owner['status']}); nothing recorded"
+            )
+    if gating and found["status"] == verdict and awaiting(store, found) is not None:
+        row, before = found, True
+    elif gating and found["status"] == verdict and owner["status"] in RUNNABLE_STATUSES:
+        raise ActionRefused(
+            f"proposal {proposal_id} was {verdict} already by {found['decided_by']}; "
+            f"workflow {owner['id']} is in {owner['current_phase']} · {owner['status']}: "
+            f"`phasegate resume {owner['id']}` (or a worker) goes on with it"
+        )
+    else:
+        row, before = store.decide_proposal(proposal_id, verdict, who, reason), False
+    policy = AutonomyPolicy.from_cartridge(engine.cartridge, profile)
+    clean = streak(row["kind"], store.gate_history(row["kind"]))
+    workflow_id = awaiting(store, row) if gating else None
+    if workflow_id is not None:
+        action = "approve" if verdict == "approved" else "reject"
+        _decide(engine, workflow_id, action, who, decisions.resume, proposal=row["id"])
+    return GateOutcome(row, before, workflow_id, clean, policy)
+
+
+# -- cleanup ------------------------------------------------------------------------
+
+
+def cleanup(engine: Engine, workflow_id: str | None = None, *, by: str) -> list[dict[str, Any]]:
+    """Retry removing merged workflows' worktrees and branches (phases/cleanup.py):
+    ``workflow_id``'s, else every workflow whose cleanup failed.
+
+    One outcome per workflow: ``{"id", "cleanup", "retried", "reason"}``, cleanup
+    ``completed``, ``failed`` (reason: git's), ``none`` (not merged yet) or
+    ``busy`` (another process holds it; reason: LeaseHeld's). A retry is a
+    ``decision`` event of action ``cleanup``. Raises WorkflowNotFound.
+    """
+    store = engine.store
+    ids = [workflow_id] if workflow_id else store.workflow_ids_with_milestone(CLEANUP, "failed")
+    outcomes = []
+    for wf in ids:
+        try:
+            settled = engine.retry_cleanup(wf)
+        except LeaseHeld as exc:
+            outcomes.append({"id": wf, "cleanup": "busy", "retried": False, "reason": str(exc)})
+            continue
+        if settled is not None:
+            store.add_event(wf, _event("cleanup", by, status=settled.status))
+        found = settled or store.load_context(wf).milestone(CLEANUP, phase=MERGE)
+        status = found.status if found else "none"
+        reason = found.summary if found and status == "failed" else None
+        outcomes.append(
+            {"id": wf, "cleanup": status, "retried": settled is not None, "reason": reason}
+        )
+    return outcomes

@@ -1,0 +1,134 @@
+"""What a workflow looks like to a person, read from the store: the one shape
+``phasegate status``, ``phasegate show`` and the dashboard all show (issue 13:
+the page and the terminal never disagree about a workflow). Reading only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from phasegate.contract import AWAITING_APPROVAL
+from phasegate.profiles import AutomationProfile, decisions_of
+from phasegate.store import Store
+
+__all__ = ["iso", "lease_holder", "workflow_detail", "workflow_summary"]
+
+
+def workflow_summary(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``status`` lists and a board's card shows of the workflow ``row``: its
+    id, title, phase, status, error, round, profile, issue and PR numbers, branch,
+    usage (``tokens``, ``cost_usd`` in USD, ``agent_runs``), ISO 8601 times, its
+    parent and children (conflict forks), the proposal it awaits, and the worker
+    holding its lease (``worker``, ``lease_expires_at``; None when nobody does)."""
+    usage = store.usage_totals(row["id"])
+    awaited = None
+    if row["status"] == AWAITING_APPROVAL:
+        waiting = [
+            p
+            for p in store.proposals(status="proposed", workflow_id=row["id"])
+            if p["kind"] == "draft_pr_create"
+        ]
+        awaited = waiting[-1]["id"] if waiting else None
+    return {
+        "id": row["id"],
+        "title": row["title"],
+        "current_phase": row["current_phase"],
+        "status": row["status"],
+        "error": row.get("error"),
+        # the proposal a person's approve/reject moves the workflow on with, if any
+        "awaiting_proposal": awaited,
+        "dev_round": row["dev_round"],
+        "profile": AutomationProfile.from_state(row["state"]).name,
+        "reversion_count": int(row["state"].get("reversion_count") or 0),
+        "issue_number": row["issue_number"],
+        "pr_number": row["pr_number"],
+        "branch_name": row["branch_name"],
+        # A store shared by several repositories (PostgreSQL) lists them all: whose it is.
+        "repository": row.get("repository"),
+        "repo_path": row["repo_path"],
+        "merge_sha": row["merge_sha"],
+        # approve-merge given and not merged yet: no person is needed, a worker merges it
+        "merge_approved_by": (
+            (row["state"].get("merge_approved_by") or "a person")
+            if row["current_phase"] == "wait" and row["state"].get("merge_approved")
+            else None
+        ),
+        "verification_status": row["state"].get("verification_status"),
+        "verified_by": row["state"].get("verified_by"),
+        "tokens": usage.tokens,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cost_usd": round(usage.cost_usd, 6),
+        "agent_runs": usage.runs,
+        "created_at": iso(row["created_at"]),
+        "updated_at": iso(row["updated_at"]),
+        "completed_at": iso(row.get("completed_at")),
+        # the conflict fork (phases/conflict.py): whose child this is, and its own children
+        "parent_workflow_id": row.get("parent_workflow_id"),
+        "children": [
+            {"id": c["id"], "status": c["status"]} for c in store.child_workflows(row["id"])
+        ],
+        **lease_holder(store, row),
+    }
+
+
+def lease_holder(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
+    """Which worker holds the workflow's lease (``host:pid:token``) and until when, while
+    it is unexpired (issue 12, item 1); both None when nobody does."""
+    expires = row.get("lease_expires_at")
+    if not row.get("lease_owner") or expires is None or expires <= store.clock.now():
+        return {"worker": None, "lease_expires_at": None}
+    return {"worker": row["lease_owner"], "lease_expires_at": iso(expires)}
+
+
+def iso(value: datetime | None) -> str | None:
+    """``value`` in ISO 8601 (with its offset), or None."""
+    return value.isoformat() if value else None
+
+
+def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
+    """What ``show`` prints and a workflow's page shows: ``workflow``
+    (``workflow_summary``), ``timeline`` (each phase entered, ``{"phase", "at"}``),
+    ``milestones``, ``agent_runs``, ``report`` (spec 000's payload, or None),
+    ``violations``, ``decisions`` (spec 003's reversion records) and ``cleanup``.
+    Raises WorkflowNotFound."""
+    row = store.workflow_row(workflow_id)
+    milestones = store.milestone_rows(workflow_id)
+    phases = [e for e in store.events(workflow_id) if e["type"] == "phase_change"]
+    runs = store.agent_runs(workflow_id)
+    return {
+        "workflow": workflow_summary(store, row),
+        "timeline": [{"phase": e["data"].get("phase"), "at": iso(e["created_at"])} for e in phases],
+        "milestones": [
+            {k: (iso(v) if isinstance(v, datetime) else v) for k, v in m.items()}
+            for m in milestones
+        ],
+        "agent_runs": [
+            {k: (iso(v) if isinstance(v, datetime) else v) for k, v in r.items()} for r in runs
+        ],
+        "report": row["state"].get("report"),
+        "violations": [
+            {**e["data"], "at": iso(e["created_at"])}
+            for e in store.events(workflow_id)
+            if e["type"] == "violation"
+        ],
+        "decisions": decisions_of(row["state"]),
+        "cleanup": _cleanup_of(milestones),
+    }
+
+
+def _cleanup_of(milestones: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The merge's cleanup (phases/cleanup.py): its status and, when failed, why."""
+    found = [m for m in milestones if m["kind"] == "cleanup"]
+    if not found:
+        return None
+    last = found[-1]
+    return {
+        "status": last["status"],
+        "reason": ((last["data"] or {}).get("reason") or last["summary"])
+        if last["status"] == "failed"
+        else None,
+        "attempts": int((last["data"] or {}).get("attempts") or 1),
+    }

@@ -1,0 +1,123 @@
+"""Who may use the dashboard (issue 13, item 5: safe to leave open).
+
+One token opens it: ``PHASEGATE_WEB_TOKEN``, else one made at start and
+printed. A person gives it once (``/login?token=…`` or the login form) and
+gets a session cookie (HttpOnly, SameSite=Strict); every state-changing
+request (POST) must carry the session's CSRF token, in the form field
+``csrf`` or the ``X-CSRF-Token`` header, else 403 and nothing is done. The
+identity recorded for an action is the name configured for the token
+(``PHASEGATE_WEB_USER``, default the OS user), never what a request claims.
+
+Sessions live in the server's memory: a restarted ``serve`` asks for the
+token again, which is what a person leaving it open wants.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hmac
+import os
+import secrets
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from phasegate.contract import PhasegateError
+
+__all__ = [
+    "CSRF_FIELD",
+    "CSRF_HEADER",
+    "SESSION_COOKIE",
+    "TOKEN_VARIABLE",
+    "MIN_TOKEN",
+    "USER_VARIABLE",
+    "Access",
+    "Session",
+    "WeakToken",
+]
+
+TOKEN_VARIABLE = "PHASEGATE_WEB_TOKEN"
+USER_VARIABLE = "PHASEGATE_WEB_USER"
+SESSION_COOKIE = "phasegate_session"
+CSRF_FIELD = "csrf"
+CSRF_HEADER = "X-CSRF-Token"
+
+
+#: The fewest characters a given token may have.
+MIN_TOKEN = 16
+
+
+class WeakToken(PhasegateError):
+    """PHASEGATE_WEB_TOKEN is too short to stand for a person."""
+
+
+@dataclass(frozen=True)
+class Session:
+    """A logged-in browser: its cookie value and the CSRF token its forms carry."""
+
+    id: str
+    csrf: str
+
+
+class Access:
+    """The token, the identity it stands for, and the sessions it opened.
+
+    ``token``/``user`` default to ``PHASEGATE_WEB_TOKEN``/``PHASEGATE_WEB_USER``
+    from ``environ``; with no token there, a random one (32 URL-safe
+    characters) is made, and ``made_token`` is True so ``serve`` prints it.
+    Raises WeakToken for a given token under MIN_TOKEN characters: the
+    dashboard is a door to every workflow's decisions, and a short token is
+    guessed.
+    """
+
+    def __init__(
+        self,
+        token: str | None = None,
+        user: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        source = os.environ if environ is None else environ
+        given = token or source.get(TOKEN_VARIABLE) or ""
+        if given and len(given) < MIN_TOKEN:
+            raise WeakToken(
+                f"{TOKEN_VARIABLE} has {len(given)} characters; give at least {MIN_TOKEN} "
+                "(`python3 -c 'import secrets; print(secrets.token_urlsafe(24))'` makes one), "
+                "or leave it unset for serve to make one"
+            )
+        self.made_token = not given
+        self.token = given or secrets.token_urlsafe(24)
+        self.user = user or source.get(USER_VARIABLE) or _os_user()
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def login(self, token: str) -> Session | None:
+        """A new session when ``token`` is the token (compared in constant time), else None."""
+        if not hmac.compare_digest(token.encode(), self.token.encode()):
+            return None
+        session = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+        with self._lock:
+            self._sessions[session.id] = session
+        return session
+
+    def session(self, cookie: str | None) -> Session | None:
+        """The session a cookie value names, else None."""
+        if not cookie:
+            return None
+        with self._lock:
+            return self._sessions.get(cookie)
+
+    def logout(self, cookie: str | None) -> None:
+        with self._lock:
+            self._sessions.pop(cookie or "", None)
+
+    @staticmethod
+    def csrf_ok(session: Session, given: str | None) -> bool:
+        """Whether ``given`` is the session's CSRF token (constant time)."""
+        return bool(given) and hmac.compare_digest(str(given).encode(), session.csrf.encode())
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container's uid): still someone
+        return f"uid {os.getuid()}"

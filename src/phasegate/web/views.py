@@ -1,0 +1,240 @@
+"""What the dashboard's pages show, read from the store (issue 13, item 2).
+
+Reading only: a person's actions go through ``phasegate.operations`` (or the
+engine's decide), never through here. The shapes are ``phasegate show``'s and
+``phasegate status``'s (``phasegate.summary``), so the page and
+the terminal never disagree about a workflow.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from phasegate.contract import NEEDS_YOU_STATUSES
+from phasegate.report import render_report
+from phasegate.store import Store
+from phasegate.summary import workflow_detail, workflow_summary
+
+__all__ = [
+    "ACTIVITY_ROWS",
+    "AGENT_OUTPUT_CHARS",
+    "BOARD_GROUPS",
+    "activity",
+    "agent_output",
+    "board",
+    "board_marker",
+    "describe_event",
+    "graph_run",
+    "group_of",
+    "workflow_page",
+]
+
+#: The board's groups, in the order shown (issue 13: what needs a person first).
+BOARD_GROUPS: tuple[tuple[str, str], ...] = (
+    ("needs_you", "Needs you"),
+    ("running", "Running"),
+    ("waiting", "Waiting for a worker"),
+    ("done", "Done"),
+    ("failed", "Failed"),
+)
+
+_DONE = frozenset({"completed", "cancelled"})
+
+#: The newest event rows a workflow page lists in its activity (the stream has them all).
+ACTIVITY_ROWS = 300
+
+#: Event types the activity leaves out: an agent's output lines have a place of their own.
+_NOT_ACTIVITY = frozenset({"agent_output"})
+
+
+def group_of(summary: Mapping[str, Any]) -> str:
+    """The board group of a workflow's ``workflow_summary``: needs_you (a status of
+    ``contract.NEEDS_YOU_STATUSES``, but a merge approved and not yet done), running
+    (a live worker holds its lease), done (completed, cancelled), failed, else
+    waiting (runnable, not held)."""
+    status = summary["status"]
+    if status in NEEDS_YOU_STATUSES and not summary.get("merge_approved_by"):
+        return "needs_you"
+    if status in _DONE:
+        return "done"
+    if status == "failed":
+        return "failed"
+    if summary.get("worker"):
+        return "running"
+    return "waiting"
+
+
+def board(store: Store, now: datetime) -> list[dict[str, Any]]:
+    """The board: one ``{"key", "title", "cards"}`` per group of BOARD_GROUPS, in
+    that order; each card a ``_summary`` plus ``elapsed_s`` (seconds from its
+    creation to its completion, else to ``now``), newest first within a group."""
+    cards: dict[str, list[dict[str, Any]]] = {key: [] for key, _ in BOARD_GROUPS}
+    for row in store.list_workflows():
+        summary = workflow_summary(store, row)
+        end = row.get("completed_at") or now
+        summary["elapsed_s"] = max(0.0, (end - row["created_at"]).total_seconds())
+        cards[group_of(summary)].append(summary)
+    return [
+        {"key": key, "title": title, "cards": list(reversed(cards[key]))}
+        for key, title in BOARD_GROUPS
+    ]
+
+
+def board_marker(store: Store) -> tuple[tuple[Any, ...], ...]:
+    """What changes whenever a card would: each workflow's id, version, status,
+    phase and lease holder (one read), so a live board is sent again only then."""
+    return tuple(
+        (r["id"], r["version"], r["status"], r["current_phase"], r.get("lease_owner"))
+        for r in store.list_workflows()
+    )
+
+
+def workflow_page(store: Store, workflow_id: str) -> dict[str, Any]:
+    """A workflow's page: ``_detail`` (summary, timeline, milestones, agent runs,
+    report, violations, decisions, cleanup) plus its plan text (``state.plan``),
+    the timeline's milestones grouped under their phase (``phases``: a list of
+    ``{"phase", "at", "milestones"}`` in the order the phases were entered), and
+    its proposals with their evidence (``evidence_text``: indented JSON), the
+    report as text (``report_text``), its activity (``activity``), the last event
+    row's id (``last_event_id``: where the page's live stream starts) and the latest
+    agent run's output (``agent_output``). Raises WorkflowNotFound."""
+    detail = workflow_detail(store, workflow_id)
+    row = store.workflow_row(workflow_id)
+    detail["plan"] = row["state"].get("plan")
+    detail["ticket"] = row["ticket"]
+    detail["graph_runs"] = [graph_run(run) for run in store.runs_of(workflow_id)]
+    report = detail["report"]
+    # In the workflow's language (spec 000's report payload, rendered as `show` does).
+    detail["report_text"] = (
+        render_report(report, report.get("content_language", "en")) if report else None
+    )
+    events = store.events(workflow_id)
+    # The page shows everything up to here; its live stream starts after it. Read
+    # before the output below: what lands between the two is shown twice at the
+    # most, never lost (the page's script skips an output row it has).
+    detail["last_event_id"] = events[-1]["id"] if events else 0
+    detail["activity"] = activity(events)
+    detail["agent_output"] = agent_output(store, workflow_id)
+    phases: list[dict[str, Any]] = []
+    seen: dict[str, dict[str, Any]] = {}
+    for entry in detail["timeline"]:
+        name = entry["phase"]
+        if name not in seen:
+            seen[name] = {"phase": name, "at": entry["at"], "milestones": []}
+            phases.append(seen[name])
+    for milestone in detail["milestones"]:
+        name = milestone["phase"]
+        if name not in seen:  # a phase entered before its phase_change was recorded
+            seen[name] = {"phase": name, "at": None, "milestones": []}
+            phases.append(seen[name])
+        seen[name]["milestones"].append(milestone)
+    detail["phases"] = phases
+    detail["proposals"] = [
+        {**p, "evidence_text": json.dumps(p["evidence"], indent=2, default=str)}
+        for p in store.proposals(workflow_id=workflow_id)
+    ]
+    return detail
+
+
+def activity(events: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A workflow page's activity: the newest ACTIVITY_ROWS event rows (oldest
+    first) but agent output, each ``{"id", "type", "at", "text"}`` (``text``:
+    ``describe_event``; ``at``: the row's ``created_at``)."""
+    shown = [e for e in events if e["type"] not in _NOT_ACTIVITY][-ACTIVITY_ROWS:]
+    return [
+        {"id": e["id"], "type": e["type"], "at": e.get("created_at"), "text": describe_event(e)}
+        for e in shown
+    ]
+
+
+def describe_event(event: Mapping[str, Any]) -> str:
+    """One line for an event row: who decided what (``decision``), which phase was
+    entered (``phase_change``), a milestone's kind and status, an agent started
+    or finished, what needs a person (``needs_you``), else the row's data as
+    compact JSON."""
+    data = event.get("data") or {}
+    kind = event["type"]
+    if kind == "phase_change" and "phase" in data:
+        return f"entered {data['phase']}"
+    if kind == "milestone_updated" and "kind" in data:
+        return f"{data['kind']}: {data.get('status', '?')}"
+    if kind == "agent_started" and "role" in data:
+        return f"{data['role']} agent ({data.get('runner')}), round {data.get('round')}"
+    if kind == "agent_finished" and "role" in data:
+        error = f": {data['error']}" if data.get("error") else ""
+        return f"{data['role']} agent: {data.get('outcome')}{error}"
+    if kind == "decision" and "action" in data:
+        extra = {k: v for k, v in data.items() if k not in ("action", "by")}
+        said = f" ({json.dumps(extra, default=str, sort_keys=True)})" if extra else ""
+        return f"{data['action']} by {data.get('by', '?')}{said}"
+    if kind == "needs_you" and "status" in data:
+        return f"needs you: {data['status']}"
+    return json.dumps(data, default=str, sort_keys=True) if data else ""
+
+
+#: Characters of an agent's output a page shows at the most: its last ones
+#: (dashboard.js keeps the same bound as rows come in).
+AGENT_OUTPUT_CHARS = 64 * 1024
+
+
+def agent_output(store: Store, workflow_id: str) -> dict[str, Any]:
+    """The latest agent run's output (``agents.output``): ``{"text", "last_id",
+    "running"}``. ``text`` is a header naming the run (role, runner, phase,
+    round; what dashboard.js writes on an ``agent_started`` event) and the
+    text of its ``agent_output`` rows, cut to its last AGENT_OUTPUT_CHARS at a
+    line's start; ``last_id`` the id of the newest of those events (the live
+    stream appends only rows after it), 0 when no agent ran; ``running``
+    whether the run has not finished. Rows are read from the run's start only."""
+    started = store.events(workflow_id, types=("agent_started",))
+    if not started:
+        return {"text": "", "last_id": 0, "running": False}
+    start = started[-1]
+    rows = store.events(
+        workflow_id, start["id"], types=("agent_output", "agent_finished", "agent_started")
+    )
+    text = "".join(str(r["data"].get("text", "")) for r in rows if r["type"] == "agent_output")
+    if len(text) > AGENT_OUTPUT_CHARS:
+        text = text[-AGENT_OUTPUT_CHARS:]
+        text = text[text.find("\n") + 1 :]
+    return {
+        "text": output_header(start["data"]) + text,
+        "last_id": rows[-1]["id"] if rows else start["id"],
+        "running": not any(r["type"] == "agent_finished" for r in rows),
+    }
+
+
+def output_header(data: Mapping[str, Any]) -> str:
+    """The line an agent run's output starts with on a page (dashboard.js's too)."""
+    return (
+        f"── {data.get('role')} agent ({data.get('runner')}), "
+        f"{data.get('phase')}, round {data.get('round')} ──\n"
+    )
+
+
+def graph_run(run: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded graph run as a workflow page shows it (spec 002): its id and
+    date, where it stopped, the plan competition and the plan attack (indented
+    JSON, ``plan_competition``/``plan_attack``; None when the run had none), and
+    each agent call's ``{"index", "role", "thread", "response"}``."""
+    record = run["record"]
+
+    def shown(key: str) -> str | None:
+        value = record.get(key)
+        return json.dumps(value, indent=2, default=str) if value else None
+
+    return {
+        "run_id": run["run_id"],
+        "date": run["date"],
+        "stopped": json.dumps(record.get("stopped"), default=str)
+        if record.get("stopped")
+        else None,
+        "plan_competition": shown("plan_competition"),
+        "plan_attack": shown("plan_attack"),
+        "calls": [
+            {k: c.get(k) for k in ("index", "role", "thread", "response")}
+            for c in record.get("calls") or ()
+        ],
+    }

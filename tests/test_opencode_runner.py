@@ -1,0 +1,575 @@
+"""The opencode runner: whole workflows with the real ``opencode`` CLI, its model scripted.
+
+The CLI is the npm package .ci/run installs in .ci/node (``PHASEGATE_OPENCODE_BIN``
+points at another); it talks OpenAI chat completions, streaming, to
+``ScriptedModelServer`` on 127.0.0.1 through the OpenAI-compatible provider the
+runner configures. Its tools are opencode's own: ``write`` (``filePath``,
+``content``), ``read`` (``filePath``), ``bash`` (``command``, ``description``).
+opencode retries a model error five times, 2 s to 30 s apart unless the answer
+says otherwise: this module's server says ``Retry-After-Ms: 0`` on its error
+answers, as a provider may, so an error path takes seconds. The first tests
+need no CLI: they pin how the runner reads opencode's events and configures it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phasegate.agents import make_runner
+from phasegate.agents.base import AgentRequest
+from phasegate.agents.opencode import (
+    BUILD_PERMISSION,
+    READ_ONLY_PERMISSION,
+    OpencodeRunner,
+    _project_configs,
+    _undo_schema_stamps,
+    parse_events,
+)
+from phasegate.cartridge import RoleBinding
+from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, key_sha
+
+from agent_cli_kit import (
+    BUILD,
+    PLAN,
+    PLAN_REVIEW,
+    REVIEW,
+    VERIFY,
+    assert_no_keys,
+    make_project,
+    run_ticket,
+    show,
+)
+from conftest import agent_cli, git
+
+slow = pytest.mark.slow
+
+pytestmark = pytest.mark.sandboxed
+
+SENTINEL = "sk-sentinel-4f1e9c2b7a3d5e6f"
+OTHER_KEY = "sk-other-provider-key-77aa55"
+VERIFIER_KEY = "dummy-verifier-key-0000"
+KEY_VAR = "SCRIPTED_MODEL_KEY"
+
+#: What a ticket's run hands phasegate: the key the bindings name and another one they do not.
+TICKET_ENV = {KEY_VAR: SENTINEL, "OPENAI_API_KEY": OTHER_KEY}
+KEYS = (SENTINEL,)
+
+
+IN_USD, OUT_USD = 1.25, 10.0  # per million tokens
+STEP_COST = (100 * IN_USD + 20 * OUT_USD) / 1e6  # a scripted step reports 100 + 20 tokens
+
+READ_TOOLS = {"read", "grep", "glob"}
+
+
+def write(path: str, content: str) -> ToolCall:
+    return ToolCall("write", {"filePath": path, "content": content})
+
+
+def bash(command: str) -> ToolCall:
+    return ToolCall("bash", {"command": command, "description": "run it"})
+
+
+def opencode_scripts(
+    build: Sequence[Step] | None = None, review: Sequence[Step] | None = None
+) -> dict[str, list[Step]]:
+    return {
+        PLAN: [Step(text="1. Create feature.txt containing 'the feature'.")],
+        PLAN_REVIEW: [Step(text="The plan is sound.\nVERDICT: approve")],
+        BUILD: list(
+            build
+            or [
+                Step(tools=(write("feature.txt", "the feature\n"),)),
+                Step(text="Created feature.txt."),
+            ]
+        ),
+        REVIEW: list(review or [Step(text="Correct and minimal.\nVERDICT: approve")]),
+        VERIFY: [
+            Step(tools=(ToolCall("read", {"filePath": "feature.txt"}),)),
+            Step(text="feature.txt holds the feature.\nVERDICT: confirmed"),
+        ],
+    }
+
+
+def opencode_role(exe: str, url: str, *, key: str | None = None, extra: str = "") -> str:
+    """A role bound to the real opencode; ``key`` set puts the key in the binding's env."""
+    lines = [
+        'runner = "opencode"',
+        f"executable = {json.dumps(exe)}",
+        'model = "scripted-model"',
+        f"base_url = {json.dumps(url + '/v1')}",
+        f'api_key_env = "{KEY_VAR}"',
+        f"input_usd_per_mtok = {IN_USD}",
+        f"output_usd_per_mtok = {OUT_USD}",
+    ]
+    if "timeout" not in extra:
+        lines.append("timeout = 60")
+    if key is not None:
+        lines.append(f"env = {{ {KEY_VAR} = {json.dumps(key)} }}")
+    return "\n".join(lines) + "\n" + extra
+
+
+class RetryAfterServer(ScriptedModelServer):
+    """The scripted server, its error answers saying ``Retry-After-Ms: 0`` (opencode
+    waits what a provider's answer says, else 2 s to 30 s, between its retries)."""
+
+    def _json(self, handler: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        if status >= 500:
+            handler.send_header("Retry-After-Ms", "0")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.wfile.write(data)
+        handler.close_connection = True
+
+
+@pytest.fixture
+def servers() -> Iterator[Callable[[Mapping[str, Sequence[Step]]], ScriptedModelServer]]:
+    started: list[ScriptedModelServer] = []
+
+    def start(scripts: Mapping[str, Sequence[Step]]) -> ScriptedModelServer:
+        server = RetryAfterServer(scripts).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def opencode() -> str:
+    return agent_cli("opencode")
+
+
+def offered_tools(server: ScriptedModelServer, marker: str) -> set[str]:
+    return {
+        tool["function"]["name"]
+        for request in server.played(marker)
+        for tool in request.body.get("tools", [])
+    }
+
+
+# -- without the CLI: how the runner reads events and configures opencode -----------
+
+
+def _event(kind: str, part: dict[str, Any], session: str = "ses_1") -> str:
+    return json.dumps({"type": kind, "sessionID": session, "part": part})
+
+
+def test_parse_events_sums_every_step_with_cache_and_reasoning() -> None:
+    tokens = {"input": 70, "output": 15, "reasoning": 5, "cache": {"read": 30, "write": 2}}
+    stdout = "\n".join(
+        [
+            "not json",
+            _event("text", {"messageID": "m1", "text": "Looking."}),
+            _event("step_finish", {"tokens": tokens, "cost": 0.25}),
+            _event("text", {"messageID": "m2", "text": "The answer, "}),
+            _event("text", {"messageID": "m2", "text": "in two parts."}),
+            _event("step_finish", {"tokens": tokens, "cost": "junk"}),
+        ]
+    )
+    parsed = parse_events(stdout)
+    assert parsed["session_id"] == "ses_1"
+    assert parsed["text"] == "The answer, in two parts."
+    assert (parsed["input_tokens"], parsed["output_tokens"]) == (2 * 102, 2 * 20)
+    assert parsed["cost_usd"] == 0.25 and parsed["steps"] == 2
+    assert parsed["refused"] == [] and parsed["error"] is None
+
+
+def test_parse_events_finds_refused_calls_and_errors() -> None:
+    not_offered = {"status": "error", "error": "Model tried to call unavailable tool 'write'."}
+    asked = {"status": "error", "error": "The user rejected permission to use this specific tool"}
+    invalid = {
+        "status": "completed",
+        "input": {"tool": "bash", "error": "Model tried to call unavailable tool 'bash'."},
+    }
+    failed = {"status": "error", "error": "EROFS: read-only file system, open '/x'"}
+    error = {"name": "APIError", "data": {"message": "boom", "statusCode": 500}}
+    stdout = "\n".join(
+        [
+            _event("tool_use", {"tool": "write", "state": not_offered}),
+            _event("tool_use", {"tool": "edit", "state": asked}),
+            _event("tool_use", {"tool": "invalid", "state": invalid}),
+            _event("tool_use", {"tool": "write", "state": failed}),
+            json.dumps({"type": "error", "sessionID": "ses_1", "error": error}),
+        ]
+    )
+    parsed = parse_events(stdout)
+    # a write the sandbox refused is no permission refusal (it is a sandbox_denied)
+    assert parsed["refused"] == ["write", "edit", "bash"]
+    assert parsed["error"] == ("APIError", 500, "boom")
+
+
+def _request(tmp_path: Path, *, read_only: bool, session_id: str | None = None) -> AgentRequest:
+    return AgentRequest(
+        workflow_id="wf",
+        phase="development",
+        role="review" if read_only else "build",
+        session_line="main",
+        prompt="do it",
+        cwd=tmp_path,
+        timeout_s=60,
+        read_only=read_only,
+        session_id=session_id,
+        state_dir=tmp_path / "state",
+    )
+
+
+def test_the_config_gives_read_only_roles_reading_and_the_build_no_subagent(
+    tmp_path: Path,
+) -> None:
+    binding = RoleBinding(
+        runner="opencode",
+        model="qwen/qwen3-coder",
+        base_url="http://127.0.0.1:9/v1",
+        api_key_env=KEY_VAR,
+        input_usd_per_mtok=IN_USD,
+        output_usd_per_mtok=OUT_USD,
+    )
+    runner = make_runner(binding, tmp_path)
+    assert isinstance(runner, OpencodeRunner)
+    key = tmp_path / "key"
+    read_only = runner.config(_request(tmp_path, read_only=True), key)
+    assert read_only["permission"] == READ_ONLY_PERMISSION
+    allowed = {tool for tool, rule in READ_ONLY_PERMISSION.items() if rule == "allow"}
+    assert allowed == READ_TOOLS | {"list"}
+    assert next(iter(READ_ONLY_PERMISSION)) == "*"  # first: the later rules win over it
+    build = runner.config(_request(tmp_path, read_only=False), key)
+    assert build["permission"] == BUILD_PERMISSION
+    assert BUILD_PERMISSION["task"] == "deny" and BUILD_PERMISSION["*"] == "allow"
+    # a model id with a slash stays whole under phasegate's provider
+    assert build["model"] == "phasegate/qwen/qwen3-coder" == build["small_model"]
+    provider = build["provider"]["phasegate"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible"
+    assert provider["options"] == {"baseURL": "http://127.0.0.1:9/v1", "apiKey": f"{{file:{key}}}"}
+    cost = provider["models"]["qwen/qwen3-coder"]["cost"]
+    assert (cost["input"], cost["output"], cost["cache_read"]) == (IN_USD, OUT_USD, IN_USD)
+    assert build["snapshot"] is False and build["share"] == "disabled"
+    # the role's permission is also its agent's own, which wins over the top-level one
+    assert build["agent"]["phasegate"]["permission"] == BUILD_PERMISSION
+    assert read_only["agent"]["phasegate"]["permission"] == READ_ONLY_PERMISSION
+    argv = runner.argv(_request(tmp_path, read_only=False, session_id="ses_9"))
+    assert argv[1:6] == ["run", "--format", "json", "--agent", "phasegate"]
+    assert argv[argv.index("--session") + 1] == "ses_9"
+    assert argv[argv.index("--model") + 1] == "phasegate/qwen/qwen3-coder"
+    assert "--title" in argv  # no extra, unreported title call
+    # without base_url the model is opencode's provider/model and no provider is written
+    plain = OpencodeRunner(RoleBinding(runner="opencode", model="anthropic/claude-sonnet-4-5"))
+    assert "provider" not in plain.config(_request(tmp_path, read_only=True), None)
+
+
+def test_only_opencodes_schema_stamp_on_a_project_config_is_undone(tmp_path: Path) -> None:
+    stamped, edited = tmp_path / "opencode.json", tmp_path / ".opencode" / "opencode.jsonc"
+    edited.parent.mkdir()
+    stamped.write_text('  {"model": "x/y"}\n')
+    edited.write_text('{"model": "x/y"}\n')
+    before = _project_configs(tmp_path)
+    stamp = '{\n  "$schema": "https://opencode.ai/config.json",'  # as opencode 1.18.33 writes it
+    stamped.write_text(stamp + '"model": "x/y"}\n')
+    edited.write_text(stamp + '"model": "x/z"}\n')  # the agent changed it too: its change
+    _undo_schema_stamps(before)
+    assert stamped.read_text() == '  {"model": "x/y"}\n'
+    assert edited.read_text() == stamp + '"model": "x/z"}\n'
+
+
+def test_an_opencode_binding_needs_a_model() -> None:
+    with pytest.raises(ValueError, match="needs a `model`"):
+        RoleBinding(runner="opencode")
+    with pytest.raises(ValueError, match="max_turns"):
+        RoleBinding(runner="opencode", model="m", max_turns=3)
+
+
+# -- with the real CLI ---------------------------------------------------------------
+
+
+@slow
+def test_a_whole_workflow_with_every_role_on_the_real_opencode(
+    tmp_path: Path, opencode: str, servers
+) -> None:
+    server = servers(opencode_scripts())
+    roles = {
+        role: opencode_role(opencode, server.url)
+        for role in ("plan", "plan_review", "build", "review")
+    }
+    roles["verification"] = opencode_role(opencode, server.url, key=VERIFIER_KEY)
+    repo = make_project(tmp_path, roles)
+
+    proc = run_ticket(repo, TICKET_ENV)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["status"] == "completed", summary
+    assert git(repo, "show", "main:feature.txt") == "the feature"
+
+    detail = show(repo, summary["id"])
+    runs = detail["agent_runs"]
+    assert [(r["role"], r["runner"], r["outcome"]) for r in runs] == [
+        (role, "opencode", "ok")
+        for role in ("plan", "plan_review", "build", "review", "verification")
+    ]
+    assert all(r["session_id"] and r["session_id"].startswith("ses_") for r in runs)
+    # every model request is a turn of the main loop (no title call), each reported
+    # 100 + 20 tokens, priced by opencode at the binding's prices
+    requests = [r for r in server.requests if r.script]
+    assert len(requests) == len(server.requests) == 7
+    assert summary["tokens"] == 120 * len(requests) == detail["workflow"]["tokens"]
+    assert summary["cost_usd"] == pytest.approx(len(requests) * STEP_COST, rel=1e-6)
+    assert [r["cost_usd"] for r in runs if r["role"] == "build"] == [
+        pytest.approx(2 * STEP_COST, rel=1e-6)
+    ]
+    # read-only roles were offered reading tools only; the build its edits and commands
+    for marker in (PLAN, PLAN_REVIEW, REVIEW, VERIFY):
+        assert offered_tools(server, marker) == READ_TOOLS, marker
+    assert {"write", "edit", "bash"} <= offered_tools(server, BUILD)
+    assert "task" not in offered_tools(server, BUILD)
+    # the verifier read the file through opencode's read tool
+    assert "the feature" in json.dumps(server.played(VERIFY)[-1].body["messages"])
+
+    # the key reached the roles that name it, the verifier its own, never the other key
+    assert {r.key_sha for r in server.played(BUILD)} == {key_sha(SENTINEL)}
+    assert {r.key_sha for r in server.played(VERIFY)} == {key_sha(VERIFIER_KEY)}
+    assert key_sha(OTHER_KEY) not in {r.key_sha for r in requests}
+    assert_no_keys(
+        repo,
+        KEYS,
+        proc.stdout,
+        proc.stderr,
+        json.dumps(detail),
+        dirs=[repo / ".phasegate" / "agents"],
+    )
+    # opencode kept its sessions in the workflow's own home, none of them outside
+    homes = list((repo / ".phasegate" / "agents").glob("*/opencode-home"))
+    assert len(homes) == 1 and list(homes[0].rglob("opencode.db"))
+    assert not list((repo / ".phasegate" / "agents").glob("*/opencode-call-*"))
+
+
+@slow
+def test_the_second_review_round_resumes_the_review_session(
+    tmp_path: Path, opencode: str, servers
+) -> None:
+    scripts = {
+        f"{REVIEW} (review round 1)": [
+            Step(text="Add a trailing newline test.\nVERDICT: request_changes")
+        ],
+        f"{REVIEW} (review round 2)": [Step(text="Now fine.\nVERDICT: approve")],
+        **opencode_scripts(),
+    }
+    server = servers(scripts)
+    repo = make_project(
+        tmp_path,
+        {
+            role: opencode_role(opencode, server.url)
+            for role in ("plan", "plan_review", "build", "review", "verification")
+        },
+    )
+    proc = run_ticket(repo, TICKET_ENV)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert (summary["status"], summary["dev_round"]) == ("completed", 2)
+
+    round_two = server.played(f"{REVIEW} (review round 2)")
+    assert len(round_two) == 1
+    sent = json.dumps(round_two[0].body["messages"])
+    assert "review round 1" in sent and "Add a trailing newline test." in sent
+    reviews = [r for r in show(repo, summary["id"])["agent_runs"] if r["role"] == "review"]
+    assert len(reviews) == 2 and reviews[0]["session_id"] == reviews[1]["session_id"]
+
+
+#: A project's opencode config that would let its agents write: an agent's own
+#: permission wins over the top-level one in opencode.
+PERMISSIVE_PROJECT = {
+    "opencode.json": json.dumps(
+        {
+            "default_agent": "mine",
+            "permission": {"*": "allow"},
+            "agent": {
+                "mine": {"mode": "primary", "permission": {"*": "allow"}},
+                "phasegate": {"permission": {"*": "allow", "edit": "allow", "bash": "allow"}},
+            },
+        }
+    ),
+    ".opencode/agents/build.md": (
+        "---\ndescription: builds\nmode: primary\npermission:\n  edit: allow\n"
+        "  bash: allow\n---\nYou build.\n"
+    ),
+}
+
+
+@slow
+def test_a_read_only_roles_edit_is_refused_and_fails_the_call(
+    tmp_path: Path, opencode: str, servers
+) -> None:
+    # even in a project whose own opencode config allows every tool to its agents
+    tries = [
+        Step(tools=(write("sneaky.txt", "x\n"),)),
+        Step(tools=(bash("touch sneaky.txt"),)),
+        Step(text="Could not write.\nVERDICT: approve"),
+    ]
+    server = servers(opencode_scripts(review=tries))
+    repo = make_project(
+        tmp_path,
+        {
+            role: opencode_role(opencode, server.url)
+            for role in ("plan", "plan_review", "build", "review", "verification")
+        },
+        extra="[limits]\nagent_retries = 0\n",
+        files=PERMISSIVE_PROJECT,
+    )
+    proc = run_ticket(repo, TICKET_ENV)
+    summary = json.loads(proc.stdout)
+    assert (summary["current_phase"], summary["status"]) == ("pr_review", "failed"), summary
+    assert "permission_denied" in summary["error"]
+    reviews = [r for r in show(repo, summary["id"])["agent_runs"] if r["role"] == "review"]
+    assert [(r["outcome"], r["error_kind"]) for r in reviews] == [("failed", "permission_denied")]
+    assert "write" in reviews[0]["error"] and "bash" in reviews[0]["error"]
+    # opencode never offered the tools: the calls were refused before anything ran
+    assert offered_tools(server, REVIEW) == READ_TOOLS
+    assert not list(repo.parent.rglob("sneaky.txt"))
+    # opencode stamps a "$schema" into the project's opencode.json at every start; the
+    # runner put it back each time, so the change is the build's file alone
+    changed = git(repo, "diff", "--name-only", "main", summary["branch_name"])
+    assert changed.splitlines() == ["feature.txt"]
+    assert "sneaky.txt" not in git(repo, "log", "--all", "--name-only", "--format=")
+    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, dirs=[repo / ".phasegate" / "agents"])
+
+
+ERRORS = {
+    # name: (build steps, review steps, binding extra, kind, phase, status, runs of the role)
+    "model_http_500": ([Step(status=500)], None, "", "model_error", "development", "failed", 2),
+    # one answered turn, then the model never answers: killed, its finished turn counted
+    "hang": (
+        [Step(tools=(write("feature.txt", "f\n"),)), Step(hang=True)],
+        None,
+        # long enough for the first turn on a loaded two-core machine (8 s was not)
+        "timeout = 20\n",
+        "timeout",
+        "development",
+        "failed",
+        2,
+    ),
+    # a review without its verdict line: an answer phasegate cannot use
+    "unparsable": (
+        None,
+        [Step(text="Looks fine to me.")],
+        "",
+        "garbage",
+        "pr_review",
+        "failed",
+        2,
+    ),
+}
+
+
+@slow
+@pytest.mark.parametrize("case", sorted(ERRORS))
+def test_real_opencode_error_paths_end_with_their_named_reason(
+    tmp_path: Path, opencode: str, servers, case: str
+) -> None:
+    build, review, extra, kind, phase, status, runs = ERRORS[case]
+    server = servers(opencode_scripts(build=build, review=review))
+    role = "build" if build else "review"
+    roles = {
+        name: opencode_role(opencode, server.url, extra=extra if name == role else "")
+        for name in ("plan", "plan_review", "build", "review", "verification")
+    }
+    repo = make_project(tmp_path, roles, extra="[limits]\nagent_retries = 1\nmax_dev_retries = 0\n")
+
+    started = time.monotonic()
+    proc = run_ticket(repo, TICKET_ENV, timeout=240)
+    elapsed = time.monotonic() - started
+    assert (proc.returncode, bool(proc.stdout)) == (1, True), proc.stderr
+    summary = json.loads(proc.stdout)
+    assert (summary["current_phase"], summary["status"]) == (phase, status), summary
+    assert kind in summary["error"]
+    calls = [r for r in show(repo, summary["id"])["agent_runs"] if r["role"] == role]
+    assert [r["error_kind"] for r in calls] == [kind] * runs
+    if case == "model_http_500":
+        # opencode's own retries (5 a call), then the named failure; the status is in it
+        assert "500" in calls[0]["error"]
+        assert len(server.played(BUILD)) == runs * 6
+        assert all(r["input_tokens"] == 0 for r in calls)
+    if case == "hang":
+        assert elapsed < 90
+        # the turn that was answered before the hang is counted, and priced
+        assert [(r["input_tokens"], r["output_tokens"]) for r in calls] == [(100, 20)] * runs
+        assert calls[0]["cost_usd"] == pytest.approx(STEP_COST, rel=1e-6)
+    # the workflow's tokens are those of every turn the server answered, failed calls' too
+    scripts = opencode_scripts(build=build, review=review)
+    answered = [r for r in server.requests if r.script and _answered(scripts[r.script], r.step)]
+    assert summary["tokens"] == 120 * len(answered)
+    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, dirs=[repo / ".phasegate" / "agents"])
+
+
+def _answered(steps: Sequence[Step], index: int | None) -> bool:
+    """Whether the scripted server answered step ``index`` of ``steps`` (no error, no hang)."""
+    if index is None or index >= len(steps):
+        return False
+    return steps[index].status == 200 and not steps[index].hang
+
+
+@slow
+def test_opencode_commands_do_not_see_the_model_key(tmp_path: Path, opencode: str, servers) -> None:
+    dump = bash("env > shell-env.txt; printf 'the feature\\n' > feature.txt")
+    server = servers(opencode_scripts(build=[Step(tools=(dump,)), Step(text="done")]))
+    repo = make_project(
+        tmp_path,
+        {
+            role: opencode_role(opencode, server.url)
+            for role in ("plan", "plan_review", "build", "review", "verification")
+        },
+    )
+    proc = run_ticket(repo, TICKET_ENV)
+    assert proc.returncode == 0, proc.stderr
+    seen = git(repo, "show", "main:shell-env.txt")
+    assert "PATH=" in seen and "XDG_DATA_HOME=" in seen
+    assert SENTINEL not in seen and KEY_VAR not in seen and OTHER_KEY not in seen
+    # while opencode itself held the key for the model
+    assert {r.key_sha for r in server.played(BUILD)} == {key_sha(SENTINEL)}
+    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, dirs=[repo / ".phasegate" / "agents"])
+
+
+@slow
+def test_a_session_opencode_no_longer_knows_is_started_afresh(
+    tmp_path: Path, opencode: str, servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = servers({"*": [Step(text="fresh answer")]})
+    monkeypatch.setenv(KEY_VAR, SENTINEL)
+    cwd = tmp_path / "worktree"
+    cwd.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=cwd, check=True)
+    binding = RoleBinding(
+        runner="opencode",
+        executable=opencode,
+        model="scripted-model",
+        base_url=server.url + "/v1",
+        api_key_env=KEY_VAR,
+    )
+    request = AgentRequest(
+        workflow_id="wf",
+        phase="planning",
+        role="plan",
+        session_line="main",
+        prompt="Plan it.",
+        cwd=cwd,
+        timeout_s=60,
+        read_only=True,
+        session_id="ses_forgottenlongago",
+        state_dir=tmp_path / "state",
+    )
+    result = OpencodeRunner(binding).run(request, threading.Event())
+    assert result.ok, result.error
+    assert result.text == "fresh answer"
+    assert result.session_id and result.session_id != "ses_forgottenlongago"
+    assert (result.input_tokens, result.output_tokens) == (100, 20)
+    assert len(server.requests) == 1
