@@ -433,6 +433,7 @@ def run_git(
     input: str | None = None,
     *,
     env: Mapping[str, str] | None = None,
+    attempts: int = TRANSIENT_ATTEMPTS,
 ) -> subprocess.CompletedProcess[str]:
     """``git args`` in ``cwd``, never prompting, in the C locale (messages phasegate
     reads stay English), with hooks, fsmonitor and signing off (``HARDENED``);
@@ -440,44 +441,50 @@ def run_git(
     (``REF_MOVING``) records the refs it moved in the ledger.
 
     A transient failure (see ``is_transient``) is retried up to
-    ``TRANSIENT_ATTEMPTS`` runs in all (about 1.5 s at most); raises
-    GitTransient, with git's message, when it persists.
+    ``attempts`` runs in all (``TRANSIENT_ATTEMPTS``: about 1.5 s at most);
+    raises GitTransient, with git's message, when it persists, except with
+    ``attempts=1``: the failed run is returned, for a caller that must undo what
+    the command left before it runs again (a merge stopped at its ref update).
 
     ``env`` is added to the environment of this one git process, past
     ``_git_env``'s withholding: how the forge hands git its token (an askpass
     helper's variable) without any other git, or an agent, seeing it.
     """
     if not _moves_refs(args):
-        return _run_git(args, cwd, input, env)
+        return _run_git(args, cwd, input, env, attempts)
     common = common_dir(cwd)
     if common is None:  # not a repository: let the command itself say so
-        return _run_git(args, cwd, input, env)
+        return _run_git(args, cwd, input, env, attempts)
     with refs_lock(common, exclusive=False):
         with _bookkeeping():
             before = list_refs(cwd)
-        proc = _run_git(args, cwd, input, env)
+        proc = _run_git(args, cwd, input, env, attempts)
         with _bookkeeping(), ledger_turn(common):
             record_refs(common, before, list_refs(cwd))
     return proc
 
 
 def _run_git(
-    args: Sequence[str], cwd: Path | str, input: str | None, env: Mapping[str, str] | None = None
+    args: Sequence[str],
+    cwd: Path | str,
+    input: str | None,
+    env: Mapping[str, str] | None = None,
+    attempts: int = TRANSIENT_ATTEMPTS,
 ) -> subprocess.CompletedProcess[str]:
     delay = _BACKOFF_S
-    for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
+    for attempt in range(1, attempts + 1):
         if args and args[0] == "worktree":
             with _worktree_admin_lock(cwd):
                 proc = _run_once(args, cwd, input)
         else:
             proc = _run_once(args, cwd, input, env)
-        if not is_transient(proc):
+        if not is_transient(proc) or attempts == 1:
             return proc
-        if attempt < TRANSIENT_ATTEMPTS:
+        if attempt < attempts:
             time.sleep(delay * (1 + random.random()))
             delay *= 2
     raise GitTransient(
-        f"git {' '.join(args)} failed in {cwd} {TRANSIENT_ATTEMPTS} times: {proc.stderr.strip()}"
+        f"git {' '.join(args)} failed in {cwd} {attempts} times: {proc.stderr.strip()}"
     )
 
 

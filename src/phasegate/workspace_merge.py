@@ -7,6 +7,7 @@ defines. Errors as there: ``GitError``, ``GitTransient``, ``DirtyCheckout``.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from phasegate._git import (
     GitError,
     GitTransient,
     git,
+    is_transient,
     repository_flock,
     run_git,
 )
@@ -126,32 +128,7 @@ class BaseMerging:
         self.remove_worktree(repo, scratch)  # a crashed merge's leftover, if any
         holder = next((p for p, b in self._registered_worktrees(repo).items() if b == base), None)
         if holder is not None:
-            self._abort_our_killed_merge(holder, message)
-            # A person's own checkout: their unrelated edits do not block the merge,
-            # and git refuses, touching nothing, when the merge would overwrite one.
-            for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
-                proc = run_git([*IDENTITY, "merge", "--no-ff", "-m", message, branch], holder)
-                # With edits in the checkout, git stashes around the merge and says only
-                # "stash failed" when another git (a person's commit) holds index.lock.
-                if proc.returncode == 0 or not self._index_locked(holder):
-                    break
-                if attempt == TRANSIENT_ATTEMPTS:
-                    raise GitTransient(
-                        f"git merge {branch} failed in {holder} {attempt} times: "
-                        f"{(proc.stderr or proc.stdout).strip()} (its index.lock is held: "
-                        "another git process is working there)"
-                    )
-                time.sleep(0.2 * attempt)
-            if proc.returncode != 0:
-                if self.merge_in_progress(holder):
-                    git(["merge", "--abort"], holder, check=False)
-                detail = (proc.stderr or proc.stdout).strip()
-                if "local changes" in detail or "untracked working tree files" in detail:
-                    raise DirtyCheckout(
-                        f"cannot merge into {base}: changes in {holder} are in the way: {detail}"
-                    )
-                raise GitError(f"git merge {branch} failed in {holder}: {detail}")
-            return self.rev(holder, "HEAD")
+            return self._merge_in_checkout(holder, base, branch, message)
         scratch.parent.mkdir(parents=True, exist_ok=True)
         git(["worktree", "add", str(scratch), base], repo)
         try:
@@ -159,6 +136,83 @@ class BaseMerging:
             return self.rev(scratch, "HEAD")
         finally:
             self.remove_worktree(repo, scratch)
+
+    def _merge_in_checkout(self, holder: Path, base: str, branch: str, message: str) -> str:
+        """``git merge --no-ff branch`` in ``holder``, where ``base`` is checked out: a
+        person's own checkout, whose unrelated edits do not block the merge (git
+        refuses, touching nothing, when the merge would overwrite one).
+
+        Journaled: an intent file names the merge before git runs, so what a
+        killed merge left in the checkout is told from the person's edits and
+        undone first (``_undo_killed_merge``). A merge stopped by a lock (git's
+        ref or index lock held by another process) is undone and run again, up
+        to ``TRANSIENT_ATTEMPTS`` times; then GitTransient.
+        """
+        intent = _MergeIntent(self.common_dir(holder), base)
+        self._undo_killed_merge(holder, intent, message)
+        for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
+            intent.write(self.rev(holder, "HEAD"), self.rev(holder, branch))
+            proc = run_git(
+                [*IDENTITY, "merge", "--no-ff", "-m", message, branch], holder, attempts=1
+            )
+            if proc.returncode == 0:
+                intent.clear()
+                return self.rev(holder, "HEAD")
+            # Stopped at its ref update, git leaves the merge begun (MERGE_HEAD, the
+            # index and files merged); refused, it touched nothing.
+            if self.merge_in_progress(holder):
+                git(["merge", "--abort"], holder, check=False)
+            intent.clear()
+            # With edits in the checkout, git stashes around the merge and says only
+            # "stash failed" when another git (a person's commit) holds index.lock.
+            index_locked = self._index_locked(holder)
+            if not index_locked and not is_transient(proc):
+                break
+            if attempt == TRANSIENT_ATTEMPTS:
+                held = "its index.lock is held" if index_locked else "a lock git needs is held"
+                raise GitTransient(
+                    f"git merge {branch} failed in {holder} {attempt} times: "
+                    f"{(proc.stderr or proc.stdout).strip()} ({held}: "
+                    "another git process is working there)"
+                )
+            time.sleep(0.2 * attempt)
+        detail = (proc.stderr or proc.stdout).strip()
+        if "local changes" in detail or "untracked working tree files" in detail:
+            raise DirtyCheckout(
+                f"cannot merge into {base}: changes in {holder} are in the way: {detail}"
+            )
+        raise GitError(f"git merge {branch} failed in {holder}: {detail}")
+
+    def _undo_killed_merge(self, holder: Path, intent: _MergeIntent, message: str) -> None:
+        """Undo what a merge killed in ``holder`` left there, as its intent file tells.
+
+        Killed after its ref update, the merge is done (HEAD moved): nothing to
+        undo but git's leftover MERGE_HEAD. Killed before, HEAD is where it was:
+        with MERGE_HEAD the merge is aborted; without it (killed while git wrote
+        the merged files or the index) each path the merge changes whose file or
+        index entry holds the merge's content is put back as HEAD has it, and
+        every other path (a person's edit) is left as it is. With no intent file
+        (a merge of an earlier phasegate), ``_abort_our_killed_merge``.
+        """
+        begun = intent.read()
+        if begun is None:
+            self._abort_our_killed_merge(holder, message)
+            return
+        head, merged = begun
+        if self.rev(holder, "HEAD") != head:
+            if self.merge_in_progress(holder):
+                git(["merge", "--abort"], holder, check=False)
+        elif self.merge_in_progress(holder):
+            found = git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], holder, check=False)
+            if found and found != merged:
+                raise DirtyCheckout(
+                    f"cannot merge into the base in {holder}: a merge of your own is in "
+                    "progress there (MERGE_HEAD); conclude or abort it, then resume"
+                )
+            git(["merge", "--abort"], holder, check=False)
+        else:
+            _put_back_partial_merge(holder, head, merged)
+        intent.clear()
 
     def _abort_our_killed_merge(self, holder: Path, message: str) -> None:
         """Abort the merge a killed phasegate left begun in ``holder`` (MERGE_HEAD, and
@@ -194,3 +248,85 @@ class BaseMerging:
         path = self.common_dir(repo) / "phasegate" / "merge.lock"
         with repository_flock(path, timeout_s, poll_s=0.05):
             yield
+
+
+class _MergeIntent:
+    """The journal of a merge into ``base`` in a person's checkout:
+    ``<common>/phasegate/merge-intent-<base>``, two lines (HEAD before the merge,
+    the commit merged), written durably before git runs and removed once git has
+    ended; found by the next merge when the process that wrote it was killed."""
+
+    def __init__(self, common: Path, base: str) -> None:
+        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in base)
+        self.path = common / "phasegate" / f"merge-intent-{safe}"
+
+    def write(self, head: str, merged: str) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(self.path.name + ".new")
+        with partial.open("w") as f:
+            f.write(f"{head}\n{merged}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, self.path)
+
+    def read(self) -> tuple[str, str] | None:
+        """(HEAD before, commit merged), or None: no intent, or one cut short."""
+        try:
+            lines = self.path.read_text().split()
+        except FileNotFoundError:
+            return None
+        return (lines[0], lines[1]) if len(lines) == 2 else None
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _put_back_partial_merge(holder: Path, head: str, merged: str) -> None:
+    """Put back, as ``head`` has them, the paths of ``holder`` that a merge of
+    ``merged`` into ``head``, killed before its MERGE_HEAD, had written.
+
+    A path is the merge's when the merge changes it and its file (or index
+    entry) holds the merge's content; a path of the same name holding anything
+    else is a person's, and kept. A merge whose result git cannot compute
+    without conflicts would have stopped with MERGE_HEAD: nothing to put back.
+    """
+    proc = run_git(["merge-tree", "--write-tree", "--no-messages", head, merged], holder)
+    if proc.returncode != 0:
+        return
+    tree = proc.stdout.split()[0]
+    paths = [
+        p
+        for p in git(["diff", "--name-only", "-z", "--no-renames", head, tree], holder).split("\0")
+        if p
+    ]
+    if not paths:
+        return
+    result = _blobs(git(["ls-tree", "-r", "-z", tree, "--", *paths], holder), blob_field=2)
+    before = _blobs(git(["ls-tree", "-r", "-z", head, "--", *paths], holder), blob_field=2)
+    staged = _blobs(git(["ls-files", "-s", "-z", "--", *paths], holder), blob_field=1)
+    files = [p for p in paths if (holder / p).is_file() and not (holder / p).is_symlink()]
+    written = (
+        dict(zip(files, git(["hash-object", "--", *files], holder).split(), strict=True))
+        if files
+        else {}
+    )
+    ours_staged = [p for p in paths if p in staged and staged[p] == result.get(p)]
+    ours_written = [p for p in paths if p in written and written[p] == result.get(p)]
+    if ours_staged:
+        git(["reset", "-q", head, "--", *ours_staged], holder)
+    restore = [p for p in ours_written if p in before]
+    if restore:
+        git(["checkout", head, "--", *restore], holder)
+    for p in ours_written:
+        if p not in before:
+            (holder / p).unlink()
+
+
+def _blobs(listing: str, *, blob_field: int) -> dict[str, str]:
+    """``path -> blob`` from ``ls-tree -z`` (``blob_field`` 2) or ``ls-files -s -z``
+    (``blob_field`` 1) output."""
+    found = {}
+    for entry in filter(None, listing.split("\0")):
+        meta, path = entry.split("\t", 1)
+        found[path] = meta.split()[blob_field]
+    return found

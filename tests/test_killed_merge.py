@@ -1,0 +1,183 @@
+"""A merge into a person's checkout killed or stopped midway (issue 9's kill torture,
+seed 731747: "cannot merge into main: changes.txt in the way", no merge on main).
+
+``git merge`` writes the merged files, then the index, then MERGE_HEAD, then moves
+the ref. A SIGKILL between any two of those, or a ref lock another process holds at
+the end, leaves the checkout changed with HEAD where it was. The merge is journaled
+(an intent file) before git runs, so the next merge tells what git left from the
+person's edits, puts back the first and keeps the second.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from phasegate.workspace import DirtyCheckout, Workspace
+from phasegate.workspace_merge import _MergeIntent
+
+from conftest import git, make_repo
+
+MESSAGE = "Merge feature (phasegate workflow abc)"
+
+
+def feature_repo(tmp_path: Path) -> tuple[Path, Workspace]:
+    """``main`` checked out in ``repo`` (the person's checkout); ``feature`` adds
+    changes.txt and changes b.txt."""
+    repo = make_repo(tmp_path / "repo", {"a.txt": "a\n", "b.txt": "b\n"})
+    ws = Workspace()
+    ws.create_branch(repo, "feature", "main")
+    tree = ws.ensure_worktree(repo, "feature", tmp_path / "wt")
+    (tree / "changes.txt").write_text("the agent's change\n")
+    (tree / "b.txt").write_text("b, changed\n")
+    ws.commit_all(tree, "feature")
+    return repo, ws
+
+
+def persons_edits(repo: Path) -> None:
+    """Edits of the person's that no merge may lose: one unstaged, one untracked."""
+    (repo / "a.txt").write_text("a, the person's edit\n")
+    (repo / "notes.txt").write_text("the person's notes\n")
+
+
+def assert_merged_and_edits_kept(repo: Path, merged: str) -> None:
+    assert git(repo, "log", "-1", "--format=%s", merged) == MESSAGE
+    assert git(repo, "rev-parse", "main") == merged
+    assert git(repo, "rev-list", "--count", "--merges", "main") == "1"
+    assert (repo / "changes.txt").read_text() == "the agent's change\n"
+    assert (repo / "b.txt").read_text() == "b, changed\n"
+    assert (repo / "a.txt").read_text() == "a, the person's edit\n"
+    assert (repo / "notes.txt").read_text() == "the person's notes\n"
+    assert git(repo, "status", "--porcelain") == "M a.txt\n?? notes.txt"
+    assert git(repo, "diff", "--cached", "--name-only") == ""  # a.txt's edit unstaged
+    assert not (repo / ".git" / "phasegate" / "merge-intent-main").exists()
+
+
+def hold_ref_lock(repo: Path) -> subprocess.Popen[str]:
+    """A live process holding ``refs/heads/main.lock`` as git does (O_EXCL): git's
+    update of main fails on it, after the merged files and MERGE_HEAD are written."""
+    lock = repo / ".git" / "refs" / "heads" / "main.lock"
+    code = (
+        "import os, sys, time\n"
+        f"fd = os.open({str(lock)!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def release(holder: subprocess.Popen[str], repo: Path) -> None:
+    holder.kill()
+    holder.wait(timeout=10)
+    if holder.stdout is not None:
+        holder.stdout.close()
+    (repo / ".git" / "refs" / "heads" / "main.lock").unlink(missing_ok=True)
+
+
+def test_a_merge_sigkilled_while_its_ref_update_waits_is_undone_and_redone(
+    tmp_path: Path,
+) -> None:
+    repo, ws = feature_repo(tmp_path)
+    persons_edits(repo)
+    holder = hold_ref_lock(repo)
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom phasegate.workspace import Workspace\n"
+        "Workspace().merge_into_base(Path(sys.argv[1]), 'main', 'feature', sys.argv[2])\n"
+    )
+    merging = subprocess.Popen(
+        [sys.executable, "-c", code, str(repo), MESSAGE],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (repo / ".git" / "MERGE_HEAD").exists():
+            assert merging.poll() is None, "the merge ended before git had begun it"
+            assert time.monotonic() < deadline, "git never began the merge"
+            time.sleep(0.005)
+        os.killpg(merging.pid, signal.SIGKILL)
+        merging.wait(timeout=10)
+    finally:
+        release(holder, repo)
+    # What the kill left: the merge begun, its files in the checkout, main unmoved.
+    assert (repo / "changes.txt").exists() or (repo / ".git" / "MERGE_HEAD").exists()
+    assert git(repo, "rev-list", "--count", "--merges", "main") == "0"
+    assert (repo / ".git" / "phasegate" / "merge-intent-main").exists()
+
+    merged = ws.merge_into_base(repo, "main", "feature", MESSAGE)
+    assert_merged_and_edits_kept(repo, merged)
+
+
+@pytest.mark.parametrize("left", ["files", "files and index"])
+def test_what_a_merge_killed_before_its_merge_head_wrote_is_put_back(
+    tmp_path: Path, left: str
+) -> None:
+    repo, ws = feature_repo(tmp_path)
+    head, feature = git(repo, "rev-parse", "main"), git(repo, "rev-parse", "feature")
+    _MergeIntent(repo / ".git", "main").write(head, feature)
+    # What git had written when the kill came: the merged files (an untracked new
+    # file, a changed one), and the index too, or not yet.
+    (repo / "changes.txt").write_text("the agent's change\n")
+    (repo / "b.txt").write_text("b, changed\n")
+    if left == "files and index":
+        git(repo, "add", "changes.txt", "b.txt")
+    persons_edits(repo)
+    with pytest.raises(subprocess.CalledProcessError):  # what every merge met before
+        git(repo, "merge", "--no-ff", "-m", MESSAGE, "feature")
+
+    merged = ws.merge_into_base(repo, "main", "feature", MESSAGE)
+    assert_merged_and_edits_kept(repo, merged)
+
+
+def test_a_persons_edit_of_a_path_the_killed_merge_changes_is_kept_and_refused(
+    tmp_path: Path,
+) -> None:
+    repo, ws = feature_repo(tmp_path)
+    head, feature = git(repo, "rev-parse", "main"), git(repo, "rev-parse", "feature")
+    _MergeIntent(repo / ".git", "main").write(head, feature)
+    (repo / "changes.txt").write_text("the agent's change\n")  # the killed merge's
+    (repo / "b.txt").write_text("b, as the person wants it\n")  # the person's own
+    with pytest.raises(DirtyCheckout, match="b.txt"):
+        ws.merge_into_base(repo, "main", "feature", MESSAGE)
+    assert (repo / "b.txt").read_text() == "b, as the person wants it\n"
+    assert not (repo / "changes.txt").exists()
+    assert git(repo, "rev-list", "--count", "--merges", "main") == "0"
+
+
+def test_a_merge_stopped_by_a_ref_lock_held_a_moment_lands_once(tmp_path: Path) -> None:
+    # Before: git's second try met its own MERGE_HEAD ("You have not concluded your
+    # merge") and the merge failed as GitError with the checkout changed.
+    repo, ws = feature_repo(tmp_path)
+    persons_edits(repo)
+    holder = hold_ref_lock(repo)
+    threading.Timer(0.3, release, (holder, repo)).start()
+    merged = ws.merge_into_base(repo, "main", "feature", MESSAGE)
+    assert_merged_and_edits_kept(repo, merged)
+
+
+def test_a_merge_of_the_persons_own_begun_after_a_killed_one_is_theirs(
+    tmp_path: Path,
+) -> None:
+    repo, ws = feature_repo(tmp_path)
+    head = git(repo, "rev-parse", "main")
+    git(repo, "branch", "other", "main")
+    git(repo, "checkout", "-q", "other")
+    (repo / "c.txt").write_text("c\n")
+    git(repo, "add", "c.txt")
+    git(repo, "commit", "-qm", "other work")
+    git(repo, "checkout", "-q", "main")
+    _MergeIntent(repo / ".git", "main").write(head, git(repo, "rev-parse", "feature"))
+    git(repo, "merge", "--no-ff", "--no-commit", "-m", "my own merge", "other")
+    with pytest.raises(DirtyCheckout, match="a merge of your own"):
+        ws.merge_into_base(repo, "main", "feature", MESSAGE)
+    assert (repo / ".git" / "MERGE_HEAD").read_text().strip() == git(repo, "rev-parse", "other")
