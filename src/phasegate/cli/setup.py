@@ -37,9 +37,12 @@ def init(
     """Write phasegate.toml, with roles and checks chosen from what it finds.
 
     Roles: the claude-code runner when `claude` is on PATH, else codex when
-    `codex` is, else the api runner when ANTHROPIC_API_KEY or OPENAI_API_KEY is
-    set, else commented examples. The base branch and the checks (pytest, npm
-    test, cargo test, go test, make test) come from the repository.
+    `codex` is, else gemini when `gemini` is, else the api runner when
+    ANTHROPIC_API_KEY or OPENAI_API_KEY is set, else commented examples; every
+    other agent CLI found (opencode, qwen, copilot, aider, mini) is named in a
+    note, to bind with its model (README, Runners). The base branch and the
+    checks (pytest, npm test, cargo test, go test, make test) come from the
+    repository.
     """
     with _errors():
         root = _repo_root(repo)
@@ -59,7 +62,7 @@ def _print_chosen(chosen: DefaultCartridge) -> None:
         console.print(f"  {label}: {shown(text)}", highlight=False)
 
     if chosen.runner is None:
-        say("roles", "none bound (no agent CLI found, no model key set)")
+        say("roles", "none bound (none of claude, codex, gemini found, no model key set)")
     else:
         how = [f"every role on the {chosen.runner} runner"]
         if chosen.executable:
@@ -103,8 +106,9 @@ def doctor(
 
     What a run needs: agent CLIs, model keys, git, the cartridge and its roles.
 
-    Lists the agent CLIs found on PATH (claude, codex, and every executable
-    the cartridge names) with their versions, which model keys are set (never
+    Lists the agent CLIs found on PATH (claude, codex, gemini, opencode, qwen,
+    copilot, aider, mini, and every executable the cartridge names) with their
+    versions, which model keys are set (never
     their values), the git version, whether the cartridge is valid, what each
     role is bound to, and what is missing. Exit code 0 when everything a run
     needs is there, 1 when something is missing.
@@ -234,9 +238,11 @@ def dry_run(
 ) -> None:
     """Run a whole workflow offline: a scripted model, a throwaway clone.
 
-    Every claude-code, codex and api role keeps its runner, executable, tools
-    and permissions but talks to a local scripted model server (base_url and a
-    dummy key are replaced); command and scripted roles run as they are. The
+    Every claude-code, codex, gemini, opencode, aider and api role keeps its
+    runner, executable, tools and permissions but talks to a local scripted
+    model server (base_url and a dummy key are replaced); command and scripted
+    roles run as they are; a qwen, copilot or mini role is refused (no offline
+    method yet). The
     work happens in a local clone (git clone --local --no-hardlinks) in a
     temporary directory with its own store, and merges there without asking:
     the repository is never touched.
