@@ -123,6 +123,7 @@ def test_doctor_on_a_ready_repository_exits_0_and_never_shows_a_key(tmp_path: Pa
     assert "2.1.197 (Claude Code)" in text.stdout
     assert "set: ANTHROPIC_API_KEY, GEMINI_API_KEY" in text.stdout
     assert_no_secret(proc.stdout, proc.stderr, text.stdout, text.stderr)
+    assert not (repo / ".phasegate").exists(), "doctor only looks: it makes no state directory"
 
 
 def test_doctor_names_everything_a_run_is_missing_and_exits_1(tmp_path: Path) -> None:

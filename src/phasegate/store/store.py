@@ -124,11 +124,12 @@ def store_server_problem(url: str) -> str | None:
     nothing read or migrated; the password not shown), or None when it does, or
     when the store is a SQLite file (opened when used). What ``doctor`` asks."""
     try:
+        if _parse_url(url).get_backend_name() != "postgresql":
+            return None  # a SQLite file, whose directory is not made here
         dialect = make_dialect(url, busy_timeout_s=5.0)
     except StoreUrlUnsupported as exc:
         return str(exc)
-    if not isinstance(dialect, PostgresDialect):
-        return None
+    assert isinstance(dialect, PostgresDialect)
     engine = dialect.engine()
     try:
         with engine.connect():
