@@ -485,3 +485,21 @@ def test_doctor_says_which_github_repository_and_credentials_and_names_a_missing
     }
     assert not [m for m in found.missing if "forge" in m]
     assert SENTINEL not in json.dumps(found.as_dict())
+
+
+def test_a_cli_without_version_option_that_names_its_version_in_a_banner_is_found(
+    tmp_path: Path,
+) -> None:
+    # mini-swe-agent 2.4.6: the banner, then "No such option: --version", exit 2.
+    mini = tmp_path / "mini"
+    mini.write_text(
+        "#!/bin/sh\necho 'This is mini-swe-agent version 2.4.6.'\n"
+        "echo 'No such option: --version' >&2\nexit 2\n"
+    )
+    mini.chmod(0o755)
+    assert program_version(str(mini)) == ("This is mini-swe-agent version 2.4.6.", None)
+    broken = tmp_path / "broken"
+    broken.write_text("#!/bin/sh\necho 'Error: no such option --version'\nexit 2\n")
+    broken.chmod(0o755)
+    version, error = program_version(str(broken))
+    assert version is None and error and "exited with code 2" in error

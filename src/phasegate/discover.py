@@ -61,12 +61,17 @@ def keys_set(names: Iterable[str], environ: Mapping[str, str] | None = None) -> 
     return {name: bool(source.get(name)) for name in dict.fromkeys(names)}
 
 
+_BANNER_VERSION = re.compile(r"\bversion v?\d+\.\d+")
+
+
 def program_version(
     executable: str, timeout_s: float = _VERSION_TIMEOUT_S
 ) -> tuple[str | None, str | None]:
     """``(version, error)`` from ``executable --version``: its first output line, or why not.
 
     Run with a short timeout and no stdin, so a CLI that wants a terminal cannot hang us.
+    A non-zero exit is an error unless a line of the output names a version
+    (``... version 2.4.6``): a CLI with no ``--version`` option of its own.
     """
     try:
         proc = subprocess.run(
@@ -82,6 +87,11 @@ def program_version(
         return None, f"cannot run {executable}: {exc.strerror or exc}"
     lines = (proc.stdout.strip() or proc.stderr.strip()).splitlines()
     if proc.returncode != 0:
+        # A CLI without --version that names its version in a banner before refusing
+        # the option (mini-swe-agent: "This is mini-swe-agent version 2.4.6.", exit 2).
+        banner = next((line for line in lines if _BANNER_VERSION.search(line)), None)
+        if banner is not None:
+            return banner.strip()[:200], None
         detail = lines[0][:200] if lines else ""
         return None, f"`{executable} --version` exited with code {proc.returncode}: {detail}"
     return (lines[0].strip()[:200] if lines else ""), None

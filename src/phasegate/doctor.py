@@ -23,6 +23,7 @@ import os
 import shlex
 import shutil
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,7 +317,7 @@ def diagnose(
     *,
     which: Which = shutil.which,
     environ: Mapping[str, str] | None = None,
-    version_timeout_s: float = 5.0,
+    version_timeout_s: float = 15.0,
     offline: bool = False,
 ) -> Diagnosis:
     """Look at this machine and the repository at ``repo``; change nothing.
@@ -375,12 +376,13 @@ def diagnose(
         checks_sandbox = {"kind": kind, "reason": reason}
 
     names = [*AGENT_CLIS, *(r.executable for r in roles if r.executable and r.runner != "command")]
-    clis = []
-    for name in dict.fromkeys(names):
-        cli = AgentCli(name, which(name))
-        if cli.path:
-            cli.version, cli.error = program_version(cli.path, version_timeout_s)
-        clis.append(cli)
+    clis = [AgentCli(name, which(name)) for name in dict.fromkeys(names)]
+    # Side by side: a node CLI's --version alone can take seconds on a loaded machine.
+    present = [cli for cli in clis if cli.path]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        versions = list(pool.map(lambda c: program_version(c.path, version_timeout_s), present))
+    for cli, (version, error) in zip(present, versions, strict=True):
+        cli.version, cli.error = version, error
     key_names = [*MODEL_KEY_VARS, *(r.api_key_env for r in roles if r.api_key_env)]
     return Diagnosis(
         phasegate=__version__,
