@@ -89,6 +89,16 @@ def test_a_profile_used_by_two_roles_gives_each_its_own_model() -> None:
             {"x": {"runner": "codex", "mcp_servers": {"a": {"command": "b", "url": "http://h"}}}},
             "give `command` (a server it starts) or `url`, not both",
         ),
+        (
+            {},
+            {"x": {"runner": "codex", "mcp_servers": {"a": {"args": ["--stdio"]}}}},
+            "agents.x.mcp_servers.a: give `command` (a server it starts) or `url` (one it reaches)",
+        ),
+        (
+            {},
+            {"x": {"runner": "codex", "mcp_servers": {"a": {"command": " "}}}},
+            "`command` is empty",
+        ),
         ({}, {"x": {"runner": "codex", "agent": "y"}}, "agents.x.agent: a profile cannot name"),
     ],
 )

@@ -156,8 +156,12 @@ class McpServer(_Strict):
 
     @model_validator(mode="after")
     def _command_or_url(self) -> McpServer:
-        if (self.command is None) == (self.url is None):
+        if self.command is None and self.url is None:
+            raise ValueError("give `command` (a server it starts) or `url` (one it reaches)")
+        if self.command is not None and self.url is not None:
             raise ValueError("give `command` (a server it starts) or `url`, not both")
+        if self.command is not None and not self.command.strip():
+            raise ValueError("`command` is empty: name the program that starts the server")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"`url` must be http:// or https://, not {self.url!r}")
         if self.url is not None and (self.args or self.env):
