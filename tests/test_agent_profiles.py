@@ -343,10 +343,34 @@ def test_doctor_shows_each_roles_profile_and_names_an_mcp_server_it_cannot_start
     assert (roles["plan_review"].agent, roles["plan_review"].model) == ("claude", "model-deep")
     assert roles["plan"].mcp_servers == {"docs": str(tools / "docs-mcp"), "tracker": None}
     assert (
-        "roles.plan.mcp_servers.tracker.command: `no-such-mcp-server` is not found" in found.missing
+        "roles.plan.mcp_servers.tracker.command (agent profile claude): "
+        "`no-such-mcp-server` is not found" in found.missing
     )
     assert not found.ok
     # the gemini reviewer's servers would never start: said, not refused
     warned = "\n".join(found.warnings)
     assert "roles.review.mcp_servers: Gemini CLI starts no MCP server" in warned
     assert "roles.build.mcp_servers" not in warned
+
+
+OTHER_ROLES = ("plan_review", "build", "review", "verification")
+
+
+def test_doctor_on_a_role_naming_no_profile_says_so_once_and_reads_the_other_roles(
+    tmp_path: Path,
+) -> None:
+    # Before: every role of an invalid cartridge read without its profile ("runner:
+    # Field required", five times), and the bad reference said twice.
+    repo = make_repo(tmp_path / "repo")
+    (repo / "phasegate.toml").write_text(
+        '[agents.fast]\nrunner = "claude-code"\nmodel = "m"\n'
+        '[roles.plan]\nagent = "nope"\n'
+        + "".join(f'[roles.{r}]\nagent = "fast"\n' for r in OTHER_ROLES)
+    )
+    found = diagnose(repo, environ={"PATH": "/usr/bin:/bin"}, which=lambda name: None)
+    roles = {r.role: r for r in found.roles}
+    said = "roles.plan.agent: no agent profile 'nope' (profiles: fast)"
+    assert roles["plan"].error is not None and roles["plan"].error.startswith(said)
+    assert sum(said in problem for problem in found.missing) == 1
+    assert all((roles[r].agent, roles[r].model) == ("fast", "m") for r in OTHER_ROLES)
+    assert not any("Field required" in problem for problem in found.missing)

@@ -44,7 +44,7 @@ from phasegate.cartridge import (
     RoleBinding,
     load_cartridge,
 )
-from phasegate.cartridge_agents import AGENT_PROGRAMS
+from phasegate.cartridge_agents import AGENT_PROGRAMS, resolve_agents
 from phasegate.cartridge_forge import ForgeSettings
 from phasegate.discover import (
     AGENT_CLIS,
@@ -160,11 +160,17 @@ def _read_roles(path: Path) -> dict[str, RoleBinding | str | None]:
     if graph.get("enabled") is True:
         bound = [name for name in GRAPH_OPTIONAL_ROLES if tables.get(name) is not None]
         names = (*GRAPH_MODE_ROLES, *bound)
+    agents = raw.get("agents") if isinstance(raw.get("agents"), dict) else {}
     roles: dict[str, RoleBinding | str | None] = {}
     for name in names:
         table = tables.get(name)
         if table is None:
             roles[name] = None
+            continue
+        try:  # a role naming an agent profile is that profile's binding, as loading makes it
+            table = resolve_agents({"agents": agents, "roles": {name: table}})["roles"][name]
+        except ValueError as exc:
+            roles[name] = str(exc)
             continue
         try:
             roles[name] = RoleBinding.model_validate(table)
@@ -211,7 +217,8 @@ def _role_status(
         missing.append(f"{where} is not bound: add a [{where}] table to {CARTRIDGE_FILE}")
         return RoleStatus(name, bound=False)
     if isinstance(binding, str):
-        missing.append(binding)
+        if not any(binding in problem for problem in missing):  # the cartridge's error says it
+            missing.append(binding)
         return RoleStatus(name, bound=True, error=binding)
     status = RoleStatus(
         name,
@@ -290,8 +297,10 @@ def _mcp_servers(
         found = which(server.command or "")
         status.mcp_servers[server_name] = found
         if found is None:
+            profile = f" (agent profile {binding.agent})" if binding.agent else ""
             missing.append(
-                f"{where}.mcp_servers.{server_name}.command: `{server.command}` is not found"
+                f"{where}.mcp_servers.{server_name}.command{profile}: "
+                f"`{server.command}` is not found"
             )
     program = {"gemini": "Gemini CLI", "qwen": "Qwen Code"}.get(binding.runner)
     if binding.mcp_servers and program and role in READ_ONLY_ROLES:
