@@ -57,7 +57,7 @@ def assert_merged_and_edits_kept(repo: Path, merged: str) -> None:
     assert (repo / "notes.txt").read_text() == "the person's notes\n"
     assert git(repo, "status", "--porcelain") == "M a.txt\n?? notes.txt"
     assert git(repo, "diff", "--cached", "--name-only") == ""  # a.txt's edit unstaged
-    assert not (repo / ".git" / "phasegate" / "merge-intent-main").exists()
+    assert not _MergeIntent(repo / ".git", "main").path.exists()
 
 
 def hold_ref_lock(repo: Path) -> subprocess.Popen[str]:
@@ -112,7 +112,7 @@ def test_a_merge_sigkilled_while_its_ref_update_waits_is_undone_and_redone(
     # What the kill left: the merge begun, its files in the checkout, main unmoved.
     assert (repo / "changes.txt").exists() or (repo / ".git" / "MERGE_HEAD").exists()
     assert git(repo, "rev-list", "--count", "--merges", "main") == "0"
-    assert (repo / ".git" / "phasegate" / "merge-intent-main").exists()
+    assert _MergeIntent(repo / ".git", "main").path.exists()
 
     merged = ws.merge_into_base(repo, "main", "feature", MESSAGE)
     assert_merged_and_edits_kept(repo, merged)
@@ -181,3 +181,70 @@ def test_a_merge_of_the_persons_own_begun_after_a_killed_one_is_theirs(
     with pytest.raises(DirtyCheckout, match="a merge of your own"):
         ws.merge_into_base(repo, "main", "feature", MESSAGE)
     assert (repo / ".git" / "MERGE_HEAD").read_text().strip() == git(repo, "rev-parse", "other")
+
+
+def test_a_persons_edit_in_the_merges_way_is_refused_before_git_touches_the_checkout(
+    tmp_path: Path,
+) -> None:
+    # git refuses such a merge itself, but only after stashing the edits and resetting
+    # the checkout: a kill there left the person's edits in no file (a trial's find).
+    repo, ws = feature_repo(tmp_path)
+    persons_edits(repo)
+    (repo / "b.txt").write_text("b, mine\n")
+    (repo / "changes.txt").write_text("the agent's change\n")  # the same as the branch's
+    with pytest.raises(DirtyCheckout, match="b.txt, changes.txt"):
+        ws.merge_into_base(repo, "main", "feature", MESSAGE)
+    assert (repo / "b.txt").read_text() == "b, mine\n"
+    assert (repo / "changes.txt").read_text() == "the agent's change\n"
+    assert (repo / "a.txt").read_text() == "a, the person's edit\n"
+    assert not _MergeIntent(repo / ".git", "main").path.exists()  # git never ran
+
+
+def test_a_killed_merge_that_deleted_a_file_is_put_back(tmp_path: Path) -> None:
+    repo, ws = feature_repo(tmp_path)
+    tree = tmp_path / "wt"
+    git(tree, "rm", "-q", "a.txt")
+    git(tree, "commit", "-qm", "drop a.txt")
+    head, feature = git(repo, "rev-parse", "main"), git(repo, "rev-parse", "feature")
+    _MergeIntent(repo / ".git", "main").write(head, feature)
+    for name, text in {"changes.txt": "the agent's change\n", "b.txt": "b, changed\n"}.items():
+        (repo / name).write_text(text)
+    git(repo, "add", "changes.txt", "b.txt")
+    git(repo, "rm", "-q", "a.txt")  # what git had done of the merge when killed
+    merged = ws.merge_into_base(repo, "main", "feature", MESSAGE)
+    assert git(repo, "rev-list", "--count", "--merges", "main") == "1"
+    assert git(repo, "status", "--porcelain") == "" and not (repo / "a.txt").exists()
+    assert git(repo, "rev-parse", "main") == merged
+
+
+@pytest.mark.parametrize("garbage", [b"", b"one line\n", b"\xff\xfe\x00", b"a" * 40 + b"\nzz\n"])
+def test_a_garbage_intent_file_is_no_intent(tmp_path: Path, garbage: bytes) -> None:
+    repo, ws = feature_repo(tmp_path)
+    persons_edits(repo)
+    intent = _MergeIntent(repo / ".git", "main")
+    intent.path.parent.mkdir(parents=True, exist_ok=True)
+    intent.path.write_bytes(garbage)
+    assert intent.read() is None
+    assert_merged_and_edits_kept(repo, ws.merge_into_base(repo, "main", "feature", MESSAGE))
+
+
+def test_a_stale_intent_never_aborts_a_merge_the_person_began_since(tmp_path: Path) -> None:
+    repo, ws = feature_repo(tmp_path)
+    _MergeIntent(repo / ".git", "main").write("a" * 40, "b" * 40)  # HEAD moved on since
+    git(repo, "branch", "other", "main")
+    git(repo, "checkout", "-q", "other")
+    (repo / "c.txt").write_text("c\n")
+    git(repo, "add", "c.txt")
+    git(repo, "commit", "-qm", "other work")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "--no-ff", "--no-commit", "-m", "my own merge", "other")
+    with pytest.raises(DirtyCheckout, match="a merge of your own"):
+        ws.merge_into_base(repo, "main", "feature", MESSAGE)
+    assert (repo / ".git" / "MERGE_HEAD").exists() and (repo / "c.txt").exists()
+
+
+def test_bases_whose_names_differ_only_in_a_slash_keep_intents_of_their_own(
+    tmp_path: Path,
+) -> None:
+    common = tmp_path / "common"
+    assert _MergeIntent(common, "release/1.0").path != _MergeIntent(common, "release-1.0").path

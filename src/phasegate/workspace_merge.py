@@ -7,7 +7,10 @@ defines. Errors as there: ``GitError``, ``GitTransient``, ``DirtyCheckout``.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -149,31 +152,37 @@ class BaseMerging:
         to ``TRANSIENT_ATTEMPTS`` times; then GitTransient.
         """
         intent = _MergeIntent(self.common_dir(holder), base)
-        self._undo_killed_merge(holder, intent, message)
         for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
-            intent.write(self.rev(holder, "HEAD"), self.rev(holder, branch))
-            proc = run_git(
-                [*IDENTITY, "merge", "--no-ff", "-m", message, branch], holder, attempts=1
-            )
-            if proc.returncode == 0:
-                intent.clear()
-                return self.rev(holder, "HEAD")
-            # Stopped at its ref update, git leaves the merge begun (MERGE_HEAD, the
-            # index and files merged); refused, it touched nothing.
-            if self.merge_in_progress(holder):
-                git(["merge", "--abort"], holder, check=False)
-            intent.clear()
-            # With edits in the checkout, git stashes around the merge and says only
-            # "stash failed" when another git (a person's commit) holds index.lock.
-            index_locked = self._index_locked(holder)
-            if not index_locked and not is_transient(proc):
-                break
-            if attempt == TRANSIENT_ATTEMPTS:
+            # Every try first undoes what a killed merge, or this one's last try, left.
+            left = self._undo_killed_merge(holder, intent, message)
+            if left is None:
+                head, merged = self.rev(holder, "HEAD"), self.rev(holder, branch)
+                _refuse_edits_in_the_way(holder, base, head, merged)
+                intent.write(head, merged)
+                proc = run_git(
+                    [*IDENTITY, "merge", "--no-ff", "-m", message, branch], holder, attempts=1
+                )
+                if proc.returncode == 0:
+                    intent.clear()
+                    return self.rev(holder, "HEAD")
+                # Stopped at its ref update, git leaves the merge begun (MERGE_HEAD, the
+                # index and files merged); refused, it touched nothing.
+                left = self._abort(holder)
+                if left is None:
+                    intent.clear()  # else the next try undoes it, by the intent
+                # With edits in the checkout, git stashes around the merge and says only
+                # "stash failed" when another git (a person's commit) holds index.lock.
+                index_locked = self._index_locked(holder)
+                if left is None and not index_locked and not is_transient(proc):
+                    break
+                detail = (proc.stderr or proc.stdout).strip()
                 held = "its index.lock is held" if index_locked else "a lock git needs is held"
+            else:
+                detail, held = left, "the merge begun could not be aborted"
+            if attempt == TRANSIENT_ATTEMPTS:
                 raise GitTransient(
-                    f"git merge {branch} failed in {holder} {attempt} times: "
-                    f"{(proc.stderr or proc.stdout).strip()} ({held}: "
-                    "another git process is working there)"
+                    f"git merge {branch} failed in {holder} {attempt} times: {detail} "
+                    f"({held}: another git process is working there)"
                 )
             time.sleep(0.2 * attempt)
         detail = (proc.stderr or proc.stdout).strip()
@@ -183,8 +192,10 @@ class BaseMerging:
             )
         raise GitError(f"git merge {branch} failed in {holder}: {detail}")
 
-    def _undo_killed_merge(self, holder: Path, intent: _MergeIntent, message: str) -> None:
-        """Undo what a merge killed in ``holder`` left there, as its intent file tells.
+    def _undo_killed_merge(self, holder: Path, intent: _MergeIntent, message: str) -> str | None:
+        """Undo what a merge killed in ``holder`` left there, as its intent file tells;
+        None when done, else git's words for why the merge it began could not be
+        aborted (a lock held: the intent is kept, for the next try).
 
         Killed after its ref update, the merge is done (HEAD moved): nothing to
         undo but git's leftover MERGE_HEAD. Killed before, HEAD is where it was:
@@ -197,22 +208,31 @@ class BaseMerging:
         begun = intent.read()
         if begun is None:
             self._abort_our_killed_merge(holder, message)
-            return
+            return None
         head, merged = begun
-        if self.rev(holder, "HEAD") != head:
-            if self.merge_in_progress(holder):
-                git(["merge", "--abort"], holder, check=False)
-        elif self.merge_in_progress(holder):
+        if self.merge_in_progress(holder):
             found = git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], holder, check=False)
-            if found and found != merged:
+            if found != merged:  # begun since, by the person: theirs
                 raise DirtyCheckout(
                     f"cannot merge into the base in {holder}: a merge of your own is in "
                     "progress there (MERGE_HEAD); conclude or abort it, then resume"
                 )
-            git(["merge", "--abort"], holder, check=False)
-        else:
+        elif self.rev(holder, "HEAD") == head:
             _put_back_partial_merge(holder, head, merged)
-        intent.clear()
+        left = self._abort(holder)
+        if left is None:
+            intent.clear()
+        return left
+
+    def _abort(self, holder: Path) -> str | None:
+        """``git merge --abort`` in ``holder`` when a merge is begun there; None when
+        none is left begun, else git's words for why it stays."""
+        if not self.merge_in_progress(holder):
+            return None
+        proc = run_git(["merge", "--abort"], holder)
+        if not self.merge_in_progress(holder):
+            return None
+        return (proc.stderr or proc.stdout).strip() or "git merge --abort left MERGE_HEAD"
 
     def _abort_our_killed_merge(self, holder: Path, message: str) -> None:
         """Abort the merge a killed phasegate left begun in ``holder`` (MERGE_HEAD, and
@@ -250,6 +270,9 @@ class BaseMerging:
             yield
 
 
+_OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
 class _MergeIntent:
     """The journal of a merge into ``base`` in a person's checkout:
     ``<common>/phasegate/merge-intent-<base>``, two lines (HEAD before the merge,
@@ -258,7 +281,9 @@ class _MergeIntent:
 
     def __init__(self, common: Path, base: str) -> None:
         safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in base)
-        self.path = common / "phasegate" / f"merge-intent-{safe}"
+        # the digest keeps release/1.0 and release-1.0 apart
+        digest = hashlib.sha256(base.encode()).hexdigest()[:12]
+        self.path = common / "phasegate" / f"merge-intent-{safe}-{digest}"
 
     def write(self, head: str, merged: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -272,13 +297,40 @@ class _MergeIntent:
     def read(self) -> tuple[str, str] | None:
         """(HEAD before, commit merged), or None: no intent, or one cut short."""
         try:
-            lines = self.path.read_text().split()
-        except FileNotFoundError:
+            lines = self.path.read_bytes().decode("ascii").split()
+        except (OSError, UnicodeDecodeError):  # none, a directory, garbage
             return None
-        return (lines[0], lines[1]) if len(lines) == 2 else None
+        if len(lines) != 2 or not all(_OBJECT_ID.fullmatch(line) for line in lines):
+            return None
+        return lines[0], lines[1]
 
     def clear(self) -> None:
-        self.path.unlink(missing_ok=True)
+        if self.path.is_dir() and not self.path.is_symlink():
+            shutil.rmtree(self.path, ignore_errors=True)
+        else:
+            self.path.unlink(missing_ok=True)
+
+
+def _refuse_edits_in_the_way(holder: Path, base: str, head: str, merged: str) -> None:
+    """Raise DirtyCheckout, before git runs, when an uncommitted change in ``holder``
+    (staged, unstaged, untracked) is at a path the merge of ``merged`` changes.
+
+    git would refuse too, but only after stashing the person's edits and
+    resetting the checkout: killed then, their edits would be in no file. And a
+    merge begun only over clean paths lets ``_put_back_partial_merge`` take any
+    of those paths holding the merge's content for git's.
+    """
+    changed = git(["diff", "--name-only", "-z", "--no-renames", f"{head}...{merged}"], holder)
+    if not changed:
+        return
+    status = git(["status", "--porcelain", "-z", "--no-renames", "--untracked-files=all"], holder)
+    dirty = {entry[3:] for entry in status.split("\0") if len(entry) > 3}
+    in_the_way = sorted(dirty & set(filter(None, changed.split("\0"))))
+    if in_the_way:
+        raise DirtyCheckout(
+            f"cannot merge into {base}: changes in {holder} are in the way: "
+            f"{', '.join(in_the_way[:10])} (commit, stash or discard them, then resume)"
+        )
 
 
 def _put_back_partial_merge(holder: Path, head: str, merged: str) -> None:
@@ -310,11 +362,13 @@ def _put_back_partial_merge(holder: Path, head: str, merged: str) -> None:
         if files
         else {}
     )
-    ours_staged = [p for p in paths if p in staged and staged[p] == result.get(p)]
+    # A path the merge deletes is its when the index or the checkout lacks it.
+    ours_staged = [p for p in paths if staged.get(p) == result.get(p) != before.get(p)]
     ours_written = [p for p in paths if p in written and written[p] == result.get(p)]
+    gone = [p for p in paths if p not in result and p in before and not (holder / p).exists()]
     if ours_staged:
         git(["reset", "-q", head, "--", *ours_staged], holder)
-    restore = [p for p in ours_written if p in before]
+    restore = [p for p in ours_written if p in before] + gone
     if restore:
         git(["checkout", head, "--", *restore], holder)
     for p in ours_written:
