@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -424,3 +425,33 @@ def test_a_merge_a_killed_phasegate_left_begun_in_the_persons_checkout_is_redone
     with pytest.raises(DirtyCheckout, match="a merge of your own is in progress"):
         ws.merge_into_base(repo, "main", "second", "Merge second")
     assert ws.merge_in_progress(repo)
+
+
+def test_lock_files_survive_worktrees_removed_while_they_are_listed(tmp_path: Path) -> None:
+    # Found by the 2 x 8 x 120 run: another worker's worktree went away between the
+    # listing of .git/worktrees and the look inside it (FileNotFoundError, a failed
+    # preparation). Worktree directories are made and removed as fast as can be.
+    from phasegate._repair import lock_files
+
+    repo = make_repo(tmp_path / "repo")
+    admin = repo / ".git" / "worktrees"
+    admin.mkdir()
+    stop = threading.Event()
+
+    def churn() -> None:
+        i = 0
+        while not stop.is_set():
+            entry = admin / f"wt-{i % 8}"
+            entry.mkdir(exist_ok=True)
+            (entry / "index.lock").write_text("")
+            shutil.rmtree(entry, ignore_errors=True)
+            i += 1
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        for _ in range(3000):
+            assert all(p.name.endswith(".lock") for p in lock_files(repo / ".git"))
+    finally:
+        stop.set()
+        churner.join()

@@ -134,9 +134,15 @@ def lock_files(common: Path) -> list[Path]:
     ``packed-refs.new`` (rewriting packed-refs, git creates it exclusively too)."""
     found = [p for p in [common / "packed-refs.new"] if p.is_file()]
     for root in (common, *(p for p in (common / "worktrees").glob("*") if p.is_dir())):
-        found += [p for p in root.glob("*.lock") if p.is_file()]
+        try:
+            found += [p for p in root.glob("*.lock") if p.is_file()]
+        except FileNotFoundError:  # a worktree another process removed meanwhile
+            continue
     for sub in ("refs", "logs"):
-        found += [p for p in (common / sub).rglob("*.lock") if p.is_file()]
+        try:
+            found += [p for p in (common / sub).rglob("*.lock") if p.is_file()]
+        except FileNotFoundError:  # a ref directory git pruned meanwhile
+            continue
     return found
 
 
