@@ -117,8 +117,9 @@ class BaseMerging:
         """A real ``git merge --no-ff branch`` into ``base``; return the merge SHA.
 
         Runs where ``base`` is checked out when a worktree has it (raising
-        DirtyCheckout, with nothing touched, when uncommitted changes there are
-        in the merge's way), else in a scratch worktree of ``base``; under the
+        DirtyCheckout, before git runs, when uncommitted changes there are at
+        paths the merge changes; journaled, so a killed merge is undone by the
+        next: ``_merge_in_checkout``), else in a scratch worktree of ``base``; under the
         repository's ``merge_lock``, after ``repair``. Raises GitError, or
         GitTransient when git keeps failing on a lock.
         """
