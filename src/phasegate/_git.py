@@ -419,6 +419,14 @@ def list_refs(cwd: Path | str) -> dict[str, str]:
     return refs
 
 
+def own_path(common: Path, name: str) -> Path:
+    """``<common>/phasegate/<name>``: where phasegate keeps a file of its own in a
+    repository's common git directory; every character of ``name`` but letters,
+    digits, ``-``, ``_`` and ``.`` becomes ``-`` (a branch's ``/`` included)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
+    return common / "phasegate" / safe
+
+
 def run_git_unrecorded(
     args: Sequence[str], cwd: Path | str, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:

@@ -65,6 +65,7 @@ from phasegate._git import (
     LEDGER,
     common_dir,
     list_refs,
+    own_path,
     read_ledger,
     record_refs,
     refs_lock,
@@ -415,9 +416,8 @@ def _relative(path: str, common: Path) -> str:
 
 
 def _journal_path(common: Path, key: str) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in key)
     # a file, not a directory: directories in <common>/phasegate are checkouts
-    return common / "phasegate" / f"guard-{safe}.json"
+    return own_path(common, f"guard-{key}.json")
 
 
 def recover(cwd: Path, key: str) -> list[tuple[str, str, Violation]]:

@@ -26,6 +26,7 @@ from phasegate._git import (
     GitTransient,
     git,
     is_transient,
+    own_path,
     repository_flock,
     run_git,
 )
@@ -109,9 +110,7 @@ class BaseMerging:
         Fixed per ``name``, so what a killed process left there is found and
         cleared by the next run, and never shows up as an untracked file.
         """
-        common = self.common_dir(repo)
-        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
-        return (common / "phasegate" / safe).resolve()
+        return own_path(self.common_dir(repo), name).resolve()
 
     def merge_into_base(self, repo: Path, base: str, branch: str, message: str) -> str:
         """A real ``git merge --no-ff branch`` into ``base``; return the merge SHA.
@@ -281,10 +280,9 @@ class _MergeIntent:
     ended; found by the next merge when the process that wrote it was killed."""
 
     def __init__(self, common: Path, base: str) -> None:
-        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in base)
         # the digest keeps release/1.0 and release-1.0 apart
         digest = hashlib.sha256(base.encode()).hexdigest()[:12]
-        self.path = common / "phasegate" / f"merge-intent-{safe}-{digest}"
+        self.path = own_path(common, f"merge-intent-{base}-{digest}")
 
     def write(self, head: str, merged: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
