@@ -213,10 +213,7 @@ class BaseMerging:
         if self.merge_in_progress(holder):
             found = git(["rev-parse", "-q", "--verify", "MERGE_HEAD"], holder, check=False)
             if found != merged:  # begun since, by the person: theirs
-                raise DirtyCheckout(
-                    f"cannot merge into the base in {holder}: a merge of your own is in "
-                    "progress there (MERGE_HEAD); conclude or abort it, then resume"
-                )
+                raise _persons_merge(holder)
         elif self.rev(holder, "HEAD") == head:
             _put_back_partial_merge(holder, head, merged)
         left = self._abort(holder)
@@ -245,10 +242,7 @@ class BaseMerging:
         if begun.splitlines()[:1] == message.splitlines()[:1]:
             git(["merge", "--abort"], holder, check=False)
             return
-        raise DirtyCheckout(
-            f"cannot merge into the base in {holder}: a merge of your own is in progress "
-            "there (MERGE_HEAD); conclude or abort it, then resume"
-        )
+        raise _persons_merge(holder)
 
     @staticmethod
     def _index_locked(checkout: Path) -> bool:
@@ -308,6 +302,14 @@ class _MergeIntent:
             shutil.rmtree(self.path, ignore_errors=True)
         else:
             self.path.unlink(missing_ok=True)
+
+
+def _persons_merge(holder: Path) -> DirtyCheckout:
+    """What a merge of the person's own, begun in ``holder``, is: theirs, untouched."""
+    return DirtyCheckout(
+        f"cannot merge into the base in {holder}: a merge of your own is in progress "
+        "there (MERGE_HEAD); conclude or abort it, then resume"
+    )
 
 
 def _refuse_edits_in_the_way(holder: Path, base: str, head: str, merged: str) -> None:
