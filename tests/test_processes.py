@@ -164,6 +164,34 @@ def test_an_agent_process_is_stopped_with_its_setsid_grandchild(
     assert len(spawned) == 1 and not Path(f"/proc/{spawned[0]}").exists()
 
 
+def test_a_supervisor_sigkilled_alone_leaves_no_setsid_grandchild_running(
+    tmp_path: Path, sleepers: list[tuple[int, int]]
+) -> None:
+    # The OOM killer picks the supervisor, phasegate lives on: the command dies of
+    # its death signal, the setsid'd sleeper (re-parented to init) would not.
+    out = tmp_path / "escaped"
+    spawned: list[int] = []
+
+    def kill_the_supervisor_once_escaped() -> None:
+        sleepers.append(recorded(out))
+        os.kill(spawned[0], signal.SIGKILL)
+
+    threading.Thread(target=kill_the_supervisor_once_escaped, daemon=True).start()
+    started = time.monotonic()
+    outcome = run_agent_process(
+        escaping(out),
+        cwd=tmp_path,
+        env=dict(os.environ),
+        stdin="",
+        timeout_s=600,
+        cancel=threading.Event(),
+        on_spawn=spawned.append,
+    )
+    assert outcome.returncode == -signal.SIGKILL and outcome.stopped is None
+    assert time.monotonic() - started < 8
+    assert gone_within(*sleepers[0], 2), "the setsid'd grandchild outlived its supervisor"
+
+
 def test_an_agent_program_that_cannot_start_is_a_spawn_error(tmp_path: Path) -> None:
     outcome = run_agent_process(
         [str(tmp_path / "no-such-agent")],

@@ -206,6 +206,8 @@ def _run(
     stopped: str | None = None
     while not pump.done():
         if proc.poll() is not None:
+            if proc.returncode < 0:
+                _sweep(proc.pid, ticks)
             # The supervisor exits only once its subtree is gone; output still
             # open after that is held by something outside it: stop reading soon.
             pump.run_until(time.monotonic() + _DRAIN_S)
@@ -256,6 +258,24 @@ def _stop(proc: subprocess.Popen[bytes], ticks: int | None) -> None:
         signal_all(left, table, signal.SIGKILL)
         time.sleep(0.02)
     proc.wait()
+
+
+def _sweep(supervisor: int, ticks: int | None) -> None:
+    """SIGKILL what still carries the tag of ``supervisor``, which died of a signal.
+
+    A supervisor killed outright (SIGKILL, the OOM killer) stops nothing: its
+    command dies of the death signal, but a descendant that left with
+    ``setsid()`` lives on, and so does a sandbox whose init had not yet armed
+    its own death signal when the supervisor died (bwrap arms it only after
+    starting the command). Both carry the tag; killing bwrap's init takes the
+    whole PID namespace with it.
+    """
+    if ticks is None:
+        return
+    table = process_table()
+    left = tagged(process_tag(supervisor, ticks), table)
+    if left:
+        signal_all(left, table, signal.SIGKILL)
 
 
 def _close(proc: subprocess.Popen[bytes]) -> None:
