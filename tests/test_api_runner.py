@@ -235,7 +235,7 @@ def test_a_hanging_model_is_a_timeout_within_the_bound(tmp_path: Path, server_fa
     )
     elapsed = time.monotonic() - started
     assert result.error_kind == "timeout" and "1.5s" in (result.error or "")
-    assert 1.4 < elapsed < 4
+    assert 1.4 < elapsed < 10  # the bound, not the hang (a loaded CI machine is slow)
 
 
 EXIT_AFTER_A_TIMEOUT = """
@@ -288,7 +288,7 @@ def test_shutdown_interrupts_a_call_in_flight_promptly(tmp_path: Path, server_fa
     started = time.monotonic()
     result = runner(server).run(request(tmp_path, "q", read_only=True), cancel)
     assert result.error_kind == "interrupted"
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 10  # not the 20 s timeout: the hang was cut short
 
 
 def test_a_call_over_its_budget_keeps_its_text_and_applies_nothing(
