@@ -368,7 +368,13 @@ class WorkflowRows(StoreBase):
             )
 
     def in_progress_milestones(self, workflow_id: str) -> list[MilestoneView]:
-        return [m for m in self.milestones(workflow_id) if m.status == "in_progress"]
+        """The workflow's milestones still ``in_progress``, oldest first."""
+        # Read on every claim (SideEffects.reconcile): filtered by the database, not
+        # by decoding a history that grows with every round.
+        rows = self._workflow_rows(
+            t.milestones, workflow_id, t.milestones.c.status == "in_progress"
+        )
+        return [_milestone_view(r) for r in rows]
 
     # -- events -----------------------------------------------------------------
 
