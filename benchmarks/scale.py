@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/scale.py [--n 10 50 200] [--latency 0 1] [--json]
     .venv/bin/python benchmarks/scale.py --n 10 --quick          # a smoke run
+    .venv/bin/python benchmarks/scale.py --n 200 --latency 1 --stores postgresql --configs 1x1 4x1
 
 For every store (SQLite; PostgreSQL: the server ``PHASEGATE_POSTGRES_URL``
 names, else a throwaway one started by ``phasegate.testing.postgres``, a schema
@@ -15,6 +16,9 @@ its own and merges unattended, so merges never conflict), then real
 - 1 process, ``--concurrency 1`` (one workflow at a time);
 - 1 process, ``--concurrency C`` (``--high``, default 16);
 - ``W`` processes (``--workers``, default 4), ``--concurrency 1`` each.
+
+``--stores`` and ``--configs`` (``PROCESSESxCONCURRENCY``) pick a part of that
+matrix: a ratio is printed where its ``1x1`` run is in it.
 
 Agents: the build role is a ``command`` runner (``sleep L; echo … >
 built-<workflow>.txt``, unconfined: this measures the orchestration, not
@@ -296,7 +300,7 @@ def postgres_server(wanted: bool, notes: list[str]) -> Iterator[str | None]:
     (``phasegate.testing.postgres``, stopped after); None, with a note saying why, when
     not ``wanted`` or none can be had."""
     if not wanted:
-        notes.append("PostgreSQL skipped: --no-postgres")
+        notes.append("PostgreSQL skipped: not in --stores (or --no-postgres)")
         yield None
         return
     try:
@@ -331,7 +335,7 @@ def fresh_store_url(server: str | None) -> Iterator[str | None]:
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     notes: list[str] = []
-    configs = [(1, 1), (1, args.high), (args.workers, 1)]
+    configs = args.configs or [(1, 1), (1, args.high), (args.workers, 1)]
     flag = concurrency_supported()
     if not flag:
         notes.append(
@@ -340,8 +344,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         )
         configs = [c for c in configs if c[1] == 1]
     runs: list[dict[str, Any]] = []
-    with postgres_server(not args.no_postgres, notes) as pg:
-        stores = [("sqlite", None)] + ([("postgresql", pg)] if pg else [])
+    with postgres_server("postgresql" in args.stores, notes) as pg:
+        stores = [("sqlite", None)] if "sqlite" in args.stores else []
+        stores += [("postgresql", pg)] if pg else []
         for store_name, server in stores:
             for latency in args.latency:
                 for n in args.n:
@@ -363,20 +368,24 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                                 flag=flag,
                             )
                         runs.append({"store": store_name, **run})
-    return {"notes": notes, "runs": runs, "ratios": ratios(runs, args.high, args.workers)}
+    return {"notes": notes, "runs": runs, "ratios": ratios(runs)}
 
 
-def ratios(runs: list[dict[str, Any]], high: int, workers: int) -> list[dict[str, Any]]:
-    """Throughput of concurrency ``high`` and of ``workers`` processes over one worker at
-    concurrency 1, per (store, latency, N); per-workflow wall and CPU cost at each N over
-    the smallest N, per (store, latency, processes, concurrency)."""
+def ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Throughput of every configuration over one worker at concurrency 1, per (store,
+    latency, N); per-workflow wall and CPU cost at each N over the smallest N, per
+    (store, latency, processes, concurrency)."""
     out: list[dict[str, Any]] = []
     by = {(r["store"], r["latency_s"], r["n"], r["processes"], r["concurrency"]): r for r in runs}
     for (store, latency, n, processes, concurrency), run in by.items():
         base = by.get((store, latency, n, 1, 1))
         if base is None or (processes, concurrency) == (1, 1) or not base["throughput_per_s"]:
             continue
-        what = f"concurrency {high} / 1" if concurrency == high else f"{workers} workers / 1"
+        what = f"{processes} workers x concurrency {concurrency} / 1x1"
+        if processes == 1:
+            what = f"concurrency {concurrency} / 1"
+        elif concurrency == 1:
+            what = f"{processes} workers / 1"
         out.append(
             {
                 "store": store,
@@ -469,6 +478,18 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _config(text: str) -> tuple[int, int]:
+    """``PxC`` (``4x1``) as (processes, concurrency), each at least 1."""
+    try:
+        processes, concurrency = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        shape = "is not PROCESSESxCONCURRENCY, e.g. 4x1"
+        raise argparse.ArgumentTypeError(f"{text!r} {shape}") from None
+    if processes < 1 or concurrency < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: processes and concurrency at least 1")
+    return processes, concurrency
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, nargs="+", default=[10, 50, 200], help="workflows")
@@ -483,11 +504,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, default=1800.0, help="seconds a run may take to settle"
     )
+    parser.add_argument(
+        "--stores",
+        nargs="+",
+        choices=["sqlite", "postgresql"],
+        default=["sqlite", "postgresql"],
+        help="the stores measured",
+    )
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        type=_config,
+        default=None,
+        metavar="PxC",
+        help="worker processes x concurrency, e.g. 1x1 1x16 4x1 (default: those three)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: zero-latency only")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     if args.quick:
         args.latency = [0.0]
+    if args.no_postgres:
+        args.stores = [name for name in args.stores if name != "postgresql"]
     if min(args.n) < 1 or args.high < 2 or args.workers < 2:
         parser.error("--n at least 1, --high and --workers at least 2")
     result = bench(args)
