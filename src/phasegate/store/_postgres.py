@@ -96,9 +96,12 @@ class PostgresDialect:
             # replaced before a transaction uses it, not reported as a fault.
             pool_pre_ping=True,
             # A worker advancing N workflows at once holds up to 2N connections (each
-            # advance and its heartbeat); the overflow is closed again when returned.
-            pool_size=5,
-            max_overflow=50,
+            # advance and its heartbeat). Connections are made only when asked for;
+            # those beyond pool_size are closed when returned, and a worker at
+            # --concurrency 16 would connect anew (a server process forked) for
+            # most of its transactions. At most 55 either way.
+            pool_size=24,
+            max_overflow=31,
         )
 
         @sa.event.listens_for(engine, "begin")
