@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 import urllib.request
@@ -527,6 +528,38 @@ def test_a_session_the_cli_no_longer_has_is_started_afresh(
     )
     assert gone.ok and gone.session_id not in (None, "00000000-0000-4000-8000-000000000000")
     assert not os.environ.get("GEMINI_CLI_SYSTEM_SETTINGS_PATH")
+
+
+@slow
+def test_gemini_cli_s_session_clean_up_never_deletes_a_workflows_session(
+    tmp_path: Path, gemini: str, server_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Gemini CLI deletes, at each start and without waiting for it, the session logs
+    # it finds older than 30 days (or unusable): it once took a workflow's sessions
+    # in CI. A session made to look 6 years old outlives a later run that gives the
+    # clean-up time (its model answers after 3 s), and is resumed after it.
+    server = server_factory({"*": [Step(text="an answer", delay_s=3.0)]})
+    monkeypatch.setenv(KEY_VAR, SENTINEL)
+    binding = RoleBinding(
+        runner="gemini",
+        executable=gemini,
+        model="gemini-2.5-flash",
+        base_url=server.url,
+        api_key_env=KEY_VAR,
+    )
+    runner = GeminiRunner(binding)
+    (tmp_path / "wt").mkdir()
+    request = _request(tmp_path / "wt", state_dir=tmp_path / "state", read_only=True)
+    first = runner.run(request, threading.Event())
+    assert first.ok and first.session_id, first.error
+    [log] = (tmp_path / "state" / "gemini-home" / ".gemini" / "tmp").glob("*/chats/*.jsonl")
+    log.write_text(re.sub(r"\d{4}-\d{2}-\d{2}T", "2020-01-01T", log.read_text()))
+    os.utime(log, (0, 0))
+    other = runner.run(request, threading.Event())  # a session of its own
+    assert other.ok and other.session_id != first.session_id
+    assert log.exists()
+    again = runner.run(replace(request, session_id=first.session_id), threading.Event())
+    assert again.ok and again.session_id == first.session_id
 
 
 @slow

@@ -16,7 +16,7 @@ prompt on stdin (docs/agent-clis.md has what was checked, on 0.61.0):
   ``.gemini/settings.json``: the API-key auth (``selectedType:
   gemini-api-key``; with only ``GOOGLE_GEMINI_BASE_URL`` set the CLI picks a
   "gateway" auth it then refuses), no usage statistics, telemetry, update
-  checks or IDE, no folder-trust prompt, the repository's ``.env`` not loaded,
+  checks, session clean-up or IDE, no folder-trust prompt, the repository's ``.env`` not loaded,
   and the key variables kept from the commands the model runs
   (``environmentVariableRedaction``).
 - For the build role the repository's own ``.gemini/settings.json`` is merged
@@ -54,7 +54,15 @@ SETTINGS: dict[str, Any] = {
         "folderTrust": {"enabled": False},
         "environmentVariableRedaction": {"enabled": True},
     },
-    "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+    "general": {
+        "enableAutoUpdate": False,
+        "enableAutoUpdateNotification": False,
+        # On by default (30 days): each start deletes, without waiting for it, the
+        # session logs it judges expired or unusable. The HOME is the workflow's and
+        # goes with it; a CI run lost a workflow's two sessions, and its second review
+        # round started afresh.
+        "sessionRetention": {"enabled": False},
+    },
     "privacy": {"usageStatisticsEnabled": False},
     "telemetry": {"enabled": False},
     "ide": {"enabled": False},
