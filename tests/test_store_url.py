@@ -115,3 +115,14 @@ def test_every_command_on_an_unreachable_postgresql_exits_1_with_one_line(
     said = " ".join(proc.stderr.split())
     assert "127.0.0.1" in said and "is unavailable: connection" in said
     assert "s3cr3t-pw" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("url", ["postgres://", "postgresql://", "postgresql+psycopg://"])
+def test_a_postgresql_url_naming_nothing_is_refused_before_any_connection(url: str) -> None:
+    # A new user's bare postgres:// was reported as a missing local socket.
+    problem = store_url_problem(url) or ""
+    assert problem == (
+        f"store.url: {url} names no server and no database; "
+        "write postgresql://user:password@host:5432/db"
+    )
+    assert "s3cr3t" not in (store_url_problem("postgresql://u:s3cr3t@/") or "-s3cr3t")

@@ -144,6 +144,7 @@ def store_server_problem(url: str) -> str | None:
 
 
 def _parse_url(url: str) -> sa.URL:
+    given = url
     # libpq's and Heroku's spelling; SQLAlchemy knows only "postgresql".
     if url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://") :]
@@ -164,6 +165,15 @@ def _parse_url(url: str) -> sa.URL:
         raise StoreUrlUnsupported(
             f"store.url: the {parsed.drivername} driver is not supported; "
             f"write postgresql://... (psycopg 3), not {_shown(parsed)}"
+        )
+    if backend == "postgresql" and not (parsed.host or parsed.database or parsed.query):
+        # libpq would try its default socket as the login user's database: never meant.
+        shown = _shown(parsed)  # the password hidden, the scheme as written
+        if given.startswith("postgres://"):
+            shown = "postgres://" + shown.split("://", 1)[1]
+        raise StoreUrlUnsupported(
+            f"store.url: {shown} names no server and no database; "
+            "write postgresql://user:password@host:5432/db"
         )
     return parsed
 
