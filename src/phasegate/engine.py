@@ -479,7 +479,7 @@ class Engine:
                 delay = next(delays, None)
                 if delay is None or self.shutdown.is_set():
                     return self._store_gave_up(workflow_id, exc)
-                log.warning("%s: %s; trying again in %.1fs", workflow_id, exc, delay)
+                log.warning("%s: %s; trying again in %.1f s", workflow_id, exc, delay)
                 self.shutdown.wait(delay)
                 ctx = None  # reloaded: the phase re-enters as after a crash
 
@@ -567,7 +567,7 @@ class Engine:
                     except StoreUnavailable as fault:
                         raise _StoreGaveUp(fault) from None
                     return None
-                log.warning("%s: commit: %s; trying again in %.1fs", ctx.id, exc, delay)
+                log.warning("%s: commit: %s; trying again in %.1f s", ctx.id, exc, delay)
                 self.shutdown.wait(delay)
 
     def _store_gave_up(self, workflow_id: str, exc: StoreUnavailable) -> bool:
