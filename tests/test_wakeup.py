@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from phasegate import decisions
+from phasegate import worker as worker_module
 from phasegate.cartridge import load_cartridge
 from phasegate.engine import Engine
 from phasegate.store import open_store
@@ -153,5 +154,48 @@ def test_a_decision_committed_as_the_worker_lets_the_lease_go_is_acted_on(
         _until(
             lambda: store.workflow_row(workflow_id)["version"] > decided[0]["version"],
             "the worker to act on the decision (a 60 s poll would come too late)",
+        )
+    assert store.workflow_row(workflow_id)["version"] > decided[0]["version"]
+
+
+def test_a_decision_whose_pass_came_while_its_workflow_s_thread_ran_is_acted_on(
+    waiting: tuple[Path, str], engine_for, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread looking at a waiting workflow has read it; a person decides; the
+    pass that decision starts skips the workflow (its thread still runs); the
+    thread ends with the version it read. The thread's end must read the rows
+    again: nothing else changes, and the poll is 60 s away."""
+    repo, workflow_id = waiting
+    person, store = engine_for(repo)
+    decided: list[dict[str, object]] = []
+    skipped = threading.Event()
+    real_due = worker_module._Worker._due
+
+    def due_noting_skips(self: worker_module._Worker) -> tuple:
+        out = real_due(self)
+        if decided and workflow_id in self.running:
+            skipped.set()  # this pass read the decided row and skipped it
+        return out
+
+    monkeypatch.setattr(worker_module._Worker, "_due", due_noting_skips)
+
+    class DecidedOnAfterItsLook(Engine):
+        """The worker's engine, with a person's decision committed after its look at
+        the waiting workflow read it, and the thread held until a pass skipped it."""
+
+        def idle_at(self, workflow_id: str) -> int | None:
+            idle = super().idle_at(workflow_id)
+            if not decided and idle is not None:
+                decided.append(
+                    person.decide(workflow_id, lambda ctx: decisions.feedback(ctx, "one more"))
+                )
+                assert skipped.wait(WAIT_S), "no pass read the rows after the decision"
+            return idle
+
+    with Running(repo, poll_s=60.0, engine_cls=DecidedOnAfterItsLook):
+        _until(lambda: bool(decided), "the worker's look and the decision after it")
+        _until(
+            lambda: store.workflow_row(workflow_id)["version"] > decided[0]["version"],
+            "the worker to act on the decision (the next poll is 60 s away)",
         )
     assert store.workflow_row(workflow_id)["version"] > decided[0]["version"]

@@ -214,6 +214,12 @@ class _Worker:
         #: Workflows whose advance the store's outage ended: their leases, which advance
         #: could not release then, are released by the next pass the store takes.
         self.unreleased: set[str] = set()
+        #: The newest version a rereading pass saw of a workflow it skipped because
+        #: its thread was running: a change its thread may not have seen.
+        self.skipped: dict[str, int] = {}
+        #: A thread ended that a change skipped by a pass may have come too late for:
+        #: the next pass reads the rows again (``_changed_behind``).
+        self.stale = False
         self.outage_s = 0.0  # the wait before the next try of an unavailable store; 0: none
         self.ended = threading.Event()  # a thread ended: a slot is free, a row was left
         self.lock = threading.Lock()  # running, left, advanced, errors, across threads
@@ -245,7 +251,7 @@ class _Worker:
                 if time.monotonic() - cleaned_at >= CLEANUP_RETRY_S:
                     cleaned_at = time.monotonic()
                     self._riding_out(self._retry_cleanups)
-                reread = self._wait(feed)
+                reread = self._wait(feed) or self._take_stale()
         finally:
             self._join()
             feed.close()
@@ -302,6 +308,11 @@ class _Worker:
             return True
         return not self.ended.is_set()
 
+    def _take_stale(self) -> bool:
+        with self.lock:
+            stale, self.stale = self.stale, False
+        return stale
+
     def _pass(self, reread: bool) -> bool:
         """Start the advances of the due workflows, as many as threads are free; True
         when one was started. ``reread``: read the rows again, else go on with
@@ -351,7 +362,10 @@ class _Worker:
         with self.lock:
             for row in rows:
                 workflow_id = row["id"]
-                if workflow_id in self.running or workflow_id in self.seen:
+                if workflow_id in self.running:
+                    self.skipped[workflow_id] = row["version"]
+                    continue
+                if workflow_id in self.seen:
                     continue
                 left = self.left.get(workflow_id)
                 if (
@@ -413,7 +427,17 @@ class _Worker:
                     self.left.pop(workflow_id, None)
                 else:
                     self.left[workflow_id] = left
+                self.stale |= self._changed_behind(workflow_id, left)
             self.ended.set()
+
+    def _changed_behind(self, workflow_id: str, left: _Left | None) -> bool:
+        """Whether a pass skipped the workflow while its thread ran and saw a version
+        newer than the one the thread left it at: a decision committed after the
+        thread's last read, whose own pass came while the thread still ran. Without a
+        reread it would wait for the next change, or ``poll_s``. (Called under
+        ``lock``.)"""
+        seen = self.skipped.pop(workflow_id, None)
+        return seen is not None and (left is None or seen > left.version)
 
     def _advance_until_idle(
         self, workflow_id: str, fence: int | None, forge: tuple[int, int] | None
@@ -425,8 +449,9 @@ class _Worker:
         committed in between is in that row's version, and a waiting workflow is
         due again only when its version moves, so that decision would wait for
         the next change. A look reads the version before it looks: what comes
-        after moves it. (And a change to a workflow while its thread runs is
-        skipped by the passes: its thread is what must see it.)
+        after moves it. (A change to a workflow while its thread runs is skipped
+        by the passes; one the thread came too late to see is read again as the
+        thread ends: ``_changed_behind``.)
         """
         for _ in range(_RELOOKS):
             row = self.engine.advance(workflow_id, claimed=fence)
