@@ -135,23 +135,13 @@ def parse_result(outcome: ProcessOutcome) -> AgentResult:
             error=f"stopped at the call's budget (spent ${fields['cost_usd']:.4f})",
             **fields,
         )
+    model_error = None
     if data.get("is_error") or str(subtype or "").startswith("error"):
         status = data.get("api_error_status")
         where = f"model API error {status}" if status else f"claude error ({subtype})"
-        return AgentResult(text, error_kind="model_error", error=f"{where}: {text[:500]}", **fields)
-    if denials:
-        tools = ", ".join(sorted({str(d.get("tool_name")) for d in denials}))
-        return AgentResult(
-            text, error_kind="permission_denied", error=f"tool call refused: {tools}", **fields
-        )
-    if outcome.returncode:
-        return AgentResult(
-            text,
-            error_kind="exit_code",
-            error=f"exited with code {outcome.returncode}: {outcome.tail()}",
-            **fields,
-        )
-    return AgentResult(text, **fields)
+        model_error = f"{where}: {text[:500]}"
+    refused = [str(d.get("tool_name")) for d in denials]
+    return outcome.ended(text, fields, model_error=model_error, refused=refused)
 
 
 #: The binding's MCP servers for ``--mcp-config``, in the workflow's state dir.

@@ -311,21 +311,10 @@ class CodexRunner:
             **self._spend(home, thread, parsed["usage"]),
             "duration_s": outcome.duration_s,
         }
+        model_error = None
         if parsed["failure"] and (outcome.returncode or parsed["usage"] is None):
-            return AgentResult(
-                parsed["text"],
-                error_kind="model_error",
-                error=f"codex turn failed: {parsed['failure']}",
-                **fields,
-            )
-        if outcome.returncode:
-            return AgentResult(
-                parsed["text"],
-                error_kind="exit_code",
-                error=f"exited with code {outcome.returncode}: {outcome.tail()}",
-                **fields,
-            )
-        return AgentResult(parsed["text"], **fields)
+            model_error = f"codex turn failed: {parsed['failure']}"
+        return outcome.ended(parsed["text"], fields, model_error=model_error)
 
     @staticmethod
     def _usage_delta(

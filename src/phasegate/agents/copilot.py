@@ -358,22 +358,9 @@ class CopilotRunner:
             "duration_s": outcome.duration_s,
             **spend,
         }
+        model_error = None
         if parsed["error"] is not None:
             status, message = parsed["error"]
             where = f"model API error {status}" if status else "copilot error"
-            return AgentResult(
-                text, error_kind="model_error", error=f"{where}: {message[:500]}", **fields
-            )
-        if parsed["refused"]:
-            tools = ", ".join(sorted(set(parsed["refused"])))
-            return AgentResult(
-                text, error_kind="permission_denied", error=f"tool call refused: {tools}", **fields
-            )
-        if outcome.returncode:
-            return AgentResult(
-                text,
-                error_kind="exit_code",
-                error=f"exited with code {outcome.returncode}: {outcome.tail()}",
-                **fields,
-            )
-        return AgentResult(text, **fields)
+            model_error = f"{where}: {message[:500]}"
+        return outcome.ended(text, fields, model_error=model_error, refused=parsed["refused"])

@@ -332,17 +332,7 @@ class GeminiFamilyRunner:
             kind = "exit_code" if outcome.returncode else "model_error"
             error = f"no result from {program} (exit code {outcome.returncode}): {outcome.tail()}"
             return AgentResult(s.text, error_kind=kind, error=error, **fields)
+        model_error = None
         if s.failed:
-            where = f"{program} error ({s.error_type or 'unknown'})"
-            return AgentResult(s.text, error_kind="model_error", error=f"{where}: {said}", **fields)
-        if s.refused:
-            return AgentResult(
-                s.text,
-                error_kind="permission_denied",
-                error=f"tool call refused: {', '.join(sorted(set(s.refused)))}",
-                **fields,
-            )
-        if outcome.returncode:
-            error = f"exited with code {outcome.returncode}: {outcome.tail()}"
-            return AgentResult(s.text, error_kind="exit_code", error=error, **fields)
-        return AgentResult(s.text, **fields)
+            model_error = f"{program} error ({s.error_type or 'unknown'}): {said}"
+        return outcome.ended(s.text, fields, model_error=model_error, refused=s.refused)

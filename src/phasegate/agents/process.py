@@ -10,9 +10,10 @@ worker can stop what is left if this one dies (``SideEffects.reconcile``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from phasegate._process import SpawnError, run_supervised
 from phasegate.agents.base import AgentResult, Violation
@@ -62,6 +63,30 @@ class ProcessOutcome:
                 duration_s=self.duration_s,
             )
         return None
+
+    def ended(
+        self,
+        text: str,
+        fields: Mapping[str, Any],
+        *,
+        model_error: str | None = None,
+        refused: Iterable[str] = (),
+    ) -> AgentResult:
+        """The AgentResult of a process that ended on its own, by the precedence every
+        CLI runner follows: the model's error (``model_error``: its message), then a
+        refused tool call (``refused``: the tools' names), then a non-zero exit (the
+        output's tail), else the answer ``text``. ``fields`` are the result's other
+        fields (exit code, session, tokens, cost, duration)."""
+        if model_error is not None:
+            return AgentResult(text, error_kind="model_error", error=model_error, **fields)
+        tools = sorted(set(refused))
+        if tools:
+            error = f"tool call refused: {', '.join(tools)}"
+            return AgentResult(text, error_kind="permission_denied", error=error, **fields)
+        if self.returncode:
+            error = f"exited with code {self.returncode}: {self.tail()}"
+            return AgentResult(text, error_kind="exit_code", error=error, **fields)
+        return AgentResult(text, **fields)
 
     def tail(self, limit: int = 2000) -> str:
         return (self.stderr.strip() or self.stdout.strip())[-limit:]
