@@ -1,7 +1,9 @@
 """What the tests of the real agent CLIs share (claude-code, codex, mini-swe-agent,
-aider, gemini, opencode, ...): a project whose roles a test binds, a ticket run
-through the real ``phasegate`` CLI, a workflow shown as JSON, and the check that
-no key was left in the output, the store or an agent's own files.
+aider, gemini, opencode, ...): a role's TOML bound to a program, the five roles'
+scripts, a project whose roles a test binds, a ticket run through the real
+``phasegate`` CLI, a workflow shown as JSON, a scripted server that tells a
+program to retry at once, and the check that no key was left in the output, the
+store or an agent's own files.
 
 The markers are the first words of phasegate's prompt for each role: a scripted
 model server tells the roles' requests apart by them.
@@ -12,21 +14,35 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phasegate.testing.model_server import ScriptedModelServer, Step
 
 from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 
 __all__ = [
     "BUILD",
+    "IN_USD",
+    "OUT_USD",
     "PLAN",
     "PLAN_REVIEW",
     "REVIEW",
+    "STEP_COST",
     "VERIFY",
+    "RetryAfterServer",
     "assert_no_keys",
     "make_project",
+    "offered_tools",
     "processes_under",
+    "role_scripts",
+    "role_toml",
     "run_ticket",
+    "scripted_servers",
     "show",
 ]
 
@@ -35,6 +51,115 @@ PLAN_REVIEW = "Review this implementation plan"
 BUILD = "Implement the plan below"
 REVIEW = "Review this pull request"
 VERIFY = "You are an independent verifier"
+
+IN_USD, OUT_USD = 1.25, 10.0  # per million tokens
+STEP_COST = (100 * IN_USD + 20 * OUT_USD) / 1e6  # a scripted step reports 100 + 20 tokens
+
+
+def role_toml(
+    runner: str,
+    exe: str,
+    *,
+    model: str,
+    base_url: str,
+    timeout: int,
+    key_env: str | None = None,
+    env: Mapping[str, str] | None = None,
+    more: Sequence[str] = (),
+    extra: str = "",
+) -> str:
+    """A ``[roles.X]`` table's lines binding the real program ``exe`` through
+    ``runner``: ``model`` at ``base_url``, priced at ``IN_USD``/``OUT_USD``, the
+    key in ``key_env`` (``api_key_env``) and ``env`` as the binding's env when
+    given, the lines ``more``, ``timeout`` seconds unless ``extra`` (appended last)
+    sets its own."""
+    lines = [
+        f"runner = {json.dumps(runner)}",
+        f"executable = {json.dumps(exe)}",
+        f"model = {json.dumps(model)}",
+        f"base_url = {json.dumps(base_url)}",
+        f"input_usd_per_mtok = {IN_USD}",
+        f"output_usd_per_mtok = {OUT_USD}",
+        *more,
+    ]
+    if "timeout" not in extra:
+        lines.append(f"timeout = {timeout}")
+    if key_env is not None:
+        lines.append(f"api_key_env = {json.dumps(key_env)}")
+    if env:
+        lines.append("env = {" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + "}")
+    return "\n".join(lines) + "\n" + extra
+
+
+def role_scripts(
+    build: Sequence[Step],
+    verify: Sequence[Step],
+    *,
+    review: Sequence[Step] | None = None,
+    say: Callable[[str], Step] = lambda text: Step(text=text),
+) -> dict[str, list[Step]]:
+    """The five roles' scripts of a whole workflow that adds feature.txt: a plan, its
+    approval, ``build``, a review approving it (unless ``review``), ``verify``.
+    ``say(text)``: a step answering ``text`` in the program's way."""
+    return {
+        PLAN: [say("1. Create feature.txt containing 'the feature'.")],
+        PLAN_REVIEW: [say("The plan is sound.\nVERDICT: approve")],
+        BUILD: list(build),
+        REVIEW: list(review or [say("Correct and minimal.\nVERDICT: approve")]),
+        VERIFY: list(verify),
+    }
+
+
+class RetryAfterServer(ScriptedModelServer):
+    """The scripted server, its error answers (5xx) carrying ``retry_header: 0``: a
+    program that waits what an answer says retries at once, not after its own
+    backoff."""
+
+    def __init__(self, scripts: Mapping[str, Sequence[Step]], retry_header: str) -> None:
+        super().__init__(scripts)
+        self.retry_header = retry_header
+
+    def _json(self, handler: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        if status >= 500:
+            handler.send_header(self.retry_header, "0")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.wfile.write(data)
+        handler.close_connection = True
+
+
+def scripted_servers(retry_header: str) -> Any:
+    """A fixture ``servers``: ``servers(scripts)`` starts a ``RetryAfterServer``
+    saying ``retry_header``, stopped after the test."""
+
+    @pytest.fixture
+    def servers() -> Iterator[Callable[[Mapping[str, Sequence[Step]]], ScriptedModelServer]]:
+        started: list[ScriptedModelServer] = []
+
+        def start(scripts: Mapping[str, Sequence[Step]]) -> ScriptedModelServer:
+            server = RetryAfterServer(scripts, retry_header).start()
+            started.append(server)
+            return server
+
+        yield start
+        for server in started:
+            server.stop()
+
+    return servers
+
+
+def offered_tools(server: ScriptedModelServer, marker: str) -> set[str]:
+    """The names of the tools the program offered the model in ``marker``'s requests
+    (OpenAI's chat shape)."""
+    return {
+        tool["function"]["name"]
+        for request in server.played(marker)
+        for tool in request.body.get("tools", [])
+    }
 
 
 def make_project(

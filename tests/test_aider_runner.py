@@ -29,12 +29,13 @@ from phasegate.testing.model_server import Step, key_sha
 
 from agent_cli_kit import (
     BUILD,
-    PLAN,
-    PLAN_REVIEW,
     REVIEW,
+    STEP_COST,
     VERIFY,
     assert_no_keys,
     make_project,
+    role_scripts,
+    role_toml,
     run_ticket,
     show,
 )
@@ -54,42 +55,30 @@ TICKET_ENV = {KEY_VAR: SENTINEL, "OPENAI_API_KEY": OTHER_KEY}
 KEYS = (SENTINEL, OTHER_KEY)
 
 
-IN_USD, OUT_USD = 1.25, 10.0  # per million tokens
-STEP_COST = (100 * IN_USD + 20 * OUT_USD) / 1e6  # a scripted step reports 100 + 20 tokens
-
 #: aider's ``whole`` edit format: the path, then the file's whole content fenced.
 WRITE_FEATURE = "I will create it.\n\nfeature.txt\n```\nthe feature\n```\n"
 
 
 def aider_scripts() -> dict[str, list[Step]]:
-    return {
-        PLAN: [Step(text="1. Create feature.txt containing 'the feature'.")],
-        PLAN_REVIEW: [Step(text="The plan is sound.\nVERDICT: approve")],
-        BUILD: [Step(text=WRITE_FEATURE)],
-        REVIEW: [Step(text="Correct and minimal.\nVERDICT: approve")],
-        VERIFY: [Step(text="feature.txt holds the feature.\nVERDICT: confirmed")],
-    }
+    return role_scripts(
+        [Step(text=WRITE_FEATURE)],
+        [Step(text="feature.txt holds the feature.\nVERDICT: confirmed")],
+    )
 
 
 def aider_role(exe: str, url: str, *, key: bool = True, extra: str = "", args: str = "") -> str:
     """A role bound to the real aider."""
-    lines = [
-        'runner = "aider"',
-        f"executable = {json.dumps(exe)}",
-        'model = "openai/scripted-model"',
-        f"base_url = {json.dumps(url + '/v1')}",
-        f"input_usd_per_mtok = {IN_USD}",
-        f"output_usd_per_mtok = {OUT_USD}",
-    ]
-    if args:
-        lines.append(f"extra_args = [{args}]")
-    if "timeout" not in extra:
-        lines.append("timeout = 90")
-    if key:
-        lines.append(f'api_key_env = "{KEY_VAR}"')
-    else:
-        lines.append(f'env = {{ OPENAI_API_KEY = "{VERIFIER_KEY}" }}')
-    return "\n".join(lines) + "\n" + extra
+    return role_toml(
+        "aider",
+        exe,
+        model="openai/scripted-model",
+        base_url=url + "/v1",
+        timeout=90,
+        key_env=KEY_VAR if key else None,
+        env=None if key else {"OPENAI_API_KEY": VERIFIER_KEY},
+        more=[f"extra_args = [{args}]"] if args else (),
+        extra=extra,
+    )
 
 
 @pytest.fixture

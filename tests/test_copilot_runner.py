@@ -18,8 +18,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +36,24 @@ from phasegate.agents.copilot import (
     usage_since,
 )
 from phasegate.cartridge import RoleBinding
-from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, key_sha
+from phasegate.testing.model_server import Step, ToolCall, key_sha
 
 from agent_cli_kit import (
     BUILD,
+    IN_USD,
+    OUT_USD,
     PLAN,
     PLAN_REVIEW,
     REVIEW,
+    STEP_COST,
     VERIFY,
     assert_no_keys,
     make_project,
+    offered_tools,
+    role_scripts,
+    role_toml,
     run_ticket,
+    scripted_servers,
     show,
 )
 from conftest import agent_cli, git
@@ -65,9 +71,6 @@ KEY_VAR = "SCRIPTED_MODEL_KEY"
 TICKET_ENV = {KEY_VAR: SENTINEL, "OPENAI_API_KEY": OTHER_KEY}
 KEYS = (SENTINEL,)
 
-IN_USD, OUT_USD = 1.25, 10.0  # per million tokens
-STEP_COST = (100 * IN_USD + 20 * OUT_USD) / 1e6  # a scripted step reports 100 + 20 tokens
-
 
 def create(path: str, content: str) -> ToolCall:
     return ToolCall("create", {"path": path, "file_text": content})
@@ -80,37 +83,28 @@ def bash(command: str) -> ToolCall:
 def copilot_scripts(
     build: Sequence[Step] | None = None, review: Sequence[Step] | None = None
 ) -> dict[str, list[Step]]:
-    return {
-        PLAN: [Step(text="1. Create feature.txt containing 'the feature'.")],
-        PLAN_REVIEW: [Step(text="The plan is sound.\nVERDICT: approve")],
-        BUILD: list(
-            build
-            or [Step(tools=(create("feature.txt", "the feature\n"),)), Step(text="Created it.")]
-        ),
-        REVIEW: list(review or [Step(text="Correct and minimal.\nVERDICT: approve")]),
-        VERIFY: [
+    return role_scripts(
+        build or [Step(tools=(create("feature.txt", "the feature\n"),)), Step(text="Created it.")],
+        [
             Step(tools=(ToolCall("view", {"path": "feature.txt"}),)),
             Step(text="feature.txt holds the feature.\nVERDICT: confirmed"),
         ],
-    }
+        review=review,
+    )
 
 
 def copilot_role(exe: str, url: str, *, key: str | None = None, extra: str = "") -> str:
     """A role bound to the real Copilot CLI; ``key`` set puts the key in the binding's env."""
-    lines = [
-        'runner = "copilot"',
-        f"executable = {json.dumps(exe)}",
-        'model = "scripted-model"',
-        f"base_url = {json.dumps(url + '/v1')}",
-        f'api_key_env = "{KEY_VAR}"',
-        f"input_usd_per_mtok = {IN_USD}",
-        f"output_usd_per_mtok = {OUT_USD}",
-    ]
-    if "timeout" not in extra:
-        lines.append("timeout = 90")
-    if key is not None:
-        lines.append(f"env = {{ {KEY_VAR} = {json.dumps(key)} }}")
-    return "\n".join(lines) + "\n" + extra
+    return role_toml(
+        "copilot",
+        exe,
+        model="scripted-model",
+        base_url=url + "/v1",
+        timeout=90,
+        key_env=KEY_VAR,
+        env={KEY_VAR: key} if key is not None else None,
+        extra=extra,
+    )
 
 
 def every_role(exe: str, url: str, **kw: Any) -> dict[str, str]:
@@ -120,48 +114,12 @@ def every_role(exe: str, url: str, **kw: Any) -> dict[str, str]:
     }
 
 
-class RetryAfterServer(ScriptedModelServer):
-    """The scripted server, its error answers saying ``Retry-After: 0`` (Copilot
-    then waits its least, a second, between its five retries)."""
-
-    def _json(self, handler: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
-        handler.send_response(status)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(data)))
-        if status >= 500:
-            handler.send_header("Retry-After", "0")
-        handler.send_header("Connection", "close")
-        handler.end_headers()
-        handler.wfile.write(data)
-        handler.close_connection = True
-
-
-@pytest.fixture
-def servers() -> Iterator[Callable[[Mapping[str, Sequence[Step]]], ScriptedModelServer]]:
-    started: list[ScriptedModelServer] = []
-
-    def start(scripts: Mapping[str, Sequence[Step]]) -> ScriptedModelServer:
-        server = RetryAfterServer(scripts).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
+servers = scripted_servers("Retry-After")
 
 
 @pytest.fixture
 def copilot() -> str:
     return agent_cli("copilot")
-
-
-def offered_tools(server: ScriptedModelServer, marker: str) -> set[str]:
-    return {
-        tool["function"]["name"]
-        for request in server.played(marker)
-        for tool in request.body.get("tools", [])
-    }
 
 
 # -- without the CLI: how the runner reads events and drives Copilot -----------------

@@ -35,12 +35,17 @@ from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, 
 import agent_cli_kit
 from agent_cli_kit import (
     BUILD,
+    IN_USD,
+    OUT_USD,
     PLAN,
     PLAN_REVIEW,
     REVIEW,
+    STEP_COST,
     VERIFY,
     assert_no_keys,
     processes_under,
+    role_scripts,
+    role_toml,
     run_ticket,
     show,
 )
@@ -58,49 +63,35 @@ TICKET_ENV = {KEY_VAR: SENTINEL, "GEMINI_API_KEY": SENTINEL}
 KEYS = (SENTINEL,)
 
 
-IN_USD, OUT_USD = 1.25, 10.0  # per million tokens
-STEP_COST = (100 * IN_USD + 20 * OUT_USD) / 1e6  # a scripted step reports 100 + 20 tokens
-
-
 def write(path: str, content: str) -> ToolCall:
     return ToolCall("write_file", {"file_path": "{cwd}/" + path, "content": content})
 
 
 def gemini_scripts(build: Sequence[Step] | None = None) -> dict[str, list[Step]]:
-    return {
-        PLAN: [Step(text="1. Create feature.txt containing 'the feature'.")],
-        PLAN_REVIEW: [Step(text="The plan is sound.\nVERDICT: approve")],
-        BUILD: list(
-            build
-            or [
-                Step(text="Writing it.", tools=(write("feature.txt", "the feature\n"),)),
-                Step(text="Created feature.txt."),
-            ]
-        ),
-        REVIEW: [Step(text="Correct and minimal.\nVERDICT: approve")],
-        VERIFY: [
+    return role_scripts(
+        build
+        or [
+            Step(text="Writing it.", tools=(write("feature.txt", "the feature\n"),)),
+            Step(text="Created feature.txt."),
+        ],
+        [
             Step(tools=(ToolCall("read_file", {"file_path": "{cwd}/feature.txt"}),)),
             Step(text="feature.txt holds the feature.\nVERDICT: confirmed"),
         ],
-    }
+    )
 
 
 def gemini_role(exe: str, url: str, *, key: bool = True, extra: str = "") -> str:
-    lines = [
-        'runner = "gemini"',
-        f"executable = {json.dumps(exe)}",
-        'model = "gemini-2.5-flash"',
-        f"base_url = {json.dumps(url)}",
-        f"input_usd_per_mtok = {IN_USD}",
-        f"output_usd_per_mtok = {OUT_USD}",
-    ]
-    if "timeout" not in extra:
-        lines.append("timeout = 60")
-    if key:
-        lines.append(f'api_key_env = "{KEY_VAR}"')
-    else:
-        lines.append(f'env = {{GEMINI_API_KEY = "{VERIFIER_KEY}"}}')
-    return "\n".join(lines) + "\n" + extra
+    return role_toml(
+        "gemini",
+        exe,
+        model="gemini-2.5-flash",
+        base_url=url,
+        timeout=60,
+        key_env=KEY_VAR if key else None,
+        env=None if key else {"GEMINI_API_KEY": VERIFIER_KEY},
+        extra=extra,
+    )
 
 
 #: The repository's own Gemini settings: the runner leaves retries to them, and a

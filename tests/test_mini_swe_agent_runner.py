@@ -28,12 +28,15 @@ from phasegate.testing.model_server import Step, ToolCall, key_sha
 
 from agent_cli_kit import (
     BUILD,
-    PLAN,
-    PLAN_REVIEW,
+    IN_USD,
+    OUT_USD,
     REVIEW,
+    STEP_COST,
     VERIFY,
     assert_no_keys,
     make_project,
+    role_scripts,
+    role_toml,
     run_ticket,
     show,
 )
@@ -53,10 +56,6 @@ TICKET_ENV = {KEY_VAR: SENTINEL, "OPENAI_API_KEY": OTHER_KEY}
 KEYS = (SENTINEL, OTHER_KEY)
 
 
-IN_USD, OUT_USD = 1.25, 10.0  # per million tokens
-STEP_COST = (100 * IN_USD + 20 * OUT_USD) / 1e6  # a scripted step reports 100 + 20 tokens
-
-
 def bash(command: str) -> ToolCall:
     return ToolCall("bash", {"command": command})
 
@@ -67,44 +66,36 @@ def answer(text: str, **usage: int) -> Step:
 
 
 def mini_scripts(build: Sequence[Step] | None = None) -> dict[str, list[Step]]:
-    return {
-        PLAN: [answer("1. Create feature.txt containing 'the feature'.")],
-        PLAN_REVIEW: [answer("The plan is sound.\nVERDICT: approve")],
-        BUILD: list(
-            build
-            or [
-                Step(text="Writing it.", tools=(bash("printf 'the feature\\n' > feature.txt"),)),
-                answer("Created feature.txt."),
-            ]
-        ),
-        REVIEW: [answer("Correct and minimal.\nVERDICT: approve")],
-        VERIFY: [
+    return role_scripts(
+        build
+        or [
+            Step(text="Writing it.", tools=(bash("printf 'the feature\\n' > feature.txt"),)),
+            answer("Created feature.txt."),
+        ],
+        [
             Step(text="Reading it.", tools=(bash("cat feature.txt"),)),
             answer("feature.txt holds the feature.\nVERDICT: confirmed"),
         ],
-    }
+        say=answer,
+    )
 
 
 def mini_role(exe: str, url: str, *, key: bool = True, extra: str = "") -> str:
     """A role bound to the real mini. Retries off, so an error path takes one request a try."""
-    lines = [
-        'runner = "mini-swe-agent"',
-        f"executable = {json.dumps(exe)}",
-        'model = "openai/scripted-model"',
-        f"base_url = {json.dumps(url + '/v1')}",
-        f"input_usd_per_mtok = {IN_USD}",
-        f"output_usd_per_mtok = {OUT_USD}",
-        'extra_args = ["-c", "model.model_kwargs.max_retries=0"]',
-    ]
-    if "timeout" not in extra:
-        lines.append("timeout = 60")
     env = {"MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1"}
-    if key:
-        lines.append(f'api_key_env = "{KEY_VAR}"')
-    else:
+    if not key:
         env["OPENAI_API_KEY"] = VERIFIER_KEY
-    lines.append("env = {" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + "}")
-    return "\n".join(lines) + "\n" + extra
+    return role_toml(
+        "mini-swe-agent",
+        exe,
+        model="openai/scripted-model",
+        base_url=url + "/v1",
+        timeout=60,
+        key_env=KEY_VAR if key else None,
+        env=env,
+        more=['extra_args = ["-c", "model.model_kwargs.max_retries=0"]'],
+        extra=extra,
+    )
 
 
 @pytest.fixture

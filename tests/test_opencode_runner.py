@@ -17,8 +17,7 @@ import json
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +34,24 @@ from phasegate.agents.opencode import (
     parse_events,
 )
 from phasegate.cartridge import RoleBinding
-from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, key_sha
+from phasegate.testing.model_server import Step, ToolCall, key_sha
 
 from agent_cli_kit import (
     BUILD,
+    IN_USD,
+    OUT_USD,
     PLAN,
     PLAN_REVIEW,
     REVIEW,
+    STEP_COST,
     VERIFY,
     assert_no_keys,
     make_project,
+    offered_tools,
+    role_scripts,
+    role_toml,
     run_ticket,
+    scripted_servers,
     show,
 )
 from conftest import agent_cli, git
@@ -64,9 +70,6 @@ TICKET_ENV = {KEY_VAR: SENTINEL, "OPENAI_API_KEY": OTHER_KEY}
 KEYS = (SENTINEL,)
 
 
-IN_USD, OUT_USD = 1.25, 10.0  # per million tokens
-STEP_COST = (100 * IN_USD + 20 * OUT_USD) / 1e6  # a scripted step reports 100 + 20 tokens
-
 READ_TOOLS = {"read", "grep", "glob"}
 
 
@@ -81,84 +84,40 @@ def bash(command: str) -> ToolCall:
 def opencode_scripts(
     build: Sequence[Step] | None = None, review: Sequence[Step] | None = None
 ) -> dict[str, list[Step]]:
-    return {
-        PLAN: [Step(text="1. Create feature.txt containing 'the feature'.")],
-        PLAN_REVIEW: [Step(text="The plan is sound.\nVERDICT: approve")],
-        BUILD: list(
-            build
-            or [
-                Step(tools=(write("feature.txt", "the feature\n"),)),
-                Step(text="Created feature.txt."),
-            ]
-        ),
-        REVIEW: list(review or [Step(text="Correct and minimal.\nVERDICT: approve")]),
-        VERIFY: [
+    return role_scripts(
+        build
+        or [
+            Step(tools=(write("feature.txt", "the feature\n"),)),
+            Step(text="Created feature.txt."),
+        ],
+        [
             Step(tools=(ToolCall("read", {"filePath": "feature.txt"}),)),
             Step(text="feature.txt holds the feature.\nVERDICT: confirmed"),
         ],
-    }
+        review=review,
+    )
 
 
 def opencode_role(exe: str, url: str, *, key: str | None = None, extra: str = "") -> str:
     """A role bound to the real opencode; ``key`` set puts the key in the binding's env."""
-    lines = [
-        'runner = "opencode"',
-        f"executable = {json.dumps(exe)}",
-        'model = "scripted-model"',
-        f"base_url = {json.dumps(url + '/v1')}",
-        f'api_key_env = "{KEY_VAR}"',
-        f"input_usd_per_mtok = {IN_USD}",
-        f"output_usd_per_mtok = {OUT_USD}",
-    ]
-    if "timeout" not in extra:
-        lines.append("timeout = 60")
-    if key is not None:
-        lines.append(f"env = {{ {KEY_VAR} = {json.dumps(key)} }}")
-    return "\n".join(lines) + "\n" + extra
+    return role_toml(
+        "opencode",
+        exe,
+        model="scripted-model",
+        base_url=url + "/v1",
+        timeout=60,
+        key_env=KEY_VAR,
+        env={KEY_VAR: key} if key is not None else None,
+        extra=extra,
+    )
 
 
-class RetryAfterServer(ScriptedModelServer):
-    """The scripted server, its error answers saying ``Retry-After-Ms: 0`` (opencode
-    waits what a provider's answer says, else 2 s to 30 s, between its retries)."""
-
-    def _json(self, handler: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
-        handler.send_response(status)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(data)))
-        if status >= 500:
-            handler.send_header("Retry-After-Ms", "0")
-        handler.send_header("Connection", "close")
-        handler.end_headers()
-        handler.wfile.write(data)
-        handler.close_connection = True
-
-
-@pytest.fixture
-def servers() -> Iterator[Callable[[Mapping[str, Sequence[Step]]], ScriptedModelServer]]:
-    started: list[ScriptedModelServer] = []
-
-    def start(scripts: Mapping[str, Sequence[Step]]) -> ScriptedModelServer:
-        server = RetryAfterServer(scripts).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
+servers = scripted_servers("Retry-After-Ms")
 
 
 @pytest.fixture
 def opencode() -> str:
     return agent_cli("opencode")
-
-
-def offered_tools(server: ScriptedModelServer, marker: str) -> set[str]:
-    return {
-        tool["function"]["name"]
-        for request in server.played(marker)
-        for tool in request.body.get("tools", [])
-    }
 
 
 # -- without the CLI: how the runner reads events and configures opencode -----------

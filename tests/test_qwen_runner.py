@@ -34,13 +34,18 @@ from phasegate.testing.model_server import Step, ToolCall, _cwd, key_sha
 
 from agent_cli_kit import (
     BUILD,
+    IN_USD,
+    OUT_USD,
     PLAN,
     PLAN_REVIEW,
     REVIEW,
+    STEP_COST,
     VERIFY,
     assert_no_keys,
     make_project,
     processes_under,
+    role_scripts,
+    role_toml,
     run_ticket,
     show,
 )
@@ -58,8 +63,6 @@ KEY_VAR = "SCRIPTED_QWEN_KEY"
 TICKET_ENV = {KEY_VAR: SENTINEL, "OPENAI_API_KEY": OTHER_KEY}
 KEYS = (SENTINEL, OTHER_KEY)
 
-IN_USD, OUT_USD = 1.25, 10.0  # per million tokens
-STEP_COST = (100 * IN_USD + 20 * OUT_USD) / 1e6  # a scripted step reports 100 + 20 tokens
 
 EDIT_TOOLS = {"write_file", "edit", "run_shell_command"}
 
@@ -69,40 +72,30 @@ def write(path: str, content: str) -> ToolCall:
 
 
 def qwen_scripts(build: Sequence[Step] | None = None) -> dict[str, list[Step]]:
-    return {
-        PLAN: [Step(text="1. Create feature.txt containing 'the feature'.")],
-        PLAN_REVIEW: [Step(text="The plan is sound.\nVERDICT: approve")],
-        BUILD: list(
-            build
-            or [
-                Step(text="Writing it.", tools=(write("feature.txt", "the feature\n"),)),
-                Step(text="Created feature.txt."),
-            ]
-        ),
-        REVIEW: [Step(text="Correct and minimal.\nVERDICT: approve")],
-        VERIFY: [
+    return role_scripts(
+        build
+        or [
+            Step(text="Writing it.", tools=(write("feature.txt", "the feature\n"),)),
+            Step(text="Created feature.txt."),
+        ],
+        [
             Step(tools=(ToolCall("read_file", {"file_path": "{cwd}/feature.txt"}),)),
             Step(text="feature.txt holds the feature.\nVERDICT: confirmed"),
         ],
-    }
+    )
 
 
 def qwen_role(exe: str, url: str, *, key: bool = True, extra: str = "") -> str:
-    lines = [
-        'runner = "qwen"',
-        f"executable = {json.dumps(exe)}",
-        'model = "qwen3-coder-plus"',
-        f"base_url = {json.dumps(url + '/v1')}",
-        f"input_usd_per_mtok = {IN_USD}",
-        f"output_usd_per_mtok = {OUT_USD}",
-    ]
-    if "timeout" not in extra:
-        lines.append("timeout = 90")
-    if key:
-        lines.append(f'api_key_env = "{KEY_VAR}"')
-    else:
-        lines.append(f'env = {{OPENAI_API_KEY = "{VERIFIER_KEY}"}}')
-    return "\n".join(lines) + "\n" + extra
+    return role_toml(
+        "qwen",
+        exe,
+        model="qwen3-coder-plus",
+        base_url=url + "/v1",
+        timeout=90,
+        key_env=KEY_VAR if key else None,
+        env=None if key else {"OPENAI_API_KEY": VERIFIER_KEY},
+        extra=extra,
+    )
 
 
 ROLES = ("plan", "plan_review", "build", "review", "verification")
