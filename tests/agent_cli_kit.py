@@ -12,6 +12,7 @@ model server tells the roles' requests apart by them.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -35,6 +36,7 @@ __all__ = [
     "STEP_COST",
     "VERIFY",
     "RetryAfterServer",
+    "assert_killed_at_timeout",
     "assert_no_keys",
     "make_project",
     "offered_tools",
@@ -205,6 +207,24 @@ def show(repo: Path, workflow_id: str) -> dict:
     out = phasegate_cli("show", workflow_id, "--repo", str(repo), "--json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+#: Seconds past its timeout a hung call may take to be killed and recorded: the kill of
+#: its process group, on a loaded machine.
+KILL_GRACE_S = 15.0
+
+
+def assert_killed_at_timeout(runs: Iterable[Mapping[str, Any]], extra: str) -> None:
+    """Each of ``runs`` (agent runs as ``show`` lists them) ended as a timeout and
+    lasted at most ``KILL_GRACE_S`` past the ``timeout = N`` of its binding's
+    ``extra``: phasegate cut the hang; it did not wait it out."""
+    found = re.search(r"timeout = (\d+)", extra)
+    assert found, f"no timeout in {extra!r}"
+    runs = list(runs)
+    assert runs
+    for run in runs:
+        assert run["error_kind"] == "timeout", run
+        assert run["duration_s"] <= int(found.group(1)) + KILL_GRACE_S, run
 
 
 def assert_no_keys(

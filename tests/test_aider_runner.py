@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from agent_cli_kit import (
     REVIEW,
     STEP_COST,
     VERIFY,
+    assert_killed_at_timeout,
     assert_no_keys,
     make_project,
     role_scripts,
@@ -321,9 +321,7 @@ def test_real_aider_error_paths_end_with_their_named_reason(
         {"build": aider_role(aider, server.url, extra=extra)},
         extra="[limits]\nagent_retries = 0\n",
     )
-    started = time.monotonic()
     proc = run_ticket(repo, TICKET_ENV)
-    elapsed = time.monotonic() - started
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
     assert (summary["current_phase"], summary["status"]) == (phase, status), summary
@@ -336,7 +334,7 @@ def test_real_aider_error_paths_end_with_their_named_reason(
     if case == "budget":
         assert builds[0]["cost_usd"] == pytest.approx(5_000_000 * 1.25e-6 + 100_000 * 1e-5)
     if case == "hang":
-        assert elapsed < 60
+        assert_killed_at_timeout(builds, extra)
     assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
 
 

@@ -17,7 +17,6 @@ import json
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from agent_cli_kit import (
     REVIEW,
     STEP_COST,
     VERIFY,
+    assert_killed_at_timeout,
     assert_no_keys,
     make_project,
     offered_tools,
@@ -467,9 +467,7 @@ def test_real_copilot_error_paths_end_with_their_named_reason(
     }
     repo = make_project(tmp_path, roles, extra="[limits]\nagent_retries = 1\nmax_dev_retries = 0\n")
 
-    started = time.monotonic()
     proc = run_ticket(repo, TICKET_ENV, timeout=240)
-    elapsed = time.monotonic() - started
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
     assert (summary["current_phase"], summary["status"]) == (phase, status), summary
@@ -482,7 +480,7 @@ def test_real_copilot_error_paths_end_with_their_named_reason(
         assert len(server.played(BUILD)) == runs * 6
         assert all(r["input_tokens"] == 0 for r in calls)
     if case == "hang":
-        assert elapsed < 120
+        assert_killed_at_timeout(calls, extra)
         # the turn that was answered before the hang is counted, and priced
         assert [(r["input_tokens"], r["output_tokens"]) for r in calls] == [(100, 20)] * runs
         assert calls[0]["cost_usd"] == pytest.approx(STEP_COST, rel=1e-6)

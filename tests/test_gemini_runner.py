@@ -14,7 +14,6 @@ import json
 import os
 import re
 import threading
-import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -42,6 +41,7 @@ from agent_cli_kit import (
     REVIEW,
     STEP_COST,
     VERIFY,
+    assert_killed_at_timeout,
     assert_no_keys,
     processes_under,
     role_scripts,
@@ -428,9 +428,7 @@ def test_real_gemini_error_paths_end_with_their_named_reason(
     limits = "[limits]\nagent_retries = 1\nmax_dev_retries = 1\n"
     repo = make_project(tmp_path, roles, extra=limits)
 
-    started = time.monotonic()
     proc = run_ticket(repo, TICKET_ENV, timeout=180)
-    elapsed = time.monotonic() - started
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
     assert (summary["current_phase"], summary["status"]) == ("development", status), summary
@@ -445,7 +443,7 @@ def test_real_gemini_error_paths_end_with_their_named_reason(
     if case == "model_http_500":
         assert len(server.played(BUILD)) == runs  # the repository's settings: no retries
     if case == "hang":
-        assert elapsed < 60
+        assert_killed_at_timeout(builds, extra)
         assert processes_under(repo) == []  # the CLI and its relaunched child were killed
     assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from agent_cli_kit import (
     REVIEW,
     STEP_COST,
     VERIFY,
+    assert_killed_at_timeout,
     assert_no_keys,
     make_project,
     offered_tools,
@@ -444,9 +444,7 @@ def test_real_opencode_error_paths_end_with_their_named_reason(
     }
     repo = make_project(tmp_path, roles, extra="[limits]\nagent_retries = 1\nmax_dev_retries = 0\n")
 
-    started = time.monotonic()
     proc = run_ticket(repo, TICKET_ENV, timeout=240)
-    elapsed = time.monotonic() - started
     assert (proc.returncode, bool(proc.stdout)) == (1, True), proc.stderr
     summary = json.loads(proc.stdout)
     assert (summary["current_phase"], summary["status"]) == (phase, status), summary
@@ -460,7 +458,7 @@ def test_real_opencode_error_paths_end_with_their_named_reason(
         assert runs * 3 <= len(server.played(BUILD)) <= runs * 6
         assert all(r["input_tokens"] == 0 for r in calls)
     if case == "hang":
-        assert elapsed < 90
+        assert_killed_at_timeout(calls, extra)
         # the turn that was answered before the hang is counted, and priced
         assert [(r["input_tokens"], r["output_tokens"]) for r in calls] == [(100, 20)] * runs
         assert calls[0]["cost_usd"] == pytest.approx(STEP_COST, rel=1e-6)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -41,6 +40,7 @@ from agent_cli_kit import (
     REVIEW,
     STEP_COST,
     VERIFY,
+    assert_killed_at_timeout,
     assert_no_keys,
     make_project,
     processes_under,
@@ -524,9 +524,7 @@ def test_real_qwen_error_paths_end_with_their_named_reason(
     limits = "[limits]\nagent_retries = 1\nmax_dev_retries = 1\n"
     repo = make_project(tmp_path, roles, extra=limits, files=SCRIPTED)
 
-    started = time.monotonic()
     proc = run_ticket(repo, TICKET_ENV, timeout=300)
-    elapsed = time.monotonic() - started
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
     assert (summary["current_phase"], summary["status"]) == ("development", status), summary
@@ -545,7 +543,7 @@ def test_real_qwen_error_paths_end_with_their_named_reason(
     if case == "hang":
         assert len(server.played(BUILD)) == 2 * runs  # it reached the model each time
         assert all((r["input_tokens"], r["output_tokens"]) == (100, 20) for r in builds)
-        assert elapsed < 120
+        assert_killed_at_timeout(builds, extra)
         assert processes_under(repo) == []  # the CLI and whatever it started were killed
     assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
 

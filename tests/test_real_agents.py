@@ -29,6 +29,7 @@ from agent_cli_kit import (
     PLAN_REVIEW,
     REVIEW,
     VERIFY,
+    assert_killed_at_timeout,
     assert_no_keys,
     make_project,
     run_ticket,
@@ -222,9 +223,7 @@ def test_real_claude_code_error_paths_end_with_their_named_reason(
     roles["build"] = build + extra
     repo = make_project(tmp_path, roles, extra="[limits]\nagent_retries = 1\n")
 
-    started = time.monotonic()
     proc = run_ticket(repo, TICKET_ENV, timeout=180)
-    elapsed = time.monotonic() - started
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
     assert (summary["current_phase"], summary["status"]) == ("development", status)
@@ -232,7 +231,7 @@ def test_real_claude_code_error_paths_end_with_their_named_reason(
     builds = [r for r in show(repo, summary["id"])["agent_runs"] if r["role"] == "build"]
     assert [r["error_kind"] for r in builds] == [kind] * runs
     if case == "hang":
-        assert elapsed < 60
+        assert_killed_at_timeout(builds, extra)
     assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
 
 
