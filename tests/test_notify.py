@@ -367,6 +367,25 @@ def test_an_ntfy_webhook_gets_a_json_publish_to_the_server_root_with_the_topic(
     assert body["message"].startswith(f"Workflow {wf} (add the feature) failed")
 
 
+def test_a_slack_webhook_gets_a_title_s_mentions_and_links_as_plain_text(
+    tmp_path: Path, receiver: Callable[..., Receiver], stores: Any
+) -> None:
+    hook = receiver()
+    repo = _repo(tmp_path, f'webhook = "{hook.url}/hook"\n')
+    engine, store = stores(repo)
+    _fast(engine, environ={})
+    title = "fix <!channel> & <https://evil.example|the docs>"
+    wf = engine.start(title, "ticket")
+
+    engine.decide(wf, lambda ctx: PhaseResult("failed", reason="preparation: <b> & co"))
+
+    ((_path, body),) = hook.posts
+    text = body["text"]
+    assert "<" not in text and ">" not in text
+    assert "fix &lt;!channel&gt; &amp; &lt;https://evil.example|the docs&gt;" in text
+    assert "Reason: preparation: &lt;b&gt; &amp; co" in text
+
+
 def test_a_workflow_that_merges_on_its_own_sends_no_waits_for_you(
     tmp_path: Path, receiver: Callable[..., Receiver], stores: Any
 ) -> None:

@@ -139,15 +139,25 @@ def _message(
 
 def webhook_body(settings: NotifySettings, url: str, note: Notification) -> tuple[str, bytes]:
     """The URL to POST to and the JSON body, for ``settings.format``: "slack"
-    ``{"text": …}`` to ``url``; "ntfy" a JSON publish (``{"topic", "title",
-    "message"}``) to the server's root, the topic ``url``'s last path segment."""
+    ``{"text": …}`` to ``url``, escaped as Slack's mrkdwn needs (``&``, ``<``,
+    ``>``: no title mentions a channel or disguises a link); "ntfy" a JSON publish
+    (``{"topic", "title", "message"}``) to the server's root, the topic ``url``'s
+    last path segment."""
     if settings.format == "ntfy":
         parts = urllib.parse.urlsplit(url)
         topic = parts.path.rstrip("/").rsplit("/", 1)[-1]
         root = urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/", "", ""))
         body: dict[str, Any] = {"topic": topic, "title": note.title, "message": note.text}
         return root, json.dumps(body).encode()
-    return url, json.dumps({"text": f"*{note.title}*\n{note.text}"}).encode()
+    title, text = _slack_escaped(note.title), _slack_escaped(note.text)
+    return url, json.dumps({"text": f"*{title}*\n{text}"}).encode()
+
+
+def _slack_escaped(text: str) -> str:
+    """``text`` as Slack's mrkdwn shows it literally: ``&``, ``<`` and ``>`` escaped.
+    A ticket's title is anyone's words, and unescaped ``<!channel>`` would notify a
+    whole channel, ``<https://…|label>`` show a link under another name."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _shown(url: str) -> str:
