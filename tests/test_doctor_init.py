@@ -167,6 +167,37 @@ def test_doctor_names_everything_a_run_is_missing_and_exits_1(tmp_path: Path) ->
     assert "roles.build is not bound" in text.stdout
 
 
+def test_doctor_looks_for_a_command_roles_program_not_for_its_shells_own_words(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    commands = {
+        "plan": "for i in 1 2; do echo step $i; done",
+        "plan_review": "cd sub && ./review.sh",
+        "build": "MODE=fast exec no-such-builder --all",
+        "review": "(git diff | wc -l)",
+        "verification": "echo VERDICT: confirmed",
+    }
+    write_cartridge(
+        repo,
+        "".join(
+            role_table(role, f'runner = "command"\ncommand = {json.dumps(command)}')
+            for role, command in commands.items()
+        ),
+    )
+    proc = phasegate("doctor", "--repo", str(repo), "--json", env={"PATH": bare_path(tmp_path)})
+    found = json.loads(proc.stdout)
+    roles = {r["role"]: r for r in found["roles"]}
+    warned = [w for w in found["warnings"] if "the first word of its command" in w]
+    # the program after the assignment and exec is looked for, and not found
+    assert warned == [
+        "roles.build: `no-such-builder` (the first word of its command) is not on PATH"
+    ]
+    assert (roles["build"]["executable"], roles["build"]["resolved"]) == ("no-such-builder", None)
+    for role in ("plan", "plan_review", "review", "verification"):  # the shell's own words
+        assert roles[role]["executable"] is None, roles[role]
+
+
 def test_doctor_asks_for_litellm_when_a_role_is_on_the_api_runner(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shlex
 import shutil
 from collections.abc import Mapping
@@ -202,6 +203,35 @@ def _copilot_token(binding: RoleBinding) -> bool:
     return bool(names & {"COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN"})
 
 
+#: Words a command's shell runs itself: a command starting with one names no program.
+_SHELL_WORDS = frozenset(
+    {
+        *("!", "[[", "case", "for", "function", "if", "select", "until", "while"),
+        *(".", ":", "alias", "cd", "eval", "export", "read", "set", "source", "ulimit"),
+        *("umask", "unset", "echo", "printf", "test", "[", "true", "false", "pwd", "kill"),
+    }
+)
+
+
+def _command_program(command: str) -> str | None:
+    """The program a ``command`` role's shell command starts first: its first word after
+    any ``NAME=value`` assignments and ``exec``/``command``; None when the shell runs
+    that word itself (``for``, ``cd``, ``export``: doctor cannot tell what follows) or
+    the command does not split."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    # Assignments, and `exec`/`command`, come before the program they run.
+    while words and (
+        words[0] in ("exec", "command") or re.fullmatch(r"[A-Za-z_]\w*=.*", words[0], re.S)
+    ):
+        words = words[1:]
+    if not words or words[0].rstrip(";") in _SHELL_WORDS or words[0][:1] in ("(", "{", "-"):
+        return None
+    return words[0]
+
+
 def _role_status(
     name: str,
     binding: RoleBinding | str | None,
@@ -232,10 +262,7 @@ def _role_status(
     # Any runner that starts a program names it in `executable`, or has a default one.
     executable = getattr(binding, "executable", None) or DEFAULT_EXECUTABLES.get(binding.runner)
     if binding.runner == "command" and binding.command:
-        try:
-            program = shlex.split(binding.command)[0]
-        except (ValueError, IndexError):
-            program = None
+        program = _command_program(binding.command)
         if program:
             status.executable, status.resolved = program, which(program)
             if status.resolved is None:
