@@ -215,12 +215,37 @@ def test_access_takes_its_token_and_user_from_the_environment_else_makes_a_token
     assert (given.token, given.user, given.made_token) == (TOKEN, "carol", False)
     with pytest.raises(WeakToken, match="PHASEGATE_WEB_TOKEN has 6 characters"):
         Access(environ={"PHASEGATE_WEB_TOKEN": "secret"})
+    with pytest.raises(WeakToken, match="has 0 characters besides white space"):
+        Access(environ={"PHASEGATE_WEB_TOKEN": " " * 20})
     made, other = Access(environ={}), Access(environ={})
     assert made.made_token and len(made.token) >= 32 and made.token != other.token
     assert made.login(other.token) is None
     session = made.login(made.token)
     assert session is not None and made.session(session.id) == session
     assert not Access.csrf_ok(session, "") and Access.csrf_ok(session, session.csrf)
+
+
+def test_a_value_of_the_wrong_type_is_a_400_in_one_line_and_changes_nothing(
+    dashboard: tuple[TestClient, Engine, Store],
+) -> None:
+    client, engine, store = dashboard
+    csrf = logged_in(client)
+    workflow_id = waiting_workflow(engine)
+    version = store.workflow_row(workflow_id)["version"]
+    events = len(store.events(workflow_id))
+
+    response = client.post(
+        f"/workflows/{workflow_id}/comments",
+        data={"csrf": csrf, "path": "feature.txt", "line": "abc", "text": "why"},
+    )
+    assert response.status_code == 400
+    detail = response.json()["detail"]
+    assert detail.startswith("bad request: line: ") and "integer" in detail
+    assert "\n" not in detail and "abc" not in detail  # pydantic's list is not shown
+    stream = client.get(f"/workflows/{workflow_id}/events?after=abc")
+    assert stream.status_code == 400 and stream.json()["detail"].startswith("bad request: after:")
+    assert store.workflow_row(workflow_id)["version"] == version
+    assert len(store.events(workflow_id)) == events
 
 
 def test_the_board_shows_needs_you_first_then_running_waiting_done_failed(

@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Form, HTTPException, Request
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
@@ -122,6 +123,16 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     @app.exception_handler(_LoginNeeded)
     async def login_needed(request: Request, _exc: _LoginNeeded) -> Response:
         return templates.TemplateResponse(request, "login.html", {"failed": False}, 401)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_value(_request: Request, exc: RequestValidationError) -> Response:
+        # One line, as every other refusal: the field and what it must be (FastAPI's
+        # default is pydantic's whole error list, the value given included).
+        said = "; ".join(
+            f"{error['loc'][-1] if error.get('loc') else 'request'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        return JSONResponse({"detail": f"bad request: {said}"}, 400)
 
     def page(request: Request, name: str, context: Mapping[str, Any], code: int = 200) -> Response:
         session: Session = request.state.session

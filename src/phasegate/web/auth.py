@@ -65,7 +65,8 @@ class Access:
     ``token``/``user`` default to ``PHASEGATE_WEB_TOKEN``/``PHASEGATE_WEB_USER``
     from ``environ``; with no token there, a random one (32 URL-safe
     characters) is made, and ``made_token`` is True so ``serve`` prints it.
-    Raises WeakToken for a given token under MIN_TOKEN characters: the
+    Raises WeakToken for a given token under MIN_TOKEN characters (white space
+    at its ends not counted): the
     dashboard is a door to every workflow's decisions, and a short token is
     guessed.
     """
@@ -78,9 +79,10 @@ class Access:
     ) -> None:
         source = os.environ if environ is None else environ
         given = token or source.get(TOKEN_VARIABLE) or ""
-        if given and len(given) < MIN_TOKEN:
+        if given and len(given.strip()) < MIN_TOKEN:  # twenty spaces are no token
             raise WeakToken(
-                f"{TOKEN_VARIABLE} has {len(given)} characters; give at least {MIN_TOKEN} "
+                f"{TOKEN_VARIABLE} has {len(given.strip())} characters besides white space; "
+                f"give at least {MIN_TOKEN} "
                 "(`python3 -c 'import secrets; print(secrets.token_urlsafe(24))'` makes one), "
                 "or leave it unset for serve to make one"
             )
