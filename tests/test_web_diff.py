@@ -201,6 +201,12 @@ def test_a_completed_workflow_takes_no_comment_the_same_refusal_as_operations(
         data={"path": "feature.txt", "line": "1", "text": "late", "csrf": csrf},
     )
     assert (late.status_code, late.json()["detail"]) == (409, str(refused_in_cli.value))
+    # a line its diff does not show: the workflow's refusal still comes first
+    elsewhere = client.post(
+        f"/workflows/{workflow_id}/comments",
+        data={"path": "feature.txt", "line": "999", "text": "late", "csrf": csrf},
+    )
+    assert (elsewhere.status_code, elsewhere.json()["detail"]) == (409, str(refused_in_cli.value))
     assert operations.review_drafts(store, workflow_id) == []
 
 

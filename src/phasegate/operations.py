@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -263,16 +263,25 @@ def feedback(engine: Engine, workflow_id: str, text: str, *, by: str) -> dict[st
 
 
 def comment(
-    engine: Engine, workflow_id: str, path: str, line: int, text: str, *, by: str
+    engine: Engine,
+    workflow_id: str,
+    path: str,
+    line: int,
+    text: str,
+    *,
+    by: str,
+    shown: Collection[int] | None = None,
 ) -> list[review.Draft]:
     """Record a draft review comment on ``path`` line ``line`` (1-based, in the
     workflow's branch), ``text`` its secrets redacted: a ``review_comment`` event,
     outside the lease and changing no state, so no worker acts on it; it waits for
-    ``send_review`` (issue 13, item 2). Which lines a diff shows is the front end's
-    to check (it parsed the diff it shows). Returns the workflow's drafts now, this
-    one among them (``review_drafts``). Raises ActionRefused
-    (no path, a line below 1, an empty or over-long text), ContractViolation (a
-    completed or cancelled workflow: no round will read it), WorkflowNotFound."""
+    ``send_review`` (issue 13, item 2). ``shown``: the lines of ``path`` the front
+    end's diff shows (it parsed the diff it shows); None, not checked. Returns the
+    workflow's drafts now, this one among them (``review_drafts``). Raises
+    ActionRefused (no path, a line below 1, an empty or over-long text, a line not
+    ``shown``), ContractViolation (a completed or cancelled workflow: no round will
+    read it; said before a line not shown, which a merged branch's diff has none
+    of), WorkflowNotFound."""
     if not path.strip():
         raise ActionRefused("the comment names no file")
     if line < 1:
@@ -286,6 +295,8 @@ def comment(
         raise ContractViolation(
             f"workflow {workflow_id} is {row['status']}; no round will read a comment"
         )
+    if shown is not None and line not in shown:
+        raise ActionRefused(f"{path} line {line} is not a line of this diff")
     said = redact(text.strip(), cartridge_secrets(engine.cartridge))
     data = {"path": path, "line": line, "text": said, "by": by}
     engine.store.add_event(workflow_id, EventWrite(review.REVIEW_COMMENT, data))

@@ -346,14 +346,14 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     ) -> Response:
         files, _missing = _diff_of(engine, detail_of(workflow_id)["workflow"])
         lines = {ln.new for f in files if f.path == path for ln in f.lines if ln.new}
-        if line not in lines:
-            raise HTTPException(400, f"{path} line {line} is not a line of this diff")
         given = redact(text, secrets)  # the token too: operations redacts the cartridge's
         # A draft, its own event row: no state changes, so a running worker starts
         # no round on it; the person sends the review when it is whole.
         commit(
             workflow_id,
-            lambda: operations.comment(engine, workflow_id, path, line, given, by=access.user),
+            lambda: operations.comment(
+                engine, workflow_id, path, line, given, by=access.user, shown=lines
+            ),
             bad_input=400,
         )
         return reviewed(request, workflow_id)
