@@ -9,6 +9,7 @@ there, in a checkout phasegate never touched.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -129,6 +130,24 @@ def test_demo_dir_runs_to_completed_and_lands_on_main(tmp_path: Path) -> None:
     assert row["cost_usd"] == pytest.approx(0.0042 * row["agent_runs"])
 
     _assert_landed_on_main(repo, row, tmp_path)
+
+
+def test_demo_s_hint_names_phasegate_as_any_directory_can_call_it(tmp_path: Path) -> None:
+    """Started by a relative path that PATH does not find (right after the README's
+    set-up), demo's hint names the program by its absolute path: it works as given
+    wherever the person is."""
+    exe = Path(sys.executable).parent / "phasegate"
+    proc = subprocess.run(
+        [str(Path("bin") / "phasegate"), "demo", "--dir", str(tmp_path / "calc")],
+        cwd=exe.parent.parent,  # the venv: bin/phasegate from there
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PATH": "/usr/bin:/bin", "COLUMNS": "500"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    hint = re.search(r"try `(\S+) show [0-9a-f]{8} --repo ", proc.stdout)
+    assert hint, proc.stdout
+    assert Path(hint.group(1)).is_absolute()
+    assert Path(hint.group(1)).resolve() == exe.resolve()
 
 
 def test_demo_json_prints_the_summary_and_show_has_the_timeline(tmp_path: Path) -> None:

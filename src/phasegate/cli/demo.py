@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -95,12 +96,13 @@ def demo(
 
 def _invocation() -> str:
     """How this shell calls phasegate: ``phasegate`` when PATH finds this very
-    program, else the path it was started by (``.venv/bin/phasegate`` right after
-    the README's set-up), so a hint printed for a person works as given."""
+    program, else the absolute path of the one it was started by (``.venv/bin/phasegate``
+    right after the README's set-up), so a hint printed for a person works as given,
+    in any directory."""
     argv0 = Path(sys.argv[0])
     if argv0.name != "phasegate":
         return "phasegate"  # run through python -m or a test: PATH's name is the best guess
     found = shutil.which("phasegate")
     if found and Path(found).resolve() == argv0.resolve():
         return "phasegate"
-    return str(argv0)
+    return os.path.abspath(argv0)
