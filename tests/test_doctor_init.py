@@ -198,6 +198,24 @@ def test_doctor_looks_for_a_command_roles_program_not_for_its_shells_own_words(
         assert roles[role]["executable"] is None, roles[role]
 
 
+def test_doctor_warns_of_a_notify_webhook_env_that_is_not_set(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    claude = fake_cli(tmp_path / "tools", "claude")
+    write_cartridge(
+        repo, claude_roles(claude) + '[notify]\nwebhook_env = "TEAM_HOOK"\ndesktop = false\n'
+    )
+    env = {"PATH": bare_path(tmp_path), "ANTHROPIC_API_KEY": SENTINEL}
+    unset = json.loads(phasegate("doctor", "--repo", str(repo), "--json", env=env).stdout)
+    assert (
+        "notify.webhook_env: TEAM_HOOK is not set; no webhook notification is sent"
+        in (unset["warnings"])
+    )
+    hook = "https://hooks.example/" + SENTINEL
+    given = phasegate("doctor", "--repo", str(repo), "--json", env={**env, "TEAM_HOOK": hook})
+    assert not any("webhook_env" in w for w in json.loads(given.stdout)["warnings"])
+    assert hook not in given.stdout
+
+
 def test_doctor_asks_for_litellm_when_a_role_is_on_the_api_runner(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -403,6 +403,11 @@ def diagnose(
     if cartridge is not None and root is not None:
         _check_workflow(cartridge, root, missing, warnings)
         forge = _forge(cartridge, root, env, missing, warnings, offline=offline)
+        hook_env = cartridge.notify.webhook_env
+        if hook_env and not env.get(hook_env):
+            warnings.append(
+                f"notify.webhook_env: {hook_env} is not set; no webhook notification is sent"
+            )
     machine = env.get(SANDBOX_VAR, "")
     if machine not in ("", "bwrap", "none"):  # run refuses it: so does doctor
         missing.append(f'{SANDBOX_VAR}={machine!r}: give "bwrap" or "none"')
