@@ -81,8 +81,8 @@ class Access:
         given = token or source.get(TOKEN_VARIABLE) or ""
         if given and len(given.strip()) < MIN_TOKEN:  # twenty spaces are no token
             raise WeakToken(
-                f"{TOKEN_VARIABLE} has {len(given.strip())} characters besides white space; "
-                f"give at least {MIN_TOKEN} "
+                f"{TOKEN_VARIABLE} has {len(given.strip())} characters, white space at its "
+                f"ends not counted; give at least {MIN_TOKEN} "
                 "(`python3 -c 'import secrets; print(secrets.token_urlsafe(24))'` makes one), "
                 "or leave it unset for serve to make one"
             )
