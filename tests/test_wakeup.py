@@ -66,6 +66,20 @@ def _until(probe, what: str) -> None:
         time.sleep(0.01)
 
 
+def _acted_on(
+    repo: Path, engine_cls: type[Engine], store, workflow_id: str, decided: list[dict[str, object]]
+) -> None:
+    """A worker on ``engine_cls``, polling every 60 s, acts on the decision its engine
+    commits into ``decided``: a store change woke it, the poll would come too late."""
+    with Running(repo, poll_s=60.0, engine_cls=engine_cls):
+        _until(lambda: bool(decided), "the worker's look and the decision committed in it")
+        _until(
+            lambda: store.workflow_row(workflow_id)["version"] > decided[0]["version"],
+            "the worker to act on the decision (the next poll is 60 s away)",
+        )
+    assert store.workflow_row(workflow_id)["version"] > decided[0]["version"]
+
+
 @pytest.fixture
 def waiting(happy_repo: Path, engine_for) -> Iterator[tuple[Path, str]]:
     """A workflow in wait (no auto-merge), advanced there by an engine of its own."""
@@ -149,13 +163,7 @@ def test_a_decision_committed_as_the_worker_lets_the_lease_go_is_acted_on(
                     person.decide(workflow_id, lambda ctx: decisions.feedback(ctx, "one more"))
                 )
 
-    with Running(repo, poll_s=60.0, engine_cls=DecidedOnAsItLetsGo):
-        _until(lambda: bool(decided), "the worker's advance and the decision after it")
-        _until(
-            lambda: store.workflow_row(workflow_id)["version"] > decided[0]["version"],
-            "the worker to act on the decision (a 60 s poll would come too late)",
-        )
-    assert store.workflow_row(workflow_id)["version"] > decided[0]["version"]
+    _acted_on(repo, DecidedOnAsItLetsGo, store, workflow_id, decided)
 
 
 def test_a_decision_whose_pass_came_while_its_workflow_s_thread_ran_is_acted_on(
@@ -192,10 +200,4 @@ def test_a_decision_whose_pass_came_while_its_workflow_s_thread_ran_is_acted_on(
                 assert skipped.wait(WAIT_S), "no pass read the rows after the decision"
             return idle
 
-    with Running(repo, poll_s=60.0, engine_cls=DecidedOnAfterItsLook):
-        _until(lambda: bool(decided), "the worker's look and the decision after it")
-        _until(
-            lambda: store.workflow_row(workflow_id)["version"] > decided[0]["version"],
-            "the worker to act on the decision (the next poll is 60 s away)",
-        )
-    assert store.workflow_row(workflow_id)["version"] > decided[0]["version"]
+    _acted_on(repo, DecidedOnAfterItsLook, store, workflow_id, decided)
