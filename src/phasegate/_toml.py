@@ -16,7 +16,7 @@ from typing import Any
 
 from phasegate.contract import PhasegateError
 
-__all__ = ["MAX_TOML_BYTES", "MAX_TOML_DEPTH", "TomlError", "read_toml"]
+__all__ = ["MAX_TOML_BYTES", "MAX_TOML_DEPTH", "TomlError", "parse_toml", "read_toml"]
 
 #: Bytes a file may have: a cartridge is a few KiB; scripted answers may carry patches.
 MAX_TOML_BYTES = 4 * 1024 * 1024
@@ -42,6 +42,13 @@ def read_toml(
         raise TomlError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise TomlError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    return parse_toml(text, str(path), max_depth=max_depth)
+
+
+def parse_toml(text: str, where: str, *, max_depth: int = MAX_TOML_DEPTH) -> dict[str, Any]:
+    """The document ``text`` as a dict; ``where`` names it in a TomlError (syntax,
+    or nesting over ``max_depth`` naming the key where it does)."""
+    path = where
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

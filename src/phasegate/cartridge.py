@@ -7,6 +7,7 @@ typo in a limit must not silently fall back to the default.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -16,12 +17,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
-from phasegate._toml import TomlError, read_toml
+from phasegate._git import GitError, git, run_git
+from phasegate._toml import MAX_TOML_BYTES, TomlError, parse_toml, read_toml
 from phasegate.cartridge_agents import (  # noqa: F401  (their home was here)
     RUNNERS,
     McpServer,
@@ -58,7 +61,9 @@ __all__ = [
     "RoleBinding",
     "Roles",
     "WorkRouting",
+    "blob_sha",
     "load_cartridge",
+    "load_committed_cartridge",
 ]
 
 CARTRIDGE_FILE = "phasegate.toml"
@@ -173,6 +178,23 @@ class WorkflowSettings(_Strict):
     profile: str | None = None  # a built-in profile or a [profiles.NAME] table
     content_language: Literal["en", "zh"] = "en"
     acceptance_verification: bool = True
+    protected_paths: list[str] | None = Field(
+        default=None,
+        description="paths (a trailing / for a directory, or a glob) an agent's change to "
+        "which waits for a person whatever the profile; None: protected.DEFAULT_PROTECTED_PATHS. "
+        "phasegate.toml and the tracked files the checks run are protected anyway",
+    )
+
+    @field_validator("protected_paths")
+    @classmethod
+    def _relative_paths(cls, paths: list[str] | None) -> list[str] | None:
+        for path in paths or ():
+            if not path.strip() or path.startswith("/") or ".." in path.split("/"):
+                raise ValueError(
+                    f"{path!r} is not a path inside the repository "
+                    "(relative, no '..'; a trailing / for a directory)"
+                )
+        return paths
 
 
 class StoreSettings(_Strict):
@@ -277,6 +299,14 @@ class Cartridge(_Strict):
     notify: NotifySettings = Field(default_factory=NotifySettings)
     #: Agent profiles: named bindings roles refer to (``phasegate.cartridge_agents``).
     agents: dict[str, RoleBinding] = Field(default_factory=dict)
+    #: The git blob id of the text it was read from; None when made in code.
+    _source_sha: str | None = PrivateAttr(default=None)
+
+    @property
+    def source_sha(self) -> str | None:
+        """The git blob id (40 hex digits) of the TOML this cartridge was read from,
+        as ``git hash-object`` gives it; None for a cartridge made in code."""
+        return self._source_sha
 
     @model_validator(mode="before")
     @classmethod
@@ -410,8 +440,24 @@ def _format_errors(path: Path, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def blob_sha(data: bytes) -> str:
+    """``data``'s git blob id, as ``git hash-object`` computes it."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def _validated(raw: dict[str, Any], repo: Path, where: Path, sha: str) -> Cartridge:
+    try:
+        cartridge = Cartridge.model_validate(raw)
+    except ValidationError as exc:
+        raise CartridgeError(_format_errors(where, exc)) from None
+    cartridge.landing_areas.worktree_dir(repo)  # raises naming the key
+    cartridge._source_sha = sha
+    return cartridge
+
+
 def load_cartridge(repo: Path) -> Cartridge:
-    """Read and validate ``repo/phasegate.toml``. Raises CartridgeError."""
+    """Read and validate ``repo/phasegate.toml``, the file as it is in the checkout.
+    Raises CartridgeError."""
     path = repo / CARTRIDGE_FILE
     if not path.is_file():
         raise CartridgeError(f"{path}: no cartridge; run `phasegate init` in the repository")
@@ -419,9 +465,50 @@ def load_cartridge(repo: Path) -> Cartridge:
         raw = read_toml(path)
     except TomlError as exc:
         raise CartridgeError(str(exc)) from None
+    return _validated(raw, repo, path, blob_sha(path.read_bytes()))
+
+
+def load_committed_cartridge(repo: Path) -> tuple[Cartridge, str | None]:
+    """The cartridge workflows run under: ``phasegate.toml`` as committed on the base
+    branch (``workflow.base_branch`` of the checkout's file, else the branch checked
+    out), never edits in a checkout that no one committed (docs/trust.md).
+
+    Returns ``(cartridge, note)``. ``note`` is None when the checkout's file is the
+    committed one; else one line saying which file is used and why: the committed
+    one when the checkout's differs, the checkout's when the base has none (a new
+    repository's first run). Raises CartridgeError naming the file (``BASE:phasegate.toml``
+    for the committed one) and the key.
+    """
+    working = load_cartridge(repo)
+    base = working.workflow.base_branch
+    if base is None:
+        head = run_git(["symbolic-ref", "--short", "-q", "HEAD"], repo)
+        base = head.stdout.strip() if head.returncode == 0 else ""
+    if not base:
+        return working, None
+    found = run_git(["rev-parse", "--verify", "-q", f"{base}:{CARTRIDGE_FILE}"], repo)
+    committed = found.stdout.strip()
+    if found.returncode != 0 or not committed:
+        return working, (
+            f"{CARTRIDGE_FILE} is not committed on {base}: workflows run under the checkout's "
+            "file, which an unconfined agent could edit; commit it"
+        )
+    if committed == working.source_sha:
+        return working, None
+    where = Path(f"{base}:{CARTRIDGE_FILE}")
+    size = run_git(["cat-file", "-s", committed], repo).stdout.strip()
+    if not size.isdigit() or int(size) > MAX_TOML_BYTES:
+        raise CartridgeError(f"{where}: {size} bytes, more than a TOML file may have")
     try:
-        cartridge = Cartridge.model_validate(raw)
-    except ValidationError as exc:
-        raise CartridgeError(_format_errors(path, exc)) from None
-    cartridge.landing_areas.worktree_dir(repo)  # raises naming the key
-    return cartridge
+        text = git(["cat-file", "blob", committed], repo)
+    except GitError as exc:
+        raise CartridgeError(f"{where}: cannot read it: {exc}") from None
+    try:
+        raw = parse_toml(text, str(where))
+    except TomlError as exc:
+        raise CartridgeError(str(exc)) from None
+    cartridge = _validated(raw, repo, where, committed)
+    return cartridge, (
+        f"{CARTRIDGE_FILE} in the checkout differs from the one committed on {base}; "
+        "workflows run under the committed one (commit your edits to use them)"
+    )

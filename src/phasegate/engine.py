@@ -206,6 +206,7 @@ class Engine:
                 **(state or {}),
                 "profile": chosen.as_state(),
                 "graph_mode": self.cartridge.graph.enabled,
+                "cartridge_sha": self.cartridge.source_sha,  # the committed file it runs under
             },
             issue=issue,
             repository=self.repository,

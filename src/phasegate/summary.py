@@ -55,6 +55,8 @@ def workflow_summary(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
             if row["current_phase"] == "wait" and row["state"].get("merge_approved")
             else None
         ),
+        # the git blob of the committed phasegate.toml it started under (None: made in code)
+        "cartridge_sha": row["state"].get("cartridge_sha"),
         "verification_status": row["state"].get("verification_status"),
         "verified_by": row["state"].get("verified_by"),
         "tokens": usage.tokens,
@@ -92,8 +94,9 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
     """What ``show`` prints and a workflow's page shows: ``workflow``
     (``workflow_summary``), ``timeline`` (each phase entered, ``{"phase", "at"}``),
     ``milestones``, ``agent_runs``, ``report`` (spec 000's payload, or None),
-    ``violations``, ``decisions`` (spec 003's reversion records) and ``cleanup``.
-    Raises WorkflowNotFound."""
+    ``violations``, ``decisions`` (spec 003's reversion records), ``cleanup`` and
+    ``merge_hold`` (``MergeHold.as_state``: reason, protected, violations, diff,
+    head; None unless a waiting merge is held). Raises WorkflowNotFound."""
     row = store.workflow_row(workflow_id)
     milestones = store.milestone_rows(workflow_id)
     phases = [e for e in store.events(workflow_id) if e["type"] == "phase_change"]
@@ -116,6 +119,8 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
         ],
         "decisions": decisions_of(row["state"]),
         "cleanup": _cleanup_of(milestones),
+        # what keeps the merge from going unattended (phases/merge_gate.py), while it waits
+        "merge_hold": row["state"].get("merge_hold") if row["current_phase"] == "wait" else None,
     }
 
 

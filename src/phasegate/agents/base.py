@@ -37,7 +37,11 @@ ERROR_KINDS = (
 #: - ``git_dir_violation``: the git config, hooks or ``info/`` changed (restored);
 #: - ``sandbox_denied``: the sandbox refused a write outside the agent's own areas;
 #: - ``secret_in_change``: the change or answer held a secret (refused);
-#: - ``oversized``: a diff or answer above its cartridge limit (refused).
+#: - ``oversized``: a diff or answer above its cartridge limit (refused);
+#: - ``outward_symlink``: the change adds a symbolic link out of the repository
+#:   (found by the merge gate, ``phases.merge_gate``).
+#:
+#: Any of them in a development round holds that round's merge for a person.
 VIOLATIONS = (
     "read_only_violation",
     "ref_violation",
@@ -45,6 +49,7 @@ VIOLATIONS = (
     "sandbox_denied",
     "secret_in_change",
     "oversized",
+    "outward_symlink",
 )
 
 

@@ -266,7 +266,7 @@ class AgentService:
             result = watched.apply(result)  # refs and .git as they were (issue 10)
             note_change()
             for earlier in watched.recovered:  # what a killed run left, undone now
-                self._emit(ctx.id, violation_event(*earlier, secrets))
+                self._emit(ctx.id, violation_event(*earlier, secrets, round=ctx.dev_round))
             made += 1
             # The worker that took over owns the workflow's rows now: its
             # reconciliation settled this call's process; write nothing of it.
@@ -300,7 +300,9 @@ class AgentService:
                 ctx, phase, role, line, runner.name, round, attempt, outcome, kind, detail, result
             )
             for violation in result.violations:
-                self._emit(ctx.id, violation_event(role, phase, violation, secrets))
+                self._emit(
+                    ctx.id, violation_event(role, phase, violation, secrets, round=ctx.dev_round)
+                )
             self._emit(
                 ctx.id,
                 EventWrite(
@@ -506,10 +508,16 @@ def secret_in_diff_answer(result: AgentResult, secrets: list[str]) -> AgentResul
 
 
 def violation_event(
-    role: str, phase: str, violation: Violation, secrets: list[str] | None = None
+    role: str,
+    phase: str,
+    violation: Violation,
+    secrets: list[str] | None = None,
+    *,
+    round: int | None = None,
 ) -> EventWrite:
-    """The ``violation`` event ``show`` prints: name, role, phase, detail and up to
-    50 paths, each redacted of ``secrets``."""
+    """The ``violation`` event ``show`` prints: name, role, phase, the development
+    round it happened in (the merge gate holds that round's merge), detail and up
+    to 50 paths, each redacted of ``secrets``."""
     hide = secrets or []
     return EventWrite(
         "violation",
@@ -517,6 +525,7 @@ def violation_event(
             "name": violation.name,
             "role": role,
             "phase": phase,
+            "round": round,
             "detail": redact(violation.detail, hide)[:2000],
             "paths": [redact(p, hide) for p in violation.paths[:50]],
         },

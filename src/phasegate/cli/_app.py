@@ -14,7 +14,12 @@ from rich.markup import escape
 
 from phasegate import __version__
 from phasegate._terminal import visible
-from phasegate.cartridge import Cartridge, CartridgeError, load_cartridge
+from phasegate.cartridge import (
+    Cartridge,
+    CartridgeError,
+    load_cartridge,
+    load_committed_cartridge,
+)
 from phasegate.contract import PhasegateError
 from phasegate.doctor import not_a_repository
 from phasegate.operations import MAX_TICKET_BYTES, check_ticket, title_of
@@ -110,8 +115,13 @@ def _repo_root(repo: Path) -> Path:
 
 
 def _open(repo: Path) -> tuple[Path, Cartridge, Store]:
+    """The repository, the cartridge its workflows run under (the committed one,
+    ``load_committed_cartridge``: a note on stderr says when the checkout's
+    differs or is not committed) and its store."""
     root = _repo_root(repo)
-    cartridge = load_cartridge(root)
+    cartridge, note = load_committed_cartridge(root)
+    if note:
+        err.print(f"[yellow]note:[/yellow] {shown(note)}", highlight=False)
     return root, cartridge, open_store(cartridge.store_url(root))
 
 

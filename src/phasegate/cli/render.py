@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
@@ -320,6 +321,7 @@ def _print_detail(detail: Mapping[str, Any]) -> None:
         )
     _print_decisions(detail["decisions"])
     _print_violations(detail["violations"])
+    _print_hold(detail.get("merge_hold"), s["id"], s["merge_approved_by"])
     runs = detail["agent_runs"]
     if runs:
         agents = Table(
@@ -372,6 +374,24 @@ def _print_decisions(records: list[dict[str, Any]]) -> None:
         )
         reason = " ".join(str(d["reason"]).split())
         console.print(f"    [dim]{shown(reason[:300])}[/dim]", highlight=False)
+
+
+def _print_hold(hold: Mapping[str, Any] | None, workflow_id: str, approved: str | None) -> None:
+    """What holds a waiting merge for a person, and the protected files' diff."""
+    if not hold:
+        return
+    if approved:
+        console.print(f"  [cyan]{shown(hold['reason'])}; approved by {approved}[/cyan]")
+    else:
+        console.print(f"  [bold red]{shown(hold['reason'])}[/bold red]", highlight=False)
+        console.print(
+            f"  a person decides: `phasegate approve-merge {workflow_id} --by NAME` "
+            f'or `phasegate feedback {workflow_id} "..."`',
+            highlight=False,
+        )
+    if hold.get("diff"):
+        console.print("  the protected paths' diff:", highlight=False)
+        console.print(Syntax(hold["diff"], "diff", word_wrap=True), highlight=False)
 
 
 def _print_violations(violations: list[dict[str, Any]]) -> None:

@@ -317,7 +317,7 @@ def _build(
             f"{refused.name}: {refused.detail}; it was discarded",
             attempt.journal("failed", agent_run=run_id),
         )
-        event = violation_event("build", DEVELOPMENT, refused, secrets)
+        event = violation_event("build", DEVELOPMENT, refused, secrets, round=ctx.dev_round)
         return replace(failed, events=(*failed.events, event))
     message = (
         f"{redact(ctx.title, secrets)}\n\nphasegate workflow {ctx.id}, "

@@ -66,7 +66,9 @@ def apply_draft(
                 "nothing was applied",
                 state=state,
                 milestones=milestones,
-                events=(violation_event("build", DEVELOPMENT, refused, secrets),),
+                events=(
+                    violation_event("build", DEVELOPMENT, refused, secrets, round=ctx.dev_round),
+                ),
             )
         deps.workspace.commit_all(
             cwd,

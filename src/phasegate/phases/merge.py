@@ -39,8 +39,9 @@
   its reason, retried later (phases/cleanup.py), and the phase still
   advances with merge_sha.
 - terminal outcomes: completed → acceptance_verification; completed →
-  planning (reversion); pause (conflict fork, a failed child's conflict,
-  edits in the way, git still failing on a lock after its retries:
+  planning (reversion); completed → wait (an unattended merge whose head the
+  merge gate holds: phases/merge_gate.py); pause (conflict fork, a failed
+  child's conflict, edits in the way, git still failing on a lock after its retries:
   GitTransient, never read as a conflict);
   failed (merge error, loop guard).
 """
@@ -52,12 +53,13 @@ from pathlib import Path
 from phasegate.contract import (
     ACCEPTANCE_VERIFICATION,
     MERGE,
+    WAIT,
     MilestoneWrite,
     PhaseResult,
     WorkflowContext,
 )
 from phasegate.forge.base import ForgeNotMergeable
-from phasegate.phases import cleanup, conflict
+from phasegate.phases import cleanup, conflict, merge_gate
 from phasegate.phases.deps import PhaseDeps
 from phasegate.workspace import DirtyCheckout, GitError, GitTransient
 
@@ -77,6 +79,11 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         synced = _sync(ctx, deps, worktree)
         if synced is not None:
             return synced
+    if merged is None and not ctx.state.get("merge_approved"):
+        # Unattended: the head about to merge is judged again, not the report's.
+        hold = merge_gate.merge_hold(ctx, deps)
+        if hold is not None:
+            return PhaseResult.advance(WAIT, state={"merge_hold": hold.as_state()})
     message = f"Merge #{ctx.pr_number}: {ctx.title}\n\nphasegate workflow {ctx.id}"
     try:
         sha = deps.effects.merge(MERGE, ctx.pr_number, message)

@@ -12,7 +12,8 @@ Thin phase: no agent run, no git mutation (spec 000, report).
   ``wait_started`` for dev_round.
 - side effects: one issue comment rendered in content_language (best effort:
   a forge failure does not fail the phase); state.report holds the payload,
-  the single source of truth.
+  the single source of truth; state.merge_hold what keeps the merge from
+  going unattended (phases/merge_gate.py), None when nothing does.
 - postconditions: current_phase == "wait", status == "waiting";
   state.wait_started_at recorded.
 - re-entry point: idempotent; milestones and the comment are deduplicated per
@@ -28,6 +29,7 @@ from typing import Any
 
 from phasegate.contract import REPORT, WAIT, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.phases.deps import PhaseDeps
+from phasegate.phases.merge_gate import merge_hold
 from phasegate.report import render_report
 
 __all__ = ["build_payload", "run"]
@@ -99,6 +101,13 @@ def build_payload(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     payload = build_payload(ctx, deps)
+    # The hold is judged here, once per round, on the head the report describes;
+    # the merge phase judges the head it merges again.
+    hold = merge_hold(ctx, deps)
+    held = hold.as_state() if hold is not None else None
+    payload["merge_hold"] = (
+        {k: held[k] for k in ("reason", "protected", "violations")} if held else None
+    )
     text = render_report(payload, ctx.content_language)
     if ctx.issue_number:
         deps.effects.comment(
@@ -107,7 +116,11 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     r = ctx.dev_round
     return PhaseResult.advance(
         WAIT,
-        state={"report": payload, "wait_started_at": deps.clock.now().isoformat()},
+        state={
+            "report": payload,
+            "wait_started_at": deps.clock.now().isoformat(),
+            "merge_hold": held,
+        },
         milestones=(
             MilestoneWrite(
                 "progress_reported", round=r, summary=text.splitlines()[0], data={"report": payload}

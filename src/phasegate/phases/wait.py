@@ -11,7 +11,8 @@ Must not touch the git working tree (spec 000, wait): only the store.
   absence keeps the workflow waiting.
 - side effects: none outside the store (the forge is only read).
 - postconditions: feedback → current_phase == "development", dev_round + 1
-  (the feedback stays in user_feedback for the build prompt); auto_merge or an
+  (the feedback stays in user_feedback for the build prompt); auto_merge while
+  nothing holds the merge (state.merge_hold: phases/merge_gate.py), or an
   approval with a pull request (an approving review or ``/phasegate merge`` by a
   trusted person, a merge a person did on the forge) → current_phase ==
   "merge", status "merging"; the pull request closed unmerged, or the issue
@@ -26,7 +27,7 @@ Must not touch the git working tree (spec 000, wait): only the store.
 from __future__ import annotations
 
 from phasegate.contract import DEVELOPMENT, MERGE, MilestoneWrite, PhaseResult, WorkflowContext
-from phasegate.phases import forge_feedback
+from phasegate.phases import forge_feedback, merge_gate
 from phasegate.phases.deps import PhaseDeps
 
 __all__ = ["run"]
@@ -50,11 +51,19 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     heard = forge_feedback.listen(ctx, deps)
     if heard is not None:
         return heard
-    approved = ctx.auto_merge or bool(ctx.state.get("merge_approved"))
-    if approved and ctx.pr_number:
-        who = "auto_merge" if ctx.auto_merge else ctx.state.get("merge_approved_by", "a person")
+    hold = merge_gate.held(ctx)
+    by_person = bool(ctx.state.get("merge_approved"))
+    if (by_person or (ctx.auto_merge and hold is None)) and ctx.pr_number:
+        who = ctx.state.get("merge_approved_by", "a person") if by_person else "auto_merge"
         return PhaseResult.advance(
             MERGE,
-            milestones=(MilestoneWrite("merge_approved", round=ctx.dev_round, summary=str(who)),),
+            milestones=(
+                MilestoneWrite(
+                    "merge_approved",
+                    round=ctx.dev_round,
+                    summary=str(who),
+                    data={"by": str(who), "held": hold["reason"] if hold else None},
+                ),
+            ),
         )
     return PhaseResult("wait")

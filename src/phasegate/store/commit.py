@@ -265,11 +265,14 @@ def commit_phase_result(
 
 def _needs_a_person(ctx: WorkflowContext, values: Mapping[str, Any]) -> bool:
     """Whether the status the commit enters waits for a person: a workflow that
-    waits for its merge with ``auto_merge`` or an approval already given merges on
-    its own (no needs-you event, so no notification)."""
+    waits for its merge with ``auto_merge`` and nothing holding it, or with an
+    approval already given, merges on its own (no needs-you event, so no
+    notification)."""
     if values["status"] != "waiting" or values["current_phase"] != "wait":
         return True
-    return not (ctx.auto_merge or values["state"].get("merge_approved"))
+    state = values["state"]
+    unattended = ctx.auto_merge and not state.get("merge_hold")
+    return not (unattended or state.get("merge_approved"))
 
 
 def _wake_parent(

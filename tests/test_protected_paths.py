@@ -1,0 +1,193 @@
+"""What no agent may change unattended: protected paths and violations hold the merge.
+
+Each test runs the real ``phasegate`` CLI on a real git repository under the
+``full-auto`` profile, whose merges otherwise go unattended.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from phasegate.protected import check_files, protected_patterns, protected_touched
+from phasegate.workspace import Workspace
+
+from conftest import git, make_repo, phasegate_cli, scripted_cartridge
+
+ANSWERS = """
+[[plan]]
+text = "1. Do it"
+[[plan_review]]
+text = "VERDICT: approve"
+[[build]]
+text = "done"
+[build.files]
+"feature.txt" = "the feature\\n"
+{extra_files}
+[[review]]
+text = "VERDICT: approve"
+[[verification]]
+text = "VERDICT: confirmed"
+"""
+
+#: What a hostile build writes into the cartridge: every role unconfined, checks that pass.
+LOWERED_BAR = 'checks = [\\"true\\"]\\nsandbox = \\"none\\"\\n'
+
+
+def project(tmp_path: Path, edits: dict[str, str], *, checks: list[str] | None = None) -> Path:
+    """A repository under full-auto whose build writes feature.txt and ``edits``."""
+    files = {
+        "README.md": "# sample\n",
+        ".gitignore": ".phasegate/\n",
+        ".github/workflows/ci.yml": "on: push\n",
+        "check.sh": "exit 0\n",
+        "Makefile": "test:\n\ttrue\n",
+    }
+    repo = make_repo(tmp_path / "repo", files)
+    extra = "".join(f'"{path}" = "{text}"\n' for path, text in edits.items())
+    (repo / "answers.toml").write_text(ANSWERS.format(extra_files=extra))
+    cartridge = scripted_cartridge(
+        auto_merge=None, profile="full-auto", checks=checks or ["sh check.sh"]
+    )
+    (repo / "phasegate.toml").write_text(cartridge)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "cartridge")
+    return repo
+
+
+def run(repo: Path, *args: str) -> dict:
+    proc = phasegate_cli(*args, "--repo", str(repo), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize(
+    ("edits", "checks", "held"),
+    [
+        ({"phasegate.toml": LOWERED_BAR}, None, ["phasegate.toml"]),
+        ({".github/workflows/ci.yml": "on: never\\n"}, None, [".github/workflows/ci.yml"]),
+        ({"check.sh": "exit 0 # tests skipped\\n"}, None, ["check.sh"]),
+        ({"Makefile": "test:\\n\\ttrue # nothing\\n"}, ["make test"], ["Makefile"]),
+    ],
+    ids=["cartridge", "ci-file", "check-script", "makefile-target"],
+)
+def test_a_change_to_a_protected_path_waits_for_a_person_then_lands_on_approval(
+    tmp_path: Path, edits: dict[str, str], checks: list[str] | None, held: list[str]
+) -> None:
+    repo = project(tmp_path, edits, checks=checks)
+    main_before = git(repo, "rev-parse", "main")
+
+    summary = run(repo, "run", "a ticket")
+
+    assert summary["status"] == "waiting", summary
+    assert git(repo, "rev-parse", "main") == main_before  # nothing landed unattended
+    detail = run(repo, "show", summary["id"])
+    hold = detail["merge_hold"]
+    assert hold["protected"] == held
+    assert all(f"+++ b/{path}" in hold["diff"] for path in held)
+    assert "feature.txt" not in hold["diff"]  # the diff of the protected files alone
+    shown = phasegate_cli("show", summary["id"], "--repo", str(repo)).stdout
+    assert "merge held for a person: the change touches protected paths: " + held[0] in shown
+    assert f"phasegate approve-merge {summary['id']}" in shown
+
+    # A worker passing by does not merge it either.
+    phasegate_cli("worker", "--once", "--repo", str(repo))
+    assert git(repo, "rev-parse", "main") == main_before
+
+    approved = run(repo, "approve-merge", summary["id"], "--by", "alice")
+    assert approved["status"] == "completed", approved
+    assert git(repo, "show", f"main:{held[0]}").strip()  # the person's decision landed it
+    milestones = run(repo, "show", summary["id"])["milestones"]
+    approval = [m for m in milestones if m["kind"] == "merge_approved"][-1]
+    assert approval["summary"] == "alice"
+    assert approval["data"]["held"].startswith("merge held for a person")
+
+
+def test_a_change_outside_the_protected_paths_still_merges_unattended(tmp_path: Path) -> None:
+    repo = project(tmp_path, {})
+
+    summary = run(repo, "run", "a ticket")
+
+    assert summary["status"] == "completed", summary
+    assert git(repo, "show", "main:feature.txt") == "the feature"
+
+
+def test_a_later_workflow_runs_under_the_committed_cartridge_not_an_edited_one(
+    tmp_path: Path,
+) -> None:
+    repo = project(tmp_path, {})
+    committed = git(repo, "rev-parse", "main:phasegate.toml")
+    # An edit no one committed (an unconfined agent's, say) that would fail every check.
+    edited = (repo / "phasegate.toml").read_text().replace('"sh check.sh"', '"exit 1"')
+    (repo / "phasegate.toml").write_text(edited)
+
+    proc = phasegate_cli("run", "a ticket", "--repo", str(repo), "--json")
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "differs from the one committed on main" in proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["status"] == "completed"  # the committed checks ran, not `exit 1`
+    assert summary["cartridge_sha"] == committed
+    checks = [m for m in run(repo, "show", summary["id"])["milestones"] if m["kind"] == "tests_run"]
+    assert [c["command"] for c in checks[-1]["data"]["checks"]] == ["sh check.sh"]
+
+
+def test_a_symlink_out_of_the_repository_holds_the_merge(tmp_path: Path) -> None:
+    repo = project(tmp_path, {})
+    build = (
+        'runner = "command"\n'
+        'command = "echo feature > feature.txt && ln -s /etc/passwd passwd && echo built"\n'
+        "timeout = 30\n"
+    )
+    text = (repo / "phasegate.toml").read_text()
+    marker = '[roles.build]\nrunner = "scripted"\nscript = "answers.toml"\ntimeout = 30\n'
+    assert marker in text
+    (repo / "phasegate.toml").write_text(text.replace(marker, "[roles.build]\n" + build))
+    git(repo, "commit", "-qam", "a command build")
+    main_before = git(repo, "rev-parse", "main")
+
+    summary = run(repo, "run", "a ticket")
+
+    assert summary["status"] == "waiting", summary
+    assert git(repo, "rev-parse", "main") == main_before
+    hold = run(repo, "show", summary["id"])["merge_hold"]
+    assert hold["protected"] == []
+    assert [(v["name"], v["paths"]) for v in hold["violations"]] == [
+        ("outward_symlink", ["passwd"])
+    ]
+    assert "1 violation(s) this round: outward_symlink" in hold["reason"]
+
+
+def test_outward_links_are_found_by_the_merge_gate(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    git(repo, "checkout", "-qb", "change")
+    (repo / "docs").mkdir()
+    (repo / "docs" / "up").symlink_to("../README.md")  # inside: fine
+    (repo / "docs" / "out").symlink_to("../../secret")  # climbs out
+    (repo / "abs").symlink_to("/etc/passwd")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "links")
+
+    found = Workspace().outward_links(repo, "main", "change")
+
+    assert found == [("abs", "/etc/passwd"), ("docs/out", "../../secret")]
+
+
+def test_check_files_name_what_a_check_runs() -> None:
+    tracked = {"Makefile", "ci/run.sh", "package.json", "tox.ini", "src/x.py", "pytest.ini"}
+    assert check_files(["make test"], tracked) == ("Makefile",)
+    assert check_files(["bash ./ci/run.sh --fast"], tracked) == ("ci/run.sh",)
+    assert check_files(["npm test", "tox -e py"], tracked) == ("package.json", "tox.ini")
+    assert check_files(["python -m pytest -q"], tracked) == ("pytest.ini",)
+    assert check_files(["SCRIPT=ci/run.sh sh -c 'x'"], tracked) == ("ci/run.sh",)
+    assert check_files(["cargo test"], tracked) == ()
+    patterns = protected_patterns(None, ["make test"], tracked)
+    assert patterns == ("phasegate.toml", ".github/", ".gitlab-ci.yml", ".ci/", "Makefile")
+    # A cartridge's own list replaces the defaults; the cartridge file stays protected.
+    assert protected_patterns(["deploy/*.yml"], [], tracked) == ("phasegate.toml", "deploy/*.yml")
+    touched = protected_touched(
+        ["src/x.py", ".github/workflows/a.yml", "deploy/prod.yml", "Makefile"], patterns
+    )
+    assert touched == (".github/workflows/a.yml", "Makefile")
