@@ -17,6 +17,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+from phasegate import decisions
 from phasegate.cartridge import load_cartridge
 from phasegate.engine import Engine
 from phasegate.store import Store, open_store
@@ -200,6 +201,18 @@ def new_workflow(store: Store) -> str:
         auto_merge=False,
         content_language="en",
     )
+
+
+def land_held(engine: Engine, row: Mapping[str, object], *names: str) -> dict[str, object]:
+    """A workflow the merge gate held for the violations ``names`` (and nothing
+    else), approved by a person and advanced to its end: the row it ends with."""
+    assert row["status"] == "waiting", row
+    hold = row["state"]["merge_hold"]  # type: ignore[index]
+    assert hold is not None and hold["protected"] == [], hold
+    assert sorted({v["name"] for v in hold["violations"]}) == sorted(set(names)), hold
+    workflow_id = str(row["id"])
+    engine.decide(workflow_id, lambda ctx: decisions.approve_merge(ctx, "a person"))
+    return engine.advance(workflow_id)
 
 
 def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:

@@ -19,7 +19,7 @@ from phasegate._git import withhold_from_git
 from phasegate.agents.base import AgentResult
 from phasegate.workspace import Workspace
 
-from conftest import alive, git, make_repo, phasegate_cli
+from conftest import alive, git, land_held, make_repo, phasegate_cli
 
 
 def _bind(repo: Path, role: str, command: str) -> None:
@@ -149,7 +149,7 @@ def test_a_read_only_role_that_plants_code_in_git_never_has_it_run(
     engine, store = engine_for(happy_repo)
     workflow_id = engine.start("t", "ticket")  # (adds .phasegate/ to info/exclude)
     before = _git_dir_state(happy_repo)
-    row = engine.advance(workflow_id)
+    row = land_held(engine, engine.advance(workflow_id), "git_dir_violation")
     assert row["status"] == "completed", row["error"]
     assert git(happy_repo, "show", "main:feature.txt") == "the feature"  # merged
     subprocess.run(["git", "status"], cwd=happy_repo, check=True, capture_output=True)
@@ -195,7 +195,7 @@ def test_an_unconfined_role_planting_config_outside_the_repository_is_undone(
         f'if [ "$PHASEGATE_CALL_INDEX" = 0 ]; then {body}; fi; echo "1. Write feature.txt"',
     )
     engine, store = engine_for(happy_repo)
-    row = engine.advance(engine.start("t", "ticket"))
+    row = land_held(engine, engine.advance(engine.start("t", "ticket")), "git_dir_violation")
     assert row["status"] == "completed", row["error"]
     person = subprocess.run(["git", "status"], cwd=happy_repo, capture_output=True, text=True)
     assert person.returncode == 0 and "error:" not in person.stderr, person.stderr
@@ -459,7 +459,7 @@ def test_a_nested_repository_in_the_change_never_runs_its_config_and_is_refused(
     )
     _bind(happy_repo, "build", build)
     engine, store = engine_for(happy_repo)
-    row = engine.advance(engine.start("t", "ticket"))
+    row = land_held(engine, engine.advance(engine.start("t", "ticket")), "git_dir_violation")
     assert row["status"] == "completed", row["error"]
     assert not marker.exists(), marker.read_text()
     assert git(happy_repo, "show", "main:feature.txt") == "the feature"

@@ -11,7 +11,7 @@ from phasegate.engine import Engine
 from phasegate.forge import LocalForge
 from phasegate.store import Store
 
-from conftest import git, make_repo, scripted_cartridge
+from conftest import git, land_held, make_repo, scripted_cartridge
 
 BUILD = """
 [[build]]
@@ -380,7 +380,7 @@ def test_a_change_holding_a_key_is_discarded_never_committed(
     )
     repo = repo_with(tmp_path, answers(build=build))
     engine, store = engine_for(repo)
-    row = engine.advance(engine.start("t", "ticket"))
+    row = land_held(engine, engine.advance(engine.start("t", "ticket")), "secret_in_change")
     assert row["status"] == "completed"
     rejected = milestones(store, row["id"], "change_rejected")
     assert [(m.attempt, m.summary) for m in rejected] == [

@@ -139,12 +139,21 @@ def test_a_sandboxed_build_agent_changes_its_worktree_and_nothing_else(tmp_path:
     git(repo, "worktree", "add", "-q", str(other), "-b", "other")
     config_before = git_config.read_bytes()
 
+    main_before = git(repo, "rev-parse", "main")
     proc = run_ticket(repo, env, "add the feature")
 
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    assert summary["status"] == "completed", summary
-    # On the host: nothing escaped, the agent's own edit landed.
+    # The sandbox refused writes in the build's last attempt: no unattended merge.
+    assert summary["status"] == "waiting", summary
+    assert git(repo, "rev-parse", "main") == main_before
+    held = json.loads(phasegate_cli("show", summary["id"], "--repo", str(repo), "--json").stdout)
+    assert held["merge_hold"]["reason"] == (
+        "merge held for a person: 4 violation(s) this round: sandbox_denied"
+    )
+    approve = phasegate_cli("approve-merge", summary["id"], "--repo", str(repo), "--json", env=env)
+    assert json.loads(approve.stdout)["status"] == "completed", approve.stdout + approve.stderr
+    # On the host: nothing escaped, the agent's own edit landed once a person said so.
     assert not (Path(env["HOME"]) / "x").exists()
     assert git_config.read_bytes() == config_before
     assert not (other / "planted.txt").exists()

@@ -20,7 +20,14 @@ from phasegate.redaction import files_with_secrets, holds_secret, redact, secret
 from phasegate.store import Store
 from phasegate.workspace import Workspace
 
-from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
+from conftest import (
+    HAPPY_ANSWERS,
+    git,
+    land_held,
+    make_repo,
+    phasegate_cli,
+    scripted_cartridge,
+)
 
 SENTINEL = "sk-sentinel-9f3b2c7d1e"
 
@@ -171,7 +178,7 @@ def test_a_leaking_agents_keys_appear_nowhere_in_store_forge_git_or_output(
     git(repo, "commit", "-q", "-m", "cartridge")
     engine, store = engine_for(repo)
 
-    row = engine.advance(engine.start("t", "ticket"))
+    row = land_held(engine, engine.advance(engine.start("t", "ticket")), "secret_in_change")
 
     assert row["status"] == "completed", row["error"]
     violations = [e["data"] for e in store.events(row["id"]) if e["type"] == "violation"]
@@ -254,7 +261,7 @@ def test_a_graph_build_diff_holding_a_base64_key_is_refused_before_it_is_a_propo
     repo = graph_repo(tmp_path, answers=answers)
     engine, store = engine_for(repo)
 
-    row = engine.advance(engine.start("t", "ticket"))
+    row = land_held(engine, engine.advance(engine.start("t", "ticket")), "secret_in_change")
 
     assert row["status"] == "completed", row["error"]
     violations = [e["data"] for e in store.events(row["id"]) if e["type"] == "violation"]
