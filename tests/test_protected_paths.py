@@ -191,3 +191,29 @@ def test_check_files_name_what_a_check_runs() -> None:
         ["src/x.py", ".github/workflows/a.yml", "deploy/prod.yml", "Makefile"], patterns
     )
     assert touched == (".github/workflows/a.yml", "Makefile")
+
+
+def test_the_dashboard_shows_the_hold_and_its_diff_and_approves_it(
+    tmp_path: Path, engine_for
+) -> None:
+    from fastapi.testclient import TestClient
+    from test_web import TOKEN, logged_in
+
+    from phasegate.web import Access, create_app
+    from phasegate.web.auth import CSRF_HEADER
+
+    repo = project(tmp_path, {".github/workflows/ci.yml": "on: never\\n"})
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("t", "ticket")
+    assert engine.advance(workflow_id)["status"] == "waiting"
+    with TestClient(create_app(engine, Access(token=TOKEN, user="bob"))) as client:
+        csrf = logged_in(client)
+        page = client.get(f"/workflows/{workflow_id}").text
+        assert "merge held for a person: the change touches protected paths: " in page
+        assert 'id="merge-hold-diff"' in page and "+on: never" in page
+        assert 'id="approve-merge"' in page
+        client.post(f"/workflows/{workflow_id}/approve-merge", headers={CSRF_HEADER: csrf})
+    row = engine.advance(workflow_id)
+    assert row["status"] == "completed"
+    approval = [m for m in store.milestones(workflow_id) if m.kind == "merge_approved"][-1]
+    assert approval.summary == "bob"
