@@ -584,6 +584,7 @@ def test_propose_refuses_a_cartridge_the_graph_cannot_run(tmp_path: Path) -> Non
     cartridge = (repo / CARTRIDGE_FILE).read_text()
     assert review in cartridge
     (repo / CARTRIDGE_FILE).write_text(cartridge.replace(review, ""))
+    git(repo, "commit", "-qam", "review unbound")  # what runs is the committed cartridge
     unbound = phasegate_cli("propose", "x", "--repo", str(repo))
     assert unbound.returncode == 2
     assert "the graph needs the roles review bound" in unbound.stderr

@@ -34,7 +34,7 @@ from phasegate.engine import Engine
 from phasegate.phases.attempts import ATTEMPT_TRAILER, account_build_runs
 from phasegate.store import Store, open_store
 
-from conftest import git, make_repo, phasegate_cli, scripted_cartridge
+from conftest import git, land_held, make_repo, phasegate_cli, scripted_cartridge
 
 ROLES = ("plan", "plan_review", "build", "review", "verification")
 PHASEGATE = Path(sys.executable).parent / "phasegate"
@@ -515,9 +515,14 @@ def test_a_build_agent_s_own_commit_and_revert_is_undone_and_its_retry_builds_it
         lab.configure(revert=("build-1",))
         workflow_id = lab.start()
 
-        lab.settle(workflow_id)
+        held = lab.settle(workflow_id, until=(*STOPPED, "waiting"))
+        # The undone commits are a violation of the round: its merge waits for a person.
+        assert held["status"] == "waiting", lab.log_tail()
+        assert held["state"]["merge_hold"]["violations"][0]["name"] == "ref_violation"
+        approve = phasegate_cli("approve-merge", workflow_id, "--repo", str(lab.repo))
+        assert approve.returncode == 0, approve.stdout + approve.stderr
 
-        row = lab.row(workflow_id)
+        row = lab.settle(workflow_id)
         assert row["status"] == "completed", lab.log_tail()
         assert git(lab.repo, "show", f"{row['merge_sha']}:log.txt").splitlines() == [LINE]
         assert "a line" not in git(lab.repo, "log", "--format=%s", row["merge_sha"])
@@ -570,7 +575,7 @@ def test_a_discarded_change_holding_a_key_is_accounted_for_without_keeping_the_k
     git(repo, "commit", "-q", "-m", "cartridge")
     engine, store = engine_for(repo)
 
-    row = engine.advance(engine.start("t", "ticket"))
+    row = land_held(engine, engine.advance(engine.start("t", "ticket")), "secret_in_change")
 
     assert row["status"] == "completed", row["error"]
     accounting = account_build_runs(store, repo, row["id"], row["merge_sha"])

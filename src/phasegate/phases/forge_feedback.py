@@ -94,7 +94,12 @@ def listen(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
     if approval is not None:
         return PhaseResult.advance(
             MERGE,
-            state={"heard_comments": ids, "merge_approved_by": approval.author},
+            # A person's approval, as approve-merge's: the merge gate lets it through.
+            state={
+                "heard_comments": ids,
+                "merge_approved": True,
+                "merge_approved_by": approval.author,
+            },
             milestones=(
                 MilestoneWrite(
                     "merge_approved",
