@@ -395,7 +395,7 @@ def test_a_workflow_asks_a_reviewer_without_a_verdict_again_and_completes(
     assert replay_check(run).identical
 
 
-def test_a_workflow_reviewer_that_never_gives_a_verdict_stops_the_graph_as_garbage(
+def test_a_workflow_reviewer_that_never_gives_a_verdict_stops_the_graph_and_pauses_at_the_cap(
     tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
 ) -> None:
     never = WORKFLOW_ANSWERS.replace('[[review]]\ntext = "Correct.\\nVERDICT: approve"\n', "")
@@ -403,11 +403,15 @@ def test_a_workflow_reviewer_that_never_gives_a_verdict_stops_the_graph_as_garba
     engine, store = engine_for(repo)
     workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
     row = engine.advance(workflow_id)
-    assert (row["current_phase"], row["status"]) == ("development", "failed"), row
-    assert "review agent failed 3 time(s); last: garbage: " + REVIEW_MISSING in row["error"]
+    # Paused for a person at limits.max_review_parse_failures (2), as an unreadable
+    # verifier is, not failed after 1 + limits.agent_retries (3) tries.
+    assert (row["current_phase"], row["status"]) == ("development", "paused"), row
+    assert row["error"].startswith("review gave no verdict it could read"), row["error"]
+    assert "limits.max_review_parse_failures = 2" in row["error"]
+    assert "review agent failed 2 time(s); last: garbage: " + REVIEW_MISSING in row["error"]
 
     reviews = [r for r in store.agent_runs(workflow_id) if r["role"] == "review"]
-    assert [r["outcome"] for r in reviews] == ["garbage"] * 3  # 1 + limits.agent_retries
+    assert [r["outcome"] for r in reviews] == ["garbage"] * 2
     # the graph stopped at review on the role's failure, named garbage; nothing proposed
     [graph_run] = [m for m in store.milestones(workflow_id) if m.kind == "graph_run"]
     stopped = graph_run.data["stopped"]

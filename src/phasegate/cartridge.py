@@ -90,6 +90,9 @@ ALL_ROLES = (*ROLE_SESSION_LINES, *GRAPH_OPTIONAL_ROLES)
 READ_ONLY_ROLES = frozenset(
     {"plan", "plan_review", "review", "verification", *GRAPH_OPTIONAL_ROLES}
 )
+#: Roles answering with a verdict on others' work: ``limits.max_review_parse_failures``
+#: answers without a readable one pause the workflow.
+REVIEW_ROLES = frozenset({"plan_review", "review"})
 
 
 class CartridgeError(PhasegateError):
@@ -110,6 +113,12 @@ class Limits(_Strict):
     )
     max_verification_attempts: int = Field(default=3, ge=1)
     max_verification_parse_failures: int = Field(default=2, ge=1)
+    max_review_parse_failures: int = Field(
+        default=2,
+        ge=1,
+        description="answers without a readable verdict a review role (plan_review, "
+        "review) may give in one go before the workflow pauses for a person",
+    )
     max_diff_bytes: int = Field(
         default=5_000_000,
         ge=1,
