@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from phasegate import __version__
 from phasegate._toml import TomlError, read_toml
 from phasegate.agents import DEFAULT_EXECUTABLES
+from phasegate.agents.env import check_env
 from phasegate.cartridge import (
     CARTRIDGE_FILE,
     GRAPH_MODE_ROLES,
@@ -47,6 +48,7 @@ from phasegate.cartridge import (
 )
 from phasegate.cartridge_agents import AGENT_PROGRAMS, resolve_agents
 from phasegate.cartridge_forge import ForgeSettings
+from phasegate.checks import command_problem
 from phasegate.discover import (
     AGENT_CLIS,
     MODEL_KEY_VARS,
@@ -401,7 +403,7 @@ def diagnose(
                 )
     forge: dict[str, str] = {}
     if cartridge is not None and root is not None:
-        _check_workflow(cartridge, root, missing, warnings)
+        _check_workflow(cartridge, root, env, missing, warnings)
         forge = _forge(cartridge, root, env, missing, warnings, offline=offline)
         hook_env = cartridge.notify.webhook_env
         if hook_env and not env.get(hook_env):
@@ -533,7 +535,11 @@ def _tracked_key(settings: ForgeSettings, root: Path, warnings: list[str]) -> No
 
 
 def _check_workflow(
-    cartridge: Cartridge, root: Path, missing: list[str], warnings: list[str]
+    cartridge: Cartridge,
+    root: Path,
+    environ: Mapping[str, str],
+    missing: list[str],
+    warnings: list[str],
 ) -> None:
     base = cartridge.workflow.base_branch
     if base is None:
@@ -548,6 +554,11 @@ def _check_workflow(
             missing.append(f"workflow.base_branch: the branch {base!r} does not exist")
     if not cartridge.landing_areas.checks:
         warnings.append("landing_areas.checks is empty: no check tests the agents' changes")
+    env = check_env(cartridge.landing_areas.pass_env, environ)  # what a check starts with
+    for i, command in enumerate(cartridge.landing_areas.checks):
+        problem = command_problem(command, env)
+        if problem is not None:  # every run would pause on it
+            missing.append(f"landing_areas.checks[{i}] cannot start: {problem}")
     problem = store_server_problem(cartridge.store_url(root))
     if problem is not None:  # every command would stop on it: a problem, not a warning
         missing.append(problem)
