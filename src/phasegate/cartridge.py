@@ -58,6 +58,7 @@ __all__ = [
     "RoleBinding",
     "Roles",
     "WorkRouting",
+    "cartridge_from_document",
     "load_cartridge",
 ]
 
@@ -404,9 +405,21 @@ def _unknown_profile(name: str, custom: Mapping[str, object]) -> str:
     )
 
 
+#: Problems a cartridge error lists one a line; the rest are counted.
+_ERRORS_SHOWN = 20
+
+
 def _format_errors(path: Path, exc: ValidationError) -> str:
+    """One line per problem, ``path: key: message``; past ``_ERRORS_SHOWN`` lines the
+    rest are counted in a last line, so a cartridge with 100,000 unknown keys is
+    refused in a screenful, not 100,000 lines."""
     lines = []
-    for error in exc.errors():
+    unknown = 0
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    for error in errors:
+        unknown += error["type"] == "extra_forbidden"
+        if len(lines) == _ERRORS_SHOWN:
+            continue
         key = ".".join(str(part) for part in error["loc"])
         message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
         message = message.removeprefix("Value error, ")
@@ -416,6 +429,11 @@ def _format_errors(path: Path, exc: ValidationError) -> str:
             lines.append(f"{path}: {message}")
         else:
             lines.append(f"{path}: {key}: {message}")
+    if len(errors) > len(lines):
+        lines.append(
+            f"{path}: … and {len(errors) - len(lines):,} more problems "
+            f"({unknown:,} unknown keys in all)"
+        )
     return "\n".join(lines)
 
 
@@ -428,8 +446,16 @@ def load_cartridge(repo: Path) -> Cartridge:
         raw = read_toml(path)
     except TomlError as exc:
         raise CartridgeError(str(exc)) from None
+    return cartridge_from_document(repo, raw)
+
+
+def cartridge_from_document(repo: Path, document: dict[str, Any]) -> Cartridge:
+    """Validate ``document``, the TOML of ``repo/phasegate.toml`` as read (for a
+    caller that reads it once for more than this). Raises CartridgeError naming
+    each key, past 20 problems counting the rest."""
+    path = repo / CARTRIDGE_FILE
     try:
-        cartridge = Cartridge.model_validate(raw)
+        cartridge = Cartridge.model_validate(document)
     except ValidationError as exc:
         raise CartridgeError(_format_errors(path, exc)) from None
     cartridge.landing_areas.worktree_dir(repo)  # raises naming the key

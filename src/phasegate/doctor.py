@@ -44,7 +44,7 @@ from phasegate.cartridge import (
     Cartridge,
     CartridgeError,
     RoleBinding,
-    load_cartridge,
+    cartridge_from_document,
 )
 from phasegate.cartridge_agents import AGENT_PROGRAMS, resolve_agents
 from phasegate.cartridge_forge import ForgeSettings
@@ -146,16 +146,15 @@ def _litellm_installed() -> bool:
     return importlib.util.find_spec("litellm") is not None
 
 
-def _read_roles(path: Path) -> dict[str, RoleBinding | str | None]:
+def _read_roles(raw: dict[str, Any] | None) -> dict[str, RoleBinding | str | None]:
     """Each role's binding, or the error of its own table: a cartridge that does not
-    load still shows which roles are fine. Empty when the file is not TOML.
+    load still shows which roles are fine. Empty when the file is not TOML (``raw``
+    None).
 
     The roles are those a valid cartridge's ``workflow_roles()`` would give: with
     ``[graph] enabled = true`` GRAPH_MODE_ROLES and the optional graph roles that
     have a table (plan_review is not asked in graph mode), else ROLE_SESSION_LINES."""
-    try:
-        raw = read_toml(path)
-    except TomlError:
+    if raw is None:
         return {}
     tables = raw.get("roles") if isinstance(raw.get("roles"), dict) else {}
     graph = raw.get("graph") if isinstance(raw.get("graph"), dict) else {}
@@ -384,10 +383,13 @@ def diagnose(
         if not path.is_file():
             missing.append(f"no cartridge: run `phasegate init` in {root}")
         else:
+            # Read once: the roles of a cartridge that does not load are read from it too.
+            raw: dict[str, Any] | None = None
             try:
-                cartridge = load_cartridge(root)
+                raw = read_toml(path)
+                cartridge = cartridge_from_document(root, raw)
                 cartridge_info["valid"] = True
-            except CartridgeError as exc:
+            except (TomlError, CartridgeError) as exc:
                 cartridge_info["error"] = str(exc)
                 missing.append(f"the cartridge is invalid: {exc}")
             bindings: dict[str, RoleBinding | str | None]
@@ -396,7 +398,7 @@ def diagnose(
                     name: getattr(cartridge.roles, name) for name in cartridge.workflow_roles()
                 }
             else:
-                bindings = _read_roles(path)
+                bindings = _read_roles(raw)
             for name, binding in bindings.items():
                 roles.append(
                     _role_status(name, binding, root, which, env, litellm, missing, warnings)
