@@ -63,6 +63,7 @@ from phasegate.forge.github_auth import ForgeAuth, forge_auth, repository_from_o
 from phasegate.sandbox import PROCESS_RUNNERS, SANDBOX_VAR, SandboxKind, bwrap_works, choose
 from phasegate.store import store_server_problem
 from phasegate.workspace import GitError, Workspace, git
+from phasegate.workspace_merge import scratch_note
 
 __all__ = ["AgentCli", "Diagnosis", "RoleStatus", "diagnose", "not_a_repository"]
 
@@ -403,6 +404,9 @@ def diagnose(
                 roles.append(
                     _role_status(name, binding, root, which, env, litellm, missing, warnings)
                 )
+    if root is not None:  # a branch a killed merge's scratch checkout still holds
+        for path, branch in Workspace().left_scratch_checkouts(root):
+            warnings.append(scratch_note(path, branch))
     forge: dict[str, str] = {}
     if cartridge is not None and root is not None:
         _check_workflow(cartridge, root, env, missing, warnings)
