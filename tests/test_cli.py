@@ -95,8 +95,10 @@ def test_status_and_show_of_a_completed_workflow(happy_repo: Path) -> None:
         "decisions",
         "cleanup",
         "violations",
+        "scratch_checkouts",
     }
     assert detail["violations"] == []  # the scripted agents overstepped nothing
+    assert detail["scratch_checkouts"] == []  # no merge was killed
     assert detail["cleanup"] == {"status": "completed", "reason": None, "attempts": 1}
     assert detail["workflow"] == {**detail["workflow"], **entry}
     # One clock for both commands: status's timestamps are UTC like show's.
