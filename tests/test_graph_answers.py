@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from phasegate import operations
 from phasegate.agents import ScriptedRunner
 from phasegate.cartridge import Cartridge, load_cartridge
 from phasegate.engine import Engine
@@ -424,3 +425,25 @@ def test_a_workflow_reviewer_that_never_gives_a_verdict_stops_the_graph_and_paus
         ("review", "garbage"),
     ]
     assert store.proposals(workflow_id=workflow_id) == []
+
+
+def test_a_workflow_paused_on_a_reviewer_without_a_verdict_resumes_the_same_run(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    twice = WORKFLOW_ANSWERS.replace(
+        f'[[review]]\ntext = "{NO_VERDICT}"\n',
+        f'[[review]]\ntext = "{NO_VERDICT}"\n\n[[review]]\ntext = "{NO_VERDICT}"\n',
+    )
+    repo = workflow_repo(tmp_path, twice)
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    row = engine.advance(workflow_id)
+    assert (row["current_phase"], row["status"]) == ("development", "paused"), row
+
+    operations.resume(engine, workflow_id, by="ana")
+    row = engine.advance(workflow_id)
+    assert (row["current_phase"], row["status"]) == ("completed", "completed"), row
+    reviews = [r["outcome"] for r in store.agent_runs(workflow_id) if r["role"] == "review"]
+    assert reviews == ["garbage", "garbage", "ok"]
+    # the same run went on: its plan and build were not asked again
+    assert [r["role"] for r in store.agent_runs(workflow_id)].count("build") == 1
