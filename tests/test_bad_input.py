@@ -10,7 +10,6 @@ or a file written where it should not be.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -164,26 +163,46 @@ def test_an_agent_that_exits_non_zero_is_retried_then_the_workflow_fails(
     assert f"reason: {flat(error)}" in text
 
 
-def test_a_reviewer_that_answers_garbage_is_retried_then_the_workflow_fails(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("role", "phase", "good"),
+    [
+        ("review", "pr_review", "VERDICT: approve"),
+        ("plan_review", "planning", "VERDICT: approve"),
+    ],
+)
+def test_a_review_role_that_answers_garbage_stops_at_the_cap_and_pauses_resumably(
+    tmp_path: Path, role: str, phase: str, good: str
 ) -> None:
-    answers = HAPPY_ANSWERS.replace(
-        '[[review]]\ntext = "VERDICT: approve"', '[[review]]\ntext = "Looks fine to me."'
+    # A command reviewer whose answer a person can fix: it prints a file outside the repository.
+    answer = tmp_path / "answer.txt"
+    answer.write_text("Looks fine to me.\n")
+    binding = f'runner = "command"\ncommand = {toml_string(f"cat {answer}")}\ntimeout = 30\n'
+    repo = make_project(
+        tmp_path,
+        extra="[limits]\nagent_retries = 4\nmax_review_parse_failures = 2\n",
+        role_overrides={role: binding},
     )
-    repo = make_project(tmp_path, answers, extra="[limits]\nagent_retries = 2\n")
     code, summary, _ = run_json(repo)
     assert code == 1
-    assert (summary["current_phase"], summary["status"]) == ("pr_review", "failed")
-
+    # Capped as the verifier is: two unreadable answers, not agent_retries + 1 = 5, then a
+    # pause a person resumes, never a failed workflow.
+    assert (summary["current_phase"], summary["status"]) == (phase, "paused")
     detail = show_json(repo, summary["id"])
-    error = detail["workflow"]["error"]
-    assert re.match(r"review agent failed 3 time\(s\); last: garbage: no verdict", error), error
-    assert "Looks fine to me." in error
-    reviews = runs_of(detail, "review")
-    assert len(reviews) == 2 + 1
-    assert {(r["outcome"], r["error_kind"]) for r in reviews} == {("garbage", "garbage")}
-    assert "pr_reviewed" not in kinds(detail)
-    assert f"reason: {flat(error)}" in show_text(repo, summary["id"])
+    reason = detail["workflow"]["error"]
+    assert reason.startswith(f"{role} gave no verdict it could read"), reason
+    assert "limits.max_review_parse_failures = 2" in reason
+    assert f"{role} agent failed 2 time(s); last: garbage: no verdict" in reason
+    assert f"roles.{role}" in reason and "phasegate resume" in reason
+    runs = runs_of(detail, role)
+    assert [(r["outcome"], r["error_kind"]) for r in runs] == [("garbage", "garbage")] * 2
+    assert f"reason: {flat(reason)}" in show_text(repo, summary["id"])
+
+    answer.write_text(f"{good}\n")
+    resumed = phasegate_cli("resume", summary["id"], "--repo", str(repo), "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["status"] == "completed"
+    detail = show_json(repo, summary["id"])
+    assert [r["outcome"] for r in runs_of(detail, role)] == ["garbage", "garbage", "ok"]
 
 
 def test_garbage_then_a_good_answer_recovers_and_completes(tmp_path: Path) -> None:

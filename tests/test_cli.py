@@ -96,12 +96,14 @@ def test_status_and_show_of_a_completed_workflow(happy_repo: Path) -> None:
         "cleanup",
         "violations",
         "merge_hold",
+        "scratch_checkouts",
     }
     assert detail["merge_hold"] is None  # nothing held it
     assert detail["workflow"]["cartridge_sha"] == git(
         happy_repo, "rev-parse", "main:phasegate.toml"
     )
     assert detail["violations"] == []  # the scripted agents overstepped nothing
+    assert detail["scratch_checkouts"] == []  # no merge was killed
     assert detail["cleanup"] == {"status": "completed", "reason": None, "attempts": 1}
     assert detail["workflow"] == {**detail["workflow"], **entry}
     # One clock for both commands: status's timestamps are UTC like show's.

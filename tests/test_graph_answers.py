@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from phasegate import operations
 from phasegate.agents import ScriptedRunner
 from phasegate.cartridge import Cartridge, load_cartridge
 from phasegate.engine import Engine
@@ -395,7 +396,7 @@ def test_a_workflow_asks_a_reviewer_without_a_verdict_again_and_completes(
     assert replay_check(run).identical
 
 
-def test_a_workflow_reviewer_that_never_gives_a_verdict_stops_the_graph_as_garbage(
+def test_a_workflow_reviewer_that_never_gives_a_verdict_stops_the_graph_and_pauses_at_the_cap(
     tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
 ) -> None:
     never = WORKFLOW_ANSWERS.replace('[[review]]\ntext = "Correct.\\nVERDICT: approve"\n', "")
@@ -403,11 +404,15 @@ def test_a_workflow_reviewer_that_never_gives_a_verdict_stops_the_graph_as_garba
     engine, store = engine_for(repo)
     workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
     row = engine.advance(workflow_id)
-    assert (row["current_phase"], row["status"]) == ("development", "failed"), row
-    assert "review agent failed 3 time(s); last: garbage: " + REVIEW_MISSING in row["error"]
+    # Paused for a person at limits.max_review_parse_failures (2), as an unreadable
+    # verifier is, not failed after 1 + limits.agent_retries (3) tries.
+    assert (row["current_phase"], row["status"]) == ("development", "paused"), row
+    assert row["error"].startswith("review gave no verdict it could read"), row["error"]
+    assert "limits.max_review_parse_failures = 2" in row["error"]
+    assert "review agent failed 2 time(s); last: garbage: " + REVIEW_MISSING in row["error"]
 
     reviews = [r for r in store.agent_runs(workflow_id) if r["role"] == "review"]
-    assert [r["outcome"] for r in reviews] == ["garbage"] * 3  # 1 + limits.agent_retries
+    assert [r["outcome"] for r in reviews] == ["garbage"] * 2
     # the graph stopped at review on the role's failure, named garbage; nothing proposed
     [graph_run] = [m for m in store.milestones(workflow_id) if m.kind == "graph_run"]
     stopped = graph_run.data["stopped"]
@@ -420,3 +425,25 @@ def test_a_workflow_reviewer_that_never_gives_a_verdict_stops_the_graph_as_garba
         ("review", "garbage"),
     ]
     assert store.proposals(workflow_id=workflow_id) == []
+
+
+def test_a_workflow_paused_on_a_reviewer_without_a_verdict_resumes_the_same_run(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    twice = WORKFLOW_ANSWERS.replace(
+        f'[[review]]\ntext = "{NO_VERDICT}"\n',
+        f'[[review]]\ntext = "{NO_VERDICT}"\n\n[[review]]\ntext = "{NO_VERDICT}"\n',
+    )
+    repo = workflow_repo(tmp_path, twice)
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add feature.txt", "feature.txt holds 'the feature'")
+    row = engine.advance(workflow_id)
+    assert (row["current_phase"], row["status"]) == ("development", "paused"), row
+
+    operations.resume(engine, workflow_id, by="ana")
+    row = engine.advance(workflow_id)
+    assert (row["current_phase"], row["status"]) == ("completed", "completed"), row
+    reviews = [r["outcome"] for r in store.agent_runs(workflow_id) if r["role"] == "review"]
+    assert reviews == ["garbage", "garbage", "ok"]
+    # the same run went on: its plan and build were not asked again
+    assert [r["role"] for r in store.agent_runs(workflow_id)].count("build") == 1

@@ -182,7 +182,8 @@ def _run(
         )
     except OSError as exc:
         os.close(status_r)
-        raise SpawnError(exc.errno, f"cannot start {args!r}: {exc}") from exc
+        shown = repr(args) if len(repr(args)) <= 300 else f"{repr(args)[:300]}…"  # may be huge
+        raise SpawnError(exc.errno, f"cannot start {shown}: {exc}") from exc
     finally:
         os.close(status_w)
     # Written after Popen, yet no window is left unjournaled: a phasegate

@@ -62,6 +62,7 @@ __all__ = [
     "Roles",
     "WorkRouting",
     "blob_sha",
+    "cartridge_from_document",
     "load_cartridge",
     "load_committed_cartridge",
 ]
@@ -95,6 +96,9 @@ ALL_ROLES = (*ROLE_SESSION_LINES, *GRAPH_OPTIONAL_ROLES)
 READ_ONLY_ROLES = frozenset(
     {"plan", "plan_review", "review", "verification", *GRAPH_OPTIONAL_ROLES}
 )
+#: Roles answering with a verdict on others' work: ``limits.max_review_parse_failures``
+#: answers without a readable one pause the workflow.
+REVIEW_ROLES = frozenset({"plan_review", "review"})
 
 
 class CartridgeError(PhasegateError):
@@ -115,6 +119,12 @@ class Limits(_Strict):
     )
     max_verification_attempts: int = Field(default=3, ge=1)
     max_verification_parse_failures: int = Field(default=2, ge=1)
+    max_review_parse_failures: int = Field(
+        default=2,
+        ge=1,
+        description="answers without a readable verdict a review role (plan_review, "
+        "review) may give in one go before the workflow pauses for a person",
+    )
     max_diff_bytes: int = Field(
         default=5_000_000,
         ge=1,
@@ -425,9 +435,21 @@ def _unknown_profile(name: str, custom: Mapping[str, object]) -> str:
     )
 
 
+#: Problems a cartridge error lists one a line; the rest are counted.
+_ERRORS_SHOWN = 20
+
+
 def _format_errors(path: Path, exc: ValidationError) -> str:
+    """One line per problem, ``path: key: message``; past ``_ERRORS_SHOWN`` lines the
+    rest are counted in a last line, so a cartridge with 100,000 unknown keys is
+    refused in a screenful, not 100,000 lines."""
     lines = []
-    for error in exc.errors():
+    unknown = 0
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    for error in errors:
+        unknown += error["type"] == "extra_forbidden"
+        if len(lines) == _ERRORS_SHOWN:
+            continue
         key = ".".join(str(part) for part in error["loc"])
         message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
         message = message.removeprefix("Value error, ")
@@ -437,22 +459,17 @@ def _format_errors(path: Path, exc: ValidationError) -> str:
             lines.append(f"{path}: {message}")
         else:
             lines.append(f"{path}: {key}: {message}")
+    if len(errors) > len(lines):
+        lines.append(
+            f"{path}: … and {len(errors) - len(lines):,} more problems "
+            f"({unknown:,} unknown keys in all)"
+        )
     return "\n".join(lines)
 
 
 def blob_sha(data: bytes) -> str:
     """``data``'s git blob id, as ``git hash-object`` computes it."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
-
-
-def _validated(raw: dict[str, Any], repo: Path, where: Path, sha: str) -> Cartridge:
-    try:
-        cartridge = Cartridge.model_validate(raw)
-    except ValidationError as exc:
-        raise CartridgeError(_format_errors(where, exc)) from None
-    cartridge.landing_areas.worktree_dir(repo)  # raises naming the key
-    cartridge._source_sha = sha
-    return cartridge
 
 
 def load_cartridge(repo: Path) -> Cartridge:
@@ -465,7 +482,7 @@ def load_cartridge(repo: Path) -> Cartridge:
         raw = read_toml(path)
     except TomlError as exc:
         raise CartridgeError(str(exc)) from None
-    return _validated(raw, repo, path, blob_sha(path.read_bytes()))
+    return cartridge_from_document(repo, raw, sha=blob_sha(path.read_bytes()))
 
 
 def load_committed_cartridge(repo: Path) -> tuple[Cartridge, str | None]:
@@ -507,8 +524,24 @@ def load_committed_cartridge(repo: Path) -> tuple[Cartridge, str | None]:
         raw = parse_toml(text, str(where))
     except TomlError as exc:
         raise CartridgeError(str(exc)) from None
-    cartridge = _validated(raw, repo, where, committed)
+    cartridge = cartridge_from_document(repo, raw, where=where, sha=committed)
     return cartridge, (
         f"{CARTRIDGE_FILE} in the checkout differs from the one committed on {base}; "
         "workflows run under the committed one (commit your edits to use them)"
     )
+
+
+def cartridge_from_document(
+    repo: Path, document: dict[str, Any], *, where: Path | None = None, sha: str | None = None
+) -> Cartridge:
+    """Validate ``document``, the TOML of ``repo/phasegate.toml`` as read (for a
+    caller that reads it once for more than this); ``where`` names it in errors
+    (default: the checkout's file), ``sha`` is its git blob (``source_sha``).
+    Raises CartridgeError naming each key, past 20 problems counting the rest."""
+    try:
+        cartridge = Cartridge.model_validate(document)
+    except ValidationError as exc:
+        raise CartridgeError(_format_errors(where or repo / CARTRIDGE_FILE, exc)) from None
+    cartridge.landing_areas.worktree_dir(repo)  # raises naming the key
+    cartridge._source_sha = sha
+    return cartridge

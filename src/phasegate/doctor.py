@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from phasegate import __version__
 from phasegate._toml import TomlError, read_toml
 from phasegate.agents import DEFAULT_EXECUTABLES
+from phasegate.agents.env import check_env
 from phasegate.cartridge import (
     CARTRIDGE_FILE,
     GRAPH_MODE_ROLES,
@@ -43,10 +44,11 @@ from phasegate.cartridge import (
     Cartridge,
     CartridgeError,
     RoleBinding,
-    load_cartridge,
+    cartridge_from_document,
 )
 from phasegate.cartridge_agents import AGENT_PROGRAMS, resolve_agents
 from phasegate.cartridge_forge import ForgeSettings
+from phasegate.checks import command_problem
 from phasegate.discover import (
     AGENT_CLIS,
     MODEL_KEY_VARS,
@@ -61,6 +63,7 @@ from phasegate.forge.github_auth import ForgeAuth, forge_auth, repository_from_o
 from phasegate.sandbox import PROCESS_RUNNERS, SANDBOX_VAR, SandboxKind, bwrap_works, choose
 from phasegate.store import store_server_problem
 from phasegate.workspace import GitError, Workspace, git
+from phasegate.workspace_merge import scratch_note
 
 __all__ = ["AgentCli", "Diagnosis", "RoleStatus", "diagnose", "not_a_repository"]
 
@@ -144,16 +147,15 @@ def _litellm_installed() -> bool:
     return importlib.util.find_spec("litellm") is not None
 
 
-def _read_roles(path: Path) -> dict[str, RoleBinding | str | None]:
+def _read_roles(raw: dict[str, Any] | None) -> dict[str, RoleBinding | str | None]:
     """Each role's binding, or the error of its own table: a cartridge that does not
-    load still shows which roles are fine. Empty when the file is not TOML.
+    load still shows which roles are fine. Empty when the file is not TOML (``raw``
+    None).
 
     The roles are those a valid cartridge's ``workflow_roles()`` would give: with
     ``[graph] enabled = true`` GRAPH_MODE_ROLES and the optional graph roles that
     have a table (plan_review is not asked in graph mode), else ROLE_SESSION_LINES."""
-    try:
-        raw = read_toml(path)
-    except TomlError:
+    if raw is None:
         return {}
     tables = raw.get("roles") if isinstance(raw.get("roles"), dict) else {}
     graph = raw.get("graph") if isinstance(raw.get("graph"), dict) else {}
@@ -382,10 +384,13 @@ def diagnose(
         if not path.is_file():
             missing.append(f"no cartridge: run `phasegate init` in {root}")
         else:
+            # Read once: the roles of a cartridge that does not load are read from it too.
+            raw: dict[str, Any] | None = None
             try:
-                cartridge = load_cartridge(root)
+                raw = read_toml(path)
+                cartridge = cartridge_from_document(root, raw)
                 cartridge_info["valid"] = True
-            except CartridgeError as exc:
+            except (TomlError, CartridgeError) as exc:
                 cartridge_info["error"] = str(exc)
                 missing.append(f"the cartridge is invalid: {exc}")
             bindings: dict[str, RoleBinding | str | None]
@@ -394,14 +399,17 @@ def diagnose(
                     name: getattr(cartridge.roles, name) for name in cartridge.workflow_roles()
                 }
             else:
-                bindings = _read_roles(path)
+                bindings = _read_roles(raw)
             for name, binding in bindings.items():
                 roles.append(
                     _role_status(name, binding, root, which, env, litellm, missing, warnings)
                 )
+    if root is not None:  # a branch a killed merge's scratch checkout still holds
+        for path, branch in Workspace().left_scratch_checkouts(root):
+            warnings.append(scratch_note(path, branch))
     forge: dict[str, str] = {}
     if cartridge is not None and root is not None:
-        _check_workflow(cartridge, root, missing, warnings)
+        _check_workflow(cartridge, root, env, missing, warnings)
         forge = _forge(cartridge, root, env, missing, warnings, offline=offline)
         hook_env = cartridge.notify.webhook_env
         if hook_env and not env.get(hook_env):
@@ -533,7 +541,11 @@ def _tracked_key(settings: ForgeSettings, root: Path, warnings: list[str]) -> No
 
 
 def _check_workflow(
-    cartridge: Cartridge, root: Path, missing: list[str], warnings: list[str]
+    cartridge: Cartridge,
+    root: Path,
+    environ: Mapping[str, str],
+    missing: list[str],
+    warnings: list[str],
 ) -> None:
     base = cartridge.workflow.base_branch
     if base is None:
@@ -548,6 +560,11 @@ def _check_workflow(
             missing.append(f"workflow.base_branch: the branch {base!r} does not exist")
     if not cartridge.landing_areas.checks:
         warnings.append("landing_areas.checks is empty: no check tests the agents' changes")
+    env = check_env(cartridge.landing_areas.pass_env, environ)  # what a check starts with
+    for i, command in enumerate(cartridge.landing_areas.checks):
+        problem = command_problem(command, env)
+        if problem is not None:  # every run would pause on it
+            missing.append(f"landing_areas.checks[{i}] cannot start: {problem}")
     problem = store_server_problem(cartridge.store_url(root))
     if problem is not None:  # every command would stop on it: a problem, not a warning
         missing.append(problem)

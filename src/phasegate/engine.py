@@ -41,6 +41,7 @@ from phasegate.agents.base import Runner
 from phasegate.agents.env import cartridge_secrets, redact
 from phasegate.agents.service import AgentService
 from phasegate.cartridge import CARTRIDGE_FILE, Cartridge, CartridgeError
+from phasegate.checks import CheckUnstartable
 from phasegate.clock import Clock, SystemClock
 from phasegate.contract import (
     COMPLETED,
@@ -515,6 +516,12 @@ class Engine:
             return False
         except (FenceLost, StoreUnavailable):
             raise  # not the phase's failure: the worker's, or the store's
+        except CheckUnstartable as exc:  # the cartridge's to fix: no phase's failure
+            log.warning("phase %s of %s paused: %s", ctx.current_phase, ctx.id, exc)
+            result = PhaseResult(
+                "pause",
+                reason=f"{ctx.current_phase}: {exc}; fix it in {CARTRIDGE_FILE}, then resume",
+            )
         except GitTransient as exc:  # git kept failing on a lock: resume retries
             log.warning("phase %s of %s paused: %s", ctx.current_phase, ctx.id, exc)
             result = PhaseResult("pause", reason=f"{ctx.current_phase}: {exc}")

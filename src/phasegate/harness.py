@@ -46,7 +46,7 @@ from phasegate.agents.service import (
     secret_in_diff_answer,
 )
 from phasegate.autonomy import AutonomyPolicy
-from phasegate.cartridge import Cartridge
+from phasegate.cartridge import REVIEW_ROLES, Cartridge
 from phasegate.contract import PhasegateError, WorkflowContext, WorkflowPaused
 from phasegate.graph import (
     AgentCall,
@@ -241,8 +241,10 @@ class WorkflowAnswers:
     ``cwd``, and each answer is kept before it is returned. An answer the
     node that asked could not use (``graph.answer_problem``) is garbage to
     the service: recorded in agent_runs and asked again within
-    ``limits.agent_retries``; only the accepted answer is kept, and a role
-    that answered garbage every time answers with error kind ``garbage``.
+    ``limits.agent_retries`` (a review role's within
+    ``limits.max_review_parse_failures``); only the accepted answer is kept,
+    and a role that answered garbage every time answers with error kind
+    ``garbage``.
     The graph is pure, so a phase killed at any moment is re-driven from its
     kept answers and asks the agents only what it never got an answer to (or
     what failed: a run resumed after a spend cap was raised asks that call
@@ -305,6 +307,11 @@ class WorkflowAnswers:
                 session_line=f"{self.session_tag}:{call.thread}"[:32],
                 read_only=True,
                 parse=_usable_for(call),
+                garbage_limit=(
+                    self.agents.cartridge.limits.max_review_parse_failures
+                    if call.role in REVIEW_ROLES
+                    else None
+                ),
             )
         except AgentFailed as exc:
             return Answer("", error_kind=exc.kind, error=str(exc)[:4000])

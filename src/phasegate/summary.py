@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from phasegate.contract import AWAITING_APPROVAL
 from phasegate.profiles import AutomationProfile, decisions_of
 from phasegate.store import Store
+from phasegate.workspace import GitError, Workspace
+from phasegate.workspace_merge import scratch_note
 
 __all__ = ["iso", "lease_holder", "workflow_detail", "workflow_summary"]
 
@@ -96,7 +99,10 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
     ``milestones``, ``agent_runs``, ``report`` (spec 000's payload, or None),
     ``violations``, ``decisions`` (spec 003's reversion records), ``cleanup`` and
     ``merge_hold`` (``MergeHold.as_state``: reason, protected, violations, diff,
-    head; None unless a waiting merge is held). Raises WorkflowNotFound."""
+    head; None unless a waiting merge is held) and ``scratch_checkouts`` (each
+    ``{"path", "branch", "note"}``: a scratch checkout a killed merge left in the
+    workflow's repository, holding a branch the person cannot check out
+    meanwhile). Raises WorkflowNotFound."""
     row = store.workflow_row(workflow_id)
     milestones = store.milestone_rows(workflow_id)
     phases = [e for e in store.events(workflow_id) if e["type"] == "phase_change"]
@@ -121,7 +127,23 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
         "cleanup": _cleanup_of(milestones),
         # what keeps the merge from going unattended (phases/merge_gate.py), while it waits
         "merge_hold": row["state"].get("merge_hold") if row["current_phase"] == "wait" else None,
+        "scratch_checkouts": _scratch_checkouts(row.get("repo_path")),
     }
+
+
+def _scratch_checkouts(repo_path: str | None) -> list[dict[str, str]]:
+    """The scratch checkouts a killed merge left holding a branch in ``repo_path``
+    (``Workspace.left_scratch_checkouts``); [] when the repository is gone."""
+    if not repo_path or not Path(repo_path).is_dir():
+        return []
+    try:
+        left = Workspace().left_scratch_checkouts(Path(repo_path))
+    except (GitError, OSError):  # not a repository (any more), or not ours to read
+        return []
+    return [
+        {"path": str(path), "branch": branch, "note": scratch_note(path, branch)}
+        for path, branch in left
+    ]
 
 
 def _cleanup_of(milestones: list[dict[str, Any]]) -> dict[str, Any] | None:

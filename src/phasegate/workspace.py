@@ -170,10 +170,12 @@ class Workspace(BaseMerging):
         config, packed-refs and ref locks, in the common directory and every
         worktree's git dir), unlocks worktrees a killed ``git worktree add``
         left locked ("initializing") while no git runs in the repository
-        (an add in flight looks the same), and prunes registrations whose
-        directory is gone. A lock a live process holds, and a worktree a
-        person locked, are left alone. Raises GitError when ``repo`` is not a
-        repository.
+        (an add in flight looks the same), prunes registrations whose
+        directory is gone, and removes the scratch checkout a killed merge
+        left holding its base (``release_scratch_checkouts``), which would
+        keep the person from checking the base out. A lock a live process
+        holds, a live merge's scratch checkout and a worktree a person locked
+        are left alone. Raises GitError when ``repo`` is not a repository.
         """
         common = self.common_dir(repo)
         notes = [f"removed stale {p}" for p in _repair.remove_stale_locks(common)]
@@ -196,7 +198,7 @@ class Workspace(BaseMerging):
                 raise GitError(f"git worktree unlock {entry.path}: {proc.stderr.strip()}")
         if listed is None or any(e.prunable for e in listed):
             git(["worktree", "prune"], repo)
-        return notes
+        return notes + self.release_scratch_checkouts(repo)
 
     def _prune(self, repo: Path) -> None:
         """``git worktree prune`` when a registration is prunable, or when the git

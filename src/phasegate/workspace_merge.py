@@ -7,6 +7,7 @@ defines. Errors as there: ``GitError``, ``GitTransient``, ``DirtyCheckout``.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -111,6 +112,62 @@ class BaseMerging:
         cleared by the next run, and never shows up as an untracked file.
         """
         return own_path(self.common_dir(repo), name).resolve()
+
+    def scratch_holders(self, repo: Path) -> list[tuple[Path, str]]:
+        """phasegate's own checkouts (under ``<common>/phasegate/``) that hold a
+        branch, each with the branch: a merge's scratch worktree, while it merges
+        or after it was killed. Read from git's files (no git call, nothing changed)."""
+        own = (self.common_dir(repo) / "phasegate").resolve()
+        return [
+            (path, branch)
+            for path, branch in self._registered_worktrees(repo).items()
+            if branch is not None and path.parent == own
+        ]
+
+    def left_scratch_checkouts(self, repo: Path) -> list[tuple[Path, str]]:
+        """``scratch_holders`` that no live merge holds (the repository's merge lock
+        is free): what a killed merge left holding its base, so the person cannot
+        check the base out. Changes nothing but the lock file's existence."""
+        if not self.scratch_holders(repo):
+            return []
+        with self._merge_lock_if_free(repo) as free:
+            return self.scratch_holders(repo) if free else []
+
+    def release_scratch_checkouts(self, repo: Path) -> list[str]:
+        """Remove every scratch checkout a killed merge left holding a branch,
+        releasing the branch; returns what was done. A scratch checkout of a live
+        merge (its merge lock held, in this process too) is that merge's: left
+        alone, and removed by the merge itself. Raises GitError."""
+        if not self.scratch_holders(repo):
+            return []
+        notes = []
+        with self._merge_lock_if_free(repo) as free:
+            if not free:
+                return []
+            for path, branch in self.scratch_holders(repo):  # looked at again, under the lock
+                self._drop_worktree(repo, path)
+                notes.append(
+                    f"removed the scratch checkout {path} a killed merge left holding {branch}"
+                )
+            git(["worktree", "prune"], repo)
+        return notes
+
+    @contextmanager
+    def _merge_lock_if_free(self, repo: Path) -> Iterator[bool]:
+        """Hold the merge lock (``merge_lock``) for the block when nobody holds it;
+        yields whether it is held here. Never waits."""
+        path = self.common_dir(repo) / "phasegate" / "merge.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def merge_into_base(self, repo: Path, base: str, branch: str, message: str) -> str:
         """A real ``git merge --no-ff branch`` into ``base``; return the merge SHA.
@@ -262,6 +319,17 @@ class BaseMerging:
         path = self.common_dir(repo) / "phasegate" / "merge.lock"
         with repository_flock(path, timeout_s, poll_s=0.05):
             yield
+
+
+def scratch_note(path: Path, branch: str) -> str:
+    """What a person is told of a scratch checkout a killed merge left holding
+    ``branch`` (``left_scratch_checkouts``): what it blocks and how to free it."""
+    return (
+        f"the scratch checkout {path} holds {branch}, left there by a merge that was "
+        f"killed: `git checkout {branch}` fails until it is freed; the next "
+        "`phasegate resume`, `run` or `worker` frees it, or now: "
+        f"`git worktree remove --force {path}`"
+    )
 
 
 _OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")

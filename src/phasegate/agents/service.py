@@ -170,10 +170,13 @@ class AgentService:
         retries: int | None = None,
         session_line: str | None = None,
         read_only: bool | None = None,
+        garbage_limit: int | None = None,
     ) -> Answer:
         """Call ``role`` until it answers and ``parse`` accepts the answer.
 
-        Tries ``1 + retries`` times (default ``limits.agent_retries``); every
+        Tries ``1 + retries`` times (default ``limits.agent_retries``), and
+        stops after ``garbage_limit`` answers ``parse`` refused (None: no such
+        cap; a review role's ``limits.max_review_parse_failures``); every
         try is recorded in ``agent_runs`` with its usage, its text and error
         with every secret value redacted. While the agent runs, what it prints
         is written as throttled, redacted, bounded ``agent_output`` events
@@ -203,6 +206,7 @@ class AgentService:
         tries = 1 + (self.cartridge.limits.agent_retries if retries is None else retries)
         kind, detail = "runner_error", "not run"
         made = 0  # calls that ran: what the failure message counts
+        garbage = 0  # answers parse refused
         for _ in range(tries):
             if self.cancel.is_set():
                 raise WorkflowPaused(f"shutdown before the {role} agent ran")
@@ -313,6 +317,9 @@ class AgentService:
                 return Answer(result, parsed)
             if kind == "budget":
                 break  # another try would only spend more
+            garbage += outcome == "garbage"
+            if garbage_limit is not None and garbage >= garbage_limit:
+                break  # the phase pauses on it: another unreadable answer would only cost
         raise AgentFailed(role, made, kind, detail)
 
     def _emit_live(self, workflow_id: str, event: EventWrite) -> None:

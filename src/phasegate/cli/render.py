@@ -319,6 +319,8 @@ def _print_detail(detail: Mapping[str, Any]) -> None:
             f"  the merge landed; fix that, then `phasegate cleanup {s['id']}`",
             highlight=False,
         )
+    for scratch in detail.get("scratch_checkouts", ()):
+        console.print(f"  [yellow]{shown(scratch['note'])}[/yellow]", highlight=False)
     _print_decisions(detail["decisions"])
     _print_violations(detail["violations"])
     _print_hold(detail.get("merge_hold"), s["id"], s["merge_approved_by"])

@@ -28,6 +28,8 @@ __all__ = [
     "agent_failure",
     "developed",
     "failure_result",
+    "review_failure",
+    "review_failure_result",
     "verdict_parser",
     "worktree_of",
 ]
@@ -89,6 +91,41 @@ def agent_failure(
     cap stopped the work (reason ``budget: ...``; a person raises the cap and
     resumes), never a crash."""
     return failure_result(exc.kind, str(exc), milestones=milestones, **result)
+
+
+def review_failure(
+    exc: AgentFailed, limit: int, *, milestones: tuple[MilestoneWrite, ...] = (), **result: Any
+) -> PhaseResult:
+    """``agent_failure`` for a review role (plan_review, review): one that gave no
+    verdict it could read pauses the workflow, as an unreadable verifier does
+    (``review_failure_result``)."""
+    return review_failure_result(
+        exc.role, exc.kind, str(exc), limit, milestones=milestones, **result
+    )
+
+
+def review_failure_result(
+    role: str,
+    kind: str,
+    message: str,
+    limit: int,
+    *,
+    milestones: tuple[MilestoneWrite, ...] = (),
+    **result: Any,
+) -> PhaseResult:
+    """``failure_result`` for the review role ``role``: an error of kind
+    ``garbage`` (no verdict it could read, ``limit`` times: the cartridge's
+    ``limits.max_review_parse_failures``) pauses, naming the role and the cap;
+    a person fixes the role's binding or prompt and resumes, and the phase
+    asks again. Any other kind is ``failure_result``'s."""
+    if kind != "garbage":
+        return failure_result(kind, message, milestones=milestones, **result)
+    reason = (
+        f"{role} gave no verdict it could read, and stopped at the cap "
+        f"(limits.max_review_parse_failures = {limit}): {message}; fix roles.{role} "
+        "(its model, command or prompt), then `phasegate resume`"
+    )
+    return PhaseResult("pause", reason=reason, milestones=milestones, **result)
 
 
 def failure_result(

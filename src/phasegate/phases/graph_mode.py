@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from phasegate.autonomy import AutonomyPolicy
+from phasegate.cartridge import REVIEW_ROLES
 from phasegate.contract import (
     AWAITING_APPROVAL,
     DEVELOPMENT,
@@ -50,7 +51,12 @@ from phasegate.harness import (
     check_proposals,
     with_harness,
 )
-from phasegate.phases.deps import PhaseDeps, failure_result, worktree_of
+from phasegate.phases.deps import (
+    PhaseDeps,
+    failure_result,
+    review_failure_result,
+    worktree_of,
+)
 from phasegate.phases.graph_apply import PROPOSAL_TRAILER, apply_draft
 from phasegate.phases.graph_review import evidence_of, review
 from phasegate.phases.limits import limit_reached
@@ -141,6 +147,7 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         # answers kept are replayed and only the failed call is asked again.
         agents = _agents_failed(
             planned,
+            review_limit=deps.limits.max_review_parse_failures,
             state={"sync_base": False} if "sync_base" in started else {},
             milestones=(_plan_failed(run, key, why, stop),),
         )
@@ -307,7 +314,13 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             summary=f"run {run['graph_run']}: {_why_nothing(record)}"[:500],
             data={"run_id": run["graph_run"], "stopped": record["stopped"], "open": True},
         )
-        failed = _agents_failed(record, state=started, milestones=(stopped,), updates=updates)
+        failed = _agents_failed(
+            record,
+            state=started,
+            milestones=(stopped,),
+            updates=updates,
+            review_limit=deps.limits.max_review_parse_failures,
+        )
         assert failed is not None
         return failed
     rows = deps.store.proposals(run_id=str(run["graph_run"]))
@@ -494,10 +507,13 @@ def _agents_failed(
     state: dict[str, Any],
     milestones: tuple[MilestoneWrite, ...],
     updates: dict[str, Any] | None = None,
+    review_limit: int = 0,
 ) -> PhaseResult | None:
     """The result of a run an agent's failure ended, as outside graph mode: a spend cap
-    reached pauses (``budget: ...``), a role that failed every try fails the workflow.
-    None when the run ended for another reason (a verdict, a fix loop stop)."""
+    reached pauses (``budget: ...``), a review role without a readable verdict
+    ``review_limit`` times (``limits.max_review_parse_failures``) pauses, any other
+    role that failed every try fails the workflow. None when the run ended for
+    another reason (a verdict, a fix loop stop)."""
     stopped = record.get("stopped") or {}
     loop = record.get("fix_loop") or {}
     if stopped.get("reason") != "agent_failed" and loop.get("stop") != "budget":
@@ -507,6 +523,16 @@ def _agents_failed(
         return None
     last = failures[-1]
     message = str(last.get("error") or f"{last['role']}: {last['error_kind']}")
+    if last["role"] in REVIEW_ROLES:
+        return review_failure_result(
+            str(last["role"]),
+            str(last["error_kind"]),
+            message,
+            review_limit,
+            state=state,
+            milestones=milestones,
+            updates=dict(updates or {}),
+        )
     return failure_result(
         str(last["error_kind"]),
         message,

@@ -28,7 +28,8 @@ planning).
   (issue 9, item 10): a ``limit_reached`` milestone (the report lists it)
   and state.carried_findings, which the build prompt holds.
 - terminal outcomes: completed → development; retry (next round); pause
-  (planning_timeout); failed (the agents failed every try).
+  (planning_timeout, or a plan_review that gave no readable verdict
+  limits.max_review_parse_failures times); failed (the agents failed every try).
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ from __future__ import annotations
 from phasegate.agents.service import AgentFailed
 from phasegate.contract import DEVELOPMENT, PLANNING, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.phases import graph_mode
-from phasegate.phases.deps import PhaseDeps, agent_failure, non_empty, verdict_parser, worktree_of
+from phasegate.phases.deps import (
+    PhaseDeps,
+    agent_failure,
+    non_empty,
+    review_failure,
+    verdict_parser,
+    worktree_of,
+)
 from phasegate.phases.limits import limit_reached
 
 __all__ = ["run"]
@@ -101,6 +109,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             cwd,
             round=round_num,
             parse=verdict_parser(("approve", "revise")),
+            garbage_limit=deps.limits.max_review_parse_failures,
         ).parsed
     except AgentFailed as exc:
         failed = MilestoneWrite(
@@ -110,6 +119,8 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             return PhaseResult(
                 "pause", status="planning_timeout", reason=str(exc), milestones=(failed,)
             )
+        if exc.role == "plan_review":
+            return review_failure(exc, deps.limits.max_review_parse_failures, milestones=(failed,))
         return agent_failure(exc, milestones=(failed,))
 
     if ctx.issue_number:

@@ -28,8 +28,10 @@ until limits.max_pr_review_rounds.
   person's ``resume`` (or ``feedback``) of a workflow stopped at the cap does
   not review the same diff again: it sends the change back to development
   with the last review as its input and a fresh set of review rounds.
-- recovery behavior: a review agent that fails every try → failed; shutdown
-  → WorkflowPaused, nothing committed.
+- recovery behavior: a review agent that fails every try → failed; one that
+  gives no readable verdict limits.max_review_parse_failures times → paused
+  (resumable, as acceptance_verification's verifier); shutdown →
+  WorkflowPaused, nothing committed.
 - terminal outcomes: completed → report; completed → development;
   completed → planning (reversion); pause (review rounds exhausted); failed.
 """
@@ -49,7 +51,7 @@ from phasegate.contract import (
     WorkflowContext,
 )
 from phasegate.phases import ci, graph_mode
-from phasegate.phases.deps import PhaseDeps, agent_failure, verdict_parser, worktree_of
+from phasegate.phases.deps import PhaseDeps, review_failure, verdict_parser, worktree_of
 from phasegate.phases.limits import limit_reached, reason_with
 from phasegate.profiles import reversion_or_stop
 
@@ -138,9 +140,10 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             worktree_of(ctx),
             round=round_num,
             parse=verdict_parser(("approve", "request_changes")),
+            garbage_limit=deps.limits.max_review_parse_failures,
         ).parsed
     except AgentFailed as exc:
-        return agent_failure(exc, updates={"pr_number": pr})
+        return review_failure(exc, deps.limits.max_review_parse_failures, updates={"pr_number": pr})
 
     reviewed = MilestoneWrite(
         "pr_reviewed",
