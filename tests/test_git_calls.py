@@ -32,8 +32,9 @@ from conftest import git as sh_git
 #: the merge's look for a person's edits in its way before git runs. A status
 #: phasegate took of a checkout stands until something may have written it
 #: (agents/service.py CheckoutSeen): the self-heal, a read-only role's check before
-#: its run and development's look for a dead attempt's leftovers reuse it.
-MAX_DEMO_CALLS = 34
+#: its run and development's look for a dead attempt's leftovers reuse it. The merge
+#: gate reads the branch's change once more (one `git diff --raw` in report): 35.
+MAX_DEMO_CALLS = 35
 
 
 def _git_refs(cwd: Path) -> dict[str, str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from phasegate.protected import check_files, protected_patterns, protected_touched
+from phasegate.protected import check_files, links_out, protected_patterns, protected_touched
 from phasegate.workspace import Workspace
 
 from conftest import git, make_repo, phasegate_cli, scripted_cartridge
@@ -160,33 +160,46 @@ def test_a_symlink_out_of_the_repository_holds_the_merge(tmp_path: Path) -> None
     assert "1 violation(s) this round: outward_symlink" in hold["reason"]
 
 
-def test_outward_links_are_found_by_the_merge_gate(tmp_path: Path) -> None:
+def test_links_out_knows_a_link_that_leaves_the_repository() -> None:
+    assert not links_out("docs/up", "../README.md")
+    assert not links_out("a/b/c", "../../d/./e")
+    assert links_out("docs/out", "../../secret")
+    assert links_out("top", "../x")
+    assert links_out("abs", "/etc/passwd")
+    assert links_out("a/b", "c/../../../x")
+
+
+def test_the_change_s_entries_give_modes_and_blobs(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     git(repo, "checkout", "-qb", "change")
-    (repo / "docs").mkdir()
-    (repo / "docs" / "up").symlink_to("../README.md")  # inside: fine
-    (repo / "docs" / "out").symlink_to("../../secret")  # climbs out
-    (repo / "abs").symlink_to("/etc/passwd")
+    (repo / "out").symlink_to("/etc/passwd")
+    (repo / "README.md").unlink()
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "links")
+    workspace = Workspace()
 
-    found = Workspace().outward_links(repo, "main", "change")
+    entries = workspace.change_entries(repo, "main", "change")
 
-    assert found == [("abs", "/etc/passwd"), ("docs/out", "../../secret")]
+    assert [(path, mode) for path, mode, _ in entries] == [
+        ("README.md", "000000"),
+        ("out", "120000"),
+    ]
+    assert workspace.blob_text(repo, entries[1][2]) == "/etc/passwd"
 
 
 def test_check_files_name_what_a_check_runs() -> None:
-    tracked = {"Makefile", "ci/run.sh", "package.json", "tox.ini", "src/x.py", "pytest.ini"}
-    assert check_files(["make test"], tracked) == ("Makefile",)
-    assert check_files(["bash ./ci/run.sh --fast"], tracked) == ("ci/run.sh",)
-    assert check_files(["npm test", "tox -e py"], tracked) == ("package.json", "tox.ini")
-    assert check_files(["python -m pytest -q"], tracked) == ("pytest.ini",)
-    assert check_files(["SCRIPT=ci/run.sh sh -c 'x'"], tracked) == ("ci/run.sh",)
-    assert check_files(["cargo test"], tracked) == ()
-    patterns = protected_patterns(None, ["make test"], tracked)
+    changed = {"Makefile", "ci/run.sh", "package.json", "tox.ini", "src/x.py", "pytest.ini"}
+    assert check_files(["make test"], changed) == ("Makefile",)
+    assert check_files(["bash ./ci/run.sh --fast"], changed) == ("ci/run.sh",)
+    assert check_files(["npm test", "tox -e py"], changed) == ("package.json", "tox.ini")
+    assert check_files(["python -m pytest -q"], changed) == ("pytest.ini",)
+    assert check_files(["SCRIPT=ci/run.sh sh -c 'x'"], changed) == ("ci/run.sh",)
+    assert check_files(["sh -c 'cd src && bash ci/run.sh'"], changed) == ("ci/run.sh",)
+    assert check_files(["cargo test", "go test ./..."], changed) == ()
+    patterns = protected_patterns(None, ["make test"], changed)
     assert patterns == ("phasegate.toml", ".github/", ".gitlab-ci.yml", ".ci/", "Makefile")
     # A cartridge's own list replaces the defaults; the cartridge file stays protected.
-    assert protected_patterns(["deploy/*.yml"], [], tracked) == ("phasegate.toml", "deploy/*.yml")
+    assert protected_patterns(["deploy/*.yml"], [], changed) == ("phasegate.toml", "deploy/*.yml")
     touched = protected_touched(
         ["src/x.py", ".github/workflows/a.yml", "deploy/prod.yml", "Makefile"], patterns
     )

@@ -360,6 +360,26 @@ def _run_ticket(repo: Path, tmp_path: Path) -> dict[str, Any]:
     )
 
 
+def _approve_held(repo: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """The check names test_six.py, so the agent's new tests in it are a protected
+    path's change: the merge waits for a person, who approves it; the summary after."""
+    assert (summary["current_phase"], summary["status"]) == ("wait", "waiting"), summary
+    detail = _json(phasegate_cli("show", summary["id"], "--repo", str(repo), "--json", timeout=60))
+    assert detail["merge_hold"]["protected"] == ["test_six.py"], detail["merge_hold"]
+    return _json(
+        phasegate_cli(
+            "approve-merge",
+            summary["id"],
+            "--by",
+            "maintainer",
+            "--repo",
+            str(repo),
+            "--json",
+            timeout=900,
+        )
+    )
+
+
 # -- the tests ----------------------------------------------------------------------
 
 
@@ -379,7 +399,8 @@ def test_run_a_ticket_on_six_to_completed(tmp_path: Path) -> None:
     assert init.returncode == 0, init.stderr
     (repo / "phasegate.toml").write_text(_cartridge(_write_agents(tmp_path)))
 
-    summary = _run_ticket(repo, tmp_path)
+    summary = _approve_held(repo, _run_ticket(repo, tmp_path))
+    assert original == git(repo, "rev-parse", "main^1")  # nothing landed before the approval
     assert (summary["current_phase"], summary["status"]) == ("completed", "completed"), summary
     assert summary["title"] == TITLE
     assert summary["error"] is None
@@ -456,7 +477,7 @@ def test_a_retried_build_does_not_commit_what_the_checks_left(
     cartridge = _cartridge(agents, max_dev_retries=1, pytest_cache=True)
     (repo / "phasegate.toml").write_text(cartridge)
 
-    summary = _run_ticket(repo, tmp_path)
+    summary = _approve_held(repo, _run_ticket(repo, tmp_path))
     assert summary["status"] == "completed", summary
 
     detail = _json(phasegate_cli("show", summary["id"], "--repo", str(repo), "--json", timeout=60))

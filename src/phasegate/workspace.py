@@ -388,44 +388,28 @@ class Workspace(BaseMerging):
             deletions += int(removed) if removed.isdigit() else 0
         return {"files": files, "insertions": insertions, "deletions": deletions}
 
-    def changed_paths(self, repo: Path, base: str, head: str) -> list[str]:
-        """The paths ``head`` changes since its merge base with ``base``, sorted; a
-        rename counts as both of its paths."""
-        out = git(["diff", "--name-only", "--no-renames", "-z", f"{base}...{head}"], repo)
-        return sorted({path for path in out.split("\0") if path})
+    def change_entries(self, repo: Path, base: str, head: str) -> list[tuple[str, str, str]]:
+        """``(path, mode, blob)`` of each path ``head`` changes since its merge base with
+        ``base``, in git's order; a rename counts as both of its paths, a deleted
+        path has mode ``000000``. One ``git diff --raw``."""
+        raw = git(["diff", "--raw", "--no-renames", "--no-abbrev", "-z", f"{base}...{head}"], repo)
+        fields = raw.split("\0")
+        entries = []
+        for meta, path in zip(fields[::2], fields[1::2], strict=False):
+            parts = meta.split()
+            if len(parts) >= 5:
+                entries.append((path, parts[1], parts[3]))
+        return entries
 
-    def tracked_files(self, repo: Path, ref: str) -> frozenset[str]:
-        """Every path ``ref``'s tree holds (files and links, not directories)."""
-        out = git(["ls-tree", "-r", "--name-only", "-z", ref], repo)
-        return frozenset(path for path in out.split("\0") if path)
+    def blob_text(self, repo: Path, blob: str) -> str:
+        """The text of the blob ``blob`` (a symbolic link's target, say)."""
+        return git(["cat-file", "blob", blob], repo)
 
     def file_diff(self, repo: Path, base: str, head: str, paths: Sequence[str]) -> str:
         """The unified diff of ``paths`` alone, ``head`` since its merge base with ``base``."""
         if not paths:
             return ""
         return git(["diff", "--no-renames", f"{base}...{head}", "--", *paths], repo)
-
-    def outward_links(self, repo: Path, base: str, head: str) -> list[tuple[str, str]]:
-        """``(path, target)`` of each symbolic link ``head`` adds or changes since its
-        merge base with ``base`` whose target is absolute or climbs out of the
-        repository (``../`` past its root)."""
-        raw = git(["diff", "--raw", "--no-renames", "--no-abbrev", "-z", f"{base}...{head}"], repo)
-        fields = raw.split("\0")
-        found = []
-        for meta, path in zip(fields[::2], fields[1::2], strict=False):
-            parts = meta.split()
-            if len(parts) < 5 or parts[1] != "120000" or parts[4].startswith("D"):
-                continue
-            target = git(["cat-file", "blob", parts[3]], repo)
-            inside = PurePosixPath(path).parent / target
-            depth = 0
-            for part in inside.parts:
-                depth += -1 if part == ".." else 0 if part == "." else 1
-                if depth < 0:
-                    break
-            if target.startswith("/") or depth < 0:
-                found.append((path, target))
-        return found
 
     def commits_ahead(self, repo: Path, base: str, head: str) -> int:
         return int(git(["rev-list", "--count", f"{base}..{head}"], repo))

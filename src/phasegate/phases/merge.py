@@ -79,11 +79,16 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         synced = _sync(ctx, deps, worktree)
         if synced is not None:
             return synced
+    head = deps.workspace.rev(repo, ctx.branch_name)
     if merged is None and not ctx.state.get("merge_approved"):
-        # Unattended: the head about to merge is judged again, not the report's.
-        hold = merge_gate.merge_hold(ctx, deps)
+        # Unattended: a head the report did not judge (a sync with the base) is judged now.
+        hold = None
+        if head != ctx.state.get("merge_judged_head"):
+            hold = merge_gate.merge_hold(ctx, deps, head)
         if hold is not None:
-            return PhaseResult.advance(WAIT, state={"merge_hold": hold.as_state()})
+            return PhaseResult.advance(
+                WAIT, state={"merge_hold": hold.as_state(), "merge_judged_head": head}
+            )
     message = f"Merge #{ctx.pr_number}: {ctx.title}\n\nphasegate workflow {ctx.id}"
     try:
         sha = deps.effects.merge(MERGE, ctx.pr_number, message)

@@ -10,10 +10,11 @@ Two things override it, and no setting waives them (docs/trust.md):
   change undone, a secret, a read-only role's edit, an oversized change), or
   a symbolic link the change adds that points out of the repository.
 
-``merge_hold`` computes the hold from git and the store; the report phase
-records it in ``state.merge_hold`` and the report, the wait phase keeps an
-unattended merge from starting while it is set, and the merge phase checks
-the head it is about to merge once more. A person's ``approve-merge`` (or an
+``merge_hold`` computes the hold from git and the store. The report phase
+records it (``judged``: ``state.merge_hold`` and the head it judged), the wait
+phase keeps an unattended merge from starting while it is set, and the merge
+phase judges the head it is about to merge again when that is another commit
+(a sync with the base). A person's ``approve-merge`` (or an
 approval on the forge) lets a held merge through and is recorded with their
 name on the ``merge_approved`` milestone.
 """
@@ -29,12 +30,15 @@ from phasegate.agents.base import VIOLATIONS
 from phasegate.agents.env import cartridge_secrets, redact
 from phasegate.contract import WorkflowContext
 from phasegate.phases.deps import PhaseDeps
-from phasegate.protected import protected_patterns, protected_touched
+from phasegate.protected import links_out, protected_patterns, protected_touched
 
-__all__ = ["MAX_SHOWN_DIFF", "MergeHold", "held", "merge_hold"]
+__all__ = ["MAX_SHOWN_DIFF", "SYMLINK_MODE", "MergeHold", "held", "judged", "merge_hold"]
 
 #: Characters of the protected files' diff kept in the hold for ``show`` and the dashboard.
 MAX_SHOWN_DIFF = 20_000
+
+#: git's mode of a symbolic link.
+SYMLINK_MODE = "120000"
 
 
 @dataclass(frozen=True)
@@ -95,37 +99,48 @@ def _round_violations(ctx: WorkflowContext, deps: PhaseDeps) -> list[Mapping[str
     return found
 
 
-def merge_hold(ctx: WorkflowContext, deps: PhaseDeps, head: str | None = None) -> MergeHold | None:
-    """The hold on merging ``head`` (default: the workflow's branch) into the forge's
-    base, or None when nothing holds it. Raises GitError when git cannot read
-    the branch."""
-    if not ctx.branch_name:
-        return None
+def merge_hold(ctx: WorkflowContext, deps: PhaseDeps, head: str) -> MergeHold | None:
+    """The hold on merging ``head`` (a commit of the workflow's branch) into the
+    forge's base, or None when nothing holds it. Raises GitError when git cannot
+    read the change."""
     repo = Path(ctx.repo_path)
     base = deps.forge.branch_ref(ctx.base_branch)
-    head = head or deps.workspace.rev(repo, ctx.branch_name)
+    entries = deps.workspace.change_entries(repo, base, head)
+    paths = sorted({path for path, _, _ in entries})
+    cartridge = deps.cartridge
     patterns = protected_patterns(
-        deps.cartridge.workflow.protected_paths,
-        deps.cartridge.landing_areas.checks,
-        deps.workspace.tracked_files(repo, base),
+        cartridge.workflow.protected_paths, cartridge.landing_areas.checks, paths
     )
-    touched = protected_touched(deps.workspace.changed_paths(repo, base, head), patterns)
+    touched = protected_touched(paths, patterns)
     violations = _round_violations(ctx, deps)
-    for path, target in deps.workspace.outward_links(repo, base, head):
-        violations.append(
-            {
-                "name": "outward_symlink",
-                "role": "build",
-                "phase": "development",
-                "detail": f"{path} links out of the repository, to {target}",
-                "paths": [path],
-                "round": ctx.dev_round,
-            }
-        )
+    for path, mode, blob in entries:
+        if mode != SYMLINK_MODE:
+            continue
+        target = deps.workspace.blob_text(repo, blob)
+        if links_out(path, target):
+            violations.append(
+                {
+                    "name": "outward_symlink",
+                    "role": "build",
+                    "phase": "development",
+                    "detail": f"{path} links out of the repository, to {target}",
+                    "paths": [path],
+                    "round": ctx.dev_round,
+                }
+            )
     if not touched and not violations:
         return None
-    secrets = cartridge_secrets(deps.cartridge)
+    secrets = cartridge_secrets(cartridge)
     diff = redact(deps.workspace.file_diff(repo, base, head, touched), secrets)
     if len(diff) > MAX_SHOWN_DIFF:
         diff = diff[:MAX_SHOWN_DIFF] + f"\n[… {len(diff) - MAX_SHOWN_DIFF} more characters]\n"
     return MergeHold(tuple(touched), tuple(violations), diff, head)
+
+
+def judged(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
+    """The state keys the report records for the branch's head: ``merge_hold``
+    (``MergeHold.as_state``, or None) and ``merge_judged_head`` (the commit judged)."""
+    assert ctx.branch_name is not None
+    head = deps.workspace.rev(Path(ctx.repo_path), ctx.branch_name)
+    hold = merge_hold(ctx, deps, head)
+    return {"merge_hold": hold.as_state() if hold else None, "merge_judged_head": head}

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from phasegate.contract import REPORT, WAIT, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.phases import merge_gate
 from phasegate.phases.deps import PhaseDeps
-from phasegate.phases.merge_gate import merge_hold
 from phasegate.report import render_report
 
 __all__ = ["build_payload", "run"]
@@ -103,8 +103,8 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     payload = build_payload(ctx, deps)
     # The hold is judged here, once per round, on the head the report describes;
     # the merge phase judges the head it merges again.
-    hold = merge_hold(ctx, deps)
-    held = hold.as_state() if hold is not None else None
+    gate = merge_gate.judged(ctx, deps) if ctx.branch_name else {"merge_hold": None}
+    held = gate["merge_hold"]
     payload["merge_hold"] = (
         {k: held[k] for k in ("reason", "protected", "violations")} if held else None
     )
@@ -119,7 +119,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         state={
             "report": payload,
             "wait_started_at": deps.clock.now().isoformat(),
-            "merge_hold": held,
+            **gate,
         },
         milestones=(
             MilestoneWrite(
