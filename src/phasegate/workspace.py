@@ -386,6 +386,27 @@ class Workspace(BaseMerging):
             deletions += int(removed) if removed.isdigit() else 0
         return {"files": files, "insertions": insertions, "deletions": deletions}
 
+    def change_between(self, repo: Path, old: str, new: str) -> dict[str, object]:
+        """What changed from commit ``old`` to commit ``new`` (their trees, not a
+        merge base): ``{"files": int, "insertions": int, "deletions": int,
+        "paths": [{"path", "insertions", "deletions"}]}``, lines counted as git's
+        ``--numstat`` counts them (a binary file counts 0). Raises GitError for an
+        unknown commit."""
+        out = git(["diff", "--numstat", "-z", "--no-renames", old, new, "--"], repo)
+        counted: list[tuple[str, int, int]] = []
+        for entry in out.split("\0"):
+            if not entry.strip():
+                continue
+            added, removed, name = entry.split("\t", 2)
+            lines = [int(n) if n.isdigit() else 0 for n in (added, removed)]
+            counted.append((name, lines[0], lines[1]))
+        return {
+            "files": len(counted),
+            "insertions": sum(c[1] for c in counted),
+            "deletions": sum(c[2] for c in counted),
+            "paths": [{"path": n, "insertions": i, "deletions": d} for n, i, d in counted],
+        }
+
     def commits_ahead(self, repo: Path, base: str, head: str) -> int:
         return int(git(["rev-list", "--count", f"{base}..{head}"], repo))
 
