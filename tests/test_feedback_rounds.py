@@ -9,12 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from test_forge_phases import hear, said
+
 from phasegate import decisions
 from phasegate.engine import Engine
 from phasegate.forge import LocalForge
 from phasegate.report import render_report
 from phasegate.store import Store
 from phasegate.summary import workflow_summary
+from phasegate.testing import InMemoryForge
 from phasegate.web.views import group_of
 from phasegate.workspace import Workspace
 
@@ -219,3 +222,22 @@ def test_an_identical_plan_after_a_reversion_stops_as_no_progress(
     assert row["error"].startswith("no_progress: the plan of planning cycle 2")
     assert [m.round for m in kinds(store, wf, "tests_run")] == [1, 2]
     assert row["state"]["reversion_count"] == 2
+
+
+def test_a_forge_comment_whose_build_changes_nothing_stops_as_feedback_unchanged(
+    tmp_path: Path, engine_for: Build
+) -> None:
+    build = 'if [ "$PHASEGATE_CALL_INDEX" = 0 ]; then echo f > feature.txt; fi; echo done'
+    repo, log = project(tmp_path, build)
+    forge = InMemoryForge()
+    forge.permissions["maya"] = "maintain"
+    engine, store = engine_for(repo, forge=forge)
+    wf = engine.start("t", "ticket")
+    row = engine.advance(wf)
+    assert row["status"] == "waiting"
+    hear(forge, said(row["pr_number"], "maya", "Call it feature_flag instead."))
+    row = engine.advance(wf)
+    assert (row["current_phase"], row["status"]) == ("development", "paused")
+    assert row["error"].startswith("feedback_unchanged: ") and check_runs(log) == 1
+    (mark,) = kinds(store, wf, "feedback_unchanged")
+    assert "Call it feature_flag instead." in mark.data["feedback"]
