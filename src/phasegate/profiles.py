@@ -72,11 +72,11 @@ __all__ = [
     "allows_automatic",
     "decide_reversion",
     "decisions_of",
+    "repeated_plan",
     "reversion_count",
     "reversion_or_stop",
     "reversion_refusal",
     "reversion_result",
-    "repeated_plan",
 ]
 
 #: The loop guard: reversions allowed per workflow (spec 003, ``Plan.MAX_REVERSIONS``).

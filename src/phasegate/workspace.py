@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from phasegate import _gitfs, _repair
 from phasegate._git import (
@@ -386,7 +387,7 @@ class Workspace(BaseMerging):
             deletions += int(removed) if removed.isdigit() else 0
         return {"files": files, "insertions": insertions, "deletions": deletions}
 
-    def change_between(self, repo: Path, old: str, new: str) -> dict[str, object]:
+    def change_between(self, repo: Path, old: str, new: str) -> dict[str, Any]:
         """What changed from commit ``old`` to commit ``new`` (their trees, not a
         merge base): ``{"files": int, "insertions": int, "deletions": int,
         "paths": [{"path", "insertions", "deletions"}]}``, lines counted as git's

@@ -192,11 +192,12 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     settled = attempt.journal(
         "completed" if passed else "failed", commit=commit, agent_run=run_id, head=head
     )
-    counted = f"{sum(c.passed for c in checks)}/{len(checks)} checks passed"
-    if not checked:
-        counted = ("no change" if unanswered is None else "no change since the last report") + (
-            ", checks not run"
-        )
+    if checked:
+        counted = f"{sum(c.passed for c in checks)}/{len(checks)} checks passed"
+    elif unanswered is None:
+        counted = "no change, checks not run"
+    else:
+        counted = "no change since the last report, checks not run"
     tests_run = MilestoneWrite(
         "tests_run",
         round=dev_round,

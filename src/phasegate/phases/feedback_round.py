@@ -67,7 +67,7 @@ def reported_head(ctx: WorkflowContext) -> str | None:
 
 def _change(deps: PhaseDeps, repo: Path, old: str, new: str) -> dict[str, Any] | None:
     try:
-        return dict(deps.workspace.change_between(repo, old, new))
+        return deps.workspace.change_between(repo, old, new)
     except GitError:
         # The reported head is not in this clone (a takeover from another clone
         # that never fetched it): what changed since is unknown, never "nothing".
