@@ -96,7 +96,9 @@ def test_review_rounds_running_out_under_ci_put_the_findings_in_the_decision_rec
                 "review": [
                     f"{FINDING}\nVERDICT: request_changes",
                     "Now it names the ticket.\nVERDICT: approve",
-                ]
+                ],
+                # the re-plan plans anew: the same plan again would stop as no_progress
+                "plan": ["1. Append a line to log.txt.", "1. Append a line naming the ticket."],
             }
         )
         workflow_id = lab.start()

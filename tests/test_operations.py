@@ -22,7 +22,7 @@ from phasegate.contract import ContractViolation, PhasegateError
 from phasegate.engine import Engine, LeaseHeld
 from phasegate.store import Store
 
-from conftest import phasegate_cli
+from conftest import git, phasegate_cli
 
 
 def decision_events(store: Store, workflow_id: str) -> list[dict[str, Any]]:
@@ -118,6 +118,10 @@ def test_a_decision_while_another_process_holds_the_lease_is_refused_alike(
 def test_who_acts_is_recorded_where_the_action_records_a_person_and_in_its_event(
     happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]]
 ) -> None:
+    # feedback's round builds something new (the scripted runner's last answer repeats)
+    with (happy_repo / "answers.toml").open("a") as answers:
+        answers.write('[[build]]\ntext = "renamed"\n[build.files]\n"feature.txt" = "named\\n"\n')
+    git(happy_repo, "commit", "-qam", "a second build")
     engine, store = engine_for(happy_repo)
     wf = waiting(engine, "Add a feature")
     operations.feedback(engine, wf, "name it feature.txt", by="bo")

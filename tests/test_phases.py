@@ -45,8 +45,9 @@ def answers(
     build: str = BUILD,
     review: str = '[[review]]\ntext = "VERDICT: approve"\n',
     verification: str = '[[verification]]\ntext = "VERDICT: confirmed"\n',
+    plan: str = '[[plan]]\ntext = "the plan"\n',
 ) -> str:
-    return "\n".join(['[[plan]]\ntext = "the plan"\n', plan_review, build, review, verification])
+    return "\n".join([plan, plan_review, build, review, verification])
 
 
 Build = Callable[..., tuple[Engine, Store]]
@@ -440,7 +441,11 @@ def test_a_merge_conflict_reverts_under_ci_and_the_next_build_starts_from_the_ba
 def test_reviews_that_keep_rejecting_re_plan_under_ci(tmp_path: Path, engine_for: Build) -> None:
     repo = repo_with(
         tmp_path,
-        answers(review='[[review]]\ntext = "Wrong approach.\\nVERDICT: request_changes"\n'),
+        answers(
+            review='[[review]]\ntext = "Wrong approach.\\nVERDICT: request_changes"\n',
+            # a plan of its own each cycle: a repeated one would stop as no_progress
+            plan="".join(f'[[plan]]\ntext = "plan {n}"\n' for n in range(1, 5)),
+        ),
         extra="[limits]\nmax_pr_review_rounds = 1\n",
     )
     edit_cartridge(repo, "auto_merge = true\n", 'auto_merge = true\nprofile = "ci"\n')

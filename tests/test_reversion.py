@@ -57,8 +57,13 @@ def build_answers(*contents: str) -> str:
     )
 
 
-def answers(build: str) -> str:
-    return "\n".join(['[[plan]]\ntext = "1. Write feature.txt"\n', PLAN_REVIEW, build, REVIEW])
+#: One plan a planning cycle, each its own: a cycle that plans what the last one
+#: built stops as no_progress (test_an_identical_plan_after_a_reversion_...).
+PLANS = "".join(f'[[plan]]\ntext = "1. Write feature.txt (plan {n})"\n' for n in range(1, 5))
+
+
+def answers(build: str, plans: str = PLANS) -> str:
+    return "\n".join([plans, PLAN_REVIEW, build, REVIEW])
 
 
 def project(tmp_path: Path, answers_text: str, **cartridge: Any) -> Path:
@@ -400,7 +405,10 @@ def plan_recorder(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A plan role (the command runner) that saves every prompt it gets."""
     prompts = tmp_path / "prompts"
     prompts.mkdir()
-    command = f'cat > {prompts}/plan-$PHASEGATE_CALL_INDEX.txt; echo "1. Write feature.txt"'
+    command = (
+        f"cat > {prompts}/plan-$PHASEGATE_CALL_INDEX.txt; "
+        'echo "1. Write feature.txt (plan $PHASEGATE_CALL_INDEX)"'
+    )
     body = f"runner = \"command\"\ncommand = '{command}'\ntimeout = 30\n"
     return prompts, {"plan": body}
 
@@ -492,7 +500,7 @@ def test_a_reversion_grants_a_fresh_set_of_review_rounds(tmp_path: Path, engine_
     build = build_answers("bad", "good")
     repo = project(
         tmp_path,
-        "\n".join(['[[plan]]\ntext = "1. Write feature.txt"\n', PLAN_REVIEW, build, review]),
+        "\n".join([PLANS, PLAN_REVIEW, build, review]),
         checks=["grep -q good feature.txt"],
         extra="[limits]\nmax_dev_retries = 0\nmax_pr_review_rounds = 2\n",
         profile="ci",

@@ -247,7 +247,10 @@ def _team(lab: GitHubLab, tmp_path: Path, store_url: str, review: str | None = N
         role_overrides=overrides, auto_merge=True, extra=f'[store]\nurl = "{store_url}"\n'
     )
     files = {"README.md": "# widgets\n", ".gitignore": ".phasegate/\n"}
-    return github_repo(lab, tmp_path / "seed", text, {**files, "answers.toml": ANSWERS_BUT_BUILD})
+    # A plan of its own for each planning cycle: a repeated one would stop as no_progress.
+    plans = "".join(f'[[plan]]\ntext = "1. Write feature.txt (plan {n})"\n' for n in (2, 3))
+    answers = ANSWERS_BUT_BUILD.replace("[[plan_review]]", plans + "[[plan_review]]", 1)
+    return github_repo(lab, tmp_path / "seed", text, {**files, "answers.toml": answers})
 
 
 def _worker(repo: Path, host: str, log: Path, ttl: float) -> subprocess.Popen[bytes]:

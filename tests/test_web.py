@@ -38,7 +38,9 @@ CARTRIDGE_SENTINEL = "sk-cartsentinel-5a9e13f7c0"
 def web_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PHASEGATE_TEST_API_KEY", ENV_SENTINEL)
     repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": ".phasegate/\n"})
-    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    # feedback's round builds something new (the scripted runner's last answer repeats)
+    second = '[[build]]\ntext = "again"\n[build.files]\n"feature.txt" = "as asked\\n"\n'
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS + second)
     review = (
         'runner = "scripted"\nscript = "answers.toml"\ntimeout = 30\n'
         f'env = {{ REVIEW_TOKEN = "{CARTRIDGE_SENTINEL}" }}\n'

@@ -21,6 +21,8 @@ allows the automatic reversion; 1.0 never does (a person decides, with
 **The loop guard.** A workflow is reverted at most ``MAX_REVERSIONS`` (3)
 times, automatically or by a person; the fourth is refused
 (``reversion_refusal``), which stops an endless plan-build-revert cycle.
+A cycle that plans again what the last cycle built (``repeated_plan``) stops
+before it builds, as ``no_progress``.
 
 **A reversion** (``reversion_result``) is one PhaseResult for the single
 commit path: the phase goes to planning with status ``planning``, the error
@@ -54,6 +56,7 @@ from phasegate.contract import (
     PhaseResult,
     WorkflowContext,
 )
+from phasegate.graph.facts import NO_PROGRESS_SIMILARITY, similarity
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -69,6 +72,7 @@ __all__ = [
     "allows_automatic",
     "decide_reversion",
     "decisions_of",
+    "repeated_plan",
     "reversion_count",
     "reversion_or_stop",
     "reversion_refusal",
@@ -211,6 +215,23 @@ def reversion_refusal(workflow_id: str, state: Mapping[str, Any]) -> str | None:
         f"limit (MAX_REVERSIONS = {MAX_REVERSIONS}); re-planning has not resolved it, a "
         "person must (`phasegate feedback`, `phasegate resume`)"
     )
+
+
+def repeated_plan(state: Mapping[str, Any], plan: str) -> float | None:
+    """How alike ``plan`` is to the plan the previous planning cycle built, when
+    that is ``NO_PROGRESS_SIMILARITY`` or more; else None.
+
+    Spec 002's ``no_progress`` measure of successive patches, applied to plans:
+    a cycle after a reversion that plans the same again would only build the
+    same again. Only a cycle after a reversion has a previous plan. A cycle
+    reverted from the merge (``sync_base``) is never a repeat: its build starts
+    from the base as it is now, so the same plan is a new build.
+    """
+    previous = state.get("plan")
+    if not state.get("plan_cycle") or not previous or state.get("sync_base"):
+        return None
+    ratio = similarity(str(previous), plan)
+    return ratio if ratio >= NO_PROGRESS_SIMILARITY else None
 
 
 def reversion_result(

@@ -35,6 +35,10 @@ LABELS: Mapping[str, Mapping[str, str]] = {
         "none": "none",
         "limits": "Limits that ran out",
         "found": "what the last round found",
+        "feedback": "Feedback this round answers",
+        "since": "Changed since the last report",
+        "unchanged": "Nothing changed since the last report: the head is still",
+        "since_unknown": "What changed since the last report is unknown",
     },
     "zh": {
         "title": "进度报告",
@@ -59,6 +63,10 @@ LABELS: Mapping[str, Mapping[str, str]] = {
         "none": "无",
         "limits": "已用尽的上限",
         "found": "最后一轮的发现",
+        "feedback": "本轮回应的反馈",
+        "since": "自上次报告以来的变更",
+        "unchanged": "自上次报告以来没有任何变更：头提交仍是",
+        "since_unknown": "无法得知自上次报告以来的变更",
     },
 }
 
@@ -94,6 +102,7 @@ def render_report(payload: Mapping[str, Any], language: str) -> str:
         f"${usage.get('cost_usd', 0.0):.4f}",
         f"- {w['next']}: {w['next_merge'] if payload.get('auto_merge') else w['next_wait']}",
     ]
+    lines += _feedback_lines(payload.get("feedback"), w)
     limits = payload.get("limits") or []
     if limits:
         lines += ["", f"### {w['limits']}", ""]
@@ -107,3 +116,32 @@ def render_report(payload: Mapping[str, Any], language: str) -> str:
     if plan.get("summary"):
         lines += ["", f"### {w['plan']}", "", str(plan["summary"])]
     return "\n".join(lines) + "\n"
+
+
+def _feedback_lines(feedback: Mapping[str, Any] | None, w: Mapping[str, str]) -> list[str]:
+    """The section of a round a person's feedback started: the feedback quoted,
+    then the files and lines changed since the head the last report described."""
+    if not feedback:
+        return []
+    lines = ["", f"### {w['feedback']}", ""]
+    for number, text in enumerate(feedback.get("texts") or ()):
+        if number:
+            lines.append(">")
+        lines += [f"> {line}".rstrip() for line in str(text).splitlines()]
+    lines.append("")
+    since, head = feedback.get("since"), feedback.get("head")
+    if feedback.get("changed") is None:
+        lines.append(f"{w['since_unknown']}.")
+    elif not feedback["changed"]:
+        lines.append(f"**{w['unchanged']} `{str(head)[:12]}`.**")
+    else:
+        lines.append(
+            f"{w['since']} (`{str(since)[:12]}` → `{str(head)[:12]}`): "
+            f"{feedback.get('files', 0)} {w['files']}, "
+            f"+{feedback.get('insertions', 0)} −{feedback.get('deletions', 0)}"
+        )
+        lines += [
+            f"- `{p.get('path')}`: +{p.get('insertions', 0)} −{p.get('deletions', 0)}"
+            for p in feedback.get("paths") or ()
+        ]
+    return lines

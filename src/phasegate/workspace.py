@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from phasegate import _gitfs, _repair
 from phasegate._git import (
@@ -410,6 +411,27 @@ class Workspace(BaseMerging):
         if not paths:
             return ""
         return git(["diff", "--no-renames", f"{base}...{head}", "--", *paths], repo)
+
+    def change_between(self, repo: Path, old: str, new: str) -> dict[str, Any]:
+        """What changed from commit ``old`` to commit ``new`` (their trees, not a
+        merge base): ``{"files": int, "insertions": int, "deletions": int,
+        "paths": [{"path", "insertions", "deletions"}]}``, lines counted as git's
+        ``--numstat`` counts them (a binary file counts 0). Raises GitError for an
+        unknown commit."""
+        out = git(["diff", "--numstat", "-z", "--no-renames", old, new, "--"], repo)
+        counted: list[tuple[str, int, int]] = []
+        for entry in out.split("\0"):
+            if not entry.strip():
+                continue
+            added, removed, name = entry.split("\t", 2)
+            lines = [int(n) if n.isdigit() else 0 for n in (added, removed)]
+            counted.append((name, lines[0], lines[1]))
+        return {
+            "files": len(counted),
+            "insertions": sum(c[1] for c in counted),
+            "deletions": sum(c[2] for c in counted),
+            "paths": [{"path": n, "insertions": i, "deletions": d} for n, i, d in counted],
+        }
 
     def commits_ahead(self, repo: Path, base: str, head: str) -> int:
         return int(git(["rev-list", "--count", f"{base}..{head}"], repo))

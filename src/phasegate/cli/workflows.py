@@ -322,7 +322,13 @@ def feedback(
     no_advance: NoAdvance = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Send feedback: a waiting workflow goes back to development with it."""
+    """Send feedback: a waiting workflow goes back to development with it.
+
+    A build that adds nothing for the feedback pauses the workflow with reason
+    feedback_unchanged (`resume` builds again and goes on; new feedback says
+    more). The round's report quotes the feedback and lists the files and lines
+    changed since the last report.
+    """
     by = operations.login_name()
     _manual(
         repo,

@@ -47,6 +47,10 @@ Bounded retries on failing checks (spec 000, development).
   (kept), an ``attempt_discarded`` milestone (thrown away: died, REPLAN, a
   leaked secret), or a settled ``build_attempt`` with no commit (it changed
   nothing) — ``phases.attempts.account_build_runs`` checks it.
+  An attempt whose net change is empty runs no check (``tests_run`` says
+  so). In a round a person's feedback started, a build that adds nothing
+  to the head the last report described pauses at once with reason
+  ``feedback_unchanged`` (``phases.feedback_round``).
 - recovery behavior: failing checks, no file changed, or a net change
   against the base that is empty (a commit and its revert) → retry up to
   limits.max_dev_retries, then a reversion to planning (spec 003, Execute →
@@ -73,7 +77,7 @@ from pathlib import Path
 from phasegate.agents.env import cartridge_secrets, redact
 from phasegate.agents.service import AgentFailed, violation_event
 from phasegate.contract import DEVELOPMENT, MilestoneWrite, PhaseResult, WorkflowContext
-from phasegate.phases import graph_mode
+from phasegate.phases import feedback_round, graph_mode
 from phasegate.phases.attempts import (
     ATTEMPT_TRAILER,
     RUN_TRAILER,
@@ -164,13 +168,19 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     # is no change, and must never go on to merge as one.
     base = deps.forge.branch_ref(ctx.base_branch)  # GitHub's, not a stale local one
     changed = deps.workspace.diff_stat(repo, base, ctx.branch_name)["files"] > 0
-    checks = deps.run_checks(cwd)
+    # A round a person's feedback started must add something to what they saw.
+    unanswered = feedback_round.unanswered(ctx, deps, head) if changed else None
+    # An empty change is known now: the checks would only cost their run.
+    checked = changed and unanswered is None
+    checks = deps.run_checks(cwd) if checked else []
     # The checks ran on the commit just made; what they leave in the worktree
     # (bytecode, caches, rewritten files) is theirs, not the change's, and the
     # next attempt's commit_all would sweep it into the branch.
     deps.workspace.discard_changes(cwd)
-    passed = changed and all(c.passed for c in checks)
-    if changed:
+    passed = checked and all(c.passed for c in checks)
+    if unanswered is not None:
+        failure = "the build added no change for the person's feedback"
+    elif changed:
         failure = _failure_summary(checks)
     elif commit is None:
         failure = "the build agent changed no file"
@@ -182,15 +192,21 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     settled = attempt.journal(
         "completed" if passed else "failed", commit=commit, agent_run=run_id, head=head
     )
+    if checked:
+        counted = f"{sum(c.passed for c in checks)}/{len(checks)} checks passed"
+    elif unanswered is None:
+        counted = "no change, checks not run"
+    else:
+        counted = "no change since the last report, checks not run"
     tests_run = MilestoneWrite(
         "tests_run",
         round=dev_round,
         attempt=number,
         status="completed" if passed else "failed",
-        summary=f"{sum(c.passed for c in checks)}/{len(checks)} checks passed"
-        + ("" if changed else "; no change"),
+        summary=counted,
         data={
             "checks": [c.as_dict() for c in checks],
+            "checks_run": checked,
             "passed": passed,
             "commit": commit,
             "head": head,
@@ -209,11 +225,13 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                     "dev_completed",
                     round=dev_round,
                     summary=f"head {head[:12]}",
-                    data={"head": head, "attempts": number},
+                    data={"head": head, "attempts": number, "feedback": ctx.user_feedback},
                 ),
             ),
             state={"carried_findings": None},
         )
+    if unanswered is not None:
+        return feedback_round.unchanged_stop(ctx, unanswered, summary, number, (settled, tests_run))
     if changed:
         reason = f"checks still failing after {number} attempt(s): {failure[:1500]}"
     else:

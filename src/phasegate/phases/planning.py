@@ -26,16 +26,22 @@ planning).
   shutdown (WorkflowPaused) leaves the status untouched. When the rounds run
   out with the plan not approved, the last review's comments are carried on
   (issue 9, item 10): a ``limit_reached`` milestone (the report lists it)
-  and state.carried_findings, which the build prompt holds.
+  and state.carried_findings, which the build prompt holds. A cycle after a
+  reversion whose final plan is the one the last cycle built
+  (``profiles.repeated_plan``) pauses with reason ``no_progress`` and a
+  ``no_progress`` milestone, never building it again; ``resume`` plans again
+  and lets a repeat through, ``phasegate feedback`` plans again with it.
 - terminal outcomes: completed → development; retry (next round); pause
-  (planning_timeout, or a plan_review that gave no readable verdict
-  limits.max_review_parse_failures times); failed (the agents failed every try).
+  (planning_timeout, no_progress, or a plan_review that gave no readable
+  verdict limits.max_review_parse_failures times); failed (the agents failed
+  every try).
 """
 
 from __future__ import annotations
 
 from phasegate.agents.service import AgentFailed
 from phasegate.contract import DEVELOPMENT, PLANNING, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.graph.facts import NO_PROGRESS_SIMILARITY
 from phasegate.phases import graph_mode
 from phasegate.phases.deps import (
     PhaseDeps,
@@ -46,6 +52,11 @@ from phasegate.phases.deps import (
     worktree_of,
 )
 from phasegate.phases.limits import limit_reached
+from phasegate.profiles import repeated_plan
+
+#: The stop (reason, milestone kind, state key) of a cycle that plans what the last
+#: cycle built (spec 002's name for a loop that makes no progress).
+NO_PROGRESS = "no_progress"
 
 __all__ = ["run"]
 
@@ -149,6 +160,9 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         ),
     ]
     if approved or round_num >= deps.limits.max_plan_rounds:
+        repeated = _repeated(ctx, plan, cycle)
+        if repeated is not None:
+            return _no_progress(ctx, round_num, cycle, cycle_key, repeated, plan, milestones)
         carried: dict[str, str | None] = {}
         if not approved:
             limit = limit_reached(
@@ -185,4 +199,50 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         updates={"current_round": round_num, "user_feedback": None},
         state={"plan_feedback": review.comments},
         milestones=tuple(milestones),
+    )
+
+
+def _repeated(ctx: WorkflowContext, plan: str, cycle: int) -> float | None:
+    """``profiles.repeated_plan``, unless a person resumed this cycle after it stopped
+    so, without new feedback: they have seen the plan repeat and let it be built."""
+    resumed = ctx.state.get(NO_PROGRESS) == cycle and not ctx.user_feedback
+    return None if resumed else repeated_plan(ctx.state, plan)
+
+
+def _no_progress(
+    ctx: WorkflowContext,
+    round_num: int,
+    cycle: int,
+    cycle_key: str,
+    ratio: float,
+    plan: str,
+    milestones: list[MilestoneWrite],
+) -> PhaseResult:
+    """The stop of a cycle whose plan is the one the last cycle built: a pause for a
+    person with reason ``no_progress``, never another development cycle."""
+    why = (
+        f"the plan of planning cycle {cycle} is {ratio:.0%} like the plan cycle {cycle - 1} "
+        f"built (no_progress at {NO_PROGRESS_SIMILARITY:.0%}): building it again would "
+        "repeat what was reverted"
+    )
+    reason = (
+        f'{NO_PROGRESS}: {why}; `phasegate feedback {ctx.id} "..."` tells the planner what '
+        f"to change, `phasegate resume {ctx.id}` plans again and builds the plan even if it "
+        "is the same"
+    )
+    stop = MilestoneWrite(
+        NO_PROGRESS,
+        status="failed",
+        round=round_num,
+        summary=why[:300],
+        data={"similarity": round(ratio, 4), "cycle": cycle, "plan": plan},
+        key=cycle_key,
+    )
+    return PhaseResult(
+        "pause",
+        reason=reason,
+        # The next round after a resume is a new one: this round's rows stay.
+        updates={"current_round": round_num, "user_feedback": None},
+        state={NO_PROGRESS: cycle, "stopped_on": why},
+        milestones=(*milestones, stop),
     )

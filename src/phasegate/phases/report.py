@@ -7,7 +7,9 @@ Thin phase: no agent run, no git mutation (spec 000, report).
 - inputs: dev_round, the finalized plan, the diff stats, the last
   ``tests_run``, the ``pr_reviewed`` milestones, the ``limit_reached``
   milestones (every bounded loop that ran out, with what its last round
-  found: issue 9, item 10), usage totals, content_language, auto_merge.
+  found: issue 9, item 10), usage totals, content_language, auto_merge; in a
+  round a person's feedback started, the feedback and the change since the
+  head the previous report described (``phases.feedback_round``).
 - authoritative evidence: ``progress_reported``, ``round_completed`` and
   ``wait_started`` for dev_round.
 - side effects: one issue comment rendered in content_language (best effort:
@@ -30,15 +32,18 @@ from typing import Any
 from phasegate.contract import REPORT, WAIT, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.phases import merge_gate
 from phasegate.phases.deps import PhaseDeps
+from phasegate.phases.feedback_round import since_last_round
 from phasegate.report import render_report
 
 __all__ = ["build_payload", "run"]
 
 
 def build_payload(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
-    """The report payload: plan, changes, checks, review, the limits that ran out
-    (``limits``: phase, round, loop, setting, rounds, findings), usage, what
-    comes next."""
+    """The report payload: plan, changes, the branch ``head`` it describes,
+    ``feedback`` (None unless a person's feedback started the round:
+    ``feedback_round.since_last_round``), checks, review, the limits that ran
+    out (``limits``: phase, round, loop, setting, rounds, findings), usage,
+    what comes next."""
     finalized = ctx.milestone("plan_finalized")
     tests = [m for m in ctx.milestones_of("tests_run") if m.round == ctx.dev_round]
     last = tests[-1].data if tests else {}
@@ -55,6 +60,8 @@ def build_payload(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
         if ctx.branch_name
         else {}
     )
+    # The head this report describes: the next feedback round is measured against it.
+    head = deps.workspace.rev(Path(ctx.repo_path), ctx.branch_name) if ctx.branch_name else None
     return {
         "workflow": ctx.id,
         "title": ctx.title,
@@ -62,6 +69,8 @@ def build_payload(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
         "issue": ctx.issue_number,
         "pr": ctx.pr_number,
         "branch": ctx.branch_name,
+        "head": head,
+        "feedback": since_last_round(ctx, deps, head),
         "plan": {
             "approved": bool(finalized and finalized.data.get("approved")),
             "rounds": int(finalized.data.get("rounds", 0)) if finalized else 0,
