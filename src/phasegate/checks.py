@@ -61,8 +61,10 @@ def run_checks(
     that called ``setsid()`` included, and what it leaves running when it
     exits is stopped too. Raises WorkflowPaused, after stopping the running
     check, when ``cancel`` is set: a shutdown must not wait out a long test
-    suite. Raises SpawnError (an OSError) when a check cannot start (``cwd``
-    missing). A ``confinement`` (``sandbox.check_confinement``) runs each
+    suite; and when the lease it runs under reached its deadline
+    (``phasegate._deadline``): the check was stopped, its result means
+    nothing. Raises SpawnError (an OSError) when a check cannot start
+    (``cwd`` missing). A ``confinement`` (``sandbox.check_confinement``) runs each
     check in its sandbox with ``cwd`` writable (its ``.git`` not) and a
     private temp dir; None runs them unconfined.
     """
@@ -83,6 +85,11 @@ def run_checks(
         )
         if finished.stopped == "interrupted":
             raise WorkflowPaused(f"shutdown while the check {command!r} ran")
+        if finished.stopped == "fenced":
+            raise WorkflowPaused(
+                f"the check {command!r} was stopped: this worker's lease was not renewed "
+                "in time (self-fencing)"
+            )
         results.append(
             CheckResult(
                 command=command,

@@ -61,7 +61,8 @@ class PhaseDeps:
         areas = self.cartridge.landing_areas
         workflow_id = self.effects.workflow_id
         phase = self.store.load_context(workflow_id).current_phase
-        journal = ProcessJournal(self.store, workflow_id)
+        # A stale worker's check rows are the new holder's to settle, as its agents' are.
+        journal = ProcessJournal(self.store, workflow_id, fence=self.effects.fence)
         with journal.spawning(phase, "check_process") as spawned:
             return self.workspace.run_checks(
                 areas.checks,
