@@ -46,7 +46,17 @@ from phasegate.engine import Engine
 from phasegate.store import Fence, open_store
 from phasegate.worker import Heartbeat
 
-from conftest import ANSWERS_BUT_BUILD, GitHubLab, github_repo, new_workflow, scripted_cartridge
+from conftest import (
+    ANSWERS_BUT_BUILD,
+    HAPPY_ANSWERS,
+    GitHubLab,
+    git,
+    github_repo,
+    make_repo,
+    new_workflow,
+    scripted_cartridge,
+    writes_held,
+)
 
 PHASEGATE = Path(sys.executable).parent / "phasegate"
 HOST = os.uname().nodename
@@ -227,6 +237,55 @@ def test_a_lease_taken_over_stops_the_running_agent_at_once(
         assert ended - taken[0] < 3.0, f"the agent ran {ended - taken[0]:.1f}s past the takeover"
         assert fence.lost.is_set() and deadline.fenced.is_set()
         assert not running(*sleepers[0]), "the setsid'd grandchild outlived the takeover"
+    finally:
+        store.close()
+
+
+def test_an_agent_stopped_at_its_deadline_under_a_lease_still_held_pauses_the_phase(
+    tmp_path: Path,
+) -> None:
+    # The store takes no write for longer than the margin the deadline leaves, but
+    # for less than the lease: the build is stopped, the lease stays this worker's,
+    # and the phase starts again from its last commit.
+    started, first = tmp_path / "build-started", tmp_path / "first-build"
+    script = (
+        f"echo $$ >> {started}; if [ ! -e {first} ]; then touch {first}; exec sleep 60; fi; "
+        "echo the feature > feature.txt; echo built"
+    )
+    build = f"runner = \"command\"\ntimeout = 60\ncommand = '''{script}'''\n"
+    repo = make_repo(tmp_path / "repo", {"README.md": "# s\n", ".gitignore": ".phasegate/\n"})
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    (repo / "phasegate.toml").write_text(scripted_cartridge(role_overrides={"build": build}))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "cartridge")
+    url = f"sqlite:///{repo / '.phasegate' / 'state.db'}"
+    store = open_store(url, busy_timeout_s=10)
+    ttl = 3.0
+    engine = Engine(repo, load_cartridge(repo), store, lease_ttl_s=ttl)
+    wf = engine.start("Add the feature file", "Add feature.txt.")
+    try:
+
+        def hold_writes_once_building() -> None:
+            wait_until(started.exists, "the build agent to start")
+            with writes_held(url):  # past the deadline (3/4 of the TTL), short of the TTL
+                time.sleep(ttl * 0.85)
+
+        holder = threading.Thread(target=hold_writes_once_building)
+        holder.start()
+        row = engine.advance(wf)
+        holder.join(30)
+        (agent,) = (int(pid) for pid in started.read_text().split())
+        assert gone_within(agent, 0), "the stopped build still runs"
+        assert (row["current_phase"], row["status"]) == ("development", "developing"), row
+        (fenced,) = [e for e in store.events(wf) if e["type"] == "self_fenced"]
+        assert fenced["data"]["phase"] == "development"
+        assert "build agent was stopped" in fenced["data"]["note"]
+        assert [r["role"] for r in store.agent_runs(wf)] == ["plan", "plan_review"]
+
+        row = engine.advance(wf)  # the next pass takes it up again
+        assert row["status"] == "completed", row["error"]
+        assert len(started.read_text().split()) == 2
+        assert [r["role"] for r in store.agent_runs(wf)].count("build") == 1
     finally:
         store.close()
 

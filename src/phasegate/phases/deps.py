@@ -56,7 +56,8 @@ class PhaseDeps:
         store, a reason, or the next agent's prompt. Each
         check process has a ``check_process`` milestone while it runs
         (``ProcessJournal``), so a restarted worker stops what this one left
-        running if it dies. Raises WorkflowPaused on shutdown.
+        running if it dies. Raises WorkflowPaused on shutdown, and when the
+        lease's deadline stopped a check (``phasegate._deadline``).
         """
         areas = self.cartridge.landing_areas
         workflow_id = self.effects.workflow_id
