@@ -17,8 +17,8 @@ MODE DEADLINE -- ARGS...``, in a session of its own. The supervisor
   passes unmoved (the worker is stopped, hung or cut off from its store) or
   the file is gone, it stops its subtree, SIGKILLing what is left at the
   kill instant, and exits with ``FENCED``, leaving a marker beside the file
-  (``fenced_marker``). A stopped worker cannot move the
-  instants, and this process, in a session of its own, is not stopped with it;
+  (``fenced_marker``). A stopped worker cannot move the instants, and this
+  process, in a session of its own, is not stopped with it;
 - on SIGTERM, parent death, or once the command exits, stops every remaining
   descendant (SIGTERM, then SIGKILL after a grace) and exits only when its
   subtree is gone, so the output pipes reach end of file.

@@ -17,15 +17,13 @@ workflow resumes from its last commit and its milestones.
 Fencing (issue 9): the lease's ``Fence`` is checked before every agent start
 and journaled side effect and is part of the commit's WHERE; a heartbeat that
 finds the lease taken over (or expired unrenewed) marks it lost, and the
-advance stops at once without another write. Every agent and check the
-advance starts runs under the lease's deadline (``phasegate._deadline``): its
-supervisor stops it before the lease can expire unless the heartbeat renewed
-it, and at once when the lease is lost; an agent or check so stopped while the
-lease is still held pauses the phase (event ``self_fenced``), which the next
-pass takes up again. A store that is unavailable
-(locked past its busy timeout, full) is retried within ``store_retry_delays_s``;
-then the workflow is paused with the reason, or, when even that cannot be
-written, left in its last committed state and StoreUnavailable raised.
+advance stops at once without another write. Its agents and checks run under
+the lease's deadline (``phasegate._deadline``); one stopped by it while the
+lease is still held pauses the phase (event ``self_fenced``). A store that is
+unavailable (locked past its busy timeout, full) is retried within
+``store_retry_delays_s``; then the workflow is paused with the reason, or,
+when even that cannot be written, left in its last committed state and
+StoreUnavailable raised.
 """
 
 from __future__ import annotations
@@ -357,10 +355,8 @@ class Engine:
         another worker (FenceLost, logged), or raises StoreUnavailable when it
         was lost because the store stayed unavailable for a whole lease TTL.
         ``claimed``: the fence of the lease the worker already took for it (a
-        bulk claim, ``LeaseRows.claim_free``), and ``claimed_at`` when
-        (``_deadline.deadline_clock()`` seconds) that claim was sent: the
-        deadline of the agents and checks started under the lease counts from
-        then (default: now). Returns the workflow's row. Raises
+        bulk claim, ``LeaseRows.claim_free``) and ``claimed_at``, when it was sent
+        (``deadline_clock()`` seconds; default now). Returns the workflow's row. Raises
         WorkflowNotFound; LeaseHeld when another live worker (or another thread
         of this engine) is advancing it; ForeignWorkflow (nothing run) when it is
         another repository's (``phasegate.takeover``);
