@@ -192,6 +192,33 @@ def test_a_command_whose_lease_deadline_passed_never_starts(tmp_path: Path) -> N
     deadline.close()
 
 
+def test_the_deadline_files_a_killed_worker_left_are_removed_by_the_next_process(
+    tmp_path: Path,
+) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp / f"phasegate-lease-{dead.pid}-x1"  # a SIGKILLed worker's
+    stale.mkdir()
+    (stale / "deadline").write_text("1.0 2.0\n")
+    live = tmp / f"phasegate-lease-{os.getpid()}-x2"  # a running worker's
+    live.mkdir()
+    lease = (
+        "from phasegate._deadline import LeaseDeadline, deadline_clock\n"
+        "d = LeaseDeadline(60, deadline_clock()); print(d.file()); d.close()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", lease],
+        env={**os.environ, "TMPDIR": str(tmp)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert Path(done.stdout.strip()).parent.parent == tmp
+    assert list(tmp.iterdir()) == [live]  # the stale one swept, its own closed
+
+
 def test_a_lease_taken_over_stops_the_running_agent_at_once(
     store_url: str, tmp_path: Path, sleepers: list[tuple[int, int]]
 ) -> None:

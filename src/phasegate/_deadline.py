@@ -14,7 +14,9 @@ small file and enforces them itself: it is a process of its own, in a
 session of its own, so a worker stopped with SIGSTOP, hung, or cut off from
 its store cannot extend them, and its processes stop in time all the same.
 The file is written only once a process is started under the lease
-(``file``), so an advance that starts none writes nothing.
+(``file``), so an advance that starts none writes nothing; it is removed when
+the lease is let go, and what a killed worker left by the next process that
+writes one.
 
 ``governing(deadline)`` makes it the deadline of every process
 ``run_supervised`` starts on this thread (an advance runs its agents and
@@ -107,7 +109,8 @@ class LeaseDeadline:
             if self._closed:
                 raise OSError("the lease's deadline is closed")
             if self._dir is None:
-                self._dir = Path(tempfile.mkdtemp(prefix="phasegate-lease-"))
+                _sweep_once()
+                self._dir = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
                 if not self._write():
                     raise OSError(f"cannot write the lease's deadline in {self._dir}")
             return self._dir / "deadline"
@@ -136,6 +139,33 @@ class LeaseDeadline:
                 os.unlink(scratch)
             return False  # a deadline left unmoved stops the processes early, never late
         return True
+
+
+_PREFIX = "phasegate-lease-"
+_swept = threading.Event()
+
+
+def _sweep_once() -> None:
+    """Remove the deadline dirs of processes that are gone (a SIGKILLed worker could
+    not close its own), once per process: their supervisors died with them."""
+    if _swept.is_set():
+        return
+    _swept.set()
+    with contextlib.suppress(OSError):
+        for entry in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*-*"):
+            pid = entry.name[len(_PREFIX) :].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: its dir is not ours to judge
+    return True
 
 
 def current_deadline() -> LeaseDeadline | None:
