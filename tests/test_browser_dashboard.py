@@ -55,6 +55,7 @@ RECORDED_TYPES = (
     "branch_fetched",
     "git_repaired",
     "paused_by_shutdown",
+    "self_fenced",
     "reconciled",
     "worktree_healed",
     "agent_output",

@@ -3,7 +3,10 @@
 ``run_supervised`` starts a command under ``phasegate._supervisor`` (a child
 subreaper that dies with phasegate), feeds it its input, reads its output
 with a deadline, and on a timeout or a cancellation stops its whole subtree,
-including descendants that left its process group with ``setsid()``.
+including descendants that left its process group with ``setsid()``. Under
+a lease (``phasegate._deadline.governing``) it is stopped too when the
+lease's deadline passes: by this process, and by the supervisor itself when
+this process cannot (stopped, hung).
 ``kill_orphan_group`` is what a restarted worker uses to stop what a dead
 one left running (``SideEffects.reconcile``).
 """
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phasegate import _supervisor
+from phasegate._deadline import LeaseDeadline, current_deadline
 from phasegate._git import note_change
 from phasegate._supervisor import (
     boot_id,
@@ -58,7 +62,8 @@ class SpawnError(OSError):
 @dataclass(frozen=True)
 class Finished:
     """How a supervised process ended: its output (text), exit code (None when it
-    was stopped), seconds, and ``stopped`` ("timeout", "interrupted" or None)."""
+    was stopped), seconds, and ``stopped`` ("timeout", "interrupted", "fenced": the
+    lease's deadline passed, or None)."""
 
     stdout: str
     stderr: str
@@ -116,6 +121,12 @@ def run_supervised(
     the command cannot start. Returns within about ``timeout_s`` plus the
     grace (2 s) plus the drain (2 s), whatever the command's descendants do.
 
+    Started under a lease (``phasegate._deadline.governing`` on this thread),
+    the process stops, ``stopped="fenced"``, once the lease's deadline passes
+    (``LeaseDeadline.passed``): this thread stops it, and its supervisor does
+    even when this whole process is stopped or hung; a command started after
+    the deadline does not start at all.
+
     A ``confinement`` that is confined runs the command inside its sandbox
     (``phasegate.sandbox``; a shell command as ``/bin/sh -c``) with a private
     temp dir (``TMPDIR``) made for this run and removed after it; the
@@ -128,15 +139,27 @@ def run_supervised(
     """
     # An agent or a check may write its checkout: what phasegate saw of it is stale.
     note_change()
+    lease = current_deadline()
     try:
         if confinement is None or not confinement.confined:
-            return _run(args, cwd, env, stdin, timeout_s, cancel, on_spawn, merge_stderr, on_output)
+            return _run(
+                args, cwd, env, stdin, timeout_s, cancel, on_spawn, merge_stderr, on_output, lease
+            )
         tmp = Path(os.path.realpath(tempfile.mkdtemp(prefix="phasegate-tmp-")))
         try:
             argv = ["/bin/sh", "-c", args] if isinstance(args, str) else list(args)
             wrapped = sandbox_for(confinement).wrap(argv, confinement, cwd, tmp)
             return _run(
-                wrapped, cwd, env, stdin, timeout_s, cancel, on_spawn, merge_stderr, on_output
+                wrapped,
+                cwd,
+                env,
+                stdin,
+                timeout_s,
+                cancel,
+                on_spawn,
+                merge_stderr,
+                on_output,
+                lease,
             )
         finally:
             # The subtree is gone by now (the supervisor saw to it): what is left is scratch.
@@ -155,9 +178,14 @@ def _run(
     on_spawn: Callable[[int], None] | None,
     merge_stderr: bool,
     on_output: Callable[[str, bytes], None] | None = None,
+    lease: LeaseDeadline | None = None,
 ) -> Finished:
     started = time.monotonic()
     command = [args] if isinstance(args, str) else list(args)
+    try:
+        deadline_file = "-" if lease is None else str(lease.file())
+    except OSError as exc:
+        raise SpawnError(exc.errno, f"cannot start {args!r}: {exc}") from exc
     status_r, status_w = os.pipe()
     try:
         proc = subprocess.Popen(
@@ -169,6 +197,7 @@ def _run(
                 str(os.getpid()),
                 str(status_w),
                 "shell" if isinstance(args, str) else "exec",
+                deadline_file,
                 "--",
                 *command,
             ],
@@ -215,6 +244,8 @@ def _run(
             break
         if cancel is not None and cancel.is_set():
             stopped = "interrupted"
+        elif lease is not None and lease.passed():
+            stopped = "fenced"
         elif time.monotonic() >= deadline:
             stopped = "timeout"
         if stopped is not None:
@@ -229,6 +260,13 @@ def _run(
     if proc.poll() is None:
         _stop(proc, ticks)
     proc.wait()
+    if deadline_file != "-":
+        marker = _supervisor.fenced_marker(deadline_file, proc.pid)
+        if marker.exists():  # its supervisor stopped it (this process may have been stopped)
+            stopped = stopped or "fenced"
+            marker.unlink(missing_ok=True)
+    if stopped == "fenced" and lease is not None:
+        lease.fenced.set()
     _close(proc)
     out, err = pump.output()
     return Finished(

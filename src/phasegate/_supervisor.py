@@ -1,7 +1,7 @@
 """The supervisor every agent and check runs under, and the /proc reading it needs.
 
 phasegate starts each process as ``python -I _supervisor.py PARENT STATUS_FD
-MODE -- ARGS...``, in a session of its own. The supervisor
+MODE DEADLINE -- ARGS...``, in a session of its own. The supervisor
 
 - makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``): a descendant
   whose parent exits is re-parented to it, not to init, so a descendant that
@@ -11,6 +11,14 @@ MODE -- ARGS...``, in a session of its own. The supervisor
   finds what survived even a SIGKILL of the supervisor itself;
 - dies with phasegate: ``PR_SET_PDEATHSIG`` sends it SIGTERM when the thread
   that started it exits (phasegate was killed), and it polls its parent too;
+- fences itself: DEADLINE names a file (``-``: none) holding the lease's
+  deadline, two instants on ``deadline_clock()`` (stop, kill) that the
+  worker's heartbeat moves on after each renewal; once the stop instant
+  passes unmoved (the worker is stopped, hung or cut off from its store) or
+  the file is gone, it stops its subtree, SIGKILLing what is left at the
+  kill instant, and exits with ``FENCED``, leaving a marker beside the file
+  (``fenced_marker``). A stopped worker cannot move the instants, and this
+  process, in a session of its own, is not stopped with it;
 - on SIGTERM, parent death, or once the command exits, stops every remaining
   descendant (SIGTERM, then SIGKILL after a grace) and exits only when its
   subtree is gone, so the output pipes reach end of file.
@@ -32,11 +40,16 @@ from pathlib import Path
 TAG_VAR = "PHASEGATE_PROCESS_TAGS"
 GRACE_S = 2.0  # seconds a stopped descendant has between SIGTERM and SIGKILL
 SPAWN_FAILED = 127  # the supervisor's exit code when the command cannot start
+FENCED = 125  # the supervisor's exit code when it stopped the command at the lease's deadline
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _WATCHED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 _POLL_S = 0.5  # how often the supervisor looks at its parent without a signal
+_DEADLINE_POLL_S = 0.1  # how often it reads the deadline file: a lost lease is noticed at once
+#: The clock of the deadline file: the same in every process of a host, and still
+#: running while the machine sleeps (suspended for an hour, the lease is long gone).
+_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
 
 # -- /proc ----------------------------------------------------------------------
@@ -153,6 +166,46 @@ def signal_all(pids: set[int], table: dict[int, tuple[int, int, int]], sig: int)
             os.close(fd)
 
 
+# -- the lease's deadline ------------------------------------------------------------
+
+
+def deadline_clock() -> float:
+    """Seconds on the clock the deadline file is written in (CLOCK_BOOTTIME)."""
+    return time.clock_gettime(_CLOCK)
+
+
+def read_deadline(path: str) -> tuple[float, float]:
+    """The (stop, kill) instants (``deadline_clock()`` seconds) in the deadline file at
+    ``path``; (0, 0), long past, when it is gone or unreadable: a supervisor that
+    cannot tell its lease is held must not go on."""
+    try:
+        stop, kill = (float(field) for field in Path(path).read_text().split())
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return stop, kill
+
+
+def _grace(deadline: str | None) -> float:
+    """Seconds a stopped descendant has before SIGKILL: ``GRACE_S``, or less once the
+    lease's stop instant passed, so that the subtree is gone by its kill instant."""
+    if deadline is None:
+        return GRACE_S
+    stop, kill = read_deadline(deadline)
+    now = deadline_clock()
+    return GRACE_S if now < stop else max(0.0, min(GRACE_S, kill - now))
+
+
+def fenced_marker(deadline: str, supervisor: int) -> Path:
+    """The file the supervisor ``supervisor`` leaves beside the deadline file when it
+    stopped its command at the deadline: its exit code alone could be the command's."""
+    return Path(deadline).with_name(f"fenced.{supervisor}")
+
+
+def _say_fenced(deadline: str, me: int) -> None:
+    with contextlib.suppress(OSError):  # the lease let go meanwhile: nobody asks
+        fenced_marker(deadline, me).touch()
+
+
 # -- the supervisor ---------------------------------------------------------------
 
 
@@ -180,9 +233,9 @@ def _reap() -> dict[int, int]:
         reaped[pid] = status
 
 
-def _stop_subtree(me: int, tag: str) -> None:
-    """SIGTERM every descendant (by ppid, and by tag), SIGKILL what outlives the grace."""
-    deadline = time.monotonic() + GRACE_S
+def _stop_subtree(me: int, tag: str, grace_s: float = GRACE_S) -> None:
+    """SIGTERM every descendant (by ppid, and by tag), SIGKILL what outlives ``grace_s``."""
+    deadline = time.monotonic() + grace_s
     sig = signal.SIGTERM
     while True:
         _reap()
@@ -199,7 +252,8 @@ def _stop_subtree(me: int, tag: str) -> None:
 
 def main(argv: list[str]) -> int:
     parent, status_fd, mode = int(argv[0]), int(argv[1]), argv[2]
-    command = argv[4:]
+    deadline = None if argv[3] == "-" else argv[3]
+    command = argv[5:]
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     # The death signal comes when the *thread* that started us exits: phasegate's
     # thread waits in run_supervised until we exit, so only its death sends it.
@@ -213,6 +267,9 @@ def main(argv: list[str]) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED)
 
     argv_ = ["/bin/sh", "-c", command[0]] if mode == "shell" else command
+    if deadline is not None and deadline_clock() >= read_deadline(deadline)[0]:
+        _say_fenced(deadline, me)
+        return FENCED  # the lease may be another worker's already: start nothing
     os.set_inheritable(status_fd, False)  # closed by a successful exec: EOF means started
     pid = os.fork()
     if pid == 0:
@@ -230,13 +287,20 @@ def main(argv: list[str]) -> int:
     os.close(status_fd)
     status: int | None = None
     while status is None:
-        got = signal.sigtimedwait(_WATCHED, _POLL_S)
+        got = signal.sigtimedwait(_WATCHED, _POLL_S if deadline is None else _DEADLINE_POLL_S)
         status = _reap().get(pid)
         if status is None and (
             (got is not None and got.si_signo != signal.SIGCHLD) or os.getppid() != parent
         ):
-            _stop_subtree(me, tag)
+            _stop_subtree(me, tag, _grace(deadline))
             return 128 + signal.SIGTERM
+        if status is None and deadline is not None:
+            stop, kill = read_deadline(deadline)
+            now = deadline_clock()
+            if now >= stop:
+                _stop_subtree(me, tag, max(0.0, min(GRACE_S, kill - now)))
+                _say_fenced(deadline, me)
+                return FENCED
     # The command is done; what it left running (a server, a setsid'd sleeper)
     # must not outlive it, nor hold the output pipes open.
     _stop_subtree(me, tag)

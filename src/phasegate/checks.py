@@ -104,8 +104,10 @@ def run_checks(
     that called ``setsid()`` included, and what it leaves running when it
     exits is stopped too. Raises WorkflowPaused, after stopping the running
     check, when ``cancel`` is set: a shutdown must not wait out a long test
-    suite. Raises CheckUnstartable, naming ``landing_areas.checks[i]`` (``i``
-    its index in ``commands``), when a check cannot start: the OS would
+    suite; and when the lease it runs under reached its deadline
+    (``phasegate._deadline``): the check was stopped, its result means
+    nothing. Raises CheckUnstartable, naming ``landing_areas.checks[i]``
+    (``i`` its index in ``commands``), when a check cannot start: the OS would
     refuse it (``command_problem``), or refused it (``cwd`` missing). A
     ``confinement`` (``sandbox.check_confinement``) runs each
     check in its sandbox with ``cwd`` writable (its ``.git`` not) and a
@@ -136,6 +138,11 @@ def run_checks(
             raise CheckUnstartable(f"landing_areas.checks[{i}] cannot start: {why}") from None
         if finished.stopped == "interrupted":
             raise WorkflowPaused(f"shutdown while the check {command!r} ran")
+        if finished.stopped == "fenced":
+            raise WorkflowPaused(
+                f"the check {command!r} was stopped: this worker's lease was not renewed "
+                "in time (self-fencing)"
+            )
         results.append(
             CheckResult(
                 command=command,

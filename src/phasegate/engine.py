@@ -17,10 +17,13 @@ workflow resumes from its last commit and its milestones.
 Fencing (issue 9): the lease's ``Fence`` is checked before every agent start
 and journaled side effect and is part of the commit's WHERE; a heartbeat that
 finds the lease taken over (or expired unrenewed) marks it lost, and the
-advance stops at once without another write. A store that is unavailable
-(locked past its busy timeout, full) is retried within ``store_retry_delays_s``;
-then the workflow is paused with the reason, or, when even that cannot be
-written, left in its last committed state and StoreUnavailable raised.
+advance stops at once without another write. Its agents and checks run under
+the lease's deadline (``phasegate._deadline``); one stopped by it while the
+lease is still held pauses the phase (event ``self_fenced``). A store that is
+unavailable (locked past its busy timeout, full) is retried within
+``store_retry_delays_s``; then the workflow is paused with the reason, or,
+when even that cannot be written, left in its last committed state and
+StoreUnavailable raised.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from phasegate import _gitfs
+from phasegate._deadline import LeaseDeadline, current_deadline, deadline_clock, governing
 from phasegate._git import withhold_from_git
 from phasegate._host import host_name
 from phasegate.agents import binding_problems
@@ -340,7 +344,12 @@ class Engine:
             log.warning("lease on %s not released: %s", workflow_id, exc)
 
     def advance(
-        self, workflow_id: str, *, max_steps: int = 200, claimed: int | None = None
+        self,
+        workflow_id: str,
+        *,
+        max_steps: int = 200,
+        claimed: int | None = None,
+        claimed_at: float | None = None,
     ) -> dict[str, Any]:
         """Run the workflow until it waits, pauses, fails, completes or shutdown is asked.
 
@@ -348,17 +357,21 @@ class Engine:
         another worker (FenceLost, logged), or raises StoreUnavailable when it
         was lost because the store stayed unavailable for a whole lease TTL.
         ``claimed``: the fence of the lease the worker already took for it (a
-        bulk claim, ``LeaseRows.claim_free``). Returns the workflow's row. Raises
+        bulk claim, ``LeaseRows.claim_free``) and ``claimed_at``, when it was sent
+        (``deadline_clock()`` seconds; default now). Returns the workflow's row. Raises
         WorkflowNotFound; LeaseHeld when another live worker (or another thread
         of this engine) is advancing it; ForeignWorkflow (nothing run) when it is
         another repository's (``phasegate.takeover``);
         StoreUnavailable when the store stayed unavailable past the retries and
         even the pause could not be written (the workflow is as last committed).
         """
+        asked = deadline_clock()
         fence = self._hold(
             workflow_id, claimed, f"workflow {workflow_id} is being advanced by another worker"
         )
-        heartbeat = Heartbeat(self.store, fence, self.lease_ttl_s)
+        sent_at = claimed_at if claimed is not None and claimed_at is not None else asked
+        deadline = LeaseDeadline(self.lease_ttl_s, sent_at, fence.lost)
+        heartbeat = Heartbeat(self.store, fence, self.lease_ttl_s, deadline)
         heartbeat.start()
         try:
             # One read for the label, the cleanup and the first step: the lease is
@@ -371,7 +384,8 @@ class Engine:
             for _ in range(max_steps):
                 if fence.lost.is_set():
                     raise FenceLost(f"workflow {workflow_id}: the lease was lost")
-                stopped = self.shutdown.is_set() or not self._step(workflow_id, ctx)
+                with governing(deadline):
+                    stopped = self.shutdown.is_set() or not self._step(workflow_id, ctx)
                 ctx = None
                 if stopped and not self._advance_child(workflow_id):
                     break
@@ -391,6 +405,7 @@ class Engine:
                 ) from None
         finally:
             heartbeat.stopped.set()
+            deadline.close()
             self._let_go(workflow_id)
         return self.store.workflow_row(workflow_id)
 
@@ -509,9 +524,16 @@ class Engine:
             healed = self_heal(ctx, deps, lambda event: self._emit(ctx.id, event))
             result = healed or resolve_phase_handler(ctx.current_phase)(ctx, deps)
         except WorkflowPaused as exc:
+            if fence is not None:
+                fence.check()  # taken over meanwhile: the rows are the new holder's
+            deadline = current_deadline()
+            fenced = deadline is not None and deadline.fenced.is_set()
             self._emit(
                 ctx.id,
-                EventWrite("paused_by_shutdown", {"phase": ctx.current_phase, "note": str(exc)}),
+                EventWrite(
+                    "self_fenced" if fenced else "paused_by_shutdown",
+                    {"phase": ctx.current_phase, "note": str(exc)},
+                ),
             )
             return False
         except (FenceLost, StoreUnavailable):

@@ -367,7 +367,10 @@ class SideEffects:
         this boot, can be reached; one from an earlier boot is gone."""
         data = row.data
         if data.get("host") != host_name():
-            how = f"on host {data.get('host')}, not reachable from here"
+            how = (
+                f"on host {data.get('host')}, not reachable from here "
+                "(its supervisor stops it at the lease's deadline)"
+            )
         elif data.get("boot", boot_id()) != boot_id():
             how = "already gone (the machine restarted)"
         elif kill_orphan_group(int(data["pgid"]), data.get("ticks")):

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from phasegate._deadline import LeaseDeadline, deadline_clock
 from phasegate.contract import PR_REVIEW, RUNNABLE_STATUSES, WAIT, PhasegateError
 from phasegate.phases import cleanup
 from phasegate.store import Fence, Store, StoreUnavailable
@@ -80,19 +81,25 @@ class LeaseHeld(PhasegateError):
 
 
 class Heartbeat(threading.Thread):
-    """Renews ``fence``'s lease every third of its TTL until stopped.
+    """Renews ``fence``'s lease every third of its TTL until stopped, and moves the
+    ``deadline`` of the agents and checks started under it on after each renewal.
 
     A renewal that raises (the store locked past its busy timeout, full) is
     logged and tried again sooner, never the end of the thread; the lease is
     lost, and ``fence.lost`` set, when a renewal finds it taken over or when
-    no renewal succeeded for a whole TTL (another worker may claim it).
+    no renewal succeeded for a whole TTL (another worker may claim it). A lost
+    lease ends the deadline: the supervisors stop every agent and check
+    running under it at once (``phasegate._deadline``).
     """
 
-    def __init__(self, store: Store, fence: Fence, ttl_s: float) -> None:
+    def __init__(
+        self, store: Store, fence: Fence, ttl_s: float, deadline: LeaseDeadline | None = None
+    ) -> None:
         super().__init__(daemon=True, name=f"lease-{fence.workflow_id}")
         self.store = store
         self.fence = fence
         self.ttl_s = ttl_s
+        self.deadline = deadline
         self.stopped = threading.Event()
         self.failures = 0  # renewals that raised, for the log and the tests
         self.last_fault: StoreUnavailable | None = None  # the last renewal's store fault
@@ -102,6 +109,7 @@ class Heartbeat(threading.Thread):
         renewed_at = time.monotonic()
         wait = interval
         while not self.stopped.wait(wait):
+            sent_at = deadline_clock()  # the lease runs a whole TTL from a moment after
             try:
                 held = self.store.renew(fence.workflow_id, fence.owner, fence.value, self.ttl_s)
             except Exception as exc:  # the thread must outlive any failed renewal
@@ -112,16 +120,26 @@ class Heartbeat(threading.Thread):
                     log.error("lease on %s expired unrenewed: %s", fence.workflow_id, exc)
                     if isinstance(exc, StoreUnavailable):
                         fence.unrenewed = exc
-                    fence.lost.set()
+                    self._lost()
                     return
                 log.warning("lease on %s not renewed, retrying: %s", fence.workflow_id, exc)
                 wait = interval / 4
                 continue
             if not held:
-                log.error("lease on %s was taken over; this worker stops", fence.workflow_id)
-                fence.lost.set()
+                log.error(
+                    "lease on %s was taken over; this worker stops its agents and checks",
+                    fence.workflow_id,
+                )
+                self._lost()
                 return
+            if self.deadline is not None:
+                self.deadline.extend(sent_at)
             renewed_at, wait = time.monotonic(), interval
+
+    def _lost(self) -> None:
+        self.fence.lost.set()
+        if self.deadline is not None:
+            self.deadline.end()
 
 
 def waits_on_ci(row: Mapping[str, Any]) -> bool:
@@ -338,12 +356,13 @@ class _Worker:
             waiting = [i for i in waiting if i not in self.running]
         started: list[str] = []
         if due:
+            sent_at = deadline_clock()  # what the agents' deadline counts from
             taken = self.store.claim_free(
                 due, self.engine.owner, self.engine.lease_ttl_s, limit=free
             )
             for workflow_id in due:  # oldest first, as listed
                 if workflow_id in taken:
-                    self._start(workflow_id, taken[workflow_id], forge)
+                    self._start(workflow_id, (taken[workflow_id], sent_at), forge)
                     started.append(workflow_id)
             due = [i for i in due if i not in taken]
         for workflow_id in waiting[: max(0, free - len(started))]:
@@ -382,10 +401,12 @@ class _Worker:
                     due.append(workflow_id)
         return due, waiting, forge
 
-    def _start(self, workflow_id: str, fence: int | None, forge: tuple[int, int] | None) -> None:
+    def _start(
+        self, workflow_id: str, claim: tuple[int, float] | None, forge: tuple[int, int] | None
+    ) -> None:
         thread = threading.Thread(
             target=self._advance,
-            args=(workflow_id, fence, forge),
+            args=(workflow_id, claim, forge),
             daemon=True,
             name=f"advance-{workflow_id}",
         )
@@ -395,15 +416,18 @@ class _Worker:
                 self.seen.add(workflow_id)
         thread.start()
 
-    def _advance(self, workflow_id: str, fence: int | None, forge: tuple[int, int] | None) -> None:
-        """Advance the workflow under the lease ``fence`` (None: a waiting one, looked
-        at without a lease first and advanced, under a claim of its own, only when
-        its wait has something new: ``Engine.idle_at``)."""
+    def _advance(
+        self, workflow_id: str, claim: tuple[int, float] | None, forge: tuple[int, int] | None
+    ) -> None:
+        """Advance the workflow under the lease ``claim`` took (its fence, and when the
+        claim was sent: ``Engine.advance``'s ``claimed`` and ``claimed_at``; None: a
+        waiting one, looked at without a lease first and advanced, under a claim of
+        its own, only when its wait has something new: ``Engine.idle_at``)."""
         left = None
         try:
-            idle = self.engine.idle_at(workflow_id) if fence is None else None
+            idle = self.engine.idle_at(workflow_id) if claim is None else None
             if idle is None:
-                left = self._advance_until_idle(workflow_id, fence, forge)
+                left = self._advance_until_idle(workflow_id, claim, forge)
             else:
                 left = self._left_at({"version": idle, **_WAITING}, forge)
         except LeaseHeld:
@@ -440,7 +464,7 @@ class _Worker:
         return seen is not None and (left is None or seen > left.version)
 
     def _advance_until_idle(
-        self, workflow_id: str, fence: int | None, forge: tuple[int, int] | None
+        self, workflow_id: str, claim: tuple[int, float] | None, forge: tuple[int, int] | None
     ) -> _Left | None:
         """Advance the workflow; when it is left waiting, how a look (``Engine.idle_at``)
         finds it, advancing it again while the look finds something new.
@@ -454,8 +478,9 @@ class _Worker:
         thread ends: ``_changed_behind``.)
         """
         for _ in range(_RELOOKS):
-            row = self.engine.advance(workflow_id, claimed=fence)
-            fence = None
+            fence, sent_at = claim or (None, None)
+            row = self.engine.advance(workflow_id, claimed=fence, claimed_at=sent_at)
+            claim = None
             if not _waiting(row) or self.shutdown.is_set():
                 return self._left_at(row, forge)
             idle = self.engine.idle_at(workflow_id)

@@ -21,6 +21,7 @@ ERROR_KINDS = (
     "permission_denied",
     "timeout",
     "interrupted",
+    "self_fenced",  # stopped at its lease's deadline: the worker could not renew it
     "invalid_patch",
     "read_only_violation",
     "ref_violation",

@@ -24,7 +24,8 @@ __all__ = ["ProcessOutcome", "run_agent_process"]
 
 @dataclass(frozen=True)
 class ProcessOutcome:
-    """How the process ended. ``stopped`` is "timeout", "interrupted" or None."""
+    """How the process ended. ``stopped`` is "timeout", "interrupted", "fenced" (the
+    lease's deadline passed: ``phasegate._deadline``) or None."""
 
     stdout: str
     stderr: str
@@ -53,6 +54,13 @@ class ProcessOutcome:
                 self.stdout,
                 error_kind="interrupted",
                 error="stopped by shutdown",
+                duration_s=self.duration_s,
+            )
+        if self.stopped == "fenced":
+            return AgentResult(
+                self.stdout,
+                error_kind="self_fenced",
+                error="stopped: this worker's lease was not renewed in time (self-fencing)",
                 duration_s=self.duration_s,
             )
         if self.stopped == "timeout":

@@ -190,8 +190,10 @@ class AgentService:
         ``ref_violation``/``git_dir_violation``, like any failed call. Raises AgentFailed when
         all tries fail (exit code, timeout, garbage, ...) or at once when a
         spend cap is reached (kind ``budget``); WorkflowPaused when shutdown
-        interrupts a call; FenceLost before a call, or after one without
-        recording it, once the workflow's lease was taken over (``fences``).
+        interrupts a call, or when the lease's deadline stopped it
+        (``self_fenced``, not recorded); FenceLost before a call, or after one
+        without recording it, once the workflow's lease was taken over
+        (``fences``).
         """
         binding = self.cartridge.role(role)
         runner = self.runner(role)
@@ -275,6 +277,7 @@ class AgentService:
             # The worker that took over owns the workflow's rows now: its
             # reconciliation settled this call's process; write nothing of it.
             self._check_fence(ctx.id)
+            fenced = result.error if result.error_kind == "self_fenced" else None
             if clean_before:
                 at = changes()
                 if checkout_state(cwd) != "":
@@ -283,6 +286,10 @@ class AgentService:
                     self._saw_clean_after(ctx, cwd, at, known)
             if result.error_kind == "interrupted":
                 raise WorkflowPaused(f"shutdown while the {role} agent ran")
+            if fenced is not None:
+                # The lease is still this worker's (checked above), but it was not
+                # renewed in time: the phase starts again from its last commit.
+                raise WorkflowPaused(f"the {role} agent was stopped: {fenced}")
             result = oversized_answer(result, answer_limit)
             if role == "build" and read_only:
                 result = secret_in_diff_answer(result, secrets)

@@ -99,7 +99,7 @@ class _Progress:
             color = "green" if data.get("status") == "completed" else "yellow"
             note = shown(str(data.get("note"))[:200])
             self.line(f"  [{color}]cleanup retried: {data.get('status')}: {note}[/{color}]")
-        elif type_ in ("reconciled", "worktree_healed", "paused_by_shutdown"):
+        elif type_ in ("reconciled", "worktree_healed", "paused_by_shutdown", "self_fenced"):
             note = shown(str(data.get("note") or data.get("path")))
             self.line(f"  [cyan]{type_}: {note}[/cyan]")
 

@@ -205,7 +205,8 @@ def worker(
             "how long a worker on another machine waits before taking over the workflows "
             "of one that died. A dead worker on this machine is taken over at once; "
             f"{HOSTNAME_VARIABLE} names the machine when its host name does not tell "
-            "it apart (containers).",
+            "it apart (containers). An agent or check is stopped 3/4 of it after the "
+            "last renewal, so it never outlives the lease (a stopped or cut-off worker).",
         ),
     ] = 60.0,
 ) -> None:

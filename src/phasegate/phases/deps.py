@@ -58,12 +58,14 @@ class PhaseDeps:
         store, a reason, or the next agent's prompt. Each
         check process has a ``check_process`` milestone while it runs
         (``ProcessJournal``), so a restarted worker stops what this one left
-        running if it dies. Raises WorkflowPaused on shutdown.
+        running if it dies. Raises WorkflowPaused on shutdown, and when the
+        lease's deadline stopped a check (``phasegate._deadline``).
         """
         areas = self.cartridge.landing_areas
         workflow_id = self.effects.workflow_id
         phase = self.store.load_context(workflow_id).current_phase
-        journal = ProcessJournal(self.store, workflow_id)
+        # A stale worker's check rows are the new holder's to settle, as its agents' are.
+        journal = ProcessJournal(self.store, workflow_id, fence=self.effects.fence)
         with journal.spawning(phase, "check_process") as spawned:
             return self.workspace.run_checks(
                 areas.checks,
