@@ -45,7 +45,6 @@ from phasegate.agents.base import Runner
 from phasegate.agents.env import cartridge_secrets, redact
 from phasegate.agents.service import AgentService
 from phasegate.cartridge import CARTRIDGE_FILE, Cartridge, CartridgeError
-from phasegate.checks import CheckUnstartable
 from phasegate.clock import Clock, SystemClock
 from phasegate.contract import (
     COMPLETED,
@@ -62,20 +61,18 @@ from phasegate.contract import (
 )
 from phasegate.forge import Forge
 from phasegate.forge.base import (
-    ForgeAuthError,
     ForgeError,
-    ForgeNotFound,
-    ForgeUnavailable,
     status_label,
 )
 from phasegate.forge.github_auth import make_forge
 from phasegate.healing import self_heal
 from phasegate.journal import SideEffects
+from phasegate.phase_faults import fault_result
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
 from phasegate.takeover import ForeignWorkflow, forge_repository, take_over
 from phasegate.worker import DEFAULT_CONCURRENCY, Heartbeat, LeaseHeld, run_worker
-from phasegate.workspace import GitTransient, Workspace, git
+from phasegate.workspace import Workspace, git
 
 __all__ = ["Engine", "ForeignWorkflow", "LeaseHeld"]
 
@@ -538,32 +535,8 @@ class Engine:
             return False
         except (FenceLost, StoreUnavailable):
             raise  # not the phase's failure: the worker's, or the store's
-        except CheckUnstartable as exc:  # the cartridge's to fix: no phase's failure
-            log.warning("phase %s of %s paused: %s", ctx.current_phase, ctx.id, exc)
-            result = PhaseResult(
-                "pause",
-                reason=f"{ctx.current_phase}: {exc}; fix it in {CARTRIDGE_FILE}, then resume",
-            )
-        except GitTransient as exc:  # git kept failing on a lock: resume retries
-            log.warning("phase %s of %s paused: %s", ctx.current_phase, ctx.id, exc)
-            result = PhaseResult("pause", reason=f"{ctx.current_phase}: {exc}")
-        except ForgeUnavailable as exc:  # past its retries and rate-limit waits: resume retries
-            log.warning("phase %s of %s paused: %s", ctx.current_phase, ctx.id, exc)
-            result = PhaseResult("pause", reason=f"forge_unavailable: {ctx.current_phase}: {exc}")
-        except ForgeAuthError as exc:  # a token or permission to fix; the work itself is sound
-            log.warning("phase %s of %s paused: %s", ctx.current_phase, ctx.id, exc)
-            result = PhaseResult("pause", reason=f"forge_auth: {ctx.current_phase}: {exc}")
-        except ForgeNotFound as exc:  # a repository renamed or out of the token's sight
-            log.warning("phase %s of %s paused: %s", ctx.current_phase, ctx.id, exc)
-            result = PhaseResult("pause", reason=f"forge_not_found: {ctx.current_phase}: {exc}")
         except Exception as exc:  # a phase must never crash the engine half-committed
-            if isinstance(exc, PhasegateError):  # expected: its message says it all
-                log.warning("phase %s of %s: %s", ctx.current_phase, ctx.id, exc)
-            else:
-                log.exception("phase %s of %s raised", ctx.current_phase, ctx.id)
-            result = PhaseResult(
-                "failed", reason=f"{ctx.current_phase}: {type(exc).__name__}: {exc}"
-            )
+            result = fault_result(ctx.current_phase, ctx.id, exc)
 
         if result.outcome == "wait" and not (result.milestones or result.state or result.updates):
             return False  # nothing new while waiting: no write on every poll
