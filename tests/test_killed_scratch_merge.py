@@ -64,6 +64,24 @@ def kill_a_merge_in_its_scratch_checkout(repo: Path, branch: str) -> Path:
     return scratch
 
 
+def dashboard_page(repo: Path, workflow_id: str) -> str:
+    """The workflow's page as the dashboard serves it, its text on one line."""
+    from fastapi.testclient import TestClient
+    from test_web import TOKEN, logged_in
+
+    from phasegate.engine import Engine
+    from phasegate.web import Access, create_app
+
+    cartridge = load_cartridge(repo)
+    store = open_store(cartridge.store_url(repo))
+    try:
+        with TestClient(create_app(Engine(repo, cartridge, store), Access(token=TOKEN))) as client:
+            logged_in(client)
+            return " ".join(client.get(f"/workflows/{workflow_id}").text.split())
+    finally:
+        store.close()
+
+
 def test_a_killed_merges_scratch_checkout_is_named_then_freed(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": ".phasegate/\n"})
     (repo / "answers.toml").write_text(HAPPY_ANSWERS)
@@ -92,6 +110,7 @@ def test_a_killed_merges_scratch_checkout_is_named_then_freed(tmp_path: Path) ->
     assert [(s["path"], s["branch"]) for s in shown] == [(str(scratch), "main")]
     text = phasegate_cli("show", first["id"], "--repo", str(repo)).stdout
     assert note in " ".join(text.split())
+    assert note in dashboard_page(repo, first["id"])
 
     # A live merge's scratch checkout is that merge's: no repair takes it.
     with ws.merge_lock(repo):
