@@ -230,3 +230,26 @@ def test_the_dashboard_shows_the_hold_and_its_diff_and_approves_it(
     assert row["status"] == "completed"
     approval = [m for m in store.milestones(workflow_id) if m.kind == "merge_approved"][-1]
     assert approval.summary == "bob"
+
+
+def test_doctor_says_when_workflows_do_not_run_under_the_checkout_s_cartridge(
+    tmp_path: Path,
+) -> None:
+    repo = project(tmp_path, {})
+
+    def warnings() -> list[str]:
+        proc = phasegate_cli("doctor", "--offline", "--json", "--repo", str(repo))
+        return [w for w in json.loads(proc.stdout)["warnings"] if "phasegate.toml" in w]
+
+    assert warnings() == []  # the checkout's file is the committed one
+    (repo / "phasegate.toml").write_text((repo / "phasegate.toml").read_text() + "\n# edited\n")
+    assert warnings() == [
+        "phasegate.toml in the checkout differs from the one committed on main; workflows run "
+        "under the committed one (commit your edits to use them)"
+    ]
+    git(repo, "rm", "-q", "--cached", "phasegate.toml")
+    git(repo, "commit", "-qm", "the cartridge untracked")
+    assert warnings() == [
+        "phasegate.toml is not committed on main: workflows run under the checkout's file, "
+        "which an unconfined agent could edit; commit it"
+    ]

@@ -44,7 +44,10 @@ from phasegate.cartridge import (
     Cartridge,
     CartridgeError,
     RoleBinding,
+    blob_sha,
     cartridge_from_document,
+    committed_blob,
+    committed_note,
 )
 from phasegate.cartridge_agents import AGENT_PROGRAMS, resolve_agents
 from phasegate.cartridge_forge import ForgeSettings
@@ -388,8 +391,11 @@ def diagnose(
             raw: dict[str, Any] | None = None
             try:
                 raw = read_toml(path)
-                cartridge = cartridge_from_document(root, raw)
+                cartridge = cartridge_from_document(root, raw, sha=blob_sha(path.read_bytes()))
                 cartridge_info["valid"] = True
+                note = committed_note(*committed_blob(root, cartridge), cartridge)
+                if note is not None:
+                    warnings.append(note)
             except (TomlError, CartridgeError) as exc:
                 cartridge_info["error"] = str(exc)
                 missing.append(f"the cartridge is invalid: {exc}")
