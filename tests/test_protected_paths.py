@@ -138,7 +138,8 @@ def test_a_symlink_out_of_the_repository_holds_the_merge(tmp_path: Path) -> None
     repo = project(tmp_path, {})
     build = (
         'runner = "command"\n'
-        'command = "echo feature > feature.txt && ln -s /etc/passwd passwd && echo built"\n'
+        'command = "echo feature > feature.txt && ln -s /etc/passwd passwd && ln -s . d && '
+        'ln -s d/d/d/d/../../../../etc/passwd pw && echo built"\n'
         "timeout = 30\n"
     )
     text = (repo / "phasegate.toml").read_text()
@@ -152,12 +153,19 @@ def test_a_symlink_out_of_the_repository_holds_the_merge(tmp_path: Path) -> None
 
     assert summary["status"] == "waiting", summary
     assert git(repo, "rev-parse", "main") == main_before
-    hold = run(repo, "show", summary["id"])["merge_hold"]
+    detail = run(repo, "show", summary["id"])
+    hold = detail["merge_hold"]
     assert hold["protected"] == []
+    # The second link's text stays inside; resolved through `d -> .` it climbs out.
     assert [(v["name"], v["paths"]) for v in hold["violations"]] == [
-        ("outward_symlink", ["passwd"])
+        ("outward_symlink", ["passwd"]),
+        ("outward_symlink", ["pw"]),
     ]
-    assert "1 violation(s) this round: outward_symlink" in hold["reason"]
+    assert "2 violation(s) this round: outward_symlink" in hold["reason"]
+    assert [(v["name"], v["paths"]) for v in detail["violations"]] == [
+        ("outward_symlink", ["passwd"]),
+        ("outward_symlink", ["pw"]),
+    ]  # show lists them with the agents' violations
 
 
 def test_links_out_knows_a_link_that_leaves_the_repository() -> None:
@@ -192,14 +200,42 @@ def test_check_files_name_what_a_check_runs() -> None:
     assert check_files(["make test"], changed) == ("Makefile",)
     assert check_files(["bash ./ci/run.sh --fast"], changed) == ("ci/run.sh",)
     assert check_files(["npm test", "tox -e py"], changed) == ("package.json", "tox.ini")
-    assert check_files(["python -m pytest -q"], changed) == ("pytest.ini",)
+    assert check_files(["python -m pytest -q"], changed) == ("pytest.ini", "tox.ini")
     assert check_files(["SCRIPT=ci/run.sh sh -c 'x'"], changed) == ("ci/run.sh",)
-    assert check_files(["sh -c 'cd src && bash ci/run.sh'"], changed) == ("ci/run.sh",)
+    assert check_files(["sh -c 'bash ci/run.sh'"], changed) == ("ci/run.sh",)
+    # The forms a shell reads as the same file, and the directories a tool moves to.
+    for command in (
+        "sh ci/../ci/run.sh",
+        "sh ci//run.sh",
+        "sh /repo/ci/run.sh",
+        "sh $PWD/ci/run.sh",
+        "cd ci && sh run.sh",
+        "sh ci/run.sh>/dev/null",
+        "sh ci/r*.sh",
+    ):
+        assert check_files([command], changed, ["/repo"]) == ("ci/run.sh",), command
+    assert check_files(["python3 -m ci.check"], {"ci/check.py"}) == ("ci/check.py",)
+    assert check_files(["make -C sub test"], {"sub/Makefile"}) == ("sub/Makefile",)
+    assert check_files(["cd sub && make test"], {"sub/Makefile"}) == ("sub/Makefile",)
+    assert check_files(["npm --prefix web test"], {"web/package.json"}) == ("web/package.json",)
+    pytest_config = {"pyproject.toml", "setup.cfg", "tests/conftest.py", "tests/test_a.py"}
+    assert check_files(["python -m pytest -q"], pytest_config) == (
+        "pyproject.toml",
+        "setup.cfg",
+        "tests/conftest.py",
+    )
+    assert check_files(["sh /elsewhere/ci/run.sh", "cat ../ci/run.sh"], changed, ["/repo"]) == ()
     assert check_files(["cargo test", "go test ./..."], changed) == ()
     patterns = protected_patterns(None, ["make test"], changed)
     assert patterns == ("phasegate.toml", ".github/", ".gitlab-ci.yml", ".ci/", "Makefile")
     # A cartridge's own list replaces the defaults; the cartridge file stays protected.
     assert protected_patterns(["deploy/*.yml"], [], changed) == ("phasegate.toml", "deploy/*.yml")
+    given = protected_patterns(["./deploy/", "**/secret.cfg"], [], changed)
+    assert protected_touched(["deploy/x", "secret.cfg", "a/secret.cfg", "b.cfg"], given) == (
+        "a/secret.cfg",
+        "deploy/x",
+        "secret.cfg",
+    )
     touched = protected_touched(
         ["src/x.py", ".github/workflows/a.yml", "deploy/prod.yml", "Makefile"], patterns
     )
@@ -253,3 +289,32 @@ def test_doctor_says_when_workflows_do_not_run_under_the_checkout_s_cartridge(
         "phasegate.toml is not committed on main: workflows run under the checkout's file, "
         "which an unconfined agent could edit; commit it"
     ]
+
+
+def test_an_approval_stands_only_for_the_change_the_person_saw(tmp_path: Path) -> None:
+    repo = project(tmp_path, {})
+    text = (
+        (repo / "phasegate.toml").read_text().replace('profile = "full-auto"', 'profile = "review"')
+    )
+    (repo / "phasegate.toml").write_text(text)
+    git(repo, "commit", "-qam", "review profile")
+    summary = run(repo, "run", "a ticket")
+    assert (summary["status"], run(repo, "show", summary["id"])["merge_hold"]) == ("waiting", None)
+    main_before = git(repo, "rev-parse", "main")
+    # Someone commits a cartridge edit to the branch after the report the person read.
+    checkout = repo / ".phasegate" / "worktrees" / summary["id"]
+    (checkout / "phasegate.toml").write_text(
+        text.replace("check_timeout = 60", "check_timeout = 1")
+    )
+    git(checkout, "commit", "-qam", "later")
+
+    refused = phasegate_cli("approve-merge", summary["id"], "--by", " ", "--repo", str(repo))
+    assert refused.returncode == 2 and "an approval needs a name: --by NAME" in refused.stderr
+    after = run(repo, "approve-merge", summary["id"], "--by", "alice")
+
+    assert after["status"] == "waiting", after  # the approval did not cover the new commit
+    assert git(repo, "rev-parse", "main") == main_before
+    assert run(repo, "show", summary["id"])["merge_hold"]["protected"] == ["phasegate.toml"]
+    again = run(repo, "approve-merge", summary["id"], "--by", "alice")
+    assert again["status"] == "completed", again
+    assert "check_timeout = 1" in git(repo, "show", "main:phasegate.toml")

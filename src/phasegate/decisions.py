@@ -85,10 +85,13 @@ def approve_merge(ctx: WorkflowContext, by: str) -> PhaseResult:
     who = approved_by(ctx)
     if who is not None:
         raise ContractViolation(f"workflow {ctx.id}'s merge is already approved (by {who})")
+    if not by.strip():
+        # The name is the record of who let a held change through: it cannot be blank.
+        raise ContractViolation("an approval needs a name: --by NAME")
     return PhaseResult(
         "retry",
         status=PHASE_STATUS_MAP[WAIT],
-        state={"merge_approved": True, "merge_approved_by": by},
+        state={"merge_approved": True, "merge_approved_by": by.strip()},
     )
 
 

@@ -24,7 +24,7 @@ log = logging.getLogger("phasegate.engine")
 #: The faults that pause: the exception's class, the reason's prefix and its ending.
 _PAUSES: tuple[tuple[type[Exception], str, str], ...] = (
     # The cartridge's to fix: no phase's failure.
-    (CheckUnstartable, "", f"; fix it in {CARTRIDGE_FILE}, then resume"),
+    (CheckUnstartable, "", f"; fix it in {CARTRIDGE_FILE}, commit it, then resume"),
     # git kept failing on a lock: resume retries.
     (GitTransient, "", ""),
     # Past its retries and rate-limit waits: resume retries.

@@ -20,8 +20,11 @@ and matches go out.
 
 from __future__ import annotations
 
+import posixpath
+import re
 import shlex
 from collections.abc import Collection, Iterable, Sequence
+from fnmatch import fnmatchcase
 from pathlib import PurePosixPath
 
 from phasegate.graph.facts import path_matches
@@ -44,7 +47,8 @@ CARTRIDGE_PATH = "phasegate.toml"
 DEFAULT_PROTECTED_PATHS: tuple[str, ...] = (CARTRIDGE_PATH, ".github/", ".gitlab-ci.yml", ".ci/")
 
 #: The files that say what a check command runs when the command names only its tool:
-#: ``make test`` runs the Makefile's recipe, ``npm test`` package.json's script.
+#: ``make test`` runs the Makefile's recipe, ``npm test`` package.json's script, and
+#: pytest reads its options (``addopts``, ``testpaths``) from any of its config files.
 _TOOL_FILES: dict[str, tuple[str, ...]] = {
     "make": ("Makefile", "makefile", "GNUmakefile"),
     "npm": ("package.json",),
@@ -53,49 +57,108 @@ _TOOL_FILES: dict[str, tuple[str, ...]] = {
     "tox": ("tox.ini",),
     "nox": ("noxfile.py",),
     "just": ("justfile", "Justfile", ".justfile"),
-    "pytest": ("pytest.ini",),
+    "pytest": ("pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini"),
 }
+
+#: Files a tool reads wherever they are in the tree: pytest's conftest.py can skip any test.
+_TOOL_FILES_ANYWHERE: dict[str, tuple[str, ...]] = {"pytest": ("conftest.py",)}
+
+#: The options that move a tool into another directory, whose own files it then reads.
+_DIRECTORY_OPTIONS = frozenset({"-C", "--directory", "--prefix", "--cwd", "--dir"})
+
+#: The shell's own words for where the checkout is.
+_CHECKOUT_WORDS = ("$PWD/", "${PWD}/")
+
+_GLOB = re.compile(r"[*?[]")
 
 
 def _words(command: str) -> list[str]:
-    """The words of ``command`` as the shell splits them, and the words of each
-    word that is itself a command line (``sh -c '...'``)."""
+    """The words of ``command`` as the shell splits them (``a>b`` and ``x;y`` are
+    three words each), and the words of each word that is itself a command line
+    (``sh -c '...'``)."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
     try:
-        words = shlex.split(command)
+        words = list(lexer)
     except ValueError:  # an unbalanced quote: the shell will refuse it anyway
         words = command.split()
     inner = [w for word in words if " " in word.strip() for w in _words(word)]
     return words + inner
 
 
-def check_files(checks: Sequence[str], paths: Collection[str]) -> tuple[str, ...]:
+def _relative(word: str, roots: Sequence[str]) -> str | None:
+    """``word`` as a path relative to the checkout: ``./`` and ``$PWD/`` dropped, an
+    absolute path under one of ``roots`` made relative; None for a path outside."""
+    for prefix in _CHECKOUT_WORDS:
+        word = word.removeprefix(prefix)
+    if word.startswith("/"):
+        for root in roots:
+            if word.startswith(root.rstrip("/") + "/"):
+                word = word[len(root.rstrip("/")) + 1 :]
+                break
+        else:
+            return None
+    path = posixpath.normpath(word)
+    return None if path == ".." or path.startswith("../") else path
+
+
+def check_files(
+    checks: Sequence[str], paths: Collection[str], roots: Sequence[str] = ()
+) -> tuple[str, ...]:
     """The ``paths`` (a change's, repository-relative) that the check commands run
     or name, sorted.
 
-    A word of a command, the value after ``=`` in ``NAME=value``, or a word of a
-    command line inside one (``sh -c '...'``) counts when it is one of
-    ``paths``, with a leading ``./`` dropped. A tool that reads a file of its
-    own counts that file: ``make`` its Makefile (or the one ``-f`` names),
-    ``npm``, ``pnpm`` and ``yarn`` package.json, ``tox`` tox.ini, ``nox``
-    noxfile.py, ``just`` its justfile, ``pytest`` (also as ``python -m
-    pytest``) pytest.ini.
+    A command's words are read as the shell splits them, and so are the words of
+    a command line inside one (``sh -c '...'``). A word counts, as does the value
+    after ``=`` in ``NAME=value`` or ``--option=value``, when it is one of
+    ``paths`` once normalized: ``./``, ``//`` and ``..`` resolved, ``$PWD/``
+    dropped, an absolute path under one of ``roots`` (the checkout, the
+    worktree) made relative, each also taken from every directory a ``cd``,
+    ``-C``, ``--prefix`` or ``--cwd`` names. A word with a glob counts every
+    path it matches. ``python -m a.b`` counts ``a/b.py`` and the package's
+    ``__init__.py`` and ``__main__.py``. A tool that reads a file of its own
+    counts that file in each such directory: ``make`` its Makefile, ``npm``,
+    ``pnpm`` and ``yarn`` package.json, ``tox`` tox.ini, ``nox`` noxfile.py,
+    ``just`` its justfile, ``pytest`` pytest.ini, pyproject.toml, setup.cfg,
+    tox.ini and every conftest.py.
+
+    What a check reaches another way (a variable, a Makefile's ``include``, a
+    script that runs a directory of scripts, a symbolic link's target) is not
+    seen: name it in ``[workflow] protected_paths``.
     """
     found: set[str] = set()
     for command in checks:
         words = _words(command)
+        dirs = [""]
+        tools: set[str] = set()
         for index, word in enumerate(words):
-            for candidate in (word, word.partition("=")[2]):
-                path = candidate.removeprefix("./")
-                if path in paths:
-                    found.add(path)
-            tool = word.rsplit("/", 1)[-1]
-            found.update(name for name in _TOOL_FILES.get(tool, ()) if name in paths)
-            if tool == "make":
-                rest = words[index + 1 :]
-                for flag, value in zip(rest, rest[1:], strict=False):
-                    if flag == "-f" and value.removeprefix("./") in paths:
-                        found.add(value.removeprefix("./"))
-    return tuple(sorted(found))
+            previous = words[index - 1] if index else ""
+            option, _, value = word.partition("=")
+            if previous in ("cd", "pushd", *_DIRECTORY_OPTIONS) or option in _DIRECTORY_OPTIONS:
+                where = _relative(value if option in _DIRECTORY_OPTIONS else word, roots)
+                if where is not None and where not in dirs:
+                    dirs.append(where)
+            candidates = {word, value}
+            if previous == "-m":  # python -m a.b
+                module = word.replace(".", "/")
+                candidates |= {f"{module}.py", f"{module}/__init__.py", f"{module}/__main__.py"}
+            for candidate in candidates:
+                for where in dirs:
+                    path = _relative(posixpath.join(where, candidate), roots)
+                    if path is None or path == ".":
+                        continue
+                    if _GLOB.search(path):
+                        found.update(p for p in paths if fnmatchcase(p, path))
+                    elif path in paths:
+                        found.add(path)
+            tools.add(word.rsplit("/", 1)[-1])
+        # After the whole command: `make -C sub test` names its directory after its tool.
+        for tool in tools:
+            for name in _TOOL_FILES.get(tool, ()):
+                found.update(posixpath.join(where, name) for where in dirs)
+            for name in _TOOL_FILES_ANYWHERE.get(tool, ()):
+                found.update(p for p in paths if posixpath.basename(p) == name)
+    return tuple(sorted(p for p in found if p in paths))
 
 
 def links_out(path: str, target: str) -> bool:
@@ -113,13 +176,17 @@ def links_out(path: str, target: str) -> bool:
 
 
 def protected_patterns(
-    configured: Sequence[str] | None, checks: Sequence[str], paths: Collection[str]
+    configured: Sequence[str] | None,
+    checks: Sequence[str],
+    paths: Collection[str],
+    roots: Sequence[str] = (),
 ) -> tuple[str, ...]:
     """Every protected pattern for a change of ``paths``: the cartridge file,
-    ``configured`` (None: the default list) and ``check_files(checks, paths)``;
-    in that order, once each."""
+    ``configured`` (None: the default list; a leading ``./`` dropped) and
+    ``check_files(checks, paths, roots)``; in that order, once each."""
     given = DEFAULT_PROTECTED_PATHS if configured is None else tuple(configured)
-    patterns = (CARTRIDGE_PATH, *given, *check_files(checks, paths))
+    given = tuple(p.removeprefix("./") for p in given)
+    patterns = (CARTRIDGE_PATH, *given, *check_files(checks, paths, roots))
     return tuple(dict.fromkeys(patterns))
 
 

@@ -102,6 +102,9 @@ def render_report(payload: Mapping[str, Any], language: str) -> str:
         f"${usage.get('cost_usd', 0.0):.4f}",
         f"- {w['next']}: {w['next_merge'] if payload.get('auto_merge') else w['next_wait']}",
     ]
+    hold = payload.get("merge_hold")
+    if hold:  # the gate's reason is phasegate's own words, in English in both languages
+        lines.append(f"  - {hold['reason']}")
     lines += _feedback_lines(payload.get("feedback"), w)
     limits = payload.get("limits") or []
     if limits:

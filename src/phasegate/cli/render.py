@@ -13,7 +13,6 @@ from typing import Any
 
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
@@ -392,8 +391,9 @@ def _print_hold(hold: Mapping[str, Any] | None, workflow_id: str, approved: str 
             highlight=False,
         )
     if hold.get("diff"):
+        # Plain lines, never wrapped: a wrapped line would read as a line of context.
         console.print("  the protected paths' diff:", highlight=False)
-        console.print(Syntax(hold["diff"], "diff", word_wrap=True), highlight=False)
+        console.print(hold["diff"], markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_violations(violations: list[dict[str, Any]]) -> None:

@@ -174,7 +174,10 @@ def change_facts(patch: str, governance_paths: Sequence[str] = ()) -> ChangeFact
 
 def path_matches(path: str, pattern: str) -> bool:
     """Whether ``path`` is ``pattern``: the same path, under it (a pattern ending
-    in ``/``), or matched by it as a glob (``fnmatch``, ``*`` crosses ``/``)."""
+    in ``/``), or matched by it as a glob (``fnmatch``, ``*`` crosses ``/``; a
+    leading ``**/`` may match no directory at all)."""
+    if pattern.startswith("**/") and path_matches(path, pattern[3:]):
+        return True  # `**/name` also names a top-level `name`, as in .gitignore
     if pattern.endswith("/"):
         return path.startswith(pattern)
     return path == pattern or fnmatchcase(path, pattern)

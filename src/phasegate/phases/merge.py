@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from phasegate.agents.env import cartridge_secrets
 from phasegate.contract import (
     ACCEPTANCE_VERIFICATION,
     MERGE,
@@ -80,14 +81,22 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         if synced is not None:
             return synced
     head = deps.workspace.rev(repo, ctx.branch_name)
-    if merged is None and not ctx.state.get("merge_approved"):
-        # Unattended: a head the report did not judge (a sync with the base) is judged now.
-        hold = None
-        if head != ctx.state.get("merge_judged_head"):
-            hold = merge_gate.merge_hold(ctx, deps, head)
-        if hold is not None:
+    if merged is None and head != ctx.state.get("merge_judged_head"):
+        # A head the report did not judge (a sync with the base, a commit pushed to
+        # the branch since) is judged now. A person's approval stands only for what
+        # they saw held: a sync changes the head, not the branch's own change.
+        hold = merge_gate.merge_hold(ctx, deps, head)
+        approved = ctx.state.get("merge_approved")
+        if hold is not None and not (approved and merge_gate.covers(merge_gate.held(ctx), hold)):
+            secrets = cartridge_secrets(deps.cartridge)
             return PhaseResult.advance(
-                WAIT, state={"merge_hold": hold.as_state(), "merge_judged_head": head}
+                WAIT,
+                state={
+                    "merge_hold": hold.as_state(),
+                    "merge_judged_head": head,
+                    "merge_approved": False,
+                },
+                events=merge_gate.found_events(hold, secrets),
             )
     message = f"Merge #{ctx.pr_number}: {ctx.title}\n\nphasegate workflow {ctx.id}"
     try:

@@ -26,13 +26,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phasegate.agents.base import VIOLATIONS
+from phasegate.agents.base import VIOLATIONS, Violation
 from phasegate.agents.env import cartridge_secrets, redact
-from phasegate.contract import WorkflowContext
+from phasegate.agents.service import violation_event
+from phasegate.contract import EventWrite, WorkflowContext
 from phasegate.phases.deps import PhaseDeps
 from phasegate.protected import links_out, protected_patterns, protected_touched
 
-__all__ = ["MAX_SHOWN_DIFF", "SYMLINK_MODE", "MergeHold", "held", "judged", "merge_hold"]
+__all__ = [
+    "MAX_SHOWN_DIFF",
+    "SYMLINK_MODE",
+    "MergeHold",
+    "covers",
+    "found_events",
+    "held",
+    "judged",
+    "merge_hold",
+]
 
 #: Characters of the protected files' diff kept in the hold for ``show`` and the dashboard.
 MAX_SHOWN_DIFF = 20_000
@@ -49,12 +59,14 @@ class MergeHold:
     ``violations``: ``{"name", "role", "phase", "detail", "paths"}`` each, as the
     ``violation`` events hold them. ``diff``: the protected paths' unified diff,
     redacted and cut at MAX_SHOWN_DIFF characters. ``head``: the commit judged.
+    ``found``: the violations among them the gate found itself, not yet events.
     """
 
     protected: tuple[str, ...]
     violations: tuple[Mapping[str, Any], ...]
     diff: str
     head: str
+    found: tuple[Mapping[str, Any], ...] = ()
 
     def reason(self) -> str:
         """One line a person reads: what is held, and the command that lets it through."""
@@ -99,6 +111,19 @@ def _round_violations(ctx: WorkflowContext, deps: PhaseDeps) -> list[Mapping[str
     return found
 
 
+def _links_out(repo: Path, worktree: Path | None, path: str, blob: str, deps: PhaseDeps) -> str:
+    """Where the link ``path`` leads when that is out of the repository, else "".
+    In the worktree holding the judged head the link is resolved as the system
+    would, through every other link (a link to ``.`` makes ``d/d/../..`` climb
+    twice); elsewhere its target's text is judged."""
+    target = deps.workspace.blob_text(repo, blob)
+    if worktree is not None:
+        root = worktree.resolve()
+        resolved = (worktree / path).resolve()
+        return "" if resolved.is_relative_to(root) else f"{target} (resolved: {resolved})"
+    return target if links_out(path, target) else ""
+
+
 def merge_hold(ctx: WorkflowContext, deps: PhaseDeps, head: str) -> MergeHold | None:
     """The hold on merging ``head`` (a commit of the workflow's branch) into the
     forge's base, or None when nothing holds it. Raises GitError when git cannot
@@ -108,39 +133,80 @@ def merge_hold(ctx: WorkflowContext, deps: PhaseDeps, head: str) -> MergeHold | 
     entries = deps.workspace.change_entries(repo, base, head)
     paths = sorted({path for path, _, _ in entries})
     cartridge = deps.cartridge
+    worktree = Path(ctx.worktree_path) if ctx.worktree_path else None
+    roots = [str(repo), *([str(worktree)] if worktree else [])]
+    if worktree is not None and not worktree.is_dir():
+        worktree = None
+    if worktree is not None and deps.workspace.rev(worktree, "HEAD") != head:
+        worktree = None  # not a checkout of the judged head: links are judged by their text
     patterns = protected_patterns(
-        cartridge.workflow.protected_paths, cartridge.landing_areas.checks, paths
+        cartridge.workflow.protected_paths, cartridge.landing_areas.checks, paths, roots
     )
     touched = protected_touched(paths, patterns)
     violations = _round_violations(ctx, deps)
+    recorded = {(v["name"], tuple(v.get("paths") or ())) for v in violations}
+    found = []
     for path, mode, blob in entries:
-        if mode != SYMLINK_MODE:
+        if mode != SYMLINK_MODE or ("outward_symlink", (path,)) in recorded:
             continue
-        target = deps.workspace.blob_text(repo, blob)
-        if links_out(path, target):
-            violations.append(
+        where = _links_out(repo, worktree, path, blob, deps)
+        if where:
+            found.append(
                 {
                     "name": "outward_symlink",
                     "role": "build",
                     "phase": "development",
-                    "detail": f"{path} links out of the repository, to {target}",
+                    "detail": f"{path} links out of the repository, to {where}",
                     "paths": [path],
                     "round": ctx.dev_round,
                 }
             )
-    if not touched and not violations:
+    if not touched and not violations and not found:
         return None
     secrets = cartridge_secrets(cartridge)
     diff = redact(deps.workspace.file_diff(repo, base, head, touched), secrets)
     if len(diff) > MAX_SHOWN_DIFF:
         diff = diff[:MAX_SHOWN_DIFF] + f"\n[… {len(diff) - MAX_SHOWN_DIFF} more characters]\n"
-    return MergeHold(tuple(touched), tuple(violations), diff, head)
+    return MergeHold(tuple(touched), (*violations, *found), diff, head, tuple(found))
 
 
-def judged(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
-    """The state keys the report records for the branch's head: ``merge_hold``
-    (``MergeHold.as_state``, or None) and ``merge_judged_head`` (the commit judged)."""
+def found_events(hold: MergeHold | None, secrets: list[str]) -> tuple[EventWrite, ...]:
+    """The ``violation`` events of what the hold found itself (an outward link), so
+    ``show`` and the dashboard list them with the agents' violations."""
+    if hold is None:
+        return ()
+    return tuple(
+        violation_event(
+            str(v["role"]),
+            str(v["phase"]),
+            Violation(str(v["name"]), str(v["detail"]), tuple(v["paths"])),
+            secrets,
+            round=int(v["round"]),
+        )
+        for v in hold.found
+    )
+
+
+def covers(approved: Mapping[str, Any] | None, hold: MergeHold) -> bool:
+    """Whether the hold a person approved (``MergeHold.as_state``; None: they
+    approved a merge nothing held) covers ``hold``: every protected path and
+    every violation of ``hold`` was in it. A sync with the base changes the head
+    but not the branch's own change, so an approval stands; a protected file or
+    a violation the person never saw does not pass."""
+    if approved is None:
+        return False
+    seen = {(v["name"], tuple(v.get("paths") or ())) for v in approved.get("violations", ())}
+    return set(hold.protected) <= set(approved.get("protected", ())) and all(
+        (v["name"], tuple(v.get("paths") or ())) in seen for v in hold.violations
+    )
+
+
+def judged(ctx: WorkflowContext, deps: PhaseDeps) -> tuple[dict[str, Any], tuple[EventWrite, ...]]:
+    """What the report records for the branch's head: the state keys ``merge_hold``
+    (``MergeHold.as_state``, or None) and ``merge_judged_head`` (the commit
+    judged), and the events of the violations the hold found itself."""
     assert ctx.branch_name is not None
     head = deps.workspace.rev(Path(ctx.repo_path), ctx.branch_name)
     hold = merge_hold(ctx, deps, head)
-    return {"merge_hold": hold.as_state() if hold else None, "merge_judged_head": head}
+    state = {"merge_hold": hold.as_state() if hold else None, "merge_judged_head": head}
+    return state, found_events(hold, cartridge_secrets(deps.cartridge))

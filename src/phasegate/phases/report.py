@@ -112,11 +112,12 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     payload = build_payload(ctx, deps)
     # The hold is judged here, once per round, on the head the report describes;
     # the merge phase judges the head it merges again.
-    gate = merge_gate.judged(ctx, deps) if ctx.branch_name else {"merge_hold": None}
-    held = gate["merge_hold"]
+    gate, found = merge_gate.judged(ctx, deps) if ctx.branch_name else ({}, ())
+    held = gate.get("merge_hold")
     payload["merge_hold"] = (
         {k: held[k] for k in ("reason", "protected", "violations")} if held else None
     )
+    payload["auto_merge"] = ctx.auto_merge and held is None  # "Next:" says who merges
     text = render_report(payload, ctx.content_language)
     if ctx.issue_number:
         deps.effects.comment(
@@ -137,4 +138,5 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             MilestoneWrite("round_completed", round=r),
             MilestoneWrite("wait_started", round=r),
         ),
+        events=found,
     )
