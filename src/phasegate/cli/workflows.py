@@ -343,12 +343,19 @@ def feedback(
 @app.command("approve-merge")
 def approve_merge(
     workflow_id: Annotated[str, typer.Argument(metavar="ID")],
-    by: Annotated[str, typer.Option(help="Who approves.")] = "cli",
+    by: Annotated[
+        str, typer.Option(help="Who approves: recorded on the merge_approved milestone.")
+    ] = "cli",
     repo: RepoOption = Path("."),
     no_advance: NoAdvance = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Allow a waiting workflow (phase wait, after its report) to merge its pull request."""
+    """Allow a waiting workflow (phase wait, after its report) to merge its pull request.
+
+    This is also how a merge the gate held goes on, whatever the profile: a change
+    to a protected path (the cartridge, CI files, what the checks run) or an agent's
+    violation this round. `phasegate show ID` says what is held and shows the diff.
+    """
     _manual(
         repo,
         workflow_id,
