@@ -188,9 +188,9 @@ def test_the_change_s_entries_give_modes_and_blobs(tmp_path: Path) -> None:
 
     entries = workspace.change_entries(repo, "main", "change")
 
-    assert [(path, mode) for path, mode, _ in entries] == [
-        ("README.md", "000000"),
-        ("out", "120000"),
+    assert [(path, mode, status) for path, mode, _, status in entries] == [
+        ("README.md", "000000", "D"),
+        ("out", "120000", "A"),
     ]
     assert workspace.blob_text(repo, entries[1][2]) == "/etc/passwd"
 
@@ -225,6 +225,9 @@ def test_check_files_name_what_a_check_runs() -> None:
         "tests/conftest.py",
     )
     assert check_files(["sh /elsewhere/ci/run.sh", "cat ../ci/run.sh"], changed, ["/repo"]) == ()
+    # A file the change adds is its own, unless a tool reads it as its configuration.
+    added = {"feature.txt", "conftest.py"}
+    assert check_files(["test -f feature.txt && pytest"], added, tracked=set()) == ("conftest.py",)
     assert check_files(["cargo test", "go test ./..."], changed) == ()
     patterns = protected_patterns(None, ["make test"], changed)
     assert patterns == ("phasegate.toml", ".github/", ".gitlab-ci.yml", ".ci/", "Makefile")

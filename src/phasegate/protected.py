@@ -103,10 +103,16 @@ def _relative(word: str, roots: Sequence[str]) -> str | None:
 
 
 def check_files(
-    checks: Sequence[str], paths: Collection[str], roots: Sequence[str] = ()
+    checks: Sequence[str],
+    paths: Collection[str],
+    roots: Sequence[str] = (),
+    tracked: Collection[str] | None = None,
 ) -> tuple[str, ...]:
     """The ``paths`` (a change's, repository-relative) that the check commands run
-    or name, sorted.
+    or name, sorted. A path a command names counts when it is ``tracked`` too
+    (the change's paths the base has; None: all of ``paths``): a file the
+    change adds is the change's own. A tool's own file counts, added or not: a
+    new conftest.py can skip every test.
 
     A command's words are read as the shell splits them, and so are the words of
     a command line inside one (``sh -c '...'``). A word counts, as does the value
@@ -127,6 +133,7 @@ def check_files(
     seen: name it in ``[workflow] protected_paths``.
     """
     found: set[str] = set()
+    named: set[str] = set()
     for command in checks:
         words = _words(command)
         dirs = [""]
@@ -148,9 +155,9 @@ def check_files(
                     if path is None or path == ".":
                         continue
                     if _GLOB.search(path):
-                        found.update(p for p in paths if fnmatchcase(p, path))
+                        named.update(p for p in paths if fnmatchcase(p, path))
                     elif path in paths:
-                        found.add(path)
+                        named.add(path)
             tools.add(word.rsplit("/", 1)[-1])
         # After the whole command: `make -C sub test` names its directory after its tool.
         for tool in tools:
@@ -158,7 +165,8 @@ def check_files(
                 found.update(posixpath.join(where, name) for where in dirs)
             for name in _TOOL_FILES_ANYWHERE.get(tool, ()):
                 found.update(p for p in paths if posixpath.basename(p) == name)
-    return tuple(sorted(p for p in found if p in paths))
+    named &= set(paths if tracked is None else tracked)
+    return tuple(sorted(p for p in found | named if p in paths))
 
 
 def links_out(path: str, target: str) -> bool:
@@ -180,13 +188,14 @@ def protected_patterns(
     checks: Sequence[str],
     paths: Collection[str],
     roots: Sequence[str] = (),
+    tracked: Collection[str] | None = None,
 ) -> tuple[str, ...]:
     """Every protected pattern for a change of ``paths``: the cartridge file,
     ``configured`` (None: the default list; a leading ``./`` dropped) and
-    ``check_files(checks, paths, roots)``; in that order, once each."""
+    ``check_files(checks, paths, roots, tracked)``; in that order, once each."""
     given = DEFAULT_PROTECTED_PATHS if configured is None else tuple(configured)
     given = tuple(p.removeprefix("./") for p in given)
-    patterns = (CARTRIDGE_PATH, *given, *check_files(checks, paths, roots))
+    patterns = (CARTRIDGE_PATH, *given, *check_files(checks, paths, roots, tracked))
     return tuple(dict.fromkeys(patterns))
 
 

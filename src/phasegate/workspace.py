@@ -389,17 +389,18 @@ class Workspace(BaseMerging):
             deletions += int(removed) if removed.isdigit() else 0
         return {"files": files, "insertions": insertions, "deletions": deletions}
 
-    def change_entries(self, repo: Path, base: str, head: str) -> list[tuple[str, str, str]]:
-        """``(path, mode, blob)`` of each path ``head`` changes since its merge base with
-        ``base``, in git's order; a rename counts as both of its paths, a deleted
-        path has mode ``000000``. One ``git diff --raw``."""
+    def change_entries(self, repo: Path, base: str, head: str) -> list[tuple[str, str, str, str]]:
+        """``(path, mode, blob, status)`` of each path ``head`` changes since its merge
+        base with ``base``, in git's order; ``status`` is git's letter (``A`` a path
+        the base lacks, ``M``, ``D``, ``T``), a rename counts as both of its paths,
+        a deleted path has mode ``000000``. One ``git diff --raw``."""
         raw = git(["diff", "--raw", "--no-renames", "--no-abbrev", "-z", f"{base}...{head}"], repo)
         fields = raw.split("\0")
         entries = []
         for meta, path in zip(fields[::2], fields[1::2], strict=False):
             parts = meta.split()
             if len(parts) >= 5:
-                entries.append((path, parts[1], parts[3]))
+                entries.append((path, parts[1], parts[3], parts[4][:1]))
         return entries
 
     def blob_text(self, repo: Path, blob: str) -> str:

@@ -131,7 +131,8 @@ def merge_hold(ctx: WorkflowContext, deps: PhaseDeps, head: str) -> MergeHold | 
     repo = Path(ctx.repo_path)
     base = deps.forge.branch_ref(ctx.base_branch)
     entries = deps.workspace.change_entries(repo, base, head)
-    paths = sorted({path for path, _, _ in entries})
+    paths = sorted({path for path, _, _, _ in entries})
+    tracked = {path for path, _, _, status in entries if status != "A"}
     cartridge = deps.cartridge
     worktree = Path(ctx.worktree_path) if ctx.worktree_path else None
     roots = [str(repo), *([str(worktree)] if worktree else [])]
@@ -140,13 +141,13 @@ def merge_hold(ctx: WorkflowContext, deps: PhaseDeps, head: str) -> MergeHold | 
     if worktree is not None and deps.workspace.rev(worktree, "HEAD") != head:
         worktree = None  # not a checkout of the judged head: links are judged by their text
     patterns = protected_patterns(
-        cartridge.workflow.protected_paths, cartridge.landing_areas.checks, paths, roots
+        cartridge.workflow.protected_paths, cartridge.landing_areas.checks, paths, roots, tracked
     )
     touched = protected_touched(paths, patterns)
     violations = _round_violations(ctx, deps)
     recorded = {(v["name"], tuple(v.get("paths") or ())) for v in violations}
     found = []
-    for path, mode, blob in entries:
+    for path, mode, blob, _ in entries:
         if mode != SYMLINK_MODE or ("outward_symlink", (path,)) in recorded:
             continue
         where = _links_out(repo, worktree, path, blob, deps)
