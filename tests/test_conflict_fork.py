@@ -84,7 +84,12 @@ class Builds:
 def project(tmp_path: Path, *, checks: list[str] | None = None, **cartridge: Any) -> Path:
     repo = make_repo(
         tmp_path / "repo",
-        {"README.md": "# r\n", "feature.txt": "original\n", ".gitignore": ".phasegate/\n"},
+        {
+            "README.md": "# r\n",
+            "feature.txt": "original\n",
+            ".gitignore": ".phasegate/\n",
+            "check.sh": "grep -qE 'alpha|beta' feature.txt\n",
+        },
     )
     (repo / "answers.toml").write_text(ANSWERS)
     (repo / "phasegate.toml").write_text(scripted_cartridge(checks=checks, **cartridge))
@@ -118,9 +123,9 @@ def kinds(store: Store, wf: str, kind: str) -> list[Any]:
 def test_a_conflicting_merge_forks_a_child_that_resolves_and_the_parent_completes(
     tmp_path: Path, engine_for: Build
 ) -> None:
-    # The check reads feature.* by a glob: one naming feature.txt would make the
-    # builds' change a protected path's, held for a person.
-    repo = project(tmp_path, checks=["cat feature.* | grep -qE 'alpha|beta'"])
+    # The check's script reads feature.txt: a check naming it would make the builds'
+    # change a protected path's, held for a person.
+    repo = project(tmp_path, checks=["sh check.sh"])
     builds = Builds([resolution(BOTH)])
     engine, store = engine_for(repo, runners={"build": builds})
     a, b = two_conflicting(engine, builds)
