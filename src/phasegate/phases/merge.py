@@ -80,8 +80,9 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         synced = _sync(ctx, deps, worktree)
         if synced is not None:
             return synced
-    head = deps.workspace.rev(repo, ctx.branch_name)
-    if merged is None and head != ctx.state.get("merge_judged_head"):
+    # Once merged (a restart after the merge) the branch may be gone: nothing to judge.
+    head = deps.workspace.rev(repo, ctx.branch_name) if merged is None else None
+    if head is not None and head != ctx.state.get("merge_judged_head"):
         # A head the report did not judge (a sync with the base, a commit pushed to
         # the branch since) is judged now. A person's approval stands only for what
         # they saw held: a sync changes the head, not the branch's own change.
