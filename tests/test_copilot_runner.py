@@ -450,7 +450,8 @@ ERRORS = {
         2,
     ),
     # a review without its verdict line: an answer phasegate cannot use
-    "unparsable": (None, [Step(text="Looks fine to me.")], "", "garbage", "pr_review", "failed", 2),
+    # at limits.max_review_parse_failures the workflow pauses, as verification does
+    "unparsable": (None, [Step(text="Looks fine to me.")], "", "garbage", "pr_review", "paused", 2),
 }
 
 

@@ -197,9 +197,15 @@ def assert_tries_named_and_counted(summary: dict, runs: list[dict], roles: set[s
     last = local[-1]
     assert last["outcome"] != "ok" and last is runs[-1], last
     assert max(tries.values()) == tries[(last["phase"], last["role"], last["round"])] == 1 + RETRIES
-    assert summary["error"].startswith(
-        f"{last['role']} agent failed {1 + RETRIES} time(s); last: {last['error_kind']}: "
-    ), summary
+    failed = f"{last['role']} agent failed {1 + RETRIES} time(s); last: {last['error_kind']}: "
+    if last["role"] in ("plan_review", "review") and last["error_kind"] == "garbage":
+        # A review with no verdict it could read pauses at its cap, as verification does.
+        assert summary["status"] == "paused", summary
+        assert summary["error"].startswith(f"{last['role']} gave no verdict it could read"), summary
+        assert failed in summary["error"], summary
+    else:
+        assert summary["status"] == "failed", summary
+        assert summary["error"].startswith(failed), summary
     # the tokens are the server's counts of every try, summed into the workflow's
     assert all(r["input_tokens"] > 0 and 0 <= r["output_tokens"] <= MAX_TOKENS for r in local)
     assert sum(r["output_tokens"] for r in local) > 0
@@ -214,7 +220,6 @@ def test_a_whole_workflow_on_the_local_model_ends_failed_with_a_named_reason(
     llama: LlamaServer, tmp_path: Path
 ) -> None:
     summary, runs = local_workflow(llama, tmp_path, {role: local_role(llama) for role in ROLES})
-    assert summary["status"] == "failed", summary
     assert [r["runner"] for r in runs] == ["api"] * len(runs)
     # the planner's free text is a plan (any non-empty answer is); a 135M model's
     # review of it holds no verdict, or its build no diff that applies (greedy, the

@@ -425,7 +425,7 @@ ERRORS = {
         "",
         "garbage",
         "pr_review",
-        "failed",
+        "paused",  # at limits.max_review_parse_failures, as verification pauses
         2,
     ),
 }

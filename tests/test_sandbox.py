@@ -551,6 +551,12 @@ def test_a_real_cli_agents_refused_write_is_a_named_violation(
     proc = agent_cli_kit.run_ticket(repo, ticket_env)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
+    # The refused write holds the merge for a person, whatever the profile.
+    assert summary["status"] == "waiting", summary
+    approve = phasegate_cli(
+        "approve-merge", summary["id"], "--repo", str(repo), "--json", env=dict(ticket_env)
+    )
+    assert json.loads(approve.stdout)["status"] == "completed", approve.stdout + approve.stderr
     assert git(repo, "show", "main:feature.txt") == "the feature"
     assert not outside.exists()
     violations = real.show(repo, summary["id"])["violations"]
