@@ -76,7 +76,9 @@ _GIT_ID = ["-c", "user.name=bench", "-c", "user.email=bench@localhost"]
 def make_project(root: Path, latency_s: float, store_url: str | None) -> Path:
     """A git repository on ``main`` whose cartridge binds every role to an agent taking
     ``latency_s`` seconds per call; its workflows each add ``built-<id>.txt`` and merge
-    unattended. ``store_url`` None: the embedded SQLite file."""
+    unattended. Each build adds a line, so a feedback round (wakeup.py) changes
+    something and is not stopped as feedback_unchanged. ``store_url`` None: the
+    embedded SQLite file."""
     repo = root / "repo"
     repo.mkdir(parents=True)
     (repo / "README.md").write_text("# scale sample\n")
@@ -87,7 +89,7 @@ def make_project(root: Path, latency_s: float, store_url: str | None) -> Path:
     )
     build = (
         f"sleep {latency_s}; " if latency_s > 0 else ""
-    ) + 'echo built > "built-$PHASEGATE_WORKFLOW_ID.txt"; echo wrote it'
+    ) + 'echo "built $(date +%s%N)" >> "built-$PHASEGATE_WORKFLOW_ID.txt"; echo wrote it'
     roles = []
     for role in ROLES:
         if role == "build":
