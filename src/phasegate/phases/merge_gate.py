@@ -202,12 +202,12 @@ def covers(approved: Mapping[str, Any] | None, hold: MergeHold) -> bool:
     )
 
 
-def judged(ctx: WorkflowContext, deps: PhaseDeps) -> tuple[dict[str, Any], tuple[EventWrite, ...]]:
-    """What the report records for the branch's head: the state keys ``merge_hold``
-    (``MergeHold.as_state``, or None) and ``merge_judged_head`` (the commit
-    judged), and the events of the violations the hold found itself."""
-    assert ctx.branch_name is not None
-    head = deps.workspace.rev(Path(ctx.repo_path), ctx.branch_name)
+def judged(
+    ctx: WorkflowContext, deps: PhaseDeps, head: str
+) -> tuple[dict[str, Any], tuple[EventWrite, ...]]:
+    """What the report records for ``head``, the branch head it describes: the state
+    keys ``merge_hold`` (``MergeHold.as_state``, or None) and ``merge_judged_head``
+    (``head``), and the events of the violations the hold found itself."""
     hold = merge_hold(ctx, deps, head)
     state = {"merge_hold": hold.as_state() if hold else None, "merge_judged_head": head}
     return state, found_events(hold, cartridge_secrets(deps.cartridge))

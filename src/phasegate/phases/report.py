@@ -112,7 +112,8 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     payload = build_payload(ctx, deps)
     # The hold is judged here, once per round, on the head the report describes;
     # the merge phase judges the head it merges again.
-    gate, found = merge_gate.judged(ctx, deps) if ctx.branch_name else ({}, ())
+    head = payload["head"]
+    gate, found = merge_gate.judged(ctx, deps, head) if head else ({}, ())
     held = gate.get("merge_hold")
     payload["merge_hold"] = (
         {k: held[k] for k in ("reason", "protected", "violations")} if held else None
