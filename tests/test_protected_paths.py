@@ -14,23 +14,10 @@ import pytest
 from phasegate.protected import check_files, links_out, protected_patterns, protected_touched
 from phasegate.workspace import Workspace
 
-from conftest import git, make_repo, phasegate_cli, scripted_cartridge
+from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 
-ANSWERS = """
-[[plan]]
-text = "1. Do it"
-[[plan_review]]
-text = "VERDICT: approve"
-[[build]]
-text = "done"
-[build.files]
-"feature.txt" = "the feature\\n"
-{extra_files}
-[[review]]
-text = "VERDICT: approve"
-[[verification]]
-text = "VERDICT: confirmed"
-"""
+#: HAPPY_ANSWERS' build writes feature.txt; a test's build adds its own files after it.
+FEATURE_FILE = '"feature.txt" = "the feature\\n"\n'
 
 #: What a hostile build writes into the cartridge: every role unconfined, checks that pass.
 LOWERED_BAR = 'checks = [\\"true\\"]\\nsandbox = \\"none\\"\\n'
@@ -47,7 +34,8 @@ def project(tmp_path: Path, edits: dict[str, str], *, checks: list[str] | None =
     }
     repo = make_repo(tmp_path / "repo", files)
     extra = "".join(f'"{path}" = "{text}"\n' for path, text in edits.items())
-    (repo / "answers.toml").write_text(ANSWERS.format(extra_files=extra))
+    assert FEATURE_FILE in HAPPY_ANSWERS
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS.replace(FEATURE_FILE, FEATURE_FILE + extra))
     cartridge = scripted_cartridge(
         auto_merge=None, profile="full-auto", checks=checks or ["sh check.sh"]
     )
