@@ -95,10 +95,32 @@ def test_a_run_that_prints_nothing_writes_no_row() -> None:
 
 
 def test_a_flood_keeps_few_rows_each_bounded_and_ends_with_its_last_lines() -> None:
-    log, rows = collected(interval_s=0.0, row_chars=1000, run_chars=5000, run_rows=50)
+    rows: list[EventWrite] = []
+    wrote = threading.Event()
+
+    def emit(row: EventWrite) -> None:
+        rows.append(row)
+        wrote.set()
+
+    log = OutputLog(
+        emit,
+        [SECRET],
+        role="build",
+        phase="development",
+        interval_s=0.0,
+        row_chars=1000,
+        run_chars=5000,
+        run_rows=50,
+    )
     with log:
-        for i in range(20_000):
-            log.feed("stdout", f"line {i}\n".encode())
+        for chunk in range(200):
+            # Each chunk waits for a row, so a loaded machine whose thread wakes late
+            # still sees the cap reached while the flood goes on.
+            wrote.clear()
+            for i in range(chunk * 100, chunk * 100 + 100):
+                log.feed("stdout", f"line {i}\n".encode())
+            if "not streamed" not in texts(rows):
+                assert wrote.wait(PATIENCE_S)
     assert len(rows) <= 50 + 1  # the cap, and the last lines at the end
     assert all(len(r.data["text"]) <= 1000 + 200 for r in rows)  # its notes aside
     assert sum(len(r.data["text"]) for r in rows) <= 5000 + 2 * (1000 + 200)
