@@ -1,4 +1,4 @@
-"""Random kill-torture: many trials of ``phasegate.testing.torture``, and what they found.
+"""Random kill-torture: many trials of ``support.torture``, and what they found.
 
     python benchmarks/kill_torture.py --trials 300 [--seed 1] [--jobs 2] [--keep DIR]
     python benchmarks/kill_torture.py --github --trials 30     # on the fake GitHub, one job
@@ -22,7 +22,7 @@ GitHub behind one Prism (installed by ``.ci/run``), so one trial at a time.
 ``--mode postgres`` runs every trial on a PostgreSQL store with two workers
 (``torture_postgres``: three workflows, each worker of concurrency 2, the kills
 aimed at one worker or both): on ``PHASEGATE_POSTGRES_URL``, or a throwaway
-server started for the run (``phasegate.testing.postgres``); each trial a
+server started for the run (``support.postgres``); each trial a
 schema of its own. ``--github`` is ``--mode github``.
 """
 
@@ -39,9 +39,10 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from phasegate.testing.postgres import server_url
-from phasegate.testing.torture import GitHubRig, Trial, run_trial, run_uninterrupted, trial_mode
-from phasegate.testing.torture_postgres import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the rig: tests/support
+from support.postgres import server_url  # noqa: E402
+from support.torture import GitHubRig, Trial, run_trial, run_uninterrupted, trial_mode  # noqa: E402
+from support.torture_postgres import (  # noqa: E402
     WORKFLOWS,
     run_postgres_trial,
     run_postgres_uninterrupted,

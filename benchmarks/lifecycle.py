@@ -32,7 +32,7 @@
     phasegate's CPU per commit at most 3x raw sqlite3's.
 
 (c) Git calls: one demo lifecycle (as in (a)) with every git process phasegate
-    starts recorded (``phasegate._git.recording``), counted by subcommand. Its
+    starts recorded (``phasegate.git.command.recording``), counted by subcommand. Its
     *git floor* is the same git work done in the fewest calls the lifecycle's
     own choices allow: every call that may change something (anything but a
     read: ``status``, ``diff``, ``rev-parse``, ``ls-files``, ...) plus each read
@@ -70,15 +70,15 @@ from typing import Any
 
 import sqlalchemy
 
-from phasegate import guard
-from phasegate._git import READ_SUBCOMMANDS, GitCall, recording
 from phasegate.agents import service
-from phasegate.cartridge import load_cartridge
-from phasegate.contract import EventWrite, MilestoneWrite, PhaseResult, WorkflowContext
-from phasegate.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
-from phasegate.engine import Engine
-from phasegate.harness import replay_check
+from phasegate.config.cartridge import load_cartridge
+from phasegate.core.contract import EventWrite, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.git import guard
+from phasegate.git.command import READ_SUBCOMMANDS, GitCall, recording
+from phasegate.phases.graph_mode.harness import replay_check
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
+from phasegate.tools.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
 
 _TIMESTAMP = "%Y-%m-%d %H:%M:%S.%f"  # how SQLAlchemy stores a DateTime in SQLite
 
@@ -349,7 +349,7 @@ def bench_commits(commits: int, warmup: int, directory: Path) -> dict[str, Any]:
 # -- (c) git calls --------------------------------------------------------------------
 
 #: Subcommands that only read (``branch --list`` and a one-name ``symbolic-ref`` too):
-#: those that never change a checkout or a ref (``phasegate._git``), and the reads
+#: those that never change a checkout or a ref (``phasegate.git.command``), and the reads
 #: among those that may (``config``, ``diff`` and ``remote`` as the lifecycle calls them).
 _GIT_READS = READ_SUBCOMMANDS | {"config", "diff", "remote"}
 

@@ -31,11 +31,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from phasegate.cartridge import load_cartridge
-from phasegate.demo import make_sample_project
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.store import tables as t
+from phasegate.tools.demo import make_sample_project
 
 
 def _dead_owner() -> str:

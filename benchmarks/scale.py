@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/scale.py --n 200 --latency 1 --stores postgresql --configs 1x1 4x1
 
 For every store (SQLite; PostgreSQL: the server ``PHASEGATE_POSTGRES_URL``
-names, else a throwaway one started by ``phasegate.testing.postgres``, a schema
+names, else a throwaway one started by ``support.postgres``, a schema
 of its own per run; ``--no-postgres`` or no server to be had skips it with a
 note), every agent
 latency (``0``: zero-latency scripted agents; ``1``: every agent call takes 1 s)
@@ -52,10 +52,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
-from phasegate.testing.postgres import PostgresUnavailable, drop_schema, fresh_schema, server_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the rig: tests/support
+from support.postgres import PostgresUnavailable, drop_schema, fresh_schema, server_url  # noqa: E402
 
 ROLES = ("plan", "plan_review", "build", "review", "verification")
 ANSWERS = {
@@ -299,7 +301,7 @@ def run_once(
 @contextmanager
 def postgres_server(wanted: bool, notes: list[str]) -> Iterator[str | None]:
     """The PostgreSQL server to run on: ``PHASEGATE_POSTGRES_URL``, else a throwaway one
-    (``phasegate.testing.postgres``, stopped after); None, with a note saying why, when
+    (``support.postgres``, stopped after); None, with a note saying why, when
     not ``wanted`` or none can be had."""
     if not wanted:
         notes.append("PostgreSQL skipped: not in --stores (or --no-postgres)")

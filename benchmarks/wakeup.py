@@ -33,9 +33,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from phasegate import decisions
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine, LeaseHeld
+from phasegate.config.cartridge import load_cartridge
+from phasegate.core import decisions
+from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.store import Store, open_store
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -7,7 +7,7 @@ SRC is ``@octokit/openapi``'s ``generated/api.github.com.json`` (``.ci/run``
 installs it under ``.ci/node/node_modules``); DEST gets the listed operations
 and every component they reference, transitively (Prism starts on the cut in
 1.6 s, on the whole in 11-13 s). The logic and the operation list live in
-``src/phasegate/testing/github_openapi.py`` (standard library only), loaded
+``tests/support/github_openapi.py`` (standard library only), loaded
 here by path, so this runs from a clean clone with nothing but Python.
 """
 
@@ -19,9 +19,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-_MODULE = (
-    Path(__file__).resolve().parent.parent / "src" / "phasegate" / "testing" / "github_openapi.py"
-)
+_MODULE = Path(__file__).resolve().parent.parent / "tests" / "support" / "github_openapi.py"
 
 
 def _cut_module() -> ModuleType:

@@ -6,7 +6,7 @@
 Builds the demo's sample project in a temporary directory, runs ``phasegate
 serve``'s machinery on it (the dashboard and its worker, scripted agents),
 files two tickets, approves one merge, and photographs in Debian's Chromium
-(``phasegate.testing.browser``: ``PHASEGATE_CHROMIUM`` or /usr/bin/chromium)
+(``support.browser``: ``PHASEGATE_CHROMIUM`` or /usr/bin/chromium)
 the board, the waiting workflow's page and its diff: ``board.png``,
 ``workflow.png``, ``diff.png`` in ``--out``. Nothing outside the temporary
 directory and ``--out`` is touched.
@@ -22,13 +22,15 @@ import time
 from pathlib import Path
 
 from phasegate import operations
-from phasegate.cartridge import load_cartridge
-from phasegate.demo import make_sample_project
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
-from phasegate.testing.browser import chromium
+from phasegate.tools.demo import make_sample_project
 from phasegate.web import Access
 from phasegate.web.serve import Dashboard
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the rig: tests/support
+from support.browser import chromium  # noqa: E402
 
 #: Seconds a workflow may take to reach the state photographed.
 SETTLE_S = 120

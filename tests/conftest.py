@@ -17,22 +17,28 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from phasegate import decisions
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.core import decisions
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.store.tables import metadata
-from phasegate.testing.github_model import User
-from phasegate.testing.github_server import GitHubServer
 from phasegate.testing.model_server import ScriptedModelServer, Step
-from phasegate.testing.postgres import (
+
+from support.github_model import User
+from support.github_server import GitHubServer
+from support.postgres import (
     PostgresServer,
     PostgresUnavailable,
     drop_schema,
     fresh_schema,
     server_url,
 )
-from phasegate.testing.prism import PrismError, PrismProxy, find_description, find_prism
+from support.prism import PrismError, PrismProxy, find_description, find_prism
+
+# The rig (tests/support) is imported by the subprocesses some tests start too.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p
+)
 
 ROLES = ("plan", "plan_review", "build", "review", "verification")
 
@@ -121,7 +127,7 @@ def no_postgres(reason: str) -> None:
 @pytest.fixture(scope="session")
 def postgres_server_url() -> Iterator[str]:
     """A superuser URL of the session's PostgreSQL: PHASEGATE_POSTGRES_URL, or a
-    throwaway server started here (phasegate.testing.postgres), stopped at the end."""
+    throwaway server started here (support.postgres), stopped at the end."""
     try:
         url, server = server_url()
         drop_schema(url, fresh_schema(url)[0])  # it answers, and lets us make schemas

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from phasegate.cartridge_forge import ForgeSettings
+from phasegate.config.forge import ForgeSettings
 from phasegate.forge import ForgeAuth, GitHubForge
-from phasegate.testing.github_server import Recorded
-from phasegate.workspace import Workspace
+from phasegate.git.workspace import Workspace
 
 from conftest import GitHubLab, git, make_repo
+from support.github_server import Recorded
 
 __all__ = ["REPO", "branch_with_change", "forge", "forge_for", "local", "posts", "settings"]
 

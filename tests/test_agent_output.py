@@ -25,11 +25,11 @@ from test_web import ENV_SENTINEL, TOKEN, web_repo  # noqa: F401
 from test_web_live import read_until_changed, served, session  # noqa: F401
 
 from phasegate.agents.base import AgentRequest
-from phasegate.agents.command import CommandRunner
 from phasegate.agents.output import AGENT_OUTPUT, OutputLog
-from phasegate.cartridge import RoleBinding
-from phasegate.contract import EventWrite
-from phasegate.engine import Engine
+from phasegate.agents.runners.command import CommandRunner
+from phasegate.config.cartridge import RoleBinding
+from phasegate.core.contract import EventWrite
+from phasegate.runtime.engine import Engine
 from phasegate.store import Fence, Store, StoreUnavailable
 from phasegate.web import Access
 from phasegate.web.serve import Dashboard

@@ -23,11 +23,17 @@ import pytest
 
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest
-from phasegate.agents.claude_code import ClaudeCodeRunner
-from phasegate.cartridge import Cartridge, CartridgeError, McpServer, RoleBinding, load_cartridge
-from phasegate.doctor import diagnose
+from phasegate.agents.runners.claude_code import ClaudeCodeRunner
+from phasegate.config.cartridge import (
+    Cartridge,
+    CartridgeError,
+    McpServer,
+    RoleBinding,
+    load_cartridge,
+)
 from phasegate.testing.mcp_probe import TOOL
 from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall
+from phasegate.tools.doctor import diagnose
 
 from agent_cli_kit import BUILD, PLAN, PLAN_REVIEW, REVIEW, VERIFY, make_project, run_ticket, show
 from conftest import agent_cli, git, make_repo

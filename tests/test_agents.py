@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from phasegate.agents.base import AgentRequest
-from phasegate.agents.command import CommandRunner
-from phasegate.agents.scripted import ScriptedRunner
+from phasegate.agents.runners.command import CommandRunner
+from phasegate.agents.runners.scripted import ScriptedRunner
 from phasegate.agents.service import AnswerError
-from phasegate.cartridge import RoleBinding
+from phasegate.config.cartridge import RoleBinding
 from phasegate.phases.deps import verdict_parser
 
 from conftest import alive, git, make_repo, phasegate_cli

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from phasegate.agents import make_runner
-from phasegate.agents.aider import AiderRunner, answers, parse_run
 from phasegate.agents.base import AgentRequest
 from phasegate.agents.process import ProcessOutcome
-from phasegate.cartridge import RoleBinding
-from phasegate.sandbox import agent_confinement, bwrap_works
+from phasegate.agents.runners.aider import AiderRunner, answers, parse_run
+from phasegate.config.cartridge import RoleBinding
+from phasegate.proc.sandbox import agent_confinement, bwrap_works
 from phasegate.testing.model_server import Step, key_sha
 
 from agent_cli_kit import (

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from phasegate.agents.api import ApiRunner, extract_diff
 from phasegate.agents.base import AgentRequest
-from phasegate.cartridge import RoleBinding
+from phasegate.agents.runners.api import ApiRunner, extract_diff
+from phasegate.config.cartridge import RoleBinding
 from phasegate.testing.model_server import ScriptedModelServer, Step, key_sha
 
 from conftest import ROLES, git, make_repo, phasegate_cli, scripted_cartridge
@@ -243,14 +243,14 @@ import atexit, sys, threading
 from pathlib import Path
 
 def report():  # registered first, so it runs after the api runner's own handler
-    from phasegate.agents import api
+    from phasegate.agents.runners import api
     print("running at exit:", len(api._Call.running), flush=True)
 
 atexit.register(report)
 
-from phasegate.agents.api import ApiRunner
+from phasegate.agents.runners.api import ApiRunner
 from phasegate.agents.base import AgentRequest
-from phasegate.cartridge import RoleBinding
+from phasegate.config.cartridge import RoleBinding
 
 binding = RoleBinding(runner="api", model="openai/m", base_url=sys.argv[1], api_key_env="K")
 request = AgentRequest(

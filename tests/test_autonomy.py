@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from phasegate.autonomy import AutonomyPolicy, GateDecision, decide, streak
+from phasegate.core.autonomy import AutonomyPolicy, GateDecision, decide, streak
 from phasegate.graph import GraphRules, ScriptedAnswers, run_lifecycle
 from phasegate.graph.proposals import Proposal
 

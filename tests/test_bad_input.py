@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
 from phasegate.forge import ForgeError, LocalForge
+from phasegate.git.workspace import PatchError, Workspace
+from phasegate.runtime.engine import Engine
 from phasegate.store import open_store
 from phasegate.testing import FlakyForge
-from phasegate.workspace import PatchError, Workspace
 
 from conftest import (
     HAPPY_ANSWERS,

@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from phasegate.engine import Engine
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 from phasegate.web import Access
 from phasegate.web.serve import Dashboard
 
 from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 
-pytest_plugins = ("phasegate.testing.browser",)
+pytest_plugins = ("support.browser",)
 
 TOKEN = "browser-token-for-tests-0123456789"
 #: Seconds Playwright waits for what the page must come to show (a worker's rounds).

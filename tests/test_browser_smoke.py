@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-pytest_plugins = ("phasegate.testing.browser",)
+pytest_plugins = ("support.browser",)
 
 PAGE = b"""<!doctype html>
 <html><head><title>phasegate smoke</title></head>

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from phasegate.engine import Engine
+from phasegate.git.workspace import Workspace
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store
-from phasegate.workspace import Workspace
 
 from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 
@@ -163,7 +163,7 @@ def test_a_worktree_that_cannot_be_removed_does_not_undo_the_merge_and_the_next_
     engine_for: Callable[..., tuple[Engine, Store]],
     pin: Pin,
 ) -> None:
-    from phasegate import decisions
+    from phasegate.core import decisions
 
     engine, store = engine_for(waiting_repo)
     workflow_id = _advance_to_wait(engine, store)

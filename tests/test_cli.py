@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from phasegate.cartridge import load_cartridge
 from phasegate.cli.render import _status_table
+from phasegate.config.cartridge import load_cartridge
 from phasegate.forge import LocalForge
+from phasegate.git.workspace import Workspace
 from phasegate.store import open_store
-from phasegate.workspace import Workspace
 
 from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 
@@ -511,7 +511,7 @@ def test_a_decision_is_refused_while_another_process_advances_the_workflow(
     cartridge = load_cartridge(happy_repo)
     store = open_store(cartridge.store_url(happy_repo))
     try:
-        from phasegate.engine import Engine
+        from phasegate.runtime.engine import Engine
 
         wf = Engine(happy_repo, cartridge, store).start("t", "ticket")
         # a live holder: this very process, under another lease owner name

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from phasegate.contract import EventWrite, MilestoneWrite, PhaseResult
+from phasegate.core.contract import EventWrite, MilestoneWrite, PhaseResult
 from phasegate.store import Store, open_store
 from phasegate.testing import FixedClock
 

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from test_flaky_git import distinct_builds_repo
 
-from phasegate import decisions
-from phasegate._git import GitTransient, run_git
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine, LeaseHeld
+from phasegate.config.cartridge import load_cartridge
+from phasegate.core import decisions
+from phasegate.git.command import GitTransient, run_git
+from phasegate.git.workspace import Workspace
+from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.store import open_store
-from phasegate.workspace import Workspace
 
 from conftest import git, make_repo
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from test_flaky_git import distinct_builds_repo
 
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 
 from conftest import HAPPY_ANSWERS, alive, git, make_repo, scripted_cartridge

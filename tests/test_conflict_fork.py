@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from phasegate import decisions, operations
+from phasegate import operations
 from phasegate.agents.base import AgentRequest, AgentResult
-from phasegate.contract import PhaseResult
-from phasegate.engine import Engine
+from phasegate.core import decisions
+from phasegate.core.contract import PhaseResult
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 from phasegate.testing import CRASH_EXIT_CODE, InMemoryForge, ScriptedRunner
 
@@ -245,8 +246,8 @@ CRASH_AFTER_FORK = """\
 import os, sys
 from pathlib import Path
 
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.runtime.engine import Engine
 from phasegate.store import open_store
 from phasegate.store.workflows import WorkflowRows
 
@@ -306,8 +307,8 @@ CRASH_AFTER_LANDING = """\
 import os, sys
 from pathlib import Path
 
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.runtime.engine import Engine
 from phasegate.phases import conflict
 from phasegate.store import open_store
 from phasegate.testing import ScriptedRunner

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from phasegate.contract import (
+from phasegate.core.contract import (
     ACCEPTANCE_VERIFICATION,
     OUTCOMES,
     PHASE_ORDER,

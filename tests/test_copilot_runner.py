@@ -25,7 +25,7 @@ import pytest
 
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest
-from phasegate.agents.copilot import (
+from phasegate.agents.runners.copilot import (
     BUILD_EXCLUDED,
     READ_ONLY_TOOLS,
     CopilotRunner,
@@ -34,7 +34,7 @@ from phasegate.agents.copilot import (
     parse_events,
     usage_since,
 )
-from phasegate.cartridge import RoleBinding
+from phasegate.config.cartridge import RoleBinding
 from phasegate.testing.model_server import Step, ToolCall, key_sha
 
 from agent_cli_kit import (
@@ -285,7 +285,7 @@ def test_a_copilot_binding_needs_a_model() -> None:
 
 
 def test_doctor_warns_of_a_copilot_role_that_cannot_sign_in(tmp_path: Path) -> None:
-    from phasegate.doctor import diagnose
+    from phasegate.tools.doctor import diagnose
 
     roles = {
         "plan": 'runner = "copilot"\nexecutable = "/bin/true"\nmodel = "gpt-5.4"\n',

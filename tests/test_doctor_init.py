@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from phasegate import doctor
-from phasegate.cartridge import load_cartridge
-from phasegate.cartridge_init import default_cartridge
-from phasegate.discover import CheckGuess, detect_base_branch, detect_checks, program_version
-from phasegate.doctor import diagnose
+from phasegate.config.cartridge import load_cartridge
+from phasegate.config.init import default_cartridge
+from phasegate.tools import doctor
+from phasegate.tools.discover import CheckGuess, detect_base_branch, detect_checks, program_version
+from phasegate.tools.doctor import diagnose
 
 from conftest import ROLES, git, make_repo
 

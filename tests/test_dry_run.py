@@ -16,8 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from phasegate.cartridge import GRAPH_OPTIONAL_ROLES, RoleBinding
-from phasegate.dryrun import (
+from phasegate.config.cartridge import GRAPH_OPTIONAL_ROLES, RoleBinding
+from phasegate.graph import prompts as graph_prompts
+from phasegate.graph.facts import change_facts, extract_patch
+from phasegate.graph.parse import REVIEW_VERDICTS, field, items, verdict
+from phasegate.phases import acceptance_verification, development, planning, pr_review
+from phasegate.tools.dryrun import (
     DRY_RUN_FILE,
     DUMMY_KEY,
     GRAPH_ROLE_MARKERS,
@@ -27,10 +31,6 @@ from phasegate.dryrun import (
     load_script,
     offline_binding,
 )
-from phasegate.graph import prompts as graph_prompts
-from phasegate.graph.facts import change_facts, extract_patch
-from phasegate.graph.parse import REVIEW_VERDICTS, field, items, verdict
-from phasegate.phases import acceptance_verification, development, planning, pr_review
 
 from conftest import HAPPY_ANSWERS, ROLES, agent_cli, git, make_repo
 
@@ -231,7 +231,7 @@ def test_a_dry_run_on_gemini_opencode_or_aider_completes_offline(
 
 @pytest.mark.slow
 def test_a_dry_run_on_the_api_runner_applies_the_scripted_diff(tmp_path: Path) -> None:
-    for module in ("litellm", "phasegate.agents.api"):
+    for module in ("litellm", "phasegate.agents.runners.api"):
         if importlib.util.find_spec(module) is None:  # found, not imported: litellm is slow
             pytest.skip(f"{module} is not installed")
     role = (
@@ -250,7 +250,7 @@ def test_a_dry_run_on_the_api_runner_applies_the_scripted_diff(tmp_path: Path) -
 
 
 def _needs_litellm() -> None:
-    for module in ("litellm", "phasegate.agents.api"):
+    for module in ("litellm", "phasegate.agents.runners.api"):
         if importlib.util.find_spec(module) is None:  # found, not imported: litellm is slow
             pytest.skip(f"{module} is not installed")
 

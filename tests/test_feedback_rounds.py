@@ -11,15 +11,15 @@ from typing import Any
 
 from test_forge_phases import hear, said
 
-from phasegate import decisions
-from phasegate.engine import Engine
+from phasegate.core import decisions
+from phasegate.core.report import render_report
 from phasegate.forge import LocalForge
-from phasegate.report import render_report
+from phasegate.git.workspace import Workspace
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 from phasegate.summary import workflow_summary
 from phasegate.testing import InMemoryForge
 from phasegate.web.views import group_of
-from phasegate.workspace import Workspace
 
 from conftest import git, make_repo, phasegate_cli, scripted_cartridge
 

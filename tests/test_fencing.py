@@ -20,15 +20,15 @@ from typing import Any
 import pytest
 from test_restart import FEATURE, Lab, assert_exactly_once, wait_until
 
-from phasegate._process import start_ticks
-from phasegate.cartridge import load_cartridge
-from phasegate.contract import MilestoneWrite
-from phasegate.engine import Engine
-from phasegate.journal import SideEffects
+from phasegate.config.cartridge import load_cartridge
+from phasegate.core.contract import MilestoneWrite
+from phasegate.git.workspace import Workspace
+from phasegate.proc.process import start_ticks
+from phasegate.runtime.engine import Engine
+from phasegate.runtime.journal import SideEffects
+from phasegate.runtime.worker import Heartbeat
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable, open_store
 from phasegate.testing import InMemoryForge
-from phasegate.worker import Heartbeat
-from phasegate.workspace import Workspace
 
 from conftest import (
     HAPPY_ANSWERS,
@@ -124,8 +124,8 @@ WORKER_A = """\
 import logging, sys
 from pathlib import Path
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.runtime.engine import Engine
 from phasegate.store import open_store
 repo, wf = Path(sys.argv[1]), sys.argv[2]
 cartridge = load_cartridge(repo)

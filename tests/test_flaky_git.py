@@ -1,6 +1,6 @@
 """Transient is not a conflict (issue 9, item 6).
 
-``phasegate.testing.flaky_git.FlakyGit`` puts a ``git`` first on PATH that
+``support.flaky_git.FlakyGit`` puts a ``git`` first on PATH that
 fails a seeded fraction of calls with git's own lock-contention message and
 exit 128, before the real git runs. Lock contention must be retried, then
 pause with its reason; never read as an answer nor as a merge conflict.
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from phasegate import decisions
-from phasegate._git import TRANSIENT_ATTEMPTS, GitError, GitTransient, git, run_git
-from phasegate.testing.flaky_git import FlakyGit
-from phasegate.workspace import Workspace
+from phasegate.core import decisions
+from phasegate.git.command import TRANSIENT_ATTEMPTS, GitError, GitTransient, git, run_git
+from phasegate.git.workspace import Workspace
 
 from conftest import HAPPY_ANSWERS, make_repo, scripted_cartridge
 from conftest import git as sh_git
+from support.flaky_git import FlakyGit
 
 # The build agent: writes a file named for its worktree (the workflow's id), so
 # every workflow's change is its own and touches a file no other one touches.
@@ -205,7 +205,7 @@ def test_a_base_sync_failing_on_a_lock_pauses_the_merge_and_resume_completes_it(
 def test_a_worktree_add_racing_another_prune_is_contention_not_a_failure() -> None:
     # Two workers on one repository: one's `worktree prune` removes the empty
     # .git/worktrees while the other's `worktree add` is between creating it and its entry.
-    from phasegate._git import is_transient
+    from phasegate.git.command import is_transient
 
     raced = subprocess.CompletedProcess(
         ["git", "worktree", "add"],

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from phasegate import decisions
-from phasegate.cartridge_forge import ForgeSettings
-from phasegate.engine import Engine
+from phasegate.config.forge import ForgeSettings
+from phasegate.core import decisions
 from phasegate.forge.base import Check, Comment, ForgeUnavailable
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 from phasegate.testing import InMemoryForge
 

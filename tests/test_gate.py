@@ -21,9 +21,9 @@ from alembic.migration import MigrationContext
 
 from phasegate.agents import ScriptedRunner
 from phasegate.agents.base import AgentRequest, AgentResult
-from phasegate.autonomy import AutonomyPolicy, streak
-from phasegate.cartridge import CARTRIDGE_FILE, Cartridge, load_cartridge
-from phasegate.contract import MilestoneWrite, ProposalDecided, ProposalNotFound, RunNotFound
+from phasegate.config.cartridge import CARTRIDGE_FILE, Cartridge, load_cartridge
+from phasegate.core.autonomy import AutonomyPolicy, streak
+from phasegate.core.contract import MilestoneWrite, ProposalDecided, ProposalNotFound, RunNotFound
 from phasegate.graph import (
     AgentCall,
     Answer,
@@ -32,7 +32,7 @@ from phasegate.graph import (
     canonical_json,
     run_lifecycle,
 )
-from phasegate.harness import (
+from phasegate.phases.graph_mode.harness import (
     ProposeInterrupted,
     RunnerAnswers,
     first_difference,

@@ -24,10 +24,10 @@ import pytest
 
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest
-from phasegate.agents.gemini import GeminiRunner
-from phasegate.agents.gemini_family import parse_stream, transcript_tokens
 from phasegate.agents.process import ProcessOutcome
-from phasegate.cartridge import RoleBinding
+from phasegate.agents.runners.gemini import GeminiRunner
+from phasegate.agents.runners.gemini_family import parse_stream, transcript_tokens
+from phasegate.config.cartridge import RoleBinding
 from phasegate.testing import model_gemini
 from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, key_sha
 

@@ -1,5 +1,5 @@
 """Fewer git calls (issue 12, item 6): a demo lifecycle's count stays bounded, and
-what phasegate now reads from git's own files (``phasegate._gitfs``) instead of
+what phasegate now reads from git's own files (``phasegate.git.files``) instead of
 asking git is what git would say, read afresh each time it changes."""
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from phasegate import _gitfs
-from phasegate._git import GitCall, changes, git, list_refs, note_change, recording
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult
-from phasegate.cartridge import load_cartridge
-from phasegate.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
 from phasegate.forge.base import ForgeNotFound
 from phasegate.forge.local import LocalForge
-from phasegate.guard import snapshot
+from phasegate.git import files as _gitfs
+from phasegate.git.command import GitCall, changes, git, list_refs, note_change, recording
+from phasegate.git.guard import snapshot
+from phasegate.git.workspace import Workspace
+from phasegate.runtime.engine import Engine
 from phasegate.store import Fence, open_store
-from phasegate.workspace import Workspace
+from phasegate.tools.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
 
 from conftest import HAPPY_ANSWERS, make_repo, scripted_cartridge
 from conftest import git as sh_git
@@ -270,7 +270,7 @@ def test_a_read_only_role_that_edits_after_a_status_phasegate_already_took_is_ca
 def test_a_worktree_broken_between_two_advances_is_healed_by_the_second(
     tmp_path: Path, engine_for
 ) -> None:
-    from phasegate import decisions
+    from phasegate.core import decisions
 
     repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
     (repo / "answers.toml").write_text(HAPPY_ANSWERS)
@@ -343,7 +343,7 @@ def test_a_repository_without_an_origin_remote_is_known_so_without_git(tmp_path:
 def test_a_person_s_leftovers_in_the_worktree_between_advances_are_discarded_by_development(
     tmp_path: Path, engine_for
 ) -> None:
-    from phasegate import decisions
+    from phasegate.core import decisions
 
     repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
     (repo / "answers.toml").write_text(HAPPY_ANSWERS)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from phasegate import decisions
-from phasegate.workspace import Workspace
+from phasegate.core import decisions
+from phasegate.git.workspace import Workspace
 
 from conftest import git, make_repo
 
@@ -398,7 +398,7 @@ def test_a_merge_a_killed_phasegate_left_begun_in_the_persons_checkout_is_redone
     # Found by the kill torture (sandboxed, in CI): a kill inside `git merge` left
     # MERGE_HEAD in the person's checkout, and every later merge failed with
     # "You have not concluded your merge".
-    from phasegate.workspace import DirtyCheckout
+    from phasegate.git.workspace import DirtyCheckout
 
     repo = make_repo(tmp_path / "repo", {"a.txt": "a\n"})
     ws = Workspace()
@@ -431,7 +431,7 @@ def test_lock_files_survive_worktrees_removed_while_they_are_listed(tmp_path: Pa
     # Found by the 2 x 8 x 120 run: another worker's worktree went away between the
     # listing of .git/worktrees and the look inside it (FileNotFoundError, a failed
     # preparation). Worktree directories are made and removed as fast as can be.
-    from phasegate._repair import lock_files
+    from phasegate.git.repair import lock_files
 
     repo = make_repo(tmp_path / "repo")
     admin = repo / ".git" / "worktrees"

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from phasegate import decisions
-from phasegate.engine import Engine
+from phasegate.core import decisions
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 
 from conftest import ANSWERS_BUT_BUILD, GitHubLab, git, github_repo, scripted_cartridge

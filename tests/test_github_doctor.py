@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from phasegate.doctor import Diagnosis, diagnose
+from phasegate.tools.doctor import Diagnosis, diagnose
 
 from conftest import GitHubLab, git, github_repo, make_repo, phasegate_cli, scripted_cartridge
 

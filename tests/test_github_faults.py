@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from phasegate.forge import ForgeAuth, ForgeAuthError, ForgeNotFound, ForgeUnavailable, GitHubForge
-from phasegate.workspace import Workspace
+from phasegate.git.workspace import Workspace
 
 from conftest import GitHubLab
 from github_forge_kit import REPO, branch_with_change, forge, forge_for, local, posts, settings

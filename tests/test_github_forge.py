@@ -1,4 +1,4 @@
-"""GitHubForge against the fake GitHub (phasegate.testing.github_server): real
+"""GitHubForge against the fake GitHub (support.github_server): real
 HTTP on 127.0.0.1, real git over smart HTTP into a real bare repository."""
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from phasegate import decisions
-from phasegate.cartridge import Cartridge
-from phasegate.cartridge_forge import ForgeSettings
-from phasegate.engine import Engine
+from phasegate.config.cartridge import Cartridge
+from phasegate.config.forge import ForgeSettings
+from phasegate.core import decisions
 from phasegate.forge import (
     ForgeAuth,
     ForgeAuthError,
@@ -30,17 +29,18 @@ from phasegate.forge import (
     make_forge,
     repository_from_origin,
 )
-from phasegate.forge.github import CHECK_OUTPUT_BYTES, neutralize_closing
-from phasegate.forge.github_api import BODY_LIMIT
-from phasegate.forge.github_faults import GitHubRefused
-from phasegate.forge.github_git import FETCHED_PREFIX
-from phasegate.journal import SideEffects
+from phasegate.forge.github.api import BODY_LIMIT
+from phasegate.forge.github.faults import GitHubRefused
+from phasegate.forge.github.forge import CHECK_OUTPUT_BYTES, neutralize_closing
+from phasegate.forge.github.git import FETCHED_PREFIX
+from phasegate.git.workspace import Workspace
+from phasegate.runtime.engine import Engine
+from phasegate.runtime.journal import SideEffects
 from phasegate.store import Store, open_store
-from phasegate.testing.github_server import GitHubServer
-from phasegate.workspace import Workspace
 
 from conftest import GitHubLab, git, github_repo, new_workflow, scripted_cartridge
 from github_forge_kit import REPO, branch_with_change, forge, forge_for, local, posts, settings
+from support.github_server import GitHubServer
 
 __all__ = ["forge", "local"]  # fixtures, used by name
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from phasegate import decisions
-from phasegate.engine import Engine
+from phasegate.core import decisions
+from phasegate.integrations.triggers import Ignored, Started, Watcher
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store
-from phasegate.triggers import Ignored, Started, Watcher
 
 from conftest import (
     ANSWERS_BUT_BUILD,

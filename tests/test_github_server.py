@@ -1,4 +1,4 @@
-"""The fake GitHub (phasegate.testing.github_server) over real HTTP, with real git.
+"""The fake GitHub (support.github_server) over real HTTP, with real git.
 
 Each REST area round-trips through httpx; pushes go through git's smart HTTP
 with an askpass helper; merges are checked on the bare repository itself.
@@ -20,9 +20,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from phasegate.testing.github_server import GitHubServer
-
 from conftest import git
+from support.github_server import GitHubServer
 
 REPO = "alice/app"
 

@@ -12,9 +12,15 @@ from pathlib import Path
 import pytest
 from test_github_lifecycle import team_repo
 
-from phasegate.engine import Engine
+from phasegate.integrations.triggers import (
+    Ignored,
+    Started,
+    TriggerRefused,
+    Watcher,
+    start_from_issue,
+)
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store
-from phasegate.triggers import Ignored, Started, TriggerRefused, Watcher, start_from_issue
 
 from conftest import GitHubLab
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import phasegate
-from phasegate.cartridge import (
+from phasegate.config.cartridge import (
     CARTRIDGE_FILE,
     GRAPH_OPTIONAL_ROLES,
     CartridgeError,
@@ -128,9 +128,9 @@ IMPURE_MODULES = frozenset(
 #: The only first-party modules a pure module may import at run time.
 PURE_FIRST_PARTY = (
     "phasegate.graph",
-    "phasegate.autonomy",
-    "phasegate.contract",
-    "phasegate.profiles",
+    "phasegate.core.autonomy",
+    "phasegate.core.contract",
+    "phasegate.core.profiles",
 )
 IMPURE_CALLS = frozenset({"open", "exec", "eval", "compile", "__import__", "input", "breakpoint"})
 
@@ -150,7 +150,7 @@ def impurities(source: str) -> list[str]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            # `from phasegate import workspace` imports phasegate.workspace
+            # `from phasegate import workspace` imports phasegate.git.workspace
             names = [f"{node.module}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             found.append(f"line {node.lineno}: a relative import (write it absolute)")
@@ -182,8 +182,8 @@ def test_the_purity_check_catches_what_it_must() -> None:
     )
     assert len(impurities(bad)) == 8
     typing_only = (
-        "from typing import TYPE_CHECKING\nfrom phasegate.contract import PhasegateError\n"
-        "if TYPE_CHECKING:\n    from phasegate.cartridge import Cartridge\n"
+        "from typing import TYPE_CHECKING\nfrom phasegate.core.contract import PhasegateError\n"
+        "if TYPE_CHECKING:\n    from phasegate.config.cartridge import Cartridge\n"
     )
     assert impurities(typing_only) == []
 
@@ -878,7 +878,7 @@ def test_the_autonomy_policy_knows_every_proposal_kind_and_only_those(tmp_path: 
         f"expected one of {', '.join(PROPOSAL_KINDS)}"
     )
     # The cartridge checks against the graph's own list: no copy to drift from it.
-    assert phasegate.cartridge.PROPOSAL_KINDS is PROPOSAL_KINDS
+    assert phasegate.config.cartridge.PROPOSAL_KINDS is PROPOSAL_KINDS
 
 
 def test_a_model_level_error_reads_without_a_top_level_prefix(tmp_path: Path) -> None:

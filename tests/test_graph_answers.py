@@ -16,8 +16,7 @@ import pytest
 
 from phasegate import operations
 from phasegate.agents import ScriptedRunner
-from phasegate.cartridge import Cartridge, load_cartridge
-from phasegate.engine import Engine
+from phasegate.config.cartridge import Cartridge, load_cartridge
 from phasegate.graph import (
     GRAPH_ROLES,
     AgentCall,
@@ -28,7 +27,8 @@ from phasegate.graph import (
     answer_problem,
     run_lifecycle,
 )
-from phasegate.harness import RunnerAnswers, replay_check
+from phasegate.phases.graph_mode.harness import RunnerAnswers, replay_check
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 
 from conftest import git, make_repo, phasegate_cli, scripted_cartridge

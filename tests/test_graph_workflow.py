@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from phasegate import decisions
 from phasegate.agents.base import AgentRequest, AgentResult
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine
-from phasegate.harness import replay_check
-from phasegate.phases.graph_mode import CHECKS_GATE, PROPOSAL_TRAILER
+from phasegate.config.cartridge import load_cartridge
+from phasegate.core import decisions
+from phasegate.phases.graph_mode.harness import replay_check
+from phasegate.phases.graph_mode.run import CHECKS_GATE, PROPOSAL_TRAILER
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.testing import CRASH_EXIT_CODE
 
@@ -449,7 +449,7 @@ def test_a_worker_killed_after_the_apply_arm_landed_the_patch_lands_it_once(
         [
             sys.executable,
             "-m",
-            "phasegate.testing",
+            "support.crash_worker",
             "--repo",
             str(repo),
             "--crash-after",

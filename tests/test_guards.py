@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from phasegate import guard
-from phasegate._git import withhold_from_git
 from phasegate.agents.base import AgentResult
-from phasegate.workspace import Workspace
+from phasegate.git import guard
+from phasegate.git.command import withhold_from_git
+from phasegate.git.workspace import Workspace
 
 from conftest import alive, git, land_held, make_repo, phasegate_cli
 
@@ -288,7 +288,7 @@ def test_a_killed_phasegate_s_guard_journal_is_restored_by_the_next_run(tmp_path
             textwrap.dedent(
                 f"""
                 import pathlib, time
-                from phasegate import guard
+                from phasegate.git import guard
                 with guard.watch(pathlib.Path({str(repo)!r}), "wf-1", role="build", phase="p"):
                     pathlib.Path({str(ready)!r}).write_text("x")
                     time.sleep(60)
@@ -364,10 +364,10 @@ def test_a_worker_killed_during_an_agent_run_has_its_refs_and_config_restored_on
 def test_a_graph_role_that_sets_fsmonitor_and_moves_the_base_fails_and_is_undone(
     tmp_path: Path,
 ) -> None:
-    from phasegate.agents.command import CommandRunner
-    from phasegate.cartridge import Cartridge, RoleBinding
+    from phasegate.agents.runners.command import CommandRunner
+    from phasegate.config.cartridge import Cartridge, RoleBinding
     from phasegate.graph import AgentCall
-    from phasegate.harness import RunnerAnswers
+    from phasegate.phases.graph_mode.harness import RunnerAnswers
 
     script, marker = _marker_script(tmp_path)
     repo = make_repo(tmp_path / "repo")

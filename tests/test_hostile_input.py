@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from phasegate._terminal import visible
-from phasegate._toml import read_toml
+from phasegate.config.toml import read_toml
+from phasegate.core.terminal import visible
 
 from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from phasegate.cartridge import CartridgeError, load_cartridge
-from phasegate.doctor import diagnose
+from phasegate.config.cartridge import CartridgeError, load_cartridge
+from phasegate.tools.doctor import diagnose
 
 from conftest import phasegate_cli
 

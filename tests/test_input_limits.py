@@ -14,11 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from phasegate.agents.base import AgentRequest, AgentResult
-from phasegate.agents.command import CommandRunner
+from phasegate.agents.runners.command import CommandRunner
 from phasegate.agents.service import answer_limit_of, oversized_answer
-from phasegate.cartridge import Cartridge, RoleBinding
-from phasegate.engine import Engine
+from phasegate.config.cartridge import Cartridge, RoleBinding
 from phasegate.phases.attempts import measure_change, refused_change
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 
 from conftest import HAPPY_ANSWERS, git, make_repo, scripted_cartridge
@@ -135,8 +135,8 @@ def test_an_answer_over_max_answer_bytes_fails_the_call_and_is_never_stored_whol
 WORKER = r"""
 import json, resource, sys
 from pathlib import Path
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.runtime.engine import Engine
 from phasegate.store import open_store
 repo = Path(sys.argv[1])
 cartridge = load_cartridge(repo)

@@ -30,8 +30,9 @@ import pytest
 import sqlalchemy as sa
 
 from phasegate.store import tables
-from phasegate.testing.prism import PrismProxy
-from phasegate.testing.torture import (
+
+from support.prism import PrismProxy
+from support.torture import (
     AIMS,
     GITHUB_AIMS,
     TARGETS,
@@ -43,9 +44,9 @@ from phasegate.testing.torture import (
     run_uninterrupted,
     trial_mode,
 )
-from phasegate.testing.torture_github import BOT, CHANGING, REPOSITORY, check_github
-from phasegate.testing.torture_lab import Lab, wait_for
-from phasegate.testing.torture_postgres import (
+from support.torture_github import BOT, CHANGING, REPOSITORY, check_github
+from support.torture_lab import Lab, wait_for
+from support.torture_postgres import (
     POSTGRES_TARGETS,
     check_workers,
     postgres_plan,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from phasegate.workspace import DirtyCheckout, Workspace
-from phasegate.workspace_merge import _MergeIntent
+from phasegate.git.merge import _MergeIntent
+from phasegate.git.workspace import DirtyCheckout, Workspace
 
 from conftest import git, make_repo
 
@@ -90,7 +90,7 @@ def test_a_merge_sigkilled_while_its_ref_update_waits_is_undone_and_redone(
     persons_edits(repo)
     holder = hold_ref_lock(repo)
     code = (
-        "import sys\nfrom pathlib import Path\nfrom phasegate.workspace import Workspace\n"
+        "import sys\nfrom pathlib import Path\nfrom phasegate.git.workspace import Workspace\n"
         "Workspace().merge_into_base(Path(sys.argv[1]), 'main', 'feature', sys.argv[2])\n"
     )
     merging = subprocess.Popen(

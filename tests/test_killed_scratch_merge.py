@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from phasegate.cartridge import load_cartridge
+from phasegate.config.cartridge import load_cartridge
+from phasegate.git.workspace import Workspace
 from phasegate.store import open_store
-from phasegate.workspace import Workspace
 
 from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 
@@ -45,7 +45,7 @@ def kill_a_merge_in_its_scratch_checkout(repo: Path, branch: str) -> Path:
     merge in the scratch checkout (main is checked out nowhere else); its path."""
     scratch = Workspace().scratch_path(repo, "merge-main")
     code = (
-        "import sys\nfrom pathlib import Path\nfrom phasegate.workspace import Workspace\n"
+        "import sys\nfrom pathlib import Path\nfrom phasegate.git.workspace import Workspace\n"
         "Workspace().merge_into_base(Path(sys.argv[1]), 'main', sys.argv[2], 'Merge it')\n"
     )
     merging = subprocess.Popen(
@@ -69,7 +69,7 @@ def dashboard_page(repo: Path, workflow_id: str) -> str:
     from fastapi.testclient import TestClient
     from test_web import TOKEN, logged_in
 
-    from phasegate.engine import Engine
+    from phasegate.runtime.engine import Engine
     from phasegate.web import Access, create_app
 
     cartridge = load_cartridge(repo)

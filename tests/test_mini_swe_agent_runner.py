@@ -20,9 +20,9 @@ import pytest
 
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest
-from phasegate.agents.mini_swe_agent import MiniSweAgentRunner, parse_trajectory
 from phasegate.agents.process import ProcessOutcome
-from phasegate.cartridge import RoleBinding
+from phasegate.agents.runners.mini_swe_agent import MiniSweAgentRunner, parse_trajectory
+from phasegate.config.cartridge import RoleBinding
 from phasegate.testing.model_server import Step, ToolCall, key_sha
 
 from agent_cli_kit import (

@@ -17,13 +17,13 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from phasegate import new_project as projects
-from phasegate.cartridge_forge import ForgeSettings
-from phasegate.engine import Engine
+from phasegate.config.forge import ForgeSettings
 from phasegate.forge import ForgeAuth, GitHubForge, forge_auth
+from phasegate.git.workspace import Workspace
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 from phasegate.testing import CRASH_EXIT_CODE
-from phasegate.workspace import Workspace
+from phasegate.tools import new_project as projects
 
 from conftest import HAPPY_ANSWERS, GitHubLab, git, make_repo, phasegate_cli, scripted_cartridge
 
@@ -96,12 +96,12 @@ def test_a_kill_right_after_the_repository_is_made_then_a_rerun_finds_it_and_goe
     crash = (
         "import sys; from pathlib import Path\n"
         "from phasegate import new_project as p\n"
-        "from phasegate.cartridge import load_cartridge\n"
-        "from phasegate.engine import Engine\n"
+        "from phasegate.config.cartridge import load_cartridge\n"
+        "from phasegate.runtime.engine import Engine\n"
         "from phasegate.forge import make_forge\n"
         "from phasegate.store import open_store\n"
         "from phasegate.testing import CrashingForge\n"
-        "from phasegate.workspace import Workspace\n"
+        "from phasegate.git.workspace import Workspace\n"
         "project = p.resolve('gadgets', Path(sys.argv[1]), Path(sys.argv[2]))\n"
         "root = p.make_checkout(project); c = load_cartridge(root)\n"
         "store, ws = open_store(c.store_url(root)), Workspace()\n"

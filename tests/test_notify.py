@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from phasegate import decisions, notify
-from phasegate.cartridge import load_cartridge
-from phasegate.contract import PhaseResult
-from phasegate.engine import Engine
-from phasegate.notify import Notifier, attach
+from phasegate.config.cartridge import load_cartridge
+from phasegate.core import decisions
+from phasegate.core.contract import PhaseResult
+from phasegate.integrations import notify
+from phasegate.integrations.notify import Notifier, attach
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 
 from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
@@ -512,7 +513,7 @@ def test_phasegate_run_in_the_foreground_notifies_beside_its_progress(
 def test_a_bad_notify_section_is_refused_naming_the_key(
     tmp_path: Path, notify_toml: str, refusal: str
 ) -> None:
-    from phasegate.cartridge import CartridgeError
+    from phasegate.config.cartridge import CartridgeError
 
     repo = _repo(tmp_path, notify_toml)
     with pytest.raises(CartridgeError, match=re.escape(refusal)):

@@ -24,7 +24,7 @@ import pytest
 
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest
-from phasegate.agents.opencode import (
+from phasegate.agents.runners.opencode import (
     BUILD_PERMISSION,
     READ_ONLY_PERMISSION,
     OpencodeRunner,
@@ -32,7 +32,7 @@ from phasegate.agents.opencode import (
     _undo_schema_stamps,
     parse_events,
 )
-from phasegate.cartridge import RoleBinding
+from phasegate.config.cartridge import RoleBinding
 from phasegate.testing.model_server import Step, ToolCall, key_sha
 
 from agent_cli_kit import (

@@ -17,9 +17,9 @@ import pytest
 from test_gate import clean_run
 
 from phasegate import operations
-from phasegate._host import host_name
-from phasegate.contract import ContractViolation, PhasegateError
-from phasegate.engine import Engine, LeaseHeld
+from phasegate.core.contract import ContractViolation, PhasegateError
+from phasegate.proc.host import host_name
+from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.store import Store
 
 from conftest import git, phasegate_cli

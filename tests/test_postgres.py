@@ -20,11 +20,10 @@ import pytest
 import sqlalchemy as sa
 from test_gate import clean_run
 
-from phasegate.contract import EventWrite, PhaseResult, ProposalDecided
+from phasegate.core.contract import EventWrite, PhaseResult, ProposalDecided
 from phasegate.store import Store, StoreUnavailable, open_store
 from phasegate.store import tables as t
 from phasegate.store.workflows import IssueTaken
-from phasegate.testing.postgres import PostgresServer, fresh_schema
 
 from conftest import (
     HAPPY_ANSWERS,
@@ -34,6 +33,7 @@ from conftest import (
     phasegate_cli,
     scripted_cartridge,
 )
+from support.postgres import PostgresServer, fresh_schema
 
 #: Threads racing in each test: more than the two cores, fewer than the server's connections.
 RACERS = 8

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from phasegate.testing.github_openapi import OPERATIONS, cut_description
-from phasegate.testing.prism import (
+from support.github_openapi import OPERATIONS, cut_description
+from support.prism import (
     PrismError,
     PrismProxy,
     cached_cut,

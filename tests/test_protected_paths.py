@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from phasegate.protected import check_files, links_out, protected_patterns, protected_touched
-from phasegate.workspace import Workspace
+from phasegate.git.protected import check_files, links_out, protected_patterns, protected_touched
+from phasegate.git.workspace import Workspace
 
 from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 

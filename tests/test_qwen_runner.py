@@ -26,9 +26,9 @@ import pytest
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest
 from phasegate.agents.process import ProcessOutcome
-from phasegate.agents.qwen import QwenRunner, parse_qwen_stream
-from phasegate.cartridge import RoleBinding
-from phasegate.sandbox import agent_confinement, bwrap_works
+from phasegate.agents.runners.qwen import QwenRunner, parse_qwen_stream
+from phasegate.config.cartridge import RoleBinding
+from phasegate.proc.sandbox import agent_confinement, bwrap_works
 from phasegate.testing.model_server import Step, ToolCall, _cwd, key_sha
 
 from agent_cli_kit import (

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from phasegate.agents.base import AgentRequest
-from phasegate.agents.codex import CodexRunner, own_sandbox_fails, rollout_totals
-from phasegate.cartridge import RoleBinding
-from phasegate.sandbox import Bubblewrap, agent_confinement, bwrap_works
+from phasegate.agents.runners.codex import CodexRunner, own_sandbox_fails, rollout_totals
+from phasegate.config.cartridge import RoleBinding
+from phasegate.proc.sandbox import Bubblewrap, agent_confinement, bwrap_works
 from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, key_sha
 
 from agent_cli_kit import (

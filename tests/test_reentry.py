@@ -29,9 +29,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
 from phasegate.phases.attempts import ATTEMPT_TRAILER, account_build_runs
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 
 from conftest import git, land_held, make_repo, phasegate_cli, scripted_cartridge
@@ -101,10 +101,10 @@ CRASH_RUNNER = """\
 import os, sys
 from pathlib import Path
 
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.runtime.engine import Engine
 from phasegate.store import open_store
-from phasegate.workspace import Workspace
+from phasegate.git.workspace import Workspace
 
 repo, method, when = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 nth = int(sys.argv[4]) if len(sys.argv) > 4 else 1

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from phasegate import _git, guard
-from phasegate._git import common_dir, read_ledger, run_git
+from phasegate.git import command as _git
+from phasegate.git import guard
+from phasegate.git.command import common_dir, read_ledger, run_git
 
 from conftest import git, make_repo
 

@@ -15,7 +15,7 @@ How each phase is hit:
   command runner starts agents in a session of their own, so the test kills
   the hanging agent's group too (its pgid is in the marker), as a machine
   crash would.
-- preparation, report, merge: the crash hook ``python -m phasegate.testing
+- preparation, report, merge: the crash hook ``python -m support.crash_worker
   --crash-after METHOD`` dies with ``os._exit`` right after a forge call
   succeeded and before the journal settled its milestone; it is run again
   until the crash lands in the wanted phase.
@@ -42,13 +42,13 @@ from typing import Any, TypeVar
 
 import pytest
 
-from phasegate.cartridge import load_cartridge
-from phasegate.contract import MilestoneView
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.core.contract import MilestoneView
 from phasegate.forge import LocalForge
+from phasegate.git.workspace import Workspace
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.testing import CRASH_EXIT_CODE
-from phasegate.workspace import Workspace
 
 from conftest import alive, git, make_repo, phasegate_cli, scripted_cartridge
 
@@ -213,7 +213,7 @@ class Lab:
             [
                 sys.executable,
                 "-m",
-                "phasegate.testing",
+                "support.crash_worker",
                 "--repo",
                 str(self.repo),
                 "--crash-after",

@@ -13,18 +13,18 @@ from typing import Any
 
 import pytest
 
-from phasegate import decisions
-from phasegate.autonomy import AutonomyPolicy
-from phasegate.cartridge import CartridgeError, load_cartridge
-from phasegate.contract import ContractViolation, PhaseResult, StaleContext
-from phasegate.engine import Engine
-from phasegate.profiles import (
+from phasegate.config.cartridge import CartridgeError, load_cartridge
+from phasegate.core import decisions
+from phasegate.core.autonomy import AutonomyPolicy
+from phasegate.core.contract import ContractViolation, PhaseResult, StaleContext
+from phasegate.core.profiles import (
     BUILTIN_PROFILES,
     MAX_REVERSIONS,
     AutomationProfile,
     allows_automatic,
     decide_reversion,
 )
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 from phasegate.testing import FixedClock
 

@@ -20,10 +20,10 @@ import pytest
 from test_concurrent_worker import _settle, _stop, _worker
 from test_flaky_git import distinct_builds_repo
 
-from phasegate._host import host_name
-from phasegate.cartridge import load_cartridge
 from phasegate.cli.render import _drive_unless_taken
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.proc.host import host_name
+from phasegate.runtime.engine import Engine
 from phasegate.store import open_store
 
 from conftest import git, phasegate_cli

@@ -21,13 +21,12 @@ import pytest
 import test_mini_swe_agent_runner as mswe
 import test_real_agents as real
 
-from phasegate._process import kill_orphan_group, run_supervised, start_ticks
 from phasegate.agents.base import AgentRequest
-from phasegate.agents.command import CommandRunner
-from phasegate.cartridge import RoleBinding
-from phasegate.checks import run_checks
-from phasegate.doctor import diagnose
-from phasegate.sandbox import (
+from phasegate.agents.runners.command import CommandRunner
+from phasegate.config.cartridge import RoleBinding
+from phasegate.git.checks import run_checks
+from phasegate.proc.process import kill_orphan_group, run_supervised, start_ticks
+from phasegate.proc.sandbox import (
     agent_confinement,
     bwrap_works,
     check_confinement,
@@ -35,6 +34,7 @@ from phasegate.sandbox import (
     refused_writes,
 )
 from phasegate.testing.model_server import Step, ToolCall
+from phasegate.tools.doctor import diagnose
 
 import agent_cli_kit
 from conftest import agent_cli, git, make_repo, phasegate_cli, scripted_cartridge
@@ -341,8 +341,8 @@ def test_a_cancellation_kills_a_sandboxed_agents_whole_tree(tmp_path: Path) -> N
 KILLED_PHASEGATE = """
 import sys
 from pathlib import Path
-from phasegate._process import kill_orphan_group, run_supervised, start_ticks
-from phasegate.sandbox import agent_confinement
+from phasegate.proc.process import kill_orphan_group, run_supervised, start_ticks
+from phasegate.proc.sandbox import agent_confinement
 cwd = Path(sys.argv[1])
 c = agent_confinement("bwrap", network=True, cwd=cwd, state_dir=None, repo=cwd.parent)
 run_supervised(sys.argv[2], cwd=cwd, env=None, stdin=None, timeout_s=300, cancel=None,
@@ -434,7 +434,7 @@ def test_refused_writes_are_named_from_what_real_programs_print(tmp_path: Path) 
 
 def test_make_undumpable_turns_off_dumpable_for_phasegates_process() -> None:
     probe = (
-        "import ctypes; from phasegate.sandbox import make_undumpable; "
+        "import ctypes; from phasegate.proc.sandbox import make_undumpable; "
         "assert make_undumpable(); "
         "print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))"  # PR_GET_DUMPABLE
     )

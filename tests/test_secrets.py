@@ -13,12 +13,12 @@ from urllib.parse import quote
 
 import pytest
 
-from phasegate.engine import Engine
+from phasegate.core.redaction import files_with_secrets, holds_secret, redact, secret_variants
 from phasegate.forge.local import LocalForge
+from phasegate.git.workspace import Workspace
 from phasegate.phases.attempts import measure_change, refused_change
-from phasegate.redaction import files_with_secrets, holds_secret, redact, secret_variants
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store
-from phasegate.workspace import Workspace
 
 from conftest import (
     HAPPY_ANSWERS,

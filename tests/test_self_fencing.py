@@ -36,15 +36,15 @@ import sqlalchemy as sa
 from test_processes import escaping, recorded, running
 from test_restart import wait_until
 
-from phasegate._deadline import KILL_SHARE, LeaseDeadline, deadline_clock, governing
-from phasegate._process import run_supervised
 from phasegate.agents.process import run_agent_process
-from phasegate.cartridge import load_cartridge
-from phasegate.checks import run_checks
-from phasegate.contract import WorkflowPaused
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.core.contract import WorkflowPaused
+from phasegate.git.checks import run_checks
+from phasegate.proc.deadline import KILL_SHARE, LeaseDeadline, deadline_clock, governing
+from phasegate.proc.process import run_supervised
+from phasegate.runtime.engine import Engine
+from phasegate.runtime.worker import Heartbeat
 from phasegate.store import Fence, open_store
-from phasegate.worker import Heartbeat
 
 from conftest import (
     ANSWERS_BUT_BUILD,
@@ -104,8 +104,8 @@ def state_of(pid: int) -> str:
 CALLER = """\
 import sys
 from pathlib import Path
-from phasegate._deadline import LeaseDeadline, deadline_clock, governing
-from phasegate._process import run_supervised
+from phasegate.proc.deadline import LeaseDeadline, deadline_clock, governing
+from phasegate.proc.process import run_supervised
 ttl, command, cwd = float(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 with governing(LeaseDeadline(ttl, deadline_clock())):
     done = run_supervised(command, cwd=cwd, env=None, stdin=None, timeout_s=600, cancel=None)
@@ -205,7 +205,7 @@ def test_the_deadline_files_a_killed_worker_left_are_removed_by_the_next_process
     live = tmp / f"phasegate-lease-{os.getpid()}-x2"  # a running worker's
     live.mkdir()
     lease = (
-        "from phasegate._deadline import LeaseDeadline, deadline_clock\n"
+        "from phasegate.proc.deadline import LeaseDeadline, deadline_clock\n"
         "d = LeaseDeadline(60, deadline_clock()); print(d.file()); d.close()\n"
     )
     done = subprocess.run(

@@ -16,14 +16,14 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from phasegate.contract import MilestoneView, MilestoneWrite, WorkflowNotFound
+from phasegate.core.contract import MilestoneView, MilestoneWrite, WorkflowNotFound
 from phasegate.forge import ForgeError
-from phasegate.journal import SideEffects
+from phasegate.git.workspace import Workspace
+from phasegate.runtime.journal import SideEffects
 from phasegate.store import AgentRunRecord, Store, open_store
 from phasegate.store import tables as t
 from phasegate.store.tables import metadata
 from phasegate.testing import FixedClock, InMemoryForge
-from phasegate.workspace import Workspace
 
 from conftest import new_workflow, on_sqlite
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from phasegate import decisions
-from phasegate.cartridge import load_cartridge
-from phasegate.contract import RUNNABLE_STATUSES, EventWrite, MilestoneWrite, PhaseResult
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.core import decisions
+from phasegate.core.contract import RUNNABLE_STATUSES, EventWrite, MilestoneWrite, PhaseResult
+from phasegate.runtime.engine import Engine
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable, open_store
 from phasegate.testing import FixedClock
 

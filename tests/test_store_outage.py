@@ -16,12 +16,12 @@ from pathlib import Path
 
 from test_concurrent_worker import _settle, _stop, _wait_for, _worker
 
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.runtime.engine import Engine
 from phasegate.store import open_store
-from phasegate.testing.postgres import PostgresServer
 
 from conftest import HAPPY_ANSWERS, git, make_repo, scripted_cartridge, writes_held
+from support.postgres import PostgresServer
 
 # The build agent: says it started, then waits while its config says hold.
 AGENT = """\

@@ -23,17 +23,17 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from phasegate import decisions
-from phasegate._host import host_name
-from phasegate.cartridge import Cartridge, load_cartridge
-from phasegate.cartridge_forge import ForgeSettings
 from phasegate.clock import SystemClock
-from phasegate.contract import RUNNABLE_STATUSES, PhasegateError
-from phasegate.engine import Engine
+from phasegate.config.cartridge import Cartridge, load_cartridge
+from phasegate.config.forge import ForgeSettings
+from phasegate.core import decisions
+from phasegate.core.contract import RUNNABLE_STATUSES, PhasegateError
 from phasegate.phases import attempts
+from phasegate.proc.host import host_name
+from phasegate.runtime.engine import Engine
+from phasegate.runtime.takeover import ForeignWorkflow, forge_repository, placed_here
 from phasegate.store import Store, open_store
 from phasegate.store.store import make_dialect
-from phasegate.takeover import ForeignWorkflow, forge_repository, placed_here
 from phasegate.testing import InMemoryForge
 
 from conftest import (

@@ -14,15 +14,10 @@ from typing import Any
 import pytest
 
 from phasegate.agents.base import AgentRequest, AgentResult
-from phasegate.agents.scripted import ScriptedRunner
+from phasegate.agents.runners.scripted import ScriptedRunner
 from phasegate.cli._watching import watching
-from phasegate.engine import Engine
 from phasegate.forge.base import Comment, ForgeUnavailable, Issue, Labelled
-from phasegate.phases.acceptance_verification import acceptance_hash
-from phasegate.store import Store
-from phasegate.store.workflows import IssueTaken
-from phasegate.testing import InMemoryForge
-from phasegate.triggers import (
+from phasegate.integrations.triggers import (
     Ignored,
     Started,
     TriggerRefused,
@@ -33,6 +28,11 @@ from phasegate.triggers import (
     snapshot_ticket,
     start_from_issue,
 )
+from phasegate.phases.acceptance_verification import acceptance_hash
+from phasegate.runtime.engine import Engine
+from phasegate.store import Store
+from phasegate.store.workflows import IssueTaken
+from phasegate.testing import InMemoryForge
 
 from conftest import ROLES, git, make_repo, phasegate_cli, scripted_cartridge
 
@@ -82,7 +82,7 @@ def test_a_label_by_a_read_only_user_starts_nothing_and_is_reported_once(
     label(forge, 41, "rita")
     engine = triggered(forge)
     watcher = Watcher(engine, REPOSITORY, max_ticket_bytes=MAX)
-    with caplog.at_level(logging.WARNING, logger="phasegate.triggers"):
+    with caplog.at_level(logging.WARNING, logger="phasegate.integrations.triggers"):
         first = watcher.watch_once()
         second = watcher.watch_once()
     assert [type(r) for r in first] == [Ignored]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from phasegate.checks import MAX_ARG_BYTES, CheckUnstartable, command_problem, run_checks
-from phasegate.doctor import diagnose
+from phasegate.git.checks import MAX_ARG_BYTES, CheckUnstartable, command_problem, run_checks
+from phasegate.tools.doctor import diagnose
 
 from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 

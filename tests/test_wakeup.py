@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from phasegate import decisions
-from phasegate import worker as worker_module
-from phasegate.cartridge import load_cartridge
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.core import decisions
+from phasegate.runtime import worker as worker_module
+from phasegate.runtime.engine import Engine
 from phasegate.store import open_store
 
 WAIT_S = 30.0  # bound on a wait; a correctness check, never a timing judgement

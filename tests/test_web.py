@@ -17,10 +17,10 @@ from fastapi.testclient import TestClient
 from test_graph_workflow import ANSWERS, GRAPH_ROLES, graph_repo
 
 from phasegate import operations
-from phasegate._host import host_name
-from phasegate.cartridge import CartridgeError
-from phasegate.contract import EventWrite, PhasegateError, PhaseResult
-from phasegate.engine import Engine, LeaseHeld
+from phasegate.config.cartridge import CartridgeError
+from phasegate.core.contract import EventWrite, PhasegateError, PhaseResult
+from phasegate.proc.host import host_name
+from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.store import Store
 from phasegate.web import Access, create_app
 from phasegate.web.auth import CSRF_HEADER, SESSION_COOKIE, WeakToken

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from phasegate import operations, review
-from phasegate._host import host_name
-from phasegate.contract import PhasegateError
-from phasegate.engine import Engine, LeaseHeld
-from phasegate.redaction import redact
+from phasegate import operations
+from phasegate.core import review
+from phasegate.core.contract import PhasegateError
+from phasegate.core.redaction import redact
+from phasegate.proc.host import host_name
+from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.store import Store
 from phasegate.web import Access, create_app
 from phasegate.web.auth import CSRF_HEADER

@@ -22,9 +22,9 @@ import httpx
 import pytest
 from test_web import ENV_SENTINEL, TOKEN, waiting_workflow, web_repo  # noqa: F401
 
-from phasegate.cartridge import load_cartridge
-from phasegate.contract import EventWrite
-from phasegate.engine import Engine
+from phasegate.config.cartridge import load_cartridge
+from phasegate.core.contract import EventWrite
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.web import Access
 from phasegate.web.serve import Dashboard

@@ -4,7 +4,7 @@ dashboard.js appends each ``agent_output`` row of the SSE stream to
 as it was (no ``changed``: the fragment is not read again), each row once.
 
 Missing Chromium or Playwright fails this under CI, skips it elsewhere
-(``phasegate.testing.browser``).
+(``support.browser``).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from test_agent_output import (  # noqa: F401
 )
 from test_web import TOKEN, web_repo  # noqa: F401
 
-from phasegate.engine import Engine
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 from phasegate.web import Access
 from phasegate.web.serve import Dashboard
 
-pytest_plugins = ("phasegate.testing.browser",)
+pytest_plugins = ("support.browser",)
 
 
 def test_the_page_appends_a_running_agents_lines_live_each_once_without_a_reload(

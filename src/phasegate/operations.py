@@ -31,11 +31,11 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from phasegate import decisions, review
 from phasegate.agents.env import cartridge_secrets
-from phasegate.autonomy import AutonomyPolicy, streak
-from phasegate.cartridge import CARTRIDGE_FILE
-from phasegate.contract import (
+from phasegate.config.cartridge import CARTRIDGE_FILE
+from phasegate.core import decisions, review
+from phasegate.core.autonomy import AutonomyPolicy, streak
+from phasegate.core.contract import (
     ACCEPTANCE_VERIFICATION,
     AWAITING_APPROVAL,
     CANCELLED,
@@ -49,12 +49,12 @@ from phasegate.contract import (
     PhaseResult,
     WorkflowContext,
 )
-from phasegate.engine import Engine, LeaseHeld
+from phasegate.core.profiles import AutomationProfile
+from phasegate.core.redaction import redact
 from phasegate.phases import acceptance_verification
 from phasegate.phases.cleanup import KIND as CLEANUP
-from phasegate.phases.graph_mode import CHECKS_GATE
-from phasegate.profiles import AutomationProfile
-from phasegate.redaction import redact
+from phasegate.phases.graph_mode.run import CHECKS_GATE
+from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.store import APPLY_ARM, Store
 
 __all__ = [

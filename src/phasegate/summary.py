@@ -10,11 +10,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from phasegate.contract import AWAITING_APPROVAL
-from phasegate.profiles import AutomationProfile, decisions_of
+from phasegate.core.contract import AWAITING_APPROVAL
+from phasegate.core.profiles import AutomationProfile, decisions_of
+from phasegate.git.merge import scratch_note
+from phasegate.git.workspace import GitError, Workspace
 from phasegate.store import Store
-from phasegate.workspace import GitError, Workspace
-from phasegate.workspace_merge import scratch_note
 
 __all__ = ["iso", "lease_holder", "workflow_detail", "workflow_summary"]
 

@@ -8,19 +8,19 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from phasegate.agents.aider import AiderRunner
 from phasegate.agents.base import ERROR_KINDS, AgentRequest, AgentResult, Runner
-from phasegate.agents.claude_code import ClaudeCodeRunner
-from phasegate.agents.codex import CodexRunner
-from phasegate.agents.command import CommandRunner
-from phasegate.agents.copilot import CopilotRunner
-from phasegate.agents.gemini import GeminiRunner
-from phasegate.agents.mini_swe_agent import MiniSweAgentRunner
-from phasegate.agents.opencode import OpencodeRunner
-from phasegate.agents.qwen import QwenRunner
-from phasegate.agents.scripted import ScriptedRunner
-from phasegate.cartridge import RoleBinding
-from phasegate.cartridge_agents import AGENT_PROGRAMS
+from phasegate.agents.runners.aider import AiderRunner
+from phasegate.agents.runners.claude_code import ClaudeCodeRunner
+from phasegate.agents.runners.codex import CodexRunner
+from phasegate.agents.runners.command import CommandRunner
+from phasegate.agents.runners.copilot import CopilotRunner
+from phasegate.agents.runners.gemini import GeminiRunner
+from phasegate.agents.runners.mini_swe_agent import MiniSweAgentRunner
+from phasegate.agents.runners.opencode import OpencodeRunner
+from phasegate.agents.runners.qwen import QwenRunner
+from phasegate.agents.runners.scripted import ScriptedRunner
+from phasegate.config.agents import AGENT_PROGRAMS
+from phasegate.config.cartridge import RoleBinding
 
 __all__ = [
     "ERROR_KINDS",
@@ -78,7 +78,7 @@ def make_runner(binding: RoleBinding, repo: Path) -> Runner:
     if binding.runner == "codex":
         return CodexRunner(binding)
     if binding.runner == "api":
-        from phasegate.agents.api import ApiRunner  # litellm is heavy: import it when bound
+        from phasegate.agents.runners.api import ApiRunner  # litellm is heavy: import it when bound
 
         return ApiRunner(binding)
     if binding.runner == "mini-swe-agent":

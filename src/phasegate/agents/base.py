@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from phasegate.sandbox import Confinement
+from phasegate.proc.sandbox import Confinement
 
 __all__ = ["AgentRequest", "AgentResult", "ERROR_KINDS", "Runner", "VIOLATIONS", "Violation"]
 
@@ -77,7 +77,7 @@ class AgentRequest:
       isolated HOME, CODEX_HOME); it outlives the call, so sessions resume.
     - ``budget_usd``: what this call may spend at most, or None for no cap.
     - ``confinement``: how the runner confines the agent's process
-      (``phasegate.sandbox``); None runs it unconfined.
+      (``phasegate.proc.sandbox``); None runs it unconfined.
     - ``on_output``: where the runner hands what its agent prints while it
       runs, ``on_output(stream, data)`` with stream "stdout" or "stderr" and the
       raw bytes (``agents.output.OutputLog.feed``: the live output, issue 13);

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from phasegate.cartridge import Cartridge, RoleBinding
-from phasegate.redaction import (
+from phasegate.config.cartridge import Cartridge, RoleBinding
+from phasegate.core.redaction import (
     MIN_SECRET,
     SECRET_NAME,
     files_with_secrets,
@@ -87,7 +87,7 @@ def environment_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
 
 def secret_names_in(text: str, environ: Mapping[str, str] | None = None) -> list[str]:
     """The names of the secret-named variables whose values occur in ``text``, raw or
-    encoded (``phasegate.redaction.secret_variants``)."""
+    encoded (``phasegate.core.redaction.secret_variants``)."""
     source = os.environ if environ is None else environ
     return sorted(
         name

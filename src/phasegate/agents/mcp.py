@@ -25,7 +25,7 @@ phasegate writes them there, per call, and never merges in the person's own
 
 Gemini CLI 0.61 and Qwen Code 0.24 start no MCP server in a workspace they do
 not trust, and a read-only role's workspace is not trusted
-(``phasegate.agents.gemini_family``): a gemini or qwen binding's servers reach
+(``phasegate.agents.runners.gemini_family``): a gemini or qwen binding's servers reach
 its build role only. Qwen Code's servers are also ``alwaysLoadTools`` (else
 their tools hide behind its ``tool_search``) and ``QWEN_CODE_LEGACY_MCP_BLOCKING``
 makes its first request wait for them.
@@ -39,7 +39,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from phasegate.cartridge import McpServer
+from phasegate.config.cartridge import McpServer
 
 __all__ = [
     "claude_allowed_tools",

@@ -39,8 +39,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from phasegate.contract import EventWrite
-from phasegate.redaction import redact
+from phasegate.core.contract import EventWrite
+from phasegate.core.redaction import redact
 from phasegate.store import StoreUnavailable
 
 __all__ = [

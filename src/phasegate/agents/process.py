@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from phasegate._process import SpawnError, run_supervised
 from phasegate.agents.base import AgentResult, Violation
-from phasegate.sandbox import Confinement, refused_writes
+from phasegate.proc.process import SpawnError, run_supervised
+from phasegate.proc.sandbox import Confinement, refused_writes
 
 __all__ = ["ProcessOutcome", "run_agent_process"]
 
@@ -25,7 +25,7 @@ __all__ = ["ProcessOutcome", "run_agent_process"]
 @dataclass(frozen=True)
 class ProcessOutcome:
     """How the process ended. ``stopped`` is "timeout", "interrupted", "fenced" (the
-    lease's deadline passed: ``phasegate._deadline``) or None."""
+    lease's deadline passed: ``phasegate.proc.deadline``) or None."""
 
     stdout: str
     stderr: str
@@ -115,8 +115,8 @@ def run_agent_process(
     on_output: Callable[[str, bytes], None] | None = None,
 ) -> ProcessOutcome:
     """Run ``args`` (a shell command when a string) to completion, timeout (seconds)
-    or shutdown, supervised (``phasegate._process.run_supervised``) and confined
-    by ``confinement`` (``phasegate.sandbox``); a program that cannot start is a
+    or shutdown, supervised (``phasegate.proc.process.run_supervised``) and confined
+    by ``confinement`` (``phasegate.proc.sandbox``); a program that cannot start is a
     ``spawn_error``, never an exception.
 
     ``violations`` holds one ``sandbox_denied`` per write outside its areas

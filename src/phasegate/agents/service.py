@@ -10,23 +10,23 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from phasegate import guard
-from phasegate._git import changes, note_change
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner, Violation
 from phasegate.agents.env import cartridge_secrets, files_with_secrets, redact, secret_values
 from phasegate.agents.output import OutputLog
-from phasegate.cartridge import READ_ONLY_ROLES, ROLE_SESSION_LINES, Cartridge
-from phasegate.contract import (
+from phasegate.config.cartridge import READ_ONLY_ROLES, ROLE_SESSION_LINES, Cartridge
+from phasegate.core.contract import (
     EventWrite,
     PhasegateError,
     WorkflowContext,
     WorkflowPaused,
 )
-from phasegate.journal import ProcessJournal
-from phasegate.sandbox import agent_confinement
+from phasegate.git import guard
+from phasegate.git.command import changes, note_change
+from phasegate.git.workspace import GitError, Workspace, git
+from phasegate.proc.sandbox import agent_confinement
+from phasegate.runtime.journal import ProcessJournal
 from phasegate.store import AgentRunRecord, Fence, FenceLost, Store
-from phasegate.workspace import GitError, Workspace, git
 
 __all__ = [
     "AgentFailed",
@@ -185,7 +185,7 @@ class AgentService:
         resumes; ``read_only`` (default: whether the role is in
         READ_ONLY_ROLES) overrides the role's access, as the development graph
         does for its build, which answers with a diff. Every try is guarded
-        (``phasegate.guard``): refs, HEADs, the git config, hooks and ``info/``
+        (``phasegate.git.guard``): refs, HEADs, the git config, hooks and ``info/``
         the agent changed are restored and the try fails with
         ``ref_violation``/``git_dir_violation``, like any failed call. Raises AgentFailed when
         all tries fail (exit code, timeout, garbage, ...) or at once when a

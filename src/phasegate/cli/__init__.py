@@ -10,8 +10,8 @@ import logging
 import sys
 from importlib import import_module
 
-from phasegate._terminal import visible
 from phasegate.cli._app import app
+from phasegate.core.terminal import visible
 
 # Each group registers its commands on import; this order is --help's order.
 for _group in ("setup", "workflows", "github", "proposals", "web", "demo"):

@@ -13,18 +13,18 @@ from rich.console import Console
 from rich.markup import escape
 
 from phasegate import __version__
-from phasegate._terminal import visible
-from phasegate.cartridge import (
+from phasegate.config.cartridge import (
     Cartridge,
     CartridgeError,
     load_cartridge,
     load_committed_cartridge,
 )
-from phasegate.contract import PhasegateError
-from phasegate.doctor import not_a_repository
+from phasegate.core.contract import PhasegateError
+from phasegate.core.terminal import visible
+from phasegate.git.workspace import GitError, git
 from phasegate.operations import MAX_TICKET_BYTES, check_ticket, title_of
 from phasegate.store import Store, StoreUnavailable, open_store
-from phasegate.workspace import GitError, git
+from phasegate.tools.doctor import not_a_repository
 
 app = typer.Typer(
     help="Drive coding agents through a contract-checked ticket lifecycle:\n\n"
@@ -76,7 +76,7 @@ class UsageError(PhasegateError):
 
 def shown(text: str) -> str:
     """``text`` (a ticket's, an agent's, git's) ready for ``console.print``: control
-    characters as visible escapes (``phasegate._terminal.visible``), markup escaped."""
+    characters as visible escapes (``phasegate.core.terminal.visible``), markup escaped."""
     return escape(visible(text))
 
 

@@ -16,13 +16,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from phasegate.cartridge import CARTRIDGE_FILE, Cartridge
 from phasegate.cli._app import MAX_TICKET_BYTES, UsageError, shown
-from phasegate.contract import PhasegateError
-from phasegate.engine import Engine
+from phasegate.config.cartridge import CARTRIDGE_FILE, Cartridge
+from phasegate.core.contract import PhasegateError
 from phasegate.forge.base import ForgeUnavailable
-from phasegate.store import StoreUnavailable
-from phasegate.triggers import (
+from phasegate.integrations.triggers import (
     Ignored,
     Started,
     TicketSnapshot,
@@ -30,6 +28,8 @@ from phasegate.triggers import (
     repository_of,
     watch_forever,
 )
+from phasegate.runtime.engine import Engine
+from phasegate.store import StoreUnavailable
 
 __all__ = [
     "github_repository",

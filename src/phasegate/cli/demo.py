@@ -11,12 +11,12 @@ from typing import Annotated
 
 import typer
 
-from phasegate import notify
-from phasegate._terminal import visible
-from phasegate.cartridge import Cartridge, CartridgeError
 from phasegate.cli._app import JsonOption, ProfileOption, UsageError, _errors, _open, app, console
 from phasegate.cli.render import _engine, _finish, _graceful, _print_detail, _Progress
-from phasegate.report import render_report
+from phasegate.config.cartridge import Cartridge, CartridgeError
+from phasegate.core.report import render_report
+from phasegate.core.terminal import visible
+from phasegate.integrations import notify
 from phasegate.summary import workflow_detail
 
 
@@ -50,7 +50,7 @@ def demo(
     for `phasegate approve ID`). `phasegate proposals` and `phasegate replay
     RUN_ID` then show the run.
     """
-    from phasegate.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
+    from phasegate.tools.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
 
     with _errors():
         if profile is not None:  # a name the sample's cartridge knows, before any file

@@ -1,6 +1,6 @@
 """Workflows started from the forge's issues: ``watch`` and ``import`` (issue 11, item 4).
 
-A skin over ``phasegate.triggers``: only a person with write, maintain or admin
+A skin over ``phasegate.integrations.triggers``: only a person with write, maintain or admin
 permission starts a workflow (a label) or puts words in its ticket (a comment).
 ``phasegate worker`` watches too when the cartridge says ``forge.watch_in_worker
 = true`` (``cli._watching``).
@@ -13,7 +13,6 @@ from typing import Annotated
 
 import typer
 
-from phasegate.cartridge import CARTRIDGE_FILE
 from phasegate.cli._app import (
     MAX_TICKET_BYTES,
     AutoMergeOption,
@@ -30,7 +29,13 @@ from phasegate.cli._app import (
 )
 from phasegate.cli._watching import github_repository, reporter, ticket_note, unavailable, watching
 from phasegate.cli.render import _drive, _engine, _finish, _graceful, _Progress
-from phasegate.triggers import Watcher, parse_issue_ref, start_from_issue, watch_forever
+from phasegate.config.cartridge import CARTRIDGE_FILE
+from phasegate.integrations.triggers import (
+    Watcher,
+    parse_issue_ref,
+    start_from_issue,
+    watch_forever,
+)
 
 
 @app.command()

@@ -22,7 +22,6 @@ from rich.table import Table
 
 from phasegate import operations
 from phasegate.agents import binding_problems
-from phasegate.cartridge import CARTRIDGE_FILE, CartridgeError
 from phasegate.cli._app import (
     JsonOption,
     NoAdvance,
@@ -38,13 +37,14 @@ from phasegate.cli._app import (
     shown,
 )
 from phasegate.cli.render import _STOPPED, _drive_unless_taken, _engine, _finish, _graceful
-from phasegate.engine import LeaseHeld
+from phasegate.config.cartridge import CARTRIDGE_FILE, CartridgeError
+from phasegate.git.workspace import Workspace
 from phasegate.graph import AgentCall, Answer, GraphRules
-from phasegate.harness import ProposeInterrupted, RunnerAnswers, replay_check
-from phasegate.harness import propose as run_graph
+from phasegate.phases.graph_mode.harness import ProposeInterrupted, RunnerAnswers, replay_check
+from phasegate.phases.graph_mode.harness import propose as run_graph
+from phasegate.runtime.engine import LeaseHeld
 from phasegate.store.tables import PROPOSAL_STATUSES
 from phasegate.summary import iso
-from phasegate.workspace import Workspace
 
 
 @contextmanager

@@ -16,19 +16,19 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from phasegate import notify
-from phasegate._terminal import visible
-from phasegate.cartridge import Cartridge
 from phasegate.cli._app import console, err, shown
 from phasegate.cli.status_table import _status_table  # noqa: F401  (render's, for the commands)
-from phasegate.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES
-from phasegate.engine import Engine, LeaseHeld
-from phasegate.profiles import MAX_REVERSIONS
-from phasegate.report import render_report
-from phasegate.sandbox import start_confined
+from phasegate.config.cartridge import Cartridge
+from phasegate.core.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES
+from phasegate.core.profiles import MAX_REVERSIONS
+from phasegate.core.report import render_report
+from phasegate.core.terminal import visible
+from phasegate.integrations import notify
+from phasegate.proc.sandbox import start_confined
+from phasegate.runtime.engine import Engine, LeaseHeld
+from phasegate.runtime.worker import waits_on_ci
 from phasegate.store import Store
 from phasegate.summary import lease_holder, workflow_summary
-from phasegate.worker import waits_on_ci
 
 
 class _Progress:

@@ -8,8 +8,6 @@ from typing import Annotated
 
 import typer
 
-from phasegate.cartridge import CARTRIDGE_FILE, load_cartridge
-from phasegate.cartridge_init import DefaultCartridge, default_cartridge
 from phasegate.cli._app import (
     JsonOption,
     RepoOption,
@@ -23,10 +21,12 @@ from phasegate.cli._app import (
     shown,
 )
 from phasegate.cli.render import _STOPPED, _engine, _graceful, _print_detail, _Progress
-from phasegate.doctor import Diagnosis, diagnose
+from phasegate.config.cartridge import CARTRIDGE_FILE, load_cartridge
+from phasegate.config.init import DefaultCartridge, default_cartridge
+from phasegate.git.workspace import Workspace
 from phasegate.store import open_store
 from phasegate.summary import workflow_detail
-from phasegate.workspace import Workspace
+from phasegate.tools.doctor import Diagnosis, diagnose
 
 
 @app.command(short_help="Write phasegate.toml, from what it finds.")
@@ -274,7 +274,7 @@ def dry_run(
     plan_alternative, plan_arbitrate, plan_adversary, review_adversary,
     arbitrate) answer acceptably, and the draft PR is landed without asking.
     """
-    from phasegate.dryrun import dry_run_workspace, load_script
+    from phasegate.tools.dryrun import dry_run_workspace, load_script
 
     with _errors():
         text = _ticket_from(ticket, ticket_file)

@@ -10,8 +10,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from phasegate._terminal import visible
 from phasegate.cli._app import shown
+from phasegate.core.terminal import visible
 
 #: status's columns, in the order shown; the ones a narrow terminal drops first
 #: come last in _OPTIONAL (id, phase and status are always whole).

@@ -13,9 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from phasegate import notify
 from phasegate.agents.env import cartridge_secrets
-from phasegate.cartridge import Cartridge, CartridgeError, load_cartridge
 from phasegate.cli._app import (
     JsonOption,
     RepoOption,
@@ -30,7 +28,9 @@ from phasegate.cli._app import (
 )
 from phasegate.cli._watching import watch_in_worker
 from phasegate.cli.render import _engine, _graceful, _worker_notice
-from phasegate.worker import DEFAULT_CONCURRENCY
+from phasegate.config.cartridge import Cartridge, CartridgeError, load_cartridge
+from phasegate.integrations import notify
+from phasegate.runtime.worker import DEFAULT_CONCURRENCY
 
 
 @app.command()

@@ -9,10 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from phasegate import new_project as projects
-from phasegate import notify, operations
-from phasegate._host import HOSTNAME_VARIABLE
-from phasegate.cartridge import CARTRIDGE_FILE
+from phasegate import operations
 from phasegate.cli._app import (
     AutoMergeOption,
     JsonOption,
@@ -41,9 +38,13 @@ from phasegate.cli.render import (
     _status_table,
     _worker_notice,
 )
-from phasegate.engine import Engine
+from phasegate.config.cartridge import CARTRIDGE_FILE
+from phasegate.integrations import notify
+from phasegate.proc.host import HOSTNAME_VARIABLE
+from phasegate.runtime.engine import Engine
+from phasegate.runtime.worker import DEFAULT_CONCURRENCY
 from phasegate.summary import workflow_detail, workflow_summary
-from phasegate.worker import DEFAULT_CONCURRENCY
+from phasegate.tools import new_project as projects
 
 
 @app.command()
@@ -145,7 +146,7 @@ def _start_new_project(
     start: Callable[[Engine, dict[str, Any]], str],
     as_json: bool,
 ) -> tuple[Engine, str]:
-    """The new project's checkout and its workflow (phasegate.new_project): an earlier
+    """The new project's checkout and its workflow (phasegate.tools.new_project): an earlier
     try's workflow found in the checkout is continued, never filed again."""
     where = (directory or Path(name.rpartition("/")[2])).resolve()
     earlier = None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol
 
-from phasegate.contract import PhasegateError
+from phasegate.core.contract import PhasegateError
 
 __all__ = [
     "PERMISSIONS",

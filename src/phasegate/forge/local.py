@@ -3,7 +3,7 @@
 The embedded default (DESIGN.md §6). Branches live in the repository itself,
 so publishing a branch is a no-op, and a merge is ``git merge --no-ff`` into
 the base branch. Every title, body, comment and merge message is redacted of
-``secrets`` (raw or encoded, ``phasegate.redaction``) before it is stored or
+``secrets`` (raw or encoded, ``phasegate.core.redaction``) before it is stored or
 committed: what an agent wrote reaches them.
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from phasegate._git import run_git
 from phasegate.agents.env import environment_secrets
+from phasegate.core.redaction import redact
 from phasegate.forge.base import (
     Check,
     Comment,
@@ -25,11 +25,11 @@ from phasegate.forge.base import (
     Labelled,
     PullRequest,
 )
-from phasegate.guard import _CONFIG_FILES, _included, _user_configs
-from phasegate.redaction import redact
+from phasegate.git.command import run_git
+from phasegate.git.guard import _CONFIG_FILES, _included, _user_configs
+from phasegate.git.workspace import Workspace
 from phasegate.store import Store
 from phasegate.store import tables as t
-from phasegate.workspace import Workspace
 
 __all__ = ["LocalForge"]
 

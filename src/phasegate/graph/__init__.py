@@ -15,7 +15,7 @@ The graph is a generator that yields ``AgentCall(node, role, thread, prompt)``
 and is sent ``Answer``s (``lifecycle_propose``); ``drive`` runs it against any
 answer source; ``replay`` re-runs a record from its own answers and gives
 byte-identical proposals. The harness, not the graph, applies a patch, runs
-checks and gates proposals; ``phasegate.autonomy`` says which proposals a
+checks and gates proposals; ``phasegate.core.autonomy`` says which proposals a
 person gates.
 
 Modules: ``calls`` (the request/answer seam, scripted and recorded answers),

@@ -18,7 +18,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from phasegate.contract import PhasegateError
+from phasegate.core.contract import PhasegateError
 
 __all__ = [
     "AgentCall",

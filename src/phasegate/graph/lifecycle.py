@@ -45,7 +45,7 @@ from phasegate.graph.proposals import Evidence, Proposal
 from phasegate.graph.rules import BUILD_ROUTE, GraphRules, review_tier
 
 if TYPE_CHECKING:
-    from phasegate.cartridge import Cartridge
+    from phasegate.config.cartridge import Cartridge
 
 __all__ = [
     "FIX_LOOP_STOPS",

@@ -2,7 +2,7 @@
 
 A proposal asks for one act the graph never performs itself (spec 002: "a
 draft PR is emitted as a proposal and never executed"). The autonomy policy
-(``phasegate.autonomy``) decides whether a person gates it or the apply arm
+(``phasegate.core.autonomy``) decides whether a person gates it or the apply arm
 takes it.
 
 - ``item_create``: file the ticket as scope shaped it (single, parent with

@@ -5,7 +5,7 @@ bound (an unbound optional role is absent), the review tier rules, the fix
 attempts, epic_threshold, work_routing, the governance paths and the
 worktree root. It round-trips through ``as_dict``/``from_dict``, so a run
 record carries the rules it ran under and a replay needs nothing else.
-``GraphRules.from_cartridge`` reads a ``phasegate.cartridge.Cartridge``
+``GraphRules.from_cartridge`` reads a ``phasegate.config.cartridge.Cartridge``
 without importing it (that module reads disk).
 """
 
@@ -19,7 +19,7 @@ from phasegate.graph.calls import GraphError
 from phasegate.graph.facts import ChangeFacts, path_matches
 
 if TYPE_CHECKING:
-    from phasegate.cartridge import Cartridge
+    from phasegate.config.cartridge import Cartridge
 
 __all__ = [
     "GRAPH_ROLES",

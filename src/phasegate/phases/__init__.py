@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from phasegate.contract import (
+from phasegate.core.contract import (
     ACCEPTANCE_VERIFICATION,
     DEVELOPMENT,
     MERGE,

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phasegate._git import run_git
 from phasegate.agents.base import Violation
 from phasegate.agents.env import cartridge_secrets, files_with_secrets, holds_secret
-from phasegate.contract import DEVELOPMENT, MilestoneView, MilestoneWrite, WorkflowContext
+from phasegate.core.contract import DEVELOPMENT, MilestoneView, MilestoneWrite, WorkflowContext
+from phasegate.git.command import run_git
+from phasegate.git.workspace import git
 from phasegate.phases.deps import PhaseDeps
 from phasegate.store import Store
-from phasegate.workspace import git
 
 __all__ = [
     "ATTEMPT_TRAILER",

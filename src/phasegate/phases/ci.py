@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from phasegate.contract import DEVELOPMENT, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.contract import DEVELOPMENT, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.profiles import reversion_or_stop
 from phasegate.forge.base import Check
 from phasegate.phases.deps import PhaseDeps
 from phasegate.phases.forge_feedback import pull_request_settled
-from phasegate.profiles import reversion_or_stop
 
 __all__ = ["OUTPUT_LIMIT", "ci_gate", "failure_text"]
 

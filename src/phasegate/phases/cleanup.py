@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from phasegate.contract import MERGE, MilestoneView, MilestoneWrite, WorkflowContext
+from phasegate.core.contract import MERGE, MilestoneView, MilestoneWrite, WorkflowContext
+from phasegate.git.workspace import GitError, Workspace
 from phasegate.store import Store
-from phasegate.workspace import GitError, Workspace
 
 __all__ = ["KIND", "Cleanup", "clean_up", "pending", "retry"]
 

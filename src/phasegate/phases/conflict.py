@@ -68,10 +68,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from phasegate._git import IDENTITY, run_git
 from phasegate.agents.env import cartridge_secrets, files_with_secrets
 from phasegate.agents.service import AgentFailed
-from phasegate.contract import (
+from phasegate.core.contract import (
     COMPLETED,
     ENDED_STATUSES,
     MERGE,
@@ -79,9 +78,10 @@ from phasegate.contract import (
     PhaseResult,
     WorkflowContext,
 )
+from phasegate.core.profiles import reversion_or_stop
+from phasegate.git.command import IDENTITY, run_git
+from phasegate.git.workspace import git
 from phasegate.phases.deps import PhaseDeps, agent_failure
-from phasegate.profiles import reversion_or_stop
-from phasegate.workspace import git
 
 __all__ = ["FORK_KIND", "KIND", "TRAILER", "conflicted_files", "is_child", "on_conflict", "resolve"]
 

@@ -10,17 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phasegate._process import start_ticks
 from phasegate.agents.env import cartridge_secrets, check_env
 from phasegate.agents.service import AgentFailed, AgentService, AnswerError
-from phasegate.cartridge import Cartridge
 from phasegate.clock import Clock
-from phasegate.contract import PR_REVIEW, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.config.cartridge import Cartridge
+from phasegate.core.contract import PR_REVIEW, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.forge import Forge
-from phasegate.journal import ProcessJournal, SideEffects
-from phasegate.sandbox import check_confinement
+from phasegate.git.workspace import CheckResult, Workspace
+from phasegate.proc.process import start_ticks
+from phasegate.proc.sandbox import check_confinement
+from phasegate.runtime.journal import ProcessJournal, SideEffects
 from phasegate.store import Store
-from phasegate.workspace import CheckResult, Workspace
 
 __all__ = [
     "PhaseDeps",
@@ -59,7 +59,7 @@ class PhaseDeps:
         check process has a ``check_process`` milestone while it runs
         (``ProcessJournal``), so a restarted worker stops what this one left
         running if it dies. Raises WorkflowPaused on shutdown, and when the
-        lease's deadline stopped a check (``phasegate._deadline``).
+        lease's deadline stopped a check (``phasegate.proc.deadline``).
         """
         areas = self.cartridge.landing_areas
         workflow_id = self.effects.workflow_id

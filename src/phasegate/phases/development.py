@@ -76,8 +76,10 @@ from pathlib import Path
 
 from phasegate.agents.env import cartridge_secrets, redact
 from phasegate.agents.service import AgentFailed, violation_event
-from phasegate.contract import DEVELOPMENT, MilestoneWrite, PhaseResult, WorkflowContext
-from phasegate.phases import feedback_round, graph_mode
+from phasegate.core.contract import DEVELOPMENT, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.profiles import reversion_or_stop
+from phasegate.git.workspace import CheckResult
+from phasegate.phases import feedback_round
 from phasegate.phases.attempts import (
     ATTEMPT_TRAILER,
     RUN_TRAILER,
@@ -90,9 +92,8 @@ from phasegate.phases.attempts import (
     trailers,
 )
 from phasegate.phases.deps import PhaseDeps, agent_failure, developed, worktree_of
+from phasegate.phases.graph_mode import run as graph_mode
 from phasegate.phases.limits import limit_reached
-from phasegate.profiles import reversion_or_stop
-from phasegate.workspace import CheckResult
 
 __all__ = ["replan_request", "run"]
 

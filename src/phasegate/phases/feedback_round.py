@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from phasegate.contract import MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.contract import MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.git.workspace import GitError
 from phasegate.phases.deps import PhaseDeps
-from phasegate.workspace import GitError
 
 __all__ = [
     "FEEDBACK_UNCHANGED",

@@ -30,10 +30,10 @@ from __future__ import annotations
 import logging
 
 from phasegate.agents.env import cartridge_secrets
-from phasegate.contract import DEVELOPMENT, MERGE, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.contract import DEVELOPMENT, MERGE, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.redaction import redact
 from phasegate.forge.base import Comment, TrustCache
 from phasegate.phases.deps import PhaseDeps
-from phasegate.redaction import redact
 
 __all__ = ["HEARD_KEPT", "MERGE_COMMAND", "listen", "pull_request_settled"]
 

@@ -8,7 +8,7 @@ into the reason ``show`` prints and the decision record keeps.
 
 from __future__ import annotations
 
-from phasegate.contract import MilestoneWrite
+from phasegate.core.contract import MilestoneWrite
 
 __all__ = ["limit_reached", "reason_with"]
 

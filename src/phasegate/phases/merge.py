@@ -51,7 +51,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from phasegate.agents.env import cartridge_secrets
-from phasegate.contract import (
+from phasegate.core.contract import (
     ACCEPTANCE_VERIFICATION,
     MERGE,
     WAIT,
@@ -60,9 +60,9 @@ from phasegate.contract import (
     WorkflowContext,
 )
 from phasegate.forge.base import ForgeNotMergeable
+from phasegate.git.workspace import DirtyCheckout, GitError, GitTransient
 from phasegate.phases import cleanup, conflict, merge_gate
 from phasegate.phases.deps import PhaseDeps
-from phasegate.workspace import DirtyCheckout, GitError, GitTransient
 
 __all__ = ["run"]
 

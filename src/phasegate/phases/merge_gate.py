@@ -29,9 +29,9 @@ from typing import Any
 from phasegate.agents.base import VIOLATIONS, Violation
 from phasegate.agents.env import cartridge_secrets, redact
 from phasegate.agents.service import violation_event
-from phasegate.contract import EventWrite, WorkflowContext
+from phasegate.core.contract import EventWrite, WorkflowContext
+from phasegate.git.protected import links_out, protected_patterns, protected_touched
 from phasegate.phases.deps import PhaseDeps
-from phasegate.protected import links_out, protected_patterns, protected_touched
 
 __all__ = [
     "MAX_SHOWN_DIFF",

@@ -40,9 +40,15 @@ planning).
 from __future__ import annotations
 
 from phasegate.agents.service import AgentFailed
-from phasegate.contract import DEVELOPMENT, PLANNING, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.contract import (
+    DEVELOPMENT,
+    PLANNING,
+    MilestoneWrite,
+    PhaseResult,
+    WorkflowContext,
+)
+from phasegate.core.profiles import repeated_plan
 from phasegate.graph.facts import NO_PROGRESS_SIMILARITY
-from phasegate.phases import graph_mode
 from phasegate.phases.deps import (
     PhaseDeps,
     agent_failure,
@@ -51,8 +57,8 @@ from phasegate.phases.deps import (
     verdict_parser,
     worktree_of,
 )
+from phasegate.phases.graph_mode import run as graph_mode
 from phasegate.phases.limits import limit_reached
-from phasegate.profiles import repeated_plan
 
 #: The stop (reason, milestone kind, state key) of a cycle that plans what the last
 #: cycle built (spec 002's name for a loop that makes no progress).

@@ -41,7 +41,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from phasegate.agents.service import AgentFailed
-from phasegate.contract import (
+from phasegate.core.contract import (
     DEVELOPMENT,
     PR_REVIEW,
     REPORT,
@@ -50,10 +50,11 @@ from phasegate.contract import (
     PhaseResult,
     WorkflowContext,
 )
-from phasegate.phases import ci, graph_mode
+from phasegate.core.profiles import reversion_or_stop
+from phasegate.phases import ci
 from phasegate.phases.deps import PhaseDeps, review_failure, verdict_parser, worktree_of
+from phasegate.phases.graph_mode import run as graph_mode
 from phasegate.phases.limits import limit_reached, reason_with
-from phasegate.profiles import reversion_or_stop
 
 __all__ = ["run"]
 

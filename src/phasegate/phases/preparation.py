@@ -13,7 +13,7 @@ self-heal for it (spec 000, preparation).
 - authoritative evidence: the ``branch_created`` milestone (completed); also
   ``issue_created`` and ``worktree_ready``.
 - side effects: for a new project (``state["new_project"]``) first the forge's
-  repository with its first commit (journaled as ``repo_setup``: phasegate.new_project),
+  repository with its first commit (journaled as ``repo_setup``: phasegate.tools.new_project),
   forge issue (journaled; none for a workflow started from an
   existing issue by `watch` or `import`), git branch (journaled), git worktree.
 - postconditions: issue_number, branch_name, worktree_path set;
@@ -37,12 +37,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from phasegate import new_project
-from phasegate._git import run_git
-from phasegate.contract import PLANNING, PREPARATION, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.contract import (
+    PLANNING,
+    PREPARATION,
+    MilestoneWrite,
+    PhaseResult,
+    WorkflowContext,
+)
 from phasegate.forge.base import ForgeNotFound
+from phasegate.git.command import run_git
+from phasegate.git.workspace import git
 from phasegate.phases.deps import PhaseDeps
-from phasegate.workspace import git
+from phasegate.tools import new_project
 
 __all__ = ["branch_name_for", "run"]
 

@@ -29,11 +29,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from phasegate.contract import REPORT, WAIT, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.contract import REPORT, WAIT, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.report import render_report
 from phasegate.phases import merge_gate
 from phasegate.phases.deps import PhaseDeps
 from phasegate.phases.feedback_round import since_last_round
-from phasegate.report import render_report
 
 __all__ = ["build_payload", "run"]
 

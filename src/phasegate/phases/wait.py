@@ -26,7 +26,7 @@ Must not touch the git working tree (spec 000, wait): only the store.
 
 from __future__ import annotations
 
-from phasegate.contract import DEVELOPMENT, MERGE, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.contract import DEVELOPMENT, MERGE, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.phases import forge_feedback, merge_gate
 from phasegate.phases.deps import PhaseDeps
 

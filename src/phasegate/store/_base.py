@@ -28,7 +28,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from phasegate.clock import Clock
-from phasegate.contract import EventWrite, PhasegateError
+from phasegate.core.contract import EventWrite, PhasegateError
 from phasegate.store import tables as t
 
 _MIGRATIONS = Path(__file__).parent / "migrations"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import sqlalchemy as sa
 
-from phasegate.contract import (
+from phasegate.core.contract import (
     COMPLETED,
     ENDED_STATUSES,
     NEEDS_YOU_STATUSES,
@@ -87,7 +87,7 @@ UPDATABLE_COLUMNS = frozenset(
 #: appends, in its own transaction: ``{"status", "from", "phase", "version"}`` (the
 #: version that commit wrote). One per transition, whichever process commits it, and
 #: never lost to a crash after the commit: the notifications deliver from it
-#: (``phasegate.notify``; issue 13, item 4).
+#: (``phasegate.integrations.notify``; issue 13, item 4).
 NEEDS_YOU_EVENT = "needs_you"
 
 #: A person's turn (``NEEDS_YOU_STATUSES``), or a failure a person must look at.

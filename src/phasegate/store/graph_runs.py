@@ -9,8 +9,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from phasegate.autonomy import AutonomyPolicy, GateDecision, decide, is_self_modification
-from phasegate.contract import (
+from phasegate.core.autonomy import AutonomyPolicy, GateDecision, decide, is_self_modification
+from phasegate.core.contract import (
     ProposalDecided,
     ProposalNotFound,
     RunNotFound,

@@ -20,8 +20,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from phasegate._host import host_name
-from phasegate.contract import WorkflowNotFound
+from phasegate.core.contract import WorkflowNotFound
+from phasegate.proc.host import host_name
 from phasegate.store import tables as t
 from phasegate.store._base import FenceLost, StoreBase, StoreUnavailable, _utc, _utc_row
 
@@ -314,7 +314,7 @@ def of_repository(repository: str | None, repo_path: str) -> sa.ColumnElement[bo
 def _holder_alive(holder: str) -> bool:
     """Whether the lease holder ``host:pid:...`` may still be running.
 
-    Only a holder on this host (``phasegate._host.host_name``: PHASEGATE_HOSTNAME
+    Only a holder on this host (``phasegate.proc.host.host_name``: PHASEGATE_HOSTNAME
     or the node name) can be checked; any other is assumed alive until its
     lease expires.
     """

@@ -23,7 +23,7 @@ import psycopg
 import sqlalchemy as sa
 
 from phasegate.clock import Clock, SystemClock
-from phasegate.contract import PhasegateError
+from phasegate.core.contract import PhasegateError
 from phasegate.store._base import Dialect, FenceLost, StoreUnavailable
 from phasegate.store._postgres import PostgresDialect
 from phasegate.store._sqlite import DEFAULT_BUSY_TIMEOUT_S, SqliteDialect

@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from phasegate.contract import (
+from phasegate.core.contract import (
     PHASE_ORDER,
     PHASE_STATUS_MAP,
     PREPARATION,

@@ -1,27 +1,18 @@
 """Fakes shipped with phasegate, for its own tests and for yours.
 
-- ``ScriptedRunner``: per-role scripted answers (see ``phasegate.agents.scripted``).
+- ``ScriptedRunner``: per-role scripted answers (see ``phasegate.agents.runners.scripted``).
 - ``FixedClock``: a clock that moves only when told, for deterministic stores.
 - ``InMemoryForge``: a Forge in dicts, for unit tests that need no git merge.
 - ``CrashingForge``: wraps a Forge and kills the process (``os._exit``, like
   SIGKILL: no cleanup, no settle) right after a chosen call succeeds.
 - ``FlakyForge``: wraps a Forge and raises ForgeError on a chosen call N times
   (a forge that times out).
-- ``phasegate.testing.flaky_git.FlakyGit``: a ``git`` first on PATH that fails a
-  seeded fraction of calls with lock contention before running the real git.
-- ``phasegate.testing.torture``: the random kill-torture harness (``run_trial``:
-  a whole workflow SIGKILLed at random or aimed moments, then every invariant
-  checked); ``benchmarks/kill_torture.py`` runs many trials.
-- ``phasegate.testing.postgres.PostgresServer``: a throwaway PostgreSQL server
-  (initdb and pg_ctl in a temporary directory; as the ``postgres`` user when
-  run as root), or the one ``PHASEGATE_POSTGRES_URL`` names; a schema per test.
-- ``phasegate.testing.github_server.GitHubServer`` (the fake GitHub) and
-  ``phasegate.testing.prism.PrismProxy`` (GitHub's OpenAPI description checking
-  every request and answer).
+- ``phasegate.testing.model_server``: the scripted model server that
+  ``phasegate dry-run`` and the real-CLI tests drive agent programs with.
 
-``python -m phasegate.testing --repo R --crash-after METHOD`` runs one worker
-pass over R's workflows with a CrashingForge: the crash tests use it to die
-at exactly the worst moment.
+The rest of phasegate's test rig (the fake GitHub, the kill-torture harness,
+PostgreSQL and browser helpers) lives in the repository's ``tests/support``,
+not in the package.
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from phasegate.agents.scripted import ScriptedRunner
+from phasegate.agents.runners.scripted import ScriptedRunner
 from phasegate.forge.base import (
     STATUS_LABEL_PREFIX,
     Check,

@@ -54,12 +54,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from phasegate import operations
 from phasegate.agents.env import cartridge_secrets
-from phasegate.contract import PhasegateError, ProposalNotFound, WorkflowNotFound
-from phasegate.engine import Engine
-from phasegate.redaction import redact
+from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNotFound
+from phasegate.core.redaction import redact
+from phasegate.git.workspace import GitError
+from phasegate.runtime.engine import Engine
 from phasegate.web import diff, live, views
 from phasegate.web.auth import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, Access, Session
-from phasegate.workspace import GitError
 
 __all__ = ["create_app"]
 
@@ -89,7 +89,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     a person's actions through ``phasegate.operations`` (under the workflow's
     lease), ``by`` = ``access.user``. ``stop`` (``serve`` passes the engine's
     shutdown) ends every live stream. Every secret of the cartridge and the environment, and the
-    token, is redacted from every page and event (``phasegate.redaction``)."""
+    token, is redacted from every page and event (``phasegate.core.redaction``)."""
     store = engine.store
     stop = stop or engine.shutdown
     secrets = [*cartridge_secrets(engine.cartridge), access.token]

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from phasegate.contract import PhasegateError
+from phasegate.core.contract import PhasegateError
 
 __all__ = [
     "CSRF_FIELD",

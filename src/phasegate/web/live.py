@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 from sse_starlette import ServerSentEvent
 
-from phasegate.redaction import redact
+from phasegate.core.redaction import redact
 from phasegate.store import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)

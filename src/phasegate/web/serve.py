@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
-from phasegate.engine import Engine
+from phasegate.runtime.engine import Engine
 from phasegate.web.app import create_app
 from phasegate.web.auth import Access
 

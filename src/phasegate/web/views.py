@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from phasegate.contract import NEEDS_YOU_STATUSES
-from phasegate.report import render_report
+from phasegate.core.contract import NEEDS_YOU_STATUSES
+from phasegate.core.report import render_report
 from phasegate.store import Store
 from phasegate.summary import workflow_detail, workflow_summary
 

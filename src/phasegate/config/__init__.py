@@ -1,0 +1,1 @@
+"""The cartridge: its model, its tables, reading and writing phasegate.toml."""

@@ -1,0 +1,200 @@
+"""The cartridge ``phasegate init`` writes, chosen from what this machine and repository offer.
+
+``default_cartridge`` looks for the agent CLIs on PATH, the model keys in the
+environment, the base branch and the test commands (``phasegate.tools.discover``)
+and returns the text with what it chose and what a person still has to do.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from phasegate.config.agents import AGENT_PROGRAMS
+from phasegate.config.cartridge import CARTRIDGE_FILE, ROLE_SESSION_LINES
+from phasegate.tools.discover import (
+    CheckGuess,
+    Which,
+    detect_base_branch,
+    detect_checks,
+    keys_set,
+)
+
+__all__ = ["DEFAULT_API_MODELS", "DefaultCartridge", "default_cartridge"]
+
+
+@dataclass(frozen=True)
+class DefaultCartridge:
+    """What ``phasegate init`` chose, and the cartridge text it writes.
+
+    ``runner`` is the runner every role is bound to (None: no agent was found
+    and the roles are commented examples); ``notes`` say what a person still
+    has to do.
+    """
+
+    text: str
+    runner: str | None
+    executable: str | None
+    api_key_env: str | None
+    model: str | None
+    base_branch: str
+    base_branch_why: str
+    checks: tuple[CheckGuess, ...]
+    notes: tuple[str, ...]
+
+
+#: The model an ``api`` binding gets by default, by the key that is set (litellm names).
+DEFAULT_API_MODELS = {
+    "ANTHROPIC_API_KEY": "anthropic/claude-sonnet-4-5",
+    "OPENAI_API_KEY": "openai/gpt-5",
+}
+
+
+def _toml_list(items: Sequence[str]) -> str:
+    return "[" + ", ".join(json.dumps(item) for item in items) + "]"  # JSON strings are TOML
+
+
+def _role_tables(runner: str, lines: Sequence[str]) -> str:
+    return "\n".join(
+        f'[roles.{name}]\nrunner = "{runner}"\n' + "".join(f"{line}\n" for line in lines)
+        for name in ROLE_SESSION_LINES
+    )
+
+
+def _litellm_installed() -> bool:
+    return importlib.util.find_spec("litellm") is not None
+
+
+def default_cartridge(
+    repo: Path, *, which: Which = shutil.which, environ: Mapping[str, str] | None = None
+) -> DefaultCartridge:
+    """Choose the cartridge ``phasegate init`` writes from what this machine and repo offer.
+
+    Roles: the first of ``AGENT_PROGRAMS`` on PATH that needs no model named
+    (``claude``, else ``codex``, else ``gemini``), else ``api`` when
+    ANTHROPIC_API_KEY or OPENAI_API_KEY is set, else commented examples; every
+    other agent CLI found is named in a note. ``api_key_env`` is written only when that
+    variable is set. The base branch and the checks come from the repository
+    (``discover.detect_base_branch``, ``discover.detect_checks``).
+    """
+    env = os.environ if environ is None else environ
+    keys = keys_set(("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY"), env)
+    notes: list[str] = []
+    runner = executable = key = model = None
+    found = {name: which(program.executable) for name, program in AGENT_PROGRAMS.items()}
+    # The first program found that needs no model named binds every role; the others
+    # found are named, for a person to bind with the model they want.
+    chosen = next((n for n, p in AGENT_PROGRAMS.items() if found[n] and not p.needs_model), None)
+    others = [n for n in AGENT_PROGRAMS if found[n] and n != chosen]
+    if others:
+        notes.append(
+            "also found: "
+            + ", ".join(f"{AGENT_PROGRAMS[n].executable} ({found[n]})" for n in others)
+            + "; bind a role to one with its runner"
+            + (" and a model" if any(AGENT_PROGRAMS[n].needs_model for n in others) else "")
+            + " (README, Runners)"
+        )
+    if chosen is not None:
+        program = AGENT_PROGRAMS[chosen]
+        runner, executable, cli = chosen, found[chosen], program.executable
+        wanted = program.key_env or "ANTHROPIC_API_KEY"
+        if keys.get(wanted):
+            key = wanted
+            lines = [f'api_key_env = "{wanted}"   # the variable holding the model key']
+        else:
+            lines = [f'# api_key_env = "{wanted}"   # the variable holding the model key']
+            notes.append(
+                f"{wanted} is not set: the {runner} roles get no model key (agents run "
+                f"with a HOME of their own, so a login in yours does not reach them); "
+                f'set it and uncomment api_key_env = "{wanted}" in each role'
+            )
+        header = (
+            f"# {cli} was found at {executable}: every role runs it. Read-only roles "
+            "(plan, plan_review,\n# review, verification) may only read; the build "
+            "role may edit files and run commands.\n"
+        )
+        roles = header + _role_tables(runner, lines)
+    elif keys["ANTHROPIC_API_KEY"] or keys["OPENAI_API_KEY"]:
+        key = "ANTHROPIC_API_KEY" if keys["ANTHROPIC_API_KEY"] else "OPENAI_API_KEY"
+        runner, model = "api", DEFAULT_API_MODELS[key]
+        roles = (
+            "# No agent CLI was found on PATH, but a model key is set: every role calls the\n"
+            "# model through litellm; the build role answers with a diff phasegate applies.\n"
+            + _role_tables(runner, [f'model = "{model}"', f'api_key_env = "{key}"'])
+        )
+        if not _litellm_installed():
+            notes.append("the api runner needs litellm: pip install 'phasegate[api]'")
+    else:
+        roles = (
+            "# No agent CLI (claude, codex, gemini) was found on PATH and no model key is set.\n"
+            "# Bind each role, e.g. to Claude Code, to Codex, or to a model through litellm\n"
+            "# (every runner, and agent profiles [agents.NAME]: README, Runners):\n"
+            + "\n".join(
+                f'# [roles.{name}]\n# runner = "claude-code"      # or "codex", or "api" '
+                f'with model = "anthropic/claude-sonnet-4-5"\n'
+                f'# api_key_env = "ANTHROPIC_API_KEY"\n'
+                for name in ROLE_SESSION_LINES
+            )
+        )
+        notes.append(
+            "no role is bound: install Claude Code (claude), Codex (codex) or Gemini CLI "
+            "(gemini), or set "
+            "ANTHROPIC_API_KEY/OPENAI_API_KEY, then run `phasegate init --force`; or bind "
+            f"[roles.{'], [roles.'.join(ROLE_SESSION_LINES)}] in {CARTRIDGE_FILE} yourself"
+        )
+    base, base_why = detect_base_branch(repo)
+    checks = tuple(detect_checks(repo))
+    if checks:
+        checks_line = f"checks = {_toml_list([c.command for c in checks])}"
+    else:
+        checks_line = 'checks = []                 # commands that must pass, e.g. ["make test"]'
+        notes.append("no test command was found: list yours in landing_areas.checks")
+    text = f"""# phasegate cartridge: how this repository's tickets are worked.
+# Every key is checked; an unknown or malformed key stops phasegate with its name.
+
+[workflow]
+base_branch = "{base}"
+profile = "review"          # manual, review, trusted, auto, ci, full-auto: how far it goes alone
+# auto_merge = true         # given, it wins over the profile's (review: approve-merge first)
+content_language = "en"     # "en" or "zh", for reports and comments
+acceptance_verification = true
+
+[limits]
+max_plan_rounds = 3
+max_pr_review_rounds = 3
+max_dev_retries = 2
+agent_retries = 2
+
+[landing_areas]
+worktree_root = ".phasegate/worktrees"
+{checks_line}
+check_timeout = 600
+
+[forge]
+kind = "local"
+
+# The development graph (README, "Workflows through the graph"): competing plans,
+# a read-only build answering with a diff, review tiers, a bounded fix loop, and a
+# gate on the draft PR proposal before anything lands.
+# [graph]
+# enabled = true
+# fix_attempts = 2
+
+# Roles: plan, plan_review, build, review, verification.
+{roles}"""
+    return DefaultCartridge(
+        text=text,
+        runner=runner,
+        executable=executable,
+        api_key_env=key,
+        model=model,
+        base_branch=base,
+        base_branch_why=base_why,
+        checks=checks,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,1 @@
+"""The GitHub forge: REST through githubkit, auth, git over HTTPS, faults."""

@@ -1,0 +1,27 @@
+"""The errors phasegate's git raises (``phasegate.git.command`` re-exports them)::
+
+PhasegateError
+ └── GitError            a git command failed (the command and its stderr)
+      ├── DirtyCheckout  the checkout holding the base has edits in a merge's way
+      └── GitTransient   a failure that reads as passing, still failing after
+                         bounded retries; never a conflict
+"""
+
+from __future__ import annotations
+
+from phasegate.core.contract import PhasegateError
+
+__all__ = ["DirtyCheckout", "GitError", "GitTransient"]
+
+
+class GitError(PhasegateError):
+    """A git command failed; the message holds the command and its stderr."""
+
+
+class DirtyCheckout(GitError):
+    """The checkout that holds the base branch has uncommitted changes; nothing was merged."""
+
+
+class GitTransient(GitError):
+    """A git failure that reads as transient (lock contention, exit 128 without a
+    conflict), still failing after bounded retries; the workflow pauses with it."""

@@ -1,0 +1,1 @@
+"""What starts or reports workflows from outside: triggers and notifications."""

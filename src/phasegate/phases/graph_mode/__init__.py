@@ -1,0 +1,1 @@
+"""Planning, development and review run by the development graph."""

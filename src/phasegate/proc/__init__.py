@@ -1,0 +1,1 @@
+"""Supervised processes: the subreaper, the self-fencing deadline, the sandbox."""

@@ -1,0 +1,48 @@
+"""The name of the machine a worker runs on, as its leases and process journal say it.
+
+A lease owner is ``host:pid:token`` (``Engine.owner``): a holder on this host
+whose process is gone is taken over at once, one on another host only once its
+lease expired (``store.leases``); an agent a dead worker left running is
+stopped only from its own host (``journal.ProcessJournal``). ``PHASEGATE_HOSTNAME``
+names the machine when the kernel's node name does not tell machines apart:
+containers sharing the host's UTS namespace (or started with one name), or a
+test playing two machines on one (issue 12, item 2).
+"""
+
+from __future__ import annotations
+
+import os
+
+from phasegate.core.contract import PhasegateError
+
+__all__ = ["HOSTNAME_VARIABLE", "host_name"]
+
+#: The variable that names this machine in lease owners and process milestones.
+HOSTNAME_VARIABLE = "PHASEGATE_HOSTNAME"
+
+
+#: The longest host name a lease owner may carry: the owner (``host:pid:token``)
+#: must fit the store's 255-character column.
+MAX_HOST_NAME = 200
+
+
+def host_name() -> str:
+    """``PHASEGATE_HOSTNAME`` when set (and not blank), else the kernel's node name.
+
+    Raises PhasegateError when the name holds a ``:`` (it separates the parts of
+    a lease owner), whitespace or a control character (``status`` prints it), or
+    is longer than ``MAX_HOST_NAME`` characters.
+    """
+    name = os.environ.get(HOSTNAME_VARIABLE, "").strip() or os.uname().nodename
+    if ":" in name:
+        raise PhasegateError(f"{HOSTNAME_VARIABLE}={name!r}: a host name must not contain ':'")
+    if any(not ch.isprintable() or ch.isspace() for ch in name):
+        raise PhasegateError(
+            f"{HOSTNAME_VARIABLE}={name!r}: a host name must not hold spaces or control characters"
+        )
+    if len(name) > MAX_HOST_NAME:
+        raise PhasegateError(
+            f"{HOSTNAME_VARIABLE}: a host name of {len(name)} characters is longer than "
+            f"{MAX_HOST_NAME}"
+        )
+    return name

@@ -1,0 +1,1 @@
+"""What advances a workflow: the engine, the worker, journal, healing and takeover."""

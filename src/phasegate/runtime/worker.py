@@ -1,0 +1,525 @@
+"""The worker: passes over the runnable workflows, on threads, woken by the store;
+and the lease heartbeat.
+
+``run_worker`` advances the runnable workflows of one engine's repository (a
+store may be shared by many: ``takeover``) until shutdown
+(DESIGN.md §1; issue 12, items 1, 4 and 7), up to ``concurrency`` at once, each
+on a thread of its own under its own lease (agents are subprocesses: threads
+only wait on them). A pass reads every runnable workflow's row in one query,
+takes the leases of as many due ones as it has free threads in one statement
+(``LeaseRows.claim_free``: a worker starting after a crash reclaims a dead
+worker's workflows a batch at a time), and starts their advances. Between
+passes it waits on the store's ChangeFeed (``Store.changes``), a thread's end
+or shutdown, ``poll_s`` at most: a person's decision, a new ticket or
+feedback is acted on at once.
+
+What is due: a workflow this worker has not advanced yet, or whose row (its
+version) changed since an advance left it. Left waiting for people on the
+local forge, it is due again only when its row or the local forge's pull
+requests and issues change (``LeaseRows.local_forge_marker``): an idle
+waiting workflow costs reads, never a write, per pass. Left waiting on a
+team's forge (wait for people, pr_review for CI) it is due again after
+``forge.poll_s`` too: a forge has a rate limit. Left runnable otherwise (a
+conflict child whose parent's pause is not committed yet) after ``poll_s``.
+
+Shutdown (``engine.shutdown``: SIGINT/SIGTERM in the CLI) stops every running
+agent; each interrupted phase pauses as a single advance's does, and
+``run_worker`` returns only once every thread has ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from phasegate.core.contract import PR_REVIEW, RUNNABLE_STATUSES, WAIT, PhasegateError
+from phasegate.phases import cleanup
+from phasegate.proc.deadline import LeaseDeadline, deadline_clock
+from phasegate.store import Fence, Store, StoreUnavailable
+
+if TYPE_CHECKING:
+    from phasegate.runtime.engine import Engine
+
+__all__ = [
+    "CLEANUP_RETRY_S",
+    "DEFAULT_CONCURRENCY",
+    "Heartbeat",
+    "LeaseHeld",
+    "run_worker",
+    "waits_on_ci",
+]
+
+log = logging.getLogger(__name__)
+
+#: Seconds between a worker's retries of failed cleanups.
+CLEANUP_RETRY_S = 60.0
+
+#: Workflows one worker advances at once by default: agents are subprocesses, so
+#: a thread costs little while it waits on one; what bounds it is the machine
+#: running that many agents (and their checks) side by side.
+DEFAULT_CONCURRENCY = 4
+
+#: Seconds a worker waits after its store was first found unavailable before it
+#: tries again; doubled at each failure in a row, up to ``OUTAGE_MAX_S`` (issue 12).
+OUTAGE_FIRST_S = 0.5
+
+#: The most seconds between two tries of an unavailable store (or ``poll_s``, when
+#: longer): a restarted server is back within seconds.
+OUTAGE_MAX_S = 4.0
+
+#: The least seconds between two passes a store change started: the worker's own
+#: commits (and heartbeats) change the store too, and must not make it spin.
+MIN_PASS_S = 0.005
+
+
+class LeaseHeld(PhasegateError):
+    """Another live worker holds the workflow's lease."""
+
+
+class Heartbeat(threading.Thread):
+    """Renews ``fence``'s lease every third of its TTL until stopped, and moves the
+    ``deadline`` of the agents and checks started under it on after each renewal.
+
+    A renewal that raises (the store locked past its busy timeout, full) is
+    logged and tried again sooner, never the end of the thread; the lease is
+    lost, and ``fence.lost`` set, when a renewal finds it taken over or when
+    no renewal succeeded for a whole TTL (another worker may claim it). A lost
+    lease ends the deadline: the supervisors stop every agent and check
+    running under it at once (``phasegate.proc.deadline``).
+    """
+
+    def __init__(
+        self, store: Store, fence: Fence, ttl_s: float, deadline: LeaseDeadline | None = None
+    ) -> None:
+        super().__init__(daemon=True, name=f"lease-{fence.workflow_id}")
+        self.store = store
+        self.fence = fence
+        self.ttl_s = ttl_s
+        self.deadline = deadline
+        self.stopped = threading.Event()
+        self.failures = 0  # renewals that raised, for the log and the tests
+        self.last_fault: StoreUnavailable | None = None  # the last renewal's store fault
+
+    def run(self) -> None:
+        fence, interval = self.fence, self.ttl_s / 3
+        renewed_at = time.monotonic()
+        wait = interval
+        while not self.stopped.wait(wait):
+            sent_at = deadline_clock()  # the lease runs a whole TTL from a moment after
+            try:
+                held = self.store.renew(fence.workflow_id, fence.owner, fence.value, self.ttl_s)
+            except Exception as exc:  # the thread must outlive any failed renewal
+                self.failures += 1
+                if isinstance(exc, StoreUnavailable):
+                    self.last_fault = exc
+                if time.monotonic() - renewed_at >= self.ttl_s:
+                    log.error("lease on %s expired unrenewed: %s", fence.workflow_id, exc)
+                    if isinstance(exc, StoreUnavailable):
+                        fence.unrenewed = exc
+                    self._lost()
+                    return
+                log.warning("lease on %s not renewed, retrying: %s", fence.workflow_id, exc)
+                wait = interval / 4
+                continue
+            if not held:
+                log.error(
+                    "lease on %s was taken over; this worker stops its agents and checks",
+                    fence.workflow_id,
+                )
+                self._lost()
+                return
+            if self.deadline is not None:
+                self.deadline.extend(sent_at)
+            renewed_at, wait = time.monotonic(), interval
+
+    def _lost(self) -> None:
+        self.fence.lost.set()
+        if self.deadline is not None:
+            self.deadline.end()
+
+
+def waits_on_ci(row: Mapping[str, Any]) -> bool:
+    """Whether the workflow, as ``advance`` left it, waits for the forge's CI
+    (pr_review's ``wait``: phases/ci.py)."""
+    return row["current_phase"] == PR_REVIEW and row["status"] == "pr_review"
+
+
+def _polling(row: Mapping[str, Any]) -> bool:
+    """Whether the workflow, as ``advance`` left it, only waits on the forge."""
+    return row["status"] == "waiting" or waits_on_ci(row)
+
+
+#: The phase and status of a workflow waiting for people (``Engine.idle_at``).
+_WAITING = {"current_phase": WAIT, "status": "waiting"}
+
+
+#: Advances of a waiting workflow on one thread while a look after each finds
+#: something new (``_Worker._advance_until_idle``): a bound, never reached by a wait
+#: phase that commits what it found.
+_RELOOKS = 3
+
+
+def _waiting(row: Mapping[str, Any]) -> bool:
+    return row["current_phase"] == WAIT and row["status"] == "waiting"
+
+
+@dataclass(frozen=True)
+class _Left:
+    """How an advance left a workflow that is still runnable: its row's ``version``,
+    the local forge's marker read before the advance began, and when (monotonic
+    seconds) it is due again whatever changes (``inf``: only on a change)."""
+
+    version: int
+    forge: tuple[int, int] | None
+    due_at: float
+
+
+def run_worker(
+    engine: Engine,
+    *,
+    once: bool = False,
+    poll_s: float = 2.0,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> None:
+    """Advance the runnable workflows of ``engine``, up to ``concurrency`` at once,
+    forever (or, with ``once``, each once), until ``engine.shutdown``; this
+    module's docstring says what is due, and when a pass runs (``poll_s``
+    seconds apart at the most).
+
+    A pass also retries failed cleanups (of completed workflows too), at most
+    every ``CLEANUP_RETRY_S`` seconds: what blocks one is usually a person's
+    checkout, which does not go away within a poll. Returns once every thread
+    ended; re-raises the first error an advance raised other than LeaseHeld and
+    StoreUnavailable, after asking the other threads to stop (``engine.shutdown``)
+    and waiting for them. A store found unavailable (a PostgreSQL restart, SQLite
+    locked past its busy timeout) by a pass, a cleanup or an advance is one
+    warning line, and the worker tries again after ``OUTAGE_FIRST_S`` seconds,
+    doubling to ``max(poll_s, OUTAGE_MAX_S)``: the workflows are as last
+    committed, and go on once the store is back (issue 12).
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+    _Worker(engine, once, poll_s, concurrency).run()
+
+
+class _Worker:
+    """``run_worker``'s state: the threads running, how each workflow was left."""
+
+    def __init__(self, engine: Engine, once: bool, poll_s: float, concurrency: int) -> None:
+        self.engine = engine
+        self.store = engine.store
+        self.shutdown = engine.shutdown
+        self.once = once
+        self.poll_s = poll_s
+        self.concurrency = concurrency
+        # Only this repository's workflows, from any clone of its forge repository
+        # (a shared store: takeover.py), read through the store's index.
+        self.mine = {"repo_path": str(engine.repo), "repository": engine.repository}
+        forge = engine.cartridge.forge
+        self.local_forge = forge.kind == "local"
+        self.forge_poll_s = 0.0 if self.local_forge else forge.poll_s
+        self.running: dict[str, threading.Thread] = {}
+        self.left: dict[str, _Left] = {}
+        self.advanced: set[str] = set()  # advance() retried their cleanups already
+        self.seen: set[str] = set()  # with once: dispatched in this one pass
+        self.errors: list[BaseException] = []
+        #: What the last read of the rows left due (``_pass``): to claim, waiting, marker.
+        self.backlog: tuple[list[str], list[str], tuple[int, int] | None] | None = None
+        #: Workflows whose advance the store's outage ended: their leases, which advance
+        #: could not release then, are released by the next pass the store takes.
+        self.unreleased: set[str] = set()
+        #: The newest version a rereading pass saw of a workflow it skipped because
+        #: its thread was running: a change its thread may not have seen.
+        self.skipped: dict[str, int] = {}
+        #: A thread ended that a change skipped by a pass may have come too late for:
+        #: the next pass reads the rows again (``_changed_behind``).
+        self.stale = False
+        self.outage_s = 0.0  # the wait before the next try of an unavailable store; 0: none
+        self.ended = threading.Event()  # a thread ended: a slot is free, a row was left
+        self.lock = threading.Lock()  # running, left, advanced, errors, across threads
+
+    def run(self) -> None:
+        feed = self.store.changes()
+        if not self.once:
+            # run() ends only at shutdown then, and this relay with it.
+            threading.Thread(target=self._relay_shutdown, daemon=True, name="shutdown").start()
+        cleaned_at = float("-inf")
+        self._riding_out(self._free_gone_leases)
+        reread = True
+        try:
+            while not self.shutdown.is_set() and not self.errors:
+                self.ended.clear()
+                dispatched = self._riding_out(self._pass, reread or self.once)
+                if dispatched is None:  # the store is unavailable: waited, try again
+                    reread = True
+                    continue
+                if self.once:
+                    with self.lock:
+                        idle = not self.running
+                    if not dispatched and idle:  # every one advanced once
+                        self._retry_cleanups()
+                        break
+                    if not dispatched:
+                        self.ended.wait(self.poll_s)
+                    continue
+                if time.monotonic() - cleaned_at >= CLEANUP_RETRY_S:
+                    cleaned_at = time.monotonic()
+                    self._riding_out(self._retry_cleanups)
+                reread = self._wait(feed) or self._take_stale()
+        finally:
+            self._join()
+            feed.close()
+        if self.errors:
+            raise self.errors[0]
+
+    def _free_gone_leases(self) -> None:
+        freed = self.store.free_gone_leases()
+        if freed:
+            log.info("%d leases of gone workers of this host released", freed)
+
+    def _riding_out(self, step: Any, *args: Any) -> Any:
+        """``step(*args)``'s value; None, after one warning line and a wait (``_outage``),
+        when it raised StoreUnavailable: a worker outlives a store's restart."""
+        try:
+            value = step(*args)
+        except StoreUnavailable as exc:
+            self._outage(exc)
+            self.shutdown.wait(self.outage_s)
+            return None
+        if self.outage_s:
+            log.warning("the store is available again; the worker goes on")
+            self.outage_s = 0.0
+        return value
+
+    def _outage(self, exc: StoreUnavailable) -> None:
+        """Log a store fault as one line and lengthen the wait before the next try:
+        ``OUTAGE_FIRST_S`` doubling to ``max(poll_s, OUTAGE_MAX_S)``."""
+        with self.lock:
+            self.outage_s = min(
+                max(self.poll_s, OUTAGE_MAX_S), max(OUTAGE_FIRST_S, self.outage_s * 2)
+            )
+            wait = self.outage_s
+        log.warning("%s; trying again in %.1f s", exc, wait)
+
+    def _relay_shutdown(self) -> None:
+        self.shutdown.wait()
+        self.ended.set()
+
+    def _wait(self, feed: Any) -> bool:
+        """Until a thread ends, shutdown, or (with a thread free) the store changes;
+        ``poll_s`` at most. A pass a change starts comes ``MIN_PASS_S`` after the last.
+        True when the next pass must read the rows again (the store changed, or
+        ``poll_s`` passed); False when only a thread ended (the backlog goes on)."""
+        started = time.monotonic()
+        with self.lock:
+            full = len(self.running) >= self.concurrency
+        if full:
+            return not self.ended.wait(self.poll_s)
+        if feed.wait(self.poll_s, stop=self.ended):
+            left = MIN_PASS_S - (time.monotonic() - started)
+            if left > 0:
+                self.shutdown.wait(left)
+            return True
+        return not self.ended.is_set()
+
+    def _take_stale(self) -> bool:
+        with self.lock:
+            stale, self.stale = self.stale, False
+        return stale
+
+    def _pass(self, reread: bool) -> bool:
+        """Start the advances of the due workflows, as many as threads are free; True
+        when one was started. ``reread``: read the rows again, else go on with
+        the due ones the last read left over (a thread ended, nothing changed:
+        1,000 waiting workflows are read once, not once per thread's end)."""
+        with self.lock:
+            free = self.concurrency - len(self.running)
+        if free <= 0:
+            return False
+        with self.lock:
+            unreleased = [i for i in self.unreleased if i not in self.running]
+        for workflow_id in unreleased:
+            self.store.release(workflow_id, self.engine.owner)
+            with self.lock:
+                self.unreleased.discard(workflow_id)
+        if reread or self.backlog is None:
+            self.backlog = self._due()
+        due, waiting, forge = self.backlog
+        if self.shutdown.is_set():
+            return False
+        with self.lock:
+            due = [i for i in due if i not in self.running]
+            waiting = [i for i in waiting if i not in self.running]
+        started: list[str] = []
+        if due:
+            sent_at = deadline_clock()  # what the agents' deadline counts from
+            taken = self.store.claim_free(
+                due, self.engine.owner, self.engine.lease_ttl_s, limit=free
+            )
+            for workflow_id in due:  # oldest first, as listed
+                if workflow_id in taken:
+                    self._start(workflow_id, (taken[workflow_id], sent_at), forge)
+                    started.append(workflow_id)
+            due = [i for i in due if i not in taken]
+        for workflow_id in waiting[: max(0, free - len(started))]:
+            self._start(workflow_id, None, forge)
+            started.append(workflow_id)
+        self.backlog = (due, [i for i in waiting if i not in started], forge)
+        return bool(started)
+
+    def _due(self) -> tuple[list[str], list[str], tuple[int, int] | None]:
+        """The workflows due now, oldest first: those to claim, those waiting for
+        people (looked at without a lease first), and the local forge's marker."""
+        forge = self.store.local_forge_marker() if self.local_forge else None
+        now = time.monotonic()
+        due, waiting = [], []
+        rows = self.store.lease_rows(RUNNABLE_STATUSES, **self.mine)
+        with self.lock:
+            for row in rows:
+                workflow_id = row["id"]
+                if workflow_id in self.running:
+                    self.skipped[workflow_id] = row["version"]
+                    continue
+                if workflow_id in self.seen:
+                    continue
+                left = self.left.get(workflow_id)
+                if (
+                    left is not None
+                    and not self.once
+                    and row["version"] == left.version
+                    and forge == left.forge
+                    and now < left.due_at
+                ):
+                    continue
+                if _waiting(row):
+                    waiting.append(workflow_id)
+                else:
+                    due.append(workflow_id)
+        return due, waiting, forge
+
+    def _start(
+        self, workflow_id: str, claim: tuple[int, float] | None, forge: tuple[int, int] | None
+    ) -> None:
+        thread = threading.Thread(
+            target=self._advance,
+            args=(workflow_id, claim, forge),
+            daemon=True,
+            name=f"advance-{workflow_id}",
+        )
+        with self.lock:
+            self.running[workflow_id] = thread
+            if self.once:
+                self.seen.add(workflow_id)
+        thread.start()
+
+    def _advance(
+        self, workflow_id: str, claim: tuple[int, float] | None, forge: tuple[int, int] | None
+    ) -> None:
+        """Advance the workflow under the lease ``claim`` took (its fence, and when the
+        claim was sent: ``Engine.advance``'s ``claimed`` and ``claimed_at``; None: a
+        waiting one, looked at without a lease first and advanced, under a claim of
+        its own, only when its wait has something new: ``Engine.idle_at``)."""
+        left = None
+        try:
+            idle = self.engine.idle_at(workflow_id) if claim is None else None
+            if idle is None:
+                left = self._advance_until_idle(workflow_id, claim, forge)
+            else:
+                left = self._left_at({"version": idle, **_WAITING}, forge)
+        except LeaseHeld:
+            pass  # this engine's own decide or cleanup holds it: looked at again next pass
+        except StoreUnavailable as exc:
+            # The workflow is as last committed (advance paused or left it): the
+            # passes look at it again once the store is back.
+            self._outage(exc)
+            with self.lock:
+                self.unreleased.add(workflow_id)
+        except BaseException as exc:  # ends the worker, once every thread stopped
+            log.exception("advance of %s raised", workflow_id)
+            with self.lock:
+                self.errors.append(exc)
+            self.shutdown.set()
+        finally:
+            with self.lock:
+                self.running.pop(workflow_id, None)
+                self.advanced.add(workflow_id)
+                if left is None:
+                    self.left.pop(workflow_id, None)
+                else:
+                    self.left[workflow_id] = left
+                self.stale |= self._changed_behind(workflow_id, left)
+            self.ended.set()
+
+    def _changed_behind(self, workflow_id: str, left: _Left | None) -> bool:
+        """Whether a pass skipped the workflow while its thread ran and saw a version
+        newer than the one the thread left it at: a decision committed after the
+        thread's last read, whose own pass came while the thread still ran. Without a
+        reread it would wait for the next change, or ``poll_s``. (Called under
+        ``lock``.)"""
+        seen = self.skipped.pop(workflow_id, None)
+        return seen is not None and (left is None or seen > left.version)
+
+    def _advance_until_idle(
+        self, workflow_id: str, claim: tuple[int, float] | None, forge: tuple[int, int] | None
+    ) -> _Left | None:
+        """Advance the workflow; when it is left waiting, how a look (``Engine.idle_at``)
+        finds it, advancing it again while the look finds something new.
+
+        advance reads the row it returns after letting the lease go: a decision
+        committed in between is in that row's version, and a waiting workflow is
+        due again only when its version moves, so that decision would wait for
+        the next change. A look reads the version before it looks: what comes
+        after moves it. (A change to a workflow while its thread runs is skipped
+        by the passes; one the thread came too late to see is read again as the
+        thread ends: ``_changed_behind``.)
+        """
+        for _ in range(_RELOOKS):
+            fence, sent_at = claim or (None, None)
+            row = self.engine.advance(workflow_id, claimed=fence, claimed_at=sent_at)
+            claim = None
+            if not _waiting(row) or self.shutdown.is_set():
+                return self._left_at(row, forge)
+            idle = self.engine.idle_at(workflow_id)
+            if idle is not None:
+                return self._left_at({"version": idle, **_WAITING}, forge)
+        # Still something new after as many advances: looked at again after poll_s.
+        return _Left(row["version"], forge, time.monotonic() + self.poll_s)
+
+    def _left_at(self, row: Mapping[str, Any], forge: tuple[int, int] | None) -> _Left | None:
+        if row["status"] not in RUNNABLE_STATUSES or self.shutdown.is_set():
+            return None
+        now = time.monotonic()
+        if self.forge_poll_s and _polling(row):
+            return _Left(row["version"], forge, now + self.forge_poll_s)
+        if _waiting(row):
+            return _Left(row["version"], forge, float("inf"))
+        return _Left(row["version"], forge, now + self.poll_s)
+
+    def _retry_cleanups(self) -> None:
+        for workflow_id in self.store.workflow_ids_with_milestone(
+            cleanup.KIND, "failed", **self.mine
+        ):
+            if self.shutdown.is_set():
+                return
+            with self.lock:
+                if workflow_id in self.advanced or workflow_id in self.running:
+                    continue
+            try:
+                self.engine.retry_cleanup(workflow_id)
+            except LeaseHeld:
+                continue
+        with self.lock:
+            self.advanced.clear()
+
+    def _join(self) -> None:
+        while True:
+            with self.lock:
+                threads = list(self.running.values())
+            if not threads:
+                return
+            for thread in threads:
+                thread.join()

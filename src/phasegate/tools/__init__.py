@@ -1,0 +1,1 @@
+"""Onboarding commands: doctor, dry run, demo, discover, new project."""

@@ -1,0 +1,320 @@
+"""A new project: the repository made before the issue (spec 000 preparation:
+"Creates the GitHub repo (new project)"; issue 11, item 7).
+
+``phasegate run --new-project [OWNER/]NAME "ticket"`` goes in three steps::
+
+    project = resolve(name, directory, template)   # what would be made; refuses a taken name
+    root = make_checkout(project)                  # the local repository: cartridge, first commit
+    set_up(ctx, deps)                              # in preparation: the forge's repository
+
+- ``resolve`` reads the cartridge to copy (``template``'s ``phasegate.toml``, else
+  the one ``phasegate init`` would write) and, on GitHub, names the repository
+  ``OWNER/NAME`` (OWNER: the token's user when not given). A repository of that
+  name that no earlier try of this project made is refused there, before
+  anything is made (``NewProjectRefused``).
+- ``make_checkout`` makes ``directory``: ``git init`` on the base branch, the
+  cartridge (its ``forge.repository`` set to ``OWNER/NAME``) and a README in one
+  first commit. A directory holding this project's earlier try is taken as it is.
+- ``set_up`` runs at the top of preparation when the workflow's
+  ``state["new_project"]`` says so: the ``repo_setup`` milestone is written
+  ``in_progress`` before GitHub is asked to create the repository (empty, its
+  description naming the workflow) and settled once the first commit is pushed
+  as the base branch. After a crash the repository is found again by
+  ``GET /repos/{owner}/{repo}`` and taken as this workflow's only when its
+  description names the workflow: a kill never makes two repositories, never
+  fails on "name already exists" from its own earlier try, and never adopts
+  someone else's. On the local forge ``repo_setup`` records the local
+  repository: a new project offline is that repository.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from phasegate.config.cartridge import CARTRIDGE_FILE, Cartridge, load_cartridge
+from phasegate.config.init import default_cartridge
+from phasegate.core.contract import PREPARATION, MilestoneWrite, PhasegateError, WorkflowContext
+from phasegate.forge.github.faults import GitHubRefused
+from phasegate.git.command import git
+
+if TYPE_CHECKING:
+    from phasegate.forge.github.forge import GitHubForge
+    from phasegate.phases.deps import PhaseDeps
+    from phasegate.store import Store
+
+__all__ = [
+    "KIND",
+    "NewProject",
+    "NewProjectRefused",
+    "description_for",
+    "earlier_workflow",
+    "make_checkout",
+    "resolve",
+    "set_up",
+]
+
+#: The milestone kind of the repository made for a new project (spec 000).
+KIND = "repo_setup"
+
+# GitHub's rules: an owner is a login, a name 1-100 of these (not "." or "..").
+_OWNER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}$")
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+_FORGE_TABLE = re.compile(r"^\[forge\][ \t]*(?:#.*)?$", re.MULTILINE)
+_TABLE = re.compile(r"^\s*\[", re.MULTILINE)
+_REPOSITORY_KEY = re.compile(r"^[ \t]*repository[ \t]*=.*$", re.MULTILINE)
+
+
+class NewProjectRefused(PhasegateError):
+    """The new project cannot be made: a bad name, a directory in the way, or a
+    repository of that name that is not this project's. The message says which."""
+
+
+@dataclass(frozen=True)
+class NewProject:
+    """What ``--new-project`` makes: the checkout at ``directory`` holding
+    ``cartridge_text``; on GitHub the repository ``repository`` (owner/name;
+    None on the local forge), ``private`` or not. ``earlier``: the workflow of an
+    earlier try found in ``directory`` (it is continued, not filed again)."""
+
+    name: str
+    directory: Path
+    cartridge_text: str
+    base_branch: str
+    repository: str | None
+    private: bool
+    earlier: str | None = None
+
+    def cartridge(self) -> Cartridge:
+        """The cartridge the checkout gets, validated."""
+        return _cartridge_of(self.cartridge_text, self.directory)
+
+    def state(self) -> dict[str, Any]:
+        """The workflow's ``state["new_project"]``, which preparation's ``set_up`` reads."""
+        return {"name": self.name, "repository": self.repository, "private": self.private}
+
+
+def description_for(ctx: WorkflowContext) -> str:
+    """The repository's description: the ticket's title and the workflow's id, which
+    is how an earlier try's repository is told from someone else's."""
+    return f"{ctx.title[:200]} (made by phasegate for workflow {ctx.id})"
+
+
+def _split(name: str) -> tuple[str | None, str]:
+    owner, _, bare = name.strip().rpartition("/")
+    if (owner and not _OWNER.match(owner)) or not _NAME.match(bare) or bare in (".", ".."):
+        raise NewProjectRefused(
+            f"--new-project {name!r}: give NAME or OWNER/NAME (letters, digits, '.', '-', '_')"
+        )
+    return owner or None, bare
+
+
+def _template(template: Path, directory: Path) -> str:
+    path = template / CARTRIDGE_FILE
+    if path.is_file():
+        load_cartridge(template)  # a bad template is named before anything is made
+        return path.read_text()
+    return default_cartridge(directory).text
+
+
+def _cartridge_of(text: str, where: Path) -> Cartridge:
+    try:
+        return Cartridge.model_validate(tomllib.loads(text))
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        raise NewProjectRefused(f"{where / CARTRIDGE_FILE}: {exc}") from None
+
+
+def _with_repository(text: str, repository: str) -> str:
+    """``text`` with ``forge.repository = "<repository>"`` in its ``[forge]`` table."""
+    header = _FORGE_TABLE.search(text)
+    if header is None:
+        return text
+    start = header.end()
+    following = _TABLE.search(text, start)
+    end = following.start() if following else len(text)
+    line = f'repository = "{repository}"'
+    body = text[start:end]
+    if _REPOSITORY_KEY.search(body):
+        body = _REPOSITORY_KEY.sub(line, body, count=1)
+    else:
+        body = f"\n{line}" + body
+    return text[:start] + body + text[end:]
+
+
+def earlier_workflow(store: Store, name: str) -> str | None:
+    """The workflow of an earlier try at new project ``name`` in this store, if any."""
+    for row in store.list_workflows():
+        said = (row.get("state") or {}).get("new_project") or {}
+        if said.get("name") == name and row["status"] != "cancelled":
+            return str(row["id"])
+    return None
+
+
+def resolve(
+    name: str,
+    directory: Path,
+    template: Path,
+    *,
+    private: bool = True,
+    earlier: str | None = None,
+    environ: dict[str, str] | None = None,
+) -> NewProject:
+    """What ``--new-project name`` makes at ``directory`` from ``template``'s cartridge.
+
+    ``earlier``: the workflow of an earlier try found in ``directory`` (its own
+    repository is not refused). Raises NewProjectRefused (a bad name, a non-empty
+    directory that is no earlier try, a GitHub repository of that name that is
+    not this project's), CartridgeError, ForgeError / ForgeAuthError."""
+    owner, bare = _split(name)
+    directory = directory.resolve()
+    if earlier is None and directory.exists() and any(directory.iterdir()):
+        raise NewProjectRefused(
+            f"{directory} exists and is not empty: give --dir a new directory for {bare}"
+        )
+    text = _template(template, directory)
+    cartridge = _cartridge_of(text, template)
+    base = cartridge.workflow.base_branch or "main"
+    if cartridge.forge.kind == "local":
+        if owner is not None:
+            raise NewProjectRefused(
+                f"--new-project {name!r}: an OWNER names a GitHub account, and "
+                f'{CARTRIDGE_FILE} has forge.kind = "local" (set kind = "github")'
+            )
+        return NewProject(bare, directory, text, base, None, private, earlier)
+    if owner is None and cartridge.forge.uses_app:
+        raise NewProjectRefused(
+            f"--new-project {name!r}: a GitHub App creates repositories in an organisation "
+            "only: give OWNER/NAME (and forge.installation_id)"
+        )
+    if owner is None:
+        owner = _github(cartridge, directory, f"{bare}/{bare}", environ).login()
+    repository = f"{owner}/{bare}"
+    if earlier is None and _github(cartridge, directory, repository, environ).find_repository():
+        raise NewProjectRefused(
+            f"{repository} already exists on GitHub and is not this project's: "
+            "choose another NAME (nothing was made)"
+        )
+    text = _with_repository(text, repository)
+    if _cartridge_of(text, template).forge.repository != repository:
+        raise NewProjectRefused(
+            f"{template / CARTRIDGE_FILE}: forge.repository could not be set to {repository}; "
+            "write the [forge] table as a table of its own"
+        )
+    return NewProject(bare, directory, text, base, repository, private, earlier)
+
+
+def _github(
+    cartridge: Cartridge, directory: Path, repository: str, environ: dict[str, str] | None
+) -> GitHubForge:
+    from phasegate.forge.github.auth import forge_auth
+    from phasegate.forge.github.forge import GitHubForge
+    from phasegate.git.workspace import Workspace
+
+    auth = forge_auth(cartridge.forge, directory, repository, environ)
+    return GitHubForge(repository, auth, directory, Workspace(), cartridge.forge)
+
+
+def make_checkout(project: NewProject) -> Path:
+    """Make the project's local repository (an earlier try's is kept as it is):
+    ``git init`` on the base branch, the cartridge and a README, one first commit.
+    Returns its path. Raises GitError."""
+    root = project.directory
+    if (root / ".git").exists() and git(["rev-parse", "-q", "--verify", "HEAD"], root, check=False):
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    git(["init", "-q", "-b", project.base_branch], root)
+    (root / CARTRIDGE_FILE).write_text(project.cartridge_text)
+    readme = root / "README.md"
+    if not readme.exists():
+        readme.write_text(f"# {project.name}\n")
+    git(["add", CARTRIDGE_FILE, "README.md"], root)
+    git(["commit", "-q", "-m", f"{project.name}: first commit (phasegate new project)"], root)
+    return root
+
+
+def set_up(ctx: WorkflowContext, deps: PhaseDeps) -> None:
+    """The new project's repository on the forge, journaled as ``repo_setup``
+    (spec 000 preparation); a no-op once that milestone is completed.
+
+    On GitHub: found (``GET /repos/{owner}/{repo}``) or created empty, then the
+    first commit pushed as the base branch and ``origin`` pointed at its
+    ``clone_url`` (no credentials in it). Raises NewProjectRefused when the
+    repository exists and its description does not name this workflow (or no
+    earlier try of it was journaled), ForgeError on GitHub's errors."""
+    said = ctx.state["new_project"]
+    repository = said.get("repository")
+    write = MilestoneWrite(
+        KIND,
+        status="in_progress",
+        key=str(repository or said["name"]),
+        data={"params": dict(said)},
+        summary=f"{repository or ctx.repo_path}: in progress",
+    )
+    store, fence = deps.store, deps.effects.fence
+    earlier = store.milestone_by_key(store.dedupe_key(ctx.id, PREPARATION, write))
+    if earlier is not None and earlier.status == "completed":
+        return
+    forge: Any = deps.forge
+    if repository is None or getattr(forge, "create_repository", None) is None:
+        store.write_milestone(
+            ctx.id,
+            PREPARATION,
+            MilestoneWrite(
+                KIND,
+                key=write.key,
+                data={"params": dict(said), "result": {"forge": "local", "path": ctx.repo_path}},
+                summary=f"the local repository {ctx.repo_path} is the new project",
+            ),
+        )
+        return
+    description = description_for(ctx)
+    found = forge.find_repository()
+    if found is not None and (earlier is None or found.get("description") != description):
+        raise _taken(repository)
+    if fence is not None:
+        fence.check()
+    row = store.write_milestone(ctx.id, PREPARATION, write)
+    if fence is not None:
+        fence.check()  # again, right before the effect: the row is evidence either way
+    try:
+        if found is None:
+            found = _create(forge, repository, description, bool(said.get("private", True)))
+        forge.publish_branch(ctx.base_branch)
+    except Exception as exc:
+        store.settle_milestone(row, "failed", summary=f"{KIND}: {exc}")
+        raise
+    clone_url = str(found["clone_url"])
+    repo = Path(ctx.repo_path)
+    if git(["remote", "get-url", "origin"], repo, check=False) == "":
+        git(["remote", "add", "origin", clone_url], repo)
+    sha = deps.workspace.rev(repo, ctx.base_branch)
+    store.settle_milestone(
+        row,
+        "completed",
+        summary=f"{repository}: made, {ctx.base_branch} at {sha[:12]} pushed",
+        data={"result": {"repository": repository, "clone_url": clone_url, "sha": sha}},
+    )
+
+
+def _create(forge: Any, repository: str, description: str, private: bool) -> dict[str, Any]:
+    try:
+        return dict(forge.create_repository(description, private=private))
+    except GitHubRefused as exc:
+        if exc.status != 422:
+            raise
+        # "name already exists": ours only if an earlier try made it and died unanswered
+        found = forge.find_repository()
+        if found is None or found.get("description") != description:
+            raise _taken(repository) from exc
+        return dict(found)
+
+
+def _taken(repository: str) -> NewProjectRefused:
+    return NewProjectRefused(
+        f"{repository} already exists on GitHub and is not this workflow's "
+        "(its description names no phasegate workflow of this project): choose another "
+        "NAME; no issue or branch was made"
+    )

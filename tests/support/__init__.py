@@ -1,0 +1,2 @@
+"""The test rig: the fake GitHub and its validating proxy, the kill-torture harness,
+PostgreSQL, browser and model helpers."""

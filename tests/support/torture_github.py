@@ -1,0 +1,277 @@
+"""The kill-torture harness on the GitHub forge (issue 11): a trial's fake GitHub,
+the kill aimed at a request in flight, and the invariants read on GitHub.
+
+``GitHubRig`` holds one Prism (``support.prism``) for a run of
+trials: starting it and compiling GitHub's schemas costs seconds, so each
+trial's fake only switches its upstream. ``GitHubRig.forge_for(root)`` starts
+that trial's ``GitHubServer`` in this process -- it survives every kill of the
+worker, as GitHub does -- with ``octo/widgets``, the bot phasegate acts as
+(write), and a ``[forge]`` table pointing at Prism. The worker gets the bot's
+token in ``GITHUB_TOKEN`` only (``TrialForge.env``).
+
+The ``github_request`` aim: after a random moment, the next request of each
+method that could change GitHub (POST, PATCH, PUT, DELETE: REST through Prism,
+or git over HTTP, whose fetches POST too) is held ``HOLD_S`` seconds by the
+fake before it is handled; the kill lands as soon as one is held. GitHub then
+does what the dead client asked, and the journal must find it instead of
+asking again.
+
+The invariants checked on the fake (``check_github``; ``Violation`` kinds in
+brackets): exactly one issue, holding the workflow's marker [``issues``]; one
+pull request, whose head is the workflow's branch [``pull_requests``]; one
+merge by the API, one merge commit on the bare repository's main and nothing
+else on its first-parent line [``merges``]; no hidden comment marker twice on
+the issue or the pull request [``duplicate_comment``]; the issue closed once,
+after the merge and no earlier than a verifier answered [``issue_closed``],
+with ``phasegate:done`` as its only status label [``labels``]; the bot's token
+in no store file, log, git config or text sent to GitHub [``token``]; nothing
+GitHub's schema refuses, in either direction, as Prism judged it [``schema``].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from support.github_model import Issue, User
+from support.github_server import Fault, GitHubServer, Recorded
+from support.prism import PrismProxy
+from support.torture_lab import FORGE_DIR, Violation
+
+if TYPE_CHECKING:
+    from support.torture_lab import Lab
+
+__all__ = ["BOT", "CHANGING", "HOLD_S", "REPOSITORY", "GitHubRig", "TrialForge", "check_github"]
+
+REPOSITORY = "octo/widgets"
+BOT = "phasegate-bot"
+#: How long the fake holds the request a ``github_request`` kill is aimed at (seconds):
+#: the worker is dead before GitHub acts, and GitHub has acted before a new worker looks.
+HOLD_S = 0.3
+#: The requests that change GitHub: what a ``github_request`` kill is aimed at.
+CHANGING = ("POST", "PATCH", "PUT", "DELETE")
+_MARKER = re.compile(r"<!--\s*(phasegate:[^>]*?)\s*-->")
+
+
+class GitHubRig:
+    """One Prism for many trials: ``rig.forge_for(root)`` per trial (one at a
+    time: the one Prism follows the latest trial's fake). ``prism``: a running
+    ``PrismProxy`` to use (a test session's); without one, ``with GitHubRig() as
+    rig:`` starts and stops its own, raising ``PrismError`` when Prism or
+    GitHub's description is not installed (``.ci/run`` installs both)."""
+
+    def __init__(self, prism: PrismProxy | None = None) -> None:
+        self._own = prism is None
+        #: The changing requests an uninterrupted run made (``run_uninterrupted`` sets
+        #: it): the trials spread their kill moments over what is left of that.
+        self.changes_per_run = 0
+        # a trial's fake replaces the upstream before any request is made
+        self.prism = prism or PrismProxy("http://127.0.0.1:9")
+
+    def __enter__(self) -> GitHubRig:
+        if self._own:
+            self.prism.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._own:
+            self.prism.__exit__(*exc)
+
+    def forge_for(self, root: Path) -> TrialForge:
+        """A started fake GitHub for the trial in ``root`` (its data under
+        ``root/FORGE_DIR``), Prism in front of it and its violations forgotten."""
+        server = GitHubServer(root=root / FORGE_DIR)
+        server.start()
+        self.prism.upstream_url = server.url
+        self.prism.reset()
+        return TrialForge(server, server.add_user(BOT), self.prism)
+
+
+@dataclass
+class TrialForge:
+    """One trial's fake GitHub (``server``), the ``bot`` phasegate acts as, and
+    the ``prism`` its REST traffic passes through."""
+
+    server: GitHubServer
+    bot: User
+    prism: PrismProxy
+
+    def seed(self, repo: Path) -> None:
+        """``octo/widgets`` made from the local repository ``repo``; the bot may write."""
+        self.server.create_repo(*REPOSITORY.split("/"), from_path=repo)
+        self.server.grant(REPOSITORY, BOT, "write")
+
+    def cartridge(self) -> str:
+        """The ``[forge]`` table: GitHub through Prism, polled every 0.2 s."""
+        return (
+            f'[forge]\nkind = "github"\nrepository = "{REPOSITORY}"\n'
+            f'base_url = "{self.prism.url}"\npoll_s = 0.2\n'
+        )
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a phasegate process of the trial needs beyond its environment."""
+        assert self.bot.token is not None
+        return {"GITHUB_TOKEN": self.bot.token}
+
+    @property
+    def bare(self) -> Path:
+        """The bare repository behind ``octo/widgets``: where the merge lands."""
+        return self.server.bare_path(REPOSITORY)
+
+    def changes(self) -> int:
+        """How many changing requests (``CHANGING``) the fake has answered so far."""
+        with self.server.lock:
+            return sum(1 for r in self.server.requests if r.method in CHANGING)
+
+    def left(self, per_run: int) -> float:
+        """The share (0..1) of an uninterrupted run's ``per_run`` changing requests
+        this trial has not made yet; 1.0 when ``per_run`` is unknown (0)."""
+        return max(0.0, 1.0 - self.changes() / per_run) if per_run else 1.0
+
+    def hold_changes(self) -> list[Fault]:
+        """Hold the next request of each changing method ``HOLD_S`` seconds before
+        the fake handles it; the faults, whose ``times`` drops to 0 once one is held."""
+        return [self.server.delay(method, r".", HOLD_S) for method in CHANGING]
+
+    def release(self, held: list[Fault]) -> None:
+        """Forget the holds no request reached (the next kill arms its own)."""
+        with self.server.lock:
+            for fault in held:
+                fault.times = 0
+            self.server.faults = [f for f in self.server.faults if f.times > 0]
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+# -- the invariants ---------------------------------------------------------------------
+
+
+def check_github(lab: Lab, forge: TrialForge, workflow_id: str) -> list[Violation]:
+    """Every GitHub invariant of the module docstring, on the settled trial."""
+    found: list[Violation] = []
+
+    def expect(ok: bool, kind: str, detail: str) -> None:
+        if not ok:
+            found.append(Violation(kind, detail))
+
+    gh = forge.server
+    with gh.lock:
+        repo = gh.repo(REPOSITORY)
+        issues = [i for i in repo.issues.values() if i.pull is None]
+        pulls = [i for i in repo.issues.values() if i.pull is not None]
+        merges = repo.merges
+        markers = Counter(
+            (i.number, m)
+            for i in repo.issues.values()
+            for c in i.comments
+            for m in set(_MARKER.findall(c.body))
+        )
+        requests = list(gh.requests)
+    branch = lab.row(workflow_id)["branch_name"]
+    ours = [i for i in issues if f"phasegate:workflow:{workflow_id}" in (i.body or "")]
+    expect(
+        len(issues) == 1 and len(ours) == 1,
+        "issues",
+        f"{len(issues)} issues on {REPOSITORY}, {len(ours)} with the workflow's marker",
+    )
+    heads = [p.pull.head for p in pulls if p.pull is not None]
+    expect(heads == [branch], "pull_requests", f"pull requests by head: {heads}; {branch}")
+    merged = [p.number for p in pulls if p.pull is not None and p.pull.merged_at]
+    expect(merges == 1 and len(merged) == 1, "merges", f"{merges} merges by API, {merged}")
+    on_main = _git(forge.bare, "rev-list", "--first-parent", "--merges", "main").split()
+    line = _git(forge.bare, "rev-list", "--first-parent", "main").split()
+    expect(
+        len(on_main) == 1 and len(line) == lab.base_commits + 1,
+        "merges",
+        f"the bare main: {len(on_main)} merge commits, {len(line)} commits on its "
+        f"first-parent line; {lab.base_commits} + one merge expected",
+    )
+    twice = {key: n for key, n in markers.items() if n > 1}
+    expect(not twice, "duplicate_comment", f"(issue, marker) posted more than once: {twice}")
+    if len(ours) == 1:
+        found += _check_closed(lab, ours[0], requests, workflow_id)
+    found += _check_token(lab, forge, requests)
+    found += [Violation("schema", str(v)[:300]) for v in forge.prism.violations(warnings=False)]
+    return found
+
+
+def _check_closed(
+    lab: Lab, issue: Issue, requests: list[Recorded], workflow_id: str
+) -> list[Violation]:
+    """Closed once, after the merge, no earlier than a verifier's answer; done."""
+    found: list[Violation] = []
+    closed = [e for e in issue.events if e.event == "closed"]
+    state = issue.state
+    if state != "closed" or len(closed) != 1:
+        found.append(Violation("issue_closed", f"{state}, closed {len(closed)} time(s)"))
+    number = issue.number
+    order = [
+        ("merge" if r.path.endswith("/merge") else "close")
+        for r in requests
+        if r.status == 200
+        and (
+            (r.method == "PUT" and r.path.endswith("/merge"))
+            or (
+                r.method == "PATCH"
+                and r.path == f"/repos/{REPOSITORY}/issues/{number}"
+                and isinstance(r.body, dict)
+                and r.body.get("state") == "closed"
+            )
+        )
+    ]
+    if "close" in order and ("merge" not in order or order.index("close") < order.index("merge")):
+        found.append(Violation("issue_closed", f"closed before the merge: {order}"))
+    answered = [
+        r["created_at"]
+        for r in lab.store.agent_runs(workflow_id)
+        if r["role"] == "verification" and r["outcome"] == "ok"
+    ]
+    first = _utc(min(answered)) if answered else None
+    if closed and (first is None or closed[0].created_at < first.replace(microsecond=0)):
+        found.append(
+            Violation("issue_closed", f"closed at {closed[0].created_at}; first verdict {first}")
+        )
+    labels = sorted(x.name for x in issue.labels)
+    status = [x for x in labels if x.startswith("phasegate:")]
+    if status != ["phasegate:done"]:
+        found.append(Violation("labels", f"the issue's status labels: {status}"))
+    return found
+
+
+def _check_token(lab: Lab, forge: TrialForge, requests: list[Recorded]) -> list[Violation]:
+    """The bot's token in no store file, log, git config or text sent to GitHub."""
+    token = forge.env["GITHUB_TOKEN"]
+    places = [
+        *(p for p in (lab.repo / ".phasegate").rglob("*") if p.is_file()),
+        *(p for p in lab.logs.rglob("*") if p.is_file()),
+        lab.repo / ".git" / "config",
+        *(lab.repo / ".git" / "worktrees").glob("*/config.worktree"),
+        forge.bare / "config",
+    ]
+    holding = []
+    for place in places:
+        with contextlib.suppress(FileNotFoundError):  # a worktree's files go as we read
+            if token.encode() in place.read_bytes():
+                holding.append(str(place))
+    holding += [f"{r.method} {r.path}" for r in requests if token in repr(r.body)]
+    return [Violation("token", f"the bot's token in: {holding[:5]}")] if holding else []
+
+
+def _git(bare: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=bare, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def _utc(stamp: object) -> datetime:
+    """A store timestamp (datetime or ISO text, naive meaning UTC) as an aware UTC datetime."""
+    value = stamp if isinstance(stamp, datetime) else datetime.fromisoformat(str(stamp))
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
