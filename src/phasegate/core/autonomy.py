@@ -1,6 +1,7 @@
 """Graduated autonomy: whether a proposal goes to a person or to the apply arm.
 
-Pure module (DESIGN.md §2): decisions in, a decision out; no store, no clock.
+Pure module, so the graph's replay and the tests can call it on data: decisions in,
+a decision out; no store, no clock. The rules are in docs/contracts/autonomy.md.
 
 Per proposal kind the cartridge's ``[autonomy]`` table names a policy:
 

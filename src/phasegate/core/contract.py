@@ -1,7 +1,7 @@
 """The phase contract: phases, statuses, the transition table and the value types.
 
-Pure module: no I/O. Everything here comes from spec 000 ("Autonomous Phase
-Contracts"); DESIGN.md §1 maps its names onto ours.
+Pure module: no I/O. The rules these names keep are in
+docs/contracts/lifecycle.md.
 
 - ``PHASE_ORDER`` and ``PHASE_STATUS_MAP`` are the canonical transition table.
 - ``wait`` and ``completed`` are pseudo-phases: not in ``PHASE_ORDER``, but a
@@ -77,7 +77,7 @@ MERGE = "merge"
 ACCEPTANCE_VERIFICATION = "acceptance_verification"
 COMPLETED = "completed"
 
-#: The canonical order (spec 000, "Phase ordering"). ``wait`` sits between
+#: The canonical order (docs/contracts/lifecycle.md: phase order). ``wait`` sits between
 #: report and merge in the lifecycle but is a pseudo-phase, not a table row.
 PHASE_ORDER: tuple[str, ...] = (
     PREPARATION,
@@ -92,7 +92,7 @@ PHASE_ORDER: tuple[str, ...] = (
 #: Pseudo-phases the commit path admits as a ``next_phase`` besides PHASE_ORDER.
 PSEUDO_PHASES: tuple[str, ...] = (WAIT, COMPLETED)
 
-#: The status a workflow has while it is in each phase (spec 000 postconditions).
+#: The status a workflow has while it is in each phase (docs/contracts/lifecycle.md: statuses).
 PHASE_STATUS_MAP: Mapping[str, str] = MappingProxyType(
     {
         PREPARATION: "preparing",
@@ -112,7 +112,8 @@ RUNNABLE_STATUSES: frozenset[str] = frozenset(
     status for phase, status in PHASE_STATUS_MAP.items() if phase != COMPLETED
 )
 
-#: A workflow paused for a person's decision on a proposal (graph mode, spec 002's gate):
+#: A workflow paused for a person's decision on a proposal (graph mode; docs/contracts/autonomy.md:
+#: the human gate):
 #: ``phasegate approve`` or ``reject`` moves it on.
 AWAITING_APPROVAL = "awaiting_approval"
 
@@ -127,7 +128,7 @@ TERMINAL_STATUSES: frozenset[str] = frozenset(
     {"completed", "failed", "paused", "planning_timeout", AWAITING_APPROVAL}
 )
 
-#: Statuses in which a workflow waits for a person (issue 13: the board's "needs you",
+#: Statuses in which a workflow waits for a person (the board's "needs you",
 #: a notification): its report waits for approve-merge or feedback (waiting), a
 #: proposal for approve or reject, a pause (a rejected verification among them) or a
 #: planning timeout for resume.
@@ -160,7 +161,7 @@ class WorkflowNotFound(PhasegateError):
 
 
 class WorkflowPaused(PhasegateError):
-    """Shutdown was asked while a phase ran (spec 000: "Shutdown raises WorkflowPaused").
+    """Shutdown was asked while a phase ran (docs/contracts/lifecycle.md: shutdown).
 
     The engine commits nothing for the interrupted phase; the workflow keeps its
     phase and status and resumes from its milestones.
@@ -192,7 +193,7 @@ class ProposalDecided(PhasegateError):
 
 
 def next_phase(phase: str) -> str:
-    """The phase after ``phase`` in PHASE_ORDER (spec 000, "Phase ordering").
+    """The phase after ``phase`` in PHASE_ORDER (docs/contracts/lifecycle.md: phase order).
 
     ``acceptance_verification`` is terminal and maps to itself; an unknown
     phase maps to ``planning``, the recovery default.
@@ -302,7 +303,7 @@ class PhaseResult:
 
 @dataclass(frozen=True)
 class WorkflowContext:
-    """The read-only snapshot a phase receives (spec 000, "WorkflowContext").
+    """The read-only snapshot a phase receives (docs/contracts/lifecycle.md: phase handlers).
 
     ``state`` holds the phase-owned counters and payloads persisted with the
     workflow (retry counters, the report payload, the finalized plan, ...).

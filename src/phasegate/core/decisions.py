@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["approve_merge", "approved_by", "feedback", "resume", "revert", "revert_refusal"]
 
-#: What ``--to-phase`` accepts: our planning, or spec 003's name for it.
+#: What ``--to-phase`` accepts: our planning, or strategize, other tools' name for it.
 REVERSION_TARGETS = (PLANNING, "strategize")
 
 #: Counters that bound a phase's own retries; a person's resume grants a new set.
@@ -56,7 +56,7 @@ def approved_by(ctx: WorkflowContext) -> str | None:
 
 def feedback(ctx: WorkflowContext, text: str) -> PhaseResult:
     """Give the agents ``text``: a waiting workflow goes back to development with it
-    (spec 000, wait); any other goes on in its phase with it in the next prompt.
+    (docs/contracts/lifecycle.md: wait); any other goes on in its phase with it in the next prompt.
     Refused (ContractViolation) once its merge is approved: that would drop the
     approval without a word; a person who changed their mind reverts it."""
     _open(ctx)
@@ -108,7 +108,7 @@ def revert_refusal(ctx: WorkflowContext) -> str | None:
 
 
 def revert(ctx: WorkflowContext, to_phase: str, reason: str, at: datetime) -> PhaseResult:
-    """A person reverts the workflow to planning (spec 003, "Manual Reversion").
+    """A person reverts the workflow to planning (docs/contracts/autonomy.md: manual reversion).
 
     The profile's thresholds do not apply; the loop guard does (at most
     MAX_REVERSIONS). Allowed from development, pr_review, report, wait and a
@@ -119,7 +119,7 @@ def revert(ctx: WorkflowContext, to_phase: str, reason: str, at: datetime) -> Ph
     to_phase = to_phase.strip().lower()
     if to_phase not in REVERSION_TARGETS:
         raise ContractViolation(
-            f"a workflow reverts to planning only (spec 003's strategize), not {to_phase!r}"
+            f"a workflow reverts to planning only (or strategize, its other name), not {to_phase!r}"
         )
     if not reason.strip():
         raise ContractViolation("the reason is empty; say why the plan must change")

@@ -1,9 +1,9 @@
-"""Automation profiles and phase reversion (spec 003; DESIGN.md §3).
+"""Automation profiles and phase reversion (docs/contracts/autonomy.md).
 
 Pure module: a profile, a workflow's state and a timestamp in; a decision or a
 PhaseResult out. No store, no clock, no git: phases pass ``deps.clock.now()``.
 
-Spec 003's phases map onto ours: Strategize = planning, Execute =
+Other tools' phase names map onto ours: Strategize = planning, Execute =
 development (and pr_review), Apply = merge. So the two reversion paths are
 
 - development → planning: the checks keep failing (``limits.max_dev_retries``
@@ -79,7 +79,7 @@ __all__ = [
     "reversion_result",
 ]
 
-#: The loop guard: reversions allowed per workflow (spec 003, ``Plan.MAX_REVERSIONS``).
+#: The loop guard: reversions allowed per workflow (docs/contracts/autonomy.md: the loop guard).
 MAX_REVERSIONS = 3
 
 #: Phases a person may revert from: after planning, before the merge is done.
@@ -91,7 +91,8 @@ DEFAULT_PROFILE = "review"
 
 
 def allows_automatic(threshold: float) -> bool:
-    """The spec 003 rule: below 1.0 the reversion is automatic; 1.0 never is."""
+    """The threshold rule (docs/contracts/autonomy.md: thresholds): below 1.0 the reversion
+    is automatic; 1.0 never is."""
     return threshold < 1.0
 
 
@@ -177,7 +178,8 @@ def _builtin(
     )
 
 
-#: The built-in profiles (spec 003's table), from most to least supervised.
+#: The built-in profiles (docs/contracts/autonomy.md: automation profiles), from most to
+#: least supervised.
 BUILTIN_PROFILES: Mapping[str, AutomationProfile] = {
     p.name: p
     for p in (
@@ -221,7 +223,8 @@ def repeated_plan(state: Mapping[str, Any], plan: str) -> float | None:
     """How alike ``plan`` is to the plan the previous planning cycle built, when
     that is ``NO_PROGRESS_SIMILARITY`` or more; else None.
 
-    Spec 002's ``no_progress`` measure of successive patches, applied to plans:
+    The fix loop's ``no_progress`` measure of successive patches, applied to plans
+    (docs/contracts/graph.md: the loop's stops):
     a cycle after a reversion that plans the same again would only build the
     same again. Only a cycle after a reversion has a previous plan. A cycle
     reverted from the merge (``sync_base``) is never a repeat: its build starts
@@ -244,7 +247,7 @@ def reversion_result(
     milestones: Sequence[MilestoneWrite] = (),
     state: Mapping[str, Any] | None = None,
 ) -> PhaseResult:
-    """Revert ``ctx`` from its phase to planning (spec 003, "State Reset on Reversion").
+    """Revert ``ctx`` from its phase to planning (docs/contracts/autonomy.md: state reset).
 
     ``reason`` goes into the decision record (and the timeline); ``context``
     (the failure in full) into the next plan's prompt; ``at`` is the record's

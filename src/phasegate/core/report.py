@@ -1,7 +1,8 @@
 """The progress report: one structured payload, rendered in English or Chinese.
 
-The payload is the single source of truth (spec 000, report); rendering is a
-pure function of it and ``content_language``. The Chinese terms follow spec 001.
+The payload is the single source of truth (docs/contracts/lifecycle.md: report);
+rendering is a pure function of it and ``content_language``, so the Chinese
+report says what the English one says with other labels.
 """
 
 from __future__ import annotations

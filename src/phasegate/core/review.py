@@ -1,9 +1,10 @@
 """A person's review of a workflow's diff: line comments kept as drafts, then sent
-as one feedback (issue 13, item 2: "comment on a line; the comments become
-review feedback for the next development round, with path and line").
+as one feedback: a person comments on a line, and the comments become review
+feedback for the next development round, with path and line.
 
 Pure: reads event rows, returns what to record. ``operations.comment`` records
-a draft and ``operations.send_review`` sends them (DESIGN.md §5).
+a draft and ``operations.send_review`` sends them (the CLI and the dashboard
+both call those, so the rules live once).
 
 Why drafts: a comment committed as feedback at once would start the next
 development round under a running worker, and the person's later comments

@@ -4,7 +4,7 @@ A ticket or an agent's output may carry terminal escapes: clearing the
 screen, setting the window title, hyperlinks that hide their target, bidi
 overrides that reorder what is read. ``visible`` turns every control
 character into a visible escape (``\\x1b``, ``\\u202e``), so a person reads
-what is there instead of having it act on their terminal (issue 10, item 5).
+what is there instead of having it act on their terminal.
 ``--json`` output is already escaped by the JSON encoder.
 """
 
