@@ -1,4 +1,4 @@
-"""The development graph (spec 002, DESIGN.md §2): pure, no disk, no clock, no git.
+"""The development graph (docs/contracts/graph.md): pure, no disk, no clock, no git.
 
 One ticket in; a run record with reviewed work and proposals out::
 

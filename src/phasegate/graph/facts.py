@@ -1,4 +1,4 @@
-"""What a patch is, counted from its text, never asked of the model (spec 002).
+"""What a patch is, counted from its text, never asked of the model (docs/contracts/graph.md).
 
 - ``extract_patch``: the unified diff in a build answer, and the prose around it.
 - ``change_facts``: files, insertions, deletions, paths and the governance
@@ -30,7 +30,8 @@ __all__ = [
     "similarity",
 ]
 
-#: Successive patches at least this similar are no progress (spec 002, "The fix loop").
+#: Successive patches at least this similar are no progress (docs/contracts/graph.md: the
+#: loop's stops).
 NO_PROGRESS_SIMILARITY = 0.98
 
 #: Governance paths every repository has: the cartridge (``cartridge.CARTRIDGE_FILE``,

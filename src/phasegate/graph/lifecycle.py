@@ -1,4 +1,4 @@
-"""lifecycle-propose: one ticket in, reviewed work and proposals out (spec 002).
+"""lifecycle-propose: one ticket in, reviewed work and proposals out (docs/contracts/graph.md).
 
     scope → plan → plan_alternative → plan_arbitrate → plan_adversary →
     build → change_facts → handoff → review → adversary → arbitrate → emit

@@ -108,7 +108,7 @@ class Run:
 
 def scope(run: Run) -> Graph[dict[str, Any]]:
     """Ask scope_epic for the pieces of work; epic_threshold shapes the ticket
-    from their count, work_routing routes the shape (spec 002, scope)."""
+    from their count, work_routing routes the shape (docs/contracts/graph.md: scope)."""
     text = yield from run.ask_text("scope", "scope_epic", "scope", scope_prompt(run.ticket))
     subtasks = items(text, "subtask")
     if not subtasks:

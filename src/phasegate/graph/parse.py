@@ -79,5 +79,6 @@ def without_fields(text: str, *names: str) -> str:
 
 
 def claim_key(claim: str) -> str:
-    """How two objections are compared: stripped, case-insensitively (spec 002)."""
+    """How two objections are compared: stripped, case-insensitively (docs/contracts/graph.md:
+    the loop's stops)."""
     return claim.strip().casefold()

@@ -1,9 +1,9 @@
 """Proposals: the graph's only output, carried as data with their evidence.
 
-A proposal asks for one act the graph never performs itself (spec 002: "a
-draft PR is emitted as a proposal and never executed"). The autonomy policy
-(``phasegate.core.autonomy``) decides whether a person gates it or the apply arm
-takes it.
+A proposal asks for one act the graph never performs itself: a draft PR is
+emitted as a proposal and never executed (docs/contracts/graph.md: proposals).
+The autonomy policy (``phasegate.core.autonomy``) decides whether a person gates
+it or the apply arm takes it.
 
 - ``item_create``: file the ticket as scope shaped it (single, parent with
   subtasks, epic), on the route work_routing gave it.

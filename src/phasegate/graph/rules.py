@@ -220,7 +220,7 @@ def review_tier(facts: ChangeFacts, rules: GraphRules) -> tuple[int, list[int]]:
     """The review tier of a change, and the indexes of the tier rules that matched.
 
     The tier is the highest of ``default_tier`` and every matching rule's
-    tier; the author has no say in it (spec 002, review_tier).
+    tier; the author has no say in it (docs/contracts/graph.md: review tiers).
     """
     matched = [i for i, rule in enumerate(rules.tier_rules) if rule.matches(facts)]
     return max([rules.default_tier, *(rules.tier_rules[i].tier for i in matched)]), matched
