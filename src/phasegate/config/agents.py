@@ -1,6 +1,6 @@
 """The cartridge's agents: which runners there are, the keys each reads, a role's
-binding to one (``[roles.<role>]`` in ``phasegate.toml``; DESIGN.md §4), and the
-agent profiles roles refer to by name (``[agents.<name>]``, issue 14, item 3).
+binding to one (``[roles.<role>]`` in ``phasegate.toml``), and the agent
+profiles roles refer to by name (``[agents.<name>]``).
 
 An agent profile is a binding with a name: a program with its model, flags,
 environment and MCP servers. A role names it (``agent = "<name>"``, or the

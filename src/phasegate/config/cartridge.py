@@ -1,7 +1,7 @@
 """The cartridge: ``phasegate.toml`` at the repository root, validated with pydantic.
 
 A bad cartridge is a ``CartridgeError`` naming the file and the key, raised
-before anything runs (DESIGN.md §4). Unknown keys are errors, not ignored: a
+before anything runs. Unknown keys are errors, not ignored: a
 typo in a limit must not silently fall back to the default.
 """
 
@@ -71,7 +71,8 @@ __all__ = [
 
 CARTRIDGE_FILE = "phasegate.toml"
 
-#: The roles the lifecycle binds, and the session line each one drives (spec 000).
+#: The roles the lifecycle binds, and the session line each one drives
+#: (docs/contracts/lifecycle.md: session lines).
 ROLE_SESSION_LINES = {
     "plan": "main",
     "plan_review": "review",
@@ -79,7 +80,8 @@ ROLE_SESSION_LINES = {
     "review": "review",
     "verification": "verification",
 }
-#: The development graph's optional roles (spec 002); an unbound one is absent.
+#: The development graph's optional roles; an unbound one is absent (docs/contracts/graph.md:
+#: nodes).
 GRAPH_OPTIONAL_ROLES = (
     "scope_epic",
     "plan_alternative",
@@ -161,7 +163,7 @@ class LandingAreas(_Strict):
         inside the repository's ``.phasegate/`` or outside the repository
         altogether and not one of its ancestors: worktrees made at ``/``, beside
         the repository's files, in its ``.git`` or in the checkout itself would
-        mix agents' files with the person's (issue 10).
+        mix agents' files with the person's.
         """
         repo = repo.resolve()
         root = Path(self.worktree_root).expanduser()
@@ -282,7 +284,7 @@ class AutonomySettings(_Strict):
 
 
 class ProfileSettings(_Strict):
-    """A custom automation profile, ``[profiles.NAME]`` (spec 003).
+    """A custom automation profile, ``[profiles.NAME]`` (docs/contracts/autonomy.md).
 
     Both thresholds are required, each in [0, 1]: below 1.0 the reversion is
     automatic, 1.0 leaves it to a person. ``auto_merge``, ``autonomy`` and
@@ -338,8 +340,9 @@ class Cartridge(_Strict):
     @model_validator(mode="after")
     def _tier_roles(self) -> Cartridge:
         # Tier 1 asks the review adversary, and the arbitrator whenever the reviewer and
-        # the adversary disagree; tier 2 asks both every time (spec 002). A tier whose
-        # roles are unbound would fail mid-run, so it is refused here, before anything runs.
+        # the adversary disagree; tier 2 asks both every time (docs/contracts/graph.md:
+        # review tiers). A tier whose roles are unbound would fail mid-run, so it is
+        # refused here, before anything runs.
         tiers = self.graph.review_tiers
         keys = [
             ("graph.review_tiers.default", tiers.default),

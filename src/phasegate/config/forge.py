@@ -1,7 +1,7 @@
 """The cartridge's ``[forge]`` table: which forge, and how phasegate reaches GitHub.
 
 ``kind = "local"`` (the default) keeps issues and pull requests in the store.
-``kind = "github"`` drives a GitHub repository (issue 11): ``repository``
+``kind = "github"`` drives a GitHub repository: ``repository``
 (``owner/name``, else read from the ``origin`` remote), ``base_url`` for GitHub
 Enterprise (its API root, ``https://HOST/api/v3``), and either a token in the
 environment variable ``token_env`` names or a GitHub App (``app_id``,

@@ -1,4 +1,4 @@
-"""The cartridge's ``[graph]`` table (spec 002): review tiers, the epic threshold,
+"""The cartridge's ``[graph]`` table (docs/contracts/graph.md): review tiers, the epic threshold,
 work routing, governance paths. Split out of cartridge.py, which re-exports it."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ class _Strict(BaseModel):
 
 
 class ReviewTierRule(_Strict):
-    """``tier`` for a change when every condition the rule names holds (spec 002).
+    """``tier`` for a change when every condition the rule names holds (docs/contracts/graph.md:
+    review tiers).
 
     ``min_files``, ``min_lines`` (insertions plus deletions) compare with the
     change facts; ``paths`` match when a touched path is one of them, under
@@ -81,7 +82,7 @@ class WorkRouting(_Strict):
 
 
 class GraphSettings(_Strict):
-    """The development graph's ``[graph]`` table (spec 002)."""
+    """The development graph's ``[graph]`` table (docs/contracts/graph.md)."""
 
     enabled: bool = Field(
         default=False,

@@ -4,7 +4,7 @@ script, a repository's pyproject.toml.
 ``read_toml`` turns every way such a file can be bad — missing, not UTF-8, too
 big, not TOML, nested deeper than any real configuration (a "TOML bomb" that
 makes ``tomllib`` exhaust Python's stack) — into one ``TomlError`` whose
-message names the file and, for nesting, the key (issue 10, item 5).
+message names the file and, for nesting, the key.
 """
 
 from __future__ import annotations
