@@ -54,7 +54,7 @@ class FenceLost(PhasegateError):
 
 
 class ChangeFeed(Protocol):
-    """Wake-ups (issue 12, item 4): tells a waiting worker that the store changed.
+    """Wake-ups, not polls: tells a waiting worker that the store changed.
 
     One per waiting thread; ``Dialect.changes`` makes it. SQLite's watches
     ``PRAGMA data_version`` (``_sqlite``), PostgreSQL's LISTENs (``_postgres``).
@@ -194,7 +194,7 @@ class StoreBase:
             raise StoreUnavailable(self.where, reason) from exc
 
     def changes(self) -> ChangeFeed:
-        """A ChangeFeed on this store: what a waiting worker blocks on (issue 12)."""
+        """A ChangeFeed on this store: what a waiting worker blocks on."""
         return self.dialect.changes()
 
     @property

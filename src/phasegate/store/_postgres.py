@@ -1,4 +1,4 @@
-"""PostgreSQL's part of the store (issue 12, item 2): the engine on psycopg 3,
+"""PostgreSQL's part of the store: the engine on psycopg 3,
 which errors mean "unavailable", its upsert, named locks and LISTEN/NOTIFY.
 
 Many workers on many machines share one server, each writing transaction at

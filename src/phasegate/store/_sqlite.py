@@ -1,7 +1,7 @@
 """SQLite's part of the store: the pragmas every connection gets, how a
 transaction begins, which errors mean "unavailable", its upsert, and wake-ups.
 
-Durable and lock-light (DESIGN.md §6): WAL, ``synchronous=FULL`` (a committed
+Durable and lock-light: WAL, ``synchronous=FULL`` (a committed
 phase survives a power cut, not only a process crash), a busy timeout, foreign
 keys on; a writing transaction is ``BEGIN IMMEDIATE`` (two writers never
 deadlock upgrading a read lock, and writers are serialized, so ``serialize``

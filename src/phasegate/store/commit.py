@@ -1,4 +1,4 @@
-"""The single commit path (spec 000, ``_commit_phase_result``): a PhaseResult
+"""The single commit path (docs/contracts/lifecycle.md): a PhaseResult
 validated and written in one transaction, fenced on the workflow's version and,
 under a lease, on its fence; a conflict child's end wakes its parent.
 
@@ -87,7 +87,7 @@ UPDATABLE_COLUMNS = frozenset(
 #: appends, in its own transaction: ``{"status", "from", "phase", "version"}`` (the
 #: version that commit wrote). One per transition, whichever process commits it, and
 #: never lost to a crash after the commit: the notifications deliver from it
-#: (``phasegate.integrations.notify``; issue 13, item 4).
+#: (``phasegate.integrations.notify``).
 NEEDS_YOU_EVENT = "needs_you"
 
 #: A person's turn (``NEEDS_YOU_STATUSES``), or a failure a person must look at.
@@ -188,7 +188,7 @@ def _validate(ctx: WorkflowContext, result: PhaseResult) -> None:
 def commit_phase_result(
     store: WorkflowRows, ctx: WorkflowContext, result: PhaseResult, *, fence: Fence | None = None
 ) -> dict[str, Any]:
-    """The single commit path (spec 000, ``_commit_phase_result``).
+    """The single commit path (docs/contracts/lifecycle.md: the single commit path).
 
     In one transaction: validates ``result``, updates the workflow row (phase,
     status, error, ``updates``, merged ``state``), upserts the milestones and

@@ -1,4 +1,4 @@
-"""The development graph's rows: recorded runs, their calls, proposals and the gate (spec 002)."""
+"""The development graph's rows: recorded runs, their calls, proposals and the gate."""
 
 from __future__ import annotations
 
@@ -227,7 +227,8 @@ class GraphRows(StoreBase):
         return self.proposal(proposal_id)
 
     def apply_proposal(self, proposal_id: str) -> dict[str, Any]:
-        """Mark a proposal ``applied``: the apply arm landed it (spec 002, apply arm).
+        """Mark a proposal ``applied``: the apply arm landed it (docs/contracts/graph.md:
+        the harness).
 
         An ``approved`` one keeps the person's decision; a ``proposed`` one of
         mode ``auto`` is the apply arm's own decision (``decided_by`` APPLY_ARM,

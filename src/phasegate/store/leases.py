@@ -1,7 +1,8 @@
 """Leases: which worker advances a workflow, until when, under which fence.
 
 A worker claims a workflow's lease (owner, expiry, fencing counter) before it
-advances it and renews it from a heartbeat (DESIGN.md §1). Another worker may
+advances it and renews it from a heartbeat (docs/contracts/lifecycle.md: leases and
+fencing). Another worker may
 take the lease only once it has expired, or when its holder is a process of
 this host that is gone; every claim moves the fence on, so the previous
 holder's fence is stale from then on. A ``Fence`` is that holder's view:
@@ -158,7 +159,7 @@ class LeaseRows(StoreBase):
         its new fence, for those taken only.
 
         How a worker fills its free threads, and how one starting after a crash
-        reclaims a dead worker's workflows (issue 12, item 7): one transaction
+        reclaims a dead worker's workflows: one transaction
         for a batch, not one per workflow. The UPDATE itself judges freeness, so
         a lease another worker took meanwhile is left alone. Raises
         StoreUnavailable.
@@ -188,7 +189,7 @@ class LeaseRows(StoreBase):
         """Release, in one statement, every lease held by a process of this host that
         is gone (a SIGKILLed worker's), moving each fence on; returns how many.
 
-        What a worker starting after a crash does first (issue 12, item 7): the
+        What a worker starting after a crash does first: the
         dead worker's workflows are free again at once for every worker, on
         any host (one elsewhere cannot see that the holder is gone and would
         wait out the expiry). Raises StoreUnavailable.
@@ -225,9 +226,9 @@ class LeaseRows(StoreBase):
         """The workflows whose status is in ``statuses``, oldest first, each as
         ``id``, ``version``, ``status``, ``current_phase``, ``lease_owner`` and
         ``lease_expires_at`` (UTC-aware): what a worker's pass decides on, read in
-        one query (issue 12, item 4: an idle pass reads, never writes). With
-        ``repo_path``, only the workflows of that worker's repository
-        (``of_repository``: a store shared by many repositories, item 2)."""
+        one query (an idle pass reads, never writes). With ``repo_path``, only the
+        workflows of that worker's repository (``of_repository``: a store shared by
+        many repositories)."""
         c = t.workflows.c
         query = sa.select(
             c.id, c.version, c.status, c.current_phase, c.lease_owner, c.lease_expires_at

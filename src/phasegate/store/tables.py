@@ -154,7 +154,7 @@ forge_pull_requests = sa.Table(
     sa.UniqueConstraint("repo", "number", name="uq_forge_pull_requests_number"),
 )
 
-# -- the development graph (spec 002): recorded runs and the proposals they emitted ---------
+# -- the development graph: recorded runs and the proposals they emitted --------------------
 
 #: What the autonomy policy decided for a proposal, and where it stands.
 PROPOSAL_MODES = ("propose", "auto")

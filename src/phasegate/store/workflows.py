@@ -1,4 +1,4 @@
-"""Workflows, their milestones and events; the single commit path (spec 000) is
+"""Workflows, their milestones and events; the single commit path is
 ``store.commit``, reached as ``Store.commit_phase_result``."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class IssueTaken(PhasegateError):
         self.workflow_id = workflow_id
 
 
-#: What ``load_context`` and ``workflow_row`` read, built once (issue 12, item 5).
+#: What ``load_context`` and ``workflow_row`` read, built once: every advance reads them.
 _SELECT_WORKFLOW = sa.select(t.workflows).where(t.workflows.c.id == sa.bindparam("w_id"))
 _SELECT_MILESTONES = (
     sa.select(t.milestones)
@@ -84,7 +84,7 @@ class WorkflowRows(StoreBase):
         (8 hex digits).
 
         ``issue`` (forge repository ``owner/name``, issue number): the workflow is
-        for that existing issue (a trigger, issue 11): ``issue_number`` is set and
+        for that existing issue (a trigger): ``issue_number`` is set and
         ``state["forge_repository"]`` records the repository. Raises IssueTaken when
         a workflow has that issue already: the lookup and the insert are one
         writing transaction serialized on the issue (``Dialect.serialize``), so
@@ -96,8 +96,8 @@ class WorkflowRows(StoreBase):
         PHASE_ORDER.
 
         ``repository``: the team forge's repository (``owner/name``) the workflow
-        is of, what a worker in any clone of it claims it by (``workflows.repository``,
-        issue 12 item 2); None: the repository at ``repo_path`` (the local forge).
+        is of, what a worker in any clone of it claims it by (``workflows.repository``);
+        None: the repository at ``repo_path`` (the local forge).
         A child is of its parent's repository.
         """
         if phase not in PHASE_ORDER:
@@ -274,7 +274,7 @@ class WorkflowRows(StoreBase):
             milestones=tuple(_milestone_view(r) for r in milestones),
         )
 
-    # -- the single commit path (spec 000) -----------------------------------------
+    # -- the single commit path (docs/contracts/lifecycle.md) ----------------------
 
     def commit_phase_result(
         self, ctx: WorkflowContext, result: PhaseResult, *, fence: Fence | None = None

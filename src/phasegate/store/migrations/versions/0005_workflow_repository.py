@@ -1,5 +1,5 @@
 """workflows.repository: the forge repository a workflow is of, so that a worker
-advances only its own repository's workflows (issue 12, item 2).
+advances only its own repository's workflows (many repositories share one store).
 
 ``owner/name`` when the workflow's forge is a team's (GitHub); NULL when it is
 the repository at ``repo_path`` (the local forge). Workflows from before this
