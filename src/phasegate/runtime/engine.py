@@ -1,29 +1,30 @@
 """The engine: ``advance()``, reconciliation and shutdown (the worker loop and the
 lease heartbeat are in ``phasegate.runtime.worker``).
 
-``advance(workflow_id)`` (DESIGN.md §1) claims the workflow's lease, retries
-a failed cleanup of its merge (phases/cleanup.py), then repeats: load the
-context, reconcile side effects a dead process left in_progress, self-heal
-the worktree (not in preparation), run the phase's handler, commit its
-PhaseResult through ``commit_phase_result``, until the workflow waits,
-pauses, fails or completes. A workflow another clone of the same forge
-repository started (its worker died) is first moved to this clone, and one of
-another repository refused (``phasegate.runtime.takeover``).
+``advance(workflow_id)`` (docs/contracts/lifecycle.md: advancing a workflow)
+claims the workflow's lease, retries a failed cleanup of its merge
+(phases/cleanup.py), then repeats: load the context, reconcile side effects a
+dead process left in_progress, self-heal the worktree (not in preparation),
+run the phase's handler, commit its PhaseResult through
+``commit_phase_result``, until the workflow waits, pauses, fails or completes.
+A workflow another clone of the same forge repository started (its worker
+died) is first moved to this clone, and one of another repository refused
+(``phasegate.runtime.takeover``).
 
 A shutdown request (SIGINT/SIGTERM in the CLI) stops any running agent; the
 interrupted phase raises WorkflowPaused and nothing is committed, so the
 workflow resumes from its last commit and its milestones.
 
-Fencing (issue 9): the lease's ``Fence`` is checked before every agent start
-and journaled side effect and is part of the commit's WHERE; a heartbeat that
-finds the lease taken over (or expired unrenewed) marks it lost, and the
-advance stops at once without another write. Its agents and checks run under
-the lease's deadline (``phasegate.proc.deadline``); one stopped by it while the
-lease is still held pauses the phase (event ``self_fenced``). A store that is
-unavailable (locked past its busy timeout, full) is retried within
-``store_retry_delays_s``; then the workflow is paused with the reason, or,
-when even that cannot be written, left in its last committed state and
-StoreUnavailable raised.
+Fencing (docs/contracts/lifecycle.md: leases and fencing): the lease's ``Fence``
+is checked before every agent start and journaled side effect and is part of the
+commit's WHERE; a heartbeat that finds the lease taken over (or expired
+unrenewed) marks it lost, and the advance stops at once without another write.
+Its agents and checks run under the lease's deadline
+(``phasegate.proc.deadline``); one stopped by it while the lease is still held
+pauses the phase (event ``self_fenced``). A store that is unavailable (locked
+past its busy timeout, full) is retried within ``store_retry_delays_s``; then
+the workflow is paused with the reason, or, when even that cannot be written,
+left in its last committed state and StoreUnavailable raised.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class Engine:
         self.store = store
         self.workspace = workspace or Workspace()
         hidden = cartridge_secrets(cartridge)
-        withhold_from_git(hidden)  # a filter git runs sees no role's key (issue 10)
+        withhold_from_git(hidden)  # a filter git runs sees no role's key
         self.forge = forge or make_forge(cartridge, self.repo, store, self.workspace, hidden)
         # Whose workflows this engine runs (takeover.py): its forge repository's, from
         # any clone, and its own path's.
@@ -409,9 +410,9 @@ class Engine:
     def idle_at(self, workflow_id: str) -> int | None:
         """The workflow's version when it only waits for people with nothing new, else
         None (advance it): in wait, nothing in progress to reconcile, its label set
-        by this engine, and the wait phase's look (reads only: spec 000, wait) finds
-        nothing. Reads only and takes no lease, so an idle waiting workflow costs
-        no write, on any forge (issue 12, item 4). Raises WorkflowNotFound.
+        by this engine, and the wait phase's look (reads only: docs/contracts/lifecycle.md,
+        wait) finds nothing. Reads only and takes no lease, so an idle waiting workflow
+        costs no write, on any forge. Raises WorkflowNotFound.
         """
         ctx = self.store.load_context(workflow_id)
         if ctx.current_phase != WAIT or ctx.status != "waiting":

@@ -1,8 +1,9 @@
-"""Self-heal: a workflow's worktree re-created from its branch before a phase runs
-(DESIGN.md §1; split out of engine.py, which calls it once per step).
+"""Self-heal: a workflow's worktree re-created from its branch before a phase
+runs (docs/contracts/lifecycle.md: advancing a workflow; split out of engine.py,
+which calls it once per step).
 
 A branch this clone does not have (the workflow was started in another clone,
-on a machine that died: issue 12, item 2, ``phasegate.runtime.takeover``) is brought
+on a machine that died: ``phasegate.runtime.takeover``) is brought
 from the forge first, where it was pushed (``Forge.branch_ref``: GitHub's is
 fetched with the forge's token). One that was never pushed is re-created from
 the commit it was made from, and the phase redoes its work: what the dead
@@ -52,10 +53,10 @@ def self_heal(
     repository (``Workspace.repair``: stale locks, a killed add's locked
     worktree), so no phase trusts or sticks on it.
 
-    Nothing at all in wait, which must not touch git (spec 000, wait) and is
-    looked at again and again while people decide: the phase after it
-    (development, merge) repairs and heals first (issue 12: a worker's look at
-    an idle waiting workflow runs no git).
+    Nothing at all in wait, which must not touch git (docs/contracts/lifecycle.md:
+    wait) and is looked at again and again while people decide: the phase after
+    it (development, merge) repairs and heals first, so a worker's look at an
+    idle waiting workflow runs no git.
 
     The health check is skipped when this advance already found the worktree
     healthy and nothing that may write a checkout ran since (no agent but a

@@ -1,7 +1,7 @@
 """The side-effect journal: every irreversible effect is evidence before it happens.
 
 For each effect (issue, branch, push, PR, PR update, comment, merge, issue
-close) the journal (DESIGN.md §1):
+close) the journal (docs/contracts/lifecycle.md: journaled side effects):
 
 1. returns the recorded result if the effect's milestone is ``completed``;
 2. otherwise, when an earlier try left the row ``in_progress`` or ``failed``,
@@ -356,7 +356,7 @@ class SideEffects:
             else:
                 self.store.settle_milestone(row, "cancelled", summary=f"{row.kind}: interrupted")
                 notes.append(f"{row.kind}: interrupted")
-        # What an agent run a dead process never checked left in refs and .git (issue 10)
+        # What an agent run a dead process never checked left in refs and .git
         for role, _phase, violation in guard.recover(self.repo, self.workflow_id):
             notes.append(f"{violation.name} of a killed {role} run undone: {violation.detail}")
         return notes

@@ -1,5 +1,5 @@
 """Another clone takes over: whose a workflow is, and a workflow moved to this clone
-(issue 12, item 2; DESIGN.md §6, "one clone per worker machine").
+(many machines share one store, each with its own clone of the repository).
 
 A workflow is of one repository: of its team forge's repository (``owner/name``,
 ``workflows.repository``) when the forge is GitHub, else of the repository at its

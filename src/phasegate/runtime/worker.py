@@ -3,15 +3,15 @@ and the lease heartbeat.
 
 ``run_worker`` advances the runnable workflows of one engine's repository (a
 store may be shared by many: ``takeover``) until shutdown
-(DESIGN.md §1; issue 12, items 1, 4 and 7), up to ``concurrency`` at once, each
-on a thread of its own under its own lease (agents are subprocesses: threads
-only wait on them). A pass reads every runnable workflow's row in one query,
-takes the leases of as many due ones as it has free threads in one statement
-(``LeaseRows.claim_free``: a worker starting after a crash reclaims a dead
-worker's workflows a batch at a time), and starts their advances. Between
-passes it waits on the store's ChangeFeed (``Store.changes``), a thread's end
-or shutdown, ``poll_s`` at most: a person's decision, a new ticket or
-feedback is acted on at once.
+(docs/contracts/lifecycle.md: leases and fencing), up to ``concurrency`` at
+once, each on a thread of its own under its own lease (agents are subprocesses:
+threads only wait on them). A pass reads every runnable workflow's row in one
+query, takes the leases of as many due ones as it has free threads in one
+statement (``LeaseRows.claim_free``: a worker starting after a crash reclaims a
+dead worker's workflows a batch at a time), and starts their advances. Between
+passes it waits on the store's ChangeFeed (``Store.changes``), a thread's end or
+shutdown, ``poll_s`` at most: a person's decision, a new ticket or feedback is
+acted on at once.
 
 What is due: a workflow this worker has not advanced yet, or whose row (its
 version) changed since an advance left it. Left waiting for people on the
@@ -64,7 +64,7 @@ CLEANUP_RETRY_S = 60.0
 DEFAULT_CONCURRENCY = 4
 
 #: Seconds a worker waits after its store was first found unavailable before it
-#: tries again; doubled at each failure in a row, up to ``OUTAGE_MAX_S`` (issue 12).
+#: tries again; doubled at each failure in a row, up to ``OUTAGE_MAX_S``.
 OUTAGE_FIRST_S = 0.5
 
 #: The most seconds between two tries of an unavailable store (or ``poll_s``, when
@@ -199,7 +199,7 @@ def run_worker(
     locked past its busy timeout) by a pass, a cleanup or an advance is one
     warning line, and the worker tries again after ``OUTAGE_FIRST_S`` seconds,
     doubling to ``max(poll_s, OUTAGE_MAX_S)``: the workflows are as last
-    committed, and go on once the store is back (issue 12).
+    committed, and go on once the store is back.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, not {concurrency}")
