@@ -1,4 +1,4 @@
-"""The eight phase handlers behind one registry (spec 000, "Migration status").
+"""The eight phase handlers behind one registry (docs/contracts/lifecycle.md: phase handlers).
 
 Each module's docstring states its phase's eight contract fields.
 """

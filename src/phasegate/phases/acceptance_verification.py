@@ -1,6 +1,6 @@
 """acceptance_verification: an independent, read-only verifier on the merge commit.
 
-(spec 000, acceptance_verification)
+(docs/contracts/lifecycle.md: acceptance_verification)
 
 - preconditions: current_phase == "acceptance_verification", status ==
   "verification_pending"; the pull request is merged, so a merge SHA resolves.
@@ -228,7 +228,8 @@ def _run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
 
 
 def override(ctx: WorkflowContext, deps: PhaseDeps, verdict: str, by: str) -> PhaseResult:
-    """A person's verdict, recorded with who gave it (spec 000: verification_override).
+    """A person's verdict, recorded with who gave it (docs/contracts/lifecycle.md:
+    acceptance_verification).
 
     Raises ContractViolation unless the workflow is in acceptance_verification.
     """

@@ -1,5 +1,5 @@
 """A build attempt's journal, and what re-entering development after a crash does
-with what a dead attempt left (issue 9, item 2; DESIGN.md §1).
+with what a dead attempt left (docs/contracts/lifecycle.md: recovery and re-entry).
 
 The rule is development's (its docstring, re-entry point): an attempt starts by
 journaling ``build_attempt`` in_progress with the branch's HEAD as ``start``;

@@ -1,6 +1,7 @@
-"""CI as evidence in pr_review (spec 000, pr_review: "CI status via the external
-evidence layer"; recovery: "CI pending → wait + poll; CI failure → CI repair
-(re-enters pr_review)").
+"""CI as evidence in pr_review (docs/contracts/lifecycle.md: pr_review).
+
+CI status on the forge is evidence for the review. CI pending: the phase waits
+and polls; CI failed: a CI repair, which re-enters pr_review.
 
 The forge's checks of the pushed head (``state.head_sha``) decide before the
 review agent is asked:
@@ -17,7 +18,8 @@ review agent is asked:
 - any failed: a CI-repair round — development with dev_round + 1 and the
   failing checks' names and output as the build's input (``ci_failure``),
   at most ``forge.max_ci_repairs`` in a row; past that the profile's reversion
-  to planning (spec 003) or a pause for a person.
+  to planning (docs/contracts/autonomy.md: phase reversion) or a pause for a
+  person.
 
 A forge that cannot be reached raises ForgeUnavailable: the engine pauses the
 workflow with reason ``forge_unavailable`` and ``resume`` looks again.

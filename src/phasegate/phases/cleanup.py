@@ -1,6 +1,6 @@
 """cleanup: removing a merged workflow's worktree and branch, kept apart from the merge.
 
-(spec 000, merge: "cleanup retries are tracked separately")
+Cleanup retries are tracked apart from the merge (docs/contracts/lifecycle.md: merge).
 
 The merge is decided by ``merge_completed`` alone; cleanup is its own
 ``cleanup`` milestone in phase merge, ``completed`` or ``failed`` with git's

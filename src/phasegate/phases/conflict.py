@@ -1,9 +1,10 @@
-"""The conflict fork: a child workflow resolves a merge conflict for its parent (spec 000, merge).
+"""The conflict fork: a child workflow resolves a merge conflict for its parent.
 
-"conflict → fork → parent paused → child resolves → parent resumes merge", on
-"a throwaway fresh session". Written against the Forge protocol only: the
-resolution reaches the forge through ``publish_branch``, so a GitHub pull
-request sees it as the local forge's branch does.
+A conflict forks a child, the parent pauses, the child resolves, and the parent
+resumes its merge (docs/contracts/lifecycle.md: merge); the child works on a
+fresh session line. Written against the Forge protocol only: the resolution
+reaches the forge through ``publish_branch``, so a GitHub pull request sees it
+as the local forge's branch does.
 
 "The base" is the forge's (``forge.branch_ref``): the base branch itself on
 the local forge, GitHub's fetched on GitHub, where the local one is stale once

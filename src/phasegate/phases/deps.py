@@ -37,7 +37,8 @@ __all__ = [
 
 @dataclass
 class PhaseDeps:
-    """Every side-effecting service a phase may use (DESIGN.md §1)."""
+    """Every side-effecting service a phase may use (docs/contracts/lifecycle.md: phase
+    handlers)."""
 
     store: Store
     cartridge: Cartridge
@@ -150,8 +151,9 @@ def developed(
     updates: dict[str, Any] | None = None,
     state: dict[str, Any] | None = None,
 ) -> PhaseResult:
-    """development's success (spec 000): on to pr_review with ``head`` published,
-    the round and the retry counters cleared; ``updates``/``state`` add to that."""
+    """development's success (docs/contracts/lifecycle.md: development): on to pr_review
+    with ``head`` published, the round and the retry counters cleared;
+    ``updates``/``state`` add to that."""
     return PhaseResult.advance(
         PR_REVIEW,
         updates={**(updates or {}), "current_round": 0, "user_feedback": None},

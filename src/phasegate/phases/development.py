@@ -1,6 +1,6 @@
 """development: the build role changes the worktree, the change is committed, checks run.
 
-Bounded retries on failing checks (spec 000, development).
+Bounded retries on failing checks (docs/contracts/lifecycle.md: development).
 
 - preconditions: the worktree exists on branch_name; a ``plan_finalized``
   milestone exists (state.plan); current_phase == "development".
@@ -53,12 +53,12 @@ Bounded retries on failing checks (spec 000, development).
   ``feedback_unchanged`` (``phases.feedback_round``).
 - recovery behavior: failing checks, no file changed, or a net change
   against the base that is empty (a commit and its revert) → retry up to
-  limits.max_dev_retries, then a reversion to planning (spec 003, Execute →
-  Strategize) with the failure as the next plan's input and the next
-  build's (state.carried_findings) where the profile's
-  ``auto_strategy_revision`` < 1.0 allows it, else a pause for a person
-  (``phasegate revert`` or ``resume``; the failure stays the next attempt's
-  input); past the loop guard, failed (pause where a person decides
+  limits.max_dev_retries, then a reversion to planning
+  (docs/contracts/autonomy.md: phase reversion) with the failure as the next
+  plan's input and the next build's (state.carried_findings) where the
+  profile's ``auto_strategy_revision`` < 1.0 allows it, else a pause for a
+  person (``phasegate revert`` or ``resume``; the failure stays the next
+  attempt's input); past the loop guard, failed (pause where a person decides
   anyway). A build agent that answers ``REPLAN: why`` (the plan's
   constraints are too restrictive) is handled the same way at once, its
   changes discarded. A build agent that fails every try → failed.
@@ -362,7 +362,7 @@ def _retry_or_revert(
     """Another attempt (the failure goes into its prompt) within max_dev_retries; then
     the validation failures block applying: a reversion to planning, or a stop
     (``profiles.reversion_or_stop``). At the cap the last failure is carried on
-    (issue 9, item 10): a ``limit_reached`` milestone, the next build's prompt
+    as a ``limit_reached`` milestone, the next build's prompt
     (state.carried_findings, and state.last_check_failure for a resume), the
     reason a person and the decision record read."""
     if attempt <= deps.limits.max_dev_retries:

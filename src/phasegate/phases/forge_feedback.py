@@ -1,5 +1,5 @@
-"""What people say on the forge while a workflow waits (issue 11, item 5; spec 000
-wait: "GitHub issue comment polling").
+"""What people say on the forge while a workflow waits: wait reads the forge and
+writes only the store (docs/contracts/lifecycle.md: wait).
 
 Read in wait from the pull request (its conversation, review summaries and
 inline review comments) and the issue; only

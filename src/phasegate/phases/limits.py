@@ -1,4 +1,4 @@
-"""What a bounded loop that ran out passes on (issue 9, item 10).
+"""What a bounded loop that ran out passes on to the next prompt and the report.
 
 Plan review rounds, PR review rounds and development retries each end at a
 cap; the last round's findings then go into a ``limit_reached`` milestone
@@ -17,7 +17,7 @@ def limit_reached(
     loop: str, setting: str, rounds: int, findings: str, *, round: int, key: str = ""
 ) -> MilestoneWrite:
     """The evidence that a bounded loop ended at its cap, with what its last round
-    found (issue 9, item 10). ``data``: loop, setting, rounds, findings (at most
+    found. ``data``: loop, setting, rounds, findings (at most
     4000 characters) and ``carried``: the text the next prompt carries."""
     findings = findings.strip()[-4000:]
     carried = f"The {loop} ran out after {rounds} round(s) ({setting}). What the last one found:"

@@ -1,6 +1,6 @@
 """merge: sync the forge's base into the branch, merge the pull request, clean up.
 
-(spec 000, merge)
+(docs/contracts/lifecycle.md: merge)
 
 - preconditions: current_phase == "merge", status == "merging"; a pull
   request exists (pr_number).
@@ -24,20 +24,20 @@
   child (phases/conflict.py: ``conflict_fork`` milestone, the parent paused
   until the child ends; a child's own merge phase is ``conflict.resolve``).
   Once the child resolved it the merge runs again; once it failed the merge
-  cannot proceed within the plan (spec 003, Apply constrained): a reversion
-  to planning with the conflict as the next plan's input where the profile's
-  ``auto_reversion_from_apply`` < 1.0 allows it, else a pause for a person
-  (resolve and resume, or ``phasegate revert``); past the loop guard, failed
-  (pause where a person decides anyway). A forge that refuses the merge as
-  not mergeable (``ForgeNotMergeable``, GitHub's 405: its base moved after
-  the sync) has the base synced again: a conflict forks as above, a clean
-  merge is pushed and merged again (retry), and a branch already holding the
-  forge's base pauses with the forge's reason. Uncommitted edits in the merge's
-  way in the checkout holding the base pause the workflow with the reason
-  (fix, then resume). Once the merge landed nothing fails the phase: a
-  failed worktree or branch removal is a failed ``cleanup`` milestone with
-  its reason, retried later (phases/cleanup.py), and the phase still
-  advances with merge_sha.
+  cannot proceed within the plan (docs/contracts/autonomy.md: phase
+  reversion): a reversion to planning with the conflict as the next plan's
+  input where the profile's ``auto_reversion_from_apply`` < 1.0 allows it,
+  else a pause for a person (resolve and resume, or ``phasegate revert``);
+  past the loop guard, failed (pause where a person decides anyway). A forge
+  that refuses the merge as not mergeable (``ForgeNotMergeable``, GitHub's
+  405: its base moved after the sync) has the base synced again: a conflict
+  forks as above, a clean merge is pushed and merged again (retry), and a
+  branch already holding the forge's base pauses with the forge's reason.
+  Uncommitted edits in the merge's way in the checkout holding the base pause
+  the workflow with the reason (fix, then resume). Once the merge landed
+  nothing fails the phase: a failed worktree or branch removal is a failed
+  ``cleanup`` milestone with its reason, retried later (phases/cleanup.py),
+  and the phase still advances with merge_sha.
 - terminal outcomes: completed → acceptance_verification; completed →
   planning (reversion); completed → wait (an unattended merge whose head the
   merge gate holds: phases/merge_gate.py); pause (conflict fork, a failed

@@ -1,14 +1,14 @@
 """planning: plan-then-review rounds until the plan is approved or rounds run out.
 
-One round per handler call, so every round commits its evidence (spec 000,
-planning).
+One round per handler call, so every round commits its evidence
+(docs/contracts/lifecycle.md: planning).
 
 - preconditions: the worktree exists (``advance()`` self-heals it first);
   current_phase == "planning".
 - inputs: ticket, current_round, limits.max_plan_rounds, issue_number, the
   previous round's review comments (state.plan_feedback), user_feedback, and
-  after a reversion (spec 003) why it was reverted (state.replan_context) and
-  the planning cycle (state.plan_cycle).
+  after a reversion (docs/contracts/autonomy.md) why it was reverted
+  (state.replan_context) and the planning cycle (state.plan_cycle).
 - authoritative evidence: ``plan_finalized`` (approved, or the last plan when
   max_plan_rounds is exhausted); per round ``plan_created``/``plan_refined``
   and ``plan_reviewed``.
@@ -25,7 +25,7 @@ planning).
 - recovery behavior: agent failures retry within limits.agent_retries; a
   shutdown (WorkflowPaused) leaves the status untouched. When the rounds run
   out with the plan not approved, the last review's comments are carried on
-  (issue 9, item 10): a ``limit_reached`` milestone (the report lists it)
+  as a ``limit_reached`` milestone (the report lists it)
   and state.carried_findings, which the build prompt holds. A cycle after a
   reversion whose final plan is the one the last cycle built
   (``profiles.repeated_plan``) pauses with reason ``no_progress`` and a
@@ -61,7 +61,8 @@ from phasegate.phases.graph_mode import run as graph_mode
 from phasegate.phases.limits import limit_reached
 
 #: The stop (reason, milestone kind, state key) of a cycle that plans what the last
-#: cycle built (spec 002's name for a loop that makes no progress).
+#: cycle built (the fix loop's name for a loop that makes no progress:
+#: docs/contracts/graph.md, the loop's stops).
 NO_PROGRESS = "no_progress"
 
 __all__ = ["run"]

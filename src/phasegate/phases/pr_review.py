@@ -1,8 +1,8 @@
 """pr_review: one pull request, created or updated, and independent review rounds.
 
-One review round per development round (spec 000, pr_review): changes
-requested send the work back to development with the review as its input,
-until limits.max_pr_review_rounds.
+One review round per development round (docs/contracts/lifecycle.md:
+pr_review): changes requested send the work back to development with the
+review as its input, until limits.max_pr_review_rounds.
 
 - preconditions: ``dev_completed`` for dev_round; the branch is published;
   current_phase == "pr_review".
@@ -15,14 +15,14 @@ until limits.max_pr_review_rounds.
   an issue comment with each review.
 - postconditions: on approval current_phase == "report", status ==
   "reporting". Changes requested: back to development with dev_round + 1 and
-  the review comments as its input; after max_pr_review_rounds (counted
-  from the first development round of the planning cycle, so a reversion
-  grants a fresh set), a reversion to planning where the profile allows it
-  (spec 003, Execute → Strategize), else paused for a person. At that cap
-  the last review's findings are carried on (issue 9, item 10): a
-  ``limit_reached`` milestone (the report lists it), state.carried_findings
-  (the next build's prompt, after a reversion too), and the reason ``show``
-  prints and the decision record keeps.
+  the review comments as its input; after max_pr_review_rounds (counted from
+  the first development round of the planning cycle, so a reversion grants a
+  fresh set), a reversion to planning where the profile allows it
+  (docs/contracts/autonomy.md: phase reversion), else paused for a person. At
+  that cap the last review's findings are carried on: a ``limit_reached``
+  milestone (the report lists it), state.carried_findings (the next build's
+  prompt, after a reversion too), and the reason ``show`` prints and the
+  decision record keeps.
 - re-entry point: dev_round persisted; the pull request is found by its head
   branch, never created twice, and updated once per development round. A
   person's ``resume`` (or ``feedback``) of a workflow stopped at the cap does
@@ -170,8 +170,8 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         )
     cycle_rounds = round_num - int(ctx.state.get("cycle_start_dev_round") or 1) + 1
     if cycle_rounds >= deps.limits.max_pr_review_rounds:
-        # The reviewers keep rejecting what this plan builds (spec 003, Execute →
-        # Strategize): re-plan where the profile allows it, else a person decides.
+        # The reviewers keep rejecting what this plan builds (docs/contracts/autonomy.md:
+        # phase reversion): re-plan where the profile allows it, else a person decides.
         reason = (
             f"review still requests changes after {cycle_rounds} round(s) "
             "(limits.max_pr_review_rounds)"

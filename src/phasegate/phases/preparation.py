@@ -1,7 +1,7 @@
 """preparation: the issue, the branch and the worktree.
 
 The only phase that creates the worktree, so ``advance()`` skips the worktree
-self-heal for it (spec 000, preparation).
+self-heal for it (docs/contracts/lifecycle.md: preparation).
 
 - preconditions: current_phase == "preparation", status == "preparing"; the
   repository exists and has the base branch.
@@ -20,12 +20,13 @@ self-heal for it (spec 000, preparation).
   current_phase == "planning", status == "planning".
 - re-entry point: current_phase == "preparation". A completed issue or branch
   milestone is reused, a leftover directory at the worktree path is cleared.
-  The fork fast path (#814): a branch that already exists — in the
-  repository, or on the forge (``forge.branch_ref``: the local forge fetches
-  ``origin/BRANCH`` from the ``origin`` remote, GitHub's is fetched with the
-  forge's token) — is attached to (a worktree on it) instead of being made
-  anew from the base; its ``branch_created`` milestone says "attached"
-  (``local``, ``origin`` or ``forge``) and keeps the head found.
+  The fork fast path, so a partial earlier attempt is reused: a branch that
+  already exists — in the repository, or on the forge (``forge.branch_ref``:
+  the local forge fetches ``origin/BRANCH`` from the ``origin`` remote,
+  GitHub's is fetched with the forge's token) — is attached to (a worktree on
+  it) instead of being made anew from the base; its ``branch_created``
+  milestone says "attached" (``local``, ``origin`` or ``forge``) and keeps the
+  head found.
 - recovery behavior: a git or forge error leaves ``branch_created`` failed and
   the workflow failed with the reason; ``phasegate resume`` re-runs the phase
   without a second issue.

@@ -1,13 +1,13 @@
 """report: the structured progress report, posted on the issue.
 
-Thin phase: no agent run, no git mutation (spec 000, report).
+Thin phase: no agent run, no git mutation (docs/contracts/lifecycle.md: report).
 
 - preconditions: current_phase == "report"; planning, development and
   pr_review milestones exist.
 - inputs: dev_round, the finalized plan, the diff stats, the last
   ``tests_run``, the ``pr_reviewed`` milestones, the ``limit_reached``
   milestones (every bounded loop that ran out, with what its last round
-  found: issue 9, item 10), usage totals, content_language, auto_merge; in a
+  found), usage totals, content_language, auto_merge; in a
   round a person's feedback started, the feedback and the change since the
   head the previous report described (``phases.feedback_round``).
 - authoritative evidence: ``progress_reported``, ``round_completed`` and

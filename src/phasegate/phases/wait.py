@@ -1,6 +1,6 @@
 """wait: park until feedback arrives or the merge is allowed.
 
-Must not touch the git working tree (spec 000, wait): only the store.
+Must not touch the git working tree (docs/contracts/lifecycle.md: wait): only the store.
 
 - preconditions: current_phase == "wait", status == "waiting".
 - inputs: user_feedback (``phasegate feedback``), auto_merge,

@@ -1,5 +1,6 @@
-"""The apply arm of graph mode (DESIGN.md §2): an approved (or ``auto``) draft PR's
-patch lands as one commit on the workflow's branch, which is published."""
+"""The apply arm of graph mode: an approved (or ``auto``) draft PR's patch lands as
+one commit on the workflow's branch, which is published (docs/contracts/graph.md:
+the harness)."""
 
 from __future__ import annotations
 

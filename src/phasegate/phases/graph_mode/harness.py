@@ -1,6 +1,6 @@
-"""The shell around the development graph (spec 002, DESIGN.md §2): it answers
-the graph's agent calls with the cartridge's runners, records the run and its
-proposals, and checks a recorded run by replaying it offline.
+"""The shell around the development graph (docs/contracts/graph.md: the harness): it
+answers the graph's agent calls with the cartridge's runners, records the run and
+its proposals, and checks a recorded run by replaying it offline.
 
     answers = RunnerAnswers(cartridge, repo, run_id)
     record, rows = propose(store, cartridge, answers, ticket=..., run_id=..., date=...)
@@ -219,7 +219,7 @@ class RunnerAnswers:
             self.repo, self.run_id, role=call.role, phase=call.node, confined=confined
         ) as watched:
             result = runner.run(request, self.cancel)
-        result = watched.apply(result)  # refs and .git as they were (issue 10)
+        result = watched.apply(result)  # refs and .git as they were
         if before is not None and checkout_state(self.repo) != before:
             result = read_only_violation(self.repo, call.role, result, undo=before == "")
         result = oversized_answer(result, answer_limit_of(self.cartridge, call.role, True))
@@ -389,7 +389,7 @@ def build_manifest(
     commit the patch was applied to (``base``), the patch's SHA-256, the files it
     touches, the attempt the reviewers approved, whether it applied and whether
     the checks passed. Kept with the run (``record["harness"]["manifest"]``)
-    before ``record_run`` stores it (spec 002: build_manifest, then record_run)."""
+    before ``record_run`` stores it (docs/contracts/graph.md: recorded runs and replay)."""
     manifest = []
     for proposal in proposals:
         data = checked.get(str(proposal["id"]))

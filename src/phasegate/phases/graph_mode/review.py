@@ -1,5 +1,6 @@
 """pr_review in graph mode: the pull request with the graph's evidence; the graph has
-reviewed the change already (DESIGN.md §2), so no review agent runs."""
+reviewed the change already (docs/contracts/graph.md: review tiers), so no review
+agent runs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""planning, development and pr_review run by the development graph (spec 002 inside
-spec 000's phases; DESIGN.md §2). On when the cartridge says ``[graph] enabled = true``.
+"""planning, development and pr_review run by the development graph
+(docs/contracts/graph.md) inside the lifecycle's phases. On when the cartridge says
+``[graph] enabled = true``.
 
 One graph run (``{workflow}-g{n}``) spans a planning and its development:
 
@@ -358,7 +359,7 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             at=deps.clock.now(),
             milestones=(evidence, *limits),
             # whatever a person or a reversion does next, it is a new run, told what the
-            # last one found (issue 9, item 10)
+            # last one found
             state={**started, "graph_run": None, "graph_feedback": why},
         )
     checked = evidence_of(draft, "checks")
