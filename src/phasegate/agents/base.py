@@ -27,11 +27,11 @@ ERROR_KINDS = (
     "ref_violation",
     "git_dir_violation",
     "runner_error",
-    "oversized",  # an answer above limits.max_answer_bytes (issue 10)
+    "oversized",  # an answer above limits.max_answer_bytes
     "secret_in_change",  # the graph's build answered with a diff holding a secret
 )
 
-#: Named ways an agent run overstepped its role (issue 10), recorded as
+#: Named ways an agent run overstepped its role, recorded as
 #: ``violation`` events and printed by ``show``:
 #: - ``read_only_violation``: a read-only role changed its checkout;
 #: - ``ref_violation``: a branch, HEAD or another ref was moved (restored);
@@ -68,7 +68,8 @@ class Violation:
 class AgentRequest:
     """One call of a role.
 
-    - ``session_line``: main, review, verification or fresh (spec 000).
+    - ``session_line``: main, review, verification or fresh (docs/contracts/lifecycle.md:
+      session lines).
     - ``call_index``: how many calls of this role the workflow finished before
       this one; deterministic across restarts, so scripted answers replay.
     - ``timeout_s``: hard limit in seconds; the runner kills the agent after it.
@@ -80,7 +81,7 @@ class AgentRequest:
       (``phasegate.proc.sandbox``); None runs it unconfined.
     - ``on_output``: where the runner hands what its agent prints while it
       runs, ``on_output(stream, data)`` with stream "stdout" or "stderr" and the
-      raw bytes (``agents.output.OutputLog.feed``: the live output, issue 13);
+      raw bytes (``agents.output.OutputLog.feed``: the live output);
       None: nobody watches. It returns at once and never raises; the answer is
       still the result's text.
     """

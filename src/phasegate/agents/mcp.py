@@ -1,4 +1,4 @@
-"""A binding's MCP servers (``mcp_servers``) in each program's own terms (issue 14, item 3).
+"""A binding's MCP servers (``mcp_servers``) in each program's own terms.
 
 Every program that takes MCP servers reads them from a configuration of its own;
 phasegate writes them there, per call, and never merges in the person's own

@@ -1,4 +1,4 @@
-"""An agent's output while it runs (issue 13, item 3): its lines as ``agent_output`` events.
+"""An agent's output while it runs: its lines as ``agent_output`` events.
 
 Event rows, not a log file: they are what the dashboard's live stream
 (``web/live.py``) and ``phasegate events --follow`` already read, resumable by

@@ -125,7 +125,7 @@ def run_agent_process(
     file: its trajectory); a line of ``prompt`` (default: ``stdin``) is not one.
 
     ``on_output(stream, data)`` sees stdout and stderr as they are read, while
-    the process runs (``AgentRequest.on_output``: the live output, issue 13)."""
+    the process runs (``AgentRequest.on_output``: the live output)."""
     try:
         finished = run_supervised(
             args,

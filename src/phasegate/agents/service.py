@@ -50,7 +50,7 @@ class CheckoutSeen:
     ``_git.changes()`` was ``changes``, under the lease ``fence``. It holds while
     that lease is held and nothing that may write a checkout has run since (any
     thread's: ``_git.note_change``); a new advance takes a new lease, so what a
-    person did between two advances is looked at again (issue 12 item 6)."""
+    person did between two advances is looked at again."""
 
     path: Path
     fence: Fence
@@ -180,7 +180,7 @@ class AgentService:
         try is recorded in ``agent_runs`` with its usage, its text and error
         with every secret value redacted. While the agent runs, what it prints
         is written as throttled, redacted, bounded ``agent_output`` events
-        (``agents.output.OutputLog``; issue 13). ``session_line`` (default: the
+        (``agents.output.OutputLog``). ``session_line`` (default: the
         role's, ROLE_SESSION_LINES) names the provider session the call
         resumes; ``read_only`` (default: whether the role is in
         READ_ONLY_ROLES) overrides the role's access, as the development graph
@@ -269,7 +269,7 @@ class AgentService:
                 guard.watch(cwd, ctx.id, role=role, phase=phase, confined=confined) as watched,
             ):
                 result = self._run_journaled(ctx, phase, runner, request, round)
-            result = watched.apply(result)  # refs and .git as they were (issue 10)
+            result = watched.apply(result)  # refs and .git as they were
             note_change()
             for earlier in watched.recovered:  # what a killed run left, undone now
                 self._emit(ctx.id, violation_event(*earlier, secrets, round=ctx.dev_round))

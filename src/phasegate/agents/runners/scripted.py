@@ -7,7 +7,7 @@ a table with ``text`` and optionally:
 - ``patch``: a unified diff, applied in the worktree like a build agent would;
 - ``exit_code``: non-zero makes the call fail like an agent that crashed;
 - ``output``: what it prints while it works, handed to ``on_output`` (the
-  live output, issue 13) before its sleep, as an agent's stdout would be;
+  live output) before its sleep, as an agent's stdout would be;
 - ``sleep``: seconds to wait first; ``hang = true`` waits past any timeout;
 - ``input_tokens``, ``output_tokens``, ``cost_usd``: the usage to report.
 
