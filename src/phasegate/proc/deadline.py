@@ -1,13 +1,13 @@
 """The deadline a lease gives the processes started under it: self-fencing.
 
-An agent or check never outlives the lease it was started under (DESIGN.md
-§8). A ``LeaseDeadline`` holds two instants on ``deadline_clock()``: when
-the processes started under the lease are stopped (``STOP_SHARE`` of the
-TTL after the last claim or renewal was sent) and when what is left of them
-is killed (``KILL_SHARE``), both before the lease can expire, since the
-lease runs a whole TTL from a moment after that send. The heartbeat moves
-them on after each renewal (``extend``) and ends them at once when the lease
-is lost (``end``).
+An agent or check never outlives the lease it was started under
+(docs/contracts/lifecycle.md: leases and fencing). A ``LeaseDeadline`` holds
+two instants on ``deadline_clock()``: when the processes started under the
+lease are stopped (``STOP_SHARE`` of the TTL after the last claim or renewal
+was sent) and when what is left of them is killed (``KILL_SHARE``), both before
+the lease can expire, since the lease runs a whole TTL from a moment after that
+send. The heartbeat moves them on after each renewal (``extend``) and ends them
+at once when the lease is lost (``end``).
 
 The supervisor of each process (``phasegate.proc.supervisor``) reads them from a
 small file and enforces them itself: it is a process of its own, in a

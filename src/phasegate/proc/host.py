@@ -6,7 +6,7 @@ lease expired (``store.leases``); an agent a dead worker left running is
 stopped only from its own host (``journal.ProcessJournal``). ``PHASEGATE_HOSTNAME``
 names the machine when the kernel's node name does not tell machines apart:
 containers sharing the host's UTS namespace (or started with one name), or a
-test playing two machines on one (issue 12, item 2).
+test playing two machines on one.
 """
 
 from __future__ import annotations

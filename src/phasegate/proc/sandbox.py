@@ -1,4 +1,4 @@
-"""How an agent or check process is confined: bubblewrap, or none (DESIGN.md §5, issue 10).
+"""How an agent or check process is confined: bubblewrap, or none.
 
 A caller builds a ``Confinement`` (what may be written, whether the network
 is reachable) and ``phasegate.proc.process.run_supervised`` runs the command
