@@ -12,10 +12,10 @@ short jittered backoff; when it persists, ``GitTransient`` is raised — from
 a lock's exit code mistaken for it. Any other exit is returned (``run_git``)
 or raised as ``GitError`` (``git``) at once, never retried.
 
-Nothing in a repository's configuration runs code inside phasegate's own git
-(issue 10, item 3): every call passes ``HARDENED`` (hooks and fsmonitor off,
-no signing program) and a ``diff``/``log``/``show`` never runs an external
-diff or a textconv, nor looks inside a nested repository (submodules ignored).
+Nothing in a repository's configuration runs code inside phasegate's own git:
+every call passes ``HARDENED`` (hooks and fsmonitor off, no signing program)
+and a ``diff``/``log``/``show`` never runs an external diff or a textconv, nor
+looks inside a nested repository (submodules ignored).
 Filter drivers (``filter.<x>.clean``, git-lfs) and merge drivers stay on: they
 come from the configuration only, never from a file in the worktree, and the
 configuration an agent could reach is guarded around every agent run
@@ -29,9 +29,8 @@ JSON line per ref; ``phasegate.git.refs``), under a shared flock on
 a ref that moved during an agent run is the agent's unless the ledger says
 phasegate moved it there. The refs before and after, and the common directory,
 are read from git's own files when they are plain (``phasegate.git.files``; git
-is asked otherwise), so the ledger costs no git process of its own (issue 12,
-item 6). Nothing here caches what git says: each answer is read afresh,
-whatever thread asks.
+is asked otherwise), so the ledger costs no git process of its own. Nothing
+here caches what git says: each answer is read afresh, whatever thread asks.
 
 ``recording()`` lists every git process phasegate starts while it is active
 (benchmarks/lifecycle.py counts a lifecycle's with it); costless when off.
@@ -124,7 +123,7 @@ _TRANSIENT = re.compile(
     # this `worktree add` creating it and creating its entry: nothing was made yet
     r"|could not create directory of '[^']*worktrees/[^']*': No such file or directory"
     # another process's `worktree add` made its entry and has not written its commondir
-    # yet: a command that reads every worktree (branch, status) finds it empty (issue 12)
+    # yet: a command that reads every worktree (branch, status) finds it empty
     r"|failed to read [^\n]*worktrees/[^/\n]*/(?:commondir|gitdir)",
     re.IGNORECASE,
 )
@@ -249,7 +248,7 @@ def changes() -> int:
     but a read, before and after it runs, and every ``note_change`` (an agent ran,
     a supervised process ran), in any thread. What phasegate saw of a checkout
     when this was N is still so while it is N, but for a person's own edits
-    (agents/service.py, healing.py; issue 12 item 6). Another thread's workflow
+    (agents/service.py, healing.py). Another thread's workflow
     moves it too: that only makes a caller look again."""
     return _CHANGES
 
@@ -276,7 +275,7 @@ def _may_change(at: int, name: str, args: Sequence[str]) -> bool:
 def recording() -> Iterator[list[GitCall]]:
     """Every git process phasegate runs while the block runs, in any thread, appended
     to the list yielded (``GitCall``s in the order they finished). For counting
-    (benchmarks/lifecycle.py, tests/test_git_calls.py, issue 12 item 6); nothing
+    (benchmarks/lifecycle.py, tests/test_git_calls.py); nothing
     reads it to decide anything."""
     calls: list[GitCall] = []
     with _RECORDERS_LOCK:
@@ -352,7 +351,7 @@ def withhold_from_git(values: Sequence[str]) -> None:
 
 
 def _git_env() -> dict[str, str]:
-    """phasegate's environment without its secrets (issue 10): whatever git starts
+    """phasegate's environment without its secrets: whatever git starts
     (a filter or merge driver, an ssh or credential helper from a config phasegate
     does not control) never sees a model key or a forge token — no secret-named
     variable, nor one holding a withheld value. No prompt; English."""

@@ -1,4 +1,4 @@
-"""Reading git's own files without starting a git (issue 12, item 6).
+"""Reading git's own files without starting a git, so asking costs no process.
 
 A git process costs milliseconds; a lifecycle asked git hundreds of times
 what its files say outright: where a checkout's git dir and common dir are,

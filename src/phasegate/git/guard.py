@@ -1,4 +1,4 @@
-"""Guards on refs and ``.git`` around an agent run (issue 10, items 2 and 3).
+"""Guards on refs and ``.git`` around an agent run.
 
 An agent may change its worktree's files and index, nothing else of git's.
 ``watch(cwd, key)`` snapshots, before the run:

@@ -1,4 +1,4 @@
-"""What a killed git leaves behind, recognised and cleared (issue 9, item 3).
+"""What a killed git leaves behind, recognised and cleared.
 
 A git process killed mid-command leaves lock files (``index.lock``,
 ``HEAD.lock``, ``config.lock``, ``packed-refs.lock`` with its

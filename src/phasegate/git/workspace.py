@@ -222,7 +222,7 @@ class Workspace(BaseMerging):
         """A healthy worktree of ``branch`` at ``path``, reusing or rebuilding what is there.
 
         A surviving healthy worktree of the same branch is kept (a partial
-        earlier attempt is idempotent, spec 000 preparation #814); one whose
+        earlier attempt is idempotent: docs/contracts/lifecycle.md, preparation); one whose
         only fault is tracked files missing gets them back from HEAD; anything
         else there (a half-made or locked worktree, a stale registration, a
         leftover directory) is removed and the worktree made again from the
@@ -265,7 +265,7 @@ class Workspace(BaseMerging):
         """``checkout_problem`` and whether the checkout is clean (git's status lists
         nothing: no change, no untracked file), from the same one git call. With
         ``ask_git`` False only git's files are looked at (no git runs) and clean
-        is False (issue 12 item 6: the self-heal's and the read-only check's)."""
+        is False (the self-heal's and the read-only check's, which run often)."""
         dot_git = path / ".git"
         if not dot_git.is_file():
             return "no .git file", False
