@@ -1,8 +1,9 @@
 """The Forge seam: issues, comments, pull requests, labels, CI checks and merges.
 
 Every create call has a ``find`` twin: the side-effect journal looks for an
-existing result before it repeats a call (DESIGN.md §1), so the lookups must
-be exact: by marker for issues and comments, by head branch for pull requests.
+existing result before it repeats a call (docs/contracts/lifecycle.md:
+journaled side effects), so the lookups must be exact: by marker for issues and
+comments, by head branch for pull requests.
 
 Two forges implement it: ``LocalForge`` (the store and the repository itself)
 and ``GitHubForge`` (githubkit). What only a team's forge has — people with
@@ -44,7 +45,7 @@ __all__ = [
 
 #: A person's permission on a repository, weakest first (GitHub's names).
 PERMISSIONS = ("none", "read", "triage", "write", "maintain", "admin")
-#: Whose label starts a workflow and whose words reach a prompt (issue 11, item 4).
+#: Whose label starts a workflow and whose words reach a prompt.
 TRUSTED_PERMISSIONS = frozenset({"write", "maintain", "admin"})
 #: Status labels are this prefix and the workflow's status group:
 #: ``phasegate:planning`` … ``phasegate:needs-you``.
@@ -99,7 +100,7 @@ class ForgeNotMergeable(ForgeError):
     """The forge would not merge an open pull request (GitHub's 405 "not
     mergeable"): most often its base moved since the branch was synced and now
     conflicts. merge syncs the base again: a conflict forks the conflict
-    resolution (spec 000, merge), a clean merge is tried again, and a refusal
+    resolution (docs/contracts/lifecycle.md: merge), a clean merge is tried again, and a refusal
     for a reason of the forge's own (branch protection, a draft) pauses."""
 
 
@@ -214,12 +215,12 @@ class Forge(Protocol):
     # -- branches, pull requests, CI ------------------------------------------------
     def branch_ref(self, branch: str) -> str:
         """A local ref holding the forge's current ``branch``: what a workflow
-        branches from, syncs with and is verified against (issue 11, items 6, 7).
+        branches from, syncs with and is verified against.
 
-        The local forge's branches are the repository's, so it is ``branch`` itself;
-        one the repository lacks may survive on its ``origin`` remote (#814),
-        fetched into ``refs/remotes/origin/<branch>``. GitHub's is fetched with
-        the forge's credentials into ``refs/phasegate/forge/<branch>``, and that
+        The local forge's branches are the repository's, so it is ``branch`` itself; one
+        the repository lacks may survive on its ``origin`` remote (a clone elsewhere
+        pushed it), fetched into ``refs/remotes/origin/<branch>``. GitHub's is fetched
+        with the forge's credentials into ``refs/phasegate/forge/<branch>``, and that
         ref is returned. Raises ForgeNotFound when the forge has no such branch.
         """
         ...

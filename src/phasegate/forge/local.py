@@ -1,6 +1,6 @@
 """The local forge: issues, comments and pull requests in the store, merges with real git.
 
-The embedded default (DESIGN.md §6). Branches live in the repository itself,
+The embedded default: no service to run. Branches live in the repository itself,
 so publishing a branch is a no-op, and a merge is ``git merge --no-ff`` into
 the base branch. Every title, body, comment and merge message is redacted of
 ``secrets`` (raw or encoded, ``phasegate.core.redaction``) before it is stored or
@@ -124,7 +124,7 @@ class LocalForge:
     def branch_ref(self, branch: str) -> str:
         """``branch`` itself when the repository has it; else ``origin``'s, fetched
         with plain git into ``refs/remotes/origin/<branch>`` (a clone elsewhere may
-        have pushed it: #814). Raises ForgeNotFound when neither has it."""
+        have pushed it). Raises ForgeNotFound when neither has it."""
         if self.workspace.branch_exists(self.repo, branch):
             return branch
         if self._may_have_origin() and (
@@ -141,7 +141,7 @@ class LocalForge:
         reads (the repository's, the global and system ones, what they include)
         says ``remote`` or ``include`` at all, no ``GIT_CONFIG_*`` passes settings
         and git's old ``remotes/``/``branches/`` files have none: then there is
-        none, and saying so costs no git (issue 12 item 6; as the guard finds a
+        none, and saying so costs no git (as the guard finds a
         hooks path)."""
         if any(k.startswith("GIT_CONFIG_") and k not in _CONFIG_FILES for k in os.environ):
             return True

@@ -1,6 +1,6 @@
 """The GitHub forge's transport: one githubkit client per forge, GitHub's REST
 version fixed, every githubkit error a ForgeError, creating calls looked up
-before a repeat, and the texts phasegate sends made safe (issue 11).
+before a repeat, and the texts phasegate sends made safe.
 
 ``GitHubForge`` (github.py) says what each Forge call means on GitHub; this
 says how a call reaches it. The REST version is ``2022-11-28``: the one GitHub
@@ -242,7 +242,7 @@ class GitHubAPI:
             backoff_s=self.retry_backoff_s,
         )
 
-    # -- the repository itself: a new project (spec 000 preparation, gh.create_repo) --
+    # -- the repository itself: a new project, made in preparation before its issue --
 
     def find_repository(self) -> dict[str, Any] | None:
         """GitHub's ``full-repository`` JSON of ``repository`` (``GET /repos/{owner}/{repo}``),

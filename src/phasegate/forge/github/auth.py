@@ -1,4 +1,4 @@
-"""Who phasegate is on GitHub, and which repository (issue 11, item 1).
+"""Who phasegate is on GitHub, and which repository.
 
     repository_from_origin(repo, base_url)  # "owner/name" from the origin remote's URL
     forge_auth(settings, repo, repository)   # a token from forge.token_env, or a GitHub App

@@ -1,4 +1,4 @@
-"""How GitHub's faults become phasegate's (issue 11, item 8): which calls are
+"""How GitHub's faults become phasegate's: which calls are
 tried again, for how long, and the ``ForgeError`` a call that still fails raises.
 
 ``RetryPolicy`` is githubkit's ``auto_retry`` decision (githubkit sleeps in the

@@ -1,7 +1,8 @@
-"""The GitHub forge: spec 000's forge calls on a team's GitHub repository, through
-githubkit (issue 11, items 1, 2 and 8).
+"""The GitHub forge: the lifecycle's forge calls on a team's GitHub repository,
+through githubkit.
 
-How each effect is found again (DESIGN.md §1), so a crash never duplicates it:
+How each effect is found again (docs/contracts/lifecycle.md: journaled side
+effects), so a crash never duplicates it:
 
 - an issue: the hidden marker ``<!-- phasegate:... -->`` its body ends with
   (``find_issue`` scans the repository's issues, state all, newest first, by

@@ -1,5 +1,4 @@
-"""git over HTTPS to a GitHub repository, with the forge's token written nowhere
-(issue 11, item 2).
+"""git over HTTPS to a GitHub repository, with the forge's token written nowhere.
 
 The remote is the repository's ``clone_url`` as GitHub's API gives it (github.com,
 an Enterprise host, the test server alike), named on the command line: no remote
