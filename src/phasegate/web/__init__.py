@@ -1,4 +1,4 @@
-"""The dashboard, ``phasegate serve`` (issue 13): the board, a workflow's page,
+"""The dashboard, ``phasegate serve``: the board, a workflow's page,
 live events over SSE, behind a token and CSRF. A thin skin: reads come from
 the store, a person's decisions go through the engine's single commit path.
 

@@ -1,4 +1,4 @@
-"""The dashboard's HTTP app (issue 13, items 2, 3, 5): FastAPI, Jinja2, htmx, SSE.
+"""The dashboard's HTTP app: FastAPI, Jinja2, htmx, SSE.
 
 Routes (every one behind the token's session; ``/login`` is the way in):
 
@@ -22,7 +22,7 @@ Routes (every one behind the token's session; ``/login`` is the way in):
                                    feedback for the next round (CSRF)
     POST /workflows/{id}/resume    a failed, paused or timed-out workflow goes on (CSRF)
     POST /workflows/{id}/cancel    the workflow ends for good (CSRF)
-    POST /workflows/{id}/revert    form ``reason``: back to planning (spec 003) (CSRF)
+    POST /workflows/{id}/revert    form ``reason``: back to planning, a reversion (CSRF)
     POST /workflows/{id}/verify-override  form ``verdict``: confirmed or rejected (CSRF)
     POST /workflows/{id}/proposals/{pid}/approve   the proposal it awaits approved (CSRF)
     POST /workflows/{id}/proposals/{pid}/reject    form ``reason``: rejected (CSRF)

@@ -1,4 +1,4 @@
-"""Who may use the dashboard (issue 13, item 5: safe to leave open).
+"""Who may use the dashboard: safe to leave open.
 
 One token opens it: ``PHASEGATE_WEB_TOKEN``, else one made at start and
 printed. A person gives it once (``/login?token=…`` or the login form) and

@@ -1,7 +1,7 @@
-"""A workflow's diff for the page, the lines a person comments on (issue 13,
-item 2: "comment on a line; the comments become review feedback for the next
-development round, with path and line"). What a comment becomes is
-``phasegate.core.review``'s, recorded through ``phasegate.operations``.
+"""A workflow's diff for the page, the lines a person comments on: the comments
+become review feedback for the next development round, with path and line.
+What a comment becomes is ``phasegate.core.review``'s, recorded through
+``phasegate.operations``.
 
 The diff is git's (``Workspace.diff``: the branch against its base, merge
 base to head). Parsing it here is a few lines of git's own fixed format, not

@@ -1,4 +1,4 @@
-"""Live events (issue 13, item 3): the store's event rows as they are committed.
+"""Live events: the store's event rows as they are committed.
 
 A workflow's stream sends each event row as one server-sent event: ``id`` the
 row's id, ``event`` its type, ``data`` the row as JSON (``id``, ``type``,

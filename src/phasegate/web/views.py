@@ -1,4 +1,4 @@
-"""What the dashboard's pages show, read from the store (issue 13, item 2).
+"""What the dashboard's pages show, read from the store.
 
 Reading only: a person's actions go through ``phasegate.operations`` (or the
 engine's decide), never through here. The shapes are ``phasegate show``'s and
@@ -32,7 +32,7 @@ __all__ = [
     "workflow_page",
 ]
 
-#: The board's groups, in the order shown (issue 13: what needs a person first).
+#: The board's groups, in the order shown: what needs a person first.
 BOARD_GROUPS: tuple[tuple[str, str], ...] = (
     ("needs_you", "Needs you"),
     ("running", "Running"),
@@ -107,7 +107,7 @@ def workflow_page(store: Store, workflow_id: str) -> dict[str, Any]:
     detail["ticket"] = row["ticket"]
     detail["graph_runs"] = [graph_run(run) for run in store.runs_of(workflow_id)]
     report = detail["report"]
-    # In the workflow's language (spec 000's report payload, rendered as `show` does).
+    # In the workflow's language (the report payload, rendered as `show` does).
     detail["report_text"] = (
         render_report(report, report.get("content_language", "en")) if report else None
     )
@@ -215,7 +215,7 @@ def output_header(data: Mapping[str, Any]) -> str:
 
 
 def graph_run(run: Mapping[str, Any]) -> dict[str, Any]:
-    """A recorded graph run as a workflow page shows it (spec 002): its id and
+    """A recorded graph run as a workflow page shows it (docs/contracts/graph.md): its id and
     date, where it stopped, the plan competition and the plan attack (indented
     JSON, ``plan_competition``/``plan_attack``; None when the run had none), and
     each agent call's ``{"index", "role", "thread", "response"}``."""

@@ -43,7 +43,7 @@ document.body.addEventListener("click", function (e) {
   line.value = button.dataset.line;
   document.getElementById("comment-text").focus();
 });
-// An agent's live output (issue 13): its agent_output rows appended to
+// An agent's live output: its agent_output rows appended to
 // #agent-output as they come, as text (never HTML), each once (a row the page
 // was rendered with is skipped: data-last-id), its last 64 KiB kept, as the
 // server renders it (web/views.py agent_output); agent_started begins a run's.
