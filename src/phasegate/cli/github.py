@@ -1,4 +1,4 @@
-"""Workflows started from the forge's issues: ``watch`` and ``import`` (issue 11, item 4).
+"""Workflows started from the forge's issues: ``watch`` and ``import``.
 
 A skin over ``phasegate.integrations.triggers``: only a person with write, maintain or admin
 permission starts a workflow (a label) or puts words in its ticket (a comment).

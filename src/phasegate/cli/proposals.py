@@ -1,4 +1,4 @@
-"""Proposals and the human gate (spec 002).
+"""Proposals and the human gate (docs/contracts/autonomy.md: the human gate).
 
 ``propose``, ``proposals``, ``approve``, ``reject``, ``replay``.
 """
@@ -111,7 +111,7 @@ def propose(
     repo: RepoOption = Path("."),
     as_json: JsonOption = False,
 ) -> None:
-    """Run the development graph (spec 002) on a ticket; record the run and its proposals.
+    """Run the development graph on a ticket; record the run and its proposals.
 
     The roles the cartridge binds (plan, build, review; scope_epic,
     plan_alternative, plan_arbitrate, plan_adversary, review_adversary and

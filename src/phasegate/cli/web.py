@@ -1,5 +1,5 @@
 """The dashboard's commands: ``serve`` (phasegate.web) and ``events`` (its live
-stream in a terminal). Issue 13, items 2, 3 and 5."""
+stream in a terminal)."""
 
 from __future__ import annotations
 

@@ -220,7 +220,7 @@ def worker(
         progress = _Progress(quiet=False)
         engine = _engine(root, cartridge, store, progress)
         engine.lease_ttl_s = lease_ttl
-        notify.catch_up(engine)  # what a killed process left unsent (issue 13)
+        notify.catch_up(engine)  # what a killed process left unsent
         with (
             progress,
             _graceful(engine, notice=lambda: _worker_notice(engine)),
@@ -371,7 +371,7 @@ def revert(
     workflow_id: Annotated[str, typer.Argument(metavar="ID")],
     reason: Annotated[str, typer.Option(help="Why the plan must change (the next plan reads it).")],
     to_phase: Annotated[
-        str, typer.Option("--to-phase", help="planning (spec 003's strategize).")
+        str, typer.Option("--to-phase", help="planning (or strategize, its other name).")
     ] = "planning",
     repo: RepoOption = Path("."),
     no_advance: NoAdvance = False,
