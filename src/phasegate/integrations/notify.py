@@ -1,4 +1,4 @@
-"""Needs-you notifications: a webhook and the desktop (issue 13, item 4).
+"""Needs-you notifications: a webhook and the desktop.
 
 What is notified: each ``needs_you`` event (``phasegate.store.commit.NEEDS_YOU_EVENT``)
 — the commit path appends one, in the commit's own transaction, when a

@@ -1,4 +1,4 @@
-"""Trusted triggers: a workflow started from a forge issue (issue 11, item 4).
+"""Trusted triggers: a workflow started from a forge issue.
 
 Two ways in, one rule: only people with write, maintain or admin permission on
 the repository (``TRUSTED_PERMISSIONS``) start a workflow or put words in its
@@ -14,9 +14,10 @@ ticket.
 The ticket is a ``TicketSnapshot`` taken at that moment (``snapshot_ticket``):
 the issue's title and body and the conversation comments of trusted authors,
 each with its author. Text by anyone else never reaches it, so it never
-reaches a prompt. The snapshot's hash is spec 000's acceptance hash
+reaches a prompt. The snapshot's hash is the acceptance hash
 (``state["acceptance_hash"]``, read by ``acceptance_verification.acceptance_hash``):
-a new snapshot of an edited issue verifies again.
+a new snapshot of an edited issue verifies again (docs/contracts/lifecycle.md:
+acceptance_verification).
 
 At most one workflow per issue: ``Store.create_workflow(issue=...)`` looks the
 issue up and inserts in one writing transaction and raises IssueTaken, so two

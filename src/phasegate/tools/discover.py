@@ -110,7 +110,7 @@ def git_version(which: Which = shutil.which) -> str | None:
 
 
 def _git(repo: Path, *args: str) -> str | None:
-    proc = run_git(args, repo)  # hardened like all of phasegate's git (issue 10)
+    proc = run_git(args, repo)  # hardened like all of phasegate's git
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 

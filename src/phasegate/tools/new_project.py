@@ -1,5 +1,5 @@
-"""A new project: the repository made before the issue (spec 000 preparation:
-"Creates the GitHub repo (new project)"; issue 11, item 7).
+"""A new project: the repository made before the issue, in preparation
+(docs/contracts/lifecycle.md: preparation).
 
 ``phasegate run --new-project [OWNER/]NAME "ticket"`` goes in three steps::
 
@@ -57,7 +57,7 @@ __all__ = [
     "set_up",
 ]
 
-#: The milestone kind of the repository made for a new project (spec 000).
+#: The milestone kind of the repository made for a new project.
 KIND = "repo_setup"
 
 # GitHub's rules: an owner is a login, a name 1-100 of these (not "." or "..").
@@ -237,7 +237,7 @@ def make_checkout(project: NewProject) -> Path:
 
 def set_up(ctx: WorkflowContext, deps: PhaseDeps) -> None:
     """The new project's repository on the forge, journaled as ``repo_setup``
-    (spec 000 preparation); a no-op once that milestone is completed.
+    (in preparation); a no-op once that milestone is completed.
 
     On GitHub: found (``GET /repos/{owner}/{repo}``) or created empty, then the
     first commit pushed as the base branch and ``origin`` pointed at its
