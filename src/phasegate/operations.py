@@ -1,5 +1,5 @@
-"""Every person's action, once: the rules and errors the CLI and the dashboard share
-(issue 13, item 1; DESIGN.md §5).
+"""Every person's action, once: the rules and errors the CLI and the dashboard share,
+so the two front ends never disagree.
 
 A front end parses its input, calls one function here and renders what it
 returns; nothing here prints. Each action takes what it needs explicitly (an
@@ -127,7 +127,7 @@ _FEEDBACK_STATUSES = frozenset({"waiting", "paused", "failed", "planning_timeout
 
 def actions(ctx: WorkflowContext, *, held: bool = False) -> tuple[str, ...]:
     """The actions that apply to the workflow now, by name, in ACTIONS' order: what a
-    front end offers (issue 13, item 2: "buttons for exactly the actions that apply").
+    front end offers: buttons for exactly the actions that apply.
 
     ``held``: another process advances the workflow (its lease is live), so every
     action would be refused with LeaseHeld: none applies. An action offered is one
@@ -275,7 +275,7 @@ def comment(
     """Record a draft review comment on ``path`` line ``line`` (1-based, in the
     workflow's branch), ``text`` its secrets redacted: a ``review_comment`` event,
     outside the lease and changing no state, so no worker acts on it; it waits for
-    ``send_review`` (issue 13, item 2). ``shown``: the lines of ``path`` the front
+    ``send_review``. ``shown``: the lines of ``path`` the front
     end's diff shows (it parsed the diff it shows); None, not checked. Returns the
     workflow's drafts now, this one among them (``review_drafts``). Raises
     ActionRefused (no path, a line below 1, an empty or over-long text, a line not
@@ -345,7 +345,7 @@ def revert(
     engine: Engine, workflow_id: str, reason: str, *, by: str, to_phase: str = "planning"
 ) -> dict[str, Any]:
     """Send the workflow back to planning with ``reason``, its secrets redacted
-    (spec 003, "Manual Reversion"; ``decisions.revert``). The row's
+    (docs/contracts/autonomy.md: manual reversion; ``decisions.revert``). The row's
     ``state["decisions"][-1]`` is the reversion's record."""
     why = redact(reason, cartridge_secrets(engine.cartridge))
     return _decide(
@@ -388,7 +388,7 @@ def cancel(engine: Engine, workflow_id: str, *, by: str) -> dict[str, Any]:
     return _decide(engine, workflow_id, "cancel", by, decide)
 
 
-# -- the proposal gate (spec 002) ---------------------------------------------------
+# -- the proposal gate (docs/contracts/autonomy.md: the human gate) ------------------
 
 
 def awaiting(store: Store, proposal: Mapping[str, Any]) -> str | None:
@@ -421,7 +421,7 @@ class GateOutcome:
 
 
 def approve(engine: Engine, proposal_id: str, *, by: str) -> GateOutcome:
-    """Approve a proposal (spec 002's gate): records who and when; a workflow paused
+    """Approve a proposal at the human gate: records who and when; a workflow paused
     for it is resumed, not advanced (the apply arm lands it at its next advance)."""
     return _gate(engine, proposal_id, "approved", by, None)
 

@@ -1,6 +1,6 @@
 """What a workflow looks like to a person, read from the store: the one shape
-``phasegate status``, ``phasegate show`` and the dashboard all show (issue 13:
-the page and the terminal never disagree about a workflow). Reading only.
+``phasegate status``, ``phasegate show`` and the dashboard all show, so the page
+and the terminal never disagree about a workflow. Reading only.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def workflow_summary(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
 
 def lease_holder(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
     """Which worker holds the workflow's lease (``host:pid:token``) and until when, while
-    it is unexpired (issue 12, item 1); both None when nobody does."""
+    it is unexpired; both None when nobody does."""
     expires = row.get("lease_expires_at")
     if not row.get("lease_owner") or expires is None or expires <= store.clock.now():
         return {"worker": None, "lease_expires_at": None}
@@ -96,8 +96,8 @@ def iso(value: datetime | None) -> str | None:
 def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
     """What ``show`` prints and a workflow's page shows: ``workflow``
     (``workflow_summary``), ``timeline`` (each phase entered, ``{"phase", "at"}``),
-    ``milestones``, ``agent_runs``, ``report`` (spec 000's payload, or None),
-    ``violations``, ``decisions`` (spec 003's reversion records), ``cleanup`` and
+    ``milestones``, ``agent_runs``, ``report`` (the report payload, or None),
+    ``violations``, ``decisions`` (the reversion records), ``cleanup`` and
     ``merge_hold`` (``MergeHold.as_state``: reason, protected, violations, diff,
     head; None unless a waiting merge is held) and ``scratch_checkouts`` (each
     ``{"path", "branch", "note"}``: a scratch checkout a killed merge left in the
