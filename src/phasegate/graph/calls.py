@@ -2,7 +2,8 @@
 
 The graph is a generator (``Graph``); whoever drives it does the I/O. The
 shell answers through the AgentService; tests and replay answer from data
-with the two answer sources shipped here (STYLE.md 2 and 5)::
+with the two answer sources shipped here, so the graph is tested and replayed
+without a process or a mock::
 
     record = drive(lifecycle_propose(...), ScriptedAnswers({"plan": [...]}))
 
