@@ -108,7 +108,7 @@ def alive(pid: int) -> bool:
     return not (status.exists() and "\nState:\tZ" in status.read_text())
 
 
-# -- the two databases (issue 12): one conformance suite on both --------------------
+# -- the two databases: one conformance suite on both ---------------------------------
 
 
 def postgres_required() -> bool:
@@ -344,7 +344,7 @@ def phasegate_cli(
     )
 
 
-# -- GitHub: the fake server behind Prism (issue 11) ---------------------------------
+# -- GitHub: the fake server behind Prism --------------------------------------------
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""A real Chromium for the dashboard's tests (issue 13, item 6): Playwright for Python
+"""A real Chromium for the dashboard's tests: Playwright for Python
 driving Debian's ``chromium`` package.
 
 Playwright's own browser downloads are not reachable from where phasegate is

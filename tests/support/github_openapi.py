@@ -24,7 +24,7 @@ from typing import Any
 
 __all__ = ["OPERATIONS", "cut_description", "cut_file"]
 
-#: The GitHub REST operations phasegate uses (issue 11's shared list), as
+#: The GitHub REST operations phasegate uses, as
 #: ``(METHOD, path template)`` exactly as GitHub's description spells them.
 OPERATIONS: tuple[tuple[str, str], ...] = (
     ("GET", "/repos/{owner}/{repo}"),

@@ -1,6 +1,6 @@
 """The fake GitHub's REST operations: GitHub's paths, status codes and JSON shapes.
 
-One handler per operation phasegate uses (the list in issue 11; GitHub's
+One handler per operation phasegate uses (``support.github_openapi.OPERATIONS``; GitHub's
 REST docs name each by its @octokit/openapi operation id, given beside it).
 A handler is plain synchronous code run in a worker thread under the
 model's lock: it checks the caller's permission the way GitHub does (a

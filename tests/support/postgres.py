@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL server for tests and benchmarks (issue 12, item 3).
+"""A throwaway PostgreSQL server for tests and benchmarks.
 
 ``PostgresServer`` makes a cluster in a temporary directory (``initdb``, trust
 auth, ``fsync=off``: a test's data need not survive a power cut), starts it

@@ -3,7 +3,7 @@
 ``PrismProxy`` runs Stoplight Prism (``@stoplight/prism-cli``) as a
 validating proxy over GitHub's official OpenAPI description
 (``@octokit/openapi``), cut by ``cut_description`` to the operations phasegate
-uses (``OPERATIONS``, issue 11's shared list). Point phasegate's forge at
+uses (``OPERATIONS``). Point phasegate's forge at
 ``PrismProxy.url`` instead of the fake GitHub server: Prism forwards each call
 upstream and checks both directions against the description.
 

@@ -39,7 +39,7 @@ runs until the workflow settles, and the invariants are checked
   (``git status``, ``git branch -D``) [``repository``].
 
 On a PostgreSQL store with two workers sharing several workflows, one of
-them killed at random (issue 12): ``support.torture_postgres``, the
+them killed at random: ``support.torture_postgres``, the
 same invariants for every workflow.
 
 A seed replays a trial's plan (its kill moments, kinds and the agents'
@@ -169,7 +169,8 @@ def github_plan(seed: int, span_s: float) -> list[KillPlan]:
 # -- aiming -------------------------------------------------------------------------
 
 
-#: The journaled side effects a ``journal_window`` kill is aimed at (DESIGN.md §1).
+#: The journaled side effects a ``journal_window`` kill is aimed at
+#: (docs/contracts/lifecycle.md: journaled side effects).
 JOURNALED = (
     "issue_created", "branch_created", "branch_pushed", "pr_created", "pr_updated",
     "comment_posted", "merge_completed", "issue_closed",

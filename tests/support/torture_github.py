@@ -1,4 +1,4 @@
-"""The kill-torture harness on the GitHub forge (issue 11): a trial's fake GitHub,
+"""The kill-torture harness on the GitHub forge: a trial's fake GitHub,
 the kill aimed at a request in flight, and the invariants read on GitHub.
 
 ``GitHubRig`` holds one Prism (``support.prism``) for a run of

@@ -1,4 +1,4 @@
-"""The kill torture on PostgreSQL with two workers (issue 12, acceptance): several
+"""The kill torture on PostgreSQL with two workers: several
 workflows on a PostgreSQL store, two ``phasegate worker`` processes advancing them
 at once, SIGKILLs at random moments aimed at one of the workers (sometimes both).
 
