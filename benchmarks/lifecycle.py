@@ -28,8 +28,8 @@
     transaction's own work is, on both sides (its parameters, JSON, timestamps,
     the returned row). Each commit is timed twice: wall time
     (``perf_counter``; mostly the fsyncs of synchronous=FULL) and the process's
-    CPU time (``process_time``; what the code costs); the target of issue 12 is
-    phasegate's CPU per commit at most 3x raw sqlite3's.
+    CPU time (``process_time``; what the code costs); the target is phasegate's
+    CPU per commit at most 3x raw sqlite3's.
 
 (c) Git calls: one demo lifecycle (as in (a)) with every git process phasegate
     starts recorded (``phasegate.git.command.recording``), counted by subcommand. Its

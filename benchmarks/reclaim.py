@@ -1,5 +1,5 @@
 """Benchmark: a worker starting after a crash reclaims the dead worker's workflows
-(issue 12, item 7: 1,000 in flight reclaimed in 5 s at most).
+(the target: 1,000 in flight reclaimed in 5 s at most).
 
     .venv/bin/python benchmarks/reclaim.py [--workflows 1000] [--concurrency 16 1] [--json]
 

@@ -1,4 +1,4 @@
-"""Benchmark: many workflows, many workers (issue 12, item 8).
+"""Benchmark: many workflows, many workers.
 
     .venv/bin/python benchmarks/scale.py [--n 10 50 200] [--latency 0 1] [--json]
     .venv/bin/python benchmarks/scale.py --n 10 --quick          # a smoke run

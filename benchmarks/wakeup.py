@@ -1,4 +1,4 @@
-"""Benchmark: a person's decision to the worker's action on it (issue 12, item 4).
+"""Benchmark: a person's decision to the worker's action on it.
 
     .venv/bin/python benchmarks/wakeup.py [--decisions 30] [--workflows 10] [--json]
 
