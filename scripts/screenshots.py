@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Take the README's screenshots of the dashboard (issue 13, item 6).
+"""Take the README's screenshots of the dashboard.
 
     .venv/bin/python scripts/screenshots.py [--out docs/screenshots]
 
