@@ -1,4 +1,4 @@
-"""An agent's output while it runs (issue 13, item 3): ``agents.output.OutputLog`` fed by
+"""An agent's output while it runs: ``agents.output.OutputLog`` fed by
 the process reader, as ``agent_output`` event rows, redacted and bounded; seen live by
 the store, the workflow page, its SSE stream and ``phasegate events --follow``.
 

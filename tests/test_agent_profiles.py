@@ -1,4 +1,4 @@
-"""Agent profiles and MCP servers (issue 14, item 3).
+"""Agent profiles and MCP servers.
 
 A profile (``[agents.<name>]``) is a binding with a name that roles refer to,
 each with keys of its own over it; its ``mcp_servers`` reach the program in the

@@ -1,4 +1,4 @@
-"""The dashboard in a real Chromium (issue 13, item 6 and its acceptance): a person
+"""The dashboard in a real Chromium: a person
 logs in with the token, starts a ticket from the board, watches it move live to
 waiting, reloads mid-run without a gap or a repeat in the live stream, comments
 on a diff line and sees the next round's build prompt carry it, approves the

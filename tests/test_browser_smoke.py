@@ -1,5 +1,5 @@
 """A real Chromium, driven by Playwright, clicks a button on a page a real local HTTP
-server serves (issue 13, item 6: the groundwork of the dashboard's browser tests).
+server serves: the groundwork of the dashboard's browser tests.
 Missing Chromium or Playwright fails this under CI, skips it elsewhere."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Cleanup kept apart from the merge (issue 9 item 9; spec 000 merge, "cleanup
-retries are tracked separately"): a merge that landed stays recorded with its
-SHA and verification runs on it, whatever removing the worktree or deleting
+"""Cleanup kept apart from the merge, its retries tracked apart
+(docs/contracts/lifecycle.md: merge): a merge that landed stays recorded with
+its SHA and verification runs on it, whatever removing the worktree or deleting
 the branch does; a failed cleanup is a failed milestone with its reason,
 retried on the next advance, by ``phasegate worker`` and ``phasegate cleanup``.
 

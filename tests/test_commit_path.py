@@ -1,4 +1,4 @@
-"""The commit path at the floor (issue 12, item 5), on both databases: the row it
+"""The commit path at the floor, on both databases: the row it
 returns is the row stored (``UPDATE … RETURNING``), one commit's milestones and
 events land in the order given, and a milestone written again in a later commit
 is settled in place by the upsert (one statement, no read first)."""

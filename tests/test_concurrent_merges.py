@@ -1,4 +1,4 @@
-"""Merges of one repository are serialized (issue 9, item 5).
+"""Merges of one repository are serialized.
 
 Two real ``phasegate worker`` processes on one repository, 24 workflows each
 adding a file of its own: all are brought to wait, approved at once, and the
@@ -129,7 +129,7 @@ def test_the_merge_lock_admits_one_holder_at_a_time_across_threads(tmp_path: Pat
 def test_a_worktree_entry_another_add_is_still_making_is_retried_not_a_failure(
     tmp_path: Path,
 ) -> None:
-    # Found by two workers of concurrency 8 (issue 12): one's `worktree add` had made
+    # Found by two workers of concurrency 8: one's `worktree add` had made
     # .git/worktrees/<name>/ and not yet written its commondir when the other's
     # `git branch --list` read every worktree, and pr_review failed on it. Made here
     # half-made for good: git keeps failing, and it must be read as contention.

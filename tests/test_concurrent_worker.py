@@ -1,4 +1,4 @@
-"""The concurrent worker (issue 12, items 1 and 7).
+"""The concurrent worker.
 
 Real ``phasegate worker`` processes with ``--concurrency`` on one repository
 and one store (the acceptance run on a SQLite file and on a PostgreSQL schema):

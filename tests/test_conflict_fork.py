@@ -1,5 +1,6 @@
-"""The conflict fork (spec 000 merge; issue 11, item 6) and preparation's fork fast path
-(#814), on real git, real worktrees, a real SQLite file and real subprocesses.
+"""The conflict fork and preparation's fork fast path (docs/contracts/lifecycle.md:
+merge, preparation), on real git, real worktrees, a real SQLite file and real
+subprocesses.
 
 Two workflows change the same line of feature.txt; the second's merge conflicts
 with the base the first merged, forks a child workflow, pauses, and resumes

@@ -1,4 +1,5 @@
-"""Characterization of the transition table and the single commit path (spec 000)."""
+"""Characterization of the transition table and the single commit path
+(docs/contracts/lifecycle.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Fencing (issue 9, item 4): a heartbeat that cannot renew keeps trying and says
-when the lease is lost; a worker whose lease was taken over starts no agent,
-runs no side effect and commits nothing. Real threads, a real write lock held
-by another SQLite connection, a real worker process stopped with SIGSTOP past
-its lease's expiry."""
+"""Fencing (docs/contracts/lifecycle.md: leases and fencing): a heartbeat that
+cannot renew keeps trying and says when the lease is lost; a worker whose lease
+was taken over starts no agent, runs no side effect and commits nothing. Real
+threads, a real write lock held by another SQLite connection, a real worker
+process stopped with SIGSTOP past its lease's expiry."""
 
 from __future__ import annotations
 

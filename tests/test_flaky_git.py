@@ -1,4 +1,4 @@
-"""Transient is not a conflict (issue 9, item 6).
+"""Transient is not a conflict.
 
 ``support.flaky_git.FlakyGit`` puts a ``git`` first on PATH that
 fails a seeded fraction of calls with git's own lock-contention message and
@@ -97,7 +97,7 @@ def test_a_ref_that_cannot_be_locked_for_a_lasting_reason_fails_at_once(tmp_path
     with flaky.on_path(), pytest.raises(GitError, match="cannot lock ref") as caught:
         git(["branch", "phasegate/x", "main"], repo)
     assert not isinstance(caught.value, GitTransient)
-    # once: the ref ledger reads the common dir and the refs from git's files (issue 12)
+    # once: the ref ledger reads the common dir and the refs from git's files
     assert flaky.calls == 1
 
 

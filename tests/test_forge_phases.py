@@ -1,4 +1,4 @@
-"""The phases on a team's forge (issue 11, items 2, 3, 5): CI as evidence, people's
+"""The phases on a team's forge: CI as evidence, people's
 comments as feedback, approvals and merges done on the forge, status labels.
 
 Real git, worktrees and SQLite; the forge is ``phasegate.testing.InMemoryForge``

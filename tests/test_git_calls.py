@@ -1,4 +1,4 @@
-"""Fewer git calls (issue 12, item 6): a demo lifecycle's count stays bounded, and
+"""Fewer git calls: a demo lifecycle's count stays bounded, and
 what phasegate now reads from git's own files (``phasegate.git.files``) instead of
 asking git is what git would say, read afresh each time it changes."""
 
@@ -27,8 +27,8 @@ from phasegate.tools.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
 from conftest import HAPPY_ANSWERS, make_repo, scripted_cartridge
 from conftest import git as sh_git
 
-#: One demo lifecycle made 258 git calls before issue 12 (60 of them the ref
-#: ledger's and the worktree lock's own); 34 now (the issue's target: 35), two of them
+#: One demo lifecycle once made 258 git calls (60 of them the ref ledger's and
+#: the worktree lock's own); 34 now (the target: 35), two of them
 #: the merge's look for a person's edits in its way before git runs. A status
 #: phasegate took of a checkout stands until something may have written it
 #: (agents/service.py CheckoutSeen): the self-heal, a read-only role's check before

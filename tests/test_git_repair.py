@@ -1,4 +1,4 @@
-"""Git state a kill leaves is repaired, never trusted, never a dead end (issue 9, item 3).
+"""Git state a kill leaves is repaired, never trusted, never a dead end.
 
 Each fault is caused with real git: a ``git commit -a`` or ``git branch -D``
 SIGKILLed while it holds its lock (a hook that sleeps keeps git inside the

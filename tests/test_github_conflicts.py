@@ -1,4 +1,4 @@
-"""The forge's base on GitHub (issue 11, items 6 and 7): a workflow branches from,
+"""The forge's base on GitHub: a workflow branches from,
 syncs with and forks its conflict resolution against GitHub's main, which the
 local main no longer matches once a pull request merged on GitHub.
 

@@ -1,4 +1,4 @@
-"""``phasegate doctor`` on a GitHub forge (issue 11): one read-only lookup of the
+"""``phasegate doctor`` on a GitHub forge: one read-only lookup of the
 repository (``GET /repos/{owner}/{repo}``) on the fake GitHub behind Prism says
 whether the token is refused, the repository unseen, or push not allowed;
 ``--offline`` sends nothing; an App key tracked by git is a warning."""

@@ -1,6 +1,6 @@
 """GitHubForge's faults, caused on the fake GitHub behind Prism: rate limits waited
 out within their bound, 5xx retried without creating anything twice, a failed
-push pushed again, 401/403/404 named (issue 11, item 8)."""
+push pushed again, 401/403/404 named."""
 
 from __future__ import annotations
 

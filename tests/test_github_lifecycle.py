@@ -1,4 +1,4 @@
-"""Whole workflows on GitHub (issue 11): the fake GitHub of ``phasegate.testing``
+"""Whole workflows on GitHub: the fake GitHub of ``phasegate.testing``
 behind Prism, so every REST exchange is judged by GitHub's own OpenAPI
 description (the ``github`` fixture fails the test on any violation).
 

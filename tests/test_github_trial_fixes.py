@@ -1,4 +1,4 @@
-"""Defects a fresh user's trial of the GitHub support found (issue 11), each on the
+"""Defects a fresh user's trial of the GitHub support found, each on the
 fake GitHub through Prism: one workflow per issue across stores, comments told
 apart by id, a pull request is no ticket, a PR closed or merged while CI is
 pending, an issue closed by a person while its workflow waits."""

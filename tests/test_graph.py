@@ -1,4 +1,5 @@
-"""The development graph (spec 002), driven by scripted answers: no process, no disk."""
+"""The development graph (docs/contracts/graph.md), driven by scripted answers: no process,
+no disk."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Refs and .git around agent runs (issue 10, items 2 and 3): real workflows with
+"""Refs and .git around agent runs: real workflows with
 ``command`` agents that attack the repository, real git, the real CLI."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile input is refused by key or shown harmlessly (issue 10, item 5).
+"""Hostile input is refused by key or shown harmlessly.
 
 A cartridge nested deep enough to exhaust Python's stack, a ``worktree_root``
 that would put worktrees at ``/``, beside the repository or in its checkout,

@@ -1,4 +1,4 @@
-"""The random kill-torture harness in CI (issue 9, item 1): whole workflows SIGKILLed at
+"""The random kill-torture harness in CI: whole workflows SIGKILLed at
 random moments, every invariant checked on every trial, no violation allowed.
 
 ``PHASEGATE_TORTURE_TRIALS`` sets how many trials run (default 20, under two minutes);
@@ -6,13 +6,13 @@ random moments, every invariant checked on every trial, no violation allowed.
 explores new moments and a failure names the seed that replays it).
 ``benchmarks/kill_torture.py --trials 300`` runs many more and prints the figures.
 
-On the GitHub forge (issue 11: "no duplicate issue, PR, comment or merge"), the fake
+On the GitHub forge (no duplicate issue, PR, comment or merge there either), the fake
 GitHub behind Prism: ``PHASEGATE_TORTURE_GITHUB_TRIALS`` trials (default 6, about
 three minutes; a trial is slower than a local one, every forge call crossing Prism),
 one of them always killing a request to GitHub in flight.
 
-On PostgreSQL (issue 12: "passes on PostgreSQL with two workers, one of them killed at
-random"): ``PHASEGATE_TORTURE_POSTGRES_TRIALS`` trials (default 2, about a minute here,
+On PostgreSQL (it passes with two workers, one of them killed at random):
+``PHASEGATE_TORTURE_POSTGRES_TRIALS`` trials (default 2, about a minute here,
 under two on a machine four times over-committed), three workflows shared by two
 workers, one of the trials always killing one worker while the other runs;
 ``benchmarks/kill_torture.py --mode postgres --trials N`` runs more.
@@ -161,7 +161,7 @@ def test_kills_on_the_github_forge_never_duplicate_an_issue_pr_comment_or_merge(
     assert any(k["aim"] == "github_request" for k in kills) or GITHUB_TRIALS < 1
 
 
-# -- PostgreSQL, two workers (issue 12) ------------------------------------------------
+# -- PostgreSQL, two workers ---------------------------------------------------------
 
 
 def test_postgres_kill_plans_are_replayed_by_their_seed_and_hit_one_worker_or_both() -> None:

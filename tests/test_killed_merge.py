@@ -1,4 +1,4 @@
-"""A merge into a person's checkout killed or stopped midway (issue 9's kill torture,
+"""A merge into a person's checkout killed or stopped midway (found by the kill torture,
 seed 731747: "cannot merge into main: changes.txt in the way", no merge on main).
 
 ``git merge`` writes the merged files, then the index, then MERGE_HEAD, then moves

@@ -1,4 +1,4 @@
-"""A limit that runs out passes on what it learned (issue 9, item 10).
+"""A limit that runs out passes on what it learned.
 
 When PR review rounds, development retries or plan review rounds end at their
 cap, the last round's findings reach the next build's prompt (after a person's

@@ -1,6 +1,7 @@
-"""`phasegate run --new-project` (spec 000 preparation: "Creates the GitHub repo (new
-project)"; issue 11, item 7): the repository made once, with its first commit,
-before the issue; found again after a kill; someone else's never adopted.
+"""`phasegate run --new-project` (preparation makes the forge's repository first:
+docs/contracts/lifecycle.md, preparation): the repository made once, with its
+first commit, before the issue; found again after a kill; someone else's never
+adopted.
 
 GitHub is the fake behind Prism (conftest's ``github``); the CLI is the real
 console script; git is real on both sides.

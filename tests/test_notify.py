@@ -1,4 +1,4 @@
-"""Needs-you notifications (issue 13, item 4): a real HTTP receiver on a free port,
+"""Needs-you notifications: a real HTTP receiver on a free port,
 real workflows (scripted agents), a real notify-send on PATH."""
 
 from __future__ import annotations

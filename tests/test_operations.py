@@ -1,4 +1,4 @@
-"""The operations layer (issue 13, item 1): every person's action once, its refusals
+"""The operations layer: every person's action once, its refusals
 word for word the CLI's, who acts recorded, and cancel.
 
 Real git repositories, a real SQLite file, the real CLI in a subprocess on the same

@@ -131,7 +131,8 @@ def test_review_rounds_run_out_and_the_workflow_pauses(tmp_path: Path, engine_fo
 def test_failing_checks_are_retried_then_pause_for_a_person(
     tmp_path: Path, engine_for: Build
 ) -> None:
-    # The default profile (review) leaves re-planning to a person (spec 003).
+    # The default profile (review) leaves re-planning to a person
+    # (docs/contracts/autonomy.md: thresholds).
     repo = repo_with(
         tmp_path, answers(), checks=["echo broken; exit 1"], extra="[limits]\nmax_dev_retries = 1\n"
     )

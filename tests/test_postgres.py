@@ -1,4 +1,4 @@
-"""What only PostgreSQL can get wrong (issue 12, items 2 and 3): many writers at READ
+"""What only PostgreSQL can get wrong: many writers at READ
 COMMITTED racing one read-then-write, a server stopped under a running store, the
 LISTEN feed, and the CLI and a whole lifecycle on a ``postgresql://`` store.url.
 

@@ -1,4 +1,4 @@
-"""Every process phasegate starts is accounted for (issue 9, item 8).
+"""Every process phasegate starts is accounted for.
 
 Real processes only: small ``sh`` scripts whose descendants leave their process
 group with ``setsid`` and sleep 600 s holding the output pipe, real ``phasegate

@@ -563,7 +563,7 @@ def test_codex_commands_do_not_see_the_model_key(
     )
     proc = run_ticket(repo, TICKET_ENV)
     assert proc.returncode == 0, proc.stderr
-    # In the worktree: the sandbox refuses a write beside it (issue 10); the commit has it.
+    # In the worktree: the sandbox refuses a write beside it; the commit has it.
     seen = git(repo, "show", "main:codex-shell-env.txt")
     assert "PATH=" in seen
     assert SENTINEL not in seen and "OPENAI_API_KEY" not in seen

@@ -1,4 +1,4 @@
-"""Re-entering development after a crash (issue 9, item 2; DESIGN.md §1).
+"""Re-entering development after a crash (docs/contracts/lifecycle.md: recovery and re-entry).
 
 The rule under test: the change on the base is exactly what the recorded
 attempts produced. The build agent is a real ``command`` agent that appends one
@@ -500,7 +500,7 @@ def _base_sync_crash(lab: Lab) -> None:
     assert lab.calls("build") == 5
 
 
-# -- an empty net change (issue 9, item 12) -----------------------------------------
+# -- an empty net change ------------------------------------------------------------
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The ref ledger keeps the order in which phasegate saw its refs move (issue 12).
+"""The ref ledger keeps the order in which phasegate saw its refs move.
 
 Two workers merging into the base while a third command of theirs ran once
 left the older merge's value last in the ledger; the guard around an agent run

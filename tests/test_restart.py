@@ -1,11 +1,11 @@
-"""Crash and restart acceptance tests (spec 000: re-entry points and recovery behavior).
+"""Crash and restart acceptance tests (docs/contracts/lifecycle.md: recovery and re-entry).
 
 Everything is real: git repositories, the SQLite state file, the ``phasegate``
 console script as a subprocess, and ``command`` agents that are a small Python
 script. A worker is SIGKILLed inside each phase, restarted, and must finish the
 workflow with exactly one issue, one pull request, one merge and no duplicate
-comment (DESIGN.md §1: "no duplicate issue, PR, comment or merge, whenever the
-process dies").
+comment: no duplicate issue, PR, comment or merge, whenever the process dies
+(docs/contracts/lifecycle.md: journaled side effects).
 
 How each phase is hit:
 

@@ -1,6 +1,7 @@
-"""Automation profiles and phase reversion (spec 003), on real git, SQLite and the real CLI.
+"""Automation profiles and phase reversion (docs/contracts/autonomy.md), on real git, SQLite
+and the real CLI.
 
-Strategize = planning, Execute = development, Apply = merge (DESIGN.md §3).
+Strategize = planning, Execute = development, Apply = merge (other tools' names).
 """
 
 from __future__ import annotations

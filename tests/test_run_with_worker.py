@@ -1,4 +1,4 @@
-"""``phasegate run`` beside a running worker (issue 12: a fresh user's trial).
+"""``phasegate run`` beside a running worker (found in a fresh user's trial).
 
 A worker woken by the new ticket may claim its workflow before ``run`` does:
 that is no error, ``run`` exits 0 and says the workflow goes on there, naming

@@ -1,4 +1,4 @@
-"""Agents and checks in a bubblewrap sandbox (issue 10, build item 1): real bwrap,
+"""Agents and checks in a bubblewrap sandbox: real bwrap,
 real processes, real workflows through the real CLI."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Secrets out of every record, raw and encoded (issue 10, item 4)."""
+"""Secrets out of every record, raw and encoded."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The store under faults, on a real SQLite file: another connection holding the
 write lock, a full database (``max_page_count``), a fence taken over; and the
-pragmas that make it durable (issue 9, items 4, 7 and 11)."""
+pragmas that make it durable."""
 
 from __future__ import annotations
 

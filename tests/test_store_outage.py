@@ -1,4 +1,4 @@
-"""A worker rides out its store's outage (issue 12: a fresh user's trial).
+"""A worker rides out its store's outage (found in a fresh user's trial).
 
 A ``phasegate worker`` is a long-running process: a PostgreSQL server restarted
 under it, or a SQLite store locked past its busy timeout, is one warning line

@@ -1,7 +1,7 @@
 """``store.url``: SQLite and PostgreSQL are opened (``postgresql://`` and ``postgres://``),
 any other database is refused naming the key (``doctor`` reports it and exits 1, every
 command exits 2); a PostgreSQL server that cannot be reached stops every command with
-one line and exit 1, the password never shown (issue 9, item 12; issue 12)."""
+one line and exit 1, the password never shown."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Many repositories, many clones, one store (issue 12, item 2): a worker advances only
+"""Many repositories, many clones, one store: a worker advances only
 its own repository's workflows, and a worker in another clone of the same GitHub
 repository takes over a dead worker's workflow once its lease expired.
 

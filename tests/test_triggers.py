@@ -1,4 +1,4 @@
-"""Trusted triggers (issue 11, item 4): watch and import start workflows only for
+"""Trusted triggers: watch and import start workflows only for
 trusted people, once per issue, from a ticket snapshot without untrusted text."""
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ def test_an_edited_issue_or_a_trusted_comment_gives_a_new_hash_an_untrusted_one_
     forge.said[41].append(said(41, "wade", "and a newline at the end", 6))
     assert snapshot_ticket(forge, 41, REPOSITORY, vouched_by="maya").hash != edited.hash
 
-    # The started workflow's acceptance hash is its snapshot's (spec 000's dedupe key).
+    # The started workflow's acceptance hash is its snapshot's (the verification's dedupe key).
     engine = triggered(forge)
     workflow_id, snapshot = start_from_issue(
         engine, REPOSITORY, 41, by="maya", trigger="import", max_ticket_bytes=MAX

@@ -1,4 +1,4 @@
-"""Wake-ups, not polls (issue 12, item 4).
+"""Wake-ups, not polls.
 
 A worker waiting with ``poll_s=60`` acts on a person's decision made from
 another connection at once: the store's ChangeFeed woke it (a 60 s poll could

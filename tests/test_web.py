@@ -1,4 +1,4 @@
-"""The dashboard's HTTP rules (issue 13, items 2 and 5): the token, the session
+"""The dashboard's HTTP rules: the token, the session
 cookie, CSRF, the board's order, a person's decision through a POST, secrets.
 
 FastAPI's TestClient drives the real app on a real SQLite store and a real

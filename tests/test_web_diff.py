@@ -1,4 +1,4 @@
-"""A workflow's diff on its page and a review of it (issue 13, item 2): each
+"""A workflow's diff on its page and a review of it: each
 comment on a line is a draft that moves nothing; sent, the drafts are one
 feedback naming each path and line, and the next build prompt carries it."""
 

@@ -1,4 +1,4 @@
-"""Live events (issue 13, item 3) through a real uvicorn server on a free port:
+"""Live events through a real uvicorn server on a free port:
 the SSE stream of a workflow's event rows, resumed with Last-Event-ID, pushed
 when another connection commits; ``phasegate events --json`` prints the same
 rows; ``phasegate serve`` starts, asks for its token, and stops on SIGINT.

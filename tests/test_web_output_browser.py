@@ -1,4 +1,4 @@
-"""A running agent's output on the workflow page in a real Chromium (issue 13, item 3):
+"""A running agent's output on the workflow page in a real Chromium:
 dashboard.js appends each ``agent_output`` row of the SSE stream to
 ``<pre id="agent-output">`` as the agent prints, while the rest of the page stays
 as it was (no ``changed``: the fragment is not read again), each row once.
