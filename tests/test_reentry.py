@@ -507,7 +507,7 @@ def _base_sync_crash(lab: Lab) -> None:
 def test_a_build_agent_s_own_commit_and_revert_is_undone_and_its_retry_builds_it(
     tmp_path: Path,
 ) -> None:
-    # Issue 10: phasegate makes the attempt's commit; an agent's own commits on
+    # phasegate makes the attempt's commit; an agent's own commits on
     # its branch are a ref_violation (undone), so a net-empty pair of commits never
     # reaches development's change accounting: the call is retried like a failed one.
     lab = Lab(tmp_path, checks=["true"])

@@ -33,7 +33,8 @@ from conftest import git, make_repo, phasegate_cli, scripted_cartridge
 
 Build = Callable[..., tuple[Engine, Store]]
 
-#: Spec 003's table: profile → (auto_reversion_from_apply, auto_strategy_revision).
+#: The profiles' thresholds (docs/contracts/autonomy.md: automation profiles):
+#: profile → (auto_reversion_from_apply, auto_strategy_revision).
 SPEC_TABLE = {
     "manual": (1.0, 1.0),
     "review": (1.0, 1.0),
