@@ -38,7 +38,7 @@ def _violations(store, workflow_id: str) -> list[dict]:
     return [e["data"] for e in store.events(workflow_id) if e["type"] == "violation"]
 
 
-# -- refs (item 2) ----------------------------------------------------------------
+# -- refs -------------------------------------------------------------------------
 
 SIDE_BRANCH_AGENT = """
 me=$(git symbolic-ref --short HEAD)
@@ -93,7 +93,7 @@ def test_a_build_agent_that_only_edits_files_is_no_violation(happy_repo: Path, e
     assert git(happy_repo, "show", "main:feature.txt") == "made"
 
 
-# -- .git integrity (item 3) ------------------------------------------------------
+# -- .git integrity ---------------------------------------------------------------
 
 
 def _marker_script(tmp_path: Path) -> tuple[Path, Path]:
@@ -272,7 +272,7 @@ def test_phasegate_own_ref_moves_during_a_run_are_not_the_agent_s(tmp_path: Path
     assert git(repo, "rev-parse", "main") == merged
 
 
-# -- crash safety (item 3 of the brief) -------------------------------------------
+# -- crash safety -----------------------------------------------------------------
 
 
 def test_a_killed_phasegate_s_guard_journal_is_restored_by_the_next_run(tmp_path: Path) -> None:

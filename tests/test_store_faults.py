@@ -81,7 +81,7 @@ def _limit(pages: int):  # noqa: ANN202 - a connect listener
     return on_connect
 
 
-# -- durable and lock-light (item 11) --------------------------------------------------
+# -- durable and lock-light ------------------------------------------------------------
 
 
 def test_the_store_runs_with_synchronous_full_and_the_busy_timeout_it_was_given(
@@ -133,7 +133,7 @@ def test_reads_go_on_while_another_connection_holds_the_write_lock(store: Store,
     assert store.load_context(wf).version == ctx.version
 
 
-# -- store faults (item 7) ---------------------------------------------------------------
+# -- store faults ------------------------------------------------------------------------
 
 
 def test_a_commit_while_the_store_is_locked_raises_store_unavailable_and_writes_nothing(
@@ -179,7 +179,7 @@ def test_an_unrelated_operational_error_is_not_taken_for_an_unavailable_store(
         conn.exec_driver_sql("SELECT * FROM no_such_table")
 
 
-# -- fencing (item 4) ----------------------------------------------------------------------
+# -- fencing -------------------------------------------------------------------------------
 
 
 def test_a_commit_under_a_fence_another_claim_moved_on_writes_nothing(
@@ -213,7 +213,7 @@ def test_a_lost_fence_stays_lost_even_if_the_lease_is_free_again(store: Store) -
         fence.check()
 
 
-# -- the engine under store faults (item 7) --------------------------------------------------
+# -- the engine under store faults -----------------------------------------------------------
 
 BIG_PLAN = "1. Write feature.txt\n" + "".join(f"   step detail {i}\n" for i in range(1500))
 
