@@ -15,7 +15,7 @@ committed, a worker to wake) and is not timed separately.
 
 Printed: median, p90 and max over the decisions, for SQLite and for
 PostgreSQL (as in ``scale.py``: ``PHASEGATE_POSTGRES_URL``, else a throwaway
-server; ``--no-postgres`` skips it). The issue's target is a median of at most 50 ms.
+server; ``--no-postgres`` skips it). The target is a median of at most 50 ms.
 Figures are printed, never judged.
 """
 
