@@ -28,7 +28,7 @@ from phasegate.store import Store, open_store
 from conftest import HAPPY_ANSWERS, alive, git, make_repo, scripted_cartridge
 
 PHASEGATE = Path(sys.executable).parent / "phasegate"
-#: The issue's bar is 120 (two workers × concurrency 8); fewer while developing.
+#: The bar is 120 (two workers × concurrency 8); fewer while developing.
 WORKFLOWS = int(os.environ.get("PHASEGATE_TEST_CONCURRENT_WORKFLOWS", "120"))
 WAIT_S = 1200.0  # bound on the whole run: a failure message, never a speed judgement
 
