@@ -66,24 +66,24 @@ The same models give a JSON Schema, committed beside this page as
 [`phasegate.schema.json`](phasegate.schema.json). A TOML language server
 that reads JSON Schema completes and checks `phasegate.toml` with it.
 
-- [Taplo](https://taplo.tamasfe.dev) (its CLI, and every editor that runs its
-  language server): add to `.taplo.toml` at the repository root
+[Taplo](https://taplo.tamasfe.dev), its CLI and every editor that runs its
+language server, reads `.taplo.toml` at the repository root:
 
-    ```toml
-    [[rule]]
-    include = ["phasegate.toml"]
+```toml
+[[rule]]
+include = ["phasegate.toml"]
 
-    [rule.schema]
-    path = "path/to/phasegate.schema.json"
-    ```
+[rule.schema]
+path = "path/to/phasegate.schema.json"
+```
 
-- Even Better TOML in VS Code (Taplo inside): in `settings.json`,
+Even Better TOML, Taplo inside VS Code, takes the schema from `settings.json`:
 
-    ```json
-    "evenBetterToml.schema.associations": {
-      ".*/phasegate\\\\.toml$": "file:///path/to/phasegate.schema.json"
-    }
-    ```
+```json
+"evenBetterToml.schema.associations": {
+  ".*/phasegate\\\\.toml$": "file:///path/to/phasegate.schema.json"
+}
+```
 
 The path is a copy of the file in your repository or one in a checkout of
 phasegate; keep it to the version you run. Do not write a `"$schema"` key
