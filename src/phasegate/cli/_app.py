@@ -37,26 +37,26 @@ app = typer.Typer(
     "or a person approves (`phasegate demo --graph` shows one).\n\n"
     "Killed at any moment, a workflow goes on with `phasegate worker` or `phasegate resume "
     "ID`: no duplicate issue, PR, comment or merge, no unrecorded work on the base, stale "
-    "git locks repaired, leftover agents and checks stopped (README: After a crash).\n\n"
+    "git locks repaired, leftover agents and checks stopped (docs/guarantees.md).\n\n"
     "Agents and checks run under bubblewrap where it works (worktree writable, the rest "
     'read-only, phasegate\'s process and keys out of sight; `sandbox = "none"` per role '
     "turns it off, with a warning); refs and .git are restored after every agent run; "
-    "secrets are redacted raw and encoded (README: Agents contained).\n\n"
+    "secrets are redacted raw and encoded (docs/sandbox.md).\n\n"
     'On GitHub ([forge] kind = "github"): `phasegate watch` starts a workflow for each '
     "issue a trusted person labels `phasegate` (`phasegate import OWNER/REPO#N` by hand); "
     "CI checks are evidence; review comments send the change back; an approving review "
-    "or `/phasegate merge` merges; the issue closes only after verification (README: "
-    "Using it with GitHub).\n\n"
+    "or `/phasegate merge` merges; the issue closes only after verification "
+    "(docs/github.md).\n\n"
     "Many at once: `phasegate worker --concurrency N` advances N workflows side by side, "
     "woken by the store, not a poll; several workers (on several machines with "
-    '[store] url = "postgresql://…") share the work, one worker per workflow (README: '
-    "Many workflows, many workers).\n\n"
+    '[store] url = "postgresql://…") share the work, one worker per workflow '
+    "(docs/workers.md).\n\n"
     "The dashboard: `phasegate serve` runs the worker and serves the board (what needs "
     "you first) and each workflow's page, live, on 127.0.0.1:8765, behind a token "
     "(PHASEGATE_WEB_TOKEN, or one printed at start) and CSRF; `phasegate events ID "
     "--follow` gives the same stream in a terminal. A decision (resume, feedback, "
     "approve-merge, revert, verify-override, approve, reject, cancel) has one set of "
-    "rules for the CLI and the dashboard (README: The dashboard).",
+    "rules for the CLI and the dashboard (docs/dashboard.md).",
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,

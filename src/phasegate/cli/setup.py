@@ -40,7 +40,7 @@ def init(
     `codex` is, else gemini when `gemini` is, else the api runner when
     ANTHROPIC_API_KEY or OPENAI_API_KEY is set, else commented examples; every
     other agent CLI found (opencode, qwen, copilot, aider, mini) is named in a
-    note, to bind with its model (README, Runners). The base branch and the
+    note, to bind with its model (docs/runners.md). The base branch and the
     checks (pytest, npm test, cargo test, go test, make test) come from the
     repository.
     """
@@ -218,8 +218,7 @@ def _print_diagnosis(found: Diagnosis) -> None:
 @app.command(
     "dry-run",
     short_help="Run a workflow offline, on a throwaway clone.",
-    epilog="The script format, and what the dry run keeps and replaces: README.md, "
-    "section 'Dry run'.",
+    epilog="The script format, and what the dry run keeps and replaces: docs/doctor-dry-run.md.",
 )
 def dry_run(
     ticket: Annotated[str | None, typer.Argument(help="The ticket text.")] = None,

@@ -40,7 +40,7 @@ def serve(
         str,
         typer.Option(
             help="The address to listen on. Default 127.0.0.1: only this machine; from "
-            "another, go through an SSH tunnel or a TLS reverse proxy (README)."
+            "another, go through an SSH tunnel or a TLS reverse proxy (docs/dashboard.md)."
         ),
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="The port (0: any free one).")] = 8765,

@@ -304,7 +304,7 @@ def resume(
     carries it on: side effects a dead process began are looked up, never
     repeated; what a killed agent left uncommitted is discarded (recorded as
     attempt_discarded); stale git locks and half-made worktrees are repaired;
-    leftover agent and check processes are stopped. README: "After a crash".
+    leftover agent and check processes are stopped. docs/guarantees.md says what holds.
     """
     by = operations.login_name()
     _manual(

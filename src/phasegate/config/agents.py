@@ -27,7 +27,9 @@ __all__ = [
     "McpServer",
     "RoleBinding",
     "Roles",
+    "required_keys",
     "resolve_agents",
+    "runner_keys",
 ]
 
 
@@ -150,9 +152,13 @@ class McpServer(_Strict):
     ``env`` is given to the server only, as written."""
 
     command: str | None = None
+    """The program that starts the server, which speaks MCP on its stdin and stdout."""
     args: list[str] = Field(default_factory=list)
+    """The arguments of ``command``."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Variables given to the server only, as written."""
     url: str | None = None
+    """A server the program reaches over streamable HTTP (http:// or https://)."""
 
     @model_validator(mode="after")
     def _command_or_url(self) -> McpServer:
@@ -179,6 +185,17 @@ _REQUIRED_KEYS = {
     "qwen": ("model",),
     "copilot": ("model",),
 }
+
+
+def runner_keys(runner: str) -> frozenset[str]:
+    """The keys a binding of ``runner`` may set: those every runner reads and its own
+    (the cartridge reference lists them). Raises KeyError for an unknown runner."""
+    return _COMMON_KEYS | _RUNNER_KEYS[runner]
+
+
+def required_keys(runner: str) -> tuple[str, ...]:
+    """The keys a binding of ``runner`` must set besides ``runner`` itself."""
+    return _REQUIRED_KEYS.get(runner, ())
 
 
 class RoleBinding(_Strict):
@@ -230,34 +247,56 @@ class RoleBinding(_Strict):
     """
 
     runner: RunnerName
+    """The program that plays the role (docs/runners.md)."""
     timeout: float = Field(default=900.0, gt=0, description="seconds; the agent is killed after")
     env: dict[str, str] = Field(default_factory=dict)
+    """Variables set for the agent's process, as written; a secret-named one is redacted from every
+    record."""
     pass_env: list[str] = Field(default_factory=list)
+    """Names of variables passed through from phasegate's environment to the agent."""
     budget_usd: float | None = Field(default=None, gt=0, description="this role's spend cap")
     command: str | None = None
+    """The shell command the ``command`` runner runs in the worktree."""
     script: str | None = None
+    """The TOML file of scripted answers (``scripted`` runner), relative to the repository root."""
     executable: str | None = None
+    """The program to start; unset: the runner's own name on PATH (claude, codex, gemini, ...)."""
     model: str | None = None
+    """The model to call, in the runner's terms (a litellm name for api, aider, mini-swe-agent)."""
     base_url: str | None = None
+    """The model endpoint called instead of the provider's: a local or an OpenAI-compatible server.
+    """
     api_key_env: str | None = None
+    """The environment variable holding the model key; passed to this role's process only."""
     max_turns: int | None = Field(default=None, ge=1)
+    """Model turns the agent may take in one call."""
     append_system_prompt: str | None = None
+    """Text Claude Code appends to its system prompt."""
     allowed_tools: list[str] | None = None
+    """Claude Code's tools the role may use; unset: read and search tools for a read-only role,
+    editing and shell tools for the build role."""
     extra_args: list[str] = Field(default_factory=list)
+    """Arguments added to the program's command line."""
     max_tokens: int | None = Field(default=None, ge=1)
+    """The bound of the model's answer, in tokens (``api`` runner): a diff must fit in it."""
     input_usd_per_mtok: float | None = Field(default=None, ge=0)
+    """USD per million input tokens, to price the calls of a program that reports tokens only."""
     output_usd_per_mtok: float | None = Field(default=None, ge=0)
+    """USD per million output tokens, as ``input_usd_per_mtok``."""
     sandbox: Literal["bwrap", "none"] | None = None
+    """How the agent's process is confined: "bwrap" (an error where bubblewrap cannot work),
+    "none", or unset: bwrap where it works."""
     network: bool = True
+    """False cuts a confined agent off the network; its model must then be local."""
     mcp_servers: dict[str, McpServer] = Field(default_factory=dict)
+    """MCP servers the program starts or reaches, by name (runners that take them only)."""
     agent: str | None = Field(default=None, description="the agent profile it came from")
 
     @model_validator(mode="after")
     def _runner_fields(self) -> RoleBinding:
-        allowed = _COMMON_KEYS | _RUNNER_KEYS[self.runner]
-        for key in sorted(self.model_fields_set - allowed):
+        for key in sorted(self.model_fields_set - runner_keys(self.runner)):
             raise ValueError(f"`{key}` is not used by runner {self.runner!r}")
-        for key in _REQUIRED_KEYS.get(self.runner, ()):
+        for key in required_keys(self.runner):
             if not getattr(self, key):
                 raise ValueError(f"runner {self.runner!r} needs a `{key}`")
         for name in self.mcp_servers:

@@ -115,14 +115,18 @@ class _Strict(BaseModel):
 
 class Limits(_Strict):
     max_plan_rounds: int = Field(default=3, ge=1)
+    """Plan and plan-review rounds before the last plan is taken."""
     max_pr_review_rounds: int = Field(default=3, ge=1)
+    """Review rounds of the pull request, each after a development round."""
     max_dev_retries: int = Field(default=2, ge=0, description="retries on failing checks")
     agent_retries: int = Field(default=2, ge=0, description="retries of a failed agent call")
     workflow_budget_usd: float | None = Field(
         default=None, gt=0, description="spend cap over every agent call of a workflow"
     )
     max_verification_attempts: int = Field(default=3, ge=1)
+    """Tries of a failing verifier (exit code, timeout) before the workflow pauses."""
     max_verification_parse_failures: int = Field(default=2, ge=1)
+    """Verifier answers without a readable verdict before the workflow pauses."""
     max_review_parse_failures: int = Field(
         default=2,
         ge=1,
@@ -145,7 +149,10 @@ class Limits(_Strict):
 
 class LandingAreas(_Strict):
     worktree_root: str = ".phasegate/worktrees"
+    """Where workflows' worktrees are made: inside ``.phasegate/`` or outside the repository."""
     checks: list[str] = Field(default_factory=list)
+    """Shell commands run after each build and on the merge commit; a check passes when it exits 0.
+    """
     check_timeout: float = Field(default=600.0, gt=0, description="seconds per check")
     pass_env: list[str] = Field(
         default_factory=list, description="variables the checks see besides PATH, HOME, locale"
@@ -154,6 +161,7 @@ class LandingAreas(_Strict):
     # writable are the checkout and a private temp dir.
     sandbox: Literal["bwrap", "none"] | None = None
     network: bool = True
+    """False cuts the checks off the network (a loopback of their own)."""
 
     def worktree_dir(self, repo: Path) -> Path:
         """Where the workflows' worktrees are made: ``worktree_root`` resolved against
@@ -188,10 +196,13 @@ class LandingAreas(_Strict):
 
 class WorkflowSettings(_Strict):
     base_branch: str | None = None
+    """The branch workflows start from and merge into; unset: the branch checked out."""
     auto_merge: bool = False  # given here, it wins over the profile's default
     profile: str | None = None  # a built-in profile or a [profiles.NAME] table
     content_language: Literal["en", "zh"] = "en"
+    """The language of reports and comments."""
     acceptance_verification: bool = True
+    """Verify the merged change against the ticket after the merge."""
     protected_paths: list[str] | None = Field(
         default=None,
         description="paths (a trailing / for a directory, or a glob) an agent's change to "
@@ -216,6 +227,8 @@ class StoreSettings(_Strict):
     or ``sqlite:////absolute.db``) or a PostgreSQL server; None: the embedded default."""
 
     url: str | None = None
+    """A SQLite file (sqlite:///relative/path.db, sqlite:////absolute.db) or a PostgreSQL server
+    (postgresql://...); unset: .phasegate/state.db."""
 
     @field_validator("url")
     @classmethod
@@ -247,12 +260,20 @@ class NotifySettings(_Strict):
     or proxy): each notification ends with the workflow's page there."""
 
     webhook: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    """The URL a notification is POSTed to."""
     webhook_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """The environment variable holding the webhook's URL, which is often a secret."""
     format: Literal["slack", "ntfy"] = "slack"
+    """The body's shape: slack ({"text"}) or ntfy (the topic is the URL's last segment)."""
     timeout_s: float = Field(default=5.0, gt=0, le=60)
+    """Seconds one delivery may take."""
     retries: int = Field(default=2, ge=0, le=5)
+    """Tries after the first on no answer, 429 or 5xx."""
     desktop: bool = True
+    """Also notify-send, where it is on PATH and a display is set."""
     dashboard_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    """Where people reach ``phasegate serve``: each notification ends with the workflow's page
+    there."""
 
     @model_validator(mode="after")
     def _one_webhook(self) -> NotifySettings:
@@ -269,7 +290,9 @@ class AutonomySettings(_Strict):
     clean first-attempt approvals (0: never)."""
 
     policy: dict[str, Literal["propose", "auto"]] = Field(default_factory=dict)
+    """Per proposal kind (item_create, draft_pr_create, merge), ``propose`` or ``auto``."""
     graduation_streak: int = Field(default=3, ge=0)
+    """Clean first-attempt approvals in a row after which a kind graduates to auto; 0: never."""
 
     @model_validator(mode="after")
     def _known_kinds(self) -> AutonomySettings:
@@ -294,8 +317,11 @@ class ProfileSettings(_Strict):
     auto_reversion_from_apply: float = Field(ge=0, le=1, description="merge → planning")
     auto_strategy_revision: float = Field(ge=0, le=1, description="development → planning")
     auto_merge: bool = False
+    """Merge without approve-merge."""
     autonomy: Literal["propose", "auto"] = "propose"
+    """Proposals' default mode."""
     graduation: bool = True
+    """Whether a proposal kind may graduate to auto."""
 
 
 class Cartridge(_Strict):

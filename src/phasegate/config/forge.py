@@ -29,14 +29,20 @@ class ForgeSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     kind: Literal["local", "github"] = "local"
+    """local: issues and pull requests in the store; github: a GitHub repository."""
     repository: str | None = None  # owner/name; None: from the origin remote
     base_url: str | None = None  # the API root; None: https://api.github.com
     token_env: str = "GITHUB_TOKEN"
+    """The environment variable holding the GitHub token; the token is never in the cartridge."""
     app_id: int | None = None
+    """A GitHub App's id: phasegate then acts as the App (with ``private_key_file``)."""
     private_key_file: str | None = None  # PEM, relative to the repository
     installation_id: int | None = None
+    """The App's installation; unset: the repository's, asked of GitHub."""
     merge_method: Literal["merge", "squash", "rebase"] = "merge"
+    """How GitHub merges the pull request."""
     trigger_label: str = "phasegate"
+    """The label whose setting by a trusted person starts a workflow for an issue."""
     watch_in_worker: bool = False  # `phasegate worker` also does what `watch` does
     poll_s: float = Field(default=30.0, gt=0, le=3600)  # how often wait and CI look again
     max_ci_repairs: int = Field(default=2, ge=0, le=20)  # CI-repair rounds before a stop
@@ -44,6 +50,7 @@ class ForgeSettings(BaseModel):
     # (CI registers its runs a while after a push; without these, none yet is no CI).
     required_checks: list[str] = Field(default_factory=list)
     max_rate_limit_wait_s: float = Field(default=300.0, ge=0, le=3600)
+    """Seconds a rate limit is waited out at most before the workflow pauses."""
     max_retries: int = Field(default=3, ge=0, le=10)  # tries past the first on 5xx/timeouts
     timeout_s: float = Field(default=30.0, gt=0, le=600)  # one HTTP request
 

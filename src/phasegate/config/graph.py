@@ -25,10 +25,15 @@ class ReviewTierRule(_Strict):
     """
 
     tier: int = Field(ge=0, le=2)  # not Literal: strict ints refuse `true`
+    """The tier the rule gives a change it matches: 0, 1 or 2."""
     min_files: int | None = Field(default=None, ge=1)
+    """Matches a change of at least this many files."""
     min_lines: int | None = Field(default=None, ge=1)
+    """Matches a change of at least this many lines, inserted plus deleted."""
     paths: list[str] = Field(default_factory=list)
+    """Matches a change touching one of these paths (a trailing / for a directory, or a glob)."""
     self_modification: bool | None = None
+    """Matches a change that touches governance paths (true) or one that does not (false)."""
 
     @model_validator(mode="after")
     def _has_condition(self) -> ReviewTierRule:
@@ -51,14 +56,18 @@ class ReviewTiers(_Strict):
     [roles.review_adversary] and [roles.arbitrate] bound."""
 
     default: int = Field(default=0, ge=0, le=2)
+    """The tier of a change no rule matches."""
     rules: list[ReviewTierRule] = Field(default_factory=list)
+    """Rules that give a change a tier; the highest matching tier wins."""
 
 
 class EpicThreshold(_Strict):
     """Pieces of work (scope_epic's SUBTASK lines) that make a parent, and an epic."""
 
     parent_at: int = Field(default=2, ge=2)
+    """Pieces of work from which a ticket is a parent."""
     epic_at: int = Field(default=5, ge=3)
+    """Pieces of work from which a ticket is an epic."""
 
     @model_validator(mode="after")
     def _ordered(self) -> EpicThreshold:
@@ -77,8 +86,11 @@ class WorkRouting(_Strict):
     into this run."""
 
     single: WorkRoute = "build"
+    """Where a ticket of one piece goes."""
     parent: WorkRoute = "breakdown"
+    """Where a parent ticket goes."""
     epic: WorkRoute = "roadmap"
+    """Where an epic goes."""
 
 
 class GraphSettings(_Strict):
@@ -92,8 +104,11 @@ class GraphSettings(_Strict):
         default=2, ge=0, description="build attempts after the first; 0 disables retries"
     )
     review_tiers: ReviewTiers = Field(default_factory=ReviewTiers)
+    """How many reviewers a change gets."""
     epic_threshold: EpicThreshold = Field(default_factory=EpicThreshold)
+    """When scope's pieces of work make a ticket a parent or an epic."""
     work_routing: WorkRouting = Field(default_factory=WorkRouting)
+    """Where scope sends each shape of ticket."""
     governance_paths: list[str] = Field(
         default_factory=list,
         description="paths that make a change self_modification, besides the cartridge and .ci/",

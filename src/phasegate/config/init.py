@@ -97,7 +97,7 @@ def default_cartridge(
             + ", ".join(f"{AGENT_PROGRAMS[n].executable} ({found[n]})" for n in others)
             + "; bind a role to one with its runner"
             + (" and a model" if any(AGENT_PROGRAMS[n].needs_model for n in others) else "")
-            + " (README, Runners)"
+            + " (docs/runners.md)"
         )
     if chosen is not None:
         program = AGENT_PROGRAMS[chosen]
@@ -133,7 +133,7 @@ def default_cartridge(
         roles = (
             "# No agent CLI (claude, codex, gemini) was found on PATH and no model key is set.\n"
             "# Bind each role, e.g. to Claude Code, to Codex, or to a model through litellm\n"
-            "# (every runner, and agent profiles [agents.NAME]: README, Runners):\n"
+            "# (every runner, and agent profiles [agents.NAME]: docs/runners.md):\n"
             + "\n".join(
                 f'# [roles.{name}]\n# runner = "claude-code"      # or "codex", or "api" '
                 f'with model = "anthropic/claude-sonnet-4-5"\n'
@@ -178,7 +178,7 @@ check_timeout = 600
 [forge]
 kind = "local"
 
-# The development graph (README, "Workflows through the graph"): competing plans,
+# The development graph (docs/proposals.md, graph mode): competing plans,
 # a read-only build answering with a diff, review tiers, a bounded fix loop, and a
 # gate on the draft PR proposal before anything lands.
 # [graph]
