@@ -103,7 +103,7 @@ def _repo_root(repo: Path) -> Path:
     """The repository ``repo`` is in: inside a linked worktree (a workflow's, under
     ``.phasegate/worktrees/``, or a person's), the main checkout that owns it, where
     the cartridge and the store are."""
-    from phasegate.git.workspace import GitError, git
+    from phasegate.git.command import GitError, git
 
     try:
         top = Path(git(["rev-parse", "--show-toplevel"], repo.resolve()))
