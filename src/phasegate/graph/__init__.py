@@ -27,83 +27,40 @@ graph reads of the cartridge, review tiers), ``parse`` (reading answers),
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from phasegate.graph.answers import answer_problem
-    from phasegate.graph.calls import (
-        AgentCall,
-        Answer,
-        AnswerSource,
-        Graph,
-        GraphError,
-        RecordedAnswers,
-        ReplayDivergence,
-        ScriptedAnswers,
-        drive,
-        prompt_hash,
-    )
-    from phasegate.graph.facts import (
-        GOVERNANCE_PATHS,
-        NO_PROGRESS_SIMILARITY,
-        ChangeFacts,
-        change_facts,
-        extract_patch,
-        governance_touched,
-        similarity,
-    )
-    from phasegate.graph.lifecycle import (
-        FIX_LOOP_STOPS,
-        RUN_RECORD_KEYS,
-        canonical_json,
-        lifecycle_propose,
-        plan_propose,
-        replay,
-        run_lifecycle,
-    )
-    from phasegate.graph.nodes import STOP_REASONS
-    from phasegate.graph.proposals import PROPOSAL_KINDS, Evidence, Proposal
-    from phasegate.graph.rules import GRAPH_ROLES, EpicThreshold, GraphRules, TierRule, review_tier
-
-#: Where each public name lives. It loads on first use (``__getattr__``): the
-#: cartridge reads ``facts`` and ``proposals`` and must not load the whole graph.
-_HOMES = {
-    "answer_problem": "phasegate.graph.answers",
-    "AgentCall": "phasegate.graph.calls",
-    "Answer": "phasegate.graph.calls",
-    "AnswerSource": "phasegate.graph.calls",
-    "Graph": "phasegate.graph.calls",
-    "GraphError": "phasegate.graph.calls",
-    "RecordedAnswers": "phasegate.graph.calls",
-    "ReplayDivergence": "phasegate.graph.calls",
-    "ScriptedAnswers": "phasegate.graph.calls",
-    "drive": "phasegate.graph.calls",
-    "prompt_hash": "phasegate.graph.calls",
-    "GOVERNANCE_PATHS": "phasegate.graph.facts",
-    "NO_PROGRESS_SIMILARITY": "phasegate.graph.facts",
-    "ChangeFacts": "phasegate.graph.facts",
-    "change_facts": "phasegate.graph.facts",
-    "extract_patch": "phasegate.graph.facts",
-    "governance_touched": "phasegate.graph.facts",
-    "similarity": "phasegate.graph.facts",
-    "FIX_LOOP_STOPS": "phasegate.graph.lifecycle",
-    "RUN_RECORD_KEYS": "phasegate.graph.lifecycle",
-    "canonical_json": "phasegate.graph.lifecycle",
-    "lifecycle_propose": "phasegate.graph.lifecycle",
-    "plan_propose": "phasegate.graph.lifecycle",
-    "replay": "phasegate.graph.lifecycle",
-    "run_lifecycle": "phasegate.graph.lifecycle",
-    "STOP_REASONS": "phasegate.graph.nodes",
-    "PROPOSAL_KINDS": "phasegate.graph.proposals",
-    "Evidence": "phasegate.graph.proposals",
-    "Proposal": "phasegate.graph.proposals",
-    "GRAPH_ROLES": "phasegate.graph.rules",
-    "EpicThreshold": "phasegate.graph.rules",
-    "GraphRules": "phasegate.graph.rules",
-    "TierRule": "phasegate.graph.rules",
-    "review_tier": "phasegate.graph.rules",
-}
+from phasegate.graph.answers import answer_problem
+from phasegate.graph.calls import (
+    AgentCall,
+    Answer,
+    AnswerSource,
+    Graph,
+    GraphError,
+    RecordedAnswers,
+    ReplayDivergence,
+    ScriptedAnswers,
+    drive,
+    prompt_hash,
+)
+from phasegate.graph.facts import (
+    GOVERNANCE_PATHS,
+    NO_PROGRESS_SIMILARITY,
+    ChangeFacts,
+    change_facts,
+    extract_patch,
+    governance_touched,
+    similarity,
+)
+from phasegate.graph.lifecycle import (
+    FIX_LOOP_STOPS,
+    RUN_RECORD_KEYS,
+    canonical_json,
+    lifecycle_propose,
+    plan_propose,
+    replay,
+    run_lifecycle,
+)
+from phasegate.graph.nodes import STOP_REASONS
+from phasegate.graph.proposals import PROPOSAL_KINDS, Evidence, Proposal
+from phasegate.graph.rules import GRAPH_ROLES, EpicThreshold, GraphRules, TierRule, review_tier
 
 __all__ = [
     "FIX_LOOP_STOPS",
@@ -141,12 +98,3 @@ __all__ = [
     "run_lifecycle",
     "similarity",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(home), name)
-    globals()[name] = value
-    return value
