@@ -163,7 +163,7 @@ def _engine(
     # Before any agent runs: a "bwrap" that cannot work is exit 2; unconfined is loud.
     start_confined(cartridge, lambda text: err.print(f"[bold red]{shown(text)}[/bold red]"))
     engine = Engine(repo, cartridge, store, on_event=progress)
-    if notifying:  # a workflow this process leaves needing a person says so (issue 13)
+    if notifying:  # a workflow this process leaves needing a person says so
         notify.attach(engine)
     return engine
 
@@ -201,7 +201,7 @@ def _repo_option(row: Mapping[str, Any]) -> str:
 def _drive_unless_taken(engine: Engine, workflow_id: str, as_json: bool) -> None:
     """``_drive``, after the workflow was filed or a person's decision recorded: a
     worker that took the workflow on meanwhile is not an error, the workflow goes
-    on there (exit 0; the holder named ``host:pid``, in JSON ``worker``; issue 12)."""
+    on there (exit 0; the holder named ``host:pid``, in JSON ``worker``)."""
     from phasegate.runtime.engine import LeaseHeld
     from phasegate.summary import lease_holder, workflow_summary
 
@@ -372,7 +372,8 @@ def _print_detail(detail: Mapping[str, Any]) -> None:
 
 
 def _print_decisions(records: list[dict[str, Any]]) -> None:
-    """The decision records (reversions, spec 003), oldest first."""
+    """The decision records (reversions: docs/contracts/autonomy.md, decision records),
+    oldest first."""
     if not records:
         return
     console.print("[bold]decisions[/bold]")
