@@ -12,8 +12,6 @@ from typing import Any
 
 from phasegate.core.contract import AWAITING_APPROVAL
 from phasegate.core.profiles import AutomationProfile, decisions_of
-from phasegate.git.merge import scratch_note
-from phasegate.git.workspace import GitError, Workspace
 from phasegate.store import Store
 
 __all__ = ["iso", "lease_holder", "workflow_detail", "workflow_summary"]
@@ -134,6 +132,10 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
 def _scratch_checkouts(repo_path: str | None) -> list[dict[str, str]]:
     """The scratch checkouts a killed merge left holding a branch in ``repo_path``
     (``Workspace.left_scratch_checkouts``); [] when the repository is gone."""
+    # The workspace (checks, sandbox) loads for ``show``; ``status`` reads no checkout.
+    from phasegate.git.merge import scratch_note
+    from phasegate.git.workspace import GitError, Workspace
+
     if not repo_path or not Path(repo_path).is_dir():
         return []
     try:

@@ -59,7 +59,7 @@ class GitHubError(Exception):
         self,
         status: int,
         message: str,
-        errors: list[dict[str, str]] | None = None,
+        errors: list[dict[str, str] | str] | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(f"{status} {message}")

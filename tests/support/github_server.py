@@ -74,6 +74,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from support import github_people  # noqa: F401  (registers its routes in ROUTES)
 from support.github_git import backend_env
 from support.github_json import Shapes
 from support.github_model import App, GitHubError, Repo, User, utc_now
@@ -125,7 +126,7 @@ class Fault:
 
 
 def error_body(
-    status: int, message: str, errors: list[dict[str, str]] | None = None
+    status: int, message: str, errors: list[dict[str, str] | str] | None = None
 ) -> dict[str, Any]:
     """GitHub's error JSON (``basic-error``, or ``validation-error`` with ``errors``)."""
     body: dict[str, Any] = {"message": message, "documentation_url": DOCS, "status": str(status)}

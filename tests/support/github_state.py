@@ -374,9 +374,12 @@ class GitHub(PullRequests):
         title: str | None = None,
         summary: str | None = None,
         text: str | None = None,
+        name: str | None = None,
+        details_url: str | None = None,
         at: datetime | None = None,
     ) -> CheckRun:
-        """CI moves check run ``run_id`` on (e.g. in_progress → completed)."""
+        """CI moves check run ``run_id`` on (e.g. in_progress → completed); what is
+        None is kept."""
         _check_state(status, conclusion)
         with self.lock:
             r, now = self.repo(repo), self._at(at)
@@ -389,6 +392,8 @@ class GitHub(PullRequests):
             run.title = title if title is not None else run.title
             run.summary = summary if summary is not None else run.summary
             run.text = text if text is not None else run.text
+            run.name = name if name is not None else run.name
+            run.details_url = details_url if details_url is not None else run.details_url
             return run
 
     def status(

@@ -2,25 +2,71 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from phasegate.agents.base import ERROR_KINDS, AgentRequest, AgentResult, Runner
-from phasegate.agents.runners.aider import AiderRunner
-from phasegate.agents.runners.claude_code import ClaudeCodeRunner
-from phasegate.agents.runners.codex import CodexRunner
-from phasegate.agents.runners.command import CommandRunner
-from phasegate.agents.runners.copilot import CopilotRunner
-from phasegate.agents.runners.gemini import GeminiRunner
-from phasegate.agents.runners.mini_swe_agent import MiniSweAgentRunner
-from phasegate.agents.runners.opencode import OpencodeRunner
-from phasegate.agents.runners.qwen import QwenRunner
-from phasegate.agents.runners.scripted import ScriptedRunner
 from phasegate.config.agents import AGENT_PROGRAMS
-from phasegate.config.cartridge import RoleBinding
+
+if TYPE_CHECKING:
+    from phasegate.agents.base import ERROR_KINDS, AgentRequest, AgentResult, Runner
+    from phasegate.agents.runners.aider import AiderRunner
+    from phasegate.agents.runners.claude_code import ClaudeCodeRunner
+    from phasegate.agents.runners.codex import CodexRunner
+    from phasegate.agents.runners.command import CommandRunner
+    from phasegate.agents.runners.copilot import CopilotRunner
+    from phasegate.agents.runners.gemini import GeminiRunner
+    from phasegate.agents.runners.mini_swe_agent import MiniSweAgentRunner
+    from phasegate.agents.runners.opencode import OpencodeRunner
+    from phasegate.agents.runners.qwen import QwenRunner
+    from phasegate.agents.runners.scripted import ScriptedRunner
+    from phasegate.config.cartridge import RoleBinding
+
+#: Where each re-exported name lives. It loads on first use (``__getattr__``), so
+#: asking whether a binding can run (``binding_problems``) imports no runner.
+_HOMES = {
+    "ERROR_KINDS": "phasegate.agents.base",
+    "AgentRequest": "phasegate.agents.base",
+    "AgentResult": "phasegate.agents.base",
+    "Runner": "phasegate.agents.base",
+    "AiderRunner": "phasegate.agents.runners.aider",
+    "ClaudeCodeRunner": "phasegate.agents.runners.claude_code",
+    "CodexRunner": "phasegate.agents.runners.codex",
+    "CommandRunner": "phasegate.agents.runners.command",
+    "CopilotRunner": "phasegate.agents.runners.copilot",
+    "GeminiRunner": "phasegate.agents.runners.gemini",
+    "MiniSweAgentRunner": "phasegate.agents.runners.mini_swe_agent",
+    "OpencodeRunner": "phasegate.agents.runners.opencode",
+    "QwenRunner": "phasegate.agents.runners.qwen",
+    "ScriptedRunner": "phasegate.agents.runners.scripted",
+}
+
+#: The runner class each ``runner`` of a binding names (``api`` and ``scripted`` aside).
+_RUNNER_CLASSES = {
+    "command": "CommandRunner",
+    "claude-code": "ClaudeCodeRunner",
+    "codex": "CodexRunner",
+    "mini-swe-agent": "MiniSweAgentRunner",
+    "aider": "AiderRunner",
+    "gemini": "GeminiRunner",
+    "opencode": "OpencodeRunner",
+    "qwen": "QwenRunner",
+    "copilot": "CopilotRunner",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ERROR_KINDS",
@@ -71,28 +117,15 @@ def binding_problems(
 
 def make_runner(binding: RoleBinding, repo: Path) -> Runner:
     """The runner a role binding names; relative script paths resolve against ``repo``."""
-    if binding.runner == "command":
-        return CommandRunner(binding)
-    if binding.runner == "claude-code":
-        return ClaudeCodeRunner(binding)
-    if binding.runner == "codex":
-        return CodexRunner(binding)
     if binding.runner == "api":
         from phasegate.agents.runners.api import ApiRunner  # litellm is heavy: import it when bound
 
         return ApiRunner(binding)
-    if binding.runner == "mini-swe-agent":
-        return MiniSweAgentRunner(binding)
-    if binding.runner == "aider":
-        return AiderRunner(binding)
-    if binding.runner == "gemini":
-        return GeminiRunner(binding)
-    if binding.runner == "opencode":
-        return OpencodeRunner(binding)
-    if binding.runner == "qwen":
-        return QwenRunner(binding)
-    if binding.runner == "copilot":
-        return CopilotRunner(binding)
+    runner_class = _RUNNER_CLASSES.get(binding.runner)
+    if runner_class is not None:
+        runner: Runner = __getattr__(runner_class)(binding)
+        return runner
     assert binding.script is not None
     script = Path(binding.script)
-    return ScriptedRunner.from_file(script if script.is_absolute() else repo / script)
+    scripted: type[ScriptedRunner] = __getattr__("ScriptedRunner")
+    return scripted.from_file(script if script.is_absolute() else repo / script)

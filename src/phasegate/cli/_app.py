@@ -5,26 +5,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import sqlalchemy as sa
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from phasegate import __version__
-from phasegate.config.cartridge import (
-    Cartridge,
-    CartridgeError,
-    load_cartridge,
-    load_committed_cartridge,
-)
 from phasegate.core.contract import PhasegateError
 from phasegate.core.terminal import visible
-from phasegate.git.workspace import GitError, git
-from phasegate.operations import MAX_TICKET_BYTES, check_ticket, title_of
-from phasegate.store import Store, StoreUnavailable, open_store
-from phasegate.tools.doctor import not_a_repository
+
+if TYPE_CHECKING:
+    from phasegate.config.cartridge import Cartridge
+    from phasegate.store import Store
+
+# Every command's own work (the store, the cartridge, the forge, the engine) is
+# imported inside it: `phasegate --help` and `phasegate status` must start in a
+# fraction of a second, and most of phasegate is not needed to print either.
 
 app = typer.Typer(
     help="Drive coding agents through a contract-checked ticket lifecycle:\n\n"
@@ -93,10 +90,12 @@ def _errors() -> Iterator[None]:
     it), else 2 (bad input)."""
     try:
         yield
-    except StoreUnavailable as exc:
-        message = f"{exc}; nothing was half-written (`phasegate resume ID` continues a workflow)"
-        raise _fail(message, 1) from None
-    except (PhasegateError, GitError) as exc:
+    except PhasegateError as exc:  # GitError and StoreUnavailable are PhasegateErrors
+        from phasegate.store import StoreUnavailable
+
+        if isinstance(exc, StoreUnavailable):
+            resumable = "`phasegate resume ID` continues a workflow"
+            raise _fail(f"{exc}; nothing was half-written ({resumable})", 1) from None
         raise _fail(str(exc)) from None
 
 
@@ -104,10 +103,14 @@ def _repo_root(repo: Path) -> Path:
     """The repository ``repo`` is in: inside a linked worktree (a workflow's, under
     ``.phasegate/worktrees/``, or a person's), the main checkout that owns it, where
     the cartridge and the store are."""
+    from phasegate.git.command import GitError, git
+
     try:
         top = Path(git(["rev-parse", "--show-toplevel"], repo.resolve()))
         common = Path(git(["rev-parse", "--path-format=absolute", "--git-common-dir"], top))
     except (GitError, FileNotFoundError) as exc:
+        from phasegate.tools.doctor import not_a_repository
+
         raise UsageError(not_a_repository(repo.resolve(), exc)) from None
     if common.name == ".git" and common.parent != top and (common.parent / ".git").is_dir():
         return common.parent
@@ -118,6 +121,9 @@ def _open(repo: Path) -> tuple[Path, Cartridge, Store]:
     """The repository, the cartridge its workflows run under (the committed one,
     ``load_committed_cartridge``: a note on stderr says when the checkout's
     differs or is not committed) and its store."""
+    from phasegate.config.cartridge import load_committed_cartridge
+    from phasegate.store import open_store
+
     root = _repo_root(repo)
     cartridge, note = load_committed_cartridge(root)
     if note:
@@ -127,6 +133,9 @@ def _open(repo: Path) -> tuple[Path, Cartridge, Store]:
 
 def _open_for_reading(repo: Path) -> Store:
     """The store, even while the cartridge is broken: looking must not need it valid."""
+    from phasegate.config.cartridge import Cartridge, CartridgeError, load_cartridge
+    from phasegate.store import open_store
+
     root = _repo_root(repo)
     try:
         url = load_cartridge(root).store_url(root)
@@ -141,6 +150,8 @@ def _nothing_to_read_yet(url: str) -> str | None:
     exist yet: looking (``status``, ``show``) must not create it in the repository."""
     if not url.startswith("sqlite"):
         return None
+    import sqlalchemy as sa
+
     database = sa.engine.make_url(url).database
     if database and database != ":memory:" and not Path(database).exists():
         return "sqlite://"
@@ -169,6 +180,8 @@ def main_callback(
 
 
 def _ticket_from(ticket: str | None, ticket_file: Path | None) -> str:
+    from phasegate.operations import MAX_TICKET_BYTES, check_ticket
+
     if (ticket is None) == (ticket_file is None):
         raise UsageError("give the ticket text or --ticket FILE (one of them)")
     if ticket_file is not None:
@@ -203,7 +216,11 @@ ProfileOption = Annotated[
 ]
 
 
-_title_of = title_of
+def _title_of(ticket: str) -> str:
+    """``phasegate.operations.title_of``, imported when a title is made."""
+    from phasegate.operations import title_of
+
+    return title_of(ticket)
 
 
 NoAdvance = Annotated[

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from phasegate.cli._app import MAX_TICKET_BYTES, UsageError, shown
+from phasegate.cli._app import UsageError, shown
 from phasegate.config.cartridge import CARTRIDGE_FILE, Cartridge
 from phasegate.core.contract import PhasegateError
 from phasegate.forge.base import ForgeUnavailable
@@ -28,6 +28,7 @@ from phasegate.integrations.triggers import (
     repository_of,
     watch_forever,
 )
+from phasegate.operations import MAX_TICKET_BYTES
 from phasegate.runtime.engine import Engine
 from phasegate.store import StoreUnavailable
 

@@ -12,12 +12,7 @@ from typing import Annotated
 import typer
 
 from phasegate.cli._app import JsonOption, ProfileOption, UsageError, _errors, _open, app, console
-from phasegate.cli.render import _engine, _finish, _graceful, _print_detail, _Progress
-from phasegate.config.cartridge import Cartridge, CartridgeError
-from phasegate.core.report import render_report
 from phasegate.core.terminal import visible
-from phasegate.integrations import notify
-from phasegate.summary import workflow_detail
 
 
 @app.command()
@@ -50,6 +45,11 @@ def demo(
     for `phasegate approve ID`). `phasegate proposals` and `phasegate replay
     RUN_ID` then show the run.
     """
+    from phasegate.cli.render import _engine, _finish, _graceful, _print_detail, _Progress
+    from phasegate.config.cartridge import Cartridge, CartridgeError
+    from phasegate.core.report import render_report
+    from phasegate.integrations import notify
+    from phasegate.summary import workflow_detail
     from phasegate.tools.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
 
     with _errors():

@@ -14,7 +14,6 @@ from typing import Annotated
 import typer
 
 from phasegate.cli._app import (
-    MAX_TICKET_BYTES,
     AutoMergeOption,
     JsonOption,
     NoAdvance,
@@ -26,15 +25,6 @@ from phasegate.cli._app import (
     app,
     console,
     err,
-)
-from phasegate.cli._watching import github_repository, reporter, ticket_note, unavailable, watching
-from phasegate.cli.render import _drive, _engine, _finish, _graceful, _Progress
-from phasegate.config.cartridge import CARTRIDGE_FILE
-from phasegate.integrations.triggers import (
-    Watcher,
-    parse_issue_ref,
-    start_from_issue,
-    watch_forever,
 )
 
 
@@ -68,6 +58,12 @@ def watch(
     maybe in another checkout, and is passed over until a person removes that
     label. Needs forge.kind = "github". Ctrl-C/SIGTERM stop it cleanly.
     """
+    from phasegate.cli._watching import github_repository, reporter, unavailable, watching
+    from phasegate.cli.render import _engine, _graceful, _Progress
+    from phasegate.config.cartridge import CARTRIDGE_FILE
+    from phasegate.integrations.triggers import Watcher, watch_forever
+    from phasegate.operations import MAX_TICKET_BYTES
+
     with _errors():
         root, cartridge, store = _open(repo)
         repository = github_repository("watch", root, cartridge)
@@ -124,6 +120,12 @@ def import_issue(
     an agent. An issue that has a workflow already is refused, naming it, and
     so is a pull request's number. Needs forge.kind = "github".
     """
+    from phasegate.cli._watching import github_repository, ticket_note
+    from phasegate.cli.render import _drive, _engine, _finish
+    from phasegate.config.cartridge import CARTRIDGE_FILE
+    from phasegate.integrations.triggers import parse_issue_ref, start_from_issue
+    from phasegate.operations import MAX_TICKET_BYTES
+
     with _errors():
         ref = parse_issue_ref(issue)
         root, cartridge, store = _open(repo)

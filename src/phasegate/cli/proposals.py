@@ -15,13 +15,11 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
-from phasegate import operations
-from phasegate.agents import binding_problems
 from phasegate.cli._app import (
     JsonOption,
     NoAdvance,
@@ -36,15 +34,10 @@ from phasegate.cli._app import (
     err,
     shown,
 )
-from phasegate.cli.render import _STOPPED, _drive_unless_taken, _engine, _finish, _graceful
-from phasegate.config.cartridge import CARTRIDGE_FILE, CartridgeError
-from phasegate.git.workspace import Workspace
-from phasegate.graph import AgentCall, Answer, GraphRules
-from phasegate.phases.graph_mode.harness import ProposeInterrupted, RunnerAnswers, replay_check
-from phasegate.phases.graph_mode.harness import propose as run_graph
-from phasegate.runtime.engine import LeaseHeld
-from phasegate.store.tables import PROPOSAL_STATUSES
-from phasegate.summary import iso
+from phasegate.store import PROPOSAL_STATUSES
+
+if TYPE_CHECKING:
+    from phasegate.graph import AgentCall, Answer
 
 
 @contextmanager
@@ -68,6 +61,8 @@ def _stop_on_signal(cancel: threading.Event) -> Iterator[None]:
 
 
 def _proposal_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    from phasegate.summary import iso
+
     return {k: (iso(v) if isinstance(v, datetime) else v) for k, v in row.items()}
 
 
@@ -125,6 +120,13 @@ def propose(
     propose (a person decides: `phasegate approve/reject ID`) or auto.
     Exit 0 with proposals, 1 when the run proposed nothing.
     """
+    from phasegate.agents import binding_problems
+    from phasegate.config.cartridge import CARTRIDGE_FILE, CartridgeError
+    from phasegate.git.workspace import Workspace
+    from phasegate.graph import GraphRules
+    from phasegate.phases.graph_mode.harness import ProposeInterrupted, RunnerAnswers
+    from phasegate.phases.graph_mode.harness import propose as run_graph
+
     started = time.monotonic()
 
     def heard(call: AgentCall, answer: Answer | None) -> None:
@@ -263,6 +265,11 @@ def _gate(
     in the foreground unless ``advance`` is False: an approval lands the
     patch, a rejection starts a new run told why.
     """
+    from phasegate import operations
+    from phasegate.cli.render import _STOPPED, _drive_unless_taken, _engine, _finish, _graceful
+    from phasegate.runtime.engine import LeaseHeld
+    from phasegate.summary import iso
+
     with _errors():
         root, cartridge, store = _open(repo)
         engine = _engine(root, cartridge, store, None)
@@ -378,6 +385,8 @@ def replay(
     byte for byte (canonical JSON). Prints `identical` (exit 0) or the first
     difference (exit 1).
     """
+    from phasegate.phases.graph_mode.harness import replay_check
+
     with _errors():
         store = _open_for_reading(repo)
         record = store.run(run_id)["record"]

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -18,17 +18,15 @@ from rich.text import Text
 
 from phasegate.cli._app import console, err, shown
 from phasegate.cli.status_table import _status_table  # noqa: F401  (render's, for the commands)
-from phasegate.config.cartridge import Cartridge
 from phasegate.core.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES
 from phasegate.core.profiles import MAX_REVERSIONS
 from phasegate.core.report import render_report
 from phasegate.core.terminal import visible
-from phasegate.integrations import notify
-from phasegate.proc.sandbox import start_confined
-from phasegate.runtime.engine import Engine, LeaseHeld
-from phasegate.runtime.worker import waits_on_ci
-from phasegate.store import Store
-from phasegate.summary import lease_holder, workflow_summary
+
+if TYPE_CHECKING:
+    from phasegate.config.cartridge import Cartridge
+    from phasegate.runtime.engine import Engine
+    from phasegate.store import Store
 
 
 class _Progress:
@@ -158,6 +156,10 @@ def _engine(
     *,
     notifying: bool = True,
 ) -> Engine:
+    from phasegate.integrations import notify
+    from phasegate.proc.sandbox import start_confined
+    from phasegate.runtime.engine import Engine
+
     # Before any agent runs: a "bwrap" that cannot work is exit 2; unconfined is loud.
     start_confined(cartridge, lambda text: err.print(f"[bold red]{shown(text)}[/bold red]"))
     engine = Engine(repo, cartridge, store, on_event=progress)
@@ -172,6 +174,9 @@ _STOPPED = frozenset({"failed", "paused", "planning_timeout"})
 
 def _drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
     """Advance in the foreground with live progress; exit with the workflow's outcome."""
+    from phasegate.integrations import notify
+    from phasegate.runtime.worker import waits_on_ci
+
     with _Progress(quiet=as_json) as progress, _graceful(engine):
         notify.set_on_event(engine, progress)  # keeps the engine's notifier
         row = engine.advance(workflow_id)
@@ -197,6 +202,9 @@ def _drive_unless_taken(engine: Engine, workflow_id: str, as_json: bool) -> None
     """``_drive``, after the workflow was filed or a person's decision recorded: a
     worker that took the workflow on meanwhile is not an error, the workflow goes
     on there (exit 0; the holder named ``host:pid``, in JSON ``worker``)."""
+    from phasegate.runtime.engine import LeaseHeld
+    from phasegate.summary import lease_holder, workflow_summary
+
     try:
         _drive(engine, workflow_id, as_json)
     except LeaseHeld:
@@ -229,6 +237,8 @@ def _finish(
     ``driven``: the workflow was just advanced in the foreground, so a runnable
     status other than waiting means it stopped early (another process moved it).
     """
+    from phasegate.summary import workflow_summary
+
     summary = workflow_summary(store, row)
     approved = row["state"].get("merge_approved")
     at = _repo_option(row)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -20,13 +20,10 @@ from phasegate.cli._app import (
     console,
     shown,
 )
-from phasegate.cli.render import _STOPPED, _engine, _graceful, _print_detail, _Progress
-from phasegate.config.cartridge import CARTRIDGE_FILE, load_cartridge
-from phasegate.config.init import DefaultCartridge, default_cartridge
-from phasegate.git.workspace import Workspace
-from phasegate.store import open_store
-from phasegate.summary import workflow_detail
-from phasegate.tools.doctor import Diagnosis, diagnose
+
+if TYPE_CHECKING:
+    from phasegate.config.init import DefaultCartridge
+    from phasegate.tools.doctor import Diagnosis
 
 
 @app.command(short_help="Write phasegate.toml, from what it finds.")
@@ -44,6 +41,10 @@ def init(
     checks (pytest, npm test, cargo test, go test, make test) come from the
     repository.
     """
+    from phasegate.config.cartridge import CARTRIDGE_FILE, load_cartridge
+    from phasegate.config.init import default_cartridge
+    from phasegate.git.workspace import Workspace
+
     with _errors():
         root = _repo_root(repo)
         path = root / CARTRIDGE_FILE
@@ -58,6 +59,8 @@ def init(
 
 
 def _print_chosen(chosen: DefaultCartridge) -> None:
+    from phasegate.config.cartridge import CARTRIDGE_FILE
+
     def say(label: str, text: str) -> None:
         console.print(f"  {label}: {shown(text)}", highlight=False)
 
@@ -119,6 +122,8 @@ def doctor(
     not push to is missing; GitHub out of reach is a warning. --offline skips
     that lookup.
     """
+    from phasegate.tools.doctor import diagnose
+
     found = diagnose(repo, offline=offline)
     if as_json:
         console.print_json(json.dumps(found.as_dict()))
@@ -273,6 +278,10 @@ def dry_run(
     plan_alternative, plan_arbitrate, plan_adversary, review_adversary,
     arbitrate) answer acceptably, and the draft PR is landed without asking.
     """
+    from phasegate.cli.render import _STOPPED, _engine, _graceful, _print_detail, _Progress
+    from phasegate.config.cartridge import CARTRIDGE_FILE, load_cartridge
+    from phasegate.store import open_store
+    from phasegate.summary import workflow_detail
     from phasegate.tools.dryrun import dry_run_workspace, load_script
 
     with _errors():

@@ -13,7 +13,6 @@ from typing import Annotated, Any
 
 import typer
 
-from phasegate.agents.env import cartridge_secrets
 from phasegate.cli._app import (
     JsonOption,
     RepoOption,
@@ -26,11 +25,7 @@ from phasegate.cli._app import (
     err,
     shown,
 )
-from phasegate.cli._watching import watch_in_worker
-from phasegate.cli.render import _engine, _graceful, _worker_notice
-from phasegate.config.cartridge import Cartridge, CartridgeError, load_cartridge
-from phasegate.integrations import notify
-from phasegate.runtime.worker import DEFAULT_CONCURRENCY
+from phasegate.runtime import DEFAULT_CONCURRENCY
 
 
 @app.command()
@@ -61,6 +56,10 @@ def serve(
     action carries a CSRF token. Actions are recorded as PHASEGATE_WEB_USER
     (default: your OS user). Ctrl-C stops both; each workflow stays resumable.
     """
+    from phasegate.cli._watching import watch_in_worker
+    from phasegate.cli.render import _engine, _graceful, _worker_notice
+    from phasegate.integrations import notify
+
     # Imported here: the web app reads through cli.render, and every other command
     # starts without loading FastAPI.
     from phasegate.web.auth import TOKEN_VARIABLE, USER_VARIABLE, Access
@@ -194,6 +193,9 @@ def _print_event(shaped: dict[str, Any]) -> None:
 def _secrets(repo: Path) -> list[str]:
     """What the printed rows must not hold: the cartridge's and the environment's
     secrets (the environment's alone when the cartridge is broken)."""
+    from phasegate.agents.env import cartridge_secrets
+    from phasegate.config.cartridge import Cartridge, CartridgeError, load_cartridge
+
     try:
         cartridge = load_cartridge(_repo_root(repo))
     except CartridgeError:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from phasegate import operations
 from phasegate.cli._app import (
     AutoMergeOption,
     JsonOption,
@@ -26,25 +25,11 @@ from phasegate.cli._app import (
     err,
     shown,
 )
-from phasegate.cli._watching import watch_in_worker
-from phasegate.cli.render import (
-    _drive,
-    _drive_unless_taken,
-    _engine,
-    _finish,
-    _graceful,
-    _print_detail,
-    _Progress,
-    _status_table,
-    _worker_notice,
-)
-from phasegate.config.cartridge import CARTRIDGE_FILE
-from phasegate.integrations import notify
 from phasegate.proc.host import HOSTNAME_VARIABLE
-from phasegate.runtime.engine import Engine
-from phasegate.runtime.worker import DEFAULT_CONCURRENCY
-from phasegate.summary import workflow_detail, workflow_summary
-from phasegate.tools import new_project as projects
+from phasegate.runtime import DEFAULT_CONCURRENCY
+
+if TYPE_CHECKING:
+    from phasegate.runtime.engine import Engine
 
 
 @app.command()
@@ -93,6 +78,10 @@ def run(
     proposal lands through the apply arm (policy auto) or waits for
     `phasegate approve ID` (policy propose).
     """
+    from phasegate import operations
+    from phasegate.cli.render import _drive, _drive_unless_taken, _engine, _finish
+    from phasegate.config.cartridge import CARTRIDGE_FILE
+
     with _errors():
         ticket = _ticket_from(ticket, ticket_file)
         if no_advance and new_project is not None:
@@ -148,6 +137,10 @@ def _start_new_project(
 ) -> tuple[Engine, str]:
     """The new project's checkout and its workflow (phasegate.tools.new_project): an earlier
     try's workflow found in the checkout is continued, never filed again."""
+    from phasegate.cli.render import _engine
+    from phasegate.config.cartridge import CARTRIDGE_FILE
+    from phasegate.tools import new_project as projects
+
     where = (directory or Path(name.rpartition("/")[2])).resolve()
     earlier = None
     if (where / CARTRIDGE_FILE).is_file() and (where / ".git").exists():
@@ -215,6 +208,10 @@ def worker(
     every running agent; each workflow pauses resumable, and the worker exits once all
     have stopped). With a shared store (PostgreSQL), a worker in another clone of the
     same forge repository takes over a dead worker's workflows once their leases expire."""
+    from phasegate.cli._watching import watch_in_worker
+    from phasegate.cli.render import _engine, _graceful, _Progress, _worker_notice
+    from phasegate.integrations import notify
+
     with _errors():
         root, cartridge, store = _open(repo)
         progress = _Progress(quiet=False)
@@ -235,6 +232,9 @@ def worker(
 def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     """Every workflow: phase, status, the worker holding it (while one does), profile,
     tokens and cost."""
+    from phasegate.cli.status_table import _status_table
+    from phasegate.summary import workflow_summary
+
     with _errors():
         store = _open_for_reading(repo)
         rows = [workflow_summary(store, r) for r in store.list_workflows()]
@@ -252,6 +252,9 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """One workflow: its phase timeline with milestones, agent runs and the reason it stopped."""
+    from phasegate.cli.render import _print_detail
+    from phasegate.summary import workflow_detail
+
     with _errors():
         store = _open_for_reading(repo)
         detail = workflow_detail(store, workflow_id)
@@ -274,6 +277,8 @@ def _manual(
     With ``announce_reversion`` the reversion just recorded is confirmed on
     stderr before the workflow moves on (its exit code is the run's).
     """
+    from phasegate.cli.render import _drive_unless_taken, _engine, _finish
+
     with _errors():
         root, cartridge, store = _open(repo)
         engine = _engine(root, cartridge, store, None)
@@ -306,6 +311,8 @@ def resume(
     attempt_discarded); stale git locks and half-made worktrees are repaired;
     leftover agent and check processes are stopped. docs/guarantees.md says what holds.
     """
+    from phasegate import operations
+
     by = operations.login_name()
     _manual(
         repo,
@@ -331,6 +338,8 @@ def feedback(
     more). The round's report quotes the feedback and lists the files and lines
     changed since the last report.
     """
+    from phasegate import operations
+
     by = operations.login_name()
     _manual(
         repo,
@@ -357,6 +366,8 @@ def approve_merge(
     to a protected path (the cartridge, CI files, what the checks run) or an agent's
     violation this round. `phasegate show ID` says what is held and shows the diff.
     """
+    from phasegate import operations
+
     _manual(
         repo,
         workflow_id,
@@ -386,6 +397,8 @@ def revert(
     branch, milestones and agent sessions are kept; the reason is the next
     plan's input and a decision record `phasegate show` lists.
     """
+    from phasegate import operations
+
     by = operations.login_name()
     _manual(
         repo,
@@ -406,6 +419,8 @@ def verify_override(
     as_json: JsonOption = False,
 ) -> None:
     """A person's acceptance verdict; confirmed closes the issue and completes the workflow."""
+    from phasegate import operations
+
     _manual(
         repo,
         workflow_id,
@@ -428,6 +443,8 @@ def cancel(
     Refused (exit 2, nothing changed) while a worker advances it: stop that
     worker first (its agents stop, the workflow pauses), then cancel.
     """
+    from phasegate import operations
+
     who = operations.login_name() if by is None else by
     _manual(repo, workflow_id, lambda e: operations.cancel(e, workflow_id, by=who), False, as_json)
 
@@ -447,6 +464,9 @@ def cleanup(
     clean up, 1 when a cleanup still fails (git's reason is printed) or
     another process holds the workflow.
     """
+    from phasegate import operations
+    from phasegate.cli.render import _engine
+
     with _errors():
         root, cartridge, store = _open(repo)
         engine = _engine(root, cartridge, store, None)

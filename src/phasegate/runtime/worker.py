@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from phasegate.core.contract import PR_REVIEW, RUNNABLE_STATUSES, WAIT, PhasegateError
 from phasegate.phases import cleanup
 from phasegate.proc.deadline import LeaseDeadline, deadline_clock
+from phasegate.runtime import DEFAULT_CONCURRENCY
 from phasegate.store import Fence, Store, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -57,11 +58,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds between a worker's retries of failed cleanups.
 CLEANUP_RETRY_S = 60.0
-
-#: Workflows one worker advances at once by default: agents are subprocesses, so
-#: a thread costs little while it waits on one; what bounds it is the machine
-#: running that many agents (and their checks) side by side.
-DEFAULT_CONCURRENCY = 4
 
 #: Seconds a worker waits after its store was first found unavailable before it
 #: tries again; doubled at each failure in a row, up to ``OUTAGE_MAX_S``.

@@ -1,20 +1,36 @@
-"""Persistence: the schema, its migrations, the Store and the single commit path."""
+"""Persistence: the schema, its migrations, the Store and the single commit path.
 
-from phasegate.store.store import (
-    APPLY_ARM,
-    DEFAULT_BUSY_TIMEOUT_S,
-    AgentRunRecord,
-    Fence,
-    FenceLost,
-    Store,
-    StoreUnavailable,
-    StoreUrlUnsupported,
-    UsageTotals,
-    commit_phase_result,
-    open_store,
-    store_server_problem,
-    store_url_problem,
-)
+The names below load with ``phasegate.store.store`` on first use, so importing
+one part (``phasegate.store.tables``) does not import the rest.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from phasegate.store.store import (
+        APPLY_ARM,
+        DEFAULT_BUSY_TIMEOUT_S,
+        AgentRunRecord,
+        Fence,
+        FenceLost,
+        Store,
+        StoreUnavailable,
+        StoreUrlUnsupported,
+        UsageTotals,
+        commit_phase_result,
+        open_store,
+        store_server_problem,
+        store_url_problem,
+    )
+
+#: Where a proposal stands. ``superseded``: a workflow's proposal nobody decided
+#: before a later run of that workflow was recorded (a revert, feedback, a new run);
+#: never decided, never counted in a streak. Here, not in ``tables``, so that the
+#: command line's help names them without importing SQLAlchemy.
+PROPOSAL_STATUSES = ("proposed", "approved", "rejected", "applied", "superseded")
 
 __all__ = [
     "APPLY_ARM",
@@ -22,6 +38,7 @@ __all__ = [
     "AgentRunRecord",
     "Fence",
     "FenceLost",
+    "PROPOSAL_STATUSES",
     "Store",
     "StoreUnavailable",
     "StoreUrlUnsupported",
@@ -31,3 +48,11 @@ __all__ = [
     "store_server_problem",
     "store_url_problem",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module("phasegate.store.store"), name)
+    globals()[name] = value
+    return value

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import psycopg
 import sqlalchemy as sa
 
 from phasegate.clock import Clock, SystemClock
 from phasegate.core.contract import PhasegateError
 from phasegate.store._base import Dialect, FenceLost, StoreUnavailable
-from phasegate.store._postgres import PostgresDialect
 from phasegate.store._sqlite import DEFAULT_BUSY_TIMEOUT_S, SqliteDialect
 from phasegate.store.agent_runs import AgentRunRecord, AgentRunRows, UsageTotals
 from phasegate.store.forge_rows import ForgeRows
@@ -96,6 +94,11 @@ def make_dialect(url: str, busy_timeout_s: float | None = None) -> Dialect:
             busy_timeout_s = _seconds(str(query_timeout), parsed)
     timeout = DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
     if parsed.get_backend_name() == "postgresql":
+        # psycopg and its dialect load only for a server: a SQLite store never needs them.
+        import psycopg
+
+        from phasegate.store._postgres import PostgresDialect
+
         dialect = PostgresDialect(parsed.set(drivername="postgresql+psycopg"), timeout)
         try:
             dialect.conninfo()  # libpq's own check of the URL's query: options it knows
@@ -129,6 +132,8 @@ def store_server_problem(url: str) -> str | None:
         dialect = make_dialect(url, busy_timeout_s=5.0)
     except StoreUrlUnsupported as exc:
         return str(exc)
+    from phasegate.store._postgres import PostgresDialect
+
     assert isinstance(dialect, PostgresDialect)
     engine = dialect.engine()
     try:

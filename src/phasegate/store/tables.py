@@ -156,11 +156,9 @@ forge_pull_requests = sa.Table(
 
 # -- the development graph: recorded runs and the proposals they emitted --------------------
 
-#: What the autonomy policy decided for a proposal, and where it stands.
+#: What the autonomy policy decided for a proposal (where it stands then:
+#: ``phasegate.store.PROPOSAL_STATUSES``).
 PROPOSAL_MODES = ("propose", "auto")
-#: ``superseded``: a workflow's proposal nobody decided before a later run of that workflow
-#: was recorded (a revert, feedback, a new run); never decided, never counted in a streak.
-PROPOSAL_STATUSES = ("proposed", "approved", "rejected", "applied", "superseded")
 
 graph_runs = sa.Table(
     "graph_runs",

@@ -7,7 +7,26 @@ the token, the identity and the sessions; ``serve`` (serve.py) runs it with
 uvicorn beside the worker.
 """
 
-from phasegate.web.app import create_app
-from phasegate.web.auth import Access
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from phasegate.web.app import create_app
+    from phasegate.web.auth import Access
 
 __all__ = ["Access", "create_app"]
+
+#: Where each name lives; it loads on first use, so ``phasegate events`` reads
+#: ``live`` without importing FastAPI.
+_HOMES = {"Access": "phasegate.web.auth", "create_app": "phasegate.web.app"}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(home), name)
+    globals()[name] = value
+    return value
