@@ -16,7 +16,8 @@ from phasegate.forge.base import (
     Labelled,
     PullRequest,
 )
-from phasegate.forge.github.auth import ForgeAuth, forge_auth, make_forge, repository_from_origin
+from phasegate.forge.factory import make_forge
+from phasegate.forge.github.auth import ForgeAuth, forge_auth, repository_from_origin
 from phasegate.forge.github.forge import GitHubForge
 from phasegate.forge.local import LocalForge
 

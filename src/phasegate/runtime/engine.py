@@ -60,7 +60,7 @@ from phasegate.forge.base import (
     ForgeError,
     status_label,
 )
-from phasegate.forge.github.auth import make_forge
+from phasegate.forge.factory import make_forge
 from phasegate.git import files as _gitfs
 from phasegate.git.command import withhold_from_git
 from phasegate.git.workspace import Workspace, git
