@@ -507,7 +507,7 @@ class Engine:
             # stale worker must not stop the live agent of the one that took over.
             fence.check()
         if ctx.repo_path != str(self.repo):  # another clone's, or another repository's
-            moved = take_over(self, ctx)
+            moved = take_over(self, ctx, self._commit_retrying, self._emit)
             if moved is None:
                 return False
             ctx = moved
