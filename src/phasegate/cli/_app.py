@@ -22,7 +22,7 @@ from phasegate.config.cartridge import (
 from phasegate.core.contract import PhasegateError
 from phasegate.core.terminal import visible
 from phasegate.git.workspace import GitError, git
-from phasegate.operations import MAX_TICKET_BYTES, check_ticket, title_of
+from phasegate.operations import MAX_TICKET_BYTES, check_ticket
 from phasegate.store import Store, StoreUnavailable, open_store
 from phasegate.tools.doctor import not_a_repository
 
@@ -87,7 +87,7 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 
 @contextmanager
-def _errors() -> Iterator[None]:
+def reported_errors() -> Iterator[None]:
     """Turn phasegate's errors into a one-line message: exit code 1 when the store
     could not be written (a workflow stays as last committed; ``resume`` continues
     it), else 2 (bad input)."""
@@ -100,7 +100,7 @@ def _errors() -> Iterator[None]:
         raise _fail(str(exc)) from None
 
 
-def _repo_root(repo: Path) -> Path:
+def repo_root(repo: Path) -> Path:
     """The repository ``repo`` is in: inside a linked worktree (a workflow's, under
     ``.phasegate/worktrees/``, or a person's), the main checkout that owns it, where
     the cartridge and the store are."""
@@ -114,20 +114,20 @@ def _repo_root(repo: Path) -> Path:
     return top
 
 
-def _open(repo: Path) -> tuple[Path, Cartridge, Store]:
+def open_repo(repo: Path) -> tuple[Path, Cartridge, Store]:
     """The repository, the cartridge its workflows run under (the committed one,
     ``load_committed_cartridge``: a note on stderr says when the checkout's
     differs or is not committed) and its store."""
-    root = _repo_root(repo)
+    root = repo_root(repo)
     cartridge, note = load_committed_cartridge(root)
     if note:
         err.print(f"[yellow]note:[/yellow] {shown(note)}", highlight=False)
     return root, cartridge, open_store(cartridge.store_url(root))
 
 
-def _open_for_reading(repo: Path) -> Store:
+def open_for_reading(repo: Path) -> Store:
     """The store, even while the cartridge is broken: looking must not need it valid."""
-    root = _repo_root(repo)
+    root = repo_root(repo)
     try:
         url = load_cartridge(root).store_url(root)
     except CartridgeError as exc:
@@ -168,7 +168,7 @@ def main_callback(
     """phasegate"""
 
 
-def _ticket_from(ticket: str | None, ticket_file: Path | None) -> str:
+def ticket_from(ticket: str | None, ticket_file: Path | None) -> str:
     if (ticket is None) == (ticket_file is None):
         raise UsageError("give the ticket text or --ticket FILE (one of them)")
     if ticket_file is not None:
@@ -201,9 +201,6 @@ ProfileOption = Annotated[
         "[profiles.NAME] of the cartridge (default: workflow.profile, else review).",
     ),
 ]
-
-
-_title_of = title_of
 
 
 NoAdvance = Annotated[
