@@ -26,7 +26,7 @@ from phasegate.forge.base import (
     PullRequest,
 )
 from phasegate.git.command import run_git
-from phasegate.git.guard import _CONFIG_FILES, _included, _user_configs
+from phasegate.git.guard import CONFIG_FILE_VARIABLES, included_configs, user_configs
 from phasegate.git.workspace import Workspace
 from phasegate.store import Store
 from phasegate.store import tables as t
@@ -143,12 +143,14 @@ class LocalForge:
         and git's old ``remotes/``/``branches/`` files have none: then there is
         none, and saying so costs no git (issue 12 item 6; as the guard finds a
         hooks path)."""
-        if any(k.startswith("GIT_CONFIG_") and k not in _CONFIG_FILES for k in os.environ):
+        if any(k.startswith("GIT_CONFIG_") and k not in CONFIG_FILE_VARIABLES for k in os.environ):
             return True
         common = self.workspace.common_dir(self.repo)
         if (common / "remotes" / "origin").exists() or (common / "branches" / "origin").exists():
             return True
-        for config in _included([common / "config", common / "config.worktree", *_user_configs()]):
+        for config in included_configs(
+            [common / "config", common / "config.worktree", *user_configs()]
+        ):
             try:
                 text = config.read_bytes().lower()
             except OSError:
