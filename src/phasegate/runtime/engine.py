@@ -64,12 +64,12 @@ from phasegate.forge.factory import make_forge
 from phasegate.git import files as _gitfs
 from phasegate.git.command import withhold_from_git
 from phasegate.git.workspace import Workspace, git
+from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
 from phasegate.proc.deadline import LeaseDeadline, current_deadline, deadline_clock, governing
 from phasegate.proc.host import host_name
 from phasegate.runtime.faults import fault_result
 from phasegate.runtime.healing import self_heal
-from phasegate.runtime.journal import SideEffects
 from phasegate.runtime.takeover import ForeignWorkflow, forge_repository, take_over
 from phasegate.runtime.worker import DEFAULT_CONCURRENCY, Heartbeat, LeaseHeld, run_worker
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
