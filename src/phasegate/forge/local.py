@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from phasegate.agents.env import environment_secrets
-from phasegate.core.redaction import redact
+from phasegate.core.redaction import redact, secrets_in_environment
 from phasegate.forge.base import (
     Check,
     Comment,
@@ -35,7 +34,7 @@ __all__ = ["LocalForge"]
 
 
 class LocalForge:
-    """The local forge of ``repo``. ``secrets`` (default: ``environment_secrets()``;
+    """The local forge of ``repo``. ``secrets`` (default: the environment's secret values;
     the engine passes ``cartridge_secrets``) are redacted from what it records."""
 
     def __init__(
@@ -49,7 +48,7 @@ class LocalForge:
         self.repo = repo
         self.key = str(repo.resolve())
         self.workspace = workspace
-        self.secrets = list(environment_secrets() if secrets is None else secrets)
+        self.secrets = list(secrets_in_environment(os.environ) if secrets is None else secrets)
 
     def _clean(self, text: str) -> str:
         return redact(text, self.secrets)
