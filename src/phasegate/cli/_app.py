@@ -17,10 +17,10 @@ from phasegate.config.cartridge import (
     Cartridge,
     CartridgeError,
     load_cartridge,
-    load_committed_cartridge,
 )
 from phasegate.core.contract import PhasegateError
 from phasegate.core.terminal import visible
+from phasegate.git.committed import load_committed_cartridge
 from phasegate.git.workspace import GitError, git
 from phasegate.operations import MAX_TICKET_BYTES, check_ticket
 from phasegate.store import Store, StoreUnavailable, open_store

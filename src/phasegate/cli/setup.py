@@ -21,12 +21,12 @@ from phasegate.cli._app import (
 )
 from phasegate.cli.render import STOPPED, LiveProgress, graceful, make_engine, print_detail
 from phasegate.config.cartridge import CARTRIDGE_FILE, load_cartridge
-from phasegate.config.init import DefaultCartridge, default_cartridge
 from phasegate.git.workspace import Workspace
 from phasegate.operations import title_of
 from phasegate.store import open_store
 from phasegate.summary import workflow_detail
 from phasegate.tools.doctor import Diagnosis, diagnose
+from phasegate.tools.init import DefaultCartridge, default_cartridge
 
 
 @app.command(short_help="Write phasegate.toml, from what it finds.")
