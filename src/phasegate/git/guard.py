@@ -59,7 +59,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from phasegate.core.contract import Violation
 from phasegate.git import files as _gitfs
@@ -459,6 +459,8 @@ def recover(cwd: Path, key: str) -> list[tuple[str, str, Violation]]:
 class Guarded(Protocol):
     """An agent run's result as ``Watch.apply`` reads it (``agents.base.AgentResult``,
     a frozen dataclass): the guard sits below the agents, so it names only this."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
 
     @property
     def ok(self) -> bool: ...

@@ -106,7 +106,7 @@ def _confirm(ctx: WorkflowContext, deps: PhaseDeps, row: MilestoneWrite, who: st
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     """The phase (module docstring). A workflow started from a forge issue
-    verifies against the issue as it is now (``triggers.resnapshot``): an edit
+    verifies against the issue as it is now (``tickets.resnapshot``): an edit
     since the start gives a new acceptance hash, so it verifies again, and the
     verifier reads the edited ticket; an edit the start's voucher cannot vouch
     for pauses the workflow."""
