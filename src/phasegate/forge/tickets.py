@@ -3,9 +3,9 @@
 A workflow started from an issue is asked to do what its ``TicketSnapshot``
 says: the issue's title and body and the conversation comments of trusted
 authors (``TRUSTED_PERMISSIONS``), each with its author. Text by anyone else
-never reaches it, so it never reaches a prompt. The snapshot's hash is spec
-000's acceptance hash (``state["acceptance_hash"]``): acceptance verification
-takes the snapshot again (``resnapshot``), so a new snapshot of an edited issue
+never reaches it, so it never reaches a prompt. The snapshot's hash is the
+acceptance hash (``state["acceptance_hash"]``): acceptance verification takes
+the snapshot again (``resnapshot``), so a new snapshot of an edited issue
 verifies again. The triggers (``phasegate.integrations.triggers``) take the
 first snapshot; this module sits below the phases so both can read it.
 """

@@ -1,5 +1,4 @@
-"""The new project's repository on the forge, made at the top of preparation
-(spec 000 preparation: "Creates the GitHub repo (new project)").
+"""The new project's repository on the forge, made at the top of preparation.
 
 ``set_up`` runs when the workflow's ``state["new_project"]`` says so: the
 ``repo_setup`` milestone is written ``in_progress`` before GitHub is asked to
