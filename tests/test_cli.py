@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from phasegate.cli.render import _status_table
+from phasegate.cli.render import status_table
 from phasegate.config.cartridge import load_cartridge
 from phasegate.forge import LocalForge
 from phasegate.git.workspace import Workspace
@@ -192,7 +192,7 @@ def test_status_fits_its_width_and_never_cuts_id_phase_or_status(width: int) -> 
         for i, s in (("a1b2c3d4", "verification_pending"), ("0f0f0f0f", "awaiting_approval"))
     ] + [_summary_row("e5f6a7b8", "Short", "development", "running")]
     out = io.StringIO()
-    Console(file=out, width=width).print(_status_table(rows, width))
+    Console(file=out, width=width).print(status_table(rows, width))
     lines = out.getvalue().splitlines()
     assert lines and all(len(line) <= width for line in lines), lines
     for r in rows:
@@ -211,7 +211,7 @@ def test_status_names_the_repository_when_the_store_holds_several(width: int) ->
         {**_summary_row("e5f6a7b8", "Two", "wait", "waiting"), "repo_path": "/srv/clones/web"},
     ]
     out = io.StringIO()
-    Console(file=out, width=width).print(_status_table(rows, width))
+    Console(file=out, width=width).print(status_table(rows, width))
     lines = out.getvalue().splitlines()
     assert "repository" in " ".join(lines[:3]), lines
     [one] = [line for line in lines if "a1b2c3d4" in line]
@@ -219,7 +219,7 @@ def test_status_names_the_repository_when_the_store_holds_several(width: int) ->
     assert "acme/api" in one and "web" in two and all(len(x) <= width for x in lines)
     # One repository's rows (the usual, and every SQLite store): no column for it.
     alone = io.StringIO()
-    Console(file=alone, width=width).print(_status_table(rows[:1], width))
+    Console(file=alone, width=width).print(status_table(rows[:1], width))
     assert "repository" not in alone.getvalue()
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from phasegate.config.cartridge import load_cartridge
-from phasegate.config.init import default_cartridge
 from phasegate.tools import doctor
 from phasegate.tools.discover import CheckGuess, detect_base_branch, detect_checks, program_version
 from phasegate.tools.doctor import diagnose
+from phasegate.tools.init import default_cartridge
 
 from conftest import ROLES, git, make_repo
 

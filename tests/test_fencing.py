@@ -23,9 +23,9 @@ from test_restart import FEATURE, Lab, assert_exactly_once, wait_until
 from phasegate.config.cartridge import load_cartridge
 from phasegate.core.contract import MilestoneWrite
 from phasegate.git.workspace import Workspace
+from phasegate.journal import SideEffects
 from phasegate.proc.process import start_ticks
 from phasegate.runtime.engine import Engine
-from phasegate.runtime.journal import SideEffects
 from phasegate.runtime.worker import Heartbeat
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable, open_store
 from phasegate.testing import InMemoryForge

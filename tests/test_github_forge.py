@@ -34,8 +34,8 @@ from phasegate.forge.github.faults import GitHubRefused
 from phasegate.forge.github.forge import CHECK_OUTPUT_BYTES, neutralize_closing
 from phasegate.forge.github.git import FETCHED_PREFIX
 from phasegate.git.workspace import Workspace
+from phasegate.journal import SideEffects
 from phasegate.runtime.engine import Engine
-from phasegate.runtime.journal import SideEffects
 from phasegate.store import Store, open_store
 
 from conftest import GitHubLab, git, github_repo, new_workflow, scripted_cartridge

@@ -92,7 +92,11 @@ def evidence_kinds(proposal: dict[str, Any]) -> list[str]:
 # -- purity ------------------------------------------------------------------------------
 
 SRC = Path(phasegate.__file__).parent
-PURE_MODULES = [*sorted((SRC / "graph").glob("*.py")), SRC / "autonomy.py", SRC / "profiles.py"]
+PURE_MODULES = [
+    *sorted((SRC / "graph").glob("*.py")),
+    SRC / "core" / "autonomy.py",
+    SRC / "core" / "profiles.py",
+]
 #: Standard modules that reach disk, clock, processes, network or randomness.
 IMPURE_MODULES = frozenset(
     {

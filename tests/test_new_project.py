@@ -96,7 +96,7 @@ def test_a_kill_right_after_the_repository_is_made_then_a_rerun_finds_it_and_goe
     # before repo_setup is settled and before the first commit is pushed.
     crash = (
         "import sys; from pathlib import Path\n"
-        "from phasegate import new_project as p\n"
+        "from phasegate.tools import new_project as p\n"
         "from phasegate.config.cartridge import load_cartridge\n"
         "from phasegate.runtime.engine import Engine\n"
         "from phasegate.forge import make_forge\n"

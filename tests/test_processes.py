@@ -26,9 +26,9 @@ from test_restart import Lab, wait_until
 from phasegate.agents.process import run_agent_process
 from phasegate.core.contract import WorkflowPaused
 from phasegate.git.checks import run_checks
+from phasegate.journal import ProcessJournal
 from phasegate.proc.process import boot_id, kill_orphan_group, start_ticks
 from phasegate.runtime.engine import Engine
-from phasegate.runtime.journal import ProcessJournal
 from phasegate.store import Store
 
 from conftest import git, scripted_cartridge

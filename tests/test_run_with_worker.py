@@ -20,7 +20,7 @@ import pytest
 from test_concurrent_worker import _settle, _stop, _worker
 from test_flaky_git import distinct_builds_repo
 
-from phasegate.cli.render import _drive_unless_taken
+from phasegate.cli.render import drive_unless_taken
 from phasegate.config.cartridge import load_cartridge
 from phasegate.proc.host import host_name
 from phasegate.runtime.engine import Engine
@@ -86,10 +86,10 @@ def test_a_workflow_a_live_worker_holds_is_said_to_go_on_there_naming_it(
         workflow_id = engine.start("t", "a ticket")
         holder = f"{host_name()}:{os.getpid()}:worker"  # alive: this very process
         assert store.claim(workflow_id, holder, 60) is not None
-        _drive_unless_taken(engine, workflow_id, as_json=False)
+        drive_unless_taken(engine, workflow_id, as_json=False)
         said = capsys.readouterr().out
         assert f"was taken on by a worker ({host_name()}:{os.getpid()}) meanwhile" in said
-        _drive_unless_taken(engine, workflow_id, as_json=True)
+        drive_unless_taken(engine, workflow_id, as_json=True)
         summary = json.loads(capsys.readouterr().out)
         assert summary["taken_by_worker"] is True
         assert str(summary["worker"]).startswith(f"{host_name()}:{os.getpid()}")

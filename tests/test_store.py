@@ -19,7 +19,7 @@ from alembic.migration import MigrationContext
 from phasegate.core.contract import MilestoneView, MilestoneWrite, WorkflowNotFound
 from phasegate.forge import ForgeError
 from phasegate.git.workspace import Workspace
-from phasegate.runtime.journal import SideEffects
+from phasegate.journal import SideEffects
 from phasegate.store import AgentRunRecord, Store, open_store
 from phasegate.store import tables as t
 from phasegate.store.tables import metadata

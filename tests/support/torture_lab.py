@@ -259,7 +259,7 @@ class Lab:
         """File a workflow through the Engine API without running it; returns its id.
         The first one opens (and migrates) the store the lab reads."""
         from phasegate.config.cartridge import load_cartridge
-        from phasegate.forge.github.auth import make_forge
+        from phasegate.forge.factory import make_forge
         from phasegate.git.workspace import Workspace
         from phasegate.runtime.engine import Engine
         from phasegate.store import open_store

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from phasegate.core.contract import VIOLATIONS, Violation
 from phasegate.proc.sandbox import Confinement
 
 __all__ = ["AgentRequest", "AgentResult", "ERROR_KINDS", "Runner", "VIOLATIONS", "Violation"]
@@ -30,38 +31,6 @@ ERROR_KINDS = (
     "oversized",  # an answer above limits.max_answer_bytes
     "secret_in_change",  # the graph's build answered with a diff holding a secret
 )
-
-#: Named ways an agent run overstepped its role, recorded as
-#: ``violation`` events and printed by ``show``:
-#: - ``read_only_violation``: a read-only role changed its checkout;
-#: - ``ref_violation``: a branch, HEAD or another ref was moved (restored);
-#: - ``git_dir_violation``: the git config, hooks or ``info/`` changed (restored);
-#: - ``sandbox_denied``: the sandbox refused a write outside the agent's own areas;
-#: - ``secret_in_change``: the change or answer held a secret (refused);
-#: - ``oversized``: a diff or answer above its cartridge limit (refused);
-#: - ``outward_symlink``: the change adds a symbolic link out of the repository
-#:   (found by the merge gate, ``phases.merge_gate``).
-#:
-#: Any of them in a development round holds that round's merge for a person.
-VIOLATIONS = (
-    "read_only_violation",
-    "ref_violation",
-    "git_dir_violation",
-    "sandbox_denied",
-    "secret_in_change",
-    "oversized",
-    "outward_symlink",
-)
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One overstep of an agent run: ``name`` (one of VIOLATIONS), what happened
-    (``detail``, one line) and the paths or refs it concerned."""
-
-    name: str
-    detail: str
-    paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ from phasegate.core.redaction import (
     files_with_secrets,
     holds_secret,
     redact,
+    secret_set,
     secret_variants,
+    secrets_in_environment,
 )
 
 __all__ = [
@@ -74,15 +76,9 @@ def check_env(
     return {name: source[name] for name in (*CHECK_ENV, *pass_env) if name in source}
 
 
-def _secret_set(values: Iterable[str]) -> list[str]:
-    # Longest first, so a secret containing another is replaced whole.
-    return sorted({v for v in values if len(v) >= _MIN_SECRET}, key=len, reverse=True)
-
-
 def environment_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
     """Every value in the environment held by a variable whose name says it is secret."""
-    source = os.environ if environ is None else environ
-    return _secret_set(v for k, v in source.items() if SECRET_NAME.search(k))
+    return secrets_in_environment(os.environ if environ is None else environ)
 
 
 def secret_names_in(text: str, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -103,7 +99,7 @@ def secret_values(binding: RoleBinding, environ: Mapping[str, str] | None = None
     if binding.api_key_env and binding.api_key_env in source:
         values.append(source[binding.api_key_env])
     values += [v for k, v in binding.env.items() if SECRET_NAME.search(k)]
-    return _secret_set(values)
+    return secret_set(values)
 
 
 def cartridge_secrets(cartridge: Cartridge, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -119,4 +115,4 @@ def cartridge_secrets(cartridge: Cartridge, environ: Mapping[str, str] | None = 
         binding = getattr(cartridge.roles, name)
         if binding is not None:
             values += secret_values(binding, source)
-    return _secret_set(values)
+    return secret_set(values)

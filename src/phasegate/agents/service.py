@@ -24,8 +24,8 @@ from phasegate.core.contract import (
 from phasegate.git import guard
 from phasegate.git.command import changes, note_change
 from phasegate.git.workspace import GitError, Workspace, git
+from phasegate.journal import ProcessJournal
 from phasegate.proc.sandbox import agent_confinement
-from phasegate.runtime.journal import ProcessJournal
 from phasegate.store import AgentRunRecord, Fence, FenceLost, Store
 
 __all__ = [

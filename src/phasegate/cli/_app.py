@@ -84,7 +84,7 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 
 @contextmanager
-def _errors() -> Iterator[None]:
+def reported_errors() -> Iterator[None]:
     """Turn phasegate's errors into a one-line message: exit code 1 when the store
     could not be written (a workflow stays as last committed; ``resume`` continues
     it), else 2 (bad input)."""
@@ -99,7 +99,7 @@ def _errors() -> Iterator[None]:
         raise _fail(str(exc)) from None
 
 
-def _repo_root(repo: Path) -> Path:
+def repo_root(repo: Path) -> Path:
     """The repository ``repo`` is in: inside a linked worktree (a workflow's, under
     ``.phasegate/worktrees/``, or a person's), the main checkout that owns it, where
     the cartridge and the store are."""
@@ -117,26 +117,26 @@ def _repo_root(repo: Path) -> Path:
     return top
 
 
-def _open(repo: Path) -> tuple[Path, Cartridge, Store]:
+def open_repo(repo: Path) -> tuple[Path, Cartridge, Store]:
     """The repository, the cartridge its workflows run under (the committed one,
     ``load_committed_cartridge``: a note on stderr says when the checkout's
     differs or is not committed) and its store."""
     from phasegate.config.cartridge import load_committed_cartridge
     from phasegate.store import open_store
 
-    root = _repo_root(repo)
+    root = repo_root(repo)
     cartridge, note = load_committed_cartridge(root)
     if note:
         err.print(f"[yellow]note:[/yellow] {shown(note)}", highlight=False)
     return root, cartridge, open_store(cartridge.store_url(root))
 
 
-def _open_for_reading(repo: Path) -> Store:
+def open_for_reading(repo: Path) -> Store:
     """The store, even while the cartridge is broken: looking must not need it valid."""
     from phasegate.config.cartridge import Cartridge, CartridgeError, load_cartridge
     from phasegate.store import open_store
 
-    root = _repo_root(repo)
+    root = repo_root(repo)
     try:
         url = load_cartridge(root).store_url(root)
     except CartridgeError as exc:
@@ -179,7 +179,7 @@ def main_callback(
     """phasegate"""
 
 
-def _ticket_from(ticket: str | None, ticket_file: Path | None) -> str:
+def ticket_from(ticket: str | None, ticket_file: Path | None) -> str:
     from phasegate.operations import MAX_TICKET_BYTES, check_ticket
 
     if (ticket is None) == (ticket_file is None):
@@ -216,7 +216,7 @@ ProfileOption = Annotated[
 ]
 
 
-def _title_of(ticket: str) -> str:
+def title_of(ticket: str) -> str:
     """``phasegate.operations.title_of``, imported when a title is made."""
     from phasegate.operations import title_of
 

@@ -11,7 +11,15 @@ from typing import Annotated
 
 import typer
 
-from phasegate.cli._app import JsonOption, ProfileOption, UsageError, _errors, _open, app, console
+from phasegate.cli._app import (
+    JsonOption,
+    ProfileOption,
+    UsageError,
+    app,
+    console,
+    open_repo,
+    reported_errors,
+)
 from phasegate.core.terminal import visible
 
 
@@ -45,14 +53,14 @@ def demo(
     for `phasegate approve ID`). `phasegate proposals` and `phasegate replay
     RUN_ID` then show the run.
     """
-    from phasegate.cli.render import _engine, _finish, _graceful, _print_detail, _Progress
+    from phasegate.cli.render import LiveProgress, finish, graceful, make_engine, print_detail
     from phasegate.config.cartridge import Cartridge, CartridgeError
     from phasegate.core.report import render_report
     from phasegate.integrations import notify
     from phasegate.summary import workflow_detail
     from phasegate.tools.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
 
-    with _errors():
+    with reported_errors():
         if profile is not None:  # a name the sample's cartridge knows, before any file
             if not profile.strip():
                 raise CartridgeError("--profile: the profile name is empty")
@@ -63,14 +71,14 @@ def demo(
         repo = make_sample_project(target, graph=graph)
         if not as_json:
             console.print(f"sample project: {repo}", highlight=False)
-        root, cartridge, store = _open(repo)
-        engine = _engine(root, cartridge, store, None)
+        root, cartridge, store = open_repo(repo)
+        engine = make_engine(root, cartridge, store, None)
         workflow_id = engine.start(DEMO_TITLE, DEMO_TICKET, profile=profile)
-        with _Progress(quiet=as_json) as progress, _graceful(engine):
+        with LiveProgress(quiet=as_json) as progress, graceful(engine):
             notify.set_on_event(engine, progress)  # keeps the engine's notifier
             row = engine.advance(workflow_id)
     if not as_json:
-        _print_detail(workflow_detail(store, workflow_id))
+        print_detail(workflow_detail(store, workflow_id))
         report = row["state"].get("report")
         if report:
             console.print(
@@ -91,7 +99,7 @@ def demo(
             f"state kept in {repo / '.phasegate'}; try `{me} show {workflow_id} --repo {repo}`",
             highlight=False,
         )
-    _finish(store, row, as_json, interrupted=engine.shutdown.is_set())
+    finish(store, row, as_json, interrupted=engine.shutdown.is_set())
 
 
 def _invocation() -> str:

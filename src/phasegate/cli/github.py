@@ -20,11 +20,11 @@ from phasegate.cli._app import (
     ProfileOption,
     RepoOption,
     UsageError,
-    _errors,
-    _open,
     app,
     console,
     err,
+    open_repo,
+    reported_errors,
 )
 
 
@@ -59,17 +59,17 @@ def watch(
     label. Needs forge.kind = "github". Ctrl-C/SIGTERM stop it cleanly.
     """
     from phasegate.cli._watching import github_repository, reporter, unavailable, watching
-    from phasegate.cli.render import _engine, _graceful, _Progress
+    from phasegate.cli.render import LiveProgress, graceful, make_engine
     from phasegate.config.cartridge import CARTRIDGE_FILE
     from phasegate.integrations.triggers import Watcher, watch_forever
     from phasegate.operations import MAX_TICKET_BYTES
 
-    with _errors():
-        root, cartridge, store = _open(repo)
+    with reported_errors():
+        root, cartridge, store = open_repo(repo)
         repository = github_repository("watch", root, cartridge)
         cartridge.require_roles(root / CARTRIDGE_FILE)
-        progress = _Progress(quiet=as_json or not work)
-        engine = _engine(root, cartridge, store, progress if work else None)
+        progress = LiveProgress(quiet=as_json or not work)
+        engine = make_engine(root, cartridge, store, progress if work else None)
         watcher = Watcher(engine, repository, max_ticket_bytes=MAX_TICKET_BYTES)
         say = progress.line if work else _say
         report = reporter(as_json, say)
@@ -80,7 +80,7 @@ def watch(
                 + ("" if once else f" every {every:g}s (Ctrl-C stops)"),
                 highlight=False,
             )
-        with _graceful(engine, "`phasegate status` lists the workflows"):
+        with graceful(engine, "`phasegate status` lists the workflows"):
             if work:
                 with (
                     progress,
@@ -121,14 +121,14 @@ def import_issue(
     so is a pull request's number. Needs forge.kind = "github".
     """
     from phasegate.cli._watching import github_repository, ticket_note
-    from phasegate.cli.render import _drive, _engine, _finish
+    from phasegate.cli.render import drive, finish, make_engine
     from phasegate.config.cartridge import CARTRIDGE_FILE
     from phasegate.integrations.triggers import parse_issue_ref, start_from_issue
     from phasegate.operations import MAX_TICKET_BYTES
 
-    with _errors():
+    with reported_errors():
         ref = parse_issue_ref(issue)
-        root, cartridge, store = _open(repo)
+        root, cartridge, store = open_repo(repo)
         repository = github_repository("import", root, cartridge)
         if ref.repository is not None and ref.repository.lower() != repository.lower():
             raise UsageError(
@@ -136,7 +136,7 @@ def import_issue(
                 f"{repository} (forge.repository in {CARTRIDGE_FILE}, or the origin remote)"
             )
         cartridge.require_roles(root / CARTRIDGE_FILE)
-        engine = _engine(root, cartridge, store, None)
+        engine = make_engine(root, cartridge, store, None)
         workflow_id, snapshot = start_from_issue(
             engine,
             repository,
@@ -154,6 +154,6 @@ def import_issue(
                 highlight=False,
             )
         if no_advance:
-            _finish(store, store.workflow_row(workflow_id), as_json, driven=False)
+            finish(store, store.workflow_row(workflow_id), as_json, driven=False)
         else:
-            _drive(engine, workflow_id, as_json)
+            drive(engine, workflow_id, as_json)

@@ -25,14 +25,14 @@ from phasegate.cli._app import (
     NoAdvance,
     RepoOption,
     UsageError,
-    _errors,
-    _open,
-    _open_for_reading,
-    _ticket_from,
     app,
     console,
     err,
+    open_for_reading,
+    open_repo,
+    reported_errors,
     shown,
+    ticket_from,
 )
 from phasegate.store import PROPOSAL_STATUSES
 
@@ -142,9 +142,9 @@ def propose(
                 highlight=False,
             )
 
-    with _errors():
-        text = _ticket_from(ticket, ticket_file)
-        root, cartridge, store = _open(repo)
+    with reported_errors():
+        text = ticket_from(ticket, ticket_file)
+        root, cartridge, store = open_repo(repo)
         rules = GraphRules.from_cartridge(cartridge)  # names a required role left unbound
         problems = [
             problem
@@ -233,10 +233,10 @@ def proposals(
     it). status: proposed, approved, rejected, applied, superseded (a later run of its
     workflow was recorded before anyone decided it).
     """
-    with _errors():
+    with reported_errors():
         if status is not None and status not in PROPOSAL_STATUSES:
             raise UsageError(f"--status {status!r}: expected one of {', '.join(PROPOSAL_STATUSES)}")
-        store = _open_for_reading(repo)
+        store = open_for_reading(repo)
         rows = store.proposals(status=status)
     if as_json:
         console.print_json(json.dumps([_proposal_json(r) for r in rows], default=str))
@@ -266,13 +266,13 @@ def _gate(
     patch, a rejection starts a new run told why.
     """
     from phasegate import operations
-    from phasegate.cli.render import _STOPPED, _drive_unless_taken, _engine, _finish, _graceful
+    from phasegate.cli.render import STOPPED, drive_unless_taken, finish, graceful, make_engine
     from phasegate.runtime.engine import LeaseHeld
     from phasegate.summary import iso
 
-    with _errors():
-        root, cartridge, store = _open(repo)
-        engine = _engine(root, cartridge, store, None)
+    with reported_errors():
+        root, cartridge, store = open_repo(repo)
+        engine = make_engine(root, cartridge, store, None)
         who = operations.login_name() if by is None else by
         if verdict == "approved":
             outcome = operations.approve(engine, proposal_id, by=who)
@@ -285,16 +285,16 @@ def _gate(
         stopped = False
         if workflow_id is not None:
             if advance:
-                with _errors():
+                with reported_errors():
                     try:
-                        with _graceful(engine):
+                        with graceful(engine):
                             engine.advance(workflow_id)
                     except LeaseHeld:  # the decision stands; a worker goes on with it
                         payload["taken_by_worker"] = True
                 payload.update(_proposal_json(store.proposal(row["id"])))  # applied by now?
             state = store.workflow_row(workflow_id)
             payload["workflow"] = {k: state[k] for k in ("id", "current_phase", "status", "error")}
-            stopped = state["status"] in _STOPPED
+            stopped = state["status"] in STOPPED
         console.print_json(json.dumps(payload, default=str))
         if engine.shutdown.is_set():
             raise typer.Exit(130)
@@ -334,9 +334,9 @@ def _gate(
     )
     if workflow_id is not None:
         if advance:
-            _drive_unless_taken(engine, workflow_id, False)
+            drive_unless_taken(engine, workflow_id, False)
         else:
-            _finish(store, store.workflow_row(workflow_id), False, driven=False)
+            finish(store, store.workflow_row(workflow_id), False, driven=False)
 
 
 @app.command(short_help="Approve a proposal (the human gate).")
@@ -387,8 +387,8 @@ def replay(
     """
     from phasegate.phases.graph_mode.harness import replay_check
 
-    with _errors():
-        store = _open_for_reading(repo)
+    with reported_errors():
+        store = open_for_reading(repo)
         record = store.run(run_id)["record"]
     check = replay_check(record)
     if as_json:

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from phasegate.cli._app import console, err, shown
-from phasegate.cli.status_table import _status_table  # noqa: F401  (render's, for the commands)
+from phasegate.cli.status_table import status_table  # noqa: F401  (render's, for the commands)
 from phasegate.core.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES
 from phasegate.core.profiles import MAX_REVERSIONS
 from phasegate.core.report import render_report
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from phasegate.store import Store
 
 
-class _Progress:
+class LiveProgress:
     """Live progress while agents run: a line per step, and phase/round/elapsed on a bar."""
 
     def __init__(self, quiet: bool) -> None:
@@ -45,7 +45,7 @@ class _Progress:
         self.task = self.progress.add_task("starting", total=None)
         self.phase = "preparation"
 
-    def __enter__(self) -> _Progress:
+    def __enter__(self) -> LiveProgress:
         if not self.quiet:
             self.progress.start()
         return self
@@ -102,7 +102,7 @@ class _Progress:
 
 
 @contextmanager
-def _graceful(
+def graceful(
     engine: Engine,
     what: str = "the id is printed below",
     notice: Callable[[], str] | None = None,
@@ -136,7 +136,7 @@ def _graceful(
             signal.signal(s, h)
 
 
-def _worker_notice(engine: Engine) -> str:
+def worker_notice(engine: Engine) -> str:
     """What a worker's first Ctrl-C/SIGTERM stops: the workflows it holds, or nothing."""
     held = sorted(engine.fences)
     if not held:
@@ -148,11 +148,11 @@ def _worker_notice(engine: Engine) -> str:
     )
 
 
-def _engine(
+def make_engine(
     repo: Path,
     cartridge: Cartridge,
     store: Store,
-    progress: _Progress | None,
+    progress: LiveProgress | None,
     *,
     notifying: bool = True,
 ) -> Engine:
@@ -169,22 +169,22 @@ def _engine(
 
 
 #: Statuses a command reports with exit code 1: the workflow stopped short.
-_STOPPED = frozenset({"failed", "paused", "planning_timeout"})
+STOPPED = frozenset({"failed", "paused", "planning_timeout"})
 
 
-def _drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
+def drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
     """Advance in the foreground with live progress; exit with the workflow's outcome."""
     from phasegate.integrations import notify
     from phasegate.runtime.worker import waits_on_ci
 
-    with _Progress(quiet=as_json) as progress, _graceful(engine):
+    with LiveProgress(quiet=as_json) as progress, graceful(engine):
         notify.set_on_event(engine, progress)  # keeps the engine's notifier
         row = engine.advance(workflow_id)
         # CI runs on the forge: the foreground run waits for it (Ctrl-C leaves the
         # workflow resumable, and a worker would look at it just the same).
         while waits_on_ci(row) and not engine.shutdown.wait(engine.cartridge.forge.poll_s):
             row = engine.advance(workflow_id)
-    _finish(engine.store, row, as_json, interrupted=engine.shutdown.is_set())
+    finish(engine.store, row, as_json, interrupted=engine.shutdown.is_set())
 
 
 def _repo_option(row: Mapping[str, Any]) -> str:
@@ -198,15 +198,15 @@ def _repo_option(row: Mapping[str, Any]) -> str:
     return ""
 
 
-def _drive_unless_taken(engine: Engine, workflow_id: str, as_json: bool) -> None:
-    """``_drive``, after the workflow was filed or a person's decision recorded: a
+def drive_unless_taken(engine: Engine, workflow_id: str, as_json: bool) -> None:
+    """``drive``, after the workflow was filed or a person's decision recorded: a
     worker that took the workflow on meanwhile is not an error, the workflow goes
     on there (exit 0; the holder named ``host:pid``, in JSON ``worker``)."""
     from phasegate.runtime.engine import LeaseHeld
     from phasegate.summary import lease_holder, workflow_summary
 
     try:
-        _drive(engine, workflow_id, as_json)
+        drive(engine, workflow_id, as_json)
     except LeaseHeld:
         row = engine.store.workflow_row(workflow_id)
         worker = lease_holder(engine.store, row).get("worker")
@@ -225,7 +225,7 @@ def _drive_unless_taken(engine: Engine, workflow_id: str, as_json: bool) -> None
             )
 
 
-def _finish(
+def finish(
     store: Store,
     row: Mapping[str, Any],
     as_json: bool,
@@ -284,7 +284,7 @@ def _finish(
                 f"`phasegate show {row['id']}`",
                 highlight=False,
             )
-        elif status in _STOPPED or interrupted:
+        elif status in STOPPED or interrupted:
             console.print(
                 f"  next: `phasegate show {row['id']}{at}`, "
                 f"then `phasegate resume {row['id']}{at}`",
@@ -292,11 +292,11 @@ def _finish(
             )
     if interrupted:
         raise typer.Exit(130)
-    if row["status"] in _STOPPED or stopped_early:
+    if row["status"] in STOPPED or stopped_early:
         raise typer.Exit(1)
 
 
-def _print_detail(detail: Mapping[str, Any]) -> None:
+def print_detail(detail: Mapping[str, Any]) -> None:
     s = detail["workflow"]
     console.print(f"[bold]{s['id']}[/bold] {shown(s['title'])}", highlight=False)
     # two short lines rather than one folded anywhere at 80 columns

@@ -12,13 +12,12 @@ from phasegate.cli._app import (
     JsonOption,
     RepoOption,
     UsageError,
-    _errors,
-    _repo_root,
-    _ticket_from,
-    _title_of,
     app,
     console,
+    repo_root,
+    reported_errors,
     shown,
+    ticket_from,
 )
 
 if TYPE_CHECKING:
@@ -45,8 +44,8 @@ def init(
     from phasegate.config.init import default_cartridge
     from phasegate.git.workspace import Workspace
 
-    with _errors():
-        root = _repo_root(repo)
+    with reported_errors():
+        root = repo_root(repo)
         path = root / CARTRIDGE_FILE
         if path.exists() and not force:
             raise UsageError(f"{path} exists; use --force to overwrite")
@@ -278,22 +277,23 @@ def dry_run(
     plan_alternative, plan_arbitrate, plan_adversary, review_adversary,
     arbitrate) answer acceptably, and the draft PR is landed without asking.
     """
-    from phasegate.cli.render import _STOPPED, _engine, _graceful, _print_detail, _Progress
+    from phasegate.cli.render import STOPPED, LiveProgress, graceful, make_engine, print_detail
     from phasegate.config.cartridge import CARTRIDGE_FILE, load_cartridge
+    from phasegate.operations import title_of
     from phasegate.store import open_store
     from phasegate.summary import workflow_detail
     from phasegate.tools.dryrun import dry_run_workspace, load_script
 
-    with _errors():
-        text = _ticket_from(ticket, ticket_file)
-        root = _repo_root(repo)
+    with reported_errors():
+        text = ticket_from(ticket, ticket_file)
+        root = repo_root(repo)
         cartridge = load_cartridge(root)
         cartridge.require_roles(root / CARTRIDGE_FILE)
         steps = load_script(script) if script is not None else None
         with dry_run_workspace(root, cartridge, steps, keep=keep) as dry:
             store = open_store(dry.cartridge.store_url(dry.clone))
             try:
-                engine = _engine(dry.clone, dry.cartridge, store, None, notifying=False)
+                engine = make_engine(dry.clone, dry.cartridge, store, None, notifying=False)
                 if not as_json:
                     console.print(
                         f"dry run on a clone of {root}: {dry.clone}\n"
@@ -306,8 +306,8 @@ def dry_run(
                         ),
                         highlight=False,
                     )
-                workflow_id = engine.start(_title_of(text), text, auto_merge=True)
-                with _Progress(quiet=as_json) as progress, _graceful(engine):
+                workflow_id = engine.start(title_of(text), text, auto_merge=True)
+                with LiveProgress(quiet=as_json) as progress, graceful(engine):
                     engine.on_event = progress
                     engine.advance(workflow_id)
                 detail = workflow_detail(store, workflow_id)
@@ -329,7 +329,7 @@ def dry_run(
         console.print_json(json.dumps({"dry_run": info, **detail}, default=str))
     else:
         console.print()
-        _print_detail(detail)
+        print_detail(detail)
         color = "green" if summary["status"] in ("completed", "waiting") else "red"
         console.print(
             f"\ndry run: {summary['current_phase']} · [{color}]{summary['status']}[/{color}] · "
@@ -342,5 +342,5 @@ def dry_run(
         console.print(f"  {root} was not touched; the clone was {where}", highlight=False)
     if engine.shutdown.is_set():
         raise typer.Exit(130)
-    if summary["status"] in _STOPPED:
+    if summary["status"] in STOPPED:
         raise typer.Exit(1)

@@ -53,7 +53,7 @@ def _status_cells(r: Mapping[str, Any], wide: bool) -> dict[str, str]:
     }
 
 
-def _status_table(rows: list[dict[str, Any]], width: int) -> Table:
+def status_table(rows: list[dict[str, Any]], width: int) -> Table:
     """``status``'s table, fitted to ``width`` columns: id, phase and status are
     never cut, nor the repository when the rows are of several (a shared store); the
     title is cut with an ellipsis, and what does not fit

@@ -16,13 +16,13 @@ import typer
 from phasegate.cli._app import (
     JsonOption,
     RepoOption,
-    _errors,
-    _open,
-    _open_for_reading,
-    _repo_root,
     app,
     console,
     err,
+    open_for_reading,
+    open_repo,
+    repo_root,
+    reported_errors,
     shown,
 )
 from phasegate.runtime import DEFAULT_CONCURRENCY
@@ -57,7 +57,7 @@ def serve(
     (default: your OS user). Ctrl-C stops both; each workflow stays resumable.
     """
     from phasegate.cli._watching import watch_in_worker
-    from phasegate.cli.render import _engine, _graceful, _worker_notice
+    from phasegate.cli.render import graceful, make_engine, worker_notice
     from phasegate.integrations import notify
 
     # Imported here: the web app reads through cli.render, and every other command
@@ -65,9 +65,9 @@ def serve(
     from phasegate.web.auth import TOKEN_VARIABLE, USER_VARIABLE, Access
     from phasegate.web.serve import Dashboard
 
-    with _errors():
-        root, cartridge, store = _open(repo)
-        engine = _engine(root, cartridge, store, None)
+    with reported_errors():
+        root, cartridge, store = open_repo(repo)
+        engine = make_engine(root, cartridge, store, None)
         access = Access()
         if not no_worker:
             notify.catch_up(engine)  # what a killed process left unsent, as `worker` does
@@ -75,9 +75,9 @@ def serve(
             engine, access, host, port, concurrency=concurrency, worker=not no_worker
         )
         notice = (
-            (lambda: "stopping the dashboard") if no_worker else (lambda: _worker_notice(engine))
+            (lambda: "stopping the dashboard") if no_worker else (lambda: worker_notice(engine))
         )
-        with _graceful(engine, notice=notice):
+        with graceful(engine, notice=notice):
             try:
                 url = dashboard.start()
             except OSError as exc:
@@ -137,8 +137,8 @@ def events(
     type, data, created_at); --after ID: only the later ones."""
     from phasegate.web import live
 
-    with _errors():
-        store = _open_for_reading(repo)
+    with reported_errors():
+        store = open_for_reading(repo)
         store.workflow_row(workflow_id)  # WorkflowNotFound: exit 2 before anything
         secrets = _secrets(repo)
         stop = threading.Event()
@@ -197,7 +197,7 @@ def _secrets(repo: Path) -> list[str]:
     from phasegate.config.cartridge import Cartridge, CartridgeError, load_cartridge
 
     try:
-        cartridge = load_cartridge(_repo_root(repo))
+        cartridge = load_cartridge(repo_root(repo))
     except CartridgeError:
         cartridge = Cartridge()
     return cartridge_secrets(cartridge)

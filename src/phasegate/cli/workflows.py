@@ -16,14 +16,14 @@ from phasegate.cli._app import (
     ProfileOption,
     RepoOption,
     UsageError,
-    _errors,
-    _open,
-    _open_for_reading,
-    _ticket_from,
     app,
     console,
     err,
+    open_for_reading,
+    open_repo,
+    reported_errors,
     shown,
+    ticket_from,
 )
 from phasegate.proc.host import HOSTNAME_VARIABLE
 from phasegate.runtime import DEFAULT_CONCURRENCY
@@ -79,11 +79,11 @@ def run(
     `phasegate approve ID` (policy propose).
     """
     from phasegate import operations
-    from phasegate.cli.render import _drive, _drive_unless_taken, _engine, _finish
+    from phasegate.cli.render import drive, drive_unless_taken, finish, make_engine
     from phasegate.config.cartridge import CARTRIDGE_FILE
 
-    with _errors():
-        ticket = _ticket_from(ticket, ticket_file)
+    with reported_errors():
+        ticket = ticket_from(ticket, ticket_file)
         if no_advance and new_project is not None:
             raise UsageError("--no-advance files a ticket here; --new-project runs it there")
         if new_project is not None:
@@ -103,13 +103,13 @@ def run(
                 )["id"],
                 as_json,
             )
-            _drive(engine, workflow_id, as_json)
+            drive(engine, workflow_id, as_json)
             return
         if directory is not None or public:
             raise UsageError("--dir and --public are read only with --new-project")
-        root, cartridge, store = _open(repo)
-        cartridge.require_roles(root / CARTRIDGE_FILE)  # before _engine's sandbox notice
-        engine = _engine(root, cartridge, store, None)
+        root, cartridge, store = open_repo(repo)
+        cartridge.require_roles(root / CARTRIDGE_FILE)  # before make_engine's sandbox notice
+        engine = make_engine(root, cartridge, store, None)
         workflow_id = operations.start(
             engine,
             ticket,
@@ -119,12 +119,12 @@ def run(
             profile=profile,
         )["id"]
         if no_advance:  # a worker takes it
-            _finish(store, store.workflow_row(workflow_id), as_json, driven=False)
+            finish(store, store.workflow_row(workflow_id), as_json, driven=False)
             return
         if not as_json:
             console.print(f"workflow [bold]{workflow_id}[/bold] filed", highlight=False)
         # A running worker may claim the new workflow before this process does.
-        _drive_unless_taken(engine, workflow_id, as_json)
+        drive_unless_taken(engine, workflow_id, as_json)
 
 
 def _start_new_project(
@@ -137,20 +137,20 @@ def _start_new_project(
 ) -> tuple[Engine, str]:
     """The new project's checkout and its workflow (phasegate.tools.new_project): an earlier
     try's workflow found in the checkout is continued, never filed again."""
-    from phasegate.cli.render import _engine
+    from phasegate.cli.render import make_engine
     from phasegate.config.cartridge import CARTRIDGE_FILE
     from phasegate.tools import new_project as projects
 
     where = (directory or Path(name.rpartition("/")[2])).resolve()
     earlier = None
     if (where / CARTRIDGE_FILE).is_file() and (where / ".git").exists():
-        _root, _cartridge, store = _open(where)
+        _root, _cartridge, store = open_repo(where)
         earlier = projects.earlier_workflow(store, name.rpartition("/")[2])
         store.close()
     project = projects.resolve(name, where, template.resolve(), private=not public, earlier=earlier)
     project.cartridge().require_roles(where / CARTRIDGE_FILE)
-    root, cartridge, store = _open(projects.make_checkout(project))
-    engine = _engine(root, cartridge, store, None)
+    root, cartridge, store = open_repo(projects.make_checkout(project))
+    engine = make_engine(root, cartridge, store, None)
     workflow_id = earlier or start(engine, {"new_project": project.state()})
     if not as_json:
         what = project.repository or "a local repository"
@@ -209,18 +209,18 @@ def worker(
     have stopped). With a shared store (PostgreSQL), a worker in another clone of the
     same forge repository takes over a dead worker's workflows once their leases expire."""
     from phasegate.cli._watching import watch_in_worker
-    from phasegate.cli.render import _engine, _graceful, _Progress, _worker_notice
+    from phasegate.cli.render import LiveProgress, graceful, make_engine, worker_notice
     from phasegate.integrations import notify
 
-    with _errors():
-        root, cartridge, store = _open(repo)
-        progress = _Progress(quiet=False)
-        engine = _engine(root, cartridge, store, progress)
+    with reported_errors():
+        root, cartridge, store = open_repo(repo)
+        progress = LiveProgress(quiet=False)
+        engine = make_engine(root, cartridge, store, progress)
         engine.lease_ttl_s = lease_ttl
         notify.catch_up(engine)  # what a killed process left unsent
         with (
             progress,
-            _graceful(engine, notice=lambda: _worker_notice(engine)),
+            graceful(engine, notice=lambda: worker_notice(engine)),
             watch_in_worker(root, cartridge, engine, once=once, say=progress.line),
         ):
             engine.run_worker(once=once, poll_s=poll, concurrency=concurrency)
@@ -232,16 +232,16 @@ def worker(
 def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     """Every workflow: phase, status, the worker holding it (while one does), profile,
     tokens and cost."""
-    from phasegate.cli.status_table import _status_table
+    from phasegate.cli.status_table import status_table
     from phasegate.summary import workflow_summary
 
-    with _errors():
-        store = _open_for_reading(repo)
+    with reported_errors():
+        store = open_for_reading(repo)
         rows = [workflow_summary(store, r) for r in store.list_workflows()]
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    table = _status_table(rows, console.width)
+    table = status_table(rows, console.width)
     console.print(table if rows else 'no workflows yet; `phasegate run "ticket"` files one')
 
 
@@ -252,16 +252,16 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """One workflow: its phase timeline with milestones, agent runs and the reason it stopped."""
-    from phasegate.cli.render import _print_detail
+    from phasegate.cli.render import print_detail
     from phasegate.summary import workflow_detail
 
-    with _errors():
-        store = _open_for_reading(repo)
+    with reported_errors():
+        store = open_for_reading(repo)
         detail = workflow_detail(store, workflow_id)
     if as_json:
         console.print_json(json.dumps(detail, default=str))
         return
-    _print_detail(detail)
+    print_detail(detail)
 
 
 def _manual(
@@ -277,11 +277,11 @@ def _manual(
     With ``announce_reversion`` the reversion just recorded is confirmed on
     stderr before the workflow moves on (its exit code is the run's).
     """
-    from phasegate.cli.render import _drive_unless_taken, _engine, _finish
+    from phasegate.cli.render import drive_unless_taken, finish, make_engine
 
-    with _errors():
-        root, cartridge, store = _open(repo)
-        engine = _engine(root, cartridge, store, None)
+    with reported_errors():
+        root, cartridge, store = open_repo(repo)
+        engine = make_engine(root, cartridge, store, None)
         row = act(engine)
         if announce_reversion:
             recorded = row["state"]["decisions"][-1]
@@ -291,9 +291,9 @@ def _manual(
                 highlight=False,
             )
         if advance:
-            _drive_unless_taken(engine, workflow_id, as_json)
+            drive_unless_taken(engine, workflow_id, as_json)
         else:
-            _finish(store, store.workflow_row(workflow_id), as_json, driven=False)
+            finish(store, store.workflow_row(workflow_id), as_json, driven=False)
 
 
 @app.command()
@@ -465,11 +465,11 @@ def cleanup(
     another process holds the workflow.
     """
     from phasegate import operations
-    from phasegate.cli.render import _engine
+    from phasegate.cli.render import make_engine
 
-    with _errors():
-        root, cartridge, store = _open(repo)
-        engine = _engine(root, cartridge, store, None)
+    with reported_errors():
+        root, cartridge, store = open_repo(repo)
+        engine = make_engine(root, cartridge, store, None)
         outcomes = operations.cleanup(engine, workflow_id, by=operations.login_name())
     if as_json:
         console.print_json(json.dumps(outcomes))

@@ -38,10 +38,9 @@ from phasegate.config.graph import (  # noqa: F401  (their home was here)
     ReviewTiers,
     WorkRouting,
 )
-from phasegate.config.toml import MAX_TOML_BYTES, TomlError, parse_toml, read_toml
+from phasegate.config.toml import TomlError, read_toml
 from phasegate.core.contract import PhasegateError
 from phasegate.core.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, AutomationProfile
-from phasegate.git.command import GitError, git, run_git
 from phasegate.graph.proposals import PROPOSAL_KINDS
 
 __all__ = [
@@ -63,10 +62,7 @@ __all__ = [
     "WorkRouting",
     "blob_sha",
     "cartridge_from_document",
-    "committed_blob",
-    "committed_note",
     "load_cartridge",
-    "load_committed_cartridge",
 ]
 
 CARTRIDGE_FILE = "phasegate.toml"
@@ -514,67 +510,6 @@ def load_cartridge(repo: Path) -> Cartridge:
     except TomlError as exc:
         raise CartridgeError(str(exc)) from None
     return cartridge_from_document(repo, raw, sha=blob_sha(path.read_bytes()))
-
-
-def committed_blob(repo: Path, working: Cartridge) -> tuple[str, str | None]:
-    """``(base, blob)``: the base branch (``workflow.base_branch`` of ``working``,
-    else the branch checked out; "" on a detached HEAD) and the git blob id of
-    ``phasegate.toml`` committed on it (None when it has none)."""
-    base = working.workflow.base_branch
-    if base is None:
-        head = run_git(["symbolic-ref", "--short", "-q", "HEAD"], repo)
-        base = head.stdout.strip() if head.returncode == 0 else ""
-    if not base:
-        return "", None
-    found = run_git(["rev-parse", "--verify", "-q", f"{base}:{CARTRIDGE_FILE}"], repo)
-    return base, (found.stdout.strip() or None) if found.returncode == 0 else None
-
-
-def committed_note(base: str, blob: str | None, working: Cartridge) -> str | None:
-    """One line when workflows do not run under the checkout's file as committed
-    (``committed_blob``'s ``base`` and ``blob``): which file they run under, and
-    why; None when the checkout's file is the committed one."""
-    if not base or blob == working.source_sha:
-        return None
-    if blob is None:
-        return (
-            f"{CARTRIDGE_FILE} is not committed on {base}: workflows run under the checkout's "
-            "file, which an unconfined agent could edit; commit it"
-        )
-    return (
-        f"{CARTRIDGE_FILE} in the checkout differs from the one committed on {base}; "
-        "workflows run under the committed one (commit your edits to use them)"
-    )
-
-
-def load_committed_cartridge(repo: Path) -> tuple[Cartridge, str | None]:
-    """The cartridge workflows run under: ``phasegate.toml`` as committed on the base
-    branch (``committed_blob``), never edits in a checkout that no one committed
-    (docs/trust.md).
-
-    Returns ``(cartridge, note)``: ``committed_note``'s line, None when the
-    checkout's file is the committed one. The checkout's file is used when the
-    base has none (a new repository's first run). Raises CartridgeError naming
-    the file (``BASE:phasegate.toml`` for the committed one) and the key.
-    """
-    working = load_cartridge(repo)
-    base, committed = committed_blob(repo, working)
-    note = committed_note(base, committed, working)
-    if committed is None or note is None:
-        return working, note
-    where = Path(f"{base}:{CARTRIDGE_FILE}")
-    size = run_git(["cat-file", "-s", committed], repo).stdout.strip()
-    if not size.isdigit() or int(size) > MAX_TOML_BYTES:
-        raise CartridgeError(f"{where}: {size} bytes, more than a TOML file may have")
-    try:
-        text = git(["cat-file", "blob", committed], repo)
-    except GitError as exc:
-        raise CartridgeError(f"{where}: cannot read it: {exc}") from None
-    try:
-        raw = parse_toml(text, str(where))
-    except TomlError as exc:
-        raise CartridgeError(str(exc)) from None
-    return cartridge_from_document(repo, raw, where=where, sha=committed), note
 
 
 def cartridge_from_document(

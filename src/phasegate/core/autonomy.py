@@ -28,13 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from phasegate.graph.facts import governance_touched
 from phasegate.graph.proposals import Proposal
 
 if TYPE_CHECKING:
-    from phasegate.config.cartridge import Cartridge
     from phasegate.core.profiles import AutomationProfile
 
 __all__ = [
@@ -42,10 +41,26 @@ __all__ = [
     "Autonomy",
     "AutonomyPolicy",
     "GateDecision",
+    "PolicySource",
     "decide",
     "is_self_modification",
     "streak",
 ]
+
+
+class PolicySource(Protocol):
+    """What ``AutonomyPolicy.from_cartridge`` reads of a cartridge
+    (``phasegate.config.cartridge.Cartridge`` is one; core imports no config):
+    its profile, its ``[autonomy]`` table and its ``[graph]`` table."""
+
+    def profile(self) -> AutomationProfile: ...
+
+    @property
+    def autonomy(self) -> Any: ...
+
+    @property
+    def graph(self) -> Any: ...
+
 
 Mode = Literal["propose", "auto"]
 MODES: tuple[str, ...] = ("propose", "auto")
@@ -75,7 +90,7 @@ class AutonomyPolicy:
 
     @classmethod
     def from_cartridge(
-        cls, cartridge: Cartridge, profile: AutomationProfile | None = None
+        cls, cartridge: PolicySource, profile: AutomationProfile | None = None
     ) -> AutonomyPolicy:
         """The cartridge's ``[autonomy]`` table over ``profile``'s defaults.
 

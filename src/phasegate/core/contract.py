@@ -49,6 +49,7 @@ __all__ = [
     "TERMINAL_STATUSES",
     "NEEDS_YOU_STATUSES",
     "WAIT",
+    "VIOLATIONS",
     "ContractViolation",
     "EventWrite",
     "MilestoneView",
@@ -60,6 +61,7 @@ __all__ = [
     "ProposalNotFound",
     "RunNotFound",
     "StaleContext",
+    "Violation",
     "WorkflowContext",
     "WorkflowNotFound",
     "WorkflowPaused",
@@ -352,3 +354,36 @@ class WorkflowContext:
     def milestones_of(self, kind: str) -> tuple[MilestoneView, ...]:
         """Every milestone of ``kind``, oldest first."""
         return tuple(m for m in self.milestones if m.kind == kind)
+
+
+#: Named ways an agent run overstepped its role, recorded as
+#: ``violation`` events and printed by ``show``:
+#: - ``read_only_violation``: a read-only role changed its checkout;
+#: - ``ref_violation``: a branch, HEAD or another ref was moved (restored);
+#: - ``git_dir_violation``: the git config, hooks or ``info/`` changed (restored);
+#: - ``sandbox_denied``: the sandbox refused a write outside the agent's own areas;
+#: - ``secret_in_change``: the change or answer held a secret (refused);
+#: - ``oversized``: a diff or answer above its cartridge limit (refused);
+#: - ``outward_symlink``: the change adds a symbolic link out of the repository
+#:   (found by the merge gate, ``phases.merge_gate``).
+#:
+#: Any of them in a development round holds that round's merge for a person.
+VIOLATIONS = (
+    "read_only_violation",
+    "ref_violation",
+    "git_dir_violation",
+    "sandbox_denied",
+    "secret_in_change",
+    "oversized",
+    "outward_symlink",
+)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One overstep of an agent run: ``name`` (one of VIOLATIONS), what happened
+    (``detail``, one line) and the paths or refs it concerned."""
+
+    name: str
+    detail: str
+    paths: tuple[str, ...] = ()

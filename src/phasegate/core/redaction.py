@@ -13,12 +13,14 @@ from __future__ import annotations
 import base64
 import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from urllib.parse import quote, quote_plus
 
 __all__ = [
     "MIN_SECRET",
     "SECRET_NAME",
+    "secret_set",
+    "secrets_in_environment",
     "files_with_secrets",
     "holds_secret",
     "redact",
@@ -135,3 +137,15 @@ def files_with_secrets(diff: str, secrets: Iterable[str]) -> list[str]:
             path = line[6:]
         sections.setdefault(path, []).append(line)
     return [name for name, lines in sections.items() if holds_secret("\n".join(lines), secrets)]
+
+
+def secret_set(values: Iterable[str]) -> list[str]:
+    """The distinct ``values`` long enough to redact (``MIN_SECRET``), longest first,
+    so a secret containing another is replaced whole."""
+    return sorted({v for v in values if len(v) >= MIN_SECRET}, key=len, reverse=True)
+
+
+def secrets_in_environment(environ: Mapping[str, str]) -> list[str]:
+    """Every value in ``environ`` held by a variable whose name says it is secret
+    (``SECRET_NAME``). The caller passes the environment: this module reads none."""
+    return secret_set(v for k, v in environ.items() if SECRET_NAME.search(k))

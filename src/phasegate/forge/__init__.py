@@ -24,12 +24,8 @@ if TYPE_CHECKING:
         Labelled,
         PullRequest,
     )
-    from phasegate.forge.github.auth import (
-        ForgeAuth,
-        forge_auth,
-        make_forge,
-        repository_from_origin,
-    )
+    from phasegate.forge.factory import make_forge
+    from phasegate.forge.github.auth import ForgeAuth, forge_auth, repository_from_origin
     from phasegate.forge.github.forge import GitHubForge
     from phasegate.forge.local import LocalForge
 
@@ -47,7 +43,7 @@ _HOMES = {
     "PullRequest": "phasegate.forge.base",
     "ForgeAuth": "phasegate.forge.github.auth",
     "forge_auth": "phasegate.forge.github.auth",
-    "make_forge": "phasegate.forge.github.auth",
+    "make_forge": "phasegate.forge.factory",
     "repository_from_origin": "phasegate.forge.github.auth",
     "GitHubForge": "phasegate.forge.github.forge",
     "LocalForge": "phasegate.forge.local",

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from phasegate.agents.env import environment_secrets
-from phasegate.core.redaction import redact
+from phasegate.core.redaction import redact, secrets_in_environment
 from phasegate.forge.base import (
     Check,
     Comment,
@@ -26,7 +25,7 @@ from phasegate.forge.base import (
     PullRequest,
 )
 from phasegate.git.command import run_git
-from phasegate.git.guard import _CONFIG_FILES, _included, _user_configs
+from phasegate.git.guard import CONFIG_FILE_VARIABLES, included_configs, user_configs
 from phasegate.git.workspace import Workspace
 from phasegate.store import Store
 from phasegate.store import tables as t
@@ -35,7 +34,7 @@ __all__ = ["LocalForge"]
 
 
 class LocalForge:
-    """The local forge of ``repo``. ``secrets`` (default: ``environment_secrets()``;
+    """The local forge of ``repo``. ``secrets`` (default: the environment's secret values;
     the engine passes ``cartridge_secrets``) are redacted from what it records."""
 
     def __init__(
@@ -49,7 +48,7 @@ class LocalForge:
         self.repo = repo
         self.key = str(repo.resolve())
         self.workspace = workspace
-        self.secrets = list(environment_secrets() if secrets is None else secrets)
+        self.secrets = list(secrets_in_environment(os.environ) if secrets is None else secrets)
 
     def _clean(self, text: str) -> str:
         return redact(text, self.secrets)
@@ -143,12 +142,14 @@ class LocalForge:
         and git's old ``remotes/``/``branches/`` files have none: then there is
         none, and saying so costs no git (as the guard finds a
         hooks path)."""
-        if any(k.startswith("GIT_CONFIG_") and k not in _CONFIG_FILES for k in os.environ):
+        if any(k.startswith("GIT_CONFIG_") and k not in CONFIG_FILE_VARIABLES for k in os.environ):
             return True
         common = self.workspace.common_dir(self.repo)
         if (common / "remotes" / "origin").exists() or (common / "branches" / "origin").exists():
             return True
-        for config in _included([common / "config", common / "config.worktree", *_user_configs()]):
+        for config in included_configs(
+            [common / "config", common / "config.worktree", *user_configs()]
+        ):
             try:
                 text = config.read_bytes().lower()
             except OSError:

@@ -70,6 +70,7 @@ from phasegate.git.refs import (
     refs_lock,
     repository_flock,
 )
+from phasegate.proc.changes import changes, note_change
 
 __all__ = [
     "HARDENED",
@@ -239,26 +240,6 @@ READ_SUBCOMMANDS = frozenset(
         "status",
     }
 )
-_CHANGES = 0
-_CHANGES_LOCK = threading.Lock()
-
-
-def changes() -> int:
-    """How many times, so far, phasegate may have changed a checkout: every git call
-    but a read, before and after it runs, and every ``note_change`` (an agent ran,
-    a supervised process ran), in any thread. What phasegate saw of a checkout
-    when this was N is still so while it is N, but for a person's own edits
-    (agents/service.py, healing.py). Another thread's workflow
-    moves it too: that only makes a caller look again."""
-    return _CHANGES
-
-
-def note_change() -> None:
-    """Count one change (``changes``): called before and after anything outside
-    git that may write a checkout (an agent's run, a check's process)."""
-    global _CHANGES
-    with _CHANGES_LOCK:
-        _CHANGES += 1
 
 
 def _may_change(at: int, name: str, args: Sequence[str]) -> bool:

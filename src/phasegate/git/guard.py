@@ -59,8 +59,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any, ClassVar, Protocol, TypeVar
 
-from phasegate.agents.base import AgentResult, Violation
+from phasegate.core.contract import Violation
 from phasegate.git import files as _gitfs
 from phasegate.git.command import (
     LEDGER,
@@ -73,7 +74,18 @@ from phasegate.git.command import (
     run_git_unrecorded,
 )
 
-__all__ = ["Snapshot", "Watch", "recover", "restore", "snapshot", "watch"]
+__all__ = [
+    "CONFIG_FILE_VARIABLES",
+    "Guarded",
+    "Snapshot",
+    "Watch",
+    "included_configs",
+    "recover",
+    "restore",
+    "snapshot",
+    "user_configs",
+    "watch",
+]
 
 #: A watched file's state: ("file", base64 bytes, mode), ("link", target, 0) or absent.
 FileState = tuple[str, str, int]
@@ -173,7 +185,7 @@ def _gitdirs(common: Path) -> list[Path]:
     )
 
 
-def _user_configs() -> list[Path]:
+def user_configs() -> list[Path]:
     """The global and system git config files phasegate's own git reads (an
     unconfined agent sharing the person's HOME, or run as root, could plant an
     ``sshCommand``, an fsmonitor or a filter there)."""
@@ -192,7 +204,7 @@ _SECTION = re.compile(r"^\s*\[\s*([^\]\s\"]+)")
 _INCLUDE_PATH = re.compile(r"^\s*path\s*=\s*\"?(.*?)\"?\s*$", re.IGNORECASE)
 
 
-def _included(configs: list[Path], depth: int = 5) -> list[Path]:
+def included_configs(configs: list[Path], depth: int = 5) -> list[Path]:
     """``configs`` and every file their ``[include]``/``[includeIf]`` sections name,
     followed ``depth`` levels: an agent may plant its settings in an included file."""
     found, todo = list(configs), list(configs)
@@ -222,7 +234,9 @@ def _hooks_paths(cwd: Path, configs: list[Path]) -> list[str]:
     ``configs`` (every file a setting could come from, includes followed) names
     the key or an include at all, or the environment passes settings (``GIT_CONFIG_*``):
     otherwise there is none, and the answer costs no git."""
-    environment = any(k.startswith("GIT_CONFIG_") and k not in _CONFIG_FILES for k in os.environ)
+    environment = any(
+        k.startswith("GIT_CONFIG_") and k not in CONFIG_FILE_VARIABLES for k in os.environ
+    )
     named = False
     for config in configs:
         try:
@@ -236,8 +250,8 @@ def _hooks_paths(cwd: Path, configs: list[Path]) -> list[str]:
     return (_git_out(["config", "--get-all", "core.hooksPath"], cwd) or "").splitlines()
 
 
-#: ``GIT_CONFIG_*`` variables that name a file (watched in ``_user_configs``), not a setting.
-_CONFIG_FILES = frozenset({"GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM"})
+#: ``GIT_CONFIG_*`` variables that name a file (watched in ``user_configs``), not a setting.
+CONFIG_FILE_VARIABLES = frozenset({"GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM"})
 
 
 def _watched(
@@ -255,7 +269,7 @@ def _watched(
         return files, []
     files += [common / "HEAD", common / "logs" / "refs" / "stash"]
     files.append(common / "objects" / "info" / "alternates")
-    configs = _included([common / "config", common / "config.worktree", *_user_configs()])
+    configs = included_configs([common / "config", common / "config.worktree", *user_configs()])
     files += configs
     dirs = [common / name for name in _WATCHED_DIRS]
     for value in _hooks_paths(cwd, [*configs, gitdir / "config.worktree"]):
@@ -442,6 +456,25 @@ def recover(cwd: Path, key: str) -> list[tuple[str, str, Violation]]:
     return found
 
 
+class Guarded(Protocol):
+    """An agent run's result as ``Watch.apply`` reads it (``agents.base.AgentResult``,
+    a frozen dataclass): the guard sits below the agents, so it names only this."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+    @property
+    def violations(self) -> tuple[Violation, ...]: ...
+
+
+R = TypeVar("R", bound=Guarded)
+
+
 @dataclass
 class Watch:
     """One guarded run: the violations found after it (``found``), and those
@@ -450,7 +483,7 @@ class Watch:
     found: list[Violation] = field(default_factory=list)
     recovered: list[tuple[str, str, Violation]] = field(default_factory=list)
 
-    def apply(self, result: AgentResult) -> AgentResult:
+    def apply(self, result: R) -> R:
         """``result`` failed with the first violation found (its name as error
         kind), every one added to its violations; as it is when none."""
         if not self.found:

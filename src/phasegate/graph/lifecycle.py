@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from phasegate.graph.calls import AnswerSource, Graph, RecordedAnswers, ReplayDivergence, drive
 from phasegate.graph.facts import (
@@ -42,10 +42,7 @@ from phasegate.graph.nodes import ReviewRound, Run, Stop, handoff, plan_stage, r
 from phasegate.graph.parse import claim_key
 from phasegate.graph.prompts import build_prompt
 from phasegate.graph.proposals import Evidence, Proposal
-from phasegate.graph.rules import BUILD_ROUTE, GraphRules, review_tier
-
-if TYPE_CHECKING:
-    from phasegate.config.cartridge import Cartridge
+from phasegate.graph.rules import BUILD_ROUTE, CartridgeView, GraphRules, review_tier
 
 __all__ = [
     "FIX_LOOP_STOPS",
@@ -100,7 +97,7 @@ def lifecycle_propose(
     *,
     run_id: str,
     date: str,
-    cartridge: Cartridge | GraphRules,
+    cartridge: CartridgeView | GraphRules,
     ticket: str,
     fix_attempts: int | None = None,
     worktree_root: str | None = None,
@@ -157,7 +154,7 @@ def lifecycle_propose(
 
 
 def _rules(
-    cartridge: Cartridge | GraphRules, fix_attempts: int | None, worktree_root: str | None
+    cartridge: CartridgeView | GraphRules, fix_attempts: int | None, worktree_root: str | None
 ) -> GraphRules:
     rules = cartridge if isinstance(cartridge, GraphRules) else GraphRules.from_cartridge(cartridge)
     if fix_attempts is not None:
@@ -181,7 +178,7 @@ def _plan_part(run: Run, state: _State) -> Graph[None]:
 
 
 def plan_propose(
-    *, cartridge: Cartridge | GraphRules, ticket: str, fix_attempts: int | None = None
+    *, cartridge: CartridgeView | GraphRules, ticket: str, fix_attempts: int | None = None
 ) -> Graph[dict[str, Any]]:
     """The graph up to build: scope (when bound) and the plan stage, for the
     planning phase of a workflow run in graph mode.

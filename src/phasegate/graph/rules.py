@@ -6,29 +6,43 @@ attempts, epic_threshold, work_routing, the governance paths and the
 worktree root. It round-trips through ``as_dict``/``from_dict``, so a run
 record carries the rules it ran under and a replay needs nothing else.
 ``GraphRules.from_cartridge`` reads a ``phasegate.config.cartridge.Cartridge``
-without importing it (that module reads disk).
+without importing it (the graph imports nothing outside itself and core): it
+names only what it reads, ``CartridgeView``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from phasegate.graph.calls import GraphError
 from phasegate.graph.facts import ChangeFacts, path_matches
 
-if TYPE_CHECKING:
-    from phasegate.config.cartridge import Cartridge
-
 __all__ = [
     "GRAPH_ROLES",
     "SCOPE_SHAPES",
+    "CartridgeView",
     "EpicThreshold",
     "GraphRules",
     "TierRule",
     "review_tier",
 ]
+
+
+class CartridgeView(Protocol):
+    """What the graph reads of a cartridge (``phasegate.config.cartridge.Cartridge``
+    is one): its ``[graph]`` table, its roles and its landing areas."""
+
+    @property
+    def graph(self) -> Any: ...
+
+    @property
+    def roles(self) -> Any: ...
+
+    @property
+    def landing_areas(self) -> Any: ...
+
 
 #: Every role the graph may ask; plan, build and review are required, the rest optional.
 GRAPH_ROLES: tuple[str, ...] = (
@@ -187,7 +201,7 @@ class GraphRules:
         )
 
     @classmethod
-    def from_cartridge(cls, cartridge: Cartridge) -> GraphRules:
+    def from_cartridge(cls, cartridge: CartridgeView) -> GraphRules:
         """The rules a validated cartridge gives (its ``graph`` table and roles)."""
         settings = cartridge.graph
         return cls(

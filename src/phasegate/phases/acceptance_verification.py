@@ -45,7 +45,7 @@ from phasegate.core.contract import (
     WorkflowContext,
 )
 from phasegate.forge.base import ForgeError, status_label
-from phasegate.integrations.triggers import TriggerRefused, resnapshot
+from phasegate.forge.tickets import TriggerRefused, resnapshot
 from phasegate.phases.deps import PhaseDeps, verdict_parser
 
 __all__ = ["acceptance_hash", "override", "run"]
@@ -73,7 +73,7 @@ VERDICT: confirmed   or   VERDICT: rejected   or   VERDICT: indeterminate
 def acceptance_hash(ctx: WorkflowContext) -> str:
     """A hash of what the ticket asks: 16 hex digits. A workflow started from a
     forge issue has its ticket snapshot's (``state["acceptance_hash"]``,
-    phasegate.integrations.triggers), so a new snapshot of an edited issue verifies again;
+    phasegate.forge.tickets), so a new snapshot of an edited issue verifies again;
     else the title's and the ticket text's (the same formula as a snapshot's)."""
     snapshot = ctx.state.get("acceptance_hash")
     if snapshot:
@@ -106,7 +106,7 @@ def _confirm(ctx: WorkflowContext, deps: PhaseDeps, row: MilestoneWrite, who: st
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     """The phase (module docstring). A workflow started from a forge issue
-    verifies against the issue as it is now (``triggers.resnapshot``): an edit
+    verifies against the issue as it is now (``tickets.resnapshot``): an edit
     since the start gives a new acceptance hash, so it verifies again, and the
     verifier reads the edited ticket; an edit the start's voucher cannot vouch
     for pauses the workflow."""

@@ -17,9 +17,9 @@ from phasegate.config.cartridge import Cartridge
 from phasegate.core.contract import PR_REVIEW, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.forge import Forge
 from phasegate.git.workspace import CheckResult, Workspace
+from phasegate.journal import ProcessJournal, SideEffects
 from phasegate.proc.process import start_ticks
 from phasegate.proc.sandbox import check_confinement
-from phasegate.runtime.journal import ProcessJournal, SideEffects
 from phasegate.store import Store
 
 __all__ = [

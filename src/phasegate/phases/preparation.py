@@ -13,7 +13,7 @@ self-heal for it (docs/contracts/lifecycle.md: preparation).
 - authoritative evidence: the ``branch_created`` milestone (completed); also
   ``issue_created`` and ``worktree_ready``.
 - side effects: for a new project (``state["new_project"]``) first the forge's
-  repository with its first commit (journaled as ``repo_setup``: phasegate.tools.new_project),
+  repository with its first commit (journaled as ``repo_setup``: phasegate.phases.repo_setup),
   forge issue (journaled; none for a workflow started from an
   existing issue by `watch` or `import`), git branch (journaled), git worktree.
 - postconditions: issue_number, branch_name, worktree_path set;
@@ -48,8 +48,8 @@ from phasegate.core.contract import (
 from phasegate.forge.base import ForgeNotFound
 from phasegate.git.command import run_git
 from phasegate.git.workspace import git
+from phasegate.phases import repo_setup
 from phasegate.phases.deps import PhaseDeps
-from phasegate.tools import new_project
 
 __all__ = ["branch_name_for", "run"]
 
@@ -63,7 +63,7 @@ def branch_name_for(ctx: WorkflowContext) -> str:
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     repo = Path(ctx.repo_path)
     if ctx.state.get("new_project"):  # the repository before the issue (repo_setup)
-        new_project.set_up(ctx, deps)
+        repo_setup.set_up(ctx, deps)
     if ctx.issue_number:  # started from a person's issue (watch, import): it is the ticket
         issue = ctx.issue_number
     else:

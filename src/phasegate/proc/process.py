@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from phasegate.git.command import note_change
 from phasegate.proc import supervisor as _supervisor
+from phasegate.proc.changes import note_change
 from phasegate.proc.deadline import LeaseDeadline, current_deadline
 from phasegate.proc.sandbox import Confinement, sandbox_for
 from phasegate.proc.supervisor import (

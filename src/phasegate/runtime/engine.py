@@ -61,16 +61,16 @@ from phasegate.forge.base import (
     ForgeError,
     status_label,
 )
-from phasegate.forge.github.auth import make_forge
+from phasegate.forge.factory import make_forge
 from phasegate.git import files as _gitfs
 from phasegate.git.command import withhold_from_git
 from phasegate.git.workspace import Workspace, git
+from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
 from phasegate.proc.deadline import LeaseDeadline, current_deadline, deadline_clock, governing
 from phasegate.proc.host import host_name
 from phasegate.runtime.faults import fault_result
 from phasegate.runtime.healing import self_heal
-from phasegate.runtime.journal import SideEffects
 from phasegate.runtime.takeover import ForeignWorkflow, forge_repository, take_over
 from phasegate.runtime.worker import DEFAULT_CONCURRENCY, Heartbeat, LeaseHeld, run_worker
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
@@ -508,7 +508,7 @@ class Engine:
             # stale worker must not stop the live agent of the one that took over.
             fence.check()
         if ctx.repo_path != str(self.repo):  # another clone's, or another repository's
-            moved = take_over(self, ctx)
+            moved = take_over(self, ctx, self._commit_retrying, self._emit)
             if moved is None:
                 return False
             ctx = moved

@@ -30,22 +30,49 @@ what was replaced.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from phasegate.config.cartridge import Cartridge
 from phasegate.core.contract import EventWrite, PhasegateError, PhaseResult, WorkflowContext
 from phasegate.forge import Forge
 from phasegate.forge.base import ForgeNotFound
 from phasegate.git.command import run_git
+from phasegate.git.workspace import Workspace
+from phasegate.store import Store
 
-if TYPE_CHECKING:
-    from phasegate.runtime.engine import Engine
-
-__all__ = ["ForeignWorkflow", "forge_repository", "moved_here", "placed_here", "take_over"]
+__all__ = [
+    "Commit",
+    "Emit",
+    "ForeignWorkflow",
+    "Here",
+    "forge_repository",
+    "moved_here",
+    "placed_here",
+    "take_over",
+]
 
 log = logging.getLogger(__name__)
+
+#: Commits a PhaseResult for a context, retrying a stale one (``Engine``'s commit).
+Commit = Callable[[WorkflowContext, PhaseResult], "dict[str, Any] | None"]
+#: Writes one event of a workflow.
+Emit = Callable[[str, EventWrite], None]
+
+
+class Here(Protocol):
+    """The clone a workflow is taken over into, as the engine holds it
+    (``runtime.engine.Engine`` is one): passed in, so this module does not import
+    the engine that calls it."""
+
+    store: Store
+    repo: Path
+    repository: str | None
+    cartridge: Cartridge
+    owner: str
+    workspace: Workspace
+    forge: Forge
 
 
 class ForeignWorkflow(PhasegateError):
@@ -116,26 +143,29 @@ def moved_here(ctx: WorkflowContext, moved: Mapping[str, str], owner: str) -> Ph
     )
 
 
-def take_over(engine: Engine, ctx: WorkflowContext) -> WorkflowContext | None:
+def take_over(
+    engine: Here, ctx: WorkflowContext, commit: Commit, emit: Emit
+) -> WorkflowContext | None:
     """Move the workflow to ``engine``'s clone when it is another clone's of the
     engine's forge repository (``placed_here``; committed with a ``taken_over``
-    event), its branch here brought level with the forge's (``_level_branch``), and
-    return its context; ``ctx`` itself when it is this clone's already; None when
-    the move was not committed. Raises ForeignWorkflow for another repository's
+    event, through ``commit``), its branch here brought level with the forge's
+    (``_level_branch``, its event through ``emit``), and return its context;
+    ``ctx`` itself when it is this clone's already; None when the move was not
+    committed. Raises ForeignWorkflow for another repository's
     workflow, nothing written; ForgeError and GitError from bringing the branch."""
     row = engine.store.workflow_row(ctx.id)
     moved = placed_here(row, engine.repo, engine.repository, engine.cartridge)
     if moved is None:
         return ctx
-    if engine._commit_retrying(ctx, moved_here(ctx, moved, engine.owner)) is None:
+    if commit(ctx, moved_here(ctx, moved, engine.owner)) is None:
         return None
     log.warning("workflow %s taken over from %s into %s", ctx.id, ctx.repo_path, engine.repo)
     here = engine.store.load_context(ctx.id)
-    _level_branch(engine, here)
+    _level_branch(engine, here, emit)
     return here
 
 
-def _level_branch(engine: Engine, ctx: WorkflowContext) -> None:
+def _level_branch(engine: Here, ctx: WorkflowContext, emit: Emit) -> None:
     """When this clone has the workflow's branch already (it had the workflow
     before) and the forge's differs, point the branch at the forge's and remove
     this clone's worktree of the workflow: both are older than what the clone
@@ -155,7 +185,7 @@ def _level_branch(engine: Engine, ctx: WorkflowContext) -> None:
     proc = run_git(["branch", "--force", branch, theirs], repo)
     if proc.returncode != 0:
         raise PhasegateError(f"git branch --force {branch} {theirs}: {proc.stderr.strip()}")
-    engine._emit(
+    emit(
         ctx.id,
         EventWrite(
             "branch_fetched",

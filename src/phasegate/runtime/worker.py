@@ -34,27 +34,55 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from phasegate.core.contract import PR_REVIEW, RUNNABLE_STATUSES, WAIT, PhasegateError
+from phasegate.config.cartridge import Cartridge
+from phasegate.core.contract import (
+    PR_REVIEW,
+    RUNNABLE_STATUSES,
+    WAIT,
+    MilestoneView,
+    PhasegateError,
+)
 from phasegate.phases import cleanup
 from phasegate.proc.deadline import LeaseDeadline, deadline_clock
 from phasegate.runtime import DEFAULT_CONCURRENCY
 from phasegate.store import Fence, Store, StoreUnavailable
-
-if TYPE_CHECKING:
-    from phasegate.runtime.engine import Engine
 
 __all__ = [
     "CLEANUP_RETRY_S",
     "DEFAULT_CONCURRENCY",
     "Heartbeat",
     "LeaseHeld",
+    "WorkerEngine",
     "run_worker",
     "waits_on_ci",
 ]
 
 log = logging.getLogger(__name__)
+
+
+class WorkerEngine(Protocol):
+    """What the worker needs of the engine it drives (``runtime.engine.Engine`` is
+    one): passed in, so the worker does not import the engine that starts it."""
+
+    store: Store
+    shutdown: threading.Event
+    repo: Path
+    repository: str | None
+    cartridge: Cartridge
+    owner: str
+    lease_ttl_s: float
+
+    def advance(
+        self, workflow_id: str, *, claimed: int | None = None, claimed_at: float | None = None
+    ) -> dict[str, Any]: ...
+
+    def idle_at(self, workflow_id: str) -> int | None: ...
+
+    def retry_cleanup(self, workflow_id: str) -> MilestoneView | None: ...
+
 
 #: Seconds between a worker's retries of failed cleanups.
 CLEANUP_RETRY_S = 60.0
@@ -175,7 +203,7 @@ class _Left:
 
 
 def run_worker(
-    engine: Engine,
+    engine: WorkerEngine,
     *,
     once: bool = False,
     poll_s: float = 2.0,
@@ -205,7 +233,7 @@ def run_worker(
 class _Worker:
     """``run_worker``'s state: the threads running, how each workflow was left."""
 
-    def __init__(self, engine: Engine, once: bool, poll_s: float, concurrency: int) -> None:
+    def __init__(self, engine: WorkerEngine, once: bool, poll_s: float, concurrency: int) -> None:
         self.engine = engine
         self.store = engine.store
         self.shutdown = engine.shutdown

@@ -120,15 +120,17 @@ class Dialect(Protocol):
         ...
 
 
-def _utc(value: datetime | None) -> datetime | None:
+def utc(value: datetime | None) -> datetime | None:
+    """``value`` as an aware UTC datetime (None stays None)."""
     # SQLite hands back naive datetimes; everything we write is UTC.
     if value is None or value.tzinfo is not None:
         return value
     return value.replace(tzinfo=UTC)
 
 
-def _utc_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _utc(v) if isinstance(v, datetime) else v for k, v in row.items()}
+def utc_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` with each datetime made aware (``utc``)."""
+    return {k: utc(v) if isinstance(v, datetime) else v for k, v in row.items()}
 
 
 def _current_revision(conn: sa.Connection) -> str | None:
@@ -235,9 +237,10 @@ class StoreBase:
         rows = conn.execute(
             sa.select(table).where(table.c.workflow_id == workflow_id, *where).order_by(table.c.id)
         ).mappings()
-        return [_utc_row(r) for r in rows]
+        return [utc_row(r) for r in rows]
 
-    def _add_event(self, conn: sa.Connection, workflow_id: str, event: EventWrite) -> None:
+    def write_event(self, conn: sa.Connection, workflow_id: str, event: EventWrite) -> None:
+        """Insert ``event`` of ``workflow_id`` in the caller's transaction ``conn``."""
         conn.execute(INSERT_EVENT, event_params(workflow_id, event, self.clock.now()))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
 
@@ -30,11 +30,8 @@ from phasegate.core.contract import (
     next_phase,
 )
 from phasegate.store import tables as t
-from phasegate.store._base import INSERT_EVENT, Dialect, FenceLost, _utc, event_params
+from phasegate.store._base import INSERT_EVENT, Dialect, FenceLost, StoreBase, event_params, utc
 from phasegate.store.leases import Fence
-
-if TYPE_CHECKING:
-    from phasegate.store.workflows import WorkflowRows
 
 __all__ = [
     "NEEDS_YOU_EVENT",
@@ -98,7 +95,7 @@ def workflow_dict(row: Mapping[str, Any]) -> dict[str, Any]:
     """A workflow row as a dict, its timestamps UTC-aware."""
     out = dict(row)
     for key in ("created_at", "updated_at", "completed_at", "lease_expires_at"):
-        out[key] = _utc(out[key])
+        out[key] = utc(out[key])
     return out
 
 
@@ -186,7 +183,7 @@ def _validate(ctx: WorkflowContext, result: PhaseResult) -> None:
 
 
 def commit_phase_result(
-    store: WorkflowRows, ctx: WorkflowContext, result: PhaseResult, *, fence: Fence | None = None
+    store: StoreBase, ctx: WorkflowContext, result: PhaseResult, *, fence: Fence | None = None
 ) -> dict[str, Any]:
     """The single commit path (docs/contracts/lifecycle.md: the single commit path).
 
@@ -276,7 +273,7 @@ def _needs_a_person(ctx: WorkflowContext, values: Mapping[str, Any]) -> bool:
 
 
 def _wake_parent(
-    store: WorkflowRows, conn: sa.Connection, parent_id: str, child_id: str, how: str, now: Any
+    store: StoreBase, conn: sa.Connection, parent_id: str, child_id: str, how: str, now: Any
 ) -> None:
     """Give the parent paused for ``child_id`` its phase's status back: it is
     runnable again and decides on the child's outcome (``how``) itself."""
@@ -300,7 +297,9 @@ def _wake_parent(
             updated_at=now,
         )
     )
-    store._add_event(conn, parent_id, EventWrite("child_ended", {"child": child_id, "status": how}))
+    store.write_event(
+        conn, parent_id, EventWrite("child_ended", {"child": child_id, "status": how})
+    )
 
 
 def _refuse(conn: sa.Connection, ctx: WorkflowContext, fence: Fence | None) -> NoReturn:

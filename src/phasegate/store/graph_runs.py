@@ -18,7 +18,7 @@ from phasegate.core.contract import (
 from phasegate.graph.lifecycle import RUN_RECORD_KEYS
 from phasegate.graph.proposals import Evidence, Proposal
 from phasegate.store import tables as t
-from phasegate.store._base import StoreBase, _utc, _utc_row
+from phasegate.store._base import StoreBase, utc, utc_row
 
 #: ``decided_by`` of a decision the apply arm took (mode ``auto``), not a person.
 APPLY_ARM = "auto"
@@ -126,7 +126,7 @@ class GraphRows(StoreBase):
             )
         if row is None:
             raise RunNotFound(run_id)
-        return _utc_row(row)
+        return utc_row(row)
 
     def runs_of(self, workflow_id: str) -> list[dict[str, Any]]:
         """The recorded runs a workflow drove (graph mode), oldest first: each
@@ -141,7 +141,7 @@ class GraphRows(StoreBase):
                 .mappings()
                 .all()
             )
-        return [_utc_row(row) for row in rows]
+        return [utc_row(row) for row in rows]
 
     def proposals(
         self,
@@ -160,7 +160,7 @@ class GraphRows(StoreBase):
             query = query.where(c.run_id == run_id)
         with self.reading() as conn:
             rows = conn.execute(query.order_by(c.created_at, c.run_id, c.position)).mappings().all()
-        return [_utc_row(r) for r in rows]
+        return [utc_row(r) for r in rows]
 
     def proposal(self, proposal_id: str) -> dict[str, Any]:
         """One proposal row. Raises ProposalNotFound."""
@@ -172,7 +172,7 @@ class GraphRows(StoreBase):
             )
         if row is None:
             raise ProposalNotFound(proposal_id)
-        return _utc_row(row)
+        return utc_row(row)
 
     def decide_proposal(
         self, proposal_id: str, verdict: str, by: str, reason: str | None = None
@@ -205,7 +205,7 @@ class GraphRows(StoreBase):
                 )
             if row.status != "proposed":
                 who = f" by {row.decided_by}" if row.decided_by else ""
-                when = _utc(row.decided_at)
+                when = utc(row.decided_at)
                 at = f" at {when.isoformat()}" if when else ""
                 raise ProposalDecided(
                     f"proposal {proposal_id} was {row.status} already{who}{at}; "

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from phasegate.core.contract import WorkflowNotFound
 from phasegate.proc.host import host_name
 from phasegate.store import tables as t
-from phasegate.store._base import FenceLost, StoreBase, StoreUnavailable, _utc, _utc_row
+from phasegate.store._base import FenceLost, StoreBase, StoreUnavailable, utc, utc_row
 
 _c = t.workflows.c
 
@@ -132,7 +132,7 @@ class LeaseRows(StoreBase):
             ).first()
             if row is None:
                 raise WorkflowNotFound(workflow_id)
-            holder, expires, fence = row[0], _utc(row[1]), row[2]
+            holder, expires, fence = row[0], utc(row[1]), row[2]
             free = holder is None or holder == owner or expires is None or expires <= now
             if not free and not _holder_alive(holder):
                 free = True
@@ -237,7 +237,7 @@ class LeaseRows(StoreBase):
             query = query.where(of_repository(repository, repo_path))
         with self.reading() as conn:
             rows = conn.execute(query.order_by(c.created_at, c.id)).mappings()
-            return [_utc_row(r) for r in rows]
+            return [utc_row(r) for r in rows]
 
     def local_forge_marker(self) -> tuple[int, int]:
         """How many of the local forge's pull requests are no longer open and how many
@@ -279,7 +279,7 @@ class LeaseRows(StoreBase):
             row = conn.execute(_FENCE, {"w_id": workflow_id}).first()
         if row is None:
             raise WorkflowNotFound(workflow_id)
-        expires = _utc(row[1])
+        expires = utc(row[1])
         return (
             row[0] == owner
             and row[2] == fence

@@ -150,7 +150,7 @@ class WorkflowRows(StoreBase):
                     **optional,
                 )
             )
-            self._add_event(conn, workflow_id, EventWrite("phase_change", {"phase": phase}))
+            self.write_event(conn, workflow_id, EventWrite("phase_change", {"phase": phase}))
             self.dialect.notify(conn)  # a new workflow for a waiting worker
         return workflow_id
 
@@ -353,7 +353,7 @@ class WorkflowRows(StoreBase):
                     updated_at=self.clock.now(),
                 )
             )
-            self._add_event(
+            self.write_event(
                 conn,
                 row,
                 EventWrite(
@@ -398,7 +398,7 @@ class WorkflowRows(StoreBase):
 
     def add_event(self, workflow_id: str, event: EventWrite) -> None:
         with self.transaction() as conn:
-            self._add_event(conn, workflow_id, event)
+            self.write_event(conn, workflow_id, event)
 
 
 def _milestone_view(row: Mapping[str, Any]) -> MilestoneView:

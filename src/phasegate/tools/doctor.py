@@ -46,8 +46,6 @@ from phasegate.config.cartridge import (
     RoleBinding,
     blob_sha,
     cartridge_from_document,
-    committed_blob,
-    committed_note,
 )
 from phasegate.config.forge import ForgeSettings
 from phasegate.config.toml import TomlError, read_toml
@@ -55,6 +53,7 @@ from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeUnavailable
 from phasegate.forge.github.api import GitHubAPI
 from phasegate.forge.github.auth import ForgeAuth, forge_auth, repository_from_origin
 from phasegate.git.checks import command_problem
+from phasegate.git.committed import committed_blob, committed_note
 from phasegate.git.merge import scratch_note
 from phasegate.git.workspace import GitError, Workspace, git
 from phasegate.proc.sandbox import PROCESS_RUNNERS, SANDBOX_VAR, SandboxKind, bwrap_works, choose

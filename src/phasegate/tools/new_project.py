@@ -36,14 +36,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from phasegate.config.cartridge import CARTRIDGE_FILE, Cartridge, load_cartridge
-from phasegate.config.init import default_cartridge
-from phasegate.core.contract import PREPARATION, MilestoneWrite, PhasegateError, WorkflowContext
-from phasegate.forge.github.faults import GitHubRefused
 from phasegate.git.command import git
+from phasegate.phases.repo_setup import KIND, NewProjectRefused, description_for, set_up
+from phasegate.tools.init import default_cartridge
 
 if TYPE_CHECKING:
     from phasegate.forge.github.forge import GitHubForge
-    from phasegate.phases.deps import PhaseDeps
     from phasegate.store import Store
 
 __all__ = [
@@ -57,20 +55,12 @@ __all__ = [
     "set_up",
 ]
 
-#: The milestone kind of the repository made for a new project.
-KIND = "repo_setup"
-
 # GitHub's rules: an owner is a login, a name 1-100 of these (not "." or "..").
 _OWNER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}$")
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 _FORGE_TABLE = re.compile(r"^\[forge\][ \t]*(?:#.*)?$", re.MULTILINE)
 _TABLE = re.compile(r"^\s*\[", re.MULTILINE)
 _REPOSITORY_KEY = re.compile(r"^[ \t]*repository[ \t]*=.*$", re.MULTILINE)
-
-
-class NewProjectRefused(PhasegateError):
-    """The new project cannot be made: a bad name, a directory in the way, or a
-    repository of that name that is not this project's. The message says which."""
 
 
 @dataclass(frozen=True)
@@ -95,12 +85,6 @@ class NewProject:
     def state(self) -> dict[str, Any]:
         """The workflow's ``state["new_project"]``, which preparation's ``set_up`` reads."""
         return {"name": self.name, "repository": self.repository, "private": self.private}
-
-
-def description_for(ctx: WorkflowContext) -> str:
-    """The repository's description: the ticket's title and the workflow's id, which
-    is how an earlier try's repository is told from someone else's."""
-    return f"{ctx.title[:200]} (made by phasegate for workflow {ctx.id})"
 
 
 def _split(name: str) -> tuple[str | None, str]:
@@ -233,88 +217,3 @@ def make_checkout(project: NewProject) -> Path:
     git(["add", CARTRIDGE_FILE, "README.md"], root)
     git(["commit", "-q", "-m", f"{project.name}: first commit (phasegate new project)"], root)
     return root
-
-
-def set_up(ctx: WorkflowContext, deps: PhaseDeps) -> None:
-    """The new project's repository on the forge, journaled as ``repo_setup``
-    (in preparation); a no-op once that milestone is completed.
-
-    On GitHub: found (``GET /repos/{owner}/{repo}``) or created empty, then the
-    first commit pushed as the base branch and ``origin`` pointed at its
-    ``clone_url`` (no credentials in it). Raises NewProjectRefused when the
-    repository exists and its description does not name this workflow (or no
-    earlier try of it was journaled), ForgeError on GitHub's errors."""
-    said = ctx.state["new_project"]
-    repository = said.get("repository")
-    write = MilestoneWrite(
-        KIND,
-        status="in_progress",
-        key=str(repository or said["name"]),
-        data={"params": dict(said)},
-        summary=f"{repository or ctx.repo_path}: in progress",
-    )
-    store, fence = deps.store, deps.effects.fence
-    earlier = store.milestone_by_key(store.dedupe_key(ctx.id, PREPARATION, write))
-    if earlier is not None and earlier.status == "completed":
-        return
-    forge: Any = deps.forge
-    if repository is None or getattr(forge, "create_repository", None) is None:
-        store.write_milestone(
-            ctx.id,
-            PREPARATION,
-            MilestoneWrite(
-                KIND,
-                key=write.key,
-                data={"params": dict(said), "result": {"forge": "local", "path": ctx.repo_path}},
-                summary=f"the local repository {ctx.repo_path} is the new project",
-            ),
-        )
-        return
-    description = description_for(ctx)
-    found = forge.find_repository()
-    if found is not None and (earlier is None or found.get("description") != description):
-        raise _taken(repository)
-    if fence is not None:
-        fence.check()
-    row = store.write_milestone(ctx.id, PREPARATION, write)
-    if fence is not None:
-        fence.check()  # again, right before the effect: the row is evidence either way
-    try:
-        if found is None:
-            found = _create(forge, repository, description, bool(said.get("private", True)))
-        forge.publish_branch(ctx.base_branch)
-    except Exception as exc:
-        store.settle_milestone(row, "failed", summary=f"{KIND}: {exc}")
-        raise
-    clone_url = str(found["clone_url"])
-    repo = Path(ctx.repo_path)
-    if git(["remote", "get-url", "origin"], repo, check=False) == "":
-        git(["remote", "add", "origin", clone_url], repo)
-    sha = deps.workspace.rev(repo, ctx.base_branch)
-    store.settle_milestone(
-        row,
-        "completed",
-        summary=f"{repository}: made, {ctx.base_branch} at {sha[:12]} pushed",
-        data={"result": {"repository": repository, "clone_url": clone_url, "sha": sha}},
-    )
-
-
-def _create(forge: Any, repository: str, description: str, private: bool) -> dict[str, Any]:
-    try:
-        return dict(forge.create_repository(description, private=private))
-    except GitHubRefused as exc:
-        if exc.status != 422:
-            raise
-        # "name already exists": ours only if an earlier try made it and died unanswered
-        found = forge.find_repository()
-        if found is None or found.get("description") != description:
-            raise _taken(repository) from exc
-        return dict(found)
-
-
-def _taken(repository: str) -> NewProjectRefused:
-    return NewProjectRefused(
-        f"{repository} already exists on GitHub and is not this workflow's "
-        "(its description names no phasegate workflow of this project): choose another "
-        "NAME; no issue or branch was made"
-    )

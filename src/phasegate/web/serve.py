@@ -1,7 +1,7 @@
 """``phasegate serve``'s machinery: the dashboard (uvicorn) and the worker side by side.
 
 Both run on threads of their own; the caller's thread waits on the engine's
-shutdown (which its signal handler sets: the CLI's ``_graceful``). Shutdown
+shutdown (which its signal handler sets: the CLI's ``graceful``). Shutdown
 stops the worker as ``phasegate worker``'s does (every running agent
 stopped, each workflow paused resumable), ends the live streams, then the
 server. The worker's end for any other reason (an error) ends the server

@@ -2,7 +2,6 @@
 
     repository_from_origin(repo, base_url)  # "owner/name" from the origin remote's URL
     forge_auth(settings, repo, repository)   # a token from forge.token_env, or a GitHub App
-    make_forge(cartridge, repo, store, workspace, secrets)   # the forge the cartridge names
 
 A token comes from the environment variable ``forge.token_env`` names (default
 ``GITHUB_TOKEN``), never from the cartridge. A GitHub App signs a JWT with its
@@ -24,11 +23,11 @@ import os
 import re
 import ssl
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -38,21 +37,15 @@ from githubkit.cache import MemCacheStrategy
 from githubkit.exception import GitHubException
 
 from phasegate.config.forge import ForgeSettings
-from phasegate.forge.base import Forge, ForgeAuthError, ForgeError
+from phasegate.forge.base import ForgeAuthError, ForgeError
 from phasegate.forge.github.faults import RetryPolicy, translate
 from phasegate.git.command import run_git, withhold_from_git
-
-if TYPE_CHECKING:
-    from phasegate.config.cartridge import Cartridge
-    from phasegate.git.workspace import Workspace
-    from phasegate.store import Store
 
 __all__ = [
     "API_VERSION",
     "ForgeAuth",
     "forge_auth",
     "github_client",
-    "make_forge",
     "repository_from_origin",
 ]
 
@@ -280,26 +273,3 @@ def forge_auth(
             f"in {settings.token_env} (or name another variable in forge.token_env)"
         )
     return ForgeAuth.from_token(token.strip(), settings.token_env)
-
-
-def make_forge(
-    cartridge: Cartridge,
-    repo: Path,
-    store: Store,
-    workspace: Workspace,
-    secrets: Sequence[str],
-    environ: Mapping[str, str] | None = None,
-) -> Forge:
-    """The forge ``cartridge.forge`` names: a LocalForge for ``kind = "local"``, a
-    GitHubForge for ``kind = "github"`` (repository from the cartridge, else the
-    origin remote; credentials from ``forge_auth``). ``secrets`` are redacted from
-    everything it sends. Raises ForgeError / ForgeAuthError (see those functions)."""
-    from phasegate.forge.github.forge import GitHubForge
-    from phasegate.forge.local import LocalForge
-
-    settings = cartridge.forge
-    if settings.kind == "local":
-        return LocalForge(store, repo, workspace, secrets)
-    repository = settings.repository or repository_from_origin(repo, settings.base_url)
-    auth = forge_auth(settings, repo, repository, environ)
-    return GitHubForge(repository, auth, repo, workspace, settings, secrets)
