@@ -121,7 +121,7 @@ def open_repo(repo: Path) -> tuple[Path, Cartridge, Store]:
     """The repository, the cartridge its workflows run under (the committed one,
     ``load_committed_cartridge``: a note on stderr says when the checkout's
     differs or is not committed) and its store."""
-    from phasegate.config.cartridge import load_committed_cartridge
+    from phasegate.git.committed import load_committed_cartridge
     from phasegate.store import open_store
 
     root = repo_root(repo)

@@ -21,7 +21,7 @@ from phasegate.cli._app import (
 )
 
 if TYPE_CHECKING:
-    from phasegate.config.init import DefaultCartridge
+    from phasegate.tools.init import DefaultCartridge
     from phasegate.tools.doctor import Diagnosis
 
 
@@ -41,7 +41,7 @@ def init(
     repository.
     """
     from phasegate.config.cartridge import CARTRIDGE_FILE, load_cartridge
-    from phasegate.config.init import default_cartridge
+    from phasegate.tools.init import default_cartridge
     from phasegate.git.workspace import Workspace
 
     with reported_errors():
