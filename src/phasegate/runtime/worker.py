@@ -166,6 +166,10 @@ def wait_s(cartridge: Cartridge) -> float:
     return 0.0 if forge.kind == "local" else forge.poll_s
 
 
+def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
 def _polling(row: Mapping[str, Any]) -> bool:
     """Whether the workflow, as ``advance`` left it, only waits on the forge."""
     return row["status"] == "waiting" or waits_on_ci(row)
@@ -248,9 +252,11 @@ class _Worker:
         self.errors: list[BaseException] = []
         #: What the last read of the rows left due (``_pass``): to claim, waiting, marker.
         self.backlog: tuple[list[str], list[str], tuple[int, int] | None] | None = None
-        #: The earliest ``due_at`` ahead that the last read found or a thread wrote since:
-        #: what the worker sleeps until (``_wait``), ``poll_s`` at most.
+        #: The earliest ``due_at`` ahead that the last look ahead found or a thread wrote
+        #: since: what the worker sleeps until (``_wait``), ``poll_s`` at most. ``scheduled``:
+        #: the earliest a thread wrote while a look ahead ran, which it may not have seen.
         self.next_due: datetime | None = None
+        self.scheduled: datetime | None = None
         #: Workflows whose advance the store's outage ended: their leases, which advance
         #: could not release then, are released by the next pass the store takes.
         self.unreleased: set[str] = set()
@@ -374,7 +380,8 @@ class _Worker:
             self.store.release(workflow_id, self.engine.owner)
             with self.lock:
                 self.unreleased.discard(workflow_id)
-        if reread or self.backlog is None:
+        fresh = reread or self.backlog is None
+        if fresh:
             self.backlog = self._due()
         due, waiting, forge = self.backlog
         if self.shutdown.is_set():
@@ -397,20 +404,28 @@ class _Worker:
             self._start(workflow_id, None, forge)
             started.append(workflow_id)
         self.backlog = (due, [i for i in waiting if i not in started], forge)
+        if fresh and not self.once:
+            self._look_ahead()  # after the advances started: a wake-up waits for no read
         return bool(started)
+
+    def _look_ahead(self) -> None:
+        """Read when the earliest workflow scheduled for later is due (``next_due``)."""
+        with self.lock:
+            self.scheduled = None
+        ahead = self.store.next_due_at(RUNNABLE_STATUSES, self.store.clock.now(), **self.mine)
+        with self.lock:
+            self.next_due = _earliest(ahead, self.scheduled)
 
     def _due(self) -> tuple[list[str], list[str], tuple[int, int] | None]:
         """The workflows due now, oldest first: those to claim, those waiting for
-        people (looked at without a lease first), and the local forge's marker;
-        ``next_due`` too. With ``once``, every runnable one, due or scheduled."""
+        people (looked at without a lease first), and the local forge's marker.
+        With ``once``, every runnable one, due or scheduled for later."""
         forge = self.store.local_forge_marker() if self.local_forge else None
         now = self.store.clock.now()
         due, waiting = [], []
         due_by = None if self.once else now
         rows = self.store.lease_rows(RUNNABLE_STATUSES, due_by=due_by, **self.mine)
-        ahead = None if self.once else self.store.next_due_at(RUNNABLE_STATUSES, now, **self.mine)
         with self.lock:
-            self.next_due = ahead
             for row in rows:
                 workflow_id = row["id"]
                 if workflow_id in self.running:
@@ -551,8 +566,8 @@ class _Worker:
             due = self.store.schedule(workflow_id, row["version"], due_in_s)
         if due is not None:
             with self.lock:
-                if self.next_due is None or due < self.next_due:
-                    self.next_due = due
+                self.next_due = _earliest(self.next_due, due)
+                self.scheduled = _earliest(self.scheduled, due)
 
     def _retry_cleanups(self) -> None:
         for workflow_id in self.store.workflow_ids_with_milestone(
