@@ -144,7 +144,7 @@ def test_migrations_upgrade_a_0001_database_with_its_data_in_place(
             diffs = compare_metadata(
                 MigrationContext.configure(conn, opts={"compare_type": True}), t.metadata
             )
-        assert version == "0005"
+        assert version == "0006"
         assert diffs == []
         tables = set(sa.inspect(store.engine).get_table_names())
         assert {"graph_runs", "proposals", "graph_calls"} <= tables

@@ -84,7 +84,7 @@ def test_migrated_schema_matches_the_tables_module(store: Store) -> None:
     tables = set(sa.inspect(store.engine).get_table_names())
     assert tables == set(metadata.tables) | {"alembic_version"}
     with store.engine.connect() as conn:
-        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == "0005"
+        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == "0006"
 
 
 def test_the_schema_comparison_does_see_a_difference(store: Store) -> None:

@@ -181,7 +181,7 @@ def test_migration_0005_upgrades_a_0004_store_its_workflows_claimed_by_their_pat
     try:
         with store.engine.connect() as conn:
             assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == (
-                "0005"
+                "0006"
             )
         indexes = {i["name"] for i in sa.inspect(store.engine).get_indexes("workflows")}
         assert "ix_workflows_repository" in indexes

@@ -21,8 +21,8 @@ from phasegate.cli._app import (
 )
 
 if TYPE_CHECKING:
-    from phasegate.tools.init import DefaultCartridge
     from phasegate.tools.doctor import Diagnosis
+    from phasegate.tools.init import DefaultCartridge
 
 
 @app.command(short_help="Write phasegate.toml, from what it finds.")
@@ -41,8 +41,8 @@ def init(
     repository.
     """
     from phasegate.config.cartridge import CARTRIDGE_FILE, load_cartridge
-    from phasegate.tools.init import default_cartridge
     from phasegate.git.workspace import Workspace
+    from phasegate.tools.init import default_cartridge
 
     with reported_errors():
         root = repo_root(repo)

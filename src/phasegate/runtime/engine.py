@@ -72,7 +72,7 @@ from phasegate.proc.host import host_name
 from phasegate.runtime.faults import fault_result
 from phasegate.runtime.healing import self_heal
 from phasegate.runtime.takeover import ForeignWorkflow, forge_repository, take_over
-from phasegate.runtime.worker import DEFAULT_CONCURRENCY, Heartbeat, LeaseHeld, run_worker
+from phasegate.runtime.worker import DEFAULT_CONCURRENCY, Heartbeat, LeaseHeld, run_worker, wait_s
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
 
 __all__ = ["Engine", "ForeignWorkflow", "LeaseHeld"]
@@ -250,21 +250,18 @@ class Engine:
         """Commit ``result`` through the single commit path and report it to on_event.
 
         Under the workflow's fence while it is advanced or decided here: raises
-        FenceLost (nothing written) once another worker took the lease over.
+        FenceLost (nothing written) once another worker took the lease over. A wait
+        on a team's forge is due again after ``forge.poll_s`` (``workflows.due_at``).
         """
-        row = self.store.commit_phase_result(ctx, result, fence=self.fences.get(ctx.id))
+        due_in_s = wait_s(self.cartridge) if result.outcome == "wait" else 0.0
+        fence = self.fences.get(ctx.id)
+        row = self.store.commit_phase_result(ctx, result, fence=fence, due_in_s=due_in_s or None)
         self._label(row["id"], row.get("issue_number"), row["status"])
         for event in result.events:
             self._notify(ctx.id, event.type, event.data)
+        said = {"outcome": result.outcome, "phase": row["current_phase"]}
         self._notify(
-            ctx.id,
-            "committed",
-            {
-                "outcome": result.outcome,
-                "phase": row["current_phase"],
-                "status": row["status"],
-                "reason": result.reason,
-            },
+            ctx.id, "committed", {**said, "status": row["status"], "reason": result.reason}
         )
         return row
 

@@ -13,14 +13,21 @@ passes it waits on the store's ChangeFeed (``Store.changes``), a thread's end or
 shutdown, ``poll_s`` at most: a person's decision, a new ticket or feedback is
 acted on at once.
 
-What is due: a workflow this worker has not advanced yet, or whose row (its
-version) changed since an advance left it. Left waiting for people on the
-local forge, it is due again only when its row or the local forge's pull
-requests and issues change (``LeaseRows.local_forge_marker``): an idle
-waiting workflow costs reads, never a write, per pass. Left waiting on a
-team's forge (wait for people, pr_review for CI) it is due again after
-``forge.poll_s`` too: a forge has a rate limit. Left runnable otherwise (a
-conflict child whose parent's pause is not committed yet) after ``poll_s``.
+What is due is the store's to say (``workflows.due_at``), so a restarted
+worker, or another one, honours it: a pass claims only the runnable workflows
+whose ``due_at`` is NULL or past, and between passes the worker sleeps until
+the earliest one ahead (``poll_s`` at most). Every commit makes its workflow
+due at once (a person's decision), unless it leaves it waiting on a team's
+forge (pr_review for CI, wait for people): due after ``forge.poll_s`` then, the
+forge's rate limit (``wait_s``; ``Engine.commit``). A look that found
+nothing new and committed nothing sets the next one itself
+(``LeaseRows.schedule``): on a team's forge after ``forge.poll_s``, a workflow
+left runnable otherwise (a conflict child whose parent's pause is not
+committed yet) after ``poll_s``. Left waiting for people on the local forge, a
+workflow is due again only when its row or the local forge's pull requests
+and issues change (``LeaseRows.local_forge_marker``), which the worker watches
+(a restarted one looks once): an idle waiting workflow costs reads, never a
+write, per pass.
 
 Shutdown (``engine.shutdown``: SIGINT/SIGTERM in the CLI) stops every running
 agent; each interrupted phase pauses as a single advance's does, and
@@ -34,6 +41,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,6 +65,7 @@ __all__ = [
     "LeaseHeld",
     "WorkerEngine",
     "run_worker",
+    "wait_s",
     "waits_on_ci",
 ]
 
@@ -172,6 +181,18 @@ def waits_on_ci(row: Mapping[str, Any]) -> bool:
     return row["current_phase"] == PR_REVIEW and row["status"] == "pr_review"
 
 
+def wait_s(cartridge: Cartridge) -> float:
+    """Seconds between two looks at a workflow waiting on the cartridge's forge
+    (``forge.poll_s``: a team's forge has a rate limit); 0 on the local forge,
+    whose waits are watched for changes instead."""
+    forge = cartridge.forge
+    return 0.0 if forge.kind == "local" else forge.poll_s
+
+
+def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
 def _polling(row: Mapping[str, Any]) -> bool:
     """Whether the workflow, as ``advance`` left it, only waits on the forge."""
     return row["status"] == "waiting" or waits_on_ci(row)
@@ -193,13 +214,14 @@ def _waiting(row: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class _Left:
-    """How an advance left a workflow that is still runnable: its row's ``version``,
-    the local forge's marker read before the advance began, and when (monotonic
-    seconds) it is due again whatever changes (``inf``: only on a change)."""
+    """How an advance left a workflow that is still runnable: its row's ``version``
+    and the local forge's marker read before the advance began. ``watched``: it
+    waits for people on the local forge, due again only when either changes;
+    else when it is due is the store's (``workflows.due_at``)."""
 
     version: int
     forge: tuple[int, int] | None
-    due_at: float
+    watched: bool
 
 
 def run_worker(
@@ -245,7 +267,7 @@ class _Worker:
         self.mine = {"repo_path": str(engine.repo), "repository": engine.repository}
         forge = engine.cartridge.forge
         self.local_forge = forge.kind == "local"
-        self.forge_poll_s = 0.0 if self.local_forge else forge.poll_s
+        self.forge_poll_s = wait_s(engine.cartridge)
         self.running: dict[str, threading.Thread] = {}
         self.left: dict[str, _Left] = {}
         self.advanced: set[str] = set()  # advance() retried their cleanups already
@@ -253,6 +275,11 @@ class _Worker:
         self.errors: list[BaseException] = []
         #: What the last read of the rows left due (``_pass``): to claim, waiting, marker.
         self.backlog: tuple[list[str], list[str], tuple[int, int] | None] | None = None
+        #: The earliest ``due_at`` ahead that the last look ahead found or a thread wrote
+        #: since: what the worker sleeps until (``_wait``), ``poll_s`` at most. ``scheduled``:
+        #: the earliest a thread wrote while a look ahead ran, which it may not have seen.
+        self.next_due: datetime | None = None
+        self.scheduled: datetime | None = None
         #: Workflows whose advance the store's outage ended: their leases, which advance
         #: could not release then, are released by the next pass the store takes.
         self.unreleased: set[str] = set()
@@ -334,16 +361,22 @@ class _Worker:
         self.ended.set()
 
     def _wait(self, feed: Any) -> bool:
-        """Until a thread ends, shutdown, or (with a thread free) the store changes;
-        ``poll_s`` at most. A pass a change starts comes ``MIN_PASS_S`` after the last.
-        True when the next pass must read the rows again (the store changed, or
-        ``poll_s`` passed); False when only a thread ended (the backlog goes on)."""
+        """Until a thread ends, shutdown, or (with a thread free) the store changes or
+        the earliest scheduled workflow is due (``MIN_PASS_S`` at least); ``poll_s`` at
+        most. A pass a change starts comes ``MIN_PASS_S`` after the last. True when
+        the next pass must read the rows again (the store changed, or the wait ran
+        out); False when only a thread ended (the backlog goes on)."""
         started = time.monotonic()
         with self.lock:
             full = len(self.running) >= self.concurrency
+            due = self.next_due
         if full:
             return not self.ended.wait(self.poll_s)
-        if feed.wait(self.poll_s, stop=self.ended):
+        timeout = self.poll_s
+        if due is not None:
+            until = (due - self.store.clock.now()).total_seconds()
+            timeout = min(timeout, max(MIN_PASS_S, until))
+        if feed.wait(timeout, stop=self.ended):
             left = MIN_PASS_S - (time.monotonic() - started)
             if left > 0:
                 self.shutdown.wait(left)
@@ -370,7 +403,8 @@ class _Worker:
             self.store.release(workflow_id, self.engine.owner)
             with self.lock:
                 self.unreleased.discard(workflow_id)
-        if reread or self.backlog is None:
+        fresh = reread or self.backlog is None
+        if fresh:
             self.backlog = self._due()
         due, waiting, forge = self.backlog
         if self.shutdown.is_set():
@@ -382,7 +416,7 @@ class _Worker:
         if due:
             sent_at = deadline_clock()  # what the agents' deadline counts from
             taken = self.store.claim_free(
-                due, self.engine.owner, self.engine.lease_ttl_s, limit=free
+                due, self.engine.owner, self.engine.lease_ttl_s, limit=free, scheduled=self.once
             )
             for workflow_id in due:  # oldest first, as listed
                 if workflow_id in taken:
@@ -393,15 +427,27 @@ class _Worker:
             self._start(workflow_id, None, forge)
             started.append(workflow_id)
         self.backlog = (due, [i for i in waiting if i not in started], forge)
+        if fresh and not self.once:
+            self._look_ahead()  # after the advances started: a wake-up waits for no read
         return bool(started)
+
+    def _look_ahead(self) -> None:
+        """Read when the earliest workflow scheduled for later is due (``next_due``)."""
+        with self.lock:
+            self.scheduled = None
+        ahead = self.store.next_due_at(RUNNABLE_STATUSES, self.store.clock.now(), **self.mine)
+        with self.lock:
+            self.next_due = _earliest(ahead, self.scheduled)
 
     def _due(self) -> tuple[list[str], list[str], tuple[int, int] | None]:
         """The workflows due now, oldest first: those to claim, those waiting for
-        people (looked at without a lease first), and the local forge's marker."""
+        people (looked at without a lease first), and the local forge's marker.
+        With ``once``, every runnable one, due or scheduled for later."""
         forge = self.store.local_forge_marker() if self.local_forge else None
-        now = time.monotonic()
+        now = self.store.clock.now()
         due, waiting = [], []
-        rows = self.store.lease_rows(RUNNABLE_STATUSES, **self.mine)
+        due_by = None if self.once else now
+        rows = self.store.lease_rows(RUNNABLE_STATUSES, due_by=due_by, **self.mine)
         with self.lock:
             for row in rows:
                 workflow_id = row["id"]
@@ -413,10 +459,10 @@ class _Worker:
                 left = self.left.get(workflow_id)
                 if (
                     left is not None
+                    and left.watched
                     and not self.once
                     and row["version"] == left.version
                     and forge == left.forge
-                    and now < left.due_at
                 ):
                     continue
                 if _waiting(row):
@@ -453,7 +499,7 @@ class _Worker:
             if idle is None:
                 left = self._advance_until_idle(workflow_id, claim, forge)
             else:
-                left = self._left_at({"version": idle, **_WAITING}, forge)
+                left = self._left_at(workflow_id, {"version": idle, **_WAITING}, forge)
         except LeaseHeld:
             pass  # this engine's own decide or cleanup holds it: looked at again next pass
         except StoreUnavailable as exc:
@@ -506,22 +552,45 @@ class _Worker:
             row = self.engine.advance(workflow_id, claimed=fence, claimed_at=sent_at)
             claim = None
             if not _waiting(row) or self.shutdown.is_set():
-                return self._left_at(row, forge)
+                return self._left_at(workflow_id, row, forge)
             idle = self.engine.idle_at(workflow_id)
             if idle is not None:
-                return self._left_at({"version": idle, **_WAITING}, forge)
+                # The advance's commit may have scheduled the look just taken: kept.
+                due = row.get("due_at") if idle == row["version"] else None
+                return self._left_at(
+                    workflow_id, {"version": idle, "due_at": due, **_WAITING}, forge
+                )
         # Still something new after as many advances: looked at again after poll_s.
-        return _Left(row["version"], forge, time.monotonic() + self.poll_s)
+        self._schedule(workflow_id, row, self.poll_s)
+        return _Left(row["version"], forge, watched=False)
 
-    def _left_at(self, row: Mapping[str, Any], forge: tuple[int, int] | None) -> _Left | None:
+    def _left_at(
+        self, workflow_id: str, row: Mapping[str, Any], forge: tuple[int, int] | None
+    ) -> _Left | None:
+        """How the advance left the workflow (``row``: as last read), its next look
+        scheduled in the store when that is a matter of time; None: not runnable, or
+        shutdown."""
         if row["status"] not in RUNNABLE_STATUSES or self.shutdown.is_set():
             return None
-        now = time.monotonic()
         if self.forge_poll_s and _polling(row):
-            return _Left(row["version"], forge, now + self.forge_poll_s)
-        if _waiting(row):
-            return _Left(row["version"], forge, float("inf"))
-        return _Left(row["version"], forge, now + self.poll_s)
+            self._schedule(workflow_id, row, self.forge_poll_s)
+        elif _waiting(row):
+            return _Left(row["version"], forge, watched=True)
+        else:
+            self._schedule(workflow_id, row, self.poll_s)
+        return _Left(row["version"], forge, watched=False)
+
+    def _schedule(self, workflow_id: str, row: Mapping[str, Any], due_in_s: float) -> None:
+        """Make the workflow, left at ``row``, due ``due_in_s`` seconds from now in the
+        store (``LeaseRows.schedule``), unless a commit of its advance already made it
+        due later; and wake for it then."""
+        due = row.get("due_at")
+        if due is None or due <= self.store.clock.now():
+            due = self.store.schedule(workflow_id, row["version"], due_in_s)
+        if due is not None:
+            with self.lock:
+                self.next_due = _earliest(self.next_due, due)
+                self.scheduled = _earliest(self.scheduled, due)
 
     def _retry_cleanups(self) -> None:
         for workflow_id in self.store.workflow_ids_with_milestone(

@@ -9,7 +9,7 @@ under a lease, on its fence; a conflict child's end wakes its parent.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 import sqlalchemy as sa
@@ -96,6 +96,8 @@ def workflow_dict(row: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(row)
     for key in ("created_at", "updated_at", "completed_at", "lease_expires_at"):
         out[key] = utc(out[key])
+    if "due_at" in out:  # absent from a store at a revision before 0006
+        out["due_at"] = utc(out["due_at"])
     return out
 
 
@@ -183,7 +185,12 @@ def _validate(ctx: WorkflowContext, result: PhaseResult) -> None:
 
 
 def commit_phase_result(
-    store: StoreBase, ctx: WorkflowContext, result: PhaseResult, *, fence: Fence | None = None
+    store: StoreBase,
+    ctx: WorkflowContext,
+    result: PhaseResult,
+    *,
+    fence: Fence | None = None,
+    due_in_s: float | None = None,
 ) -> dict[str, Any]:
     """The single commit path (docs/contracts/lifecycle.md: the single commit path).
 
@@ -198,6 +205,11 @@ def commit_phase_result(
     With ``fence`` (the lease the engine advances under) the row is updated
     only while that lease is still this worker's: a worker whose lease was
     taken over commits nothing.
+
+    ``due_in_s``: the workflow is due again (``workflows.due_at``) that many
+    seconds after the commit, by the store's clock (a wait for the forge's CI
+    or its people: its next look); None, it is due at once, as after any change
+    (a person's decision). Workers claim a runnable workflow only once due.
 
     A child's end (completed, failed or cancelled) wakes its parent in the same
     transaction (``_wake_parent``): a parent paused for that child
@@ -233,6 +245,7 @@ def commit_phase_result(
         "state": {**ctx.state, **result.state},
         "version": ctx.version + 1,
         "updated_at": now,
+        "due_at": None if due_in_s is None else now + timedelta(seconds=due_in_s),
     }
     if phase == COMPLETED and ctx.current_phase != COMPLETED:
         values["completed_at"] = now
@@ -276,7 +289,7 @@ def _wake_parent(
     store: StoreBase, conn: sa.Connection, parent_id: str, child_id: str, how: str, now: Any
 ) -> None:
     """Give the parent paused for ``child_id`` its phase's status back: it is
-    runnable again and decides on the child's outcome (``how``) itself."""
+    runnable again, due at once, and decides on the child's outcome (``how``) itself."""
     c = t.workflows.c
     parent = conn.execute(
         sa.select(c.status, c.current_phase, c.version, c.state).where(c.id == parent_id)
@@ -295,6 +308,7 @@ def _wake_parent(
             error=None,
             version=parent.version + 1,
             updated_at=now,
+            due_at=None,
         )
     )
     store.write_event(

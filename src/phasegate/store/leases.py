@@ -16,7 +16,7 @@ import os
 import threading
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -45,28 +45,46 @@ _FREE = sa.or_(
     _c.lease_expires_at <= sa.bindparam("now"),
     _c.lease_owner.in_(sa.bindparam("gone", expanding=True)),
 )
+#: Due now (``workflows.due_at``): never scheduled, or its time has come.
+_DUE = sa.or_(_c.due_at.is_(None), _c.due_at <= sa.bindparam("now"))
+
+
+def _claim_free(*where: sa.ColumnElement[bool]) -> Any:
+    return (
+        t.workflows.update()
+        .where(
+            _c.id.in_(
+                sa.select(_c.id)
+                .where(_c.id.in_(sa.bindparam("ids", expanding=True)), *where)
+                .order_by(_c.created_at, _c.id)
+                .with_for_update(skip_locked=True)
+                .limit(sa.bindparam("limit"))
+                .scalar_subquery()
+            ),
+            *where,
+        )
+        .values(
+            lease_owner=sa.bindparam("owner"),
+            lease_expires_at=sa.bindparam("expires"),
+            fence=_c.fence + 1,
+        )
+        .returning(_c.id, _c.fence)
+    )
+
+
 # SKIP LOCKED (PostgreSQL; SQLite serializes writers already): workers filling
 # their threads at once each take other workflows, none waits on another's
-# batch only to find it taken. The UPDATE's own ``_FREE`` still judges each row.
-_CLAIM_FREE = (
+# batch only to find it taken. The UPDATE's own ``_FREE`` (and ``_DUE``) still
+# judges each row: a workflow another worker rescheduled meanwhile is left alone.
+_CLAIM_FREE = _claim_free(_FREE, _DUE)
+#: The same, workflows scheduled for later taken too (``run_worker(once=True)``).
+_CLAIM_FREE_ANY = _claim_free(_FREE)
+
+#: ``schedule``'s write: the row's due time, only while its version is the one looked at.
+_SCHEDULE = (
     t.workflows.update()
-    .where(
-        _c.id.in_(
-            sa.select(_c.id)
-            .where(_c.id.in_(sa.bindparam("ids", expanding=True)), _FREE)
-            .order_by(_c.created_at, _c.id)
-            .with_for_update(skip_locked=True)
-            .limit(sa.bindparam("limit"))
-            .scalar_subquery()
-        ),
-        _FREE,
-    )
-    .values(
-        lease_owner=sa.bindparam("owner"),
-        lease_expires_at=sa.bindparam("expires"),
-        fence=_c.fence + 1,
-    )
-    .returning(_c.id, _c.fence)
+    .where(_c.id == sa.bindparam("w_id"), _c.version == sa.bindparam("w_version"))
+    .values(due_at=sa.bindparam("due"))
 )
 
 #: ``check_fence``'s read, built once: it runs before every side effect and agent.
@@ -150,13 +168,20 @@ class LeaseRows(StoreBase):
             return fence + 1
 
     def claim_free(
-        self, workflow_ids: Collection[str], owner: str, ttl_s: float, *, limit: int | None = None
+        self,
+        workflow_ids: Collection[str],
+        owner: str,
+        ttl_s: float,
+        *,
+        limit: int | None = None,
+        scheduled: bool = False,
     ) -> dict[str, int]:
         """Take, in one statement, the lease of each of ``workflow_ids`` that is free
         (no owner, expired, or a gone process of this host's: as ``claim`` judges it,
         except that ``owner``'s own unexpired lease is not free, since a thread of
         ``owner`` holds it), the oldest ``limit`` of them at most; returns workflow →
-        its new fence, for those taken only.
+        its new fence, for those taken only. Only those due (``workflows.due_at``
+        NULL or past), unless ``scheduled``: those scheduled for later too.
 
         How a worker fills its free threads, and how one starting after a crash
         reclaims a dead worker's workflows: one transaction
@@ -173,7 +198,7 @@ class LeaseRows(StoreBase):
         gone = sorted(h for h in holders if not _holder_alive(h))
         with self.transaction() as conn:
             rows = conn.execute(
-                _CLAIM_FREE,
+                _CLAIM_FREE_ANY if scheduled else _CLAIM_FREE,
                 {
                     "ids": ids,
                     "gone": gone,
@@ -222,22 +247,61 @@ class LeaseRows(StoreBase):
         *,
         repo_path: str | None = None,
         repository: str | None = None,
+        due_by: datetime | None = None,
     ) -> list[dict[str, Any]]:
         """The workflows whose status is in ``statuses``, oldest first, each as
         ``id``, ``version``, ``status``, ``current_phase``, ``lease_owner`` and
         ``lease_expires_at`` (UTC-aware): what a worker's pass decides on, read in
-        one query (an idle pass reads, never writes). With ``repo_path``, only the
-        workflows of that worker's repository (``of_repository``: a store shared by
-        many repositories)."""
+        one query (an idle pass reads, never writes). With
+        ``repo_path``, only the workflows of that worker's repository
+        (``of_repository``: a store shared by many repositories). With
+        ``due_by``, only those due by then (``workflows.due_at`` NULL or not
+        later; ``ix_workflows_due``)."""
         c = t.workflows.c
         query = sa.select(
             c.id, c.version, c.status, c.current_phase, c.lease_owner, c.lease_expires_at
         ).where(c.status.in_(sorted(statuses)))
         if repo_path is not None:
             query = query.where(of_repository(repository, repo_path))
+        if due_by is not None:
+            query = query.where(sa.or_(c.due_at.is_(None), c.due_at <= due_by))
         with self.reading() as conn:
             rows = conn.execute(query.order_by(c.created_at, c.id)).mappings()
             return [utc_row(r) for r in rows]
+
+    def next_due_at(
+        self,
+        statuses: Collection[str],
+        after: datetime,
+        *,
+        repo_path: str | None = None,
+        repository: str | None = None,
+    ) -> datetime | None:
+        """The earliest ``due_at`` later than ``after`` among the workflows whose
+        status is in ``statuses`` (of that repository, as ``lease_rows``), UTC-aware;
+        None when none is scheduled: what a worker with nothing due sleeps until."""
+        c = t.workflows.c
+        query = sa.select(sa.func.min(c.due_at)).where(
+            c.status.in_(sorted(statuses)), c.due_at > after
+        )
+        if repo_path is not None:
+            query = query.where(of_repository(repository, repo_path))
+        with self.reading() as conn:
+            return utc(conn.execute(query).scalar())
+
+    def schedule(self, workflow_id: str, version: int, due_in_s: float) -> datetime | None:
+        """Make the workflow due ``due_in_s`` seconds from now (the store's clock)
+        while its row is still at ``version``: a look that found nothing new and
+        committed nothing (a wait for the forge's people, a child waiting for its
+        parent) sets its next look. A commit since then set its own due time and
+        is left alone. Returns the due time written, None when nothing was.
+        Tells no other worker: nothing is due sooner. Raises StoreUnavailable."""
+        due = self.clock.now() + timedelta(seconds=due_in_s)
+        with self.transaction() as conn:
+            written = conn.execute(
+                _SCHEDULE, {"w_id": workflow_id, "w_version": version, "due": due}
+            ).rowcount
+        return due if written else None
 
     def local_forge_marker(self) -> tuple[int, int]:
         """How many of the local forge's pull requests are no longer open and how many

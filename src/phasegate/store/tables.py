@@ -44,6 +44,11 @@ workflows = sa.Table(
     # repository at repo_path. What a worker's pass filters on (migration 0005).
     sa.Column("repository", sa.String(255)),
     sa.Index("ix_workflows_repository", "repository", "repo_path"),
+    # When a runnable workflow is next due (UTC); NULL: now. Written by the commit
+    # path and by a worker rescheduling a look (migration 0006): what a worker's
+    # pass claims by, and sleeps until.
+    sa.Column("due_at", Timestamp),
+    sa.Index("ix_workflows_due", "status", "due_at"),
 )
 
 milestones = sa.Table(

@@ -277,11 +277,16 @@ class WorkflowRows(StoreBase):
     # -- the single commit path (docs/contracts/lifecycle.md) ----------------------
 
     def commit_phase_result(
-        self, ctx: WorkflowContext, result: PhaseResult, *, fence: Fence | None = None
+        self,
+        ctx: WorkflowContext,
+        result: PhaseResult,
+        *,
+        fence: Fence | None = None,
+        due_in_s: float | None = None,
     ) -> dict[str, Any]:
         """Commit ``result`` for the phase ``ctx`` was loaded in; see
         ``store.commit.commit_phase_result``."""
-        return commit_phase_result(self, ctx, result, fence=fence)
+        return commit_phase_result(self, ctx, result, fence=fence, due_in_s=due_in_s)
 
     # -- milestones -------------------------------------------------------------
 
