@@ -39,6 +39,7 @@ from phasegate.cli.render import (
     _worker_notice,
 )
 from phasegate.config.cartridge import CARTRIDGE_FILE
+from phasegate.core.state import WorkflowState
 from phasegate.integrations import notify
 from phasegate.proc.host import HOSTNAME_VARIABLE
 from phasegate.runtime.engine import Engine
@@ -143,7 +144,7 @@ def _start_new_project(
     directory: Path | None,
     template: Path,
     public: bool,
-    start: Callable[[Engine, dict[str, Any]], str],
+    start: Callable[[Engine, WorkflowState], str],
     as_json: bool,
 ) -> tuple[Engine, str]:
     """The new project's checkout and its workflow (phasegate.tools.new_project): an earlier

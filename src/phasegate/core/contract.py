@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from .state import WorkflowState
+
 __all__ = [
     "ACCEPTANCE_VERIFICATION",
     "COMPLETED",
@@ -271,7 +273,7 @@ class PhaseResult:
     status: str | None = None
     reason: str | None = None
     updates: Mapping[str, Any] = field(default_factory=dict)
-    state: Mapping[str, Any] = field(default_factory=dict)
+    state: WorkflowState = field(default_factory=WorkflowState)
     milestones: tuple[MilestoneWrite, ...] = ()
     events: tuple[EventWrite, ...] = ()
 
@@ -285,7 +287,7 @@ class PhaseResult:
         to: str,
         *,
         updates: Mapping[str, Any] | None = None,
-        state: Mapping[str, Any] | None = None,
+        state: WorkflowState | None = None,
         milestones: tuple[MilestoneWrite, ...] = (),
         events: tuple[EventWrite, ...] = (),
     ) -> PhaseResult:
@@ -294,7 +296,7 @@ class PhaseResult:
             outcome="completed",
             next_phase=to,
             updates=updates or {},
-            state=state or {},
+            state=state or WorkflowState(),
             milestones=milestones,
             events=(*events, EventWrite("phase_change", {"phase": to})),
         )
@@ -305,7 +307,8 @@ class WorkflowContext:
     """The read-only snapshot a phase receives (spec 000, "WorkflowContext").
 
     ``state`` holds the phase-owned counters and payloads persisted with the
-    workflow (retry counters, the report payload, the finalized plan, ...).
+    workflow (retry counters, the report payload, the finalized plan, ...);
+    core/state.py declares each key, its type and who writes it.
     ``version`` fences the commit: a result computed from an older snapshot
     is refused with StaleContext.
     """
@@ -331,7 +334,7 @@ class WorkflowContext:
     error: str | None = None
     #: The workflow this one was forked from (a conflict-resolution child), else None.
     parent_workflow_id: str | None = None
-    state: Mapping[str, Any] = field(default_factory=dict)
+    state: WorkflowState = field(default_factory=WorkflowState)
     milestones: tuple[MilestoneView, ...] = ()
 
     def milestone(

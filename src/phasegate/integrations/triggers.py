@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from phasegate.core.contract import PhasegateError, WorkflowContext
+from phasegate.core.state import WorkflowState
 from phasegate.forge.base import (
     STATUS_LABEL_PREFIX,
     TRUSTED_PERMISSIONS,
@@ -119,7 +120,7 @@ class TicketSnapshot:
     left_out: int = 0
     comment_ids: tuple[str, ...] = ()  # Comment.key of each
 
-    def state(self, trigger: Literal["label", "import"]) -> dict[str, Any]:
+    def state(self, trigger: Literal["label", "import"]) -> WorkflowState:
         """What the workflow keeps of the snapshot in its state."""
         return {
             "acceptance_hash": self.hash,

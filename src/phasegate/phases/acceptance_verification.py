@@ -44,6 +44,7 @@ from phasegate.core.contract import (
     PhaseResult,
     WorkflowContext,
 )
+from phasegate.core.state import WorkflowState
 from phasegate.forge.base import ForgeError, status_label
 from phasegate.integrations.triggers import TriggerRefused, resnapshot
 from phasegate.phases.deps import PhaseDeps, verdict_parser
@@ -116,7 +117,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         return PhaseResult("pause", reason=str(exc))
     if fresh is None or fresh.hash == acceptance_hash(ctx):
         return _run(ctx, deps)
-    edited = {"acceptance_hash": fresh.hash, "verified_ticket": fresh.text}
+    edited: WorkflowState = {"acceptance_hash": fresh.hash, "verified_ticket": fresh.text}
     result = _run(replace(ctx, state={**ctx.state, **edited}), deps)
     return replace(result, state={**edited, **result.state})
 
@@ -193,7 +194,10 @@ def _run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 if garbage
                 else attempt >= limits.max_verification_attempts
             )
-            state = {"verification_attempt": attempt, "verification_parse_failures": failures}
+            state: WorkflowState = {
+                "verification_attempt": attempt,
+                "verification_parse_failures": failures,
+            }
             if exc.kind == "budget":
                 return PhaseResult("pause", reason=f"budget: {exc}", state=state, milestones=(row,))
             if exhausted:

@@ -15,6 +15,7 @@ from phasegate.agents.service import AgentFailed, AgentService, AnswerError
 from phasegate.clock import Clock
 from phasegate.config.cartridge import Cartridge
 from phasegate.core.contract import PR_REVIEW, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.state import WorkflowState
 from phasegate.forge import Forge
 from phasegate.git.workspace import CheckResult, Workspace
 from phasegate.proc.process import start_ticks
@@ -148,7 +149,7 @@ def developed(
     milestones: tuple[MilestoneWrite, ...],
     *,
     updates: dict[str, Any] | None = None,
-    state: dict[str, Any] | None = None,
+    state: WorkflowState | None = None,
 ) -> PhaseResult:
     """development's success (spec 000): on to pr_review with ``head`` published,
     the round and the retry counters cleared; ``updates``/``state`` add to that."""

@@ -55,6 +55,7 @@ from phasegate.core.contract import (
     WorkflowContext,
     WorkflowPaused,
 )
+from phasegate.core.state import WorkflowState
 from phasegate.forge import Forge
 from phasegate.forge.base import (
     ForgeError,
@@ -147,7 +148,7 @@ class Engine:
         auto_merge: bool | None = None,
         profile: str | None = None,
         issue: tuple[str, int] | None = None,
-        state: Mapping[str, Any] | None = None,
+        state: WorkflowState | None = None,
     ) -> str:
         """File a new workflow in preparation; returns its id.
 
