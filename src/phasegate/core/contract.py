@@ -53,6 +53,7 @@ __all__ = [
     "WAIT",
     "ContractViolation",
     "EventWrite",
+    "MilestoneStatus",
     "MilestoneView",
     "MilestoneWrite",
     "Outcome",
@@ -211,6 +212,10 @@ def is_legal_next_phase(phase: str) -> bool:
     return phase in PHASE_ORDER or phase in PSEUDO_PHASES
 
 
+#: A milestone's status: what ``MilestoneWrite.status`` admits.
+MilestoneStatus = Literal["in_progress", "completed", "failed", "cancelled"]
+
+
 @dataclass(frozen=True)
 class MilestoneView:
     """A milestone as a phase sees it in its context (read-only)."""
@@ -236,7 +241,7 @@ class MilestoneWrite:
     """
 
     kind: str
-    status: Literal["in_progress", "completed", "failed", "cancelled"] = "completed"
+    status: MilestoneStatus = "completed"
     round: int = 0
     attempt: int = 0
     summary: str = ""

@@ -145,7 +145,7 @@ class Heartbeat(threading.Thread):
 def waits_on_ci(row: Mapping[str, Any]) -> bool:
     """Whether the workflow, as ``advance`` left it, waits for the forge's CI
     (pr_review's ``wait``: phases/ci.py)."""
-    return row["current_phase"] == PR_REVIEW and row["status"] == "pr_review"
+    return bool(row["current_phase"] == PR_REVIEW and row["status"] == "pr_review")
 
 
 def _polling(row: Mapping[str, Any]) -> bool:
@@ -164,7 +164,7 @@ _RELOOKS = 3
 
 
 def _waiting(row: Mapping[str, Any]) -> bool:
-    return row["current_phase"] == WAIT and row["status"] == "waiting"
+    return bool(row["current_phase"] == WAIT and row["status"] == "waiting")
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,7 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC)
 
 
-def _utc_row(row: Mapping[str, Any]) -> dict[str, Any]:
+def _utc_row(row: Mapping[Any, Any]) -> dict[str, Any]:
     return {k: _utc(v) if isinstance(v, datetime) else v for k, v in row.items()}
 
 

@@ -146,7 +146,7 @@ class LeaseRows(StoreBase):
                     fence=fence + 1,
                 )
             )
-            return fence + 1
+            return int(fence) + 1
 
     def claim_free(
         self, workflow_ids: Collection[str], owner: str, ttl_s: float, *, limit: int | None = None

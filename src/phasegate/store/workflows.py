@@ -329,7 +329,7 @@ class WorkflowRows(StoreBase):
         milestones, events = milestone_writes(workflow_id, phase, (write,), self.clock.now())
         conn.execute(milestone_upsert(self.dialect), milestones)
         conn.execute(INSERT_EVENT, events)
-        return milestones[0]["dedupe_key"]
+        return str(milestones[0]["dedupe_key"])
 
     def settle_milestone(
         self,
@@ -402,7 +402,7 @@ class WorkflowRows(StoreBase):
             self._add_event(conn, workflow_id, event)
 
 
-def _milestone_view(row: Mapping[str, Any]) -> MilestoneView:
+def _milestone_view(row: Mapping[Any, Any]) -> MilestoneView:
     return MilestoneView(
         id=row["id"],
         kind=row["kind"],
