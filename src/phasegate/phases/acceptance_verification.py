@@ -40,6 +40,7 @@ from phasegate.core.contract import (
     ACCEPTANCE_VERIFICATION,
     COMPLETED,
     ContractViolation,
+    MilestoneStatus,
     MilestoneWrite,
     PhaseResult,
     WorkflowContext,
@@ -131,8 +132,8 @@ def _run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     if not merge_sha:
         return PhaseResult("pause", reason="no merge SHA resolves for the pull request")
     key = f"{merge_sha[:12]}:{acceptance_hash(ctx)}"
-    for row in ctx.milestones_of(KIND):
-        if row.dedupe_key.endswith(key) and row.data.get("verdict") == "confirmed":
+    for seen in ctx.milestones_of(KIND):
+        if seen.dedupe_key.endswith(key) and seen.data.get("verdict") == "confirmed":
             return PhaseResult.advance(COMPLETED, state={"verification_status": "confirmed"})
 
     attempt = int(ctx.state.get("verification_attempt", 0)) + 1
@@ -148,12 +149,12 @@ def _run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     )
     deps.store.write_milestone(ctx.id, ACCEPTANCE_VERIFICATION, running)
 
-    def settle(status: str, summary: str, **data: object) -> MilestoneWrite:
+    def settle(status: MilestoneStatus, summary: str, **data: object) -> MilestoneWrite:
         return MilestoneWrite(
             KIND,
             status=status,
             attempt=attempt,
-            key=key,  # type: ignore[arg-type]
+            key=key,
             summary=summary,
             data={"merge_sha": merge_sha, **data},
         )

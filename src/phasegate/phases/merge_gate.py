@@ -99,7 +99,7 @@ def _round_violations(ctx: WorkflowContext, deps: PhaseDeps) -> list[Mapping[str
     """The violation events of the current development round. An event from before
     rounds were recorded on it counts for every round: a hold too many is a
     person's click, one too few an unattended merge past a rule."""
-    found = []
+    found: list[Mapping[str, Any]] = []
     for event in deps.store.events(ctx.id, types=("violation",)):
         data = event.get("data") or {}
         if data.get("name") not in VIOLATIONS:
