@@ -131,11 +131,8 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     the workflow, a spend cap pauses it; neither is recorded, and ``resume``
     continues the same run from its kept answers.
     """
-    started: WorkflowState = {}
-    ticket = _ticket(ctx)
-    if ctx.state.get("sync_base"):
-        ticket += _sync_base(ctx, deps)
-        started["sync_base"] = False
+    started: WorkflowState = {"sync_base": False} if ctx.state.get("sync_base") else {}
+    ticket = _ticket(ctx) + (_sync_base(ctx, deps) if started else "")
     run = _new_run(ctx, deps, ticket)
     started.update(run)
     answers = _answers(ctx, deps, run, PLANNING, round=1)
@@ -248,8 +245,7 @@ def _sync_base(ctx: WorkflowContext, deps: PhaseDeps) -> str:
 
     The base is merged into the branch; when it conflicts, the branch is
     rebuilt from the base instead (the graph's agents are read-only and
-    cannot resolve conflict markers). Returns what the ticket adds: the note
-    that says so, or "".
+    cannot resolve conflict markers): the note returned tells the ticket, else "".
     """
     cwd = worktree_of(ctx)
     base = deps.forge.branch_ref(ctx.base_branch)
@@ -286,12 +282,8 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     """
     if not ctx.state.get("plan"):
         return PhaseResult("failed", reason="no finalized plan (plan_finalized milestone missing)")
-    run: dict[str, Any] = {
-        "graph_runs": ctx.state.get("graph_runs"),
-        "graph_run": ctx.state.get("graph_run"),
-        "graph_ticket": ctx.state.get("graph_ticket"),
-        "graph_date": ctx.state.get("graph_date"),
-    }
+    stored: Mapping[str, Any] = ctx.state  # read by the names the loop gives
+    run = {k: stored.get(k) for k in ("graph_runs", "graph_run", "graph_ticket", "graph_date")}
     started: WorkflowState = {"graph_feedback": None, "ci_failure": None}
     ci_failure = ctx.state.get("ci_failure")
     if not run["graph_run"] or ctx.user_feedback or ctx.state.get("graph_feedback") or ci_failure:
@@ -303,8 +295,7 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             ticket += f"\n\n## The previous change was rejected\n\n{ctx.state['graph_feedback']}"
         if ci_failure:
             ticket += f"\n\n## CI failed on the pull request\n\n{ci_failure}"
-        fresh = _new_run(ctx, deps, ticket)
-        started.update(fresh)
+        started.update(fresh := _new_run(ctx, deps, ticket))
         run = dict(fresh)
     if not run["graph_date"]:
         run["graph_date"] = deps.clock.now().date().isoformat()
