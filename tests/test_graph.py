@@ -136,6 +136,7 @@ PURE_FIRST_PARTY = (
     "phasegate.core.autonomy",
     "phasegate.core.contract",
     "phasegate.core.profiles",
+    "phasegate.core.state",
 )
 IMPURE_CALLS = frozenset({"open", "exec", "eval", "compile", "__import__", "input", "breakpoint"})
 

@@ -59,6 +59,16 @@ PROCESS_KINDS = frozenset({"agent_process", "check_process"})
 Result = dict[str, Any]
 
 
+def _then(call: Callable[[], None], result: Result) -> Callable[[], Result]:
+    """``call``, then ``result``: an effect whose forge call returns nothing."""
+
+    def run() -> Result:
+        call()
+        return result
+
+    return run
+
+
 class ProcessJournal:
     """The journal of the processes one workflow starts: agents and checks.
 
@@ -183,7 +193,7 @@ class SideEffects:
             "branch_pushed",
             f"{branch}@{sha}",
             {"branch": branch, "sha": sha},
-            lambda: self.forge.publish_branch(branch) or {"sha": sha},
+            _then(lambda: self.forge.publish_branch(branch), {"sha": sha}),
         )
 
     def open_pull_request(self, phase: str, head: str, base: str, title: str, body: str) -> int:
@@ -203,7 +213,7 @@ class SideEffects:
             "pr_updated",
             f"pr{number}:{key}",
             {"number": number, "body": body},
-            lambda: self.forge.update_pull_request(number, body) or {"number": number},
+            _then(lambda: self.forge.update_pull_request(number, body), {"number": number}),
         )
 
     def comment(
@@ -246,7 +256,7 @@ class SideEffects:
             "issue_closed",
             f"issue{number}",
             {"number": number},
-            lambda: self.forge.close_issue(number) or {"number": number},
+            _then(lambda: self.forge.close_issue(number), {"number": number}),
         )
 
     # -- lookups: has the effect already happened? ------------------------------

@@ -51,6 +51,7 @@ from phasegate.core.contract import (
 )
 from phasegate.core.profiles import AutomationProfile
 from phasegate.core.redaction import redact
+from phasegate.core.state import WorkflowState
 from phasegate.phases import acceptance_verification
 from phasegate.phases.cleanup import KIND as CLEANUP
 from phasegate.phases.graph_mode.run import CHECKS_GATE
@@ -205,7 +206,7 @@ def start(
     title: str | None = None,
     auto_merge: bool | None = None,
     profile: str | None = None,
-    state: Mapping[str, Any] | None = None,
+    state: WorkflowState | None = None,
 ) -> dict[str, Any]:
     """File a ticket as ``phasegate run`` does before it drives: a new workflow in
     preparation (``Engine.start``: ``auto_merge``, ``profile``, ``state``), its

@@ -6,12 +6,20 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from phasegate.core.contract import VIOLATIONS, Violation
 from phasegate.proc.sandbox import Confinement
 
-__all__ = ["AgentRequest", "AgentResult", "ERROR_KINDS", "Runner", "VIOLATIONS", "Violation"]
+__all__ = [
+    "AgentRequest",
+    "AgentResult",
+    "ERROR_KINDS",
+    "Runner",
+    "VIOLATIONS",
+    "Violation",
+    "json_object",
+]
 
 #: Named reasons an agent call did not produce an answer.
 ERROR_KINDS = (
@@ -31,6 +39,12 @@ ERROR_KINDS = (
     "oversized",  # an answer above limits.max_answer_bytes
     "secret_in_change",  # the graph's build answered with a diff holding a secret
 )
+
+
+def json_object(value: object) -> dict[str, Any]:
+    """``value`` when it is a JSON object (a dict), else an empty one: how a runner
+    reads a field its program may leave out or give another shape."""
+    return value if isinstance(value, dict) else {}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from phasegate.cli._app import (
     shown,
     ticket_from,
 )
+from phasegate.core.state import WorkflowState
 from phasegate.proc.host import HOSTNAME_VARIABLE
 from phasegate.runtime import DEFAULT_CONCURRENCY
 
@@ -132,7 +133,7 @@ def _start_new_project(
     directory: Path | None,
     template: Path,
     public: bool,
-    start: Callable[[Engine, dict[str, Any]], str],
+    start: Callable[[Engine, WorkflowState], str],
     as_json: bool,
 ) -> tuple[Engine, str]:
     """The new project's checkout and its workflow (phasegate.tools.new_project): an earlier

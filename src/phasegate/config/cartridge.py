@@ -354,9 +354,9 @@ class Cartridge(_Strict):
         for name in self.profiles:
             if name in BUILTIN_PROFILES:
                 raise ValueError(f"profiles.{name}: {name!r} is a built-in profile; rename it")
-        name = self.workflow.profile
-        if name is not None and name not in BUILTIN_PROFILES and name not in self.profiles:
-            raise ValueError(f"workflow.profile: {_unknown_profile(name, self.profiles)}")
+        chosen = self.workflow.profile
+        if chosen is not None and chosen not in BUILTIN_PROFILES and chosen not in self.profiles:
+            raise ValueError(f"workflow.profile: {_unknown_profile(chosen, self.profiles)}")
         return self
 
     @model_validator(mode="after")
@@ -470,7 +470,7 @@ def _format_errors(path: Path, exc: ValidationError) -> str:
     """One line per problem, ``path: key: message``; past ``_ERRORS_SHOWN`` lines the
     rest are counted in a last line, so a cartridge with 100,000 unknown keys is
     refused in a screenful, not 100,000 lines."""
-    lines = []
+    lines: list[str] = []
     unknown = 0
     errors = exc.errors(include_url=False, include_context=False, include_input=False)
     for error in errors:

@@ -56,9 +56,9 @@ def parse_toml(text: str, where: str, *, max_depth: int = MAX_TOML_DEPTH) -> dic
     except RecursionError:
         where = _deep_line(text, max_depth)
         raise TomlError(f"{path}: {where}nested more than {max_depth} levels deep") from None
-    where = _too_deep(document, max_depth)
-    if where is not None:
-        raise TomlError(f"{path}: {where}: nested more than {max_depth} levels deep")
+    deep = _too_deep(document, max_depth)
+    if deep is not None:
+        raise TomlError(f"{path}: {deep}: nested more than {max_depth} levels deep")
     return document
 
 

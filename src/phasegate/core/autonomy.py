@@ -162,7 +162,14 @@ class Autonomy:
     """What ``decide`` says: ``mode`` (propose or auto), why, and the streak."""
 
     mode: Mode
-    reason: Literal["self_modification", "policy_auto", "graduated", "streak", "no_graduation"]
+    reason: Literal[
+        "self_modification",
+        "checks_failed",
+        "policy_auto",
+        "graduated",
+        "streak",
+        "no_graduation",
+    ]
     streak: int
     needed: int
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from .state import WorkflowState
+
 __all__ = [
     "ACCEPTANCE_VERIFICATION",
     "COMPLETED",
@@ -52,6 +54,7 @@ __all__ = [
     "VIOLATIONS",
     "ContractViolation",
     "EventWrite",
+    "MilestoneStatus",
     "MilestoneView",
     "MilestoneWrite",
     "Outcome",
@@ -212,6 +215,10 @@ def is_legal_next_phase(phase: str) -> bool:
     return phase in PHASE_ORDER or phase in PSEUDO_PHASES
 
 
+#: A milestone's status: what ``MilestoneWrite.status`` admits.
+MilestoneStatus = Literal["in_progress", "completed", "failed", "cancelled"]
+
+
 @dataclass(frozen=True)
 class MilestoneView:
     """A milestone as a phase sees it in its context (read-only)."""
@@ -237,7 +244,7 @@ class MilestoneWrite:
     """
 
     kind: str
-    status: Literal["in_progress", "completed", "failed", "cancelled"] = "completed"
+    status: MilestoneStatus = "completed"
     round: int = 0
     attempt: int = 0
     summary: str = ""
@@ -274,7 +281,7 @@ class PhaseResult:
     status: str | None = None
     reason: str | None = None
     updates: Mapping[str, Any] = field(default_factory=dict)
-    state: Mapping[str, Any] = field(default_factory=dict)
+    state: WorkflowState = field(default_factory=WorkflowState)
     milestones: tuple[MilestoneWrite, ...] = ()
     events: tuple[EventWrite, ...] = ()
 
@@ -288,7 +295,7 @@ class PhaseResult:
         to: str,
         *,
         updates: Mapping[str, Any] | None = None,
-        state: Mapping[str, Any] | None = None,
+        state: WorkflowState | None = None,
         milestones: tuple[MilestoneWrite, ...] = (),
         events: tuple[EventWrite, ...] = (),
     ) -> PhaseResult:
@@ -297,7 +304,7 @@ class PhaseResult:
             outcome="completed",
             next_phase=to,
             updates=updates or {},
-            state=state or {},
+            state=state or WorkflowState(),
             milestones=milestones,
             events=(*events, EventWrite("phase_change", {"phase": to})),
         )
@@ -308,7 +315,8 @@ class WorkflowContext:
     """The read-only snapshot a phase receives (docs/contracts/lifecycle.md: phase handlers).
 
     ``state`` holds the phase-owned counters and payloads persisted with the
-    workflow (retry counters, the report payload, the finalized plan, ...).
+    workflow (retry counters, the report payload, the finalized plan, ...);
+    core/state.py declares each key, its type and who writes it.
     ``version`` fences the commit: a result computed from an older snapshot
     is refused with StaleContext.
     """
@@ -334,7 +342,7 @@ class WorkflowContext:
     error: str | None = None
     #: The workflow this one was forked from (a conflict-resolution child), else None.
     parent_workflow_id: str | None = None
-    state: Mapping[str, Any] = field(default_factory=dict)
+    state: WorkflowState = field(default_factory=WorkflowState)
     milestones: tuple[MilestoneView, ...] = ()
 
     def milestone(

@@ -20,6 +20,7 @@ from phasegate.core.contract import (
     WorkflowContext,
 )
 from phasegate.core.profiles import REVERTIBLE_PHASES, reversion_refusal, reversion_result
+from phasegate.core.state import WorkflowState
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -30,7 +31,11 @@ __all__ = ["approve_merge", "approved_by", "feedback", "resume", "revert", "reve
 REVERSION_TARGETS = (PLANNING, "strategize")
 
 #: Counters that bound a phase's own retries; a person's resume grants a new set.
-_RETRY_COUNTERS = {"test_retries": 0, "verification_attempt": 0, "verification_parse_failures": 0}
+_RETRY_COUNTERS: WorkflowState = {
+    "test_retries": 0,
+    "verification_attempt": 0,
+    "verification_parse_failures": 0,
+}
 
 
 def _open(ctx: WorkflowContext) -> None:
@@ -42,7 +47,7 @@ def resume(ctx: WorkflowContext) -> PhaseResult:
     """Run the current phase again, with fresh retry counters (failed, paused, interrupted)."""
     _open(ctx)
     return PhaseResult(
-        "retry", status=PHASE_STATUS_MAP[ctx.current_phase], state=dict(_RETRY_COUNTERS)
+        "retry", status=PHASE_STATUS_MAP[ctx.current_phase], state=_RETRY_COUNTERS.copy()
     )
 
 

@@ -56,6 +56,7 @@ from phasegate.core.contract import (
     PhaseResult,
     WorkflowContext,
 )
+from phasegate.core.state import WorkflowState
 from phasegate.graph.facts import NO_PROGRESS_SIMILARITY, similarity
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ class AutomationProfile:
         return asdict(self)
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> AutomationProfile:
+    def from_state(cls, state: WorkflowState) -> AutomationProfile:
         """The profile a workflow was started with; DEFAULT_PROFILE for one without."""
         kept = state.get("profile")
         if isinstance(kept, Mapping):
@@ -197,17 +198,17 @@ PROFILE_NAMES: tuple[str, ...] = tuple(BUILTIN_PROFILES)
 # -- the loop guard and the records -----------------------------------------------------
 
 
-def reversion_count(state: Mapping[str, Any]) -> int:
+def reversion_count(state: WorkflowState) -> int:
     """How many times the workflow has been reverted."""
     return int(state.get("reversion_count") or 0)
 
 
-def decisions_of(state: Mapping[str, Any]) -> list[dict[str, Any]]:
+def decisions_of(state: WorkflowState) -> list[dict[str, Any]]:
     """The workflow's decision records (``state["decisions"]``), oldest first."""
     return [dict(d) for d in state.get("decisions") or ()]
 
 
-def reversion_refusal(workflow_id: str, state: Mapping[str, Any]) -> str | None:
+def reversion_refusal(workflow_id: str, state: WorkflowState) -> str | None:
     """Why the loop guard refuses another reversion, or None when one is allowed."""
     count = reversion_count(state)
     if count < MAX_REVERSIONS:
@@ -219,7 +220,7 @@ def reversion_refusal(workflow_id: str, state: Mapping[str, Any]) -> str | None:
     )
 
 
-def repeated_plan(state: Mapping[str, Any], plan: str) -> float | None:
+def repeated_plan(state: WorkflowState, plan: str) -> float | None:
     """How alike ``plan`` is to the plan the previous planning cycle built, when
     that is ``NO_PROGRESS_SIMILARITY`` or more; else None.
 
@@ -245,7 +246,7 @@ def reversion_result(
     at: datetime,
     automatic: bool,
     milestones: Sequence[MilestoneWrite] = (),
-    state: Mapping[str, Any] | None = None,
+    state: WorkflowState | None = None,
 ) -> PhaseResult:
     """Revert ``ctx`` from its phase to planning (docs/contracts/autonomy.md: state reset).
 
@@ -313,7 +314,7 @@ class ReversionDecision:
 
 
 def decide_reversion(
-    profile: AutomationProfile, source_phase: str, workflow_id: str, state: Mapping[str, Any]
+    profile: AutomationProfile, source_phase: str, workflow_id: str, state: WorkflowState
 ) -> ReversionDecision:
     """Whether a trigger in ``source_phase`` reverts now, pauses for a person, or is refused.
 
@@ -344,7 +345,7 @@ def reversion_or_stop(
     context: str,
     at: datetime,
     milestones: Sequence[MilestoneWrite] = (),
-    state: Mapping[str, Any] | None = None,
+    state: WorkflowState | None = None,
     hint: str = "",
 ) -> PhaseResult:
     """A phase's answer to a reversion trigger, under the workflow's profile.

@@ -31,6 +31,7 @@ __all__ = [
     "TrustCache",
     "status_label",
     "Check",
+    "CheckState",
     "Comment",
     "Forge",
     "ForgeAuthError",
@@ -155,6 +156,10 @@ class Comment:
         return f"{self.kind}:{self.id}"
 
 
+#: What a CI check says of a commit (``Check.state``).
+CheckState = Literal["pending", "success", "failure"]
+
+
 @dataclass(frozen=True)
 class Check:
     """One CI check of a commit: a check run or a commit status.
@@ -165,7 +170,7 @@ class Check:
     """
 
     name: str
-    state: Literal["pending", "success", "failure"]
+    state: CheckState
     output: str = ""
     url: str | None = None
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from phasegate.core.contract import PhasegateError, WorkflowContext
+from phasegate.core.state import WorkflowState
 from phasegate.forge.base import Comment, Forge, Issue, TrustCache
 
 __all__ = [
@@ -70,7 +71,7 @@ class TicketSnapshot:
     left_out: int = 0
     comment_ids: tuple[str, ...] = ()  # Comment.key of each
 
-    def state(self, trigger: Literal["label", "import"]) -> dict[str, Any]:
+    def state(self, trigger: Literal["label", "import"]) -> WorkflowState:
         """What the workflow keeps of the snapshot in its state."""
         return {
             "acceptance_hash": self.hash,

@@ -385,7 +385,8 @@ def restore(snap: Snapshot) -> list[Violation]:
     violations: list[Violation] = []
     with refs_lock(common, exclusive=True):
         names, notes = _restore_refs(snap, common)
-        heads, changed = [], []
+        heads: list[str] = []
+        changed: list[str] = []
         for path_s, state in snap.files.items():
             path = Path(path_s)
             if _read(path) == state:

@@ -79,7 +79,9 @@ def read_worktrees(common: Path) -> list[WorktreeEntry] | None:
     ask git then."""
     if common.name != ".git" or _gitfs.head(common) is None:
         return None
-    heads = [(common.parent.resolve(), common, None, False)]
+    heads: list[tuple[Path, Path, str | None, bool]] = [
+        (common.parent.resolve(), common, None, False)
+    ]
     for entry in _gitfs.registrations(common):
         if entry.path is None:
             return None

@@ -105,7 +105,8 @@ def drive(graph: Generator[AgentCall, Answer, T], answers: AnswerSource) -> T:
         while True:
             call = graph.send(answers(call))
     except StopIteration as done:
-        return done.value
+        value: T = done.value  # what the generator returned, of its declared type
+        return value
 
 
 def call_row(index: int, call: AgentCall, answer: Answer) -> dict[str, Any]:

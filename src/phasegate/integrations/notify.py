@@ -317,7 +317,7 @@ class Notifier:
         assert self.webhook is not None
         url, body = webhook_body(self.settings, self.webhook, note)
         shown = _shown(self.webhook)
-        failure = ""
+        failure: str | None = ""
         for attempt, delay in enumerate((*self.retry_delays_s, None)):
             failure, again = self._post(url, body)
             if failure is None:

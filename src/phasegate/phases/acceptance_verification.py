@@ -40,10 +40,12 @@ from phasegate.core.contract import (
     ACCEPTANCE_VERIFICATION,
     COMPLETED,
     ContractViolation,
+    MilestoneStatus,
     MilestoneWrite,
     PhaseResult,
     WorkflowContext,
 )
+from phasegate.core.state import WorkflowState
 from phasegate.forge.base import ForgeError, status_label
 from phasegate.forge.tickets import TriggerRefused, resnapshot
 from phasegate.phases.deps import PhaseDeps, verdict_parser
@@ -116,7 +118,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         return PhaseResult("pause", reason=str(exc))
     if fresh is None or fresh.hash == acceptance_hash(ctx):
         return _run(ctx, deps)
-    edited = {"acceptance_hash": fresh.hash, "verified_ticket": fresh.text}
+    edited: WorkflowState = {"acceptance_hash": fresh.hash, "verified_ticket": fresh.text}
     result = _run(replace(ctx, state={**ctx.state, **edited}), deps)
     return replace(result, state={**edited, **result.state})
 
@@ -130,8 +132,8 @@ def _run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     if not merge_sha:
         return PhaseResult("pause", reason="no merge SHA resolves for the pull request")
     key = f"{merge_sha[:12]}:{acceptance_hash(ctx)}"
-    for row in ctx.milestones_of(KIND):
-        if row.dedupe_key.endswith(key) and row.data.get("verdict") == "confirmed":
+    for seen in ctx.milestones_of(KIND):
+        if seen.dedupe_key.endswith(key) and seen.data.get("verdict") == "confirmed":
             return PhaseResult.advance(COMPLETED, state={"verification_status": "confirmed"})
 
     attempt = int(ctx.state.get("verification_attempt", 0)) + 1
@@ -147,12 +149,12 @@ def _run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     )
     deps.store.write_milestone(ctx.id, ACCEPTANCE_VERIFICATION, running)
 
-    def settle(status: str, summary: str, **data: object) -> MilestoneWrite:
+    def settle(status: MilestoneStatus, summary: str, **data: object) -> MilestoneWrite:
         return MilestoneWrite(
             KIND,
             status=status,
             attempt=attempt,
-            key=key,  # type: ignore[arg-type]
+            key=key,
             summary=summary,
             data={"merge_sha": merge_sha, **data},
         )
@@ -193,7 +195,10 @@ def _run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 if garbage
                 else attempt >= limits.max_verification_attempts
             )
-            state = {"verification_attempt": attempt, "verification_parse_failures": failures}
+            state: WorkflowState = {
+                "verification_attempt": attempt,
+                "verification_parse_failures": failures,
+            }
             if exc.kind == "budget":
                 return PhaseResult("pause", reason=f"budget: {exc}", state=state, milestones=(row,))
             if exhausted:

@@ -21,7 +21,13 @@ from typing import Any
 
 from phasegate.agents.base import Violation
 from phasegate.agents.env import cartridge_secrets, files_with_secrets, holds_secret
-from phasegate.core.contract import DEVELOPMENT, MilestoneView, MilestoneWrite, WorkflowContext
+from phasegate.core.contract import (
+    DEVELOPMENT,
+    MilestoneStatus,
+    MilestoneView,
+    MilestoneWrite,
+    WorkflowContext,
+)
 from phasegate.git.command import run_git
 from phasegate.git.workspace import git
 from phasegate.phases.deps import PhaseDeps
@@ -73,10 +79,10 @@ class Attempt:
     def trailer(self) -> str:
         return f"{self.workflow}/d{self.round}/a{self.number}/{self.token}"
 
-    def journal(self, status: str = "in_progress", **data: Any) -> MilestoneWrite:
+    def journal(self, status: MilestoneStatus = "in_progress", **data: Any) -> MilestoneWrite:
         return MilestoneWrite(
             "build_attempt",
-            status=status,  # type: ignore[arg-type]
+            status=status,
             round=self.round,
             attempt=self.number,
             # One row per try: a resume that reuses the number keeps the earlier rows.

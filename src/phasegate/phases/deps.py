@@ -15,6 +15,7 @@ from phasegate.agents.service import AgentFailed, AgentService, AnswerError
 from phasegate.clock import Clock
 from phasegate.config.cartridge import Cartridge
 from phasegate.core.contract import PR_REVIEW, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.state import WorkflowState
 from phasegate.forge import Forge
 from phasegate.git.workspace import CheckResult, Workspace
 from phasegate.journal import ProcessJournal, SideEffects
@@ -149,7 +150,7 @@ def developed(
     milestones: tuple[MilestoneWrite, ...],
     *,
     updates: dict[str, Any] | None = None,
-    state: dict[str, Any] | None = None,
+    state: WorkflowState | None = None,
 ) -> PhaseResult:
     """development's success (docs/contracts/lifecycle.md: development): on to pr_review
     with ``head`` published, the round and the retry counters cleared;

@@ -329,7 +329,7 @@ def _build(
         # included); name the size or the files, never the value.
         why = _REFUSED_WHY[refused.name]
         discard(ctx, deps, cwd, before, why, attempt)
-        failed = _attempt_failed(
+        stopped = _attempt_failed(
             ctx,
             deps,
             number,
@@ -337,7 +337,7 @@ def _build(
             attempt.journal("failed", agent_run=run_id),
         )
         event = violation_event("build", DEVELOPMENT, refused, secrets, round=ctx.dev_round)
-        return replace(failed, events=(*failed.events, event))
+        return replace(stopped, events=(*stopped.events, event))
     message = (
         f"{redact(ctx.title, secrets)}\n\nphasegate workflow {ctx.id}, "
         f"development round {ctx.dev_round}, attempt {number}\n\n"

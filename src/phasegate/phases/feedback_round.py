@@ -12,7 +12,7 @@ says what changed since.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from phasegate.core.contract import MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.git.workspace import GitError
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 #: The reason (its first word) of a feedback round stopped because its build added nothing.
-FEEDBACK_UNCHANGED = "feedback_unchanged"
+FEEDBACK_UNCHANGED: Final = "feedback_unchanged"
 
 #: Paths a report lists one by one; the counts cover the rest.
 _PATHS_LISTED = 50

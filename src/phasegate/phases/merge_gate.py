@@ -30,6 +30,7 @@ from phasegate.agents.base import VIOLATIONS, Violation
 from phasegate.agents.env import cartridge_secrets, redact
 from phasegate.agents.service import violation_event
 from phasegate.core.contract import EventWrite, WorkflowContext
+from phasegate.core.state import WorkflowState
 from phasegate.git.protected import links_out, protected_patterns, protected_touched
 from phasegate.phases.deps import PhaseDeps
 
@@ -98,7 +99,7 @@ def _round_violations(ctx: WorkflowContext, deps: PhaseDeps) -> list[Mapping[str
     """The violation events of the current development round. An event from before
     rounds were recorded on it counts for every round: a hold too many is a
     person's click, one too few an unattended merge past a rule."""
-    found = []
+    found: list[Mapping[str, Any]] = []
     for event in deps.store.events(ctx.id, types=("violation",)):
         data = event.get("data") or {}
         if data.get("name") not in VIOLATIONS:
@@ -204,10 +205,13 @@ def covers(approved: Mapping[str, Any] | None, hold: MergeHold) -> bool:
 
 def judged(
     ctx: WorkflowContext, deps: PhaseDeps, head: str
-) -> tuple[dict[str, Any], tuple[EventWrite, ...]]:
+) -> tuple[WorkflowState, tuple[EventWrite, ...]]:
     """What the report records for ``head``, the branch head it describes: the state
     keys ``merge_hold`` (``MergeHold.as_state``, or None) and ``merge_judged_head``
     (``head``), and the events of the violations the hold found itself."""
     hold = merge_hold(ctx, deps, head)
-    state = {"merge_hold": hold.as_state() if hold else None, "merge_judged_head": head}
+    state: WorkflowState = {
+        "merge_hold": hold.as_state() if hold else None,
+        "merge_judged_head": head,
+    }
     return state, found_events(hold, cartridge_secrets(deps.cartridge))

@@ -39,6 +39,8 @@ One round per handler call, so every round commits its evidence
 
 from __future__ import annotations
 
+from typing import Final
+
 from phasegate.agents.service import AgentFailed
 from phasegate.core.contract import (
     DEVELOPMENT,
@@ -48,6 +50,7 @@ from phasegate.core.contract import (
     WorkflowContext,
 )
 from phasegate.core.profiles import repeated_plan
+from phasegate.core.state import WorkflowState
 from phasegate.graph.facts import NO_PROGRESS_SIMILARITY
 from phasegate.phases.deps import (
     PhaseDeps,
@@ -63,7 +66,7 @@ from phasegate.phases.limits import limit_reached
 #: The stop (reason, milestone kind, state key) of a cycle that plans what the last
 #: cycle built (the fix loop's name for a loop that makes no progress:
 #: docs/contracts/graph.md, the loop's stops).
-NO_PROGRESS = "no_progress"
+NO_PROGRESS: Final = "no_progress"
 
 __all__ = ["run"]
 
@@ -170,7 +173,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         repeated = _repeated(ctx, plan, cycle)
         if repeated is not None:
             return _no_progress(ctx, round_num, cycle, cycle_key, repeated, plan, milestones)
-        carried: dict[str, str | None] = {}
+        carried: WorkflowState = {}
         if not approved:
             limit = limit_reached(
                 "plan review rounds",

@@ -51,6 +51,7 @@ from phasegate.core.contract import (
     WorkflowContext,
 )
 from phasegate.core.profiles import reversion_or_stop
+from phasegate.core.state import WorkflowState
 from phasegate.phases import ci
 from phasegate.phases.deps import PhaseDeps, review_failure, verdict_parser, worktree_of
 from phasegate.phases.graph_mode import run as graph_mode
@@ -160,7 +161,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             f"review:r{round_num}",
             best_effort=True,
         )
-    passed = {"ci_repairs": 0} if ci_evidence else {}
+    passed: WorkflowState = {"ci_repairs": 0} if ci_evidence else {}
     if review.verdict == "approve":
         return PhaseResult.advance(
             REPORT,

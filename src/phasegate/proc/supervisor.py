@@ -222,7 +222,7 @@ def _prctl(option: int, value: int) -> bool:
 
 def _reap() -> dict[int, int]:
     """Reap every exited child (ours or re-parented to us): pid → wait status."""
-    reaped = {}
+    reaped: dict[int, int] = {}
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)

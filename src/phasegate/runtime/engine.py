@@ -56,6 +56,7 @@ from phasegate.core.contract import (
     WorkflowContext,
     WorkflowPaused,
 )
+from phasegate.core.state import WorkflowState
 from phasegate.forge import Forge
 from phasegate.forge.base import (
     ForgeError,
@@ -148,7 +149,7 @@ class Engine:
         auto_merge: bool | None = None,
         profile: str | None = None,
         issue: tuple[str, int] | None = None,
-        state: Mapping[str, Any] | None = None,
+        state: WorkflowState | None = None,
     ) -> str:
         """File a new workflow in preparation; returns its id.
 
@@ -371,7 +372,8 @@ class Engine:
         try:
             # One read for the label, the cleanup and the first step: the lease is
             # held, so nothing else writes the workflow until this advance commits.
-            ctx: WorkflowContext | None = self.store.load_context(workflow_id)
+            ctx: WorkflowContext | None
+            ctx = self.store.load_context(workflow_id)
             # A process killed between a commit and its label left the label stale.
             self._label(ctx.id, ctx.issue_number, ctx.status)
             if self._retry_cleanup(workflow_id, ctx) is not None:
@@ -446,7 +448,7 @@ class Engine:
             row = self.store.workflow_row(fence.workflow_id)
         except StoreUnavailable:
             return False
-        return row["fence"] != fence.value
+        return bool(row["fence"] != fence.value)
 
     def retry_cleanup(self, workflow_id: str) -> MilestoneView | None:
         """Retry the workflow's failed cleanup under its lease (phases/cleanup.py).

@@ -178,7 +178,7 @@ class Heartbeat(threading.Thread):
 def waits_on_ci(row: Mapping[str, Any]) -> bool:
     """Whether the workflow, as ``advance`` left it, waits for the forge's CI
     (pr_review's ``wait``: phases/ci.py)."""
-    return row["current_phase"] == PR_REVIEW and row["status"] == "pr_review"
+    return bool(row["current_phase"] == PR_REVIEW and row["status"] == "pr_review")
 
 
 def wait_s(cartridge: Cartridge) -> float:
@@ -209,7 +209,7 @@ _RELOOKS = 3
 
 
 def _waiting(row: Mapping[str, Any]) -> bool:
-    return row["current_phase"] == WAIT and row["status"] == "waiting"
+    return bool(row["current_phase"] == WAIT and row["status"] == "waiting")
 
 
 @dataclass(frozen=True)
@@ -404,9 +404,9 @@ class _Worker:
             with self.lock:
                 self.unreleased.discard(workflow_id)
         fresh = reread or self.backlog is None
-        if fresh:
-            self.backlog = self._due()
-        due, waiting, forge = self.backlog
+        backlog = self._due() if fresh or self.backlog is None else self.backlog
+        self.backlog = backlog
+        due, waiting, forge = backlog
         if self.shutdown.is_set():
             return False
         with self.lock:

@@ -128,7 +128,7 @@ def utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC)
 
 
-def utc_row(row: Mapping[str, Any]) -> dict[str, Any]:
+def utc_row(row: Mapping[Any, Any]) -> dict[str, Any]:
     """``row`` with each datetime made aware (``utc``)."""
     return {k: utc(v) if isinstance(v, datetime) else v for k, v in row.items()}
 

@@ -101,7 +101,9 @@ class SqliteDialect:
             reading = conn.get_execution_options().get("phasegate_reading", False)
             # On the driver's connection: the statement needs none of
             # SQLAlchemy's execution machinery, which cost a sixth of a commit.
-            conn.connection.driver_connection.execute("BEGIN" if reading else "BEGIN IMMEDIATE")
+            driver = conn.connection.driver_connection
+            assert driver is not None  # a connection in a transaction has its sqlite3 one
+            driver.execute("BEGIN" if reading else "BEGIN IMMEDIATE")
 
         return engine
 

@@ -91,7 +91,7 @@ NEEDS_YOU_EVENT = "needs_you"
 NEEDS_YOU_EVENT_STATUSES: frozenset[str] = NEEDS_YOU_STATUSES | {"failed"}
 
 
-def workflow_dict(row: Mapping[str, Any]) -> dict[str, Any]:
+def workflow_dict(row: Mapping[Any, Any]) -> dict[str, Any]:
     """A workflow row as a dict, its timestamps UTC-aware."""
     out = dict(row)
     for key in ("created_at", "updated_at", "completed_at", "lease_expires_at"):

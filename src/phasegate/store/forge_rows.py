@@ -55,14 +55,14 @@ class ForgeRows(StoreBase):
 
     def forge_add_comment(self, repo: str, issue_number: int, body: str, marker: str | None) -> int:
         with self.transaction() as conn:
-            return int(
-                conn.execute(
-                    t.forge_comments.insert().values(
-                        repo=repo,
-                        issue_number=issue_number,
-                        body=body,
-                        marker=marker,
-                        created_at=self.clock.now(),
-                    )
-                ).inserted_primary_key[0]
-            )
+            key = conn.execute(
+                t.forge_comments.insert().values(
+                    repo=repo,
+                    issue_number=issue_number,
+                    body=body,
+                    marker=marker,
+                    created_at=self.clock.now(),
+                )
+            ).inserted_primary_key
+            assert key is not None  # an INSERT of one row always has its key
+            return int(key[0])

@@ -165,7 +165,7 @@ class LeaseRows(StoreBase):
                     fence=fence + 1,
                 )
             )
-            return fence + 1
+            return int(fence) + 1
 
     def claim_free(
         self,

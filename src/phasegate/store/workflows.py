@@ -22,6 +22,7 @@ from phasegate.core.contract import (
     WorkflowContext,
     WorkflowNotFound,
 )
+from phasegate.core.state import WorkflowState, state_of
 from phasegate.store import tables as t
 from phasegate.store._base import INSERT_EVENT, StoreBase
 from phasegate.store.commit import (
@@ -73,7 +74,7 @@ class WorkflowRows(StoreBase):
         base_branch: str,
         auto_merge: bool,
         content_language: str,
-        state: Mapping[str, Any] | None = None,
+        state: WorkflowState | None = None,
         issue: tuple[str, int] | None = None,
         parent_workflow_id: str | None = None,
         phase: str = PREPARATION,
@@ -104,7 +105,7 @@ class WorkflowRows(StoreBase):
             raise ContractViolation(f"a workflow cannot start in phase {phase!r}")
         now = self.clock.now()
         workflow_id = secrets.token_hex(4)
-        state = dict(state or {})
+        state = state_of(state)
         if issue is not None:
             state["forge_repository"] = issue[0]
         # Only what is given: a store still at an older revision (its migration
@@ -270,7 +271,7 @@ class WorkflowRows(StoreBase):
             content_language=row["content_language"],
             error=row["error"],
             parent_workflow_id=row["parent_workflow_id"],
-            state=dict(row["state"] or {}),
+            state=state_of(row["state"]),
             milestones=tuple(_milestone_view(r) for r in milestones),
         )
 
@@ -333,7 +334,7 @@ class WorkflowRows(StoreBase):
         milestones, events = milestone_writes(workflow_id, phase, (write,), self.clock.now())
         conn.execute(milestone_upsert(self.dialect), milestones)
         conn.execute(INSERT_EVENT, events)
-        return milestones[0]["dedupe_key"]
+        return str(milestones[0]["dedupe_key"])
 
     def settle_milestone(
         self,
@@ -406,7 +407,7 @@ class WorkflowRows(StoreBase):
             self.write_event(conn, workflow_id, event)
 
 
-def _milestone_view(row: Mapping[str, Any]) -> MilestoneView:
+def _milestone_view(row: Mapping[Any, Any]) -> MilestoneView:
     return MilestoneView(
         id=row["id"],
         kind=row["kind"],

@@ -157,7 +157,9 @@ def _cwd(body: Mapping[str, Any]) -> str:
     match = re.search(r"Primary working directory: (\S+)", str(system))
     if match:
         return match.group(1)
-    first = next((m for m in body.get("messages", []) if m.get("role") == "user"), {})
+    first: Mapping[str, Any] = next(
+        (m for m in body.get("messages", []) if m.get("role") == "user"), {}
+    )
     content = first.get("content", "")
     texts = (
         [content]
@@ -230,6 +232,7 @@ class ScriptedModelServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server's host is text, never bytes
         return f"http://{host}:{port}"
 
     def start(self) -> ScriptedModelServer:

@@ -126,7 +126,7 @@ def _answers() -> str:
 def build_patch() -> str:
     """The demo's change as a unified diff (``a/``/``b/`` paths from the repository root),
     made from the sample's files before and after, so it always applies to them."""
-    parts = []
+    parts: list[str] = []
     for path, before, after in (
         ("calc/__init__.py", _CALC, _CALC_AFTER),
         ("tests/test_calc.py", _TESTS, _TESTS_AFTER),

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from phasegate import __version__
 from phasegate.agents import DEFAULT_EXECUTABLES
+from phasegate.agents.base import json_object
 from phasegate.agents.env import check_env
 from phasegate.config.agents import AGENT_PROGRAMS, resolve_agents
 from phasegate.config.cartridge import (
@@ -159,13 +160,13 @@ def _read_roles(raw: dict[str, Any] | None) -> dict[str, RoleBinding | str | Non
     have a table (plan_review is not asked in graph mode), else ROLE_SESSION_LINES."""
     if raw is None:
         return {}
-    tables = raw.get("roles") if isinstance(raw.get("roles"), dict) else {}
-    graph = raw.get("graph") if isinstance(raw.get("graph"), dict) else {}
+    tables = json_object(raw.get("roles"))
+    graph = json_object(raw.get("graph"))
     names: tuple[str, ...] = tuple(ROLE_SESSION_LINES)
     if graph.get("enabled") is True:
         bound = [name for name in GRAPH_OPTIONAL_ROLES if tables.get(name) is not None]
         names = (*GRAPH_MODE_ROLES, *bound)
-    agents = raw.get("agents") if isinstance(raw.get("agents"), dict) else {}
+    agents = json_object(raw.get("agents"))
     roles: dict[str, RoleBinding | str | None] = {}
     for name in names:
         table = tables.get(name)

@@ -26,7 +26,7 @@ __all__ = ["Dashboard"]
 log = logging.getLogger(__name__)
 
 #: Seconds uvicorn waits for open requests (a live stream ends at once) when stopping.
-GRACEFUL_S = 5.0
+GRACEFUL_S = 5
 
 
 @dataclass

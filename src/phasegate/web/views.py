@@ -9,7 +9,7 @@ the terminal never disagree about a workflow.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -139,7 +139,7 @@ def workflow_page(store: Store, workflow_id: str) -> dict[str, Any]:
     return detail
 
 
-def activity(events: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def activity(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """A workflow page's activity: the newest ACTIVITY_ROWS event rows (oldest
     first) but agent output, each ``{"id", "type", "at", "text"}`` (``text``:
     ``describe_event``; ``at``: the row's ``created_at``)."""

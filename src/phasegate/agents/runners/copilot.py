@@ -73,12 +73,12 @@ import shutil
 import subprocess
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from phasegate.agents.base import AgentRequest, AgentResult
+from phasegate.agents.base import AgentRequest, AgentResult, json_object
 from phasegate.agents.env import child_env
 from phasegate.agents.process import ProcessOutcome, run_agent_process
 from phasegate.config.cartridge import RoleBinding
@@ -145,7 +145,7 @@ def parse_events(stdout: str) -> dict[str, Any]:
     tools: dict[str, str] = {}
     for event in _events(stdout):
         kind = event.get("type")
-        data = event.get("data") if isinstance(event.get("data"), dict) else {}
+        data = json_object(event.get("data"))
         if kind == "result":
             parsed["session_id"] = event.get("sessionId") or parsed["session_id"]
         elif kind == "assistant.message" and data.get("content"):
@@ -153,7 +153,7 @@ def parse_events(stdout: str) -> dict[str, Any]:
         elif kind == "tool.execution_start":
             tools[str(data.get("toolCallId"))] = str(data.get("toolName") or "")
         elif kind == "tool.execution_complete" and not data.get("success"):
-            error = data.get("error") if isinstance(data.get("error"), dict) else {}
+            error = json_object(data.get("error"))
             if error.get("code") == "denied" or _NOT_OFFERED.match(str(error.get("message") or "")):
                 parsed["refused"].append(tools.get(str(data.get("toolCallId")), "unknown"))
         elif kind == "session.error":
@@ -175,8 +175,8 @@ def usage_since(events_file: Path, offset: int) -> tuple[int, int]:
     for event in _events(text):
         if event.get("type") != "session.usage_record":
             continue
-        data = event.get("data") if isinstance(event.get("data"), dict) else {}
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        data = json_object(event.get("data"))
+        usage = json_object(data.get("usage"))
         # inputTokens holds the cache reads already (cacheReadTokens is their share),
         # outputTokens the reasoning: from OpenAI's and Anthropic's usage alike.
         tokens_in += _int(usage.get("inputTokens"))
@@ -184,7 +184,7 @@ def usage_since(events_file: Path, offset: int) -> tuple[int, int]:
     return tokens_in, tokens_out
 
 
-def binary_version(exe: str, environ: dict[str, str] | None = None) -> str | None:
+def binary_version(exe: str, environ: Mapping[str, str] | None = None) -> str | None:
     """What ``exe --binary-version`` says its version is ("1.0.102"), or None: a
     program that does not start or says something else."""
     source = os.environ if environ is None else environ

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from phasegate.agents.base import AgentRequest, AgentResult
+from phasegate.agents.base import AgentRequest, AgentResult, json_object
 from phasegate.agents.env import child_env
 from phasegate.agents.mcp import gemini_servers
 from phasegate.agents.process import ProcessOutcome, run_agent_process
@@ -102,7 +102,7 @@ def parse_stream(stdout: str) -> StreamSummary:
             tools[str(event.get("tool_id"))] = str(event.get("tool_name"))
             summary.text = ""  # the answer is what follows the last tool call
         elif kind == "tool_result" and event.get("status") == "error":
-            error = event.get("error") if isinstance(event.get("error"), dict) else {}
+            error = json_object(event.get("error"))
             said = str(error.get("message") or event.get("output") or "")
             if error.get("type") in REFUSED_TOOL_ERRORS or _NEEDS_CONFIRMATION in said:
                 summary.refused.append(tools.get(str(event.get("tool_id")), "a tool"))
@@ -110,11 +110,11 @@ def parse_stream(stdout: str) -> StreamSummary:
             summary.turn_limit = True
         elif kind == "result":
             summary.result = event
-            error = event.get("error") if isinstance(event.get("error"), dict) else {}
+            error = json_object(event.get("error"))
             summary.failed = event.get("status") != "success"
             summary.error_type = str(error.get("type") or "")
             summary.error_message = str(error.get("message") or "")
-            stats = event.get("stats") if isinstance(event.get("stats"), dict) else {}
+            stats = json_object(event.get("stats"))
             summary.input_tokens = _int(stats.get("input_tokens"))
             summary.output_tokens = max(
                 _int(stats.get("output_tokens")),

@@ -79,7 +79,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from phasegate.agents.base import AgentRequest, AgentResult
+from phasegate.agents.base import AgentRequest, AgentResult, json_object
 from phasegate.agents.env import child_env
 from phasegate.agents.mcp import opencode_servers
 from phasegate.agents.process import ProcessOutcome, run_agent_process
@@ -185,12 +185,12 @@ def parse_events(stdout: str) -> dict[str, Any]:
             continue
         parsed["session_id"] = parsed["session_id"] or event.get("sessionID")
         kind = event.get("type")
-        part = event.get("part") if isinstance(event.get("part"), dict) else {}
+        part = json_object(event.get("part"))
         if kind == "text" and part.get("text"):
             texts.setdefault(str(part.get("messageID")), []).append(str(part["text"]))
         elif kind == "step_finish":
-            tokens = part.get("tokens") if isinstance(part.get("tokens"), dict) else {}
-            cache = tokens.get("cache") if isinstance(tokens.get("cache"), dict) else {}
+            tokens = json_object(part.get("tokens"))
+            cache = json_object(tokens.get("cache"))
             parsed["input_tokens"] += (
                 _int(tokens.get("input")) + _int(cache.get("read")) + _int(cache.get("write"))
             )
@@ -202,8 +202,8 @@ def parse_events(stdout: str) -> dict[str, Any]:
             if refused:
                 parsed["refused"].append(refused)
         elif kind == "error":
-            error = event.get("error") if isinstance(event.get("error"), dict) else {}
-            data = error.get("data") if isinstance(error.get("data"), dict) else {}
+            error = json_object(event.get("error"))
+            data = json_object(error.get("data"))
             parsed["error"] = (
                 str(error.get("name") or "error"),
                 data.get("statusCode"),
@@ -216,13 +216,13 @@ def parse_events(stdout: str) -> dict[str, Any]:
 
 def _refused_tool(part: dict[str, Any]) -> str | None:
     """The tool a ``tool_use`` part shows opencode refused, or None."""
-    state = part.get("state") if isinstance(part.get("state"), dict) else {}
+    state = json_object(part.get("state"))
     tool = str(part.get("tool") or "")
     said = ""
     if state.get("status") == "error":
         said = str(state.get("error") or "")
     elif tool == "invalid":  # a call of a tool the model was not offered
-        given = state.get("input") if isinstance(state.get("input"), dict) else {}
+        given = json_object(state.get("input"))
         said, tool = str(given.get("error") or ""), str(given.get("tool") or tool)
     if any(words in said.lower() for words in _REFUSALS):
         return tool

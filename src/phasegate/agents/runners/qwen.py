@@ -71,7 +71,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from phasegate.agents.base import AgentRequest
+from phasegate.agents.base import AgentRequest, json_object
 from phasegate.agents.env import child_env
 from phasegate.agents.runners.gemini_family import GeminiFamilyRunner, StreamSummary
 
@@ -98,7 +98,7 @@ def _int(value: Any) -> int:
 
 
 def _blocks(event: dict[str, Any]) -> list[dict[str, Any]]:
-    message = event.get("message") if isinstance(event.get("message"), dict) else {}
+    message = json_object(event.get("message"))
     content = message.get("content")
     return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
@@ -124,8 +124,8 @@ def parse_qwen_stream(stdout: str) -> StreamSummary:
         kind = event.get("type")
         main = event.get("parent_tool_use_id") is None
         if kind == "assistant":
-            message = event.get("message") if isinstance(event.get("message"), dict) else {}
-            usage = message.get("usage") if isinstance(message.get("usage"), dict) else {}
+            message = json_object(event.get("message"))
+            usage = json_object(message.get("usage"))
             used = _int(usage.get("input_tokens"))
             summary.input_tokens += used
             summary.output_tokens += max(
@@ -134,7 +134,7 @@ def parse_qwen_stream(stdout: str) -> StreamSummary:
             for block in _blocks(event):
                 if block.get("type") == "tool_use":
                     name = str(block.get("name"))
-                    given = block.get("input") if isinstance(block.get("input"), dict) else {}
+                    given = json_object(block.get("input"))
                     if name == "tool_call" and given.get("name"):
                         name = str(given["name"])  # the deferred tool it calls
                     tools[str(block.get("id"))] = name
@@ -150,7 +150,7 @@ def parse_qwen_stream(stdout: str) -> StreamSummary:
         elif kind == "result":
             summary.result = event
             summary.failed = bool(event.get("is_error"))
-            error = event.get("error") if isinstance(event.get("error"), dict) else {}
+            error = json_object(event.get("error"))
             summary.error_type = str(event.get("subtype") or "")
             summary.error_message = str(error.get("message") or "")
             denied = event.get("permission_denials")

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypedDict
 
 from phasegate.agents.base import AgentRequest, AgentResult
 from phasegate.config.toml import TomlError, read_toml
@@ -62,6 +62,14 @@ def load_answers(path: Path) -> dict[str, list[dict[str, Any]]]:
             if unknown:
                 raise PhasegateError(f"{path}: {role}[{i}]: unknown key {sorted(unknown)[0]!r}")
     return raw
+
+
+class _Usage(TypedDict):
+    """What an answer says it used, as AgentResult's fields of the same names."""
+
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
 
 
 class ScriptedRunner:
@@ -108,7 +116,7 @@ class ScriptedRunner:
                     error=f"no answer within {request.timeout_s:g}s; killed",
                     duration_s=time.monotonic() - started,
                 )
-        usage = {
+        usage: _Usage = {
             "input_tokens": int(answer.get("input_tokens", 0)),
             "output_tokens": int(answer.get("output_tokens", 0)),
             "cost_usd": float(answer.get("cost_usd", 0.0)),

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import httpx
@@ -51,7 +51,7 @@ __all__ = [
 
 #: The GitHub REST API version phasegate speaks (githubkit's ``gh.rest(API_VERSION)``):
 #: the one GitHub Enterprise Server speaks and GitHub's OpenAPI description describes.
-API_VERSION = "2022-11-28"
+API_VERSION: Final = "2022-11-28"
 #: How long before its expiry an installation token is renewed.
 RENEW_BEFORE = timedelta(minutes=5)
 

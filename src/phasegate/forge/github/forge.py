@@ -36,6 +36,7 @@ from phasegate.forge.base import (
     PERMISSIONS,
     STATUS_LABEL_PREFIX,
     Check,
+    CheckState,
     Comment,
     ForgeError,
     ForgeNotFound,
@@ -75,6 +76,8 @@ STATUS_LABEL_COLOR = "5319e7"
 
 _OWN_MARKER = re.compile(r"<!--\s*phasegate:")
 _TRAILING_MARKER = re.compile(r"\s*<!-- phasegate:[^>]*-->\s*$")
+#: A commit status's state as a check's (any other is a failure: error, failure).
+_COMBINED_STATES: dict[str, CheckState] = {"success": "success", "pending": "pending"}
 
 
 class GitHubNotMergeable(GitHubRefused, ForgeNotMergeable):
@@ -426,6 +429,7 @@ class GitHubForge(GitHubAPI):
             map_func=lambda response: response.json()["check_runs"],
         )
         found = []
+        state: CheckState
         for run in runs:
             if run["status"] != "completed":
                 state = "pending"
@@ -445,7 +449,7 @@ class GitHubForge(GitHubAPI):
             )
         )
         for status in combined.get("statuses") or ():
-            state = {"success": "success", "pending": "pending"}.get(status["state"], "failure")
+            state = _COMBINED_STATES.get(status["state"], "failure")
             said = cap(status.get("description") or "")
             found.append(Check(status["context"], state, said, status.get("target_url")))
         return found

@@ -10,6 +10,7 @@ from typing import Any
 from phasegate.agents.env import cartridge_secrets, redact
 from phasegate.agents.service import violation_event
 from phasegate.core.contract import DEVELOPMENT, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.state import WorkflowState
 from phasegate.git.workspace import PatchError
 from phasegate.phases.attempts import measure_change, refused_change
 from phasegate.phases.deps import PhaseDeps, developed, worktree_of
@@ -27,7 +28,7 @@ def apply_draft(
     draft: Mapping[str, Any],
     run: Mapping[str, Any],
     updates: dict[str, Any],
-    state: dict[str, Any],
+    state: WorkflowState,
     milestones: tuple[MilestoneWrite, ...],
 ) -> PhaseResult:
     """The apply arm: the approved (or auto) patch lands as one commit on the workflow's

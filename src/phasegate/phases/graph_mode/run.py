@@ -45,6 +45,7 @@ from phasegate.core.contract import (
     WorkflowPaused,
 )
 from phasegate.core.profiles import AutomationProfile, reversion_or_stop
+from phasegate.core.state import WorkflowState
 from phasegate.graph import drive, lifecycle_propose, plan_propose
 from phasegate.graph.proposals import Evidence
 from phasegate.phases.deps import (
@@ -90,7 +91,7 @@ def _ticket(ctx: WorkflowContext, *, feedback: bool = True) -> str:
     return "\n\n".join(p for p in parts if p)
 
 
-def _new_run(ctx: WorkflowContext, deps: PhaseDeps, ticket: str) -> dict[str, Any]:
+def _new_run(ctx: WorkflowContext, deps: PhaseDeps, ticket: str) -> WorkflowState:
     """The state that starts run n + 1. Derived from the committed state only, so a
     phase driven again after a crash starts the very same run and finds its answers."""
     n = int(ctx.state.get("graph_runs") or 0) + 1
@@ -131,14 +132,12 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     the workflow, a spend cap pauses it; neither is recorded, and ``resume``
     continues the same run from its kept answers.
     """
-    started: dict[str, Any] = {}
-    if ctx.state.get("sync_base"):
-        started.update(_sync_base(ctx, deps))
-    run = _new_run(ctx, deps, _ticket(ctx))
-    run["graph_ticket"] += started.pop("ticket_note", "")
+    started: WorkflowState = {"sync_base": False} if ctx.state.get("sync_base") else {}
+    ticket = _ticket(ctx) + (_sync_base(ctx, deps) if started else "")
+    run = _new_run(ctx, deps, ticket)
     started.update(run)
     answers = _answers(ctx, deps, run, PLANNING, round=1)
-    planned = drive(plan_propose(cartridge=deps.cartridge, ticket=run["graph_ticket"]), answers)
+    planned = drive(plan_propose(cartridge=deps.cartridge, ticket=ticket), answers)
     key = f"g{run['graph_runs']}"
     if planned["stopped"] is not None:
         stop = planned["stopped"]
@@ -242,12 +241,12 @@ def _plan_summary(planned: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _sync_base(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
+def _sync_base(ctx: WorkflowContext, deps: PhaseDeps) -> str:
     """A merge reverted for a conflict: build the next change on what the base holds now.
 
     The base is merged into the branch; when it conflicts, the branch is
     rebuilt from the base instead (the graph's agents are read-only and
-    cannot resolve conflict markers) and the ticket says so.
+    cannot resolve conflict markers): the note returned tells the ticket, else "".
     """
     cwd = worktree_of(ctx)
     base = deps.forge.branch_ref(ctx.base_branch)
@@ -260,7 +259,7 @@ def _sync_base(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
             f"conflicted with {ctx.base_branch} in: {', '.join(conflicted)}. Write the whole "
             "change again on what the base holds now."
         )
-    return {"sync_base": False, "ticket_note": note}
+    return note
 
 
 # -- development --------------------------------------------------------------------
@@ -284,8 +283,9 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     """
     if not ctx.state.get("plan"):
         return PhaseResult("failed", reason="no finalized plan (plan_finalized milestone missing)")
-    run = {k: ctx.state.get(k) for k in ("graph_runs", "graph_run", "graph_ticket", "graph_date")}
-    started: dict[str, Any] = {"graph_feedback": None, "ci_failure": None}
+    stored: Mapping[str, Any] = ctx.state  # read by the names the loop gives
+    run = {k: stored.get(k) for k in ("graph_runs", "graph_run", "graph_ticket", "graph_date")}
+    started: WorkflowState = {"graph_feedback": None, "ci_failure": None}
     ci_failure = ctx.state.get("ci_failure")
     if not run["graph_run"] or ctx.user_feedback or ctx.state.get("graph_feedback") or ci_failure:
         # A new run: feedback from a person, the last proposal was rejected, or CI failed.
@@ -296,8 +296,8 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             ticket += f"\n\n## The previous change was rejected\n\n{ctx.state['graph_feedback']}"
         if ci_failure:
             ticket += f"\n\n## CI failed on the pull request\n\n{ci_failure}"
-        run = _new_run(ctx, deps, ticket)
-        started.update(run)
+        started.update(fresh := _new_run(ctx, deps, ticket))
+        run = dict(fresh)
     if not run["graph_date"]:
         run["graph_date"] = deps.clock.now().date().isoformat()
     updates = {"user_feedback": None} if ctx.user_feedback else {}
@@ -365,7 +365,7 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     checked = evidence_of(draft, "checks")
     tests = _tests_run(ctx, draft, checked, key)
     milestones: tuple[MilestoneWrite, ...] = (evidence, tests)
-    state = dict(started)
+    state = started.copy()
     if draft["status"] == "proposed" and not checked.get("passed", True):
         # Work that fails its checks is never offered for landing: the harness
         # rejects it (the kind's streak resets) and the next run is told why.
@@ -404,14 +404,14 @@ def _rejected(
     draft: Mapping[str, Any],
     run: Mapping[str, Any],
     updates: dict[str, Any],
-    state: dict[str, Any],
+    state: WorkflowState,
     milestones: tuple[MilestoneWrite, ...],
 ) -> PhaseResult:
     """A new run told why the proposal was rejected. Rejections by the checks are
     bounded like failing checks outside graph mode: after ``limits.max_dev_retries``
     more runs, a reversion to planning where the profile allows it, else a pause."""
     why = f"proposal {draft['id']} was rejected by {draft['decided_by']}: {draft['reason']}"
-    next_run = {**state, "graph_run": None, "graph_feedback": why}
+    next_run: WorkflowState = {**state, "graph_run": None, "graph_feedback": why}
     if draft["decided_by"] != CHECKS_GATE:
         return PhaseResult("retry", updates=updates, state=next_run, milestones=milestones)
     attempt = int(ctx.state.get("test_retries") or 0) + 1
@@ -505,7 +505,7 @@ def _run_graph(
 def _agents_failed(
     record: Mapping[str, Any],
     *,
-    state: dict[str, Any],
+    state: WorkflowState,
     milestones: tuple[MilestoneWrite, ...],
     updates: dict[str, Any] | None = None,
     review_limit: int = 0,
