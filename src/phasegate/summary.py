@@ -1,6 +1,8 @@
 """What a workflow looks like to a person, read from the store: the one shape
 ``phasegate status``, ``phasegate show`` and the dashboard all show, so the page
-and the terminal never disagree about a workflow. Reading only.
+and the terminal never disagree about a workflow.
+
+Reading only.
 """
 
 from __future__ import annotations

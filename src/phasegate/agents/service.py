@@ -1,5 +1,8 @@
-"""AgentService: how phases call agents. Binds roles to runners, retries within
-bounds, records every call's usage and keeps one provider session per line."""
+"""AgentService: how phases call agents.
+
+It binds roles to runners, retries within bounds, records every call's usage
+and keeps one provider session per line.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The cartridge's ``[graph]`` table (docs/contracts/graph.md): review tiers, the epic threshold,
-work routing, governance paths. Split out of cartridge.py, which re-exports it."""
+work routing, governance paths.
+
+Split out of cartridge.py, which re-exports it.
+"""
 
 from __future__ import annotations
 

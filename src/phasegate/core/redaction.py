@@ -1,5 +1,7 @@
 """Keeping secret values out of every record: raw and in the encodings a model
-can trivially produce. Pure: no environment, no I/O.
+can trivially produce.
+
+Pure: no environment, no I/O.
 
     redact(text, secrets)            # "***" for each value or encoded copy
     files_with_secrets(diff, secrets)  # the paths of a diff that hold one

@@ -1,4 +1,6 @@
-"""The errors phasegate's git raises (``phasegate.git.command`` re-exports them)::
+"""The errors phasegate's git raises (``phasegate.git.command`` re-exports them).
+
+The hierarchy::
 
 PhasegateError
  └── GitError            a git command failed (the command and its stderr)

@@ -1,6 +1,8 @@
-"""The prompts the graph's nodes send. Plain templates: a prompt is a pure
-function of the run's data, so a replay sends byte-identical prompts and
-their hashes match the record."""
+"""The prompts the graph's nodes send.
+
+Plain templates: a prompt is a pure function of the run's data, so a replay
+sends byte-identical prompts and their hashes match the record.
+"""
 
 from __future__ import annotations
 

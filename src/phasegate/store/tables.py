@@ -1,4 +1,7 @@
-"""The schema, as SQLAlchemy Core tables. Alembic migrations create it; see ``migrations/``."""
+"""The schema, as SQLAlchemy Core tables.
+
+Alembic migrations create it; see ``migrations/``.
+"""
 
 from __future__ import annotations
 

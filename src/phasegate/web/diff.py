@@ -1,5 +1,6 @@
 """A workflow's diff for the page, the lines a person comments on: the comments
 become review feedback for the next development round, with path and line.
+
 What a comment becomes is ``phasegate.core.review``'s, recorded through
 ``phasegate.operations``.
 

@@ -1,6 +1,7 @@
 """planning, development and pr_review run by the development graph
-(docs/contracts/graph.md) inside the lifecycle's phases. On when the cartridge says
-``[graph] enabled = true``.
+(docs/contracts/graph.md) inside the lifecycle's phases.
+
+On when the cartridge says ``[graph] enabled = true``.
 
 One graph run (``{workflow}-g{n}``) spans a planning and its development:
 
