@@ -26,7 +26,7 @@ from phasegate.git.workspace import Workspace
 from phasegate.journal import SideEffects
 from phasegate.proc.process import start_ticks
 from phasegate.runtime.engine import Engine
-from phasegate.runtime.worker import Heartbeat
+from phasegate.runtime.heartbeat import Heartbeat
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable, open_store
 from phasegate.testing import InMemoryForge
 

@@ -43,7 +43,7 @@ from phasegate.git.checks import run_checks
 from phasegate.proc.deadline import KILL_SHARE, LeaseDeadline, deadline_clock, governing
 from phasegate.proc.process import run_supervised
 from phasegate.runtime.engine import Engine
-from phasegate.runtime.worker import Heartbeat
+from phasegate.runtime.heartbeat import Heartbeat
 from phasegate.store import Fence, open_store
 
 from conftest import (

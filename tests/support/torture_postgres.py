@@ -85,7 +85,7 @@ CONCURRENCY = 2
 #: Whom a kill hits, and how often each (one worker three times as often as both).
 POSTGRES_TARGETS = ("phasegate", "tree", "both", "everything")
 POSTGRES_WEIGHTS = (3, 3, 1, 1)
-#: What a worker's log says when it lost a lease it held (worker.Heartbeat,
+#: What a worker's log says when it lost a lease it held (heartbeat.Heartbeat,
 #: Engine.advance): a live worker's lease was taken over.
 _LEASE_LOST = re.compile(r"was taken over|advance of \S+ stopped")
 

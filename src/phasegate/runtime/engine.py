@@ -72,8 +72,9 @@ from phasegate.proc.deadline import LeaseDeadline, current_deadline, deadline_cl
 from phasegate.proc.host import host_name
 from phasegate.runtime.faults import fault_result
 from phasegate.runtime.healing import self_heal
+from phasegate.runtime.heartbeat import Heartbeat
 from phasegate.runtime.takeover import ForeignWorkflow, forge_repository, take_over
-from phasegate.runtime.worker import DEFAULT_CONCURRENCY, Heartbeat, LeaseHeld, run_worker, wait_s
+from phasegate.runtime.worker import DEFAULT_CONCURRENCY, LeaseHeld, run_worker, wait_s
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
 
 __all__ = ["Engine", "ForeignWorkflow", "LeaseHeld"]
