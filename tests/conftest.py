@@ -81,6 +81,14 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["PHASEGATE_POSTGRES_URL"] = server.url
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under xdist (each worker collects; the controller hands out in that order) the
+    # slow end-to-end tests go out first: the quick ones then fill the workers' gaps
+    # at the end, instead of one real-CLI run starting last and holding up the run.
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     server = config.stash.get(_RUN_POSTGRES, None)
     if server is not None:
