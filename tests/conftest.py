@@ -29,8 +29,11 @@ from support.github_server import GitHubServer
 from support.postgres import (
     PostgresServer,
     PostgresUnavailable,
+    drop_database,
     drop_schema,
+    find_bindir,
     fresh_schema,
+    own_database,
     server_url,
 )
 from support.prism import PrismError, PrismProxy, find_description, find_prism
@@ -41,6 +44,56 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 ROLES = ("plan", "plan_review", "build", "review", "verification")
+
+#: How many xdist workers ``-n auto`` (pyproject's addopts) starts per core. Most
+#: tests wait on subprocesses (git, the agent CLIs, workers, servers), so twice as
+#: many workers as cores keeps the cores busy; PYTEST_XDIST_AUTO_NUM_WORKERS overrides.
+WORKERS_PER_CORE = 2
+
+#: The server the controller of an xdist run started for all its workers (stopped at the end).
+_RUN_POSTGRES = pytest.StashKey[PostgresServer]()
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: WORKERS_PER_CORE per core this process may run on, or
+    PYTEST_XDIST_AUTO_NUM_WORKERS when set (xdist's own override, kept)."""
+    given = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if given:
+        return int(given)
+    return WORKERS_PER_CORE * len(os.sched_getaffinity(0))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # One PostgreSQL server for the whole run, each test on a schema of its own: the
+    # controller of an xdist run starts it before its workers (which inherit the
+    # environment) unless PHASEGATE_POSTGRES_URL names one already. A run without
+    # workers starts its own lazily (postgres_server_url). Missing binaries or a
+    # server that does not start are left to the fixture, which says why.
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", 0):
+        return
+    if os.environ.get("PHASEGATE_POSTGRES_URL") or find_bindir() is None:
+        return
+    try:
+        server = PostgresServer().start()
+    except PostgresUnavailable:
+        return
+    config.stash[_RUN_POSTGRES] = server
+    os.environ["PHASEGATE_POSTGRES_URL"] = server.url
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under xdist (each worker collects; the controller hands out in that order) the
+    # slow end-to-end tests go out first: the quick ones then fill the workers' gaps
+    # at the end, instead of one real-CLI run starting last and holding up the run.
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    server = config.stash.get(_RUN_POSTGRES, None)
+    if server is not None:
+        os.environ.pop("PHASEGATE_POSTGRES_URL", None)
+        server.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -126,14 +179,19 @@ def no_postgres(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def postgres_server_url() -> Iterator[str]:
-    """A superuser URL of the session's PostgreSQL: PHASEGATE_POSTGRES_URL, or a
-    throwaway server started here (support.postgres), stopped at the end."""
+    """A superuser URL of a database of this session's own (this xdist worker's) on
+    the run's PostgreSQL: PHASEGATE_POSTGRES_URL, or a throwaway server started
+    here (support.postgres), stopped at the end. NOTIFY reaches every LISTEN of a
+    database whatever its schema, so sessions running side by side on one server
+    get a database each: a test that waits for no wake-up hears no other test's."""
     try:
         url, server = server_url()
+        url = own_database(url)
         drop_schema(url, fresh_schema(url)[0])  # it answers, and lets us make schemas
     except (PostgresUnavailable, psycopg.OperationalError) as exc:
         no_postgres(f"no PostgreSQL to test on: {' '.join(str(exc).split())}")
     yield url
+    drop_database(url)
     if server is not None:
         server.stop()
 

@@ -514,10 +514,12 @@ def test_a_decision_is_refused_while_another_process_advances_the_workflow(
         from phasegate.runtime.engine import Engine
 
         wf = Engine(happy_repo, cartridge, store).start("t", "ticket")
-        # a live holder: this very process, under another lease owner name
+        # a live holder: this very process, under another lease owner name; its lease
+        # outlasts the three CLI calls below even on a loaded machine (each a new
+        # interpreter: together they have taken over 60 s)
         import os
 
-        assert store.claim(wf, f"{os.uname().nodename}:{os.getpid()}:other", 60) is not None
+        assert store.claim(wf, f"{os.uname().nodename}:{os.getpid()}:other", 900) is not None
         before = store.workflow_row(wf)
         for args in (["resume", wf], ["feedback", wf, "more"], ["resume", wf, "--no-advance"]):
             proc = phasegate_cli(*args, "--repo", str(happy_repo))

@@ -62,24 +62,40 @@ def test_issue_round_trips_with_its_marker_hidden_and_a_new_forge_finds_it(
     assert github.server.counts(REPO)["issues"] == 1
 
 
+def held_until(github: GitHubLab, kind: str, timeout_s: float = 30) -> None:
+    """Wait until the fake GitHub holds one of ``kind`` (issues, pulls): a delayed
+    request the client gave up on has been handled by then."""
+    deadline = time.monotonic() + timeout_s
+    while github.server.counts(REPO)[kind] < 1:
+        assert time.monotonic() < deadline, f"GitHub never finished the delayed {kind}"
+        time.sleep(0.02)
+
+
 def test_the_journal_finds_an_issue_and_pr_whose_answers_timed_out_instead_of_repeating(
     github: GitHubLab, forge: GitHubForge, local: Path, tmp_path: Path
 ) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
     workflow = new_workflow(store)
-    slow = forge_for(github, local, timeout_s=0.5)
-    effects = SideEffects(store, slow, Workspace(), workflow, local)
+    # The calls that time out go through a forge that gives up after 0.5 s; the rest
+    # (the push, the resumed calls: a restarted worker's) through a patient one, so
+    # a loaded machine's slow answer fails no call meant to succeed.
+    impatient = SideEffects(
+        store, forge_for(github, local, timeout_s=0.5), Workspace(), workflow, local
+    )
+    effects = SideEffects(store, forge_for(github, local), Workspace(), workflow, local)
     github.server.delay("POST", r"/issues$", 1.0)
     with pytest.raises(ForgeUnavailable):
-        effects.create_issue("preparation", "Add x", "body")
+        impatient.create_issue("preparation", "Add x", "body")
     branch_with_change(local, "phasegate/w")
     effects.push_branch("development", "phasegate/w", git(local, "rev-parse", "phasegate/w"))
-    time.sleep(1.0)  # GitHub finishes the issue the client gave up on
+    held_until(github, "issues")  # GitHub finishes the issue the client gave up on
     number = effects.create_issue("preparation", "Add x", "body")  # resume: looks first
     github.server.delay("POST", r"/pulls$", 1.0)
     with pytest.raises(ForgeUnavailable):
-        effects.open_pull_request("pr_review", "phasegate/w", "main", "t", f"Implements #{number}")
-    time.sleep(1.0)
+        impatient.open_pull_request(
+            "pr_review", "phasegate/w", "main", "t", f"Implements #{number}"
+        )
+    held_until(github, "pulls")
     pr = effects.open_pull_request("pr_review", "phasegate/w", "main", "t", f"Implements #{number}")
     assert forge.pull_request(pr).head == "phasegate/w"
     assert (github.server.counts(REPO)["issues"], github.server.counts(REPO)["pulls"]) == (1, 1)

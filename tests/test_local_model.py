@@ -34,6 +34,9 @@ from support.llama import LlamaServer, LlamaUnavailable
 
 slow = pytest.mark.slow
 
+#: One xdist worker runs this module: the model server (``llama``) loads once.
+pytestmark = pytest.mark.xdist_group("llama")
+
 KEY_ENV = "PHASEGATE_LOCAL_MODEL_KEY"
 SENTINEL = "sk-sentinel-local-5c0ffee1d2e3"  # llama.cpp asks for no key: any value will do
 ALIAS = "smollm2"

@@ -35,6 +35,8 @@ from support.prism import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+#: One xdist worker runs this module: its own Prism (``running``) starts once.
+pytestmark = pytest.mark.xdist_group("prism-module")
 API = "https://api.github.com"
 WHEN = "2026-01-01T00:00:00Z"
 

@@ -12,7 +12,8 @@ refuses to run as root: as root the server runs as the ``postgres`` user
 ``PHASEGATE_POSTGRES_URL`` names a server already running (CI starts one for
 its whole run); ``server_url()`` prefers it. ``fresh_schema`` gives each test a
 schema of its own on one server: a URL whose connections have it first on
-their ``search_path``.
+their ``search_path``. ``own_database`` gives a test session (an xdist worker)
+a database of its own on that server, since NOTIFY crosses schemas.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from urllib.parse import quote
 __all__ = [
     "PostgresServer",
     "PostgresUnavailable",
+    "drop_database",
     "drop_schema",
     "find_bindir",
     "fresh_schema",
+    "own_database",
     "server_url",
 ]
 
@@ -195,3 +198,24 @@ def drop_schema(url: str, name: str) -> None:
     """Drop schema ``name`` and everything in it."""
     with _admin(url) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def own_database(url: str) -> str:
+    """Create an empty database on the server at ``url`` (a superuser's); returns
+    its URL. Its name is unique, so runs sharing the server never meet."""
+    import sqlalchemy as sa
+
+    name = f"phasegate_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_{uuid.uuid4().hex[:8]}"
+    with _admin(url) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return sa.engine.make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_database(url: str) -> None:
+    """Drop the database ``url`` names, ending the connections still open to it
+    (from the server's ``postgres`` database)."""
+    import sqlalchemy as sa
+
+    u = sa.engine.make_url(url)
+    with _admin(u.set(database="postgres").render_as_string(hide_password=False)) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{u.database}" WITH (FORCE)')

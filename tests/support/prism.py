@@ -83,7 +83,7 @@ __all__ = [
     "violations_of",
 ]
 
-_NODE_MODULES = Path(__file__).resolve().parents[3] / ".ci" / "node" / "node_modules"
+_NODE_MODULES = Path(__file__).resolve().parents[2] / ".ci" / "node" / "node_modules"
 #: Where ``.ci/run`` installs GitHub's description (``@octokit/openapi``).
 DEFAULT_SOURCE = _NODE_MODULES / "@octokit" / "openapi" / "generated" / "api.github.com.json"
 
