@@ -517,43 +517,6 @@ def test_copilot_commands_do_not_see_the_model_key(tmp_path: Path, copilot: str,
 
 
 @slow
-def test_a_session_copilot_no_longer_knows_is_started_afresh(
-    tmp_path: Path, copilot: str, servers, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    server = servers({"*": [Step(text="fresh answer")]})
-    monkeypatch.setenv(KEY_VAR, SENTINEL)
-    cwd = tmp_path / "worktree"
-    cwd.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=cwd, check=True)
-    binding = RoleBinding(
-        runner="copilot",
-        executable=copilot,
-        model="scripted-model",
-        base_url=server.url + "/v1",
-        api_key_env=KEY_VAR,
-    )
-    forgotten = "0b0c7d5e-1111-4222-8333-944445555666"
-    request = AgentRequest(
-        workflow_id="wf",
-        phase="planning",
-        role="plan",
-        session_line="main",
-        prompt="Plan it.",
-        cwd=cwd,
-        timeout_s=60,
-        read_only=True,
-        session_id=forgotten,
-        state_dir=tmp_path / "state",
-    )
-    result = CopilotRunner(binding).run(request, threading.Event())
-    assert result.ok, result.error
-    assert result.text == "fresh answer"
-    assert result.session_id and result.session_id != forgotten
-    assert (result.input_tokens, result.output_tokens) == (100, 20)
-    assert len(server.requests) == 1
-
-
-@slow
 def test_an_anthropic_provider_is_driven_through_the_bindings_env(
     tmp_path: Path, copilot: str, servers, monkeypatch: pytest.MonkeyPatch
 ) -> None:

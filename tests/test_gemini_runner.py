@@ -489,37 +489,6 @@ def test_gemini_shell_commands_do_not_see_the_model_key(
 
 
 @slow
-def test_a_session_the_cli_no_longer_has_is_started_afresh(
-    tmp_path: Path, gemini: str, server_factory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    server = server_factory({"*": [Step(text="fresh answer")]})
-    monkeypatch.setenv(KEY_VAR, SENTINEL)
-    runner = GeminiRunner(
-        RoleBinding(
-            runner="gemini",
-            executable=gemini,
-            model="gemini-2.5-flash",
-            base_url=server.url,
-            api_key_env=KEY_VAR,
-        )
-    )
-    cwd = tmp_path / "wt"
-    cwd.mkdir()
-    (cwd / ".gemini").mkdir()
-    (cwd / ".gemini" / "settings.json").write_text(NO_RETRIES)
-    request = _request(cwd, state_dir=tmp_path / "state", read_only=True)
-    first = runner.run(request, threading.Event())
-    assert first.ok and first.text == "fresh answer" and first.session_id
-    again = runner.run(replace(request, session_id=first.session_id), threading.Event())
-    assert again.ok and again.session_id == first.session_id
-    gone = runner.run(
-        replace(request, session_id="00000000-0000-4000-8000-000000000000"), threading.Event()
-    )
-    assert gone.ok and gone.session_id not in (None, "00000000-0000-4000-8000-000000000000")
-    assert not os.environ.get("GEMINI_CLI_SYSTEM_SETTINGS_PATH")
-
-
-@slow
 def test_gemini_cli_s_session_clean_up_never_deletes_a_workflows_session(
     tmp_path: Path, gemini: str, server_factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,7 +17,6 @@ import json
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -581,29 +580,6 @@ def test_qwen_shell_commands_do_not_see_the_model_key(
     assert SENTINEL not in seen and "OPENAI_API_KEY" not in seen and KEY_VAR not in seen
     # while the CLI itself held the key for the model
     assert {r.key_sha for r in server.played(BUILD)} == {key_sha(SENTINEL)}
-
-
-@slow
-def test_a_session_the_cli_no_longer_has_is_started_afresh(
-    tmp_path: Path, qwen: str, server_factory
-) -> None:
-    server = server_factory({"*": [Step(text="fresh answer")]})
-    runner = _real_runner(qwen, server.url)
-    cwd = tmp_path / "wt"
-    cwd.mkdir()
-    request = _request(cwd, state_dir=tmp_path / "state", read_only=True)
-    first = runner.run(request, threading.Event())
-    assert first.ok and first.text == "fresh answer" and first.session_id
-    again = runner.run(replace(request, session_id=first.session_id), threading.Event())
-    assert again.ok and again.session_id == first.session_id
-    assert len(server.played("*")[-1].body["messages"]) > len(
-        server.played("*")[0].body["messages"]
-    )
-    gone = runner.run(
-        replace(request, session_id="00000000-0000-4000-8000-000000000000"), threading.Event()
-    )
-    assert gone.ok and gone.session_id not in (None, "00000000-0000-4000-8000-000000000000")
-    assert len(server.requests) == 3  # the failed resume asked the model nothing
 
 
 @slow

@@ -1,0 +1,187 @@
+"""One agent conformance suite: the behaviours every CLI runner shares, on the real programs.
+
+Each test runs, for each program, its real CLI against the scripted model server
+(``phasegate.testing.model_server``) in the dialect it speaks, through its
+runner (``phasegate.agents.cli_runner.CliRunner``). A program's own quirks stay
+in its own file (tests/test_<program>_runner.py, tests/test_real_agents.py).
+
+The shared behaviours, and where each is proved for each program:
+
+1. A whole workflow with every role on the program completes: the build's file
+   is merged, every run is ``ok`` with a session, tokens and cost are summed
+   from the scripted usage and priced by the binding, the key reaches only the
+   roles that name it, read-only roles are not offered the edit tools, and no
+   key is left in the output, the store or the program's files.
+   (claude-code, codex: test_real_agents.py; gemini, opencode, qwen, copilot,
+   aider, mini-swe-agent: their files' ``test_a_whole_workflow_...``.)
+2. The second review round resumes the review session (aider: restores the
+   review chat; mini-swe-agent has no sessions). (Their files'
+   ``test_the_second_review_round_...``.)
+3. A resumed session the program no longer has is started afresh, and a
+   session it has is resumed: **here**, for gemini, qwen, opencode and copilot
+   (``test_a_session_the_program_no_longer_has_is_started_afresh``); claude-code
+   and codex resume in test_real_agents.py's second review round.
+4. A read-only role's edit is refused (``permission_denied``) or undone
+   (``read_only_violation``: aider, mini-swe-agent). (Their files'
+   ``test_a_read_only_role...``.)
+5. The error paths end with their named reason: ``model_error`` (HTTP 500),
+   ``timeout`` (a hang, killed with its process group), ``max_turns``,
+   ``budget``. (Their files' ``test_real_<program>_error_paths_...``.)
+6. An answer without a verdict ends as ``garbage``. (gemini, qwen, aider:
+   their files.)
+7. The commands the program runs do not see the model key. (codex, gemini,
+   opencode, qwen, copilot: their files.)
+
+Behaviours 1, 2 and 4 to 7 are still proved in the per-program files, one
+assertion each a program: their scripts, tool names and request shapes differ
+per dialect. Behaviour 3 is proved here once for the four programs whose files
+each had a copy of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phasegate.agents import make_runner
+from phasegate.agents.base import AgentRequest
+from phasegate.config.cartridge import RoleBinding
+from phasegate.testing.model_server import ScriptedModelServer, Step
+
+from agent_cli_kit import RetryAfterServer
+from conftest import agent_cli
+
+pytestmark = [pytest.mark.sandboxed, pytest.mark.slow]
+
+KEY = "sk-conformance-sentinel-3c9d1a"
+KEY_VAR = "SCRIPTED_MODEL_KEY"
+#: A session id no program has ever seen (a UUID: Gemini CLI and Copilot ask for one).
+FORGOTTEN = "00000000-0000-4000-8000-000000000000"
+#: Gemini CLI's retries off, from the workspace's settings: a failed call asks once.
+GEMINI_NO_RETRIES = json.dumps({"general": {"maxAttempts": 1, "retryFetchErrors": False}})
+
+
+def _openai_turns(body: dict[str, Any]) -> int:
+    return len(body.get("messages", []))
+
+
+def _gemini_turns(body: dict[str, Any]) -> int:
+    return len(body.get("contents", []))
+
+
+def _git_init(cwd: Path) -> None:
+    subprocess.run(["git", "init", "-q"], cwd=cwd, check=True)
+
+
+def _gemini_workspace(cwd: Path) -> None:
+    (cwd / ".gemini").mkdir()
+    (cwd / ".gemini" / "settings.json").write_text(GEMINI_NO_RETRIES)
+
+
+@dataclass(frozen=True)
+class Program:
+    """One agent CLI as the suite drives it: its runner, the CLI's name, the model
+    and base URL (``{url}`` is the server's), the server's retry header (None: a
+    plain server), what its checkout needs, and how many turns a request sent."""
+
+    runner: str
+    cli: str
+    model: str
+    base_url: str
+    retry_header: str | None
+    workspace: Callable[[Path], None]
+    turns: Callable[[dict[str, Any]], int]
+
+    def binding(self, exe: str, url: str) -> RoleBinding:
+        return RoleBinding(
+            runner=self.runner,
+            executable=exe,
+            model=self.model,
+            base_url=self.base_url.format(url=url),
+            api_key_env=KEY_VAR,
+        )
+
+    def server(self, scripts: dict[str, list[Step]]) -> ScriptedModelServer:
+        if self.retry_header is None:
+            return ScriptedModelServer(scripts).start()
+        return RetryAfterServer(scripts, self.retry_header).start()
+
+
+PROGRAMS = {
+    "gemini": Program(
+        "gemini", "gemini", "gemini-2.5-flash", "{url}", None, _gemini_workspace, _gemini_turns
+    ),
+    "qwen": Program("qwen", "qwen", "m", "{url}/v1", None, lambda cwd: None, _openai_turns),
+    "opencode": Program(
+        "opencode",
+        "opencode",
+        "scripted-model",
+        "{url}/v1",
+        "Retry-After-Ms",
+        _git_init,
+        _openai_turns,
+    ),
+    "copilot": Program(
+        "copilot", "copilot", "scripted-model", "{url}/v1", "Retry-After", _git_init, _openai_turns
+    ),
+}
+
+
+def _cli(program: Program) -> str:
+    wanted = os.environ.get(f"PHASEGATE_{program.cli.upper()}_BIN")
+    if wanted and not Path(wanted).exists():
+        pytest.fail(f"PHASEGATE_{program.cli.upper()}_BIN={wanted} does not exist")
+    return agent_cli(program.cli)
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_a_session_the_program_no_longer_has_is_started_afresh(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    program = PROGRAMS[name]
+    exe = _cli(program)
+    server = program.server({"*": [Step(text="fresh answer")]})
+    try:
+        monkeypatch.setenv(KEY_VAR, KEY)
+        runner = make_runner(program.binding(exe, server.url), tmp_path)
+        cwd = tmp_path / "worktree"
+        cwd.mkdir()
+        program.workspace(cwd)
+        request = AgentRequest(
+            workflow_id="wf",
+            phase="planning",
+            role="plan",
+            session_line="main",
+            prompt="Plan it.",
+            cwd=cwd,
+            timeout_s=60,
+            read_only=True,
+            session_id=FORGOTTEN,
+            state_dir=tmp_path / "state",
+        )
+        fresh = runner.run(request, threading.Event())
+        assert fresh.ok, fresh.error
+        assert fresh.text == "fresh answer"
+        assert fresh.session_id not in (None, FORGOTTEN)
+        assert (fresh.input_tokens, fresh.output_tokens) == (100, 20)
+        assert len(server.requests) == 1  # the failed resume asked the model nothing
+
+        again = runner.run(replace(request, session_id=fresh.session_id), threading.Event())
+        assert again.ok and again.text == "fresh answer", again.error
+        assert again.session_id == fresh.session_id
+        first, resumed = (r.body for r in server.played("*"))
+        assert program.turns(resumed) > program.turns(first)  # the earlier turn was sent again
+        # A call's settings file is the call's own, never phasegate's environment.
+        assert not {"GEMINI_CLI_SYSTEM_SETTINGS_PATH", "QWEN_CODE_SYSTEM_SETTINGS_PATH"} & set(
+            os.environ
+        )
+    finally:
+        server.stop()
