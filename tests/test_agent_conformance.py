@@ -29,13 +29,17 @@ The shared behaviours, and where each is proved for each program:
    ``budget``. (Their files' ``test_real_<program>_error_paths_...``.)
 6. An answer without a verdict ends as ``garbage``. (gemini, qwen, aider:
    their files.)
-7. The commands the program runs do not see the model key. (codex, gemini,
-   opencode, qwen, copilot: their files.)
+7. The commands the program runs do not see the model key (neither the
+   binding's variable nor the names the program gives it), while the program
+   sent it to the model, and no key is left in the output, the store or the
+   agents' files: **here**, for codex, gemini, qwen, opencode and copilot
+   (``test_the_commands_a_program_runs_do_not_see_the_model_key``; only the
+   build runs the program, the other roles answer from a script).
 
-Behaviours 1, 2 and 4 to 7 are still proved in the per-program files, one
+Behaviours 1, 2 and 4 to 6 are still proved in the per-program files, one
 assertion each a program: their scripts, tool names and request shapes differ
-per dialect. Behaviour 3 is proved here once for the four programs whose files
-each had a copy of it.
+per dialect. Behaviours 3 and 7 are proved here once for the programs whose
+files each had a copy of them.
 """
 
 from __future__ import annotations
@@ -54,15 +58,25 @@ import pytest
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest
 from phasegate.config.cartridge import RoleBinding
-from phasegate.testing.model_server import ScriptedModelServer, Step
+from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, key_sha
 
-from agent_cli_kit import RetryAfterServer
-from conftest import agent_cli
+from agent_cli_kit import (
+    BUILD,
+    RetryAfterServer,
+    assert_no_keys,
+    make_project,
+    role_toml,
+    run_ticket,
+)
+from conftest import agent_cli, git
 
 pytestmark = [pytest.mark.sandboxed, pytest.mark.slow]
 
 KEY = "sk-conformance-sentinel-3c9d1a"
 KEY_VAR = "SCRIPTED_MODEL_KEY"
+OTHER_KEY = "sk-other-provider-key-5e7f2b"
+#: What a ticket's run hands phasegate: the key the bindings name and others they do not.
+TICKET_ENV = {KEY_VAR: KEY, "OPENAI_API_KEY": OTHER_KEY, "GEMINI_API_KEY": OTHER_KEY}
 #: A session id no program has ever seen (a UUID: Gemini CLI and Copilot ask for one).
 FORGOTTEN = "00000000-0000-4000-8000-000000000000"
 #: Gemini CLI's retries off, from the workspace's settings: a failed call asks once.
@@ -86,11 +100,17 @@ def _gemini_workspace(cwd: Path) -> None:
     (cwd / ".gemini" / "settings.json").write_text(GEMINI_NO_RETRIES)
 
 
+def _shell(name: str, field: str = "command", **more: str) -> Callable[[str], ToolCall]:
+    return lambda command: ToolCall(name, {field: command, **more})
+
+
 @dataclass(frozen=True)
 class Program:
     """One agent CLI as the suite drives it: its runner, the CLI's name, the model
     and base URL (``{url}`` is the server's), the server's retry header (None: a
-    plain server), what its checkout needs, and how many turns a request sent."""
+    plain server), what its checkout needs, how many turns a request sent, its
+    shell tool's call, a variable its commands see (``NAME=value`` or ``NAME=``),
+    the variables its key may go by, and the binding's more lines."""
 
     runner: str
     cli: str
@@ -99,6 +119,10 @@ class Program:
     retry_header: str | None
     workspace: Callable[[Path], None]
     turns: Callable[[dict[str, Any]], int]
+    shell: Callable[[str], ToolCall] = _shell("run_shell_command")
+    shell_sees: str = "PATH="
+    key_names: tuple[str, ...] = ()
+    more: tuple[str, ...] = ()
 
     def binding(self, exe: str, url: str) -> RoleBinding:
         return RoleBinding(
@@ -115,11 +139,46 @@ class Program:
         return RetryAfterServer(scripts, self.retry_header).start()
 
 
+_OPENCODE_SHELL = _shell("bash", description="run it")
+
 PROGRAMS = {
-    "gemini": Program(
-        "gemini", "gemini", "gemini-2.5-flash", "{url}", None, _gemini_workspace, _gemini_turns
+    "codex": Program(
+        "codex",
+        "codex",
+        "gpt-test",
+        "{url}/v1",
+        None,
+        _git_init,
+        _openai_turns,
+        shell=_shell("exec_command", "cmd"),
+        key_names=("OPENAI_API_KEY",),
+        more=(
+            'extra_args = ["-c", "model_providers.phasegate.request_max_retries=0",'
+            ' "-c", "model_providers.phasegate.stream_max_retries=0"]',
+        ),
     ),
-    "qwen": Program("qwen", "qwen", "m", "{url}/v1", None, lambda cwd: None, _openai_turns),
+    "gemini": Program(
+        "gemini",
+        "gemini",
+        "gemini-2.5-flash",
+        "{url}",
+        None,
+        _gemini_workspace,
+        _gemini_turns,
+        shell_sees="GEMINI_CLI=1",
+        key_names=("GEMINI_API_KEY",),
+    ),
+    "qwen": Program(
+        "qwen",
+        "qwen",
+        "m",
+        "{url}/v1",
+        None,
+        lambda cwd: None,
+        _openai_turns,
+        shell_sees="QWEN_CODE=1",
+        key_names=("OPENAI_API_KEY",),
+    ),
     "opencode": Program(
         "opencode",
         "opencode",
@@ -128,11 +187,24 @@ PROGRAMS = {
         "Retry-After-Ms",
         _git_init,
         _openai_turns,
+        shell=_OPENCODE_SHELL,
+        shell_sees="XDG_DATA_HOME=",
     ),
     "copilot": Program(
-        "copilot", "copilot", "scripted-model", "{url}/v1", "Retry-After", _git_init, _openai_turns
+        "copilot",
+        "copilot",
+        "scripted-model",
+        "{url}/v1",
+        "Retry-After",
+        _git_init,
+        _openai_turns,
+        shell=_OPENCODE_SHELL,
+        shell_sees="COPILOT_HOME=",
+        key_names=("COPILOT_PROVIDER_API_KEY",),
     ),
 }
+#: The programs whose files each proved a session they no longer have starts afresh.
+RESUMING = ("copilot", "gemini", "opencode", "qwen")
 
 
 def _cli(program: Program) -> str:
@@ -142,7 +214,7 @@ def _cli(program: Program) -> str:
     return agent_cli(program.cli)
 
 
-@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("name", RESUMING)
 def test_a_session_the_program_no_longer_has_is_started_afresh(
     tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -182,6 +254,39 @@ def test_a_session_the_program_no_longer_has_is_started_afresh(
         # A call's settings file is the call's own, never phasegate's environment.
         assert not {"GEMINI_CLI_SYSTEM_SETTINGS_PATH", "QWEN_CODE_SYSTEM_SETTINGS_PATH"} & set(
             os.environ
+        )
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_the_commands_a_program_runs_do_not_see_the_model_key(tmp_path: Path, name: str) -> None:
+    program = PROGRAMS[name]
+    exe = _cli(program)
+    dump = program.shell("env > shell-env.txt; printf 'the feature\\n' > feature.txt")
+    server = program.server({BUILD: [Step(tools=(dump,)), Step(text="done")]})
+    try:
+        role = role_toml(
+            program.runner,
+            exe,
+            model=program.model,
+            base_url=program.base_url.format(url=server.url),
+            timeout=90,
+            key_env=KEY_VAR,
+            more=program.more,
+        )
+        # Only the build runs the program: the other roles answer from answers.toml.
+        repo = make_project(tmp_path, {"build": role})
+        proc = run_ticket(repo, TICKET_ENV, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        seen = git(repo, "show", "main:shell-env.txt")
+        assert "PATH=" in seen and program.shell_sees in seen
+        for hidden in (KEY, OTHER_KEY, KEY_VAR, *program.key_names):
+            assert hidden not in seen, hidden
+        # while the program itself held the key for the model
+        assert {r.key_sha for r in server.played(BUILD)} == {key_sha(KEY)}
+        assert_no_keys(
+            repo, (KEY, OTHER_KEY), proc.stdout, proc.stderr, dirs=[repo / ".phasegate" / "agents"]
         )
     finally:
         server.stop()

@@ -501,22 +501,6 @@ def _answered(steps: Sequence[Step], index: int | None) -> bool:
 
 
 @slow
-def test_copilot_commands_do_not_see_the_model_key(tmp_path: Path, copilot: str, servers) -> None:
-    dump = bash("env > shell-env.txt; printf 'the feature\\n' > feature.txt")
-    server = servers(copilot_scripts(build=[Step(tools=(dump,)), Step(text="done")]))
-    repo = make_project(tmp_path, every_role(copilot, server.url))
-    proc = run_ticket(repo, TICKET_ENV)
-    assert proc.returncode == 0, proc.stderr
-    seen = git(repo, "show", "main:shell-env.txt")
-    assert "PATH=" in seen and "COPILOT_HOME=" in seen
-    assert SENTINEL not in seen and KEY_VAR not in seen and OTHER_KEY not in seen
-    assert "COPILOT_PROVIDER_API_KEY" not in seen
-    # while Copilot itself held the key for the model
-    assert {r.key_sha for r in server.played(BUILD)} == {key_sha(SENTINEL)}
-    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, dirs=[repo / ".phasegate" / "agents"])
-
-
-@slow
 def test_an_anthropic_provider_is_driven_through_the_bindings_env(
     tmp_path: Path, copilot: str, servers, monkeypatch: pytest.MonkeyPatch
 ) -> None:

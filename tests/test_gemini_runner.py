@@ -467,28 +467,6 @@ def test_an_unparsable_answer_ends_as_garbage(tmp_path: Path, gemini: str, serve
 
 
 @slow
-def test_gemini_shell_commands_do_not_see_the_model_key(
-    tmp_path: Path, gemini: str, server_factory
-) -> None:
-    dump = ToolCall(
-        "run_shell_command", {"command": "env > shell-env.txt; printf 'f\\n' > feature.txt"}
-    )
-    server = server_factory(gemini_scripts(build=[Step(tools=(dump,)), Step(text="done")]))
-    roles = {
-        role: gemini_role(gemini, server.url)
-        for role in ("plan", "plan_review", "build", "review", "verification")
-    }
-    repo = make_project(tmp_path, roles)
-    proc = run_ticket(repo, TICKET_ENV)
-    assert proc.returncode == 0, proc.stderr
-    seen = git(repo, "show", "main:shell-env.txt")
-    assert "PATH=" in seen and "GEMINI_CLI=1" in seen
-    assert SENTINEL not in seen and "GEMINI_API_KEY" not in seen and KEY_VAR not in seen
-    # while the CLI itself held the key for the model
-    assert {r.key_sha for r in server.played(BUILD)} == {key_sha(SENTINEL)}
-
-
-@slow
 def test_gemini_cli_s_session_clean_up_never_deletes_a_workflows_session(
     tmp_path: Path, gemini: str, server_factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -473,24 +473,3 @@ def _answered(steps: Sequence[Step], index: int | None) -> bool:
     if index is None or index >= len(steps):
         return False
     return steps[index].status == 200 and not steps[index].hang
-
-
-@slow
-def test_opencode_commands_do_not_see_the_model_key(tmp_path: Path, opencode: str, servers) -> None:
-    dump = bash("env > shell-env.txt; printf 'the feature\\n' > feature.txt")
-    server = servers(opencode_scripts(build=[Step(tools=(dump,)), Step(text="done")]))
-    repo = make_project(
-        tmp_path,
-        {
-            role: opencode_role(opencode, server.url)
-            for role in ("plan", "plan_review", "build", "review", "verification")
-        },
-    )
-    proc = run_ticket(repo, TICKET_ENV)
-    assert proc.returncode == 0, proc.stderr
-    seen = git(repo, "show", "main:shell-env.txt")
-    assert "PATH=" in seen and "XDG_DATA_HOME=" in seen
-    assert SENTINEL not in seen and KEY_VAR not in seen and OTHER_KEY not in seen
-    # while opencode itself held the key for the model
-    assert {r.key_sha for r in server.played(BUILD)} == {key_sha(SENTINEL)}
-    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, dirs=[repo / ".phasegate" / "agents"])

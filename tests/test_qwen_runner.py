@@ -564,25 +564,6 @@ def test_an_unparsable_answer_ends_as_garbage(tmp_path: Path, qwen: str, server_
 
 
 @slow
-def test_qwen_shell_commands_do_not_see_the_model_key(
-    tmp_path: Path, qwen: str, server_factory
-) -> None:
-    dump = ToolCall(
-        "run_shell_command", {"command": "env > shell-env.txt; printf 'f\\n' > feature.txt"}
-    )
-    server = server_factory(qwen_scripts(build=[Step(tools=(dump,)), Step(text="done")]))
-    roles = {role: qwen_role(qwen, server.url) for role in ("plan", "plan_review", "build")}
-    repo = make_project(tmp_path, roles, files=SCRIPTED)
-    proc = run_ticket(repo, TICKET_ENV, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    seen = git(repo, "show", "main:shell-env.txt")
-    assert "PATH=" in seen and "QWEN_CODE=1" in seen
-    assert SENTINEL not in seen and "OPENAI_API_KEY" not in seen and KEY_VAR not in seen
-    # while the CLI itself held the key for the model
-    assert {r.key_sha for r in server.played(BUILD)} == {key_sha(SENTINEL)}
-
-
-@slow
 def test_under_bubblewrap_a_write_outside_the_checkout_is_refused_and_recorded(
     tmp_path: Path, qwen: str, server_factory
 ) -> None:
