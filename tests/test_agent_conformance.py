@@ -27,8 +27,11 @@ The shared behaviours, and where each is proved for each program:
 5. The error paths end with their named reason: ``model_error`` (HTTP 500),
    ``timeout`` (a hang, killed with its process group), ``max_turns``,
    ``budget``. (Their files' ``test_real_<program>_error_paths_...``.)
-6. An answer without a verdict ends as ``garbage``. (gemini, qwen, aider:
-   their files.)
+6. An answer without a verdict ends as ``garbage``, its usage kept, and the
+   review pauses: **here**, for aider, gemini and qwen
+   (``test_an_answer_without_a_verdict_ends_as_garbage_and_keeps_its_usage``;
+   only the review runs the program). The retry of a garbage answer is the
+   phases' own, proved in test_bad_input.py.
 7. The commands the program runs do not see the model key (neither the
    binding's variable nor the names the program gives it), while the program
    sent it to the model, and no key is left in the output, the store or the
@@ -36,9 +39,9 @@ The shared behaviours, and where each is proved for each program:
    (``test_the_commands_a_program_runs_do_not_see_the_model_key``; only the
    build runs the program, the other roles answer from a script).
 
-Behaviours 1, 2 and 4 to 6 are still proved in the per-program files, one
+Behaviours 1, 2, 4 and 5 are still proved in the per-program files, one
 assertion each a program: their scripts, tool names and request shapes differ
-per dialect. Behaviours 3 and 7 are proved here once for the programs whose
+per dialect. Behaviours 3, 6 and 7 are proved here once for the programs whose
 files each had a copy of them.
 """
 
@@ -62,13 +65,14 @@ from phasegate.testing.model_server import ScriptedModelServer, Step, ToolCall, 
 
 from agent_cli_kit import (
     BUILD,
+    REVIEW,
     RetryAfterServer,
     assert_no_keys,
     make_project,
     role_toml,
     run_ticket,
 )
-from conftest import agent_cli, git
+from conftest import agent_cli, git, phasegate_cli
 
 pytestmark = [pytest.mark.sandboxed, pytest.mark.slow]
 
@@ -142,6 +146,16 @@ class Program:
 _OPENCODE_SHELL = _shell("bash", description="run it")
 
 PROGRAMS = {
+    "aider": Program(
+        "aider",
+        "aider",
+        "openai/scripted-model",
+        "{url}/v1",
+        None,
+        lambda cwd: None,
+        _openai_turns,
+        key_names=("OPENAI_API_KEY",),
+    ),
     "codex": Program(
         "codex",
         "codex",
@@ -205,6 +219,10 @@ PROGRAMS = {
 }
 #: The programs whose files each proved a session they no longer have starts afresh.
 RESUMING = ("copilot", "gemini", "opencode", "qwen")
+#: ... that each proved their commands do not see the key.
+SHELLS = ("codex", "copilot", "gemini", "opencode", "qwen")
+#: ... that each proved an answer without a verdict ends as garbage.
+ANSWERING = ("aider", "gemini", "qwen")
 
 
 def _cli(program: Program) -> str:
@@ -259,24 +277,15 @@ def test_a_session_the_program_no_longer_has_is_started_afresh(
         server.stop()
 
 
-@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("name", SHELLS)
 def test_the_commands_a_program_runs_do_not_see_the_model_key(tmp_path: Path, name: str) -> None:
     program = PROGRAMS[name]
     exe = _cli(program)
     dump = program.shell("env > shell-env.txt; printf 'the feature\\n' > feature.txt")
     server = program.server({BUILD: [Step(tools=(dump,)), Step(text="done")]})
     try:
-        role = role_toml(
-            program.runner,
-            exe,
-            model=program.model,
-            base_url=program.base_url.format(url=server.url),
-            timeout=90,
-            key_env=KEY_VAR,
-            more=program.more,
-        )
         # Only the build runs the program: the other roles answer from answers.toml.
-        repo = make_project(tmp_path, {"build": role})
+        repo = make_project(tmp_path, {"build": _bound(program, exe, server.url)})
         proc = run_ticket(repo, TICKET_ENV, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         seen = git(repo, "show", "main:shell-env.txt")
@@ -288,5 +297,47 @@ def test_the_commands_a_program_runs_do_not_see_the_model_key(tmp_path: Path, na
         assert_no_keys(
             repo, (KEY, OTHER_KEY), proc.stdout, proc.stderr, dirs=[repo / ".phasegate" / "agents"]
         )
+    finally:
+        server.stop()
+
+
+def _bound(program: Program, exe: str, url: str) -> str:
+    return role_toml(
+        program.runner,
+        exe,
+        model=program.model,
+        base_url=program.base_url.format(url=url),
+        timeout=90,
+        key_env=KEY_VAR,
+        more=program.more,
+    )
+
+
+@pytest.mark.parametrize("name", ANSWERING)
+def test_an_answer_without_a_verdict_ends_as_garbage_and_keeps_its_usage(
+    tmp_path: Path, name: str
+) -> None:
+    program = PROGRAMS[name]
+    exe = _cli(program)
+    server = program.server({REVIEW: [Step(text="I have no opinion on this.")]})
+    try:
+        # Only the review runs the program: the other roles answer from answers.toml.
+        repo = make_project(
+            tmp_path,
+            {"review": _bound(program, exe, server.url)},
+            extra="[limits]\nagent_retries = 0\n",
+        )
+        proc = run_ticket(repo, TICKET_ENV, timeout=300)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        summary = json.loads(proc.stdout)
+        # A review with no verdict it could read pauses, as verification does.
+        assert (summary["current_phase"], summary["status"]) == ("pr_review", "paused"), summary
+        assert "limits.max_review_parse_failures" in summary["error"]
+        shown = phasegate_cli("show", summary["id"], "--repo", str(repo), "--json")
+        runs = json.loads(shown.stdout)["agent_runs"]
+        reviews = [r for r in runs if r["role"] == "review"]
+        assert [(r["outcome"], r["error_kind"]) for r in reviews] == [("garbage", "garbage")]
+        assert reviews[0]["input_tokens"] == 100  # the garbage call's usage is kept
+        assert_no_keys(repo, (KEY, OTHER_KEY), proc.stdout, proc.stderr)
     finally:
         server.stop()
