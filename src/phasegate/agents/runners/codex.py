@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from phasegate.agents.base import AgentRequest, AgentResult
-from phasegate.agents.cli_runner import CliRunner, Launch
+from phasegate.agents.cli_runner import CliRunner, Launch, json_lines
 from phasegate.agents.env import child_env
 from phasegate.agents.mcp import codex_toml
 from phasegate.agents.process import ProcessOutcome
@@ -70,13 +70,7 @@ def _toml_str(value: str) -> str:
 def parse_events(stdout: str) -> dict[str, Any]:
     """Thread id, answer text, running usage totals and the failure of a JSON-lines run."""
     parsed: dict[str, Any] = {"thread_id": None, "text": "", "usage": None, "failure": None}
-    for line in stdout.splitlines():
-        if not line.startswith("{"):
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for event in json_lines(stdout):
         kind = event.get("type")
         item = event.get("item") or {}
         if kind == "thread.started":
