@@ -14,13 +14,13 @@ The shared behaviours, and where each is proved for each program:
    key is left in the output, the store or the program's files.
    (claude-code, codex: test_real_agents.py; gemini, opencode, qwen, copilot,
    aider, mini-swe-agent: their files' ``test_a_whole_workflow_...``.)
-2. The second review round resumes the review session (aider: restores the
-   review chat; mini-swe-agent has no sessions). (Their files'
-   ``test_the_second_review_round_...``.)
+2. The second review round resumes the review session (claude-code,
+   gemini, opencode, qwen, copilot; aider restores the review chat; codex's
+   resumed thread is counted once in its whole workflow; mini-swe-agent has no
+   sessions). (Their files' ``test_the_second_review_round_...``.)
 3. A resumed session the program no longer has is started afresh, and a
    session it has is resumed: **here**, for gemini, qwen, opencode and copilot
-   (``test_a_session_the_program_no_longer_has_is_started_afresh``); claude-code
-   and codex resume in test_real_agents.py's second review round.
+   (``test_a_session_the_program_no_longer_has_is_started_afresh``).
 4. A read-only role's edit is refused (``permission_denied``) or undone
    (``read_only_violation``: aider, mini-swe-agent). (Their files'
    ``test_a_read_only_role...``.)
