@@ -501,59 +501,6 @@ def _answered(steps: Sequence[Step], index: int | None) -> bool:
 
 
 @slow
-def test_copilot_commands_do_not_see_the_model_key(tmp_path: Path, copilot: str, servers) -> None:
-    dump = bash("env > shell-env.txt; printf 'the feature\\n' > feature.txt")
-    server = servers(copilot_scripts(build=[Step(tools=(dump,)), Step(text="done")]))
-    repo = make_project(tmp_path, every_role(copilot, server.url))
-    proc = run_ticket(repo, TICKET_ENV)
-    assert proc.returncode == 0, proc.stderr
-    seen = git(repo, "show", "main:shell-env.txt")
-    assert "PATH=" in seen and "COPILOT_HOME=" in seen
-    assert SENTINEL not in seen and KEY_VAR not in seen and OTHER_KEY not in seen
-    assert "COPILOT_PROVIDER_API_KEY" not in seen
-    # while Copilot itself held the key for the model
-    assert {r.key_sha for r in server.played(BUILD)} == {key_sha(SENTINEL)}
-    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, dirs=[repo / ".phasegate" / "agents"])
-
-
-@slow
-def test_a_session_copilot_no_longer_knows_is_started_afresh(
-    tmp_path: Path, copilot: str, servers, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    server = servers({"*": [Step(text="fresh answer")]})
-    monkeypatch.setenv(KEY_VAR, SENTINEL)
-    cwd = tmp_path / "worktree"
-    cwd.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=cwd, check=True)
-    binding = RoleBinding(
-        runner="copilot",
-        executable=copilot,
-        model="scripted-model",
-        base_url=server.url + "/v1",
-        api_key_env=KEY_VAR,
-    )
-    forgotten = "0b0c7d5e-1111-4222-8333-944445555666"
-    request = AgentRequest(
-        workflow_id="wf",
-        phase="planning",
-        role="plan",
-        session_line="main",
-        prompt="Plan it.",
-        cwd=cwd,
-        timeout_s=60,
-        read_only=True,
-        session_id=forgotten,
-        state_dir=tmp_path / "state",
-    )
-    result = CopilotRunner(binding).run(request, threading.Event())
-    assert result.ok, result.error
-    assert result.text == "fresh answer"
-    assert result.session_id and result.session_id != forgotten
-    assert (result.input_tokens, result.output_tokens) == (100, 20)
-    assert len(server.requests) == 1
-
-
-@slow
 def test_an_anthropic_provider_is_driven_through_the_bindings_env(
     tmp_path: Path, copilot: str, servers, monkeypatch: pytest.MonkeyPatch
 ) -> None:

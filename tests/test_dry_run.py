@@ -206,15 +206,19 @@ CLI_ROLES = {
         'model = "anthropic/claude-sonnet-4-5"\napi_key_env = "ANTHROPIC_API_KEY"\n',
     ),
     "aider": ("aider", 'model = "openai/gpt-5"\napi_key_env = "OPENAI_API_KEY"\n'),
+    "qwen": ("qwen", 'model = "qwen3-coder-plus"\napi_key_env = "OPENAI_API_KEY"\n'),
+    "copilot": (
+        "copilot",
+        'model = "gpt-5.4"\npass_env = ["COPILOT_GITHUB_TOKEN"]\n',
+    ),
+    "mini-swe-agent": ("mini", 'model = "openai/gpt-5"\napi_key_env = "OPENAI_API_KEY"\n'),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.sandboxed
 @pytest.mark.parametrize("runner", sorted(CLI_ROLES))
-def test_a_dry_run_on_gemini_opencode_or_aider_completes_offline(
-    tmp_path: Path, runner: str
-) -> None:
+def test_a_dry_run_on_each_newer_cli_runner_completes_offline(tmp_path: Path, runner: str) -> None:
     cli, model = CLI_ROLES[runner]
     role = f'runner = "{runner}"\nexecutable = {json.dumps(agent_cli(cli))}\n{model}timeout = 120\n'
     repo = make_user_repo(tmp_path, dict.fromkeys(ROLES, role))
@@ -561,8 +565,33 @@ def test_offline_binding_keeps_the_role_and_replaces_model_and_key() -> None:
     assert (other.model, other.base_url) == ("openai/gemini-2.5-pro", "http://h:1/v1")
     assert other.env[other.api_key_env or ""] == DUMMY_KEY
 
+    for runner in ("qwen", "copilot"):
+        bound = offline_binding(
+            RoleBinding(runner=runner, model="vendor/m-1", pass_env=["COPILOT_GITHUB_TOKEN"]),
+            "http://h:1",
+        )
+        assert (bound.model, bound.base_url, bound.pass_env) == ("m-1", "http://h:1/v1", [])
+        assert bound.env[bound.api_key_env or ""] == DUMMY_KEY
+    mini = offline_binding(RoleBinding(runner="mini-swe-agent", model="openai/gpt-5"), "http://h:1")
+    assert (mini.model, mini.base_url) == ("openai/gpt-5", "http://h:1/v1")
+    assert mini.env["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] == "1"
+    assert mini.extra_args == ["-c", "model.model_kwargs.max_retries=0"]
+
     command = RoleBinding(runner="command", command="my-agent")
     assert offline_binding(command, "http://h:1") is command
+
+
+def test_a_mini_swe_agent_role_s_default_turns_all_call_its_bash_tool() -> None:
+    runners = dict.fromkeys(ROLES, "mini-swe-agent")
+    for graph in (False, True):
+        scripts = default_scripts("mini-swe-agent", graph=graph, runners=runners)
+        for role, steps in scripts.items():
+            if role in runners:
+                assert all(s.tools and s.tools[0].name == "bash" for s in steps), role
+                assert "COMPLETE_TASK_AND_SUBMIT" in steps[-1].tools[0].input["command"], role
+    # Another runner's roles keep their plain answers.
+    mixed = default_scripts("claude-code", runners={"review": "mini-swe-agent"})
+    assert not mixed["plan"][0].tools and mixed["review"][0].tools
 
 
 def test_the_readme_script_example_loads(tmp_path: Path) -> None:

@@ -14,8 +14,6 @@ need no CLI: they pin how the runner reads opencode's events and configures it.
 from __future__ import annotations
 
 import json
-import subprocess
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -475,60 +473,3 @@ def _answered(steps: Sequence[Step], index: int | None) -> bool:
     if index is None or index >= len(steps):
         return False
     return steps[index].status == 200 and not steps[index].hang
-
-
-@slow
-def test_opencode_commands_do_not_see_the_model_key(tmp_path: Path, opencode: str, servers) -> None:
-    dump = bash("env > shell-env.txt; printf 'the feature\\n' > feature.txt")
-    server = servers(opencode_scripts(build=[Step(tools=(dump,)), Step(text="done")]))
-    repo = make_project(
-        tmp_path,
-        {
-            role: opencode_role(opencode, server.url)
-            for role in ("plan", "plan_review", "build", "review", "verification")
-        },
-    )
-    proc = run_ticket(repo, TICKET_ENV)
-    assert proc.returncode == 0, proc.stderr
-    seen = git(repo, "show", "main:shell-env.txt")
-    assert "PATH=" in seen and "XDG_DATA_HOME=" in seen
-    assert SENTINEL not in seen and KEY_VAR not in seen and OTHER_KEY not in seen
-    # while opencode itself held the key for the model
-    assert {r.key_sha for r in server.played(BUILD)} == {key_sha(SENTINEL)}
-    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, dirs=[repo / ".phasegate" / "agents"])
-
-
-@slow
-def test_a_session_opencode_no_longer_knows_is_started_afresh(
-    tmp_path: Path, opencode: str, servers, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    server = servers({"*": [Step(text="fresh answer")]})
-    monkeypatch.setenv(KEY_VAR, SENTINEL)
-    cwd = tmp_path / "worktree"
-    cwd.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=cwd, check=True)
-    binding = RoleBinding(
-        runner="opencode",
-        executable=opencode,
-        model="scripted-model",
-        base_url=server.url + "/v1",
-        api_key_env=KEY_VAR,
-    )
-    request = AgentRequest(
-        workflow_id="wf",
-        phase="planning",
-        role="plan",
-        session_line="main",
-        prompt="Plan it.",
-        cwd=cwd,
-        timeout_s=60,
-        read_only=True,
-        session_id="ses_forgottenlongago",
-        state_dir=tmp_path / "state",
-    )
-    result = OpencodeRunner(binding).run(request, threading.Event())
-    assert result.ok, result.error
-    assert result.text == "fresh answer"
-    assert result.session_id and result.session_id != "ses_forgottenlongago"
-    assert (result.input_tokens, result.output_tokens) == (100, 20)
-    assert len(server.requests) == 1

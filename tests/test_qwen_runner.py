@@ -17,7 +17,6 @@ import json
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -547,63 +546,6 @@ def test_real_qwen_error_paths_end_with_their_named_reason(
         assert_killed_at_timeout(builds, extra)
         assert processes_under(repo) == []  # the CLI and whatever it started were killed
     assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
-
-
-@slow
-def test_an_unparsable_answer_ends_as_garbage(tmp_path: Path, qwen: str, server_factory) -> None:
-    server = server_factory({**qwen_scripts(), PLAN_REVIEW: [Step(text="Looks nice, I guess.")]})
-    roles = {role: qwen_role(qwen, server.url) for role in ("plan", "plan_review")}
-    repo = make_project(tmp_path, roles, extra="[limits]\nagent_retries = 1\n", files=SCRIPTED)
-    proc = run_ticket(repo, TICKET_ENV, timeout=300)
-    assert proc.returncode == 1, proc.stderr
-    summary = json.loads(proc.stdout)
-    assert summary["current_phase"] == "planning" and summary["status"] in ("failed", "paused")
-    reviews = [r for r in show(repo, summary["id"])["agent_runs"] if r["role"] == "plan_review"]
-    assert [r["outcome"] for r in reviews] == ["garbage", "garbage"]
-    assert "garbage" in summary["error"] or "VERDICT" in summary["error"]
-    assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
-
-
-@slow
-def test_qwen_shell_commands_do_not_see_the_model_key(
-    tmp_path: Path, qwen: str, server_factory
-) -> None:
-    dump = ToolCall(
-        "run_shell_command", {"command": "env > shell-env.txt; printf 'f\\n' > feature.txt"}
-    )
-    server = server_factory(qwen_scripts(build=[Step(tools=(dump,)), Step(text="done")]))
-    roles = {role: qwen_role(qwen, server.url) for role in ("plan", "plan_review", "build")}
-    repo = make_project(tmp_path, roles, files=SCRIPTED)
-    proc = run_ticket(repo, TICKET_ENV, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    seen = git(repo, "show", "main:shell-env.txt")
-    assert "PATH=" in seen and "QWEN_CODE=1" in seen
-    assert SENTINEL not in seen and "OPENAI_API_KEY" not in seen and KEY_VAR not in seen
-    # while the CLI itself held the key for the model
-    assert {r.key_sha for r in server.played(BUILD)} == {key_sha(SENTINEL)}
-
-
-@slow
-def test_a_session_the_cli_no_longer_has_is_started_afresh(
-    tmp_path: Path, qwen: str, server_factory
-) -> None:
-    server = server_factory({"*": [Step(text="fresh answer")]})
-    runner = _real_runner(qwen, server.url)
-    cwd = tmp_path / "wt"
-    cwd.mkdir()
-    request = _request(cwd, state_dir=tmp_path / "state", read_only=True)
-    first = runner.run(request, threading.Event())
-    assert first.ok and first.text == "fresh answer" and first.session_id
-    again = runner.run(replace(request, session_id=first.session_id), threading.Event())
-    assert again.ok and again.session_id == first.session_id
-    assert len(server.played("*")[-1].body["messages"]) > len(
-        server.played("*")[0].body["messages"]
-    )
-    gone = runner.run(
-        replace(request, session_id="00000000-0000-4000-8000-000000000000"), threading.Event()
-    )
-    assert gone.ok and gone.session_id not in (None, "00000000-0000-4000-8000-000000000000")
-    assert len(server.requests) == 3  # the failed resume asked the model nothing
 
 
 @slow

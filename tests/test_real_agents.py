@@ -540,37 +540,6 @@ def test_a_failed_codex_build_spends_the_workflow_budget_and_pauses_it(
     assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
 
 
-def test_codex_commands_do_not_see_the_model_key(
-    tmp_path: Path, codex: str, server_factory
-) -> None:
-    dump = ToolCall(
-        "exec_command", {"cmd": "env > codex-shell-env.txt; printf 'f\\n' > feature.txt"}
-    )
-    scripts = {
-        PLAN: [Step(text="1. Create feature.txt.")],
-        PLAN_REVIEW: [Step(text="VERDICT: approve")],
-        BUILD: [Step(tools=(dump,)), Step(text="done")],
-        REVIEW: [Step(text="VERDICT: approve")],
-        VERIFY: [Step(text="VERDICT: confirmed")],
-    }
-    server = server_factory(scripts)
-    repo = make_project(
-        tmp_path,
-        {
-            role: codex_role(codex, server.url)
-            for role in ("plan", "plan_review", "build", "review", "verification")
-        },
-    )
-    proc = run_ticket(repo, TICKET_ENV)
-    assert proc.returncode == 0, proc.stderr
-    # In the worktree: the sandbox refuses a write beside it; the commit has it.
-    seen = git(repo, "show", "main:codex-shell-env.txt")
-    assert "PATH=" in seen
-    assert SENTINEL not in seen and "OPENAI_API_KEY" not in seen
-    # while Codex itself held the key for the model
-    assert {r.key_sha for r in server.requests if r.script == BUILD} == {key_sha(SENTINEL)}
-
-
 def test_the_own_sandbox_probe_agrees_with_codex_inside_phasegates_sandbox(
     tmp_path: Path, codex: str
 ) -> None:

@@ -2,8 +2,8 @@
 
 A dry run proves a cartridge before a real ticket spends money: the roles keep
 their runner, executable, tools and permissions, but every ``claude-code``,
-``codex``, ``gemini``, ``opencode``, ``aider`` and ``api`` role talks to a local
-``ScriptedModelServer`` (its
+``codex``, ``gemini``, ``opencode``, ``qwen``, ``copilot``, ``aider``,
+``mini-swe-agent`` and ``api`` role talks to a local ``ScriptedModelServer`` (its
 ``base_url`` and a dummy key replace the real ones) whose turns come from a
 script. ``command`` and ``scripted`` roles run as they are. Everything happens
 in a ``git clone --local --no-hardlinks`` of the repository in a temporary
@@ -32,14 +32,19 @@ The script (``--script FILE``) is TOML, one table per script::
 Each step is one model turn: ``text``, ``tools`` (calls ``{name, input}``:
 ``Write``/``Edit``/``Read``/``Bash`` for Claude Code, where ``{cwd}`` becomes
 the agent's working directory; ``exec_command`` with ``{cmd = "..."}`` for
-Codex; ``write_file`` ``{file_path, content}`` for Gemini CLI; ``write``
-``{filePath, content}`` for opencode; aider edits from the text itself, in its
-edit format), ``status`` (an HTTP error status), ``input_tokens``,
+Codex; ``write_file`` ``{file_path, content}`` for Gemini CLI and Qwen Code;
+``write`` ``{filePath, content}`` for opencode; ``bash`` ``{command,
+description}`` for Copilot CLI (its edit tools depend on the model: ``create``
+``{path, file_text}`` for most, ``apply_patch`` for GPT-5); ``bash``
+``{command}`` for mini-swe-agent, whose every turn calls it, the last one with ``echo
+COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``; aider edits from the text itself, in
+its edit format), ``status`` (an HTTP error status), ``input_tokens``,
 ``output_tokens``, ``delay_s``, ``hang``. A call plays its script from the
 first step; a turn that calls tools is answered by the next step. Roles the
 script leaves out get the built-in default: a plan, ``VERDICT: approve``, a
 build that writes ``phasegate-dry-run.txt`` with its CLI's own tool (a diff
-for ``api``), ``VERDICT: approve`` and ``VERDICT: confirmed``.
+for ``api``), ``VERDICT: approve`` and ``VERDICT: confirmed``; a
+mini-swe-agent role's default turns also submit, as mini needs.
 
 In graph mode (``[graph] enabled = true``) the roles' scripts are picked by
 the development graph's prompts (``GRAPH_ROLE_MARKERS``), every role is
@@ -60,7 +65,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +95,17 @@ __all__ = [
 ]
 
 #: Runners whose model the dry run replaces with the scripted model server.
-OFFLINE_RUNNERS = ("claude-code", "codex", "gemini", "opencode", "aider", "api")
+OFFLINE_RUNNERS = (
+    "claude-code",
+    "codex",
+    "gemini",
+    "opencode",
+    "qwen",
+    "copilot",
+    "aider",
+    "mini-swe-agent",
+    "api",
+)
 #: The file the default build script writes.
 DRY_RUN_FILE = "phasegate-dry-run.txt"
 DUMMY_KEY = "phasegate-dry-run-key"
@@ -203,9 +218,14 @@ _DIFF = f"""--- /dev/null
 """
 
 
-def default_scripts(build_runner: str | None, *, graph: bool = False) -> dict[str, list[Step]]:
+def default_scripts(
+    build_runner: str | None, *, graph: bool = False, runners: Mapping[str, str] | None = None
+) -> dict[str, list[Step]]:
     """The built-in script: every role answers acceptably; the build writes DRY_RUN_FILE
     with the tool its runner's CLI has (Write, exec_command) or a diff (api).
+
+    ``runners`` (role: runner) names the roles bound to mini-swe-agent, whose every
+    turn must call its bash tool: their turns also run the submit command.
 
     ``graph``: the cartridge runs the development graph, where every role is
     read-only: the build answers with the diff whatever its runner, plan_review
@@ -217,7 +237,7 @@ def default_scripts(build_runner: str | None, *, graph: bool = False) -> dict[st
     line = "Written by the build agent of a phasegate dry run."
     if graph:
         summary = f"Creates {DRY_RUN_FILE} holding one line; the checks find it."
-        return {
+        graph_scripts = {
             "scope_epic": [Step(text=f"SUBTASK: Create {DRY_RUN_FILE}")],
             "plan": [Step(text=f"1. Create {DRY_RUN_FILE} holding one line.\n2. Nothing else.")],
             "plan_alternative": [
@@ -242,6 +262,7 @@ def default_scripts(build_runner: str | None, *, graph: bool = False) -> dict[st
                 Step(text="The change does what the ticket asks.\nVERDICT: confirmed")
             ],
         }
+        return _submitting(graph_scripts, runners)
     if build_runner == "codex":
         shell = f"printf '%s\\n' '{line}' > {DRY_RUN_FILE}"
         build = [
@@ -250,9 +271,15 @@ def default_scripts(build_runner: str | None, *, graph: bool = False) -> dict[st
         ]
     elif build_runner == "api":
         build = [Step(text=f"```diff\n{_DIFF}```\n")]
-    elif build_runner == "gemini":
+    elif build_runner in ("gemini", "qwen"):
         write = ToolCall("write_file", {"file_path": "{cwd}/" + DRY_RUN_FILE, "content": line})
         build = [Step(tools=(write,)), Step(text=f"Created {DRY_RUN_FILE}.")]
+    elif build_runner in ("copilot", "mini-swe-agent"):
+        # Copilot's edit tools follow the model (a GPT-5 gets apply_patch, not create);
+        # its bash is offered to every model.
+        shell = f"printf '%s\\n' '{line}' > {DRY_RUN_FILE}"
+        run = ToolCall("bash", {"command": shell, "description": "write the file"})
+        build = [Step(text="Writing it.", tools=(run,)), Step(text=f"Created {DRY_RUN_FILE}.")]
     elif build_runner == "opencode":
         write = ToolCall("write", {"filePath": DRY_RUN_FILE, "content": line + "\n"})
         build = [Step(tools=(write,)), Step(text=f"Created {DRY_RUN_FILE}.")]
@@ -262,13 +289,35 @@ def default_scripts(build_runner: str | None, *, graph: bool = False) -> dict[st
     else:
         write = ToolCall("Write", {"file_path": "{cwd}/" + DRY_RUN_FILE, "content": line + "\n"})
         build = [Step(tools=(write,)), Step(text=f"Created {DRY_RUN_FILE}.")]
-    return {
-        "plan": [Step(text=f"1. Create {DRY_RUN_FILE} holding one line.\n2. Nothing else.")],
-        "plan_review": [Step(text="The plan is sound and testable.\nVERDICT: approve")],
-        "build": build,
-        "review": [Step(text="Correct and minimal.\nVERDICT: approve")],
-        "verification": [Step(text="The change does what the ticket asks.\nVERDICT: confirmed")],
-    }
+    return _submitting(
+        {
+            "plan": [Step(text=f"1. Create {DRY_RUN_FILE} holding one line.\n2. Nothing else.")],
+            "plan_review": [Step(text="The plan is sound and testable.\nVERDICT: approve")],
+            "build": build,
+            "review": [Step(text="Correct and minimal.\nVERDICT: approve")],
+            "verification": [
+                Step(text="The change does what the ticket asks.\nVERDICT: confirmed")
+            ],
+        },
+        runners,
+    )
+
+
+#: mini-swe-agent's submit command: a turn that runs it ends the call, its text the answer.
+_SUBMIT = ToolCall("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})
+
+
+def _submitting(
+    scripts: dict[str, list[Step]], runners: Mapping[str, str] | None
+) -> dict[str, list[Step]]:
+    """``scripts`` with each mini-swe-agent role's turns that call no tool running the
+    submit command: mini takes a turn without a bash call for a format error."""
+    for role, runner in (runners or {}).items():
+        if runner == "mini-swe-agent" and role in scripts:
+            scripts[role] = [
+                step if step.tools else replace(step, tools=(_SUBMIT,)) for step in scripts[role]
+            ]
+    return scripts
 
 
 def offline_binding(binding: RoleBinding, url: str) -> RoleBinding:
@@ -299,12 +348,16 @@ def offline_binding(binding: RoleBinding, url: str) -> RoleBinding:
     elif binding.runner == "gemini":
         data.update(base_url=url, api_key_env=None)  # the server speaks Gemini's API
         env["GEMINI_API_KEY"] = DUMMY_KEY
-    elif binding.runner == "opencode":
-        # An OpenAI-compatible provider of phasegate's, the model the binding's own id.
+    elif binding.runner in ("opencode", "qwen", "copilot"):
+        # An OpenAI-compatible provider, the model the binding's own id.
         name = (binding.model or "dry-run-model").rpartition("/")[2]
         data.update(base_url=f"{url}/v1", model=name, api_key_env="PHASEGATE_DRY_RUN_API_KEY")
         env["PHASEGATE_DRY_RUN_API_KEY"] = DUMMY_KEY
     else:
+        if binding.runner == "mini-swe-agent":
+            # One try a model call: mini's own retries, and the OpenAI client's under it.
+            env["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] = "1"
+            data["extra_args"] = [*binding.extra_args, "-c", "model.model_kwargs.max_retries=0"]
         if binding.runner == "aider":
             # Its edit format follows the model (gpt-5: search/replace blocks); the
             # built-in build answers in the "whole" one, which aider takes from any model.
@@ -443,7 +496,12 @@ def dry_run_workspace(
     script = dict(script or {})
     build = cartridge.roles.build
     graph = cartridge.graph.enabled
-    defaults = default_scripts(build.runner if build else None, graph=graph)
+    runners = {
+        name: binding.runner
+        for name in ALL_ROLES
+        if (binding := getattr(cartridge.roles, name)) is not None
+    }
+    defaults = default_scripts(build.runner if build else None, graph=graph, runners=runners)
     roles = set(ALL_ROLES)
     scripts: dict[str, Sequence[Step]] = {
         marker: steps for marker, steps in script.items() if marker not in roles

@@ -73,18 +73,23 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from phasegate.agents.base import AgentRequest, AgentResult, Violation
+from phasegate.agents.cli_runner import (
+    CliRunner,
+    Launch,
+    alias_key,
+    provider_key_env,
+    read_text,
+)
 from phasegate.agents.env import child_env
-from phasegate.agents.process import ProcessOutcome, run_agent_process
-from phasegate.config.cartridge import RoleBinding
+from phasegate.agents.process import ProcessOutcome
 
 __all__ = ["AiderRunner", "answers", "parse_run", "usage"]
 
@@ -231,18 +236,18 @@ def parse_run(
     return AgentResult(text, **fields)
 
 
-class AiderRunner:
+class AiderRunner(CliRunner):
     name = "aider"
-
-    def __init__(self, binding: RoleBinding) -> None:
-        self.binding = binding
+    program = "aider"
+    home_dir = "aider"
+    needs_model = True
+    live_output = False
 
     def argv(self, request: AgentRequest, files: dict[str, Path], *, restore: bool) -> list[str]:
         """The command line; ``files`` names the message, analytics log, LLM history,
         chat history, input history, env file and (optional) model metadata file."""
         b = self.binding
-        exe = b.executable or shutil.which("aider") or "aider"
-        args = [exe, "--message-file", str(files["message"]), *BASE_FLAGS]
+        args = [self.executable(), "--message-file", str(files["message"]), *BASE_FLAGS]
         args += ["--model", b.model or ""]
         if b.base_url:
             args += ["--openai-api-base", b.base_url]
@@ -275,18 +280,8 @@ class AiderRunner:
             # --yes-always accepts: let "opening" it do nothing.
             "BROWSER": "true",
         }
-        env = child_env(b, extra=extra)
-        alias = self._provider_key_env()
-        if b.api_key_env and alias and b.api_key_env in env and alias not in b.env:
-            env[alias] = env[b.api_key_env]
-        return env
-
-    def _provider_key_env(self) -> str | None:
-        model = self.binding.model or ""
-        if "/" not in model:
-            return "OPENAI_API_KEY" if model else None
-        provider = model.split("/", 1)[0]
-        return re.sub(r"[^A-Z0-9]", "_", provider.upper()) + "_API_KEY"
+        alias = provider_key_env(b.model or "", "OPENAI_API_KEY")
+        return alias_key(b, child_env(b, extra=extra), alias)
 
     def _write_metadata(self, home: Path) -> Path | None:
         """The binding's prices as aider's model metadata. Without prices, an entry
@@ -322,20 +317,15 @@ class AiderRunner:
         new = f"aider-{uuid.uuid4().hex}"
         return new, sessions / f"{new}.md", False
 
-    def run(
-        self,
-        request: AgentRequest,
-        cancel: threading.Event,
-        on_spawn: Callable[[int], None] | None = None,
-    ) -> AgentResult:
-        if request.state_dir is None:
-            return AgentResult("", error_kind="runner_error", error="aider needs a state dir")
-        if not self.binding.model:
-            return AgentResult("", error_kind="runner_error", error="aider needs a model")
-        home = request.state_dir / "aider"
-        sessions = home / "sessions"
-        sessions.mkdir(parents=True, exist_ok=True)
-        session_id, chat_history, restore = self.session(request, sessions)
+    @contextmanager
+    def prepare(self, request: AgentRequest) -> Iterator[dict[str, str]]:
+        home = self.home(request)
+        (home / "sessions").mkdir(parents=True, exist_ok=True)
+        yield self.environment(home)
+
+    def launch(self, request: AgentRequest, env: dict[str, str], *, resume: bool) -> Launch:
+        home = self.home(request)
+        session_id, chat_history, restore = self.session(request, home / "sessions")
         files = {
             "message": home / f"{request.role}.message.md",
             "analytics": home / f"{request.role}.analytics.jsonl",
@@ -350,41 +340,33 @@ class AiderRunner:
         files["message"].write_text(request.prompt, encoding="utf-8")
         for name in ("analytics", "llm_history"):
             files[name].unlink(missing_ok=True)  # never read a previous call's
-        outcome = run_agent_process(
-            self.argv(request, files, restore=restore),
-            cwd=request.cwd,
-            env=self.environment(home),
-            stdin="",
-            timeout_s=request.timeout_s,
-            cancel=cancel,
-            on_spawn=on_spawn,
-            confinement=request.confinement,
-            prompt=request.prompt,
+        argv = self.argv(request, files, restore=restore)
+        return Launch(argv, stdin="", session_id=session_id, files=files)
+
+    def inspect(self, outcome: ProcessOutcome, request: AgentRequest) -> ProcessOutcome:
+        return _refusals(outcome, request)
+
+    def stopped(
+        self, failure: AgentResult, outcome: ProcessOutcome, request: AgentRequest, launch: Launch
+    ) -> AgentResult:
+        spent = usage(read_text(launch.files["analytics"]))
+        return replace(
+            failure,
+            session_id=launch.session_id,
+            input_tokens=spent["input_tokens"],
+            output_tokens=spent["output_tokens"],
+            cost_usd=spent["cost_usd"],
         )
-        outcome = _refusals(outcome, request)
-        failure = outcome.failure(request.timeout_s)
-        if failure is not None:
-            spent = usage(_read_text(files["analytics"]))
-            return outcome.attach(
-                AgentResult(
-                    failure.text,
-                    error_kind=failure.error_kind,
-                    error=failure.error,
-                    session_id=session_id,
-                    input_tokens=spent["input_tokens"],
-                    output_tokens=spent["output_tokens"],
-                    cost_usd=spent["cost_usd"],
-                    duration_s=failure.duration_s,
-                )
-            )
-        return outcome.attach(
-            parse_run(
-                outcome,
-                _read_text(files["analytics"]),
-                _read_text(files["llm_history"]),
-                budget_usd=request.budget_usd,
-                session_id=session_id,
-            )
+
+    def finished(
+        self, outcome: ProcessOutcome, request: AgentRequest, launch: Launch
+    ) -> AgentResult:
+        return parse_run(
+            outcome,
+            read_text(launch.files["analytics"]),
+            read_text(launch.files["llm_history"]),
+            budget_usd=request.budget_usd,
+            session_id=launch.session_id,
         )
 
 
@@ -405,10 +387,3 @@ def _refusals(outcome: ProcessOutcome, request: AgentRequest) -> ProcessOutcome:
     if not found:
         return outcome
     return replace(outcome, violations=(*outcome.violations, *found))
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""  # it stopped before writing one

@@ -27,17 +27,16 @@
 from __future__ import annotations
 
 import json
-import shutil
-import threading
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from phasegate.agents.base import AgentRequest, AgentResult
+from phasegate.agents.cli_runner import CliRunner, Launch, appended, as_int
 from phasegate.agents.env import child_env
 from phasegate.agents.mcp import claude_allowed_tools, claude_config
-from phasegate.agents.process import ProcessOutcome, run_agent_process
-from phasegate.config.cartridge import RoleBinding
+from phasegate.agents.process import ProcessOutcome
 
 __all__ = ["ClaudeCodeRunner", "parse_result"]
 
@@ -61,13 +60,6 @@ def _last_json_object(stdout: str) -> dict[str, Any] | None:
     return None
 
 
-def _int(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
 def _tokens(data: dict[str, Any]) -> tuple[int, int]:
     """Input (cache reads and writes included) and output tokens of a result object.
 
@@ -78,21 +70,21 @@ def _tokens(data: dict[str, Any]) -> tuple[int, int]:
     usage = data.get("usage")
     usage = usage if isinstance(usage, dict) else {}
     from_usage = (
-        _int(usage.get("input_tokens"))
-        + _int(usage.get("cache_creation_input_tokens"))
-        + _int(usage.get("cache_read_input_tokens")),
-        _int(usage.get("output_tokens")),
+        as_int(usage.get("input_tokens"))
+        + as_int(usage.get("cache_creation_input_tokens"))
+        + as_int(usage.get("cache_read_input_tokens")),
+        as_int(usage.get("output_tokens")),
     )
     models = data.get("modelUsage")
     models = [m for m in models.values() if isinstance(m, dict)] if isinstance(models, dict) else []
     from_models = (
         sum(
-            _int(m.get("inputTokens"))
-            + _int(m.get("cacheReadInputTokens"))
-            + _int(m.get("cacheCreationInputTokens"))
+            as_int(m.get("inputTokens"))
+            + as_int(m.get("cacheReadInputTokens"))
+            + as_int(m.get("cacheCreationInputTokens"))
             for m in models
         ),
-        sum(_int(m.get("outputTokens")) for m in models),
+        sum(as_int(m.get("outputTokens")) for m in models),
     )
     return from_models if sum(from_models) > sum(from_usage) else from_usage
 
@@ -155,16 +147,14 @@ def write_private(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-class ClaudeCodeRunner:
+class ClaudeCodeRunner(CliRunner):
     name = "claude-code"
-
-    def __init__(self, binding: RoleBinding) -> None:
-        self.binding = binding
+    program = "claude"
+    home_dir = "claude-home"
 
     def argv(self, request: AgentRequest, *, resume: bool = True) -> list[str]:
         b = self.binding
-        exe = b.executable or shutil.which("claude") or "claude"
-        args = [exe, "-p", "--output-format", "json"]
+        args = [self.executable(), "-p", "--output-format", "json"]
         if request.read_only:
             tools = [*(b.allowed_tools or READ_ONLY_TOOLS), *claude_allowed_tools(b.mcp_servers)]
             args += [
@@ -194,18 +184,11 @@ class ClaudeCodeRunner:
             args += ["--resume", request.session_id]
         return [*args, *b.extra_args]
 
-    def run(
-        self,
-        request: AgentRequest,
-        cancel: threading.Event,
-        on_spawn: Callable[[int], None] | None = None,
-    ) -> AgentResult:
-        if request.state_dir is None:
-            return AgentResult("", error_kind="runner_error", error="claude-code needs a state dir")
-        home = request.state_dir / "claude-home"
-        home.mkdir(parents=True, exist_ok=True)
+    @contextmanager
+    def prepare(self, request: AgentRequest) -> Iterator[dict[str, str]]:
+        assert request.state_dir is not None  # run() refuses a request without one
         extra = {
-            "HOME": str(home),
+            "HOME": str(self.home(request)),
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_AUTOUPDATER": "1",
         }
@@ -218,53 +201,19 @@ class ClaudeCodeRunner:
             # -p connects MCP servers in the background: a server slower than the first
             # model request would miss it. Blocking, the first request has their tools.
             extra["MCP_CONNECTION_NONBLOCKING"] = "0"
-        env = child_env(self.binding, extra=extra)
-        result = self._once(request, cancel, on_spawn, env, resume=True)
-        if request.session_id and "No conversation found" in (result.error or result.text):
-            # The session is gone (its HOME was cleared): start the line afresh.
-            result = self._once(request, cancel, on_spawn, env, resume=False)
-        return result
+        yield child_env(self.binding, extra=extra)
 
-    def _once(
-        self,
-        request: AgentRequest,
-        cancel: threading.Event,
-        on_spawn: Callable[[int], None] | None,
-        env: dict[str, str],
-        *,
-        resume: bool,
-    ) -> AgentResult:
-        outcome = run_agent_process(
+    def launch(self, request: AgentRequest, env: dict[str, str], *, resume: bool) -> Launch:
+        return Launch(
             self.argv(request, resume=resume),
-            cwd=request.cwd,
-            env=env,
-            stdin=request.prompt,
-            timeout_s=request.timeout_s,
-            cancel=cancel,
-            on_spawn=on_spawn,
-            confinement=request.confinement,
-            on_output=request.on_output,
             # Its tools' output is in its session transcripts, not in the JSON result.
-            transcript=_appended(Path(env["HOME"]) / ".claude" / "projects"),
+            transcript=appended(Path(env["HOME"]) / ".claude" / "projects", "*/*.jsonl"),
         )
-        return outcome.attach(outcome.failure(request.timeout_s) or parse_result(outcome))
 
+    def finished(
+        self, outcome: ProcessOutcome, request: AgentRequest, launch: Launch
+    ) -> AgentResult:
+        return parse_result(outcome)
 
-def _appended(projects: Path) -> Callable[[], str]:
-    """What is written to the session transcripts (``*.jsonl``) under ``projects``
-    from now on, read when the returned function is called."""
-
-    def sizes() -> dict[Path, int]:
-        return {path: path.stat().st_size for path in projects.glob("*/*.jsonl")}
-
-    before = sizes()
-
-    def read() -> str:
-        texts = []
-        for path in sizes():
-            with path.open("rb") as f:
-                f.seek(before.get(path, 0))
-                texts.append(f.read().decode("utf-8", "replace"))
-        return "\n".join(texts)
-
-    return read
+    def session_gone(self, result: AgentResult) -> bool:
+        return "No conversation found" in (result.error or result.text)

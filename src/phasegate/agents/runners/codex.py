@@ -47,17 +47,17 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from phasegate.agents.base import AgentRequest, AgentResult
+from phasegate.agents.cli_runner import CliRunner, Launch, json_lines
 from phasegate.agents.env import child_env
 from phasegate.agents.mcp import codex_toml
-from phasegate.agents.process import ProcessOutcome, run_agent_process
-from phasegate.config.cartridge import RoleBinding
+from phasegate.agents.process import ProcessOutcome
 from phasegate.proc.sandbox import Bubblewrap, Confinement
 
 __all__ = ["CodexRunner", "own_sandbox_fails", "parse_events", "rollout_totals"]
@@ -70,13 +70,7 @@ def _toml_str(value: str) -> str:
 def parse_events(stdout: str) -> dict[str, Any]:
     """Thread id, answer text, running usage totals and the failure of a JSON-lines run."""
     parsed: dict[str, Any] = {"thread_id": None, "text": "", "usage": None, "failure": None}
-    for line in stdout.splitlines():
-        if not line.startswith("{"):
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for event in json_lines(stdout):
         kind = event.get("type")
         item = event.get("item") or {}
         if kind == "thread.started":
@@ -169,11 +163,10 @@ def own_sandbox_fails(network: bool = True) -> str | None:
     return why[-1] if why else f"exit code {done.returncode}"
 
 
-class CodexRunner:
+class CodexRunner(CliRunner):
     name = "codex"
-
-    def __init__(self, binding: RoleBinding) -> None:
-        self.binding = binding
+    program = "codex"
+    home_dir = "codex-home"
 
     def _write_config(self, home: Path) -> None:
         b = self.binding
@@ -208,13 +201,12 @@ class CodexRunner:
         """The ``codex exec`` command line for ``request``: Codex's own sandbox
         ``read-only`` or ``workspace-write``, or ``danger-full-access`` inside
         phasegate's sandbox where Codex's cannot start (``own_sandbox_fails``)."""
-        exe = self.binding.executable or shutil.which("codex") or "codex"
         sandbox = "read-only" if request.read_only else "workspace-write"
         c = request.confinement
         if c is not None and c.confined and own_sandbox_fails(c.network) is not None:
             sandbox = "danger-full-access"  # phasegate's bwrap confines every command
         args = [
-            exe,
+            self.executable(),
             "exec",
             "--skip-git-repo-check",
             "--json",
@@ -228,63 +220,34 @@ class CodexRunner:
             args += ["resume", request.session_id]
         return [*args, "-"]
 
-    def run(
-        self,
-        request: AgentRequest,
-        cancel: threading.Event,
-        on_spawn: Callable[[int], None] | None = None,
-    ) -> AgentResult:
-        if request.state_dir is None:
-            return AgentResult("", error_kind="runner_error", error="codex needs a state dir")
-        home = request.state_dir / "codex-home"
-        home.mkdir(parents=True, exist_ok=True)
+    @contextmanager
+    def prepare(self, request: AgentRequest) -> Iterator[dict[str, str]]:
+        assert request.state_dir is not None  # run() refuses a request without one
+        home = self.home(request)
         self._write_config(home)
         # Not the temp dir CODEX_HOME may lie under (a dry run's clone is in /tmp):
         # there Codex makes no codex-linux-sandbox alias and its bwrap runs nothing.
         tmp = tempfile.mkdtemp(prefix="codex-tmp-", dir=request.state_dir)
         extra = {"HOME": str(home), "CODEX_HOME": str(home), "TMPDIR": tmp}
-        env = child_env(self.binding, extra=extra)
         try:
-            result = self._once(request, cancel, on_spawn, env, home, resume=True)
-            if (
-                request.session_id
-                and result.error_kind == "exit_code"
-                and "not found" in (result.error or "")
-            ):
-                result = self._once(request, cancel, on_spawn, env, home, resume=False)
+            yield child_env(self.binding, extra=extra)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # Codex's mount targets, its commands' files
-        return result
 
-    def _once(
-        self,
-        request: AgentRequest,
-        cancel: threading.Event,
-        on_spawn: Callable[[int], None] | None,
-        env: dict[str, str],
-        home: Path,
-        *,
-        resume: bool,
+    def launch(self, request: AgentRequest, env: dict[str, str], *, resume: bool) -> Launch:
+        return Launch(self.argv(request, resume=resume))
+
+    def session_gone(self, result: AgentResult) -> bool:
+        return result.error_kind == "exit_code" and "not found" in (result.error or "")
+
+    def stopped(
+        self, failure: AgentResult, outcome: ProcessOutcome, request: AgentRequest, launch: Launch
     ) -> AgentResult:
-        outcome = run_agent_process(
-            self.argv(request, resume=resume),
-            cwd=request.cwd,
-            env=env,
-            stdin=request.prompt,
-            timeout_s=request.timeout_s,
-            cancel=cancel,
-            on_spawn=on_spawn,
-            confinement=request.confinement,
-            on_output=request.on_output,
-        )
-        failure = outcome.failure(request.timeout_s)
-        if failure is None:
-            return outcome.attach(self._result(outcome, home))
-        if failure.error_kind == "timeout":
-            # killed mid-turn: what the answered turns cost is in the session log
-            thread = parse_events(outcome.stdout)["thread_id"]
-            return outcome.attach(replace(failure, **self._spend(home, thread, None)))
-        return outcome.attach(failure)
+        if failure.error_kind != "timeout":
+            return failure
+        # killed mid-turn: what the answered turns cost is in the session log
+        thread = parse_events(outcome.stdout)["thread_id"]
+        return replace(failure, **self._spend(self.home(request), thread, None))
 
     def _spend(
         self, home: Path, thread: str | None, usage: dict[str, Any] | None
@@ -292,23 +255,17 @@ class CodexRunner:
         """This call's tokens and cost: ``usage`` (``turn.completed``'s running totals)
         or, when the call ended without it, the session log's, less what earlier calls
         on the thread were charged."""
-        input_tokens, output_tokens = self._usage_delta(
-            home, thread, usage or rollout_totals(home, thread)
-        )
-        b = self.binding
-        cost = (
-            input_tokens * (b.input_usd_per_mtok or 0.0)
-            + output_tokens * (b.output_usd_per_mtok or 0.0)
-        ) / 1_000_000
-        return {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost_usd": cost}
+        return self.priced(*self._usage_delta(home, thread, usage or rollout_totals(home, thread)))
 
-    def _result(self, outcome: ProcessOutcome, home: Path) -> AgentResult:
+    def finished(
+        self, outcome: ProcessOutcome, request: AgentRequest, launch: Launch
+    ) -> AgentResult:
         parsed = parse_events(outcome.stdout)
         thread = parsed["thread_id"]
         fields: dict[str, Any] = {
             "exit_code": outcome.returncode,
             "session_id": thread,
-            **self._spend(home, thread, parsed["usage"]),
+            **self._spend(self.home(request), thread, parsed["usage"]),
             "duration_s": outcome.duration_s,
         }
         model_error = None

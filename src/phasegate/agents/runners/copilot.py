@@ -66,22 +66,21 @@ How phasegate drives it:
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
-import shutil
 import subprocess
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from phasegate.agents.base import AgentRequest, AgentResult, json_object
+from phasegate.agents.cli_runner import CliRunner, Launch, as_int, json_lines
 from phasegate.agents.env import child_env
-from phasegate.agents.process import ProcessOutcome, run_agent_process
-from phasegate.config.cartridge import RoleBinding
+from phasegate.agents.process import ProcessOutcome
 
 __all__ = [
     "BUILD_EXCLUDED",
@@ -113,28 +112,6 @@ _UNPACK_TIMEOUT_S = 300.0
 _unpack_lock = threading.Lock()
 
 
-def _int(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _events(text: str) -> list[dict[str, Any]]:
-    """The JSON objects of ``text``, one a line; other lines are skipped."""
-    found = []
-    for line in text.splitlines():
-        if not line.startswith("{"):
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(event, dict):
-            found.append(event)
-    return found
-
-
 def parse_events(stdout: str) -> dict[str, Any]:
     """What a ``--output-format json`` run printed: ``session_id`` (the ``result``
     line's), ``text`` (the last assistant message with any content),
@@ -143,7 +120,7 @@ def parse_events(stdout: str) -> dict[str, Any]:
     or None)."""
     parsed: dict[str, Any] = {"session_id": None, "text": "", "refused": [], "error": None}
     tools: dict[str, str] = {}
-    for event in _events(stdout):
+    for event in json_lines(stdout):
         kind = event.get("type")
         data = json_object(event.get("data"))
         if kind == "result":
@@ -172,15 +149,15 @@ def usage_since(events_file: Path, offset: int) -> tuple[int, int]:
     except OSError:
         return 0, 0
     tokens_in = tokens_out = 0
-    for event in _events(text):
+    for event in json_lines(text):
         if event.get("type") != "session.usage_record":
             continue
         data = json_object(event.get("data"))
         usage = json_object(data.get("usage"))
         # inputTokens holds the cache reads already (cacheReadTokens is their share),
         # outputTokens the reasoning: from OpenAI's and Anthropic's usage alike.
-        tokens_in += _int(usage.get("inputTokens"))
-        tokens_out += _int(usage.get("outputTokens"))
+        tokens_in += as_int(usage.get("inputTokens"))
+        tokens_out += as_int(usage.get("outputTokens"))
     return tokens_in, tokens_out
 
 
@@ -240,14 +217,9 @@ def package_cache(exe: str, environ: dict[str, str] | None = None) -> Path | Non
     return root if list(root.glob(f"pkg/*/{version}/.extraction-complete")) else None
 
 
-class CopilotRunner:
+class CopilotRunner(CliRunner):
     name = "copilot"
-
-    def __init__(self, binding: RoleBinding) -> None:
-        self.binding = binding
-
-    def executable(self) -> str:
-        return self.binding.executable or shutil.which("copilot") or "copilot"
+    program = "copilot"
 
     def argv(self, request: AgentRequest, session_id: str, *, resume: bool) -> list[str]:
         """The command line of one call: ``--resume`` an existing session, or
@@ -290,73 +262,49 @@ class CopilotRunner:
             env[_KEY_VAR] = env.pop(b.api_key_env)
         return env
 
-    def run(
-        self,
-        request: AgentRequest,
-        cancel: threading.Event,
-        on_spawn: Callable[[int], None] | None = None,
-    ) -> AgentResult:
-        if request.state_dir is None:
-            return AgentResult("", error_kind="runner_error", error="copilot needs a state dir")
-        home = request.state_dir / "copilot-home"
-        home.mkdir(parents=True, exist_ok=True)
-        env = self.env(home, package_cache(self.executable()))
-        if request.session_id:
-            result = self._once(request, cancel, on_spawn, env, request.session_id, resume=True)
-            if _UNKNOWN_SESSION not in (result.error or ""):
-                return result
-            # The session is gone (its home was cleared): start the line afresh.
-        return self._once(request, cancel, on_spawn, env, str(uuid.uuid4()), resume=False)
+    @contextmanager
+    def prepare(self, request: AgentRequest) -> Iterator[dict[str, str]]:
+        yield self.env(self.home(request), package_cache(self.executable()))
 
-    def _once(
-        self,
-        request: AgentRequest,
-        cancel: threading.Event,
-        on_spawn: Callable[[int], None] | None,
-        env: dict[str, str],
-        session_id: str,
-        *,
-        resume: bool,
-    ) -> AgentResult:
+    def launch(self, request: AgentRequest, env: dict[str, str], *, resume: bool) -> Launch:
+        """``--resume`` the request's session, else ``--session-id`` a new one (so its
+        events file, where its usage is, is known before it ends)."""
+        resume = resume and bool(request.session_id)
+        session_id = request.session_id if resume and request.session_id else str(uuid.uuid4())
         events_file = Path(env["COPILOT_HOME"]) / "session-state" / session_id / "events.jsonl"
         try:
             offset = events_file.stat().st_size
         except OSError:
             offset = 0
-        outcome = run_agent_process(
+        return Launch(
             self.argv(request, session_id, resume=resume),
-            cwd=request.cwd,
-            env=env,
-            stdin=request.prompt,
-            timeout_s=request.timeout_s,
-            cancel=cancel,
-            on_spawn=on_spawn,
-            confinement=request.confinement,
-            on_output=request.on_output,
+            session_id=session_id,
+            files={"events": events_file},
+            spent=lambda: usage_since(events_file, offset),
         )
-        spend = self._spend(*usage_since(events_file, offset))
-        failure = outcome.failure(request.timeout_s)
-        if failure is not None:
-            # Killed mid-run: the turns that finished are in its events file.
-            known = session_id if events_file.exists() else None
-            return outcome.attach(replace(failure, session_id=known, **spend))
-        return outcome.attach(self._result(outcome, spend))
 
-    def _spend(self, tokens_in: int, tokens_out: int) -> dict[str, Any]:
-        b = self.binding
-        cost = (
-            tokens_in * (b.input_usd_per_mtok or 0.0) + tokens_out * (b.output_usd_per_mtok or 0.0)
-        ) / 1_000_000
-        return {"input_tokens": tokens_in, "output_tokens": tokens_out, "cost_usd": cost}
+    def session_gone(self, result: AgentResult) -> bool:
+        return _UNKNOWN_SESSION in (result.error or "")
 
-    def _result(self, outcome: ProcessOutcome, spend: dict[str, Any]) -> AgentResult:
+    def stopped(
+        self, failure: AgentResult, outcome: ProcessOutcome, request: AgentRequest, launch: Launch
+    ) -> AgentResult:
+        # Killed mid-run: the turns that finished are in its events file.
+        assert launch.spent is not None
+        known = launch.session_id if launch.files["events"].exists() else None
+        return replace(failure, session_id=known, **self.priced(*launch.spent()))
+
+    def finished(
+        self, outcome: ProcessOutcome, request: AgentRequest, launch: Launch
+    ) -> AgentResult:
+        assert launch.spent is not None
         parsed = parse_events(outcome.stdout)
         text = parsed["text"]
         fields: dict[str, Any] = {
             "exit_code": outcome.returncode,
             "session_id": parsed["session_id"],
             "duration_s": outcome.duration_s,
-            **spend,
+            **self.priced(*launch.spent()),
         }
         model_error = None
         if parsed["error"] is not None:

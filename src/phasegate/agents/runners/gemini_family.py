@@ -28,33 +28,24 @@ Gemini CLI's stream (0.61, ``StreamJsonFormatter``), one JSON object a line:
 from __future__ import annotations
 
 import json
-import shutil
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from phasegate.agents.base import AgentRequest, AgentResult, json_object
+from phasegate.agents.cli_runner import CliRunner, Launch, appended, as_int, json_lines
 from phasegate.agents.env import child_env
 from phasegate.agents.mcp import gemini_servers
-from phasegate.agents.process import ProcessOutcome, run_agent_process
-from phasegate.config.cartridge import RoleBinding
+from phasegate.agents.process import ProcessOutcome
 
-__all__ = ["GeminiFamilyRunner", "StreamSummary", "appended", "parse_stream", "transcript_tokens"]
+__all__ = ["GeminiFamilyRunner", "StreamSummary", "parse_stream", "transcript_tokens"]
 
 #: Tool errors that mean the program refused the call (not offered, or denied by policy).
 REFUSED_TOOL_ERRORS = frozenset({"tool_not_registered", "policy_violation"})
 #: What a refused call that was offered (a setting allowed it) says, non-interactive.
 _NEEDS_CONFIRMATION = "requires user confirmation"
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
 
 
 @dataclass
@@ -84,15 +75,7 @@ def parse_stream(stdout: str) -> StreamSummary:
     the thinking tokens (billed as output) only in the total."""
     summary = StreamSummary()
     tools: dict[str, str] = {}
-    for line in stdout.splitlines():
-        if not line.startswith("{"):
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(event, dict):
-            continue
+    for event in json_lines(stdout):
         kind = event.get("type")
         if kind == "init":
             summary.session_id = event.get("session_id") or summary.session_id
@@ -115,32 +98,12 @@ def parse_stream(stdout: str) -> StreamSummary:
             summary.error_type = str(error.get("type") or "")
             summary.error_message = str(error.get("message") or "")
             stats = json_object(event.get("stats"))
-            summary.input_tokens = _int(stats.get("input_tokens"))
+            summary.input_tokens = as_int(stats.get("input_tokens"))
             summary.output_tokens = max(
-                _int(stats.get("output_tokens")),
-                _int(stats.get("total_tokens")) - summary.input_tokens,
+                as_int(stats.get("output_tokens")),
+                as_int(stats.get("total_tokens")) - summary.input_tokens,
             )
     return summary
-
-
-def appended(root: Path, pattern: str) -> Callable[[], str]:
-    """What is written to the files under ``root`` matching ``pattern`` from now on,
-    read when the returned function is called (a call's part of its session logs)."""
-
-    def sizes() -> dict[Path, int]:
-        return {path: path.stat().st_size for path in root.glob(pattern)}
-
-    before = sizes()
-
-    def read() -> str:
-        texts = []
-        for path in sizes():
-            with path.open("rb") as f:
-                f.seek(before.get(path, 0))
-                texts.append(f.read().decode("utf-8", "replace"))
-        return "\n".join(texts)
-
-    return read
 
 
 def transcript_tokens(text: str) -> tuple[int, int]:
@@ -158,14 +121,14 @@ def transcript_tokens(text: str) -> tuple[int, int]:
         tokens = record.get("tokens") if isinstance(record, dict) else None
         if not isinstance(tokens, dict):
             continue
-        used = _int(tokens.get("input"))
-        out = max(_int(tokens.get("output")) + _int(tokens.get("thoughts")), 0)
-        out = max(out, _int(tokens.get("total")) - used)
+        used = as_int(tokens.get("input"))
+        out = max(as_int(tokens.get("output")) + as_int(tokens.get("thoughts")), 0)
+        out = max(out, as_int(tokens.get("total")) - used)
         by_id[str(record.get("id"))] = (used, out)
     return sum(t[0] for t in by_id.values()), sum(t[1] for t in by_id.values())
 
 
-class GeminiFamilyRunner:
+class GeminiFamilyRunner(CliRunner):
     """A runner for a CLI of Gemini CLI's family. Subclasses set the class
     attributes and ``settings``/``model_env``; ``parse`` may be overridden for a
     fork whose stream differs."""
@@ -190,9 +153,7 @@ class GeminiFamilyRunner:
     #: in a non-interactive run) and the build role's (every tool without asking).
     read_only_mode = "default"
     write_mode = "yolo"
-
-    def __init__(self, binding: RoleBinding) -> None:
-        self.binding = binding
+    live_output = False
 
     # -- what a subclass says ------------------------------------------------------
 
@@ -230,86 +191,64 @@ class GeminiFamilyRunner:
 
     def argv(self, request: AgentRequest, *, resume: bool = True) -> list[str]:
         b = self.binding
-        exe = b.executable or shutil.which(self.program) or self.program
         mode = self.read_only_mode if request.read_only else self.write_mode
-        args = [exe, *self.prompt_args, "--output-format", "stream-json", "--approval-mode", mode]
+        args = [
+            self.executable(),
+            *self.prompt_args,
+            "--output-format",
+            "stream-json",
+            "--approval-mode",
+            mode,
+        ]
         if b.model:
             args += ["--model", b.model]
         if resume and request.session_id:
             args += ["--resume", request.session_id]
         return [*args, *b.extra_args]
 
-    def run(
-        self,
-        request: AgentRequest,
-        cancel: threading.Event,
-        on_spawn: Callable[[int], None] | None = None,
-    ) -> AgentResult:
-        if request.state_dir is None:
-            return AgentResult(
-                "", error_kind="runner_error", error=f"{self.name} needs a state dir"
-            )
-        home = request.state_dir / f"{self.name}-home"
-        config = home / self.config_dir
+    def config(self, request: AgentRequest) -> Path:
+        """The program's directory under its HOME: settings, sessions, logs."""
+        return self.home(request) / self.config_dir
+
+    @contextmanager
+    def prepare(self, request: AgentRequest) -> Iterator[dict[str, str]]:
+        config = self.config(request)
         config.mkdir(parents=True, exist_ok=True)
         settings = self.settings(request)
         if self.binding.mcp_servers:
             settings["mcpServers"] = self.mcp_setting()
         (config / "settings.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
         (config / "settings.json").chmod(0o600)  # an MCP server's env may hold a key
-        extra = {"HOME": str(home)}
+        extra = {"HOME": str(self.home(request))}
         if request.read_only and self.trust_var:
             # What the build may have written into the checkout (a .gemini/settings.json
             # allowing the shell, hooks, MCP servers) does not configure a reviewer.
             extra[self.trust_var] = "false"
         with self.call_env(request, extra) as env:
-            result = self._once(request, cancel, on_spawn, env, config, resume=True)
-            code, phrase = self.resume_failed
-            if request.session_id and result.exit_code == code and phrase in (result.error or ""):
-                # The session is gone (its HOME was cleared, or another checkout): afresh.
-                result = self._once(request, cancel, on_spawn, env, config, resume=False)
-        return result
+            yield env
 
-    def _once(
-        self,
-        request: AgentRequest,
-        cancel: threading.Event,
-        on_spawn: Callable[[int], None] | None,
-        env: dict[str, str],
-        config: Path,
-        *,
-        resume: bool,
-    ) -> AgentResult:
+    def launch(self, request: AgentRequest, env: dict[str, str], *, resume: bool) -> Launch:
         # Its tools' output is in its session logs, not in the stream.
-        transcript = appended(config, self.chats_glob)
-        outcome = run_agent_process(
-            self.argv(request, resume=resume),
-            cwd=request.cwd,
-            env=env,
-            stdin=request.prompt,
-            timeout_s=request.timeout_s,
-            cancel=cancel,
-            on_spawn=on_spawn,
-            confinement=request.confinement,
-            transcript=transcript,
-        )
-        failure = outcome.failure(request.timeout_s)
-        if failure is None:
-            return outcome.attach(self.result(outcome, request))
-        # Killed mid-run: what its answered turns cost is in the session log.
-        spent = self.spent(outcome.stdout, transcript())
-        summary = self.parse(outcome.stdout)
-        return outcome.attach(
-            replace(failure, session_id=summary.session_id, **self._priced(*spent))
-        )
+        transcript = appended(self.config(request), self.chats_glob)
+        return Launch(self.argv(request, resume=resume), transcript=transcript)
 
-    def _priced(self, input_tokens: int, output_tokens: int) -> dict[str, Any]:
-        b = self.binding
-        cost = (
-            input_tokens * (b.input_usd_per_mtok or 0.0)
-            + output_tokens * (b.output_usd_per_mtok or 0.0)
-        ) / 1_000_000
-        return {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost_usd": cost}
+    def session_gone(self, result: AgentResult) -> bool:
+        code, phrase = self.resume_failed
+        return result.exit_code == code and phrase in (result.error or "")
+
+    def stopped(
+        self, failure: AgentResult, outcome: ProcessOutcome, request: AgentRequest, launch: Launch
+    ) -> AgentResult:
+        # Killed mid-run: what its answered turns cost is in the session log.
+        assert launch.transcript is not None
+        spent = self.spent(outcome.stdout, launch.transcript())
+        summary = self.parse(outcome.stdout)
+        return replace(failure, session_id=summary.session_id, **self.priced(*spent))
+
+    def finished(
+        self, outcome: ProcessOutcome, request: AgentRequest, launch: Launch
+    ) -> AgentResult:
+        return self.result(outcome, request)
 
     def result(self, outcome: ProcessOutcome, request: AgentRequest) -> AgentResult:
         """The AgentResult of a process that ended on its own."""
@@ -318,7 +257,7 @@ class GeminiFamilyRunner:
             "exit_code": outcome.returncode,
             "session_id": s.session_id,
             "duration_s": outcome.duration_s,
-            **self._priced(s.input_tokens, s.output_tokens),
+            **self.priced(s.input_tokens, s.output_tokens),
         }
         program = self.name
         said = (s.error_message if s.result is not None else outcome.tail())[:500]

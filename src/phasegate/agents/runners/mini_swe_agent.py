@@ -74,16 +74,15 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from phasegate.agents.base import AgentRequest, AgentResult
+from phasegate.agents.cli_runner import CliRunner, Launch, alias_key, provider_key_env, read_text
 from phasegate.agents.env import child_env
-from phasegate.agents.process import ProcessOutcome, run_agent_process
-from phasegate.config.cartridge import RoleBinding
+from phasegate.agents.process import ProcessOutcome
 
 __all__ = ["MiniSweAgentRunner", "parse_trajectory"]
 
@@ -224,11 +223,11 @@ def parse_trajectory(
     )
 
 
-class MiniSweAgentRunner:
+class MiniSweAgentRunner(CliRunner):
     name = "mini-swe-agent"
-
-    def __init__(self, binding: RoleBinding) -> None:
-        self.binding = binding
+    program = "mini"
+    home_dir = "mini-swe-agent"
+    needs_model = True
 
     def config(self, request: AgentRequest, registry: Path | None) -> dict[str, Any]:
         """The config file's content (merged over nothing: it replaces ``mini.yaml``)."""
@@ -265,9 +264,8 @@ class MiniSweAgentRunner:
         return max(request.budget_usd, 0.0001)
 
     def argv(self, config: Path, trajectory: Path) -> list[str]:
-        exe = self.binding.executable or shutil.which("mini") or "mini"
         return [
-            exe,
+            self.executable(),
             "--agent-class",
             "default",
             "-c",
@@ -288,18 +286,8 @@ class MiniSweAgentRunner:
             # A plain traceback on failure: typer's rich one takes seconds to render.
             "_TYPER_STANDARD_TRACEBACK": "1",
         }
-        env = child_env(b, extra=extra)
-        alias = self._provider_key_env()
-        if b.api_key_env and alias and b.api_key_env in env and alias not in b.env:
-            env[alias] = env[b.api_key_env]
-        return env
-
-    def _provider_key_env(self) -> str | None:
-        model = self.binding.model or ""
-        if "/" not in model:
-            return None
-        provider = model.split("/", 1)[0]
-        return re.sub(r"[^A-Z0-9]", "_", provider.upper()) + "_API_KEY"
+        alias = provider_key_env(b.model or "", None)
+        return alias_key(b, child_env(b, extra=extra), alias)
 
     def _write_registry(self, home: Path) -> Path | None:
         b = self.binding
@@ -316,57 +304,34 @@ class MiniSweAgentRunner:
         path.write_text(json.dumps({model: entry}), encoding="utf-8")
         return path
 
-    def run(
-        self,
-        request: AgentRequest,
-        cancel: threading.Event,
-        on_spawn: Callable[[int], None] | None = None,
-    ) -> AgentResult:
-        if request.state_dir is None:
-            return AgentResult(
-                "", error_kind="runner_error", error="mini-swe-agent needs a state dir"
-            )
-        if not self.binding.model:
-            return AgentResult("", error_kind="runner_error", error="mini-swe-agent needs a model")
-        home = request.state_dir / "mini-swe-agent"
-        home.mkdir(parents=True, exist_ok=True)
+    @contextmanager
+    def prepare(self, request: AgentRequest) -> Iterator[dict[str, str]]:
+        yield self.environment(self.home(request))
+
+    def launch(self, request: AgentRequest, env: dict[str, str], *, resume: bool) -> Launch:
+        home = self.home(request)
         config = self.config(request, self._write_registry(home))
         config_path = home / f"{request.role}.config.yaml"
         config_path.write_text(_yaml_safe_json(config), encoding="utf-8")
-        trajectory_path = home / f"{request.role}.traj.json"
-        trajectory_path.unlink(missing_ok=True)  # never read a previous call's
-        outcome = run_agent_process(
-            self.argv(config_path, trajectory_path),
-            cwd=request.cwd,
-            env=self.environment(home),
+        trajectory = home / f"{request.role}.traj.json"
+        trajectory.unlink(missing_ok=True)  # never read a previous call's
+        return Launch(
+            self.argv(config_path, trajectory),
             stdin="",
-            timeout_s=request.timeout_s,
-            cancel=cancel,
-            on_spawn=on_spawn,
-            confinement=request.confinement,
-            on_output=request.on_output,
             # The commands' outputs are in the trajectory, not on stdout.
-            transcript=lambda: _read_text(trajectory_path),
-            prompt=request.prompt,
-        )
-        failure = outcome.failure(request.timeout_s)
-        if failure is not None:
-            return outcome.attach(failure)
-        return outcome.attach(
-            parse_trajectory(
-                outcome,
-                _read_json(trajectory_path),
-                step_limit=config["agent"]["step_limit"],
-                cost_limit=config["agent"]["cost_limit"],
-            )
+            transcript=lambda: read_text(trajectory),
+            files={"trajectory": trajectory},
         )
 
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""  # it stopped before writing one
+    def finished(
+        self, outcome: ProcessOutcome, request: AgentRequest, launch: Launch
+    ) -> AgentResult:
+        return parse_trajectory(
+            outcome,
+            _read_json(launch.files["trajectory"]),
+            step_limit=self.binding.max_turns or 0,
+            cost_limit=self._cost_limit(request),
+        )
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -69,21 +69,20 @@ How phasegate drives it:
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
-import threading
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from phasegate.agents.base import AgentRequest, AgentResult, json_object
+from phasegate.agents.cli_runner import CliRunner, Launch, as_int, json_lines, write_secret
 from phasegate.agents.env import child_env
 from phasegate.agents.mcp import opencode_servers
-from phasegate.agents.process import ProcessOutcome, run_agent_process
-from phasegate.config.cartridge import RoleBinding
+from phasegate.agents.process import ProcessOutcome
 
 __all__ = ["BUILD_PERMISSION", "OpencodeRunner", "READ_ONLY_PERMISSION", "parse_events"]
 
@@ -143,13 +142,6 @@ _SCHEMA_STAMP = '{\n  "$schema": "https://opencode.ai/config.json",'
 _REFUSALS = ("rejected permission", "unavailable tool", "rule which prevents you")
 
 
-def _int(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
 def _float(value: Any) -> float:
     try:
         return float(value or 0.0)
@@ -174,15 +166,7 @@ def parse_events(stdout: str) -> dict[str, Any]:
         "error": None,
     }
     texts: dict[str, list[str]] = {}
-    for line in stdout.splitlines():
-        if not line.startswith("{"):
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(event, dict):
-            continue
+    for event in json_lines(stdout):
         parsed["session_id"] = parsed["session_id"] or event.get("sessionID")
         kind = event.get("type")
         part = json_object(event.get("part"))
@@ -192,9 +176,11 @@ def parse_events(stdout: str) -> dict[str, Any]:
             tokens = json_object(part.get("tokens"))
             cache = json_object(tokens.get("cache"))
             parsed["input_tokens"] += (
-                _int(tokens.get("input")) + _int(cache.get("read")) + _int(cache.get("write"))
+                as_int(tokens.get("input")) + as_int(cache.get("read")) + as_int(cache.get("write"))
             )
-            parsed["output_tokens"] += _int(tokens.get("output")) + _int(tokens.get("reasoning"))
+            parsed["output_tokens"] += as_int(tokens.get("output")) + as_int(
+                tokens.get("reasoning")
+            )
             parsed["cost_usd"] += _float(part.get("cost"))
             parsed["steps"] += 1
         elif kind == "tool_use":
@@ -254,11 +240,10 @@ def _undo_schema_stamps(before: dict[Path, str]) -> None:
             continue  # gone or unreadable now: the agent's change, to be seen as such
 
 
-class OpencodeRunner:
+class OpencodeRunner(CliRunner):
     name = "opencode"
-
-    def __init__(self, binding: RoleBinding) -> None:
-        self.binding = binding
+    program = "opencode"
+    live_output = False
 
     def model_ref(self) -> str | None:
         """The ``--model`` opencode is given: ``phasegate/<model>`` with a base_url."""
@@ -324,8 +309,7 @@ class OpencodeRunner:
         return config
 
     def argv(self, request: AgentRequest, *, resume: bool = True) -> list[str]:
-        exe = self.binding.executable or shutil.which("opencode") or "opencode"
-        args = [exe, "run", "--format", "json", "--agent", AGENT]
+        args = [self.executable(), "run", "--format", "json", "--agent", AGENT]
         args += ["--title", f"phasegate {request.role}"]
         model = self.model_ref()
         if model:
@@ -334,28 +318,21 @@ class OpencodeRunner:
             args += ["--session", request.session_id]
         return [*args, *self.binding.extra_args]
 
-    def run(
-        self,
-        request: AgentRequest,
-        cancel: threading.Event,
-        on_spawn: Callable[[int], None] | None = None,
-    ) -> AgentResult:
-        if request.state_dir is None:
-            return AgentResult("", error_kind="runner_error", error="opencode needs a state dir")
-        home = request.state_dir / "opencode-home"
-        home.mkdir(parents=True, exist_ok=True)
+    @contextmanager
+    def prepare(self, request: AgentRequest) -> Iterator[dict[str, str]]:
         call_dir = Path(tempfile.mkdtemp(prefix="opencode-call-", dir=request.state_dir))
         configs = _project_configs(request.cwd)
         try:
-            env = self._env(request, home, call_dir)
-            result = self._once(request, cancel, on_spawn, env, resume=True)
-            if request.session_id and "Session not found" in (result.error or ""):
-                # The session is gone (its home was cleared): start the line afresh.
-                result = self._once(request, cancel, on_spawn, env, resume=False)
+            yield self._env(request, self.home(request), call_dir)
         finally:
             shutil.rmtree(call_dir, ignore_errors=True)  # the key file with it
             _undo_schema_stamps(configs)
-        return result
+
+    def launch(self, request: AgentRequest, env: dict[str, str], *, resume: bool) -> Launch:
+        return Launch(self.argv(request, resume=resume))
+
+    def session_gone(self, result: AgentResult) -> bool:
+        return "Session not found" in (result.error or "")
 
     def _env(self, request: AgentRequest, home: Path, call_dir: Path) -> dict[str, str]:
         b = self.binding
@@ -375,56 +352,26 @@ class OpencodeRunner:
         if b.base_url and b.api_key_env and env.get(b.api_key_env):
             # Out of opencode's environment, which its commands inherit.
             key_file = call_dir / "model-key"
-            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(env.pop(b.api_key_env))
+            write_secret(key_file, env.pop(b.api_key_env))
         env["OPENCODE_CONFIG_CONTENT"] = json.dumps(self.config(request, key_file))
         env["OPENCODE_PERMISSION"] = json.dumps(self.permission(request))  # over managed config too
         return env
 
-    def _once(
-        self,
-        request: AgentRequest,
-        cancel: threading.Event,
-        on_spawn: Callable[[int], None] | None,
-        env: dict[str, str],
-        *,
-        resume: bool,
+    def stopped(
+        self, failure: AgentResult, outcome: ProcessOutcome, request: AgentRequest, launch: Launch
     ) -> AgentResult:
-        outcome = run_agent_process(
-            self.argv(request, resume=resume),
-            cwd=request.cwd,
-            env=env,
-            stdin=request.prompt,
-            timeout_s=request.timeout_s,
-            cancel=cancel,
-            on_spawn=on_spawn,
-            confinement=request.confinement,
-        )
-        failure = outcome.failure(request.timeout_s)
-        if failure is None:
-            return outcome.attach(self._result(outcome))
         # Killed mid-run: the turns that finished were printed, with their usage.
         parsed = parse_events(outcome.stdout)
-        return outcome.attach(
-            replace(failure, session_id=parsed["session_id"], **self._spend(parsed))
-        )
+        return replace(failure, session_id=parsed["session_id"], **self._spend(parsed))
 
     def _spend(self, parsed: dict[str, Any]) -> dict[str, Any]:
-        b = self.binding
-        cost = parsed["cost_usd"]
-        if not cost:
-            cost = (
-                parsed["input_tokens"] * (b.input_usd_per_mtok or 0.0)
-                + parsed["output_tokens"] * (b.output_usd_per_mtok or 0.0)
-            ) / 1_000_000
-        return {
-            "input_tokens": parsed["input_tokens"],
-            "output_tokens": parsed["output_tokens"],
-            "cost_usd": cost,
-        }
+        """Tokens and opencode's cost; priced by the binding when opencode reported none."""
+        spend = self.priced(parsed["input_tokens"], parsed["output_tokens"])
+        return {**spend, "cost_usd": parsed["cost_usd"]} if parsed["cost_usd"] else spend
 
-    def _result(self, outcome: ProcessOutcome) -> AgentResult:
+    def finished(
+        self, outcome: ProcessOutcome, request: AgentRequest, launch: Launch
+    ) -> AgentResult:
         parsed = parse_events(outcome.stdout)
         text = parsed["text"]
         fields: dict[str, Any] = {

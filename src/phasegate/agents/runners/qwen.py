@@ -63,7 +63,6 @@ shape, not Gemini CLI's; one JSON object a line:
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -72,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from phasegate.agents.base import AgentRequest, json_object
+from phasegate.agents.cli_runner import as_int, json_lines, write_secret
 from phasegate.agents.env import child_env
 from phasegate.agents.runners.gemini_family import GeminiFamilyRunner, StreamSummary
 
@@ -90,13 +90,6 @@ SETTINGS: dict[str, Any] = {
 _REFUSALS = ("requires permission to use", "[tool_call bridge refused]")
 
 
-def _int(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
 def _blocks(event: dict[str, Any]) -> list[dict[str, Any]]:
     message = json_object(event.get("message"))
     content = message.get("content")
@@ -111,25 +104,17 @@ def parse_qwen_stream(stdout: str) -> StreamSummary:
     input_tokens`` when larger than ``output_tokens`` (thinking tokens)."""
     summary = StreamSummary()
     tools: dict[str, str] = {}
-    for line in stdout.splitlines():
-        if not line.startswith("{"):
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a killed process
-        if not isinstance(event, dict):
-            continue
+    for event in json_lines(stdout):
         summary.session_id = event.get("session_id") or summary.session_id
         kind = event.get("type")
         main = event.get("parent_tool_use_id") is None
         if kind == "assistant":
             message = json_object(event.get("message"))
             usage = json_object(message.get("usage"))
-            used = _int(usage.get("input_tokens"))
+            used = as_int(usage.get("input_tokens"))
             summary.input_tokens += used
             summary.output_tokens += max(
-                _int(usage.get("output_tokens")), _int(usage.get("total_tokens")) - used
+                as_int(usage.get("output_tokens")), as_int(usage.get("total_tokens")) - used
             )
             for block in _blocks(event):
                 if block.get("type") == "tool_use":
@@ -233,9 +218,7 @@ class QwenRunner(GeminiFamilyRunner):
         call_dir = Path(tempfile.mkdtemp(prefix="qwen-call-", dir=request.state_dir))
         try:
             path = call_dir / "system-settings.json"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.auth_settings(key), f)
+            write_secret(path, json.dumps(self.auth_settings(key)))
             # Also keeps a machine's /etc/qwen-code/settings.json out of the call.
             env["QWEN_CODE_SYSTEM_SETTINGS_PATH"] = str(path)
             yield env

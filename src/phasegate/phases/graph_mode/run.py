@@ -1,7 +1,6 @@
-"""planning, development and pr_review run by the development graph
-(docs/contracts/graph.md) inside the lifecycle's phases.
+"""Planning, development and pr_review run by the development graph inside the phases.
 
-On when the cartridge says ``[graph] enabled = true``.
+On when the cartridge says ``[graph] enabled = true`` (docs/contracts/graph.md).
 
 One graph run (``{workflow}-g{n}``) spans a planning and its development:
 
