@@ -48,12 +48,7 @@ from phasegate.core.profiles import AutomationProfile, reversion_or_stop
 from phasegate.core.state import WorkflowState
 from phasegate.graph import drive, lifecycle_propose, plan_propose
 from phasegate.graph.proposals import Evidence
-from phasegate.phases.deps import (
-    PhaseDeps,
-    failure_result,
-    review_failure_result,
-    worktree_of,
-)
+from phasegate.phases.deps import PhaseDeps, failure_result, review_failure_result, worktree_of
 from phasegate.phases.graph_mode.apply import PROPOSAL_TRAILER, apply_draft
 from phasegate.phases.graph_mode.harness import (
     ProposeInterrupted,
