@@ -131,6 +131,23 @@ command = "printf '\\033[2J\\033]0;pwned\\007' >&2; exit 3"
     assert raw["workflow"]["title"] == "T" + EVIL
 
 
+def test_a_nul_in_an_agent_answer_reaches_neither_the_next_agent_nor_the_store(
+    tmp_path: Path,
+) -> None:
+    # The plan holds a NUL; the plan reviewer, a command too, gets the plan in its
+    # environment, which no process may be started with.
+    plan = 'runner = "command"\ncommand = "printf \'1. Add x\\\\000y.\\\\n\'"\n'
+    review = 'runner = "command"\ncommand = "echo \'VERDICT: approve\'"\n'
+    cartridge = scripted_cartridge(role_overrides={"plan": plan, "plan_review": review})
+    repo = project(tmp_path, cartridge)
+    proc = phasegate_cli("run", "--repo", str(repo), "the ticket")
+    assert "Traceback" not in proc.stderr and "null byte" not in proc.stdout + proc.stderr
+    workflow_id = json.loads(phasegate_cli("status", "--repo", str(repo), "--json").stdout)[0]["id"]
+    shown = json.loads(phasegate_cli("show", workflow_id, "--repo", str(repo), "--json").stdout)
+    assert shown["workflow"]["current_phase"] != "planning", shown["workflow"]
+    assert "\ufffd" in json.dumps(shown, ensure_ascii=False)
+
+
 def test_visible_escapes_every_control_character_but_newline_and_tab() -> None:
     assert visible("a\x00b\x1b\x7f\x9bc\td\ne\u2066") == "a\\x00b\\x1b\\x7f\\x9bc\td\ne\\u2066"
     assert visible("x\ty\nz", one_line=True) == "x\\ty\\nz"

@@ -296,10 +296,14 @@ class AgentService:
             result = oversized_answer(result, answer_limit)
             if role == "build" and read_only:
                 result = secret_in_diff_answer(result, secrets)
+            # A NUL can go neither into the next agent's environment nor into a
+            # PostgreSQL text column, so an answer never carries one further.
             result = replace(
                 result,
-                text=redact(result.text, secrets),
-                error=redact(result.error, secrets) if result.error else None,
+                text=redact(result.text, secrets).replace("\x00", "\ufffd"),
+                error=redact(result.error, secrets).replace("\x00", "\ufffd")
+                if result.error
+                else None,
             )
             parsed, outcome = None, "ok"
             kind, detail = result.error_kind or "", result.error or ""
