@@ -594,9 +594,9 @@ def test_a_mini_swe_agent_role_s_default_turns_all_call_its_bash_tool() -> None:
     assert not mixed["plan"][0].tools and mixed["review"][0].tools
 
 
-def test_the_readme_script_example_loads(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("## Doctor and dry run", 1)[1]
+def test_the_docs_script_example_loads(tmp_path: Path) -> None:
+    page = Path(__file__).resolve().parent.parent / "docs" / "doctor-dry-run.md"
+    section = page.read_text()
     example = section.split("```toml\n", 1)[1].split("```", 1)[0]
     script = tmp_path / "example.toml"
     script.write_text(example)

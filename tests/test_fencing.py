@@ -246,8 +246,10 @@ def test_a_lease_lost_to_a_locked_store_says_the_store_not_another_process(
 ) -> None:
     repo = make_repo(tmp_path / "repo", {"README.md": "# s\n", ".gitignore": ".phasegate/\n"})
     (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    started = tmp_path / "build-started"
     slow_build = (
-        'runner = "command"\ncommand = "sleep 3; echo the feature > feature.txt; echo built"\n'
+        f'runner = "command"\ncommand = "touch {started}; sleep 3; '
+        'echo the feature > feature.txt; echo built"\n'
         "timeout = 30\n"
     )
     (repo / "phasegate.toml").write_text(scripted_cartridge(role_overrides={"build": slow_build}))
@@ -264,8 +266,9 @@ def test_a_lease_lost_to_a_locked_store_says_the_store_not_another_process(
     try:
 
         def lock_during_the_build() -> None:
-            wait_until(lambda: store.load_context(wf).current_phase == "development", "build")
-            time.sleep(0.3)
+            # Locked once the build agent runs, so only the heartbeat meets the lock
+            # (not the phase's own writes before the agent, on a slow machine).
+            wait_until(started.exists, "the build agent")
             hold_write_lock(db, locked_s)  # renewals fail past the 1.2 s lease
 
         holder = threading.Thread(target=lock_during_the_build)

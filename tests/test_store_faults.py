@@ -241,16 +241,16 @@ class FaultAtPlanningCommit(Store):
     fault: Callable[[Store], None] = staticmethod(lambda _store: None)
     seen: list[BaseException]
 
-    def commit_phase_result(self, ctx, result, *, fence=None):  # noqa: ANN001, ANN201
+    def commit_phase_result(self, ctx, result, *, fence=None, due_in_s=None):  # noqa: ANN001, ANN201
         if ctx.current_phase == "planning" and not self.seen and result.outcome == "completed":
             self.before = self.load_context(ctx.id)
             self.fault(self)
             try:
-                return super().commit_phase_result(ctx, result, fence=fence)
+                return super().commit_phase_result(ctx, result, fence=fence, due_in_s=due_in_s)
             except StoreUnavailable as exc:
                 self.seen.append(exc)
                 raise
-        return super().commit_phase_result(ctx, result, fence=fence)
+        return super().commit_phase_result(ctx, result, fence=fence, due_in_s=due_in_s)
 
 
 def _faulty_engine(repo: Path, fault: Callable[[Store], None], **kwargs: Any) -> Engine:
