@@ -387,12 +387,12 @@ class Engine:
                 ctx = None
                 if stopped and not self._advance_child(workflow_id):
                     break
-        except FenceLost as exc:
+        except (FenceLost, StoreUnavailable) as exc:
+            if not isinstance(exc, FenceLost) and not fence.lost.is_set():
+                raise  # a step's store fault while the lease still holds
             log.error("advance of %s stopped: %s", workflow_id, exc)
-            # Nobody took the workflow over, so its lease ran out unrenewed: the store
-            # would not take the renewals (a step's own check may find that before the
-            # heartbeat, still waiting out the busy timeout, gives up). Say so, not
-            # "another process changed it".
+            # Nobody took the workflow over, so its lease ran out unrenewed: say so, not
+            # "another process changed it" (a step may find that before the heartbeat).
             if not self._taken_over(fence):
                 fault = fence.unrenewed or heartbeat.last_fault
                 raise StoreUnavailable(
