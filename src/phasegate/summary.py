@@ -10,16 +10,34 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from phasegate.core.contract import AWAITING_APPROVAL
 from phasegate.core.profiles import AutomationProfile, decisions_of
-from phasegate.store import Store
 
-__all__ = ["iso", "lease_holder", "workflow_detail", "workflow_summary"]
+if TYPE_CHECKING:  # the Store's module imports SQLAlchemy, which `status` need not
+    from phasegate.clock import Clock
+    from phasegate.store import Store, UsageTotals
+
+__all__ = ["BoardReads", "iso", "lease_holder", "workflow_detail", "workflow_summary"]
 
 
-def workflow_summary(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
+class BoardReads(Protocol):
+    """What a workflow's summary reads: the Store, or a SQLite store's board
+    (``phasegate.store.sqlite_board``)."""
+
+    clock: Clock
+
+    def usage_totals(self, workflow_id: str) -> UsageTotals: ...
+
+    def proposals(
+        self, status: str | None = None, workflow_id: str | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    def child_workflows(self, parent_workflow_id: str) -> list[dict[str, Any]]: ...
+
+
+def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any]:
     """What ``status`` lists and a board's card shows of the workflow ``row``: its
     id, title, phase, status, error, round, profile, issue and PR numbers, branch,
     usage (``tokens``, ``cost_usd`` in USD, ``agent_runs``), ISO 8601 times, its
@@ -79,7 +97,7 @@ def workflow_summary(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def lease_holder(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
+def lease_holder(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any]:
     """Which worker holds the workflow's lease (``host:pid:token``) and until when, while
     it is unexpired; both None when nobody does."""
     expires = row.get("lease_expires_at")

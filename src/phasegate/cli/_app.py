@@ -133,15 +133,27 @@ def open_repo(repo: Path) -> tuple[Path, Cartridge, Store]:
 
 def open_for_reading(repo: Path) -> Store:
     """The store, even while the cartridge is broken: looking must not need it valid."""
+    return open_url_for_reading(reading_url(repo))
+
+
+def reading_url(repo: Path) -> str:
+    """The store's URL, even while the cartridge is broken (a warning says so, and
+    names the default store read instead)."""
     from phasegate.config.cartridge import Cartridge, CartridgeError, load_cartridge
-    from phasegate.store import open_store
 
     root = repo_root(repo)
     try:
-        url = load_cartridge(root).store_url(root)
+        return load_cartridge(root).store_url(root)
     except CartridgeError as exc:
         err.print(f"[yellow]warning:[/yellow] {shown(str(exc))}; reading the default store")
-        url = Cartridge().store_url(root)
+        return Cartridge().store_url(root)
+
+
+def open_url_for_reading(url: str) -> Store:
+    """The store at ``url`` (``reading_url``), not created when it is a SQLite file
+    that does not exist yet."""
+    from phasegate.store import open_store
+
     return open_store(_nothing_to_read_yet(url) or url)
 
 

@@ -21,6 +21,8 @@ from phasegate.cli._app import (
     err,
     open_for_reading,
     open_repo,
+    open_url_for_reading,
+    reading_url,
     reported_errors,
     shown,
     ticket_from,
@@ -234,16 +236,33 @@ def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     """Every workflow: phase, status, the worker holding it (while one does), profile,
     tokens and cost."""
     from phasegate.cli.status_table import status_table
-    from phasegate.summary import workflow_summary
 
     with reported_errors():
-        store = open_for_reading(repo)
-        rows = [workflow_summary(store, r) for r in store.list_workflows()]
+        rows = _board(repo)
     if as_json:
         console.print_json(json.dumps(rows))
         return
     table = status_table(rows, console.width)
     console.print(table if rows else 'no workflows yet; `phasegate run "ticket"` files one')
+
+
+def _board(repo: Path) -> list[dict[str, Any]]:
+    """Every workflow's summary. A SQLite store is read without SQLAlchemy, which
+    would cost `status` more than the rest of its work; the Store reads the rest."""
+    from phasegate.store.sqlite_board import BoardUnreadable, open_board
+    from phasegate.summary import workflow_summary
+
+    url = reading_url(repo)
+    board = open_board(url)
+    if board is not None:
+        try:
+            return [workflow_summary(board, r) for r in board.list_workflows()]
+        except BoardUnreadable:
+            pass  # the Store reads it, or says what is wrong with it
+        finally:
+            board.close()
+    store = open_url_for_reading(url)
+    return [workflow_summary(store, r) for r in store.list_workflows()]
 
 
 @app.command()

@@ -9,6 +9,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from phasegate.store.values import HEAD_REVISION, UsageTotals
+
 if TYPE_CHECKING:
     from phasegate.store.store import (
         APPLY_ARM,
@@ -19,7 +21,6 @@ if TYPE_CHECKING:
         Store,
         StoreUnavailable,
         StoreUrlUnsupported,
-        UsageTotals,
         commit_phase_result,
         open_store,
         store_server_problem,
@@ -38,6 +39,7 @@ __all__ = [
     "AgentRunRecord",
     "Fence",
     "FenceLost",
+    "HEAD_REVISION",
     "PROPOSAL_STATUSES",
     "Store",
     "StoreUnavailable",

@@ -26,13 +26,9 @@ import sqlalchemy as sa
 from phasegate.clock import Clock
 from phasegate.core.contract import EventWrite, PhasegateError
 from phasegate.store import tables as t
+from phasegate.store.values import HEAD_REVISION
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
-
-#: The newest migration's revision (``migrations/versions``): a store already there
-#: opens without importing Alembic, which costs a command like ``status`` more than
-#: the rest of its work. A test checks it against Alembic's own head.
-HEAD_REVISION = "0006"
 
 
 class StoreUnavailable(PhasegateError):

@@ -9,20 +9,7 @@ import sqlalchemy as sa
 
 from phasegate.store import tables as t
 from phasegate.store._base import StoreBase
-
-
-@dataclass(frozen=True)
-class UsageTotals:
-    """Sums over a workflow's agent runs: tokens, cost in USD, runs counted."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_usd: float = 0.0
-    runs: int = 0
-
-    @property
-    def tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
+from phasegate.store.values import UsageTotals
 
 
 @dataclass(frozen=True)

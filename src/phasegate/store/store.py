@@ -25,10 +25,11 @@ from phasegate.clock import Clock, SystemClock
 from phasegate.core.contract import PhasegateError
 from phasegate.store._base import Dialect, FenceLost, StoreUnavailable
 from phasegate.store._sqlite import DEFAULT_BUSY_TIMEOUT_S, SqliteDialect
-from phasegate.store.agent_runs import AgentRunRecord, AgentRunRows, UsageTotals
+from phasegate.store.agent_runs import AgentRunRecord, AgentRunRows
 from phasegate.store.forge_rows import ForgeRows
 from phasegate.store.graph_runs import APPLY_ARM, VERDICTS, GraphRows
 from phasegate.store.leases import Fence, LeaseRows
+from phasegate.store.values import UsageTotals
 from phasegate.store.workflows import UPDATABLE_COLUMNS, WorkflowRows, commit_phase_result
 
 __all__ = [

@@ -1,0 +1,25 @@
+"""The store's plain values, loaded without SQLAlchemy: what ``status`` needs to
+read a SQLite store by itself (``sqlite_board``) and what the Store returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The newest migration's revision (``migrations/versions``): a store already there
+#: opens without importing Alembic, and ``status`` reads a SQLite store there without
+#: SQLAlchemy. A test checks it against Alembic's own head.
+HEAD_REVISION = "0006"
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    """Sums over a workflow's agent runs: tokens, cost in USD, runs counted."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    runs: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens

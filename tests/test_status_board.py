@@ -1,0 +1,140 @@
+"""``status`` reads a SQLite store without SQLAlchemy (phasegate.store.sqlite_board):
+the same rows, sums and summaries as the Store, and the Store wherever the board
+cannot answer (a server, a store to migrate, an unreadable file)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import sqlalchemy as sa
+from test_gate import clean_run, graph_record, self_modifying_run
+
+from phasegate.clock import SystemClock
+from phasegate.store import HEAD_REVISION, AgentRunRecord, Store, open_store
+from phasegate.store import tables as t
+from phasegate.store.sqlite_board import DECODED, open_board
+from phasegate.store.store import make_dialect
+from phasegate.summary import workflow_summary
+from phasegate.testing import FixedClock
+
+from conftest import git, phasegate_cli
+
+
+def filled_store(db: Path, clock: FixedClock) -> tuple[Store, dict[str, str]]:
+    """A store holding what a board shows: usage, a fork and its parent, a lease,
+    a finished workflow, and a graph run's proposals, one of them decided."""
+    store = open_store(f"sqlite:///{db}", clock)
+    common = {"repo_path": "/r", "base_branch": "main", "content_language": "en"}
+    ids = {
+        "parent": store.create_workflow(title="Parent", ticket="p", auto_merge=True, **common),
+        "leased": store.create_workflow(
+            title="Held", ticket="h", auto_merge=False, repository="o/n", **common
+        ),
+    }
+    clock.advance(1.5)
+    ids["child"] = store.create_workflow(
+        title="Fork", ticket="c", auto_merge=False, parent_workflow_id=ids["parent"], **common
+    )
+    for attempt, tokens in enumerate((120, 80)):
+        store.record_agent_run(
+            AgentRunRecord(
+                ids["parent"], "development", "build", "build", "scripted", 1, attempt,
+                "ok", input_tokens=tokens, output_tokens=tokens // 4, cost_usd=0.0125,
+            )
+        )  # fmt: skip
+    assert store.claim(ids["leased"], "host:1:abc", ttl_s=600) is not None
+    store.record_run(clean_run("r1"), workflow_id=ids["parent"])
+    [decided] = store.record_run(self_modifying_run("r2"), workflow_id=ids["child"])
+    store.decide_proposal(decided["id"], "rejected", by="ana", reason="not now")
+    store.record_run(graph_record("r3"))
+    return store, ids
+
+
+def test_the_board_reads_what_the_store_reads(tmp_path: Path) -> None:
+    clock = FixedClock()
+    store, ids = filled_store(tmp_path / "state.db", clock)
+    board = open_board(f"sqlite:///{tmp_path / 'state.db'}?busy_timeout=3", clock)
+    assert board is not None
+    try:
+        rows = store.list_workflows()
+        assert board.list_workflows() == rows and len(rows) == 3
+        assert [workflow_summary(board, r) for r in rows] == [
+            workflow_summary(store, r) for r in rows
+        ]
+        summaries = {s["id"]: s for s in (workflow_summary(board, r) for r in rows)}
+        assert summaries[ids["parent"]]["tokens"] == 250 and summaries[ids["parent"]]["children"]
+        assert summaries[ids["leased"]]["worker"] == "host:1:abc"
+        assert board.child_workflows(ids["parent"]) == store.child_workflows(ids["parent"])
+        for status in (None, "proposed", "rejected"):
+            for workflow_id in (None, ids["parent"], ids["child"]):
+                assert board.proposals(status, workflow_id) == store.proposals(
+                    status, workflow_id
+                ), (status, workflow_id)
+        assert board.proposals() and board.proposals("rejected")
+        assert board.usage_totals(ids["parent"]) == store.usage_totals(ids["parent"])
+        assert board.usage_totals("nobody") == store.usage_totals("nobody")
+    finally:
+        board.close()
+        store.close()
+
+
+def test_the_decoded_columns_are_the_tables_timestamps_json_and_booleans() -> None:
+    kinds = {sa.DateTime: "timestamp", sa.JSON: "json", sa.Boolean: "boolean"}
+    for name, decoded in DECODED.items():
+        table = t.metadata.tables[name]
+        typed = {
+            c.name: kind
+            for c in table.columns
+            for k, kind in kinds.items()
+            if isinstance(c.type, k)
+        }
+        assert decoded == typed, name
+
+
+def test_the_store_answers_where_the_board_cannot(tmp_path: Path) -> None:
+    assert open_board("postgresql://u@127.0.0.1:1/db") is None
+    assert open_board("sqlite://") is None and open_board("sqlite:///:memory:") is None
+    missing = tmp_path / "none" / "state.db"
+    empty = open_board(f"sqlite:///{missing}")
+    assert empty is not None and empty.list_workflows() == [] and not missing.parent.exists()
+    store, _ids = filled_store(tmp_path / "state.db", FixedClock())
+    store.close()
+    with sqlite3.connect(tmp_path / "state.db") as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0005'")
+    assert open_board(f"sqlite:///{tmp_path / 'state.db'}") is None
+    (tmp_path / "junk.db").write_bytes(b"not a database at all" * 100)
+    assert open_board(f"sqlite:///{tmp_path / 'junk.db'}") is None
+
+
+def test_status_reads_a_store_below_head_through_the_store_which_migrates_it(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "repo"
+    (repo / ".phasegate").mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    db = repo / ".phasegate" / "state.db"
+    dialect = make_dialect(f"sqlite:///{db}")
+    older = Store(dialect.engine(), SystemClock(), dialect)
+    older.migrate("0005")
+    older.close()
+    done = phasegate_cli("status", "--json", cwd=repo)
+    assert (done.returncode, json.loads(done.stdout)) == (0, []), done.stderr
+    with sqlite3.connect(db) as conn:
+        revision = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    assert revision == (HEAD_REVISION,)
+
+
+def test_status_json_from_the_board_is_the_stores(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    store, _ids = filled_store(repo / ".phasegate" / "state.db", FixedClock())
+    store.close()
+    store = open_store(f"sqlite:///{repo / '.phasegate' / 'state.db'}")  # the real clock
+    expected = [workflow_summary(store, r) for r in store.list_workflows()]
+    store.close()
+    done = phasegate_cli("status", "--json", cwd=repo)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == json.loads(json.dumps(expected))
