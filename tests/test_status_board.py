@@ -8,10 +8,13 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from test_gate import clean_run, graph_record, self_modifying_run
 
 from phasegate.clock import SystemClock
+from phasegate.config.cartridge import load_cartridge
+from phasegate.config.store_url import checkout_store_url
 from phasegate.store import HEAD_REVISION, AgentRunRecord, Store, open_store
 from phasegate.store import tables as t
 from phasegate.store.sqlite_board import DECODED, open_board
@@ -138,3 +141,31 @@ def test_status_json_from_the_board_is_the_stores(tmp_path: Path) -> None:
     done = phasegate_cli("status", "--json", cwd=repo)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == json.loads(json.dumps(expected))
+
+
+@pytest.mark.parametrize(
+    ("toml", "found"),
+    [
+        (None, "sqlite:///{repo}/.phasegate/state.db"),
+        ("[workflow]\nauto_merge = true\n", "sqlite:///{repo}/.phasegate/state.db"),
+        (
+            '[store]\nurl = "sqlite:///data/s.db?busy_timeout=3"\n',
+            "sqlite:///{repo}/data/s.db?busy_timeout=3",
+        ),
+        ('[store]\nurl = "sqlite:////abs/s.db"\n', "sqlite:////abs/s.db"),
+        ('[store]\nurl = "postgresql://u@h/db"\n', None),
+        ('[store]\nurl = "sqlite:///:memory:"\n', None),
+        ("[store]\nurl = 5\n", None),
+        ('store = "x"\n', None),
+        ("[store\n", None),
+    ],
+)
+def test_status_finds_a_sqlite_store_without_validating_the_cartridge(
+    tmp_path: Path, toml: str | None, found: str | None
+) -> None:
+    if toml is not None:
+        (tmp_path / "phasegate.toml").write_text(toml)
+    expected = found.format(repo=tmp_path) if found else None
+    assert checkout_store_url(tmp_path) == expected
+    if expected is not None and toml is not None:  # the validated cartridge agrees
+        assert load_cartridge(tmp_path).store_url(tmp_path) == expected

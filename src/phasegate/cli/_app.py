@@ -138,10 +138,16 @@ def open_for_reading(repo: Path) -> Store:
 
 def reading_url(repo: Path) -> str:
     """The store's URL, even while the cartridge is broken (a warning says so, and
-    names the default store read instead)."""
-    from phasegate.config.cartridge import Cartridge, CartridgeError, load_cartridge
+    names the default store read instead). A SQLite store is found without
+    validating the cartridge (``checkout_store_url``)."""
+    from phasegate.config.store_url import checkout_store_url
 
     root = repo_root(repo)
+    url = checkout_store_url(root)
+    if url is not None:
+        return url
+    from phasegate.config.cartridge import Cartridge, CartridgeError, load_cartridge
+
     try:
         return load_cartridge(root).store_url(root)
     except CartridgeError as exc:

@@ -38,6 +38,7 @@ from phasegate.config.graph import (  # noqa: F401  (their home was here)
     ReviewTiers,
     WorkRouting,
 )
+from phasegate.config.store_url import CARTRIDGE_FILE, resolve_store_url
 from phasegate.config.toml import TomlError, read_toml
 from phasegate.core.contract import PhasegateError
 from phasegate.core.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, AutomationProfile
@@ -65,7 +66,6 @@ __all__ = [
     "load_cartridge",
 ]
 
-CARTRIDGE_FILE = "phasegate.toml"
 
 #: The roles the lifecycle binds, and the session line each one drives
 #: (docs/contracts/lifecycle.md: session lines).
@@ -420,13 +420,7 @@ class Cartridge(_Strict):
     def store_url(self, repo: Path) -> str:
         """``store.url``, or the embedded default: SQLite at ``repo/.phasegate/state.db``.
         A relative SQLite path is the repository's (``repo``), wherever the command runs."""
-        url = self.store.url
-        if url is None:
-            return f"sqlite:///{repo / '.phasegate' / 'state.db'}"
-        if url.startswith("sqlite:///"):
-            path, mark, query = url.removeprefix("sqlite:///").partition("?")
-            return f"sqlite:///{repo / path}{mark}{query}"  # an absolute path stays itself
-        return url
+        return resolve_store_url(repo, self.store.url)
 
     def required_roles(self) -> tuple[str, ...]:
         """The roles `phasegate run` needs bound: ROLE_SESSION_LINES, or GRAPH_MODE_ROLES

@@ -1,0 +1,49 @@
+"""Where a repository's store is: ``[store] url`` resolved against the repository,
+readable without validating the rest of the cartridge.
+
+``status`` only looks, so it should not pay for building the cartridge's models
+(``Cartridge.store_url`` resolves the same way, once the file is valid).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from phasegate.config.toml import TomlError, read_toml
+
+#: The cartridge's file, at the repository's root.
+CARTRIDGE_FILE = "phasegate.toml"
+
+
+def resolve_store_url(repo: Path, url: str | None) -> str:
+    """``url``, or the embedded default: SQLite at ``repo/.phasegate/state.db``. A
+    relative SQLite path is the repository's (``repo``), wherever the command runs."""
+    if url is None:
+        return f"sqlite:///{repo / '.phasegate' / 'state.db'}"
+    if url.startswith("sqlite:///"):
+        path, mark, query = url.removeprefix("sqlite:///").partition("?")
+        return f"sqlite:///{repo / path}{mark}{query}"  # an absolute path stays itself
+    return url
+
+
+def checkout_store_url(repo: Path) -> str | None:
+    """The SQLite store the checkout's ``phasegate.toml`` names (the default one
+    without the file or the key), or None where only the validated cartridge can
+    say: a file that is not TOML, a server, a value that is not a file's URL."""
+    path = repo / CARTRIDGE_FILE
+    if not path.exists():
+        return resolve_store_url(repo, None)
+    try:
+        store = read_toml(path).get("store", {})
+    except TomlError:
+        return None
+    if not isinstance(store, dict):
+        return None
+    url = store.get("url")
+    if url is None:
+        return resolve_store_url(repo, None)
+    if not isinstance(url, str) or not url.startswith("sqlite:///"):
+        return None
+    if url.removeprefix("sqlite:///").partition("?")[0] in ("", ":memory:"):
+        return None
+    return resolve_store_url(repo, url)
