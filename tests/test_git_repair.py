@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from phasegate.core import decisions
+from phasegate.git.files import registrations
 from phasegate.git.workspace import Workspace
 
 from conftest import git, make_repo
@@ -455,3 +456,28 @@ def test_lock_files_survive_worktrees_removed_while_they_are_listed(tmp_path: Pa
     finally:
         stop.set()
         churner.join()
+
+
+def test_reading_the_registrations_while_git_removes_the_last_worktree_finds_none(
+    tmp_path: Path,
+) -> None:
+    common = tmp_path / ".git"
+    admin_root = common / "worktrees"
+    common.mkdir()
+    stop = threading.Event()
+
+    def add_and_remove() -> None:
+        # What `git worktree remove` of the last linked worktree does: it removes
+        # the registration, then the emptied `worktrees/` directory with it.
+        while not stop.is_set():
+            (admin_root / "wt").mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(admin_root, ignore_errors=True)
+
+    churn = threading.Thread(target=add_and_remove)
+    churn.start()
+    try:
+        seen = [len(registrations(common)) for _ in range(20_000)]
+    finally:
+        stop.set()
+        churn.join()
+    assert set(seen) <= {0, 1}

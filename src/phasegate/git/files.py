@@ -259,9 +259,11 @@ def registrations(common: Path) -> list[Registration]:
     ``.git`` that is gone, and not locked)."""
     found: list[Registration] = []
     admin_root = common / "worktrees"
-    if not admin_root.is_dir():
+    try:
+        admins = sorted(p for p in admin_root.iterdir() if p.is_dir())
+    except (FileNotFoundError, NotADirectoryError):  # git removes it with the last worktree
         return found
-    for admin in sorted(p for p in admin_root.iterdir() if p.is_dir()):
+    for admin in admins:
         try:
             locked: str | None = (admin / "locked").read_text(errors="replace").strip()
         except FileNotFoundError:
