@@ -13,7 +13,10 @@ from importlib import import_module
 from phasegate.cli._app import app
 from phasegate.core.terminal import visible
 
-# Each group registers its commands on import; this order is --help's order.
+# Each group registers its commands on import; this order is --help's order. The
+# groups' modules keep their annotations as objects (no `from __future__ import
+# annotations`): typer reads every command's parameters at each start, and strings
+# it would have to evaluate one by one.
 for _group in ("setup", "workflows", "github", "proposals", "web", "demo"):
     import_module(f"phasegate.cli.{_group}")
 

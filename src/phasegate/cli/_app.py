@@ -106,8 +106,11 @@ def repo_root(repo: Path) -> Path:
     from phasegate.git.command import GitError, git
 
     try:
-        top = Path(git(["rev-parse", "--show-toplevel"], repo.resolve()))
-        common = Path(git(["rev-parse", "--path-format=absolute", "--git-common-dir"], top))
+        found = git(
+            ["rev-parse", "--show-toplevel", "--path-format=absolute", "--git-common-dir"],
+            repo.resolve(),
+        ).splitlines()
+        top, common = Path(found[0]), Path(found[1])
     except (GitError, FileNotFoundError) as exc:
         from phasegate.tools.doctor import not_a_repository
 
@@ -136,14 +139,16 @@ def open_for_reading(repo: Path) -> Store:
     return open_url_for_reading(reading_url(repo))
 
 
-def reading_url(repo: Path) -> str:
+def reading_url(repo: Path, *, validate: bool = True) -> str:
     """The store's URL, even while the cartridge is broken (a warning says so, and
-    names the default store read instead). A SQLite store is found without
-    validating the cartridge (``checkout_store_url``)."""
+    names the default store read instead). Without ``validate`` (``status``, which
+    should answer at once) a SQLite store is found from the TOML alone
+    (``checkout_store_url``), and a cartridge broken otherwise goes unmentioned:
+    ``doctor`` and ``show`` name its problems."""
     from phasegate.config.store_url import checkout_store_url
 
     root = repo_root(repo)
-    url = checkout_store_url(root)
+    url = None if validate else checkout_store_url(root)
     if url is not None:
         return url
     from phasegate.config.cartridge import Cartridge, CartridgeError, load_cartridge

@@ -1,7 +1,5 @@
 """``phasegate demo``: a sample project run to completed by scripted agents."""
 
-from __future__ import annotations
-
 import os
 import shutil
 import sys

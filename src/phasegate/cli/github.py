@@ -6,8 +6,6 @@ permission starts a workflow (a label) or puts words in its ticket (a comment).
 = true`` (``cli._watching``).
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

@@ -3,10 +3,7 @@
 ``propose``, ``proposals``, ``approve``, ``reject``, ``replay``.
 """
 
-from __future__ import annotations
-
 import json
-import secrets
 import signal
 import threading
 import time
@@ -120,6 +117,8 @@ def propose(
     propose (a person decides: `phasegate approve/reject ID`) or auto.
     Exit 0 with proposals, 1 when the run proposed nothing.
     """
+    import secrets
+
     from phasegate.agents import binding_problems
     from phasegate.config.cartridge import CARTRIDGE_FILE, CartridgeError
     from phasegate.git.workspace import Workspace
@@ -129,7 +128,7 @@ def propose(
 
     started = time.monotonic()
 
-    def heard(call: AgentCall, answer: Answer | None) -> None:
+    def heard(call: "AgentCall", answer: "Answer | None") -> None:
         if as_json:
             return
         elapsed = f"[dim]{time.monotonic() - started:7.1f}s[/dim]"

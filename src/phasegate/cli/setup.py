@@ -1,7 +1,5 @@
 """Setting up: ``init``, ``doctor``, ``dry-run``."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -57,7 +55,7 @@ def init(
     _print_chosen(chosen)
 
 
-def _print_chosen(chosen: DefaultCartridge) -> None:
+def _print_chosen(chosen: "DefaultCartridge") -> None:
     from phasegate.config.cartridge import CARTRIDGE_FILE
 
     def say(label: str, text: str) -> None:
@@ -132,7 +130,7 @@ def doctor(
         raise typer.Exit(1)
 
 
-def _print_diagnosis(found: Diagnosis) -> None:
+def _print_diagnosis(found: "Diagnosis") -> None:
     def line(mark: str, text: str) -> None:
         console.print(f"  {mark} {shown(text)}", highlight=False)
 

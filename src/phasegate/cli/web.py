@@ -1,8 +1,6 @@
 """The dashboard's commands: ``serve`` (phasegate.web) and ``events`` (its live
 stream in a terminal)."""
 
-from __future__ import annotations
-
 import contextlib
 import json
 import signal

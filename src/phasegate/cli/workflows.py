@@ -1,7 +1,5 @@
 """A workflow's commands: ``run``, ``worker``, ``status``, ``show`` and a person's decisions."""
 
-from __future__ import annotations
-
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -135,9 +133,9 @@ def _start_new_project(
     directory: Path | None,
     template: Path,
     public: bool,
-    start: Callable[[Engine, WorkflowState], str],
+    start: "Callable[[Engine, WorkflowState], str]",
     as_json: bool,
-) -> tuple[Engine, str]:
+) -> "tuple[Engine, str]":
     """The new project's checkout and its workflow (phasegate.tools.new_project): an earlier
     try's workflow found in the checkout is continued, never filed again."""
     from phasegate.cli.render import make_engine
@@ -252,7 +250,7 @@ def _board(repo: Path) -> list[dict[str, Any]]:
     from phasegate.store.sqlite_board import BoardUnreadable, open_board
     from phasegate.summary import workflow_summary
 
-    url = reading_url(repo)
+    url = reading_url(repo, validate=False)
     board = open_board(url)
     if board is not None:
         try:
@@ -287,7 +285,7 @@ def show(
 def _manual(
     repo: Path,
     workflow_id: str,
-    act: Callable[[Engine], dict[str, Any]],
+    act: "Callable[[Engine], dict[str, Any]]",
     advance: bool,
     as_json: bool,
     announce_reversion: bool = False,

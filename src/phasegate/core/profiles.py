@@ -57,7 +57,6 @@ from phasegate.core.contract import (
     WorkflowContext,
 )
 from phasegate.core.state import WorkflowState
-from phasegate.graph.facts import NO_PROGRESS_SIMILARITY, similarity
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -231,6 +230,9 @@ def repeated_plan(state: WorkflowState, plan: str) -> float | None:
     reverted from the merge (``sync_base``) is never a repeat: its build starts
     from the base as it is now, so the same plan is a new build.
     """
+    # Here, not at the top: the profiles load for `status`, which needs no graph.
+    from phasegate.graph.facts import NO_PROGRESS_SIMILARITY, similarity
+
     previous = state.get("plan")
     if not state.get("plan_cycle") or not previous or state.get("sync_base"):
         return None

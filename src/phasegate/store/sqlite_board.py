@@ -16,7 +16,7 @@ import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.request import pathname2url
+from urllib.parse import quote
 
 from phasegate.clock import Clock, SystemClock
 from phasegate.store.values import HEAD_REVISION, UsageTotals
@@ -142,7 +142,7 @@ class SqliteBoard:
             return []
         try:
             if self._conn is None:
-                uri = f"file:{pathname2url(str(self.path))}?mode=ro"
+                uri = f"file:{quote(str(self.path))}?mode=ro"
                 self._conn = sqlite3.connect(uri, uri=True, timeout=5.0)
                 self._conn.row_factory = sqlite3.Row
             return self._conn.execute(sql, parameters).fetchall()
