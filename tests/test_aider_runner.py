@@ -262,10 +262,7 @@ def test_the_second_review_round_restores_the_review_chat(
         **aider_scripts(),
     }
     server = server_factory(scripts)
-    roles = {
-        role: aider_role(aider, server.url)
-        for role in ("plan", "plan_review", "build", "review", "verification")
-    }
+    roles = {role: aider_role(aider, server.url) for role in ("build", "review")}
     repo = make_project(tmp_path, roles)
     proc = run_ticket(repo, TICKET_ENV)
     assert proc.returncode == 0, proc.stderr

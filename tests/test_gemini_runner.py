@@ -343,10 +343,7 @@ def test_the_second_review_round_resumes_the_review_session(
     server = server_factory(scripts)
     repo = make_project(
         tmp_path,
-        {
-            role: gemini_role(gemini, server.url)
-            for role in ("plan", "plan_review", "build", "review", "verification")
-        },
+        {role: gemini_role(gemini, server.url) for role in ("build", "review")},
     )
     proc = run_ticket(repo, TICKET_ENV)
     assert proc.returncode == 0, proc.stderr
@@ -370,10 +367,7 @@ def test_a_read_only_role_that_tries_to_edit_is_refused(
         REVIEW: [Step(tools=(write("stray.txt", "x"),)), Step(text="VERDICT: approve")],
     }
     server = server_factory(scripts)
-    roles = {
-        role: gemini_role(gemini, server.url)
-        for role in ("plan", "plan_review", "build", "review", "verification")
-    }
+    roles = {role: gemini_role(gemini, server.url) for role in ("review",)}
     repo = make_project(tmp_path, roles, extra="[limits]\nagent_retries = 0\n")
     proc = run_ticket(repo, TICKET_ENV)
     assert proc.returncode == 1, proc.stderr
@@ -420,11 +414,8 @@ def test_real_gemini_error_paths_end_with_their_named_reason(
 ) -> None:
     steps, extra, kind, phrase, status, runs = ERRORS[case]
     server = server_factory({**gemini_scripts(), BUILD: steps})
-    roles = {
-        role: gemini_role(gemini, server.url)
-        for role in ("plan", "plan_review", "review", "verification")
-    }
-    roles["build"] = gemini_role(gemini, server.url, extra=extra)
+    # only the build runs gemini; the other roles answer from a script
+    roles = {"build": gemini_role(gemini, server.url, extra=extra)}
     limits = "[limits]\nagent_retries = 1\nmax_dev_retries = 1\n"
     repo = make_project(tmp_path, roles, extra=limits)
 

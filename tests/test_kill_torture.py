@@ -57,8 +57,8 @@ from support.torture_postgres import (
 # Sandboxed, as on a person's machine: kills land on bwrap and its PID namespace too.
 pytestmark = [pytest.mark.slow, pytest.mark.sandboxed]
 
-TRIALS = int(os.environ.get("PHASEGATE_TORTURE_TRIALS", "20"))
-GITHUB_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_GITHUB_TRIALS", "6"))
+TRIALS = int(os.environ.get("PHASEGATE_TORTURE_TRIALS", "12"))
+GITHUB_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_GITHUB_TRIALS", "4"))
 POSTGRES_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_POSTGRES_TRIALS", "2"))
 
 
