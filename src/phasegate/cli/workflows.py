@@ -232,7 +232,7 @@ def worker(
 @app.command()
 def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     """Every workflow: phase, status, the worker holding it (while one does), profile,
-    tokens and cost."""
+    tokens and cost. Reads the store only: `phasegate doctor` checks the cartridge."""
     from phasegate.cli.status_table import status_table
 
     with reported_errors():
