@@ -554,9 +554,10 @@ def test_status_and_show_still_read_the_state_while_the_cartridge_is_broken(
     status = phasegate_cli("status", "--repo", str(happy_repo), "--json")
     assert status.returncode == 0, status.stderr
     assert [r["id"] for r in json.loads(status.stdout)] == [summary["id"]]
+    assert "limits.max_plan_round" in flat(status.stderr)
     show = phasegate_cli("show", summary["id"], "--repo", str(happy_repo))
     assert show.returncode == 0 and "acceptance_verification" in show.stdout
-    assert "limits.max_plan_round" in flat(show.stderr)  # status answers without looking
+    assert "limits.max_plan_round" in flat(show.stderr)
 
 
 def test_show_of_a_waiting_workflow_prints_its_report(tmp_path: Path) -> None:

@@ -139,25 +139,28 @@ def open_for_reading(repo: Path) -> Store:
     return open_url_for_reading(reading_url(repo))
 
 
-def reading_url(repo: Path, *, validate: bool = True) -> str:
+def reading_url(repo: Path) -> str:
     """The store's URL, even while the cartridge is broken (a warning says so, and
-    names the default store read instead). Without ``validate`` (``status``, which
-    should answer at once) a SQLite store is found from the TOML alone
-    (``checkout_store_url``), and a cartridge broken otherwise goes unmentioned:
-    ``doctor`` and ``show`` name its problems."""
-    from phasegate.config.store_url import checkout_store_url
-
-    root = repo_root(repo)
-    url = None if validate else checkout_store_url(root)
-    if url is not None:
-        return url
+    names the default store read instead)."""
     from phasegate.config.cartridge import Cartridge, CartridgeError, load_cartridge
 
+    root = repo_root(repo)
     try:
         return load_cartridge(root).store_url(root)
     except CartridgeError as exc:
         err.print(f"[yellow]warning:[/yellow] {shown(str(exc))}; reading the default store")
         return Cartridge().store_url(root)
+
+
+def warn_if_broken(root: Path, reading: str) -> None:
+    """A warning on stderr naming what is wrong with ``root``'s cartridge, if anything,
+    and what is read meanwhile (``reading``)."""
+    from phasegate.config.cartridge import CartridgeError, load_cartridge
+
+    try:
+        load_cartridge(root)
+    except CartridgeError as exc:
+        err.print(f"[yellow]warning:[/yellow] {shown(str(exc))}; reading {reading}")
 
 
 def open_url_for_reading(url: str) -> Store:

@@ -21,9 +21,11 @@ from phasegate.cli._app import (
     open_repo,
     open_url_for_reading,
     reading_url,
+    repo_root,
     reported_errors,
     shown,
     ticket_from,
+    warn_if_broken,
 )
 from phasegate.core.state import WorkflowState
 from phasegate.proc.host import HOSTNAME_VARIABLE
@@ -232,7 +234,7 @@ def worker(
 @app.command()
 def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     """Every workflow: phase, status, the worker holding it (while one does), profile,
-    tokens and cost. Reads the store only: `phasegate doctor` checks the cartridge."""
+    tokens and cost."""
     from phasegate.cli.status_table import status_table
 
     with reported_errors():
@@ -245,22 +247,35 @@ def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
 
 
 def _board(repo: Path) -> list[dict[str, Any]]:
-    """Every workflow's summary. A SQLite store is read without SQLAlchemy, which
-    would cost `status` more than the rest of its work; the Store reads the rest."""
+    """Every workflow's summary. A SQLite store is read without SQLAlchemy, and found
+    from the cartridge's TOML alone: SQLAlchemy and the cartridge's models would cost
+    `status` more than the rest of its work. The cartridge is validated only when its
+    text is not one a workflow started under, so a broken one is still named."""
+    from phasegate.config.store_url import checkout_cartridge_sha, checkout_store_url
     from phasegate.store.sqlite_board import BoardUnreadable, open_board
     from phasegate.summary import workflow_summary
 
-    url = reading_url(repo, validate=False)
+    root = repo_root(repo)
+    url = checkout_store_url(root)
+    if url is None:  # a server, or a [store] url only the validated cartridge can read
+        store = open_url_for_reading(reading_url(root))
+        return [workflow_summary(store, r) for r in store.list_workflows()]
+    rows = None
     board = open_board(url)
     if board is not None:
         try:
-            return [workflow_summary(board, r) for r in board.list_workflows()]
+            rows = [workflow_summary(board, r) for r in board.list_workflows()]
         except BoardUnreadable:
             pass  # the Store reads it, or says what is wrong with it
         finally:
             board.close()
-    store = open_url_for_reading(url)
-    return [workflow_summary(store, r) for r in store.list_workflows()]
+    if rows is None:
+        store = open_url_for_reading(url)
+        rows = [workflow_summary(store, r) for r in store.list_workflows()]
+    sha = checkout_cartridge_sha(root)
+    if sha is None or all(r["cartridge_sha"] != sha for r in rows):
+        warn_if_broken(root, "the store it names" if sha else "the default store")
+    return rows
 
 
 @app.command()

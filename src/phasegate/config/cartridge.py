@@ -7,7 +7,6 @@ typo in a limit must not silently fall back to the default.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -38,7 +37,7 @@ from phasegate.config.graph import (  # noqa: F401  (their home was here)
     ReviewTiers,
     WorkRouting,
 )
-from phasegate.config.store_url import CARTRIDGE_FILE, resolve_store_url
+from phasegate.config.store_url import CARTRIDGE_FILE, blob_sha, resolve_store_url
 from phasegate.config.toml import TomlError, read_toml
 from phasegate.core.contract import PhasegateError
 from phasegate.core.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, AutomationProfile
@@ -486,11 +485,6 @@ def _format_errors(path: Path, exc: ValidationError) -> str:
             f"({unknown:,} unknown keys in all)"
         )
     return "\n".join(lines)
-
-
-def blob_sha(data: bytes) -> str:
-    """``data``'s git blob id, as ``git hash-object`` computes it."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
 
 
 def load_cartridge(repo: Path) -> Cartridge:

@@ -1,5 +1,5 @@
-"""Where a repository's store is: ``[store] url`` resolved against the repository,
-readable without validating the rest of the cartridge.
+"""What ``status`` reads of the checkout's cartridge without validating it: where the
+store is (``[store] url`` resolved against the repository) and the text's git blob id.
 
 ``status`` only looks, so it should not pay for building the cartridge's models
 (``Cartridge.store_url`` resolves the same way, once the file is valid).
@@ -7,12 +7,26 @@ readable without validating the rest of the cartridge.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from phasegate.config.toml import TomlError, read_toml
 
 #: The cartridge's file, at the repository's root.
 CARTRIDGE_FILE = "phasegate.toml"
+
+
+def blob_sha(data: bytes) -> str:
+    """``data``'s git blob id, as ``git hash-object`` computes it."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def checkout_cartridge_sha(repo: Path) -> str | None:
+    """The git blob id of the checkout's ``phasegate.toml``; None without one."""
+    try:
+        return blob_sha((repo / CARTRIDGE_FILE).read_bytes())
+    except OSError:
+        return None
 
 
 def resolve_store_url(repo: Path, url: str | None) -> str:
