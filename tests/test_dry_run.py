@@ -215,20 +215,36 @@ CLI_ROLES = {
 }
 
 
+#: What the command roles of a dry run print: a plan, and the verdicts.
+COMMAND_SAYS = {
+    "plan": "1. Write the dry-run file.",
+    "plan_review": "VERDICT: approve",
+    "verification": "VERDICT: confirmed",
+}
+
+
 @pytest.mark.slow
 @pytest.mark.sandboxed
 @pytest.mark.parametrize("runner", sorted(CLI_ROLES))
 def test_a_dry_run_on_each_newer_cli_runner_completes_offline(tmp_path: Path, runner: str) -> None:
     cli, model = CLI_ROLES[runner]
     role = f'runner = "{runner}"\nexecutable = {json.dumps(agent_cli(cli))}\n{model}timeout = 120\n'
-    repo = make_user_repo(tmp_path, dict.fromkeys(ROLES, role))
+    # A role that edits and a read-only one on the program; the others as command roles,
+    # which a dry run runs as they are (every role on each program: its own test file).
+    roles = {name: role for name in ("build", "review")}
+    for name, said in COMMAND_SAYS.items():
+        roles[name] = f'runner = "command"\ncommand = "echo {said}"\ntimeout = 30\n'
+    repo = make_user_repo(tmp_path, roles)
     before = snapshot(repo)
     proc = dry_run(repo, "--json", "Add the dry-run file", env={"GEMINI_API_KEY": SENTINEL})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(proc.stdout)
     assert result["workflow"]["status"] == "completed", result["workflow"]
-    assert {(r["runner"], r["outcome"]) for r in result["agent_runs"]} == {(runner, "ok")}
-    assert result["dry_run"]["model_requests"] >= len(ROLES)
+    ran = {(r["role"], r["runner"], r["outcome"]) for r in result["agent_runs"]}
+    assert ran == {
+        (name, runner if name in ("build", "review") else "command", "ok") for name in ROLES
+    }
+    assert result["dry_run"]["model_requests"] >= 2
     assert snapshot(repo) == before
     assert SENTINEL not in proc.stdout + proc.stderr
 
