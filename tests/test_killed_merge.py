@@ -248,3 +248,26 @@ def test_bases_whose_names_differ_only_in_a_slash_keep_intents_of_their_own(
 ) -> None:
     common = tmp_path / "common"
     assert _MergeIntent(common, "release/1.0").path != _MergeIntent(common, "release-1.0").path
+
+
+def test_a_lock_of_a_killed_git_still_dying_at_the_repair_is_removed_before_the_next_try(
+    tmp_path: Path,
+) -> None:
+    repo, ws = feature_repo(tmp_path)
+    persons_edits(repo)
+    # What a SIGKILLed merge leaves while its git is still on its way out: HEAD.lock, and
+    # a git process in the repository, so the repair before the merge must leave the lock.
+    (repo / ".git" / "HEAD.lock").write_text("")
+    dying = subprocess.Popen(["git", "cat-file", "--batch"], cwd=repo, stdin=subprocess.PIPE)
+    ended = threading.Timer(0.1, dying.kill)
+    ended.start()
+    try:
+        merged = ws.merge_into_base(repo, "main", "feature", MESSAGE)
+    finally:
+        ended.cancel()
+        dying.kill()
+        dying.wait()
+        assert dying.stdin is not None
+        dying.stdin.close()
+    assert_merged_and_edits_kept(repo, merged)
+    assert not (repo / ".git" / "HEAD.lock").exists()

@@ -31,6 +31,7 @@ from phasegate.git.command import (
     repository_flock,
     run_git,
 )
+from phasegate.git.repair import remove_stale_locks
 
 
 class BaseMerging:
@@ -243,6 +244,9 @@ class BaseMerging:
                     f"({held}: another git process is working there)"
                 )
             time.sleep(0.2 * attempt)
+            # A lock judged held before this merge may have been a killed git's that was
+            # still dying then: judged again, a stale one is removed.
+            remove_stale_locks(self.common_dir(holder))
         detail = (proc.stderr or proc.stdout).strip()
         if "local changes" in detail or "untracked working tree files" in detail:
             raise DirtyCheckout(
