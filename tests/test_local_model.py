@@ -267,11 +267,12 @@ def test_a_plan_that_times_out_every_try_pauses_the_workflow(
     llama: LlamaServer, tmp_path: Path
 ) -> None:
     # 0.05 s: less than the server takes to read the plan prompt (over 100 tokens) on
-    # two cores, let alone to write an answer of up to 400 tokens
+    # two cores, let alone to write an answer of up to 64 tokens (the server writes
+    # each abandoned answer to its end: more would only burn the machine's cores)
     slow_plan = (
         local_role(llama)
         .replace("timeout = 120", "timeout = 0.05")
-        .replace(f"max_tokens = {MAX_TOKENS}", "max_tokens = 400")
+        .replace(f"max_tokens = {MAX_TOKENS}", "max_tokens = 64")
     )
     summary, runs = local_workflow(llama, tmp_path, {"plan": slow_plan})
     assert summary["status"] == "planning_timeout", summary

@@ -10,8 +10,6 @@ from pathlib import Path
 
 from phasegate.config.cartridge import Cartridge
 from phasegate.forge.base import Forge
-from phasegate.forge.github.auth import forge_auth, repository_from_origin
-from phasegate.forge.github.forge import GitHubForge
 from phasegate.forge.local import LocalForge
 from phasegate.git.workspace import Workspace
 from phasegate.store import Store
@@ -34,6 +32,10 @@ def make_forge(
     settings = cartridge.forge
     if settings.kind == "local":
         return LocalForge(store, repo, workspace, secrets)
+    # Here, not at the top: githubkit and httpx cost every local run a fifth of its start.
+    from phasegate.forge.github.auth import forge_auth, repository_from_origin
+    from phasegate.forge.github.forge import GitHubForge
+
     repository = settings.repository or repository_from_origin(repo, settings.base_url)
     auth = forge_auth(settings, repo, repository, environ)
     return GitHubForge(repository, auth, repo, workspace, settings, secrets)

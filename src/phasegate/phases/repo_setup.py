@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from phasegate.core.contract import PREPARATION, MilestoneWrite, PhasegateError, WorkflowContext
-from phasegate.forge.github.faults import GitHubRefused
 from phasegate.git.command import git
 from phasegate.phases.deps import PhaseDeps
 
@@ -102,6 +101,9 @@ def set_up(ctx: WorkflowContext, deps: PhaseDeps) -> None:
 
 
 def _create(forge: Any, repository: str, description: str, private: bool) -> dict[str, Any]:
+    # Here, not at the top: githubkit loads only for a new project made on GitHub.
+    from phasegate.forge.github.faults import GitHubRefused
+
     try:
         return dict(forge.create_repository(description, private=private))
     except GitHubRefused as exc:
