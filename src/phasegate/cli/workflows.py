@@ -256,12 +256,10 @@ def _board(repo: Path) -> list[dict[str, Any]]:
     from phasegate.summary import workflow_summary
 
     root = repo_root(repo)
+    # None: a server, or a [store] url only the validated cartridge can read
     url = checkout_store_url(root)
-    if url is None:  # a server, or a [store] url only the validated cartridge can read
-        store = open_url_for_reading(reading_url(root))
-        return [workflow_summary(store, r) for r in store.list_workflows()]
     rows = None
-    board = open_board(url)
+    board = None if url is None else open_board(url)
     if board is not None:
         try:
             rows = [workflow_summary(board, r) for r in board.list_workflows()]
@@ -270,11 +268,12 @@ def _board(repo: Path) -> list[dict[str, Any]]:
         finally:
             board.close()
     if rows is None:
-        store = open_url_for_reading(url)
+        store = open_url_for_reading(url or reading_url(root))  # reading_url validates
         rows = [workflow_summary(store, r) for r in store.list_workflows()]
-    sha = checkout_cartridge_sha(root)
-    if sha is None or all(r["cartridge_sha"] != sha for r in rows):
-        warn_if_broken(root, "the store it names" if sha else "the default store")
+    if url is not None:  # not validated on the way: is it a text some workflow started under?
+        sha = checkout_cartridge_sha(root)
+        if sha is None or all(r["cartridge_sha"] != sha for r in rows):
+            warn_if_broken(root, "the store it names" if sha else "the default store")
     return rows
 
 

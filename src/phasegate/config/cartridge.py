@@ -37,7 +37,7 @@ from phasegate.config.graph import (  # noqa: F401  (their home was here)
     ReviewTiers,
     WorkRouting,
 )
-from phasegate.config.store_url import CARTRIDGE_FILE, blob_sha, resolve_store_url
+from phasegate.config.store_url import CARTRIDGE_FILE, blob_sha, resolve_store_url, sqlite_file
 from phasegate.config.toml import TomlError, read_toml
 from phasegate.core.contract import PhasegateError
 from phasegate.core.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, AutomationProfile
@@ -236,7 +236,7 @@ class StoreSettings(_Strict):
                 "a SQLite store is a file: sqlite:///path/relative/to/the/repository.db "
                 "or sqlite:////absolute/path.db"
             )
-        if rest[3:].partition("?")[0] in ("", ":memory:"):
+        if sqlite_file(url) is None:
             raise ValueError(
                 "an in-memory SQLite store keeps nothing once the command ends; "
                 "name a file: sqlite:///.phasegate/state.db"

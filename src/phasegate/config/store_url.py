@@ -29,6 +29,16 @@ def checkout_cartridge_sha(repo: Path) -> str | None:
         return None
 
 
+def sqlite_file(url: str) -> str | None:
+    """The file of a ``sqlite:///path[?query]`` URL (relative, or absolute with a
+    fourth slash); None for another URL or an in-memory database (no path, or
+    ``:memory:``)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url.removeprefix("sqlite:///").partition("?")[0]
+    return None if path in ("", ":memory:") else path
+
+
 def resolve_store_url(repo: Path, url: str | None) -> str:
     """``url``, or the embedded default: SQLite at ``repo/.phasegate/state.db``. A
     relative SQLite path is the repository's (``repo``), wherever the command runs."""
@@ -56,8 +66,6 @@ def checkout_store_url(repo: Path) -> str | None:
     url = store.get("url")
     if url is None:
         return resolve_store_url(repo, None)
-    if not isinstance(url, str) or not url.startswith("sqlite:///"):
-        return None
-    if url.removeprefix("sqlite:///").partition("?")[0] in ("", ":memory:"):
+    if not isinstance(url, str) or sqlite_file(url) is None:
         return None
     return resolve_store_url(repo, url)

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from phasegate.clock import Clock, SystemClock
+from phasegate.config.store_url import sqlite_file
 from phasegate.store.values import HEAD_REVISION, UsageTotals
 
 #: The columns SQLAlchemy decodes (timestamps, JSON, booleans), by table; every
@@ -69,10 +70,8 @@ def open_board(url: str, clock: Clock | None = None) -> SqliteBoard | None:
 def _sqlite_path(url: str) -> Path | None:
     """The file of a ``sqlite:///path[?query]`` URL; None for any other URL, an
     in-memory one, or a path with what a URL would escape."""
-    if not url.startswith("sqlite:///"):
-        return None
-    path = url.removeprefix("sqlite:///").partition("?")[0]
-    if not path or path == ":memory:" or "%" in path:
+    path = sqlite_file(url)
+    if path is None or "%" in path:
         return None
     return Path(path)
 
