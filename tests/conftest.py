@@ -38,6 +38,9 @@ from support.postgres import (
 )
 from support.prism import PrismError, PrismProxy, find_description, find_prism
 
+# The width every command prints at, in its own process or in this one
+# (``phasegate_in_process``): rich reads it once, when phasegate's consoles are made.
+os.environ["COLUMNS"] = "200"
 # The rig (tests/support) is imported by the subprocesses some tests start too.
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p
@@ -387,10 +390,19 @@ def server_factory() -> Iterator[Callable[[Mapping[str, Sequence[Step]]], Script
         server.stop()
 
 
+#: Commands that only read the store, run in the test's own process by ``phasegate_cli``:
+#: a process of their own costs half a CPU-second of imports per look, hundreds of
+#: times a run. tests/test_cli.py runs them as processes too.
+READING_COMMANDS = frozenset({"show"})
+
+
 def phasegate_cli(
     *args: str, cwd: Path | None = None, timeout: float = 120, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real ``phasegate`` console script."""
+    """Run the real ``phasegate`` console script (a ``READING_COMMANDS`` one in this
+    process, through the same Typer app, unless ``cwd`` is given)."""
+    if args and args[0] in READING_COMMANDS and cwd is None:
+        return phasegate_in_process(*args, env=env)
     exe = Path(sys.executable).parent / "phasegate"
     return subprocess.run(
         [str(exe), *args],
@@ -399,6 +411,23 @@ def phasegate_cli(
         text=True,
         timeout=timeout,
         env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
+
+
+def phasegate_in_process(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``args`` run by phasegate's Typer app in this process, as the console script
+    would run them: its exit code, standard output and standard error."""
+    from typer.testing import CliRunner
+
+    from phasegate.cli import app
+
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200", **(env or {})})
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(
+        ["phasegate", *args], result.exit_code, result.stdout, result.stderr
     )
 
 

@@ -289,7 +289,10 @@ def show(
 
     with reported_errors():
         store = open_for_reading(repo)
-        detail = workflow_detail(store, workflow_id)
+        try:
+            detail = workflow_detail(store, workflow_id)
+        finally:
+            store.close()
     if as_json:
         console.print_json(json.dumps(detail, default=str))
         return
