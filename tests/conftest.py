@@ -392,7 +392,7 @@ def server_factory() -> Iterator[Callable[[Mapping[str, Sequence[Step]]], Script
 
 #: Commands that only read the store, run in the test's own process by ``phasegate_cli``:
 #: a process of their own costs half a CPU-second of imports per look, hundreds of
-#: times a run. tests/test_cli.py runs them as processes too.
+#: times a run. tests/test_cli.py runs them as processes, as a person does.
 READING_COMMANDS = frozenset({"show"})
 
 

@@ -18,6 +18,7 @@ from phasegate.forge import LocalForge
 from phasegate.git.workspace import Workspace
 from phasegate.store import open_store
 
+import conftest
 from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 
 LIFECYCLE = [
@@ -46,6 +47,12 @@ def make_project(
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "cartridge")
     return repo
+
+
+@pytest.fixture(autouse=True)
+def _every_command_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's own tests run ``show`` as a process too, as a person does."""
+    monkeypatch.setattr(conftest, "READING_COMMANDS", frozenset())
 
 
 def cli_json(*args: str) -> tuple[int, Any]:
