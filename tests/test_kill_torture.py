@@ -1,13 +1,13 @@
 """The random kill-torture harness in CI: whole workflows SIGKILLed at
 random moments, every invariant checked on every trial, no violation allowed.
 
-``PHASEGATE_TORTURE_TRIALS`` sets how many trials run (default 20, under two minutes);
+``PHASEGATE_TORTURE_TRIALS`` sets how many trials run (default 12, under two minutes);
 ``PHASEGATE_TORTURE_SEED`` the first seed (default: a new one each run, printed, so CI
 explores new moments and a failure names the seed that replays it).
 ``benchmarks/kill_torture.py --trials 300`` runs many more and prints the figures.
 
 On the GitHub forge (no duplicate issue, PR, comment or merge there either), the fake
-GitHub behind Prism: ``PHASEGATE_TORTURE_GITHUB_TRIALS`` trials (default 6, about
+GitHub behind Prism: ``PHASEGATE_TORTURE_GITHUB_TRIALS`` trials (default 4, about
 three minutes; a trial is slower than a local one, every forge call crossing Prism),
 one of them always killing a request to GitHub in flight.
 
