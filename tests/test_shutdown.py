@@ -49,6 +49,8 @@ def test_a_signal_stops_the_agent_and_resume_finishes(tmp_path: Path, sig: signa
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     agent_pid = int(marker.read_text())
+    held = phasegate_cli("status", "--repo", str(repo))
+    assert "not being advanced" not in held.stdout, held.stdout  # the run holds it
     started = time.monotonic()
     proc.send_signal(sig)
     out, errors = proc.communicate(timeout=30)
@@ -57,6 +59,10 @@ def test_a_signal_stops_the_agent_and_resume_finishes(tmp_path: Path, sig: signa
     summary = json.loads(out)
     assert (summary["current_phase"], summary["status"]) == ("development", "developing")
     assert not alive(agent_pid)
+    # status says nobody goes on with it, and what does
+    left = " ".join(phasegate_cli("status", "--repo", str(repo)).stdout.split())
+    assert f"{summary['id']} is not being advanced now (no worker holds it)" in left, left
+    assert f"`phasegate resume {summary['id']}` goes on with it" in left, left
 
     # resume with a build agent that answers at once
     (repo / "phasegate.toml").write_text(scripted_cartridge())
@@ -67,6 +73,7 @@ def test_a_signal_stops_the_agent_and_resume_finishes(tmp_path: Path, sig: signa
     show = json.loads(phasegate_cli("show", summary["id"], "--repo", str(repo), "--json").stdout)
     assert not [m for m in show["milestones"] if m["status"] == "in_progress"]
     assert git(repo, "show", "main:f.txt") == "f"
+    assert "not being advanced" not in phasegate_cli("status", "--repo", str(repo)).stdout
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from phasegate.cli._app import shown
+from phasegate.core.contract import NEEDS_YOU_STATUSES, RUNNABLE_STATUSES
 from phasegate.core.terminal import visible
 
 #: status's columns, in the order shown; the ones a narrow terminal drops first
@@ -51,6 +52,26 @@ def _status_cells(r: Mapping[str, Any], wide: bool) -> dict[str, str]:
         # UTC; the date goes first when space is short (today's rows matter most)
         "updated": updated[:19].replace("T", " ") if wide else updated[11:16],
     }
+
+
+def unheld_note(rows: list[dict[str, Any]]) -> str | None:
+    """A line naming the workflows mid-lifecycle that no worker is advancing now (a run
+    stopped by Ctrl-C, a worker that ended, a ticket filed without advancing it, or one
+    a running worker looks at again later), and the commands that go on with them;
+    None when there are none."""
+    # A person moves on the ones that need them: those are not stuck.
+    moving = RUNNABLE_STATUSES - NEEDS_YOU_STATUSES
+    unheld = [r["id"] for r in rows if r["status"] in moving and not r.get("worker")]
+    if not unheld:
+        return None
+    ids = ", ".join(unheld[:3]) + (f" and {len(unheld) - 3} more" if len(unheld) > 3 else "")
+    one = len(unheld) == 1
+    return (
+        f"{ids} {'is' if one else 'are'} not being advanced now (no worker holds "
+        f"{'it' if one else 'them'}). Unless a `phasegate worker` is running, "
+        f"`phasegate resume {unheld[0]}` goes on with {'it' if one else 'one'}, "
+        "`phasegate worker` with every one."
+    )
 
 
 def status_table(rows: list[dict[str, Any]], width: int) -> Table:

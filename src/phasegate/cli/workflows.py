@@ -235,7 +235,7 @@ def worker(
 def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     """Every workflow: phase, status, the worker holding it (while one does), profile,
     tokens and cost."""
-    from phasegate.cli.status_table import status_table
+    from phasegate.cli.status_table import status_table, unheld_note
 
     with reported_errors():
         rows = _board(repo)
@@ -244,6 +244,9 @@ def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
         return
     table = status_table(rows, console.width)
     console.print(table if rows else 'no workflows yet; `phasegate run "ticket"` files one')
+    note = unheld_note(rows)
+    if note:
+        console.print(note, highlight=False)
 
 
 def _board(repo: Path) -> list[dict[str, Any]]:
