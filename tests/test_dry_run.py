@@ -435,6 +435,28 @@ def test_command_and_scripted_roles_run_as_they_are(tmp_path: Path) -> None:
     assert snapshot(repo) == before
 
 
+def test_a_paused_dry_run_says_its_reasons_commands_named_the_clones_workflow(
+    tmp_path: Path,
+) -> None:
+    roles = dict.fromkeys(ROLES, 'runner = "scripted"\nscript = "answers.toml"\ntimeout = 30\n')
+    roles["build"] = 'runner = "command"\ncommand = "true"\n'  # changes nothing
+    repo = make_user_repo(tmp_path, roles, extra="[limits]\nmax_dev_retries = 0\n")
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    scratch = tmp_path / "scratch"  # the kept clone lands here, and goes with tmp_path
+    scratch.mkdir()
+    for keep in ((), ("--keep",)):
+        proc = dry_run(repo, *keep, "Add the feature", env={"TMPDIR": str(scratch)})
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        out = " ".join(proc.stdout.split())
+        assert "dry run: development · paused" in out, out
+        assert "`phasegate resume " in out  # the reason's own suggestion, kept as it is
+        if keep:
+            clone = out.split("the clone was kept in ")[1].split()[0]
+            assert f"those commands act on the clone's workflow: add `--repo {clone}`" in out
+        else:
+            assert "those commands named the clone's workflow, which is gone" in out, out
+
+
 def test_a_bad_script_is_an_error_naming_its_key(tmp_path: Path) -> None:
     repo = make_user_repo(tmp_path, dict.fromkeys(ROLES, 'runner = "command"\ncommand = "true"\n'))
     script = tmp_path / "bad.toml"

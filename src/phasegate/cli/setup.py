@@ -336,6 +336,16 @@ def dry_run(
         )
         if summary["error"]:
             console.print(f"  reason: {shown(summary['error'])}", highlight=False)
+            if "`phasegate " in summary["error"]:
+                # The commands a reason suggests name the clone's workflow, not the repository's.
+                console.print(
+                    f"  those commands act on the clone's workflow: add `--repo {clone}`"
+                    if keep
+                    else "  those commands named the clone's workflow, which is gone: change "
+                    "what the reason says, then dry-run again (`--keep` keeps the clone to "
+                    "go on in it)",
+                    highlight=False,
+                )
         where = f"kept in {clone}" if keep else "removed (--keep keeps it)"
         console.print(f"  {root} was not touched; the clone was {where}", highlight=False)
     if engine.shutdown.is_set():
