@@ -1,5 +1,7 @@
 """A check command the OS cannot start: doctor names its key and why, and a run
-pauses with one line, never a traceback on every resume.
+pauses with one line, never a traceback on every resume. A check whose program is
+not on the checks' PATH, or whose ``python -m MODULE`` lacks the module, is named by
+doctor too: every build would fail on it.
 
 Linux refuses an exec whose one argument is over 128 KiB (E2BIG); a check is one
 argument of ``sh -c``, so a 3 MB check string can never start.
@@ -64,6 +66,24 @@ def test_doctor_names_the_check_that_cannot_start(tmp_path: Path) -> None:
     proc = phasegate_cli("doctor", "--repo", str(repo), "--offline", "--json")
     assert proc.returncode == 1
     assert json.loads(proc.stdout)["missing"] == found.missing
+
+
+def test_doctor_names_a_check_whose_program_or_module_is_missing(tmp_path: Path) -> None:
+    checks = [
+        "python3 -m json.tool --help",  # there: not named
+        "no-such-program-of-phasegate --version",
+        "CI=1 python3 -m no_such_module_of_phasegate -q",
+        "test -f README.md && no-such-program-of-phasegate",  # the shell's: left to the run
+    ]
+    found = diagnose(project(tmp_path, checks), offline=True)
+    assert not found.ok
+    problems = [m for m in found.missing if m.startswith("landing_areas.checks[")]
+    assert [p.split(" cannot run: ")[0] for p in problems] == [
+        "landing_areas.checks[1]",
+        "landing_areas.checks[2]",
+    ], problems
+    assert "`no-such-program-of-phasegate` is not on the PATH the checks get" in problems[0]
+    assert "has no module 'no_such_module_of_phasegate': install it there" in problems[1]
 
 
 def test_a_run_pauses_with_one_line_and_every_resume_says_the_same(tmp_path: Path) -> None:

@@ -59,6 +59,7 @@ from phasegate.git.merge import scratch_note
 from phasegate.git.workspace import GitError, Workspace, git
 from phasegate.proc.sandbox import PROCESS_RUNNERS, SANDBOX_VAR, SandboxKind, bwrap_works, choose
 from phasegate.store import store_server_problem
+from phasegate.tools.check_probe import program_problem
 from phasegate.tools.discover import (
     AGENT_CLIS,
     MODEL_KEY_VARS,
@@ -571,6 +572,10 @@ def _check_workflow(
         problem = command_problem(command, env)
         if problem is not None:  # every run would pause on it
             missing.append(f"landing_areas.checks[{i}] cannot start: {problem}")
+            continue
+        problem = program_problem(command, env, root)
+        if problem is not None:  # every build would fail its checks on it
+            missing.append(f"landing_areas.checks[{i}] cannot run: {problem}")
     problem = store_server_problem(cartridge.store_url(root))
     if problem is not None:  # every command would stop on it: a problem, not a warning
         missing.append(problem)
