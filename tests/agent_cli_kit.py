@@ -35,8 +35,11 @@ __all__ = [
     "REVIEW",
     "STEP_COST",
     "VERIFY",
+    "ROUND_1",
+    "ROUND_2",
     "RetryAfterServer",
     "assert_killed_at_timeout",
+    "assert_review_resumed",
     "assert_no_keys",
     "make_project",
     "offered_tools",
@@ -46,6 +49,7 @@ __all__ = [
     "run_ticket",
     "scripted_servers",
     "show",
+    "two_review_rounds",
 ]
 
 PLAN = "You are planning a change"
@@ -110,6 +114,36 @@ def role_scripts(
         REVIEW: list(review or [say("Correct and minimal.\nVERDICT: approve")]),
         VERIFY: list(verify),
     }
+
+
+#: The markers of a review's two rounds (``two_review_rounds``).
+ROUND_1, ROUND_2 = f"{REVIEW} (review round 1)", f"{REVIEW} (review round 2)"
+
+
+def two_review_rounds(
+    say: Callable[[str], Step] = lambda text: Step(text=text),
+) -> dict[str, list[Step]]:
+    """A review that asks for changes, then approves: a whole workflow's second
+    development round. Put before the role scripts (a round's marker is the more
+    specific)."""
+    return {
+        ROUND_1: [say("Add a trailing newline test.\nVERDICT: request_changes")],
+        ROUND_2: [say("Now fine.\nVERDICT: approve")],
+    }
+
+
+def assert_review_resumed(
+    server: ScriptedModelServer, runs: Sequence[Mapping[str, Any]], turns: str = "messages"
+) -> None:
+    """The second review round resumed the first's session: its one request carried
+    the first round's turn again (in the body's ``turns`` list), and both review runs
+    (``show``'s agent runs) name one session."""
+    round_two = server.played(ROUND_2)
+    assert len(round_two) == 1, round_two
+    sent = json.dumps(round_two[0].body[turns])
+    assert "review round 1" in sent and "Add a trailing newline test." in sent
+    reviews = [r for r in runs if r["role"] == "review"]
+    assert len(reviews) == 2 and reviews[0]["session_id"] == reviews[1]["session_id"], reviews
 
 
 class RetryAfterServer(ScriptedModelServer):

@@ -14,10 +14,11 @@ The shared behaviours, and where each is proved for each program:
    key is left in the output, the store or the program's files.
    (claude-code, codex: test_real_agents.py; gemini, opencode, qwen, copilot,
    aider, mini-swe-agent: their files' ``test_a_whole_workflow_...``.)
-2. The second review round resumes the review session (claude-code,
-   gemini, opencode, qwen, copilot; aider restores the review chat; codex's
-   resumed thread is counted once in its whole workflow; mini-swe-agent has no
-   sessions). (Their files' ``test_the_second_review_round_...``.)
+2. The review asks for changes once, and the second review round resumes the
+   review session (``agent_cli_kit.assert_review_resumed``): in the same whole
+   workflow, one run proving 1 and 2, for claude-code, gemini, opencode, qwen,
+   copilot and aider (which restores the review chat). Codex's resumed thread is
+   counted once in its whole workflow; mini-swe-agent has no sessions.
 3. A resumed session the program no longer has is started afresh, and a
    session it has is resumed: **here**, for gemini, qwen, opencode and copilot
    (``test_a_session_the_program_no_longer_has_is_started_afresh``).
@@ -39,10 +40,10 @@ The shared behaviours, and where each is proved for each program:
    (``test_the_commands_a_program_runs_do_not_see_the_model_key``; only the
    build runs the program, the other roles answer from a script).
 
-Behaviours 1, 2, 4 and 5 are still proved in the per-program files, one
-assertion each a program: their scripts, tool names and request shapes differ
-per dialect. Behaviours 3, 6 and 7 are proved here once for the programs whose
-files each had a copy of them.
+Behaviours 1, 2, 4 and 5 are proved in the per-program files, one run each a
+program: their scripts, tool names and request shapes differ per dialect, and
+the whole workflow proves 1 and 2 together. Behaviours 3, 6 and 7 are proved here
+once for the programs whose files each had a copy of them.
 """
 
 from __future__ import annotations

@@ -44,10 +44,13 @@ from agent_cli_kit import (
     PLAN,
     PLAN_REVIEW,
     REVIEW,
+    ROUND_1,
+    ROUND_2,
     STEP_COST,
     VERIFY,
     assert_killed_at_timeout,
     assert_no_keys,
+    assert_review_resumed,
     make_project,
     offered_tools,
     role_scripts,
@@ -55,6 +58,7 @@ from agent_cli_kit import (
     run_ticket,
     scripted_servers,
     show,
+    two_review_rounds,
 )
 from conftest import agent_cli, git
 
@@ -320,10 +324,10 @@ PROJECT_HOOKS = {
 
 
 @slow
-def test_a_whole_workflow_with_every_role_on_the_real_copilot(
+def test_a_whole_workflow_with_every_role_on_the_real_copilot_resuming_the_review_session(
     tmp_path: Path, copilot: str, servers
 ) -> None:
-    server = servers(copilot_scripts())
+    server = servers({**two_review_rounds(), **copilot_scripts()})
     roles = every_role(copilot, server.url)
     roles["verification"] = copilot_role(copilot, server.url, key=VERIFIER_KEY)
     repo = make_project(tmp_path, roles, files=PROJECT_HOOKS)
@@ -331,27 +335,31 @@ def test_a_whole_workflow_with_every_role_on_the_real_copilot(
     proc = run_ticket(repo, TICKET_ENV)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    assert summary["status"] == "completed", summary
+    assert (summary["status"], summary["dev_round"]) == ("completed", 2), summary
     assert git(repo, "show", "main:feature.txt") == "the feature"
 
     detail = show(repo, summary["id"])
     runs = detail["agent_runs"]
     assert [(r["role"], r["runner"], r["outcome"]) for r in runs] == [
         (role, "copilot", "ok")
-        for role in ("plan", "plan_review", "build", "review", "verification")
+        for role in ("plan", "plan_review", "build", "review", "build", "review", "verification")
     ]
     assert all(r["session_id"] and len(r["session_id"]) == 36 for r in runs)
+    assert_review_resumed(server, runs)
+    # each call counts its own turn, not the resumed session's total
+    reviews = [r for r in runs if r["role"] == "review"]
+    assert [(r["input_tokens"], r["output_tokens"]) for r in reviews] == [(100, 20)] * 2
     # every model request is a turn of the main loop, each reported 100 + 20 tokens,
     # priced at the binding's prices (Copilot reports no cost for its own provider)
     requests = [r for r in server.requests if r.script]
-    assert len(requests) == len(server.requests) == 7
+    assert len(requests) == len(server.requests) == 10
     assert summary["tokens"] == 120 * len(requests) == detail["workflow"]["tokens"]
     assert summary["cost_usd"] == pytest.approx(len(requests) * STEP_COST, rel=1e-6)
     assert [r["cost_usd"] for r in runs if r["role"] == "build"] == [
         pytest.approx(2 * STEP_COST, rel=1e-6)
-    ]
+    ] * 2
     # read-only roles were offered reading tools only; the build its edits and commands
-    for marker in (PLAN, PLAN_REVIEW, REVIEW, VERIFY):
+    for marker in (PLAN, PLAN_REVIEW, ROUND_1, ROUND_2, VERIFY):
         assert offered_tools(server, marker) == set(READ_ONLY_TOOLS), marker
     assert {"create", "edit", "bash"} <= offered_tools(server, BUILD)
     assert "task" not in offered_tools(server, BUILD)
@@ -373,37 +381,6 @@ def test_a_whole_workflow_with_every_role_on_the_real_copilot(
     # the project's hooks never ran: phasegate does not trust the folder for Copilot
     assert not list(tmp_path.rglob("hook-ran.txt"))
     assert "hook-ran.txt" not in git(repo, "log", "--all", "--name-only", "--format=")
-
-
-@slow
-def test_the_second_review_round_resumes_the_review_session(
-    tmp_path: Path, copilot: str, servers
-) -> None:
-    scripts = {
-        f"{REVIEW} (review round 1)": [
-            Step(text="Add a trailing newline test.\nVERDICT: request_changes")
-        ],
-        f"{REVIEW} (review round 2)": [Step(text="Now fine.\nVERDICT: approve")],
-        **copilot_scripts(),
-    }
-    server = servers(scripts)
-    repo = make_project(
-        tmp_path, {r: copilot_role(copilot, server.url) for r in ("build", "review")}
-    )
-    proc = run_ticket(repo, TICKET_ENV)
-    assert proc.returncode == 0, proc.stderr
-    summary = json.loads(proc.stdout)
-    assert (summary["status"], summary["dev_round"]) == ("completed", 2)
-
-    round_two = server.played(f"{REVIEW} (review round 2)")
-    assert len(round_two) == 1
-    sent = json.dumps(round_two[0].body["messages"])
-    assert "review round 1" in sent and "Add a trailing newline test." in sent
-    reviews = [r for r in show(repo, summary["id"])["agent_runs"] if r["role"] == "review"]
-    assert len(reviews) == 2 and reviews[0]["session_id"] == reviews[1]["session_id"]
-    # each call counts its own turn, not the resumed session's total
-    assert [(r["input_tokens"], r["output_tokens"]) for r in reviews] == [(100, 20)] * 2
-    assert summary["tokens"] == 120 * len([r for r in server.requests if r.script])
 
 
 @slow

@@ -31,9 +31,11 @@ from agent_cli_kit import (
     VERIFY,
     assert_killed_at_timeout,
     assert_no_keys,
+    assert_review_resumed,
     make_project,
     run_ticket,
     show,
+    two_review_rounds,
 )
 from conftest import agent_cli, git, phasegate_cli
 
@@ -103,10 +105,11 @@ def codex() -> str:
     return agent_cli("codex")
 
 
-def test_a_whole_workflow_with_every_role_on_the_real_claude_code(
+def test_a_whole_workflow_with_every_role_on_the_real_claude_code_resuming_the_review_session(
     tmp_path: Path, claude: str, server_factory
 ) -> None:
-    server = server_factory(claude_scripts())
+    rounds = two_review_rounds(lambda text: Step(text=text, input_tokens=80))
+    server = server_factory({**rounds, **claude_scripts()})
     roles = {
         role: claude_role(claude, server.url) for role in ("plan", "plan_review", "build", "review")
     }
@@ -116,16 +119,17 @@ def test_a_whole_workflow_with_every_role_on_the_real_claude_code(
     proc = run_ticket(repo, TICKET_ENV)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    assert summary["status"] == "completed", summary
+    assert (summary["status"], summary["dev_round"]) == ("completed", 2), summary
     assert git(repo, "show", "main:feature.txt") == "the feature"
 
     detail = show(repo, summary["id"])
     runs = detail["agent_runs"]
     assert [(r["role"], r["runner"], r["outcome"]) for r in runs] == [
         (role, "claude-code", "ok")
-        for role in ("plan", "plan_review", "build", "review", "verification")
+        for role in ("plan", "plan_review", "build", "review", "build", "review", "verification")
     ]
     assert all(r["session_id"] for r in runs)
+    assert_review_resumed(server, runs)
     # every model request reported 80 + 20 tokens: the totals are sums, in show and status
     model_requests = [r for r in server.requests if r.script]
     assert summary["tokens"] == 100 * len(model_requests) == detail["workflow"]["tokens"]
@@ -139,38 +143,6 @@ def test_a_whole_workflow_with_every_role_on_the_real_claude_code(
     assert by_script[BUILD] == key_sha(SENTINEL)
     assert {r.key_sha for r in model_requests if r.script == VERIFY} == {key_sha(VERIFIER_KEY)}
     assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, json.dumps(detail))
-
-
-def test_the_second_review_round_resumes_the_review_session(
-    tmp_path: Path, claude: str, server_factory
-) -> None:
-    scripts = claude_scripts()
-    scripts = {
-        f"{REVIEW} (review round 1)": [
-            Step(text="Add a trailing newline test.\nVERDICT: request_changes")
-        ],
-        f"{REVIEW} (review round 2)": [Step(text="Now fine.\nVERDICT: approve")],
-        **scripts,
-    }
-    server = server_factory(scripts)
-    repo = make_project(
-        tmp_path,
-        {
-            role: claude_role(claude, server.url)
-            for role in ("plan", "plan_review", "build", "review", "verification")
-        },
-    )
-    proc = run_ticket(repo, TICKET_ENV)
-    assert proc.returncode == 0, proc.stderr
-    summary = json.loads(proc.stdout)
-    assert (summary["status"], summary["dev_round"]) == ("completed", 2)
-
-    round_two = server.played(f"{REVIEW} (review round 2)")
-    assert len(round_two) == 1
-    sent = json.dumps(round_two[0].body["messages"])
-    assert "review round 1" in sent and "Add a trailing newline test." in sent
-    reviews = [r for r in show(repo, summary["id"])["agent_runs"] if r["role"] == "review"]
-    assert len(reviews) == 2 and reviews[0]["session_id"] == reviews[1]["session_id"]
 
 
 ERRORS = {
