@@ -495,6 +495,8 @@ def test_init_prints_what_it_chose(tmp_path: Path) -> None:
     assert "api_key_env = ANTHROPIC_API_KEY" in out
     assert "base branch: main (the current branch)" in out
     assert "check: python -m pytest -q ([tool.pytest] in pyproject.toml)" in out
+    # its PATH holds no python: said at once, as doctor would say it
+    assert "it cannot run yet: `python` is not on the PATH the checks get" in out, out
     assert "phasegate doctor" in out and "phasegate dry-run" in out
     assert load_cartridge(repo).role("build").runner == "claude-code"
     assert_no_secret(proc.stdout, proc.stderr, (repo / "phasegate.toml").read_text())
@@ -503,7 +505,7 @@ def test_init_prints_what_it_chose(tmp_path: Path) -> None:
     proc = phasegate("init", "--repo", str(bare), env={"PATH": bare_path(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     out = " ".join(proc.stdout.split())
-    assert "roles: none bound" in out
+    assert "roles: none bound" in out and "the `command` runner needs neither" in out
     assert "no role is bound" in out and "next: bind the roles in phasegate.toml" in out
     assert load_cartridge(bare).missing_roles() == list(ROLES)
 

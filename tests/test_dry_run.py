@@ -450,11 +450,13 @@ def test_a_paused_dry_run_says_its_reasons_commands_named_the_clones_workflow(
         out = " ".join(proc.stdout.split())
         assert "dry run: development · paused" in out, out
         assert "`phasegate resume " in out  # the reason's own suggestion, kept as it is
+        workflow_id = out.split("`phasegate resume ")[1].split("`")[0]
+        said = f"commands above naming {workflow_id}"
         if keep:
             clone = out.split("the clone was kept in ")[1].split()[0]
-            assert f"those commands act on the clone's workflow: add `--repo {clone}`" in out
+            assert f"{said} act on the clone's workflow: add `--repo {clone}`" in out, out
         else:
-            assert "those commands named the clone's workflow, which is gone" in out, out
+            assert f"{said} named the clone's workflow, which is gone" in out, out
 
 
 def test_a_bad_script_is_an_error_naming_its_key(tmp_path: Path) -> None:

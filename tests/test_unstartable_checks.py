@@ -10,11 +10,14 @@ argument of ``sh -c``, so a 3 MB check string can never start.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+from phasegate.git.check_probe import program_problem
 from phasegate.git.checks import MAX_ARG_BYTES, CheckUnstartable, command_problem, run_checks
 from phasegate.tools.doctor import diagnose
 
+from agent_cli_kit import show
 from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 
 HUGE = "echo " + "x" * 3_000_000  # 3 MB: far over what one exec argument may be
@@ -73,7 +76,14 @@ def test_doctor_names_a_check_whose_program_or_module_is_missing(tmp_path: Path)
         "python3 -m json.tool --help",  # there: not named
         "no-such-program-of-phasegate --version",
         "CI=1 python3 -m no_such_module_of_phasegate -q",
-        "test -f README.md && no-such-program-of-phasegate",  # the shell's: left to the run
+        # The shell's to read, whatever they hold: left to the run.
+        "test -f README.md && no-such-program-of-phasegate",
+        "if true; then no-such-program-of-phasegate; fi",
+        "python3 -m no_such_module_of_phasegate; true",
+        "python3 -m no_such_module_of_phasegate>out.txt",
+        "no-such-program-of-phasegate || true",
+        "python3 -m $MODULE",
+        "python3 -m -q",
     ]
     found = diagnose(project(tmp_path, checks), offline=True)
     assert not found.ok
@@ -83,7 +93,30 @@ def test_doctor_names_a_check_whose_program_or_module_is_missing(tmp_path: Path)
         "landing_areas.checks[2]",
     ], problems
     assert "`no-such-program-of-phasegate` is not on the PATH the checks get" in problems[0]
-    assert "has no module 'no_such_module_of_phasegate': install it there" in problems[1]
+    assert "which has no module 'no_such_module_of_phasegate': install" in problems[1]
+
+
+def test_a_python_m_check_sees_the_commands_own_assignments(tmp_path: Path) -> None:
+    src = tmp_path / "src" / "myapp"
+    src.mkdir(parents=True)
+    (src / "__init__.py").write_text("")
+    env = {"PATH": os.environ["PATH"]}
+    assert program_problem("PYTHONPATH=src python3 -m myapp", env, tmp_path) is None
+    assert "has no module 'myapp'" in (program_problem("python3 -m myapp", env, tmp_path) or "")
+
+
+def test_a_run_pauses_at_its_first_check_that_could_never_pass(tmp_path: Path) -> None:
+    repo = project(tmp_path, ["true", "no-such-program-of-phasegate -q"])
+    proc = phasegate_cli("run", "--repo", str(repo), "Add the feature", "--json")
+    assert proc.returncode == 1, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert (summary["current_phase"], summary["status"]) == ("development", "paused")
+    assert summary["error"].startswith(
+        "development: landing_areas.checks[1] cannot run: `no-such-program-of-phasegate` is "
+        "not on the PATH the checks get"
+    ), summary["error"]
+    builds = [r for r in show(repo, summary["id"])["agent_runs"] if r["role"] == "build"]
+    assert len(builds) == 1  # one build, not every attempt's
 
 
 def test_a_run_pauses_with_one_line_and_every_resume_says_the_same(tmp_path: Path) -> None:

@@ -52,17 +52,23 @@ def init(
         Workspace().exclude(root, ".phasegate/")
         load_cartridge(root)
     console.print(f"wrote {path}", highlight=False)
-    _print_chosen(chosen)
+    _print_chosen(chosen, root)
 
 
-def _print_chosen(chosen: "DefaultCartridge") -> None:
+def _print_chosen(chosen: "DefaultCartridge", root: Path) -> None:
+    from phasegate.agents.env import check_env
     from phasegate.config.cartridge import CARTRIDGE_FILE
+    from phasegate.git.check_probe import program_problem
 
     def say(label: str, text: str) -> None:
         console.print(f"  {label}: {shown(text)}", highlight=False)
 
     if chosen.runner is None:
-        say("roles", "none bound (none of claude, codex, gemini found, no model key set)")
+        say(
+            "roles",
+            "none bound (none of claude, codex, gemini found, no model key set; the "
+            "`command` runner needs neither: README, a first run without a model key)",
+        )
     else:
         how = [f"every role on the {chosen.runner} runner"]
         if chosen.executable:
@@ -77,6 +83,12 @@ def _print_chosen(chosen: "DefaultCartridge") -> None:
     if chosen.checks:
         for check in chosen.checks:
             say("check", f"{check.command}  ({check.why})")
+            # What doctor would say of it, said at once: every build would fail on it.
+            problem = program_problem(check.command, check_env(), root)
+            if problem is not None:
+                console.print(
+                    f"    [yellow]it cannot run yet:[/yellow] {shown(problem)}", highlight=False
+                )
     else:
         say("checks", "none found")
     for note in chosen.notes:
@@ -305,7 +317,13 @@ def dry_run(
                         highlight=False,
                     )
                 workflow_id = engine.start(title_of(text), text, auto_merge=True)
-                with LiveProgress(quiet=as_json) as progress, graceful(engine):
+                stopping = "stopping: the running agent or check is stopped; the dry run ends " + (
+                    f"and keeps its clone ({dry.clone})" if keep else "and removes its clone"
+                )
+                with (
+                    LiveProgress(quiet=as_json) as progress,
+                    graceful(engine, notice=lambda: stopping),
+                ):
                     engine.on_event = progress
                     engine.advance(workflow_id)
                 detail = workflow_detail(store, workflow_id)
@@ -336,16 +354,17 @@ def dry_run(
         )
         if summary["error"]:
             console.print(f"  reason: {shown(summary['error'])}", highlight=False)
-            if "`phasegate " in summary["error"]:
-                # The commands a reason suggests name the clone's workflow, not the repository's.
-                console.print(
-                    f"  those commands act on the clone's workflow: add `--repo {clone}`"
-                    if keep
-                    else "  those commands named the clone's workflow, which is gone: change "
-                    "what the reason says, then dry-run again (`--keep` keeps the clone to "
-                    "go on in it)",
-                    highlight=False,
-                )
+        if summary["status"] not in ("completed", "failed") or engine.shutdown.is_set():
+            # What a person would do next acts on the clone's workflow, not the repository's.
+            console.print(
+                f"  commands above naming {summary['id']} act on the clone's workflow: add "
+                f"`--repo {clone}`"
+                if keep
+                else f"  commands above naming {summary['id']} named the clone's workflow, which "
+                "is gone: change what stopped it, then dry-run again (`--keep` keeps the "
+                "clone to go on in it)",
+                highlight=False,
+            )
         where = f"kept in {clone}" if keep else "removed (--keep keeps it)"
         console.print(f"  {root} was not touched; the clone was {where}", highlight=False)
     if engine.shutdown.is_set():

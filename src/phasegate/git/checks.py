@@ -12,6 +12,7 @@ from pathlib import Path
 
 from phasegate.core.contract import PhasegateError, WorkflowPaused
 from phasegate.core.redaction import redact
+from phasegate.git.check_probe import program_problem
 from phasegate.proc.process import SpawnError, run_supervised
 from phasegate.proc.sandbox import Confinement, for_checkout
 
@@ -29,7 +30,8 @@ _WRAPPING_BYTES = 16 * 1024
 
 
 class CheckUnstartable(PhasegateError):
-    """A check command the OS cannot start (too long, a NUL character, ...); the
+    """A check command the OS cannot start (too long, a NUL character, ...) or that
+    could never pass (its program is missing: ``check_probe``); the
     message names its key (``landing_areas.checks[i]``) and why, never the whole
     command. A resume finds it the same until the cartridge changes."""
 
@@ -108,7 +110,8 @@ def run_checks(
     (``phasegate.proc.deadline``): the check was stopped, its result means
     nothing. Raises CheckUnstartable, naming ``landing_areas.checks[i]``
     (``i`` its index in ``commands``), when a check cannot start: the OS would
-    refuse it (``command_problem``), or refused it (``cwd`` missing). A
+    refuse it (``command_problem``), or refused it (``cwd`` missing), or it could
+    never pass (``check_probe.program_problem``: its program is missing). A
     ``confinement`` (``sandbox.check_confinement``) runs each
     check in its sandbox with ``cwd`` writable (its ``.git`` not) and a
     private temp dir; None runs them unconfined.
@@ -120,6 +123,10 @@ def run_checks(
         problem = command_problem(command, env)
         if problem is not None:
             raise CheckUnstartable(f"landing_areas.checks[{i}] cannot start: {problem}")
+        # A check that could never pass would fail every attempt of every build.
+        problem = program_problem(command, os.environ if env is None else env, cwd)
+        if problem is not None:
+            raise CheckUnstartable(f"landing_areas.checks[{i}] cannot run: {problem}")
         try:
             finished = run_supervised(
                 command,

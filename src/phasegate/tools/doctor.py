@@ -53,13 +53,13 @@ from phasegate.config.toml import TomlError, read_toml
 from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeUnavailable
 from phasegate.forge.github.api import GitHubAPI
 from phasegate.forge.github.auth import ForgeAuth, forge_auth, repository_from_origin
+from phasegate.git.check_probe import program_problem
 from phasegate.git.checks import command_problem
 from phasegate.git.committed import committed_blob, committed_note
 from phasegate.git.merge import scratch_note
 from phasegate.git.workspace import GitError, Workspace, git
 from phasegate.proc.sandbox import PROCESS_RUNNERS, SANDBOX_VAR, SandboxKind, bwrap_works, choose
 from phasegate.store import store_server_problem
-from phasegate.tools.check_probe import program_problem
 from phasegate.tools.discover import (
     AGENT_CLIS,
     MODEL_KEY_VARS,
