@@ -423,7 +423,7 @@ def phasegate_in_process(
 
     from phasegate.cli import app
 
-    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200", **(env or {})})
+    result = CliRunner().invoke(app, list(args), env=env)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return subprocess.CompletedProcess(

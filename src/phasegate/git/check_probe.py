@@ -63,24 +63,24 @@ def program_problem(command: str, env: Mapping[str, str], cwd: Path) -> str | No
     if not words or words[0] in _BUILTINS:
         return None
     if words[0].startswith("/"):  # a relative path may be the build's to write
-        program: str | None = words[0]
-        if not os.access(words[0], os.X_OK) or os.path.isdir(words[0]):
-            return f"`{words[0]}` is not a program that can run (missing, or not executable)"
+        program = words[0]
+        if not os.access(program, os.X_OK) or os.path.isdir(program):
+            return f"`{program}` is not a program that can run (missing, or not executable)"
     elif "/" in words[0]:
         return None
     else:
         path = assigned.get("PATH", env.get("PATH", ""))
-        program = shutil.which(words[0], path=path)
-        if program is None:
+        found = shutil.which(words[0], path=path)
+        if found is None:
             shown = path if len(path) <= 200 else path[:199] + "…"
             return f"`{words[0]}` is not on the PATH the checks get ({shown or 'empty'})"
+        program = found
     name = os.path.basename(words[0])
     if not (_PYTHON.match(name) and len(words) > 2 and words[1] == "-m"):
         return None
     module = words[2]
     if not _MODULE.match(module):
         return None
-    assert program is not None  # found on the PATH, or an absolute path that runs
     try:
         probe = subprocess.run(
             [program, "-c", _FINDS_MODULE, module],

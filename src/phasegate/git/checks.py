@@ -16,7 +16,7 @@ from phasegate.git.check_probe import program_problem
 from phasegate.proc.process import SpawnError, run_supervised
 from phasegate.proc.sandbox import Confinement, for_checkout
 
-__all__ = ["CheckResult", "CheckUnstartable", "command_problem", "run_checks"]
+__all__ = ["CheckResult", "CheckUnstartable", "check_problem", "command_problem", "run_checks"]
 
 _OUTPUT_TAIL = 4000  # characters of a check's output kept as evidence
 
@@ -61,6 +61,21 @@ def command_problem(command: str, env: Mapping[str, str] | None = None) -> str |
             f"it is {size:,} bytes, and with the environment's it is over the "
             f"{ARG_MAX_BYTES:,} bytes the OS lets a command start with (E2BIG): {fix}"
         )
+    return None
+
+
+def check_problem(i: int, command: str, env: Mapping[str, str], cwd: Path) -> str | None:
+    """Why ``landing_areas.checks[i]`` (``command``, run in ``cwd`` with ``env``)
+    cannot start (``command_problem``) or could never pass
+    (``check_probe.program_problem``), as the one line a run pauses with and
+    ``phasegate doctor`` lists; None when neither."""
+    problem = command_problem(command, env)
+    if problem is not None:
+        return f"landing_areas.checks[{i}] cannot start: {problem}"
+    # A check that could never pass would fail every attempt of every build.
+    problem = program_problem(command, env, cwd)
+    if problem is not None:
+        return f"landing_areas.checks[{i}] cannot run: {problem}"
     return None
 
 
@@ -120,13 +135,9 @@ def run_checks(
         confinement = for_checkout(confinement, cwd)
     results = []
     for i, command in enumerate(commands):
-        problem = command_problem(command, env)
+        problem = check_problem(i, command, os.environ if env is None else env, cwd)
         if problem is not None:
-            raise CheckUnstartable(f"landing_areas.checks[{i}] cannot start: {problem}")
-        # A check that could never pass would fail every attempt of every build.
-        problem = program_problem(command, os.environ if env is None else env, cwd)
-        if problem is not None:
-            raise CheckUnstartable(f"landing_areas.checks[{i}] cannot run: {problem}")
+            raise CheckUnstartable(problem)
         try:
             finished = run_supervised(
                 command,

@@ -53,8 +53,7 @@ from phasegate.config.toml import TomlError, read_toml
 from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeUnavailable
 from phasegate.forge.github.api import GitHubAPI
 from phasegate.forge.github.auth import ForgeAuth, forge_auth, repository_from_origin
-from phasegate.git.check_probe import program_problem
-from phasegate.git.checks import command_problem
+from phasegate.git.checks import check_problem
 from phasegate.git.committed import committed_blob, committed_note
 from phasegate.git.merge import scratch_note
 from phasegate.git.workspace import GitError, Workspace, git
@@ -569,13 +568,9 @@ def _check_workflow(
         warnings.append("landing_areas.checks is empty: no check tests the agents' changes")
     env = check_env(cartridge.landing_areas.pass_env, environ)  # what a check starts with
     for i, command in enumerate(cartridge.landing_areas.checks):
-        problem = command_problem(command, env)
+        problem = check_problem(i, command, env, root)
         if problem is not None:  # every run would pause on it
-            missing.append(f"landing_areas.checks[{i}] cannot start: {problem}")
-            continue
-        problem = program_problem(command, env, root)
-        if problem is not None:  # every build would fail its checks on it
-            missing.append(f"landing_areas.checks[{i}] cannot run: {problem}")
+            missing.append(problem)
     problem = store_server_problem(cartridge.store_url(root))
     if problem is not None:  # every command would stop on it: a problem, not a warning
         missing.append(problem)
