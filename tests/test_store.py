@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -20,8 +21,9 @@ from phasegate.core.contract import MilestoneView, MilestoneWrite, WorkflowNotFo
 from phasegate.forge import ForgeError
 from phasegate.git.workspace import Workspace
 from phasegate.journal import SideEffects
-from phasegate.store import AgentRunRecord, Store, open_store
+from phasegate.store import HEAD_REVISION, AgentRunRecord, Store, open_store
 from phasegate.store import tables as t
+from phasegate.store.store import make_dialect
 from phasegate.store.tables import metadata
 from phasegate.testing import FixedClock, InMemoryForge
 
@@ -79,12 +81,76 @@ def schema_diffs(store: Store, target: sa.MetaData) -> list[Any]:
         return compare_metadata(context, target)
 
 
-def test_migrated_schema_matches_the_tables_module(store: Store) -> None:
-    assert schema_diffs(store, metadata) == []
-    tables = set(sa.inspect(store.engine).get_table_names())
-    assert tables == set(metadata.tables) | {"alembic_version"}
+def _revision(store: Store) -> str | None:
     with store.engine.connect() as conn:
-        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == "0006"
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def test_every_migration_in_turn_ends_at_the_tables_module(db_url: str, clock: FixedClock) -> None:
+    # A new store is made from the tables module at once (open_store); this is the
+    # proof that the migrations an older store goes through end at the same schema.
+    dialect = make_dialect(db_url)
+    migrated = Store(dialect.engine(), clock, dialect)
+    try:
+        migrated.migrate(HEAD_REVISION)  # a revision named: Alembic's steps, one by one
+        assert schema_diffs(migrated, metadata) == []
+        assert set(sa.inspect(migrated.engine).get_table_names()) == {
+            *metadata.tables,
+            "alembic_version",
+        }
+        assert _revision(migrated) == HEAD_REVISION == "0006"
+    finally:
+        migrated.close()
+
+
+def test_a_new_store_is_made_at_the_newest_revision_as_alembic_records_it(
+    db_url: str, clock: FixedClock
+) -> None:
+    store = open_store(db_url, clock)
+    try:
+        assert schema_diffs(store, metadata) == []
+        assert set(sa.inspect(store.engine).get_table_names()) == {
+            *metadata.tables,
+            "alembic_version",
+        }
+        assert _revision(store) == HEAD_REVISION
+        # Alembic itself finds it at head: a later version's migrations start from here.
+        store.migrate(HEAD_REVISION)
+        assert _revision(store) == HEAD_REVISION
+        assert schema_diffs(store, metadata) == []
+    finally:
+        store.close()
+
+
+def test_stores_opened_at_once_on_a_new_database_make_it_once(
+    db_url: str, clock: FixedClock
+) -> None:
+    # Workers starting together: one makes the tables, the others wait and find them.
+    opened: list[Store] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def open_one() -> None:
+        start.wait()
+        try:
+            opened.append(open_store(db_url, clock))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert errors == [] and len(opened) == 6
+        with opened[0].engine.connect() as conn:
+            rows = conn.exec_driver_sql("SELECT version_num FROM alembic_version").all()
+        assert rows == [(HEAD_REVISION,)]
+        assert schema_diffs(opened[-1], metadata) == []
+    finally:
+        for store in opened:
+            store.close()
 
 
 def test_the_schema_comparison_does_see_a_difference(store: Store) -> None:
