@@ -29,7 +29,7 @@ The shared behaviours, and where each is proved for each program:
    ``timeout`` (a hang, killed with its process group), ``max_turns``,
    ``budget``. (Their files' ``test_real_<program>_error_paths_...``.)
 6. An answer without a verdict ends as ``garbage``, its usage kept, and the
-   review pauses: **here**, for aider, gemini and qwen
+   review pauses: **here**, for aider, copilot, gemini, opencode and qwen
    (``test_an_answer_without_a_verdict_ends_as_garbage_and_keeps_its_usage``;
    only the review runs the program). The retry of a garbage answer is the
    phases' own, proved in test_bad_input.py.
@@ -223,7 +223,7 @@ RESUMING = ("copilot", "gemini", "opencode", "qwen")
 #: ... that each proved their commands do not see the key.
 SHELLS = ("codex", "copilot", "gemini", "opencode", "qwen")
 #: ... that each proved an answer without a verdict ends as garbage.
-ANSWERING = ("aider", "gemini", "qwen")
+ANSWERING = ("aider", "copilot", "gemini", "opencode", "qwen")
 
 
 def _cli(program: Program) -> str:
