@@ -20,7 +20,7 @@ from phasegate.core.terminal import visible
 for _group in ("setup", "workflows", "github", "proposals", "web", "demo"):
     import_module(f"phasegate.cli.{_group}")
 
-__all__ = ["app", "main"]
+__all__ = ["app", "log_handler", "main"]
 
 
 class _VisibleFormatter(logging.Formatter):
@@ -41,12 +41,30 @@ def _not_utf8(argv: list[str]) -> str | None:
     return None
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes each record to ``sys.stderr`` as it is when the record comes."""
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
+def log_handler() -> logging.Handler:
+    """The handler the console script logs through: ``LEVEL: message`` on standard
+    error, control characters shown."""
+    handler = _StderrHandler()
+    handler.setFormatter(_VisibleFormatter("%(levelname)s: %(message)s"))
+    return handler
+
+
 def main() -> None:
     bad = _not_utf8(sys.argv[1:])
     if bad is not None:
         print(f"error: {bad}", file=sys.stderr)
         raise SystemExit(2)
-    handler = logging.StreamHandler()
-    handler.setFormatter(_VisibleFormatter("%(levelname)s: %(message)s"))
-    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    logging.basicConfig(level=logging.WARNING, handlers=[log_handler()])
     app()

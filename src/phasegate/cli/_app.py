@@ -131,7 +131,7 @@ def open_repo(repo: Path) -> tuple[Path, Cartridge, Store]:
     cartridge, note = load_committed_cartridge(root)
     if note:
         err.print(f"[yellow]note:[/yellow] {shown(note)}", highlight=False)
-    return root, cartridge, open_store(cartridge.store_url(root))
+    return root, cartridge, closed_with_command(open_store(cartridge.store_url(root)))
 
 
 def open_for_reading(repo: Path) -> Store:
@@ -168,7 +168,24 @@ def open_url_for_reading(url: str) -> Store:
     that does not exist yet."""
     from phasegate.store import open_store
 
-    return open_store(_nothing_to_read_yet(url) or url)
+    return closed_with_command(open_store(_nothing_to_read_yet(url) or url))
+
+
+def closed_with_command(store: Store) -> Store:
+    """``store``, closed when the command that opened it ends (``main_callback``):
+    its connections go back to the server at once, even when the app runs inside
+    another program."""
+    _opened.append(store)
+    return store
+
+
+#: The stores the running command opened, closed as it ends (``main_callback``).
+_opened: list[Store] = []
+
+
+def _close_opened() -> None:
+    while _opened:
+        _opened.pop().close()
 
 
 def _nothing_to_read_yet(url: str) -> str | None:
@@ -198,11 +215,13 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main_callback(
+    context: typer.Context,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
     ] = False,
 ) -> None:
     """phasegate"""
+    context.call_on_close(_close_opened)
 
 
 def ticket_from(ticket: str | None, ticket_file: Path | None) -> str:

@@ -172,16 +172,22 @@ def sandbox_for(confinement: Confinement | None) -> Sandbox:
     return Bubblewrap()
 
 
-@functools.cache
 def bwrap_works() -> str | None:
     """None when bubblewrap confines processes on this machine, else why not (one line).
 
-    Runs ``true`` once per process under the very command line ``Bubblewrap``
-    builds (``--unshare-net`` included); the answer is cached.
+    Runs ``true`` under the very command line ``Bubblewrap`` builds
+    (``--unshare-net`` included), once per process for each ``bwrap`` that
+    ``PATH`` finds: the answer is cached.
     """
     exe = shutil.which("bwrap")
     if exe is None:
         return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    return _bwrap_works_at(exe)
+
+
+@functools.cache
+def _bwrap_works_at(exe: str) -> str | None:
+    """``bwrap_works`` for the ``bwrap`` at ``exe``."""
     tmp = Path(tempfile.mkdtemp(prefix="phasegate-probe-"))
     probe = Bubblewrap(exe).wrap(["true"], Confinement("bwrap", network=False), tmp, tmp)
     try:
