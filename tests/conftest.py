@@ -3,6 +3,9 @@ server, the real CLI."""
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
+import logging
 import os
 import shutil
 import sqlite3
@@ -390,19 +393,27 @@ def server_factory() -> Iterator[Callable[[Mapping[str, Sequence[Step]]], Script
         server.stop()
 
 
-#: Commands that only read the store, run in the test's own process by ``phasegate_cli``:
-#: a process of their own costs half a CPU-second of imports per look, hundreds of
-#: times a run. tests/test_cli.py runs them as processes, as a person does.
-READING_COMMANDS = frozenset({"show"})
+#: Commands ``phasegate_cli`` runs as processes: they run until stopped, or start
+#: what a test then drives by signals. Every other command runs in the test's own
+#: process, through the console script's Typer app: a new interpreter's imports cost
+#: 0.4 CPU-seconds a command, hundreds of times a run. tests/test_cli.py runs every
+#: command as a process, as a person does.
+PROCESS_COMMANDS = frozenset({"worker", "serve", "watch", "demo", "events"})
+
+_PR_SET_DUMPABLE = 4
+
+#: Whether ``phasegate_cli`` runs a command in this process (tests/test_cli.py: never).
+IN_PROCESS = True
 
 
 def phasegate_cli(
     *args: str, cwd: Path | None = None, timeout: float = 120, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real ``phasegate`` console script (a ``READING_COMMANDS`` one in this
-    process, through the same Typer app, unless ``cwd`` is given)."""
-    if args and args[0] in READING_COMMANDS and cwd is None:
-        return phasegate_in_process(*args, env=env)
+    """Run the real ``phasegate`` console script, in this process unless its command
+    is one of ``PROCESS_COMMANDS``, ``cwd`` is given or an argument is not UTF-8
+    (``phasegate_in_process``)."""
+    if IN_PROCESS and args and args[0] not in PROCESS_COMMANDS and cwd is None and _utf8(args):
+        return phasegate_in_process(*args, env=env, timeout=timeout)
     exe = Path(sys.executable).parent / "phasegate"
     return subprocess.run(
         [str(exe), *args],
@@ -414,16 +425,39 @@ def phasegate_cli(
     )
 
 
+def _utf8(args: Sequence[str]) -> bool:
+    try:
+        "".join(args).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def phasegate_in_process(
-    *args: str, env: dict[str, str] | None = None
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """``args`` run by phasegate's Typer app in this process, as the console script
-    would run them: its exit code, standard output and standard error."""
+    would run them: its exit code, standard output and standard error (its log
+    lines too). ``env`` is added to the environment for the command's time. A
+    command still running after ``timeout`` seconds ends this process with every
+    thread's traceback (xdist reports the test as crashed), as a hung ``phasegate``
+    process would have been killed."""
     from typer.testing import CliRunner
 
-    from phasegate.cli import app
+    from phasegate.cli import app, log_handler
 
-    result = CliRunner().invoke(app, list(args), env=env)
+    handler = log_handler()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    faulthandler.dump_traceback_later(timeout, exit=True)
+    try:
+        result = CliRunner().invoke(app, list(args), env=env)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        root.removeHandler(handler)
+        # A run makes its process non-dumpable (proc/sandbox.py): that process ends
+        # with the command, and this one is the test's.
+        ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return subprocess.CompletedProcess(

@@ -51,8 +51,8 @@ def make_project(
 
 @pytest.fixture(autouse=True)
 def _every_command_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CLI's own tests run ``show`` as a process too, as a person does."""
-    monkeypatch.setattr(conftest, "READING_COMMANDS", frozenset())
+    """The CLI's own tests run every command as a process, as a person does."""
+    monkeypatch.setattr(conftest, "IN_PROCESS", False)
 
 
 def cli_json(*args: str) -> tuple[int, Any]:
