@@ -279,6 +279,23 @@ def assert_no_keys(
             assert key.encode() not in path.read_bytes(), path
 
 
+def assert_output_streamed(repo: Path, workflow_id: str, roles: Iterable[str]) -> None:
+    """What the program printed while each of ``roles`` ran reached the workflow's
+    live stream: ``agent_output`` rows naming that role, with text (the dashboard
+    and ``phasegate events --follow`` show them as they come)."""
+    with sqlite3.connect(repo / ".phasegate" / "state.db") as conn:
+        rows = conn.execute(
+            "SELECT data FROM events WHERE workflow_id = ? AND type = 'agent_output'",
+            (workflow_id,),
+        ).fetchall()
+    texts: dict[str, str] = {}
+    for (data,) in rows:
+        row = json.loads(data)
+        texts[row["role"]] = texts.get(row["role"], "") + row["text"]
+    missing = [role for role in roles if not texts.get(role, "").strip()]
+    assert not missing, f"no live output from {missing}; rows from {sorted(texts)}"
+
+
 def processes_under(root: Path) -> list[int]:
     """The pids of the processes whose working directory lies under ``root``: what
     an agent left running (none, once phasegate killed its process group)."""

@@ -10,8 +10,10 @@ The shared behaviours, and where each is proved for each program:
 1. A whole workflow with every role on the program completes: the build's file
    is merged, every run is ``ok`` with a session, tokens and cost are summed
    from the scripted usage and priced by the binding, the key reaches only the
-   roles that name it, read-only roles are not offered the edit tools, and no
-   key is left in the output, the store or the program's files.
+   roles that name it, read-only roles are not offered the edit tools, what the
+   program printed reached the live stream as it ran (``agent_output`` rows of
+   every role: ``agent_cli_kit.assert_output_streamed``), and no key is left in
+   the output, the store or the program's files.
    (claude-code, codex: test_real_agents.py; gemini, opencode, qwen, copilot,
    aider, mini-swe-agent: their files' ``test_a_whole_workflow_...``.)
 2. The review asks for changes once, and the second review round resumes the

@@ -34,6 +34,7 @@ from agent_cli_kit import (
     VERIFY,
     assert_killed_at_timeout,
     assert_no_keys,
+    assert_output_streamed,
     assert_review_resumed,
     make_project,
     role_scripts,
@@ -252,6 +253,7 @@ def test_a_whole_workflow_with_every_role_on_the_real_aider_restoring_the_review
         "feature.txt",
         "phasegate.toml",
     ]
+    assert_output_streamed(repo, summary["id"], roles)
     assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, json.dumps(detail))
 
 

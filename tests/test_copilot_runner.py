@@ -50,6 +50,7 @@ from agent_cli_kit import (
     VERIFY,
     assert_killed_at_timeout,
     assert_no_keys,
+    assert_output_streamed,
     assert_review_resumed,
     make_project,
     offered_tools,
@@ -371,6 +372,7 @@ def test_a_whole_workflow_with_every_role_on_the_real_copilot_resuming_the_revie
     assert {r.key_sha for r in server.played(VERIFY)} == {key_sha(VERIFIER_KEY)}
     assert key_sha(OTHER_KEY) not in {r.key_sha for r in requests}
     agents = repo / ".phasegate" / "agents"
+    assert_output_streamed(repo, summary["id"], roles)
     assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, json.dumps(detail), dirs=[agents])
     # Copilot kept its sessions in the workflow's own home; its package is not copied there
     homes = list(agents.glob("*/copilot-home"))

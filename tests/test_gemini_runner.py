@@ -45,6 +45,7 @@ from agent_cli_kit import (
     VERIFY,
     assert_killed_at_timeout,
     assert_no_keys,
+    assert_output_streamed,
     assert_review_resumed,
     processes_under,
     role_scripts,
@@ -331,6 +332,7 @@ def test_a_whole_workflow_with_every_role_on_the_real_gemini_cli_resuming_the_re
         assert not offered[role] & {"write_file", "replace", "run_shell_command"}, role
     # the verifier's read_file saw the merged file
     assert "the feature" in json.dumps(server.played(VERIFY)[-1].body["contents"][-1])
+    assert_output_streamed(repo, summary["id"], roles)
     assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, json.dumps(detail))
 
 

@@ -34,6 +34,7 @@ from agent_cli_kit import (
     VERIFY,
     assert_killed_at_timeout,
     assert_no_keys,
+    assert_output_streamed,
     make_project,
     role_scripts,
     role_toml,
@@ -286,6 +287,7 @@ def test_a_whole_workflow_with_every_role_on_the_real_mini_swe_agent(
     system = {r.script: r.body["messages"][0]["content"] for r in requests}
     assert "read-only" in system[REVIEW] and "read-only" not in system[BUILD]
     assert "the feature" in json.dumps(server.played(VERIFY)[-1].body["messages"][-1])
+    assert_output_streamed(repo, summary["id"], roles)
     assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, json.dumps(detail))
 
 

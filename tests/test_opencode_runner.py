@@ -46,6 +46,7 @@ from agent_cli_kit import (
     VERIFY,
     assert_killed_at_timeout,
     assert_no_keys,
+    assert_output_streamed,
     assert_review_resumed,
     make_project,
     offered_tools,
@@ -302,6 +303,7 @@ def test_a_whole_workflow_with_every_role_on_the_real_opencode_resuming_the_revi
     assert {r.key_sha for r in server.played(BUILD)} == {key_sha(SENTINEL)}
     assert {r.key_sha for r in server.played(VERIFY)} == {key_sha(VERIFIER_KEY)}
     assert key_sha(OTHER_KEY) not in {r.key_sha for r in requests}
+    assert_output_streamed(repo, summary["id"], roles)
     assert_no_keys(
         repo,
         KEYS,

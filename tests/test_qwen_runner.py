@@ -43,6 +43,7 @@ from agent_cli_kit import (
     VERIFY,
     assert_killed_at_timeout,
     assert_no_keys,
+    assert_output_streamed,
     assert_review_resumed,
     make_project,
     processes_under,
@@ -390,6 +391,7 @@ def test_a_whole_workflow_with_every_role_on_the_real_qwen_cli_resuming_the_revi
     state = repo / ".phasegate" / "agents"
     assert list(state.rglob("projects/*/chats/*.jsonl"))  # Qwen Code's own sessions
     assert detail["violations"] == []  # confined, it wrote nothing outside its areas
+    assert_output_streamed(repo, summary["id"], roles)
     assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, json.dumps(detail), dirs=[state])
 
 

@@ -31,6 +31,7 @@ from agent_cli_kit import (
     VERIFY,
     assert_killed_at_timeout,
     assert_no_keys,
+    assert_output_streamed,
     assert_review_resumed,
     make_project,
     run_ticket,
@@ -142,6 +143,7 @@ def test_a_whole_workflow_with_every_role_on_the_real_claude_code_resuming_the_r
     by_script = {r.script: r.key_sha for r in model_requests}
     assert by_script[BUILD] == key_sha(SENTINEL)
     assert {r.key_sha for r in model_requests if r.script == VERIFY} == {key_sha(VERIFIER_KEY)}
+    assert_output_streamed(repo, summary["id"], roles)
     assert_no_keys(repo, KEYS, proc.stdout, proc.stderr, json.dumps(detail))
 
 
@@ -316,6 +318,9 @@ def test_a_whole_workflow_with_every_role_on_the_real_codex_cli(
     # the verifier's read-only sandbox saw the merged file
     verify_outputs = json.dumps([r.body for r in server.played(VERIFY)])
     assert "the feature" in verify_outputs
+    assert_output_streamed(
+        repo, summary["id"], ("plan", "plan_review", "build", "review", "verification")
+    )
     assert_no_keys(repo, KEYS, proc.stdout, proc.stderr)
 
 

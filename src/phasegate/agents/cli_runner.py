@@ -83,8 +83,6 @@ class CliRunner:
     home_dir = ""
     #: Whether a binding without a ``model`` is refused (the program has no default).
     needs_model = False
-    #: Whether what the program prints is handed to ``request.on_output`` as it runs.
-    live_output = True
 
     def __init__(self, binding: RoleBinding) -> None:
         self.binding = binding
@@ -176,7 +174,7 @@ class CliRunner:
             confinement=request.confinement,
             transcript=launch.transcript,
             prompt=request.prompt,
-            on_output=request.on_output if self.live_output else None,
+            on_output=request.on_output,
         )
         outcome = self.inspect(outcome, request)
         failure = outcome.failure(request.timeout_s)

@@ -241,7 +241,6 @@ class AiderRunner(CliRunner):
     program = "aider"
     home_dir = "aider"
     needs_model = True
-    live_output = False
 
     def argv(self, request: AgentRequest, files: dict[str, Path], *, restore: bool) -> list[str]:
         """The command line; ``files`` names the message, analytics log, LLM history,

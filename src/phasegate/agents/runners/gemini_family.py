@@ -153,7 +153,6 @@ class GeminiFamilyRunner(CliRunner):
     #: in a non-interactive run) and the build role's (every tool without asking).
     read_only_mode = "default"
     write_mode = "yolo"
-    live_output = False
 
     # -- what a subclass says ------------------------------------------------------
 

@@ -243,7 +243,6 @@ def _undo_schema_stamps(before: dict[Path, str]) -> None:
 class OpencodeRunner(CliRunner):
     name = "opencode"
     program = "opencode"
-    live_output = False
 
     def model_ref(self) -> str | None:
         """The ``--model`` opencode is given: ``phasegate/<model>`` with a base_url."""
