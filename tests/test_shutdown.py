@@ -62,7 +62,11 @@ def test_a_signal_stops_the_agent_and_resume_finishes(tmp_path: Path, sig: signa
     # status says nobody goes on with it, and what does
     left = " ".join(phasegate_cli("status", "--repo", str(repo)).stdout.split())
     assert f"{summary['id']} is not being advanced now (no worker holds it)" in left, left
-    assert f"`phasegate resume {summary['id']}` goes on with it" in left, left
+    # named with the repository it is in: the person is elsewhere
+    resume = f"`phasegate resume {summary['id']} --repo {repo.resolve()}` goes on with it"
+    assert resume in left, left
+    inside = " ".join(phasegate_cli("status", cwd=repo).stdout.split())
+    assert f"`phasegate resume {summary['id']}` goes on with it" in inside, inside
 
     # resume with a build agent that answers at once
     (repo / "phasegate.toml").write_text(scripted_cartridge())

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -75,6 +75,18 @@ def shown(text: str) -> str:
     """``text`` (a ticket's, an agent's, git's) ready for ``console.print``: control
     characters as visible escapes (``phasegate.core.terminal.visible``), markup escaped."""
     return escape(visible(text))
+
+
+def repo_option(row: Mapping[str, Any]) -> str:
+    """`` --repo PATH`` for a hint about a workflow (a row or summary with its
+    ``repo_path``) whose repository is not the one the person is in (``demo
+    --dir``, ``--repo``), else nothing."""
+    repo = Path(str(row.get("repo_path") or "."))
+    try:
+        Path.cwd().resolve().relative_to(repo.resolve())
+    except (ValueError, OSError):
+        return f" --repo {repo}"
+    return ""
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:

@@ -16,7 +16,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from phasegate.cli._app import console, err, shown
+from phasegate.cli._app import console, err, repo_option, shown
 from phasegate.cli.status_table import status_table  # noqa: F401  (render's, for the commands)
 from phasegate.core.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES
 from phasegate.core.profiles import MAX_REVERSIONS
@@ -187,17 +187,6 @@ def drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
     finish(engine.store, row, as_json, interrupted=engine.shutdown.is_set())
 
 
-def _repo_option(row: Mapping[str, Any]) -> str:
-    """`` --repo PATH`` for a hint about a workflow whose repository is not the one
-    the person is in (``demo --dir``, ``--repo``), else nothing."""
-    repo = Path(str(row.get("repo_path") or "."))
-    try:
-        Path.cwd().resolve().relative_to(repo.resolve())
-    except (ValueError, OSError):
-        return f" --repo {repo}"
-    return ""
-
-
 def drive_unless_taken(engine: Engine, workflow_id: str, as_json: bool) -> None:
     """``drive``, after the workflow was filed or a person's decision recorded: a
     worker that took the workflow on meanwhile is not an error, the workflow goes
@@ -241,7 +230,7 @@ def finish(
 
     summary = workflow_summary(store, row)
     approved = row["state"].get("merge_approved")
-    at = _repo_option(row)
+    at = repo_option(row)
     stopped_early = (
         driven
         and not interrupted

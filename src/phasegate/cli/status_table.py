@@ -10,7 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from phasegate.cli._app import shown
+from phasegate.cli._app import repo_option, shown
 from phasegate.core.contract import NEEDS_YOU_STATUSES, RUNNABLE_STATUSES
 from phasegate.core.terminal import visible
 
@@ -61,16 +61,18 @@ def unheld_note(rows: list[dict[str, Any]]) -> str | None:
     None when there are none."""
     # A person moves on the ones that need them: those are not stuck.
     moving = RUNNABLE_STATUSES - NEEDS_YOU_STATUSES
-    unheld = [r["id"] for r in rows if r["status"] in moving and not r.get("worker")]
+    unheld = [r for r in rows if r["status"] in moving and not r.get("worker")]
     if not unheld:
         return None
-    ids = ", ".join(unheld[:3]) + (f" and {len(unheld) - 3} more" if len(unheld) > 3 else "")
+    ids = ", ".join(r["id"] for r in unheld[:3])
+    ids += f" and {len(unheld) - 3} more" if len(unheld) > 3 else ""
     one = len(unheld) == 1
+    at = repo_option(unheld[0])
     return (
         f"{ids} {'is' if one else 'are'} not being advanced now (no worker holds "
-        f"{'it' if one else 'them'}). Unless a `phasegate worker` is running, "
-        f"`phasegate resume {unheld[0]}` goes on with {'it' if one else 'one'}, "
-        "`phasegate worker` with every one."
+        f"{'it' if one else 'them'}). Unless a `phasegate worker{at}` is running, "
+        f"`phasegate resume {unheld[0]['id']}{at}` goes on with {'it' if one else 'one'}, "
+        f"`phasegate worker{at}` with every one."
     )
 
 
