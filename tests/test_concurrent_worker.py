@@ -258,6 +258,36 @@ def test_an_idle_worker_stopped_says_nothing_was_running(tmp_path: Path) -> None
     assert "resume" not in said, "nothing was stopped, so there is nothing to resume"
 
 
+def test_a_workers_progress_lines_each_name_their_workflow(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": ".phasegate/\n"})
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    (repo / "phasegate.toml").write_text(scripted_cartridge())
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "cartridge")
+    cartridge = load_cartridge(repo)
+    store = open_store(cartridge.store_url(repo))
+    try:
+        engine = Engine(repo, cartridge, store)
+        ids = [engine.start(f"feature {n}", f"ticket {n}") for n in range(2)]
+    finally:
+        store.close()
+    done = subprocess.run(
+        [str(PHASEGATE), "worker", "--repo", str(repo), "--once", "--concurrency", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert done.returncode == 0, done.stderr
+    # Two workflows' lines interleave: each says whose it is.
+    lines = [line.split("s ", 1)[-1] for line in done.stderr.splitlines()]
+    for workflow_id in ids:
+        assert f"{workflow_id} → planning" in lines, done.stderr
+        assert f"  {workflow_id}: plan agent (scripted), round 1" in lines, done.stderr
+    steps = [line for line in lines if line.startswith("  ")]
+    assert steps and all(line.split(":")[0].strip() in ids for line in steps), done.stderr
+
+
 def test_a_dead_workers_leases_are_taken_back_in_one_statement_and_a_live_ones_kept(
     tmp_path: Path,
 ) -> None:

@@ -66,7 +66,7 @@ def watch(
         root, cartridge, store = open_repo(repo)
         repository = github_repository("watch", root, cartridge)
         cartridge.require_roles(root / CARTRIDGE_FILE)
-        progress = LiveProgress(quiet=as_json or not work)
+        progress = LiveProgress(quiet=as_json or not work, several=True)
         engine = make_engine(root, cartridge, store, progress if work else None)
         watcher = Watcher(engine, repository, max_ticket_bytes=MAX_TICKET_BYTES)
         say = progress.line if work else _say

@@ -30,10 +30,14 @@ if TYPE_CHECKING:
 
 
 class LiveProgress:
-    """Live progress while agents run: a line per step, and phase/round/elapsed on a bar."""
+    """Live progress while agents run: a line per step, and phase/round/elapsed on a bar.
 
-    def __init__(self, quiet: bool) -> None:
+    ``several``: the lines are of several workflows at once (a worker, ``watch``),
+    so each names its workflow."""
+
+    def __init__(self, quiet: bool, *, several: bool = False) -> None:
         self.quiet = quiet
+        self.several = several
         self.started = time.monotonic()
         self.progress = Progress(
             SpinnerColumn(),
@@ -43,7 +47,7 @@ class LiveProgress:
             transient=True,
         )
         self.task = self.progress.add_task("starting", total=None)
-        self.phase = "preparation"
+        self.phases: dict[str, str] = {}  # each workflow's phase, as its last move said
 
     def __enter__(self) -> LiveProgress:
         if not self.quiet:
@@ -58,47 +62,57 @@ class LiveProgress:
             elapsed = time.monotonic() - self.started
             self.progress.console.print(f"[dim]{elapsed:7.1f}s[/dim] {text}", highlight=False)
 
+    def _step(self, workflow_id: str, text: str) -> None:
+        """A line under the workflow's last move: indented, or named among several."""
+        self.line(f"  {workflow_id}: {text}" if self.several else f"  {text}")
+
+    def _bar(self, workflow_id: str, text: str) -> None:
+        who = f"{workflow_id} · " if self.several else ""
+        self.progress.update(self.task, description=who + text)
+
     def __call__(self, workflow_id: str, type_: str, data: Mapping[str, Any]) -> None:
+        phase = self.phases.get(workflow_id, "preparation")
         if type_ == "phase_change":
-            self.phase = str(data.get("phase"))
-            self.line(f"[bold]{workflow_id}[/bold] → {self.phase}")
+            self.phases[workflow_id] = str(data.get("phase"))
+            self.line(f"[bold]{workflow_id}[/bold] → {data.get('phase')}")
         elif type_ == "agent_started":
-            desc = f"{self.phase} · round {data.get('round')} · {data.get('role')} agent running"
-            self.progress.update(self.task, description=desc)
-            self.line(
-                f"  {data.get('role')} agent ({data.get('runner')}), round {data.get('round')}"
-            )
+            role, round_ = data.get("role"), data.get("round")
+            self._bar(workflow_id, f"{phase} · round {round_} · {role} agent running")
+            self._step(workflow_id, f"{role} agent ({data.get('runner')}), round {round_}")
         elif type_ == "agent_finished" and data.get("outcome") != "ok":
-            self.line(
-                f"  [yellow]{data.get('role')} agent: {data.get('outcome')}: "
-                f"{shown(str(data.get('error'))[:200])}[/yellow]"
+            self._step(
+                workflow_id,
+                f"[yellow]{data.get('role')} agent: {data.get('outcome')}: "
+                f"{shown(str(data.get('error'))[:200])}[/yellow]",
             )
         elif type_ == "committed":
-            self.progress.update(
-                self.task, description=f"{data.get('phase')} · {data.get('status')}"
-            )
+            self._bar(workflow_id, f"{data.get('phase')} · {data.get('status')}")
             outcome = data.get("outcome")
             if outcome in ("failed", "pause"):
                 said = data.get("status") if data.get("status") == "cancelled" else outcome
-                self.line(f"  [red]{said}: {shown(str(data.get('reason')))}[/red]")
+                self._step(workflow_id, f"[red]{said}: {shown(str(data.get('reason')))}[/red]")
             elif outcome == "retry":
-                self.line(f"  {data.get('phase')}: another round")
+                self._step(workflow_id, f"{data.get('phase')}: another round")
             elif outcome == "wait" and data.get("phase") == "pr_review":
                 # Committed only at the first look at a head that CI has not finished.
-                self.line(f"  waiting for CI (`phasegate show {workflow_id}` lists the checks)")
+                self._step(
+                    workflow_id, f"waiting for CI (`phasegate show {workflow_id}` lists the checks)"
+                )
         elif type_ == "reversion":
-            self.line(
-                f"  [yellow]reverted to planning ({data.get('reversion_number')} of "
-                f"{MAX_REVERSIONS}): "
-                f"{shown(str(data.get('reason'))[:200])}[/yellow]"
+            self._step(
+                workflow_id,
+                f"[yellow]reverted to planning ({data.get('reversion_number')} of "
+                f"{MAX_REVERSIONS}): {shown(str(data.get('reason'))[:200])}[/yellow]",
             )
         elif type_ == "cleanup_retried":
             color = "green" if data.get("status") == "completed" else "yellow"
             note = shown(str(data.get("note"))[:200])
-            self.line(f"  [{color}]cleanup retried: {data.get('status')}: {note}[/{color}]")
+            self._step(
+                workflow_id, f"[{color}]cleanup retried: {data.get('status')}: {note}[/{color}]"
+            )
         elif type_ in ("reconciled", "worktree_healed", "paused_by_shutdown", "self_fenced"):
             note = shown(str(data.get("note") or data.get("path")))
-            self.line(f"  [cyan]{type_}: {note}[/cyan]")
+            self._step(workflow_id, f"[cyan]{type_}: {note}[/cyan]")
 
 
 @contextmanager

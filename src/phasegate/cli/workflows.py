@@ -217,7 +217,7 @@ def worker(
 
     with reported_errors():
         root, cartridge, store = open_repo(repo)
-        progress = LiveProgress(quiet=False)
+        progress = LiveProgress(quiet=False, several=True)
         engine = make_engine(root, cartridge, store, progress)
         engine.lease_ttl_s = lease_ttl
         notify.catch_up(engine)  # what a killed process left unsent
