@@ -19,13 +19,11 @@ import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from phasegate import operations
 from phasegate.config.cartridge import load_cartridge
 from phasegate.runtime.engine import Engine
-from phasegate.runtime.worker import LeaseHeld
 from phasegate.store import Store, open_store
 from phasegate.tools.demo import make_sample_project
 from phasegate.web import Access
@@ -45,20 +43,6 @@ def _until(store: Store, workflow_id: str, status: str) -> None:
         if now["status"] in ("failed", "paused") or time.monotonic() > deadline:
             raise SystemExit(f"{workflow_id} is {now['status']} ({now.get('error')}), not {status}")
         time.sleep(0.1)
-
-
-def _as_a_person(act: Callable[[], object]) -> None:
-    """Do ``act`` as a person would: again a moment later while the dashboard's worker
-    still holds the workflow (it looks at a waiting one right after committing it)."""
-    deadline = time.monotonic() + SETTLE_S
-    while True:
-        try:
-            act()
-            return
-        except LeaseHeld:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,13 +68,13 @@ def main(argv: list[str] | None = None) -> int:
                 auto_merge=False, title="Document multiply() in the README",
             )["id"]  # fmt: skip
             _until(store, merged, "waiting")
-            _as_a_person(lambda: operations.approve_merge(engine, merged, by="alice"))
+            operations.approve_merge(engine, merged, by="alice")
             _until(store, merged, "completed")
             _until(store, waiting, "waiting")
-            _as_a_person(lambda: operations.comment(
+            operations.comment(
                 engine, waiting, "calc/__init__.py", 11, "Say in the docstring that it "
                 "accepts floats too.", by="alice",
-            ))  # fmt: skip
+            )  # fmt: skip
             with chromium() as browser:
                 page = browser.new_context(viewport=VIEWPORT).new_page()
                 page.goto(f"{url}/login?token={token}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -113,6 +115,40 @@ def test_a_decision_while_another_process_holds_the_lease_is_refused_alike(
         proc = phasegate_cli(*args, "--repo", str(happy_repo))
         assert proc.returncode == 2 and f"error: {refused.value}" in proc.stderr, proc.stderr
     assert store.workflow_row(filed)["status"] == "preparing"
+
+
+def test_a_decision_waits_for_a_worker_holding_a_waiting_workflow_for_a_moment(
+    happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    engine, store = engine_for(happy_repo)
+    wf = waiting(engine, "Add a feature")
+    # a worker ending the advance that left it waiting: this process, another owner
+    other = f"{host_name()}:{os.getpid()}:worker"
+    assert store.claim(wf, other, 600) is not None
+    released = threading.Timer(0.3, store.release, (wf, other))
+    released.start()
+    try:
+        started = time.monotonic()
+        row = operations.approve_merge(engine, wf, by="ana")
+    finally:
+        released.cancel()
+    assert time.monotonic() - started >= 0.25  # it waited for the release
+    assert row["state"]["merge_approved_by"] == "ana"
+
+
+def test_a_decision_is_refused_once_the_wait_for_a_holder_runs_out(
+    happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]], monkeypatch
+) -> None:
+    monkeypatch.setattr(operations, "DECISION_WAIT_S", 0.3)
+    engine, store = engine_for(happy_repo)
+    wf = waiting(engine, "Add a feature")
+    assert store.claim(wf, f"{host_name()}:{os.getpid()}:stuck", 600) is not None
+    before = store.workflow_row(wf)["version"]
+    started = time.monotonic()
+    with pytest.raises(LeaseHeld):
+        operations.approve_merge(engine, wf, by="ana")
+    assert 0.3 <= time.monotonic() - started < 5
+    assert store.workflow_row(wf)["version"] == before
 
 
 def test_who_acts_is_recorded_where_the_action_records_a_person_and_in_its_event(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
+import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,7 @@ from phasegate.core.contract import (
     CANCELLED,
     DEVELOPMENT,
     MERGE,
+    NEEDS_YOU_STATUSES,
     RUNNABLE_STATUSES,
     WAIT,
     ContractViolation,
@@ -227,6 +229,13 @@ def start(
 # -- a workflow's decisions -------------------------------------------------------
 
 
+#: Seconds a person's decision waits for a worker that holds a workflow waiting for
+#: people: it holds one only for a moment (the end of the advance that left it
+#: waiting, or a look that found something new). A workflow that a worker is
+#: advancing is refused at once.
+DECISION_WAIT_S = 5.0
+
+
 def _event(action: str, by: str, **data: Any) -> EventWrite:
     return EventWrite(DECISION_EVENT, {"action": action, "by": by, **data})
 
@@ -240,7 +249,9 @@ def _decide(
     **data: Any,
 ) -> dict[str, Any]:
     """Commit ``decision`` under the workflow's lease (``Engine.decide``) with its
-    decision event; a cancelled workflow refuses every decision."""
+    decision event; a cancelled workflow refuses every decision. While another
+    process holds a workflow that waits for people, the decision waits for it to
+    let go (``DECISION_WAIT_S`` at most), then raises LeaseHeld."""
 
     def decided(ctx: WorkflowContext) -> PhaseResult:
         if ctx.status == CANCELLED:
@@ -248,7 +259,22 @@ def _decide(
         result = decision(ctx)
         return dataclasses.replace(result, events=(*result.events, _event(action, by, **data)))
 
-    return engine.decide(workflow_id, decided)
+    deadline = time.monotonic() + DECISION_WAIT_S
+    feed = None
+    try:
+        while True:
+            try:
+                return engine.decide(workflow_id, decided)
+            except LeaseHeld:
+                left = deadline - time.monotonic()
+                status = engine.store.workflow_row(workflow_id)["status"]
+                if left <= 0 or status not in NEEDS_YOU_STATUSES:
+                    raise
+                feed = feed or engine.store.changes()
+                feed.wait(min(left, 0.5))  # the holder's release is a change
+    finally:
+        if feed is not None:
+            feed.close()
 
 
 def resume(engine: Engine, workflow_id: str, *, by: str) -> dict[str, Any]:
