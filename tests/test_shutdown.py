@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM leave the workflow resumable, with nothing half-committed."""
+"""Ctrl-C, SIGTERM and a closed terminal (SIGHUP) leave the workflow resumable, with nothing
+half-committed."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ time.sleep(60)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_stops_the_agent_and_resume_finishes(tmp_path: Path, sig: signal.Signals) -> None:
     repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
     marker = tmp_path / "build.pid"

@@ -3,7 +3,7 @@
 Exit codes: 0 done (completed, or waiting for a person: a merge approval in
 wait, a proposal's approval in awaiting_approval); 1 the workflow
 failed or paused; 2 bad input (cartridge, unknown workflow, illegal request);
-130 stopped by Ctrl-C or SIGTERM (the workflow stays resumable).
+130 stopped by Ctrl-C, SIGTERM or SIGHUP (the workflow stays resumable).
 """
 
 import logging

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,6 +61,10 @@ app = typer.Typer(
 )
 console = Console()
 err = Console(stderr=True, soft_wrap=True)  # never fold a message a script will read
+
+#: The signals that stop a command gently (its agents stopped, its workflow left
+#: resumable): Ctrl-C, SIGTERM, and the terminal closing under it.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 RepoOption = Annotated[
     Path, typer.Option("--repo", "-C", help="The repository (default: the current directory).")

@@ -3,6 +3,7 @@
 ``propose``, ``proposals``, ``approve``, ``reject``, ``replay``.
 """
 
+import contextlib
 import json
 import signal
 import threading
@@ -18,6 +19,7 @@ import typer
 from rich.table import Table
 
 from phasegate.cli._app import (
+    STOP_SIGNALS,
     JsonOption,
     NoAdvance,
     RepoOption,
@@ -46,10 +48,14 @@ def _stop_on_signal(cancel: threading.Event) -> Iterator[None]:
         hits["n"] += 1
         if hits["n"] > 1:
             raise KeyboardInterrupt
-        err.print("\n[yellow]stopping: the running agent is stopped; nothing is recorded[/yellow]")
+        # A closed terminal (SIGHUP) takes no line: the stop goes on without it.
+        with contextlib.suppress(OSError):
+            err.print(
+                "\n[yellow]stopping: the running agent is stopped; nothing is recorded[/yellow]"
+            )
         cancel.set()
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
         yield
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -16,7 +17,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from phasegate.cli._app import console, err, repo_option, shown
+from phasegate.cli._app import STOP_SIGNALS, console, err, repo_option, shown
 from phasegate.cli.status_table import status_table  # noqa: F401  (render's, for the commands)
 from phasegate.core.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES
 from phasegate.core.profiles import MAX_REVERSIONS
@@ -121,7 +122,8 @@ def graceful(
     what: str = "the id is printed below",
     notice: Callable[[], str] | None = None,
 ) -> Iterator[None]:
-    """First Ctrl-C/SIGTERM: stop agents and leave the workflow resumable. Second: quit now.
+    """First Ctrl-C, SIGTERM or SIGHUP (``STOP_SIGNALS``): stop agents and leave the
+    workflow resumable. Second: quit now.
 
     ``what`` ends the notice: where the person finds the workflow to resume;
     ``notice``, when given, makes the whole notice at the moment of the signal."""
@@ -139,10 +141,12 @@ def graceful(
                 f"`phasegate resume` continues it ({what})"
             )
         )
-        err.print(f"\n[yellow]{text}[/yellow]")
+        # A closed terminal (SIGHUP) takes no line: the stop goes on without it.
+        with contextlib.suppress(OSError):
+            err.print(f"\n[yellow]{text}[/yellow]")
         engine.shutdown.set()
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
         yield
     finally:

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from phasegate.cli._app import (
+    STOP_SIGNALS,
     JsonOption,
     RepoOption,
     app,
@@ -160,11 +161,8 @@ def events(
 
 @contextlib.contextmanager
 def _stopped_by_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGINT and SIGTERM set ``stop`` while inside; the handlers before are put back."""
-    previous = {
-        sig: signal.signal(sig, lambda _signum, _frame: stop.set())
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
+    """``STOP_SIGNALS`` set ``stop`` while inside; the handlers before are put back."""
+    previous = {sig: signal.signal(sig, lambda _signum, _frame: stop.set()) for sig in STOP_SIGNALS}
     try:
         yield
     finally:

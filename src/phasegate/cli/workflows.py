@@ -207,7 +207,7 @@ def worker(
         ),
     ] = 60.0,
 ) -> None:
-    """Advance this repository's runnable workflows until stopped (SIGTERM/Ctrl-C stop
+    """Advance this repository's runnable workflows until stopped (Ctrl-C, SIGTERM or SIGHUP stop
     every running agent; each workflow pauses resumable, and the worker exits once all
     have stopped). With a shared store (PostgreSQL), a worker in another clone of the
     same forge repository takes over a dead worker's workflows once their leases expire."""
