@@ -20,9 +20,9 @@ time.sleep(60)
 """
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_signal_stops_the_agent_and_resume_finishes(tmp_path: Path, sig: signal.Signals) -> None:
+def _run_with_a_slow_build(tmp_path: Path) -> tuple[Path, Path, subprocess.Popen[str]]:
+    """``phasegate run`` on a repository whose build agent writes its pid to the
+    marker and sleeps; returned once the agent runs."""
     repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ".phasegate/\n"})
     marker = tmp_path / "build.pid"
     agent = tmp_path / "slow_build.py"
@@ -45,10 +45,17 @@ def test_a_signal_stops_the_agent_and_resume_finishes(tmp_path: Path, sig: signa
         text=True,
     )
     deadline = time.monotonic() + 30
-    while not marker.exists():
+    while not marker.exists() or not marker.read_text().strip():
         assert time.monotonic() < deadline, "the build agent never started"
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
+    return repo, marker, proc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_stops_the_agent_and_resume_finishes(tmp_path: Path, sig: signal.Signals) -> None:
+    repo, marker, proc = _run_with_a_slow_build(tmp_path)
     agent_pid = int(marker.read_text())
     held = phasegate_cli("status", "--repo", str(repo))
     assert "not being advanced" not in held.stdout, held.stdout  # the run holds it
@@ -116,3 +123,25 @@ def test_a_signal_stops_a_running_check_at_once(tmp_path: Path) -> None:
     assert not alive(check_pid)
     summary = json.loads(out)
     assert (summary["current_phase"], summary["status"]) == ("development", "developing")
+
+
+@pytest.mark.slow
+def test_a_killed_run_holds_nothing_in_status_and_resume_takes_it_at_once(
+    tmp_path: Path,
+) -> None:
+    repo, marker, proc = _run_with_a_slow_build(tmp_path)
+    agent_pid = int(marker.read_text())
+    proc.kill()  # SIGKILL: no handler runs, the lease stays written
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 30
+    while alive(agent_pid):  # its supervisor stops it when phasegate dies
+        assert time.monotonic() < deadline, "the build agent outlived phasegate"
+        time.sleep(0.05)
+    [row] = json.loads(phasegate_cli("status", "--repo", str(repo), "--json").stdout)
+    assert row["worker"] is None, row  # the lease's holder is gone, though unexpired
+    said = " ".join(phasegate_cli("status", "--repo", str(repo)).stdout.split())
+    assert f"{row['id']} is not being advanced now (no worker holds it)" in said, said
+    # the dead run's unexpired lease refuses no one
+    done = phasegate_cli("resume", row["id"], "--no-advance", "--repo", str(repo), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "developing"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from phasegate.core.contract import AWAITING_APPROVAL
 from phasegate.core.profiles import AutomationProfile, decisions_of
+from phasegate.proc.host import holder_alive
 
 if TYPE_CHECKING:  # the Store's module imports SQLAlchemy, which `status` need not
     from phasegate.clock import Clock
@@ -99,9 +100,12 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
 
 def lease_holder(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any]:
     """Which worker holds the workflow's lease (``host:pid:token``) and until when, while
-    it is unexpired; both None when nobody does."""
+    it is unexpired and its holder may be running; both None when nobody does. A
+    holder of this host that is gone (a killed worker) holds nothing: the next
+    worker or ``resume`` takes the workflow at once."""
     expires = row.get("lease_expires_at")
-    if not row.get("lease_owner") or expires is None or expires <= store.clock.now():
+    owner = row.get("lease_owner")
+    if not owner or expires is None or expires <= store.clock.now() or not holder_alive(owner):
         return {"worker": None, "lease_expires_at": None}
     return {"worker": row["lease_owner"], "lease_expires_at": iso(expires)}
 

@@ -15,7 +15,7 @@ import os
 
 from phasegate.core.contract import PhasegateError
 
-__all__ = ["HOSTNAME_VARIABLE", "host_name"]
+__all__ = ["HOSTNAME_VARIABLE", "holder_alive", "host_name"]
 
 #: The variable that names this machine in lease owners and process milestones.
 HOSTNAME_VARIABLE = "PHASEGATE_HOSTNAME"
@@ -46,3 +46,21 @@ def host_name() -> str:
             f"{MAX_HOST_NAME}"
         )
     return name
+
+
+def holder_alive(holder: str) -> bool:
+    """Whether the lease holder ``host:pid:...`` may still be running.
+
+    Only a holder on this host (``host_name``: PHASEGATE_HOSTNAME or the node
+    name) can be checked; any other is assumed alive until its lease expires.
+    """
+    parts = holder.split(":")
+    if len(parts) < 2 or parts[0] != host_name() or not parts[1].isdigit():
+        return True
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

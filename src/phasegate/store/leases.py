@@ -12,7 +12,6 @@ in the commit's WHERE, so a worker whose lease was taken over writes nothing.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from phasegate.core.contract import WorkflowNotFound
-from phasegate.proc.host import host_name
+from phasegate.proc.host import holder_alive
 from phasegate.store import tables as t
 from phasegate.store._base import FenceLost, StoreBase, StoreUnavailable, utc, utc_row
 
@@ -152,7 +151,7 @@ class LeaseRows(StoreBase):
                 raise WorkflowNotFound(workflow_id)
             holder, expires, fence = row[0], utc(row[1]), row[2]
             free = holder is None or holder == owner or expires is None or expires <= now
-            if not free and not _holder_alive(holder):
+            if not free and not holder_alive(holder):
                 free = True
             if not free:
                 return None
@@ -195,7 +194,7 @@ class LeaseRows(StoreBase):
         ids = sorted(workflow_ids)
         with self.reading() as conn:
             holders = set(conn.execute(_HOLDERS, {"ids": ids, "owner": owner}).scalars())
-        gone = sorted(h for h in holders if not _holder_alive(h))
+        gone = sorted(h for h in holders if not holder_alive(h))
         with self.transaction() as conn:
             rows = conn.execute(
                 _CLAIM_FREE_ANY if scheduled else _CLAIM_FREE,
@@ -226,7 +225,7 @@ class LeaseRows(StoreBase):
                     sa.select(c.lease_owner).distinct().where(c.lease_owner.is_not(None))
                 ).scalars()
             )
-        gone = sorted(h for h in holders if not _holder_alive(h))
+        gone = sorted(h for h in holders if not holder_alive(h))
         if not gone:
             return 0
         with self.transaction() as conn:
@@ -375,21 +374,4 @@ def of_repository(repository: str | None, repo_path: str) -> sa.ColumnElement[bo
     by_path = sa.and_(c.repository.is_(None), c.repo_path == repo_path)
     return by_path if repository is None else sa.or_(c.repository == repository, by_path)
 
-
-def _holder_alive(holder: str) -> bool:
-    """Whether the lease holder ``host:pid:...`` may still be running.
-
-    Only a holder on this host (``phasegate.proc.host.host_name``: PHASEGATE_HOSTNAME
-    or the node name) can be checked; any other is assumed alive until its
-    lease expires.
-    """
-    parts = holder.split(":")
-    if len(parts) < 2 or parts[0] != host_name() or not parts[1].isdigit():
-        return True
-    try:
-        os.kill(int(parts[1]), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
