@@ -309,12 +309,16 @@ text = "VERDICT: confirmed"
 
 def test_without_auto_merge_run_waits_and_approve_merge_completes(tmp_path: Path) -> None:
     repo = make_project(tmp_path, cartridge=scripted_cartridge(auto_merge=False))
-    proc = phasegate_cli("run", "--repo", str(repo), "Add the feature")
+    proc = phasegate_cli("run", "--repo", str(repo), "Add the feature", env={"COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr
     out = flat(proc.stdout)
     assert "wait · waiting" in out
     wf = out.split("workflow ", 1)[1].split()[0]
-    assert f"phasegate approve-merge {wf}" in out
+    # the next: line is one line to paste, at any width, in a pipe too
+    [hint] = [line for line in proc.stdout.splitlines() if "next:" in line]
+    at = f"--repo {repo}"
+    assert f"`phasegate approve-merge {wf} {at}` or `phasegate feedback {wf} " in hint
+    assert len(hint) > 80
 
     _, detail = cli_json("show", wf, "--repo", str(repo))
     assert (detail["workflow"]["current_phase"], detail["workflow"]["status"]) == (
@@ -637,3 +641,16 @@ def test_run_no_advance_files_the_ticket_for_a_worker_and_runs_nothing(tmp_path:
     assert worked.returncode == 0, worked.stderr
     code, rows = cli_json("status", "--repo", str(repo))
     assert [(r["id"], r["status"]) for r in rows] == [(filed["id"], "completed")]
+
+
+def test_a_suggested_repo_path_is_quoted_to_paste_as_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from phasegate.cli._app import repo_option
+
+    spaced = tmp_path / "my project"
+    spaced.mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert repo_option({"repo_path": str(spaced)}) == f" --repo '{spaced}'"
+    monkeypatch.chdir(spaced)
+    assert repo_option({"repo_path": str(spaced)}) == ""  # inside it: no --repo

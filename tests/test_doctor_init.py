@@ -188,11 +188,13 @@ def test_doctor_looks_for_a_command_roles_program_not_for_its_shells_own_words(
     proc = phasegate("doctor", "--repo", str(repo), "--json", env={"PATH": bare_path(tmp_path)})
     found = json.loads(proc.stdout)
     roles = {r["role"]: r for r in found["roles"]}
-    warned = [w for w in found["warnings"] if "the first word of its command" in w]
-    # the program after the assignment and exec is looked for, and not found
-    assert warned == [
-        "roles.build: `no-such-builder` (the first word of its command) is not on PATH"
+    named = [m for m in found["missing"] if "the first word of its command" in m]
+    # the program after the assignment and exec is looked for, and not found: a run
+    # would exit 127, so doctor is not ready
+    assert named == [
+        "roles.build: `no-such-builder` (the first word of its command) is not found on PATH"
     ]
+    assert proc.returncode == 1 and not found["ok"]
     assert (roles["build"]["executable"], roles["build"]["resolved"]) == ("no-such-builder", None)
     for role in ("plan", "plan_review", "review", "verification"):  # the shell's own words
         assert roles[role]["executable"] is None, roles[role]

@@ -136,6 +136,21 @@ def test_a_decision_waits_for_a_worker_holding_a_waiting_workflow_for_a_moment(
     assert row["state"]["merge_approved_by"] == "ana"
 
 
+def test_who_approved_the_merge_is_in_the_summary_before_and_after_it(
+    happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    engine, store = engine_for(happy_repo)
+    wf = waiting(engine, "Add a feature")
+    shown = json.loads(phasegate_cli("show", wf, "--repo", str(happy_repo), "--json").stdout)
+    assert shown["workflow"]["merge_approved_by"] is None
+    operations.approve_merge(engine, wf, by="ana")
+    assert engine.advance(wf)["status"] == "completed"
+    shown = json.loads(phasegate_cli("show", wf, "--repo", str(happy_repo), "--json").stdout)
+    assert shown["workflow"]["merge_approved_by"] == "ana"
+    [listed] = json.loads(phasegate_cli("status", "--repo", str(happy_repo), "--json").stdout)
+    assert listed["merge_approved_by"] == "ana"
+
+
 def test_a_decision_is_refused_once_the_wait_for_a_holder_runs_out(
     happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]], monkeypatch
 ) -> None:

@@ -66,6 +66,9 @@ def test_a_signal_stops_the_agent_and_resume_finishes(tmp_path: Path, sig: signa
     assert time.monotonic() - started < 15
     summary = json.loads(out)
     assert (summary["current_phase"], summary["status"]) == ("development", "developing")
+    # the notice names what continues it: a second Ctrl-C would quit before the summary
+    stopping = " ".join(errors.split())
+    assert f"`phasegate resume {summary['id']} --repo {repo.resolve()}` continues it" in stopping
     assert not alive(agent_pid)
     # status says nobody goes on with it, and what does
     left = " ".join(phasegate_cli("status", "--repo", str(repo)).stdout.split())
@@ -123,6 +126,9 @@ def test_a_signal_stops_a_running_check_at_once(tmp_path: Path) -> None:
     assert not alive(check_pid)
     summary = json.loads(out)
     assert (summary["current_phase"], summary["status"]) == ("development", "developing")
+    # the notice names what continues it: a second Ctrl-C would quit before the summary
+    stopping = " ".join(errors.split())
+    assert f"`phasegate resume {summary['id']} --repo {repo.resolve()}` continues it" in stopping
 
 
 @pytest.mark.slow

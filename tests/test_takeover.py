@@ -29,7 +29,7 @@ from phasegate.config.forge import ForgeSettings
 from phasegate.core import decisions
 from phasegate.core.contract import RUNNABLE_STATUSES, PhasegateError
 from phasegate.phases import attempts
-from phasegate.proc.host import host_name
+from phasegate.proc.host import holder_alive, host_name
 from phasegate.runtime.engine import Engine
 from phasegate.runtime.takeover import ForeignWorkflow, forge_repository, placed_here
 from phasegate.store import Store, open_store
@@ -523,3 +523,20 @@ def test_phasegate_hostname_names_the_machine_in_lease_owners_and_refuses_what_b
         assert host_name() == "h" * 200
     finally:
         store.close()
+
+
+def test_a_holder_that_exited_unreaped_is_gone_and_a_running_one_is_not() -> None:
+    # A killed worker stays a zombie until its parent reaps it: it runs nothing more.
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    stat = Path(f"/proc/{child.pid}/stat")
+    deadline = time.monotonic() + 30
+    while stat.read_text().rpartition(")")[2].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child never exited"
+        time.sleep(0.01)
+    try:
+        assert not holder_alive(f"{host_name()}:{child.pid}:token")
+        assert holder_alive(f"{host_name()}:{os.getpid()}:token")
+        assert holder_alive(f"elsewhere:{child.pid}:token")  # another host's: not ours to judge
+    finally:
+        child.wait()
+    assert not holder_alive(f"{host_name()}:{child.pid}:token")

@@ -71,10 +71,11 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
         "repository": row.get("repository"),
         "repo_path": row["repo_path"],
         "merge_sha": row["merge_sha"],
-        # approve-merge given and not merged yet: no person is needed, a worker merges it
+        # who approved the merge (approve-merge, or an approving review on the forge)
+        # while that approval stands, merged or not; "a person" when none was named
         "merge_approved_by": (
             (row["state"].get("merge_approved_by") or "a person")
-            if row["current_phase"] == "wait" and row["state"].get("merge_approved")
+            if row["state"].get("merge_approved")
             else None
         ),
         # the git blob of the committed phasegate.toml it started under (None: made in code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -90,7 +91,7 @@ def repo_option(row: Mapping[str, Any]) -> str:
     try:
         Path.cwd().resolve().relative_to(repo.resolve())
     except (ValueError, OSError):
-        return f" --repo {repo}"
+        return f" --repo {shlex.quote(str(repo))}"  # pasted as printed, spaces too
     return ""
 
 
@@ -122,13 +123,15 @@ def repo_root(repo: Path) -> Path:
     the cartridge and the store are."""
     from phasegate.git.command import GitError, git
 
+    if repo.exists() and not repo.is_dir():
+        raise UsageError(f"{repo} is a file: --repo takes the repository's directory")
     try:
         found = git(
             ["rev-parse", "--show-toplevel", "--path-format=absolute", "--git-common-dir"],
             repo.resolve(),
         ).splitlines()
         top, common = Path(found[0]), Path(found[1])
-    except (GitError, FileNotFoundError) as exc:
+    except (GitError, FileNotFoundError, NotADirectoryError) as exc:
         from phasegate.tools.doctor import not_a_repository
 
         raise UsageError(not_a_repository(repo.resolve(), exc)) from None

@@ -96,6 +96,7 @@ def demo(
         console.print(
             f"state kept in {repo / '.phasegate'}; try `{me} show {workflow_id} --repo {repo}`",
             highlight=False,
+            soft_wrap=True,  # a command to paste: never folded
         )
     finish(store, row, as_json, interrupted=engine.shutdown.is_set())
 

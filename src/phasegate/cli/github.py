@@ -78,7 +78,9 @@ def watch(
                 + ("" if once else f" every {every:g}s (Ctrl-C stops)"),
                 highlight=False,
             )
-        with graceful(engine, "`phasegate status` lists the workflows"):
+        with graceful(
+            engine, "`phasegate status` lists the workflows `phasegate resume ID` continues"
+        ):
             if work:
                 with (
                     progress,

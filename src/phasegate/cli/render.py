@@ -119,13 +119,14 @@ class LiveProgress:
 @contextmanager
 def graceful(
     engine: Engine,
-    what: str = "the id is printed below",
+    then: str = "`phasegate resume ID` continues it (the id is printed below)",
     notice: Callable[[], str] | None = None,
 ) -> Iterator[None]:
     """First Ctrl-C, SIGTERM or SIGHUP (``STOP_SIGNALS``): stop agents and leave the
     workflow resumable. Second: quit now.
 
-    ``what`` ends the notice: where the person finds the workflow to resume;
+    ``then`` says what continues the workflow, in the notice: a second Ctrl-C quits
+    at once, before the summary, and leaves only the notice standing;
     ``notice``, when given, makes the whole notice at the moment of the signal."""
     hits = {"n": 0}
 
@@ -137,8 +138,7 @@ def graceful(
             notice()
             if notice is not None
             else (
-                "stopping: the running agent or check is stopped, nothing half-committed; "
-                f"`phasegate resume` continues it ({what})"
+                f"stopping: the running agent or check is stopped, nothing half-committed; {then}"
             )
         )
         # A closed terminal (SIGHUP) takes no line: the stop goes on without it.
@@ -195,7 +195,9 @@ def drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
     from phasegate.integrations import notify
     from phasegate.runtime.worker import waits_on_ci
 
-    with LiveProgress(quiet=as_json) as progress, graceful(engine):
+    at = repo_option(engine.store.workflow_row(workflow_id))
+    then = f"`phasegate resume {workflow_id}{at}` continues it"
+    with LiveProgress(quiet=as_json) as progress, graceful(engine, then=then):
         notify.set_on_event(engine, progress)  # keeps the engine's notifier
         row = engine.advance(workflow_id)
         # CI runs on the forge: the foreground run waits for it (Ctrl-C leaves the
@@ -269,11 +271,13 @@ def finish(
         )
         if row.get("error"):
             console.print(f"  reason: {shown(row['error'])}", highlight=False)
+        # A next: line is commands to paste: never folded (soft_wrap), even in a pipe.
         if status == "waiting" and not approved:
             console.print(
                 f"  next: `phasegate approve-merge {row['id']}{at}` or "
                 f'`phasegate feedback {row["id"]} "..."{at}`',
                 highlight=False,
+                soft_wrap=True,
             )
         elif status == AWAITING_APPROVAL:
             awaited = summary["awaiting_proposal"]
@@ -282,20 +286,25 @@ def finish(
                     f"  next: `phasegate proposals{at}` shows its evidence; `phasegate approve "
                     f"{awaited}{at}` or `phasegate reject {awaited} --reason TEXT{at}`",
                     highlight=False,
+                    soft_wrap=True,
                 )
             else:  # decided, and the process died before the workflow moved on
-                console.print(f"  next: `phasegate resume {row['id']}{at}`", highlight=False)
+                console.print(
+                    f"  next: `phasegate resume {row['id']}{at}`", highlight=False, soft_wrap=True
+                )
         elif stopped_early:
             console.print(
                 "  stopped before finishing: another process changed the workflow; "
                 f"`phasegate show {row['id']}`",
                 highlight=False,
+                soft_wrap=True,
             )
         elif status in STOPPED or interrupted:
             console.print(
                 f"  next: `phasegate show {row['id']}{at}`, "
                 f"then `phasegate resume {row['id']}{at}`",
                 highlight=False,
+                soft_wrap=True,
             )
     if interrupted:
         raise typer.Exit(130)

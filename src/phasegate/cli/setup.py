@@ -193,7 +193,7 @@ def _print_diagnosis(found: "Diagnosis") -> None:
                 servers = [f"{n} {where or 'NOT FOUND'}" for n, where in role.mcp_servers.items()]
                 parts.append("mcp " + ", ".join(servers))
             problem = (
-                (role.executable and not role.resolved and role.runner != "command")
+                (role.executable and not role.resolved)
                 or (role.api_key_env and not role.api_key_set)
                 or None in role.mcp_servers.values()
             )

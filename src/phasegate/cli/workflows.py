@@ -246,7 +246,7 @@ def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     console.print(table if rows else 'no workflows yet; `phasegate run "ticket"` files one')
     note = unheld_note(rows)
     if note:
-        console.print(note, highlight=False)
+        console.print(note, highlight=False, soft_wrap=True)  # its commands are to paste
 
 
 def _board(repo: Path) -> list[dict[str, Any]]:

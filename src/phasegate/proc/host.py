@@ -12,6 +12,7 @@ test playing two machines on one.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from phasegate.core.contract import PhasegateError
 
@@ -57,10 +58,21 @@ def holder_alive(holder: str) -> bool:
     parts = holder.split(":")
     if len(parts) < 2 or parts[0] != host_name() or not parts[1].isdigit():
         return True
+    pid = int(parts[1])
     try:
-        os.kill(int(parts[1]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits for its parent to reap it: it runs
+    nothing more, though signals still find it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False  # no procfs to ask: a process signals find is taken as running
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]

@@ -218,6 +218,15 @@ _SHELL_WORDS = frozenset(
 )
 
 
+def _found(program: str, repo: Path, which: Which) -> str | None:
+    """Where ``program`` is: a relative path is the checkout's (a command runs in
+    its worktree), an absolute one must be executable, a bare name on PATH."""
+    if "/" not in program:
+        return which(program)
+    path = Path(program) if Path(program).is_absolute() else repo / program
+    return str(path) if path.is_file() and os.access(path, os.X_OK) else None
+
+
 def _command_program(command: str) -> str | None:
     """The program a ``command`` role's shell command starts first: its first word after
     any ``NAME=value`` assignments and ``exec``/``command``; None when the shell runs
@@ -269,10 +278,12 @@ def _role_status(
     if binding.runner == "command" and binding.command:
         program = _command_program(binding.command)
         if program:
-            status.executable, status.resolved = program, which(program)
+            status.executable, status.resolved = program, _found(program, repo, which)
             if status.resolved is None:
-                warnings.append(
-                    f"{where}: `{program}` (the first word of its command) is not on PATH"
+                # The shell's own words are not looked for: this one would exit 127.
+                missing.append(
+                    f"{where}: `{program}` (the first word of its command) is not found"
+                    + (" in the repository" if "/" in program else " on PATH")
                 )
     elif executable:
         status.executable, status.resolved = executable, which(executable)

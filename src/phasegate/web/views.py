@@ -56,7 +56,8 @@ def group_of(summary: Mapping[str, Any]) -> str:
     (a live worker holds its lease), done (completed, cancelled), failed, else
     waiting (runnable, not held)."""
     status = summary["status"]
-    if status in NEEDS_YOU_STATUSES and not summary.get("merge_approved_by"):
+    approved = summary.get("current_phase") == "wait" and summary.get("merge_approved_by")
+    if status in NEEDS_YOU_STATUSES and not approved:
         return "needs_you"
     if status in _DONE:
         return "done"
