@@ -376,3 +376,19 @@ def test_the_cli_reads_while_the_store_is_locked_and_a_write_stops_with_one_line
     store = open_store(f"sqlite:///{db}")
     assert store.list_workflows() == []  # nothing half-written
     store.close()
+
+
+def test_a_file_that_is_not_a_store_is_named_in_one_line_and_nothing_runs(
+    happy_repo: Path,
+) -> None:
+    store = happy_repo / ".phasegate" / "state.db"
+    store.parent.mkdir(exist_ok=True)
+    store.write_bytes(b"not a database, whatever it was " * 200)
+    with pytest.raises(StoreUnavailable, match="file is not a database"):
+        open_store(f"sqlite:///{store}")
+    for args in (["status"], ["run", "the ticket"]):
+        proc = phasegate_cli(*args, "--repo", str(happy_repo))
+        assert proc.returncode == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert f"the store {store} is unavailable: file is not a database" in proc.stderr
+    assert store.read_bytes().startswith(b"not a database")  # left as it was

@@ -41,6 +41,10 @@ _UNAVAILABLE = (
     "disk i/o error",
     "unable to open database file",
     "attempt to write a readonly database",
+    # A damaged or foreign file: nothing phasegate writes can mend it, but it is the
+    # store's state, not a bug, and the message names the file.
+    "file is not a database",
+    "database disk image is malformed",
 )
 
 #: Seconds between a ChangeFeed's looks at ``PRAGMA data_version``: a wake-up comes
@@ -110,7 +114,7 @@ class SqliteDialect:
     def unavailable(self, exc: BaseException) -> str | None:
         if isinstance(exc, sa.exc.TimeoutError):
             return f"no connection free within the pool's timeout: {exc}"
-        if not isinstance(exc, sa.exc.OperationalError | sqlite3.OperationalError):
+        if not isinstance(exc, sa.exc.DatabaseError | sqlite3.DatabaseError):
             return None
         reason = str(getattr(exc, "orig", None) or exc).strip()
         return reason if any(words in reason.lower() for words in _UNAVAILABLE) else None
