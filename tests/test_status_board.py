@@ -169,3 +169,24 @@ def test_status_finds_a_sqlite_store_without_validating_the_cartridge(
     assert checkout_store_url(tmp_path) == expected
     if expected is not None and toml is not None:  # the validated cartridge agrees
         assert load_cartridge(tmp_path).store_url(tmp_path) == expected
+
+
+def test_the_line_under_the_table_names_five_unheld_workflows_and_the_command_for_any(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from phasegate.cli.status_table import unheld_note
+
+    monkeypatch.chdir(tmp_path)
+    rows = [
+        {"id": f"wf{n}", "status": "developing", "worker": None, "repo_path": str(tmp_path)}
+        for n in range(7)
+    ]
+    rows.append({"id": "held", "status": "developing", "worker": "h:1:t", "repo_path": "x"})
+    rows.append({"id": "mine", "status": "waiting", "worker": None, "repo_path": "x"})
+    note = unheld_note(rows)
+    assert note is not None
+    assert note.startswith("wf0, wf1, wf2, wf3, wf4 and 2 more are not being advanced now")
+    assert "`phasegate resume ID` goes on with one" in note
+    assert "held" not in note and "mine" not in note  # held, or waiting for a person
+    single = unheld_note(rows[:1])
+    assert single is not None and "`phasegate resume wf0` goes on with it" in single

@@ -54,6 +54,10 @@ def _status_cells(r: Mapping[str, Any], wide: bool) -> dict[str, str]:
     }
 
 
+#: How many workflows the line under the table names before "and N more".
+SHOWN_IDS = 5
+
+
 def unheld_note(rows: list[dict[str, Any]]) -> str | None:
     """A line naming the workflows mid-lifecycle that no worker is advancing now (a run
     stopped by Ctrl-C, a worker that ended, a ticket filed without advancing it, or one
@@ -64,15 +68,18 @@ def unheld_note(rows: list[dict[str, Any]]) -> str | None:
     unheld = [r for r in rows if r["status"] in moving and not r.get("worker")]
     if not unheld:
         return None
-    ids = ", ".join(r["id"] for r in unheld[:3])
-    ids += f" and {len(unheld) - 3} more" if len(unheld) > 3 else ""
+    ids = ", ".join(r["id"] for r in unheld[:SHOWN_IDS])
+    ids += f" and {len(unheld) - SHOWN_IDS} more" if len(unheld) > SHOWN_IDS else ""
     one = len(unheld) == 1
     at = repo_option(unheld[0])
+    it = "it" if one else "them"
+    resume = f"`phasegate resume {unheld[0]['id'] if one else 'ID'}{at}`"
+    # A lease does not say whether its holder is a worker that takes these next or a
+    # `run` that will not: the line says what goes on with them either way.
     return (
-        f"{ids} {'is' if one else 'are'} not being advanced now (no worker holds "
-        f"{'it' if one else 'them'}). Unless a `phasegate worker{at}` is running, "
-        f"`phasegate resume {unheld[0]['id']}{at}` goes on with {'it' if one else 'one'}, "
-        f"`phasegate worker{at}` with every one."
+        f"{ids} {'is' if one else 'are'} not being advanced now (no worker holds {it}). "
+        f"Unless a `phasegate worker{at}` is running, {resume} goes on with "
+        f"{'it' if one else 'one'}, `phasegate worker{at}` with every one."
     )
 
 

@@ -369,7 +369,8 @@ def feedback(
     no_advance: NoAdvance = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Send feedback: a waiting workflow goes back to development with it.
+    """Send feedback: a waiting workflow goes back to development with it; a paused,
+    failed or timed-out one goes on in its phase with it in the next prompt.
 
     A build that adds nothing for the feedback pauses the workflow with reason
     feedback_unchanged (`resume` builds again and goes on; new feedback says
