@@ -4,9 +4,11 @@ half-committed."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -151,3 +153,21 @@ def test_a_killed_run_holds_nothing_in_status_and_resume_takes_it_at_once(
     done = phasegate_cli("resume", row["id"], "--no-advance", "--repo", str(repo), "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["status"] == "developing"
+
+
+def test_a_reader_gone_while_a_workflow_runs_stops_it_gently_and_quietly() -> None:
+    from phasegate.cli import _app
+
+    read, write = os.pipe()
+    os.close(read)  # the reader went: `phasegate run ... | head` after head's exit
+    stopped = threading.Event()
+    out = os.fdopen(write, "w")
+    console = _app.err.__class__(file=out)
+    _app.reader_gone.append(stopped.set)
+    try:
+        console.print("a line nobody reads")
+        console.print("and another")
+    finally:
+        _app.reader_gone.remove(stopped.set)
+        out.close()  # the console pointed its descriptor at /dev/null: nothing fails
+    assert stopped.is_set() and console.quiet  # no exit mid-run: the engine stops itself

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -60,8 +61,29 @@ app = typer.Typer(
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err = Console(stderr=True, soft_wrap=True)  # never fold a message a script will read
+#: What stops the running command gently when its reader goes (``graceful`` adds
+#: the engine's stop while its workflow runs).
+reader_gone: list[Callable[[], None]] = []
+
+
+class _PipedConsole(Console):
+    """A console whose reader may go (``run ... | head``). While a workflow runs it
+    then prints nothing more and stops the command gently, as a closed terminal
+    does, where rich's own console would exit in the middle of an agent's run;
+    before or after, with nothing in flight, it exits as rich's does."""
+
+    def on_broken_pipe(self) -> None:
+        if not reader_gone:
+            super().on_broken_pipe()
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.file.fileno())  # what is still buffered goes nowhere
+        for stop in reader_gone:
+            stop()
+
+
+console = _PipedConsole()
+err = _PipedConsole(stderr=True, soft_wrap=True)  # never fold a message a script will read
 
 #: The signals that stop a command gently (its agents stopped, its workflow left
 #: resumable): Ctrl-C, SIGTERM, and the terminal closing under it.

@@ -17,7 +17,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from phasegate.cli._app import STOP_SIGNALS, console, err, repo_option, shown
+from phasegate.cli._app import STOP_SIGNALS, console, err, reader_gone, repo_option, shown
 from phasegate.cli.status_table import status_table  # noqa: F401  (render's, for the commands)
 from phasegate.core.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES
 from phasegate.core.profiles import MAX_REVERSIONS
@@ -122,8 +122,9 @@ def graceful(
     then: str = "`phasegate resume ID` continues it (the id is printed below)",
     notice: Callable[[], str] | None = None,
 ) -> Iterator[None]:
-    """First Ctrl-C, SIGTERM or SIGHUP (``STOP_SIGNALS``): stop agents and leave the
-    workflow resumable. Second: quit now.
+    """First Ctrl-C, SIGTERM or SIGHUP (``STOP_SIGNALS``), or the output's reader
+    gone (``reader_gone``): stop agents and leave the workflow resumable. Second
+    signal: quit now.
 
     ``then`` says what continues the workflow, in the notice: a second Ctrl-C quits
     at once, before the summary, and leaves only the notice standing;
@@ -147,9 +148,11 @@ def graceful(
         engine.shutdown.set()
 
     previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    reader_gone.append(engine.shutdown.set)
     try:
         yield
     finally:
+        reader_gone.remove(engine.shutdown.set)
         for s, h in previous.items():
             signal.signal(s, h)
 
