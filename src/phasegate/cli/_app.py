@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -76,8 +77,9 @@ class _PipedConsole(Console):
         if not reader_gone:
             super().on_broken_pipe()
         self.quiet = True
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, self.file.fileno())  # what is still buffered goes nowhere
+        # What is still buffered goes nowhere (a stream with no descriptor keeps it).
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.file.fileno())
         for stop in reader_gone:
             stop()
 
