@@ -151,6 +151,17 @@ def test_who_approved_the_merge_is_in_the_summary_before_and_after_it(
     assert listed["merge_approved_by"] == "ana"
 
 
+def test_a_verdict_that_is_neither_is_named_before_the_phase_it_is_in(
+    happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    engine, _ = engine_for(happy_repo)
+    wf = waiting(engine, "Add a feature")
+    with pytest.raises(ContractViolation, match="verdict must be confirmed or rejected"):
+        operations.verify_override(engine, wf, "maybe", by="ana")
+    with pytest.raises(ContractViolation, match="is in wait, not acceptance_verification"):
+        operations.verify_override(engine, wf, "confirmed", by="ana")
+
+
 def test_a_decision_is_refused_once_the_wait_for_a_holder_runs_out(
     happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]], monkeypatch
 ) -> None:

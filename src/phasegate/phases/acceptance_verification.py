@@ -236,14 +236,16 @@ def override(ctx: WorkflowContext, deps: PhaseDeps, verdict: str, by: str) -> Ph
     """A person's verdict, recorded with who gave it (docs/contracts/lifecycle.md:
     acceptance_verification).
 
-    Raises ContractViolation unless the workflow is in acceptance_verification.
+    Raises ContractViolation for a verdict other than confirmed or rejected, or
+    unless the workflow is in acceptance_verification.
     """
+    # The verdict is the person's input: said wrong, that is what they fix first.
+    if verdict not in ("confirmed", "rejected"):
+        raise ContractViolation(f"verdict must be confirmed or rejected, not {verdict!r}")
     if ctx.current_phase != ACCEPTANCE_VERIFICATION:
         raise ContractViolation(
             f"workflow {ctx.id} is in {ctx.current_phase}, not acceptance_verification"
         )
-    if verdict not in ("confirmed", "rejected"):
-        raise ContractViolation(f"verdict must be confirmed or rejected, not {verdict!r}")
     row = MilestoneWrite(
         KIND,
         key=f"override:{deps.clock.now().isoformat()}",
