@@ -106,6 +106,8 @@ def test_a_decision_while_another_process_holds_the_lease_is_refused_alike(
     filed = operations.start(engine, "Add a feature", by="ana")["id"]
     # a live holder: this very process, under another owner's name
     assert store.claim(filed, f"{host_name()}:{os.getpid()}:elsewhere", 600) is not None
+    with pytest.raises(LeaseHeld, match=f"another process \\({host_name()}:{os.getpid()}\\);"):
+        operations.cancel(engine, filed, by="ana")  # named as status names it
     for act, args in [
         (lambda: operations.cancel(engine, filed, by="ana"), ("cancel", filed)),
         (lambda: operations.resume(engine, filed, by="ana"), ("resume", filed, "--no-advance")),

@@ -24,6 +24,7 @@ from test_web import ENV_SENTINEL, TOKEN, waiting_workflow, web_repo  # noqa: F4
 
 from phasegate.config.cartridge import load_cartridge
 from phasegate.core.contract import EventWrite
+from phasegate.proc.host import host_name
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.web import Access
@@ -252,9 +253,10 @@ def test_stopping_serve_stops_the_running_agent_and_leaves_the_workflow_resumabl
                 f"/workflows/{workflow_id}/resume", headers={"X-CSRF-Token": csrf.group(1)}
             )
         assert refused.status_code == 409
+        # named as status names the worker: this process's own, serve's
         assert refused.json()["detail"] == (
-            f"workflow {workflow_id} is being advanced by another process; "
-            "wait until it stops (or stop it), then try again"
+            f"workflow {workflow_id} is being advanced by another process "
+            f"({host_name()}:{os.getpid()}); wait until it stops (or stop it), then try again"
         )
     finally:
         dashboard.stop()  # what Ctrl-C does: the engine's shutdown

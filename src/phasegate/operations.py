@@ -265,16 +265,25 @@ def _decide(
         while True:
             try:
                 return engine.decide(workflow_id, decided)
-            except LeaseHeld:
+            except LeaseHeld as held:
                 left = deadline - time.monotonic()
-                status = engine.store.workflow_row(workflow_id)["status"]
-                if left <= 0 or status not in NEEDS_YOU_STATUSES:
-                    raise
+                row = engine.store.workflow_row(workflow_id)
+                if left <= 0 or row["status"] not in NEEDS_YOU_STATUSES:
+                    raise _naming_holder(held, row.get("lease_owner")) from None
                 feed = feed or engine.store.changes()
                 feed.wait(min(left, 0.5))  # the holder's release is a change
     finally:
         if feed is not None:
             feed.close()
+
+
+def _naming_holder(held: LeaseHeld, owner: str | None) -> LeaseHeld:
+    """``held``'s refusal naming its holder as ``status`` does (``host:pid``), so the
+    person knows which worker or run to wait for or stop."""
+    if not owner:
+        return held
+    holder = ":".join(owner.split(":")[:2])
+    return LeaseHeld(str(held).replace("another process", f"another process ({holder})", 1))
 
 
 def resume(engine: Engine, workflow_id: str, *, by: str) -> dict[str, Any]:
