@@ -258,12 +258,8 @@ def test_an_idle_worker_stopped_says_nothing_was_running(tmp_path: Path) -> None
     assert "resume" not in said, "nothing was stopped, so there is nothing to resume"
 
 
-def test_a_workers_progress_lines_each_name_their_workflow(tmp_path: Path) -> None:
-    repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": ".phasegate/\n"})
-    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
-    (repo / "phasegate.toml").write_text(scripted_cartridge())
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "cartridge")
+def test_a_workers_progress_lines_each_name_their_workflow(happy_repo: Path) -> None:
+    repo = happy_repo
     cartridge = load_cartridge(repo)
     store = open_store(cartridge.store_url(repo))
     try:
