@@ -198,7 +198,7 @@ def drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
     from phasegate.integrations import notify
     from phasegate.runtime.worker import waits_on_ci
 
-    at = repo_option(engine.store.workflow_row(workflow_id))
+    at = repo_option({"repo_path": engine.repo})  # the engine's repository: no read
     then = f"`phasegate resume {workflow_id}{at}` continues it"
     with LiveProgress(quiet=as_json) as progress, graceful(engine, then=then):
         notify.set_on_event(engine, progress)  # keeps the engine's notifier
