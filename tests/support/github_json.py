@@ -543,6 +543,6 @@ APP_PERMISSIONS = {
     "issues": "write",
     "pull_requests": "write",
     "checks": "read",
-    "statuses": "read",
+    "statuses": "write",
     "metadata": "read",
 }

@@ -245,11 +245,21 @@ class Repo:
     collaborators: dict[str, str] = field(default_factory=dict)  # login → permission
     check_runs: list[CheckRun] = field(default_factory=list)
     statuses: list[CommitStatus] = field(default_factory=list)
+    #: Protected branches: each one's required status checks (check run or status names).
+    protection: dict[str, tuple[str, ...]] = field(default_factory=dict)
     merges: int = 0
 
     @property
     def full_name(self) -> str:
         return f"{self.owner.login}/{self.name}"
+
+    def passed(self, sha: str) -> set[str]:
+        """The checks that passed on commit ``sha``: the check runs whose latest run
+        concluded success, neutral or skipped, and the statuses whose latest is success."""
+        runs = {c.name: c for c in sorted(self.check_runs, key=lambda c: c.id) if c.head_sha == sha}
+        said = {s.context: s for s in sorted(self.statuses, key=lambda s: s.id) if s.sha == sha}
+        good = {n for n, c in runs.items() if c.conclusion in ("success", "neutral", "skipped")}
+        return good | {n for n, s in said.items() if s.state == "success"}
 
     def counts(self) -> dict[str, int]:
         """How many issues, pulls, comments (conversation, on both), reviews and merges."""

@@ -52,6 +52,8 @@ OPERATIONS: tuple[tuple[str, str], ...] = (
     ("GET", "/repos/{owner}/{repo}/pulls/{pull_number}/comments"),
     ("GET", "/repos/{owner}/{repo}/commits/{ref}/check-runs"),
     ("GET", "/repos/{owner}/{repo}/commits/{ref}/status"),
+    ("POST", "/repos/{owner}/{repo}/statuses/{sha}"),
+    ("GET", "/repos/{owner}/{repo}/branches/{branch}"),
     ("GET", "/repos/{owner}/{repo}/installation"),
     ("POST", "/app/installations/{installation_id}/access_tokens"),
 )

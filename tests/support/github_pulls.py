@@ -151,7 +151,8 @@ class PullRequests:
     ) -> str:
         """``by`` merges pull request ``number`` with real git; the merge commit SHA.
 
-        GitHubError 405 when it is closed, already merged, a draft or conflicts, 409 when
+        GitHubError 405 when it is closed, already merged, a draft, conflicts or a
+        required status check of its protected base has not passed on its head, 409 when
         ``sha`` is not the head any more, 422 for an unknown method."""
         with self.lock:
             r, user, now = self.repo(repo), self.user(by), self._at(at)
@@ -169,6 +170,11 @@ class PullRequests:
                 raise GitHubError(409, "Head branch was modified. Review and try the merge again.")
             if not facts.mergeable or facts.head_sha is None:
                 raise GitHubError(405, "Pull Request is not mergeable")
+            # A protected base takes only a head whose required checks passed.
+            passed = r.passed(facts.head_sha)
+            for name in r.protection.get(pull.base, ()):
+                if name not in passed:
+                    raise GitHubError(405, f'Required status check "{name}" is expected.')
             if method == "merge":
                 title = (
                     commit_title or f"Merge pull request #{number} from {r.owner.login}/{pull.head}"

@@ -29,7 +29,6 @@ from phasegate.forge.base import PERMISSIONS
 
 from support.github_model import (
     App,
-    CommitStatus,
     GitHubError,
     Issue,
     Repo,
@@ -476,42 +475,6 @@ def list_review_comments(call: Call) -> Any:
     issue, since = call.gh.pull(r, call.number("pull_number")), _since(call)
     said = [c for c in issue.pull.review_comments if since is None or c.created_at >= since]  # type: ignore[union-attr]
     return [call.gh.shapes.review_comment(r, issue, c) for c in call.page(said)]
-
-
-# -- CI (checks/list-for-ref, repos/get-combined-status-for-ref) --
-def _ref_sha(r: Repo, ref: str) -> str:
-    sha = r.git.sha(ref)
-    if sha is None:
-        raise GitHubError(422, f"No commit found for SHA: {ref}")
-    return sha
-
-
-@route("GET", "/repos/{owner}/{repo}/commits/{ref:path}/check-runs")
-def list_check_runs(call: Call) -> Any:
-    r = call.repo()
-    sha = _ref_sha(r, call.params["ref"])
-    runs = [c for c in r.check_runs if c.head_sha == sha]
-    if name := call.query.get("check_name"):
-        runs = [c for c in runs if c.name == name]
-    if status := call.query.get("status"):
-        runs = [c for c in runs if c.status == status]
-    if call.query.get("filter", "latest") == "latest":
-        newest = {c.name: c for c in sorted(runs, key=lambda c: c.id)}
-        runs = list(newest.values())
-    runs.sort(key=lambda c: c.id, reverse=True)
-    shown = call.page(runs)
-    return {"total_count": len(runs), "check_runs": [call.gh.shapes.check_run(r, c) for c in shown]}
-
-
-@route("GET", "/repos/{owner}/{repo}/commits/{ref:path}/status")
-def combined_status(call: Call) -> Any:
-    r = call.repo()
-    sha = _ref_sha(r, call.params["ref"])
-    latest: dict[str, CommitStatus] = {}
-    for s in sorted((s for s in r.statuses if s.sha == sha), key=lambda s: s.id):
-        latest[s.context] = s
-    newest_first = sorted(latest.values(), key=lambda s: s.id, reverse=True)
-    return call.gh.shapes.combined_status(r, sha, call.page(newest_first))
 
 
 # -- GitHub Apps (apps/get-repo-installation, apps/create-installation-access-token) --

@@ -74,7 +74,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from support import github_people  # noqa: F401  (registers its routes in ROUTES)
+from support import github_ci, github_people  # noqa: F401  (each registers its routes in ROUTES)
 from support.github_git import backend_env
 from support.github_json import Shapes
 from support.github_model import App, GitHubError, Repo, User, utc_now

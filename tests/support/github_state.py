@@ -420,6 +420,12 @@ class GitHub(PullRequests):
             r.statuses.append(posted)
             return posted
 
+    def protect(self, repo: str, branch: str, required: Iterable[str]) -> None:
+        """Protect ``branch``: a pull request merges into it only once each of the
+        ``required`` checks (check run or status names) passed on its head."""
+        with self.lock:
+            self.repo(repo).protection[branch] = tuple(required)
+
     # -- GitHub Apps ----------------------------------------------------------------------------
     def add_app(
         self,

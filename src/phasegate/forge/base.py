@@ -25,6 +25,7 @@ from typing import Literal, Protocol
 from phasegate.core.contract import PhasegateError
 
 __all__ = [
+    "OWN_CHECK",
     "PERMISSIONS",
     "STATUS_LABEL_PREFIX",
     "TRUSTED_PERMISSIONS",
@@ -51,6 +52,9 @@ TRUSTED_PERMISSIONS = frozenset({"write", "maintain", "admin"})
 #: Status labels are this prefix and the workflow's status group:
 #: ``phasegate:planning`` … ``phasegate:needs-you``.
 STATUS_LABEL_PREFIX = "phasegate:"
+#: The name of phasegate's own commit status on each head it pushes: a team can
+#: make it a required check (docs/forges/github.md: branch protection).
+OWN_CHECK = "phasegate"
 
 
 _STATUS_LABELS = {

@@ -35,8 +35,6 @@ from typing import Any
 from phasegate.forge.base import (
     PERMISSIONS,
     STATUS_LABEL_PREFIX,
-    Check,
-    CheckState,
     Comment,
     ForgeError,
     ForgeNotFound,
@@ -49,8 +47,6 @@ from phasegate.forge.base import (
 from phasegate.forge.github.api import (
     CHECK_OUTPUT_BYTES,
     PAGE,
-    GitHubAPI,
-    cap,
     fit,
     labels_of,
     login_of,
@@ -58,6 +54,7 @@ from phasegate.forge.github.api import (
     neutralize_closing,
     timestamp,
 )
+from phasegate.forge.github.checks import GitHubChecks
 from phasegate.forge.github.faults import GitHubRefused
 from phasegate.forge.github.git import FETCHED_PREFIX
 
@@ -76,8 +73,6 @@ STATUS_LABEL_COLOR = "5319e7"
 
 _OWN_MARKER = re.compile(r"<!--\s*phasegate:")
 _TRAILING_MARKER = re.compile(r"\s*<!-- phasegate:[^>]*-->\s*$")
-#: A commit status's state as a check's (any other is a failure: error, failure).
-_COMBINED_STATES: dict[str, CheckState] = {"success": "success", "pending": "pending"}
 
 
 class GitHubNotMergeable(GitHubRefused, ForgeNotMergeable):
@@ -85,7 +80,7 @@ class GitHubNotMergeable(GitHubRefused, ForgeNotMergeable):
     the base again, a conflict forks its resolution), with GitHub's status and message."""
 
 
-class GitHubForge(GitHubAPI):
+class GitHubForge(GitHubChecks):
     """The Forge protocol (``phasegate.forge.base``) on the GitHub repository
     ``repository`` (owner/name), for the local clone ``repo``.
 
@@ -415,44 +410,6 @@ class GitHubForge(GitHubAPI):
         self._api(
             lambda rest: rest.pulls.update(self.owner, self.name, number, body=self._pr_text(body))
         )
-
-    def checks(self, sha: str) -> list[Check]:
-        """Check runs (the latest per name, as GitHub lists them) and the combined
-        status's statuses of ``sha``: a run not completed is pending; success, neutral
-        and skipped are success; every other conclusion, and a status of error or
-        failure, is failure. Output is title, summary and text, capped at 8 KB."""
-        runs = self._list(
-            lambda rest: rest.checks.list_for_ref,
-            self.owner,
-            self.name,
-            sha,
-            map_func=lambda response: response.json()["check_runs"],
-        )
-        found = []
-        state: CheckState
-        for run in runs:
-            if run["status"] != "completed":
-                state = "pending"
-            elif run.get("conclusion") in ("success", "neutral", "skipped"):
-                state = "success"
-            else:
-                state = "failure"
-            out = run.get("output") or {}
-            said = "\n\n".join(
-                x for x in (out.get("title"), out.get("summary"), out.get("text")) if x
-            )
-            url = run.get("html_url") or run.get("details_url")
-            found.append(Check(run["name"], state, cap(said), url))
-        combined = self._get(
-            lambda rest: rest.repos.get_combined_status_for_ref(
-                self.owner, self.name, sha, per_page=PAGE
-            )
-        )
-        for status in combined.get("statuses") or ():
-            state = _COMBINED_STATES.get(status["state"], "failure")
-            said = cap(status.get("description") or "")
-            found.append(Check(status["context"], state, said, status.get("target_url")))
-        return found
 
     def merge_pull_request(self, number: int, message: str) -> str:
         """Merge with ``forge.merge_method`` at the head phasegate read (GitHub refuses
