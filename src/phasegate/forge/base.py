@@ -53,7 +53,7 @@ TRUSTED_PERMISSIONS = frozenset({"write", "maintain", "admin"})
 #: ``phasegate:planning`` … ``phasegate:needs-you``.
 STATUS_LABEL_PREFIX = "phasegate:"
 #: The name of phasegate's own commit status on each head it pushes: a team can
-#: make it a required check (docs/forges/github.md: branch protection).
+#: make it a required check (docs/github.md: branch protection).
 OWN_CHECK = "phasegate"
 
 

@@ -3,7 +3,7 @@
 ``checks`` reads what CI said of a commit, ``required_checks`` what the base
 branch's protection requires before a merge, and ``set_commit_status`` posts
 phasegate's own commit status (context ``phasegate``) so that a team can make
-it a required check (docs/forges/github.md: branch protection).
+it a required check (docs/github.md: branch protection).
 """
 
 from __future__ import annotations
