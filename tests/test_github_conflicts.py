@@ -183,11 +183,11 @@ class MergedMeanwhile:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def merge_pull_request(self, number: int, message: str) -> str:
+    def merge_pull_request(self, number: int, message: str, head: str | None = None) -> str:
         if not self.raced:
             self.raced = True
             self.lab.server.merge_by_hand(self.lab.repository, self.other, "olga")
-        return self.inner.merge_pull_request(number, message)
+        return self.inner.merge_pull_request(number, message, head)
 
 
 def test_a_merge_github_refuses_as_not_mergeable_after_the_sync_forks_the_resolution(

@@ -575,3 +575,35 @@ def test_a_404_or_a_revoked_token_in_wait_pauses_and_resume_completes_once(
     assert row["status"] == "completed", row["error"]
     counts = gh.counts(name)
     assert (counts["issues"], counts["pulls"], counts["merges"]) == (1, 1, 1)
+
+
+def test_the_bases_required_checks_are_read_from_its_protection_once_per_while(
+    github: GitHubLab, forge: GitHubForge, local: Path
+) -> None:
+    github.server.protect(REPO, "main", ["tests", "phasegate"])
+    assert forge.required_checks("main") == ["phasegate", "tests"]
+    assert forge.required_checks("main") == ["phasegate", "tests"]  # kept: asked once
+    asked = [r for r in github.server.requests if r.path.endswith("/branches/main")]
+    assert len(asked) == 1
+    branch_with_change(local, "feature")
+    forge.publish_branch("feature")
+    assert forge.required_checks("feature") == []  # not protected
+    assert forge.required_checks("gone") == []  # no such branch: nothing to honour
+
+
+def test_phasegates_own_status_is_posted_and_a_token_that_may_not_is_logged_once(
+    github: GitHubLab, forge: GitHubForge, local: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sha = branch_with_change(local, "feature")
+    forge.publish_branch("feature")
+    forge.set_commit_status(sha, "pending", "x" * 300)  # cut to GitHub's 140 characters
+    forge.set_commit_status(sha, "success", "reviewed and checked by phasegate")
+    [own] = [c for c in forge.checks(sha) if c.name == "phasegate"]
+    assert (own.state, own.output) == ("success", "reviewed and checked by phasegate")
+
+    reader = forge_for(github, local, token=github.people["rex"].token)
+    reader.set_commit_status(sha, "failure", "no")
+    reader.set_commit_status(sha, "failure", "no")
+    refused = [r for r in caplog.records if "own commit status is not posted" in r.message]
+    assert len(refused) == 1 and len(posts(github, f"/statuses/{sha}")) == 3
+    assert [c.state for c in forge.checks(sha) if c.name == "phasegate"] == ["success"]

@@ -276,3 +276,86 @@ def test_a_maintainers_review_on_github_starts_round_two_with_its_lines_and_no_o
     assert "SENTINEL-outsider" not in "".join(recorded_prompts(prompts))
     assert github.bot.token not in "".join(recorded_prompts(prompts))
     assert gh.counts(name)["pulls"] == 1
+
+
+def move_base(lab: GitHubLab, tmp_path: Path) -> str:
+    """Another change lands on the fake's main (a person's push); its SHA."""
+    clone = tmp_path / "elsewhere"
+    git(tmp_path, "clone", "-q", str(lab.server.bare_path(lab.repository)), str(clone))
+    (clone / "elsewhere.txt").write_text("landed meanwhile\n")
+    git(clone, "add", "elsewhere.txt")
+    git(clone, "-c", "user.name=Maya", "-c", "user.email=maya@example.com", "commit", "-qm", "x")
+    git(clone, "push", "-q", "origin", "HEAD:main")
+    return git(clone, "rev-parse", "HEAD")
+
+
+def own_status(lab: GitHubLab, sha: str) -> str | None:
+    """phasegate's own commit status on ``sha`` (its latest state), or None."""
+    posted = [s for s in lab.server.repo(lab.repository).statuses if s.sha == sha]
+    mine = [s.state for s in sorted(posted, key=lambda s: s.id) if s.context == "phasegate"]
+    return mine[-1] if mine else None
+
+
+def test_a_protected_base_that_moved_merges_only_a_sync_head_whose_required_checks_passed(
+    github: GitHubLab, tmp_path: Path, engine_for: Build
+) -> None:
+    gh, name = github.server, github.repository
+    repo, _ = team_repo(github, tmp_path, auto_merge=True)
+    # The cartridge names no check: the branch's protection alone requires them.
+    gh.protect(name, "main", ["ci/tests", "phasegate"])
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert (row["current_phase"], row["lease_owner"]) == ("pr_review", None), row["error"]
+    reviewed = row["state"]["head_sha"]
+    assert own_status(github, reviewed) == "pending"
+
+    moved = move_base(github, tmp_path)  # while the review's CI runs
+    gh.check_run(name, reviewed, "ci/tests", conclusion="success")
+    row = engine.advance(workflow_id)
+    # Merge synced the base into the branch and pushed it: nothing checked that head yet.
+    assert (row["current_phase"], row["status"], row["lease_owner"]) == ("merge", "merging", None)
+    assert own_status(github, reviewed) == "success"
+    pr = gh.pull(name, row["pr_number"])
+    synced = gh.pull_facts(gh.repo(name), pr).head_sha
+    assert synced != reviewed and moved in git(repo, "rev-list", "--parents", "-n1", synced)
+    assert own_status(github, synced) == "pending" and gh.counts(name)["merges"] == 0
+    assert engine.advance(workflow_id)["current_phase"] == "merge"  # still pending: no merge
+
+    gh.check_run(name, synced, "ci/tests", conclusion="success")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "completed", row["error"]
+    assert own_status(github, synced) == "success" and gh.counts(name)["merges"] == 1
+    assert git(repo, "rev-parse", f"{row['merge_sha']}^2") == synced
+    merges = [r for r in gh.requests if r.method == "PUT" and r.path.endswith("/merge")]
+    assert len(merges) == 1, "a merge was tried before its required checks passed"
+    assert [m.data["sha"] for m in store.milestones(workflow_id) if m.kind == "ci_passed"] == [
+        reviewed,
+        synced,
+    ]
+
+
+def test_a_check_failing_on_the_sync_head_is_a_ci_repair_round_even_unprotected(
+    github: GitHubLab, tmp_path: Path, engine_for: Build
+) -> None:
+    gh, name = github.server, github.repository
+    repo, prompts = team_repo(
+        github, tmp_path, auto_merge=True, forge_extra='required_checks = ["ci/tests"]\n'
+    )
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    reviewed = engine.advance(workflow_id)["state"]["head_sha"]
+    move_base(github, tmp_path)
+    gh.check_run(name, reviewed, "ci/tests", conclusion="success")
+    row = engine.advance(workflow_id)
+    assert row["current_phase"] == "merge" and gh.counts(name)["merges"] == 0
+    synced = gh.pull_facts(gh.repo(name), gh.pull(name, row["pr_number"])).head_sha
+
+    gh.check_run(name, synced, "ci/tests", conclusion="failure", text="E   broke on main # ci-91")
+    row = engine.advance(workflow_id)
+    # Development repaired it on top of the sync and pushed a new head for review.
+    assert (row["dev_round"], row["current_phase"]) == (2, "pr_review"), row["error"]
+    assert "ci-91" in recorded_prompts(prompts)[-1]
+    failed = [m for m in store.milestones(workflow_id) if m.kind == "ci_failed"]
+    assert [(m.phase, m.data["sha"]) for m in failed] == [("merge", synced)]
+    assert gh.counts(name)["merges"] == 0 and row["state"]["head_sha"] != synced

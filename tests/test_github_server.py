@@ -412,6 +412,46 @@ def test_check_runs_and_the_combined_status_of_a_commit(gh: GitHubServer) -> Non
     assert finished["completed_at"] is not None and finished["started_at"] is not None
 
 
+def test_a_protected_branch_takes_a_merge_only_once_its_required_checks_passed_on_the_head(
+    gh: GitHubServer,
+) -> None:
+    sha = bare(gh, "rev-parse", "feature")
+    gh.check_run(REPO, sha, "tests", "completed", "success")
+    rules = {
+        "required_status_checks": {"strict": False, "contexts": ["tests", "phasegate"]},
+        "enforce_admins": None,
+        "required_pull_request_reviews": None,
+        "restrictions": None,
+    }
+    protection = f"/repos/{REPO}/branches/main/protection"
+    with client(gh) as alice, client(gh, "tok-rita") as rita, client(gh, "tok-bob") as bob:
+        assert bob.put(protection, json=rules).status_code == 403  # an admin's setting
+        assert alice.put(protection, json=rules).status_code == 200
+        open_pull(alice)
+        branch = rita.get(f"/repos/{REPO}/branches/main").json()  # read access shows it
+        refused = alice.put(f"/repos/{REPO}/pulls/1/merge", json={})
+        long = "x" * 141
+        too_long = alice.post(
+            f"/repos/{REPO}/statuses/{sha}", json={"state": "success", "description": long}
+        )
+        by_reader = rita.post(f"/repos/{REPO}/statuses/{sha}", json={"state": "success"})
+        posted = alice.post(
+            f"/repos/{REPO}/statuses/{sha}",
+            json={"state": "success", "context": "phasegate", "description": "reviewed"},
+        )
+        merged = alice.put(f"/repos/{REPO}/pulls/1/merge", json={})
+        free = alice.get(f"/repos/{REPO}/branches/feature").json()
+    checks = branch["protection"]["required_status_checks"]
+    assert branch["protected"] is True and checks["contexts"] == ["tests", "phasegate"]
+    assert branch["commit"]["sha"] == bare(gh, "rev-parse", "main^")
+    assert refused.status_code == 405
+    assert refused.json()["message"] == 'Required status check "phasegate" is expected.'
+    assert (too_long.status_code, by_reader.status_code) == (422, 403)
+    assert posted.status_code == 201 and posted.json()["creator"]["login"] == "alice"
+    assert merged.status_code == 200 and merged.json()["merged"] is True
+    assert free["protected"] is False and free["commit"]["sha"] == sha
+
+
 # -- repositories --
 def test_a_repository_created_over_rest_has_its_first_commit(gh: GitHubServer) -> None:
     with client(gh, "tok-bob") as bob:

@@ -437,9 +437,9 @@ class CountingForge(InMemoryForge):
         super().__init__()
         self.merges = 0
 
-    def merge_pull_request(self, number: int, message: str) -> str:
+    def merge_pull_request(self, number: int, message: str, head: str | None = None) -> str:
         self.merges += 1
-        return super().merge_pull_request(number, message)
+        return super().merge_pull_request(number, message, head)
 
 
 # (forge method, the journaled call, how many of its effects the forge holds)

@@ -30,13 +30,19 @@ from typing import Any
 
 from phasegate.core.contract import MilestoneView, MilestoneWrite, PhasegateError
 from phasegate.forge import Forge
+from phasegate.forge.base import OWN_PENDING
 from phasegate.git import guard
 from phasegate.git.workspace import Workspace
 from phasegate.proc.host import host_name
 from phasegate.proc.process import boot_id, kill_orphan_group, start_ticks
 from phasegate.store import Fence, FenceLost, Store
 
-__all__ = ["EFFECT_KINDS", "PROCESS_KINDS", "ProcessJournal", "SideEffects"]
+__all__ = [
+    "EFFECT_KINDS",
+    "PROCESS_KINDS",
+    "ProcessJournal",
+    "SideEffects",
+]
 
 log = logging.getLogger(__name__)
 
@@ -188,12 +194,19 @@ class SideEffects:
         return str(result["sha"])
 
     def push_branch(self, phase: str, branch: str, sha: str) -> None:
+        """Publish ``branch`` at ``sha`` once, and mark ``sha`` pending with phasegate's
+        own status: no head phasegate pushed passes it before it was reviewed and checked."""
+
+        def push() -> None:
+            self.forge.publish_branch(branch)
+            self.forge.set_commit_status(sha, "pending", OWN_PENDING)
+
         self._journaled(
             phase,
             "branch_pushed",
             f"{branch}@{sha}",
             {"branch": branch, "sha": sha},
-            _then(lambda: self.forge.publish_branch(branch), {"sha": sha}),
+            _then(push, {"sha": sha}),
         )
 
     def open_pull_request(self, phase: str, head: str, base: str, title: str, body: str) -> int:
@@ -240,13 +253,14 @@ class SideEffects:
             return False
         return True
 
-    def merge(self, phase: str, number: int, message: str) -> str:
+    def merge(self, phase: str, number: int, message: str, head: str | None = None) -> str:
+        """Merge pull request ``number`` once; with ``head``, only that head."""
         result = self._journaled(
             phase,
             "merge_completed",
             f"pr{number}",
             {"number": number},
-            lambda: {"sha": self.forge.merge_pull_request(number, message)},
+            lambda: {"sha": self.forge.merge_pull_request(number, message, head)},
         )
         return str(result["sha"])
 

@@ -15,7 +15,10 @@ it) and checks permission the way ``github_routes`` does:
 - check runs (checks/create, checks/update, checks/get): GitHub takes them
   from GitHub Apps only; the fake takes them from anyone who may write, so a
   person can play CI. A ``conclusion`` without ``status`` completes the run,
-  as on GitHub.
+  as on GitHub;
+- branch protection (repos/update-branch-protection): an admin requires
+  status checks on a branch; a merge into it then waits for them (the model's
+  ``GitHub.protect``).
 
 Nobody reviews their own pull request: approving or requesting changes on
 one's own is 422, as GitHub answers.
@@ -182,3 +185,24 @@ def update_check_run(call: Call) -> Any:
     except ValueError as exc:
         raise invalid("CheckRun", "status", "invalid", str(exc)) from None
     return call.gh.shapes.check_run(r, run)
+
+
+# -- branch protection (repos/update-branch-protection): what an admin sets --
+@route("PUT", "/repos/{owner}/{repo}/branches/{branch:path}/protection")
+def protect_branch(call: Call) -> Any:
+    """The fake keeps only ``required_status_checks`` (its ``contexts`` and
+    ``checks[].context``; null requires none): GitHub's other rules are not modelled."""
+    r = call.repo("admin")
+    branch = call.params["branch"]
+    if r.git.branch_sha(branch) is None:
+        raise GitHubError(404, "Branch not found")
+    for name in ("required_status_checks", "enforce_admins", "required_pull_request_reviews"):
+        if not isinstance(call.body, dict) or name not in call.body:
+            raise invalid("BranchProtection", name, "missing_field")
+    rules = call.field("required_status_checks") or {}
+    names = [str(c) for c in rules.get("contexts") or ()]
+    names += [str(c["context"]) for c in rules.get("checks") or () if c.get("context")]
+    call.gh.protect(r.full_name, branch, dict.fromkeys(names))
+    url = f"{call.gh.url}/repos/{r.full_name}/branches/{branch}/protection"
+    shown = {"url": f"{url}/required_status_checks", "contexts": names, "strict": False}
+    return {"url": url, "required_status_checks": shown}

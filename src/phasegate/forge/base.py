@@ -26,6 +26,8 @@ from phasegate.core.contract import PhasegateError
 
 __all__ = [
     "OWN_CHECK",
+    "OWN_PASSED",
+    "OWN_PENDING",
     "PERMISSIONS",
     "STATUS_LABEL_PREFIX",
     "TRUSTED_PERMISSIONS",
@@ -55,6 +57,10 @@ STATUS_LABEL_PREFIX = "phasegate:"
 #: The name of phasegate's own commit status on each head it pushes: a team can
 #: make it a required check (docs/github.md: branch protection).
 OWN_CHECK = "phasegate"
+#: Its description on a head phasegate pushed, until the head is reviewed and checked.
+OWN_PENDING = "not yet reviewed and checked by phasegate"
+#: Its description once the head is: it may merge as far as phasegate is concerned.
+OWN_PASSED = "reviewed and checked by phasegate"
 
 
 _STATUS_LABELS = {
@@ -248,8 +254,19 @@ class Forge(Protocol):
         the forge has no CI."""
         ...
 
-    def merge_pull_request(self, number: int, message: str) -> str:
-        """Merge the pull request; return the merge commit SHA."""
+    def required_checks(self, branch: str) -> list[str]:
+        """The checks ``branch``'s protection requires on a head before it merges
+        into it, sorted; [] where the forge protects nothing (the local forge)."""
+        ...
+
+    def set_commit_status(self, sha: str, state: CheckState, description: str) -> None:
+        """Post phasegate's own status (named OWN_CHECK) on commit ``sha``; a no-op
+        where the forge has no CI."""
+        ...
+
+    def merge_pull_request(self, number: int, message: str, head: str | None = None) -> str:
+        """Merge the pull request; return the merge commit SHA. With ``head``, only
+        while the pull request's head is that commit (the forge refuses otherwise)."""
         ...
 
     def find_merge(self, number: int) -> str | None:

@@ -17,9 +17,11 @@ from pathlib import Path
 from phasegate.core.redaction import redact, secrets_in_environment
 from phasegate.forge.base import (
     Check,
+    CheckState,
     Comment,
     ForgeError,
     ForgeNotFound,
+    ForgeNotMergeable,
     Issue,
     Labelled,
     PullRequest,
@@ -195,16 +197,24 @@ class LocalForge:
     def checks(self, sha: str) -> list[Check]:
         return []  # no CI: the local forge's checks are landing_areas.checks
 
+    def required_checks(self, branch: str) -> list[str]:
+        return []  # nothing protects a local branch but the merge gate
+
+    def set_commit_status(self, sha: str, state: CheckState, description: str) -> None:
+        return None  # no CI to tell
+
     def update_pull_request(self, number: int, body: str) -> None:
         self.pull_request(number)
         self.store.forge_update(t.forge_pull_requests, self.key, number, body=self._clean(body))
 
-    def merge_pull_request(self, number: int, message: str) -> str:
+    def merge_pull_request(self, number: int, message: str, head: str | None = None) -> str:
         pr = self.pull_request(number)
         if pr.state == "merged" and pr.merge_sha:
             return pr.merge_sha
         if pr.state != "open":
             raise ForgeError(f"pull request #{number} is {pr.state}")
+        if head is not None and self.workspace.rev(self.repo, pr.head) != head:
+            raise ForgeNotMergeable(f"{pr.head} moved since {head[:12]} was checked")
         sha = self.workspace.merge_into_base(self.repo, pr.base, pr.head, self._clean(message))
         self._record_merge(number, sha)
         return sha

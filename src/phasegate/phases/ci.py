@@ -1,15 +1,18 @@
-"""CI as evidence in pr_review (docs/contracts/lifecycle.md: pr_review).
+"""CI as evidence in pr_review and on the head that merges (docs/contracts/lifecycle.md: pr_review).
 
 CI status on the forge is evidence for the review. CI pending: the phase waits
-and polls; CI failed: a CI repair, which re-enters pr_review.
+and polls; CI failed: a CI repair, which re-enters pr_review. The merge phase
+runs the same gate on the head it is about to merge, a sync with the base
+included (docs/github.md: branch protection).
 
 The forge's checks of the pushed head (``state.head_sha``) decide before the
-review agent is asked:
+review agent is asked; phasegate's own status (``OWN_CHECK``) is never waited for:
 
 - none (the local forge, a repository without CI) or all passed: the review
   goes on, with a ``ci_passed`` milestone as evidence when there were checks;
-  a check named in ``forge.required_checks`` that has not reported on the
-  head yet counts as pending (CI registers its runs a while after a push);
+  a check named in ``forge.required_checks`` or required by the base's
+  protection on the forge that has not reported on the head yet counts as
+  pending (CI registers its runs a while after a push);
 - any pending: the phase returns ``wait`` — the workflow stays in pr_review,
   no worker holds it, and the next look is due after ``forge.poll_s``; a
   ``ci_pending`` milestone marks the first look at each head. Each look also
@@ -29,13 +32,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from phasegate.core.contract import DEVELOPMENT, MilestoneWrite, PhaseResult, WorkflowContext
+from phasegate.core.contract import (
+    DEVELOPMENT,
+    MERGE,
+    MilestoneWrite,
+    PhaseResult,
+    WorkflowContext,
+)
 from phasegate.core.profiles import reversion_or_stop
-from phasegate.forge.base import Check
+from phasegate.forge.base import OWN_CHECK, Check
 from phasegate.phases.deps import PhaseDeps
 from phasegate.phases.forge_feedback import pull_request_settled
 
-__all__ = ["OUTPUT_LIMIT", "ci_gate", "failure_text"]
+__all__ = ["OUTPUT_LIMIT", "ci_gate", "failure_text", "required_checks"]
 
 OUTPUT_LIMIT = 4_000  # characters of one failing check's output in the build prompt
 
@@ -54,22 +63,37 @@ def _shown(checks: list[Check]) -> list[dict[str, str | None]]:
     return [{"name": c.name, "state": c.state, "url": c.url} for c in checks]
 
 
-def ci_gate(ctx: WorkflowContext, deps: PhaseDeps, pr: int) -> PhaseResult | MilestoneWrite | None:
-    """Look at CI for pull request ``pr``; returns the result that ends the phase now
-    (wait, a CI-repair round, a stop), or the evidence to commit with the review
-    (a ``ci_passed`` milestone), or None when there is no CI to wait for. While
-    CI is pending, a pull request a person merged or closed ends the phase too.
+def required_checks(ctx: WorkflowContext, deps: PhaseDeps) -> list[str]:
+    """The checks a head must pass before it merges into the workflow's base:
+    ``forge.required_checks`` and what the base's protection on the forge requires,
+    sorted, phasegate's own status left out (phasegate posts it, it does not wait
+    for it)."""
+    named = set(deps.cartridge.forge.required_checks)
+    named.update(deps.forge.required_checks(ctx.base_branch))
+    named.discard(OWN_CHECK)
+    return sorted(named)
+
+
+def ci_gate(
+    ctx: WorkflowContext, deps: PhaseDeps, pr: int, head: str | None = None
+) -> PhaseResult | MilestoneWrite | None:
+    """Look at CI for pull request ``pr`` on ``head`` (default: the pushed head,
+    ``state.head_sha``); returns the result that ends the phase now (wait, a
+    CI-repair round, a stop), or the evidence to commit with the phase (a
+    ``ci_passed`` milestone), or None when there is no CI to wait for. While CI is
+    pending, a pull request a person closed ends the phase too, and so does one
+    they merged in pr_review (the merge phase finds such a merge itself).
 
     Raises ForgeError (ForgeUnavailable when the forge does not answer).
     """
-    head = ctx.state.get("head_sha")
+    head = head or ctx.state.get("head_sha")
     if not head:
         return None
-    checks = deps.forge.checks(str(head))
+    checks = [c for c in deps.forge.checks(str(head)) if c.name != OWN_CHECK]
     reported = {c.name for c in checks}
     checks += [
         Check(name, "pending", "has not reported on this head yet")
-        for name in deps.cartridge.forge.required_checks
+        for name in required_checks(ctx, deps)
         if name not in reported
     ]
     if not checks:
@@ -78,11 +102,13 @@ def ci_gate(ctx: WorkflowContext, deps: PhaseDeps, pr: int) -> PhaseResult | Mil
     pending = [c for c in checks if c.state == "pending"]
     failed = [c for c in checks if c.state == "failure"]
     if failed:
-        return _repair(ctx, deps, pr, failed, checks, key)
+        return _repair(ctx, deps, pr, failed, checks, str(head))
     if pending:
         # A person may end it while CI runs; nothing else would notice before CI ends,
         # and a closed pull request's CI may never end.
         settled = pull_request_settled(ctx, deps, pr)
+        if settled is not None and ctx.current_phase == MERGE and settled.outcome == "completed":
+            return PhaseResult("retry")  # a person merged it: the merge phase finds that merge
         if settled is not None:
             return replace(settled, updates={**settled.updates, "pr_number": pr})
         seen = any(m.data.get("sha") == head for m in ctx.milestones_of("ci_pending"))
@@ -112,7 +138,7 @@ def _repair(
     pr: int,
     failed: list[Check],
     checks: list[Check],
-    key: str,
+    head: str,
 ) -> PhaseResult:
     repairs = int(ctx.state.get("ci_repairs") or 0)
     limit = deps.cartridge.forge.max_ci_repairs
@@ -121,9 +147,9 @@ def _repair(
         "ci_failed",
         status="failed",
         round=ctx.dev_round,
-        key=key,
+        key=head[:12],
         summary=("CI failed: " + ", ".join(c.name for c in failed))[:200],
-        data={"pr": pr, "sha": ctx.state.get("head_sha"), "checks": _shown(checks)},
+        data={"pr": pr, "sha": head, "checks": _shown(checks)},
     )
     if repairs >= limit:
         reason = f"CI still fails after {repairs} CI-repair round(s) (forge.max_ci_repairs)"

@@ -12,8 +12,14 @@
   the base branch on the local forge, GitHub's fetched on GitHub) into the
   branch (sync), the synced branch published (journaled ``branch_pushed``)
   when it moved or the forge's pull request has another head, the forge
-  merge (``git merge --no-ff`` into the base; GitHub's merge API), worktree
-  and branch removal.
+  merge (``git merge --no-ff`` into the base; GitHub's merge API, at the
+  exact head checked), worktree and branch removal; phasegate's own commit
+  status (success) on that head just before the merge.
+- checks on the merged head: the forge's required checks (``forge.required_checks``
+  and the base's protection) must have passed on the head about to merge, a
+  sync commit included (phases/ci.py). Pending: ``wait`` in merge, no worker
+  held, looked at again after ``forge.poll_s``; failed: a CI-repair round
+  (development, dev_round + 1), bounded by ``forge.max_ci_repairs``.
   The issue is NOT closed here: only a confirmed verification closes it.
 - postconditions: current_phase == "acceptance_verification", status ==
   "verification_pending", merge_sha set.
@@ -40,7 +46,8 @@
   and the phase still advances with merge_sha.
 - terminal outcomes: completed → acceptance_verification; completed →
   planning (reversion); completed → wait (an unattended merge whose head the
-  merge gate holds: phases/merge_gate.py); pause (conflict fork, a failed
+  merge gate holds: phases/merge_gate.py); completed → development (CI failed
+  on the head to merge); wait (its checks pending); pause (conflict fork, a failed
   child's conflict, edits in the way, git still failing on a lock after its retries:
   GitTransient, never read as a conflict);
   failed (merge error, loop guard).
@@ -59,9 +66,9 @@ from phasegate.core.contract import (
     PhaseResult,
     WorkflowContext,
 )
-from phasegate.forge.base import ForgeNotMergeable
+from phasegate.forge.base import OWN_PASSED, ForgeNotMergeable
 from phasegate.git.workspace import DirtyCheckout, GitError, GitTransient
-from phasegate.phases import cleanup, conflict, merge_gate
+from phasegate.phases import ci, cleanup, conflict, merge_gate
 from phasegate.phases.deps import PhaseDeps
 
 __all__ = ["run"]
@@ -99,9 +106,18 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 },
                 events=merge_gate.found_events(hold, secrets),
             )
+    evidence: tuple[MilestoneWrite, ...] = ()
+    if head is not None:
+        # The forge merges this exact head: its required checks must have passed on
+        # it, a sync with the base included, however the review's head fared.
+        gate = ci.ci_gate(ctx, deps, ctx.pr_number, head)
+        if isinstance(gate, PhaseResult):
+            return gate
+        evidence = () if gate is None else (gate,)
+        deps.forge.set_commit_status(head, "success", OWN_PASSED)
     message = f"Merge #{ctx.pr_number}: {ctx.title}\n\nphasegate workflow {ctx.id}"
     try:
-        sha = deps.effects.merge(MERGE, ctx.pr_number, message)
+        sha = deps.effects.merge(MERGE, ctx.pr_number, message, head)
     except ForgeNotMergeable as exc:
         return _refused(ctx, deps, worktree, exc)
     except GitTransient as exc:
@@ -132,7 +148,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         ACCEPTANCE_VERIFICATION,
         updates={"merge_sha": sha},
         state={"worktree_removed": done.worktree_removed},
-        milestones=(done.milestone(attempts=1),),
+        milestones=(*evidence, done.milestone(attempts=1)),
     )
 
 

@@ -15,7 +15,9 @@ Thin phase: no agent run, no git mutation (docs/contracts/lifecycle.md: report).
 - side effects: one issue comment rendered in content_language (best effort:
   a forge failure does not fail the phase); state.report holds the payload,
   the single source of truth; state.merge_hold what keeps the merge from
-  going unattended (phases/merge_gate.py), None when nothing does.
+  going unattended (phases/merge_gate.py), None when nothing does;
+  phasegate's own commit status on the head (``forge.OWN_CHECK``): success
+  once reviewed and checked, pending with the hold's reason while held.
 - postconditions: current_phase == "wait", status == "waiting";
   state.wait_started_at recorded.
 - re-entry point: idempotent; milestones and the comment are deduplicated per
@@ -31,6 +33,7 @@ from typing import Any
 
 from phasegate.core.contract import REPORT, WAIT, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.core.report import render_report
+from phasegate.forge.base import OWN_PASSED
 from phasegate.phases import merge_gate
 from phasegate.phases.deps import PhaseDeps
 from phasegate.phases.feedback_round import since_last_round
@@ -119,6 +122,13 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         {k: held[k] for k in ("reason", "protected", "violations")} if held else None
     )
     payload["auto_merge"] = ctx.auto_merge and held is None  # "Next:" says who merges
+    if head:
+        # The head was reviewed and its CI passed in pr_review: phasegate's own status
+        # says so, or says why it waits for a person.
+        if held:
+            deps.forge.set_commit_status(head, "pending", str(held["reason"]))
+        else:
+            deps.forge.set_commit_status(head, "success", OWN_PASSED)
     text = render_report(payload, ctx.content_language)
     if ctx.issue_number:
         deps.effects.comment(

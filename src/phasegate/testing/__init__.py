@@ -25,6 +25,7 @@ from phasegate.agents.runners.scripted import ScriptedRunner
 from phasegate.forge.base import (
     STATUS_LABEL_PREFIX,
     Check,
+    CheckState,
     Comment,
     Forge,
     ForgeError,
@@ -72,6 +73,7 @@ class InMemoryForge:
         self.posted: list[dict[str, Any]] = []  # phasegate's own comments
         self.prs: dict[int, PullRequest] = {}
         self.published: list[str] = []
+        self.statuses: list[tuple[str, str, str]] = []  # (sha, state, description) posted
         self.said: dict[int, list[Comment]] = {}
         self.ci: dict[str, list[Check]] = {}
         self.permissions: dict[str, str] = {}
@@ -155,7 +157,13 @@ class InMemoryForge:
         pr = self.pull_request(number)
         self.prs[number] = PullRequest(pr.number, pr.head, pr.base, pr.title, body, pr.state, None)
 
-    def merge_pull_request(self, number: int, message: str) -> str:
+    def required_checks(self, branch: str) -> list[str]:
+        return []
+
+    def set_commit_status(self, sha: str, state: CheckState, description: str) -> None:
+        self.statuses.append((sha, state, description))
+
+    def merge_pull_request(self, number: int, message: str, head: str | None = None) -> str:
         pr = self.pull_request(number)
         sha = f"{number:040x}"
         self.prs[number] = PullRequest(

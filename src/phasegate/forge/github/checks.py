@@ -9,16 +9,20 @@ it a required check (docs/github.md: branch protection).
 from __future__ import annotations
 
 import logging
+import time
+from typing import Any
 
 from phasegate.forge.base import OWN_CHECK, Check, CheckState, ForgeAuthError, ForgeNotFound
 from phasegate.forge.github.api import PAGE, GitHubAPI, cap
 
-__all__ = ["GitHubChecks"]
+__all__ = ["PROTECTION_TTL_S", "GitHubChecks"]
 
 log = logging.getLogger(__name__)
 
 #: A commit status's state as a check's (any other is a failure: error, failure).
 _COMBINED_STATES: dict[str, CheckState] = {"success": "success", "pending": "pending"}
+#: Seconds a branch's required checks are kept before GitHub is asked again.
+PROTECTION_TTL_S = 300.0
 #: What GitHub keeps of a commit status's description.
 _DESCRIPTION_CHARS = 140
 
@@ -28,6 +32,11 @@ class GitHubChecks(GitHubAPI):
 
     #: Set once GitHub refused phasegate's own status (403): it is not asked again.
     _statuses_refused = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # branch → (when read, its required checks): see required_checks
+        self._protection: dict[str, tuple[float, tuple[str, ...]]] = {}
 
     def checks(self, sha: str) -> list[Check]:
         """Check runs (the latest per name, as GitHub lists them) and the combined
@@ -70,14 +79,19 @@ class GitHubChecks(GitHubAPI):
     def required_checks(self, branch: str) -> list[str]:
         """The check names ``branch``'s protection requires before a merge (its
         required status checks' contexts), sorted; [] when the branch is not
-        protected or GitHub does not show its protection to this token."""
+        protected or GitHub does not show its protection to this token. Kept for
+        PROTECTION_TTL_S: every look at CI asks, and a rule changes seldom."""
+        known = self._protection.get(branch)
+        if known is not None and time.monotonic() - known[0] < PROTECTION_TTL_S:
+            return list(known[1])
         try:
             found = self._get(lambda rest: rest.repos.get_branch(self.owner, self.name, branch))
         except ForgeNotFound:
-            return []
+            found = {}
         rules = (found.get("protection") or {}).get("required_status_checks") or {}
         names = set(rules.get("contexts") or ())
         names.update(c["context"] for c in rules.get("checks") or () if c.get("context"))
+        self._protection[branch] = (time.monotonic(), tuple(sorted(names)))
         return sorted(names)
 
     def set_commit_status(self, sha: str, state: CheckState, description: str) -> None:

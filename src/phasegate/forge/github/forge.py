@@ -411,15 +411,15 @@ class GitHubForge(GitHubChecks):
             lambda rest: rest.pulls.update(self.owner, self.name, number, body=self._pr_text(body))
         )
 
-    def merge_pull_request(self, number: int, message: str) -> str:
-        """Merge with ``forge.merge_method`` at the head phasegate read (GitHub refuses
-        with 409 if it moved since); ``message``'s first line is the commit title.
-        A pull request already merged (by an earlier try, or a person) answers its
-        merge SHA. GitHub's 405 on a pull request still open is GitHubNotMergeable
-        (a ForgeNotMergeable: it conflicts with the base, or a rule of GitHub's holds
-        it), a 409 GitHubRefused with its status; a closed one is ForgeError. The
-        base is fetched afterwards (``refs/phasegate/forge/<base>``) so that the
-        merge commit is local."""
+    def merge_pull_request(self, number: int, message: str, head: str | None = None) -> str:
+        """Merge with ``forge.merge_method`` at ``head`` (default: the head phasegate
+        reads now; GitHub refuses with 409 if it moved since); ``message``'s first
+        line is the commit title. A pull request already merged (by an earlier try,
+        or a person) answers its merge SHA. GitHub's 405 on a pull request still
+        open is GitHubNotMergeable (a ForgeNotMergeable: it conflicts with the base,
+        or a rule of GitHub's holds it), a 409 GitHubRefused with its status; a
+        closed one is ForgeError. The base is fetched afterwards
+        (``refs/phasegate/forge/<base>``) so that the merge commit is local."""
         pr = self.pull_request(number)
         if pr.state == "merged" and pr.merge_sha:
             self._fetch_base(pr.base, pr.merge_sha)
@@ -427,8 +427,12 @@ class GitHubForge(GitHubChecks):
         if pr.state != "open":
             raise ForgeError(f"pull request #{number} on {self.repository} is closed unmerged")
         title, _, text = self._pr_text(message).partition("\n")
-        # sha: GitHub merges only the head phasegate reviewed (409 if it moved)
-        said = {"sha": pr.head_sha, "commit_title": title.strip(), "commit_message": text.strip()}
+        # sha: GitHub merges only the head phasegate checked (409 if it moved)
+        said = {
+            "sha": head or pr.head_sha,
+            "commit_title": title.strip(),
+            "commit_message": text.strip(),
+        }
         body = {k: v for k, v in said.items() if v}
         try:
             sha = self._get(
