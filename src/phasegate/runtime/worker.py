@@ -47,6 +47,8 @@ from typing import Any, Protocol
 
 from phasegate.config.cartridge import Cartridge
 from phasegate.core.contract import (
+    MERGE,
+    PHASE_STATUS_MAP,
     PR_REVIEW,
     RUNNABLE_STATUSES,
     WAIT,
@@ -114,8 +116,9 @@ class LeaseHeld(PhasegateError):
 
 def waits_on_ci(row: Mapping[str, Any]) -> bool:
     """Whether the workflow, as ``advance`` left it, waits for the forge's CI
-    (pr_review's ``wait``: phases/ci.py)."""
-    return bool(row["current_phase"] == PR_REVIEW and row["status"] == "pr_review")
+    (the ``wait`` of pr_review, or of merge on the head it merges: phases/ci.py)."""
+    phase = row["current_phase"]
+    return phase in (PR_REVIEW, MERGE) and row["status"] == PHASE_STATUS_MAP[phase]
 
 
 def wait_s(cartridge: Cartridge) -> float:
