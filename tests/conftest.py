@@ -7,6 +7,7 @@ import ctypes
 import faulthandler
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -498,10 +499,12 @@ class GitHubLab:
     people: dict[str, User]
 
     def cartridge(self, extra: str = "") -> str:
-        """A ``[forge]`` table for this lab (poll_s short: tests wait on it)."""
+        """A ``[forge]`` table for this lab (poll_s short: tests wait on it, unless
+        ``extra`` sets it)."""
+        poll = "" if re.search(r"^poll_s\s*=", extra, re.MULTILINE) else "poll_s = 0.2\n"
         return (
             f'[forge]\nkind = "github"\nrepository = "{self.repository}"\n'
-            f'base_url = "{self.api_url}"\npoll_s = 0.2\n{extra}'
+            f'base_url = "{self.api_url}"\n{poll}{extra}'
         )
 
 

@@ -1,5 +1,6 @@
-"""What the GitHubForge tests share: a local checkout, the forge on the lab as its
-bot (through Prism: conftest's ``github``), a branch with a change, the POSTs seen."""
+"""What the GitHub tests share: a local checkout, the forge on the lab as its bot
+(through Prism: conftest's ``github``), a branch with a change, the POSTs seen, and
+a team's repository on the lab with a recording build agent (``team_repo``)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,27 @@ from phasegate.config.forge import ForgeSettings
 from phasegate.forge import ForgeAuth, GitHubForge
 from phasegate.git.workspace import Workspace
 
-from conftest import GitHubLab, git, make_repo
+from conftest import (
+    ANSWERS_BUT_BUILD,
+    GitHubLab,
+    git,
+    github_repo,
+    make_repo,
+    recording_build,
+    scripted_cartridge,
+)
 from support.github_server import Recorded
 
-__all__ = ["REPO", "branch_with_change", "forge", "forge_for", "local", "posts", "settings"]
+__all__ = [
+    "REPO",
+    "branch_with_change",
+    "forge",
+    "forge_for",
+    "local",
+    "posts",
+    "settings",
+    "team_repo",
+]
 
 REPO = "octo/app"
 
@@ -63,3 +81,29 @@ def branch_with_change(local: Path, branch: str, text: str = "x = 2\n") -> str:
 
 def posts(github: GitHubLab, suffix: str) -> list[Recorded]:
     return [r for r in github.server.requests if r.method == "POST" and r.path.endswith(suffix)]
+
+
+def team_repo(
+    lab: GitHubLab, tmp_path: Path, roles: dict[str, str] | None = None, **cartridge: object
+) -> tuple[Path, Path]:
+    """octo/widgets on the lab, with a build agent that records each prompt in
+    ``prompts/`` and writes feature.txt (``roles``: other role tables); returns
+    (local repo, prompts dir)."""
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    build = recording_build(prompts)
+    extra = str(cartridge.pop("forge_extra", ""))
+    overrides = {"build": build, **(roles or {})}
+    text = scripted_cartridge(role_overrides=overrides, **cartridge)  # type: ignore[arg-type]
+    repo = github_repo(
+        lab,
+        tmp_path / "repo",
+        text,
+        {
+            "README.md": "# widgets\n",
+            ".gitignore": ".phasegate/\n",
+            "answers.toml": ANSWERS_BUT_BUILD,
+        },
+        forge_extra=extra,
+    )
+    return repo, prompts

@@ -33,6 +33,7 @@ from phasegate.forge.base import Check
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.store.store import make_dialect
+from phasegate.store.values import HEAD_REVISION
 from phasegate.testing import FixedClock
 
 from conftest import new_workflow
@@ -124,7 +125,7 @@ def test_migration_0006_upgrades_a_0005_store_its_workflows_due_now(
     try:
         with store.engine.connect() as conn:
             version = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
-        assert version == "0006"
+        assert version == HEAD_REVISION
         indexes = {i["name"] for i in sa.inspect(store.engine).get_indexes("workflows")}
         assert "ix_workflows_due" in indexes
         assert store.workflow_row(wf)["due_at"] is None

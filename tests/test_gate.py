@@ -42,6 +42,7 @@ from phasegate.phases.graph_mode.harness import (
 from phasegate.store import Store, open_store
 from phasegate.store import tables as t
 from phasegate.store.store import make_dialect
+from phasegate.store.values import HEAD_REVISION
 from phasegate.testing import FixedClock
 
 from conftest import git, make_repo, phasegate_cli, scripted_cartridge
@@ -144,7 +145,7 @@ def test_migrations_upgrade_a_0001_database_with_its_data_in_place(
             diffs = compare_metadata(
                 MigrationContext.configure(conn, opts={"compare_type": True}), t.metadata
             )
-        assert version == "0006"
+        assert version == HEAD_REVISION
         assert diffs == []
         tables = set(sa.inspect(store.engine).get_table_names())
         assert {"graph_runs", "proposals", "graph_calls"} <= tables

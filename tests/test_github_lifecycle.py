@@ -21,42 +21,13 @@ from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 
 from conftest import (
-    ANSWERS_BUT_BUILD,
     GitHubLab,
     git,
-    github_repo,
     recorded_prompts,
-    recording_build,
-    scripted_cartridge,
 )
+from github_forge_kit import team_repo
 
 Build = Callable[..., tuple[Engine, Store]]
-
-
-def team_repo(
-    lab: GitHubLab, tmp_path: Path, roles: dict[str, str] | None = None, **cartridge: object
-) -> tuple[Path, Path]:
-    """octo/widgets on the lab, with a build agent that records each prompt in
-    ``prompts/`` and writes feature.txt (``roles``: other role tables); returns
-    (local repo, prompts dir)."""
-    prompts = tmp_path / "prompts"
-    prompts.mkdir()
-    build = recording_build(prompts)
-    extra = str(cartridge.pop("forge_extra", ""))
-    overrides = {"build": build, **(roles or {})}
-    text = scripted_cartridge(role_overrides=overrides, **cartridge)  # type: ignore[arg-type]
-    repo = github_repo(
-        lab,
-        tmp_path / "repo",
-        text,
-        {
-            "README.md": "# widgets\n",
-            ".gitignore": ".phasegate/\n",
-            "answers.toml": ANSWERS_BUT_BUILD,
-        },
-        forge_extra=extra,
-    )
-    return repo, prompts
 
 
 def test_a_whole_lifecycle_on_github_closes_the_issue_only_after_a_confirmed_verdict(

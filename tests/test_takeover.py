@@ -34,6 +34,7 @@ from phasegate.runtime.engine import Engine
 from phasegate.runtime.takeover import ForeignWorkflow, forge_repository, placed_here
 from phasegate.store import Store, open_store
 from phasegate.store.store import make_dialect
+from phasegate.store.values import HEAD_REVISION
 from phasegate.testing import InMemoryForge
 
 from conftest import (
@@ -181,7 +182,7 @@ def test_migration_0005_upgrades_a_0004_store_its_workflows_claimed_by_their_pat
     try:
         with store.engine.connect() as conn:
             assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == (
-                "0006"
+                HEAD_REVISION
             )
         indexes = {i["name"] for i in sa.inspect(store.engine).get_indexes("workflows")}
         assert "ix_workflows_repository" in indexes

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from support.github_git import GitError, PullFacts
+from support.github_json import Json, Shapes
 from support.github_model import (
     CLOSING_KEYWORDS,
     MERGE_METHODS,
@@ -39,6 +40,9 @@ class PullRequests:
         mergeable_unknown_reads: int
 
         def _id(self) -> int: ...
+        def announce(
+            self, r: Repo, event: str, sender: User, render: Callable[[Shapes], Json]
+        ) -> None: ...
         def _at(self, at: datetime | None) -> datetime: ...
         def _number(self, repo: Repo) -> int: ...
         def repo(self, full_name: str) -> Repo: ...
@@ -135,7 +139,25 @@ class PullRequests:
                 if self.repo(repo).git.branch_sha(base) is None:
                     raise invalid("PullRequest", "base", "invalid")
                 issue.pull.base = base  # type: ignore[union-attr]
-            return self.edit_issue(repo, number, by, title=title, body=body, state=state)
+            was = issue.state
+            edited = self.edit_issue(repo, number, by, title=title, body=body, state=state)
+            if was == "open" and edited.state == "closed":
+                self._closed(self.repo(repo), edited, self.user(by))
+            return edited
+
+    def _closed(self, r: Repo, issue: Issue, by: User) -> None:
+        """Announce that pull request ``issue`` closed (merged or not)."""
+        number = issue.number
+        self.announce(
+            r,
+            "pull_request",
+            by,
+            lambda s: {
+                "action": "closed",
+                "number": number,
+                "pull_request": s.pull(r, issue, self.pull_facts(r, issue)),
+            },
+        )
 
     def merge(
         self,
@@ -198,6 +220,7 @@ class PullRequests:
             r.pushed_at = now
             if pull.base == r.default_branch:
                 self._close_linked(r, issue, user, now, merged)
+            self._closed(r, issue, user)
             return merged
 
     def merge_by_hand(self, repo: str, number: int, by: str, method: str = "merge") -> str:
@@ -254,4 +277,14 @@ class PullRequests:
                 )
             pull.reviews.append(done)
             issue.updated_at = now
+            self.announce(
+                r,
+                "pull_request_review",
+                user,
+                lambda s: {
+                    "action": "submitted",
+                    "review": s.review(r, issue, done),
+                    "pull_request": s.pull(r, issue, self.pull_facts(r, issue)),
+                },
+            )
             return done

@@ -76,6 +76,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from support import github_ci, github_people  # noqa: F401  (each registers its routes in ROUTES)
 from support.github_git import backend_env
+from support.github_hooks import HookDeliveries
 from support.github_json import Shapes
 from support.github_model import App, GitHubError, Repo, User, utc_now
 from support.github_routes import ROUTES, Call, Route
@@ -158,6 +159,7 @@ class GitHubServer(GitHub):
         super().__init__(
             Path(tempfile.mkdtemp(prefix="fake-github-")) if root is None else root, clock
         )
+        self.hooks = HookDeliveries(self)
         self.requests: list[Recorded] = []
         self.faults: list[Fault] = []
         self.url = ""
@@ -194,7 +196,13 @@ class GitHubServer(GitHub):
             time.sleep(0.01)
         return self.url
 
+    def announce(
+        self, r: Repo, event: str, sender: User, render: Callable[[Shapes], dict[str, Any]]
+    ) -> None:
+        self.hooks.announce(r, event, sender, render)
+
     def stop(self) -> None:
+        self.hooks.stop()
         if self._server is not None and self._thread is not None:
             self._server.should_exit = True
             self._thread.join(timeout=10)

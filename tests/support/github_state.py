@@ -22,10 +22,12 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from phasegate.forge.base import PERMISSIONS
 
 from support.github_git import BareRepo
+from support.github_json import Json, Shapes
 from support.github_model import (
     CHECK_CONCLUSIONS,
     CHECK_STATUSES,
@@ -66,6 +68,14 @@ class GitHub(PullRequests):
         self._ids = 1000
 
     # -- ids, time, lookups --------------------------------------------------------
+    def announce(
+        self, r: Repo, event: str, sender: User, render: Callable[[Shapes], dict[str, Any]]
+    ) -> None:
+        """Webhook ``event`` happened on ``r`` (``render``: its action and objects in
+        the REST shapes): the server delivers it to the repository's hooks
+        (``support.github_hooks``); the bare model delivers nothing."""
+        return None
+
     def _id(self) -> int:
         self._ids += 1
         return self._ids
@@ -292,6 +302,7 @@ class GitHub(PullRequests):
                     issue.labels.append(label)
                     issue.events.append(Event(self._id(), "labeled", user, now, label))
                     issue.updated_at = now
+                    self.announce(r, "issues", user, _labeled(r, issue, label))
             return list(issue.labels)
 
     def label(
@@ -321,10 +332,21 @@ class GitHub(PullRequests):
     ) -> IssueComment:
         """``by`` comments on issue or pull request ``number`` (the conversation)."""
         with self.lock:
-            issue, user, now = self.issue(repo, number), self.user(by), self._at(at)
+            r, user, now = self.repo(repo), self.user(by), self._at(at)
+            issue = self.issue(r, number)
             said = IssueComment(self._id(), user, body, now, now)
             issue.comments.append(said)
             issue.updated_at = now
+            self.announce(
+                r,
+                "issue_comment",
+                user,
+                lambda s: {
+                    "action": "created",
+                    "issue": s.issue(r, issue),
+                    "comment": s.comment(r, issue, said),
+                },
+            )
             return said
 
     # -- CI -----------------------------------------------------------------------------------
@@ -362,6 +384,7 @@ class GitHub(PullRequests):
                 details_url,
             )
             r.check_runs.append(run)
+            self.announce(r, "check_run", self._ci, self._run_event(r, run, "created"))
             return run
 
     def update_check_run(
@@ -394,6 +417,8 @@ class GitHub(PullRequests):
             run.text = text if text is not None else run.text
             run.name = name if name is not None else run.name
             run.details_url = details_url if details_url is not None else run.details_url
+            action = "completed" if status == "completed" else "created"
+            self.announce(r, "check_run", self._ci, self._run_event(r, run, action))
             return run
 
     def status(
@@ -418,7 +443,33 @@ class GitHub(PullRequests):
                 self._id(), sha, context, state, description, target_url, user, now
             )
             r.statuses.append(posted)
+            self.announce(r, "status", user, _status_event(r, posted))
             return posted
+
+    @property
+    def _ci(self) -> User:
+        """Who check runs come from: GitHub Actions' bot."""
+        return self.users.get("github-actions[bot]") or self.add_user(
+            "github-actions[bot]", type="Bot"
+        )
+
+    def _run_event(self, r: Repo, run: CheckRun, action: str) -> Callable[[Shapes], Json]:
+        """A ``check_run`` event's payload: the run with its open pull requests."""
+        pulls = [
+            i for i in r.issues.values()
+            if i.pull is not None and i.state == "open"
+            and self.pull_facts(r, i).head_sha == run.head_sha
+        ]  # fmt: skip
+
+        def render(s: Shapes) -> Json:
+            prs = [s.pull(r, i, self.pull_facts(r, i), full=False) for i in pulls]
+            refs = [{k: p[k] for k in ("id", "number", "url", "head", "base")} for p in prs]
+            branch = prs[0]["head"]["ref"] if prs else None
+            suite = {"id": run.id, "head_branch": branch, "head_sha": run.head_sha}
+            shown = {**s.check_run(r, run), "pull_requests": refs, "check_suite": suite}
+            return {"action": action, "check_run": shown}
+
+        return render
 
     def protect(self, repo: str, branch: str, required: Iterable[str]) -> None:
         """Protect ``branch``: a pull request merges into it only once each of the
@@ -494,3 +545,31 @@ def _check_state(status: str, conclusion: str | None) -> None:
         conclusion is not None and conclusion not in CHECK_CONCLUSIONS
     ):
         raise ValueError(f"a completed run has a conclusion, one of {CHECK_CONCLUSIONS}")
+
+
+def _labeled(r: Repo, issue: Issue, label: Label) -> Callable[[Shapes], Json]:
+    return lambda s: {"action": "labeled", "issue": s.issue(r, issue), "label": s.label(r, label)}
+
+
+def _status_event(r: Repo, posted: CommitStatus) -> Callable[[Shapes], Json]:
+    """A ``status`` event's payload: the status and the branches whose tip it is on."""
+    tips = [b for b in r.git.branches() if r.git.branch_sha(b) == posted.sha]
+
+    def render(s: Shapes) -> Json:
+        commit = f"{s.api}/repos/{r.full_name}/commits/{posted.sha}"
+        return {
+            **s.status(r, posted),
+            "sha": posted.sha,
+            "name": r.full_name,
+            "commit": {"sha": posted.sha, "url": commit},
+            "branches": [
+                {
+                    "name": b,
+                    "commit": {"sha": posted.sha, "url": commit},
+                    "protected": b in r.protection,
+                }
+                for b in tips
+            ],
+        }
+
+    return render

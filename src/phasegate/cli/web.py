@@ -54,6 +54,9 @@ def serve(
     with the login URL; it is exchanged once for a session cookie, and every
     action carries a CSRF token. Actions are recorded as PHASEGATE_WEB_USER
     (default: your OS user). Ctrl-C stops both; each workflow stays resumable.
+
+    A team forge's webhooks are taken at /webhooks/github (gitlab, gitea),
+    verified with the secret in PHASEGATE_WEBHOOK_SECRET (docs/webhooks.md).
     """
     from phasegate.cli._watching import watch_in_worker
     from phasegate.cli.render import graceful, make_engine, worker_notice

@@ -51,6 +51,12 @@ class ForgeSettings(BaseModel):
     required_checks: list[str] = Field(default_factory=list)
     max_rate_limit_wait_s: float = Field(default=300.0, ge=0, le=3600)
     """Seconds a rate limit is waited out at most before the workflow pauses."""
+    webhook_secret_env: str = "PHASEGATE_WEBHOOK_SECRET"
+    """The environment variable holding the webhook's secret (``phasegate serve``'s
+    ``/webhooks/<forge>``); unset, deliveries are refused and polling alone goes on."""
+    webhook_poll_s: float = Field(default=300.0, gt=0, le=86400)
+    """Seconds between two looks at a waiting workflow while webhooks arrive (one
+    came within the last hour): polling is then only the fallback."""
     max_retries: int = Field(default=3, ge=0, le=10)  # tries past the first on 5xx/timeouts
     timeout_s: float = Field(default=30.0, gt=0, le=600)  # one HTTP request
 
@@ -83,8 +89,9 @@ class ForgeSettings(BaseModel):
                 raise ValueError(
                     f"forge.{missing[0]}: a GitHub App needs app_id and private_key_file"
                 )
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", self.token_env):
-            raise ValueError(f"forge.token_env: {self.token_env!r} is not a variable name")
+        for key in ("token_env", "webhook_secret_env"):
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", getattr(self, key)):
+                raise ValueError(f"forge.{key}: {getattr(self, key)!r} is not a variable name")
         if not _LABEL.match(self.trigger_label):
             raise ValueError(f"forge.trigger_label: {self.trigger_label!r} is not a label name")
         return self

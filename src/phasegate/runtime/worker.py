@@ -58,6 +58,7 @@ from phasegate.core.contract import (
 from phasegate.phases import cleanup
 from phasegate.proc.deadline import deadline_clock
 from phasegate.runtime import DEFAULT_CONCURRENCY
+from phasegate.runtime.pace import ForgePace
 from phasegate.store import Store, StoreUnavailable
 
 __all__ = [
@@ -207,7 +208,7 @@ class _Worker:
         self.mine = {"repo_path": str(engine.repo), "repository": engine.repository}
         forge = engine.cartridge.forge
         self.local_forge = forge.kind == "local"
-        self.forge_poll_s = wait_s(engine.cartridge)
+        self.pace = ForgePace(engine.cartridge, engine.store, engine.repository)
         self.running: dict[str, threading.Thread] = {}
         self.left: dict[str, _Left] = {}
         self.advanced: set[str] = set()  # advance() retried their cleanups already
@@ -512,8 +513,9 @@ class _Worker:
         shutdown."""
         if row["status"] not in RUNNABLE_STATUSES or self.shutdown.is_set():
             return None
-        if self.forge_poll_s and _polling(row):
-            self._schedule(workflow_id, row, self.forge_poll_s)
+        forge_wait_s = self.pace.wait_s()
+        if forge_wait_s and _polling(row):
+            self._schedule(workflow_id, row, forge_wait_s)
         elif _waiting(row):
             return _Left(row["version"], forge, watched=True)
         else:

@@ -12,7 +12,8 @@ applied when the store is opened, on both.
 ``Store`` is assembled from one part per responsibility, each in its module:
 workflows, milestones and events (``workflows``), the commit path (``commit``), leases
 (``leases``), agent runs and sessions (``agent_runs``), the local forge's rows
-(``forge_rows``), the development graph's runs and proposals (``graph_runs``).
+(``forge_rows``), the development graph's runs and proposals (``graph_runs``), the
+webhook deliveries seen and the workflows they wake (``webhooks``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from phasegate.store.forge_rows import ForgeRows
 from phasegate.store.graph_runs import APPLY_ARM, VERDICTS, GraphRows
 from phasegate.store.leases import Fence, LeaseRows
 from phasegate.store.values import UsageTotals
+from phasegate.store.webhooks import WebhookRows
 from phasegate.store.workflows import UPDATABLE_COLUMNS, WorkflowRows, commit_phase_result
 
 __all__ = [
@@ -56,7 +58,7 @@ class StoreUrlUnsupported(PhasegateError):
     PostgreSQL), or is no database URL at all."""
 
 
-class Store(WorkflowRows, LeaseRows, AgentRunRows, ForgeRows, GraphRows):
+class Store(WorkflowRows, LeaseRows, AgentRunRows, ForgeRows, GraphRows, WebhookRows):
     """All SQL behind one class. Methods are small transactions of their own."""
 
 

@@ -221,3 +221,20 @@ proposals = sa.Table(
     sa.Index("ix_proposals_status", "status", "created_at"),
     sa.Index("ix_proposals_kind", "kind", "decision_seq"),
 )
+
+# -- webhooks: the deliveries a forge sent (integrations/webhooks.py) -------------------------
+
+webhook_deliveries = sa.Table(
+    "webhook_deliveries",
+    metadata,
+    # The SHA-256 of the delivery's body: a replay is the same signed body again,
+    # whatever delivery id its headers claim (a header is not signed).
+    sa.Column("digest", sa.String(64), primary_key=True),
+    sa.Column("forge", sa.String(16), nullable=False),
+    sa.Column("delivery", sa.String(255)),
+    sa.Column("event", sa.String(64), nullable=False),
+    sa.Column("repository", sa.String(255), nullable=False),
+    sa.Column("received_at", Timestamp, nullable=False),
+    sa.Index("ix_webhook_deliveries_repository", "repository", "received_at"),
+    sa.Index("ix_webhook_deliveries_received", "received_at"),
+)

@@ -58,7 +58,7 @@ from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNo
 from phasegate.core.redaction import redact
 from phasegate.git.workspace import GitError
 from phasegate.runtime.engine import Engine
-from phasegate.web import diff, live, views
+from phasegate.web import diff, live, views, webhooks
 from phasegate.web.auth import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, Access, Session
 
 __all__ = ["create_app"]
@@ -100,8 +100,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
 
     async def guard(request: Request) -> None:
         """Every route: a session, and on a POST its CSRF token (field or header)."""
-        if request.url.path in _OPEN_PATHS:
-            return
+        if request.url.path in _OPEN_PATHS or request.url.path.startswith(webhooks.PREFIX):
+            return  # a delivery proves itself by its forge's signature
         session = session_of(request)
         if session is None:
             raise _LoginNeeded
@@ -119,6 +119,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         title="phasegate", docs_url=None, redoc_url=None, openapi_url=None,
         dependencies=[Depends(guard)],
     )  # fmt: skip
+
+    app.include_router(webhooks.router(engine))
 
     @app.exception_handler(_LoginNeeded)
     async def login_needed(request: Request, _exc: _LoginNeeded) -> Response:
