@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from support.github_commits import commit_shape
 from support.github_model import STATUS_STATES, CommitStatus, GitHubError, Repo, invalid, not_found
 from support.github_routes import Call, route
 
@@ -97,33 +98,9 @@ def branch_shape(call: Call, r: Repo, branch: str) -> dict[str, Any]:
     sha = r.git.branch_sha(branch)
     if sha is None:
         raise not_found()
-    fields = r.git.git(
-        "show", "-s", "--format=%an%x00%ae%x00%aI%x00%cn%x00%ce%x00%cI%x00%T%x00%P%x00%B", sha
-    ).split("\x00")
-    an, ae, ad, cn, ce, cd, tree, parents, message = fields
-    api, base = call.gh.url, f"{call.gh.url}/repos/{r.full_name}"
     contexts = r.protection.get(branch)
-    commit = {
-        "url": f"{base}/commits/{sha}",
-        "sha": sha,
-        "node_id": f"C_{sha[:20]}",
-        "html_url": f"{api}/{r.full_name}/commit/{sha}",
-        "comments_url": f"{base}/commits/{sha}/comments",
-        "commit": {
-            "url": f"{base}/git/commits/{sha}",
-            "author": {"name": an, "email": ae, "date": ad},
-            "committer": {"name": cn, "email": ce, "date": cd},
-            "message": message.rstrip("\n"),
-            "comment_count": 0,
-            "tree": {"sha": tree, "url": f"{base}/git/trees/{tree}"},
-        },
-        "author": None,
-        "committer": None,
-        "parents": [
-            {"sha": p, "url": f"{base}/commits/{p}", "html_url": f"{api}/{r.full_name}/commit/{p}"}
-            for p in parents.split()
-        ],
-    }
+    api, base = call.gh.url, f"{call.gh.url}/repos/{r.full_name}"
+    commit = commit_shape(api, r, sha)
     protection: dict[str, Any] = {"enabled": contexts is not None}
     if contexts is not None:
         protection["required_status_checks"] = {

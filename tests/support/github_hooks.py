@@ -13,11 +13,13 @@ receiver that calls the API back does not wait on the lock.
 Events: ``issue_comment`` (created), ``issues`` (labeled), ``pull_request``
 (closed), ``pull_request_review`` (submitted), ``check_run`` (created,
 completed) and ``status``. Each delivery is kept (``delivered``) with the
-status the receiver answered; ``redeliver`` sends one again as it was.
+status the receiver answered; ``redeliver`` sends one again as it was;
+``payload_problems`` judges a payload by GitHub's own webhook schemas.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import itertools
@@ -38,7 +40,7 @@ from support.github_routes import Call, route
 if TYPE_CHECKING:
     from support.github_server import GitHubServer
 
-__all__ = ["Delivered", "Hook", "HookDeliveries"]
+__all__ = ["Delivered", "Hook", "HookDeliveries", "payload_problems"]
 
 #: How long GitHub waits for a receiver's answer before it counts a delivery failed.
 DELIVERY_TIMEOUT_S = 10.0
@@ -187,3 +189,42 @@ def create_hook(call: Call) -> Any:
         "deliveries_url": f"{base}/deliveries",
         "last_response": {"code": None, "status": "unused", "message": None},
     }
+
+
+@functools.cache
+def _webhook_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
+    """GitHub's description's ``x-webhooks`` and its components, OpenAPI 3.0's
+    ``nullable`` turned into JSON Schema's ``null`` type."""
+    from support.prism import DEFAULT_SOURCE
+
+    description = json.loads(DEFAULT_SOURCE.read_text())
+    return description["x-webhooks"], _json_schema(description["components"])
+
+
+def _json_schema(node: Any) -> Any:
+    if isinstance(node, dict):
+        converted = {
+            k: _json_schema(v) for k, v in node.items() if k not in ("nullable", "example")
+        }
+        return {"anyOf": [converted, {"type": "null"}]} if node.get("nullable") else converted
+    if isinstance(node, list):
+        return [_json_schema(v) for v in node]
+    return node
+
+
+def payload_problems(delivered: Delivered) -> list[str]:
+    """What GitHub's own webhook schema for ``delivered``'s event and action finds
+    wrong in its payload (``x-webhooks`` of the REST description ``.ci/run``
+    installs): [] when it is a payload GitHub could have sent."""
+    import jsonschema
+
+    hooks, components = _webhook_schemas()
+    payload = json.loads(delivered.body)
+    name = delivered.event.replace("_", "-")
+    name += f"-{payload['action']}" if "action" in payload else ""
+    body = hooks[name]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    validator = jsonschema.Draft7Validator({**body, "components": components})
+    return [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message[:200]}"
+        for e in validator.iter_errors(payload)
+    ]

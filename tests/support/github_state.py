@@ -26,6 +26,7 @@ from typing import Any
 
 from phasegate.forge.base import PERMISSIONS
 
+from support.github_commits import commit_shape, reactions
 from support.github_git import BareRepo
 from support.github_json import Json, Shapes
 from support.github_model import (
@@ -343,8 +344,14 @@ class GitHub(PullRequests):
                 user,
                 lambda s: {
                     "action": "created",
-                    "issue": s.issue(r, issue),
-                    "comment": s.comment(r, issue, said),
+                    "issue": _hooked_issue(s, r, issue),
+                    "comment": {
+                        **s.comment(r, issue, said),
+                        "performed_via_github_app": None,
+                        "reactions": reactions(
+                            f"{s.api}/repos/{r.full_name}/issues/comments/{said.id}"
+                        ),
+                    },
                 },
             )
             return said
@@ -548,7 +555,17 @@ def _check_state(status: str, conclusion: str | None) -> None:
 
 
 def _labeled(r: Repo, issue: Issue, label: Label) -> Callable[[Shapes], Json]:
-    return lambda s: {"action": "labeled", "issue": s.issue(r, issue), "label": s.label(r, label)}
+    return lambda s: {
+        "action": "labeled",
+        "issue": _hooked_issue(s, r, issue),
+        "label": s.label(r, label),
+    }
+
+
+def _hooked_issue(s: Shapes, r: Repo, issue: Issue) -> Json:
+    """An issue as a webhook carries it: the REST shape and its reactions."""
+    shape = s.issue(r, issue)
+    return {**shape, "reactions": reactions(str(shape["url"]))}
 
 
 def _status_event(r: Repo, posted: CommitStatus) -> Callable[[Shapes], Json]:
@@ -561,7 +578,7 @@ def _status_event(r: Repo, posted: CommitStatus) -> Callable[[Shapes], Json]:
             **s.status(r, posted),
             "sha": posted.sha,
             "name": r.full_name,
-            "commit": {"sha": posted.sha, "url": commit},
+            "commit": commit_shape(s.api, r, posted.sha),
             "branches": [
                 {
                     "name": b,
