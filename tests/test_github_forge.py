@@ -607,3 +607,21 @@ def test_phasegates_own_status_is_posted_and_a_token_that_may_not_is_logged_once
     refused = [r for r in caplog.records if "own commit status is not posted" in r.message]
     assert len(refused) == 1 and len(posts(github, f"/statuses/{sha}")) == 3
     assert [c.state for c in forge.checks(sha) if c.name == "phasegate"] == ["success"]
+
+
+def test_a_get_asked_again_carries_its_etag_and_a_304_costs_no_rate_limit(
+    github: GitHubLab, forge: GitHubForge
+) -> None:
+    number = forge.create_issue("t", "b", "phasegate:etag")
+    github.server.comment(REPO, number, "first", by="maya")
+    first = forge.comments(number)
+    asked = len(github.server.requests)
+    again = forge.comments(number)
+    looks = [r for r in github.server.requests[asked:] if r.path.endswith("/comments")]
+    assert again == first and [r.status for r in looks] == [304]
+    remaining = github.server.rate_headers("phasegate-bot", counted=False)
+    github.server.comment(REPO, number, "second", by="maya")
+    assert [c.body for c in forge.comments(number)] == ["first", "second"]  # never stale
+    after = github.server.rate_headers("phasegate-bot", counted=False)
+    used = int(after["x-ratelimit-used"]) - int(remaining["x-ratelimit-used"])
+    assert used == 1  # the changed answer counted, the 304 before it did not

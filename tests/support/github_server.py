@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import json
 import re
 import shutil
@@ -313,14 +314,15 @@ class GitHubServer(GitHub):
         )
         return self.mint_token(app, expires_at), expires_at
 
-    def rate_headers(self, login: str | None) -> dict[str, str]:
-        """GitHub's ``x-ratelimit-*`` headers for one more request by ``login``."""
+    def rate_headers(self, login: str | None, counted: bool = True) -> dict[str, str]:
+        """GitHub's ``x-ratelimit-*`` headers for one more request by ``login``
+        (``counted``: it costs one of the hour's requests)."""
         now = int(time.time())
         with self.lock:
             start, used = self._used.get(login or "", (now, 0))
             if now - start >= 3600:
                 start, used = now, 0
-            used += 1
+            used += 1 if counted else 0
             self._used[login or ""] = (start, used)
         return {
             "x-ratelimit-limit": str(RATE_LIMIT),
@@ -364,7 +366,10 @@ class _Observe:
             if message["type"] == "http.response.start":
                 record(message["status"])
                 if rest:
-                    extra = gh.rate_headers(login) | {"x-github-api-version-selected": version}
+                    counted = message["status"] != 304  # a 304 costs no rate limit
+                    extra = gh.rate_headers(login, counted) | {
+                        "x-github-api-version-selected": version
+                    }
                     present = {k.decode("latin-1").lower() for k, _ in message.get("headers", [])}
                     message["headers"] = list(message.get("headers", [])) + [
                         (k.encode(), v.encode()) for k, v in extra.items() if k not in present
@@ -456,7 +461,14 @@ def _endpoint(gh: GitHubServer, r: Route) -> Callable[[Request], Any]:
                 return r.handler(call)
 
         result = await run_in_threadpool(handle)
-        return JSONResponse(result, call.status, call.headers)
+        response = JSONResponse(result, call.status, call.headers)
+        if request.method == "GET" and call.status == 200:
+            # GitHub's conditional requests: the same answer again is a 304, uncounted.
+            etag = f'W/"{hashlib.sha256(response.body).hexdigest()[:40]}"'
+            if request.headers.get("if-none-match") == etag:
+                return Response(status_code=304, headers={**call.headers, "ETag": etag})
+            response.headers["ETag"] = etag
+        return response
 
     return endpoint
 

@@ -38,6 +38,7 @@ from githubkit.exception import GitHubException
 
 from phasegate.config.forge import ForgeSettings
 from phasegate.forge.base import ForgeAuthError, ForgeError
+from phasegate.forge.github.etag import ConditionalTransport
 from phasegate.forge.github.faults import RetryPolicy, translate
 from phasegate.git.command import run_git, withhold_from_git
 
@@ -111,8 +112,9 @@ def github_client(
 ) -> GitHub[Any]:
     """A githubkit client for ``settings`` (base_url, timeout_s), retrying as
     ``policy`` decides (default: the settings' bounds), without githubkit's HTTP
-    cache (a lookup after a crash must see GitHub as it is now), with a token
-    cache of its own."""
+    cache (a lookup after a crash must see GitHub as it is now) but asking each
+    GET again with its ETag (``etag.ConditionalTransport``: a 304 costs no rate
+    limit), with a token cache of its own."""
     if policy is None:
         policy = RetryPolicy(settings.max_rate_limit_wait_s, settings.max_retries, 0.5)
     return GitHub(
@@ -121,6 +123,7 @@ def github_client(
         timeout=settings.timeout_s,
         auto_retry=policy,
         http_cache=False,
+        transport=ConditionalTransport(httpx.HTTPTransport(verify=_ssl_context())),
         # githubkit's default cache is one per process, keyed by app and installation
         # only: another host's (or test server's) installation token would be reused
         cache_strategy=MemCacheStrategy(),
