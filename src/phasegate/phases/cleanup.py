@@ -11,8 +11,14 @@ failed cleanup is retried later: at the top of the workflow's next
 same row in place, counting its attempts; it is never shown completed while
 the worktree or the branch is still there.
 
+The branch goes on the forge too when ``forge.delete_merged_branches`` is on
+(the default): only the workflow's own ``branch_name``, never its base, and
+a forge that fails the deletion is one more problem of the milestone, retried
+like the others (docs/github.md: what phasegate does on GitHub).
+
 Every step is idempotent (removing a removed worktree, deleting a deleted
-branch), so a retry after a crash or a partial success redoes nothing.
+branch, here or on the forge), so a retry after a crash or a partial success
+redoes nothing.
 """
 
 from __future__ import annotations
@@ -20,11 +26,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from phasegate.config.cartridge import Cartridge
 from phasegate.core.contract import MERGE, MilestoneView, MilestoneWrite, WorkflowContext
+from phasegate.forge.base import Forge, ForgeError
 from phasegate.git.workspace import GitError, Workspace
+from phasegate.phases.deps import PhaseDeps
 from phasegate.store import Store
 
-__all__ = ["KIND", "Cleanup", "clean_up", "pending", "retry"]
+__all__ = ["KIND", "Cleanup", "after_merge", "clean_up", "pending", "retry"]
 
 KIND = "cleanup"
 
@@ -36,6 +45,9 @@ class Cleanup:
     worktree_removed: bool
     branch_deleted: bool
     problems: tuple[str, ...]
+    #: None: the forge's branch was not to be deleted (the setting is off, or the
+    #: forge shares the repository's branches).
+    forge_branch_deleted: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -54,17 +66,26 @@ class Cleanup:
                 "attempts": attempts,
                 "worktree_removed": self.worktree_removed,
                 "branch_deleted": self.branch_deleted,
+                "forge_branch_deleted": self.forge_branch_deleted,
             },
             phase=MERGE,
         )
 
 
-def clean_up(workspace: Workspace, repo: Path, worktree: Path | None, branch: str) -> Cleanup:
-    """Remove ``worktree`` (when given) and delete ``branch``, each step on its own.
+def clean_up(
+    workspace: Workspace,
+    repo: Path,
+    worktree: Path | None,
+    branch: str,
+    *,
+    forge: Forge | None = None,
+) -> Cleanup:
+    """Remove ``worktree`` (when given), delete ``branch``, and delete it on
+    ``forge`` too when one is given, each step on its own.
 
-    Never raises for a step that fails: git's error or the OSError (a file
-    that cannot be removed) becomes one of the result's ``problems``, and the
-    other step still runs.
+    Never raises for a step that fails: git's error, the OSError (a file that
+    cannot be removed) or the ForgeError becomes one of the result's
+    ``problems``, and the other steps still run.
     """
     problems: list[str] = []
     worktree_removed = True
@@ -80,7 +101,36 @@ def clean_up(workspace: Workspace, repo: Path, worktree: Path | None, branch: st
     except GitError as exc:
         problems.append(f"deleting the branch {branch}: {exc}")
         branch_deleted = not workspace.branch_exists(repo, branch)
-    return Cleanup(worktree_removed, branch_deleted, tuple(problems))
+    on_forge = None
+    if forge is not None:
+        try:
+            forge.delete_branch(branch)
+            on_forge = True
+        except ForgeError as exc:
+            problems.append(f"deleting the branch {branch} on the forge: {exc}")
+            on_forge = False
+    return Cleanup(worktree_removed, branch_deleted, tuple(problems), on_forge)
+
+
+def branch_forge(cartridge: Cartridge, forge: Forge, ctx: WorkflowContext) -> Forge | None:
+    """The forge to delete the workflow's branch on after its merge, or None: the
+    setting is off, or the branch is its base (phasegate deletes only its own)."""
+    if not cartridge.forge.delete_merged_branches or ctx.branch_name in (None, ctx.base_branch):
+        return None
+    return forge
+
+
+def after_merge(ctx: WorkflowContext, deps: PhaseDeps) -> Cleanup:
+    """The first cleanup, right after the merge landed: the worktree, the branch
+    and, by ``forge.delete_merged_branches``, the branch on the forge."""
+    assert ctx.branch_name is not None
+    return clean_up(
+        deps.workspace,
+        Path(ctx.repo_path),
+        Path(ctx.worktree_path) if ctx.worktree_path else None,
+        ctx.branch_name,
+        forge=branch_forge(deps.cartridge, deps.forge, ctx),
+    )
 
 
 def pending(ctx: WorkflowContext) -> MilestoneView | None:
@@ -90,11 +140,19 @@ def pending(ctx: WorkflowContext) -> MilestoneView | None:
 
 
 def retry(
-    store: Store, workspace: Workspace, workflow_id: str, ctx: WorkflowContext | None = None
+    store: Store,
+    workspace: Workspace,
+    workflow_id: str,
+    ctx: WorkflowContext | None = None,
+    *,
+    cartridge: Cartridge | None = None,
+    forge: Forge | None = None,
 ) -> MilestoneView | None:
     """Retry the workflow's failed cleanup; returns its settled milestone, or None
     when no cleanup was waiting. The caller holds the workflow's lease; ``ctx``, the
-    workflow as the caller read it under that lease (None: read here).
+    workflow as the caller read it under that lease (None: read here). With
+    ``cartridge`` and ``forge`` the branch is deleted on the forge too, as
+    ``branch_forge`` says; without, with git alone.
 
     Raises WorkflowNotFound for an unknown id.
     """
@@ -107,6 +165,7 @@ def retry(
         Path(ctx.repo_path),
         Path(ctx.worktree_path) if ctx.worktree_path else None,
         ctx.branch_name,
+        forge=branch_forge(cartridge, forge, ctx) if cartridge and forge else None,
     )
     attempts = int(failed.data.get("attempts") or 1) + 1
     return store.write_milestone(ctx.id, MERGE, outcome.milestone(attempts))

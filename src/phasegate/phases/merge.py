@@ -13,7 +13,7 @@
   branch (sync), the synced branch published (journaled ``branch_pushed``)
   when it moved or the forge's pull request has another head, the forge
   merge (``git merge --no-ff`` into the base; GitHub's merge API), worktree
-  and branch removal.
+  and branch removal (on the forge too: ``forge.delete_merged_branches``).
   The issue is NOT closed here: only a confirmed verification closes it.
 - postconditions: current_phase == "acceptance_verification", status ==
   "verification_pending", merge_sha set.
@@ -122,12 +122,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
 
     # The change landed: from here nothing may undo that record. Cleanup is its
     # own milestone, retried later when it fails (phases/cleanup.py).
-    done = cleanup.clean_up(
-        deps.workspace,
-        repo,
-        Path(ctx.worktree_path) if ctx.worktree_path else None,
-        ctx.branch_name,
-    )
+    done = cleanup.after_merge(ctx, deps)
     return PhaseResult.advance(
         ACCEPTANCE_VERIFICATION,
         updates={"merge_sha": sha},

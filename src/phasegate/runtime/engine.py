@@ -469,7 +469,9 @@ class Engine:
     def _retry_cleanup(
         self, workflow_id: str, ctx: WorkflowContext | None = None
     ) -> MilestoneView | None:
-        settled = cleanup.retry(self.store, self.workspace, workflow_id, ctx)
+        settled = cleanup.retry(
+            self.store, self.workspace, workflow_id, ctx, cartridge=self.cartridge, forge=self.forge
+        )
         if settled is not None:
             self._notify(
                 workflow_id, "cleanup_retried", {"status": settled.status, "note": settled.summary}
