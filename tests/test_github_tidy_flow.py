@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from test_github_lifecycle import team_repo
+
 from phasegate import operations
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 
 from conftest import GitHubLab, git
-from test_github_lifecycle import team_repo
 
 Build = Callable[..., tuple[Engine, Store]]
 
