@@ -47,6 +47,7 @@ from phasegate.core.contract import (
     WAIT,
     ContractViolation,
     EventWrite,
+    MilestoneView,
     PhasegateError,
     PhaseResult,
     WorkflowContext,
@@ -55,6 +56,7 @@ from phasegate.core.profiles import AutomationProfile
 from phasegate.core.redaction import redact
 from phasegate.core.state import WorkflowState
 from phasegate.phases import acceptance_verification
+from phasegate.phases import cleanup as cleanup_phase
 from phasegate.phases.cleanup import KIND as CLEANUP
 from phasegate.phases.graph_mode.run import CHECKS_GATE
 from phasegate.runtime.engine import Engine, LeaseHeld
@@ -138,8 +140,11 @@ def actions(ctx: WorkflowContext, *, held: bool = False) -> tuple[str, ...]:
     empty feedback, an empty reason); ``approve``/``reject`` are for the proposal
     the workflow awaits. Pure: reads ``ctx`` only.
     """
-    if held or ctx.status == CANCELLED:
+    if held:
         return ()
+    if ctx.status == CANCELLED:
+        closing = ctx.milestone(cleanup_phase.CLOSE_KIND)
+        return ("cleanup",) if closing and closing.status == "failed" else ()
     if ctx.status == "completed":
         cleaned = ctx.milestone(CLEANUP, phase=MERGE)
         return ("cleanup",) if cleaned and cleaned.status == "failed" else ()
@@ -406,8 +411,16 @@ def verify_override(engine: Engine, workflow_id: str, verdict: str, *, by: str) 
 def cancel(engine: Engine, workflow_id: str, *, by: str) -> dict[str, Any]:
     """Cancel a workflow that is not completed: status ``cancelled`` through the
     single commit path, its error ``cancelled by BY``; final (every later decision
-    is refused). Its forge issue and pull request are left as they are (the issue's
-    status label shows ``phasegate:cancelled``), its worktree and branch too.
+    is refused). Its forge issue is left open (its status label shows
+    ``phasegate:cancelled``), its worktree and branch are kept.
+
+    Its pull request is closed when phasegate opened it and it is open
+    (``phases.cleanup.close_pull_request``, the journaled ``pr_closed``), before
+    the status changes: a process killed in between left it closed and the
+    workflow as it was, and the cancel, asked again, finds the close done. A
+    forge that fails the close does not stop the cancel: the effect stays
+    ``failed`` and is retried as a failed cleanup is (``phasegate worker``'s
+    passes, ``phasegate cleanup``). A person's pull request is never closed.
 
     Under the workflow's lease like every decision: while another process (or a
     thread of ``engine``) advances it, and so may run its agents, the cancel is
@@ -419,6 +432,8 @@ def cancel(engine: Engine, workflow_id: str, *, by: str) -> dict[str, Any]:
     def decide(ctx: WorkflowContext) -> PhaseResult:
         if ctx.status == "completed":
             raise ContractViolation(f"workflow {ctx.id} is completed; there is nothing to cancel")
+        effects = engine.deps_for(ctx).effects
+        cleanup_phase.close_pull_request(ctx, effects, ctx.current_phase)
         return PhaseResult("failed", status=CANCELLED, reason=f"cancelled by {by}")
 
     return _decide(engine, workflow_id, "cancel", by, decide)
@@ -529,16 +544,17 @@ def _gate(
 
 
 def cleanup(engine: Engine, workflow_id: str | None = None, *, by: str) -> list[dict[str, Any]]:
-    """Retry removing merged workflows' worktrees and branches (phases/cleanup.py):
-    ``workflow_id``'s, else every workflow whose cleanup failed.
+    """Retry removing merged workflows' worktrees and branches, and closing
+    cancelled workflows' pull requests (phases/cleanup.py): ``workflow_id``'s,
+    else every workflow whose cleanup failed.
 
     One outcome per workflow: ``{"id", "cleanup", "retried", "reason"}``, cleanup
-    ``completed``, ``failed`` (reason: git's), ``none`` (not merged yet) or
+    ``completed``, ``failed`` (reason: git's or the forge's), ``none`` (not merged yet) or
     ``busy`` (another process holds it; reason: LeaseHeld's). A retry is a
     ``decision`` event of action ``cleanup``. Raises WorkflowNotFound.
     """
     store = engine.store
-    ids = [workflow_id] if workflow_id else store.workflow_ids_with_milestone(CLEANUP, "failed")
+    ids = [workflow_id] if workflow_id else _failed_cleanups(store)
     outcomes = []
     for wf in ids:
         try:
@@ -548,10 +564,26 @@ def cleanup(engine: Engine, workflow_id: str | None = None, *, by: str) -> list[
             continue
         if settled is not None:
             store.add_event(wf, _event("cleanup", by, status=settled.status))
-        found = settled or store.load_context(wf).milestone(CLEANUP, phase=MERGE)
+        found = settled or _cleanup_of(store.load_context(wf))
         status = found.status if found else "none"
         reason = found.summary if found and status == "failed" else None
         outcomes.append(
             {"id": wf, "cleanup": status, "retried": settled is not None, "reason": reason}
         )
     return outcomes
+
+
+def _failed_cleanups(store: Store) -> list[str]:
+    """Every workflow with a cleanup or a pull request close waiting for a retry."""
+    ids: dict[str, None] = {}
+    for kind in cleanup_phase.KINDS:
+        ids.update(dict.fromkeys(store.workflow_ids_with_milestone(kind, "failed")))
+    return list(ids)
+
+
+def _cleanup_of(ctx: WorkflowContext) -> MilestoneView | None:
+    """The workflow's cleanup as it stands: a cancelled one's pull request close,
+    else a merged one's ``cleanup``."""
+    if ctx.status == CANCELLED:
+        return ctx.milestone(cleanup_phase.CLOSE_KIND)
+    return ctx.milestone(CLEANUP, phase=MERGE)

@@ -1,4 +1,5 @@
-"""cleanup: removing a merged workflow's worktree and branch, kept apart from the merge.
+"""cleanup: tidying after a workflow, kept apart from its outcome: a merged one's
+worktree and branch, a cancelled one's pull request.
 
 Cleanup retries are tracked apart from the merge (docs/contracts/lifecycle.md: merge).
 
@@ -16,26 +17,57 @@ The branch goes on the forge too when ``forge.delete_merged_branches`` is on
 a forge that fails the deletion is one more problem of the milestone, retried
 like the others (docs/github.md: what phasegate does on GitHub).
 
+A cancelled workflow's pull request is closed when phasegate opened it (a
+completed ``pr_created`` of the same number: never a person's) and it is
+still open: ``close_pull_request``, journaled as ``pr_closed``, run by the
+cancel itself before the status changes (operations.cancel). A forge that
+fails it leaves that effect ``failed`` on the cancelled workflow, and the same
+retries as a failed cleanup close it later (``retry``).
+
 Every step is idempotent (removing a removed worktree, deleting a deleted
-branch, here or on the forge), so a retry after a crash or a partial success
-redoes nothing.
+branch, here or on the forge, closing a closed pull request), so a retry after a
+crash or a partial success redoes nothing.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from phasegate.config.cartridge import Cartridge
-from phasegate.core.contract import MERGE, MilestoneView, MilestoneWrite, WorkflowContext
+from phasegate.core.contract import (
+    CANCELLED,
+    MERGE,
+    MilestoneView,
+    MilestoneWrite,
+    WorkflowContext,
+)
 from phasegate.forge.base import Forge, ForgeError
 from phasegate.git.workspace import GitError, Workspace
+from phasegate.journal import SideEffects
 from phasegate.phases.deps import PhaseDeps
-from phasegate.store import Store
 
-__all__ = ["KIND", "Cleanup", "after_merge", "clean_up", "pending", "retry"]
+__all__ = [
+    "CLOSE_KIND",
+    "KIND",
+    "KINDS",
+    "Cleanup",
+    "after_merge",
+    "clean_up",
+    "close_pull_request",
+    "own_pull_request",
+    "pending",
+    "retry",
+]
+
+log = logging.getLogger(__name__)
 
 KIND = "cleanup"
+#: The journaled effect closing a cancelled workflow's own pull request.
+CLOSE_KIND = "pr_closed"
+#: The milestone kinds whose ``failed`` rows wait for a retry.
+KINDS = (KIND, CLOSE_KIND)
 
 
 @dataclass(frozen=True)
@@ -139,33 +171,61 @@ def pending(ctx: WorkflowContext) -> MilestoneView | None:
     return found if found is not None and found.status == "failed" else None
 
 
-def retry(
-    store: Store,
-    workspace: Workspace,
-    workflow_id: str,
-    ctx: WorkflowContext | None = None,
-    *,
-    cartridge: Cartridge | None = None,
-    forge: Forge | None = None,
-) -> MilestoneView | None:
-    """Retry the workflow's failed cleanup; returns its settled milestone, or None
-    when no cleanup was waiting. The caller holds the workflow's lease; ``ctx``, the
-    workflow as the caller read it under that lease (None: read here). With
-    ``cartridge`` and ``forge`` the branch is deleted on the forge too, as
-    ``branch_forge`` says; without, with git alone.
+def own_pull_request(ctx: WorkflowContext) -> int | None:
+    """The workflow's pull request when phasegate opened it (its journal holds a
+    completed ``pr_created`` of that number), else None: one a person opened is
+    theirs to close."""
+    if not ctx.pr_number:
+        return None
+    opened = [m.data.get("result", {}).get("number") for m in ctx.milestones_of("pr_created")]
+    return ctx.pr_number if ctx.pr_number in opened else None
 
-    Raises WorkflowNotFound for an unknown id.
+
+def close_pull_request(ctx: WorkflowContext, effects: SideEffects, phase: str) -> str | None:
+    """Close the workflow's own pull request (``own_pull_request``) when it is open,
+    journaled as ``pr_closed`` in ``phase``. Returns None when it is closed now (or
+    there is none of phasegate's), else the forge's reason it is not: the effect is
+    left ``failed``, for ``retry``. Raises FenceLost."""
+    number = own_pull_request(ctx)
+    if number is None:
+        return None
+    try:
+        effects.close_pull_request(phase, number)
+    except ForgeError as exc:
+        log.warning("pull request #%s of workflow %s not closed: %s", number, ctx.id, exc)
+        return str(exc)
+    return None
+
+
+def _close_pending(ctx: WorkflowContext) -> MilestoneView | None:
+    """A cancelled workflow's ``pr_closed`` the forge failed, waiting for a retry."""
+    found = ctx.milestone(CLOSE_KIND)
+    if ctx.status != CANCELLED or found is None or found.status != "failed":
+        return None
+    return found
+
+
+def retry(ctx: WorkflowContext, deps: PhaseDeps) -> MilestoneView | None:
+    """Retry the workflow's failed cleanup; returns its settled milestone, or None
+    when no cleanup was waiting. The caller holds the workflow's lease; ``ctx`` is
+    the workflow as the caller read it under that lease. A merged workflow's
+    worktree and branches are removed again (on the forge too, as
+    ``branch_forge`` says); a cancelled workflow's pull request the forge failed
+    to close is closed, and its ``pr_closed`` row, settled, returned.
     """
-    ctx = ctx or store.load_context(workflow_id)
+    closing = _close_pending(ctx)
+    if closing is not None:
+        close_pull_request(ctx, deps.effects, closing.phase)
+        return deps.store.load_context(ctx.id).milestone(CLOSE_KIND)
     failed = pending(ctx)
     if failed is None or not ctx.branch_name:
         return None
     outcome = clean_up(
-        workspace,
+        deps.workspace,
         Path(ctx.repo_path),
         Path(ctx.worktree_path) if ctx.worktree_path else None,
         ctx.branch_name,
-        forge=branch_forge(cartridge, forge, ctx) if cartridge and forge else None,
+        forge=branch_forge(deps.cartridge, deps.forge, ctx),
     )
     attempts = int(failed.data.get("attempts") or 1) + 1
-    return store.write_milestone(ctx.id, MERGE, outcome.milestone(attempts))
+    return deps.store.write_milestone(ctx.id, MERGE, outcome.milestone(attempts))
