@@ -10,7 +10,9 @@ Who acts is recorded where the action records a person (approve-merge's
 ``merge_approved_by``, verify-override's ``verified_by``, a proposal's
 ``decided_by``) and, for every action, in the event it adds to the workflow's
 stream: ``decision`` with ``{"action", "by", ...}`` (the dashboard's
-timeline reads it).
+timeline reads it). An action a person commanded in a forge comment
+(integrations/commands.py) names that comment too: ``{"comment": "kind:id"}``
+(``via``), in the same commit, so the comment is acted on once.
 
 Errors (each a PhasegateError whose message is what the CLI prints):
 
@@ -47,7 +49,6 @@ from phasegate.core.contract import (
     WAIT,
     ContractViolation,
     EventWrite,
-    MilestoneView,
     PhasegateError,
     PhaseResult,
     WorkflowContext,
@@ -291,9 +292,15 @@ def _naming_holder(held: LeaseHeld, owner: str | None) -> LeaseHeld:
     return LeaseHeld(str(held).replace("another process", f"another process ({holder})", 1))
 
 
-def resume(engine: Engine, workflow_id: str, *, by: str) -> dict[str, Any]:
-    """Run the current phase again with fresh retry counters (``decisions.resume``)."""
-    return _decide(engine, workflow_id, "resume", by, decisions.resume)
+def _via(via: str | None) -> dict[str, Any]:
+    """The decision event's ``comment``: the forge comment that commanded it."""
+    return {"comment": via} if via else {}
+
+
+def resume(engine: Engine, workflow_id: str, *, by: str, via: str | None = None) -> dict[str, Any]:
+    """Run the current phase again with fresh retry counters (``decisions.resume``);
+    ``via``: the forge comment that commanded it (``Comment.key``)."""
+    return _decide(engine, workflow_id, "resume", by, decisions.resume, **_via(via))
 
 
 def feedback(engine: Engine, workflow_id: str, text: str, *, by: str) -> dict[str, Any]:
@@ -398,29 +405,38 @@ def revert(
     )
 
 
-def verify_override(engine: Engine, workflow_id: str, verdict: str, *, by: str) -> dict[str, Any]:
+def verify_override(
+    engine: Engine,
+    workflow_id: str,
+    verdict: str,
+    *,
+    by: str,
+    reason: str = "",
+    via: str | None = None,
+) -> dict[str, Any]:
     """A person's acceptance verdict (confirmed or rejected), ``by`` its
-    ``verified_by`` (``phases.acceptance_verification.override``)."""
+    ``verified_by`` (``phases.acceptance_verification.override``). A rejection's
+    ``reason``, its secrets redacted, is commented on the issue. ``via``: the forge
+    comment that commanded it (``Comment.key``)."""
+    why = redact(reason.strip(), cartridge_secrets(engine.cartridge))
 
     def decide(ctx: WorkflowContext) -> PhaseResult:
-        return acceptance_verification.override(ctx, engine.deps_for(ctx), verdict, by)
+        return acceptance_verification.override(ctx, engine.deps_for(ctx), verdict, by, why)
 
-    return _decide(engine, workflow_id, "verify_override", by, decide, verdict=verdict)
+    data = {"verdict": verdict, **({"reason": why} if why else {}), **_via(via)}
+    return _decide(engine, workflow_id, "verify_override", by, decide, **data)
 
 
-def cancel(engine: Engine, workflow_id: str, *, by: str) -> dict[str, Any]:
+def cancel(engine: Engine, workflow_id: str, *, by: str, via: str | None = None) -> dict[str, Any]:
     """Cancel a workflow that is not completed: status ``cancelled`` through the
     single commit path, its error ``cancelled by BY``; final (every later decision
     is refused). Its forge issue is left open (its status label shows
     ``phasegate:cancelled``), its worktree and branch are kept.
 
-    Its pull request is closed when phasegate opened it and it is open
-    (``phases.cleanup.close_pull_request``, the journaled ``pr_closed``), before
-    the status changes: a process killed in between left it closed and the
-    workflow as it was, and the cancel, asked again, finds the close done. A
-    forge that fails the close does not stop the cancel: the effect stays
-    ``failed`` and is retried as a failed cleanup is (``phasegate worker``'s
-    passes, ``phasegate cleanup``). A person's pull request is never closed.
+    Its pull request, when phasegate opened it, is closed before the status
+    changes (``phases.cleanup.close_pull_request``: journaled, retried like a
+    failed cleanup when the forge fails it). ``via``: the forge comment that
+    commanded it (``Comment.key``).
 
     Under the workflow's lease like every decision: while another process (or a
     thread of ``engine``) advances it, and so may run its agents, the cancel is
@@ -436,7 +452,7 @@ def cancel(engine: Engine, workflow_id: str, *, by: str) -> dict[str, Any]:
         cleanup_phase.close_pull_request(ctx, effects, ctx.current_phase)
         return PhaseResult("failed", status=CANCELLED, reason=f"cancelled by {by}")
 
-    return _decide(engine, workflow_id, "cancel", by, decide)
+    return _decide(engine, workflow_id, "cancel", by, decide, **_via(via))
 
 
 # -- the proposal gate (docs/contracts/autonomy.md: the human gate) ------------------
@@ -554,7 +570,7 @@ def cleanup(engine: Engine, workflow_id: str | None = None, *, by: str) -> list[
     ``decision`` event of action ``cleanup``. Raises WorkflowNotFound.
     """
     store = engine.store
-    ids = [workflow_id] if workflow_id else _failed_cleanups(store)
+    ids = [workflow_id] if workflow_id else cleanup_phase.waiting(store)
     outcomes = []
     for wf in ids:
         try:
@@ -564,26 +580,10 @@ def cleanup(engine: Engine, workflow_id: str | None = None, *, by: str) -> list[
             continue
         if settled is not None:
             store.add_event(wf, _event("cleanup", by, status=settled.status))
-        found = settled or _cleanup_of(store.load_context(wf))
+        found = settled or cleanup_phase.latest(store.load_context(wf))
         status = found.status if found else "none"
         reason = found.summary if found and status == "failed" else None
         outcomes.append(
             {"id": wf, "cleanup": status, "retried": settled is not None, "reason": reason}
         )
     return outcomes
-
-
-def _failed_cleanups(store: Store) -> list[str]:
-    """Every workflow with a cleanup or a pull request close waiting for a retry."""
-    ids: dict[str, None] = {}
-    for kind in cleanup_phase.KINDS:
-        ids.update(dict.fromkeys(store.workflow_ids_with_milestone(kind, "failed")))
-    return list(ids)
-
-
-def _cleanup_of(ctx: WorkflowContext) -> MilestoneView | None:
-    """The workflow's cleanup as it stands: a cancelled one's pull request close,
-    else a merged one's ``cleanup``."""
-    if ctx.status == CANCELLED:
-        return ctx.milestone(cleanup_phase.CLOSE_KIND)
-    return ctx.milestone(CLEANUP, phase=MERGE)

@@ -47,6 +47,7 @@ from phasegate.forge.base import Forge, ForgeError
 from phasegate.git.workspace import GitError, Workspace
 from phasegate.journal import SideEffects
 from phasegate.phases.deps import PhaseDeps
+from phasegate.store import Store
 
 __all__ = [
     "CLOSE_KIND",
@@ -56,9 +57,11 @@ __all__ = [
     "after_merge",
     "clean_up",
     "close_pull_request",
+    "latest",
     "own_pull_request",
     "pending",
     "retry",
+    "waiting",
 ]
 
 log = logging.getLogger(__name__)
@@ -195,6 +198,21 @@ def close_pull_request(ctx: WorkflowContext, effects: SideEffects, phase: str) -
         log.warning("pull request #%s of workflow %s not closed: %s", number, ctx.id, exc)
         return str(exc)
     return None
+
+
+def waiting(store: Store) -> list[str]:
+    """Every workflow with a cleanup or a pull request close waiting for a retry,
+    oldest first."""
+    found = (store.workflow_ids_with_milestone(kind, "failed") for kind in KINDS)
+    return list(dict.fromkeys(x for ids in found for x in ids))
+
+
+def latest(ctx: WorkflowContext) -> MilestoneView | None:
+    """The workflow's cleanup as it stands: a cancelled one's ``pr_closed``, else a
+    merged one's ``cleanup``; None when it has none."""
+    if ctx.status == CANCELLED:
+        return ctx.milestone(CLOSE_KIND)
+    return ctx.milestone(KIND, phase=MERGE)
 
 
 def _close_pending(ctx: WorkflowContext) -> MilestoneView | None:
