@@ -116,6 +116,14 @@ def test_a_trusted_cancel_command_cancels_a_waiting_workflow_and_is_never_feedba
     ]
     assert "acceptance_verification" in str(found[1][2]) and "no command" in str(found[2][2])
     assert store.workflow_row(workflow_id)["status"] == "waiting"
+    # A trusted person is told why on the forge, where they typed it; an outsider is not.
+    answers = [c.body for c in gh.issue(name, issue).comments if c.body.startswith("@")]
+    assert [a.split("`")[1] for a in answers] == [
+        "/phasegate verify confirmed",
+        "/phasegate frobnicate",
+    ]
+    assert answers[0].startswith("@maya ") and "not acceptance_verification" in answers[0]
+    assert not [c for c in gh.pull(name, pr).comments if c.body.startswith("@")]
 
     gh.comment(name, issue, "/phasegate cancel", by="maya")
     assert commanded(watcher) == [("cancel", "maya", None)]

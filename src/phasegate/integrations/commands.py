@@ -15,7 +15,8 @@ command is refused and never reaches a prompt (wait leaves every command out of
 its feedback). Each command acts once: the decision it made names its comment
 (``{"comment": "kind:id"}`` in the ``decision`` event, committed with the
 decision), and a command refused (untrusted, or the workflow's state does not
-admit it) is remembered by a ``forge_command`` event. A command that met a
+admit it) is remembered by a ``forge_command`` event; a trusted person is told
+why in a reply on the forge. A command that met a
 workflow held by a worker is read again at the next look. Comments on the issue
 before its workflow started (``state.heard_comments``) were its ticket, never
 commands.
@@ -30,7 +31,7 @@ from typing import Any
 
 from phasegate import operations
 from phasegate.core.contract import NEEDS_YOU_STATUSES, ContractViolation, EventWrite
-from phasegate.forge.base import Comment, TrustCache
+from phasegate.forge.base import Comment, ForgeError, TrustCache
 from phasegate.phases.forge_feedback import COMMAND_PREFIX, command_of
 from phasegate.runtime.engine import Engine, LeaseHeld
 
@@ -102,10 +103,10 @@ def _listen_to(engine: Engine, row: dict[str, Any], trust: TrustCache) -> list[C
     numbers = [int(row["issue_number"])]
     if row.get("pr_number") and row["pr_number"] != row["issue_number"]:
         numbers.append(int(row["pr_number"]))
-    said = [c for n in numbers for c in engine.forge.comments(n)]
+    said = [(n, c) for n in numbers for c in engine.forge.comments(n)]
     heard = _heard(engine, row)
     done = []
-    for c in sorted(said, key=lambda c: (c.created_at, c.id)):
+    for number, c in sorted(said, key=lambda x: (x[1].created_at, x[1].id)):
         command = command_of(c.body)
         if command is None or c.key in heard:
             continue
@@ -124,6 +125,8 @@ def _listen_to(engine: Engine, row: dict[str, Any], trust: TrustCache) -> list[C
             except LeaseHeld:
                 break  # a worker holds it now: read again at the next look
         if refused is not None:
+            if trust.trusted(c.author):  # an outsider gets no answer to argue with
+                _answer(engine, row["id"], number, c, f"`{COMMAND_PREFIX} {name}`: {refused}")
             data = {"comment": c.key, "by": c.author, "command": name, "refused": refused}
             engine.store.add_event(row["id"], EventWrite(COMMAND_EVENT, data))
             log.warning(
@@ -134,6 +137,18 @@ def _listen_to(engine: Engine, row: dict[str, Any], trust: TrustCache) -> list[C
         heard.add(c.key)
         done.append(Commanded(int(row["issue_number"]), row["id"], name, c.author, c.key, refused))
     return done
+
+
+def _answer(engine: Engine, workflow_id: str, number: int, c: Comment, text: str) -> None:
+    """Tell the person on the forge why their command did nothing, once per
+    command (found again by its marker). Best effort: the refusal is recorded
+    in the store whether the forge takes the answer or not."""
+    marker = f"phasegate:{workflow_id}:command:{c.key}"
+    try:
+        if engine.forge.find_comment(number, marker) is None:
+            engine.forge.comment(number, f"@{c.author} {text}", marker)
+    except ForgeError as exc:
+        log.warning("no answer to %s on #%s: %s", c.key, number, exc)
 
 
 def _apply(engine: Engine, workflow_id: str, command: tuple[str, str], c: Comment) -> str | None:
