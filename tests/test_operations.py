@@ -206,7 +206,7 @@ def test_who_acts_is_recorded_where_the_action_records_a_person_and_in_its_event
     assert store.proposal(loose["id"])["decided_by"] == "cy"
 
 
-def test_cancel_ends_a_workflow_for_good_and_leaves_its_issue_and_pull_request(
+def test_cancel_ends_a_workflow_for_good_closes_its_own_pull_request_and_leaves_its_issue(
     happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]]
 ) -> None:
     engine, store = engine_for(happy_repo)
@@ -227,7 +227,7 @@ def test_cancel_ends_a_workflow_for_good_and_leaves_its_issue_and_pull_request(
     )
     assert decision_events(store, wf)[-1] == {"action": "cancel", "by": "ana"}
     assert engine.forge.issue(issue.number).state == issue.state == "open"
-    assert engine.forge.pull_request(pr.number).state == pr.state == "open"
+    assert pr.state == "open" and engine.forge.pull_request(pr.number).state == "closed"
 
     # no worker takes it on, and nothing a person does moves it on
     worker = phasegate_cli("worker", "--once", "--repo", str(happy_repo))

@@ -1,7 +1,7 @@
 """The side-effect journal: every irreversible effect is evidence before it happens.
 
-For each effect (issue, branch, push, PR, PR update, comment, merge, issue
-close) the journal (docs/contracts/lifecycle.md: journaled side effects):
+For each effect (issue, branch, push, PR, PR update, PR close, comment, merge,
+issue close) the journal (docs/contracts/lifecycle.md: journaled side effects):
 
 1. returns the recorded result if the effect's milestone is ``completed``;
 2. otherwise, when an earlier try left the row ``in_progress`` or ``failed``,
@@ -53,6 +53,7 @@ EFFECT_KINDS = frozenset(
         "branch_pushed",
         "pr_created",
         "pr_updated",
+        "pr_closed",
         "comment_posted",
         "merge_completed",
         "issue_closed",
@@ -229,6 +230,17 @@ class SideEffects:
             _then(lambda: self.forge.update_pull_request(number, body), {"number": number}),
         )
 
+    def close_pull_request(self, phase: str, number: int) -> None:
+        """Close pull request ``number`` once (a cancelled workflow's own: the
+        caller judges whose it is)."""
+        self._journaled(
+            phase,
+            "pr_closed",
+            f"pr{number}",
+            {"number": number},
+            _then(lambda: self.forge.close_pull_request(number), {"number": number}),
+        )
+
     def comment(
         self, phase: str, issue: int, body: str, key: str, *, best_effort: bool = False
     ) -> bool:
@@ -292,6 +304,9 @@ class SideEffects:
         if kind == "pr_updated":
             pr = forge.pull_request(params["number"])
             return {"number": pr.number} if pr.body == params["body"] else None
+        if kind == "pr_closed":
+            pr = forge.pull_request(params["number"])
+            return {"number": pr.number} if pr.state != "open" else None
         if kind == "comment_posted":
             found = forge.find_comment(params["issue"], params["marker"])
             return None if found is None else {"id": found}

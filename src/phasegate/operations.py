@@ -10,7 +10,9 @@ Who acts is recorded where the action records a person (approve-merge's
 ``merge_approved_by``, verify-override's ``verified_by``, a proposal's
 ``decided_by``) and, for every action, in the event it adds to the workflow's
 stream: ``decision`` with ``{"action", "by", ...}`` (the dashboard's
-timeline reads it).
+timeline reads it). An action a person commanded in a forge comment
+(integrations/commands.py) names that comment too: ``{"comment": "kind:id"}``
+(``via``), in the same commit, so the comment is acted on once.
 
 Errors (each a PhasegateError whose message is what the CLI prints):
 
@@ -55,6 +57,7 @@ from phasegate.core.profiles import AutomationProfile
 from phasegate.core.redaction import redact
 from phasegate.core.state import WorkflowState
 from phasegate.phases import acceptance_verification
+from phasegate.phases import cleanup as cleanup_phase
 from phasegate.phases.cleanup import KIND as CLEANUP
 from phasegate.phases.graph_mode.run import CHECKS_GATE
 from phasegate.runtime.engine import Engine, LeaseHeld
@@ -138,8 +141,11 @@ def actions(ctx: WorkflowContext, *, held: bool = False) -> tuple[str, ...]:
     empty feedback, an empty reason); ``approve``/``reject`` are for the proposal
     the workflow awaits. Pure: reads ``ctx`` only.
     """
-    if held or ctx.status == CANCELLED:
+    if held:
         return ()
+    if ctx.status == CANCELLED:
+        closing = ctx.milestone(cleanup_phase.CLOSE_KIND)
+        return ("cleanup",) if closing and closing.status == "failed" else ()
     if ctx.status == "completed":
         cleaned = ctx.milestone(CLEANUP, phase=MERGE)
         return ("cleanup",) if cleaned and cleaned.status == "failed" else ()
@@ -286,9 +292,15 @@ def _naming_holder(held: LeaseHeld, owner: str | None) -> LeaseHeld:
     return LeaseHeld(str(held).replace("another process", f"another process ({holder})", 1))
 
 
-def resume(engine: Engine, workflow_id: str, *, by: str) -> dict[str, Any]:
-    """Run the current phase again with fresh retry counters (``decisions.resume``)."""
-    return _decide(engine, workflow_id, "resume", by, decisions.resume)
+def _via(via: str | None) -> dict[str, Any]:
+    """The decision event's ``comment``: the forge comment that commanded it."""
+    return {"comment": via} if via else {}
+
+
+def resume(engine: Engine, workflow_id: str, *, by: str, via: str | None = None) -> dict[str, Any]:
+    """Run the current phase again with fresh retry counters (``decisions.resume``);
+    ``via``: the forge comment that commanded it (``Comment.key``)."""
+    return _decide(engine, workflow_id, "resume", by, decisions.resume, **_via(via))
 
 
 def feedback(engine: Engine, workflow_id: str, text: str, *, by: str) -> dict[str, Any]:
@@ -393,21 +405,38 @@ def revert(
     )
 
 
-def verify_override(engine: Engine, workflow_id: str, verdict: str, *, by: str) -> dict[str, Any]:
+def verify_override(
+    engine: Engine,
+    workflow_id: str,
+    verdict: str,
+    *,
+    by: str,
+    reason: str = "",
+    via: str | None = None,
+) -> dict[str, Any]:
     """A person's acceptance verdict (confirmed or rejected), ``by`` its
-    ``verified_by`` (``phases.acceptance_verification.override``)."""
+    ``verified_by`` (``phases.acceptance_verification.override``). A rejection's
+    ``reason``, its secrets redacted, is commented on the issue. ``via``: the forge
+    comment that commanded it (``Comment.key``)."""
+    why = redact(reason.strip(), cartridge_secrets(engine.cartridge))
 
     def decide(ctx: WorkflowContext) -> PhaseResult:
-        return acceptance_verification.override(ctx, engine.deps_for(ctx), verdict, by)
+        return acceptance_verification.override(ctx, engine.deps_for(ctx), verdict, by, why)
 
-    return _decide(engine, workflow_id, "verify_override", by, decide, verdict=verdict)
+    data = {"verdict": verdict, **({"reason": why} if why else {}), **_via(via)}
+    return _decide(engine, workflow_id, "verify_override", by, decide, **data)
 
 
-def cancel(engine: Engine, workflow_id: str, *, by: str) -> dict[str, Any]:
+def cancel(engine: Engine, workflow_id: str, *, by: str, via: str | None = None) -> dict[str, Any]:
     """Cancel a workflow that is not completed: status ``cancelled`` through the
     single commit path, its error ``cancelled by BY``; final (every later decision
-    is refused). Its forge issue and pull request are left as they are (the issue's
-    status label shows ``phasegate:cancelled``), its worktree and branch too.
+    is refused). Its forge issue is left open (its status label shows
+    ``phasegate:cancelled``), its worktree and branch are kept.
+
+    Its pull request, when phasegate opened it, is closed before the status
+    changes (``phases.cleanup.close_pull_request``: journaled, retried like a
+    failed cleanup when the forge fails it). ``via``: the forge comment that
+    commanded it (``Comment.key``).
 
     Under the workflow's lease like every decision: while another process (or a
     thread of ``engine``) advances it, and so may run its agents, the cancel is
@@ -419,9 +448,11 @@ def cancel(engine: Engine, workflow_id: str, *, by: str) -> dict[str, Any]:
     def decide(ctx: WorkflowContext) -> PhaseResult:
         if ctx.status == "completed":
             raise ContractViolation(f"workflow {ctx.id} is completed; there is nothing to cancel")
+        effects = engine.deps_for(ctx).effects
+        cleanup_phase.close_pull_request(ctx, effects, ctx.current_phase)
         return PhaseResult("failed", status=CANCELLED, reason=f"cancelled by {by}")
 
-    return _decide(engine, workflow_id, "cancel", by, decide)
+    return _decide(engine, workflow_id, "cancel", by, decide, **_via(via))
 
 
 # -- the proposal gate (docs/contracts/autonomy.md: the human gate) ------------------
@@ -529,16 +560,17 @@ def _gate(
 
 
 def cleanup(engine: Engine, workflow_id: str | None = None, *, by: str) -> list[dict[str, Any]]:
-    """Retry removing merged workflows' worktrees and branches (phases/cleanup.py):
-    ``workflow_id``'s, else every workflow whose cleanup failed.
+    """Retry removing merged workflows' worktrees and branches, and closing
+    cancelled workflows' pull requests (phases/cleanup.py): ``workflow_id``'s,
+    else every workflow whose cleanup failed.
 
     One outcome per workflow: ``{"id", "cleanup", "retried", "reason"}``, cleanup
-    ``completed``, ``failed`` (reason: git's), ``none`` (not merged yet) or
+    ``completed``, ``failed`` (reason: git's or the forge's), ``none`` (not merged yet) or
     ``busy`` (another process holds it; reason: LeaseHeld's). A retry is a
     ``decision`` event of action ``cleanup``. Raises WorkflowNotFound.
     """
     store = engine.store
-    ids = [workflow_id] if workflow_id else store.workflow_ids_with_milestone(CLEANUP, "failed")
+    ids = [workflow_id] if workflow_id else cleanup_phase.waiting(store)
     outcomes = []
     for wf in ids:
         try:
@@ -548,7 +580,7 @@ def cleanup(engine: Engine, workflow_id: str | None = None, *, by: str) -> list[
             continue
         if settled is not None:
             store.add_event(wf, _event("cleanup", by, status=settled.status))
-        found = settled or store.load_context(wf).milestone(CLEANUP, phase=MERGE)
+        found = settled or cleanup_phase.latest(store.load_context(wf))
         status = found.status if found else "none"
         reason = found.summary if found and status == "failed" else None
         outcomes.append(

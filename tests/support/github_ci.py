@@ -1,11 +1,13 @@
 """The fake GitHub's CI and branches over REST: checks, statuses, a branch and its protection.
 
 Operations (their @octokit/openapi ids): checks/list-for-ref,
-repos/get-combined-status-for-ref, repos/create-commit-status and
-repos/get-branch. A commit status may be posted by anyone who may write (GitHub:
+repos/get-combined-status-for-ref, repos/create-commit-status,
+repos/get-branch and git/delete-ref. A commit status may be posted by anyone who may write (GitHub:
 push access); a branch's ``protection`` shows its required status checks to
 anyone who may read, as GitHub's branch summary does. What the protection
 enforces on a merge is the model's part (``GitHub.required_missing``).
+Deleting a ref takes push access; GitHub answers 422 for a ref that does not
+exist ("Reference does not exist"), a protected branch and the default branch.
 """
 
 from __future__ import annotations
@@ -119,3 +121,19 @@ def branch_shape(call: Call, r: Repo, branch: str) -> dict[str, Any]:
         "protection": protection,
         "protection_url": f"{base}/branches/{branch}/protection",
     }
+
+
+@route("DELETE", "/repos/{owner}/{repo}/git/refs/{ref:path}")
+def delete_ref(call: Call) -> Any:
+    r = call.repo("write")
+    ref = call.params["ref"]  # heads/<branch>, its slashes sent as %2F
+    kind, _, branch = ref.partition("/")
+    if kind != "heads" or not branch or r.git.branch_sha(branch) is None:
+        raise GitHubError(422, "Reference does not exist")
+    if branch == r.default_branch:
+        raise GitHubError(422, "Cannot delete the default branch")
+    if branch in r.protection:
+        raise GitHubError(422, "Cannot delete this protected branch")
+    r.git.git("update-ref", "-d", f"refs/heads/{branch}")
+    call.status = 204
+    return None

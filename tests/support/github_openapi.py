@@ -54,6 +54,7 @@ OPERATIONS: tuple[tuple[str, str], ...] = (
     ("GET", "/repos/{owner}/{repo}/commits/{ref}/status"),
     ("POST", "/repos/{owner}/{repo}/statuses/{sha}"),
     ("GET", "/repos/{owner}/{repo}/branches/{branch}"),
+    ("DELETE", "/repos/{owner}/{repo}/git/refs/{ref}"),
     ("GET", "/repos/{owner}/{repo}/installation"),
     ("POST", "/app/installations/{installation_id}/access_tokens"),
 )

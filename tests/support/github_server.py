@@ -461,6 +461,8 @@ def _endpoint(gh: GitHubServer, r: Route) -> Callable[[Request], Any]:
                 return r.handler(call)
 
         result = await run_in_threadpool(handle)
+        if call.status == 204:  # No Content: GitHub sends no body at all
+            return Response(status_code=204, headers=call.headers)
         response = JSONResponse(result, call.status, call.headers)
         if request.method == "GET" and call.status == 200:
             # GitHub's conditional requests: the same answer again is a 304, uncounted.

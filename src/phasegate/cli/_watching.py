@@ -21,6 +21,7 @@ from phasegate.config.cartridge import CARTRIDGE_FILE, Cartridge
 from phasegate.core.contract import PhasegateError
 from phasegate.forge.base import ForgeUnavailable
 from phasegate.integrations.triggers import (
+    Commanded,
     Ignored,
     Started,
     TicketSnapshot,
@@ -29,6 +30,7 @@ from phasegate.integrations.triggers import (
     watch_forever,
 )
 from phasegate.operations import MAX_TICKET_BYTES
+from phasegate.phases.forge_feedback import COMMAND_PREFIX
 from phasegate.runtime.engine import Engine
 from phasegate.store import StoreUnavailable
 
@@ -60,7 +62,14 @@ def ticket_note(snapshot: TicketSnapshot) -> str:
     return f"ticket by {shown(', '.join(snapshot.authors))}{left}"
 
 
-def result_line(result: Started | Ignored) -> str:
+def result_line(result: Started | Ignored | Commanded) -> str:
+    if isinstance(result, Commanded):
+        said = f"{COMMAND_PREFIX} {result.command} by {shown(result.by)}"
+        if result.refused:
+            return (
+                f"[yellow]#{result.issue_number}: {said} refused: {shown(result.refused)}[/yellow]"
+            )
+        return f"#{result.issue_number}: {said}: workflow [bold]{result.workflow_id}[/bold]"
     if isinstance(result, Started):
         return (
             f"#{result.issue_number}: workflow [bold]{result.workflow_id}[/bold] started "
@@ -69,8 +78,10 @@ def result_line(result: Started | Ignored) -> str:
     return f"[yellow]#{result.issue_number}: ignored: {shown(result.reason)}[/yellow]"
 
 
-def reporter(as_json: bool, say: Callable[[str], None]) -> Callable[[Started | Ignored], None]:
-    def report(result: Started | Ignored) -> None:
+def reporter(
+    as_json: bool, say: Callable[[str], None]
+) -> Callable[[Started | Ignored | Commanded], None]:
+    def report(result: Started | Ignored | Commanded) -> None:
         if as_json:
             # One object a line, flushed: a script reads them as they come.
             sys.stdout.write(json.dumps(result.as_dict()) + "\n")
@@ -97,7 +108,7 @@ def watching(
     *,
     once: bool,
     interval_s: float,
-    report: Callable[[Started | Ignored], None],
+    report: Callable[[Started | Ignored | Commanded], None],
     say: Callable[[str], None],
 ) -> Iterator[None]:
     """Watch beside a worker loop run inside the block: with ``once``, one pass

@@ -454,6 +454,7 @@ def verify_override(
     workflow_id: Annotated[str, typer.Argument(metavar="ID")],
     verdict: Annotated[str, typer.Option(help="confirmed or rejected.")],
     by: Annotated[str, typer.Option(help="Who decides (recorded as verified_by).")],
+    reason: Annotated[str, typer.Option(help="Why it is rejected (commented on the issue).")] = "",
     repo: RepoOption = Path("."),
     as_json: JsonOption = False,
 ) -> None:
@@ -463,7 +464,7 @@ def verify_override(
     _manual(
         repo,
         workflow_id,
-        lambda e: operations.verify_override(e, workflow_id, verdict, by=by),
+        lambda e: operations.verify_override(e, workflow_id, verdict, by=by, reason=reason),
         False,
         as_json,
     )

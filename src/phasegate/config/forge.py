@@ -44,6 +44,8 @@ class ForgeSettings(BaseModel):
     trigger_label: str = "phasegate"
     """The label whose setting by a trusted person starts a workflow for an issue."""
     watch_in_worker: bool = False  # `phasegate worker` also does what `watch` does
+    delete_merged_branches: bool = True
+    """After a merge, delete the workflow's own branch on GitHub (never the base)."""
     poll_s: float = Field(default=30.0, gt=0, le=3600)  # how often wait and CI look again
     max_ci_repairs: int = Field(default=2, ge=0, le=20)  # CI-repair rounds before a stop
     # Checks that must report and pass: until one has reported on a head it is pending

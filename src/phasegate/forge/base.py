@@ -249,6 +249,17 @@ class Forge(Protocol):
     def pull_request(self, number: int) -> PullRequest: ...
     def update_pull_request(self, number: int, body: str) -> None: ...
 
+    def close_pull_request(self, number: int) -> None:
+        """Close pull request ``number`` unmerged. Idempotent: one already closed or
+        merged is left as it is. Whose pull request it is, the caller judges."""
+        ...
+
+    def delete_branch(self, branch: str) -> None:
+        """Delete ``branch`` on the forge. Idempotent: a branch already gone is no
+        error. A no-op where the forge's branches are the repository's own (the local
+        forge: cleanup deletes those with git)."""
+        ...
+
     def checks(self, sha: str) -> list[Check]:
         """The CI checks of commit ``sha`` (check runs and commit statuses); [] where
         the forge has no CI."""

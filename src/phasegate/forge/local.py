@@ -207,6 +207,14 @@ class LocalForge:
         self.pull_request(number)
         self.store.forge_update(t.forge_pull_requests, self.key, number, body=self._clean(body))
 
+    def close_pull_request(self, number: int) -> None:
+        if self.pull_request(number).state == "open":
+            self.store.forge_update(t.forge_pull_requests, self.key, number, state="closed")
+
+    def delete_branch(self, branch: str) -> None:
+        """The local forge's branches are the repository's: cleanup deletes them
+        with git, so there is nothing more to delete here."""
+
     def merge_pull_request(self, number: int, message: str, head: str | None = None) -> str:
         pr = self.pull_request(number)
         if pr.state == "merged" and pr.merge_sha:

@@ -11,6 +11,10 @@ ticket.
 - **import**: ``start_from_issue`` does the same for one issue by hand (the
   person at the terminal holds the token and vouches), whatever its labels.
 
+The same look reads what trusted people command on the issues and pull
+requests of workflows that wait for a person (``/phasegate resume``,
+``cancel``, ``verify ...``): ``integrations.commands``.
+
 The ticket is a ``TicketSnapshot`` taken at that moment (``forge.tickets.snapshot_ticket``):
 the issue's title and body and the conversation comments of trusted authors,
 each with its author. Text by anyone else never reaches it, so it never
@@ -55,11 +59,13 @@ from phasegate.forge.tickets import (
     resnapshot,
     snapshot_ticket,
 )
+from phasegate.integrations.commands import Commanded, listen
 from phasegate.runtime.engine import Engine
 from phasegate.store import StoreUnavailable
 from phasegate.store.workflows import IssueTaken
 
 __all__ = [
+    "Commanded",
     "Ignored",
     "IssueRef",
     "Started",
@@ -229,17 +235,19 @@ class Watcher:
         self.max_ticket_bytes = max_ticket_bytes
         self.reported: set[tuple[int, str]] = set()
 
-    def watch_once(self) -> list[Started | Ignored]:
+    def watch_once(self) -> list[Started | Ignored | Commanded]:
         """One look at the labelled issues; returns what it started and what it
         ignored for the first time (an issue with a workflow in this store is passed
         over in silence; one with a status label but none here is Ignored: another
-        store's). Permissions are asked afresh each pass (once per login).
+        store's). Then one look at the commands on the workflows waiting for a
+        person (``commands.listen``): what each did. Permissions are asked afresh
+        each pass (once per login).
 
         Raises ForgeError (ForgeUnavailable: try again later), CartridgeError.
         """
         engine, store = self.engine, self.engine.store
         trust = TrustCache(engine.forge)
-        results: list[Started | Ignored] = []
+        results: list[Started | Ignored | Commanded] = []
         for labelled in engine.forge.labelled_issues(self.label):
             if engine.shutdown.is_set():
                 break
@@ -289,11 +297,12 @@ class Watcher:
                 snapshot.left_out,
             )
             results.append(Started(number, workflow_id, by, snapshot))
+        results += listen(engine, self.repository, trust, engine.shutdown.is_set)
         return results
 
     def _ignore(
         self,
-        results: list[Started | Ignored],
+        results: list[Started | Ignored | Commanded],
         number: int,
         by: str,
         reason: str,
@@ -313,7 +322,7 @@ def watch_forever(
     watcher: Watcher,
     stop: threading.Event,
     interval_s: float,
-    report: Callable[[Started | Ignored], None],
+    report: Callable[[Started | Ignored | Commanded], None],
     unavailable: Callable[[ForgeUnavailable | StoreUnavailable], None],
 ) -> None:
     """``watcher.watch_once()`` every ``interval_s`` seconds until ``stop`` is set;

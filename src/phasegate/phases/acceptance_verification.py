@@ -12,8 +12,9 @@
   settled in place with the verdict; its key is (merge SHA, acceptance hash).
 - side effects: the verifier run (verification line, read-only) and the
   cartridge's checks on a temporary checkout of the merge commit; an issue
-  comment; the issue closed on a confirmed verdict only; a human override
-  records who in ``verified_by``.
+  comment on a confirmed verdict, and on a rejected one with its reason
+  (the verifier's, or the person's); the issue closed on a confirmed verdict
+  only; a human override records who in ``verified_by``.
 - postconditions: confirmed (and every check passed) → status "completed",
   issue closed, completed_at set. Rejected or indeterminate → paused for a
   person; delivered code is never marked failed.
@@ -223,6 +224,8 @@ def _run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     )
     if verdict == "confirmed":
         return _confirm(ctx, deps, row, "verifier")
+    if verdict == "rejected":
+        _rejected(ctx, deps, row, "the verifier", note)
     return PhaseResult(
         "pause",
         reason=f"acceptance verification {verdict}: {note[:500]}; a person decides "
@@ -232,9 +235,28 @@ def _run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     )
 
 
-def override(ctx: WorkflowContext, deps: PhaseDeps, verdict: str, by: str) -> PhaseResult:
+def _rejected(
+    ctx: WorkflowContext, deps: PhaseDeps, row: MilestoneWrite, who: str, reason: str
+) -> None:
+    """Say on the issue why the merged change was rejected (journaled, once per
+    verdict row); best effort: the verdict stands whether the forge takes it or not."""
+    if not ctx.issue_number:
+        return
+    why = f":\n\n{reason.strip()}" if reason.strip() else " (no reason given)."
+    deps.effects.comment(
+        ACCEPTANCE_VERIFICATION,
+        ctx.issue_number,
+        f"Acceptance verification: **rejected** by {who}{why}",
+        f"rejected:{row.key}:a{row.attempt}",
+        best_effort=True,
+    )
+
+
+def override(
+    ctx: WorkflowContext, deps: PhaseDeps, verdict: str, by: str, reason: str = ""
+) -> PhaseResult:
     """A person's verdict, recorded with who gave it (docs/contracts/lifecycle.md:
-    acceptance_verification).
+    acceptance_verification); a rejection's ``reason`` is commented on the issue.
 
     Raises ContractViolation for a verdict other than confirmed or rejected, or
     unless the workflow is in acceptance_verification.
@@ -250,13 +272,20 @@ def override(ctx: WorkflowContext, deps: PhaseDeps, verdict: str, by: str) -> Ph
         KIND,
         key=f"override:{deps.clock.now().isoformat()}",
         summary=f"Acceptance verification: {verdict} by {by}",
-        data={"verdict": verdict, "verified_by": by, "override": True, "merge_sha": ctx.merge_sha},
+        data={
+            "verdict": verdict,
+            "verified_by": by,
+            "override": True,
+            "merge_sha": ctx.merge_sha,
+            **({"comments": reason[:1000]} if reason else {}),
+        },
     )
     if verdict == "confirmed":
         return _confirm(ctx, deps, row, by)
+    _rejected(ctx, deps, row, by, reason)
     return PhaseResult(
         "pause",
-        reason=f"acceptance rejected by {by}",
+        reason=f"acceptance rejected by {by}" + (f": {reason[:500]}" if reason else ""),
         state={"verification_status": "rejected", "verified_by": by},
         milestones=(row,),
     )

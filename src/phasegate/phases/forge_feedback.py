@@ -8,6 +8,9 @@ forge's ``permission``). Text by anyone else never reaches a prompt.
 
 - an approving review, or a comment whose first line is ``/phasegate merge``:
   approve-merge, recorded with who;
+- a comment whose first line is another ``/phasegate`` command (``resume``,
+  ``cancel``, ``verify ...``; ``command_of``): not feedback, and not heard here:
+  the watcher applies it (integrations/commands.py), whatever the status;
 - any other comment or review: feedback — development with dev_round + 1, the
   text in ``user_feedback`` for the build prompt; an inline comment keeps its
   path, line and diff hunk;
@@ -35,11 +38,20 @@ from phasegate.core.redaction import redact
 from phasegate.forge.base import Comment, TrustCache
 from phasegate.phases.deps import PhaseDeps
 
-__all__ = ["HEARD_KEPT", "MERGE_COMMAND", "listen", "pull_request_settled"]
+__all__ = [
+    "COMMAND_PREFIX",
+    "HEARD_KEPT",
+    "MERGE_COMMAND",
+    "command_of",
+    "listen",
+    "pull_request_settled",
+]
 
 log = logging.getLogger(__name__)
 
 MERGE_COMMAND = "/phasegate merge"
+#: What a comment's first line starts with to command phasegate.
+COMMAND_PREFIX = "/phasegate"
 #: Comment keys (``Comment.key``) remembered, the newest. Every comment is read on
 #: each look, so one forgotten would be heard again: only a workflow whose issue and
 #: pull request hold more comments than this could see its oldest again.
@@ -63,6 +75,8 @@ def listen(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
     said = deps.forge.comments(ctx.pr_number)
     if ctx.issue_number and ctx.issue_number != ctx.pr_number:
         said += deps.forge.comments(ctx.issue_number)
+    # A command other than merge is the watcher's to apply, never anyone's feedback.
+    said = [c for c in said if command_of(c.body) is None]
     new = sorted((c for c in said if c.key not in heard), key=lambda c: c.created_at)
     if not new:
         return None
@@ -157,6 +171,24 @@ def _trusted(deps: PhaseDeps, comments: list[Comment]) -> list[Comment]:
             shown = trust.permission(c.author)
             log.info("comment %s by %s ignored: %s permission", c.key, c.author, shown)
     return kept
+
+
+def command_of(body: str) -> tuple[str, str] | None:
+    """``(command, rest)`` of a comment whose first line is a ``/phasegate``
+    command other than MERGE_COMMAND (which wait hears): ``/phasegate verify
+    rejected too slow`` → ``("verify", "rejected too slow")``; the command in
+    lower case, ``rest`` the first line's remainder then the lines after it,
+    stripped. None for any other comment, and for ``/phasegate merge``."""
+    lines = body.strip().splitlines()
+    first = lines[0].split() if lines else []
+    if not first or first[0].lower() != COMMAND_PREFIX or len(first) < 2:
+        return None
+    command = first[1].lower()
+    if command == MERGE_COMMAND.split()[1]:
+        return None
+    rest = " ".join(first[2:])
+    more = "\n".join(lines[1:]).strip()
+    return command, f"{rest}\n{more}".strip() if more else rest
 
 
 def _approves(c: Comment) -> bool:

@@ -13,7 +13,8 @@
   branch (sync), the synced branch published (journaled ``branch_pushed``)
   when it moved or the forge's pull request has another head, the forge
   merge (``git merge --no-ff`` into the base; GitHub's merge API, at the
-  exact head checked), worktree and branch removal; phasegate's own commit
+  exact head checked), worktree and branch removal (on the forge too:
+  ``forge.delete_merged_branches``); phasegate's own commit
   status (success) on that head just before the merge.
 - checks on the merged head: the forge's required checks (``forge.required_checks``
   and the base's protection) must have passed on the head about to merge, a
@@ -138,12 +139,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
 
     # The change landed: from here nothing may undo that record. Cleanup is its
     # own milestone, retried later when it fails (phases/cleanup.py).
-    done = cleanup.clean_up(
-        deps.workspace,
-        repo,
-        Path(ctx.worktree_path) if ctx.worktree_path else None,
-        ctx.branch_name,
-    )
+    done = cleanup.after_merge(ctx, deps)
     return PhaseResult.advance(
         ACCEPTANCE_VERIFICATION,
         updates={"merge_sha": sha},

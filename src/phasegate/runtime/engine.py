@@ -454,10 +454,8 @@ class Engine:
     def retry_cleanup(self, workflow_id: str) -> MilestoneView | None:
         """Retry the workflow's failed cleanup under its lease (phases/cleanup.py).
 
-        Returns the settled ``cleanup`` milestone, or None when none was
-        waiting. Raises LeaseHeld while another live process advances it,
-        WorkflowNotFound for an unknown id.
-        """
+        Returns its settled milestone (``cleanup``, ``pr_closed``), or None. Raises
+        LeaseHeld while another live process advances it, WorkflowNotFound."""
         self._hold(
             workflow_id, None, f"workflow {workflow_id} is being advanced by another process"
         )
@@ -469,7 +467,8 @@ class Engine:
     def _retry_cleanup(
         self, workflow_id: str, ctx: WorkflowContext | None = None
     ) -> MilestoneView | None:
-        settled = cleanup.retry(self.store, self.workspace, workflow_id, ctx)
+        ctx = ctx or self.store.load_context(workflow_id)
+        settled = cleanup.retry(ctx, self.deps_for(ctx))
         if settled is not None:
             self._notify(
                 workflow_id, "cleanup_retried", {"status": settled.status, "note": settled.summary}

@@ -177,7 +177,8 @@ def run_worker(
     module's docstring says what is due, and when a pass runs (``poll_s``
     seconds apart at the most).
 
-    A pass also retries failed cleanups (of completed workflows too), at most
+    A pass also retries failed cleanups (of completed workflows too, and a
+    cancelled workflow's pull request the forge failed to close), at most
     every ``CLEANUP_RETRY_S`` seconds: what blocks one is usually a person's
     checkout, which does not go away within a poll. Returns once every thread
     ended; re-raises the first error an advance raised other than LeaseHeld and
@@ -535,9 +536,12 @@ class _Worker:
                 self.scheduled = _earliest(self.scheduled, due)
 
     def _retry_cleanups(self) -> None:
-        for workflow_id in self.store.workflow_ids_with_milestone(
-            cleanup.KIND, "failed", **self.mine
-        ):
+        waiting = [
+            workflow_id
+            for kind in cleanup.KINDS
+            for workflow_id in self.store.workflow_ids_with_milestone(kind, "failed", **self.mine)
+        ]
+        for workflow_id in dict.fromkeys(waiting):
             if self.shutdown.is_set():
                 return
             with self.lock:

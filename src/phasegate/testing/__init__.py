@@ -17,6 +17,7 @@ not in the package.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -74,6 +75,7 @@ class InMemoryForge:
         self.prs: dict[int, PullRequest] = {}
         self.published: list[str] = []
         self.statuses: list[tuple[str, str, str]] = []  # (sha, state, description) posted
+        self.deleted: list[str] = []  # branches deleted on the forge
         self.said: dict[int, list[Comment]] = {}
         self.ci: dict[str, list[Check]] = {}
         self.permissions: dict[str, str] = {}
@@ -156,6 +158,14 @@ class InMemoryForge:
     def update_pull_request(self, number: int, body: str) -> None:
         pr = self.pull_request(number)
         self.prs[number] = PullRequest(pr.number, pr.head, pr.base, pr.title, body, pr.state, None)
+
+    def close_pull_request(self, number: int) -> None:
+        pr = self.pull_request(number)
+        if pr.state == "open":
+            self.prs[number] = dataclasses.replace(pr, state="closed")
+
+    def delete_branch(self, branch: str) -> None:
+        self.deleted.append(branch)
 
     def required_checks(self, branch: str) -> list[str]:
         return []

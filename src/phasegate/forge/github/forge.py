@@ -31,6 +31,7 @@ import logging
 import re
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 from phasegate.forge.base import (
     PERMISSIONS,
@@ -189,8 +190,11 @@ class GitHubForge(GitHubChecks):
                 )
             )
         except GitHubRefused as exc:
-            if exc.status != 422:  # 422 already_exists: another worker made it first
+            # another worker made it between our list and our create: it exists,
+            # which is all that was wanted (any other 422 is a real refusal)
+            if exc.status != 422 or "already_exists" not in exc.github_message:
                 raise
+            log.debug("label %s was made meanwhile by another worker", name)
         self._repo_labels.add(name)
 
     def labelled_issues(self, label: str) -> list[Labelled]:
@@ -410,6 +414,28 @@ class GitHubForge(GitHubChecks):
         self._api(
             lambda rest: rest.pulls.update(self.owner, self.name, number, body=self._pr_text(body))
         )
+
+    def close_pull_request(self, number: int) -> None:
+        """Close pull request ``number`` unmerged (``PATCH .../pulls/N`` state closed);
+        one already closed or merged is left alone, so a retry after a lost answer
+        changes nothing."""
+        if self.pull_request(number).state != "open":
+            return
+        self._api(lambda rest: rest.pulls.update(self.owner, self.name, number, state="closed"))
+
+    def delete_branch(self, branch: str) -> None:
+        """Delete GitHub's ``branch`` (``DELETE .../git/refs/heads/<branch>``, its
+        slashes sent as ``%2F``). GitHub's 422 "Reference does not exist" means
+        gone already (an earlier try, or the repository deletes merged heads
+        itself): no error. Raises GitHubRefused for another 422 (a protected
+        branch), ForgeUnavailable, ForgeAuthError."""
+        ref = quote(f"heads/{branch}", safe="")
+        try:
+            self._api(lambda rest: rest.git.delete_ref(self.owner, self.name, ref))
+        except GitHubRefused as exc:
+            if exc.status != 422 or "does not exist" not in exc.github_message:
+                raise
+            log.info("branch %s was already gone from %s", branch, self.repository)
 
     def merge_pull_request(self, number: int, message: str, head: str | None = None) -> str:
         """Merge with ``forge.merge_method`` at ``head`` (default: the head phasegate
