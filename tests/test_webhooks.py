@@ -208,3 +208,24 @@ def test_each_forges_signature_scheme_and_what_a_gitlab_delivery_concerns() -> N
     assert concerns("gitlab", "Issue Hook", labelled).label == "phasegate"
     with pytest.raises(WebhookRefused):
         concerns("github", "issue_comment", {"issue": {"number": 1}})
+
+
+def test_a_trusted_command_delivered_by_webhook_is_applied_at_once_and_an_outsiders_not(
+    github: GitHubLab, hooked: tuple[Engine, Store, Dashboard]
+) -> None:
+    engine, store, dashboard = hooked
+    gh, name = github.server, github.repository
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    dashboard.worker = False  # no worker, no watcher: only the delivery acts
+    url = dashboard.start()
+    gh.hooks.add(name, f"{url}/webhooks/github", SECRET, ("issue_comment",))
+    gh.comment(name, row["pr_number"], "/phasegate cancel", by="rex")  # read permission
+    [outsider] = gh.hooks.wait_all()
+    assert json.loads(outsider.answer)["commanded"] == []
+    assert store.workflow_row(workflow_id)["status"] == "waiting"
+    gh.comment(name, row["pr_number"], "/phasegate cancel\n\nNot needed any more.", by="maya")
+    maintainer = gh.hooks.wait_all()[-1]
+    assert json.loads(maintainer.answer)["commanded"] == [workflow_id]
+    assert store.workflow_row(workflow_id)["status"] == "cancelled"
+    assert gh.pull(name, row["pr_number"]).state == "closed"  # its own pull request

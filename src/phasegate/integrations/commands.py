@@ -25,7 +25,7 @@ commands.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,17 +71,25 @@ class Commanded:
 
 
 def listen(
-    engine: Engine, repository: str, trust: TrustCache, stop: Callable[[], bool]
+    engine: Engine,
+    repository: str,
+    trust: TrustCache,
+    stop: Callable[[], bool],
+    numbers: Collection[int] | None = None,
 ) -> list[Commanded]:
     """Apply the new commands on every listened workflow of ``repository`` (this
     engine's clone's, by the store), oldest comment first; returns what each did.
-    ``stop``: asked between workflows (a shutdown). Raises ForgeError
-    (ForgeUnavailable: the commands not applied yet are read again next time)."""
+    ``numbers``: only the workflows whose issue or pull request is one of them (a
+    webhook's comment). ``stop``: asked between workflows (a shutdown). Raises
+    ForgeError (ForgeUnavailable: the commands not applied yet are read again
+    next time)."""
     done: list[Commanded] = []
     for row in engine.store.list_workflows():
         if stop():
             break
         if row["status"] not in LISTENED_STATUSES or not row.get("issue_number"):
+            continue
+        if numbers is not None and not {row["issue_number"], row.get("pr_number")} & set(numbers):
             continue
         if row.get("repository") not in (repository, None) or (
             row.get("repository") is None and row["repo_path"] != str(engine.repo)

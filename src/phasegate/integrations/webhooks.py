@@ -17,7 +17,9 @@ a check that finished, a label) instead of waiting to be polled
    of the cartridge's repository. The waiting workflows among them are made due
    now and the workers told (``Store.wake``): they look at the forge at once,
    as a poll would have later. A trusted label on an issue starts its workflow
-   (the same ``Watcher`` as ``phasegate watch``, so the same trust rules).
+   (the same ``Watcher`` as ``phasegate watch``, so the same trust rules), and a
+   trusted person's ``/phasegate`` command in a new comment is applied at once
+   (``commands.listen``, as the watcher's next look would).
 
 A delivery carries no instruction: it only makes phasegate look sooner, and
 what it finds is judged as a poll's finding is (who wrote it, their permission).
@@ -35,7 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phasegate.core.contract import PhasegateError
+from phasegate.forge.base import ForgeError, TrustCache
+from phasegate.integrations import commands
 from phasegate.integrations.triggers import Started, Watcher
+from phasegate.phases.forge_feedback import command_of
 from phasegate.runtime.engine import Engine
 
 __all__ = [
@@ -80,23 +85,27 @@ class WebhookRefused(PhasegateError):
 @dataclass(frozen=True)
 class Concerns:
     """What a delivery is about: ``repository`` (owner/name, as the forge spells
-    it), the issue and pull request ``numbers``, the ``branches``, and the
-    ``label`` put on an issue (None unless the event is a label added)."""
+    it), the issue and pull request ``numbers``, the ``branches``, the ``label``
+    put on an issue (None unless the event is a label added), and whether it is a
+    new comment that reads as a ``/phasegate`` ``command``."""
 
     repository: str
     numbers: frozenset[int] = frozenset()
     branches: frozenset[str] = frozenset()
     label: str | None = None
+    command: bool = False
 
 
 @dataclass(frozen=True)
 class Received:
     """What a delivery did: ``event``, the workflows it ``woke``, the workflows a
-    trusted label ``started``; ``ignored`` says why it did nothing, when it did not."""
+    trusted label ``started``, those a trusted person's command ``commanded``;
+    ``ignored`` says why it did nothing, when it did not."""
 
     event: str
     woke: list[str] = field(default_factory=list)
     started: list[str] = field(default_factory=list)
+    commanded: list[str] = field(default_factory=list)
     ignored: str | None = None
 
 
@@ -154,7 +163,9 @@ def concerns(forge: str, event: str, payload: Mapping[str, Any]) -> Concerns:
     label = None
     if event == "issues" and payload.get("action") == "labeled":
         label = str((payload.get("label") or {}).get("name") or "") or None
-    return Concerns(repository, numbers, frozenset(branches), label)
+    said = (payload.get("comment") or {}).get("body") if event == "issue_comment" else None
+    command = payload.get("action") == "created" and _commands(said)
+    return Concerns(repository, numbers, frozenset(branches), label, command)
 
 
 def _gitlab(event: str, payload: Mapping[str, Any]) -> Concerns:
@@ -181,7 +192,13 @@ def _gitlab(event: str, payload: Mapping[str, Any]) -> Concerns:
             x.get("title") for x in change.get("current") or () if x.get("title") not in before
         ]
         label = str(added[0]) if added else None
-    return Concerns(repository, numbers, frozenset(branches), label)
+    said = attributes.get("note") if event == "Note Hook" else None
+    return Concerns(repository, numbers, frozenset(branches), label, _commands(said))
+
+
+def _commands(text: Any) -> bool:
+    """Whether a comment's ``text`` reads as a ``/phasegate`` command."""
+    return isinstance(text, str) and command_of(text) is not None
 
 
 def receive(
@@ -238,7 +255,25 @@ def receive(
     woke = engine.store.wake(engine.repository or about.repository, about.numbers, about.branches)
     labelled = about.label == settings.trigger_label
     started = _started(engine, about, max_ticket_bytes) if labelled else []
-    return Received(event, woke=woke, started=started)
+    commanded = _commanded(engine, about) if about.command else []
+    return Received(event, woke=woke, started=started, commanded=commanded)
+
+
+def _commanded(engine: Engine, about: Concerns) -> list[str]:
+    """Apply a trusted person's ``/phasegate`` command at once, as the watcher's
+    next look would (``commands.listen``); the workflows it moved. A forge that
+    fails leaves the command to that next look."""
+    trust = TrustCache(engine.forge)
+    try:
+        done = commands.listen(
+            engine, about.repository, trust, engine.shutdown.is_set, numbers=about.numbers
+        )
+    except ForgeError as exc:
+        log.warning(
+            "the command in %s's comment waits for the next look: %s", about.repository, exc
+        )
+        return []
+    return [c.workflow_id for c in done if c.refused is None]
 
 
 def _started(engine: Engine, about: Concerns, max_ticket_bytes: int) -> list[str]:

@@ -2,7 +2,7 @@
 
 No session and no CSRF token: a delivery proves itself by the forge's
 signature (``phasegate.integrations.webhooks``). The answer is JSON: 202 with
-the workflows woken and started, 200 for a ping or another repository's
+the workflows woken, started and commanded, 200 for a ping or another repository's
 delivery, or the refusal's status with ``detail``. Every refusal is logged.
 """
 
@@ -52,7 +52,12 @@ def router(engine: Engine) -> APIRouter:
         except StoreUnavailable as exc:
             # The forge retries a delivery that failed: it is not lost.
             return JSONResponse({"detail": f"the store is unavailable: {exc}"}, 503)
-        said = {"event": got.event, "woke": got.woke, "started": got.started}
+        said = {
+            "event": got.event,
+            "woke": got.woke,
+            "started": got.started,
+            "commanded": got.commanded,
+        }
         if got.ignored:
             log.info("webhook %s from %s: %s", got.event, client, got.ignored)
             return JSONResponse({**said, "ignored": got.ignored}, 200)
