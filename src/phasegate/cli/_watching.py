@@ -32,6 +32,7 @@ from phasegate.integrations.triggers import (
 from phasegate.operations import MAX_TICKET_BYTES
 from phasegate.phases.forge_feedback import COMMAND_PREFIX
 from phasegate.runtime.engine import Engine
+from phasegate.runtime.pace import ForgePace
 from phasegate.store import StoreUnavailable
 
 __all__ = [
@@ -107,7 +108,7 @@ def watching(
     watcher: Watcher,
     *,
     once: bool,
-    interval_s: float,
+    interval_s: float | Callable[[], float],
     report: Callable[[Started | Ignored | Commanded], None],
     say: Callable[[str], None],
 ) -> Iterator[None]:
@@ -144,7 +145,8 @@ def watch_in_worker(
     root: Path, cartridge: Cartridge, engine: Engine, *, once: bool, say: Callable[[str], None]
 ) -> Iterator[None]:
     """``phasegate worker``'s hook: ``watching`` the cartridge's repository every
-    ``forge.poll_s`` seconds when ``forge.watch_in_worker = true``, else nothing."""
+    ``forge.poll_s`` seconds (``forge.webhook_poll_s`` while webhooks arrive:
+    ``ForgePace``) when ``forge.watch_in_worker = true``, else nothing."""
     if not cartridge.forge.watch_in_worker:
         yield
         return
@@ -155,7 +157,7 @@ def watch_in_worker(
         engine,
         watcher,
         once=once,
-        interval_s=cartridge.forge.poll_s,
+        interval_s=ForgePace(cartridge, engine.store, repository).wait_s,
         report=reporter(False, say),
         say=say,
     ):

@@ -32,7 +32,11 @@ def watch(
     once: Annotated[bool, typer.Option(help="One look at the labelled issues, then exit.")] = False,
     interval: Annotated[
         float | None,
-        typer.Option(help="Seconds between looks (default: forge.poll_s).", min=0.1),
+        typer.Option(
+            help="Seconds between looks (default: forge.poll_s; forge.webhook_poll_s "
+            "while webhooks arrive).",
+            min=0.1,
+        ),
     ] = None,
     work: Annotated[
         bool,
@@ -61,6 +65,7 @@ def watch(
     from phasegate.config.cartridge import CARTRIDGE_FILE
     from phasegate.integrations.triggers import Watcher, watch_forever
     from phasegate.operations import MAX_TICKET_BYTES
+    from phasegate.runtime.pace import ForgePace
 
     with reported_errors():
         root, cartridge, store = open_repo(repo)
@@ -71,11 +76,13 @@ def watch(
         watcher = Watcher(engine, repository, max_ticket_bytes=MAX_TICKET_BYTES)
         say = progress.line if work else _say
         report = reporter(as_json, say)
-        every = interval if interval is not None else cartridge.forge.poll_s
+        pace = ForgePace(cartridge, store, repository)
+        every = interval if interval is not None else pace.wait_s
         if not as_json:
+            shown = f"{interval:g}s" if interval is not None else f"{pace.wait_s():g}s"
             err.print(
                 f"watching {watcher.repository} for the label {watcher.label!r}"
-                + ("" if once else f" every {every:g}s (Ctrl-C stops)"),
+                + ("" if once else f" every {shown} (Ctrl-C stops)"),
                 highlight=False,
             )
         with graceful(

@@ -321,14 +321,15 @@ class Watcher:
 def watch_forever(
     watcher: Watcher,
     stop: threading.Event,
-    interval_s: float,
+    interval_s: float | Callable[[], float],
     report: Callable[[Started | Ignored | Commanded], None],
     unavailable: Callable[[ForgeUnavailable | StoreUnavailable], None],
 ) -> None:
-    """``watcher.watch_once()`` every ``interval_s`` seconds until ``stop`` is set;
-    each result goes to ``report``. A forge or store that is unavailable for now
-    (ForgeUnavailable, StoreUnavailable: nothing was half-written) goes to
-    ``unavailable`` and is tried again next time; any other error
+    """``watcher.watch_once()`` every ``interval_s`` seconds (or as many as it
+    answers before each wait: ``ForgePace.wait_s``, slower while webhooks arrive)
+    until ``stop`` is set; each result goes to ``report``. A forge or store that
+    is unavailable for now (ForgeUnavailable, StoreUnavailable: nothing was
+    half-written) goes to ``unavailable`` and is tried again next time; any other error
     (ForgeAuthError, ForgeNotFound, CartridgeError) ends the loop: it needs a
     person."""
     while not stop.is_set():
@@ -337,7 +338,7 @@ def watch_forever(
                 report(result)
         except (ForgeUnavailable, StoreUnavailable) as exc:
             unavailable(exc)
-        stop.wait(interval_s)
+        stop.wait(interval_s() if callable(interval_s) else interval_s)
 
 
 def repository_of(configured: str | None, root: Path, base_url: str | None = None) -> str:

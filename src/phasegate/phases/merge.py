@@ -108,13 +108,15 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 events=merge_gate.found_events(hold, secrets),
             )
     evidence: tuple[MilestoneWrite, ...] = ()
-    if head is not None:
+    checked = {m.data.get("sha") for m in ctx.milestones_of("ci_passed")}
+    if head is not None and head not in checked:
         # The forge merges this exact head: its required checks must have passed on
         # it, a sync with the base included, however the review's head fared.
         gate = ci.ci_gate(ctx, deps, ctx.pr_number, head)
         if isinstance(gate, PhaseResult):
             return gate
         evidence = () if gate is None else (gate,)
+    if head is not None and not _reported_passed(ctx, head):
         deps.forge.set_commit_status(head, "success", OWN_PASSED)
     message = f"Merge #{ctx.pr_number}: {ctx.title}\n\nphasegate workflow {ctx.id}"
     try:
@@ -146,6 +148,13 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         state={"worktree_removed": done.worktree_removed},
         milestones=(*evidence, done.milestone(attempts=1)),
     )
+
+
+def _reported_passed(ctx: WorkflowContext, head: str) -> bool:
+    """Whether the report already posted phasegate's own success on ``head``: it
+    described that head and nothing held its merge."""
+    report = ctx.state.get("report") or {}
+    return report.get("head") == head and not report.get("merge_hold")
 
 
 def _sync(ctx: WorkflowContext, deps: PhaseDeps, worktree: Path) -> PhaseResult | None:

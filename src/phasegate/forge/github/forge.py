@@ -153,16 +153,21 @@ class GitHubForge(GitHubChecks):
         )
 
     def set_status_label(self, number: int, label: str | None) -> None:
+        """Add ``label`` (one call, which answers with the issue's labels), then
+        remove every other status label it finds there: two calls a change."""
         if label is not None and not label.startswith(STATUS_LABEL_PREFIX):
             raise ForgeError(
                 f"{label!r} is no status label (they start with {STATUS_LABEL_PREFIX})"
             )
-        current = self.issue(number).labels
-        if label is not None and label not in current:
+        if label is None:
+            current = self.issue(number).labels
+        else:
+            # Adding answers with every label the issue now has: no read before it.
             self._ensure_label(label)
-            self._api(
+            added = self._get(
                 lambda rest: rest.issues.add_labels(self.owner, self.name, number, labels=[label])
             )
+            current = labels_of(added)
         for stale in current:
             if stale.startswith(STATUS_LABEL_PREFIX) and stale != label:
                 self._remove_label(number, stale)
