@@ -318,6 +318,24 @@ def test_the_report_is_rendered_in_the_content_language(
     assert row["state"]["report"]["changes"]["files"] == 1
 
 
+def test_an_approving_review_is_posted_by_the_report_and_a_request_for_changes_by_itself(
+    tmp_path: Path, engine_for: Build
+) -> None:
+    reviews = (
+        '[[review]]\ntext = "Name the constant.\\nVERDICT: request_changes"\n'
+        '[[review]]\ntext = "Clear and small now.\\nVERDICT: approve"\n'
+    )
+    repo = repo_with(tmp_path, answers(review=reviews, build=BUILD + BUILD))
+    engine, store = engine_for(repo)
+    row = engine.advance(engine.start("t", "ticket"))
+    assert row["status"] == "completed" and row["dev_round"] == 2, row["error"]
+    comments = LocalForge(store, repo, engine.workspace).comment_rows()
+    reviews_posted = [str(c["body"]) for c in comments if ":review:" in str(c["marker"])]
+    assert len(reviews_posted) == 1 and "Name the constant." in reviews_posted[0]
+    reports = [str(c["body"]) for c in comments if ":report:" in str(c["marker"])]
+    assert "### Review\n\n> Clear and small now." in reports[-1]
+
+
 def test_a_workflow_spend_cap_pauses_with_reason_budget(tmp_path: Path, engine_for: Build) -> None:
     priced = (
         answers()

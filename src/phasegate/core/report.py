@@ -117,6 +117,10 @@ def render_report(payload: Mapping[str, Any], language: str) -> str:
                 f"{w['found']}:"
             )
             lines += [f"  > {line}" for line in str(limit.get("findings", "")).splitlines()]
+    said = str(review.get("comments") or "").strip()
+    if said:  # the approving review's words: the report is where they are posted
+        lines += ["", f"### {w['review']}", ""]
+        lines += [f"> {line}".rstrip() for line in said.splitlines()]
     if plan.get("summary"):
         lines += ["", f"### {w['plan']}", "", str(plan["summary"])]
     return "\n".join(lines) + "\n"

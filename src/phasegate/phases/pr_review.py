@@ -12,7 +12,8 @@ review as its input, until limits.max_pr_review_rounds.
   parsed verdict.
 - side effects: the pull request (journaled create, or update for a later
   development round), the review agent run on the review line (read-only),
-  an issue comment with each review.
+  an issue comment with each review that requests changes (an approval's
+  words are posted by the report that follows it).
 - postconditions: on approval current_phase == "report", status ==
   "reporting". Changes requested: back to development with dev_round + 1 and
   the review comments as its input; after max_pr_review_rounds (counted from
@@ -153,7 +154,8 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         summary=review.verdict,
         data={"verdict": review.verdict, "comments": review.comments, "pr": pr},
     )
-    if ctx.issue_number:
+    if ctx.issue_number and review.verdict != "approve":
+        # An approval is posted by the report that follows it, its words included.
         deps.effects.comment(
             PR_REVIEW,
             ctx.issue_number,

@@ -41,6 +41,10 @@ from phasegate.phases.feedback_round import since_last_round
 __all__ = ["build_payload", "run"]
 
 
+#: Characters of the last review's words the report carries (it posts them).
+REVIEW_SHOWN = 4000
+
+
 def build_payload(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
     """The report payload: plan, changes, the branch ``head`` it describes,
     ``feedback`` (None unless a person's feedback started the round:
@@ -92,7 +96,7 @@ def build_payload(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
         "review": {
             "rounds": len(reviews),
             "verdict": reviews[-1].data.get("verdict") if reviews else None,
-            "comments": str(reviews[-1].data.get("comments", ""))[:1000] if reviews else "",
+            "comments": str(reviews[-1].data.get("comments", ""))[:REVIEW_SHOWN] if reviews else "",
         },
         "limits": [
             {
