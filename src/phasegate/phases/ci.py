@@ -15,7 +15,10 @@ review agent is asked; phasegate's own status (``OWN_CHECK``) is never waited fo
   pending (CI registers its runs a while after a push);
 - any pending: the phase returns ``wait`` — the workflow stays in pr_review,
   no worker holds it, and the next look is due after ``forge.poll_s``; a
-  ``ci_pending`` milestone marks the first look at each head. Each look also
+  ``ci_pending`` milestone marks the first look at each head. A head with
+  required checks is not looked at the first time (just pushed, none of them
+  can have reported): the wait starts at once, and the checks' end wakes the
+  workflow (a webhook: docs/webhooks.md) or the next poll finds it. Each look also
   asks the pull request what wait asks of it (``forge_feedback.pull_request_settled``):
   merged by a person → on to merge; closed unmerged → ``cancelled``;
 - any failed: a CI-repair round — development with dev_round + 1 and the
@@ -89,16 +92,24 @@ def ci_gate(
     head = head or ctx.state.get("head_sha")
     if not head:
         return None
+    required = required_checks(ctx, deps)
+    key = str(head)[:12]
+    looked = ("ci_pending", "ci_passed", "ci_failed")
+    seen_heads = {m.data.get("sha") for m in ctx.milestones if m.kind in looked}
+    if required and head not in seen_heads:
+        # A head just pushed: its required checks cannot have reported yet, so the
+        # first look is spared. Their end wakes the workflow (a webhook), or a poll.
+        unseen = [Check(n, "pending", "has not reported on this head yet") for n in required]
+        return _pending(ctx, pr, str(head), unseen, marked=False)
     checks = [c for c in deps.forge.checks(str(head)) if c.name != OWN_CHECK]
     reported = {c.name for c in checks}
     checks += [
         Check(name, "pending", "has not reported on this head yet")
-        for name in required_checks(ctx, deps)
+        for name in required
         if name not in reported
     ]
     if not checks:
         return None
-    key = str(head)[:12]
     pending = [c for c in checks if c.state == "pending"]
     failed = [c for c in checks if c.state == "failure"]
     if failed:
@@ -112,17 +123,7 @@ def ci_gate(
         if settled is not None:
             return replace(settled, updates={**settled.updates, "pr_number": pr})
         seen = any(m.data.get("sha") == head for m in ctx.milestones_of("ci_pending"))
-        names = ", ".join(c.name for c in pending)
-        marker = MilestoneWrite(
-            "ci_pending",
-            round=ctx.dev_round,
-            key=key,
-            summary=f"waiting for CI: {names}"[:200],
-            data={"pr": pr, "sha": head, "checks": _shown(checks)},
-        )
-        # Nothing new while still pending: no write, no commit, on every look.
-        updates = {"pr_number": pr} if ctx.pr_number != pr else {}
-        return PhaseResult("wait", updates=updates, milestones=() if seen else (marker,))
+        return _pending(ctx, pr, str(head), checks, marked=seen)
     return MilestoneWrite(
         "ci_passed",
         round=ctx.dev_round,
@@ -130,6 +131,23 @@ def ci_gate(
         summary=f"CI passed: {len(checks)} check(s)",
         data={"pr": pr, "sha": head, "checks": _shown(checks)},
     )
+
+
+def _pending(
+    ctx: WorkflowContext, pr: int, head: str, checks: list[Check], *, marked: bool
+) -> PhaseResult:
+    """Wait for CI on ``head``: a ``ci_pending`` milestone the first time (``marked``:
+    there is one already, and a look that found nothing new writes nothing)."""
+    names = ", ".join(c.name for c in checks if c.state == "pending")
+    marker = MilestoneWrite(
+        "ci_pending",
+        round=ctx.dev_round,
+        key=head[:12],
+        summary=f"waiting for CI: {names}"[:200],
+        data={"pr": pr, "sha": head, "checks": _shown(checks)},
+    )
+    updates = {"pr_number": pr} if ctx.pr_number != pr else {}
+    return PhaseResult("wait", updates=updates, milestones=() if marked else (marker,))
 
 
 def _repair(

@@ -60,7 +60,6 @@ from phasegate.core.state import WorkflowState
 from phasegate.forge import Forge
 from phasegate.forge.base import (
     ForgeError,
-    status_label,
 )
 from phasegate.forge.factory import make_forge
 from phasegate.git import files as _gitfs
@@ -73,6 +72,7 @@ from phasegate.proc.host import host_name
 from phasegate.runtime.faults import fault_result
 from phasegate.runtime.healing import self_heal
 from phasegate.runtime.heartbeat import Heartbeat
+from phasegate.runtime.labels import StatusLabels
 from phasegate.runtime.takeover import ForeignWorkflow, forge_repository, take_over
 from phasegate.runtime.worker import DEFAULT_CONCURRENCY, LeaseHeld, run_worker, wait_s
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
@@ -131,7 +131,7 @@ class Engine:
         self.on_event = on_event
         self.lease_ttl_s = lease_ttl_s
         self.store_retry_delays_s = tuple(store_retry_delays_s)
-        self._labels: dict[str, str | None] = {}  # workflow → the status label last set
+        self.labels = StatusLabels(self.forge)
         self.owner = f"{host_name()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.agents = AgentService(store, cartridge, self.repo, self.shutdown, runners, self._emit)
         # The lease each workflow is advanced (or decided) under, while it is:
@@ -248,17 +248,21 @@ class Engine:
             shutdown=self.shutdown,
         )
 
-    def commit(self, ctx: WorkflowContext, result: PhaseResult) -> dict[str, Any]:
+    def commit(
+        self, ctx: WorkflowContext, result: PhaseResult, *, resting: bool = True
+    ) -> dict[str, Any]:
         """Commit ``result`` through the single commit path and report it to on_event.
 
         Under the workflow's fence while it is advanced or decided here: raises
         FenceLost (nothing written) once another worker took the lease over. A wait
         on a team's forge is due again after ``forge.poll_s`` (``workflows.due_at``).
+        ``resting``: the workflow stays where this leaves it (its label follows).
         """
         due_in_s = wait_s(self.cartridge) if result.outcome == "wait" else 0.0
         fence = self.fences.get(ctx.id)
         row = self.store.commit_phase_result(ctx, result, fence=fence, due_in_s=due_in_s or None)
-        self._label(row["id"], row.get("issue_number"), row["status"])
+        rests = resting or result.outcome in ("pause", "failed")
+        self.labels.show(row["id"], row.get("issue_number"), row["status"], resting=rests)
         for event in result.events:
             self._notify(ctx.id, event.type, event.data)
         said = {"outcome": result.outcome, "phase": row["current_phase"]}
@@ -266,20 +270,6 @@ class Engine:
             ctx.id, "committed", {**said, "status": row["status"], "reason": result.reason}
         )
         return row
-
-    def _label(self, workflow_id: str, number: int | None, status: str) -> None:
-        """Show the workflow's status on its issue (``phasegate:planning`` …
-        ``phasegate:needs-you``). Best effort: a label is a view of the store, never
-        evidence, so a forge that refuses it is logged and tried at the next change."""
-        label = status_label(status)
-        if not number or self._labels.get(workflow_id, "") == label:
-            return
-        try:
-            self.forge.set_status_label(int(number), label)
-        except ForgeError as exc:
-            log.warning("status label %s on #%s not set: %s", label, number, exc)
-            return
-        self._labels[workflow_id] = label
 
     def decide(
         self, workflow_id: str, decision: Callable[[WorkflowContext], PhaseResult]
@@ -376,7 +366,7 @@ class Engine:
             ctx: WorkflowContext | None
             ctx = self.store.load_context(workflow_id)
             # A process killed between a commit and its label left the label stale.
-            self._label(ctx.id, ctx.issue_number, ctx.status)
+            self.labels.show(ctx.id, ctx.issue_number, ctx.status, resting=True)
             if self._retry_cleanup(workflow_id, ctx) is not None:
                 ctx = None  # the cleanup wrote a milestone: the first step reads again
             for _ in range(max_steps):
@@ -387,6 +377,9 @@ class Engine:
                 ctx = None
                 if stopped and not self._advance_child(workflow_id):
                     break
+            # Where it rests now, under the lease still: its label follows it.
+            row = self.store.workflow_row(workflow_id)
+            self.labels.show(workflow_id, row.get("issue_number"), row["status"], resting=True)
         except (FenceLost, StoreUnavailable) as exc:
             if not isinstance(exc, FenceLost) and not fence.lost.is_set():
                 raise  # a step's store fault while the lease still holds
@@ -419,7 +412,7 @@ class Engine:
             return None
         if any(m.status == "in_progress" for m in ctx.milestones):
             return None
-        if ctx.issue_number and self._labels.get(ctx.id, "") != status_label(ctx.status):
+        if ctx.issue_number and not self.labels.current(ctx.id, ctx.status):
             return None  # a process killed before its label left it stale: advance sets it
         try:
             result = resolve_phase_handler(WAIT)(ctx, self.deps_for(ctx))
@@ -555,7 +548,7 @@ class Engine:
         delays = iter(self.store_retry_delays_s)
         while True:
             try:
-                return self.commit(ctx, result)
+                return self.commit(ctx, result, resting=False)
             except StaleContext as exc:
                 log.warning("%s", exc)
                 return None
