@@ -5,9 +5,11 @@ Each workflow goes from a maintainer's trusted label to its closed issue, with a
 required check (``ci/tests``, which this script plays: it reports a minute
 after each push) and an unattended merge. Two ways of running them, side by side:
 
-- **webhooks**: phasegate as configured for a team with webhooks. A wait ends
-  at the delivery that wakes it, so a pending check costs one look; each GET
-  is asked again with its ETag (a 304 costs no rate limit).
+- **webhooks**: phasegate as configured for a team with webhooks: the fake
+  delivers each event to ``phasegate serve``, whose webhook starts the workflow
+  a label asks for; a wait ends at the delivery that wakes it, so a pending
+  check costs no look; each GET is asked again with its ETag (a 304 costs no
+  rate limit).
 - **polling**: as the trial team ran it: no webhooks, a look every
   ``--poll-s`` (2 s) while CI runs, no conditional requests.
 
@@ -24,6 +26,7 @@ workflow, ≤ 60 an idle hour with webhooks.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -41,12 +44,15 @@ from phasegate.integrations.triggers import Started, Watcher  # noqa: E402
 from phasegate.runtime.engine import Engine  # noqa: E402
 from phasegate.runtime.pace import ForgePace  # noqa: E402
 from phasegate.store import open_store  # noqa: E402
+from phasegate.web.auth import Access  # noqa: E402
+from phasegate.web.serve import Dashboard  # noqa: E402
 
 from conftest import ANSWERS_BUT_BUILD, make_repo, scripted_cartridge  # noqa: E402
 from support.github_server import GitHubServer, Recorded  # noqa: E402
 
 REPOSITORY = "octo/widgets"
 RATE_LIMIT = 5000
+SECRET = "forge-budget-webhook-secret"
 BUILD = 'runner = "command"\ncommand = "echo feature $(date +%N) > feature.txt; echo built"\n'
 
 
@@ -108,19 +114,21 @@ def run(workflows: int, *, webhooks: bool, poll_s: float, ci_s: float, root: Pat
             engine = Engine(repo, cartridge, store)
             watcher = Watcher(engine, REPOSITORY, max_ticket_bytes=1_000_000)
             looks = 1 if webhooks else round(ci_s / poll_s)
-            # A first workflow, not counted: what a repository pays once (its status
-            # labels made, the base's protection read) is no workflow's cost.
-            for workflow_id in _start(gh, watcher, 1, "Warm-up"):
-                _drive(engine, gh, workflow_id, looks)
-            watcher.watch_once()  # the first look after the work: its answers changed
-            idle_from = len(gh.requests)
-            watcher.watch_once()
-            idle = _rest(gh.requests[idle_from:])
-            start = len(gh.requests)
-            ids = _start(gh, watcher, workflows, "Feature")
-            for workflow_id in ids:
-                _drive(engine, gh, workflow_id, looks)
-            spent = _rest(gh.requests[start:])
+            with _served(engine, gh, webhooks):
+                # A first workflow, not counted: what a repository pays once (its
+                # status labels made, the base's protection read) is no workflow's.
+                for workflow_id in _start(gh, watcher, 1, "Warm-up", webhooks):
+                    _drive(engine, gh, workflow_id, looks)
+                watcher.watch_once()  # the first look after the work: its answers changed
+                idle_from = len(gh.requests)
+                watcher.watch_once()
+                idle = _rest(gh.requests[idle_from:])
+                start = len(gh.requests)
+                ids = _start(gh, watcher, workflows, "Feature", webhooks)
+                for workflow_id in ids:
+                    _drive(engine, gh, workflow_id, looks)
+                gh.hooks.wait_all()
+                spent = _rest(gh.requests[start:])
             if webhooks:
                 store.record_delivery(
                     "0" * 64, forge="github", delivery=None, event="ping",
@@ -139,12 +147,34 @@ def run(workflows: int, *, webhooks: bool, poll_s: float, ci_s: float, root: Pat
     )
 
 
-def _start(gh: GitHubServer, watcher: Watcher, n: int, title: str) -> list[str]:
-    """``n`` issues a maintainer labels, and the workflows a watch look starts."""
+def _start(gh: GitHubServer, watcher: Watcher, n: int, title: str, hooked: bool) -> list[str]:
+    """``n`` issues a maintainer labels, and the workflows that starts: each label's
+    webhook delivery starts its own (``hooked``), else a watch look starts them all."""
+    seen = len(gh.hooks.delivered)
     for number in range(n):
         issue = gh.open_issue(REPOSITORY, f"{title} {number}", "Write feature.txt.", by="maya")
         gh.label(REPOSITORY, issue.number, "phasegate", by="maya")
-    return [r.workflow_id for r in watcher.watch_once() if isinstance(r, Started)]
+    if not hooked:
+        return [r.workflow_id for r in watcher.watch_once() if isinstance(r, Started)]
+    answers = [json.loads(d.answer) for d in gh.hooks.wait_all()[seen:] if d.event == "issues"]
+    return [workflow_id for answer in answers for workflow_id in answer["started"]]
+
+
+@contextmanager
+def _served(engine: Engine, gh: GitHubServer, hooked: bool) -> Iterator[None]:
+    """``phasegate serve`` without a worker (this script advances), the fake's
+    webhook pointed at it (``hooked``), else nothing."""
+    if not hooked:
+        yield
+        return
+    os.environ["PHASEGATE_WEBHOOK_SECRET"] = SECRET
+    dashboard = Dashboard(engine, Access(token=SECRET, user="maya"), port=0, worker=False)
+    url = dashboard.start()
+    gh.hooks.add(REPOSITORY, f"{url}/webhooks/github", SECRET)
+    try:
+        yield
+    finally:
+        dashboard.stop()
 
 
 def _drive(engine: Engine, gh: GitHubServer, workflow_id: str, looks: int) -> None:

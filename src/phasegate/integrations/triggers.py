@@ -48,6 +48,7 @@ from phasegate.forge.base import (
     ForgeError,
     ForgeUnavailable,
     Issue,
+    Labelled,
     TrustCache,
 )
 from phasegate.forge.github.auth import repository_from_origin
@@ -245,77 +246,81 @@ class Watcher:
 
         Raises ForgeError (ForgeUnavailable: try again later), CartridgeError.
         """
-        engine, store = self.engine, self.engine.store
+        engine = self.engine
         trust = TrustCache(engine.forge)
         results: list[Started | Ignored | Commanded] = []
         for labelled in engine.forge.labelled_issues(self.label):
             if engine.shutdown.is_set():
                 break
-            number, by = labelled.issue.number, labelled.by
-            if store.workflow_for_issue(self.repository, number) is not None:
-                continue
-            if labelled.issue.pull_request:
-                continue
-            status = status_label_of(labelled.issue, self.label)
-            if status is not None:
-                reason = (
-                    f"it carries the status label {status!r}: a workflow runs or ran for it "
-                    "from another store; remove the label to start a new one"
-                )
-                self._ignore(results, number, by, reason, seen_as=status)
-                continue
-            permission = trust.permission(by)
-            if permission not in TRUSTED_PERMISSIONS:
-                reason = (
-                    f"labelled {self.label!r} by {by or 'someone unknown'}, whose permission "
-                    f"is {permission!r}: only write, maintain or admin starts a workflow"
-                )
-                self._ignore(results, number, by, reason)
-                continue
-            try:
-                workflow_id, snapshot = start_from_issue(
-                    engine,
-                    self.repository,
-                    number,
-                    by=by,
-                    trigger="label",
-                    max_ticket_bytes=self.max_ticket_bytes,
-                    issue=labelled.issue,
-                    trust=trust,
-                )
-            except IssueTaken:
-                continue  # another watcher started it between our look and our insert
-            except TriggerRefused as exc:
-                self._ignore(results, number, by, str(exc))
-                continue
-            log.info(
-                "%s#%d: workflow %s started (labelled by %s; comments by %d others left out)",
-                self.repository,
-                number,
-                workflow_id,
-                by,
-                snapshot.left_out,
-            )
-            results.append(Started(number, workflow_id, by, snapshot))
+            found = self.consider(labelled, trust)
+            if found is not None:
+                results.append(found)
         results += listen(engine, self.repository, trust, engine.shutdown.is_set)
         return results
 
+    def consider(self, labelled: Labelled, trust: TrustCache) -> Started | Ignored | None:
+        """Start the workflow ``labelled`` asks for, if its labeller is trusted and
+        the issue has none: Started; Ignored the first time it is refused; None when
+        there is nothing to say (its workflow exists, a pull request, a repeat).
+        What ``watch_once`` does for each labelled issue, and a webhook for the one
+        label it reports. Raises ForgeError, CartridgeError."""
+        store = self.engine.store
+        number, by = labelled.issue.number, labelled.by
+        if store.workflow_for_issue(self.repository, number) is not None:
+            return None
+        if labelled.issue.pull_request:
+            return None
+        status = status_label_of(labelled.issue, self.label)
+        if status is not None:
+            reason = (
+                f"it carries the status label {status!r}: a workflow runs or ran for it "
+                "from another store; remove the label to start a new one"
+            )
+            return self._ignore(number, by, reason, seen_as=status)
+        permission = trust.permission(by)
+        if permission not in TRUSTED_PERMISSIONS:
+            reason = (
+                f"labelled {self.label!r} by {by or 'someone unknown'}, whose permission "
+                f"is {permission!r}: only write, maintain or admin starts a workflow"
+            )
+            return self._ignore(number, by, reason)
+        try:
+            workflow_id, snapshot = start_from_issue(
+                self.engine,
+                self.repository,
+                number,
+                by=by,
+                trigger="label",
+                max_ticket_bytes=self.max_ticket_bytes,
+                issue=labelled.issue,
+                trust=trust,
+            )
+        except IssueTaken:
+            return None  # another watcher started it between our look and our insert
+        except TriggerRefused as exc:
+            return self._ignore(number, by, str(exc))
+        log.info(
+            "%s#%d: workflow %s started (labelled by %s; comments by %d others left out)",
+            self.repository,
+            number,
+            workflow_id,
+            by,
+            snapshot.left_out,
+        )
+        return Started(number, workflow_id, by, snapshot)
+
     def _ignore(
-        self,
-        results: list[Started | Ignored | Commanded],
-        number: int,
-        by: str,
-        reason: str,
-        *,
-        seen_as: str | None = None,
-    ) -> None:
-        # seen_as: what makes it the same report again (default: the labeller)
+        self, number: int, by: str, reason: str, *, seen_as: str | None = None
+    ) -> Ignored | None:
+        """Ignored, logged, the first time ``number`` is refused for this reason;
+        None after (``seen_as``: what makes it the same report again, default the
+        labeller)."""
         key = (number, seen_as or by)
         if key in self.reported:
-            return
+            return None
         self.reported.add(key)
         log.warning("%s#%d ignored: %s", self.repository, number, reason)
-        results.append(Ignored(number, by, reason))
+        return Ignored(number, by, reason)
 
 
 def watch_forever(

@@ -34,10 +34,11 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from phasegate.core.contract import PhasegateError
-from phasegate.forge.base import ForgeError, TrustCache
+from phasegate.forge.base import ForgeError, Issue, Labelled, TrustCache
 from phasegate.integrations import commands
 from phasegate.integrations.triggers import Started, Watcher
 from phasegate.phases.forge_feedback import command_of
@@ -86,14 +87,16 @@ class WebhookRefused(PhasegateError):
 class Concerns:
     """What a delivery is about: ``repository`` (owner/name, as the forge spells
     it), the issue and pull request ``numbers``, the ``branches``, the ``label``
-    put on an issue (None unless the event is a label added), and whether it is a
-    new comment that reads as a ``/phasegate`` ``command``."""
+    put on an issue (None unless the event is a label added), whether it is a
+    new comment that reads as a ``/phasegate`` ``command``, and the ``labelled``
+    issue as the delivery shows it (who labelled it: the sender)."""
 
     repository: str
     numbers: frozenset[int] = frozenset()
     branches: frozenset[str] = frozenset()
     label: str | None = None
     command: bool = False
+    labelled: Labelled | None = None
 
 
 @dataclass(frozen=True)
@@ -160,12 +163,31 @@ def concerns(forge: str, event: str, payload: Mapping[str, Any]) -> Concerns:
         if suite.get("head_branch"):
             branches.add(str(suite["head_branch"]))
     branches.update(str(b["name"]) for b in payload.get("branches") or () if b.get("name"))
-    label = None
+    label, labelled = None, None
     if event == "issues" and payload.get("action") == "labeled":
         label = str((payload.get("label") or {}).get("name") or "") or None
+        labelled = _labelled(issue, payload.get("sender") or {})
     said = (payload.get("comment") or {}).get("body") if event == "issue_comment" else None
     command = payload.get("action") == "created" and _commands(said)
-    return Concerns(repository, numbers, frozenset(branches), label, command)
+    return Concerns(repository, numbers, frozenset(branches), label, command, labelled)
+
+
+def _labelled(issue: Mapping[str, Any], sender: Mapping[str, Any]) -> Labelled | None:
+    """The issue of a GitHub or Gitea ``issues`` delivery, labelled by its sender."""
+    try:
+        shown = Issue(
+            int(issue["number"]),
+            str(issue.get("title") or ""),
+            str(issue.get("body") or ""),
+            str(issue.get("state") or "open"),
+            author=str((issue.get("user") or {}).get("login") or ""),
+            labels=tuple(str(x["name"]) for x in issue.get("labels") or () if x.get("name")),
+            pull_request=bool(issue.get("pull_request")),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    at = datetime.now(UTC)
+    return Labelled(shown, str(sender.get("login") or ""), at)
 
 
 def _gitlab(event: str, payload: Mapping[str, Any]) -> Concerns:
@@ -277,6 +299,11 @@ def _commanded(engine: Engine, about: Concerns) -> list[str]:
 
 
 def _started(engine: Engine, about: Concerns, max_ticket_bytes: int) -> list[str]:
-    """Start the workflows a trusted label asks for, as ``phasegate watch`` does."""
+    """Start the workflow a trusted label asks for, as ``phasegate watch`` would
+    (``Watcher.consider``: the same rules), from the issue the delivery shows;
+    a delivery that shows none has the watcher look at every labelled issue."""
     watcher = Watcher(engine, about.repository, max_ticket_bytes=max_ticket_bytes)
-    return [r.workflow_id for r in watcher.watch_once() if isinstance(r, Started)]
+    if about.labelled is None:
+        return [r.workflow_id for r in watcher.watch_once() if isinstance(r, Started)]
+    found = watcher.consider(about.labelled, TrustCache(engine.forge))
+    return [found.workflow_id] if isinstance(found, Started) else []
