@@ -6,7 +6,7 @@ import contextlib
 import json
 import signal
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -111,6 +111,11 @@ class LiveProgress:
             self._step(
                 workflow_id, f"[{color}]cleanup retried: {data.get('status')}: {note}[/{color}]"
             )
+        elif type_ in ("forge_retry", "forge_auto_resume", "comment_dropped"):
+            from phasegate.summary import forge_fault_text
+
+            said = shown(forge_fault_text({**data, "type": type_}))
+            self._step(workflow_id, f"[yellow]forge: {said}[/yellow]")
         elif type_ in ("reconciled", "worktree_healed", "paused_by_shutdown", "self_fenced"):
             note = shown(str(data.get("note") or data.get("path")))
             self._step(workflow_id, f"[cyan]{type_}: {note}[/cyan]")
@@ -351,6 +356,7 @@ def print_detail(detail: Mapping[str, Any]) -> None:
         console.print(f"  [yellow]{shown(scratch['note'])}[/yellow]", highlight=False)
     _print_decisions(detail["decisions"])
     _print_violations(detail["violations"])
+    _print_forge_faults(detail.get("forge_faults", ()))
     _print_hold(detail.get("merge_hold"), s["id"], s["merge_approved_by"])
     runs = detail["agent_runs"]
     if runs:
@@ -439,6 +445,17 @@ def _print_violations(violations: list[dict[str, Any]]) -> None:
             + (f" [dim]({shown(paths[:200])})[/dim]" if paths else ""),
             highlight=False,
         )
+
+
+def _print_forge_faults(faults: Sequence[Mapping[str, Any]]) -> None:
+    """The newest retries of forge calls, automatic resumes and dropped comments."""
+    from phasegate.summary import forge_fault_text
+
+    if not faults:
+        return
+    console.print(f"[bold yellow]forge faults ({len(faults)} newest)[/bold yellow]")
+    for fault in faults:
+        console.print(f"  [dim]{fault['at']}[/dim] {shown(forge_fault_text(fault))}")
 
 
 _MARKS = {

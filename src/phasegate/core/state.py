@@ -52,6 +52,9 @@ class WorkflowState(TypedDict, total=False):
     trigger: str
     #: Forge comment ids already heard: only comments made after them are feedback.
     heard_comments: list[str]
+    #: The worker's automatic resumes of forge_unavailable pauses in a row; a commit
+    #: of the workflow's own, or a person's decision, sets it back to 0.
+    forge_resumes: int
 
     # -- preparation --
     #: The base branch's commit the workflow's branch starts from.
@@ -172,6 +175,7 @@ OWNERS: Mapping[str, Owner] = _owners(
     heard_comments=Owner(
         ("integrations.triggers", "phases.forge_feedback"), ("phases.forge_feedback",)
     ),
+    forge_resumes=Owner(("runtime.outage",), ("runtime.outage",)),
     base_sha=Owner(("phases.preparation",), ("runtime.healing",)),
     plan=Owner(
         ("phases.planning", "phases.graph_mode.run"),

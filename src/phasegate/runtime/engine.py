@@ -58,10 +58,7 @@ from phasegate.core.contract import (
 )
 from phasegate.core.state import WorkflowState
 from phasegate.forge import Forge
-from phasegate.forge.base import (
-    ForgeError,
-    status_label,
-)
+from phasegate.forge.base import ForgeError, status_label
 from phasegate.forge.factory import make_forge
 from phasegate.git import files as _gitfs
 from phasegate.git.command import withhold_from_git
@@ -73,6 +70,7 @@ from phasegate.proc.host import host_name
 from phasegate.runtime.faults import fault_result
 from phasegate.runtime.healing import self_heal
 from phasegate.runtime.heartbeat import Heartbeat
+from phasegate.runtime.outage import recording, scheduled
 from phasegate.runtime.takeover import ForeignWorkflow, forge_repository, take_over
 from phasegate.runtime.worker import DEFAULT_CONCURRENCY, LeaseHeld, run_worker, wait_s
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
@@ -253,9 +251,11 @@ class Engine:
 
         Under the workflow's fence while it is advanced or decided here: raises
         FenceLost (nothing written) once another worker took the lease over. A wait
-        on a team's forge is due again after ``forge.poll_s`` (``workflows.due_at``).
+        on a team's forge is due again after ``forge.poll_s`` (``workflows.due_at``), a
+        forge pause after its automatic resume's wait (``runtime.outage.scheduled``).
         """
         due_in_s = wait_s(self.cartridge) if result.outcome == "wait" else 0.0
+        result, due_in_s = scheduled(self.cartridge.forge, ctx, result, due_in_s)
         fence = self.fences.get(ctx.id)
         row = self.store.commit_phase_result(ctx, result, fence=fence, due_in_s=due_in_s or None)
         self._label(row["id"], row.get("issue_number"), row["status"])
@@ -382,7 +382,7 @@ class Engine:
             for _ in range(max_steps):
                 if fence.lost.is_set():
                     raise FenceLost(f"workflow {workflow_id}: the lease was lost")
-                with governing(deadline):
+                with governing(deadline), recording(self.store, workflow_id, self.on_event):
                     stopped = self.shutdown.is_set() or not self._step(workflow_id, ctx)
                 ctx = None
                 if stopped and not self._advance_child(workflow_id):

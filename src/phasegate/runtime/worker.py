@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -52,10 +52,13 @@ from phasegate.core.contract import (
     WAIT,
     MilestoneView,
     PhasegateError,
+    PhaseResult,
+    WorkflowContext,
 )
 from phasegate.phases import cleanup
 from phasegate.proc.deadline import deadline_clock
 from phasegate.runtime import DEFAULT_CONCURRENCY
+from phasegate.runtime.outage import recording, resume_due
 from phasegate.store import Store, StoreUnavailable
 
 __all__ = [
@@ -88,6 +91,10 @@ class WorkerEngine(Protocol):
     ) -> dict[str, Any]: ...
 
     def idle_at(self, workflow_id: str) -> int | None: ...
+
+    def decide(
+        self, workflow_id: str, decision: Callable[[WorkflowContext], PhaseResult]
+    ) -> dict[str, Any]: ...
 
     def retry_cleanup(self, workflow_id: str) -> MilestoneView | None: ...
 
@@ -202,7 +209,7 @@ class _Worker:
         # Only this repository's workflows, from any clone of its forge repository
         # (a shared store: takeover.py), read through the store's index.
         self.mine = {"repo_path": str(engine.repo), "repository": engine.repository}
-        forge = engine.cartridge.forge
+        forge = self.forge_settings = engine.cartridge.forge
         self.local_forge = forge.kind == "local"
         self.forge_poll_s = wait_s(engine.cartridge)
         self.running: dict[str, threading.Thread] = {}
@@ -341,6 +348,10 @@ class _Worker:
             with self.lock:
                 self.unreleased.discard(workflow_id)
         fresh = reread or self.backlog is None
+        if fresh:  # a forge pause whose time has come is runnable again, and read below
+            resume_due(
+                self.store, self.engine.decide, self.forge_settings, self.shutdown, **self.mine
+            )
         backlog = self._due() if fresh or self.backlog is None else self.backlog
         self.backlog = backlog
         due, waiting, forge = backlog
@@ -372,7 +383,9 @@ class _Worker:
         """Read when the earliest workflow scheduled for later is due (``next_due``)."""
         with self.lock:
             self.scheduled = None
-        ahead = self.store.next_due_at(RUNNABLE_STATUSES, self.store.clock.now(), **self.mine)
+        # paused too: a forge pause is due at its automatic resume (runtime/outage.py)
+        statuses = RUNNABLE_STATUSES | {"paused"}
+        ahead = self.store.next_due_at(statuses, self.store.clock.now(), **self.mine)
         with self.lock:
             self.next_due = _earliest(ahead, self.scheduled)
 
@@ -432,11 +445,14 @@ class _Worker:
         its own, only when its wait has something new: ``Engine.idle_at``)."""
         left = None
         try:
-            idle = self.engine.idle_at(workflow_id) if claim is None else None
-            if idle is None:
-                left = self._advance_until_idle(workflow_id, claim, forge)
-            else:
-                left = self._left_at(workflow_id, {"version": idle, **_WAITING}, forge)
+            # A forge call's retry is the workflow's event in a look too (advance's own
+            # recording, which also tells the engine's on_event, is nested in this).
+            with recording(self.store, workflow_id):
+                idle = self.engine.idle_at(workflow_id) if claim is None else None
+                if idle is None:
+                    left = self._advance_until_idle(workflow_id, claim, forge)
+                else:
+                    left = self._left_at(workflow_id, {"version": idle, **_WAITING}, forge)
         except LeaseHeld:
             pass  # this engine's own decide or cleanup holds it: looked at again next pass
         except StoreUnavailable as exc:

@@ -16,7 +16,12 @@ from typing import Any
 from phasegate.core.contract import NEEDS_YOU_STATUSES
 from phasegate.core.report import render_report
 from phasegate.store import Store
-from phasegate.summary import workflow_detail, workflow_summary
+from phasegate.summary import (
+    FORGE_FAULT_EVENTS,
+    forge_fault_text,
+    workflow_detail,
+    workflow_summary,
+)
 
 __all__ = [
     "ACTIVITY_ROWS",
@@ -154,7 +159,8 @@ def activity(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def describe_event(event: Mapping[str, Any]) -> str:
     """One line for an event row: who decided what (``decision``), which phase was
     entered (``phase_change``), a milestone's kind and status, an agent started
-    or finished, what needs a person (``needs_you``), else the row's data as
+    or finished, what needs a person (``needs_you``), a forge fault
+    (``summary.forge_fault_text``), else the row's data as
     compact JSON."""
     data = event.get("data") or {}
     kind = event["type"]
@@ -173,6 +179,8 @@ def describe_event(event: Mapping[str, Any]) -> str:
         return f"{data['action']} by {data.get('by', '?')}{said}"
     if kind == "needs_you" and "status" in data:
         return f"needs you: {data['status']}"
+    if kind in FORGE_FAULT_EVENTS:
+        return forge_fault_text({**data, "type": kind})
     return json.dumps(data, default=str, sort_keys=True) if data else ""
 
 
