@@ -30,6 +30,7 @@ from phasegate.forge.github.faults import (
     MAX_BACKOFF_S,
     RetryPolicy,
     answered,
+    call_of,
     is_transient,
     status_of,
     translate,
@@ -226,12 +227,12 @@ class GitHubAPI:
                 if not again or attempt == self.settings.max_retries:
                     raise self._error(exc) from exc
                 log.info("creating %s failed (%s); looking for it before trying again", what, exc)
-                status = status_of(exc)
+                call, status = call_of(exc), status_of(exc)
             found = find()
             if found is not None:
                 return found
             wait = min(self.retry_backoff_s * 2**attempt, MAX_BACKOFF_S)
-            report(ForgeRetry(f"create {what}", status, wait, attempt + 2, "transient"))
+            report(ForgeRetry(call, status, wait, attempt + 2, "transient"))
             time.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
 

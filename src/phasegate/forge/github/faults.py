@@ -49,7 +49,7 @@ from phasegate.core.redaction import redact
 from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeNotFound, ForgeUnavailable
 from phasegate.forge.retries import ForgeRetry, report
 
-__all__ = ["BARE_429_WAIT_S", "GitHubRefused", "RetryPolicy", "status_of", "translate"]
+__all__ = ["BARE_429_WAIT_S", "GitHubRefused", "RetryPolicy", "call_of", "status_of", "translate"]
 
 #: What a 429 without Retry-After or x-ratelimit-reset waits (GitHub: "at least one minute").
 BARE_429_WAIT_S = 60.0
@@ -163,6 +163,11 @@ class RetryPolicy:
 
 def _what(request: httpx.Request | None) -> str:
     return f"{request.method} {request.url.path}" if request is not None else "a request"
+
+
+def call_of(exc: GitHubException) -> str:
+    """The call ``exc`` failed, as ``METHOD /path`` (``a request`` when it has none)."""
+    return _what(_request_of(_inner(exc)) or _request_of(exc))
 
 
 def status_of(exc: GitHubException) -> int | str:
