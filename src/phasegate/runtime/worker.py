@@ -29,6 +29,12 @@ and issues change (``LeaseRows.local_forge_marker``), which the worker watches
 (a restarted one looks once): an idle waiting workflow costs reads, never a
 write, per pass.
 
+A workflow paused ``forge_unavailable`` is due too, at its automatic resume:
+a pass that reads the rows first resumes those whose time has come
+(``runtime.outage.resume_due``, through ``Engine.decide``), so it claims them at
+once; the worker sleeps until the earliest of them as well. No other pause is
+ever resumed by a worker.
+
 Shutdown (``engine.shutdown``: SIGINT/SIGTERM in the CLI) stops every running
 agent; each interrupted phase pauses as a single advance's does, and
 ``run_worker`` returns only once every thread has ended.
@@ -524,6 +530,10 @@ class _Worker:
         scheduled in the store when that is a matter of time; None: not runnable, or
         shutdown."""
         if row["status"] not in RUNNABLE_STATUSES or self.shutdown.is_set():
+            if row.get("due_at") is not None:  # a forge pause: the worker wakes to resume it
+                with self.lock:
+                    self.next_due = _earliest(self.next_due, row["due_at"])
+                    self.scheduled = _earliest(self.scheduled, row["due_at"])
             return None
         if self.forge_poll_s and _polling(row):
             self._schedule(workflow_id, row, self.forge_poll_s)
