@@ -78,7 +78,7 @@ def test_a_forge_pause_is_due_after_its_wait_until_the_bound_then_waits_for_a_pe
     result, due = scheduled(SETTINGS, context(1), PAUSE, 0.0)
     assert due == 60.0
     assert result.reason is not None and result.reason.startswith(PAUSE.reason or "")
-    assert result.reason.endswith("the worker resumes it in 60 s (automatic resume 2 of 3)")
+    assert result.reason.endswith("resumed by itself in 60 s (automatic resume 2 of 3)")
 
     result, due = scheduled(SETTINGS, context(3), PAUSE, 0.0)
     assert due == 0.0

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from test_github_lifecycle import team_repo
 
-from phasegate.cli.render import print_detail
+from phasegate.cli.render import drive, print_detail
 from phasegate.config.cartridge import load_cartridge
 from phasegate.core import decisions
 from phasegate.forge import ForgeAuth, GitHubForge
@@ -109,7 +109,7 @@ def test_a_comment_failing_past_its_retries_pauses_and_the_worker_posts_it_once(
     row = engine.advance(workflow_id)
     assert row["status"] == "paused" and row["current_phase"] == "planning", row["error"]
     assert row["error"].startswith("forge_unavailable: planning: GitHub answered 500")
-    assert "the worker resumes it in 0.05 s (automatic resume 1 of 5)" in row["error"]
+    assert "resumed by itself in 0.05 s (automatic resume 1 of 5)" in row["error"]
     assert row["due_at"] is not None
     assert events(store, workflow_id, "needs_you") == []  # nobody is asked: the worker acts
     assert plan_comments(github, row["issue_number"]) == []
@@ -130,6 +130,21 @@ def test_a_comment_failing_past_its_retries_pauses_and_the_worker_posts_it_once(
     assert row["state"]["forge_resumes"] == 0  # the forge answered: the count starts again
     posted = [m for m in store.milestones(workflow_id) if m.dedupe_key.endswith(":plan:r1")]
     assert [m.status for m in posted] == ["completed"]
+
+
+def test_a_foreground_run_waits_for_its_forge_pause_and_goes_on_by_itself(
+    github: GitHubLab, tmp_path: Path, engine_for: Build, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo, _ = team_repo(github, tmp_path, auto_merge=False, forge_extra=QUICK)
+    engine, store = engine_for(repo, forge=quick_forge(github, repo))
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    github.server.fail("POST", COMMENTS, 500, times=4)
+    drive(engine, workflow_id, as_json=True)  # phasegate run: returns only once it waits
+    row = store.workflow_row(workflow_id)
+    assert row["status"] == "waiting", row["error"]
+    assert '"status": "waiting"' in capsys.readouterr().out
+    assert len(plan_comments(github, row["issue_number"])) == 1
+    assert len(events(store, workflow_id, "forge_auto_resume")) == 1
 
 
 def test_an_issue_create_that_timed_out_is_found_not_repeated_when_the_worker_resumes(

@@ -201,6 +201,7 @@ STOPPED = frozenset({"failed", "paused", "planning_timeout"})
 def drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
     """Advance in the foreground with live progress; exit with the workflow's outcome."""
     from phasegate.integrations import notify
+    from phasegate.runtime import outage
     from phasegate.runtime.worker import waits_on_ci
 
     at = repo_option({"repo_path": engine.repo})  # the engine's repository: no read
@@ -208,9 +209,19 @@ def drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
     with LiveProgress(quiet=as_json) as progress, graceful(engine, then=then):
         notify.set_on_event(engine, progress)  # keeps the engine's notifier
         row = engine.advance(workflow_id)
-        # CI runs on the forge: the foreground run waits for it (Ctrl-C leaves the
-        # workflow resumable, and a worker would look at it just the same).
-        while waits_on_ci(row) and not engine.shutdown.wait(engine.cartridge.forge.poll_s):
+        # CI runs on the forge: the foreground run waits for it, and for a forge pause's
+        # automatic resume (Ctrl-C leaves the workflow resumable, and a worker would
+        # look at it just the same).
+        while not engine.shutdown.is_set():
+            resume_in = outage.resume_in_s(engine.store, row)
+            wait = engine.cartridge.forge.poll_s if waits_on_ci(row) else resume_in
+            if wait is None or engine.shutdown.wait(wait):
+                break
+            forge = engine.cartridge.forge
+            if resume_in is not None and not outage.resume(
+                engine.decide, forge, workflow_id, row["version"]
+            ):
+                break
             row = engine.advance(workflow_id)
     finish(engine.store, row, as_json, interrupted=engine.shutdown.is_set())
 

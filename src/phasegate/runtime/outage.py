@@ -10,7 +10,8 @@ row, ``MAX_WAIT_S`` at most, while fewer than ``forge.max_auto_resumes`` were
 made; past that the pause is a person's, its reason says so, and it has no due
 time. ``resume_due`` (run by each pass of the worker) resumes the pauses whose
 time has come through the single commit path, under the workflow's lease, with
-a ``forge_auto_resume`` event. A pause for anything else (a person's decision,
+a ``forge_auto_resume`` event; a foreground run (``phasegate run``) waits for its
+own workflow's (``resume_in_s``, ``resume``). A pause for anything else (a person's decision,
 an agent's failure, a token to fix) never has a due time, so it is never
 resumed here.
 
@@ -47,7 +48,9 @@ __all__ = [
     "MAX_WAIT_S",
     "auto_resume",
     "recording",
+    "resume",
     "resume_due",
+    "resume_in_s",
     "resume_wait_s",
     "scheduled",
 ]
@@ -99,7 +102,7 @@ def scheduled(
         said = f"{tried}; a person resumes it (`phasegate resume {ctx.id}`) once the forge answers"
         return dataclasses.replace(result, reason=f"{result.reason}{said}"), 0.0
     wait = resume_wait_s(settings, spent)
-    said = f"; the worker resumes it in {wait:g} s (automatic resume {spent + 1} of {bound})"
+    said = f"; resumed by itself in {wait:g} s (automatic resume {spent + 1} of {bound})"
     return dataclasses.replace(result, reason=f"{result.reason}{said}"), wait
 
 
@@ -134,10 +137,8 @@ def resume_due(
     repo_path: str | None = None,
     repository: str | None = None,
 ) -> list[str]:
-    """Resume (``decide(id, auto_resume(...))``: ``Engine.decide``) every forge pause
-    of the repository whose due time has come; returns the ids resumed. One that
-    another process holds, or that moved on meanwhile, is left for the next pass
-    (logged). Raises StoreUnavailable."""
+    """Resume (``resume``) every forge pause of the repository whose due time has
+    come; returns the ids resumed. Raises StoreUnavailable."""
     resumed = []
     due = store.due_pauses(
         FORGE_PAUSE, store.clock.now(), repo_path=repo_path, repository=repository
@@ -145,16 +146,36 @@ def resume_due(
     for workflow_id, version in due:
         if stop.is_set():
             break
-        try:
-            decide(workflow_id, auto_resume(settings, version))
-        except StoreUnavailable:
-            raise
-        except PhasegateError as exc:  # LeaseHeld, a person's decision came first
-            log.info("%s not resumed by the worker: %s", workflow_id, exc)
-            continue
-        log.warning("%s: the worker resumes it after its forge_unavailable pause", workflow_id)
-        resumed.append(workflow_id)
+        if resume(decide, settings, workflow_id, version):
+            resumed.append(workflow_id)
     return resumed
+
+
+def resume(decide: Decide, settings: ForgeSettings, workflow_id: str, version: int) -> bool:
+    """Resume the forge pause of ``workflow_id`` found due at ``version`` (``decide(id,
+    auto_resume(...))``: ``Engine.decide``); True when it was. One that another
+    process holds, or that moved on meanwhile, is left as it is (logged): False.
+    Raises StoreUnavailable."""
+    try:
+        decide(workflow_id, auto_resume(settings, version))
+    except StoreUnavailable:
+        raise
+    except PhasegateError as exc:  # LeaseHeld, a person's decision came first
+        log.info("%s not resumed after its forge_unavailable pause: %s", workflow_id, exc)
+        return False
+    log.warning("%s: resumed after its forge_unavailable pause", workflow_id)
+    return True
+
+
+def resume_in_s(store: Store, row: Mapping[str, Any]) -> float | None:
+    """Seconds until the automatic resume of the workflow ``row`` (0: due now), or
+    None when it is no forge pause with a due time (``scheduled``)."""
+    due = row.get("due_at")
+    if row["status"] != "paused" or due is None:
+        return None
+    if not str(row.get("error") or "").startswith(FORGE_PAUSE):
+        return None
+    return max(0.0, float((due - store.clock.now()).total_seconds()))
 
 
 def recording(
