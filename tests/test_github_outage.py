@@ -29,8 +29,8 @@ from phasegate.forge import ForgeAuth, GitHubForge
 from phasegate.git.workspace import Workspace
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store
-from phasegate.summary import workflow_detail
-from phasegate.web.views import describe_event
+from phasegate.summary import workflow_detail, workflow_summary
+from phasegate.web.views import describe_event, group_of
 
 from conftest import GitHubLab
 from support.github_server import error_body
@@ -112,6 +112,8 @@ def test_a_comment_failing_past_its_retries_pauses_and_the_worker_posts_it_once(
     assert "resumed by itself in 0.05 s (automatic resume 1 of 5)" in row["error"]
     assert row["due_at"] is not None
     assert events(store, workflow_id, "needs_you") == []  # nobody is asked: the worker acts
+    card = workflow_summary(store, row)
+    assert card["resumes_at"] == row["due_at"].isoformat() and group_of(card) == "waiting"
     assert plan_comments(github, row["issue_number"]) == []
     call = f"POST /repos/octo/widgets/issues/{row['issue_number']}/comments"
     retries = events(store, workflow_id, "forge_retry")
@@ -231,6 +233,8 @@ def test_past_max_auto_resumes_the_pause_is_a_persons_and_resume_posts_the_comme
     assert [e["attempt"] for e in events(store, workflow_id, "forge_auto_resume")] == [1, 2]
     # Only the last pause waits for a person: one needs-you, one notification.
     assert [e["status"] for e in events(store, workflow_id, "needs_you")] == ["paused"]
+    card = workflow_summary(store, row)
+    assert card["resumes_at"] is None and group_of(card) == "needs_you"
     assert store.due_pauses("forge_unavailable: ", store.clock.now()) == []
     assert plan_comments(github, row["issue_number"]) == []
 

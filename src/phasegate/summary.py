@@ -58,8 +58,9 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
     """What ``status`` lists and a board's card shows of the workflow ``row``: its
     id, title, phase, status, error, round, profile, issue and PR numbers, branch,
     usage (``tokens``, ``cost_usd`` in USD, ``agent_runs``), ISO 8601 times, its
-    parent and children (conflict forks), the proposal it awaits, and the worker
-    holding its lease (``worker``, ``lease_expires_at``; None when nobody does)."""
+    parent and children (conflict forks), the proposal it awaits, when a forge
+    pause is resumed by itself (``resumes_at``), and the worker holding its lease
+    (``worker``, ``lease_expires_at``; None when nobody does)."""
     usage = store.usage_totals(row["id"])
     awaited = None
     if row["status"] == AWAITING_APPROVAL:
@@ -106,6 +107,8 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
         "created_at": iso(row["created_at"]),
         "updated_at": iso(row["updated_at"]),
         "completed_at": iso(row.get("completed_at")),
+        # a forge pause's automatic resume (runtime/outage.py); None for any other pause
+        "resumes_at": iso(row.get("due_at")) if row["status"] == "paused" else None,
         # the conflict fork (phases/conflict.py): whose child this is, and its own children
         "parent_workflow_id": row.get("parent_workflow_id"),
         "children": [

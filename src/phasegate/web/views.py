@@ -57,12 +57,13 @@ _NOT_ACTIVITY = frozenset({"agent_output"})
 
 def group_of(summary: Mapping[str, Any]) -> str:
     """The board group of a workflow's ``workflow_summary``: needs_you (a status of
-    ``contract.NEEDS_YOU_STATUSES``, but a merge approved and not yet done), running
+    ``contract.NEEDS_YOU_STATUSES``, but a merge approved and not yet done, and a
+    forge pause the worker resumes by itself: ``resumes_at``), running
     (a live worker holds its lease), done (completed, cancelled), failed, else
     waiting (runnable, not held)."""
     status = summary["status"]
     approved = summary.get("current_phase") == "wait" and summary.get("merge_approved_by")
-    if status in NEEDS_YOU_STATUSES and not approved:
+    if status in NEEDS_YOU_STATUSES and not approved and not summary.get("resumes_at"):
         return "needs_you"
     if status in _DONE:
         return "done"
