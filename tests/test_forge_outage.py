@@ -5,7 +5,6 @@ the store's FixedClock, never by sleeping."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -25,7 +24,7 @@ from phasegate.runtime.outage import (
     AUTO_RESUME,
     FORGE_RETRY,
     auto_resume,
-    resume_due,
+    resume,
     resume_wait_s,
     scheduled,
 )
@@ -147,8 +146,9 @@ def test_the_store_lists_a_forge_pause_once_due_and_never_a_persons_pause(
         store.commit_phase_result(ctx, decision(ctx))  # type: ignore[operator]
         decided.append(workflow_id)
 
-    assert resume_due(store, decide, SETTINGS, threading.Event()) == [forge]
+    assert resume(decide, SETTINGS, forge, row["version"]) is True
     assert decided == [forge] and store.workflow_row(forge)["status"] == "preparing"
+    assert resume(decide, SETTINGS, forge, row["version"]) is False  # it moved on since
     assert store.due_pauses(FORGE_PAUSE, clock.now() + timedelta(days=1)) == []
 
 

@@ -8,12 +8,12 @@ pause due again in the store (``workflows.due_at``, as a wait's next look is):
 after ``forge.auto_resume_s`` seconds, doubled for each automatic resume in a
 row, ``MAX_WAIT_S`` at most, while fewer than ``forge.max_auto_resumes`` were
 made; past that the pause is a person's, its reason says so, and it has no due
-time. ``resume_due`` (run by each pass of the worker) resumes the pauses whose
-time has come through the single commit path, under the workflow's lease, with
-a ``forge_auto_resume`` event; a foreground run (``phasegate run``) waits for its
-own workflow's (``resume_in_s``, ``resume``). A pause for anything else (a person's decision,
-an agent's failure, a token to fix) never has a due time, so it is never
-resumed here.
+time. The worker finds the pauses whose time has come (``Store.due_pauses``)
+and, on a thread of each, ``resume`` resumes one through the single commit path,
+under the workflow's lease, with a ``forge_auto_resume`` event; a foreground
+run (``phasegate run``) waits for its own workflow's (``resume_in_s``). A pause
+for anything else (a person's decision, an agent's failure, a token to fix)
+never has a due time, so it is never resumed here.
 
 ``recording`` writes each wait before another try of a forge call
 (``phasegate.forge.retries``) as a ``forge_retry`` event of the workflow whose
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
@@ -49,7 +48,6 @@ __all__ = [
     "auto_resume",
     "recording",
     "resume",
-    "resume_due",
     "resume_in_s",
     "resume_wait_s",
     "scheduled",
@@ -126,29 +124,6 @@ def auto_resume(settings: ForgeSettings, version: int) -> Callable[[WorkflowCont
         )
 
     return decide
-
-
-def resume_due(
-    store: Store,
-    decide: Decide,
-    settings: ForgeSettings,
-    stop: threading.Event,
-    *,
-    repo_path: str | None = None,
-    repository: str | None = None,
-) -> list[str]:
-    """Resume (``resume``) every forge pause of the repository whose due time has
-    come; returns the ids resumed. Raises StoreUnavailable."""
-    resumed = []
-    due = store.due_pauses(
-        FORGE_PAUSE, store.clock.now(), repo_path=repo_path, repository=repository
-    )
-    for workflow_id, version in due:
-        if stop.is_set():
-            break
-        if resume(decide, settings, workflow_id, version):
-            resumed.append(workflow_id)
-    return resumed
 
 
 def resume(decide: Decide, settings: ForgeSettings, workflow_id: str, version: int) -> bool:

@@ -29,11 +29,12 @@ and issues change (``LeaseRows.local_forge_marker``), which the worker watches
 (a restarted one looks once): an idle waiting workflow costs reads, never a
 write, per pass.
 
-A workflow paused ``forge_unavailable`` is due too, at its automatic resume:
-a pass that reads the rows first resumes those whose time has come
-(``runtime.outage.resume_due``, through ``Engine.decide``), so it claims them at
-once; the worker sleeps until the earliest of them as well. No other pause is
-ever resumed by a worker.
+A workflow paused ``forge_unavailable`` is due too, at its automatic resume
+(``runtime.outage``): a pass that reads the rows starts a thread for each one
+whose time has come, with the threads left free, and the thread resumes it
+(``runtime.outage.resume``, through ``Engine.decide``) and advances it. The
+worker sleeps until the earliest of them as well. No other pause is ever resumed
+by a worker.
 
 Shutdown (``engine.shutdown``: SIGINT/SIGTERM in the CLI) stops every running
 agent; each interrupted phase pauses as a single advance's does, and
@@ -63,8 +64,9 @@ from phasegate.core.contract import (
 )
 from phasegate.phases import cleanup
 from phasegate.proc.deadline import deadline_clock
-from phasegate.runtime import DEFAULT_CONCURRENCY
-from phasegate.runtime.outage import recording, resume_due
+from phasegate.runtime import DEFAULT_CONCURRENCY, outage
+from phasegate.runtime.faults import FORGE_PAUSE
+from phasegate.runtime.outage import recording
 from phasegate.store import Store, StoreUnavailable
 
 __all__ = [
@@ -354,10 +356,6 @@ class _Worker:
             with self.lock:
                 self.unreleased.discard(workflow_id)
         fresh = reread or self.backlog is None
-        if fresh:  # a forge pause whose time has come is runnable again, and read below
-            resume_due(
-                self.store, self.engine.decide, self.forge_settings, self.shutdown, **self.mine
-            )
         backlog = self._due() if fresh or self.backlog is None else self.backlog
         self.backlog = backlog
         due, waiting, forge = backlog
@@ -381,6 +379,10 @@ class _Worker:
             self._start(workflow_id, None, forge)
             started.append(workflow_id)
         self.backlog = (due, [i for i in waiting if i not in started], forge)
+        if fresh and len(started) < free:  # the rest are listed again by the next reread
+            for workflow_id, version in self._due_pauses()[: free - len(started)]:
+                self._start(workflow_id, None, forge, resume=version)
+                started.append(workflow_id)
         if fresh and not self.once:
             self._look_ahead()  # after the advances started: a wake-up waits for no read
         return bool(started)
@@ -427,12 +429,24 @@ class _Worker:
                     due.append(workflow_id)
         return due, waiting, forge
 
+    def _due_pauses(self) -> list[tuple[str, int]]:
+        """The forge pauses due to be resumed (``runtime.outage``) whose thread is not
+        running, oldest first, each with the version it was found at."""
+        now = self.store.clock.now()
+        due = self.store.due_pauses(FORGE_PAUSE, now, **self.mine)
+        with self.lock:
+            return [(i, v) for i, v in due if i not in self.running and i not in self.seen]
+
     def _start(
-        self, workflow_id: str, claim: tuple[int, float] | None, forge: tuple[int, int] | None
+        self,
+        workflow_id: str,
+        claim: tuple[int, float] | None,
+        forge: tuple[int, int] | None,
+        resume: int | None = None,
     ) -> None:
         thread = threading.Thread(
             target=self._advance,
-            args=(workflow_id, claim, forge),
+            args=(workflow_id, claim, forge, resume),
             daemon=True,
             name=f"advance-{workflow_id}",
         )
@@ -443,18 +457,31 @@ class _Worker:
         thread.start()
 
     def _advance(
-        self, workflow_id: str, claim: tuple[int, float] | None, forge: tuple[int, int] | None
+        self,
+        workflow_id: str,
+        claim: tuple[int, float] | None,
+        forge: tuple[int, int] | None,
+        resume: int | None = None,
     ) -> None:
         """Advance the workflow under the lease ``claim`` took (its fence, and when the
         claim was sent: ``Engine.advance``'s ``claimed`` and ``claimed_at``; None: a
         waiting one, looked at without a lease first and advanced, under a claim of
-        its own, only when its wait has something new: ``Engine.idle_at``)."""
+        its own, only when its wait has something new: ``Engine.idle_at``). With
+        ``resume`` (the version its forge pause was found due at) the pause is
+        resumed first (``runtime.outage.resume``, under a claim of its own), and
+        the workflow advanced only if it was."""
         left = None
         try:
             # A forge call's retry is the workflow's event in a look too (advance's own
             # recording, which also tells the engine's on_event, is nested in this).
             with recording(self.store, workflow_id):
-                idle = self.engine.idle_at(workflow_id) if claim is None else None
+                settings = self.forge_settings
+                if resume is not None and not outage.resume(
+                    self.engine.decide, settings, workflow_id, resume
+                ):
+                    return  # a person or another worker moved it on meanwhile
+                waiting = claim is None and resume is None
+                idle = self.engine.idle_at(workflow_id) if waiting else None
                 if idle is None:
                     left = self._advance_until_idle(workflow_id, claim, forge)
                 else:
