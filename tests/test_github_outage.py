@@ -38,6 +38,8 @@ from support.github_server import error_body
 Build = Callable[..., tuple[Engine, Store]]
 
 WAIT_S = 90.0  # bound on a wait for the worker; a correctness check, never a timing judgement
+#: The worker's longest sleep: a due time must wake it well before (its look ahead).
+POLL_S = 60.0
 COMMENTS = r"/repos/octo/widgets/issues/\d+/comments$"
 #: Automatic resumes come at once: a test waits for the worker, not for a backoff.
 QUICK = "auto_resume_s = 0.05\n"
@@ -66,7 +68,7 @@ def worker(engine: Engine) -> Iterator[None]:
 
     def run() -> None:
         try:
-            engine.run_worker(poll_s=0.5, concurrency=1)
+            engine.run_worker(poll_s=POLL_S, concurrency=1)
         except BaseException as exc:
             raised.append(exc)
 
@@ -124,8 +126,10 @@ def test_a_comment_failing_past_its_retries_pauses_and_the_worker_posts_it_once(
     ]
     assert f"forge retry: {call} answered 500; trying again in 0.01 s (try 2)" in caplog.text
 
+    started = time.monotonic()
     with worker(engine):
         row = until(store, workflow_id, lambda r: r["status"] == "waiting")
+    assert time.monotonic() - started < POLL_S / 2  # woken by the due time, not the poll
     assert len(plan_comments(github, row["issue_number"])) == 1
     resumed = events(store, workflow_id, "forge_auto_resume")
     assert [(e["attempt"], e["of"]) for e in resumed] == [(1, 5)]
