@@ -1,13 +1,12 @@
 """A forge pause's due time and its bound, without a forge (runtime/outage.py):
 the backoff the commit path writes, the pauses the store lists as due (never a
-person's), the count of automatic resumes and what sets it back. Time moves by
-the store's FixedClock, never by sleeping."""
+person's; on SQLite and PostgreSQL), the count of automatic resumes and what
+sets it back. Time moves by the store's FixedClock, never by sleeping."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -44,8 +43,8 @@ def clock() -> FixedClock:
 
 
 @pytest.fixture
-def store(tmp_path: Path, clock: FixedClock) -> Iterator[Store]:
-    s = open_store(f"sqlite:///{tmp_path / 'state.db'}", clock)
+def store(store_url: str, clock: FixedClock) -> Iterator[Store]:
+    s = open_store(store_url, clock)
     yield s
     s.close()
 
