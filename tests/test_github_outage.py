@@ -133,6 +133,8 @@ def test_a_comment_failing_past_its_retries_pauses_and_the_worker_posts_it_once(
     assert len(plan_comments(github, row["issue_number"])) == 1
     resumed = events(store, workflow_id, "forge_auto_resume")
     assert [(e["attempt"], e["of"]) for e in resumed] == [(1, 5)]
+    shown = [describe_event(e) for e in store.events(workflow_id, types=("forge_auto_resume",))]
+    assert shown == ["resumed by itself (automatic resume 1 of 5)"]
     assert row["state"]["forge_resumes"] == 0  # the forge answered: the count starts again
     posted = [m for m in store.milestones(workflow_id) if m.dedupe_key.endswith(":plan:r1")]
     assert [m.status for m in posted] == ["completed"]
@@ -265,6 +267,8 @@ def test_a_comment_github_refuses_for_its_own_sake_is_dropped_with_an_event(
     (dropped,) = events(store, workflow_id, "comment_dropped")
     assert dropped["key"] == "plan:r1" and dropped["phase"] == "planning"
     assert "422" in dropped["reason"]
+    (row_event,) = store.events(workflow_id, types=("comment_dropped",))
+    assert describe_event(row_event).startswith("comment plan:r1 on #1 dropped: GitHub refused")
     assert plan_comments(github, row["issue_number"]) == []
     assert any(
         "Review of" in (c.body or "")

@@ -181,7 +181,7 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
 
 def forge_fault_text(event: Mapping[str, Any]) -> str:
     """One line for a ``FORGE_FAULT_EVENTS`` event's data with its ``type``:
-    ``GET /x answered 502: try 2 after 0.5 s``, ``resumed by the worker (1 of 5)``,
+    ``GET /x answered 502: try 2 after 0.5 s``, ``resumed by itself (automatic resume 1 of 5)``,
     ``comment review:r1 on #3 dropped: …``."""
     kind = event.get("type")
     if kind == "forge_retry":
@@ -193,7 +193,7 @@ def forge_fault_text(event: Mapping[str, Any]) -> str:
             f"after {event.get('wait_s')} s"
         )
     if kind == "forge_auto_resume":
-        return f"resumed by the worker ({event.get('attempt')} of {event.get('of')})"
+        return f"resumed by itself (automatic resume {event.get('attempt')} of {event.get('of')})"
     if kind == "comment_dropped":
         return f"comment {event.get('key')} on #{event.get('issue')} dropped: {event.get('reason')}"
     return str(kind)
