@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 
+from phasegate.cli.status_table import unheld_note
 from phasegate.config.forge import ForgeSettings
 from phasegate.core.contract import (
     RUNNABLE_STATUSES,
@@ -153,3 +154,12 @@ def test_the_store_lists_a_forge_pause_once_due_and_never_a_persons_pause(
 
 def test_show_and_the_dashboard_name_every_forge_fault_event() -> None:
     assert set(FORGE_FAULT_EVENTS) == {FORGE_RETRY, AUTO_RESUME, COMMENT_DROPPED}
+
+
+def test_status_names_a_forge_pause_no_worker_is_there_to_resume() -> None:
+    paused = {"id": "w1", "status": "paused", "repo_path": ".", "resumes_at": "2026-01-01"}
+    person = {"id": "w2", "status": "paused", "repo_path": ".", "resumes_at": None}
+    note = unheld_note([paused, person])
+    assert note is not None and note.startswith("w1 is not being advanced now")
+    assert unheld_note([person]) is None  # a person's pause: theirs to resume
+    assert unheld_note([{**paused, "worker": "host:1"}]) is None
