@@ -61,6 +61,10 @@ def plan_comments(lab: GitHubLab, number: int) -> list[str]:
     return [c.body or "" for c in said if "**Plan (round 1)**" in (c.body or "")]
 
 
+def labels(lab: GitHubLab, number: int) -> set[str]:
+    return {x.name for x in lab.server.issue(lab.repository, number).labels}
+
+
 @contextmanager
 def worker(engine: Engine) -> Iterator[None]:
     """``phasegate worker`` on a thread while the block runs; what it raised fails the test."""
@@ -116,6 +120,7 @@ def test_a_comment_failing_past_its_retries_pauses_and_the_worker_posts_it_once(
     assert events(store, workflow_id, "needs_you") == []  # nobody is asked: the worker acts
     card = workflow_summary(store, row)
     assert card["resumes_at"] == row["due_at"].isoformat() and group_of(card) == "waiting"
+    assert labels(github, row["issue_number"]) == {"phasegate:planning"}  # no person's turn
     assert plan_comments(github, row["issue_number"]) == []
     call = f"POST /repos/octo/widgets/issues/{row['issue_number']}/comments"
     retries = events(store, workflow_id, "forge_retry")
@@ -241,6 +246,7 @@ def test_past_max_auto_resumes_the_pause_is_a_persons_and_resume_posts_the_comme
     assert [e["status"] for e in events(store, workflow_id, "needs_you")] == ["paused"]
     card = workflow_summary(store, row)
     assert card["resumes_at"] is None and group_of(card) == "needs_you"
+    assert labels(github, row["issue_number"]) == {"phasegate:needs-you"}
     assert store.due_pauses("forge_unavailable: ", store.clock.now()) == []
     assert plan_comments(github, row["issue_number"]) == []
 

@@ -70,7 +70,7 @@ from phasegate.proc.host import host_name
 from phasegate.runtime.faults import fault_result
 from phasegate.runtime.healing import self_heal
 from phasegate.runtime.heartbeat import Heartbeat
-from phasegate.runtime.outage import recording, scheduled
+from phasegate.runtime.outage import labelled_status, recording, scheduled
 from phasegate.runtime.takeover import ForeignWorkflow, forge_repository, take_over
 from phasegate.runtime.worker import DEFAULT_CONCURRENCY, LeaseHeld, run_worker, wait_s
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
@@ -258,7 +258,7 @@ class Engine:
         result, due_in_s = scheduled(self.cartridge.forge, ctx, result, due_in_s)
         fence = self.fences.get(ctx.id)
         row = self.store.commit_phase_result(ctx, result, fence=fence, due_in_s=due_in_s or None)
-        self._label(row["id"], row.get("issue_number"), row["status"])
+        self._label(row["id"], row.get("issue_number"), labelled_status(row))
         for event in result.events:
             self._notify(ctx.id, event.type, event.data)
         said = {"outcome": result.outcome, "phase": row["current_phase"]}

@@ -46,6 +46,7 @@ __all__ = [
     "FORGE_RETRY",
     "MAX_WAIT_S",
     "auto_resume",
+    "labelled_status",
     "recording",
     "resume",
     "resume_in_s",
@@ -151,6 +152,15 @@ def resume_in_s(store: Store, row: Mapping[str, Any]) -> float | None:
     if not str(row.get("error") or "").startswith(FORGE_PAUSE):
         return None
     return max(0.0, float((due - store.clock.now()).total_seconds()))
+
+
+def labelled_status(row: Mapping[str, Any]) -> str:
+    """The status the issue's label shows for the workflow ``row``: its phase's while
+    it is a forge pause that is resumed by itself (no person's turn yet, as on the
+    board), else its own."""
+    if row["status"] == "paused" and row.get("due_at") is not None:
+        return str(PHASE_STATUS_MAP.get(row["current_phase"], row["status"]))
+    return str(row["status"])
 
 
 def recording(
