@@ -44,6 +44,7 @@ from phasegate.store import Store, StoreUnavailable
 __all__ = [
     "AUTO_RESUME",
     "FORGE_RETRY",
+    "Decision",
     "MAX_WAIT_S",
     "auto_resume",
     "labelled_status",
@@ -64,7 +65,9 @@ AUTO_RESUME = "forge_auto_resume"
 #: itself is longer.
 MAX_WAIT_S = 600.0
 
-Decide = Callable[[str, Callable[[WorkflowContext], PhaseResult]], Any]
+#: A decision to commit under the workflow's lease (``Engine.decide``'s argument).
+Decision = Callable[[WorkflowContext], PhaseResult]
+Decide = Callable[[str, Decision], Any]
 EventCallback = Callable[[str, str, Mapping[str, Any]], None]
 
 
@@ -105,7 +108,7 @@ def scheduled(
     return dataclasses.replace(result, reason=f"{result.reason}{said}"), wait
 
 
-def auto_resume(settings: ForgeSettings, version: int) -> Callable[[WorkflowContext], PhaseResult]:
+def auto_resume(settings: ForgeSettings, version: int) -> Decision:
     """The worker's resume of a forge pause found due at ``version``: the phase runs
     again (its own retry counters kept: a person's resume grants new ones), one
     more automatic resume is counted, and an ``AUTO_RESUME`` event says so.

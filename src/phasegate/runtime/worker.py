@@ -29,12 +29,9 @@ and issues change (``LeaseRows.local_forge_marker``), which the worker watches
 (a restarted one looks once): an idle waiting workflow costs reads, never a
 write, per pass.
 
-A workflow paused ``forge_unavailable`` is due too, at its automatic resume
-(``runtime.outage``): a pass that reads the rows starts a thread for each one
-whose time has come, with the threads left free, and the thread resumes it
-(``runtime.outage.resume``, through ``Engine.decide``) and advances it. The
-worker sleeps until the earliest of them as well. No other pause is ever resumed
-by a worker.
+A pause ``forge_unavailable`` is due at its automatic resume (``runtime.outage``):
+a pass that reads the rows gives each one due a free thread, which resumes and
+advances it. No other pause is ever resumed by a worker.
 
 Shutdown (``engine.shutdown``: SIGINT/SIGTERM in the CLI) stops every running
 agent; each interrupted phase pauses as a single advance's does, and
@@ -46,7 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -59,8 +56,6 @@ from phasegate.core.contract import (
     WAIT,
     MilestoneView,
     PhasegateError,
-    PhaseResult,
-    WorkflowContext,
 )
 from phasegate.phases import cleanup
 from phasegate.proc.deadline import deadline_clock
@@ -100,9 +95,7 @@ class WorkerEngine(Protocol):
 
     def idle_at(self, workflow_id: str) -> int | None: ...
 
-    def decide(
-        self, workflow_id: str, decision: Callable[[WorkflowContext], PhaseResult]
-    ) -> dict[str, Any]: ...
+    def decide(self, workflow_id: str, decision: outage.Decision) -> dict[str, Any]: ...
 
     def retry_cleanup(self, workflow_id: str) -> MilestoneView | None: ...
 
@@ -430,10 +423,8 @@ class _Worker:
         return due, waiting, forge
 
     def _due_pauses(self) -> list[tuple[str, int]]:
-        """The forge pauses due to be resumed (``runtime.outage``) whose thread is not
-        running, oldest first, each with the version it was found at."""
-        now = self.store.clock.now()
-        due = self.store.due_pauses(FORGE_PAUSE, now, **self.mine)
+        """The forge pauses due to be resumed, with no thread of theirs: (id, version)."""
+        due = self.store.due_pauses(FORGE_PAUSE, self.store.clock.now(), **self.mine)
         with self.lock:
             return [(i, v) for i, v in due if i not in self.running and i not in self.seen]
 
@@ -467,17 +458,14 @@ class _Worker:
         claim was sent: ``Engine.advance``'s ``claimed`` and ``claimed_at``; None: a
         waiting one, looked at without a lease first and advanced, under a claim of
         its own, only when its wait has something new: ``Engine.idle_at``). With
-        ``resume`` (the version its forge pause was found due at) the pause is
-        resumed first (``runtime.outage.resume``, under a claim of its own), and
-        the workflow advanced only if it was."""
+        ``resume`` (the version its forge pause was found due at) it is resumed
+        first (``runtime.outage.resume``), and advanced only if it was."""
         left = None
         try:
-            # A forge call's retry is the workflow's event in a look too (advance's own
-            # recording, which also tells the engine's on_event, is nested in this).
+            # A forge call's retry is the workflow's event in a look too (advance nests its own).
             with recording(self.store, workflow_id):
-                settings = self.forge_settings
                 if resume is not None and not outage.resume(
-                    self.engine.decide, settings, workflow_id, resume
+                    self.engine.decide, self.forge_settings, workflow_id, resume
                 ):
                     return  # a person or another worker moved it on meanwhile
                 waiting = claim is None and resume is None
