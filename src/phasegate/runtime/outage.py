@@ -43,6 +43,7 @@ from phasegate.store import Store, StoreUnavailable
 
 __all__ = [
     "AUTO_RESUME",
+    "FORGE_PAUSE",
     "FORGE_RETRY",
     "Decision",
     "MAX_WAIT_S",

@@ -27,11 +27,8 @@ committed yet) after ``poll_s``. Left waiting for people on the local forge, a
 workflow is due again only when its row or the local forge's pull requests
 and issues change (``LeaseRows.local_forge_marker``), which the worker watches
 (a restarted one looks once): an idle waiting workflow costs reads, never a
-write, per pass.
-
-A pause ``forge_unavailable`` is due at its automatic resume (``runtime.outage``):
-a pass that reads the rows gives each one due a free thread, which resumes and
-advances it. No other pause is ever resumed by a worker.
+write, per pass. A pause ``forge_unavailable`` is due at its automatic resume
+(``runtime.outage``): a free thread resumes and advances it; no other pause.
 
 Shutdown (``engine.shutdown``: SIGINT/SIGTERM in the CLI) stops every running
 agent; each interrupted phase pauses as a single advance's does, and
@@ -60,8 +57,6 @@ from phasegate.core.contract import (
 from phasegate.phases import cleanup
 from phasegate.proc.deadline import deadline_clock
 from phasegate.runtime import DEFAULT_CONCURRENCY, outage
-from phasegate.runtime.faults import FORGE_PAUSE
-from phasegate.runtime.outage import recording
 from phasegate.store import Store, StoreUnavailable
 
 __all__ = [
@@ -384,8 +379,7 @@ class _Worker:
         """Read when the earliest workflow scheduled for later is due (``next_due``)."""
         with self.lock:
             self.scheduled = None
-        # paused too: a forge pause is due at its automatic resume (runtime/outage.py)
-        statuses = RUNNABLE_STATUSES | {"paused"}
+        statuses = RUNNABLE_STATUSES | {"paused"}  # a forge pause is due at its resume
         ahead = self.store.next_due_at(statuses, self.store.clock.now(), **self.mine)
         with self.lock:
             self.next_due = _earliest(ahead, self.scheduled)
@@ -424,7 +418,7 @@ class _Worker:
 
     def _due_pauses(self) -> list[tuple[str, int]]:
         """The forge pauses due to be resumed, with no thread of theirs: (id, version)."""
-        due = self.store.due_pauses(FORGE_PAUSE, self.store.clock.now(), **self.mine)
+        due = self.store.due_pauses(outage.FORGE_PAUSE, self.store.clock.now(), **self.mine)
         with self.lock:
             return [(i, v) for i, v in due if i not in self.running and i not in self.seen]
 
@@ -463,7 +457,7 @@ class _Worker:
         left = None
         try:
             # A forge call's retry is the workflow's event in a look too (advance nests its own).
-            with recording(self.store, workflow_id):
+            with outage.recording(self.store, workflow_id):
                 if resume is not None and not outage.resume(
                     self.engine.decide, self.forge_settings, workflow_id, resume
                 ):
@@ -545,10 +539,6 @@ class _Worker:
         scheduled in the store when that is a matter of time; None: not runnable, or
         shutdown."""
         if row["status"] not in RUNNABLE_STATUSES or self.shutdown.is_set():
-            if row.get("due_at") is not None:  # a forge pause: the worker wakes to resume it
-                with self.lock:
-                    self.next_due = _earliest(self.next_due, row["due_at"])
-                    self.scheduled = _earliest(self.scheduled, row["due_at"])
             return None
         if self.forge_poll_s and _polling(row):
             self._schedule(workflow_id, row, self.forge_poll_s)
