@@ -4,7 +4,8 @@ A phase must never crash the engine half-committed, so the engine turns what
 a phase raised into a PhaseResult and commits it like any other. Faults of the
 world around the work (git's locks, the forge, a check the OS cannot start)
 pause the workflow with the reason, so ``resume`` tries again once they are
-gone. Anything else fails the workflow with the exception's words.
+gone; an unavailable forge's pause is resumed by itself too (``runtime.outage``).
+Anything else fails the workflow with the exception's words.
 """
 
 from __future__ import annotations
