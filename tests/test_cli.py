@@ -104,6 +104,7 @@ def test_status_and_show_of_a_completed_workflow(happy_repo: Path) -> None:
         "violations",
         "merge_hold",
         "scratch_checkouts",
+        "forge_faults",
     }
     assert detail["merge_hold"] is None  # nothing held it
     assert detail["workflow"]["cartridge_sha"] == git(

@@ -28,21 +28,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from phasegate.core.contract import MilestoneView, MilestoneWrite, PhasegateError
+from phasegate.core.contract import EventWrite, MilestoneView, MilestoneWrite, PhasegateError
 from phasegate.forge import Forge
-from phasegate.forge.base import OWN_PENDING
+from phasegate.forge.base import (
+    OWN_PENDING,
+    ForgeAuthError,
+    ForgeError,
+    ForgeNotFound,
+    ForgeUnavailable,
+)
 from phasegate.git import guard
 from phasegate.git.workspace import Workspace
 from phasegate.proc.host import host_name
 from phasegate.proc.process import boot_id, kill_orphan_group, start_ticks
 from phasegate.store import Fence, FenceLost, Store
 
-__all__ = [
-    "EFFECT_KINDS",
-    "PROCESS_KINDS",
-    "ProcessJournal",
-    "SideEffects",
-]
+__all__ = ["COMMENT_DROPPED", "EFFECT_KINDS", "PROCESS_KINDS", "ProcessJournal", "SideEffects"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,12 @@ EFFECT_KINDS = frozenset(
 PROCESS_KINDS = frozenset({"agent_process", "check_process"})
 
 Result = dict[str, Any]
+
+#: The event of a best-effort comment the forge refused (``SideEffects.comment``).
+COMMENT_DROPPED = "comment_dropped"
+
+# A best-effort comment is never dropped for these: they stop every other call too.
+_NOT_FORGIVEN = (ForgeUnavailable, ForgeAuthError, ForgeNotFound)
 
 
 def _then(call: Callable[[], None], result: Result) -> Callable[[], Result]:
@@ -244,9 +251,17 @@ class SideEffects:
     def comment(
         self, phase: str, issue: int, body: str, key: str, *, best_effort: bool = False
     ) -> bool:
-        """Post ``body`` once per ``key``.
+        """Post ``body`` once per ``key``; True when it is on the forge.
 
-        With ``best_effort`` a forge failure is logged, not raised.
+        ``best_effort`` forgives only the forge's refusal of this comment itself
+        (it answered, and would answer the same again: GitHub's 422 on a body it
+        will not take). That is logged and a ``COMMENT_DROPPED`` event says so
+        (``{key, issue, phase, reason}``); the phase goes on and False is
+        returned. What would fail the workflow's other calls too is raised
+        whatever ``best_effort`` says, so nothing is dropped unseen:
+        ForgeUnavailable (the engine pauses the workflow ``forge_unavailable``; the
+        phase posting again looks the comment up by its marker first, so it is
+        posted once), ForgeAuthError, ForgeNotFound, FenceLost, StoreUnavailable.
         """
         marker = f"phasegate:{self.workflow_id}:{key}"
         params = {"issue": issue, "marker": marker}
@@ -258,10 +273,12 @@ class SideEffects:
                 params,
                 lambda: {"id": self.forge.comment(issue, f"{body}\n\n<!-- {marker} -->", marker)},
             )
-        except PhasegateError as exc:
-            if not best_effort or isinstance(exc, FenceLost):
+        except ForgeError as exc:
+            if not best_effort or isinstance(exc, _NOT_FORGIVEN):
                 raise
             log.warning("comment %s on #%s not posted: %s", key, issue, exc)
+            said = {"key": key, "issue": issue, "phase": phase, "reason": str(exc)}
+            self.store.add_event(self.workflow_id, EventWrite(COMMENT_DROPPED, said))
             return False
         return True
 

@@ -20,7 +20,23 @@ if TYPE_CHECKING:  # the Store's module imports SQLAlchemy, which `status` need 
     from phasegate.clock import Clock
     from phasegate.store import Store, UsageTotals
 
-__all__ = ["BoardReads", "iso", "lease_holder", "workflow_detail", "workflow_summary"]
+__all__ = [
+    "FORGE_FAULT_EVENTS",
+    "BoardReads",
+    "forge_fault_text",
+    "iso",
+    "lease_holder",
+    "workflow_detail",
+    "workflow_summary",
+]
+
+#: The events that tell how a workflow met its forge's faults (docs/github.md: faults):
+#: a retry of a forge call (``runtime.outage.FORGE_RETRY``), the worker's resume of a
+#: forge pause (``runtime.outage.AUTO_RESUME``), a comment the forge refused
+#: (``journal.COMMENT_DROPPED``). Named here, not imported: ``status`` loads no store.
+FORGE_FAULT_EVENTS = ("forge_retry", "forge_auto_resume", "comment_dropped")
+#: The newest of them ``show`` lists.
+FORGE_FAULTS_SHOWN = 20
 
 
 class BoardReads(Protocol):
@@ -42,8 +58,9 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
     """What ``status`` lists and a board's card shows of the workflow ``row``: its
     id, title, phase, status, error, round, profile, issue and PR numbers, branch,
     usage (``tokens``, ``cost_usd`` in USD, ``agent_runs``), ISO 8601 times, its
-    parent and children (conflict forks), the proposal it awaits, and the worker
-    holding its lease (``worker``, ``lease_expires_at``; None when nobody does)."""
+    parent and children (conflict forks), the proposal it awaits, when a forge
+    pause is resumed by itself (``resumes_at``), and the worker holding its lease
+    (``worker``, ``lease_expires_at``; None when nobody does)."""
     usage = store.usage_totals(row["id"])
     awaited = None
     if row["status"] == AWAITING_APPROVAL:
@@ -90,6 +107,8 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
         "created_at": iso(row["created_at"]),
         "updated_at": iso(row["updated_at"]),
         "completed_at": iso(row.get("completed_at")),
+        # a forge pause's automatic resume (runtime/outage.py); None for any other pause
+        "resumes_at": iso(row.get("due_at")) if row["status"] == "paused" else None,
         # the conflict fork (phases/conflict.py): whose child this is, and its own children
         "parent_workflow_id": row.get("parent_workflow_id"),
         "children": [
@@ -125,7 +144,9 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
     head; None unless a waiting merge is held) and ``scratch_checkouts`` (each
     ``{"path", "branch", "note"}``: a scratch checkout a killed merge left in the
     workflow's repository, holding a branch the person cannot check out
-    meanwhile). Raises WorkflowNotFound."""
+    meanwhile) and ``forge_faults`` (the newest FORGE_FAULTS_SHOWN of
+    ``FORGE_FAULT_EVENTS``, each its data with ``type`` and ``at``). Raises
+    WorkflowNotFound."""
     row = store.workflow_row(workflow_id)
     milestones = store.milestone_rows(workflow_id)
     phases = [e for e in store.events(workflow_id) if e["type"] == "phase_change"]
@@ -151,7 +172,31 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
         # what keeps the merge from going unattended (phases/merge_gate.py), while it waits
         "merge_hold": row["state"].get("merge_hold") if row["current_phase"] == "wait" else None,
         "scratch_checkouts": _scratch_checkouts(row.get("repo_path")),
+        "forge_faults": [
+            {**e["data"], "type": e["type"], "at": iso(e["created_at"])}
+            for e in store.events(workflow_id, types=FORGE_FAULT_EVENTS)[-FORGE_FAULTS_SHOWN:]
+        ],
     }
+
+
+def forge_fault_text(event: Mapping[str, Any]) -> str:
+    """One line for a ``FORGE_FAULT_EVENTS`` event's data with its ``type``:
+    ``GET /x answered 502: try 2 after 0.5 s``, ``resumed by itself (automatic resume 1 of 5)``,
+    ``comment review:r1 on #3 dropped: …``."""
+    kind = event.get("type")
+    if kind == "forge_retry":
+        status = event.get("status")
+        said = f"answered {status}" if isinstance(status, int) else str(status)
+        why = "rate limit, " if event.get("why") == "rate_limit" else ""
+        return (
+            f"{event.get('call')} {said}: {why}try {event.get('attempt')} "
+            f"after {event.get('wait_s')} s"
+        )
+    if kind == "forge_auto_resume":
+        return f"resumed by itself (automatic resume {event.get('attempt')} of {event.get('of')})"
+    if kind == "comment_dropped":
+        return f"comment {event.get('key')} on #{event.get('issue')} dropped: {event.get('reason')}"
+    return str(kind)
 
 
 def _scratch_checkouts(repo_path: str | None) -> list[dict[str, str]]:

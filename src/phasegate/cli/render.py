@@ -6,7 +6,7 @@ import contextlib
 import json
 import signal
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -111,6 +111,11 @@ class LiveProgress:
             self._step(
                 workflow_id, f"[{color}]cleanup retried: {data.get('status')}: {note}[/{color}]"
             )
+        elif type_ in ("forge_retry", "forge_auto_resume", "comment_dropped"):
+            from phasegate.summary import forge_fault_text
+
+            said = shown(forge_fault_text({**data, "type": type_}))
+            self._step(workflow_id, f"[yellow]forge: {said}[/yellow]")
         elif type_ in ("reconciled", "worktree_healed", "paused_by_shutdown", "self_fenced"):
             note = shown(str(data.get("note") or data.get("path")))
             self._step(workflow_id, f"[cyan]{type_}: {note}[/cyan]")
@@ -196,6 +201,7 @@ STOPPED = frozenset({"failed", "paused", "planning_timeout"})
 def drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
     """Advance in the foreground with live progress; exit with the workflow's outcome."""
     from phasegate.integrations import notify
+    from phasegate.runtime import outage
     from phasegate.runtime.worker import waits_on_ci
 
     at = repo_option({"repo_path": engine.repo})  # the engine's repository: no read
@@ -203,9 +209,19 @@ def drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
     with LiveProgress(quiet=as_json) as progress, graceful(engine, then=then):
         notify.set_on_event(engine, progress)  # keeps the engine's notifier
         row = engine.advance(workflow_id)
-        # CI runs on the forge: the foreground run waits for it (Ctrl-C leaves the
-        # workflow resumable, and a worker would look at it just the same).
-        while waits_on_ci(row) and not engine.shutdown.wait(engine.cartridge.forge.poll_s):
+        # CI runs on the forge: the foreground run waits for it, and for a forge pause's
+        # automatic resume (Ctrl-C leaves the workflow resumable, and a worker would
+        # look at it just the same).
+        while not engine.shutdown.is_set():
+            resume_in = outage.resume_in_s(engine.store, row)
+            wait = engine.cartridge.forge.poll_s if waits_on_ci(row) else resume_in
+            if wait is None or engine.shutdown.wait(wait):
+                break
+            forge = engine.cartridge.forge
+            if resume_in is not None and not outage.resume(
+                engine.decide, forge, workflow_id, row["version"]
+            ):
+                break
             row = engine.advance(workflow_id)
     finish(engine.store, row, as_json, interrupted=engine.shutdown.is_set())
 
@@ -351,6 +367,7 @@ def print_detail(detail: Mapping[str, Any]) -> None:
         console.print(f"  [yellow]{shown(scratch['note'])}[/yellow]", highlight=False)
     _print_decisions(detail["decisions"])
     _print_violations(detail["violations"])
+    _print_forge_faults(detail.get("forge_faults", ()))
     _print_hold(detail.get("merge_hold"), s["id"], s["merge_approved_by"])
     runs = detail["agent_runs"]
     if runs:
@@ -439,6 +456,17 @@ def _print_violations(violations: list[dict[str, Any]]) -> None:
             + (f" [dim]({shown(paths[:200])})[/dim]" if paths else ""),
             highlight=False,
         )
+
+
+def _print_forge_faults(faults: Sequence[Mapping[str, Any]]) -> None:
+    """The newest retries of forge calls, automatic resumes and dropped comments."""
+    from phasegate.summary import forge_fault_text
+
+    if not faults:
+        return
+    console.print(f"[bold yellow]forge faults ({len(faults)} newest)[/bold yellow]")
+    for fault in faults:
+        console.print(f"  [dim]{fault['at']}[/dim] {shown(forge_fault_text(fault))}")
 
 
 _MARKS = {

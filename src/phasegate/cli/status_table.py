@@ -61,11 +61,15 @@ SHOWN_IDS = 5
 def unheld_note(rows: list[dict[str, Any]]) -> str | None:
     """A line naming the workflows mid-lifecycle that no worker is advancing now (a run
     stopped by Ctrl-C, a worker that ended, a ticket filed without advancing it, or one
-    a running worker looks at again later), and the commands that go on with them;
+    a running worker looks at again later, a forge pause it resumes later), and the
+    commands that go on with them;
     None when there are none."""
-    # A person moves on the ones that need them: those are not stuck.
+    # A person moves on the ones that need them: those are not stuck. A forge pause
+    # with a resume time (runtime/outage.py) goes on only where a worker runs.
     moving = RUNNABLE_STATUSES - NEEDS_YOU_STATUSES
-    unheld = [r for r in rows if r["status"] in moving and not r.get("worker")]
+    unheld = [
+        r for r in rows if (r["status"] in moving or r.get("resumes_at")) and not r.get("worker")
+    ]
     if not unheld:
         return None
     ids = ", ".join(r["id"] for r in unheld[:SHOWN_IDS])

@@ -61,6 +61,12 @@ class ForgeSettings(BaseModel):
     came within the last hour): polling is then only the fallback."""
     max_retries: int = Field(default=3, ge=0, le=10)  # tries past the first on 5xx/timeouts
     timeout_s: float = Field(default=30.0, gt=0, le=600)  # one HTTP request
+    max_auto_resumes: int = Field(default=5, ge=0, le=50)
+    """Times in a row the worker resumes a workflow paused forge_unavailable by itself
+    (0: never); after that it stays paused for a person."""
+    auto_resume_s: float = Field(default=30.0, gt=0, le=3600)
+    """Seconds before the first automatic resume; doubled for each next one, 10 minutes
+    at most (or this, when longer)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ForgeSettings:

@@ -52,6 +52,9 @@ class WorkflowState(TypedDict, total=False):
     trigger: str
     #: Forge comment ids already heard: only comments made after them are feedback.
     heard_comments: list[str]
+    #: The worker's automatic resumes of forge_unavailable pauses in a row; a commit
+    #: of the workflow's own, or a person's decision, sets it back to 0.
+    forge_resumes: int
 
     # -- preparation --
     #: The base branch's commit the workflow's branch starts from.
@@ -170,8 +173,10 @@ OWNERS: Mapping[str, Owner] = _owners(
     ),
     trigger=Owner(("integrations.triggers",)),
     heard_comments=Owner(
-        ("integrations.triggers", "phases.forge_feedback"), ("phases.forge_feedback",)
+        ("integrations.triggers", "phases.forge_feedback"),
+        ("integrations.commands", "phases.forge_feedback"),
     ),
+    forge_resumes=Owner(("runtime.outage",), ("runtime.outage",)),
     base_sha=Owner(("phases.preparation",), ("runtime.healing",)),
     plan=Owner(
         ("phases.planning", "phases.graph_mode.run"),
@@ -253,7 +258,7 @@ OWNERS: Mapping[str, Owner] = _owners(
     graph_date=Owner(("phases.graph_mode.run",), ("phases.graph_mode.run",)),
     graph_feedback=Owner(("phases.graph_mode.run",), ("phases.graph_mode.run",)),
     graph_proposal=Owner(("phases.graph_mode.apply",), ("phases.graph_mode.review",)),
-    report=Owner(("phases.report",), ("cli.demo", "summary")),
+    report=Owner(("phases.report",), ("cli.demo", "phases.merge", "summary")),
     wait_started_at=Owner(("phases.report",)),
     merge_hold=Owner(
         ("phases.merge", "phases.merge_gate"), ("phases.merge_gate", "store.commit", "summary")

@@ -12,7 +12,9 @@ speak through the CLI, its checks are ``landing_areas.checks``.
 
 Errors: every call raises ``ForgeError`` or a subclass. ``ForgeUnavailable``
 (5xx, timeouts, rate limits past their bound) is transient: the engine pauses
-the workflow with reason ``forge_unavailable`` and ``resume`` goes on. The
+the workflow with reason ``forge_unavailable``, and the worker resumes it after
+a backoff (``phasegate.runtime.outage``) or a person does. A forge reports each
+wait before another try of a call (``phasegate.forge.retries``). The
 others (``ForgeAuthError``, ``ForgeNotFound``) need a person and say what to fix.
 """
 

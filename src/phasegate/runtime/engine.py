@@ -58,9 +58,7 @@ from phasegate.core.contract import (
 )
 from phasegate.core.state import WorkflowState
 from phasegate.forge import Forge
-from phasegate.forge.base import (
-    ForgeError,
-)
+from phasegate.forge.base import ForgeError
 from phasegate.forge.factory import make_forge
 from phasegate.git import files as _gitfs
 from phasegate.git.command import withhold_from_git
@@ -73,6 +71,7 @@ from phasegate.runtime.faults import fault_result
 from phasegate.runtime.healing import self_heal
 from phasegate.runtime.heartbeat import Heartbeat
 from phasegate.runtime.labels import StatusLabels
+from phasegate.runtime.outage import labelled_status, recording, scheduled
 from phasegate.runtime.takeover import ForeignWorkflow, forge_repository, take_over
 from phasegate.runtime.worker import DEFAULT_CONCURRENCY, LeaseHeld, run_worker, wait_s
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
@@ -255,14 +254,17 @@ class Engine:
 
         Under the workflow's fence while it is advanced or decided here: raises
         FenceLost (nothing written) once another worker took the lease over. A wait
-        on a team's forge is due again after ``forge.poll_s`` (``workflows.due_at``).
+        on a team's forge is due again after ``forge.poll_s`` (``workflows.due_at``), a
+        forge pause after its automatic resume's wait (``runtime.outage.scheduled``).
         ``resting``: the workflow stays where this leaves it (its label follows).
         """
         due_in_s = wait_s(self.cartridge) if result.outcome == "wait" else 0.0
+        result, due_in_s = scheduled(self.cartridge.forge, ctx, result, due_in_s)
         fence = self.fences.get(ctx.id)
         row = self.store.commit_phase_result(ctx, result, fence=fence, due_in_s=due_in_s or None)
         rests = resting or result.outcome in ("pause", "failed")
-        self.labels.show(row["id"], row.get("issue_number"), row["status"], resting=rests)
+        shown = labelled_status(row)
+        self.labels.show(row["id"], row.get("issue_number"), shown, resting=rests)
         for event in result.events:
             self._notify(ctx.id, event.type, event.data)
         said = {"outcome": result.outcome, "phase": row["current_phase"]}
@@ -372,14 +374,16 @@ class Engine:
             for _ in range(max_steps):
                 if fence.lost.is_set():
                     raise FenceLost(f"workflow {workflow_id}: the lease was lost")
-                with governing(deadline):
+                with governing(deadline), recording(self.store, workflow_id, self.on_event):
                     stopped = self.shutdown.is_set() or not self._step(workflow_id, ctx)
                 ctx = None
                 if stopped and not self._advance_child(workflow_id):
                     break
             # Where it rests now, under the lease still: its label follows it.
             row = self.store.workflow_row(workflow_id)
-            self.labels.show(workflow_id, row.get("issue_number"), row["status"], resting=True)
+            self.labels.show(
+                workflow_id, row.get("issue_number"), labelled_status(row), resting=True
+            )
         except (FenceLost, StoreUnavailable) as exc:
             if not isinstance(exc, FenceLost) and not fence.lost.is_set():
                 raise  # a step's store fault while the lease still holds

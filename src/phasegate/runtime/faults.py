@@ -4,7 +4,8 @@ A phase must never crash the engine half-committed, so the engine turns what
 a phase raised into a PhaseResult and commits it like any other. Faults of the
 world around the work (git's locks, the forge, a check the OS cannot start)
 pause the workflow with the reason, so ``resume`` tries again once they are
-gone. Anything else fails the workflow with the exception's words.
+gone; an unavailable forge's pause is resumed by itself too (``runtime.outage``).
+Anything else fails the workflow with the exception's words.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ from phasegate.forge.base import ForgeAuthError, ForgeNotFound, ForgeUnavailable
 from phasegate.git.checks import CheckUnstartable
 from phasegate.git.workspace import GitTransient
 
-__all__ = ["fault_result"]
+__all__ = ["FORGE_PAUSE", "fault_result"]
 
 log = logging.getLogger("phasegate.runtime.engine")
+
+#: How the reason of a pause on an unavailable forge starts: the worker resumes
+#: those by itself (``phasegate.runtime.outage``).
+FORGE_PAUSE = "forge_unavailable: "
 
 #: The faults that pause: the exception's class, the reason's prefix and its ending.
 _PAUSES: tuple[tuple[type[Exception], str, str], ...] = (
@@ -27,8 +32,8 @@ _PAUSES: tuple[tuple[type[Exception], str, str], ...] = (
     (CheckUnstartable, "", f"; fix it in {CARTRIDGE_FILE}, commit it, then resume"),
     # git kept failing on a lock: resume retries.
     (GitTransient, "", ""),
-    # Past its retries and rate-limit waits: resume retries.
-    (ForgeUnavailable, "forge_unavailable: ", ""),
+    # Past its retries and rate-limit waits: the worker resumes it (outage.py).
+    (ForgeUnavailable, FORGE_PAUSE, ""),
     # A token or permission to fix; the work itself is sound.
     (ForgeAuthError, "forge_auth: ", ""),
     # A repository renamed or out of the token's sight.

@@ -27,7 +27,8 @@ committed yet) after ``poll_s``. Left waiting for people on the local forge, a
 workflow is due again only when its row or the local forge's pull requests
 and issues change (``LeaseRows.local_forge_marker``), which the worker watches
 (a restarted one looks once): an idle waiting workflow costs reads, never a
-write, per pass.
+write, per pass. A pause ``forge_unavailable`` is due at its automatic resume
+(``runtime.outage``): a free thread resumes and advances it; no other pause.
 
 Shutdown (``engine.shutdown``: SIGINT/SIGTERM in the CLI) stops every running
 agent; each interrupted phase pauses as a single advance's does, and
@@ -57,7 +58,7 @@ from phasegate.core.contract import (
 )
 from phasegate.phases import cleanup
 from phasegate.proc.deadline import deadline_clock
-from phasegate.runtime import DEFAULT_CONCURRENCY
+from phasegate.runtime import DEFAULT_CONCURRENCY, outage
 from phasegate.runtime.pace import ForgePace
 from phasegate.store import Store, StoreUnavailable
 
@@ -91,6 +92,8 @@ class WorkerEngine(Protocol):
     ) -> dict[str, Any]: ...
 
     def idle_at(self, workflow_id: str) -> int | None: ...
+
+    def decide(self, workflow_id: str, decision: outage.Decision) -> dict[str, Any]: ...
 
     def retry_cleanup(self, workflow_id: str) -> MilestoneView | None: ...
 
@@ -207,7 +210,7 @@ class _Worker:
         # Only this repository's workflows, from any clone of its forge repository
         # (a shared store: takeover.py), read through the store's index.
         self.mine = {"repo_path": str(engine.repo), "repository": engine.repository}
-        forge = engine.cartridge.forge
+        forge = self.forge_settings = engine.cartridge.forge
         self.local_forge = forge.kind == "local"
         self.pace = ForgePace(engine.cartridge, engine.store, engine.repository)
         self.running: dict[str, threading.Thread] = {}
@@ -369,6 +372,10 @@ class _Worker:
             self._start(workflow_id, None, forge)
             started.append(workflow_id)
         self.backlog = (due, [i for i in waiting if i not in started], forge)
+        if fresh and len(started) < free:  # the rest are listed again by the next reread
+            for workflow_id, version in self._due_pauses()[: free - len(started)]:
+                self._start(workflow_id, None, forge, resume=version)
+                started.append(workflow_id)
         if fresh and not self.once:
             self._look_ahead()  # after the advances started: a wake-up waits for no read
         return bool(started)
@@ -377,7 +384,8 @@ class _Worker:
         """Read when the earliest workflow scheduled for later is due (``next_due``)."""
         with self.lock:
             self.scheduled = None
-        ahead = self.store.next_due_at(RUNNABLE_STATUSES, self.store.clock.now(), **self.mine)
+        statuses = RUNNABLE_STATUSES | {"paused"}  # a forge pause is due at its resume
+        ahead = self.store.next_due_at(statuses, self.store.clock.now(), **self.mine)
         with self.lock:
             self.next_due = _earliest(ahead, self.scheduled)
 
@@ -413,12 +421,22 @@ class _Worker:
                     due.append(workflow_id)
         return due, waiting, forge
 
+    def _due_pauses(self) -> list[tuple[str, int]]:
+        """The forge pauses due to be resumed, with no thread of theirs: (id, version)."""
+        due = self.store.due_pauses(outage.FORGE_PAUSE, self.store.clock.now(), **self.mine)
+        with self.lock:
+            return [(i, v) for i, v in due if i not in self.running and i not in self.seen]
+
     def _start(
-        self, workflow_id: str, claim: tuple[int, float] | None, forge: tuple[int, int] | None
+        self,
+        workflow_id: str,
+        claim: tuple[int, float] | None,
+        forge: tuple[int, int] | None,
+        resume: int | None = None,
     ) -> None:
         thread = threading.Thread(
             target=self._advance,
-            args=(workflow_id, claim, forge),
+            args=(workflow_id, claim, forge, resume),
             daemon=True,
             name=f"advance-{workflow_id}",
         )
@@ -429,19 +447,32 @@ class _Worker:
         thread.start()
 
     def _advance(
-        self, workflow_id: str, claim: tuple[int, float] | None, forge: tuple[int, int] | None
+        self,
+        workflow_id: str,
+        claim: tuple[int, float] | None,
+        forge: tuple[int, int] | None,
+        resume: int | None = None,
     ) -> None:
         """Advance the workflow under the lease ``claim`` took (its fence, and when the
         claim was sent: ``Engine.advance``'s ``claimed`` and ``claimed_at``; None: a
         waiting one, looked at without a lease first and advanced, under a claim of
-        its own, only when its wait has something new: ``Engine.idle_at``)."""
+        its own, only when its wait has something new: ``Engine.idle_at``). With
+        ``resume`` (the version its forge pause was found due at) it is resumed
+        first (``runtime.outage.resume``), and advanced only if it was."""
         left = None
         try:
-            idle = self.engine.idle_at(workflow_id) if claim is None else None
-            if idle is None:
-                left = self._advance_until_idle(workflow_id, claim, forge)
-            else:
-                left = self._left_at(workflow_id, {"version": idle, **_WAITING}, forge)
+            # A forge call's retry is the workflow's event in a look too (advance nests its own).
+            with outage.recording(self.store, workflow_id):
+                if resume is not None and not outage.resume(
+                    self.engine.decide, self.forge_settings, workflow_id, resume
+                ):
+                    return  # a person or another worker moved it on meanwhile
+                waiting = claim is None and resume is None
+                idle = self.engine.idle_at(workflow_id) if waiting else None
+                if idle is None:
+                    left = self._advance_until_idle(workflow_id, claim, forge)
+                else:
+                    left = self._left_at(workflow_id, {"version": idle, **_WAITING}, forge)
         except LeaseHeld:
             pass  # this engine's own decide or cleanup holds it: looked at again next pass
         except StoreUnavailable as exc:

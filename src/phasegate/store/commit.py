@@ -274,10 +274,13 @@ def commit_phase_result(
 
 
 def _needs_a_person(ctx: WorkflowContext, values: Mapping[str, Any]) -> bool:
-    """Whether the status the commit enters waits for a person: a workflow that
-    waits for its merge with ``auto_merge`` and nothing holding it, or with an
-    approval already given, merges on its own (no needs-you event, so no
-    notification)."""
+    """Whether the status the commit enters waits for a person. A pause with a due
+    time does not: the worker resumes it then (a forge outage, runtime/outage.py).
+    Nor does a workflow that waits for its merge with ``auto_merge`` and nothing
+    holding it, or with an approval already given: it merges on its own (no
+    needs-you event, so no notification)."""
+    if values["status"] == "paused" and values["due_at"] is not None:
+        return False
     if values["status"] != "waiting" or values["current_phase"] != "wait":
         return True
     state = values["state"]

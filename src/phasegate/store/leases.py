@@ -288,6 +288,31 @@ class LeaseRows(StoreBase):
         with self.reading() as conn:
             return utc(conn.execute(query).scalar())
 
+    def due_pauses(
+        self,
+        reason_prefix: str,
+        now: datetime,
+        *,
+        repo_path: str | None = None,
+        repository: str | None = None,
+    ) -> list[tuple[str, int]]:
+        """The paused workflows whose ``due_at`` has come by ``now`` and whose reason
+        starts with ``reason_prefix`` (of that repository, as ``lease_rows``), oldest
+        first, as (id, version): the pauses a worker resumes by itself
+        (``phasegate.runtime.outage``). A person's pause has no ``due_at``."""
+        c = t.workflows.c
+        query = sa.select(c.id, c.version).where(
+            c.status == "paused",
+            c.due_at.is_not(None),
+            c.due_at <= now,
+            c.error.startswith(reason_prefix, autoescape=True),
+        )
+        if repo_path is not None:
+            query = query.where(of_repository(repository, repo_path))
+        with self.reading() as conn:
+            rows = conn.execute(query.order_by(c.created_at, c.id)).all()
+        return [(str(row[0]), int(row[1])) for row in rows]
+
     def schedule(self, workflow_id: str, version: int, due_in_s: float) -> datetime | None:
         """Make the workflow due ``due_in_s`` seconds from now (the store's clock)
         while its row is still at ``version``: a look that found nothing new and

@@ -16,7 +16,12 @@ from typing import Any
 from phasegate.core.contract import NEEDS_YOU_STATUSES
 from phasegate.core.report import render_report
 from phasegate.store import Store
-from phasegate.summary import workflow_detail, workflow_summary
+from phasegate.summary import (
+    FORGE_FAULT_EVENTS,
+    forge_fault_text,
+    workflow_detail,
+    workflow_summary,
+)
 
 __all__ = [
     "ACTIVITY_ROWS",
@@ -52,12 +57,13 @@ _NOT_ACTIVITY = frozenset({"agent_output"})
 
 def group_of(summary: Mapping[str, Any]) -> str:
     """The board group of a workflow's ``workflow_summary``: needs_you (a status of
-    ``contract.NEEDS_YOU_STATUSES``, but a merge approved and not yet done), running
+    ``contract.NEEDS_YOU_STATUSES``, but a merge approved and not yet done, and a
+    forge pause the worker resumes by itself: ``resumes_at``), running
     (a live worker holds its lease), done (completed, cancelled), failed, else
     waiting (runnable, not held)."""
     status = summary["status"]
     approved = summary.get("current_phase") == "wait" and summary.get("merge_approved_by")
-    if status in NEEDS_YOU_STATUSES and not approved:
+    if status in NEEDS_YOU_STATUSES and not approved and not summary.get("resumes_at"):
         return "needs_you"
     if status in _DONE:
         return "done"
@@ -154,7 +160,8 @@ def activity(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def describe_event(event: Mapping[str, Any]) -> str:
     """One line for an event row: who decided what (``decision``), which phase was
     entered (``phase_change``), a milestone's kind and status, an agent started
-    or finished, what needs a person (``needs_you``), else the row's data as
+    or finished, what needs a person (``needs_you``), a forge fault
+    (``summary.forge_fault_text``), else the row's data as
     compact JSON."""
     data = event.get("data") or {}
     kind = event["type"]
@@ -173,6 +180,8 @@ def describe_event(event: Mapping[str, Any]) -> str:
         return f"{data['action']} by {data.get('by', '?')}{said}"
     if kind == "needs_you" and "status" in data:
         return f"needs you: {data['status']}"
+    if kind in FORGE_FAULT_EVENTS:
+        return forge_fault_text({**data, "type": kind})
     return json.dumps(data, default=str, sort_keys=True) if data else ""
 
 

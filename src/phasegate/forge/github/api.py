@@ -30,10 +30,13 @@ from phasegate.forge.github.faults import (
     MAX_BACKOFF_S,
     RetryPolicy,
     answered,
+    call_of,
     is_transient,
+    status_of,
     translate,
 )
 from phasegate.forge.github.git import GitRemote
+from phasegate.forge.retries import ForgeRetry, report
 from phasegate.git.workspace import Workspace
 
 __all__ = [
@@ -212,19 +215,25 @@ class GitHubAPI:
         with ``find`` (the failed try may have made it) before trying again, up to
         ``forge.max_retries`` times more. A timeout or a lost connection is
         ForgeUnavailable at once: GitHub may still be making the object, so only a
-        later look (the journal's, on resume) can tell. Returns its number or id."""
+        later look (the journal's, on resume) can tell. Each wait before another try
+        is reported (``phasegate.forge.retries.report``). Returns its number or id."""
         for attempt in range(self.settings.max_retries + 1):
             try:
                 return post(self._gh().rest(API_VERSION))
             except (GitHubException, ValueError, KeyError) as exc:
-                again = isinstance(exc, GitHubException) and is_transient(exc) and answered(exc)
+                if not isinstance(exc, GitHubException):
+                    raise self._error(exc) from exc
+                again = is_transient(exc) and answered(exc)
                 if not again or attempt == self.settings.max_retries:
                     raise self._error(exc) from exc
                 log.info("creating %s failed (%s); looking for it before trying again", what, exc)
+                call, status = call_of(exc), status_of(exc)
             found = find()
             if found is not None:
                 return found
-            time.sleep(min(self.retry_backoff_s * 2**attempt, MAX_BACKOFF_S))
+            wait = min(self.retry_backoff_s * 2**attempt, MAX_BACKOFF_S)
+            report(ForgeRetry(call, status, wait, attempt + 2, "transient"))
+            time.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _remote(self) -> GitRemote:

@@ -27,7 +27,6 @@ the journal commits its ``in_progress`` row first):
 
 from __future__ import annotations
 
-import logging
 import re
 import threading
 from collections.abc import Sequence
@@ -48,10 +47,9 @@ from githubkit.retry import RetryOption
 
 from phasegate.core.redaction import redact
 from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeNotFound, ForgeUnavailable
+from phasegate.forge.retries import ForgeRetry, report
 
-__all__ = ["BARE_429_WAIT_S", "GitHubRefused", "RetryPolicy", "translate"]
-
-log = logging.getLogger(__name__)
+__all__ = ["BARE_429_WAIT_S", "GitHubRefused", "RetryPolicy", "call_of", "status_of", "translate"]
 
 #: What a 429 without Retry-After or x-ratelimit-reset waits (GitHub: "at least one minute").
 BARE_429_WAIT_S = 60.0
@@ -132,6 +130,8 @@ class RetryPolicy:
     (seconds). ``max_retries``: tries past the first on a transient failure.
     ``backoff_s``: the first wait after one (doubled each time, at most 8 s).
     The running totals are per thread: a call's tries all run in its thread.
+    Each wait it decides on is reported (``phasegate.forge.retries.report``): a
+    log line, and an event on the workflow whose thread makes the call.
     """
 
     def __init__(self, max_rate_limit_wait_s: float, max_retries: int, backoff_s: float) -> None:
@@ -150,20 +150,14 @@ class RetryPolicy:
             if self._call.waited_s + wait > self.max_rate_limit_wait_s:
                 return RetryOption(False)
             self._call.waited_s += wait
-            log.info("GitHub rate limit: waiting %.1fs before %s", wait, _what(request))
+            report(ForgeRetry(_what(request), status_of(exc), wait, retry_count + 2, "rate_limit"))
             # githubkit reads a zero timedelta as "no advice" and sleeps a minute.
             return RetryOption(True, timedelta(seconds=max(wait, 0.01)))
         if not is_transient(exc) or creates(request) or self._call.retries >= self.max_retries:
             return RetryOption(False)
         delay = min(self.backoff_s * 2**self._call.retries, MAX_BACKOFF_S)
         self._call.retries += 1
-        log.info(
-            "GitHub did not answer %s (%s): try %d in %.2fs",
-            _what(request),
-            _short(exc),
-            self._call.retries + 1,
-            delay,
-        )
+        report(ForgeRetry(_what(request), status_of(exc), delay, retry_count + 2, "transient"))
         return RetryOption(True, timedelta(seconds=max(delay, 0.001)))
 
 
@@ -171,10 +165,16 @@ def _what(request: httpx.Request | None) -> str:
     return f"{request.method} {request.url.path}" if request is not None else "a request"
 
 
-def _short(exc: GitHubException) -> str:
+def call_of(exc: GitHubException) -> str:
+    """The call ``exc`` failed, as ``METHOD /path`` (``a request`` when it has none)."""
+    return _what(_request_of(_inner(exc)) or _request_of(exc))
+
+
+def status_of(exc: GitHubException) -> int | str:
+    """The HTTP status GitHub answered, or the failure's name when it answered none."""
     exc = _inner(exc)
     if isinstance(exc, RequestFailed):
-        return str(exc.response.status_code)
+        return exc.response.status_code
     if isinstance(exc, RequestError):
         return type(exc.exc).__name__
     return type(exc).__name__

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 from phasegate.core.redaction import redact
 from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeNotFound, ForgeUnavailable
+from phasegate.forge.retries import ForgeRetry, report
 from phasegate.git.command import run_git
 
 __all__ = ["ASKPASS_USER", "ASKPASS_VARIABLE", "FETCHED_PREFIX", "GitRemote"]
@@ -72,6 +73,8 @@ _UNREACHABLE = re.compile(
     re.IGNORECASE,
 )
 _MISSING = re.compile(r"couldn't find remote ref", re.IGNORECASE)
+# The status git names when GitHub answered one, for the retry's log line and event.
+_HTTP_STATUS = re.compile(r"(?:returned error:|HTTP) (\d{3})")
 _REFUSED = re.compile(
     r"Authentication failed|The requested URL returned error: 40[13]"
     r"|could not read (?:Username|Password)|Permission to .* denied|HTTP 40[13]",
@@ -122,7 +125,8 @@ class GitRemote:
     installation token is renewed by it). ``credentials`` names it in errors
     (``the token in GITHUB_TOKEN``); ``secrets`` are redacted from every message.
     A push or fetch that could not reach GitHub is run ``retries`` times more,
-    ``backoff_s`` apart (doubled each time): both are idempotent.
+    ``backoff_s`` apart (doubled each time): both are idempotent. Each wait is
+    reported (``phasegate.forge.retries.report``).
     """
 
     def __init__(
@@ -181,10 +185,14 @@ class GitRemote:
             try:
                 self._run_once(args, what)
                 return
-            except ForgeUnavailable:
+            except ForgeUnavailable as exc:
                 if attempt == self.retries:
                     raise
-            time.sleep(min(self.backoff_s * 2**attempt, 8.0))
+                said = _HTTP_STATUS.search(str(exc))
+                status: int | str = int(said.group(1)) if said else "unreachable"
+            wait = min(self.backoff_s * 2**attempt, 8.0)
+            report(ForgeRetry(f"git {what}", status, wait, attempt + 2, "transient"))
+            time.sleep(wait)
 
     def _run_once(self, args: list[str], what: str) -> None:
         token = self.token()
