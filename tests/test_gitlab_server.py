@@ -1,0 +1,341 @@
+"""The fake GitLab answers like GitLab: shapes, status codes, pagination, roles, real git.
+
+Each operation phasegate's GitLab forge will use is driven with httpx as
+python-gitlab sends it (``PRIVATE-TOKEN`` or ``Bearer``, JSON bodies), and
+git goes over smart HTTP with ``oauth2:TOKEN`` as GitLab documents; merges
+land on the bare repository.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from support.github_git import git_env
+from support.gitlab_server import GitLabServer
+
+PROJECT = "acme/app"
+
+
+class Lab:
+    """A served fake GitLab with alice (Owner), dev (Developer), guest (Guest)."""
+
+    def __init__(self, gl: GitLabServer, work: Path) -> None:
+        self.gl, self.work = gl, work
+        self.clients: list[httpx.Client] = []
+        for name in ("alice", "dev", "guest", "stranger"):
+            gl.add_user(name)
+        self.project = gl.create_project(PROJECT, "alice")
+        gl.add_member(PROJECT, "dev", "developer")
+        gl.add_member(PROJECT, "guest", "guest")
+
+    def token(self, name: str) -> str:
+        return self.gl.users[name].tokens[0]
+
+    def client(self, name: str, *, bearer: bool = False) -> httpx.Client:
+        token = self.token(name)
+        headers = {"Authorization": f"Bearer {token}"} if bearer else {"PRIVATE-TOKEN": token}
+        return self.opened(headers)
+
+    def opened(self, headers: dict[str, str]) -> httpx.Client:
+        client = httpx.Client(base_url=f"{self.gl.url}/api/v4", headers=headers, timeout=30)
+        self.clients.append(client)
+        return client
+
+    def git(self, *args: str, cwd: Path | None = None) -> str:
+        proc = subprocess.run(
+            ["git", *args], cwd=cwd or self.work, env=git_env(), capture_output=True,
+            text=True, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    def push_branch(self, name: str, branch: str, files: dict[str, str]) -> str:
+        """Clone as ``name`` over HTTP, commit ``files`` on ``branch``, push; its SHA."""
+        checkout = self.work / f"{name}-{branch}"
+        self.git("clone", "--quiet", self.gl.clone_url(PROJECT, self.token(name)), str(checkout))
+        self.git("checkout", "--quiet", "-b", branch, cwd=checkout)
+        for path, text in files.items():
+            (checkout / path).write_text(text)
+        self.git("add", "-A", cwd=checkout)
+        self.git("-c", "user.name=Dev", "-c", "user.email=dev@example.com",
+                 "commit", "--quiet", "-m", f"change {branch}", cwd=checkout)  # fmt: skip
+        self.git("push", "--quiet", "origin", branch, cwd=checkout)
+        return self.git("rev-parse", "HEAD", cwd=checkout)
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    with GitLabServer(tmp_path / "gl") as gl:
+        made = Lab(gl, tmp_path)
+        try:
+            yield made
+        finally:
+            for client in made.clients:
+                client.close()
+
+
+def ok(response: httpx.Response, status: int = 200) -> Any:
+    assert response.status_code == status, response.text
+    return response.json() if response.content else None
+
+
+# -- the caller and the project ----------------------------------------------------------------
+
+
+def test_tokens_authenticate_and_unknown_ones_get_gitlabs_401(lab: Lab) -> None:
+    me = ok(lab.client("dev").get("/user"))
+    assert (me["username"], me["bot"], me["email"]) == ("dev", False, "dev@example.com")
+    assert ok(lab.client("dev", bearer=True).get("/user"))["id"] == me["id"]
+    bare = httpx.get(f"{lab.gl.url}/api/v4/user")
+    assert (bare.status_code, bare.json()) == (401, {"message": "401 Unauthorized"})
+    wrong = httpx.get(f"{lab.gl.url}/api/v4/user", headers={"PRIVATE-TOKEN": "glpat-nope"})
+    assert wrong.status_code == 401
+
+
+def test_project_by_id_or_encoded_path_and_hidden_from_strangers(lab: Lab) -> None:
+    dev = lab.client("dev")
+    by_id = ok(dev.get(f"/projects/{lab.project.id}"))
+    by_path = ok(dev.get("/projects/acme%2Fapp"))
+    assert by_id == by_path
+    assert by_id["path_with_namespace"] == PROJECT
+    assert by_id["default_branch"] == "main"
+    assert by_id["http_url_to_repo"] == f"{lab.gl.url}/acme/app.git"
+    assert by_id["permissions"]["project_access"]["access_level"] == 30
+    hidden = lab.client("stranger").get(f"/projects/{lab.project.id}")
+    assert (hidden.status_code, hidden.json()) == (404, {"message": "404 Project Not Found"})
+
+
+def test_members_all_gives_each_users_access_level(lab: Lab) -> None:
+    dev = lab.client("dev")
+    levels = {
+        name: ok(dev.get(f"/projects/{lab.project.id}/members/all/{lab.gl.users[name].id}"))[
+            "access_level"
+        ]
+        for name in ("alice", "dev", "guest")
+    }
+    assert levels == {"alice": 50, "dev": 30, "guest": 10}
+    stranger = lab.gl.users["stranger"].id
+    missing = dev.get(f"/projects/{lab.project.id}/members/all/{stranger}")
+    assert missing.status_code == 404
+
+
+def test_project_token_is_a_bot_member(lab: Lab) -> None:
+    bot, token = lab.gl.project_token(PROJECT, "maintainer")
+    client = lab.opened({"PRIVATE-TOKEN": token})
+    assert ok(client.get("/user"))["bot"] is True
+    member = ok(client.get(f"/projects/{lab.project.id}/members/all/{bot.id}"))
+    assert member["access_level"] == 40
+
+
+# -- issues, notes, labels -----------------------------------------------------------------------
+
+
+def test_issues_have_per_project_iids_labels_and_close(lab: Lab) -> None:
+    dev, pid = lab.client("dev"), lab.project.id
+    first = ok(
+        dev.post(f"/projects/{pid}/issues", json={"title": "One", "labels": "bug,ready"}), 201
+    )
+    second = ok(dev.post(f"/projects/{pid}/issues", json={"title": "Two"}), 201)
+    assert (first["iid"], second["iid"]) == (1, 2)
+    assert first["labels"] == ["bug", "ready"] and first["state"] == "opened"
+    assert first["web_url"].endswith("/acme/app/-/issues/1")
+    assert first["author"]["username"] == "dev"
+    missing = dev.post(f"/projects/{pid}/issues", json={})
+    assert (missing.status_code, missing.json()) == (400, {"error": "title is missing"})
+    edited = ok(
+        dev.put(f"/projects/{pid}/issues/1", json={"add_labels": "doing", "remove_labels": "ready"})
+    )
+    assert edited["labels"] == ["bug", "doing"]
+    closed = ok(dev.put(f"/projects/{pid}/issues/1", json={"state_event": "close"}))
+    assert closed["state"] == "closed" and closed["closed_by"]["username"] == "dev"
+    opened = ok(dev.get(f"/projects/{pid}/issues", params={"state": "opened"}))
+    assert [i["iid"] for i in opened] == [2]
+    assert ok(dev.get(f"/projects/{pid}/issues/2"))["title"] == "Two"
+    assert dev.get(f"/projects/{pid}/issues/99").status_code == 404
+
+
+def test_lists_page_with_gitlabs_headers(lab: Lab) -> None:
+    dev, pid = lab.client("dev"), lab.project.id
+    for n in range(5):
+        lab.gl.open_issue(PROJECT, "alice", f"issue {n}")
+    page = dev.get(f"/projects/{pid}/issues", params={"per_page": 2, "page": 2})
+    assert [i["iid"] for i in ok(page)] == [3, 2]  # newest first, as GitLab lists
+    h = page.headers
+    assert (h["x-total"], h["x-total-pages"], h["x-per-page"]) == ("5", "3", "2")
+    assert (h["x-page"], h["x-next-page"], h["x-prev-page"]) == ("2", "3", "1")
+    assert 'rel="next"' in h["link"] and "page=3" in h["link"]
+    last = dev.get(f"/projects/{pid}/issues", params={"per_page": 2, "page": 3})
+    assert last.headers["x-next-page"] == "" and [i["iid"] for i in ok(last)] == [1]
+
+
+def test_issue_notes_and_labels(lab: Lab) -> None:
+    dev, pid = lab.client("dev"), lab.project.id
+    lab.gl.open_issue(PROJECT, "alice", "Needs work")
+    note = ok(dev.post(f"/projects/{pid}/issues/1/notes", json={"body": "on it"}), 201)
+    assert (note["body"], note["noteable_type"], note["noteable_iid"]) == ("on it", "Issue", 1)
+    assert note["system"] is False and note["type"] is None
+    assert [n["body"] for n in ok(dev.get(f"/projects/{pid}/issues/1/notes"))] == ["on it"]
+    label = ok(dev.post(f"/projects/{pid}/labels", json={"name": "agent", "color": "#ff0000"}), 201)
+    assert (label["name"], label["color"]) == ("agent", "#ff0000")
+    again = dev.post(f"/projects/{pid}/labels", json={"name": "agent", "color": "#ff0000"})
+    assert (again.status_code, again.json()) == (409, {"message": "Label already exists"})
+    assert "agent" in [lb["name"] for lb in ok(dev.get(f"/projects/{pid}/labels"))]
+    refused = lab.client("guest").post(
+        f"/projects/{pid}/labels", json={"name": "x", "color": "#000"}
+    )
+    assert refused.status_code == 403
+
+
+# -- merge requests, statuses, pipelines, git ---------------------------------------------------
+
+
+def test_merge_request_lifecycle_with_pipelines_must_succeed(lab: Lab) -> None:
+    dev, pid = lab.client("dev"), lab.project.id
+    lab.project.only_allow_merge_if_pipeline_succeeds = True
+    lab.gl.open_issue(PROJECT, "alice", "an issue first: iids are per kind")
+    head = lab.push_branch("dev", "feature/x", {"app.py": "print('hi')\n"})
+    mr = ok(dev.post(f"/projects/{pid}/merge_requests", json={
+        "source_branch": "feature/x", "target_branch": "main", "title": "Add app",
+        "description": "Closes #1", "labels": "agent",
+    }), 201)  # fmt: skip
+    assert mr["iid"] == 1 and mr["sha"] == head and mr["labels"] == ["agent"]
+    assert mr["diff_refs"]["head_sha"] == head
+    found = ok(dev.get(f"/projects/{pid}/merge_requests", params={"source_branch": "feature/x"}))
+    assert [m["iid"] for m in found] == [1]
+    assert ok(dev.get(f"/projects/{pid}/merge_requests", params={"source_branch": "nope"})) == []
+    # A pending status: its external pipeline is pending, the merge is refused.
+    status = ok(dev.post(f"/projects/{pid}/statuses/{head}", json={
+        "state": "pending", "name": "phasegate/verify", "target_url": "http://ci.example/1",
+    }), 201)  # fmt: skip
+    assert (status["status"], status["ref"], status["name"]) == (
+        "pending", "feature/x", "phasegate/verify",
+    )  # fmt: skip
+    got = ok(dev.get(f"/projects/{pid}/merge_requests/1"))
+    assert got["detailed_merge_status"] == "ci_still_running"
+    assert got["head_pipeline"]["status"] == "pending"
+    maintainer = lab.client("alice")
+    refused = maintainer.put(f"/projects/{pid}/merge_requests/1/merge", json={"sha": head})
+    assert (refused.status_code, refused.json()) == (405, {"message": "405 Method Not Allowed"})
+    ok(
+        dev.post(
+            f"/projects/{pid}/statuses/{head}",
+            json={"state": "success", "name": "phasegate/verify"},
+        ),
+        201,
+    )
+    statuses = ok(dev.get(f"/projects/{pid}/repository/commits/{head}/statuses"))
+    assert [s["status"] for s in statuses] == ["success"]
+    pipelines = ok(dev.get(f"/projects/{pid}/pipelines", params={"sha": head}))
+    assert [(p["status"], p["source"]) for p in pipelines] == [("success", "external")]
+    # A developer may not merge into the protected default branch; a stale sha is 409.
+    assert dev.put(f"/projects/{pid}/merge_requests/1/merge", json={"sha": head}).status_code == 401
+    stale = maintainer.put(f"/projects/{pid}/merge_requests/1/merge", json={"sha": "0" * 40})
+    assert stale.status_code == 409
+    merged = ok(maintainer.put(f"/projects/{pid}/merge_requests/1/merge", json={
+        "sha": head, "should_remove_source_branch": True,
+    }))  # fmt: skip
+    assert merged["state"] == "merged" and merged["merged_by"]["username"] == "alice"
+    tip = lab.project.bare.branch_sha("main")
+    assert tip == merged["merge_commit_sha"]
+    parents = lab.project.bare.git("rev-list", "--parents", "-n1", tip).split()
+    assert parents[2] == head  # a real merge commit, the head its second parent
+    assert lab.project.bare.branch_sha("feature/x") is None
+
+
+def test_conflicts_are_406_and_branches_delete(lab: Lab) -> None:
+    dev, pid = lab.client("dev"), lab.project.id
+    lab.push_branch("dev", "one", {"README.md": "one\n"})
+    lab.push_branch("alice", "two", {"README.md": "two\n"})
+    ok(dev.post(f"/projects/{pid}/merge_requests", json={
+        "source_branch": "one", "target_branch": "main", "title": "One"}), 201)  # fmt: skip
+    ok(dev.post(f"/projects/{pid}/merge_requests", json={
+        "source_branch": "two", "target_branch": "main", "title": "Two"}), 201)  # fmt: skip
+    alice = lab.client("alice")
+    ok(alice.put(f"/projects/{pid}/merge_requests/1/merge"))
+    assert ok(dev.get(f"/projects/{pid}/merge_requests/2"))["has_conflicts"] is True
+    clash = alice.put(f"/projects/{pid}/merge_requests/2/merge")
+    assert (clash.status_code, clash.json()) == (406, {"message": "Branch cannot be merged"})
+    closed = ok(dev.put(f"/projects/{pid}/merge_requests/2", json={"state_event": "close"}))
+    assert closed["state"] == "closed"
+    assert dev.delete(f"/projects/{pid}/repository/branches/two").status_code == 204
+    assert dev.delete(f"/projects/{pid}/repository/branches/two").status_code == 404
+    assert dev.delete(f"/projects/{pid}/repository/branches/main").status_code == 400
+
+
+def test_line_comments_come_back_as_diff_notes_in_discussions(lab: Lab) -> None:
+    dev, pid = lab.client("dev"), lab.project.id
+    head = lab.push_branch("dev", "feat", {"app.py": "a = 1\nb = 2\n"})
+    ok(dev.post(f"/projects/{pid}/merge_requests", json={
+        "source_branch": "feat", "target_branch": "main", "title": "Feat"}), 201)  # fmt: skip
+    lab.gl.line_comment(PROJECT, 1, "alice", "app.py", 2, "b should be 3")
+    ok(dev.post(f"/projects/{pid}/merge_requests/1/notes", json={"body": "general"}), 201)
+    discussions = ok(dev.get(f"/projects/{pid}/merge_requests/1/discussions"))
+    line = discussions[0]["notes"][0]
+    assert line["type"] == "DiffNote" and line["body"] == "b should be 3"
+    assert line["position"]["new_path"] == "app.py" and line["position"]["new_line"] == 2
+    assert line["position"]["head_sha"] == head
+    assert discussions[1]["individual_note"] is True
+    notes = ok(dev.get(f"/projects/{pid}/merge_requests/1/notes", params={"sort": "asc"}))
+    assert [n["body"] for n in notes] == ["b should be 3", "general"]
+
+
+def test_git_needs_a_token_and_a_role_to_push(lab: Lab) -> None:
+    anonymous = subprocess.run(
+        ["git", "ls-remote", lab.gl.clone_url(PROJECT)], env=git_env(), capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    assert anonymous.returncode != 0
+    guest = subprocess.run(
+        ["git", "ls-remote", lab.gl.clone_url(PROJECT, lab.token("guest"))], env=git_env(),
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert guest.returncode != 0  # a Guest cannot read the code of a private project
+    listed = lab.git("ls-remote", lab.gl.clone_url(PROJECT, lab.token("dev")))
+    assert "refs/heads/main" in listed
+
+
+# -- faults ---------------------------------------------------------------------------------------
+
+
+def test_faults_on_demand(lab: Lab) -> None:
+    dev = lab.client("dev")
+    lab.gl.fail("GET", r"/user$", 429, headers={"Retry-After": "2"})
+    limited = dev.get("/user")
+    assert limited.status_code == 429 and limited.headers["retry-after"] == "2"
+    assert limited.json() == {"message": "429 Too Many Requests"}
+    assert dev.get("/user").status_code == 200
+    lab.gl.delay("POST", r"/issues$", 0.3)
+    started = time.monotonic()
+    ok(dev.post(f"/projects/{lab.project.id}/issues", json={"title": "slow"}), 201)
+    assert time.monotonic() - started >= 0.3
+    assert [r.status for r in lab.gl.requests if r.path.endswith("/user")] == [429, 200]
+
+
+def test_started_by_hand() -> None:
+    """``python -m support.gitlab_server`` serves until told to stop."""
+    tests = Path(__file__).resolve().parent
+    with subprocess.Popen(
+        [sys.executable, "-m", "support.gitlab_server", "--port", "0"],
+        cwd=tests, stdout=subprocess.PIPE, text=True,
+    ) as proc:  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline()
+            assert first.startswith("fake GitLab at http://127.0.0.1:")
+            url = first.split()[3]
+            token = proc.stdout.readline().split()[-1]
+            answer = httpx.get(
+                f"{url}/api/v4/projects/acme%2Fapp", headers={"PRIVATE-TOKEN": token}
+            )
+            assert answer.json()["path_with_namespace"] == "acme/app"
+        finally:
+            proc.terminate()
+            proc.wait(10)
