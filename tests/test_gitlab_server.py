@@ -339,3 +339,43 @@ def test_started_by_hand() -> None:
         finally:
             proc.terminate()
             proc.wait(10)
+
+
+# -- the description's cut -----------------------------------------------------------------------
+
+
+def test_cut_keeps_listed_operations_their_components_and_names_the_missing() -> None:
+    from support import gitlab_openapi
+
+    item = {"$ref": "#/components/schemas/Label"}
+    source = {
+        "openapi": "3.0.0",
+        "info": {"title": "GitLab", "version": "19.5"},
+        "paths": {
+            "/api/v4/projects/{id}/labels": {
+                "get": {"responses": {"200": {"content": {"application/json": {"schema": item}}}}},
+                "delete": {"responses": {"204": {"description": "gone"}}},
+            },
+            "/api/v4/version": {"get": {"responses": {"200": {"description": "ok"}}}},
+        },
+        "components": {
+            "schemas": {
+                "Label": {
+                    "type": "object",
+                    "properties": {"u": {"$ref": "#/components/schemas/U"}},
+                },
+                "U": {"type": "object", "nullable": True, "anyOf": [{"type": "object"}]},
+                "Unused": {"type": "object"},
+            }
+        },
+    }
+    wanted = [("GET", "/api/v4/projects/{id}/labels"), ("GET", "/api/v4/user")]
+    cut = gitlab_openapi.cut_description(source, wanted, provenance={"commit": "abc"})
+    assert list(cut["paths"]) == ["/api/v4/projects/{id}/labels"]
+    assert list(cut["paths"]["/api/v4/projects/{id}/labels"]) == ["get"]
+    assert set(cut["components"]["schemas"]) == {"Label", "U"}
+    answer = cut["paths"]["/api/v4/projects/{id}/labels"]["get"]["responses"]["200"]
+    assert answer["content"]["application/json"]["schema"] == {"type": "array", "items": item}
+    header = cut["info"]["x-phasegate-cut"]
+    assert header["missing"] == ["GET /api/v4/user"] and header["commit"] == "abc"
+    assert "nullable" not in cut["components"]["schemas"]["U"]  # spelled out for Prism
