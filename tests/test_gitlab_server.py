@@ -364,7 +364,7 @@ def test_cut_keeps_listed_operations_their_components_and_names_the_missing() ->
                     "type": "object",
                     "properties": {"u": {"$ref": "#/components/schemas/U"}},
                 },
-                "U": {"type": "object", "nullable": True, "anyOf": [{"type": "object"}]},
+                "U": {"nullable": True, "anyOf": [{"type": "object"}]},
                 "Unused": {"type": "object"},
             }
         },
