@@ -379,3 +379,69 @@ def test_cut_keeps_listed_operations_their_components_and_names_the_missing() ->
     header = cut["info"]["x-phasegate-cut"]
     assert header["missing"] == ["GET /api/v4/user"] and header["commit"] == "abc"
     assert "nullable" not in cut["components"]["schemas"]["U"]  # spelled out for Prism
+
+
+# -- python-gitlab, the client the forge will use, reads every answer ----------------------------
+
+
+@pytest.fixture
+def client_lib() -> Any:
+    return pytest.importorskip("gitlab", reason="python-gitlab is not installed")
+
+
+def test_python_gitlab_drives_the_whole_workflow(lab: Lab, client_lib: Any) -> None:
+    gitlab = client_lib
+    lab.project.only_allow_merge_if_pipeline_succeeds = True
+    bot_user, bot_token = lab.gl.project_token(PROJECT, "maintainer")
+    gl = gitlab.Gitlab(lab.gl.url, oauth_token=bot_token)  # Bearer, as a project token may
+    gl.auth()
+    assert gl.user is not None and gl.user.username == bot_user.username
+    project = gl.projects.get(PROJECT)
+    assert project.default_branch == "main"
+    assert project.members_all.get(bot_user.id).access_level == 40
+    project.labels.create({"name": "agent", "color": "#336699"})
+    assert "agent" in [lb.name for lb in project.labels.list(get_all=True)]
+    issue = project.issues.create({"title": "Do it", "labels": ["agent"]})
+    for n in range(4):
+        project.issues.create({"title": f"filler {n}"})
+    assert len(project.issues.list(per_page=2, get_all=True)) == 5  # follows Link: next
+    issue.labels = ["agent", "doing"]
+    issue.save()
+    assert project.issues.get(issue.iid).labels == ["agent", "doing"]
+    issue.notes.create({"body": "working on it"})
+    assert [n.body for n in issue.notes.list(get_all=True)] == ["working on it"]
+    head = lab.push_branch("dev", "agent/1", {"done.txt": "done\n"})
+    mr = project.mergerequests.create(
+        {"source_branch": "agent/1", "target_branch": "main", "title": "Do it", "labels": ["agent"]}
+    )
+    assert [m.iid for m in project.mergerequests.list(source_branch="agent/1")] == [mr.iid]
+    commit = project.commits.get(head, lazy=True)
+    commit.statuses.create({"state": "running", "name": "phasegate"})
+    with pytest.raises(gitlab.exceptions.GitlabMRClosedError) as refused:
+        mr.merge(sha=head)
+    assert refused.value.response_code == 405
+    commit.statuses.create({"state": "success", "name": "phasegate"})
+    assert [s.status for s in commit.statuses.list(get_all=True)] == ["success"]
+    assert [p.status for p in project.pipelines.list(sha=head, get_all=True)] == ["success"]
+    lab.gl.line_comment(PROJECT, mr.iid, "alice", "done.txt", 1, "say more")
+    mr.notes.create({"body": "general"})
+    positions = [
+        note["position"]["new_line"]
+        for discussion in mr.discussions.list(get_all=True)
+        for note in discussion.attributes["notes"]
+        if note.get("position")
+    ]
+    assert positions == [1]
+    lab.gl.fail("PUT", r"/merge$", 429, headers={"Retry-After": "1"})
+    mr.merge(sha=head, should_remove_source_branch=True)  # python-gitlab waits and retries
+    assert project.mergerequests.get(mr.iid).state == "merged"
+    assert lab.project.bare.branch_sha("agent/1") is None
+    issue.state_event = "close"
+    issue.save()
+    assert project.issues.get(issue.iid).state == "closed"
+    lab.push_branch("dev", "feature/gone", {"x": "x\n"})
+    project.branches.delete("feature/gone")
+    assert lab.project.bare.branch_sha("feature/gone") is None
+    with pytest.raises(gitlab.exceptions.GitlabGetError) as hidden:
+        gitlab.Gitlab(lab.gl.url, private_token=lab.token("stranger")).projects.get(PROJECT)
+    assert hidden.value.response_code == 404
