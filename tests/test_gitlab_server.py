@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -590,3 +591,55 @@ def test_the_fake_keeps_to_gitlabs_description_through_prism(lab: Lab, tmp_path:
              f"/api/v4/projects/{pid}/repository/branches/gone")  # fmt: skip
         prism.close()
         proxy.assert_clean()
+
+
+# -- webhooks ------------------------------------------------------------------------------------
+
+
+def test_webhooks_deliver_gitlabs_events_with_its_headers(lab: Lab) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    received: list[tuple[dict[str, str], Any]] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((dict(self.headers.items()), json.loads(body)))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            """Silent."""
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Receiver) as receiver:
+        threading.Thread(target=receiver.serve_forever, daemon=True).start()
+        hook = lab.gl.hooks.add(PROJECT, f"http://127.0.0.1:{receiver.server_port}/hook", "s3cret")
+        dev, pid = lab.client("dev"), lab.project.id
+        ok(dev.post(f"/projects/{pid}/issues", json={"title": "Hooked"}), 201)
+        ok(dev.post(f"/projects/{pid}/issues/1/notes", json={"body": "@bot go"}), 201)
+        head = lab.push_branch("dev", "hooked", {"h.txt": "h\n"})
+        opened = {"source_branch": "hooked", "target_branch": "main", "title": "Hooked"}
+        ok(dev.post(f"/projects/{pid}/merge_requests", json=opened), 201)
+        ok(dev.post(f"/projects/{pid}/statuses/{head}", json={"state": "success"}), 201)
+        ok(lab.client("alice").put(f"/projects/{pid}/merge_requests/1/merge"))
+        delivered = lab.gl.hooks.wait_all()
+        receiver.shutdown()
+    assert [d.status for d in delivered] == [200] * 5
+    events = [(h["X-Gitlab-Event"], p["object_kind"], p["object_attributes"].get("action"))
+              for h, p in received]  # fmt: skip
+    assert events == [
+        ("Issue Hook", "issue", "open"),
+        ("Note Hook", "note", "create"),
+        ("Merge Request Hook", "merge_request", "open"),
+        ("Pipeline Hook", "pipeline", None),
+        ("Merge Request Hook", "merge_request", "merge"),
+    ]
+    headers, note = received[1]
+    assert headers["X-Gitlab-Token"] == "s3cret"
+    assert headers["X-Gitlab-Webhook-UUID"] == hook.uuid
+    assert len({h["X-Gitlab-Event-UUID"] for h, _ in received}) == 5
+    assert note["object_attributes"]["note"] == "@bot go" and note["issue"]["iid"] == 1
+    assert note["user"]["username"] == "dev"
+    assert received[3][1]["object_attributes"]["status"] == "success"
+    assert received[4][1]["object_attributes"]["last_commit"]["id"] == head

@@ -29,10 +29,11 @@ maintainer's and the bot's tokens and the clone URL, and serves until Ctrl-C.
 - Faults on demand: ``fail(method, path_regex, status, times=N, headers=…,
   body=…)`` answers instead of GitLab; ``delay(method, path_regex, seconds)``
   holds a request first and then handles it.
+- Webhooks (gitlab_hooks.py): ``hooks.add(project, url, token, events)``;
+  issues, notes, merge requests and pipelines are delivered with
+  ``X-Gitlab-Event``, ``X-Gitlab-Token`` and ``X-Gitlab-Event-UUID``.
 - What tests look at: ``requests`` (method, path, query, status, username,
   body; never a credential) and the model (``project(...).merge_requests``).
-
-Webhooks are not modelled yet.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa
 from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 
 from support.github_git import backend_env  # noqa: E402
+from support.gitlab_hooks import GitLabHooks  # noqa: E402
 from support.gitlab_json import Shapes  # noqa: E402
-from support.gitlab_model import ACCESS, GitLabError, User  # noqa: E402
+from support.gitlab_model import ACCESS, GitLabError, Project, User  # noqa: E402
 from support.gitlab_routes import ROUTES, Call, Route  # noqa: E402
 from support.gitlab_state import GitLab, utc_now  # noqa: E402
 
@@ -127,6 +129,7 @@ class GitLabServer(GitLab):
         super().__init__(
             Path(tempfile.mkdtemp(prefix="fake-gitlab-")) if root is None else root, clock
         )
+        self.hooks = GitLabHooks(self)
         self.requests: list[Recorded] = []
         self.faults: list[Fault] = []
         self.url = ""
@@ -156,7 +159,13 @@ class GitLabServer(GitLab):
             time.sleep(0.01)
         return self.url
 
+    def announce(
+        self, project: Project, event: str, render: Callable[[str], dict[str, Any]]
+    ) -> None:
+        self.hooks.announce(project, event, render(self.url))
+
     def stop(self) -> None:
+        self.hooks.stop()
         if self._server is not None and self._thread is not None:
             self._server.should_exit = True
             self._thread.join(timeout=10)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from support.github_git import BareRepo, GitError, Identity
+from support.gitlab_hooks import item_payload, note_payload, pipeline_payload
 from support.gitlab_model import (
     ACCESS,
     CommitStatus,
@@ -53,7 +54,12 @@ class GitLab:
         self.projects: dict[int, Project] = {}
         self.tokens: dict[str, User] = {}
         self._ids: dict[str, itertools.count[int]] = {}
-        self.events: list[tuple[Project, str, User, Callable[[], dict[str, Any]]]] = []
+
+    def announce(
+        self, project: Project, event: str, render: Callable[[str], dict[str, Any]]
+    ) -> None:
+        """Told of each hook event (``render(base_url)`` makes its payload); the
+        server delivers it to the project's hooks, the bare model drops it."""
 
     def next_id(self, kind: str) -> int:
         return next(self._ids.setdefault(kind, itertools.count(1)))
@@ -178,7 +184,7 @@ class GitLab:
             )  # fmt: skip
             project.issues[issue.iid] = issue
             self.set_labels(project, issue, labels or [])
-            self.events.append((project, "Issue Hook", user, lambda: {"iid": issue.iid}))
+            self._announce_item(project, issue, user, "open")
             return issue
 
     def issue(self, project: Project, iid: int) -> Issue:
@@ -210,12 +216,24 @@ class GitLab:
             item.labels = [n for n in item.labels if n not in gone]
         if isinstance(item, MergeRequest) and fields.get("target_branch"):
             item.target_branch = str(fields["target_branch"])
-        event = fields.get("state_event")
+        event, action = fields.get("state_event"), "update"
         if event == "close" and item.state == "opened":
             item.state, item.closed_at, item.closed_by = "closed", self.clock(), actor
+            action = "close"
         elif event == "reopen" and item.state == "closed":
             item.state, item.closed_at, item.closed_by = "opened", None, None
+            action = "reopen"
         item.updated_at = self.clock()
+        self._announce_item(project, item, actor, action)
+
+    def _announce_item(
+        self, project: Project, item: Issue | MergeRequest, actor: User, action: str
+    ) -> None:
+        head = self.head_sha(project, item) if isinstance(item, MergeRequest) else None
+        event = "Issue Hook" if isinstance(item, Issue) else "Merge Request Hook"
+        self.announce(
+            project, event, lambda url: item_payload(project, item, actor, action, head, url)[1]
+        )
 
     # -- notes ------------------------------------------------------------------------------
     def comment(
@@ -236,7 +254,20 @@ class GitLab:
             )  # fmt: skip
             item.notes.append(note)
             item.updated_at = note.created_at
+            project = self.project_of(item)
+            head = self.head_sha(project, item) if isinstance(item, MergeRequest) else None
+            self.announce(
+                project, "Note Hook", lambda url: note_payload(project, item, note, head, url)
+            )
             return note
+
+    def project_of(self, item: Issue | MergeRequest) -> Project:
+        """The project holding ``item``."""
+        for project in self.projects.values():
+            held = project.issues if isinstance(item, Issue) else project.merge_requests
+            if held.get(item.iid) is item:
+                return project
+        raise GitLabError(404, "404 Not found")
 
     def line_comment(
         self, ref: str | int, iid: int, author: str, path: str, line: int, body: str
@@ -296,6 +327,7 @@ class GitLab:
             )  # fmt: skip
             project.merge_requests[mr.iid] = mr
             self.set_labels(project, mr, labels or [])
+            self._announce_item(project, mr, author, "open")
             return mr
 
     def merge_request(self, project: Project, iid: int) -> MergeRequest:
@@ -378,6 +410,7 @@ class GitLab:
         mr.squash = squash
         if fields.get("should_remove_source_branch") or mr.should_remove_source_branch:
             project.bare.git("update-ref", "-d", f"refs/heads/{mr.source_branch}")
+        self._announce_item(project, mr, actor, "merge")
 
     def merge_level(self, project: Project, branch: str) -> int:
         """Who may merge into ``branch``: the default branch is protected."""
@@ -424,6 +457,7 @@ class GitLab:
                 author,
             )
             project.pipelines.append(pipeline)
+        before = pipeline.status if pipeline.jobs else None
         job = next((j for j in pipeline.jobs if j.name == name), None)
         if job is not None and job.status == state:
             raise GitLabError(
@@ -438,7 +472,14 @@ class GitLab:
         pipeline.jobs = [j for j in pipeline.jobs if j.name != name] + [status]
         pipeline.updated_at = now
         project.statuses.append(status)
+        if pipeline.status != before:
+            self._announce_pipeline(project, pipeline)
         return status
+
+    def _announce_pipeline(self, project: Project, pipeline: Pipeline) -> None:
+        self.announce(
+            project, "Pipeline Hook", lambda url: pipeline_payload(project, pipeline, url)
+        )
 
     def run_pipeline(
         self, ref: str | int, sha: str, status: str, *, branch: str | None = None
@@ -454,6 +495,7 @@ class GitLab:
                 "push", now, now, project.owner, forced=status,
             )  # fmt: skip
             project.pipelines.append(pipeline)
+            self._announce_pipeline(project, pipeline)
             return pipeline
 
     def branch_of(self, project: Project, sha: str) -> str | None:
