@@ -1,0 +1,485 @@
+"""A stateful fake GitLab on 127.0.0.1: REST v4 with GitLab's shapes, git over smart HTTP.
+
+``GitLabServer`` is a ``GitLab`` (gitlab_state.py) served by FastAPI under
+uvicorn in a background thread, on a free port::
+
+    with GitLabServer() as gl:                       # gl.url: http://127.0.0.1:PORT
+        alice = gl.add_user("alice")                 # alice.tokens[0] authenticates her
+        project = gl.create_project("acme/app", "alice", from_path=checkout)
+        gl.add_member("acme/app", "bot", "developer")
+        bot, token = gl.project_token("acme/app", "maintainer")
+        project.only_allow_merge_if_pipeline_succeeds = True
+        gl.fail("PUT", r"/merge$", 429, times=1, headers={"Retry-After": "1"})
+        ...                                          # python-gitlab at gl.url
+
+A person starts one from tests/ with ``python -m support.gitlab_server
+[--port 8124] [--repo-dir D] [--project GROUP/NAME]``: it prints the URL, the
+maintainer's and the bot's tokens and the clone URL, and serves until Ctrl-C.
+
+- REST under ``/api/v4`` (gitlab_routes.py): ``PRIVATE-TOKEN: T`` or
+  ``Authorization: Bearer T``; none or an unknown one is 401
+  ``{"message": "401 Unauthorized"}``. A project is named by id or by its
+  URL-encoded path (``acme%2Fapp``), a branch may hold an encoded ``/``.
+  Errors are GitLab's JSON: ``{"message": ...}``, Grape's ``{"error": ...}``.
+- Git: ``{url}/GROUP/NAME.git`` through ``git http-backend``, HTTP basic
+  auth with a token as password (``oauth2:TOKEN`` as GitLab documents, any
+  user name) and 401 ``WWW-Authenticate: Basic realm="GitLab"`` otherwise;
+  fetching needs Reporter, pushing Developer (branch protection is not
+  modelled on push).
+- Faults on demand: ``fail(method, path_regex, status, times=N, headers=…,
+  body=…)`` answers instead of GitLab; ``delay(method, path_regex, seconds)``
+  holds a request first and then handles it.
+- Webhooks (gitlab_hooks.py): ``hooks.add(project, url, token, events)``;
+  issues, notes, merge requests and pipelines are delivered with
+  ``X-Gitlab-Event``, ``X-Gitlab-Token`` and ``X-Gitlab-Event-UUID``.
+- What tests look at: ``requests`` (method, path, query, status, username,
+  body; never a credential) and the model (``project(...).merge_requests``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import binascii
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from subprocess import PIPE
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file: ``support`` is a package of tests/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import uvicorn  # noqa: E402
+from fastapi import FastAPI, Request, Response  # noqa: E402
+from fastapi.responses import JSONResponse  # noqa: E402
+from starlette.concurrency import run_in_threadpool  # noqa: E402
+from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
+from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
+
+from support.github_git import backend_env  # noqa: E402
+from support.gitlab_hooks import GitLabHooks  # noqa: E402
+from support.gitlab_json import Shapes  # noqa: E402
+from support.gitlab_model import ACCESS, GitLabError, Project, User  # noqa: E402
+from support.gitlab_routes import ROUTES, Call, Route  # noqa: E402
+from support.gitlab_state import GitLab, utc_now  # noqa: E402
+
+__all__ = ["Fault", "GitLabServer", "Recorded", "main"]
+
+DEFAULT_PORT = 8124
+_REASONS = {
+    400: "400 Bad request", 401: "401 Unauthorized", 403: "403 Forbidden", 404: "404 Not Found",
+    405: "405 Method Not Allowed", 409: "409 Conflict", 422: "422 Unprocessable Entity",
+    429: "429 Too Many Requests", 500: "500 Internal Server Error", 502: "502 Bad Gateway",
+    503: "503 Service Unavailable",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request answered: ``username`` is who its token named (None if none)."""
+
+    method: str
+    path: str
+    query: str
+    status: int
+    username: str | None = None
+    body: Any = None
+
+
+@dataclass
+class Fault:
+    """A planned answer (or, with ``delay_s``, a wait) for the next ``times``
+    requests of ``method`` (``*``: any) whose path matches ``path_regex``."""
+
+    method: str
+    path_regex: str
+    status: int
+    times: int
+    headers: dict[str, str]
+    body: Any
+    delay_s: float = 0.0
+
+    def matches(self, method: str, path: str) -> bool:
+        return (
+            self.times > 0
+            and self.method in ("*", method)
+            and bool(re.search(self.path_regex, path))
+        )
+
+
+class GitLabServer(GitLab):
+    """The fake GitLab, served. ``start()`` returns ``url``; ``stop()`` ends it."""
+
+    def __init__(self, root: Path | None = None, clock: Callable[[], datetime] = utc_now) -> None:
+        self._own_root = root is None
+        super().__init__(
+            Path(tempfile.mkdtemp(prefix="fake-gitlab-")) if root is None else root, clock
+        )
+        self.hooks = GitLabHooks(self)
+        self.requests: list[Recorded] = []
+        self.faults: list[Fault] = []
+        self.url = ""
+        self.shapes = Shapes("http://127.0.0.1", self)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, port: int = 0) -> str:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.shapes = Shapes(self.url, self)
+        config = uvicorn.Config(
+            _Observe(build_app(self), self), log_level="warning", access_log=False,
+            lifespan="off", timeout_graceful_shutdown=2,
+        )  # fmt: skip
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="fake-gitlab", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the fake GitLab did not start")
+            time.sleep(0.01)
+        return self.url
+
+    def announce(
+        self, project: Project, event: str, render: Callable[[str], dict[str, Any]]
+    ) -> None:
+        self.hooks.announce(project, event, render(self.url))
+
+    def stop(self) -> None:
+        self.hooks.stop()
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+            self._server = self._thread = None
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> GitLabServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def clone_url(self, ref: str | int, token: str | None = None) -> str:
+        """The project's HTTP clone URL, with ``oauth2:TOKEN@`` when given."""
+        project = self.project(ref)
+        netloc = self.url.removeprefix("http://")
+        auth = f"oauth2:{token}@" if token else ""
+        return f"http://{auth}{netloc}/{project.full_path}.git"
+
+    # -- faults ---------------------------------------------------------------------------
+    def fail(
+        self,
+        method: str,
+        path_regex: str,
+        status: int,
+        *,
+        times: int = 1,
+        headers: dict[str, str] | None = None,
+        body: Any = None,
+    ) -> Fault:
+        """Answer the next ``times`` matching requests with ``status`` (body:
+        ``{"message": "429 Too Many Requests"}`` and the like unless given)."""
+        fault = Fault(method.upper(), path_regex, status, times, dict(headers or {}), body)
+        with self.lock:
+            self.faults.append(fault)
+        return fault
+
+    def delay(self, method: str, path_regex: str, seconds: float, *, times: int = 1) -> Fault:
+        """Hold the next ``times`` matching requests ``seconds``, then handle them."""
+        fault = Fault(method.upper(), path_regex, 0, times, {}, None, delay_s=seconds)
+        with self.lock:
+            self.faults.append(fault)
+        return fault
+
+    def planned(self, method: str, path: str, delays: bool) -> Fault | None:
+        with self.lock:
+            for fault in self.faults:
+                if (fault.delay_s > 0) == delays and fault.matches(method, path):
+                    fault.times -= 1
+                    return fault
+            return None
+
+    # -- callers --------------------------------------------------------------------------
+    def header_user(self, headers: dict[str, str]) -> User | None:
+        """The user of ``PRIVATE-TOKEN`` or ``Authorization: Bearer`` (lower-case names)."""
+        if "private-token" in headers:
+            return self.token_user(headers["private-token"])
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        return self.token_user(token.strip()) if scheme.lower() == "bearer" else None
+
+    def basic_user(self, authorization: str | None) -> User | None:
+        scheme, _, encoded = (authorization or "").partition(" ")
+        if scheme.lower() != "basic":
+            return None
+        try:
+            _, _, password = base64.b64decode(encoded).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return self.token_user(password)
+
+
+class _Observe:
+    """ASGI middleware: a project path named by its encoded full path becomes its
+    id; planned delays and faults; every request recorded."""
+
+    def __init__(self, app: ASGIApp, gl: GitLabServer) -> None:
+        self.app, self.gl = app, gl
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        gl, method = self.gl, scope["method"]
+        scope["path"] = path = _routable(gl, scope.get("raw_path") or scope["path"].encode())
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        user = gl.header_user(headers) or gl.basic_user(headers.get("authorization"))
+        state = scope.setdefault("state", {})
+        state["fake_gitlab_body"] = None
+        query = scope.get("query_string", b"").decode("latin-1")
+
+        async def observed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                seen = Recorded(
+                    method, path, query, message["status"], user.username if user else None,
+                    state["fake_gitlab_body"],
+                )  # fmt: skip
+                with gl.lock:
+                    gl.requests.append(seen)
+            await send(message)
+
+        delay = gl.planned(method, path, delays=True)
+        if delay is not None:
+            receive = await _buffered(receive)
+            await asyncio.sleep(delay.delay_s)
+        fault = gl.planned(method, path, delays=False)
+        if fault is None:
+            await self.app(scope, receive, observed)
+            return
+        body = (
+            fault.body
+            if fault.body is not None
+            else {"message": _REASONS.get(fault.status, "Error")}
+        )
+        await JSONResponse(body, fault.status, headers=fault.headers)(scope, receive, observed)
+
+
+def _routable(gl: GitLabServer, raw: bytes) -> str:
+    """The request path with an encoded project path (``acme%2Fapp``) replaced by its id."""
+    parts = raw.decode("latin-1").split("?")[0].split("/")
+    if parts[1:4] == ["api", "v4", "projects"] and len(parts) > 4:
+        name = urllib.parse.unquote(parts[4])
+        if not name.isdigit():
+            try:
+                parts[4] = str(gl.project(name).id)
+            except GitLabError:
+                parts[4] = "0"
+    return "/".join(urllib.parse.unquote(p) for p in parts)
+
+
+async def _buffered(receive: Receive) -> Receive:
+    messages: list[Message] = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            break
+
+    async def replay() -> Message:
+        return messages.pop(0) if messages else await receive()
+
+    return replay
+
+
+def build_app(gl: GitLabServer) -> FastAPI:
+    """The FastAPI app serving ``gl``: every REST route of gitlab_routes.py and git."""
+    app = FastAPI(title="fake GitLab", openapi_url=None, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(GitLabError)
+    async def refused(request: Request, err: GitLabError) -> JSONResponse:
+        return JSONResponse(err.body, err.status, err.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def unrouted(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        message = (
+            "404 Not Found" if err.status_code == 404 else _REASONS.get(err.status_code, "Error")
+        )
+        return JSONResponse(
+            {"error" if err.status_code == 404 else "message": message}, err.status_code
+        )
+
+    for r in ROUTES:
+        app.add_api_route(r.path, _endpoint(gl, r), methods=[r.method], name=r.handler.__name__)
+
+    @app.api_route("/{project:path}.git/{rest:path}", methods=["GET", "POST"])
+    async def git_http(request: Request) -> Response:
+        return await _git(gl, request)
+
+    return app
+
+
+def _endpoint(gl: GitLabServer, r: Route) -> Callable[[Request], Any]:
+    async def endpoint(request: Request) -> Response:
+        raw = await request.body()
+        args: dict[str, Any] = dict(request.query_params)
+        kind = request.headers.get("content-type", "")
+        if raw.strip() and "json" in kind:
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                raise GitLabError(400, "400 Bad request - body is not valid JSON") from None
+            if isinstance(parsed, dict):
+                args.update(parsed)
+        elif raw.strip():
+            args.update(urllib.parse.parse_qsl(raw.decode(), keep_blank_values=True))
+        request.scope["state"]["fake_gitlab_body"] = args or None
+        actor = gl.header_user({k.lower(): v for k, v in request.headers.items()})
+        if actor is None:
+            raise GitLabError(401, "401 Unauthorized")
+        call = Call(gl, str(request.url), dict(request.path_params), args, actor)
+
+        def handle() -> Any:
+            with gl.lock:
+                return r.handler(call)
+
+        result = await run_in_threadpool(handle)
+        if call.status == 204:
+            return Response(status_code=204, headers=call.headers)
+        return JSONResponse(result, call.status, call.headers)
+
+    return endpoint
+
+
+class _CGIResponse(Response):
+    """Streamed without watching ``receive`` (git's push body still streams in)."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], status: int, headers: dict[str, str]) -> None:
+        self.chunks, self.status_code, self.background = chunks, status, None
+        self.raw_headers = [
+            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        async for chunk in self.chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _text(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    return Response(message, status, headers, media_type="text/plain")
+
+
+async def _git(gl: GitLabServer, request: Request) -> Response:
+    """Smart HTTP through ``git http-backend``: basic auth with a token, roles, then the CGI."""
+    params = request.path_params
+    user = gl.basic_user(request.headers.get("authorization"))
+    if user is None:
+        return _text(
+            "HTTP Basic: Access denied\n", 401, {"WWW-Authenticate": 'Basic realm="GitLab"'}
+        )
+    try:
+        project = gl.project(params["project"])
+    except GitLabError:
+        return _text("The project you were looking for could not be found.\n", 404)
+    push = "git-receive-pack" in (params["rest"] + request.url.query)
+    level = project.level(user)
+    if level < ACCESS["reporter"]:
+        return _text("The project you were looking for could not be found.\n", 404)
+    if push and level < ACCESS["developer"]:
+        return _text("You are not allowed to push code to this project.\n", 403)
+    env = backend_env(
+        gl.root, f"/{project.full_path}.git/{params['rest']}", request.method, request.url.query,
+        {k.lower(): v for k, v in request.headers.items()}, user.username,
+    )  # fmt: skip
+    proc = subprocess.Popen(["git", "http-backend"], env=env, stdin=PIPE, stdout=PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
+
+    async def feed() -> None:
+        try:
+            async for chunk in request.stream():
+                await run_in_threadpool(stdin.write, chunk)
+        finally:
+            await run_in_threadpool(stdin.close)
+
+    feeding = asyncio.create_task(feed())
+    status, headers = 200, {}
+    while line := (await run_in_threadpool(stdout.readline)).rstrip(b"\r\n"):
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.lower() == "status":
+            status = int(value.split()[0])
+        else:
+            headers[name] = value.strip()
+    if not headers:
+        feeding.cancel()
+        code = await run_in_threadpool(proc.wait)
+        return _text(f"git http-backend exited {code}\n", 500)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            while chunk := await run_in_threadpool(stdout.read1, 65536):
+                yield chunk
+            await feeding
+            await run_in_threadpool(proc.wait)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                await run_in_threadpool(proc.wait)
+            stdout.close()
+
+    return _CGIResponse(body(), status, headers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve a fake GitLab for a person until Ctrl-C (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--repo-dir", type=Path, help="a checkout whose branches seed the project")
+    parser.add_argument("--project", default="acme/app", help="GROUP/NAME")
+    args = parser.parse_args(argv)
+    gl = GitLabServer()
+    gl.start(args.port)
+    try:
+        gl.add_user("maintainer")
+        gl.add_user("phasegate-bot")
+        gl.create_project(args.project, "maintainer", from_path=args.repo_dir)
+        gl.add_member(args.project, "phasegate-bot", "developer")
+        print(f"fake GitLab at {gl.url}  (API {gl.url}/api/v4)")
+        print(f"maintainer token:    {gl.users['maintainer'].tokens[0]}")
+        print(f"phasegate-bot token: {gl.users['phasegate-bot'].tokens[0]}  (GITLAB_TOKEN)")
+        print(f"clone: git clone {gl.clone_url(args.project, 'TOKEN')}")
+        sys.stdout.flush()
+        stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        stop.wait()
+    finally:
+        gl.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
