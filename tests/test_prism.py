@@ -460,6 +460,7 @@ VALID_BODIES: dict[tuple[str, str], Any] = {
     ("PATCH", "/repos/{owner}/{repo}/pulls/{pull_number}"): {"body": "b"},
     ("PUT", "/repos/{owner}/{repo}/pulls/{pull_number}/merge"): {"merge_method": "squash"},
     ("POST", "/app/installations/{installation_id}/access_tokens"): {},
+    ("POST", "/repos/{owner}/{repo}/statuses/{sha}"): {"state": "success"},
 }
 
 
@@ -474,7 +475,10 @@ def test_every_listed_operation_has_its_response_judged(
     unjudged = []
     for method, template in OPERATIONS:
         codes = cut["paths"][template][method.lower()]["responses"]
-        upstream.answer.status = int(next(c for c in codes if c.startswith("2")))
+        success = next(c for c in codes if c.startswith("2"))
+        if "content" not in codes[success]:
+            continue  # no body (a 204): nothing of it to judge
+        upstream.answer.status = int(success)
         path = template.replace("{issue_number}", "1").replace("{pull_number}", "2")
         path = path.replace("{installation_id}", "3").replace("{", "").replace("}", "")
         proxy.reset()
