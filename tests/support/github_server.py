@@ -53,22 +53,16 @@ import base64
 import binascii
 import hashlib
 import json
-import re
 import shutil
-import socket
-import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from subprocess import PIPE
 from typing import Any
 
 import jwt
-import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -76,7 +70,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from support import github_ci, github_people  # noqa: F401  (each registers its routes in ROUTES)
-from support.github_git import backend_env
+from support.fake_http import Fault, Faults, Serving, buffered, serve_git
 from support.github_hooks import HookDeliveries
 from support.github_json import Shapes
 from support.github_model import App, GitHubError, Repo, User, utc_now
@@ -105,28 +99,6 @@ class Recorded:
     body: Any = None
 
 
-@dataclass
-class Fault:
-    """A planned answer: ``status`` (or, with ``delay_s``, a wait) for the next
-    ``times`` requests whose method is ``method`` (``*``: any) and whose path
-    matches ``path_regex`` (``re.search``)."""
-
-    method: str
-    path_regex: str
-    status: int
-    times: int
-    headers: dict[str, str]
-    body: Any
-    delay_s: float = 0.0
-
-    def matches(self, method: str, path: str) -> bool:
-        return (
-            self.times > 0
-            and self.method in ("*", method)
-            and bool(re.search(self.path_regex, path))
-        )
-
-
 def error_body(
     status: int, message: str, errors: list[dict[str, str] | str] | None = None
 ) -> dict[str, Any]:
@@ -151,7 +123,7 @@ _REASONS = {
 }
 
 
-class GitHubServer(GitHub):
+class GitHubServer(Faults, GitHub):
     """The fake GitHub, served. ``start()`` returns ``url``; ``stop()`` ends it
     (and removes ``root`` when the server made it). Use as a context manager."""
 
@@ -166,35 +138,15 @@ class GitHubServer(GitHub):
         self.url = ""
         self.shapes = Shapes("http://127.0.0.1", self.association)
         self._used: dict[str, tuple[int, int]] = {}  # login → (window start, requests used)
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._serving: Serving | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self, port: int = 0) -> str:
         """Serve on 127.0.0.1 (``port`` 0: a free one); the base URL, once serving."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", port))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self._serving = Serving(port)
+        self.url = self._serving.url
         self.shapes = Shapes(self.url, self.association)
-        config = uvicorn.Config(
-            _Observe(build_app(self), self),
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            # A delayed request still running must not hold stop() for long.
-            timeout_graceful_shutdown=2,
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="fake-github", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the fake GitHub did not start")
-            time.sleep(0.01)
+        self._serving.run(_Observe(build_app(self), self), "fake GitHub")
         return self.url
 
     def announce(
@@ -204,10 +156,9 @@ class GitHubServer(GitHub):
 
     def stop(self) -> None:
         self.hooks.stop()
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
-            self._server = self._thread = None
+        if self._serving is not None:
+            self._serving.stop()
+            self._serving = None
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -217,41 +168,6 @@ class GitHubServer(GitHub):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    # -- faults -----------------------------------------------------------------------------
-    def fail(
-        self,
-        method: str,
-        path_regex: str,
-        status: int,
-        *,
-        times: int = 1,
-        headers: dict[str, str] | None = None,
-        body: Any = None,
-    ) -> Fault:
-        """Answer the next ``times`` matching requests with ``status`` (body:
-        GitHub's error JSON unless given), handling none of them. E.g. 429 with
-        ``{"Retry-After": "1"}``, or 403 with ``{"x-ratelimit-remaining": "0",
-        "x-ratelimit-reset": str(epoch)}``."""
-        fault = Fault(method.upper(), path_regex, status, times, dict(headers or {}), body)
-        with self.lock:
-            self.faults.append(fault)
-        return fault
-
-    def delay(self, method: str, path_regex: str, seconds: float, *, times: int = 1) -> Fault:
-        """Hold the next ``times`` matching requests ``seconds`` before handling them."""
-        fault = Fault(method.upper(), path_regex, 0, times, {}, None, delay_s=seconds)
-        with self.lock:
-            self.faults.append(fault)
-        return fault
-
-    def _planned(self, method: str, path: str, delays: bool) -> Fault | None:
-        with self.lock:
-            for fault in self.faults:
-                if (fault.delay_s > 0) == delays and fault.matches(method, path):
-                    fault.times -= 1
-                    return fault
-            return None
 
     # -- callers ------------------------------------------------------------------------------
     def association(self, repo: Repo, user: User) -> str:
@@ -376,13 +292,13 @@ class _Observe:
                     ]
             await send(message)
 
-        delay = gh._planned(method, path, delays=True)
+        delay = gh.planned(method, path, delays=True)
         if delay is not None:
             # The request is read before the wait and handled after it, whether
             # the client is still there or not: a timeout does not undo the work.
-            receive = await _buffered(receive)
+            receive = await buffered(receive)
             await asyncio.sleep(delay.delay_s)
-        fault = gh._planned(method, path, delays=False)
+        fault = gh.planned(method, path, delays=False)
         if fault is None:
             await self.app(scope, receive, observed)
             return
@@ -393,23 +309,6 @@ class _Observe:
             reason = "You have exceeded a secondary rate limit. Please wait a few minutes."
         body = fault.body if fault.body is not None else error_body(fault.status, reason)
         await JSONResponse(body, fault.status, headers=fault.headers)(scope, receive, observed)
-
-
-async def _buffered(receive: Receive) -> Receive:
-    """``receive`` read to the end of the request body now, replayed later."""
-    messages: list[Message] = []
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            break
-
-    async def replay() -> Message:
-        if messages:
-            return messages.pop(0)
-        return await receive()
-
-    return replay
 
 
 def build_app(gh: GitHubServer) -> FastAPI:
@@ -475,28 +374,6 @@ def _endpoint(gh: GitHubServer, r: Route) -> Callable[[Request], Any]:
     return endpoint
 
 
-class _CGIResponse(Response):
-    """A streamed answer that, unlike Starlette's StreamingResponse, never calls
-    ``receive`` to watch for a disconnect: that would take request body chunks
-    the backend is still reading (git's pushes stream while it answers)."""
-
-    def __init__(self, chunks: AsyncIterator[bytes], status: int, headers: dict[str, str]) -> None:
-        self.chunks = chunks
-        self.status_code = status
-        self.raw_headers = [
-            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
-        ]
-        self.background = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send(
-            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        )
-        async for chunk in self.chunks:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
 async def _git(gh: GitHubServer, request: Request) -> Response:
     """Smart HTTP through ``git http-backend``: basic auth, then the CGI, streamed."""
     params = request.path_params
@@ -521,55 +398,10 @@ async def _git(gh: GitHubServer, request: Request) -> Response:
     if push and have not in ("write", "maintain", "admin"):
         message = f"Permission to {repo.full_name}.git denied to {user.login}.\n"
         return Response(message, 403, media_type="text/plain")
-    env = backend_env(
-        gh.root,
-        f"/{repo.owner.login}/{repo.name}.git/{params['rest']}",
-        request.method,
-        request.url.query,
-        {k.lower(): v for k, v in request.headers.items()},
-        user.login,
-    )
-    # A plain Popen driven from worker threads: asyncio's child watcher, off the
-    # main thread, can lose a child's exit status to other waiters.
-    proc = subprocess.Popen(["git", "http-backend"], env=env, stdin=PIPE, stdout=PIPE)
-    assert proc.stdin is not None and proc.stdout is not None
-    stdin, stdout = proc.stdin, proc.stdout
 
-    async def feed() -> None:
-        # Fed beside reading: a backend that answers before it read everything
-        # must not wait on a pipe nobody drains.
-        try:
-            async for chunk in request.stream():
-                await run_in_threadpool(stdin.write, chunk)
-        finally:
-            await run_in_threadpool(stdin.close)
+    def pushed() -> None:
+        with gh.lock:
+            repo.pushed_at = gh.clock().replace(microsecond=0)
 
-    feeding = asyncio.create_task(feed())
-    status, headers = 200, {}
-    while line := (await run_in_threadpool(stdout.readline)).rstrip(b"\r\n"):
-        name, _, value = line.decode("latin-1").partition(":")
-        if name.lower() == "status":
-            status = int(value.split()[0])
-        else:
-            headers[name] = value.strip()
-    if not headers:  # the backend died before it answered
-        feeding.cancel()
-        code = await run_in_threadpool(proc.wait)
-        return Response(f"git http-backend exited {code}\n", 500, media_type="text/plain")
-
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            while chunk := await run_in_threadpool(stdout.read1, 65536):
-                yield chunk
-            await feeding
-            await run_in_threadpool(proc.wait)
-        finally:
-            if proc.poll() is None:  # the client went away mid-answer
-                proc.kill()
-                await run_in_threadpool(proc.wait)
-            stdout.close()
-        if push and proc.returncode == 0:
-            with gh.lock:
-                repo.pushed_at = gh._at(None)
-
-    return _CGIResponse(body(), status, headers)
+    path_info = f"/{repo.owner.login}/{repo.name}.git/{params['rest']}"
+    return await serve_git(request, gh.root, path_info, user.login, pushed)

@@ -43,34 +43,28 @@ import asyncio
 import base64
 import binascii
 import json
-import re
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from subprocess import PIPE
 from typing import Any
 
 if __package__ in (None, ""):  # run as a file: ``support`` is a package of tests/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import uvicorn  # noqa: E402
 from fastapi import FastAPI, Request, Response  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 from starlette.concurrency import run_in_threadpool  # noqa: E402
 from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 
-from support.github_git import backend_env  # noqa: E402
+from support.fake_http import Fault, Faults, Serving, buffered, serve_git  # noqa: E402
 from support.gitlab_hooks import GitLabHooks  # noqa: E402
 from support.gitlab_json import Shapes  # noqa: E402
 from support.gitlab_model import ACCESS, GitLabError, Project, User  # noqa: E402
@@ -100,28 +94,7 @@ class Recorded:
     body: Any = None
 
 
-@dataclass
-class Fault:
-    """A planned answer (or, with ``delay_s``, a wait) for the next ``times``
-    requests of ``method`` (``*``: any) whose path matches ``path_regex``."""
-
-    method: str
-    path_regex: str
-    status: int
-    times: int
-    headers: dict[str, str]
-    body: Any
-    delay_s: float = 0.0
-
-    def matches(self, method: str, path: str) -> bool:
-        return (
-            self.times > 0
-            and self.method in ("*", method)
-            and bool(re.search(self.path_regex, path))
-        )
-
-
-class GitLabServer(GitLab):
+class GitLabServer(Faults, GitLab):
     """The fake GitLab, served. ``start()`` returns ``url``; ``stop()`` ends it."""
 
     def __init__(self, root: Path | None = None, clock: Callable[[], datetime] = utc_now) -> None:
@@ -134,29 +107,14 @@ class GitLabServer(GitLab):
         self.faults: list[Fault] = []
         self.url = ""
         self.shapes = Shapes("http://127.0.0.1", self)
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._serving: Serving | None = None
 
     def start(self, port: int = 0) -> str:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", port))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        """Serve on 127.0.0.1 (``port`` 0: a free one); the base URL, once serving."""
+        self._serving = Serving(port)
+        self.url = self._serving.url
         self.shapes = Shapes(self.url, self)
-        config = uvicorn.Config(
-            _Observe(build_app(self), self), log_level="warning", access_log=False,
-            lifespan="off", timeout_graceful_shutdown=2,
-        )  # fmt: skip
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="fake-gitlab", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the fake GitLab did not start")
-            time.sleep(0.01)
+        self._serving.run(_Observe(build_app(self), self), "fake GitLab")
         return self.url
 
     def announce(
@@ -166,10 +124,9 @@ class GitLabServer(GitLab):
 
     def stop(self) -> None:
         self.hooks.stop()
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
-            self._server = self._thread = None
+        if self._serving is not None:
+            self._serving.stop()
+            self._serving = None
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -186,39 +143,6 @@ class GitLabServer(GitLab):
         netloc = self.url.removeprefix("http://")
         auth = f"oauth2:{token}@" if token else ""
         return f"http://{auth}{netloc}/{project.full_path}.git"
-
-    # -- faults ---------------------------------------------------------------------------
-    def fail(
-        self,
-        method: str,
-        path_regex: str,
-        status: int,
-        *,
-        times: int = 1,
-        headers: dict[str, str] | None = None,
-        body: Any = None,
-    ) -> Fault:
-        """Answer the next ``times`` matching requests with ``status`` (body:
-        ``{"message": "429 Too Many Requests"}`` and the like unless given)."""
-        fault = Fault(method.upper(), path_regex, status, times, dict(headers or {}), body)
-        with self.lock:
-            self.faults.append(fault)
-        return fault
-
-    def delay(self, method: str, path_regex: str, seconds: float, *, times: int = 1) -> Fault:
-        """Hold the next ``times`` matching requests ``seconds``, then handle them."""
-        fault = Fault(method.upper(), path_regex, 0, times, {}, None, delay_s=seconds)
-        with self.lock:
-            self.faults.append(fault)
-        return fault
-
-    def planned(self, method: str, path: str, delays: bool) -> Fault | None:
-        with self.lock:
-            for fault in self.faults:
-                if (fault.delay_s > 0) == delays and fault.matches(method, path):
-                    fault.times -= 1
-                    return fault
-            return None
 
     # -- callers --------------------------------------------------------------------------
     def header_user(self, headers: dict[str, str]) -> User | None:
@@ -270,7 +194,7 @@ class _Observe:
 
         delay = gl.planned(method, path, delays=True)
         if delay is not None:
-            receive = await _buffered(receive)
+            receive = await buffered(receive)
             await asyncio.sleep(delay.delay_s)
         fault = gl.planned(method, path, delays=False)
         if fault is None:
@@ -295,20 +219,6 @@ def _routable(gl: GitLabServer, raw: bytes) -> str:
             except GitLabError:
                 parts[4] = "0"
     return "/".join(urllib.parse.unquote(p) for p in parts)
-
-
-async def _buffered(receive: Receive) -> Receive:
-    messages: list[Message] = []
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            break
-
-    async def replay() -> Message:
-        return messages.pop(0) if messages else await receive()
-
-    return replay
 
 
 def build_app(gl: GitLabServer) -> FastAPI:
@@ -370,24 +280,6 @@ def _endpoint(gl: GitLabServer, r: Route) -> Callable[[Request], Any]:
     return endpoint
 
 
-class _CGIResponse(Response):
-    """Streamed without watching ``receive`` (git's push body still streams in)."""
-
-    def __init__(self, chunks: AsyncIterator[bytes], status: int, headers: dict[str, str]) -> None:
-        self.chunks, self.status_code, self.background = chunks, status, None
-        self.raw_headers = [
-            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
-        ]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send(
-            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        )
-        async for chunk in self.chunks:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
 def _text(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
     return Response(message, status, headers, media_type="text/plain")
 
@@ -410,47 +302,8 @@ async def _git(gl: GitLabServer, request: Request) -> Response:
         return _text("The project you were looking for could not be found.\n", 404)
     if push and level < ACCESS["developer"]:
         return _text("You are not allowed to push code to this project.\n", 403)
-    env = backend_env(
-        gl.root, f"/{project.full_path}.git/{params['rest']}", request.method, request.url.query,
-        {k.lower(): v for k, v in request.headers.items()}, user.username,
-    )  # fmt: skip
-    proc = subprocess.Popen(["git", "http-backend"], env=env, stdin=PIPE, stdout=PIPE)
-    assert proc.stdin is not None and proc.stdout is not None
-    stdin, stdout = proc.stdin, proc.stdout
-
-    async def feed() -> None:
-        try:
-            async for chunk in request.stream():
-                await run_in_threadpool(stdin.write, chunk)
-        finally:
-            await run_in_threadpool(stdin.close)
-
-    feeding = asyncio.create_task(feed())
-    status, headers = 200, {}
-    while line := (await run_in_threadpool(stdout.readline)).rstrip(b"\r\n"):
-        name, _, value = line.decode("latin-1").partition(":")
-        if name.lower() == "status":
-            status = int(value.split()[0])
-        else:
-            headers[name] = value.strip()
-    if not headers:
-        feeding.cancel()
-        code = await run_in_threadpool(proc.wait)
-        return _text(f"git http-backend exited {code}\n", 500)
-
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            while chunk := await run_in_threadpool(stdout.read1, 65536):
-                yield chunk
-            await feeding
-            await run_in_threadpool(proc.wait)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                await run_in_threadpool(proc.wait)
-            stdout.close()
-
-    return _CGIResponse(body(), status, headers)
+    path_info = f"/{project.full_path}.git/{params['rest']}"
+    return await serve_git(request, gl.root, path_info, user.username)
 
 
 def main(argv: list[str] | None = None) -> int:
