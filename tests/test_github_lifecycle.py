@@ -331,3 +331,26 @@ def test_a_check_failing_on_the_sync_head_is_a_ci_repair_round_even_unprotected(
     failed = [m for m in store.milestones(workflow_id) if m.kind == "ci_failed"]
     assert [(m.phase, m.data["sha"]) for m in failed] == [("merge", synced)]
     assert gh.counts(name)["merges"] == 0 and row["state"]["head_sha"] != synced
+
+
+def test_a_check_the_base_came_to_require_while_the_workflow_waited_is_waited_for(
+    github: GitHubLab, tmp_path: Path, engine_for: Build
+) -> None:
+    gh, name = github.server, github.repository
+    repo, _ = team_repo(github, tmp_path, auto_merge=False)
+    gh.protect(name, "main", ["phasegate"])
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "waiting", row["error"]
+    head = row["state"]["head_sha"]
+    gh.protect(name, "main", ["phasegate", "tests"])  # a team's new rule, meanwhile
+    gh.comment(name, row["pr_number"], "/phasegate merge", by="olga")
+    row = engine.advance(workflow_id)
+    # GitHub refused the merge; the rule was read again and the head waits for it.
+    assert (row["current_phase"], row["status"]) == ("merge", "merging"), row["error"]
+    assert own_status(github, head) == "pending" and gh.counts(name)["merges"] == 0
+    gh.check_run(name, head, "tests", conclusion="success")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "completed", row["error"]
+    assert own_status(github, head) == "success" and gh.counts(name)["merges"] == 1

@@ -12,15 +12,19 @@ import hmac
 import json
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 
+from phasegate.core.contract import PhaseResult
 from phasegate.integrations.webhooks import WebhookRefused, concerns, verify
 from phasegate.runtime.engine import Engine
 from phasegate.runtime.pace import ForgePace
-from phasegate.store import Store
+from phasegate.store import Store, open_store
+from phasegate.store.values import WOKEN_AT
+from phasegate.testing import FixedClock
 from phasegate.web.auth import Access
 from phasegate.web.serve import Dashboard
 
@@ -129,7 +133,7 @@ def test_a_forged_or_unsigned_delivery_is_refused_and_wakes_nothing(
     assert (unsigned.status_code, forged.status_code, other_forge.status_code) == (401, 401, 404)
     assert "does not match" in forged.json()["detail"]
     assert good.status_code == 202 and good.json()["woke"] == [workflow_id]
-    assert store.workflow_row(workflow_id)["due_at"] is None  # due now
+    assert store.workflow_row(workflow_id)["due_at"] == WOKEN_AT  # due now
 
 
 def test_a_trusted_label_delivered_by_webhook_starts_its_workflow_and_an_untrusted_one_not(
@@ -229,3 +233,43 @@ def test_a_trusted_command_delivered_by_webhook_is_applied_at_once_and_an_outsid
     assert json.loads(maintainer.answer)["commanded"] == [workflow_id]
     assert store.workflow_row(workflow_id)["status"] == "cancelled"
     assert gh.pull(name, row["pr_number"]).state == "closed"  # its own pull request
+
+
+def test_a_wake_during_a_look_keeps_the_workflow_due_whatever_the_look_commits(
+    store_url: str,
+) -> None:
+    clock = FixedClock()
+    store = open_store(store_url, clock)
+    try:
+        store.record_delivery(
+            "cd" * 32, forge="github", delivery="d", event="issue_comment",
+            repository="octo/widgets", keep_s=60,
+        )  # fmt: skip
+        woken, quiet = (
+            store.create_workflow(
+                title="t", ticket="x", repo_path="/r", base_branch="main", auto_merge=False,
+                content_language="en", issue=("octo/widgets", number), repository="octo/widgets",
+            )
+            for number in (7, 8)
+        )  # fmt: skip
+        looked = {w: store.load_context(w) for w in (woken, quiet)}  # a look begins
+        assert store.wake("octo/widgets", numbers=[7]) == [woken]
+        # The look ends in a wait: the quiet one is due in an hour, the woken one now.
+        for ctx in looked.values():
+            store.commit_phase_result(ctx, PhaseResult("wait", state={"x": 1}), due_in_s=3600)
+        assert store.workflow_row(woken)["due_at"] is None
+        assert store.workflow_row(quiet)["due_at"] == clock.now() + timedelta(seconds=3600)
+        # A look that commits nothing reschedules: a wake meanwhile keeps it due too.
+        row = store.workflow_row(quiet)
+        store.wake("octo/widgets", numbers=[8])
+        assert store.schedule(quiet, row["version"], 3600) == clock.now()
+        assert store.workflow_row(quiet)["due_at"] is None
+        # A forge pause keeps its own resume time, woken or not.
+        store.wake("octo/widgets", numbers=[7])
+        paused = store.commit_phase_result(
+            store.load_context(woken), PhaseResult("pause", reason="forge_unavailable: x"),
+            due_in_s=30,
+        )  # fmt: skip
+        assert paused["due_at"] == clock.now() + timedelta(seconds=30)
+    finally:
+        store.close()

@@ -106,6 +106,7 @@ class WorkflowState(TypedDict, total=False):
     merge_hold: dict[str, Any] | None
     #: The branch head the merge gate judged last.
     merge_judged_head: str
+    merge_rechecked: str
     merge_approved: bool
     merge_approved_by: str | None
     #: Whether the merge removed the workflow's worktree.
@@ -264,6 +265,8 @@ OWNERS: Mapping[str, Owner] = _owners(
         ("phases.merge", "phases.merge_gate"), ("phases.merge_gate", "store.commit", "summary")
     ),
     merge_judged_head=Owner(("phases.merge", "phases.merge_gate"), ("phases.merge",)),
+    # The head a merge refusal had its required checks read again for (a new rule).
+    merge_rechecked=Owner(("phases.merge",), ("phases.merge",)),
     merge_approved=Owner(
         (_DECISIONS, _PROFILES, "phases.forge_feedback", "phases.merge", "phases.wait"),
         ("cli.render", "core.decisions", "phases.merge", "phases.wait", "store.commit", "summary"),

@@ -29,6 +29,7 @@ from phasegate.core.contract import PhasegateError
 __all__ = [
     "OWN_CHECK",
     "OWN_PASSED",
+    "OWN_WAITING",
     "OWN_PENDING",
     "PERMISSIONS",
     "STATUS_LABEL_PREFIX",
@@ -63,6 +64,8 @@ OWN_CHECK = "phasegate"
 OWN_PENDING = "not yet reviewed and checked by phasegate"
 #: Its description once the head is: it may merge as far as phasegate is concerned.
 OWN_PASSED = "reviewed and checked by phasegate"
+#: Its description while the head waits for required checks it learnt of late.
+OWN_WAITING = "waiting for the branch's required checks"
 
 
 _STATUS_LABELS = {
@@ -267,9 +270,10 @@ class Forge(Protocol):
         the forge has no CI."""
         ...
 
-    def required_checks(self, branch: str) -> list[str]:
+    def required_checks(self, branch: str, *, fresh: bool = False) -> list[str]:
         """The checks ``branch``'s protection requires on a head before it merges
-        into it, sorted; [] where the forge protects nothing (the local forge)."""
+        into it, sorted; [] where the forge protects nothing (the local forge).
+        ``fresh``: asked of the forge now, not from what it answered a while ago."""
         ...
 
     def set_commit_status(self, sha: str, state: CheckState, description: str) -> None:

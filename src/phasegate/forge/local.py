@@ -197,7 +197,7 @@ class LocalForge:
     def checks(self, sha: str) -> list[Check]:
         return []  # no CI: the local forge's checks are landing_areas.checks
 
-    def required_checks(self, branch: str) -> list[str]:
+    def required_checks(self, branch: str, *, fresh: bool = False) -> list[str]:
         return []  # nothing protects a local branch but the merge gate
 
     def set_commit_status(self, sha: str, state: CheckState, description: str) -> None:

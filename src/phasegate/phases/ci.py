@@ -66,24 +66,30 @@ def _shown(checks: list[Check]) -> list[dict[str, str | None]]:
     return [{"name": c.name, "state": c.state, "url": c.url} for c in checks]
 
 
-def required_checks(ctx: WorkflowContext, deps: PhaseDeps) -> list[str]:
+def required_checks(ctx: WorkflowContext, deps: PhaseDeps, *, fresh: bool = False) -> list[str]:
     """The checks a head must pass before it merges into the workflow's base:
-    ``forge.required_checks`` and what the base's protection on the forge requires,
-    sorted, phasegate's own status left out (phasegate posts it, it does not wait
-    for it)."""
+    ``forge.required_checks`` and what the base's protection on the forge requires
+    (``fresh``: read again now), sorted, phasegate's own status left out (phasegate
+    posts it, it does not wait for it)."""
     named = set(deps.cartridge.forge.required_checks)
-    named.update(deps.forge.required_checks(ctx.base_branch))
+    named.update(deps.forge.required_checks(ctx.base_branch, fresh=fresh))
     named.discard(OWN_CHECK)
     return sorted(named)
 
 
 def ci_gate(
-    ctx: WorkflowContext, deps: PhaseDeps, pr: int, head: str | None = None
+    ctx: WorkflowContext,
+    deps: PhaseDeps,
+    pr: int,
+    head: str | None = None,
+    *,
+    fresh: bool = False,
 ) -> PhaseResult | MilestoneWrite | None:
     """Look at CI for pull request ``pr`` on ``head`` (default: the pushed head,
     ``state.head_sha``); returns the result that ends the phase now (wait, a
     CI-repair round, a stop), or the evidence to commit with the phase (a
-    ``ci_passed`` milestone), or None when there is no CI to wait for. While CI is
+    ``ci_passed`` milestone), or None when there is no CI to wait for (``fresh``:
+    the base's protection read again, after the forge refused a merge). While CI is
     pending, a pull request a person closed ends the phase too, and so does one
     they merged in pr_review (the merge phase finds such a merge itself).
 
@@ -92,7 +98,7 @@ def ci_gate(
     head = head or ctx.state.get("head_sha")
     if not head:
         return None
-    required = required_checks(ctx, deps)
+    required = required_checks(ctx, deps, fresh=fresh)
     key = str(head)[:12]
     looked = ("ci_pending", "ci_passed", "ci_failed")
     seen_heads = {m.data.get("sha") for m in ctx.milestones if m.kind in looked}

@@ -56,6 +56,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from phasegate.agents.env import cartridge_secrets
@@ -67,7 +68,7 @@ from phasegate.core.contract import (
     PhaseResult,
     WorkflowContext,
 )
-from phasegate.forge.base import OWN_PASSED, ForgeNotMergeable
+from phasegate.forge.base import OWN_PASSED, OWN_WAITING, ForgeNotMergeable
 from phasegate.git.workspace import DirtyCheckout, GitError, GitTransient
 from phasegate.phases import ci, cleanup, conflict, merge_gate
 from phasegate.phases.deps import PhaseDeps
@@ -109,14 +110,16 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             )
     evidence: tuple[MilestoneWrite, ...] = ()
     checked = {m.data.get("sha") for m in ctx.milestones_of("ci_passed")}
-    if head is not None and head not in checked:
+    # A head the forge refused for a check it came to require is looked at afresh.
+    rechecked = head is not None and ctx.state.get("merge_rechecked") == head
+    if head is not None and (head not in checked or rechecked):
         # The forge merges this exact head: its required checks must have passed on
         # it, a sync with the base included, however the review's head fared.
         gate = ci.ci_gate(ctx, deps, ctx.pr_number, head)
         if isinstance(gate, PhaseResult):
             return gate
         evidence = () if gate is None else (gate,)
-    if head is not None and not _reported_passed(ctx, head):
+    if head is not None and (rechecked or not _reported_passed(ctx, head)):
         deps.forge.set_commit_status(head, "success", OWN_PASSED)
     message = f"Merge #{ctx.pr_number}: {ctx.title}\n\nphasegate workflow {ctx.id}"
     try:
@@ -184,8 +187,10 @@ def _refused(
 ) -> PhaseResult:
     """The forge would not merge the pull request: its base most likely moved since
     the sync (another pull request merged meanwhile). Synced again: a conflict
-    forks its resolution, a base that moved is merged again (retry); a branch that
-    holds the forge's base already was refused for a reason of the forge's own."""
+    forks its resolution, a base that moved is merged again (retry). A branch that
+    holds the forge's base already has its required checks read again (the base's
+    protection may have changed): one not passed yet is waited for, else the forge
+    refused it for a reason of its own and a person settles it."""
     if worktree is None or not worktree.exists():
         return PhaseResult("pause", reason=f"{exc}; the worktree to sync it in is gone")
     before = deps.workspace.rev(worktree, "HEAD")
@@ -194,6 +199,14 @@ def _refused(
         return stopped
     if deps.workspace.rev(worktree, "HEAD") != before:
         return PhaseResult("retry")  # pushed with the base that moved: merge it again
+    # A check the base's protection came to require since it was last read: the head
+    # waits for it (or is repaired), and phasegate's own status says it is not done.
+    assert ctx.pr_number is not None
+    gate = ci.ci_gate(ctx, deps, ctx.pr_number, before, fresh=True)
+    if isinstance(gate, PhaseResult):
+        if gate.outcome == "wait":
+            deps.forge.set_commit_status(before, "pending", OWN_WAITING)
+        return replace(gate, state={**gate.state, "merge_rechecked": before})
     return PhaseResult(
         "pause",
         reason=f"{exc}; {ctx.branch_name} holds {ctx.base_branch} and merges cleanly, so the "

@@ -32,6 +32,7 @@ from phasegate.core.contract import (
 from phasegate.store import tables as t
 from phasegate.store._base import INSERT_EVENT, Dialect, FenceLost, StoreBase, event_params, utc
 from phasegate.store.leases import Fence
+from phasegate.store.values import WOKEN_AT
 
 __all__ = [
     "NEEDS_YOU_EVENT",
@@ -54,6 +55,14 @@ _c = t.workflows.c
 _UPDATE = (
     t.workflows.update()
     .where(_c.id == sa.bindparam("w_id"), _c.version == sa.bindparam("w_version"))
+    # A wait a webhook overtook (it woke the workflow while this phase looked) stays
+    # due now: the look may have missed what the delivery announced.
+    .values(
+        due_at=sa.case(
+            (sa.and_(sa.bindparam("w_wait", type_=sa.Boolean), _c.due_at == WOKEN_AT), None),
+            else_=sa.bindparam("w_due", type_=t.Timestamp),
+        )
+    )
     .returning(t.workflows)
 )
 #: The same, only while the lease is still this worker's (owner and fence).
@@ -251,7 +260,9 @@ def commit_phase_result(
         values["completed_at"] = now
 
     statement = _UPDATE_FENCED if fence is not None else _UPDATE
-    params = {**values, "w_id": ctx.id, "w_version": ctx.version}
+    params = {k: v for k, v in values.items() if k != "due_at"}
+    params.update(w_id=ctx.id, w_version=ctx.version, w_due=values["due_at"])
+    params["w_wait"] = result.outcome == "wait"
     if fence is not None:
         params.update(w_owner=fence.owner, w_fence=fence.value)
     milestones, events = milestone_writes(ctx.id, ctx.current_phase, result.milestones, now)

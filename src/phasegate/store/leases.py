@@ -24,6 +24,7 @@ from phasegate.core.contract import WorkflowNotFound
 from phasegate.proc.host import holder_alive
 from phasegate.store import tables as t
 from phasegate.store._base import FenceLost, StoreBase, StoreUnavailable, utc, utc_row
+from phasegate.store.values import WOKEN_AT
 
 _c = t.workflows.c
 
@@ -79,11 +80,15 @@ _CLAIM_FREE = _claim_free(_FREE, _DUE)
 #: The same, workflows scheduled for later taken too (``run_worker(once=True)``).
 _CLAIM_FREE_ANY = _claim_free(_FREE)
 
-#: ``schedule``'s write: the row's due time, only while its version is the one looked at.
+#: ``schedule``'s write: the row's due time, only while its version is the one looked
+#: at, and not for a workflow a webhook woke meanwhile (it stays due now).
 _SCHEDULE = (
     t.workflows.update()
     .where(_c.id == sa.bindparam("w_id"), _c.version == sa.bindparam("w_version"))
-    .values(due_at=sa.bindparam("due"))
+    .values(
+        due_at=sa.case((_c.due_at == WOKEN_AT, None), else_=sa.bindparam("due", type_=t.Timestamp))
+    )
+    .returning(_c.due_at)
 )
 
 #: ``check_fence``'s read, built once: it runs before every side effect and agent.
@@ -318,14 +323,18 @@ class LeaseRows(StoreBase):
         while its row is still at ``version``: a look that found nothing new and
         committed nothing (a wait for the forge's people, a child waiting for its
         parent) sets its next look. A commit since then set its own due time and
-        is left alone. Returns the due time written, None when nothing was.
+        is left alone, and so is one a webhook woke meanwhile (``WOKEN_AT``: due
+        now). Returns the due time written (now, for a woken one), None when nothing was.
         Tells no other worker: nothing is due sooner. Raises StoreUnavailable."""
-        due = self.clock.now() + timedelta(seconds=due_in_s)
+        now = self.clock.now()
+        due = now + timedelta(seconds=due_in_s)
         with self.transaction() as conn:
             written = conn.execute(
                 _SCHEDULE, {"w_id": workflow_id, "w_version": version, "due": due}
-            ).rowcount
-        return due if written else None
+            ).first()
+        if written is None:
+            return None
+        return due if written.due_at is not None else now  # woken: due now
 
     def local_forge_marker(self) -> tuple[int, int]:
         """How many of the local forge's pull requests are no longer open and how many

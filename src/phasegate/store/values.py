@@ -4,11 +4,17 @@ read a SQLite store by itself (``sqlite_board``) and what the Store returns."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 #: The newest migration's revision (``migrations/versions``): a store already there
 #: opens without importing Alembic, and ``status`` reads a SQLite store there without
 #: SQLAlchemy. A test checks it against Alembic's own head.
 HEAD_REVISION = "0007"
+
+#: ``workflows.due_at`` of a workflow a webhook woke: due now, like NULL, and kept
+#: due by the next wait its running advance commits (``commit_phase_result``,
+#: ``schedule``), which would otherwise put its next look minutes away.
+WOKEN_AT = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)

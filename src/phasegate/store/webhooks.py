@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from phasegate.core.contract import RUNNABLE_STATUSES
 from phasegate.store import tables as t
 from phasegate.store._base import StoreBase, utc
+from phasegate.store.values import WOKEN_AT
 
 __all__ = ["WebhookRows"]
 
@@ -59,7 +60,8 @@ class WebhookRows(StoreBase):
     ) -> list[str]:
         """Make due now the runnable workflows of ``repository`` (owner/name) whose
         issue or pull request is one of ``numbers`` or whose branch is one of
-        ``branches``, and tell the workers; their ids, sorted. Raises StoreUnavailable."""
+        ``branches`` (``WOKEN_AT``: a wait their running advance commits keeps them
+        due), and tell the workers; their ids, sorted. Raises StoreUnavailable."""
         numbers, branches = sorted(set(numbers)), sorted(set(branches))
         if not numbers and not branches:
             return []
@@ -74,6 +76,7 @@ class WebhookRows(StoreBase):
         with self.transaction() as conn:
             ids = sorted(conn.execute(sa.select(c.id).where(which)).scalars())
             if ids:
-                conn.execute(t.workflows.update().where(c.id.in_(ids)).values(due_at=None))
+                woken = t.workflows.update().where(c.id.in_(ids)).values(due_at=WOKEN_AT)
+                conn.execute(woken)
                 self.dialect.notify(conn)
         return ids

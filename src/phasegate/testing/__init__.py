@@ -167,7 +167,7 @@ class InMemoryForge:
     def delete_branch(self, branch: str) -> None:
         self.deleted.append(branch)
 
-    def required_checks(self, branch: str) -> list[str]:
+    def required_checks(self, branch: str, *, fresh: bool = False) -> list[str]:
         return []
 
     def set_commit_status(self, sha: str, state: CheckState, description: str) -> None:

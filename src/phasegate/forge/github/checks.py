@@ -76,12 +76,13 @@ class GitHubChecks(GitHubAPI):
             found.append(Check(status["context"], state, said, status.get("target_url")))
         return found
 
-    def required_checks(self, branch: str) -> list[str]:
+    def required_checks(self, branch: str, *, fresh: bool = False) -> list[str]:
         """The check names ``branch``'s protection requires before a merge (its
         required status checks' contexts), sorted; [] when the branch is not
         protected or GitHub does not show its protection to this token. Kept for
-        PROTECTION_TTL_S: every look at CI asks, and a rule changes seldom."""
-        known = self._protection.get(branch)
+        PROTECTION_TTL_S (every look at CI asks, and a rule changes seldom), unless
+        ``fresh``: a merge GitHub refused reads it again."""
+        known = None if fresh else self._protection.get(branch)
         if known is not None and time.monotonic() - known[0] < PROTECTION_TTL_S:
             return list(known[1])
         try:
