@@ -18,8 +18,9 @@ from phasegate.core.contract import (
     PhaseResult,
     WorkflowContext,
 )
+from phasegate.forge.base import ForgeUnavailable
 from phasegate.journal import COMMENT_DROPPED
-from phasegate.runtime.faults import FORGE_PAUSE
+from phasegate.runtime.faults import FORGE_PAUSE, fault_result
 from phasegate.runtime.outage import (
     AUTO_RESUME,
     FORGE_RETRY,
@@ -88,6 +89,18 @@ def test_a_forge_pause_is_due_after_its_wait_until_the_bound_then_waits_for_a_pe
     never = ForgeSettings(kind="github", max_auto_resumes=0)
     result, due = scheduled(never, context(0), PAUSE, 0.0)
     assert due == 0.0 and "automatic" not in (result.reason or "")
+
+
+def test_a_rate_limit_longer_than_the_bound_resumes_no_sooner_than_the_forge_asked() -> None:
+    asked = ForgeUnavailable("GitHub rate limit on PUT /merge", retry_after_s=999.0)
+    paused = fault_result("merge", "w1", asked)
+    assert paused.outcome == "pause" and paused.state == {"forge_retry_after_s": 999.0}
+    result, due = scheduled(SETTINGS, context(0), paused, 0.0)
+    assert due == 999.0 and (result.reason or "").endswith(
+        "resumed by itself in 999 s (automatic resume 1 of 3)"
+    )
+    short = fault_result("merge", "w1", ForgeUnavailable("x", retry_after_s=5.0))
+    assert scheduled(SETTINGS, context(1), short, 0.0)[1] == 60.0  # its own backoff is longer
 
 
 def test_any_other_commit_sets_the_count_back_and_keeps_its_own_due_time() -> None:

@@ -54,6 +54,7 @@ class WorkflowState(TypedDict, total=False):
     heard_comments: list[str]
     #: The worker's automatic resumes of forge_unavailable pauses in a row; a commit
     #: of the workflow's own, or a person's decision, sets it back to 0.
+    forge_retry_after_s: float
     forge_resumes: int
 
     # -- preparation --
@@ -178,6 +179,8 @@ OWNERS: Mapping[str, Owner] = _owners(
         ("integrations.commands", "phases.forge_feedback"),
     ),
     forge_resumes=Owner(("runtime.outage",), ("runtime.outage",)),
+    # The wait a rate-limited forge asked for (seconds) when it paused the workflow.
+    forge_retry_after_s=Owner(("runtime.faults",), ("runtime.outage",)),
     base_sha=Owner(("phases.preparation",), ("runtime.healing",)),
     plan=Owner(
         ("phases.planning", "phases.graph_mode.run"),

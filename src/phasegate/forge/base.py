@@ -99,7 +99,13 @@ class ForgeError(PhasegateError):
 
 class ForgeUnavailable(ForgeError):
     """The forge did not answer usefully within its bounds (5xx, timeouts, rate
-    limits waited out too long): transient, the workflow pauses and resumes."""
+    limits waited out too long): transient, the workflow pauses and resumes.
+    ``retry_after_s``: how long the forge asked to be left alone (a rate limit's
+    wait), None when it did not say."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ForgeAuthError(ForgeError):

@@ -48,7 +48,12 @@ def fault_result(phase: str, workflow_id: str, exc: Exception) -> PhaseResult:
     for kind, prefix, ending in _PAUSES:
         if isinstance(exc, kind):
             log.warning("phase %s of %s paused: %s", phase, workflow_id, exc)
-            return PhaseResult("pause", reason=f"{prefix}{phase}: {exc}{ending}")
+            reason = f"{prefix}{phase}: {exc}{ending}"
+            asked = getattr(exc, "retry_after_s", None)
+            if asked is None:
+                return PhaseResult("pause", reason=reason)
+            # The forge's own wait: no automatic resume comes before it has passed.
+            return PhaseResult("pause", reason=reason, state={"forge_retry_after_s": asked})
     if isinstance(exc, PhasegateError):  # expected: its message says it all
         log.warning("phase %s of %s: %s", phase, workflow_id, exc)
     else:

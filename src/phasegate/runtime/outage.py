@@ -88,7 +88,8 @@ def scheduled(
     """The result to commit for ``ctx`` and the seconds until the workflow is due
     again (``due_in_s`` unless a forge pause changes it; 0: at once).
 
-    A forge pause gets its automatic resume's wait, and its reason says when and
+    A forge pause gets its automatic resume's wait (no shorter than the wait the
+    forge asked for: ``forge_retry_after_s``), and its reason says when and
     which one of how many it is; one past ``forge.max_auto_resumes`` gets a
     reason that asks a person to resume it, and no due time. Any other result
     sets the count of automatic resumes in a row back to 0 (the forge answered
@@ -104,7 +105,7 @@ def scheduled(
         tried = f"; still unavailable after {bound} automatic resumes" if bound else ""
         said = f"{tried}; a person resumes it (`phasegate resume {ctx.id}`) once the forge answers"
         return dataclasses.replace(result, reason=f"{result.reason}{said}"), 0.0
-    wait = resume_wait_s(settings, spent)
+    wait = max(resume_wait_s(settings, spent), float(result.state.get("forge_retry_after_s") or 0))
     said = f"; resumed by itself in {wait:g} s (automatic resume {spent + 1} of {bound})"
     return dataclasses.replace(result, reason=f"{result.reason}{said}"), wait
 

@@ -233,8 +233,9 @@ def _translate(exc: Exception, repository: str, credentials: str) -> ForgeError:
     wait = rate_limit_wait(inner)
     if wait is not None:
         return ForgeUnavailable(
-            f"GitHub rate limit on {what}: it asks for {wait:.0f}s more than "
-            "forge.max_rate_limit_wait_s allows; resume later"
+            f"GitHub rate limit on {what}: it asks to be left alone {wait:.0f} s, longer "
+            "than forge.max_rate_limit_wait_s",
+            retry_after_s=wait,
         )
     if isinstance(inner, RequestTimeout):
         return ForgeUnavailable(
