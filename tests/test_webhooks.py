@@ -89,7 +89,7 @@ def test_a_maintainers_comment_delivered_by_webhook_starts_round_two_with_no_pol
 
     # The same signed body again is a replay, whatever delivery id it claims.
     again = gh.hooks.redeliver(delivered)
-    assert again.status == 403 and "received before" in again.answer
+    assert again.status == 403 and "delivered before" in again.answer
     forged_headers = {**delivered.headers, "X-GitHub-Delivery": "another-id"}
     with httpx.Client(base_url=url) as client:
         replayed = client.post("/webhooks/github", content=delivered.body, headers=forged_headers)

@@ -58,7 +58,10 @@ def watch(
     One workflow per issue, however many watchers run: an issue carrying a
     phasegate: status label (phasegate:cancelled too) has or had a workflow,
     maybe in another checkout, and is passed over until a person removes that
-    label. Needs forge.kind = "github". Ctrl-C/SIGTERM stop it cleanly.
+    label. Each look also applies the /phasegate resume, cancel and verify
+    commands people with write access typed on waiting workflows. A label put
+    on again by someone trusted is seen once the untrusted label was taken off
+    first. Needs forge.kind = "github". Ctrl-C/SIGTERM stop it cleanly.
     """
     from phasegate.cli._watching import github_repository, reporter, unavailable, watching
     from phasegate.cli.render import LiveProgress, graceful, make_engine

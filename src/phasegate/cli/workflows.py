@@ -210,7 +210,11 @@ def worker(
     """Advance this repository's runnable workflows until stopped (Ctrl-C, SIGTERM or SIGHUP stop
     every running agent; each workflow pauses resumable, and the worker exits once all
     have stopped). With a shared store (PostgreSQL), a worker in another clone of the
-    same forge repository takes over a dead worker's workflows once their leases expire."""
+    same forge repository takes over a dead worker's workflows once their leases expire.
+
+    On a team forge it resumes a forge_unavailable pause by itself after a backoff
+    (forge.auto_resume_s, forge.max_auto_resumes), and with forge.watch_in_worker =
+    true it also does what `phasegate watch` does (docs/github.md)."""
     from phasegate.cli._watching import watch_in_worker
     from phasegate.cli.render import LiveProgress, graceful, make_engine, worker_notice
     from phasegate.integrations import notify

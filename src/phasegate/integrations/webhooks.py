@@ -273,7 +273,9 @@ def receive(
         keep_s=KEEP_S,
     )
     if not fresh:
-        raise WebhookRefused(403, f"delivery {delivery or digest[:12]} was received before")
+        raise WebhookRefused(
+            403, "this body was delivered before (a replay), whatever its delivery id says"
+        )
     woke = engine.store.wake(engine.repository or about.repository, about.numbers, about.branches)
     labelled = about.label == settings.trigger_label
     started = _started(engine, about, max_ticket_bytes) if labelled else []
