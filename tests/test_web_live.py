@@ -328,3 +328,25 @@ def test_the_board_stream_tells_at_once_and_again_when_a_card_changes(
         workflow_id = engine.start("Filed", "Write feature.txt")
         assert [e["event"] for e in read_until_changed(lines)] == ["board"]
         assert f'id="card-{workflow_id}"' in client.get("/board").text
+
+
+def test_a_worker_taking_or_letting_go_of_a_workflow_has_its_page_read_again(
+    served: tuple[str, Engine, Store],
+) -> None:
+    url, engine, store = served
+    workflow_id = waiting_workflow(engine)
+    with (
+        session(url) as client,
+        client.stream("GET", f"/workflows/{workflow_id}/events") as response,
+    ):
+        lines = response.iter_lines()
+        read_until_changed(lines)  # the rows so far
+        other = open_store(load_cartridge(engine.repo).store_url(engine.repo))
+        try:
+            assert workflow_id in other.claim_free([workflow_id], "elsewhere:1:a", 60)
+            # No row is written, yet the buttons change: the page re-reads its fragment.
+            assert [e["event"] for e in read_until_changed(lines)] == ["lease"]
+            other.release(workflow_id, "elsewhere:1:a")
+            assert [e["event"] for e in read_until_changed(lines)] == ["lease"]
+        finally:
+            other.close()

@@ -260,11 +260,20 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         detail_of(workflow_id)  # 404 before a stream starts
         resume_from = _last_event_id(request, after)
 
+        held: list[bool] = []  # whether a worker held it at the last batch
+
         def batch(last: int) -> list[tuple[int | None, str, str]]:
-            return [
+            sent: list[tuple[int | None, str, str]] = [
                 (row["id"], row["type"], live.event_json(row, secrets))
                 for row in live.event_rows(store, workflow_id, last)
             ]
+            # A worker letting go writes no event, yet it is what shows the page's
+            # buttons again: the page re-reads its fragment on it too.
+            now = bool(store.workflow_row(workflow_id).get("lease_owner"))
+            if held and held[-1] != now:
+                sent.append((None, live.LEASE, ""))
+            held[:] = [now]
+            return sent
 
         return EventSourceResponse(
             live.stream(store, batch, resume_from, stop, request.is_disconnected), ping=15

@@ -33,10 +33,21 @@ from phasegate.store import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CHANGED", "QUIET", "WAIT_S", "event_json", "event_rows", "follow_rows", "stream"]
+__all__ = [
+    "CHANGED",
+    "LEASE",
+    "QUIET",
+    "WAIT_S",
+    "event_json",
+    "event_rows",
+    "follow_rows",
+    "stream",
+]
 
 #: The event a page's elements re-read their fragment on.
 CHANGED = "changed"
+#: A workflow's worker took it or let it go: no row, but its buttons change.
+LEASE = "lease"
 #: Events after which no ``changed`` is sent: the page shows them without re-reading.
 QUIET = frozenset({"agent_output"})
 #: Seconds one wait on the change feed lasts at the most: how soon a stream that
