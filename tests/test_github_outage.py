@@ -172,6 +172,9 @@ def test_an_issue_create_that_timed_out_is_found_not_repeated_when_the_worker_re
     row = engine.advance(workflow_id)
     assert row["status"] == "paused", row
     assert row["error"].startswith("forge_unavailable: preparation: GitHub did not answer")
+    # Its resume looks no sooner than twice the timeout: a request GitHub held past the
+    # client's timeout has landed by then, so the look finds it.
+    assert "resumed by itself in 6 s" in row["error"]
     # GitHub made the issue after all: the fake's delayed request ends (nothing to await).
     deadline = time.monotonic() + WAIT_S
     while gh.counts(name)["issues"] == 0:

@@ -24,7 +24,7 @@ from githubkit.exception import GitHubException
 
 from phasegate.config.forge import ForgeSettings
 from phasegate.core.redaction import redact
-from phasegate.forge.base import ForgeError, ForgeNotFound
+from phasegate.forge.base import ForgeError, ForgeNotFound, ForgeUnavailable
 from phasegate.forge.github.auth import API_VERSION, ForgeAuth, github_client
 from phasegate.forge.github.faults import (
     MAX_BACKOFF_S,
@@ -215,7 +215,8 @@ class GitHubAPI:
         with ``find`` (the failed try may have made it) before trying again, up to
         ``forge.max_retries`` times more. A timeout or a lost connection is
         ForgeUnavailable at once: GitHub may still be making the object, so only a
-        later look (the journal's, on resume) can tell. Each wait before another try
+        later look (the journal's, on resume, no sooner than twice
+        ``forge.timeout_s``: ``retry_after_s``) can tell. Each wait before another try
         is reported (``phasegate.forge.retries.report``). Returns its number or id."""
         for attempt in range(self.settings.max_retries + 1):
             try:
@@ -225,7 +226,12 @@ class GitHubAPI:
                     raise self._error(exc) from exc
                 again = is_transient(exc) and answered(exc)
                 if not again or attempt == self.settings.max_retries:
-                    raise self._error(exc) from exc
+                    error = self._error(exc)
+                    if isinstance(error, ForgeUnavailable) and not answered(exc):
+                        # GitHub may still be making it: the look on resume must come
+                        # after a request held past our timeout has landed.
+                        error.retry_after_s = 2 * self.settings.timeout_s
+                    raise error from exc
                 log.info("creating %s failed (%s); looking for it before trying again", what, exc)
                 call, status = call_of(exc), status_of(exc)
             found = find()
