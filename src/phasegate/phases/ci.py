@@ -102,18 +102,18 @@ def ci_gate(
     key = str(head)[:12]
     looked = ("ci_pending", "ci_passed", "ci_failed")
     seen_heads = {m.data.get("sha") for m in ctx.milestones if m.kind in looked}
-    if required and head not in seen_heads:
-        # A head just pushed: its required checks cannot have reported yet, so the
-        # first look is spared. Their end wakes the workflow (a webhook), or a poll.
-        unseen = [Check(n, "pending", "has not reported on this head yet") for n in required]
-        return _pending(ctx, pr, str(head), unseen, marked=False)
-    checks = [c for c in deps.forge.checks(str(head)) if c.name != OWN_CHECK]
+    # A head just pushed: its required checks cannot have reported yet, so the first
+    # look is spared. Their end wakes the workflow (a webhook), or a poll finds it.
+    spared = bool(required) and head not in seen_heads
+    checks = [] if spared else [c for c in deps.forge.checks(str(head)) if c.name != OWN_CHECK]
     reported = {c.name for c in checks}
     checks += [
         Check(name, "pending", "has not reported on this head yet")
         for name in required
         if name not in reported
     ]
+    if spared:
+        return _pending(ctx, pr, str(head), checks, marked=False)
     if not checks:
         return None
     pending = [c for c in checks if c.state == "pending"]
