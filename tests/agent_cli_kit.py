@@ -149,7 +149,7 @@ def assert_review_resumed(
 class RetryAfterServer(ScriptedModelServer):
     """The scripted server, its error answers (5xx) carrying ``retry_header: 0``: a
     program that waits what an answer says retries at once, not after its own
-    backoff."""
+    backoff. Its JSON answers keep the connection open for the retry."""
 
     def __init__(self, scripts: Mapping[str, Sequence[Step]], retry_header: str) -> None:
         super().__init__(scripts)
@@ -162,10 +162,10 @@ class RetryAfterServer(ScriptedModelServer):
         handler.send_header("Content-Length", str(len(data)))
         if status >= 500:
             handler.send_header(self.retry_header, "0")
-        handler.send_header("Connection", "close")
+        # The connection stays open: a program retrying at once may reuse it, and Bun's
+        # fetch (opencode's) reported a socket closed under it instead of the status.
         handler.end_headers()
         handler.wfile.write(data)
-        handler.close_connection = True
 
 
 def scripted_servers(retry_header: str) -> Any:
