@@ -1,12 +1,15 @@
-"""The cartridge's ``[forge]`` table: which forge, and how phasegate reaches GitHub.
+"""The cartridge's ``[forge]`` table: which forge, and how phasegate reaches it.
 
 ``kind = "local"`` (the default) keeps issues and pull requests in the store.
 ``kind = "github"`` drives a GitHub repository: ``repository``
 (``owner/name``, else read from the ``origin`` remote), ``base_url`` for GitHub
 Enterprise (its API root, ``https://HOST/api/v3``), and either a token in the
 environment variable ``token_env`` names or a GitHub App (``app_id``,
-``private_key_file``, ``installation_id``). The token itself never appears in
-the cartridge: it would end up in git.
+``private_key_file``, ``installation_id``). ``kind = "gitlab"`` drives a GitLab
+project (``group/…/name``; ``base_url`` the instance, ``https://gitlab.com``
+unset) and ``kind = "gitea"`` a Gitea or Forgejo repository (``base_url``
+required: there is no one public instance), each with a token. The token itself
+never appears in the cartridge: it would end up in git.
 """
 
 from __future__ import annotations
@@ -19,21 +22,29 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 __all__ = ["ForgeSettings"]
 
 _REPOSITORY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$")
+# GitLab nests groups: group/subgroup/…/project, each part a path segment.
+_GITLAB_PROJECT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)+$")
+#: The token's variable when the cartridge names none, by forge.
+DEFAULT_TOKEN_ENV = {"github": "GITHUB_TOKEN", "gitlab": "GITLAB_TOKEN", "gitea": "GITEA_TOKEN"}
 _LABEL = re.compile(r"^[^,\s][^,]{0,49}$")
 
 
 class ForgeSettings(BaseModel):
-    """``[forge]``. Keys other than ``kind`` are about GitHub; given with ``kind =
-    "local"`` they are an error, so a half-switched cartridge is noticed."""
+    """``[forge]``. Keys other than ``kind`` are about a remote forge; given with
+    ``kind = "local"`` they are an error, so a half-switched cartridge is noticed."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    kind: Literal["local", "github"] = "local"
-    """local: issues and pull requests in the store; github: a GitHub repository."""
-    repository: str | None = None  # owner/name; None: from the origin remote
-    base_url: str | None = None  # the API root; None: https://api.github.com
+    kind: Literal["local", "github", "gitlab", "gitea"] = "local"
+    """local: issues and pull requests in the store; github, gitlab, gitea (Gitea or
+    Forgejo): a repository on that forge."""
+    repository: str | None = None  # owner/name (GitLab: group/…/name); None: the origin's
+    base_url: str | None = None
+    """GitHub: the API root (unset: https://api.github.com); GitLab: the instance
+    (unset: https://gitlab.com); Gitea: the instance, required."""
     token_env: str = "GITHUB_TOKEN"
-    """The environment variable holding the GitHub token; the token is never in the cartridge."""
+    """The environment variable holding the forge's token (unset: GITHUB_TOKEN,
+    GITLAB_TOKEN or GITEA_TOKEN by kind); the token is never in the cartridge."""
     app_id: int | None = None
     """A GitHub App's id: phasegate then acts as the App (with ``private_key_file``)."""
     private_key_file: str | None = None  # PEM, relative to the repository
@@ -68,14 +79,23 @@ class ForgeSettings(BaseModel):
     """Seconds before the first automatic resume; doubled for each next one, 10 minutes
     at most (or this, when longer)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _token_by_kind(cls, data: object) -> object:
+        if isinstance(data, dict) and "token_env" not in data:
+            default = DEFAULT_TOKEN_ENV.get(str(data.get("kind")))
+            if default is not None and default != "GITHUB_TOKEN":
+                data = {**data, "token_env": default}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> ForgeSettings:
         if self.kind == "local":
             given = sorted(k for k in self.model_fields_set if k != "kind")
             if given:
                 raise ValueError(
-                    f'forge.{given[0]}: only read when forge.kind = "github" '
-                    "(this cartridge has the local forge)"
+                    f"forge.{given[0]}: only read when forge.kind is github, gitlab or "
+                    "gitea (this cartridge has the local forge)"
                 )
             return self
         if self.repository is not None and self.repository.lower().endswith(".git"):
@@ -84,14 +104,29 @@ class ForgeSettings(BaseModel):
                 f"forge.repository: {self.repository!r} ends in .git: give owner/name "
                 f"without it ({self.repository[:-4]!r})"
             )
-        if self.repository is not None and not _REPOSITORY.match(self.repository):
+        if self.kind == "gitlab":
+            if self.repository is not None and not _GITLAB_PROJECT.match(self.repository):
+                raise ValueError(
+                    f"forge.repository: {self.repository!r} is not a GitLab project path "
+                    "(e.g. group/widgets or group/subgroup/widgets)"
+                )
+        elif self.repository is not None and not _REPOSITORY.match(self.repository):
             raise ValueError(
                 f"forge.repository: {self.repository!r} is not owner/name (e.g. octo/widgets)"
+            )
+        if self.kind == "gitea" and self.base_url is None:
+            raise ValueError(
+                "forge.base_url: a Gitea or Forgejo forge needs its instance's URL "
+                "(e.g. https://git.example.com)"
             )
         if self.base_url is not None and not re.match(r"^https?://[^\s/]+", self.base_url):
             raise ValueError(f"forge.base_url: {self.base_url!r} is not an http(s) URL")
         app = {"app_id": self.app_id, "private_key_file": self.private_key_file}
         if any(v is not None for v in app.values()) or self.installation_id is not None:
+            if self.kind != "github":
+                raise ValueError(
+                    f"forge.app_id: a GitHub App is GitHub's (this forge is {self.kind})"
+                )
             missing = [k for k, v in app.items() if v is None]
             if missing:
                 raise ValueError(

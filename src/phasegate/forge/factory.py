@@ -27,11 +27,20 @@ def make_forge(
 ) -> Forge:
     """The forge ``cartridge.forge`` names: a LocalForge for ``kind = "local"``, a
     GitHubForge for ``kind = "github"`` (repository from the cartridge, else the
-    origin remote; credentials from ``forge_auth``). ``secrets`` are redacted from
-    everything it sends. Raises ForgeError / ForgeAuthError (see those functions)."""
+    origin remote; credentials from ``forge_auth``), a GitLabForge or a GiteaForge
+    likewise. ``secrets`` are redacted from everything it sends. Raises ForgeError /
+    ForgeAuthError (see those functions)."""
     settings = cartridge.forge
     if settings.kind == "local":
         return LocalForge(store, repo, workspace, secrets)
+    if settings.kind == "gitlab":
+        from phasegate.forge.gitlab.forge import open_gitlab
+
+        return open_gitlab(settings, repo, workspace, secrets, environ)
+    if settings.kind == "gitea":
+        from phasegate.forge.gitea.forge import open_gitea
+
+        return open_gitea(settings, repo, workspace, secrets, environ)
     # Here, not at the top: githubkit and httpx cost every local run a fifth of its start.
     from phasegate.forge.github.auth import forge_auth, repository_from_origin
     from phasegate.forge.github.forge import GitHubForge
