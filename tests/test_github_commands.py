@@ -9,7 +9,8 @@ from pathlib import Path
 
 from test_github_lifecycle import team_repo
 
-from phasegate.integrations.commands import COMMAND_EVENT, Commanded
+from phasegate.forge.base import TrustCache
+from phasegate.integrations.commands import COMMAND_EVENT, Commanded, listen
 from phasegate.integrations.triggers import Watcher
 from phasegate.operations import DECISION_EVENT
 from phasegate.runtime.engine import Engine
@@ -132,6 +133,18 @@ def test_a_trusted_cancel_command_cancels_a_waiting_workflow_and_is_never_feedba
     assert gh.pull(name, pr).state == "closed"
     assert decisions_by_comment(store, workflow_id) == [("cancel", "maya")]
     assert commanded(watcher) == []
+
+    # A command on the cancelled workflow: polling leaves an ended workflow alone, and
+    # the webhook's delivery of that comment gets its author told why nothing happened.
+    gh.comment(name, issue, "/phasegate resume", by="maya")
+    assert commanded(watcher) == []
+    heard = listen(engine, name, TrustCache(engine.forge), lambda: False, numbers=[issue])
+    assert [(x.command, x.by) for x in heard] == [("resume", "maya")]
+    assert "cancelled" in str(heard[0].refused)
+    answers = [c.body for c in gh.issue(name, issue).comments if c.body.startswith("@maya")]
+    assert answers[-1].startswith("@maya `/phasegate resume`: ") and "cancelled" in answers[-1]
+    assert listen(engine, name, TrustCache(engine.forge), lambda: False, numbers=[issue]) == []
+    assert store.workflow_row(workflow_id)["status"] == "cancelled"
     every = "".join(p.read_text() for p in prompts.iterdir())
     assert "SENTINEL-outsider" not in every and "/phasegate" not in every
 

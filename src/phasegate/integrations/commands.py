@@ -8,7 +8,9 @@ workflows no phase is running for, so the watcher reads them
 (``Watcher.watch_once``), on every workflow of its repository that waits for a
 person (NEEDS_YOU_STATUSES, and failed): each is applied by the operation a
 person at the terminal would run, with that operation's rules, ``by`` the
-comment's author.
+comment's author. A comment a webhook delivered is read on an ended workflow
+too (completed, cancelled), so its author is told why nothing happened; polling
+leaves ended workflows alone, as their comments would cost a call each look.
 
 Only people with write, maintain or admin permission command; anyone else's
 command is refused and never reaches a prompt (wait leaves every command out of
@@ -30,7 +32,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from phasegate import operations
-from phasegate.core.contract import NEEDS_YOU_STATUSES, ContractViolation, EventWrite
+from phasegate.core.contract import (
+    ENDED_STATUSES,
+    NEEDS_YOU_STATUSES,
+    ContractViolation,
+    EventWrite,
+)
 from phasegate.forge.base import Comment, ForgeError, TrustCache
 from phasegate.phases.forge_feedback import COMMAND_PREFIX, command_of
 from phasegate.runtime.engine import Engine, LeaseHeld
@@ -80,14 +87,15 @@ def listen(
     """Apply the new commands on every listened workflow of ``repository`` (this
     engine's clone's, by the store), oldest comment first; returns what each did.
     ``numbers``: only the workflows whose issue or pull request is one of them (a
-    webhook's comment). ``stop``: asked between workflows (a shutdown). Raises
-    ForgeError (ForgeUnavailable: the commands not applied yet are read again
-    next time)."""
+    webhook's comment), ended workflows among them. ``stop``: asked between
+    workflows (a shutdown). Raises ForgeError (ForgeUnavailable: the commands not
+    applied yet are read again next time)."""
+    statuses = LISTENED_STATUSES if numbers is None else LISTENED_STATUSES | ENDED_STATUSES
     done: list[Commanded] = []
     for row in engine.store.list_workflows():
         if stop():
             break
-        if row["status"] not in LISTENED_STATUSES or not row.get("issue_number"):
+        if row["status"] not in statuses or not row.get("issue_number"):
             continue
         if numbers is not None and not {row["issue_number"], row.get("pr_number")} & set(numbers):
             continue
