@@ -283,3 +283,41 @@ def test_a_comment_github_refuses_for_its_own_sake_is_dropped_with_an_event(
     report = f"<!-- phasegate:{workflow_id}:report:d1 -->"
     said = github.server.issue(github.repository, row["issue_number"]).comments
     assert [c for c in said if report in (c.body or "")]
+
+
+def test_a_verdict_whose_comment_failed_is_said_again_on_resume_never_asked_again(
+    github: GitHubLab, tmp_path: Path, engine_for: Build
+) -> None:
+    asked = tmp_path / "verifier-asked"
+    asked.mkdir()
+    # The verifier rejects, and leaves one file per time it is asked.
+    verify = (
+        'runner = "command"\n'
+        f'command = "cat > {asked}/ask-$(ls {asked} | wc -l).txt; '
+        'echo Feature is missing a test.; echo VERDICT: rejected"\n'
+    )
+    roles = {"verification": verify}
+    repo, _ = team_repo(github, tmp_path, roles, auto_merge=False, forge_extra=QUICK)
+    engine, store = engine_for(repo, forge=quick_forge(github, repo))
+    gh = github.server
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "waiting", row["error"]
+    issue = row["issue_number"]
+    gh.fail("POST", rf"/repos/octo/widgets/issues/{issue}/comments$", 500, times=4)
+
+    engine.decide(workflow_id, lambda ctx: decisions.approve_merge(ctx, "maya"))
+    row = engine.advance(workflow_id)
+    assert row["status"] == "paused", row["error"]
+    assert row["error"].startswith("forge_unavailable: acceptance_verification: "), row["error"]
+    assert len(list(asked.iterdir())) == 1
+
+    engine.decide(workflow_id, decisions.resume)
+    row = engine.advance(workflow_id)
+    assert row["status"] == "paused" and "acceptance verification rejected" in row["error"]
+    assert len(list(asked.iterdir())) == 1, "the verifier was asked again"
+    said = [c.body or "" for c in gh.issue(github.repository, issue).comments]
+    rejected = [b for b in said if b.startswith("Acceptance verification: **rejected**")]
+    assert len(rejected) == 1 and "Feature is missing a test." in rejected[0]
+    verdicts = [m for m in store.milestones(workflow_id) if m.kind == "acceptance_verification"]
+    assert [(m.status, m.data.get("verdict")) for m in verdicts] == [("completed", "rejected")]

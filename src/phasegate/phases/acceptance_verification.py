@@ -19,7 +19,9 @@
   issue closed, completed_at set. Rejected or indeterminate → paused for a
   person; delivered code is never marked failed.
 - re-entry point: a settled confirmed row for the same (merge SHA, acceptance
-  hash) is a terminal no-op; a new merge or an edited ticket verifies again.
+  hash), or a settled verdict of this very attempt, is decided again without the
+  verifier: its comment and the close, each journaled, are done at most once.
+  A new merge or an edited ticket verifies again.
   The same attempt reuses its row; a row a killed process left in_progress is
   settled cancelled by reconciliation and minted again by the same attempt.
 - recovery behavior: a verifier failure (exit code, timeout) retries in the
@@ -133,11 +135,18 @@ def _run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     if not merge_sha:
         return PhaseResult("pause", reason="no merge SHA resolves for the pull request")
     key = f"{merge_sha[:12]}:{acceptance_hash(ctx)}"
-    for seen in ctx.milestones_of(KIND):
-        if seen.dedupe_key.endswith(key) and seen.data.get("verdict") == "confirmed":
-            return PhaseResult.advance(COMPLETED, state={"verification_status": "confirmed"})
-
     attempt = int(ctx.state.get("verification_attempt", 0)) + 1
+    for seen in ctx.milestones_of(KIND):
+        if not (seen.dedupe_key.endswith(key) and seen.status == "completed"):
+            continue
+        if seen.data.get("verdict") == "confirmed" or seen.attempt == attempt:
+            # The verdict was reached and recorded before its comment or the close
+            # failed: it is said again, and the verifier is not asked again.
+            again = MilestoneWrite(
+                KIND, attempt=seen.attempt, key=key, summary=seen.summary, data=seen.data
+            )
+            return _decided(ctx, deps, again, str(seen.data.get("verdict")), attempt)
+
     parse_failures = int(ctx.state.get("verification_parse_failures", 0))
     limits = deps.limits
     running = MilestoneWrite(
@@ -222,8 +231,20 @@ def _run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         checks=checks_data,
         verified_by="verifier",
     )
+    # The verdict is evidence before the forge hears it: a comment or a close that
+    # fails pauses the workflow, and its resume says the same verdict again.
+    deps.store.write_milestone(ctx.id, ACCEPTANCE_VERIFICATION, row)
+    return _decided(ctx, deps, row, verdict, attempt)
+
+
+def _decided(
+    ctx: WorkflowContext, deps: PhaseDeps, row: MilestoneWrite, verdict: str, attempt: int
+) -> PhaseResult:
+    """What the verifier's ``verdict`` (recorded in ``row``) leads to: completed on
+    confirmed; else the rejection commented, and paused for a person."""
     if verdict == "confirmed":
         return _confirm(ctx, deps, row, "verifier")
+    note = str(row.data.get("comments") or "")
     if verdict == "rejected":
         _rejected(ctx, deps, row, "the verifier", note)
     return PhaseResult(
