@@ -140,6 +140,17 @@ def get_project(c: Call) -> Any:
     return c.gl.shapes.project(c.project(), c.actor)
 
 
+@route("GET", "/projects/{id}/members/all")
+def list_members(c: Call) -> Any:
+    project = c.project()
+    wanted = str(c.args.get("query") or "").lower()
+    found = [
+        u for u in c.gl.users.values()
+        if project.level(u) and wanted in (u.username.lower() + " " + u.name.lower())
+    ]  # fmt: skip
+    return [c.gl.shapes.member(project, u) for u in c.page(found)]
+
+
 @route("GET", "/projects/{id}/members/all/{user_id}")
 def get_member(c: Call) -> Any:
     project = c.project()
@@ -211,6 +222,13 @@ def edit_issue(c: Call) -> Any:
         raise GitLabError(403, "403 Forbidden")
     c.gl.edit(project, issue, c.actor, c.args)
     return c.gl.shapes.issue(project, issue)
+
+
+@route("GET", "/projects/{id}/issues/{iid}/resource_label_events")
+def list_label_events(c: Call) -> Any:
+    project = c.project()
+    issue = c.gl.issue(project, c.iid())
+    return [c.gl.shapes.label_event(project, issue, e) for e in c.page(issue.label_events)]
 
 
 @route("GET", "/projects/{id}/issues/{iid}/notes")
