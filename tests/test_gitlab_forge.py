@@ -226,7 +226,7 @@ def test_the_project_comes_from_origin_and_the_token_is_named_when_missing(
     for url, base, expected in (
         ("https://gitlab.com/acme/app.git", None, "acme/app"),
         ("git@gitlab.com:acme/tools/app.git", None, "acme/tools/app"),
-        ("ssh://git@gitlab.example.com:2222/a/b/c/app.git", "https://gitlab.example.com", "a/b/c/app"),
+        ("ssh://git@gl.example.com:2222/a/b/c/app.git", "https://gl.example.com", "a/b/c/app"),
         ("https://git.example.com/gitlab/acme/app", "https://git.example.com/gitlab", "acme/app"),
     ):  # fmt: skip
         git(repo, "remote", "remove", "origin") if git(repo, "remote") else None
