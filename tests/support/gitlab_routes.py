@@ -1,8 +1,8 @@
 """The fake GitLab's REST operations: GitLab v4 paths, status codes and JSON shapes.
 
-One handler per operation phasegate's GitLab forge uses
-(``support.gitlab_openapi.OPERATIONS``), plain synchronous code run under the
-model's lock. It checks the caller's role the way GitLab does (a project the
+One handler per operation phasegate's GitLab forge uses (each judged by
+python-gitlab's managers: ``support.gitlab_models``), plain synchronous code
+run under the model's lock. It checks the caller's role the way GitLab does (a project the
 caller is no member of is 404 ``Project Not Found``, too low a role 403),
 calls the model, and returns what ``Shapes`` renders. Parameters come from
 the query, a JSON body or a form, as Grape takes them; a missing required
