@@ -10,6 +10,7 @@ pass ``support.gitlab_models`` (the test fails otherwise).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,10 +111,11 @@ def branch_with_change(local: Path, branch: str, text: str = "x = 2\n") -> str:
 
 
 def cartridge_forge(lab: Lab, extra: str = "") -> str:
-    """A ``[forge]`` table for the team's project on the lab (poll_s short)."""
+    """A ``[forge]`` table for the team's project on the lab (poll_s short, unless
+    ``extra`` sets it)."""
+    poll = "" if re.search(r"^poll_s\s*=", extra, re.MULTILINE) else "poll_s = 0.2\n"
     return (
-        f'[forge]\nkind = "gitlab"\nrepository = "{TEAM}"\nbase_url = "{lab.gl.url}"\n'
-        f"poll_s = 0.2\n{extra}"
+        f'[forge]\nkind = "gitlab"\nrepository = "{TEAM}"\nbase_url = "{lab.gl.url}"\n{poll}{extra}'
     )
 
 
