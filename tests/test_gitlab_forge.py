@@ -82,6 +82,9 @@ def test_labelled_issues_say_who_added_the_label_and_permissions_follow_access_l
     as_bot = forge_for(gitlab, gl_forge.repo, token=token)
     assert as_bot.login() == bot.username
     assert as_bot.find_issue("nothing") is None
+    head = branch_with_change(gl_forge.repo, "by-the-bot")
+    as_bot.publish_branch("by-the-bot")  # git over HTTP with the project's token
+    assert gl.project(PROJECT).bare.branch_sha("by-the-bot") == head
 
 
 def test_a_merge_request_is_numbered_apart_from_issues_and_its_diff_notes_are_inline(
