@@ -24,6 +24,7 @@ from phasegate.store import open_store
 
 from conftest import git, make_repo
 from github_forge_kit import REPO, forge_for
+from gitlab_forge_kit import conformance_kit as gitlab_kit
 
 __all__ = ["KITS", "Kit", "branch_with_change", "kits_with"]
 
@@ -35,7 +36,8 @@ class Kit:
     ``open_issue(title, body, by) -> number``; ``say(number, body, by)``;
     ``label(number, label, by)``; ``review_line(pr, path, line, body, by)``;
     ``report(sha, context, state)`` with state success, failure or pending;
-    ``protect(branch, contexts)`` requires those checks before a merge into it;
+    ``protect(branch, contexts)`` requires those checks before a merge into it (on
+    GitLab: pipelines must succeed, the statuses being the pipeline's jobs);
     ``fail(method, path_regex, status, times)`` answers the next ``times`` matching
     requests with ``status``, unhandled; ``paths`` holds the regexes of the
     forge's ``create_issue`` and ``comment`` requests.
@@ -115,12 +117,14 @@ def github_kit(request: pytest.FixtureRequest, tmp_path: Path) -> Kit:
 KITS: dict[str, Callable[[pytest.FixtureRequest, Path], Kit]] = {
     "local": local_kit,
     "github": github_kit,
+    "gitlab": gitlab_kit,
 }
 
 #: What each rig's people can do (the Kit fields it sets).
 _CAN = {
     "local": set(),
     "github": {"people", "labels", "ci", "faults"},
+    "gitlab": {"people", "labels", "ci", "faults"},
 }
 
 

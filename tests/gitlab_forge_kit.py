@@ -164,9 +164,9 @@ def conformance_kit(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     """The forge conformance suite's rig for GitLab (``forge_conformance_kit.KITS``):
     phasegate's bot (a Developer whom main's protection lets merge) on a fresh
     project, dev (Developer) its maintainer, guest (Guest) its reader. Every
-    request is judged by python-gitlab's managers once the test ends. It can do
-    people, labels and faults; not "ci": GitLab protects a branch by its
-    pipeline (pipelines must succeed), never by a named check."""
+    request is judged by python-gitlab's managers once the test ends. Its
+    protection is the project's "pipelines must succeed": a status reported is a
+    job of the commit's external pipeline, so a failed one holds the merge."""
     from forge_conformance_kit import Kit  # the suite's own rig: imported where it runs
 
     stack = contextlib.ExitStack()
@@ -197,6 +197,12 @@ def conformance_kit(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
         label=lambda number, label, by: gl.label(CONFORMANCE, number, label, by),
         review_line=lambda pr, path, line, body, by: gl.line_comment(
             CONFORMANCE, mr_iid(pr), by, path, line, body
+        ),
+        report=lambda sha, context, state: gl.post_status(
+            project, gl.users["dev"], sha, {"failure": "failed"}.get(state, state), name=context
+        ),
+        protect=lambda branch, contexts: setattr(
+            project, "only_allow_merge_if_pipeline_succeeds", True
         ),
         fail=lambda method, path, status, times: gl.fail(method, path, status, times=times),
         paths={"issue": r"/projects/\d+/issues$", "comment": r"/projects/\d+/issues/\d+/notes$"},

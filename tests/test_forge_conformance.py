@@ -173,13 +173,15 @@ def test_peoples_comments_and_a_reviews_line_come_back_oldest_first(kit: Kit) ->
 def test_a_required_check_holds_the_merge_until_it_passed_on_that_head(kit: Kit) -> None:
     assert kit.report and kit.protect
     forge = kit.forge
+    assert forge.required_checks("main", fresh=True) == []
     kit.protect("main", ["ci/tests"])
-    assert "ci/tests" in forge.required_checks("main", fresh=True)
+    # GitHub and Gitea require the check by name; GitLab the pipeline it belongs to.
+    assert forge.required_checks("main", fresh=True) != []
     number, head = opened_pull_request(kit)
     forge.set_commit_status(head, "success", "reviewed and checked")
     kit.report(head, "ci/tests", "failure")
     checks = {c.name: c.state for c in forge.checks(head)}
-    assert checks == {OWN_CHECK: "success", "ci/tests": "failure"}
+    assert {OWN_CHECK: "success", "ci/tests": "failure"}.items() <= checks.items(), checks
     with pytest.raises(ForgeNotMergeable):
         forge.merge_pull_request(number, "Merge", head=head)
     assert forge.find_merge(number) is None
