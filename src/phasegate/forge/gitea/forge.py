@@ -200,18 +200,32 @@ class GiteaForge(GiteaChecks):
         """The id of the repository's label ``name``, made when there is none. Gitea
         lets two labels share a name: the lowest id is the one, for every worker."""
         if self._labels is None or name not in self._labels:
-            self._labels = {}
-            for found in sorted(self.pages(f"{self.base}/labels"), key=lambda x: int(x["id"])):
-                self._labels.setdefault(str(found["name"]), int(found["id"]))
-        if name not in self._labels:
+            self._read_labels()
+        labels = self._labels
+        assert labels is not None
+        if name not in labels:
             data = {
                 "name": name,
                 "color": STATUS_LABEL_COLOR,
                 "description": "phasegate's workflow status",
             }
-            made = self.json_of(self.call("POST", f"{self.base}/labels", json=data))
-            self._labels[name] = int(made["id"])
-        return self._labels[name]
+            try:
+                made = self.json_of(self.call("POST", f"{self.base}/labels", json=data))
+                labels[name] = int(made["id"])
+            except GiteaRefused as exc:
+                # 409: another worker made it between our list and our create
+                if exc.status != 409:
+                    raise
+                labels = self._read_labels()
+                if name not in labels:
+                    raise
+        return labels[name]
+
+    def _read_labels(self) -> dict[str, int]:
+        self._labels = {}
+        for found in sorted(self.pages(f"{self.base}/labels"), key=lambda x: int(x["id"])):
+            self._labels.setdefault(str(found["name"]), int(found["id"]))
+        return self._labels
 
     def labelled_issues(self, label: str) -> list[Labelled]:
         issues = self.pages(f"{self.base}/issues", state="open", type="issues", labels=label)
@@ -450,13 +464,13 @@ class GiteaForge(GiteaChecks):
         if pr.state != "open":
             raise ForgeError(f"pull request #{number} on {self.repository} is closed unmerged")
         title, _, text = self._pr_text(message).partition("\n")
+        # Gitea's own names (MergePullRequestOption). Go reads "do" case-insensitively,
+        # so every version takes the method; one that names the title and message
+        # MergeTitleField (Forgejo, older Gitea) gives the merge its default title.
         data = {
             "do": self.settings.merge_method,
-            # Gitea 1.22+ reads the snake_case names, Forgejo and older Gitea these
             "merge_title_field": title.strip(),
             "merge_message_field": text.strip(),
-            "MergeTitleField": title.strip(),
-            "MergeMessageField": text.strip(),
             "head_commit_id": head or pr.head_sha,
         }
         try:
