@@ -34,6 +34,7 @@ import logging
 import re
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -276,6 +277,9 @@ class GiteaAPI:
                     timeout=self.settings.timeout_s,
                     follow_redirects=False,
                 )
+                # Its connections live as long as the forge: closed when it is collected
+                # (the engine never closes its forge), so no socket is left to the GC.
+                weakref.finalize(self, self._client.close)
             return self._client
 
     def close(self) -> None:

@@ -464,13 +464,12 @@ class GiteaForge(GiteaChecks):
         if pr.state != "open":
             raise ForgeError(f"pull request #{number} on {self.repository} is closed unmerged")
         title, _, text = self._pr_text(message).partition("\n")
-        # Gitea's own names (MergePullRequestOption). Go reads "do" case-insensitively,
-        # so every version takes the method; one that names the title and message
-        # MergeTitleField (Forgejo, older Gitea) gives the merge its default title.
+        # The form's original names: every Gitea and Forgejo binds them (Gitea 1.27
+        # takes its new snake_case names too, for backward compatibility these).
         data = {
-            "do": self.settings.merge_method,
-            "merge_title_field": title.strip(),
-            "merge_message_field": text.strip(),
+            "Do": self.settings.merge_method,
+            "MergeTitleField": title.strip(),
+            "MergeMessageField": text.strip(),
             "head_commit_id": head or pr.head_sha,
         }
         try:
