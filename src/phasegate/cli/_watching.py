@@ -49,10 +49,10 @@ log = logging.getLogger(__name__)
 
 def github_repository(command: str, root: Path, cartridge: Cartridge) -> str:
     """The cartridge's GitHub repository (``owner/name``); UsageError with the local forge."""
-    if cartridge.forge.kind != "github":
+    if cartridge.forge.kind == "local":
         raise UsageError(
-            f'{command} needs forge.kind = "github" in {CARTRIDGE_FILE} (this cartridge has '
-            'the local forge, whose tickets come from `phasegate run "ticket"`)'
+            f'{command} needs forge.kind = "github" or "gitea" in {CARTRIDGE_FILE} (this '
+            'cartridge has the local forge, whose tickets come from `phasegate run "ticket"`)'
         )
     return repository_of(cartridge.forge.repository, root, cartridge.forge.base_url)
 

@@ -13,7 +13,8 @@ that will run unconfined a warning.
 With ``forge.kind = "github"`` it makes one read-only call, ``GET
 /repos/{owner}/{repo}`` with the cartridge's credentials (``offline=True``
 skips it): a refused token, a repository the token cannot see, or one it may
-read but not push to is missing; GitHub out of reach is a warning.
+read but not push to is missing; GitHub out of reach is a warning. A Gitea
+forge is asked the same (``forge.gitea.access``).
 """
 
 from __future__ import annotations
@@ -481,6 +482,10 @@ def _forge(
     settings = cartridge.forge
     if settings.kind == "local":
         return {"kind": "local"}
+    if settings.kind == "gitea":
+        from phasegate.forge.gitea.access import diagnose_gitea
+
+        return diagnose_gitea(settings, root, env, missing, warnings, offline=offline)
     found = {"kind": settings.kind, "api": settings.base_url or "https://api.github.com"}
     _tracked_key(settings, root, warnings)
     try:

@@ -168,6 +168,11 @@ def resolve(
                 f'{CARTRIDGE_FILE} has forge.kind = "local" (set kind = "github")'
             )
         return NewProject(bare, directory, text, base, None, private, earlier)
+    if cartridge.forge.kind == "gitea":
+        raise NewProjectRefused(
+            f"--new-project {name!r}: phasegate makes repositories on GitHub only; create "
+            "it on the Gitea instance, clone it, then `phasegate run` there (nothing was made)"
+        )
     if owner is None and cartridge.forge.uses_app:
         raise NewProjectRefused(
             f"--new-project {name!r}: a GitHub App creates repositories in an organisation "
