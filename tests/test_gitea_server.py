@@ -480,6 +480,9 @@ def test_webhooks_are_signed_as_gitea_signs_and_phasegate_reads_them(lab: Lab) -
     assert [lb["name"] for lb in labelled["issue"]["labels"]] == ["agent"]
     about = concerns("gitea", "issues", labelled)
     assert (about.repository, about.numbers) == (REPO, frozenset({1}))
+    # Gitea names no added label: phasegate sees the labels carried, the
+    # watcher asks the timeline who put the trigger label there.
+    assert (about.label, about.labelled, about.carried) == (None, None, frozenset({"agent"}))
     comment = concerns("gitea", "issue_comment", json.loads(received[2][1]))
     assert comment.command is True
     merged = json.loads(received[6][1])
