@@ -539,3 +539,84 @@ def test_every_route_the_fake_serves_is_an_operation_of_the_description() -> Non
         "repo_get_pull_request_by_base_head"
     )
     assert len(set(served_by.values())) == len(ROUTES)  # one operation each
+
+
+def test_the_description_packages_own_client_drives_a_workflow(lab: Lab) -> None:
+    """gitea-api-client, generated from the same description, reads every answer
+    into its models: the fake's JSON is what a generated Gitea client expects."""
+    import asyncio
+
+    client = pytest.importorskip("gitea_api_client")
+    models = client.models
+    head = lab.push_branch(BOT, "agent/9", {"done.txt": "done\n"})
+
+    async def workflow() -> None:
+        config = client.Configuration(
+            host=f"{lab.gitea.url}/api/v1",
+            api_key={"AuthorizationHeaderToken": lab.token(BOT)},
+            api_key_prefix={"AuthorizationHeaderToken": "token"},
+        )
+        async with client.ApiClient(config) as api:
+            issues, repos = client.IssueApi(api), client.RepositoryApi(api)
+            me = await client.UserApi(api).user_get_current()
+            assert me.login == BOT
+            repo = await repos.repo_get("alice", "app")
+            assert repo.permissions is not None and repo.permissions.push is True
+            label = await issues.issue_create_label(
+                "alice", "app", models.CreateLabelOption(name="agent", color="#123456")
+            )
+            issue = await issues.issue_create_issue(
+                "alice", "app", models.CreateIssueOption(title="Do it", labels=[label.id])
+            )
+            assert [lb.name for lb in issue.labels or []] == ["agent"]
+            await issues.issue_create_comment(
+                "alice", "app", issue.number, models.CreateIssueCommentOption(body="on it")
+            )
+            timeline = await issues.issue_get_comments_and_timeline("alice", "app", issue.number)
+            assert [t.type for t in timeline] == ["label", "comment"]
+            pull = await repos.repo_create_pull_request(
+                "alice", "app",
+                models.CreatePullRequestOption(head="agent/9", base="main", title="Do it"),
+            )  # fmt: skip
+            assert pull.head is not None and pull.head.sha == head
+            await repos.repo_create_status(
+                "alice", "app", head, models.CreateStatusOption(state="success", context="ci")
+            )
+            combined = await repos.repo_get_combined_status_by_ref("alice", "app", head)
+            assert combined.state == "success"
+            await repos.repo_merge_pull_request(
+                "alice", "app", pull.number,
+                models.MergePullRequestOption(do="squash", head_commit_id=head),
+            )  # fmt: skip
+            merged = await repos.repo_get_pull_request("alice", "app", pull.number)
+            assert merged.merged is True and merged.merged_by is not None
+            await issues.issue_edit_issue(
+                "alice", "app", issue.number, models.EditIssueOption(state="closed")
+            )
+
+    asyncio.run(workflow())
+    assert lab.repo.issues[1].state == "closed"
+
+
+def test_a_protected_branch_takes_no_push_unless_its_rule_allows_the_pusher(lab: Lab) -> None:
+    checkout = lab.work / "pusher"
+    lab.git("clone", "--quiet", lab.gitea.clone_url(REPO, lab.token("dev")), str(checkout))
+    (checkout / "direct.txt").write_text("direct\n")
+    lab.git("add", "-A", cwd=checkout)
+    lab.git("-c", "user.name=Dev", "-c", "user.email=dev@example.com", "commit", "-qm", "direct",
+            cwd=checkout)  # fmt: skip
+    lab.gitea.protect(lab.repo, "main", {})
+    refused = lab.git("push", "origin", "main", cwd=checkout, check=False)
+    assert "Not allowed to push to protected branch main" in refused
+    lab.gitea.protect(lab.repo, "release/*", {"enable_push": True, "enable_push_whitelist": True,
+                                              "push_whitelist_usernames": ["alice"]})  # fmt: skip
+    other = lab.git("push", "origin", "HEAD:release/1", cwd=checkout, check=False)
+    assert "Not allowed to push to protected branch release/1" in other
+    lab.gitea.repo(REPO).protections[0].enable_push = True
+    from support.gitea_guard import install
+
+    install(lab.repo)
+    lab.git("push", "--quiet", "origin", "main", cwd=checkout)
+    assert lab.repo.bare.branch_sha("main") == lab.git("rev-parse", "HEAD", cwd=checkout)
+    gone = lab.git("push", "origin", ":main", cwd=checkout, check=False)
+    assert "protected from deletion" in gone or "refusing to delete the current branch" in gone
