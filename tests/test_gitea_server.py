@@ -620,3 +620,24 @@ def test_a_protected_branch_takes_no_push_unless_its_rule_allows_the_pusher(lab:
     assert lab.repo.bare.branch_sha("main") == lab.git("rev-parse", "HEAD", cwd=checkout)
     gone = lab.git("push", "origin", ":main", cwd=checkout, check=False)
     assert "protected from deletion" in gone or "refusing to delete the current branch" in gone
+
+
+def test_a_hook_made_through_the_api_gets_the_events_it_chose(lab: Lab) -> None:
+    config = {"url": "http://127.0.0.1:9/hook", "content_type": "json", "secret": "s"}
+    hook = {"type": "gitea", "events": ["issues"], "active": True, "config": config}
+    assert lab.client(BOT).post(f"{R}/hooks", json=hook).status_code == 403
+    made = ok(lab.client("alice").post(f"{R}/hooks", json=hook), 201)
+    assert (made["type"], made["events"], made["config"]["url"]) == (
+        "gitea", ["issues"], "http://127.0.0.1:9/hook",
+    )  # fmt: skip
+    assert "secret" not in made["config"]
+    assert [h["id"] for h in ok(lab.client("alice").get(f"{R}/hooks"))] == [made["id"]]
+    lab.gitea.open_issue(REPO, "dev", "Hooked")
+    lab.gitea.comment(REPO, "dev", 1, "not chosen")
+    lab.gitea.label(REPO, "alice", 1, "agent")
+    delivered = lab.gitea.hooks.wait_all()
+    assert [(d.event, d.kind) for d in delivered] == [
+        ("issues", "issues"),
+        ("issues", "issue_label"),
+    ]
+    assert all(d.status is None for d in delivered)  # nobody listens on port 9

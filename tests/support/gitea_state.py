@@ -163,6 +163,9 @@ class Gitea(Merging):
         """An issue filed by ``login`` (labels by id, set by the author)."""
         with self.lock:
             repo, user = self.repo(full_name), self.users[login]
+            for lid in labels or ():
+                if lid not in repo.labels:  # refused before anything is filed
+                    raise GiteaError(422, f"label does not exist [label_id: {lid}]")
             now = self.clock()
             issue = Issue(self.next_id("issue"), repo.next_index(), title, body, user, now, now)
             repo.issues[issue.number] = issue
