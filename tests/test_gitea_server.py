@@ -411,11 +411,13 @@ def test_started_by_hand() -> None:
             assert first.startswith("fake Gitea at http://127.0.0.1:")
             url = first.split()[3]
             owner_token = proc.stdout.readline().split()[-1]
-            bot_token = proc.stdout.readline().split()[3]
+            bot_line = proc.stdout.readline()
+            assert bot_line.startswith("phasegate-bot token (admin): ")
+            bot_token = bot_line.split()[3]
             answer = httpx.get(
                 f"{url}/api/v1/repos/alice/app", headers={"Authorization": f"token {bot_token}"}
             )
-            assert answer.json()["permissions"]["push"] is True
+            assert answer.json()["permissions"] == {"admin": True, "push": True, "pull": True}
             mine = httpx.get(
                 f"{url}/api/v1/user", headers={"Authorization": f"token {owner_token}"}
             )
