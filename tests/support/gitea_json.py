@@ -253,6 +253,9 @@ class Shapes:
 
     def combined(self, repo: Repo, sha: str, viewer: User | None) -> dict[str, Any]:
         latest = self.gitea.latest_statuses(repo, sha)
+        if not latest:  # Gitea answers its zero value then
+            return {"state": "", "sha": "", "total_count": 0, "statuses": None,
+                    "repository": None, "commit_url": "", "url": ""}  # fmt: skip
         return {
             "state": self.gitea.combined_state(latest), "sha": sha,
             "total_count": len(latest), "statuses": [self.status(repo, s) for s in latest],

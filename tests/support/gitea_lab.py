@@ -53,6 +53,13 @@ class Lab:
         self.clients.append(client)
         return client
 
+    def refused(self) -> list[str]:
+        """What broke the description since last asked (a test's own wrong
+        requests), forgotten: the lab fails on leaving for any left."""
+        with self.gitea.lock:
+            found, self.gitea.violations[:] = list(self.gitea.violations), []
+        return found
+
     def git(self, *args: str, cwd: Path | None = None, check: bool = True) -> str:
         proc = subprocess.run(
             ["git", *args], cwd=cwd or self.work, env=git_env(), capture_output=True,

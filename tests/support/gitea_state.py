@@ -163,6 +163,9 @@ class Gitea(Merging):
         """An issue filed by ``login`` (labels by id, set by the author)."""
         with self.lock:
             repo, user = self.repo(full_name), self.users[login]
+            for lid in labels or ():
+                if lid not in repo.labels:  # refused before anything is filed
+                    raise GiteaError(422, f"label does not exist [label_id: {lid}]")
             now = self.clock()
             issue = Issue(self.next_id("issue"), repo.next_index(), title, body, user, now, now)
             repo.issues[issue.number] = issue
@@ -224,8 +227,6 @@ class Gitea(Merging):
             color = "".join(c * 2 for c in color)
         if len(color) != 6 or any(c not in "0123456789abcdef" for c in color):
             raise GiteaError(422, "Color: invalid color")
-        if repo.label_named(name) is not None:
-            raise GiteaError(409, "label already exists")  # Gitea 1.27 refuses a duplicate name
         label = Label(self.next_id("label"), name, color, description, exclusive)
         repo.labels[label.id] = label
         return label
