@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from phasegate.config.cartridge import load_cartridge
+from phasegate.config.forge import ForgeSettings
 from phasegate.forge.base import ForgeError
 from phasegate.forge.gitea.auth import GiteaAuth, instance_url, repository_from_origin
 from phasegate.forge.gitea.forge import GiteaForge
@@ -134,3 +136,26 @@ def test_the_protection_rule_that_applies_gives_the_required_contexts(
         load_cartridge(repo).forge,
     )  # fmt: skip
     assert maya.required_checks("main") == []  # not an administrator: the rules are hidden
+
+
+def test_a_get_gitea_answered_with_an_etag_is_asked_again_conditionally(tmp_path: Path) -> None:
+    """The network replaced (httpx's MockTransport): Gitea gives an ETag on some
+    answers, and a 304 to a GET naming it hands back the answer kept."""
+    seen: list[str | None] = []
+    body = {"number": 3, "title": "t", "body": "b", "state": "open", "labels": []}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("if-none-match"))
+        assert request.headers["authorization"] == "token s3cret-token-value"
+        if request.headers.get("if-none-match") == '"v1"':
+            return httpx.Response(304, headers={"ETag": '"v1"'})
+        return httpx.Response(200, json=body, headers={"ETag": '"v1"'})
+
+    repo = make_repo(tmp_path / "repo")
+    settings = ForgeSettings(kind="gitea", repository=REPO, base_url="https://git.example.com")
+    forge = GiteaForge(
+        REPO, GiteaAuth("s3cret-token-value", "the token in GITEA_TOKEN"), repo, Workspace(),
+        settings, transport=httpx.MockTransport(answer),
+    )  # fmt: skip
+    assert forge.issue(3).title == forge.issue(3).title == "t"
+    assert seen == [None, '"v1"'] and forge.not_modified == 1
