@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from support.gitea_model import GiteaError, Issue, Repo, User, iso, not_found
+from support.gitea_model import Comment, Event, GiteaError, Issue, Repo, User, iso, not_found
 
 if TYPE_CHECKING:
     from support.gitea_server import GiteaServer
@@ -329,7 +329,7 @@ def issue_timeline(c: Call) -> Any:
     repo = c.repo()
     issue = c.gitea.issue(repo, c.number())
     since = _since(c.query.get("since"))
-    entries = sorted([*issue.comments, *issue.events], key=lambda e: e.id)
+    entries: list[Comment | Event] = sorted([*issue.comments, *issue.events], key=lambda e: e.id)
     entries = [e for e in entries if since is None or e.created_at >= since]
     return [c.gitea.shapes.timeline(repo, issue, e) for e in c.page(entries)]
 
