@@ -261,7 +261,7 @@ def _labelling(c: Call) -> tuple[Repo, Issue]:
     repo = c.repo()
     issue = c.gitea.issue(repo, c.number())
     if not repo.can(c.me(), "write"):
-        raise GiteaError(403, "write permission is required")
+        raise GiteaError(403, "user should have a permission to write to a repo")
     return repo, issue
 
 
