@@ -9,9 +9,10 @@ does: ``X-Gitea-Event`` (``issues``, ``issue_comment``, ``pull_request``,
 delivery) and ``X-Gitea-Signature``, the hex HMAC-SHA256 of the body with the
 hook's secret (empty without one); the same under ``X-Gogs-*`` and
 ``X-GitHub-*`` (``X-Hub-Signature-256: sha256=…``, ``X-Hub-Signature:
-sha1=…``) as Gitea sends them, and under ``X-Forgejo-*`` as Forgejo does. The body is Gitea's payload JSON
-(``modules/structs/hook.go``): ``action``, ``number``, ``issue`` or
-``pull_request``, ``comment``, ``review``, ``repository`` and ``sender``.
+sha1=…``) as Gitea sends them, and under ``X-Forgejo-*`` as Forgejo does.
+The body is Gitea's payload JSON (``modules/structs/hook.go``): ``action``,
+``number``, ``issue`` or ``pull_request``, ``comment``, ``review``,
+``repository`` and ``sender``.
 
 A label change is Gitea's ``issue_label`` event: ``X-Gitea-Event: issues``,
 ``action: label_updated`` (``label_cleared`` when none is left), the issue
