@@ -54,6 +54,7 @@ def test_tokens_authenticate_and_unknown_ones_get_401(lab: Lab) -> None:
     assert ok(bearer.get("/user"))["id"] == me["id"]
     basic = httpx.get(f"{lab.gitea.url}/api/v1/user", auth=("dev", lab.token("dev")))
     assert basic.json()["login"] == "dev"
+    assert ok(lab.client("guest").get("/version")) == {"version": "1.27.3"}
     none = httpx.get(f"{lab.gitea.url}/api/v1/user")
     assert (none.status_code, none.json()["message"]) == (401, "token is required")
     wrong = httpx.get(f"{lab.gitea.url}/api/v1/user", headers={"Authorization": "token nope"})
