@@ -201,7 +201,8 @@ def _operations(tree: ast.Module) -> Iterator[Operation]:
                 for key, value in zip(node.value.keys, node.value.values, strict=True):
                     assert isinstance(key, ast.Constant) and isinstance(value, ast.Constant)
                     if str(key.value).isdigit():
-                        responses[int(key.value)] = value.value
+                        typed = value.value
+                        responses[int(str(key.value))] = None if typed is None else str(typed)
         yield Operation(
             public.name, http_method, path, frozenset(query), frozenset(ints), body, required,
             responses,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from support.gitea_model import GiteaError, Issue, Repo, User, iso, not_found
+from support.gitea_model import Comment, Event, GiteaError, Issue, Repo, User, iso, not_found
 
 if TYPE_CHECKING:
     from support.gitea_server import GiteaServer
@@ -133,6 +133,15 @@ def _can_write_issue(repo: Repo, issue: Issue, actor: User | None) -> bool:
 
 
 # -- the caller and the repository -----------------------------------------------------------
+
+
+#: The Gitea version the fake answers as (the description's version too).
+VERSION = "1.27.3"
+
+
+@route("GET", "/version")
+def version(c: Call) -> Any:
+    return {"version": VERSION}
 
 
 @route("GET", "/user")
@@ -261,7 +270,7 @@ def _labelling(c: Call) -> tuple[Repo, Issue]:
     repo = c.repo()
     issue = c.gitea.issue(repo, c.number())
     if not repo.can(c.me(), "write"):
-        raise GiteaError(403, "write permission is required")
+        raise GiteaError(403, "user should have a permission to write to a repo")
     return repo, issue
 
 
@@ -329,7 +338,7 @@ def issue_timeline(c: Call) -> Any:
     repo = c.repo()
     issue = c.gitea.issue(repo, c.number())
     since = _since(c.query.get("since"))
-    entries = sorted([*issue.comments, *issue.events], key=lambda e: e.id)
+    entries: list[Comment | Event] = sorted([*issue.comments, *issue.events], key=lambda e: e.id)
     entries = [e for e in entries if since is None or e.created_at >= since]
     return [c.gitea.shapes.timeline(repo, issue, e) for e in c.page(entries)]
 

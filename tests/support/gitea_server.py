@@ -189,7 +189,7 @@ def _endpoint(gitea: GiteaServer, r: Route) -> Callable[[Request], Any]:
         query = dict(request.query_params)
         given, actor = gitea.caller({k.lower(): v for k, v in request.headers.items()}, query)
         if given and actor is None:
-            raise GiteaError(401, "user does not exist")
+            raise GiteaError(401, "invalid username, password or token")
         call = Call(gitea, str(request.url), dict(request.path_params), query, body, actor)
 
         def handle() -> Any:

@@ -148,7 +148,12 @@ class Gitea(Merging):
         if repo is None or (repo.private and not repo.can(actor, "read")):
             raise not_found()
         if not repo.can(actor, mode):
-            raise GiteaError(403, "user should have a permission to write to a repo")
+            raise GiteaError(
+                403,
+                "user should be an owner or a collaborator with admin write of a repository"
+                if mode == "admin"
+                else "user should have a permission to write to a repo",
+            )
         return repo
 
     # -- issues --------------------------------------------------------------------------------
