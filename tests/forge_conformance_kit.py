@@ -23,6 +23,7 @@ from phasegate.git.workspace import Workspace
 from phasegate.store import open_store
 
 from conftest import git, make_repo
+from gitea_forge_kit import conformance_kit as gitea_kit
 from github_forge_kit import REPO, forge_for
 from gitlab_forge_kit import conformance_kit as gitlab_kit
 
@@ -118,6 +119,7 @@ KITS: dict[str, Callable[[pytest.FixtureRequest, Path], Kit]] = {
     "local": local_kit,
     "github": github_kit,
     "gitlab": gitlab_kit,
+    "gitea": gitea_kit,
 }
 
 #: What each rig's people can do (the Kit fields it sets).
@@ -125,6 +127,7 @@ _CAN = {
     "local": set(),
     "github": {"people", "labels", "ci", "faults"},
     "gitlab": {"people", "labels", "ci", "faults"},
+    "gitea": {"people", "labels", "ci", "faults"},
 }
 
 

@@ -49,11 +49,11 @@ log = logging.getLogger(__name__)
 
 def github_repository(command: str, root: Path, cartridge: Cartridge) -> str:
     """The cartridge's team forge repository (GitHub's ``owner/name``, GitLab's
-    ``group/…/name``); UsageError with the local forge."""
+    ``group/…/name``, Gitea's ``owner/name``); UsageError with the local forge."""
     settings = cartridge.forge
     if settings.kind == "local":
         raise UsageError(
-            f'{command} needs a team forge (forge.kind = "github" or "gitlab") in '
+            f'{command} needs a team forge (forge.kind = "github", "gitlab" or "gitea") in '
             f"{CARTRIDGE_FILE} (this cartridge has the local forge, whose tickets come from "
             '`phasegate run "ticket"`)'
         )

@@ -1,6 +1,7 @@
 """Forges: where issues, pull requests and merges live.
 
-``LocalForge`` (the store and the repository) and ``GitHubForge`` (githubkit);
+``LocalForge`` (the store and the repository), ``GitHubForge`` (githubkit) and,
+in their own subpackages, GitLab's (python-gitlab) and Gitea's (its REST API);
 ``make_forge`` picks the one the cartridge's ``[forge]`` names. Each name loads
 its module on first use: the forge's protocol alone (``Forge``) must not import
 githubkit, which a command that never talks to GitHub does not need.

@@ -5,8 +5,10 @@ existing result before it repeats a call (docs/contracts/lifecycle.md:
 journaled side effects), so the lookups must be exact: by marker for issues and
 comments, by head branch for pull requests.
 
-Two forges implement it: ``LocalForge`` (the store and the repository itself)
-and ``GitHubForge`` (githubkit). What only a team's forge has — people with
+Four forges implement it: ``LocalForge`` (the store and the repository itself),
+``GitHubForge`` (githubkit), ``GitLabForge`` (python-gitlab) and ``GiteaForge``
+(Gitea's and Forgejo's REST API); tests/test_forge_conformance.py holds them to
+the same behaviour. What only a team's forge has — people with
 permissions, their comments, CI — the local forge answers empty: its people
 speak through the CLI, its checks are ``landing_areas.checks``.
 

@@ -352,7 +352,7 @@ def repository_of(
     """The forge repository (``owner/name``; GitLab: ``group/…/name``):
     ``forge.repository`` when set, else read from the ``origin`` remote of the
     repository at ``root`` (an https or ssh URL of the forge ``kind``'s shape:
-    ``github_auth.repository_from_origin``, GitLab's own). Raises TriggerRefused
+    ``github_auth.repository_from_origin``, GitLab's and Gitea's own). Raises TriggerRefused
     when neither names one."""
     if configured:
         return configured
@@ -361,6 +361,10 @@ def repository_of(
             from phasegate.forge.gitlab.auth import repository_from_origin as gitlab_origin
 
             return gitlab_origin(root, base_url)
+        if kind == "gitea" and base_url is not None:
+            from phasegate.forge.gitea.auth import repository_from_origin as gitea_origin
+
+            return gitea_origin(root, base_url)
         return repository_from_origin(root, base_url)
     except ForgeError as exc:
         raise TriggerRefused(str(exc)) from exc
