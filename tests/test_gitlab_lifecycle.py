@@ -17,6 +17,7 @@ import pytest
 from phasegate.integrations.triggers import Ignored, Started, Watcher
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store
+from phasegate.summary import workflow_summary
 
 from conftest import git, recorded_prompts
 from gitlab_forge_kit import BOT, TEAM, gitlab, team_project
@@ -67,6 +68,8 @@ def test_a_developers_label_runs_a_whole_lifecycle_to_a_merged_mr_and_a_closed_i
     row = engine.advance(workflow_id)
     assert row["status"] == "waiting", row["error"]
     assert row["issue_number"] == issue.iid and row["pr_number"] == 1_000_001
+    # status, show and the dashboard name the merge request as GitLab does
+    assert workflow_summary(store, row)["pr_ref"] == "!1"
     assert len(project.issues) == 1 and len(project.merge_requests) == 1
     mr = project.merge_requests[1]
     # GitLab would close the issue on "Implements #1" at the merge: phasegate says otherwise

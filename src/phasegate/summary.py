@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from phasegate.core.contract import AWAITING_APPROVAL
 from phasegate.core.profiles import AutomationProfile, decisions_of
+from phasegate.forge.base import shown_number
 from phasegate.proc.host import holder_alive
 
 if TYPE_CHECKING:  # the Store's module imports SQLAlchemy, which `status` need not
@@ -83,6 +84,8 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
         "reversion_count": int(row["state"].get("reversion_count") or 0),
         "issue_number": row["issue_number"],
         "pr_number": row["pr_number"],
+        # as its forge shows it: #12, or GitLab's !3
+        "pr_ref": shown_number(row["pr_number"]) if row["pr_number"] else None,
         "branch_name": row["branch_name"],
         # A store shared by several repositories (PostgreSQL) lists them all: whose it is.
         "repository": row.get("repository"),

@@ -342,7 +342,7 @@ def print_detail(detail: Mapping[str, Any]) -> None:
     )
     console.print(
         f"  issue #{s['issue_number']} · "
-        + (f"PR #{s['pr_number']} · " if s["pr_number"] else "no PR yet · ")
+        + (f"PR {s['pr_ref']} · " if s["pr_number"] else "no PR yet · ")
         + f"{s['tokens']} tokens · ${s['cost_usd']:.4f}",
         highlight=False,
     )

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["MR_NUMBERS", "gitlab_references", "is_merge_request", "mr_iid", "pull_number"]
+from phasegate.forge.base import MR_NUMBERS
 
-#: Merge request ``!N`` is phasegate's number MR_NUMBERS + N.
-MR_NUMBERS = 1_000_000
+__all__ = ["MR_NUMBERS", "gitlab_references", "is_merge_request", "mr_iid", "pull_number"]
 
 _REFERENCE = re.compile(r"(?<![\w&])#(\d{7,})\b")
 
