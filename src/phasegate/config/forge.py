@@ -14,8 +14,10 @@ never appears in the cartridge: it would end up in git.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -119,13 +121,18 @@ class ForgeSettings(BaseModel):
                 "forge.base_url: a Gitea or Forgejo forge needs its instance's URL "
                 "(e.g. https://git.example.com)"
             )
-        if self.base_url is not None and not re.match(r"^https?://[^\s/]+", self.base_url):
-            raise ValueError(f"forge.base_url: {self.base_url!r} is not an http(s) URL")
+        if self.base_url is not None:
+            _check_base_url(self.kind, self.base_url)
         app = {"app_id": self.app_id, "private_key_file": self.private_key_file}
-        if any(v is not None for v in app.values()) or self.installation_id is not None:
+        app_keys = [
+            k
+            for k in ("app_id", "private_key_file", "installation_id")
+            if getattr(self, k) is not None
+        ]
+        if app_keys:
             if self.kind != "github":
                 raise ValueError(
-                    f"forge.app_id: a GitHub App is GitHub's (this forge is {self.kind})"
+                    f"forge.{app_keys[0]}: a GitHub App is GitHub's (this forge is {self.kind})"
                 )
             missing = [k for k, v in app.items() if v is None]
             if missing:
@@ -142,3 +149,42 @@ class ForgeSettings(BaseModel):
     @property
     def uses_app(self) -> bool:
         return self.app_id is not None
+
+
+# An API root given where the instance is wanted: phasegate adds it itself.
+_API_ROOT = {
+    "gitlab": ("/api/v4", "https://gitlab.example.com"),
+    "gitea": ("/api/v1", "https://git.example.com"),
+}
+
+
+def _check_base_url(kind: str, base_url: str) -> None:
+    """Refuse a base_url that is no http(s) URL, holds credentials, would send the
+    token over plain http to another machine, or is GitLab's or Gitea's API root
+    rather than the instance. Loopback http stays allowed: a test server."""
+    if not re.match(r"^https?://[^\s/]+", base_url):
+        raise ValueError(f"forge.base_url: {base_url!r} is not an http(s) URL")
+    parts = urlsplit(base_url)
+    if parts.username or parts.password:
+        raise ValueError("forge.base_url: it holds credentials; give the token in forge.token_env")
+    if parts.scheme != "https" and not _loopback(parts.hostname or ""):
+        raise ValueError(
+            f"forge.base_url: {base_url!r} is not https: phasegate sends no token over "
+            "plain http to another machine"
+        )
+    if kind in _API_ROOT:
+        suffix, example = _API_ROOT[kind]
+        if parts.path.rstrip("/").endswith(suffix):
+            raise ValueError(
+                f"forge.base_url: {base_url!r} is the API root ({suffix}); give the "
+                f"instance's URL (e.g. {example}): phasegate adds {suffix} itself"
+            )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
