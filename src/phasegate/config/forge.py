@@ -42,23 +42,26 @@ class ForgeSettings(BaseModel):
     Forgejo): a repository on that forge."""
     repository: str | None = None  # owner/name (GitLab: group/…/name); None: the origin's
     base_url: str | None = None
-    """GitHub: the API root (unset: https://api.github.com); GitLab: the instance
-    (unset: https://gitlab.com); Gitea: the instance, required."""
-    token_env: str = "GITHUB_TOKEN"
-    """The environment variable holding the forge's token (unset: GITHUB_TOKEN,
-    GITLAB_TOKEN or GITEA_TOKEN by kind); the token is never in the cartridge."""
+    """GitHub: the API root (unset: https://api.github.com); GitLab: the instance,
+    not its /api/v4 (unset: https://gitlab.com); Gitea: the instance, not its
+    /api/v1, required. https; plain http only to this machine (a test server)."""
+    # the default is set by kind (_token_by_kind); the reference says so, not GitHub's
+    token_env: str = Field(default="GITHUB_TOKEN", json_schema_extra={"shown_default": "by kind"})
+    """The environment variable holding the forge's token; unset, by kind: GITHUB_TOKEN,
+    GITLAB_TOKEN or GITEA_TOKEN. The token is never in the cartridge."""
     app_id: int | None = None
     """A GitHub App's id: phasegate then acts as the App (with ``private_key_file``)."""
     private_key_file: str | None = None  # PEM, relative to the repository
     installation_id: int | None = None
     """The App's installation; unset: the repository's, asked of GitHub."""
     merge_method: Literal["merge", "squash", "rebase"] = "merge"
-    """How GitHub merges the pull request."""
+    """How the forge merges the pull request (GitLab's merge request): a merge
+    commit, one squashed commit, or rebased (GitLab: the project's own method)."""
     trigger_label: str = "phasegate"
     """The label whose setting by a trusted person starts a workflow for an issue."""
     watch_in_worker: bool = False  # `phasegate worker` also does what `watch` does
     delete_merged_branches: bool = True
-    """After a merge, delete the workflow's own branch on GitHub (never the base)."""
+    """After a merge, delete the workflow's own branch on the forge (never the base)."""
     poll_s: float = Field(default=30.0, gt=0, le=3600)  # how often wait and CI look again
     max_ci_repairs: int = Field(default=2, ge=0, le=20)  # CI-repair rounds before a stop
     # Checks that must report and pass: until one has reported on a head it is pending
