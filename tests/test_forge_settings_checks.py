@@ -1,14 +1,19 @@
 """The [forge] table's checks that hold for every remote forge: a base_url that
 would send the token in the clear, an API root given for GitLab's or Gitea's
 instance, and a GitHub App's key given to another forge, each refused naming
-the key the cartridge holds."""
+the key the cartridge holds; the help and the reference name every forge."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from phasegate.config.forge import ForgeSettings
+
+from conftest import phasegate_cli
 
 
 @pytest.mark.parametrize("kind", ["github", "gitlab", "gitea"])
@@ -56,3 +61,20 @@ def test_a_github_app_key_given_to_another_forge_is_named(kind: str, key: str) -
         ForgeSettings(
             kind=kind, repository="octo/widgets", base_url="https://h.example", **{key: value}
         )  # type: ignore[arg-type]
+
+
+def test_the_help_and_the_reference_name_every_forge() -> None:
+    doctor = phasegate_cli("doctor", "--help", env={**os.environ, "COLUMNS": "200"})
+    assert doctor.returncode == 0, doctor.stderr
+    said = " ".join(doctor.stdout.split())
+    assert "Send nothing to GitHub" not in said and 'forge.kind = "gitea"' in said
+    watch = " ".join(
+        phasegate_cli("watch", "--help", env={**os.environ, "COLUMNS": "200"}).stdout.split()
+    )
+    assert '"gitea"' in watch
+    reference = (Path(__file__).parent.parent / "docs" / "reference" / "cartridge.md").read_text()
+    row = next(line for line in reference.splitlines() if line.startswith("| `token_env`"))
+    assert "| by kind |" in row and '"GITHUB_TOKEN"' not in row
+    for key in ("merge_method", "delete_merged_branches"):
+        row = next(line for line in reference.splitlines() if line.startswith(f"| `{key}`"))
+        assert "GitHub" not in row, row
