@@ -220,6 +220,9 @@ def _toml_value(value: Any) -> str:
 
 
 def _default(field: FieldInfo) -> str:
+    extra = field.json_schema_extra
+    if isinstance(extra, dict) and "shown_default" in extra:  # a default set by another key
+        return str(extra["shown_default"])
     if field.is_required():
         return "required"
     if field.default_factory is not None:
@@ -366,6 +369,9 @@ def json_schema() -> dict[str, Any]:
             description = _description(model, key, field)
             if key in props and description and "description" not in props[key]:
                 props[key]["description"] = description
+            if key in props and "shown_default" in props[key]:
+                # a default another key decides (token_env by kind): no one value to offer
+                del props[key]["shown_default"], props[key]["default"]
     for role, prop in defs["Roles"]["properties"].items():
         prop["anyOf"].insert(-1, {"type": "string", "description": "an agent profile's name"})
         prop["description"] = _role_text(role)

@@ -154,8 +154,12 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
     milestones = store.milestone_rows(workflow_id)
     phases = [e for e in store.events(workflow_id) if e["type"] == "phase_change"]
     runs = store.agent_runs(workflow_id)
+    summary = workflow_summary(store, row)
+    if summary["issue_number"] is None:
+        # filed, then the phase failed before it recorded the number (a fetch refused)
+        summary["issue_number"] = _filed_issue(milestones)
     return {
-        "workflow": workflow_summary(store, row),
+        "workflow": summary,
         "timeline": [{"phase": e["data"].get("phase"), "at": iso(e["created_at"])} for e in phases],
         "milestones": [
             {k: (iso(v) if isinstance(v, datetime) else v) for k, v in m.items()}
@@ -219,6 +223,16 @@ def _scratch_checkouts(repo_path: str | None) -> list[dict[str, str]]:
         {"path": str(path), "branch": branch, "note": scratch_note(path, branch)}
         for path, branch in left
     ]
+
+
+def _filed_issue(milestones: list[dict[str, Any]]) -> int | None:
+    """The number of the issue the journal says was filed, if one was."""
+    for m in milestones:
+        if m["kind"] == "issue_created" and m["status"] == "completed":
+            number = ((m.get("data") or {}).get("result") or {}).get("number")
+            if isinstance(number, int):
+                return number
+    return None
 
 
 def _cleanup_of(milestones: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -61,8 +61,9 @@ def watch(
     label. Each look also applies the /phasegate resume, cancel and verify
     commands people with write access typed on waiting workflows. A label put
     on again by someone trusted is seen once the untrusted label was taken off
-    first. Needs a team forge: forge.kind = "github" or "gitlab" (a merge
-    request's note, a Developer's label). Ctrl-C/SIGTERM stop it cleanly.
+    first. Needs a team forge: forge.kind = "github", "gitlab" (a merge
+    request's note, a Developer's label) or "gitea" (Gitea or Forgejo).
+    Ctrl-C/SIGTERM stop it cleanly.
     """
     from phasegate.cli._watching import github_repository, reporter, unavailable, watching
     from phasegate.cli.render import LiveProgress, graceful, make_engine

@@ -341,7 +341,7 @@ def print_detail(detail: Mapping[str, Any]) -> None:
         highlight=False,
     )
     console.print(
-        f"  issue #{s['issue_number']} · "
+        (f"  issue #{s['issue_number']} · " if s["issue_number"] else "  no issue yet · ")
         + (f"PR {s['pr_ref']} · " if s["pr_number"] else "no PR yet · ")
         + f"{s['tokens']} tokens · ${s['cost_usd']:.4f}",
         highlight=False,

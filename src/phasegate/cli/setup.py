@@ -111,7 +111,10 @@ def doctor(
     as_json: JsonOption = False,
     offline: Annotated[
         bool,
-        typer.Option(help="Send nothing to GitHub: skip the lookup of the repository."),
+        typer.Option(
+            help="Send nothing to the forge (GitHub, GitLab or Gitea): skip the lookup "
+            "of the repository."
+        ),
     ] = False,
 ) -> None:
     """Check agent CLIs, model keys, git and the cartridge: is a run ready?
@@ -130,7 +133,10 @@ def doctor(
     refused token, a repository the token cannot see, or one it can read but
     not push to is missing; GitHub out of reach is a warning. With
     forge.kind = "gitlab" it asks for the project (GET /projects/ID): a role
-    below Developer is missing. --offline skips that lookup.
+    below Developer is missing. With forge.kind = "gitea" (Gitea or Forgejo)
+    it asks for the repository (GET /api/v1/repos/OWNER/NAME): a token whose
+    account cannot push, or push but not administer, is missing. --offline
+    skips that lookup.
     """
     from phasegate.tools.doctor import diagnose
 

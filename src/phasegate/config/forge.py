@@ -14,8 +14,10 @@ never appears in the cartridge: it would end up in git.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -40,23 +42,26 @@ class ForgeSettings(BaseModel):
     Forgejo): a repository on that forge."""
     repository: str | None = None  # owner/name (GitLab: group/…/name); None: the origin's
     base_url: str | None = None
-    """GitHub: the API root (unset: https://api.github.com); GitLab: the instance
-    (unset: https://gitlab.com); Gitea: the instance, required."""
-    token_env: str = "GITHUB_TOKEN"
-    """The environment variable holding the forge's token (unset: GITHUB_TOKEN,
-    GITLAB_TOKEN or GITEA_TOKEN by kind); the token is never in the cartridge."""
+    """GitHub: the API root (unset: https://api.github.com); GitLab: the instance,
+    not its /api/v4 (unset: https://gitlab.com); Gitea: the instance, not its
+    /api/v1, required. https; plain http only to this machine (a test server)."""
+    # the default is set by kind (_token_by_kind); the reference says so, not GitHub's
+    token_env: str = Field(default="GITHUB_TOKEN", json_schema_extra={"shown_default": "by kind"})
+    """The environment variable holding the forge's token; unset, by kind: GITHUB_TOKEN,
+    GITLAB_TOKEN or GITEA_TOKEN. The token is never in the cartridge."""
     app_id: int | None = None
     """A GitHub App's id: phasegate then acts as the App (with ``private_key_file``)."""
     private_key_file: str | None = None  # PEM, relative to the repository
     installation_id: int | None = None
     """The App's installation; unset: the repository's, asked of GitHub."""
     merge_method: Literal["merge", "squash", "rebase"] = "merge"
-    """How GitHub merges the pull request."""
+    """How the forge merges the pull request (GitLab's merge request): a merge
+    commit, one squashed commit, or rebased (GitLab: the project's own method)."""
     trigger_label: str = "phasegate"
     """The label whose setting by a trusted person starts a workflow for an issue."""
     watch_in_worker: bool = False  # `phasegate worker` also does what `watch` does
     delete_merged_branches: bool = True
-    """After a merge, delete the workflow's own branch on GitHub (never the base)."""
+    """After a merge, delete the workflow's own branch on the forge (never the base)."""
     poll_s: float = Field(default=30.0, gt=0, le=3600)  # how often wait and CI look again
     max_ci_repairs: int = Field(default=2, ge=0, le=20)  # CI-repair rounds before a stop
     # Checks that must report and pass: until one has reported on a head it is pending
@@ -119,13 +124,18 @@ class ForgeSettings(BaseModel):
                 "forge.base_url: a Gitea or Forgejo forge needs its instance's URL "
                 "(e.g. https://git.example.com)"
             )
-        if self.base_url is not None and not re.match(r"^https?://[^\s/]+", self.base_url):
-            raise ValueError(f"forge.base_url: {self.base_url!r} is not an http(s) URL")
+        if self.base_url is not None:
+            _check_base_url(self.kind, self.base_url)
         app = {"app_id": self.app_id, "private_key_file": self.private_key_file}
-        if any(v is not None for v in app.values()) or self.installation_id is not None:
+        app_keys = [
+            k
+            for k in ("app_id", "private_key_file", "installation_id")
+            if getattr(self, k) is not None
+        ]
+        if app_keys:
             if self.kind != "github":
                 raise ValueError(
-                    f"forge.app_id: a GitHub App is GitHub's (this forge is {self.kind})"
+                    f"forge.{app_keys[0]}: a GitHub App is GitHub's (this forge is {self.kind})"
                 )
             missing = [k for k, v in app.items() if v is None]
             if missing:
@@ -142,3 +152,42 @@ class ForgeSettings(BaseModel):
     @property
     def uses_app(self) -> bool:
         return self.app_id is not None
+
+
+# An API root given where the instance is wanted: phasegate adds it itself.
+_API_ROOT = {
+    "gitlab": ("/api/v4", "https://gitlab.example.com"),
+    "gitea": ("/api/v1", "https://git.example.com"),
+}
+
+
+def _check_base_url(kind: str, base_url: str) -> None:
+    """Refuse a base_url that is no http(s) URL, holds credentials, would send the
+    token over plain http to another machine, or is GitLab's or Gitea's API root
+    rather than the instance. Loopback http stays allowed: a test server."""
+    if not re.match(r"^https?://[^\s/]+", base_url):
+        raise ValueError(f"forge.base_url: {base_url!r} is not an http(s) URL")
+    parts = urlsplit(base_url)
+    if parts.username or parts.password:
+        raise ValueError("forge.base_url: it holds credentials; give the token in forge.token_env")
+    if parts.scheme != "https" and not _loopback(parts.hostname or ""):
+        raise ValueError(
+            f"forge.base_url: {base_url!r} is not https: phasegate sends no token over "
+            "plain http to another machine"
+        )
+    if kind in _API_ROOT:
+        suffix, example = _API_ROOT[kind]
+        if parts.path.rstrip("/").endswith(suffix):
+            raise ValueError(
+                f"forge.base_url: {base_url!r} is the API root ({suffix}); give the "
+                f"instance's URL (e.g. {example}): phasegate adds {suffix} itself"
+            )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from phasegate.core.closing import defuse_closing
 from phasegate.git import files as _gitfs
 from phasegate.git.command import (
     IDENTITY,
@@ -183,7 +184,8 @@ class BaseMerging:
         """
         with self.merge_lock(repo):
             self.repair(repo)  # a killed merge's locks would fail this one
-            return self._merge_into_base(repo, base, branch, message)
+            # a closing keyword would close an issue before verification (or another)
+            return self._merge_into_base(repo, base, branch, defuse_closing(message))
 
     def _merge_into_base(self, repo: Path, base: str, branch: str, message: str) -> str:
         scratch = self.scratch_path(repo, f"merge-{base}")

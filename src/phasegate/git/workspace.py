@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from phasegate.core.closing import defuse_closing
 from phasegate.core.contract import PhasegateError
 from phasegate.git import files as _gitfs
 from phasegate.git import repair as _repair
@@ -363,16 +364,19 @@ class Workspace(BaseMerging):
         git(["clean", "-ffdq"], path)  # -ff: a repository nested in it goes too
 
     def commit_all(self, path: Path, message: str) -> str | None:
-        """Commit every change in the worktree; the new SHA, or None if clean."""
+        """Commit every change in the worktree; the new SHA, or None if clean. Closing
+        keywords in ``message`` are defused (``defuse_closing``): the commit may reach
+        the default branch before verification, and the forge would close the issue."""
         if not self.has_changes(path):
             return None
         git(["add", "-A"], path)
-        git([*IDENTITY, "commit", "-q", "--no-verify", "-m", message], path)
+        git([*IDENTITY, "commit", "-q", "--no-verify", "-m", defuse_closing(message)], path)
         return self.rev(path, "HEAD")
 
     def commit_empty(self, path: Path, message: str) -> str:
         """A commit with no change of its own (a marker naming what came before it);
-        its SHA."""
+        its SHA. Closing keywords in ``message`` are defused, as by ``commit_all``."""
+        message = defuse_closing(message)
         git([*IDENTITY, "commit", "-q", "--no-verify", "--allow-empty", "-m", message], path)
         return self.rev(path, "HEAD")
 

@@ -71,6 +71,7 @@ from typing import Any
 
 from phasegate.agents.env import cartridge_secrets, files_with_secrets
 from phasegate.agents.service import AgentFailed
+from phasegate.core.closing import defuse_closing
 from phasegate.core.contract import (
     COMPLETED,
     ENDED_STATUSES,
@@ -335,7 +336,8 @@ def _attempt(
     else:
         # git merged it by itself (the base moved on since the fork): the commit
         # still carries the trailer, which a restart recognises the landing by.
-        git([*IDENTITY, "commit", "--amend", "-q", "--no-verify", "-m", message], cwd)
+        amended = defuse_closing(message)  # as commit_all does
+        git([*IDENTITY, "commit", "--amend", "-q", "--no-verify", "-m", amended], cwd)
         sha = deps.workspace.rev(cwd, "HEAD")
     start = str(ctx.state["parent_head"])
     diff = git(["diff", start, "HEAD", "--", *conflicted], cwd) if sha and conflicted else ""

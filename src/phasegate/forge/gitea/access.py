@@ -36,14 +36,19 @@ def diagnose_gitea(
     surprise to ``warnings``."""
     assert settings.base_url is not None
     found = {"kind": "gitea", "api": f"{settings.base_url.rstrip('/')}/api/v1"}
+    # each looked at apart: a repository not found still shows whose token it would be
     try:
-        instance_url(settings.base_url)
-        repository = settings.repository or repository_from_origin(root, settings.base_url)
-        found["repository"] = repository
         auth = gitea_auth(settings, env)
         found["credentials"] = auth.credentials
     except ForgeError as exc:
         missing.append(str(exc))
+    try:
+        instance_url(settings.base_url)
+        repository = settings.repository or repository_from_origin(root, settings.base_url)
+        found["repository"] = repository
+    except ForgeError as exc:
+        missing.append(str(exc))
+    if "credentials" not in found or "repository" not in found:
         return found
     found["access"] = "unknown"
     if offline:

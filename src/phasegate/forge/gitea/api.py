@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import email.utils
 import logging
-import re
 import threading
 import time
 import weakref
@@ -44,6 +43,7 @@ from typing import Any
 import httpx
 
 from phasegate.config.forge import ForgeSettings
+from phasegate.core.closing import defuse_closing
 from phasegate.core.redaction import redact
 from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeNotFound, ForgeUnavailable
 from phasegate.forge.gitea.auth import GiteaAuth, instance_url
@@ -86,14 +86,6 @@ MAX_BACKOFF_S = 8.0
 MAX_KEPT = 256
 MAX_KEPT_BYTES = 1024 * 1024
 
-# Gitea's closing keywords (close, fix, resolve and their forms) before an issue
-# reference: #3, owner/repo#3, or the issue's URL.
-_CLOSING = re.compile(
-    r"\b(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?)(?=\s*:?\s*(?:[\w.-]+/[\w.-]+)?#\d"
-    r"|\s*:?\s*https?://\S+/issues/\d)",
-    re.IGNORECASE,
-)
-
 
 def marker_comment(marker: str) -> str:
     """The hidden HTML comment that carries ``marker`` in a body."""
@@ -103,7 +95,7 @@ def marker_comment(marker: str) -> str:
 def neutralize_closing(text: str) -> str:
     """``text`` with every closing keyword before an issue reference replaced by
     ``Implements``: ``Fixes #3`` → ``Implements #3``."""
-    return _CLOSING.sub("Implements", text)
+    return defuse_closing(text, "Implements")
 
 
 def fit(text: str, suffix: str = "") -> str:

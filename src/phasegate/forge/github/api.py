@@ -11,7 +11,6 @@ tests validate against) describes.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -23,6 +22,7 @@ from githubkit import GitHub
 from githubkit.exception import GitHubException
 
 from phasegate.config.forge import ForgeSettings
+from phasegate.core.closing import defuse_closing
 from phasegate.core.redaction import redact
 from phasegate.forge.base import ForgeError, ForgeNotFound, ForgeUnavailable
 from phasegate.forge.github.auth import API_VERSION, ForgeAuth, github_client
@@ -65,14 +65,6 @@ BODY_LIMIT = 65536
 #: Items asked for per page of a list (GitHub's most).
 PAGE = 100
 
-# GitHub's closing keywords before an issue reference (docs: "Linking a pull
-# request to an issue"): #3, owner/repo#3, or the issue's URL.
-_CLOSING = re.compile(
-    r"\b(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?)(?=\s*:?\s*(?:[\w.-]+/[\w.-]+)?#\d"
-    r"|\s*:?\s*https?://\S+/issues/\d)",
-    re.IGNORECASE,
-)
-
 
 def marker_comment(marker: str) -> str:
     """The hidden HTML comment that carries ``marker`` in a body."""
@@ -82,7 +74,7 @@ def marker_comment(marker: str) -> str:
 def neutralize_closing(text: str) -> str:
     """``text`` with every GitHub closing keyword before an issue reference replaced
     by ``Implements``: ``Fixes #3`` → ``Implements #3``."""
-    return _CLOSING.sub("Implements", text)
+    return defuse_closing(text, "Implements")
 
 
 def fit(text: str, suffix: str = "") -> str:

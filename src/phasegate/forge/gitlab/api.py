@@ -10,7 +10,6 @@ has no bound and its 5xx retry would repeat a POST that made an issue.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -24,6 +23,7 @@ import requests
 from gitlab.exceptions import GitlabError
 
 from phasegate.config.forge import ForgeSettings
+from phasegate.core.closing import defuse_closing
 from phasegate.core.redaction import redact
 from phasegate.forge.base import ForgeError, ForgeUnavailable
 from phasegate.forge.gitlab.auth import GitLabAuth, instance_url
@@ -67,15 +67,6 @@ BODY_LIMIT = 1_000_000
 #: Items asked for per page of a list (GitLab's most).
 PAGE = 100
 
-# GitLab's default closing pattern: these words before an issue reference close the
-# issue when the merge request (or a commit) lands on the default branch.
-# "Implements" is one of them, unlike on GitHub.
-_CLOSING = re.compile(
-    r"\b(?:clos(?:e[sd]?|ing)|fix(?:e[sd]|ing)?|resolv(?:e[sd]?|ing)|implement(?:s|ed|ing)?)"
-    r"(?=:?\s+(?:issues?\s+)?(?:[\w./-]+)?#\d|:?\s+https?://\S+/issues/\d)",
-    re.IGNORECASE,
-)
-
 
 def marker_comment(marker: str) -> str:
     """The hidden HTML comment that carries ``marker`` in a body."""
@@ -85,7 +76,7 @@ def marker_comment(marker: str) -> str:
 def neutralize_closing(text: str) -> str:
     """``text`` with every GitLab closing word before an issue reference replaced by
     ``Part of``: ``Implements #3`` → ``Part of #3``."""
-    return _CLOSING.sub("Part of", text)
+    return defuse_closing(text)
 
 
 def fit(text: str, suffix: str = "") -> str:

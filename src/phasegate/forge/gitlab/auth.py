@@ -48,6 +48,17 @@ def _parts(url: str) -> tuple[str, str]:
     return host.lower(), "/" + path
 
 
+def _instance_of(url: str, host: str) -> str:
+    """The instance an origin URL is on, as forge.base_url would name it: an http(s)
+    origin's scheme, host and port (``http://127.0.0.1:8128``); an ssh one's host
+    over https (its port is ssh's)."""
+    if url.startswith(("http://", "https://")):
+        split = urlsplit(url)
+        name = f"[{split.hostname}]" if ":" in (split.hostname or "") else split.hostname
+        return f"{split.scheme}://{name}" + (f":{split.port}" if split.port else "")
+    return f"https://{host}"
+
+
 def repository_from_origin(repo: Path, base_url: str | None = None) -> str:
     """``group/…/name`` of the ``origin`` remote of ``repo`` (https, ssh or
     scp-like; nested groups kept), on the instance ``base_url`` (None:
@@ -69,8 +80,8 @@ def repository_from_origin(repo: Path, base_url: str | None = None) -> str:
     if host and host != api_host:
         raise ForgeError(
             f"the origin remote of {repo} is on {host}, not on the GitLab at {instance}: "
-            f'for a self-hosted GitLab set forge.base_url = "https://{host}"; for another '
-            'project set forge.repository = "group/name"'
+            f'for a self-hosted GitLab set forge.base_url = "{_instance_of(url, host)}"; '
+            'for another project set forge.repository = "group/name"'
         )
     if "://" in url and url.startswith(("http://", "https://")) and prefix.strip("/"):
         path = path.removeprefix(prefix.rstrip("/"))

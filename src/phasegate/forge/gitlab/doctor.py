@@ -38,13 +38,18 @@ def looked_at(
     ``credentials`` (never the token) and ``access`` (push, read or unknown); what
     stops a run is added to ``missing``, what may surprise to ``warnings``."""
     found = {"kind": "gitlab", "api": instance_url(settings)}
+    # each looked at apart: a repository not found still shows whose token it would be
     try:
-        repository = settings.repository or repository_from_origin(root, settings.base_url)
-        found["repository"] = repository
         auth = gitlab_auth(settings, env)
         found["credentials"] = auth.credentials
     except ForgeError as exc:
         missing.append(str(exc))
+    try:
+        repository = settings.repository or repository_from_origin(root, settings.base_url)
+        found["repository"] = repository
+    except ForgeError as exc:
+        missing.append(str(exc))
+    if "credentials" not in found or "repository" not in found:
         return found
     found["access"] = "unknown"
     if offline:

@@ -118,8 +118,12 @@ def rate_limit_wait(status: int | None, headers: Mapping[str, str] | None) -> fl
 
 
 def _message(exc: GitlabError) -> str:
-    said = exc.error_message
-    return str(said)[:500] if said else f"{exc.response_code}"
+    """GitLab's words for an error, without the status it often starts them with
+    (``401 Unauthorized``): every message here names the status once itself."""
+    said = str(exc.error_message or "").strip()
+    status = f"{exc.response_code} "
+    said = said[len(status) :] if said.startswith(status) else said
+    return said[:500] if said else f"{exc.response_code}"
 
 
 def translate(

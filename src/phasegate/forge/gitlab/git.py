@@ -65,6 +65,14 @@ _UNREACHABLE = re.compile(
     re.IGNORECASE,
 )
 _MISSING = re.compile(r"couldn't find remote ref", re.IGNORECASE)
+# GitLab's answer to git when the token's account may not read the project's code
+# (a Guest's, on a private project) is that the project does not exist.
+_HIDDEN = re.compile(r"could not be found|repository '[^']*' not found", re.IGNORECASE)
+#: What a role too low to work with is told (a refusal of git names the token's account).
+ROLE_NEEDED = (
+    "its account needs the Developer role on the project or higher (a Guest cannot "
+    "fetch its code, a Reporter cannot push)"
+)
 _HTTP_STATUS = re.compile(r"(?:returned error:|HTTP) (\d{3})")
 _REFUSED = re.compile(
     r"Authentication failed|HTTP Basic: Access denied|The requested URL returned error: 40[13]"
@@ -176,7 +184,15 @@ class GitLabRemote:
         if _MISSING.search(stderr):
             raise ForgeNotFound(message)
         if _REFUSED.search(stderr):
-            raise ForgeAuthError(f"{message} (GitLab refused {self.credentials})")
+            raise ForgeAuthError(
+                f"{message} (GitLab refused {self.credentials}: it may be wrong, expired or "
+                f"revoked, or {ROLE_NEEDED})"
+            )
+        if _HIDDEN.search(stderr):
+            raise ForgeAuthError(
+                f"{message} (GitLab hid the project's code from {self.credentials}, "
+                f"whose API calls it answers: {ROLE_NEEDED})"
+            )
         if _UNREACHABLE.search(stderr):
             raise ForgeUnavailable(message)
         raise ForgeError(message)
