@@ -29,10 +29,10 @@ from phasegate.forge import (
     make_forge,
     repository_from_origin,
 )
+from phasegate.forge.git_remote import FETCHED_PREFIX
 from phasegate.forge.github.api import BODY_LIMIT
 from phasegate.forge.github.faults import GitHubRefused
 from phasegate.forge.github.forge import CHECK_OUTPUT_BYTES, neutralize_closing
-from phasegate.forge.github.git import FETCHED_PREFIX
 from phasegate.git.workspace import Workspace
 from phasegate.journal import SideEffects
 from phasegate.runtime.engine import Engine

@@ -46,8 +46,8 @@ from phasegate.config.forge import ForgeSettings
 from phasegate.core.closing import defuse_closing
 from phasegate.core.redaction import redact
 from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeNotFound, ForgeUnavailable
+from phasegate.forge.git_remote import GitDialect, GitRemote
 from phasegate.forge.gitea.auth import GiteaAuth, instance_url
-from phasegate.forge.gitea.git import GitRemote
 from phasegate.forge.retries import ForgeRetry, report
 from phasegate.git.workspace import Workspace
 
@@ -71,6 +71,14 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: Gitea's git over HTTPS: the token is the password, whatever the user name.
+GITEA_GIT = GitDialect(
+    "Gitea",
+    "phasegate",
+    "the repository's git URL",
+    url_hint=" (set forge.base_url to the instance's https URL)",
+)
 
 #: The most of one check's output phasegate keeps (bytes of UTF-8): it reaches a prompt.
 CHECK_OUTPUT_BYTES = 8 * 1024
@@ -500,7 +508,8 @@ class GiteaAPI:
         return GitRemote(
             self.repo,
             f"{self.instance}/{self.owner}/{self.name}.git",
-            self.auth.token,
+            lambda: self.auth.token,
+            dialect=GITEA_GIT,
             credentials=self.auth.credentials,
             secrets=self.secrets,
             retries=self.settings.max_retries,

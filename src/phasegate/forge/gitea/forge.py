@@ -48,6 +48,7 @@ from phasegate.forge.base import (
     Labelled,
     PullRequest,
 )
+from phasegate.forge.git_remote import FETCHED_PREFIX
 from phasegate.forge.gitea.api import (
     GiteaForbidden,
     GiteaRefused,
@@ -59,7 +60,6 @@ from phasegate.forge.gitea.api import (
 )
 from phasegate.forge.gitea.auth import gitea_auth, repository_from_origin
 from phasegate.forge.gitea.checks import GiteaChecks
-from phasegate.forge.gitea.git import FETCHED_PREFIX
 from phasegate.git.workspace import Workspace
 
 __all__ = ["STATUS_LABEL_COLOR", "GiteaForge", "GiteaNotMergeable", "open_gitea"]

@@ -25,6 +25,7 @@ from phasegate.config.forge import ForgeSettings
 from phasegate.core.closing import defuse_closing
 from phasegate.core.redaction import redact
 from phasegate.forge.base import ForgeError, ForgeNotFound, ForgeUnavailable
+from phasegate.forge.git_remote import GitDialect, GitRemote
 from phasegate.forge.github.auth import API_VERSION, ForgeAuth, github_client
 from phasegate.forge.github.faults import (
     MAX_BACKOFF_S,
@@ -35,7 +36,6 @@ from phasegate.forge.github.faults import (
     status_of,
     translate,
 )
-from phasegate.forge.github.git import GitRemote
 from phasegate.forge.retries import ForgeRetry, report
 from phasegate.git.workspace import Workspace
 
@@ -57,6 +57,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: GitHub's git over HTTPS: the token is the password of the user x-access-token.
+GITHUB_GIT = GitDialect("GitHub", "x-access-token", "the repository's clone_url")
 
 #: The most of one check's output phasegate keeps (bytes of UTF-8): it reaches a prompt.
 CHECK_OUTPUT_BYTES = 8 * 1024
@@ -243,6 +246,7 @@ class GitHubAPI:
             self.repo,
             self._clone_url,
             self.auth.git_token,
+            dialect=GITHUB_GIT,
             credentials=self.auth.credentials,
             secrets=self.secrets,
             retries=self.settings.max_retries,

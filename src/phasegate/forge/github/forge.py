@@ -45,6 +45,7 @@ from phasegate.forge.base import (
     Labelled,
     PullRequest,
 )
+from phasegate.forge.git_remote import FETCHED_PREFIX
 from phasegate.forge.github.api import (
     CHECK_OUTPUT_BYTES,
     PAGE,
@@ -57,7 +58,6 @@ from phasegate.forge.github.api import (
 )
 from phasegate.forge.github.checks import GitHubChecks
 from phasegate.forge.github.faults import GitHubRefused
-from phasegate.forge.github.git import FETCHED_PREFIX
 
 __all__ = [
     "CHECK_OUTPUT_BYTES",

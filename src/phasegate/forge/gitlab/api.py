@@ -10,6 +10,7 @@ has no bound and its 5xx retry would repeat a POST that made an issue.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -26,6 +27,7 @@ from phasegate.config.forge import ForgeSettings
 from phasegate.core.closing import defuse_closing
 from phasegate.core.redaction import redact
 from phasegate.forge.base import ForgeError, ForgeUnavailable
+from phasegate.forge.git_remote import GitDialect, GitRemote
 from phasegate.forge.gitlab.auth import GitLabAuth, instance_url
 from phasegate.forge.gitlab.faults import (
     MAX_BACKOFF_S,
@@ -36,7 +38,6 @@ from phasegate.forge.gitlab.faults import (
     status_of,
     translate,
 )
-from phasegate.forge.gitlab.git import GitLabRemote
 from phasegate.forge.gitlab.numbers import gitlab_references
 from phasegate.forge.retries import ForgeRetry, report
 from phasegate.git.workspace import Workspace
@@ -58,6 +59,22 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: The role a token's account needs, named when git refuses it or shows it nothing.
+ROLE_NEEDED = (
+    "its account needs the Developer role on the project or higher (a Guest cannot "
+    "fetch its code, a Reporter cannot push)"
+)
+#: GitLab's git over HTTPS: any user name with the token as the password (``oauth2``
+#: is its documentation's); a Guest is told the project does not exist.
+GITLAB_GIT = GitDialect(
+    "GitLab",
+    "oauth2",
+    "the project's http_url_to_repo",
+    refused_hint=f": it may be wrong, expired or revoked, or {ROLE_NEEDED}",
+    hidden=re.compile(r"could not be found|repository '[^']*' not found", re.IGNORECASE),
+    hidden_hint=f": {ROLE_NEEDED}",
+)
 
 #: The most of one check's output phasegate keeps (bytes of UTF-8): it reaches a prompt.
 CHECK_OUTPUT_BYTES = 8 * 1024
@@ -279,12 +296,14 @@ class GitLabAPI:
             )
         return self._project_info
 
-    def _remote(self) -> GitLabRemote:
+    def _remote(self) -> GitRemote:
         """The project's git remote at its ``http_url_to_repo``."""
-        return GitLabRemote(
+        token = self.auth.token
+        return GitRemote(
             self.repo,
             str(self.project_info()["http_url_to_repo"]),
-            self.auth.token,
+            lambda: token,
+            dialect=GITLAB_GIT,
             credentials=self.auth.credentials,
             secrets=self.secrets,
             retries=self.settings.max_retries,

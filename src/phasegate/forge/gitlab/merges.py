@@ -25,10 +25,10 @@ from phasegate.forge.base import (
     ForgeUnavailable,
     PullRequest,
 )
+from phasegate.forge.git_remote import FETCHED_PREFIX
 from phasegate.forge.gitlab.api import username_of
 from phasegate.forge.gitlab.checks import GitLabChecks
 from phasegate.forge.gitlab.faults import GitLabRefused
-from phasegate.forge.gitlab.git import FETCHED_PREFIX
 from phasegate.forge.gitlab.numbers import mr_iid, pull_number
 
 __all__ = ["GitLabMerges", "GitLabNotMergeable"]

@@ -1,18 +1,20 @@
-"""git over HTTPS to a GitHub repository, with the forge's token written nowhere.
+"""git over HTTPS to a team forge's repository, with the forge's token written nowhere.
 
-The remote is the repository's ``clone_url`` as GitHub's API gives it (github.com,
-an Enterprise host, the test server alike), named on the command line: no remote
-is added to the person's configuration. The token reaches git only through a
-``GIT_ASKPASS`` helper — a script that prints the user ``x-access-token`` and
-then the value of ``ASKPASS_VARIABLE``, a variable set for that one git process
+The remote is the repository's URL as the forge gives it (or as its forge builds
+it), named on the command line: no remote is added to the person's
+configuration. The token reaches git only through a ``GIT_ASKPASS`` helper — a
+script that prints the forge's user name (``GitDialect.user``) and then the value
+of ``ASKPASS_VARIABLE``, a variable set for that one git process
 (``phasegate.git.command.run_git(env=...)``) — never in argv, a URL, git config, a
 log or a prompt. ``credential.helper`` is emptied for these calls so that no
-helper of the person's offers another credential or stores this one.
+helper of the person's offers another credential or stores this one. What differs
+between GitHub, GitLab and Gitea is a ``GitDialect``: the user name, what the
+URL is called, and what a refusal should tell the person.
 
 Errors: a failed push or fetch is a ``ForgeError`` carrying git's stderr,
 redacted; ``ForgeUnavailable`` when git could not reach the server or it
-answered 5xx, ``ForgeAuthError`` when it refused the token, ``ForgeNotFound``
-when the branch fetched is not there.
+answered 5xx, ``ForgeAuthError`` when it refused the token (or hid the
+repository from it), ``ForgeNotFound`` when the branch fetched is not there.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -32,14 +35,14 @@ from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeNotFound, Forg
 from phasegate.forge.retries import ForgeRetry, report
 from phasegate.git.command import run_git
 
-__all__ = ["ASKPASS_USER", "ASKPASS_VARIABLE", "FETCHED_PREFIX", "GitRemote"]
+__all__ = ["ASKPASS_VARIABLE", "FETCHED_PREFIX", "GitDialect", "GitRemote", "check_clone_url"]
 
 #: The variable the askpass helper reads the token from. It is passed to one git
 #: process explicitly (``_git_env`` withholds secret-named variables and secret
 #: values from every other git).
 ASKPASS_VARIABLE = "PHASEGATE_FORGE_ASKPASS"
-#: The user name GitHub takes with a token as the password.
-ASKPASS_USER = "x-access-token"
+#: The variable the askpass helper reads the user name from.
+_USER_VARIABLE = "PHASEGATE_FORGE_ASKPASS_USER"
 #: Where a fetched base branch is kept: its own namespace, so a fetch never moves
 #: the person's branches or another remote's tracking refs.
 FETCHED_PREFIX = "refs/phasegate/forge/"
@@ -47,7 +50,7 @@ FETCHED_PREFIX = "refs/phasegate/forge/"
 _ASKPASS_SCRIPT = f"""#!/bin/sh
 # phasegate's askpass: git asks for a user name, then a password.
 case "$1" in
-  Username*) printf '%s\\n' '{ASKPASS_USER}' ;;
+  Username*) printf '%s\\n' "${_USER_VARIABLE}" ;;
   *) printf '%s\\n' "${ASKPASS_VARIABLE}" ;;
 esac
 """
@@ -73,13 +76,37 @@ _UNREACHABLE = re.compile(
     re.IGNORECASE,
 )
 _MISSING = re.compile(r"couldn't find remote ref", re.IGNORECASE)
-# The status git names when GitHub answered one, for the retry's log line and event.
+# The status git names when the forge answered one, for the retry's log line and event.
 _HTTP_STATUS = re.compile(r"(?:returned error:|HTTP) (\d{3})")
+# What GitHub, GitLab and Gitea tell git when they refuse its token.
 _REFUSED = re.compile(
-    r"Authentication failed|The requested URL returned error: 40[13]"
-    r"|could not read (?:Username|Password)|Permission to .* denied|HTTP 40[13]",
+    r"Authentication failed|HTTP Basic: Access denied|The requested URL returned error: 40[13]"
+    r"|could not read (?:Username|Password)|Permission to .* denied|not allowed to push"
+    r"|HTTP 40[13]",
     re.IGNORECASE,
 )
+
+
+@dataclass(frozen=True)
+class GitDialect:
+    """What one forge's git over HTTPS says differently.
+
+    ``forge`` names it in messages (``GitHub``); ``user`` is the user name sent
+    with the token as the password; ``url_name`` is what its URL is called in an
+    error (``the repository's clone_url``); ``url_hint`` is added when that URL is
+    refused. ``refused_hint`` is added when the forge refuses the token.
+    ``hidden`` is git's answer when the forge hides the repository from the
+    token's account instead of refusing it (GitLab's to a Guest), and
+    ``hidden_hint`` says what that account needs.
+    """
+
+    forge: str
+    user: str
+    url_name: str
+    url_hint: str = ""
+    refused_hint: str = ""
+    hidden: re.Pattern[str] | None = None
+    hidden_hint: str = ""
 
 
 def _is_loopback(host: str) -> bool:
@@ -91,19 +118,19 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def check_clone_url(url: str) -> str:
+def check_clone_url(url: str, dialect: GitDialect) -> str:
     """``url`` if git may send a token to it: https, or http to this machine only
     (the test server). Raises ForgeError otherwise: a token over plain http to
-    another host would travel in the clear, and any other scheme is no GitHub."""
+    another host would travel in the clear, and any other scheme is no forge's."""
     parts = urlsplit(url)
     if parts.username or parts.password:
-        raise ForgeError("the repository's clone_url holds credentials; phasegate will not use it")
+        raise ForgeError(f"{dialect.url_name} holds credentials; phasegate will not use it")
     if parts.scheme == "https" and parts.hostname:
         return url
     if parts.scheme == "http" and parts.hostname and _is_loopback(parts.hostname):
         return url
     raise ForgeError(
-        f"the repository's clone_url {url!r} is not https: git will not send the token"
+        f"{dialect.url_name} {url!r} is not https: git will not send the token{dialect.url_hint}"
     )
 
 
@@ -118,13 +145,13 @@ def _askpass() -> Iterator[str]:
 
 
 class GitRemote:
-    """Push to and fetch from the GitHub repository at ``url`` (its clone_url) from
-    the local repository ``repo``.
+    """Push to and fetch from the forge's repository at ``url`` from the local
+    repository ``repo``, as ``dialect`` says.
 
-    ``token()`` returns the token to send (called per git command: an App's
+    ``token()`` returns the token to send (called per git command: a GitHub App's
     installation token is renewed by it). ``credentials`` names it in errors
     (``the token in GITHUB_TOKEN``); ``secrets`` are redacted from every message.
-    A push or fetch that could not reach GitHub is run ``retries`` times more,
+    A push or fetch that could not reach the forge is run ``retries`` times more,
     ``backoff_s`` apart (doubled each time): both are idempotent. Each wait is
     reported (``phasegate.forge.retries.report``).
     """
@@ -135,13 +162,15 @@ class GitRemote:
         url: str,
         token: Callable[[], str],
         *,
+        dialect: GitDialect,
         credentials: str,
         secrets: Sequence[str] = (),
         retries: int = 0,
         backoff_s: float = 0.5,
     ) -> None:
         self.repo = repo
-        self.url = check_clone_url(url)
+        self.dialect = dialect
+        self.url = check_clone_url(url, dialect)
         self.token = token
         self.credentials = credentials
         self.secrets = list(secrets)
@@ -149,15 +178,15 @@ class GitRemote:
         self.backoff_s = backoff_s
 
     def push(self, branch: str) -> None:
-        """Push ``refs/heads/<branch>`` to the same branch on GitHub, forced:
+        """Push ``refs/heads/<branch>`` to the same branch on the forge, forced:
         phasegate owns its branches, and a rebuilt one must replace what was there.
         Raises ForgeError (see the module)."""
         ref = f"refs/heads/{branch}"
         self._run(["push", "--porcelain", "--no-verify", self.url, f"+{ref}:{ref}"], "push")
 
     def fetch(self, branch: str) -> str:
-        """Fetch GitHub's ``branch`` into ``refs/phasegate/forge/<branch>``; returns
-        the SHA it points to. Raises ForgeNotFound when GitHub has no such branch,
+        """Fetch the forge's ``branch`` into ``refs/phasegate/forge/<branch>``; returns
+        the SHA it points to. Raises ForgeNotFound when the forge has no such branch,
         else ForgeError (see the module)."""
         local = f"{FETCHED_PREFIX}{branch}"
         self._run(
@@ -197,7 +226,12 @@ class GitRemote:
     def _run_once(self, args: list[str], what: str) -> None:
         token = self.token()
         with _askpass() as helper:
-            env = {"GIT_ASKPASS": helper, ASKPASS_VARIABLE: token, "GIT_TERMINAL_PROMPT": "0"}
+            env = {
+                "GIT_ASKPASS": helper,
+                _USER_VARIABLE: self.dialect.user,
+                ASKPASS_VARIABLE: token,
+                "GIT_TERMINAL_PROMPT": "0",
+            }
             proc = run_git([*_FORGE_GIT, *args], self.repo, env=env)
         if proc.returncode == 0:
             return
@@ -205,8 +239,16 @@ class GitRemote:
         message = f"git {what} to {self.url} failed: {stderr}"
         if _MISSING.search(stderr):
             raise ForgeNotFound(message)
+        dialect = self.dialect
         if _REFUSED.search(stderr):
-            raise ForgeAuthError(f"{message} (GitHub refused {self.credentials})")
+            raise ForgeAuthError(
+                f"{message} ({dialect.forge} refused {self.credentials}{dialect.refused_hint})"
+            )
+        if dialect.hidden is not None and dialect.hidden.search(stderr):
+            raise ForgeAuthError(
+                f"{message} ({dialect.forge} hid the repository's code from "
+                f"{self.credentials}, whose API calls it answers{dialect.hidden_hint})"
+            )
         if _UNREACHABLE.search(stderr):
             raise ForgeUnavailable(message)
         raise ForgeError(message)
