@@ -41,7 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the rig: tests/support
 from support.postgres import server_url  # noqa: E402
-from support.torture import GitHubRig, Trial, run_trial, run_uninterrupted, trial_mode  # noqa: E402
+from support.torture import Trial, run_trial, run_uninterrupted, trial_mode  # noqa: E402
+from support.torture_github import GitHubRig  # noqa: E402
 from support.torture_postgres import (  # noqa: E402
     WORKFLOWS,
     run_postgres_trial,
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace, rig: GitHubRig | None, postgres_url: str = "")
         runs = [
             run_postgres_uninterrupted(root, postgres_url=postgres_url, workflows=args.workflows)
             if postgres_url
-            else run_uninterrupted(root, mode=mode, github=rig)
+            else run_uninterrupted(root, mode=mode, rig=rig)
             for root in roots
         ]
         spans[mode] = statistics.median(runs)
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace, rig: GitHubRig | None, postgres_url: str = "")
                 root, seed, postgres_url=postgres_url, span_s=span, workflows=args.workflows
             )
         mode = "github" if rig else trial_mode(seed)
-        return run_trial(root, seed, span_s=spans[mode], mode=mode, github=rig)
+        return run_trial(root, seed, span_s=spans[mode], mode=mode, rig=rig)
 
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=1 if rig else args.jobs) as pool:
@@ -142,9 +143,9 @@ def report(trials: list[Trial], elapsed_s: float, spans: dict[str, float]) -> No
     missed = sum(1 for k in kills if not k["window_hit"])
     print(f"aimed kills whose window never opened (fired at its end): {missed}")
     requests = Counter(k["request"] or "(settled first)" for k in kills if "request" in k)
-    if any(t.github_requests for t in trials):
-        per_trial = statistics.median(t.github_requests for t in trials)
-        print(f"requests to the fake GitHub: {per_trial:.0f} per trial (median)")
+    if any(t.forge_requests for t in trials):
+        per_trial = statistics.median(t.forge_requests for t in trials)
+        print(f"requests to the fake forge: {per_trial:.0f} per trial (median)")
     if requests:
         print("requests killed in flight: " + ", ".join(f"{r} {n}" for r, n in requests.items()))
     statuses = Counter(t.status for t in trials)

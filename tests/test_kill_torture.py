@@ -36,15 +36,15 @@ from support.torture import (
     AIMS,
     GITHUB_AIMS,
     TARGETS,
-    GitHubRig,
     Trial,
+    forge_plan,
     github_plan,
     plan_kills,
     run_trial,
     run_uninterrupted,
     trial_mode,
 )
-from support.torture_github import BOT, CHANGING, REPOSITORY, check_github
+from support.torture_github import BOT, CHANGING, REPOSITORY, GitHubRig, check_github
 from support.torture_lab import Lab, wait_for
 from support.torture_postgres import (
     POSTGRES_TARGETS,
@@ -101,13 +101,15 @@ def test_random_kills_never_break_an_invariant(tmp_path: Path) -> None:
     assert {t.mode for t in trials} == {"classic", "graph"} or TRIALS < 4
 
 
-def github_seeds(first: int, count: int) -> list[int]:
+def forge_seeds(name: str, first: int, count: int) -> list[int]:
     """``count`` seeds from ``first`` on, the last replaced by the next seed whose first
-    kill is aimed at a request in flight (when none before it is): the aim is run."""
+    kill on forge ``name`` is aimed at a request in flight (when none before it is):
+    the aim is run."""
     seeds = list(range(first, first + count))
-    if not any(github_plan(s, 1.0)[0].aim == "github_request" for s in seeds[:-1]):
+    aim = f"{name}_request"
+    if not any(forge_plan(s, 1.0, name)[0].aim == aim for s in seeds[:-1]):
         seeds[-1] = next(
-            s for s in itertools.count(seeds[-1]) if github_plan(s, 1.0)[0].aim == "github_request"
+            s for s in itertools.count(seeds[-1]) if forge_plan(s, 1.0, name)[0].aim == aim
         )
     return seeds
 
@@ -129,13 +131,13 @@ def test_kills_on_the_github_forge_never_duplicate_an_issue_pr_comment_or_merge(
         caught.update(v.kind for v in check_github(lab, lab.forge, workflow_id))
 
     span = run_uninterrupted(
-        tmp_path / "uninterrupted", mode="github", github=rig, inspect=break_on_purpose
+        tmp_path / "uninterrupted", mode="github", rig=rig, inspect=break_on_purpose
     )
     assert caught == {"issues", "duplicate_comment", "token"}
 
-    seeds = github_seeds(first_seed(), GITHUB_TRIALS)
+    seeds = forge_seeds("github", first_seed(), GITHUB_TRIALS)
     trials = [
-        run_trial(tmp_path / f"trial-{s}", s, span_s=span, mode="github", github=rig) for s in seeds
+        run_trial(tmp_path / f"trial-{s}", s, span_s=span, mode="github", rig=rig) for s in seeds
     ]
     kills = [k for t in trials for k in t.kills]
     print(f"\ngithub seeds {seeds}; uninterrupted {span:.1f} s")
