@@ -14,6 +14,7 @@ from support.gitlab_model import (
     CommitStatus,
     Issue,
     Label,
+    LabelEvent,
     MergeRequest,
     Note,
     Pipeline,
@@ -199,6 +200,16 @@ class Shapes:
                     30, self.gl.merge_level(project, mr.target_branch))},
             })  # fmt: skip
         return shaped
+
+    def label_event(self, project: Project, issue: Issue, event: LabelEvent) -> dict[str, Any]:
+        return {
+            "id": event.id, "user": self.user(event.user), "created_at": iso(event.created_at),
+            "resource_type": "Issue", "resource_id": issue.id, "action": event.action,
+            "label": {
+                "id": event.label.id, "name": event.label.name, "color": event.label.color,
+                "description": event.label.description,
+            },
+        }  # fmt: skip
 
     def note(self, project: Project, note: Note) -> dict[str, Any]:
         shaped: dict[str, Any] = {

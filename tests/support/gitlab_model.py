@@ -20,6 +20,7 @@ __all__ = [
     "GitLabError",
     "Issue",
     "Label",
+    "LabelEvent",
     "MergeRequest",
     "Note",
     "Pipeline",
@@ -98,6 +99,18 @@ class Label:
 
 
 @dataclass
+class LabelEvent:
+    """A label added to or removed from an issue or a merge request, by whom
+    (GitLab's resource label event)."""
+
+    id: int
+    user: User
+    created_at: datetime
+    label: Label
+    action: str  # add | remove
+
+
+@dataclass
 class Note:
     """A comment on an issue or a merge request; ``position`` makes it a diff
     (line) note, ``discussion_id`` groups it with its replies."""
@@ -128,6 +141,7 @@ class Issue:
     closed_at: datetime | None = None
     closed_by: User | None = None
     notes: list[Note] = field(default_factory=list)
+    label_events: list[LabelEvent] = field(default_factory=list)
 
 
 @dataclass
@@ -155,6 +169,7 @@ class MergeRequest:
     #: The head and base SHAs at merge time (the branches may go afterwards).
     merged_sha: str | None = None
     notes: list[Note] = field(default_factory=list)
+    label_events: list[LabelEvent] = field(default_factory=list)
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """The fake GitLab's REST operations: GitLab v4 paths, status codes and JSON shapes.
 
-One handler per operation phasegate's GitLab forge uses
-(``support.gitlab_openapi.OPERATIONS``), plain synchronous code run under the
-model's lock. It checks the caller's role the way GitLab does (a project the
+One handler per operation phasegate's GitLab forge uses (each judged by
+python-gitlab's managers: ``support.gitlab_models``), plain synchronous code
+run under the model's lock. It checks the caller's role the way GitLab does (a project the
 caller is no member of is 404 ``Project Not Found``, too low a role 403),
 calls the model, and returns what ``Shapes`` renders. Parameters come from
 the query, a JSON body or a form, as Grape takes them; a missing required
@@ -140,6 +140,17 @@ def get_project(c: Call) -> Any:
     return c.gl.shapes.project(c.project(), c.actor)
 
 
+@route("GET", "/projects/{id}/members/all")
+def list_members(c: Call) -> Any:
+    project = c.project()
+    wanted = str(c.args.get("query") or "").lower()
+    found = [
+        u for u in c.gl.users.values()
+        if project.level(u) and wanted in (u.username.lower() + " " + u.name.lower())
+    ]  # fmt: skip
+    return [c.gl.shapes.member(project, u) for u in c.page(found)]
+
+
 @route("GET", "/projects/{id}/members/all/{user_id}")
 def get_member(c: Call) -> Any:
     project = c.project()
@@ -211,6 +222,13 @@ def edit_issue(c: Call) -> Any:
         raise GitLabError(403, "403 Forbidden")
     c.gl.edit(project, issue, c.actor, c.args)
     return c.gl.shapes.issue(project, issue)
+
+
+@route("GET", "/projects/{id}/issues/{iid}/resource_label_events")
+def list_label_events(c: Call) -> Any:
+    project = c.project()
+    issue = c.gl.issue(project, c.iid())
+    return [c.gl.shapes.label_event(project, issue, e) for e in c.page(issue.label_events)]
 
 
 @route("GET", "/projects/{id}/issues/{iid}/notes")

@@ -27,6 +27,7 @@ from support.gitlab_model import (
     GitLabError,
     Issue,
     Label,
+    LabelEvent,
     MergeRequest,
     Note,
     Pipeline,
@@ -183,7 +184,7 @@ class GitLab:
                 user, now, now,
             )  # fmt: skip
             project.issues[issue.iid] = issue
-            self.set_labels(project, issue, labels or [])
+            self.set_labels(project, issue, labels or [], user)
             self._announce_item(project, issue, user, "open")
             return issue
 
@@ -193,12 +194,37 @@ class GitLab:
             raise GitLabError(404, "404 Not found")
         return found
 
-    def set_labels(self, project: Project, item: Issue | MergeRequest, names: list[str]) -> None:
-        """``item``'s labels become ``names``; an unknown label is made, as GitLab does."""
+    def set_labels(
+        self,
+        project: Project,
+        item: Issue | MergeRequest,
+        names: list[str],
+        actor: User | None = None,
+    ) -> None:
+        """``item``'s labels become ``names``; an unknown label is made, as GitLab
+        does. Each label added or removed is a resource label event by ``actor``."""
         for name in names:
             if name not in project.labels:
                 project.labels[name] = Label(self.next_id("label"), name, "#6699cc")
-        item.labels = list(dict.fromkeys(names))
+        before, after = list(item.labels), list(dict.fromkeys(names))
+        item.labels = after
+        if actor is None:
+            return
+        changes = [(n, "add") for n in after if n not in before]
+        changes += [(n, "remove") for n in before if n not in after]
+        for name, action in changes:
+            item.label_events.append(
+                LabelEvent(
+                    self.next_id("label_event"), actor, self.clock(), project.labels[name], action
+                )
+            )
+
+    def label(self, ref: str | int, iid: int, name: str, by: str, *, add: bool = True) -> None:
+        """``by`` adds (or removes) label ``name`` on issue ``iid``, as in GitLab's UI."""
+        with self.lock:
+            project = self.project(ref)
+            key = "add_labels" if add else "remove_labels"
+            self.edit(project, self.issue(project, iid), self.users[by], {key: name})
 
     def edit(
         self, project: Project, item: Issue | MergeRequest, actor: User, fields: dict[str, Any]
@@ -208,12 +234,12 @@ class GitLab:
             if fields.get(name) is not None:
                 setattr(item, name, str(fields[name]))
         if "labels" in fields:
-            self.set_labels(project, item, label_names(fields["labels"]))
+            self.set_labels(project, item, label_names(fields["labels"]), actor)
         if "add_labels" in fields:
-            self.set_labels(project, item, item.labels + label_names(fields["add_labels"]))
+            self.set_labels(project, item, item.labels + label_names(fields["add_labels"]), actor)
         if "remove_labels" in fields:
             gone = set(label_names(fields["remove_labels"]))
-            item.labels = [n for n in item.labels if n not in gone]
+            self.set_labels(project, item, [n for n in item.labels if n not in gone], actor)
         if isinstance(item, MergeRequest) and fields.get("target_branch"):
             item.target_branch = str(fields["target_branch"])
         event, action = fields.get("state_event"), "update"
@@ -326,7 +352,7 @@ class GitLab:
                 draft=title.lower().startswith(("draft:", "[draft]", "(draft)")),
             )  # fmt: skip
             project.merge_requests[mr.iid] = mr
-            self.set_labels(project, mr, labels or [])
+            self.set_labels(project, mr, labels or [], author)
             self._announce_item(project, mr, author, "open")
             return mr
 

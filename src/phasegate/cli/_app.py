@@ -43,8 +43,9 @@ app = typer.Typer(
     'read-only, phasegate\'s process and keys out of sight; `sandbox = "none"` per role '
     "turns it off, with a warning); refs and .git are restored after every agent run; "
     "secrets are redacted raw and encoded (docs/sandbox.md).\n\n"
-    'On GitHub ([forge] kind = "github"): `phasegate watch` starts a workflow for each '
-    "issue a trusted person labels `phasegate` (`phasegate import OWNER/REPO#N` by hand); "
+    'On GitHub or GitLab ([forge] kind = "github" or "gitlab"): `phasegate watch` starts a '
+    "workflow for each issue a trusted person labels `phasegate` (`phasegate import "
+    "OWNER/REPO#N` by hand); "
     "CI checks are evidence; review comments send the change back; an approving review "
     "or `/phasegate merge` merges; the issue closes only after verification "
     "(docs/github.md).\n\n"

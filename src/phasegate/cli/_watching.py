@@ -48,13 +48,16 @@ log = logging.getLogger(__name__)
 
 
 def github_repository(command: str, root: Path, cartridge: Cartridge) -> str:
-    """The cartridge's GitHub repository (``owner/name``); UsageError with the local forge."""
-    if cartridge.forge.kind != "github":
+    """The cartridge's team forge repository (GitHub's ``owner/name``, GitLab's
+    ``group/…/name``); UsageError with the local forge."""
+    settings = cartridge.forge
+    if settings.kind == "local":
         raise UsageError(
-            f'{command} needs forge.kind = "github" in {CARTRIDGE_FILE} (this cartridge has '
-            'the local forge, whose tickets come from `phasegate run "ticket"`)'
+            f'{command} needs a team forge (forge.kind = "github" or "gitlab") in '
+            f"{CARTRIDGE_FILE} (this cartridge has the local forge, whose tickets come from "
+            '`phasegate run "ticket"`)'
         )
-    return repository_of(cartridge.forge.repository, root, cartridge.forge.base_url)
+    return repository_of(settings.repository, root, settings.base_url, settings.kind)
 
 
 def ticket_note(snapshot: TicketSnapshot) -> str:

@@ -61,7 +61,8 @@ def watch(
     label. Each look also applies the /phasegate resume, cancel and verify
     commands people with write access typed on waiting workflows. A label put
     on again by someone trusted is seen once the untrusted label was taken off
-    first. Needs forge.kind = "github". Ctrl-C/SIGTERM stop it cleanly.
+    first. Needs a team forge: forge.kind = "github" or "gitlab" (a merge
+    request's note, a Developer's label). Ctrl-C/SIGTERM stop it cleanly.
     """
     from phasegate.cli._watching import github_repository, reporter, unavailable, watching
     from phasegate.cli.render import LiveProgress, graceful, make_engine
@@ -113,7 +114,11 @@ def _say(text: str) -> None:
 @app.command("import")
 def import_issue(
     issue: Annotated[
-        str, typer.Argument(metavar="OWNER/REPO#N", help="The issue: OWNER/REPO#N, #N or N.")
+        str,
+        typer.Argument(
+            metavar="OWNER/REPO#N",
+            help="The issue: OWNER/REPO#N (GitLab: GROUP/…/NAME#N), #N or N.",
+        ),
     ],
     by: Annotated[str, typer.Option(help="Who vouches for the issue's text.")] = "cli",
     auto_merge: AutoMergeOption = None,
@@ -128,7 +133,8 @@ def import_issue(
     The ticket is the issue's title and body and the comments of people with
     write, maintain or admin permission; other people's comments never reach
     an agent. An issue that has a workflow already is refused, naming it, and
-    so is a pull request's number. Needs forge.kind = "github".
+    so is a pull request's number. Needs a team forge: forge.kind = "github" or
+    "gitlab" (GROUP/…/NAME#N there).
     """
     from phasegate.cli._watching import github_repository, ticket_note
     from phasegate.cli.render import drive, finish, make_engine

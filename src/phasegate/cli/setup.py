@@ -128,8 +128,9 @@ def doctor(
     With forge.kind = "github" it asks GitHub once, read-only, for the
     repository (GET /repos/OWNER/NAME) with the cartridge's credentials: a
     refused token, a repository the token cannot see, or one it can read but
-    not push to is missing; GitHub out of reach is a warning. --offline skips
-    that lookup.
+    not push to is missing; GitHub out of reach is a warning. With
+    forge.kind = "gitlab" it asks for the project (GET /projects/ID): a role
+    below Developer is missing. --offline skips that lookup.
     """
     from phasegate.tools.doctor import diagnose
 
@@ -201,7 +202,7 @@ def _print_diagnosis(found: "Diagnosis") -> None:
     if found.checks_sandbox:
         sandbox = found.checks_sandbox
         line("•", f"checks: sandbox {sandbox['kind']} ({sandbox['reason']})")
-    if found.forge.get("kind") == "github":
+    if found.forge.get("kind") in ("github", "gitlab"):
         forge = found.forge
         access = forge.get("access", "unknown")
         ready = "repository" in forge and "credentials" in forge and access != "read"
@@ -210,7 +211,8 @@ def _print_diagnosis(found: "Diagnosis") -> None:
         said = {"push": ", may push", "read": ", may NOT push"}.get(access, "")
         line(
             yes if ready else no,
-            f"forge: GitHub {where} at {forge['api']}, "
+            f"forge: {'GitLab' if forge['kind'] == 'gitlab' else 'GitHub'} {where} at "
+            f"{forge['api']}, "
             f"{forge.get('credentials', 'no credentials')}{said}",
         )
     elif found.forge:

@@ -57,7 +57,8 @@ def run(
             "phasegate.toml copied into its first commit (else `phasegate init`'s), and "
             'with forge.kind = "github" the repository OWNER/NAME on GitHub (OWNER: '
             "the token's user, or an organization) holding that first commit; then "
-            "the workflow runs there. Run again after a crash, it goes on.",
+            "the workflow runs there (on GitLab, make the project yourself and run in "
+            "its clone). Run again after a crash, it goes on.",
         ),
     ] = None,
     directory: Annotated[

@@ -30,8 +30,9 @@ __all__ = [
     "snapshot_ticket",
 ]
 
-#: ``owner/name`` as GitHub spells it (forge.repository's rule, cartridge_forge).
-_OWNER_NAME = r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}?"
+#: ``owner/name`` as GitHub spells it, or GitLab's nested ``group/…/name``
+#: (forge.repository's rules, config.forge).
+_OWNER_NAME = r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}(?:/[A-Za-z0-9_][A-Za-z0-9._-]{0,99}?)+"
 _ISSUE_REF = re.compile(rf"^(?:(?P<repo>{_OWNER_NAME})#|#)?(?P<n>[1-9][0-9]{{0,9}})$")
 
 

@@ -346,14 +346,21 @@ def watch_forever(
         stop.wait(interval_s() if callable(interval_s) else interval_s)
 
 
-def repository_of(configured: str | None, root: Path, base_url: str | None = None) -> str:
-    """The forge repository (``owner/name``): ``forge.repository`` when set, else
-    read from the ``origin`` remote of the repository at ``root`` (an https or
-    ssh URL of GitHub's shape: ``github_auth.repository_from_origin``). Raises
-    TriggerRefused when neither names one."""
+def repository_of(
+    configured: str | None, root: Path, base_url: str | None = None, kind: str = "github"
+) -> str:
+    """The forge repository (``owner/name``; GitLab: ``group/…/name``):
+    ``forge.repository`` when set, else read from the ``origin`` remote of the
+    repository at ``root`` (an https or ssh URL of the forge ``kind``'s shape:
+    ``github_auth.repository_from_origin``, GitLab's own). Raises TriggerRefused
+    when neither names one."""
     if configured:
         return configured
     try:
+        if kind == "gitlab":
+            from phasegate.forge.gitlab.auth import repository_from_origin as gitlab_origin
+
+            return gitlab_origin(root, base_url)
         return repository_from_origin(root, base_url)
     except ForgeError as exc:
         raise TriggerRefused(str(exc)) from exc

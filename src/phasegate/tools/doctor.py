@@ -14,6 +14,8 @@ With ``forge.kind = "github"`` it makes one read-only call, ``GET
 /repos/{owner}/{repo}`` with the cartridge's credentials (``offline=True``
 skips it): a refused token, a repository the token cannot see, or one it may
 read but not push to is missing; GitHub out of reach is a warning.
+With ``forge.kind = "gitlab"`` the one call is ``GET /projects/:id``
+(``phasegate.forge.gitlab.doctor``): a role below Developer is missing.
 """
 
 from __future__ import annotations
@@ -481,6 +483,10 @@ def _forge(
     settings = cartridge.forge
     if settings.kind == "local":
         return {"kind": "local"}
+    if settings.kind == "gitlab":
+        from phasegate.forge.gitlab.doctor import looked_at
+
+        return looked_at(settings, root, env, missing, warnings, offline=offline)
     found = {"kind": settings.kind, "api": settings.base_url or "https://api.github.com"}
     _tracked_key(settings, root, warnings)
     try:

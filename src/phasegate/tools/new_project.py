@@ -168,6 +168,13 @@ def resolve(
                 f'{CARTRIDGE_FILE} has forge.kind = "local" (set kind = "github")'
             )
         return NewProject(bare, directory, text, base, None, private, earlier)
+    if cartridge.forge.kind != "github":
+        # Only GitHub's repositories are made here; another forge's project is made
+        # by a person (its group, visibility and protection are theirs to choose).
+        raise NewProjectRefused(
+            f"--new-project {name!r}: on {cartridge.forge.kind} make the project yourself, "
+            "clone it, and run phasegate in the clone (nothing was made)"
+        )
     if owner is None and cartridge.forge.uses_app:
         raise NewProjectRefused(
             f"--new-project {name!r}: a GitHub App creates repositories in an organisation "

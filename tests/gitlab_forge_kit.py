@@ -1,0 +1,155 @@
+"""What the GitLab tests share: the fake GitLab with phasegate's bot, the forge on it,
+a local clone, a team's project with a recording build agent, and the check that
+every request the forge sent is one python-gitlab's managers describe.
+
+The ``gitlab`` fixture serves ``support.gitlab_lab``'s Lab (alice Owner, dev
+Developer, guest Guest, stranger nobody) plus ``phasegate-bot`` (Developer),
+whose token is GITLAB_TOKEN; after the test every REST request recorded must
+pass ``support.gitlab_models`` (the test fails otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from phasegate.config.forge import ForgeSettings
+from phasegate.forge.gitlab.auth import GitLabAuth
+from phasegate.forge.gitlab.forge import GitLabForge
+from phasegate.git.workspace import Workspace
+
+from conftest import ANSWERS_BUT_BUILD, git, make_repo, recording_build, scripted_cartridge
+from support.gitlab_lab import PROJECT, Lab, served
+from support.gitlab_model import ACCESS
+from support.gitlab_models import all_problems
+
+__all__ = [
+    "BOT",
+    "PROJECT",
+    "TEAM",
+    "gitlab",
+    "forge_for",
+    "gl_forge",
+    "gl_local",
+    "settings",
+    "team_project",
+]
+
+BOT = "phasegate-bot"
+TEAM = "acme/widgets"
+
+
+@pytest.fixture
+def gitlab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
+    """A fresh fake GitLab with phasegate's bot (Developer on acme/app); every REST
+    request it answered is judged by python-gitlab's managers afterwards."""
+    with served(tmp_path) as lab:
+        lab.gl.add_user(BOT)
+        lab.gl.add_member(PROJECT, BOT, "developer")
+        monkeypatch.setenv("GITLAB_TOKEN", lab.token(BOT))
+        yield lab
+        with lab.gl.lock:
+            recorded = list(lab.gl.requests)
+        wrong = all_problems(recorded)
+        if wrong:
+            pytest.fail("requests python-gitlab's managers do not describe:\n" + "\n".join(wrong))
+
+
+def settings(lab: Lab, repository: str = PROJECT, **given: object) -> ForgeSettings:
+    return ForgeSettings(
+        kind="gitlab",
+        repository=repository,
+        base_url=lab.gl.url,
+        **given,  # type: ignore[arg-type]
+    )
+
+
+def forge_for(
+    lab: Lab, local: Path, token: str | None = None, repository: str = PROJECT, **given: object
+) -> GitLabForge:
+    """phasegate's forge on the lab, as its bot (whose token must appear in no argv,
+    config, URL, log or text sent)."""
+    auth = GitLabAuth(token or lab.token(BOT), "the token in GITLAB_TOKEN")
+    return GitLabForge(
+        repository, auth, local, Workspace(), settings(lab, repository, **given),
+        retry_backoff_s=0.01,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def gl_local(gitlab: Lab, tmp_path: Path) -> Path:
+    """A clone of acme/app, its origin the project's URL without credentials."""
+    checkout = tmp_path / "checkout"
+    gitlab.git(
+        "clone", "--quiet", gitlab.gl.clone_url(PROJECT, gitlab.token("alice")), str(checkout)
+    )
+    git(checkout, "remote", "set-url", "origin", gitlab.gl.clone_url(PROJECT))
+    git(checkout, "config", "user.name", "Dev")
+    git(checkout, "config", "user.email", "dev@example.com")
+    (checkout / "app.py").write_text("x = 1\n")
+    git(checkout, "add", "-A")
+    git(checkout, "commit", "-qm", "app")
+    git(checkout, "push", "-q", str(gitlab.gl.project(PROJECT).bare.path), "main")
+    return checkout
+
+
+@pytest.fixture
+def gl_forge(gitlab: Lab, gl_local: Path) -> GitLabForge:
+    return forge_for(gitlab, gl_local)
+
+
+def branch_with_change(local: Path, branch: str, text: str = "x = 2\n") -> str:
+    git(local, "checkout", "-q", "-b", branch)
+    (local / "app.py").write_text(text)
+    git(local, "commit", "-qam", f"change on {branch}")
+    sha = git(local, "rev-parse", "HEAD")
+    git(local, "checkout", "-q", "main")
+    return sha
+
+
+def cartridge_forge(lab: Lab, extra: str = "") -> str:
+    """A ``[forge]`` table for the team's project on the lab (poll_s short)."""
+    return (
+        f'[forge]\nkind = "gitlab"\nrepository = "{TEAM}"\nbase_url = "{lab.gl.url}"\n'
+        f"poll_s = 0.2\n{extra}"
+    )
+
+
+def team_project(
+    lab: Lab,
+    tmp_path: Path,
+    roles: dict[str, str] | None = None,
+    *,
+    forge_extra: str = "",
+    files: dict[str, str] | None = None,
+    **cartridge: object,
+) -> tuple[Path, Path]:
+    """acme/widgets on the lab, seeded from a local repository whose cartridge has
+    every role scripted but build (``recording_build``: prompts kept in
+    ``prompts/``) and ``roles`` overriding; the bot and dev are Developers, guest a
+    Guest, and Developers may merge into main. Returns (local repo, prompts dir)."""
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    overrides = {"build": recording_build(prompts), **(roles or {})}
+    text = scripted_cartridge(role_overrides=overrides, **cartridge)  # type: ignore[arg-type]
+    repo = make_repo(
+        tmp_path / "repo",
+        {
+            "README.md": "# widgets\n",
+            ".gitignore": ".phasegate/\n",
+            "answers.toml": ANSWERS_BUT_BUILD,
+            **(files or {}),
+            "phasegate.toml": text + "\n" + cartridge_forge(lab, forge_extra),
+        },
+    )
+    git(repo, "remote", "add", "origin", f"{lab.gl.url}/{TEAM}.git")
+    project = lab.gl.create_project(TEAM, "alice", from_path=repo)
+    project.merge_level = ACCESS["developer"]
+    for name, role in ((BOT, "developer"), ("dev", "developer"), ("guest", "guest")):
+        lab.gl.add_member(TEAM, name, role)
+    return repo, prompts
+
+
+__all__ += ["branch_with_change", "cartridge_forge"]
