@@ -11,6 +11,10 @@ GitHub behind Prism: ``PHASEGATE_TORTURE_GITHUB_TRIALS`` trials (default 4, abou
 three minutes; a trial is slower than a local one, every forge call crossing Prism),
 one of them always killing a request to GitHub in flight.
 
+On the GitLab forge, the fake GitLab (no proxy; requests judged by python-gitlab's
+managers): ``PHASEGATE_TORTURE_GITLAB_TRIALS`` trials (default 3, about a minute),
+one of them always killing a request to GitLab in flight.
+
 On PostgreSQL (it passes with two workers, one of them killed at random):
 ``PHASEGATE_TORTURE_POSTGRES_TRIALS`` trials (default 2, about a minute here,
 under two on a machine four times over-committed), three workflows shared by two
@@ -23,6 +27,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -44,7 +49,9 @@ from support.torture import (
     run_uninterrupted,
     trial_mode,
 )
+from support.torture_forge import bare_git
 from support.torture_github import BOT, CHANGING, REPOSITORY, GitHubRig, check_github
+from support.torture_gitlab import GitLabRig, check_gitlab
 from support.torture_lab import Lab, wait_for
 from support.torture_postgres import (
     POSTGRES_TARGETS,
@@ -59,6 +66,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.sandboxed]
 
 TRIALS = int(os.environ.get("PHASEGATE_TORTURE_TRIALS", "12"))
 GITHUB_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_GITHUB_TRIALS", "4"))
+GITLAB_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_GITLAB_TRIALS", "3"))
 POSTGRES_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_POSTGRES_TRIALS", "2"))
 
 
@@ -139,8 +147,20 @@ def test_kills_on_the_github_forge_never_duplicate_an_issue_pr_comment_or_merge(
     trials = [
         run_trial(tmp_path / f"trial-{s}", s, span_s=span, mode="github", rig=rig) for s in seeds
     ]
+    report_forge("github", seeds, span, trials)
     kills = [k for t in trials for k in t.kills]
-    print(f"\ngithub seeds {seeds}; uninterrupted {span:.1f} s")
+    assert all(t.ok for t in trials), failures_of(trials)
+    assert all(t.status == "completed" for t in trials)
+    assert len(kills) >= len(trials)  # every trial was really interrupted
+    in_flight = [k["request"] for k in kills if k.get("request")]
+    assert all(r.split()[0] in CHANGING for r in in_flight), in_flight
+    assert any(k["aim"] == "github_request" for k in kills) or GITHUB_TRIALS < 1
+
+
+def report_forge(name: str, seeds: list[int], span: float, trials: list[Trial]) -> None:
+    """What a forge's trials did, printed; the stale status labels (known) taken out."""
+    kills = [k for t in trials for k in t.kills]
+    print(f"\n{name} seeds {seeds}; uninterrupted {span:.1f} s")
     print(f"kills by phase: {dict(Counter(k['phase'] for k in kills))}")
     print(f"kills by aim: {dict(Counter(k['aim'] for k in kills))}")
     print(f"requests killed in flight: {[k['request'] for k in kills if 'request' in k]}")
@@ -155,12 +175,63 @@ def test_kills_on_the_github_forge_never_duplicate_an_issue_pr_comment_or_merge(
     print(f"stale status labels (known): {stale}")
     for t in trials:
         t.violations = [v for v in t.violations if v.kind != "labels"]
+
+
+def break_gitlab(lab: Lab, workflow_id: str) -> set[str]:
+    """Every GitLab invariant broken by hand on a settled run, as a duplicate or a
+    wrong close would break it; the kinds ``check_gitlab`` then reports."""
+    assert lab.forge is not None and lab.forge.name == "gitlab"
+    forge = lab.forge
+    gl = forge.server  # type: ignore[attr-defined]
+    bot = gl.users["phasegate-bot"]
+    with gl.lock:
+        project = gl.project("acme/widgets")
+        issue = next(iter(project.issues.values()))
+        # a second issue, and a note of phasegate's (with its marker) on it twice
+        gl.open_issue(project.id, bot.username, issue.title, issue.description)
+        marked = next(n for n in issue.notes if "<!-- phasegate:" in n.body)
+        gl.comment(issue, bot, marked.body)
+        # a second merge request of another branch, merged: a second merge on main
+        line = bare_git(forge.bare, "rev-parse", "main")
+        tree = bare_git(forge.bare, "rev-parse", "main^{tree}")
+        extra = subprocess.run(
+            ["git", "-c", "user.name=p", "-c", "user.email=p@l", "commit-tree", tree,
+             "-p", line, "-m", "extra"],
+            cwd=forge.bare, check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        bare_git(forge.bare, "update-ref", "refs/heads/extra", extra)
+        mr = gl.open_merge_request(project.id, bot, "extra", "main", "extra")
+        gl.merge(project, mr, bot, {})
+        # the issue reopened and closed again, and a stale status label
+        gl.edit(project, issue, bot, {"state_event": "reopen"})
+        gl.edit(project, issue, bot, {"state_event": "close", "add_labels": "phasegate:merging"})
+    (lab.logs / "leak.log").write_text(forge.env["GITLAB_TOKEN"])
+    return {v.kind for v in check_gitlab(lab, forge, workflow_id)}  # type: ignore[arg-type]
+
+
+def test_kills_on_the_gitlab_forge_never_duplicate_an_issue_mr_note_or_merge(
+    tmp_path: Path,
+) -> None:
+    rig = GitLabRig()
+    caught: set[str] = set()
+    span = run_uninterrupted(
+        tmp_path / "uninterrupted",
+        rig=rig,
+        inspect=lambda lab, workflow_id: caught.update(break_gitlab(lab, workflow_id)),
+    )
+    kinds = {"issues", "pull_requests", "merges", "duplicate_comment", "issue_closed"}
+    assert caught == kinds | {"labels", "token"}
+
+    seeds = forge_seeds("gitlab", first_seed(), GITLAB_TRIALS)
+    trials = [run_trial(tmp_path / f"trial-{s}", s, span_s=span, rig=rig) for s in seeds]
+    report_forge("gitlab", seeds, span, trials)
+    kills = [k for t in trials for k in t.kills]
     assert all(t.ok for t in trials), failures_of(trials)
     assert all(t.status == "completed" for t in trials)
     assert len(kills) >= len(trials)  # every trial was really interrupted
     in_flight = [k["request"] for k in kills if k.get("request")]
     assert all(r.split()[0] in CHANGING for r in in_flight), in_flight
-    assert any(k["aim"] == "github_request" for k in kills) or GITHUB_TRIALS < 1
+    assert any(k["aim"] == "gitlab_request" for k in kills) or GITLAB_TRIALS < 1
 
 
 # -- PostgreSQL, two workers ---------------------------------------------------------
