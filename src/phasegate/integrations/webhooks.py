@@ -89,7 +89,9 @@ class Concerns:
     it), the issue and pull request ``numbers``, the ``branches``, the ``label``
     put on an issue (None unless the event is a label added), whether it is a
     new comment that reads as a ``/phasegate`` ``command``, and the ``labelled``
-    issue as the delivery shows it (who labelled it: the sender)."""
+    issue as the delivery shows it (who labelled it: the sender). Gitea says an
+    issue's labels changed, not which was added: ``carried`` holds the labels it
+    carries then, and who put one there is asked of the forge."""
 
     repository: str
     numbers: frozenset[int] = frozenset()
@@ -97,6 +99,7 @@ class Concerns:
     label: str | None = None
     command: bool = False
     labelled: Labelled | None = None
+    carried: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -167,9 +170,14 @@ def concerns(forge: str, event: str, payload: Mapping[str, Any]) -> Concerns:
     if event == "issues" and payload.get("action") == "labeled":
         label = str((payload.get("label") or {}).get("name") or "") or None
         labelled = _labelled(issue, payload.get("sender") or {})
+    carried: frozenset[str] = frozenset()
+    if event == "issues" and payload.get("action") == "label_updated":
+        # Gitea's issue_label event: the sender changed the labels, which one is
+        # not said; the watcher asks the forge who put the trigger label there.
+        carried = frozenset(str(x["name"]) for x in issue.get("labels") or () if x.get("name"))
     said = (payload.get("comment") or {}).get("body") if event == "issue_comment" else None
     command = payload.get("action") == "created" and _commands(said)
-    return Concerns(repository, numbers, frozenset(branches), label, command, labelled)
+    return Concerns(repository, numbers, frozenset(branches), label, command, labelled, carried)
 
 
 def _labelled(issue: Mapping[str, Any], sender: Mapping[str, Any]) -> Labelled | None:
@@ -277,7 +285,9 @@ def receive(
             403, "this body was delivered before (a replay), whatever its delivery id says"
         )
     woke = engine.store.wake(engine.repository or about.repository, about.numbers, about.branches)
-    labelled = about.label == settings.trigger_label
+    labelled = about.label == settings.trigger_label or (
+        about.label is None and settings.trigger_label in about.carried
+    )
     started = _started(engine, about, max_ticket_bytes) if labelled else []
     commanded = _commanded(engine, about) if about.command else []
     return Received(event, woke=woke, started=started, commanded=commanded)

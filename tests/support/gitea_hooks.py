@@ -1,0 +1,245 @@
+"""The fake Gitea's webhooks: what happens in a repository, delivered as Gitea delivers it.
+
+A repository's hooks (``add`` from a test) each get a POST per event they
+subscribe to, signed and named as Gitea's ``services/webhook/deliver.go``
+does: ``X-Gitea-Event`` (``issues``, ``issue_comment``, ``pull_request``,
+``pull_request_approved``, ``pull_request_rejected``, ``pull_request_comment``,
+``status``), ``X-Gitea-Event-Type`` (the finer kind: ``issue_label``,
+``pull_request_review_approved``…), ``X-Gitea-Delivery`` (a UUID per
+delivery) and ``X-Gitea-Signature``, the hex HMAC-SHA256 of the body with the
+hook's secret; the same under ``X-Gogs-*`` and ``X-GitHub-*``
+(``X-Hub-Signature-256: sha256=…``) as Gitea sends them, and under
+``X-Forgejo-*`` as Forgejo does. The body is Gitea's payload JSON
+(``modules/structs/hook.go``): ``action``, ``number``, ``issue`` or
+``pull_request``, ``comment``, ``review``, ``repository`` and ``sender``.
+
+A label change is Gitea's ``issue_label`` event: ``X-Gitea-Event: issues``,
+``action: label_updated`` (``label_cleared`` when none is left), the issue
+with all its labels and the sender; which label was added is not said, the
+issue's timeline says it (``GET .../issues/{index}/timeline``).
+
+The model announces under its lock (``Gitea.announce``); the payload is
+rendered then and sent from a thread of its own, so a receiver that calls
+the API back does not wait on the lock. Each delivery is kept
+(``delivered``) with the status its receiver answered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import json
+import queue
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from support.gitea_model import Comment, Issue, Repo, Review, Status, User, iso
+
+if TYPE_CHECKING:
+    from support.gitea_json import Shapes
+    from support.gitea_server import GiteaServer
+
+__all__ = [
+    "EVENTS",
+    "Delivered",
+    "GiteaHooks",
+    "Hook",
+    "comment_payload",
+    "issue_payload",
+    "review_payload",
+    "status_payload",
+]
+
+#: The hook event kinds a hook subscribes with (Gitea's ``HookEventType``s
+#: this fake sends), each with the ``X-Gitea-Event`` it is delivered under.
+EVENTS = {
+    "issues": "issues",
+    "issue_label": "issues",
+    "issue_comment": "issue_comment",
+    "pull_request": "pull_request",
+    "pull_request_label": "pull_request",
+    "pull_request_comment": "issue_comment",
+    "pull_request_review_approved": "pull_request_approved",
+    "pull_request_review_rejected": "pull_request_rejected",
+    "pull_request_review_comment": "pull_request_comment",
+    "status": "status",
+}
+DELIVERY_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Hook:
+    id: int
+    repo_id: int
+    url: str
+    secret: str
+    events: frozenset[str]  # kinds, EVENTS' keys
+
+
+@dataclass
+class Delivered:
+    """One delivery: what was sent and the receiver's answer (None: none came)."""
+
+    hook: Hook
+    kind: str
+    event: str
+    headers: dict[str, str]
+    body: bytes
+    status: int | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def payload(self) -> Any:
+        return json.loads(self.body)
+
+
+def signature(secret: str, body: bytes) -> str:
+    """Gitea's ``X-Gitea-Signature``: the hex HMAC-SHA256 of ``body``."""
+    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def headers_for(kind: str, event: str, delivery: str, signed: str) -> dict[str, str]:
+    """Every header Gitea (and Forgejo) put on a delivery of ``kind``."""
+    headers = {"Content-Type": "application/json", "User-Agent": "Go-http-client/1.1"}
+    for prefix in ("X-Gitea", "X-Gogs", "X-Forgejo"):
+        headers.update({
+            f"{prefix}-Event": event, f"{prefix}-Event-Type": kind,
+            f"{prefix}-Delivery": delivery, f"{prefix}-Signature": signed,
+        })  # fmt: skip
+    headers.update({
+        "X-GitHub-Event": event, "X-GitHub-Event-Type": kind, "X-GitHub-Delivery": delivery,
+        "X-Hub-Signature": "", "X-Hub-Signature-256": f"sha256={signed}",
+    })  # fmt: skip
+    return headers
+
+
+class GiteaHooks:
+    """The hooks of every repository of ``server`` and what was delivered to them."""
+
+    def __init__(self, server: GiteaServer) -> None:
+        self.server = server
+        self.hooks: list[Hook] = []
+        self.delivered: list[Delivered] = []
+        self._ids = itertools.count(1)
+        self._queue: queue.Queue[Delivered | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def add(
+        self, full_name: str, url: str, secret: str, events: tuple[str, ...] = tuple(EVENTS)
+    ) -> Hook:
+        """A hook of repository ``full_name`` for ``events`` (EVENTS' kinds)."""
+        with self.server.lock:
+            repo = self.server.repo(full_name)
+            hook = Hook(next(self._ids), repo.id, url, secret, frozenset(events))
+            self.hooks.append(hook)
+            return hook
+
+    def announce(self, repo: Repo, kind: str, payload: dict[str, Any]) -> None:
+        """Queue ``payload`` for each of ``repo``'s hooks that wants ``kind``."""
+        body = json.dumps(payload, indent=2).encode()  # Gitea indents its payloads
+        for hook in self.hooks:
+            if hook.repo_id != repo.id or kind not in hook.events:
+                continue
+            headers = headers_for(
+                kind, EVENTS[kind], str(uuid.uuid4()), signature(hook.secret, body)
+            )
+            delivered = Delivered(hook, kind, EVENTS[kind], headers, body)
+            self.delivered.append(delivered)
+            self._start()
+            self._queue.put(delivered)
+
+    def wait_all(self, timeout_s: float = DELIVERY_TIMEOUT_S) -> list[Delivered]:
+        for delivered in list(self.delivered):
+            delivered.done.wait(timeout_s)
+        return list(self.delivered)
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=DELIVERY_TIMEOUT_S + 1)
+            self._thread = None
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="fake-gitea-hooks", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=DELIVERY_TIMEOUT_S) as client:
+            while (delivered := self._queue.get()) is not None:
+                try:
+                    answer = client.post(
+                        delivered.hook.url, content=delivered.body, headers=delivered.headers
+                    )
+                    delivered.status = answer.status_code
+                except httpx.HTTPError:
+                    delivered.status = None
+                finally:
+                    delivered.done.set()
+
+
+# -- payloads (Gitea's webhook JSON) -----------------------------------------------------------
+
+
+def issue_payload(
+    shapes: Shapes, repo: Repo, issue: Issue, actor: User, action: str
+) -> dict[str, Any]:
+    """An ``IssuePayload`` or, for a pull request, a ``PullRequestPayload``."""
+    base = {
+        "action": action, "number": issue.number,
+        "repository": shapes.repository(repo), "sender": shapes.user(actor),
+        "commit_id": "",
+    }  # fmt: skip
+    if issue.pull is not None:
+        return {
+            **base, "pull_request": shapes.pull(repo, issue),
+            "requested_reviewer": None, "review": None,
+        }  # fmt: skip
+    return {**base, "issue": shapes.issue(repo, issue)}
+
+
+def comment_payload(
+    shapes: Shapes, repo: Repo, issue: Issue, comment: Comment, action: str
+) -> dict[str, Any]:
+    """An ``IssueCommentPayload``: the comment, its issue, and ``is_pull``."""
+    payload = {
+        "action": action, "issue": shapes.issue(repo, issue),
+        "comment": shapes.comment(repo, issue, comment),
+        "repository": shapes.repository(repo), "sender": shapes.user(comment.user),
+        "is_pull": issue.pull is not None,
+    }  # fmt: skip
+    if issue.pull is not None:
+        payload["pull_request"] = shapes.pull(repo, issue)
+    return payload
+
+
+def review_payload(
+    shapes: Shapes, repo: Repo, issue: Issue, review: Review, kind: str
+) -> dict[str, Any]:
+    """A ``PullRequestPayload`` with ``action: reviewed`` and its ``review``
+    (``type`` the hook kind, ``content`` the review's body)."""
+    return {
+        "action": "reviewed", "number": issue.number,
+        "pull_request": shapes.pull(repo, issue),
+        "requested_reviewer": None,
+        "repository": shapes.repository(repo), "sender": shapes.user(review.user),
+        "commit_id": review.commit_id,
+        "review": {"type": kind, "content": review.body},
+    }  # fmt: skip
+
+
+def status_payload(shapes: Shapes, repo: Repo, status: Status) -> dict[str, Any]:
+    """A ``CommitStatusPayload``."""
+    return {
+        "commit": {"id": status.sha, "url": f"{shapes.url}/{repo.full_name}/commit/{status.sha}"},
+        "context": status.context, "created_at": iso(status.created_at),
+        "description": status.description, "id": status.id,
+        "repository": shapes.repository(repo), "sender": shapes.user(status.creator),
+        "sha": status.sha, "state": status.state, "target_url": status.target_url,
+        "updated_at": iso(status.created_at),
+    }  # fmt: skip
