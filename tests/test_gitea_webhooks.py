@@ -1,0 +1,94 @@
+"""Webhooks from Gitea into ``phasegate serve``: the fake Gitea delivers what
+happens on the repository as Gitea does (``X-Gitea-Signature``: the HMAC-SHA256
+hex of the body with the hook's secret, from a thread of its own), the
+dashboard's ``/webhooks/gitea`` verifies each delivery and wakes the workflow it
+concerns. Polling is set to an hour: only a delivery can move a workflow here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from phasegate.runtime.engine import Engine
+from phasegate.store import Store
+from phasegate.web.auth import Access
+from phasegate.web.serve import Dashboard
+
+from gitea_forge_kit import GiteaLab, gitea, team_repo
+
+__all__ = ["gitea"]
+
+Build = Callable[..., tuple[Engine, Store]]
+
+SECRET = "hook-s3cret"
+#: No poll within a test: only a delivery wakes a workflow.
+SLOW = "poll_s = 3600\nwebhook_poll_s = 3600\n"
+
+
+@pytest.fixture
+def hooked(
+    gitea: GiteaLab, tmp_path: Path, engine_for: Build, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Engine, Store, Dashboard]]:
+    """octo/widgets for a workflow, its engine and store, and ``phasegate serve``
+    (dashboard and worker) with the webhook's secret set."""
+    monkeypatch.setenv("PHASEGATE_WEBHOOK_SECRET", SECRET)
+    repo, _ = team_repo(gitea, tmp_path, auto_merge=False, forge_extra=SLOW)
+    engine, store = engine_for(repo)
+    access = Access(token="a-dashboard-t0ken-of-length", user="alice")
+    dashboard = Dashboard(engine, access, port=0, poll_s=3600)
+    yield engine, store, dashboard
+    dashboard.stop()
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float = 10.0) -> float:
+    """Seconds until ``check()`` held; fails the test past ``timeout_s``."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout_s, "timed out"
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def test_a_collaborators_pr_comment_delivered_by_gitea_starts_round_two_and_a_replay_not(
+    gitea: GiteaLab, hooked: tuple[Engine, Store, Dashboard]
+) -> None:
+    engine, store, dashboard = hooked
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "waiting", row["error"]
+    url = dashboard.start()
+    gitea.server.hooks.add(
+        gitea.repository, f"{url}/webhooks/gitea", SECRET, ("pull_request_comment",)
+    )
+
+    gitea.comment("maya", row["pr_number"], "Also say what the feature is for.")
+    took = wait_for(lambda: store.workflow_row(workflow_id)["dev_round"] == 2)
+    [delivered] = gitea.server.hooks.wait_all()
+    assert (delivered.event, delivered.status) == ("issue_comment", 202)
+    assert took < 1.0, f"the delivery took {took:.2f} s to start round two"
+    assert store.last_delivery_at(gitea.repository) is not None
+    wait_for(lambda: store.workflow_row(workflow_id)["status"] == "waiting", 30)
+    version = store.workflow_row(workflow_id)["version"]
+
+    with httpx.Client(base_url=url) as client:
+        # The same signed body again is a replay, whatever delivery id it claims.
+        again = {**delivered.headers, "X-Gitea-Delivery": "another-id"}
+        replayed = client.post("/webhooks/gitea", content=delivered.body, headers=again)
+        # A forged one: the body changed, the signature kept; or a guessed secret.
+        payload = json.loads(delivered.body)
+        payload["comment"]["body"] = "/phasegate cancel"
+        forged_body = json.dumps(payload).encode()
+        forged = client.post("/webhooks/gitea", content=forged_body, headers=delivered.headers)
+        unsigned = {k: v for k, v in delivered.headers.items() if "Signature" not in k}
+        bare = client.post("/webhooks/gitea", content=forged_body, headers=unsigned)
+    assert replayed.status_code == 403 and "delivered before" in replayed.json()["detail"]
+    assert (forged.status_code, bare.status_code) == (401, 401)
+    time.sleep(0.3)
+    row = store.workflow_row(workflow_id)
+    assert (row["status"], row["dev_round"], row["version"]) == ("waiting", 2, version)
