@@ -3,6 +3,7 @@
     python benchmarks/kill_torture.py --trials 300 [--seed 1] [--jobs 2] [--keep DIR]
     python benchmarks/kill_torture.py --github --trials 30     # on the fake GitHub, one job
     python benchmarks/kill_torture.py --mode gitlab --trials 30  # on the fake GitLab, one job
+    python benchmarks/kill_torture.py --mode gitea --trials 30   # on the fake Gitea, one job
     python benchmarks/kill_torture.py --mode postgres --trials 30 [--workflows 3]  # two workers
 
 Each trial runs one whole workflow (command agents that really edit files, a
@@ -19,8 +20,8 @@ kill (``--calibrate``), so the slowdown a crash costs is a ratio.
 
 ``--github`` runs every trial on the GitHub forge (``torture_github``): the fake
 GitHub behind one Prism (installed by ``.ci/run``), so one trial at a time.
-``--mode gitlab`` runs them on the GitLab forge (``torture_gitlab``), one at a
-time too, as a forge's trials are slower.
+``--mode gitlab`` and ``--mode gitea`` run them on the GitLab or Gitea forge
+(``torture_gitlab``, ``torture_gitea``), one at a time too.
 
 ``--mode postgres`` runs every trial on a PostgreSQL store with two workers
 (``torture_postgres``: three workflows, each worker of concurrency 2, the kills
@@ -46,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the ri
 from support.postgres import server_url  # noqa: E402
 from support.torture import Trial, run_trial, run_uninterrupted, trial_mode  # noqa: E402
 from support.torture_forge import ForgeRig  # noqa: E402
+from support.torture_gitea import GiteaRig  # noqa: E402
 from support.torture_github import GitHubRig  # noqa: E402
 from support.torture_gitlab import GitLabRig  # noqa: E402
 from support.torture_postgres import (  # noqa: E402
@@ -63,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="keep every trial's directory under DIR")
     parser.add_argument(
         "--mode",
-        choices=("local", "github", "gitlab", "postgres"),
+        choices=("local", "github", "gitlab", "gitea", "postgres"),
         default="local",
-        help="local: classic and graph trials on SQLite; github, gitlab: on that fake "
+        help="local: classic and graph trials on SQLite; github, gitlab, gitea: on that fake "
         "forge (one job); postgres: on PostgreSQL with two workers",
     )
     parser.add_argument("--github", action="store_true", help="the same as --mode github")
@@ -82,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if server is not None:
                 server.stop()
-    if args.mode == "gitlab":
-        return run(args, GitLabRig())
+    if args.mode in ("gitlab", "gitea"):
+        return run(args, GitLabRig() if args.mode == "gitlab" else GiteaRig())
     with GitHubRig() if args.mode == "github" else contextlib.nullcontext() as rig:
         return run(args, rig)
 

@@ -13,7 +13,9 @@ one of them always killing a request to GitHub in flight.
 
 On the GitLab forge, the fake GitLab (no proxy; requests judged by python-gitlab's
 managers): ``PHASEGATE_TORTURE_GITLAB_TRIALS`` trials (default 3, about a minute),
-one of them always killing a request to GitLab in flight.
+one of them always killing a request to GitLab in flight. On the Gitea forge, the
+same over the fake Gitea, every exchange held to Gitea's description:
+``PHASEGATE_TORTURE_GITEA_TRIALS`` trials (default 3).
 
 On PostgreSQL (it passes with two workers, one of them killed at random):
 ``PHASEGATE_TORTURE_POSTGRES_TRIALS`` trials (default 2, about a minute here,
@@ -50,6 +52,7 @@ from support.torture import (
     trial_mode,
 )
 from support.torture_forge import bare_git
+from support.torture_gitea import GiteaRig, check_gitea
 from support.torture_github import BOT, CHANGING, REPOSITORY, GitHubRig, check_github
 from support.torture_gitlab import GitLabRig, check_gitlab
 from support.torture_lab import Lab, wait_for
@@ -67,6 +70,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.sandboxed]
 TRIALS = int(os.environ.get("PHASEGATE_TORTURE_TRIALS", "12"))
 GITHUB_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_GITHUB_TRIALS", "4"))
 GITLAB_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_GITLAB_TRIALS", "3"))
+GITEA_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_GITEA_TRIALS", "3"))
 POSTGRES_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_POSTGRES_TRIALS", "2"))
 
 
@@ -177,6 +181,18 @@ def report_forge(name: str, seeds: list[int], span: float, trials: list[Trial]) 
         t.violations = [v for v in t.violations if v.kind != "labels"]
 
 
+def extra_branch(bare: Path) -> None:
+    """Branch ``extra`` on the forge's bare repository ``bare``: one commit on its main."""
+    line = bare_git(bare, "rev-parse", "main")
+    tree = bare_git(bare, "rev-parse", "main^{tree}")
+    extra = subprocess.run(
+        ["git", "-c", "user.name=p", "-c", "user.email=p@l", "commit-tree", tree,
+         "-p", line, "-m", "extra"],
+        cwd=bare, check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    bare_git(bare, "update-ref", "refs/heads/extra", extra)
+
+
 def break_gitlab(lab: Lab, workflow_id: str) -> set[str]:
     """Every GitLab invariant broken by hand on a settled run, as a duplicate or a
     wrong close would break it; the kinds ``check_gitlab`` then reports."""
@@ -192,14 +208,7 @@ def break_gitlab(lab: Lab, workflow_id: str) -> set[str]:
         marked = next(n for n in issue.notes if "<!-- phasegate:" in n.body)
         gl.comment(issue, bot, marked.body)
         # a second merge request of another branch, merged: a second merge on main
-        line = bare_git(forge.bare, "rev-parse", "main")
-        tree = bare_git(forge.bare, "rev-parse", "main^{tree}")
-        extra = subprocess.run(
-            ["git", "-c", "user.name=p", "-c", "user.email=p@l", "commit-tree", tree,
-             "-p", line, "-m", "extra"],
-            cwd=forge.bare, check=True, capture_output=True, text=True,
-        ).stdout.strip()  # fmt: skip
-        bare_git(forge.bare, "update-ref", "refs/heads/extra", extra)
+        extra_branch(forge.bare)
         mr = gl.open_merge_request(project.id, bot, "extra", "main", "extra")
         gl.merge(project, mr, bot, {})
         # the issue reopened and closed again, and a stale status label
@@ -232,6 +241,57 @@ def test_kills_on_the_gitlab_forge_never_duplicate_an_issue_mr_note_or_merge(
     in_flight = [k["request"] for k in kills if k.get("request")]
     assert all(r.split()[0] in CHANGING for r in in_flight), in_flight
     assert any(k["aim"] == "gitlab_request" for k in kills) or GITLAB_TRIALS < 1
+
+
+def break_gitea(lab: Lab, workflow_id: str) -> set[str]:
+    """Every Gitea invariant broken by hand on a settled run, as a duplicate or a
+    wrong close would break it; the kinds ``check_gitea`` then reports."""
+    assert lab.forge is not None and lab.forge.name == "gitea"
+    forge = lab.forge
+    gt = forge.server  # type: ignore[attr-defined]
+    bot = gt.users["phasegate-bot"]
+    with gt.lock:
+        repo = gt.repo("octo/widgets")
+        issue = next(i for i in repo.issues.values() if i.pull is None)
+        # a second issue, and a comment of phasegate's (with its marker) on it twice
+        gt.open_issue("octo/widgets", bot.login, issue.title, issue.body)
+        marked = next(c for c in issue.comments if "<!-- phasegate:" in c.body)
+        gt.add_comment(repo, issue, bot, marked.body)
+        # a second pull request of another branch, merged: a second merge on main
+        extra_branch(forge.bare)
+        pull = gt.open_pull("octo/widgets", bot.login, "extra", "main", "extra")
+        gt.merge(repo, pull, bot, {"Do": "merge"})
+        # the issue reopened and closed again, and a stale status label
+        gt.set_state(repo, issue, bot, "open")
+        gt.set_state(repo, issue, bot, "closed")
+        gt.label("octo/widgets", bot.login, issue.number, "phasegate:merging")
+    (lab.logs / "leak.log").write_text(forge.env["GITEA_TOKEN"])
+    return {v.kind for v in check_gitea(lab, forge, workflow_id)}  # type: ignore[arg-type]
+
+
+def test_kills_on_the_gitea_forge_never_duplicate_an_issue_pr_comment_or_merge(
+    tmp_path: Path,
+) -> None:
+    rig = GiteaRig()
+    caught: set[str] = set()
+    span = run_uninterrupted(
+        tmp_path / "uninterrupted",
+        rig=rig,
+        inspect=lambda lab, workflow_id: caught.update(break_gitea(lab, workflow_id)),
+    )
+    kinds = {"issues", "pull_requests", "merges", "duplicate_comment", "issue_closed"}
+    assert caught == kinds | {"labels", "token"}
+
+    seeds = forge_seeds("gitea", first_seed(), GITEA_TRIALS)
+    trials = [run_trial(tmp_path / f"trial-{s}", s, span_s=span, rig=rig) for s in seeds]
+    report_forge("gitea", seeds, span, trials)
+    kills = [k for t in trials for k in t.kills]
+    assert all(t.ok for t in trials), failures_of(trials)
+    assert all(t.status == "completed" for t in trials)
+    assert len(kills) >= len(trials)  # every trial was really interrupted
+    in_flight = [k["request"] for k in kills if k.get("request")]
+    assert all(r.split()[0] in CHANGING for r in in_flight), in_flight
+    assert any(k["aim"] == "gitea_request" for k in kills) or GITEA_TRIALS < 1
 
 
 # -- PostgreSQL, two workers ---------------------------------------------------------
