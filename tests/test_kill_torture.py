@@ -52,9 +52,16 @@ from support.torture import (
     trial_mode,
 )
 from support.torture_forge import bare_git
-from support.torture_gitea import GiteaRig, check_gitea
-from support.torture_github import BOT, CHANGING, REPOSITORY, GitHubRig, check_github
-from support.torture_gitlab import GitLabRig, check_gitlab
+from support.torture_gitea import GiteaRig, GiteaTrialForge, check_gitea
+from support.torture_github import (
+    BOT,
+    CHANGING,
+    REPOSITORY,
+    GitHubRig,
+    GitHubTrialForge,
+    check_github,
+)
+from support.torture_gitlab import GitLabRig, GitLabTrialForge, check_gitlab
 from support.torture_lab import Lab, wait_for
 from support.torture_postgres import (
     POSTGRES_TARGETS,
@@ -134,13 +141,14 @@ def test_kills_on_the_github_forge_never_duplicate_an_issue_pr_comment_or_merge(
 
     def break_on_purpose(lab: Lab, workflow_id: str) -> None:
         # What a duplicate would look like on GitHub, made by hand: the invariants see it.
-        assert lab.forge is not None
-        gh = lab.forge.server
+        forge = lab.forge
+        assert isinstance(forge, GitHubTrialForge)
+        gh = forge.server
         issue = next(i for i in gh.repo(REPOSITORY).issues.values() if i.pull is None)
         gh.open_issue(REPOSITORY, issue.title, issue.body, BOT)
         gh.comment(REPOSITORY, issue.number, issue.comments[0].body, BOT)
-        (lab.logs / "leak.log").write_text(lab.forge.env["GITHUB_TOKEN"])
-        caught.update(v.kind for v in check_github(lab, lab.forge, workflow_id))
+        (lab.logs / "leak.log").write_text(forge.env["GITHUB_TOKEN"])
+        caught.update(v.kind for v in check_github(lab, forge, workflow_id))
 
     span = run_uninterrupted(
         tmp_path / "uninterrupted", mode="github", rig=rig, inspect=break_on_purpose
@@ -196,9 +204,9 @@ def extra_branch(bare: Path) -> None:
 def break_gitlab(lab: Lab, workflow_id: str) -> set[str]:
     """Every GitLab invariant broken by hand on a settled run, as a duplicate or a
     wrong close would break it; the kinds ``check_gitlab`` then reports."""
-    assert lab.forge is not None and lab.forge.name == "gitlab"
     forge = lab.forge
-    gl = forge.server  # type: ignore[attr-defined]
+    assert isinstance(forge, GitLabTrialForge)
+    gl = forge.server
     bot = gl.users["phasegate-bot"]
     with gl.lock:
         project = gl.project("acme/widgets")
@@ -215,7 +223,7 @@ def break_gitlab(lab: Lab, workflow_id: str) -> set[str]:
         gl.edit(project, issue, bot, {"state_event": "reopen"})
         gl.edit(project, issue, bot, {"state_event": "close", "add_labels": "phasegate:merging"})
     (lab.logs / "leak.log").write_text(forge.env["GITLAB_TOKEN"])
-    return {v.kind for v in check_gitlab(lab, forge, workflow_id)}  # type: ignore[arg-type]
+    return {v.kind for v in check_gitlab(lab, forge, workflow_id)}
 
 
 def test_kills_on_the_gitlab_forge_never_duplicate_an_issue_mr_note_or_merge(
@@ -246,9 +254,9 @@ def test_kills_on_the_gitlab_forge_never_duplicate_an_issue_mr_note_or_merge(
 def break_gitea(lab: Lab, workflow_id: str) -> set[str]:
     """Every Gitea invariant broken by hand on a settled run, as a duplicate or a
     wrong close would break it; the kinds ``check_gitea`` then reports."""
-    assert lab.forge is not None and lab.forge.name == "gitea"
     forge = lab.forge
-    gt = forge.server  # type: ignore[attr-defined]
+    assert isinstance(forge, GiteaTrialForge)
+    gt = forge.server
     bot = gt.users["phasegate-bot"]
     with gt.lock:
         repo = gt.repo("octo/widgets")
@@ -266,7 +274,7 @@ def break_gitea(lab: Lab, workflow_id: str) -> set[str]:
         gt.set_state(repo, issue, bot, "closed")
         gt.label("octo/widgets", bot.login, issue.number, "phasegate:merging")
     (lab.logs / "leak.log").write_text(forge.env["GITEA_TOKEN"])
-    return {v.kind for v in check_gitea(lab, forge, workflow_id)}  # type: ignore[arg-type]
+    return {v.kind for v in check_gitea(lab, forge, workflow_id)}
 
 
 def test_kills_on_the_gitea_forge_never_duplicate_an_issue_pr_comment_or_merge(

@@ -103,8 +103,8 @@ class FakeForge:
     ``lock``, ``faults`` and ``delay`` (``fake_http.Faults``) and ``requests``
     (each with ``method`` and ``path``). Subclasses add the rest."""
 
-    name = ""
-    changing = CHANGING
+    name: str = ""
+    changing: tuple[str, ...] = CHANGING
 
     def __init__(self, server: Any) -> None:
         self.server = server

@@ -181,10 +181,10 @@ def check_gitlab(lab: Lab, forge: GitLabTrialForge, workflow_id: str) -> list[Vi
         project = gl.project(PROJECT)
         issues = list(project.issues.values())
         mrs = list(project.merge_requests.values())
+        notes = [n for i in issues for n in i.notes] + [n for mr in mrs for n in mr.notes]
         markers = Counter(
             (note.noteable_type, note.noteable_iid, m)
-            for item in (*issues, *mrs)
-            for note in item.notes
+            for note in notes
             for m in set(MARKER.findall(note.body))
         )
         changes = list(gl.changes)
