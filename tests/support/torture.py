@@ -27,8 +27,9 @@ runs until the workflow settles, and the invariants are checked
   [``issues``, ``pull_requests``, ``merges``]; no comment marker twice
   [``duplicate_comment``]; no milestone left ``in_progress`` [``in_progress``];
   on a forge these are read on its fake, with more of its own (the issue
-  closed once after the verdict, its labels, the token nowhere; GitHub's
-  schema: ``torture_github``, ``torture_gitlab`` …);
+  closed once after the verdict, its labels, the token nowhere, what the
+  forge's own API description refuses: ``torture_github``, ``torture_gitlab``,
+  ``torture_gitea``);
 - no process of the trial alive once the worker stopped [``process_alive``];
 - no git lock, no worktree but the person's, no scratch or half-made
   checkout left [``git_lock``, ``worktree_left``];
