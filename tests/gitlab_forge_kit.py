@@ -10,14 +10,18 @@ pass ``support.gitlab_models`` (the test fails otherwise).
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from phasegate.config.forge import ForgeSettings
 from phasegate.forge.gitlab.auth import GitLabAuth
 from phasegate.forge.gitlab.forge import GitLabForge
+from phasegate.forge.gitlab.numbers import is_merge_request, mr_iid
 from phasegate.git.workspace import Workspace
 
 from conftest import ANSWERS_BUT_BUILD, git, make_repo, recording_build, scripted_cartridge
@@ -110,10 +114,11 @@ def branch_with_change(local: Path, branch: str, text: str = "x = 2\n") -> str:
 
 
 def cartridge_forge(lab: Lab, extra: str = "") -> str:
-    """A ``[forge]`` table for the team's project on the lab (poll_s short)."""
+    """A ``[forge]`` table for the team's project on the lab (poll_s short, unless
+    ``extra`` sets it)."""
+    poll = "" if re.search(r"^poll_s\s*=", extra, re.MULTILINE) else "poll_s = 0.2\n"
     return (
-        f'[forge]\nkind = "gitlab"\nrepository = "{TEAM}"\nbase_url = "{lab.gl.url}"\n'
-        f"poll_s = 0.2\n{extra}"
+        f'[forge]\nkind = "gitlab"\nrepository = "{TEAM}"\nbase_url = "{lab.gl.url}"\n{poll}{extra}'
     )
 
 
@@ -152,4 +157,57 @@ def team_project(
     return repo, prompts
 
 
-__all__ += ["branch_with_change", "cartridge_forge"]
+CONFORMANCE = "acme/conformance"
+
+
+def conformance_kit(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """The forge conformance suite's rig for GitLab (``forge_conformance_kit.KITS``):
+    phasegate's bot (a Developer whom main's protection lets merge) on a fresh
+    project, dev (Developer) its maintainer, guest (Guest) its reader. Every
+    request is judged by python-gitlab's managers once the test ends. It can do
+    people, labels and faults; not "ci": GitLab protects a branch by its
+    pipeline (pipelines must succeed), never by a named check."""
+    from forge_conformance_kit import Kit  # the suite's own rig: imported where it runs
+
+    stack = contextlib.ExitStack()
+    lab = stack.enter_context(served(tmp_path / "lab"))
+    request.addfinalizer(stack.close)
+    request.addfinalizer(lambda: _judged(lab))
+    gl = lab.gl
+    checkout = make_repo(tmp_path / "checkout", {"README.md": "# app\n", "app.py": "x = 1\n"})
+    project = gl.create_project(CONFORMANCE, "alice", from_path=checkout)
+    project.merge_level = ACCESS["developer"]
+    gl.add_user(BOT)
+    for name, role in ((BOT, "developer"), ("dev", "developer"), ("guest", "guest")):
+        gl.add_member(CONFORMANCE, name, role)
+
+    def noteable(number: int) -> Any:
+        if is_merge_request(number):
+            return project.merge_requests[mr_iid(number)]
+        return project.issues[number]
+
+    return Kit(
+        "gitlab",
+        forge_for(lab, checkout, repository=CONFORMANCE),
+        checkout,
+        maintainer="dev",
+        reader="guest",
+        open_issue=lambda title, body, by: gl.open_issue(CONFORMANCE, by, title, body).iid,
+        say=lambda number, body, by: gl.comment(noteable(number), gl.users[by], body),
+        label=lambda number, label, by: gl.label(CONFORMANCE, number, label, by),
+        review_line=lambda pr, path, line, body, by: gl.line_comment(
+            CONFORMANCE, mr_iid(pr), by, path, line, body
+        ),
+        fail=lambda method, path, status, times: gl.fail(method, path, status, times=times),
+        paths={"issue": r"/projects/\d+/issues$", "comment": r"/projects/\d+/issues/\d+/notes$"},
+    )
+
+
+def _judged(lab: Lab) -> None:
+    with lab.gl.lock:
+        wrong = all_problems(list(lab.gl.requests))
+    if wrong:
+        pytest.fail("requests python-gitlab's managers do not describe:\n" + "\n".join(wrong))
+
+
+__all__ += ["CONFORMANCE", "branch_with_change", "cartridge_forge", "conformance_kit"]

@@ -12,7 +12,7 @@ import pytest
 from phasegate.config.forge import ForgeSettings
 from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeNotMergeable, TrustCache
 from phasegate.forge.factory import make_forge
-from phasegate.forge.gitlab.auth import repository_from_origin
+from phasegate.forge.gitlab.auth import GitLabAuth, repository_from_origin
 from phasegate.forge.gitlab.forge import GitLabForge, open_gitlab
 from phasegate.forge.gitlab.merges import GitLabNotMergeable
 from phasegate.forge.gitlab.numbers import MR_NUMBERS
@@ -58,6 +58,22 @@ def test_an_issue_is_found_by_its_marker_and_its_status_label_is_the_only_one(
     assert gl_forge.issue(number).state == "closed"
 
 
+def test_every_text_sent_is_redacted_of_the_secrets_and_the_token(
+    gitlab: Lab, gl_local: Path
+) -> None:
+    token = gitlab.token(BOT)
+    forge = GitLabForge(
+        PROJECT, GitLabAuth(token, "the token in GITLAB_TOKEN"), gl_local, Workspace(),
+        ForgeSettings(kind="gitlab", repository=PROJECT, base_url=gitlab.gl.url),
+        ["sk-live-s3cret"], retry_backoff_s=0.01,
+    )  # fmt: skip
+    number = forge.create_issue("key sk-live-s3cret", f"token {token}", "phasegate:w:1")
+    forge.comment(number, "said sk-live-s3cret", "phasegate:w:plan")
+    issue = gitlab.gl.project(PROJECT).issues[number]
+    sent = [issue.title, issue.description, issue.notes[0].body]
+    assert not [t for t in sent if "sk-live-s3cret" in t or token in t], sent
+
+
 def test_labelled_issues_say_who_added_the_label_and_permissions_follow_access_levels(
     gitlab: Lab, gl_forge: GitLabForge
 ) -> None:
@@ -82,6 +98,9 @@ def test_labelled_issues_say_who_added_the_label_and_permissions_follow_access_l
     as_bot = forge_for(gitlab, gl_forge.repo, token=token)
     assert as_bot.login() == bot.username
     assert as_bot.find_issue("nothing") is None
+    head = branch_with_change(gl_forge.repo, "by-the-bot")
+    as_bot.publish_branch("by-the-bot")  # git over HTTP with the project's token
+    assert gl.project(PROJECT).bare.branch_sha("by-the-bot") == head
 
 
 def test_a_merge_request_is_numbered_apart_from_issues_and_its_diff_notes_are_inline(

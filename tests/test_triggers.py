@@ -379,4 +379,6 @@ def test_import_of_another_repository_or_with_the_local_forge_is_exit_2(tmp_path
     for command in (["import", "#3"], ["watch", "--once"]):
         local = phasegate_cli(*command, "--repo", str(repo))
         assert local.returncode == 2, local.stderr
-        assert 'needs forge.kind = "github"' in " ".join(local.stderr.split())
+        assert 'needs a team forge (forge.kind = "github" or "gitlab")' in " ".join(
+            local.stderr.split()
+        )

@@ -196,7 +196,7 @@ def test_each_forges_signature_scheme_and_what_a_gitlab_delivery_concerns() -> N
     about = concerns("gitlab", "Note Hook", note)
     assert (about.repository, about.numbers, about.branches) == (
         "team/app",
-        frozenset({7}),
+        frozenset({1_000_007}),  # merge request !7 is phasegate's 1000007
         frozenset({"phasegate/wf-1"}),
     )
     labelled = {

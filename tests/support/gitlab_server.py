@@ -318,8 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         gl.add_user("maintainer")
         gl.add_user("phasegate-bot")
-        gl.create_project(args.project, "maintainer", from_path=args.repo_dir)
+        project = gl.create_project(args.project, "maintainer", from_path=args.repo_dir)
         gl.add_member(args.project, "phasegate-bot", "developer")
+        # main's protection lets Developers merge, as docs/gitlab.md sets a project up
+        project.merge_level = ACCESS["developer"]
         print(f"fake GitLab at {gl.url}  (API {gl.url}/api/v4)")
         print(f"maintainer token:    {gl.users['maintainer'].tokens[0]}")
         print(f"phasegate-bot token: {gl.users['phasegate-bot'].tokens[0]}  (GITLAB_TOKEN)")

@@ -39,6 +39,7 @@ from typing import Any
 
 from phasegate.core.contract import PhasegateError
 from phasegate.forge.base import ForgeError, Issue, Labelled, TrustCache
+from phasegate.forge.gitlab.numbers import pull_number
 from phasegate.integrations import commands
 from phasegate.integrations.triggers import Started, Watcher
 from phasegate.phases.forge_feedback import command_of
@@ -206,10 +207,14 @@ def _gitlab(event: str, payload: Mapping[str, Any]) -> Concerns:
     attributes = payload.get("object_attributes") or {}
     merge_request = payload.get("merge_request") or {}
     issue = payload.get("issue") or {}
-    numbers = _numbers(issue.get("iid"), merge_request.get("iid"))
+    # a merge request's iid counts apart from the issues': phasegate numbers it
+    # pull_number(iid) (forge.gitlab.numbers)
+    numbers = _numbers(issue.get("iid"), *_merge_requests(merge_request.get("iid")))
     branches = {str(b) for b in (merge_request.get("source_branch"),) if b}
-    if event in ("Issue Hook", "Merge Request Hook"):
+    if event == "Issue Hook":
         numbers |= _numbers(attributes.get("iid"))
+    if event == "Merge Request Hook":
+        numbers |= _numbers(*_merge_requests(attributes.get("iid")))
     if event in ("Merge Request Hook", "Pipeline Hook") and attributes.get("source_branch"):
         branches.add(str(attributes["source_branch"]))
     if event == "Pipeline Hook" and attributes.get("ref"):
@@ -224,6 +229,13 @@ def _gitlab(event: str, payload: Mapping[str, Any]) -> Concerns:
         label = str(added[0]) if added else None
     said = attributes.get("note") if event == "Note Hook" else None
     return Concerns(repository, numbers, frozenset(branches), label, _commands(said))
+
+
+def _merge_requests(iid: Any) -> tuple[Any, ...]:
+    """phasegate's number for GitLab's merge request ``iid`` (none when it is no int)."""
+    if isinstance(iid, int) and not isinstance(iid, bool):
+        return (pull_number(iid),)
+    return ()
 
 
 def _commands(text: Any) -> bool:

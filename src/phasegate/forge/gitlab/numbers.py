@@ -1,7 +1,7 @@
 """How phasegate numbers GitLab's merge requests apart from its issues.
 
 GitLab counts issues (``#3``) and merge requests (``!3``) each from 1 in a
-project, so issue 3 and merge request 3 live side by side; phasegate's store,
+project, so ``#3`` and ``!3`` live side by side; phasegate's store,
 its comments and its commands know one number per thing, as on GitHub, where
 both share one sequence. The GitLab forge therefore gives merge request ``!N``
 the number ``MR_NUMBERS + N`` (``!3`` is 1000003) and every number below
