@@ -25,6 +25,7 @@ import pytest
 
 from phasegate.integrations.webhooks import concerns, verify
 
+from support.gitea_description import Description
 from support.gitea_lab import BOT, REPO, Lab, ok, served
 from support.github_git import git_env
 
@@ -56,7 +57,9 @@ def test_tokens_authenticate_and_unknown_ones_get_401(lab: Lab) -> None:
     none = httpx.get(f"{lab.gitea.url}/api/v1/user")
     assert (none.status_code, none.json()["message"]) == (401, "token is required")
     wrong = httpx.get(f"{lab.gitea.url}/api/v1/user", headers={"Authorization": "token nope"})
-    assert wrong.status_code == 401 and "url" in wrong.json()
+    assert (wrong.status_code, wrong.json()["message"]) == (
+        401, "invalid username, password or token",
+    )  # fmt: skip
 
 
 def test_private_repository_is_404_to_strangers_and_permissions_by_role(lab: Lab) -> None:
@@ -328,7 +331,7 @@ def test_protection_is_admin_only_and_enforced_at_merge(lab: Lab) -> None:
         BOT,
     )
     tip = lab.repo.bare.branch_sha("main")
-    assert merged["merge_commit_sha"] == tip
+    assert tip is not None and merged["merge_commit_sha"] == tip
     assert lab.repo.bare.git("rev-list", "--parents", "-n1", tip).split()[2] == head
     assert lab.repo.bare.branch_sha("guarded") is None
     again = bot.post(f"{R}/pulls/1/merge", json=merge)
@@ -411,11 +414,13 @@ def test_started_by_hand() -> None:
             assert first.startswith("fake Gitea at http://127.0.0.1:")
             url = first.split()[3]
             owner_token = proc.stdout.readline().split()[-1]
-            bot_token = proc.stdout.readline().split()[3]
+            bot_line = proc.stdout.readline()
+            assert bot_line.startswith("phasegate-bot token (admin): ")
+            bot_token = bot_line.split()[3]
             answer = httpx.get(
                 f"{url}/api/v1/repos/alice/app", headers={"Authorization": f"token {bot_token}"}
             )
-            assert answer.json()["permissions"]["push"] is True
+            assert answer.json()["permissions"] == {"admin": True, "push": True, "pull": True}
             mine = httpx.get(
                 f"{url}/api/v1/user", headers={"Authorization": f"token {owner_token}"}
             )
@@ -475,6 +480,15 @@ def test_webhooks_are_signed_as_gitea_signs_and_phasegate_reads_them(lab: Lab) -
         assert headers["X-Forgejo-Event"] == headers["X-Gitea-Event"]
         assert headers["X-Hub-Signature-256"] == "sha256=" + headers["X-Gitea-Signature"]
     assert len({h["X-Gitea-Delivery"] for h, _ in received}) == 7
+    # The payloads have no schema in the description; what they carry does.
+    described = Description.load()
+    for _, body in received:
+        payload = json.loads(body)
+        for key, model in (("issue", "Issue"), ("pull_request", "PullRequest"),
+                           ("comment", "Comment"), ("repository", "Repository"),
+                           ("sender", "User")):  # fmt: skip
+            if payload.get(key) is not None:
+                described.conform(model, payload[key], f"payload {key}")
     labelled = json.loads(received[1][1])
     assert labelled["sender"]["login"] == "dev"
     assert [lb["name"] for lb in labelled["issue"]["labels"]] == ["agent"]
@@ -519,7 +533,6 @@ def test_the_description_refuses_a_wrong_body_and_a_wrong_answer(lab: Lab) -> No
 
 
 def test_every_route_the_fake_serves_is_an_operation_of_the_description() -> None:
-    from support.gitea_description import Description
     from support.gitea_routes import ROUTES
 
     described = Description.load()
@@ -539,3 +552,105 @@ def test_every_route_the_fake_serves_is_an_operation_of_the_description() -> Non
         "repo_get_pull_request_by_base_head"
     )
     assert len(set(served_by.values())) == len(ROUTES)  # one operation each
+
+
+def test_the_description_packages_own_client_drives_a_workflow(lab: Lab) -> None:
+    """gitea-api-client, generated from the same description, reads every answer
+    into its models: the fake's JSON is what a generated Gitea client expects."""
+    import asyncio
+
+    client = pytest.importorskip("gitea_api_client")
+    models = client.models
+    head = lab.push_branch(BOT, "agent/9", {"done.txt": "done\n"})
+
+    async def workflow() -> None:
+        config = client.Configuration(
+            host=f"{lab.gitea.url}/api/v1",
+            api_key={"AuthorizationHeaderToken": lab.token(BOT)},
+            api_key_prefix={"AuthorizationHeaderToken": "token"},
+        )
+        async with client.ApiClient(config) as api:
+            issues, repos = client.IssueApi(api), client.RepositoryApi(api)
+            me = await client.UserApi(api).user_get_current()
+            assert me.login == BOT
+            repo = await repos.repo_get("alice", "app")
+            assert repo.permissions is not None and repo.permissions.push is True
+            label = await issues.issue_create_label(
+                "alice", "app", models.CreateLabelOption(name="agent", color="#123456")
+            )
+            issue = await issues.issue_create_issue(
+                "alice", "app", models.CreateIssueOption(title="Do it", labels=[label.id])
+            )
+            assert [lb.name for lb in issue.labels or []] == ["agent"]
+            await issues.issue_create_comment(
+                "alice", "app", issue.number, models.CreateIssueCommentOption(body="on it")
+            )
+            timeline = await issues.issue_get_comments_and_timeline("alice", "app", issue.number)
+            assert [t.type for t in timeline] == ["label", "comment"]
+            pull = await repos.repo_create_pull_request(
+                "alice", "app",
+                models.CreatePullRequestOption(head="agent/9", base="main", title="Do it"),
+            )  # fmt: skip
+            assert pull.head is not None and pull.head.sha == head
+            await repos.repo_create_status(
+                "alice", "app", head, models.CreateStatusOption(state="success", context="ci")
+            )
+            combined = await repos.repo_get_combined_status_by_ref("alice", "app", head)
+            assert combined.state == "success"
+            await repos.repo_merge_pull_request(
+                "alice", "app", pull.number,
+                models.MergePullRequestOption(do="squash", head_commit_id=head),
+            )  # fmt: skip
+            merged = await repos.repo_get_pull_request("alice", "app", pull.number)
+            assert merged.merged is True and merged.merged_by is not None
+            await issues.issue_edit_issue(
+                "alice", "app", issue.number, models.EditIssueOption(state="closed")
+            )
+
+    asyncio.run(workflow())
+    assert lab.repo.issues[1].state == "closed"
+
+
+def test_a_protected_branch_takes_no_push_unless_its_rule_allows_the_pusher(lab: Lab) -> None:
+    checkout = lab.work / "pusher"
+    lab.git("clone", "--quiet", lab.gitea.clone_url(REPO, lab.token("dev")), str(checkout))
+    (checkout / "direct.txt").write_text("direct\n")
+    lab.git("add", "-A", cwd=checkout)
+    lab.git("-c", "user.name=Dev", "-c", "user.email=dev@example.com", "commit", "-qm", "direct",
+            cwd=checkout)  # fmt: skip
+    lab.gitea.protect(lab.repo, "main", {})
+    refused = lab.git("push", "origin", "main", cwd=checkout, check=False)
+    assert "Not allowed to push to protected branch main" in refused
+    lab.gitea.protect(lab.repo, "release/*", {"enable_push": True, "enable_push_whitelist": True,
+                                              "push_whitelist_usernames": ["alice"]})  # fmt: skip
+    other = lab.git("push", "origin", "HEAD:release/1", cwd=checkout, check=False)
+    assert "Not allowed to push to protected branch release/1" in other
+    lab.gitea.repo(REPO).protections[0].enable_push = True
+    from support.gitea_guard import install
+
+    install(lab.repo)
+    lab.git("push", "--quiet", "origin", "main", cwd=checkout)
+    assert lab.repo.bare.branch_sha("main") == lab.git("rev-parse", "HEAD", cwd=checkout)
+    gone = lab.git("push", "origin", ":main", cwd=checkout, check=False)
+    assert "protected from deletion" in gone or "refusing to delete the current branch" in gone
+
+
+def test_a_hook_made_through_the_api_gets_the_events_it_chose(lab: Lab) -> None:
+    config = {"url": "http://127.0.0.1:9/hook", "content_type": "json", "secret": "s"}
+    hook = {"type": "gitea", "events": ["issues"], "active": True, "config": config}
+    assert lab.client(BOT).post(f"{R}/hooks", json=hook).status_code == 403
+    made = ok(lab.client("alice").post(f"{R}/hooks", json=hook), 201)
+    assert (made["type"], made["events"], made["config"]["url"]) == (
+        "gitea", ["issues"], "http://127.0.0.1:9/hook",
+    )  # fmt: skip
+    assert "secret" not in made["config"]
+    assert [h["id"] for h in ok(lab.client("alice").get(f"{R}/hooks"))] == [made["id"]]
+    lab.gitea.open_issue(REPO, "dev", "Hooked")
+    lab.gitea.comment(REPO, "dev", 1, "not chosen")
+    lab.gitea.label(REPO, "alice", 1, "agent")
+    delivered = lab.gitea.hooks.wait_all()
+    assert [(d.event, d.kind) for d in delivered] == [
+        ("issues", "issues"),
+        ("issues", "issue_label"),
+    ]
+    assert all(d.status is None for d in delivered)  # nobody listens on port 9

@@ -52,9 +52,14 @@ gets (405 answers are typed ``None``: no schema), and the webhook payloads
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
+import hashlib
 import importlib
+import json
+import os
 import re
+import tempfile
 import typing
 import urllib.parse
 from collections.abc import Iterator
@@ -134,6 +139,14 @@ class Operation:
         return len(re.sub(r"\{[^}]+\}", "", self.path))
 
 
+def _operation(row: dict[str, Any]) -> Operation:
+    return Operation(
+        row["name"], row["method"], row["path"], frozenset(row["query"]),
+        frozenset(row["int_params"]), row["body"], row["body_required"],
+        {int(k): v for k, v in row["responses"]},
+    )  # fmt: skip
+
+
 def _source_files() -> Iterator[Path]:
     api = importlib.import_module(f"{PACKAGE}.api")
     assert api.__file__ is not None
@@ -188,7 +201,8 @@ def _operations(tree: ast.Module) -> Iterator[Operation]:
                 for key, value in zip(node.value.keys, node.value.values, strict=True):
                     assert isinstance(key, ast.Constant) and isinstance(value, ast.Constant)
                     if str(key.value).isdigit():
-                        responses[int(key.value)] = value.value
+                        typed = value.value
+                        responses[int(str(key.value))] = None if typed is None else str(typed)
         yield Operation(
             public.name, http_method, path, frozenset(query), frozenset(ints), body, required,
             responses,
@@ -205,9 +219,31 @@ class Description:
     @classmethod
     @functools.cache
     def load(cls) -> Description:
+        """The package's operations, read once per version of its sources: parsing
+        them takes seconds, so what was read is kept in the temporary directory
+        under a name that changes with the files' sizes and times."""
+        files = list(_source_files())
+        stamp = hashlib.sha256(
+            repr([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]).encode()
+        ).hexdigest()[:16]
+        cache = Path(tempfile.gettempdir()) / f"phasegate-gitea-description-{stamp}.json"
+        try:
+            rows = json.loads(cache.read_text(encoding="utf-8"))
+            return cls([_operation(row) for row in rows])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
         found: list[Operation] = []
-        for path in _source_files():
+        for path in files:
             found.extend(_operations(ast.parse(path.read_text(encoding="utf-8"))))
+        rows = [
+            {**dataclasses.asdict(op), "query": sorted(op.query),
+             "int_params": sorted(op.int_params), "responses": list(op.responses.items())}
+            for op in found
+        ]  # fmt: skip
+        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=cache.name, suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(rows, out)
+        os.replace(tmp, cache)  # whole or not at all, whoever reads it meanwhile
         return cls(found)
 
     def find(self, method: str, path: str) -> tuple[Operation, dict[str, str]]:

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from support.gitea_server import GiteaServer
 
 __all__ = [
+    "CHOSEN",
     "EVENTS",
     "Delivered",
     "GiteaHooks",
@@ -69,6 +70,18 @@ EVENTS = {
     "pull_request_review_comment": "pull_request_comment",
     "status": "status",
 }
+#: What a hook made through the API subscribes to (``CreateHookOption.events``,
+#: as Gitea groups them) → the kinds delivered for it.
+CHOSEN = {
+    "issues": ("issues", "issue_label"),
+    "issue_comment": ("issue_comment", "pull_request_comment"),
+    "pull_request": ("pull_request", "pull_request_label"),
+    "pull_request_review": (
+        "pull_request_review_approved", "pull_request_review_rejected",
+        "pull_request_review_comment",
+    ),
+    "status": ("status",),
+}  # fmt: skip
 DELIVERY_TIMEOUT_S = 10.0
 
 
@@ -79,6 +92,7 @@ class Hook:
     url: str
     secret: str
     events: frozenset[str]  # kinds, EVENTS' keys
+    chosen: tuple[str, ...] = ()  # as asked through the API (CHOSEN's keys)
 
 
 @dataclass
@@ -138,6 +152,16 @@ class GiteaHooks:
             hook = Hook(next(self._ids), repo.id, url, secret, frozenset(events))
             self.hooks.append(hook)
             return hook
+
+    def create(self, repo: Repo, url: str, secret: str, chosen: list[str]) -> Hook:
+        """A hook made through ``POST /repos/{owner}/{repo}/hooks``."""
+        unknown = [e for e in chosen if e not in CHOSEN]
+        if unknown:
+            raise ValueError(f"unknown hook events: {unknown}")
+        kinds = frozenset(k for e in chosen for k in CHOSEN[e])
+        hook = Hook(next(self._ids), repo.id, url, secret, kinds, tuple(chosen))
+        self.hooks.append(hook)
+        return hook
 
     def announce(self, repo: Repo, kind: str, payload: dict[str, Any]) -> None:
         """Queue ``payload`` for each of ``repo``'s hooks that wants ``kind``."""

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from support.gitea_guard import install
 from support.gitea_hooks import review_payload, status_payload
 from support.gitea_model import (
     Event,
@@ -194,6 +195,7 @@ class Merging:
             options=dict(options),
         )  # fmt: skip
         repo.protections.append(rule)
+        install(repo)  # pushes are held to it too
         return rule
 
     def blocked(self, repo: Repo, issue: Issue) -> str | None:

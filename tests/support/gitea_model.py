@@ -10,6 +10,7 @@ an issue with ``pull`` set, as in Gitea's tables. Access is Gitea's modes
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -264,8 +265,6 @@ class Repo:
 
     def protection(self, branch: str) -> Protection | None:
         """The first rule matching ``branch``: an exact name first, then a glob."""
-        import fnmatch
-
         exact = [p for p in self.protections if p.rule_name == branch]
         globbed = [p for p in self.protections if fnmatch.fnmatchcase(branch, p.rule_name)]
-        return (exact or globbed or [None])[0]
+        return (exact or globbed)[0] if exact or globbed else None

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from support.gitea_model import GiteaError, Issue, Repo, User, not_found
+from support.gitea_model import Comment, Event, GiteaError, Issue, Repo, User, iso, not_found
 
 if TYPE_CHECKING:
     from support.gitea_server import GiteaServer
@@ -261,7 +261,7 @@ def _labelling(c: Call) -> tuple[Repo, Issue]:
     repo = c.repo()
     issue = c.gitea.issue(repo, c.number())
     if not repo.can(c.me(), "write"):
-        raise GiteaError(403, "write permission is required")
+        raise GiteaError(403, "user should have a permission to write to a repo")
     return repo, issue
 
 
@@ -329,6 +329,45 @@ def issue_timeline(c: Call) -> Any:
     repo = c.repo()
     issue = c.gitea.issue(repo, c.number())
     since = _since(c.query.get("since"))
-    entries = sorted([*issue.comments, *issue.events], key=lambda e: e.id)
+    entries: list[Comment | Event] = sorted([*issue.comments, *issue.events], key=lambda e: e.id)
     entries = [e for e in entries if since is None or e.created_at >= since]
     return [c.gitea.shapes.timeline(repo, issue, e) for e in c.page(entries)]
+
+
+# -- webhooks -----------------------------------------------------------------------------
+
+
+def _hook(c: Call, hook: Any) -> dict[str, Any]:
+    when = c.gitea.clock()
+    return {
+        "id": hook.id, "type": "gitea", "name": "", "branch_filter": "*",
+        "config": {"url": hook.url, "content_type": "json", "http_method": "post"},
+        "events": list(hook.chosen), "authorization_header": "", "active": True,
+        "updated_at": iso(when), "created_at": iso(when),
+    }  # fmt: skip
+
+
+@route("GET", REPO + "/hooks")
+def list_hooks(c: Call) -> Any:
+    repo = c.repo("admin")
+    return [_hook(c, h) for h in c.gitea.hooks.hooks if h.repo_id == repo.id]
+
+
+@route("POST", REPO + "/hooks")
+def create_hook(c: Call) -> Any:
+    """A Gitea (or Forgejo) hook with JSON payloads; its ``events`` as Gitea
+    groups them (``issues``, ``issue_comment``, ``pull_request``,
+    ``pull_request_review``, ``status``)."""
+    repo = c.repo("admin")
+    config = c.field("config") or {}
+    if str(c.required("type")) not in ("gitea", "forgejo") or not config.get("url"):
+        raise GiteaError(422, "Invalid hook: the fake delivers gitea hooks with a config.url")
+    try:
+        hook = c.gitea.hooks.create(
+            repo, str(config["url"]), str(config.get("secret") or ""),
+            list(c.field("events") or ["issues", "issue_comment", "pull_request"]),
+        )  # fmt: skip
+    except ValueError as wrong:
+        raise GiteaError(422, str(wrong)) from None
+    c.status = 201
+    return _hook(c, hook)

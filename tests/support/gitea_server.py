@@ -11,8 +11,10 @@ uvicorn in a background thread, on a free port::
         ...                                          # any Gitea client at gt.url
 
 A person starts one from tests/ with ``python -m support.gitea_server
-[--port 8125] [--repo-dir D] [--repo OWNER/NAME]``: it prints the URL, the
-owner's and the bot's tokens and the clone URL, and serves until Ctrl-C.
+[--port 8125] [--repo-dir D] [--repo OWNER/NAME] [--bot-permission admin]``:
+it prints the URL, the owner's and the bot's tokens and the clone URL, and
+serves until Ctrl-C. The bot administers the repository unless told otherwise:
+phasegate reads other people's permissions, which Gitea shows admins only.
 
 - REST under ``/api/v1`` (gitea_routes.py, gitea_pulls.py):
   ``Authorization: token T`` (or ``Bearer T``, or basic auth with the token
@@ -187,7 +189,7 @@ def _endpoint(gitea: GiteaServer, r: Route) -> Callable[[Request], Any]:
         query = dict(request.query_params)
         given, actor = gitea.caller({k.lower(): v for k, v in request.headers.items()}, query)
         if given and actor is None:
-            raise GiteaError(401, "user does not exist")
+            raise GiteaError(401, "invalid username, password or token")
         call = Call(gitea, str(request.url), dict(request.path_params), query, body, actor)
 
         def handle() -> Any:
@@ -231,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--repo-dir", type=Path, help="a checkout whose branches seed the repo")
     parser.add_argument("--repo", default="alice/app", help="OWNER/NAME")
+    parser.add_argument(
+        "--bot-permission", default="admin", choices=("read", "write", "admin"),
+        help="phasegate-bot's access (admin: it may read other people's permissions)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     owner = str(args.repo).partition("/")[0]
     gitea = GiteaServer()
@@ -239,12 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         gitea.add_user(owner)
         gitea.add_user("phasegate-bot")
         gitea.create_repo(args.repo, from_path=args.repo_dir)
-        gitea.add_collaborator(args.repo, "phasegate-bot", "write")
+        gitea.add_collaborator(args.repo, "phasegate-bot", args.bot_permission)
         print(f"fake Gitea at {gitea.url}  (API {gitea.url}/api/v1)")
         print(f"{owner} token (owner): {gitea.users[owner].tokens[0]}")
-        print(
-            f"phasegate-bot token (write): {gitea.users['phasegate-bot'].tokens[0]}  (GITEA_TOKEN)"
-        )
+        bot = gitea.users["phasegate-bot"].tokens[0]
+        print(f"phasegate-bot token ({args.bot_permission}): {bot}  (GITEA_TOKEN)")
         print(f"clone: git clone {gitea.clone_url(args.repo, 'TOKEN')}")
         sys.stdout.flush()
         stop = threading.Event()

@@ -148,7 +148,12 @@ class Gitea(Merging):
         if repo is None or (repo.private and not repo.can(actor, "read")):
             raise not_found()
         if not repo.can(actor, mode):
-            raise GiteaError(403, "user should have a permission to write to a repo")
+            raise GiteaError(
+                403,
+                "user should be an owner or a collaborator with admin write of a repository"
+                if mode == "admin"
+                else "user should have a permission to write to a repo",
+            )
         return repo
 
     # -- issues --------------------------------------------------------------------------------
@@ -163,6 +168,9 @@ class Gitea(Merging):
         """An issue filed by ``login`` (labels by id, set by the author)."""
         with self.lock:
             repo, user = self.repo(full_name), self.users[login]
+            for lid in labels or ():
+                if lid not in repo.labels:  # refused before anything is filed
+                    raise GiteaError(422, f"label does not exist [label_id: {lid}]")
             now = self.clock()
             issue = Issue(self.next_id("issue"), repo.next_index(), title, body, user, now, now)
             repo.issues[issue.number] = issue
