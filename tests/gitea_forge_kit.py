@@ -108,9 +108,11 @@ class GiteaLab:
                  comments=comments)  # fmt: skip
 
     def protect(self, branch: str, contexts: list[str]) -> None:
+        """A rule for ``branch`` requiring ``contexts``; olga alone may push to it."""
         self.act(
             "olga", "POST", "/branch_protections", rule_name=branch,
             enable_status_check=True, status_check_contexts=contexts,
+            enable_push=True, enable_push_whitelist=True, push_whitelist_usernames=["olga"],
         )  # fmt: skip
 
     # -- what the fake holds -----------------------------------------------------------

@@ -111,7 +111,7 @@ def test_more_500s_than_the_retries_pause_and_a_resume_creates_nothing_twice(
     assert len([s for s in said if "**Plan (round 1)**" in s]) == 1
 
 
-def test_an_issue_and_a_merge_whose_answers_timed_out_are_found_not_repeated(
+def test_an_issue_a_comment_and_a_merge_whose_answers_timed_out_are_made_once(
     gitea: GiteaLab, tmp_path: Path, engine_for: Build
 ) -> None:
     extra = "timeout_s = 1\nauto_resume_s = 0.05\n"
@@ -127,12 +127,23 @@ def test_an_issue_and_a_merge_whose_answers_timed_out_are_found_not_repeated(
     assert "resumed by itself in 2 s" in row["error"]
     until(lambda: gitea.counts()["issues"] == 1)
 
+    # The plan's comment: posted after the client gave up, found on resume.
+    server.delay("POST", rf"{PATH}/issues/\d+/comments$", 2.0)
+    engine.decide(workflow_id, decisions.resume)
+    row = engine.advance(workflow_id)
+    assert row["status"] == "paused" and "did not answer" in row["error"], row
+    until(lambda: len(bot_comments(gitea, 1)) == 1)
+
     server.delay("POST", rf"{PATH}/pulls/\d+/merge$", 2.0)  # merged after the client gave up
     engine.decide(workflow_id, decisions.resume)
     row = engine.advance(workflow_id)
     assert row["status"] == "completed", row["error"]
     assert gitea.counts() == {"issues": 1, "pulls": 1, "merges": 1}
-    assert len(gitea.posts(f"{PATH}/issues")) == 1 and len(gitea.posts("/merge")) == 1
+    assert len(gitea.posts(f"{PATH}/issues")) == 1
+    plans = [s for s in bot_comments(gitea, 1) if "**Plan (round 1)**" in s]
+    assert len(plans) == 1
+    # A merge that timed out is asked again (Gitea merges a pull request once): one landed.
+    assert [r.status for r in gitea.posts("/merge")].count(200) == 1
     created = [m for m in store.milestones(workflow_id) if m.kind == "issue_created"]
     assert [m.status for m in created] == ["completed"] and "found" in created[0].summary
     assert row["merge_sha"] == server.repo(REPO).bare.branch_sha("main")

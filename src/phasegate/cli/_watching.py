@@ -48,14 +48,14 @@ log = logging.getLogger(__name__)
 
 
 def github_repository(command: str, root: Path, cartridge: Cartridge) -> str:
-    """The cartridge's team forge repository (GitHub's ``owner/name``, GitLab's
-    ``group/…/name``); UsageError with the local forge."""
+    """The cartridge's team forge repository (GitHub's and Gitea's ``owner/name``,
+    GitLab's ``group/…/name``); UsageError with the local forge."""
     settings = cartridge.forge
     if settings.kind == "local":
         raise UsageError(
-            f'{command} needs a team forge (forge.kind = "github" or "gitlab") in '
-            f"{CARTRIDGE_FILE} (this cartridge has the local forge, whose tickets come from "
-            '`phasegate run "ticket"`)'
+            f'{command} needs a team forge (forge.kind = "github" or "gitlab") or a Gitea '
+            f'one (forge.kind = "gitea") in {CARTRIDGE_FILE} (this cartridge has the local '
+            'forge, whose tickets come from `phasegate run "ticket"`)'
         )
     return repository_of(settings.repository, root, settings.base_url, settings.kind)
 

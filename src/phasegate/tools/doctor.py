@@ -15,7 +15,8 @@ With ``forge.kind = "github"`` it makes one read-only call, ``GET
 skips it): a refused token, a repository the token cannot see, or one it may
 read but not push to is missing; GitHub out of reach is a warning.
 With ``forge.kind = "gitlab"`` the one call is ``GET /projects/:id``
-(``phasegate.forge.gitlab.doctor``): a role below Developer is missing.
+(``phasegate.forge.gitlab.doctor``): a role below Developer is missing. A
+Gitea forge is asked the same as GitHub (``forge.gitea.access``).
 """
 
 from __future__ import annotations
@@ -487,6 +488,10 @@ def _forge(
         from phasegate.forge.gitlab.doctor import looked_at
 
         return looked_at(settings, root, env, missing, warnings, offline=offline)
+    if settings.kind == "gitea":
+        from phasegate.forge.gitea.access import diagnose_gitea
+
+        return diagnose_gitea(settings, root, env, missing, warnings, offline=offline)
     found = {"kind": settings.kind, "api": settings.base_url or "https://api.github.com"}
     _tracked_key(settings, root, warnings)
     try:

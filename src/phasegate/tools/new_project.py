@@ -168,6 +168,11 @@ def resolve(
                 f'{CARTRIDGE_FILE} has forge.kind = "local" (set kind = "github")'
             )
         return NewProject(bare, directory, text, base, None, private, earlier)
+    if cartridge.forge.kind == "gitea":
+        raise NewProjectRefused(
+            f"--new-project {name!r}: phasegate makes repositories on GitHub only; create "
+            "it on the Gitea instance, clone it, then `phasegate run` there (nothing was made)"
+        )
     if cartridge.forge.kind != "github":
         # Only GitHub's repositories are made here; another forge's project is made
         # by a person (its group, visibility and protection are theirs to choose).

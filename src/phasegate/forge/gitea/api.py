@@ -216,7 +216,8 @@ class GiteaAPI:
     ``auth`` signs the calls (``Authorization: token …``); ``settings`` is the
     cartridge's ``[forge]`` (timeout_s, merge_method, the retry bounds);
     ``secrets`` are redacted from everything sent. ``retry_backoff_s`` is the first
-    wait after a transient failure (doubled per try, 8 s at most).
+    wait after a transient failure (doubled per try, 8 s at most); ``transport``
+    replaces httpx's own (None: the network).
     """
 
     def __init__(
@@ -229,6 +230,7 @@ class GiteaAPI:
         secrets: Sequence[str] = (),
         *,
         retry_backoff_s: float = 0.5,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         assert settings.base_url is not None, "a Gitea forge's settings name its instance"
         self.repository = repository
@@ -240,6 +242,7 @@ class GiteaAPI:
         self.instance = instance_url(settings.base_url)
         self._secrets = list(secrets)
         self.retry_backoff_s = retry_backoff_s
+        self._transport = transport
         self._lock = threading.Lock()
         self._client: httpx.Client | None = None
         self._kept: OrderedDict[str, tuple[str, bytes, dict[str, str]]] = OrderedDict()
@@ -276,6 +279,7 @@ class GiteaAPI:
                     },
                     timeout=self.settings.timeout_s,
                     follow_redirects=False,
+                    transport=self._transport,
                 )
                 # Its connections live as long as the forge: closed when it is collected
                 # (the engine never closes its forge), so no socket is left to the GC.

@@ -60,8 +60,19 @@ def gitea_auth(settings: ForgeSettings, environ: Mapping[str, str] | None = None
 
 def instance_url(base_url: str) -> str:
     """The instance's root URL, without a trailing slash or ``/api/v1``: the API is
-    under it at ``/api/v1``, git at ``/{owner}/{name}.git``."""
+    under it at ``/api/v1``, git at ``/{owner}/{name}.git``. Raises ForgeError
+    naming forge.base_url unless it is https, or http to this machine (a test
+    server): the token would otherwise travel in the clear."""
     url = base_url.rstrip("/")
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        raise ForgeError("forge.base_url holds credentials: give the token in forge.token_env")
+    local = parts.hostname in ("localhost", "127.0.0.1", "::1")
+    if not parts.hostname or not (parts.scheme == "https" or (parts.scheme == "http" and local)):
+        raise ForgeError(
+            f"forge.base_url {base_url!r} is not https: phasegate sends no token over plain "
+            "http to another machine"
+        )
     return url[: -len("/api/v1")] if url.endswith("/api/v1") else url
 
 
