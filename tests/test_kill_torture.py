@@ -248,6 +248,7 @@ def test_kills_on_the_gitlab_forge_never_duplicate_an_issue_mr_note_or_merge(
     assert len(kills) >= len(trials)  # every trial was really interrupted
     in_flight = [k["request"] for k in kills if k.get("request")]
     assert all(r.split()[0] in CHANGING for r in in_flight), in_flight
+    assert not any(r.endswith("/git-upload-pack") for r in in_flight), "a fetch was held"
     assert any(k["aim"] == "gitlab_request" for k in kills) or GITLAB_TRIALS < 1
 
 
@@ -299,6 +300,7 @@ def test_kills_on_the_gitea_forge_never_duplicate_an_issue_pr_comment_or_merge(
     assert len(kills) >= len(trials)  # every trial was really interrupted
     in_flight = [k["request"] for k in kills if k.get("request")]
     assert all(r.split()[0] in CHANGING for r in in_flight), in_flight
+    assert not any(r.endswith("/git-upload-pack") for r in in_flight), "a fetch was held"
     assert any(k["aim"] == "gitea_request" for k in kills) or GITEA_TRIALS < 1
 
 

@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -342,16 +343,21 @@ def _kill_once(lab: Lab, workflow_id: str, plan: KillPlan, left: float) -> dict[
 
 def _held_request(forge: TrialForge, held: list[Fault], answered: int) -> str:
     """Which request the kill caught in flight (``METHOD /path``; "" if none was):
-    the first of its method the fake answers after the kill, once its hold ends."""
-    methods = {f.method for f in held if f.times == 0}
+    the first the fake answers after the kill that a hold reached (its method, its
+    path matching), once its hold ends."""
+    caught = [f for f in held if f.times == 0]
     forge.release(held)
-    if not methods:
+    if not caught:
         return ""
     found: list[str] = []
 
     def answered_since() -> bool:
         later = forge.answered()[answered:]
-        found[:] = [f"{method} {path}" for method, path in later if method in methods]
+        found[:] = [
+            f"{method} {path}"
+            for method, path in later
+            if any(f.method == method and re.search(f.path_regex, path) for f in caught)
+        ]
         return bool(found)
 
     wait_for(answered_since, HOLD_S + 5.0, poll_s=0.02)

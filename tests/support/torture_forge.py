@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHANGING",
+    "CHANGES_ONLY",
     "HOLD_S",
     "MARKER",
     "FakeForge",
@@ -59,6 +60,9 @@ __all__ = [
 HOLD_S = 0.3
 #: The requests that change a forge (REST, or git over HTTP, whose fetches POST too).
 CHANGING = ("POST", "PATCH", "PUT", "DELETE")
+#: The paths of the requests that really change a forge: a git fetch POSTs
+#: (``git-upload-pack``) and changes nothing, so a hold on it kills nothing in flight.
+CHANGES_ONLY = r"^(?!.*/git-upload-pack$)"
 #: A hidden comment marker phasegate writes (``<!-- phasegate:... -->``).
 MARKER = re.compile(r"<!--\s*(phasegate:[^>]*?)\s*-->")
 
@@ -105,6 +109,8 @@ class FakeForge:
 
     name: str = ""
     changing: tuple[str, ...] = CHANGING
+    #: Which changing requests a hold may catch (``re.search`` on the path): any.
+    held_paths = r"."
 
     def __init__(self, server: Any) -> None:
         self.server = server
@@ -125,9 +131,10 @@ class FakeForge:
         return max(0.0, 1.0 - self.changes() / per_run) if per_run else 1.0
 
     def hold_changes(self) -> list[Fault]:
-        """Hold the next request of each changing method ``HOLD_S`` seconds before
-        the fake handles it; the faults, whose ``times`` drops to 0 once one is held."""
-        return [self.server.delay(method, r".", HOLD_S) for method in self.changing]
+        """Hold the next request of each changing method (whose path ``held_paths``
+        matches) ``HOLD_S`` seconds before the fake handles it; the faults, whose
+        ``times`` drops to 0 once one is held."""
+        return [self.server.delay(method, self.held_paths, HOLD_S) for method in self.changing]
 
     def release(self, held: list[Fault]) -> None:
         """Forget the holds no request reached (the next kill arms its own)."""

@@ -12,11 +12,12 @@ collaborator (Gitea answers who may do what to admins only), and a
 token in ``GITEA_TOKEN`` only (``GiteaTrialForge.env``).
 
 The ``gitea_request`` aim: after a random moment, the next request of each
-method that could change Gitea (POST, PATCH, PUT, DELETE: REST, or git over
-HTTP, whose fetches POST too) is held ``HOLD_S`` seconds by the fake before it
-is handled (``torture_forge.FakeForge``, the fake's own ``delay``); the kill
-lands as soon as one is held. Gitea then does what the dead client asked, and
-the journal must find it instead of asking again.
+method that changes Gitea (POST, PATCH, PUT, DELETE: REST, or a git push;
+not a git fetch, which POSTs too but changes nothing: ``CHANGES_ONLY``) is held
+``HOLD_S`` seconds by the fake before it is handled (``torture_forge.FakeForge``,
+the fake's own ``delay``); the kill lands as soon as one is held. Gitea then
+does what the dead client asked, and the journal must find it instead of
+asking again.
 
 The invariants checked on the fake (``check_gitea``; ``Violation`` kinds in
 brackets): exactly one issue, holding the workflow's marker [``issues``]; one
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from support.gitea_model import Event, Issue, User
 from support.gitea_server import GiteaServer
 from support.torture_forge import (
+    CHANGES_ONLY,
     MARKER,
     FakeForge,
     check_merge_line,
@@ -86,6 +88,7 @@ class GiteaTrialForge(FakeForge):
     """One trial's fake Gitea (``server``) and the ``bot`` phasegate acts as."""
 
     name = "gitea"
+    held_paths = CHANGES_ONLY  # a fetch changes nothing: no kill is spent on it
     server: GiteaServer
 
     def __init__(self, server: GiteaServer, bot: User) -> None:

@@ -10,11 +10,12 @@ merges), and a ``[forge]`` table of kind ``gitlab`` pointing at it. The worker
 gets the bot's token in ``GITLAB_TOKEN`` only (``GitLabTrialForge.env``).
 
 The ``gitlab_request`` aim: after a random moment, the next request of each
-method that could change GitLab (POST, PATCH, PUT, DELETE: REST, or git over
-HTTP, whose fetches POST too) is held ``HOLD_S`` seconds by the fake before it
-is handled (``torture_forge.FakeForge``, the fake's own ``delay``); the kill
-lands as soon as one is held. GitLab then does what the dead client asked,
-and the journal must find it instead of asking again.
+method that changes GitLab (POST, PATCH, PUT, DELETE: REST, or a git push;
+not a git fetch, which POSTs too but changes nothing: ``CHANGES_ONLY``) is held
+``HOLD_S`` seconds by the fake before it is handled (``torture_forge.FakeForge``,
+the fake's own ``delay``); the kill lands as soon as one is held. GitLab then
+does what the dead client asked, and the journal must find it instead of
+asking again.
 
 The fake is watched as it changes (``TrialGitLab``): every close, reopen and
 merge it really did, in order, with its moment. The invariants checked on the
@@ -43,6 +44,7 @@ from support.gitlab_model import Issue, MergeRequest, Project, User
 from support.gitlab_models import all_problems
 from support.gitlab_server import GitLabServer
 from support.torture_forge import (
+    CHANGES_ONLY,
     MARKER,
     FakeForge,
     check_merge_line,
@@ -133,6 +135,7 @@ class GitLabTrialForge(FakeForge):
     """One trial's fake GitLab (``server``) and the ``bot`` phasegate acts as."""
 
     name = "gitlab"
+    held_paths = CHANGES_ONLY  # a fetch changes nothing: no kill is spent on it
     server: TrialGitLab
 
     def __init__(self, server: TrialGitLab, bot: User) -> None:
