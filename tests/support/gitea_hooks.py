@@ -7,11 +7,12 @@ does: ``X-Gitea-Event`` (``issues``, ``issue_comment``, ``pull_request``,
 ``status``), ``X-Gitea-Event-Type`` (the finer kind: ``issue_label``,
 ``pull_request_review_approved``…), ``X-Gitea-Delivery`` (a UUID per
 delivery) and ``X-Gitea-Signature``, the hex HMAC-SHA256 of the body with the
-hook's secret; the same under ``X-Gogs-*`` and ``X-GitHub-*``
-(``X-Hub-Signature-256: sha256=…``) as Gitea sends them, and under
-``X-Forgejo-*`` as Forgejo does. The body is Gitea's payload JSON
-(``modules/structs/hook.go``): ``action``, ``number``, ``issue`` or
-``pull_request``, ``comment``, ``review``, ``repository`` and ``sender``.
+hook's secret (empty without one); the same under ``X-Gogs-*`` and
+``X-GitHub-*`` (``X-Hub-Signature-256: sha256=…``, ``X-Hub-Signature:
+sha1=…``) as Gitea sends them, and under ``X-Forgejo-*`` as Forgejo does.
+The body is Gitea's payload JSON (``modules/structs/hook.go``): ``action``,
+``number``, ``issue`` or ``pull_request``, ``comment``, ``review``,
+``repository`` and ``sender``.
 
 A label change is Gitea's ``issue_label`` event: ``X-Gitea-Event: issues``,
 ``action: label_updated`` (``label_cleared`` when none is left), the issue
@@ -112,13 +113,15 @@ class Delivered:
         return json.loads(self.body)
 
 
-def signature(secret: str, body: bytes) -> str:
-    """Gitea's ``X-Gitea-Signature``: the hex HMAC-SHA256 of ``body``."""
-    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def signature(secret: str, body: bytes, digest: Any = hashlib.sha256) -> str:
+    """Gitea's ``X-Gitea-Signature``: the hex HMAC-SHA256 of ``body`` with the
+    hook's secret; empty when the hook has none, as Gitea leaves it."""
+    return hmac.new(secret.encode(), body, digest).hexdigest() if secret else ""
 
 
-def headers_for(kind: str, event: str, delivery: str, signed: str) -> dict[str, str]:
+def headers_for(kind: str, event: str, delivery: str, secret: str, body: bytes) -> dict[str, str]:
     """Every header Gitea (and Forgejo) put on a delivery of ``kind``."""
+    signed, sha1 = signature(secret, body), signature(secret, body, hashlib.sha1)
     headers = {"Content-Type": "application/json", "User-Agent": "Go-http-client/1.1"}
     for prefix in ("X-Gitea", "X-Gogs", "X-Forgejo"):
         headers.update({
@@ -127,7 +130,8 @@ def headers_for(kind: str, event: str, delivery: str, signed: str) -> dict[str, 
         })  # fmt: skip
     headers.update({
         "X-GitHub-Event": event, "X-GitHub-Event-Type": kind, "X-GitHub-Delivery": delivery,
-        "X-Hub-Signature": "", "X-Hub-Signature-256": f"sha256={signed}",
+        "X-Hub-Signature": f"sha1={sha1}" if sha1 else "",
+        "X-Hub-Signature-256": f"sha256={signed}" if signed else "",
     })  # fmt: skip
     return headers
 
@@ -169,9 +173,7 @@ class GiteaHooks:
         for hook in self.hooks:
             if hook.repo_id != repo.id or kind not in hook.events:
                 continue
-            headers = headers_for(
-                kind, EVENTS[kind], str(uuid.uuid4()), signature(hook.secret, body)
-            )
+            headers = headers_for(kind, EVENTS[kind], str(uuid.uuid4()), hook.secret, body)
             delivered = Delivered(hook, kind, EVENTS[kind], headers, body)
             self.delivered.append(delivered)
             self._start()

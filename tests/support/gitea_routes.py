@@ -135,6 +135,15 @@ def _can_write_issue(repo: Repo, issue: Issue, actor: User | None) -> bool:
 # -- the caller and the repository -----------------------------------------------------------
 
 
+#: The Gitea version the fake answers as (the description's version too).
+VERSION = "1.27.3"
+
+
+@route("GET", "/version")
+def version(c: Call) -> Any:
+    return {"version": VERSION}
+
+
 @route("GET", "/user")
 def current_user(c: Call) -> Any:
     return c.gitea.shapes.user(c.me())
