@@ -9,6 +9,7 @@ permissions; maya may write, olga administers, rex reads, stranger is nobody.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,11 +19,26 @@ from typing import Any
 import httpx
 import pytest
 
+from phasegate.config.forge import ForgeSettings
+from phasegate.forge.gitea.auth import GiteaAuth
+from phasegate.forge.gitea.forge import GiteaForge
+from phasegate.git.workspace import Workspace
+
 from conftest import ANSWERS_BUT_BUILD, git, make_repo, recording_build, scripted_cartridge
 from support.gitea_model import Issue
 from support.gitea_server import GiteaServer
 
-__all__ = ["BOT", "REPO", "GiteaLab", "gitea", "move_base", "own_status", "team_repo"]
+__all__ = [
+    "BOT",
+    "REPO",
+    "GiteaLab",
+    "conformance_kit",
+    "gitea",
+    "move_base",
+    "own_status",
+    "served_lab",
+    "team_repo",
+]
 
 REPO = "octo/widgets"
 BOT = "phasegate-bot"
@@ -141,10 +157,10 @@ class GiteaLab:
         return self.server.head_sha(repo, self.issue(number))
 
 
-@pytest.fixture
-def gitea(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[GiteaLab]:
-    """A fresh fake Gitea per test, every API exchange held to Gitea's description:
-    the test fails on any violation. GITEA_TOKEN is the bot's token."""
+@contextlib.contextmanager
+def served_lab(tmp_path: Path) -> Iterator[GiteaLab]:
+    """A started fake Gitea holding the lab's people (no repository yet), every API
+    exchange held to Gitea's description: leaving fails on any violation."""
     from support.gitea_description import Description
 
     with GiteaServer(tmp_path / "fake-gitea") as server:
@@ -152,13 +168,61 @@ def gitea(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[GiteaLab]
         for login in ("octo", *PEOPLE, "stranger"):
             server.add_user(login)
         lab = GiteaLab(server)
-        monkeypatch.setenv("GITEA_TOKEN", lab.bot_token)
         try:
             yield lab
         finally:
             for client in lab.clients.values():
                 client.close()
         assert not server.violations, "\n".join(server.violations)
+
+
+@pytest.fixture
+def gitea(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[GiteaLab]:
+    """A fresh fake Gitea per test (``served_lab``); GITEA_TOKEN is the bot's token."""
+    with served_lab(tmp_path) as lab:
+        monkeypatch.setenv("GITEA_TOKEN", lab.bot_token)
+        yield lab
+
+
+def conformance_kit(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """The forge conformance suite's rig for Gitea (``forge_conformance_kit.KITS``):
+    phasegate's bot (an administrator, as Gitea requires of whoever asks others'
+    permissions) on a fresh octo/widgets, maya (write) its maintainer, rex (read)
+    its reader, olga reporting statuses and protecting branches. Every exchange is
+    held to Gitea's description."""
+    from forge_conformance_kit import Kit  # the suite's own rig: imported where it runs
+
+    stack = contextlib.ExitStack()
+    lab = stack.enter_context(served_lab(tmp_path / "lab"))
+    request.addfinalizer(stack.close)
+    checkout = make_repo(tmp_path / "checkout", {"README.md": "# app\n", "app.py": "x = 1\n"})
+    server = lab.server
+    server.create_repo(REPO, from_path=checkout)
+    for login, mode in PEOPLE.items():
+        server.add_collaborator(REPO, login, mode)
+    settings = ForgeSettings(kind="gitea", repository=REPO, base_url=server.url)
+    auth = GiteaAuth(lab.bot_token, "the token in GITEA_TOKEN")
+    forge = GiteaForge(REPO, auth, checkout, Workspace(), settings, retry_backoff_s=0.01)
+    return Kit(
+        "gitea",
+        forge,
+        checkout,
+        maintainer="maya",
+        reader="rex",
+        open_issue=lambda title, body, by: lab.open_issue(by, title, body),
+        say=lambda number, body, by: lab.comment(by, number, body),
+        label=lambda number, label, by: lab.label(by, number, label),
+        review_line=lambda pr, path, line, body, by: lab.review(
+            by, pr, "COMMENT", "", [(path, line, body)]
+        ),
+        report=lambda sha, context, state: lab.status(sha, context, state),
+        protect=lambda branch, contexts: lab.protect(branch, contexts),
+        fail=lambda method, path, status, times: server.fail(method, path, status, times=times),
+        paths={
+            "issue": rf"/repos/{REPO}/issues$",
+            "comment": rf"/repos/{REPO}/issues/\d+/comments$",
+        },
+    )
 
 
 def team_repo(

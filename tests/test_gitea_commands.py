@@ -83,6 +83,8 @@ def test_doctor_says_what_the_token_may_do_on_gitea(gitea: GiteaLab, tmp_path: P
     found = doctor("not-a-token-at-all")
     [problem] = [m for m in found["missing"] if str(m).startswith("forge")]  # type: ignore[attr-defined]
     assert "GITEA_TOKEN" in problem and "401" in problem and "not-a-token" not in problem
+    said = phasegate_cli("doctor", "--repo", str(repo), env={"GITEA_TOKEN": gitea.bot_token})
+    assert "forge: Gitea octo/widgets at " in said.stdout and "administers it" in said.stdout
     asked = len(gitea.server.requests)
     found = doctor(gitea.bot_token, "--offline")
     assert found["forge"]["access"] == "unknown" and len(gitea.server.requests) == asked  # type: ignore[index]

@@ -6,6 +6,7 @@ label another worker made."""
 
 from __future__ import annotations
 
+import email.utils
 from pathlib import Path
 
 import httpx
@@ -16,6 +17,7 @@ from phasegate.config.forge import ForgeSettings
 from phasegate.forge.base import ForgeError
 from phasegate.forge.gitea.auth import GiteaAuth, instance_url, repository_from_origin
 from phasegate.forge.gitea.forge import GiteaForge
+from phasegate.forge.retries import ForgeRetry, watching
 from phasegate.git.workspace import Workspace
 
 from conftest import git, make_repo
@@ -159,3 +161,25 @@ def test_a_get_gitea_answered_with_an_etag_is_asked_again_conditionally(tmp_path
     )  # fmt: skip
     assert forge.issue(3).title == forge.issue(3).title == "t"
     assert seen == [None, '"v1"'] and forge.not_modified == 1
+
+
+def test_a_429_whose_retry_after_is_a_date_is_waited_out(tmp_path: Path) -> None:
+    """Retry-After as an HTTP date (a proxy in front of Gitea may send one)."""
+    answers = iter(
+        [
+            httpx.Response(429, headers={"Retry-After": email.utils.formatdate(usegmt=True)}),
+            httpx.Response(200, json={"number": 3, "title": "t", "state": "open"}),
+        ]
+    )
+    repo = make_repo(tmp_path / "repo")
+    settings = ForgeSettings(kind="gitea", repository=REPO, base_url="https://git.example.com")
+    forge = GiteaForge(
+        REPO, GiteaAuth("s3cret-token-value", "the token in GITEA_TOKEN"), repo, Workspace(),
+        settings, transport=httpx.MockTransport(lambda _: next(answers)),
+    )  # fmt: skip
+    seen: list[ForgeRetry] = []
+    with watching(seen.append):
+        assert forge.issue(3).title == "t"
+    [retry] = seen
+    assert (retry.why, retry.status, retry.attempt) == ("rate_limit", 429, 2)
+    assert retry.wait_s <= 1.0

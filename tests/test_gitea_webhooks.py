@@ -92,3 +92,21 @@ def test_a_collaborators_pr_comment_delivered_by_gitea_starts_round_two_and_a_re
     time.sleep(0.3)
     row = store.workflow_row(workflow_id)
     assert (row["status"], row["dev_round"], row["version"]) == ("waiting", 2, version)
+
+
+def test_a_trusted_label_delivered_by_gitea_starts_its_workflow_and_an_untrusted_one_not(
+    gitea: GiteaLab, hooked: tuple[Engine, Store, Dashboard]
+) -> None:
+    engine, store, dashboard = hooked
+    dashboard.worker = False
+    url = dashboard.start()
+    gitea.server.hooks.add(gitea.repository, f"{url}/webhooks/gitea", SECRET, ("issue_label",))
+    number = gitea.open_issue("olga", "Add the feature", "Write feature.txt.")
+    gitea.label("rex", number, "phasegate")  # read permission only
+    [ignored] = gitea.server.hooks.wait_all()
+    assert ignored.status == 202 and store.list_workflows() == []
+    gitea.unlabel("maya", number, "phasegate")
+    gitea.label("maya", number, "phasegate")
+    assert {d.status for d in gitea.server.hooks.wait_all()} == {202}
+    [row] = store.list_workflows()
+    assert row["issue_number"] == number

@@ -143,6 +143,10 @@ def doctor(
         raise typer.Exit(1)
 
 
+#: How doctor names each team forge.
+_FORGE_NAMES = {"github": "GitHub", "gitea": "Gitea", "gitlab": "GitLab"}
+
+
 def _print_diagnosis(found: "Diagnosis") -> None:
     def line(mark: str, text: str) -> None:
         console.print(f"  {mark} {shown(text)}", highlight=False)
@@ -202,18 +206,17 @@ def _print_diagnosis(found: "Diagnosis") -> None:
     if found.checks_sandbox:
         sandbox = found.checks_sandbox
         line("•", f"checks: sandbox {sandbox['kind']} ({sandbox['reason']})")
-    if found.forge.get("kind") in ("github", "gitlab"):
+    if found.forge.get("kind", "local") != "local":
         forge = found.forge
         access = forge.get("access", "unknown")
         ready = "repository" in forge and "credentials" in forge and access != "read"
         ready = ready and not [m for m in found.missing if m.startswith("forge:")]
         where = forge.get("repository", "repository unknown")
-        said = {"push": ", may push", "read": ", may NOT push"}.get(access, "")
+        said = {"admin": ", administers it", "push": ", may push", "read": ", may NOT push"}
         line(
             yes if ready else no,
-            f"forge: {'GitLab' if forge['kind'] == 'gitlab' else 'GitHub'} {where} at "
-            f"{forge['api']}, "
-            f"{forge.get('credentials', 'no credentials')}{said}",
+            f"forge: {_FORGE_NAMES.get(forge['kind'], forge['kind'])} {where} at {forge['api']}, "
+            f"{forge.get('credentials', 'no credentials')}{said.get(access, '')}",
         )
     elif found.forge:
         line("•", "forge: local (issues and pull requests in the store)")

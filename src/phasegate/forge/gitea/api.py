@@ -203,10 +203,14 @@ def rate_limit_wait(response: httpx.Response) -> float | None:
     try:
         return max(float(after), 0.0)
     except ValueError:
-        when = email.utils.parsedate_to_datetime(after) if after.strip() else None
-        if when is None:
-            return BARE_429_WAIT_S
-        return max((when - datetime.now(UTC)).total_seconds(), 0.0)
+        pass
+    try:  # an HTTP date
+        when = email.utils.parsedate_to_datetime(after)
+    except (TypeError, ValueError):
+        return BARE_429_WAIT_S
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max((when - datetime.now(UTC)).total_seconds(), 0.0)
 
 
 class GiteaAPI:
@@ -303,7 +307,8 @@ class GiteaAPI:
         client = self._http()
         request = client.build_request(method, path, params=params, json=body)
         key = str(request.url)
-        known = self._kept.get(key) if method == "GET" else None
+        with self._lock:
+            known = self._kept.get(key) if method == "GET" else None
         if known is not None:
             request.headers["If-None-Match"] = known[0]
         response = client.send(request)
