@@ -2,6 +2,8 @@
 
     python benchmarks/kill_torture.py --trials 300 [--seed 1] [--jobs 2] [--keep DIR]
     python benchmarks/kill_torture.py --github --trials 30     # on the fake GitHub, one job
+    python benchmarks/kill_torture.py --mode gitlab --trials 30  # on the fake GitLab, one job
+    python benchmarks/kill_torture.py --mode gitea --trials 30   # on the fake Gitea, one job
     python benchmarks/kill_torture.py --mode postgres --trials 30 [--workflows 3]  # two workers
 
 Each trial runs one whole workflow (command agents that really edit files, a
@@ -18,6 +20,8 @@ kill (``--calibrate``), so the slowdown a crash costs is a ratio.
 
 ``--github`` runs every trial on the GitHub forge (``torture_github``): the fake
 GitHub behind one Prism (installed by ``.ci/run``), so one trial at a time.
+``--mode gitlab`` and ``--mode gitea`` run them on the GitLab or Gitea forge
+(``torture_gitlab``, ``torture_gitea``), one at a time too.
 
 ``--mode postgres`` runs every trial on a PostgreSQL store with two workers
 (``torture_postgres``: three workflows, each worker of concurrency 2, the kills
@@ -41,7 +45,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the rig: tests/support
 from support.postgres import server_url  # noqa: E402
-from support.torture import GitHubRig, Trial, run_trial, run_uninterrupted, trial_mode  # noqa: E402
+from support.torture import Trial, run_trial, run_uninterrupted, trial_mode  # noqa: E402
+from support.torture_forge import ForgeRig  # noqa: E402
+from support.torture_gitea import GiteaRig  # noqa: E402
+from support.torture_github import GitHubRig  # noqa: E402
+from support.torture_gitlab import GitLabRig  # noqa: E402
 from support.torture_postgres import (  # noqa: E402
     WORKFLOWS,
     run_postgres_trial,
@@ -57,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="keep every trial's directory under DIR")
     parser.add_argument(
         "--mode",
-        choices=("local", "github", "postgres"),
+        choices=("local", "github", "gitlab", "gitea", "postgres"),
         default="local",
-        help="local: classic and graph trials on SQLite; github: on the fake GitHub "
-        "(one job); postgres: on PostgreSQL with two workers",
+        help="local: classic and graph trials on SQLite; github, gitlab, gitea: on that fake "
+        "forge (one job); postgres: on PostgreSQL with two workers",
     )
     parser.add_argument("--github", action="store_true", help="the same as --mode github")
     parser.add_argument(
@@ -76,23 +84,25 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if server is not None:
                 server.stop()
+    if args.mode in ("gitlab", "gitea"):
+        return run(args, GitLabRig() if args.mode == "gitlab" else GiteaRig())
     with GitHubRig() if args.mode == "github" else contextlib.nullcontext() as rig:
         return run(args, rig)
 
 
-def run(args: argparse.Namespace, rig: GitHubRig | None, postgres_url: str = "") -> int:
-    """The trials ``args`` ask for (on ``rig``'s fake GitHub when given, on the
+def run(args: argparse.Namespace, rig: ForgeRig | None, postgres_url: str = "") -> int:
+    """The trials ``args`` ask for (on ``rig``'s fake forge when given, on the
     PostgreSQL server at ``postgres_url`` when given); the exit code."""
     base = args.keep or Path(tempfile.mkdtemp(prefix="phasegate-torture-"))
     base.mkdir(parents=True, exist_ok=True)
     spans = {}
-    modes = ("github",) if rig else ("postgres",) if postgres_url else ("classic", "graph")
+    modes = (rig.name,) if rig else ("postgres",) if postgres_url else ("classic", "graph")
     for mode in modes:
         roots = [base / f"uninterrupted-{mode}-{i}" for i in range(3)]
         runs = [
             run_postgres_uninterrupted(root, postgres_url=postgres_url, workflows=args.workflows)
             if postgres_url
-            else run_uninterrupted(root, mode=mode, github=rig)
+            else run_uninterrupted(root, mode=mode, rig=rig)
             for root in roots
         ]
         spans[mode] = statistics.median(runs)
@@ -105,8 +115,8 @@ def run(args: argparse.Namespace, rig: GitHubRig | None, postgres_url: str = "")
             return run_postgres_trial(
                 root, seed, postgres_url=postgres_url, span_s=span, workflows=args.workflows
             )
-        mode = "github" if rig else trial_mode(seed)
-        return run_trial(root, seed, span_s=spans[mode], mode=mode, github=rig)
+        mode = rig.name if rig else trial_mode(seed)
+        return run_trial(root, seed, span_s=spans[mode], mode=mode, rig=rig)
 
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=1 if rig else args.jobs) as pool:
@@ -142,9 +152,9 @@ def report(trials: list[Trial], elapsed_s: float, spans: dict[str, float]) -> No
     missed = sum(1 for k in kills if not k["window_hit"])
     print(f"aimed kills whose window never opened (fired at its end): {missed}")
     requests = Counter(k["request"] or "(settled first)" for k in kills if "request" in k)
-    if any(t.github_requests for t in trials):
-        per_trial = statistics.median(t.github_requests for t in trials)
-        print(f"requests to the fake GitHub: {per_trial:.0f} per trial (median)")
+    if any(t.forge_requests for t in trials):
+        per_trial = statistics.median(t.forge_requests for t in trials)
+        print(f"requests to the fake forge: {per_trial:.0f} per trial (median)")
     if requests:
         print("requests killed in flight: " + ", ".join(f"{r} {n}" for r, n in requests.items()))
     statuses = Counter(t.status for t in trials)

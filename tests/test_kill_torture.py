@@ -11,6 +11,12 @@ GitHub behind Prism: ``PHASEGATE_TORTURE_GITHUB_TRIALS`` trials (default 4, abou
 three minutes; a trial is slower than a local one, every forge call crossing Prism),
 one of them always killing a request to GitHub in flight.
 
+On the GitLab forge, the fake GitLab (no proxy; requests judged by python-gitlab's
+managers): ``PHASEGATE_TORTURE_GITLAB_TRIALS`` trials (default 3, about a minute),
+one of them always killing a request to GitLab in flight. On the Gitea forge, the
+same over the fake Gitea, every exchange held to Gitea's description:
+``PHASEGATE_TORTURE_GITEA_TRIALS`` trials (default 3).
+
 On PostgreSQL (it passes with two workers, one of them killed at random):
 ``PHASEGATE_TORTURE_POSTGRES_TRIALS`` trials (default 2, about a minute here,
 under two on a machine four times over-committed), three workflows shared by two
@@ -23,6 +29,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -36,15 +43,25 @@ from support.torture import (
     AIMS,
     GITHUB_AIMS,
     TARGETS,
-    GitHubRig,
     Trial,
+    forge_plan,
     github_plan,
     plan_kills,
     run_trial,
     run_uninterrupted,
     trial_mode,
 )
-from support.torture_github import BOT, CHANGING, REPOSITORY, check_github
+from support.torture_forge import bare_git
+from support.torture_gitea import GiteaRig, GiteaTrialForge, check_gitea
+from support.torture_github import (
+    BOT,
+    CHANGING,
+    REPOSITORY,
+    GitHubRig,
+    GitHubTrialForge,
+    check_github,
+)
+from support.torture_gitlab import GitLabRig, GitLabTrialForge, check_gitlab
 from support.torture_lab import Lab, wait_for
 from support.torture_postgres import (
     POSTGRES_TARGETS,
@@ -59,6 +76,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.sandboxed]
 
 TRIALS = int(os.environ.get("PHASEGATE_TORTURE_TRIALS", "12"))
 GITHUB_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_GITHUB_TRIALS", "4"))
+GITLAB_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_GITLAB_TRIALS", "3"))
+GITEA_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_GITEA_TRIALS", "3"))
 POSTGRES_TRIALS = int(os.environ.get("PHASEGATE_TORTURE_POSTGRES_TRIALS", "2"))
 
 
@@ -101,13 +120,15 @@ def test_random_kills_never_break_an_invariant(tmp_path: Path) -> None:
     assert {t.mode for t in trials} == {"classic", "graph"} or TRIALS < 4
 
 
-def github_seeds(first: int, count: int) -> list[int]:
+def forge_seeds(name: str, first: int, count: int) -> list[int]:
     """``count`` seeds from ``first`` on, the last replaced by the next seed whose first
-    kill is aimed at a request in flight (when none before it is): the aim is run."""
+    kill on forge ``name`` is aimed at a request in flight (when none before it is):
+    the aim is run."""
     seeds = list(range(first, first + count))
-    if not any(github_plan(s, 1.0)[0].aim == "github_request" for s in seeds[:-1]):
+    aim = f"{name}_request"
+    if not any(forge_plan(s, 1.0, name)[0].aim == aim for s in seeds[:-1]):
         seeds[-1] = next(
-            s for s in itertools.count(seeds[-1]) if github_plan(s, 1.0)[0].aim == "github_request"
+            s for s in itertools.count(seeds[-1]) if forge_plan(s, 1.0, name)[0].aim == aim
         )
     return seeds
 
@@ -120,25 +141,38 @@ def test_kills_on_the_github_forge_never_duplicate_an_issue_pr_comment_or_merge(
 
     def break_on_purpose(lab: Lab, workflow_id: str) -> None:
         # What a duplicate would look like on GitHub, made by hand: the invariants see it.
-        assert lab.forge is not None
-        gh = lab.forge.server
+        forge = lab.forge
+        assert isinstance(forge, GitHubTrialForge)
+        gh = forge.server
         issue = next(i for i in gh.repo(REPOSITORY).issues.values() if i.pull is None)
         gh.open_issue(REPOSITORY, issue.title, issue.body, BOT)
         gh.comment(REPOSITORY, issue.number, issue.comments[0].body, BOT)
-        (lab.logs / "leak.log").write_text(lab.forge.env["GITHUB_TOKEN"])
-        caught.update(v.kind for v in check_github(lab, lab.forge, workflow_id))
+        (lab.logs / "leak.log").write_text(forge.env["GITHUB_TOKEN"])
+        caught.update(v.kind for v in check_github(lab, forge, workflow_id))
 
     span = run_uninterrupted(
-        tmp_path / "uninterrupted", mode="github", github=rig, inspect=break_on_purpose
+        tmp_path / "uninterrupted", mode="github", rig=rig, inspect=break_on_purpose
     )
     assert caught == {"issues", "duplicate_comment", "token"}
 
-    seeds = github_seeds(first_seed(), GITHUB_TRIALS)
+    seeds = forge_seeds("github", first_seed(), GITHUB_TRIALS)
     trials = [
-        run_trial(tmp_path / f"trial-{s}", s, span_s=span, mode="github", github=rig) for s in seeds
+        run_trial(tmp_path / f"trial-{s}", s, span_s=span, mode="github", rig=rig) for s in seeds
     ]
+    report_forge("github", seeds, span, trials)
     kills = [k for t in trials for k in t.kills]
-    print(f"\ngithub seeds {seeds}; uninterrupted {span:.1f} s")
+    assert all(t.ok for t in trials), failures_of(trials)
+    assert all(t.status == "completed" for t in trials)
+    assert len(kills) >= len(trials)  # every trial was really interrupted
+    in_flight = [k["request"] for k in kills if k.get("request")]
+    assert all(r.split()[0] in CHANGING for r in in_flight), in_flight
+    assert any(k["aim"] == "github_request" for k in kills) or GITHUB_TRIALS < 1
+
+
+def report_forge(name: str, seeds: list[int], span: float, trials: list[Trial]) -> None:
+    """What a forge's trials did, printed; the stale status labels (known) taken out."""
+    kills = [k for t in trials for k in t.kills]
+    print(f"\n{name} seeds {seeds}; uninterrupted {span:.1f} s")
     print(f"kills by phase: {dict(Counter(k['phase'] for k in kills))}")
     print(f"kills by aim: {dict(Counter(k['aim'] for k in kills))}")
     print(f"requests killed in flight: {[k['request'] for k in kills if 'request' in k]}")
@@ -153,12 +187,121 @@ def test_kills_on_the_github_forge_never_duplicate_an_issue_pr_comment_or_merge(
     print(f"stale status labels (known): {stale}")
     for t in trials:
         t.violations = [v for v in t.violations if v.kind != "labels"]
+
+
+def extra_branch(bare: Path) -> None:
+    """Branch ``extra`` on the forge's bare repository ``bare``: one commit on its main."""
+    line = bare_git(bare, "rev-parse", "main")
+    tree = bare_git(bare, "rev-parse", "main^{tree}")
+    extra = subprocess.run(
+        ["git", "-c", "user.name=p", "-c", "user.email=p@l", "commit-tree", tree,
+         "-p", line, "-m", "extra"],
+        cwd=bare, check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    bare_git(bare, "update-ref", "refs/heads/extra", extra)
+
+
+def break_gitlab(lab: Lab, workflow_id: str) -> set[str]:
+    """Every GitLab invariant broken by hand on a settled run, as a duplicate or a
+    wrong close would break it; the kinds ``check_gitlab`` then reports."""
+    forge = lab.forge
+    assert isinstance(forge, GitLabTrialForge)
+    gl = forge.server
+    bot = gl.users["phasegate-bot"]
+    with gl.lock:
+        project = gl.project("acme/widgets")
+        issue = next(iter(project.issues.values()))
+        # a second issue, and a note of phasegate's (with its marker) on it twice
+        gl.open_issue(project.id, bot.username, issue.title, issue.description)
+        marked = next(n for n in issue.notes if "<!-- phasegate:" in n.body)
+        gl.comment(issue, bot, marked.body)
+        # a second merge request of another branch, merged: a second merge on main
+        extra_branch(forge.bare)
+        mr = gl.open_merge_request(project.id, bot, "extra", "main", "extra")
+        gl.merge(project, mr, bot, {})
+        # the issue reopened and closed again, and a stale status label
+        gl.edit(project, issue, bot, {"state_event": "reopen"})
+        gl.edit(project, issue, bot, {"state_event": "close", "add_labels": "phasegate:merging"})
+    (lab.logs / "leak.log").write_text(forge.env["GITLAB_TOKEN"])
+    return {v.kind for v in check_gitlab(lab, forge, workflow_id)}
+
+
+def test_kills_on_the_gitlab_forge_never_duplicate_an_issue_mr_note_or_merge(
+    tmp_path: Path,
+) -> None:
+    rig = GitLabRig()
+    caught: set[str] = set()
+    span = run_uninterrupted(
+        tmp_path / "uninterrupted",
+        rig=rig,
+        inspect=lambda lab, workflow_id: caught.update(break_gitlab(lab, workflow_id)),
+    )
+    kinds = {"issues", "pull_requests", "merges", "duplicate_comment", "issue_closed"}
+    assert caught == kinds | {"labels", "token"}
+
+    seeds = forge_seeds("gitlab", first_seed(), GITLAB_TRIALS)
+    trials = [run_trial(tmp_path / f"trial-{s}", s, span_s=span, rig=rig) for s in seeds]
+    report_forge("gitlab", seeds, span, trials)
+    kills = [k for t in trials for k in t.kills]
     assert all(t.ok for t in trials), failures_of(trials)
     assert all(t.status == "completed" for t in trials)
     assert len(kills) >= len(trials)  # every trial was really interrupted
     in_flight = [k["request"] for k in kills if k.get("request")]
     assert all(r.split()[0] in CHANGING for r in in_flight), in_flight
-    assert any(k["aim"] == "github_request" for k in kills) or GITHUB_TRIALS < 1
+    assert not any(r.endswith("/git-upload-pack") for r in in_flight), "a fetch was held"
+    assert any(k["aim"] == "gitlab_request" for k in kills) or GITLAB_TRIALS < 1
+
+
+def break_gitea(lab: Lab, workflow_id: str) -> set[str]:
+    """Every Gitea invariant broken by hand on a settled run, as a duplicate or a
+    wrong close would break it; the kinds ``check_gitea`` then reports."""
+    forge = lab.forge
+    assert isinstance(forge, GiteaTrialForge)
+    gt = forge.server
+    bot = gt.users["phasegate-bot"]
+    with gt.lock:
+        repo = gt.repo("octo/widgets")
+        issue = next(i for i in repo.issues.values() if i.pull is None)
+        # a second issue, and a comment of phasegate's (with its marker) on it twice
+        gt.open_issue("octo/widgets", bot.login, issue.title, issue.body)
+        marked = next(c for c in issue.comments if "<!-- phasegate:" in c.body)
+        gt.add_comment(repo, issue, bot, marked.body)
+        # a second pull request of another branch, merged: a second merge on main
+        extra_branch(forge.bare)
+        pull = gt.open_pull("octo/widgets", bot.login, "extra", "main", "extra")
+        gt.merge(repo, pull, bot, {"Do": "merge"})
+        # the issue reopened and closed again, and a stale status label
+        gt.set_state(repo, issue, bot, "open")
+        gt.set_state(repo, issue, bot, "closed")
+        gt.label("octo/widgets", bot.login, issue.number, "phasegate:merging")
+    (lab.logs / "leak.log").write_text(forge.env["GITEA_TOKEN"])
+    return {v.kind for v in check_gitea(lab, forge, workflow_id)}
+
+
+def test_kills_on_the_gitea_forge_never_duplicate_an_issue_pr_comment_or_merge(
+    tmp_path: Path,
+) -> None:
+    rig = GiteaRig()
+    caught: set[str] = set()
+    span = run_uninterrupted(
+        tmp_path / "uninterrupted",
+        rig=rig,
+        inspect=lambda lab, workflow_id: caught.update(break_gitea(lab, workflow_id)),
+    )
+    kinds = {"issues", "pull_requests", "merges", "duplicate_comment", "issue_closed"}
+    assert caught == kinds | {"labels", "token"}
+
+    seeds = forge_seeds("gitea", first_seed(), GITEA_TRIALS)
+    trials = [run_trial(tmp_path / f"trial-{s}", s, span_s=span, rig=rig) for s in seeds]
+    report_forge("gitea", seeds, span, trials)
+    kills = [k for t in trials for k in t.kills]
+    assert all(t.ok for t in trials), failures_of(trials)
+    assert all(t.status == "completed" for t in trials)
+    assert len(kills) >= len(trials)  # every trial was really interrupted
+    in_flight = [k["request"] for k in kills if k.get("request")]
+    assert all(r.split()[0] in CHANGING for r in in_flight), in_flight
+    assert not any(r.endswith("/git-upload-pack") for r in in_flight), "a fetch was held"
+    assert any(k["aim"] == "gitea_request" for k in kills) or GITEA_TRIALS < 1
 
 
 # -- PostgreSQL, two workers ---------------------------------------------------------

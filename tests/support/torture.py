@@ -11,9 +11,10 @@ merges unattended (``full-auto``). It files one workflow, then starts
   yet settled, a ``git`` process of the workflow running, the merge phase,
   acceptance verification, an agent running;
 
-on the GitHub forge (``mode="github"``, ``support.torture_github``)
-also at a request in flight: the fake GitHub holds the next changing request
-a moment, the kill lands while it is held, and GitHub acts for the dead client;
+on a remote forge (``mode`` its rig's name: ``github``, ``gitlab``, ``gitea``;
+``support.torture_forge``, one rig module per forge) also at a request in
+flight (``<name>_request``): the fake forge holds the next changing request a
+moment, the kill lands while it is held, and the forge acts for the dead client;
 
 each kill either to the phasegate process alone (its agents, checks and git
 children are orphaned, as when only the worker is OOM-killed) or to every
@@ -25,13 +26,14 @@ runs until the workflow settles, and the invariants are checked
 - exactly 1 issue, 1 pull request and 1 merge of the branch on the base
   [``issues``, ``pull_requests``, ``merges``]; no comment marker twice
   [``duplicate_comment``]; no milestone left ``in_progress`` [``in_progress``];
-  on GitHub these are read on the fake, with more of its own (the issue closed
-  once after the verdict, its labels, the token nowhere, GitHub's schema;
-  ``torture_github``);
+  on a forge these are read on its fake, with more of its own (the issue
+  closed once after the verdict, its labels, the token nowhere, what the
+  forge's own API description refuses: ``torture_github``, ``torture_gitlab``,
+  ``torture_gitea``);
 - no process of the trial alive once the worker stopped [``process_alive``];
 - no git lock, no worktree but the person's, no scratch or half-made
   checkout left [``git_lock``, ``worktree_left``];
-- the change on the base (GitHub's main, on GitHub) is exactly what the
+- the change on the base (the forge's main, on a forge) is exactly what the
   recorded attempts produced: the build agent appends one line per run, so the
   base holds one well-formed line per build run phasegate recorded as ``ok``
   and kept, less the runs whose output it discarded as evidence [``change``];
@@ -52,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -64,8 +67,8 @@ import sqlalchemy as sa
 
 from phasegate.store import tables as t
 
-from support.github_server import Fault
-from support.torture_github import HOLD_S, GitHubRig, TrialForge
+from support.fake_http import Fault
+from support.torture_forge import HOLD_S, ForgeRig, TrialForge, request_aim
 from support.torture_invariants import Violation, check_invariants
 from support.torture_lab import (
     Lab,
@@ -77,12 +80,13 @@ from support.torture_lab import (
 )
 
 __all__ = [
+    "FORGE_WEIGHTS",
     "GITHUB_AIMS",
-    "GITHUB_WEIGHTS",
-    "GitHubRig",
     "KillPlan",
     "Trial",
     "Violation",
+    "forge_aims",
+    "forge_plan",
     "github_plan",
     "plan_kills",
     "run_trial",
@@ -92,10 +96,9 @@ __all__ = [
 
 #: How a kill is aimed: at a random moment, or at the first moment a window opens.
 AIMS = ("random", "journal_window", "git", "merge", "verification", "agent", "apply_arm")
-#: A github trial's aims: every other one, and a request to GitHub in flight, drawn
-#: as often as five others together (``GITHUB_WEIGHTS``): it is what the mode is for.
-GITHUB_AIMS = (*AIMS, "github_request")
-GITHUB_WEIGHTS = (*(1,) * len(AIMS), 5)
+#: A forge trial's aims (``forge_aims``): every other one, and a request to the forge
+#: in flight, drawn as often as five others together: it is what the mode is for.
+FORGE_WEIGHTS = (*(1,) * len(AIMS), 5)
 #: Whom a kill hits: the phasegate worker alone, or every process of the trial.
 TARGETS = ("phasegate", "everything")
 
@@ -124,7 +127,7 @@ class Trial:
     root: Path
     mode: str = "classic"
     kills: list[dict[str, Any]] = field(default_factory=list)
-    github_requests: int = 0  # requests the fake GitHub answered over the trial
+    forge_requests: int = 0  # requests the fake forge answered over the trial
     resumes: int = 0
     status: str = ""
     violations: list[Violation] = field(default_factory=list)
@@ -143,7 +146,7 @@ def plan_kills(
 ) -> list[KillPlan]:
     """1–3 kills for trial ``seed``: moments uniform in [0, ``span_s``] seconds (the
     length of an uninterrupted run), aims (among ``aims``, by ``weights``; half of
-    the kills are ``random``) and targets drawn from the seed. A ``github_request``
+    the kills are ``random``) and targets drawn from the seed. A ``<forge>_request``
     kill is armed at its moment."""
     rng = random.Random(seed)
 
@@ -161,9 +164,24 @@ def plan_kills(
     ]
 
 
+def forge_aims(name: str) -> tuple[str, ...]:
+    """The aims of a trial on forge ``name``: ``AIMS`` and its request in flight."""
+    return (*AIMS, request_aim(name))
+
+
+#: A github trial's aims.
+GITHUB_AIMS = forge_aims("github")
+
+
+def forge_plan(seed: int, span_s: float, name: str) -> list[KillPlan]:
+    """The kills of trial ``seed`` on forge ``name`` (``plan_kills`` over its aims,
+    by ``FORGE_WEIGHTS``): the same moments and targets on every forge."""
+    return plan_kills(seed, span_s, forge_aims(name), FORGE_WEIGHTS)
+
+
 def github_plan(seed: int, span_s: float) -> list[KillPlan]:
-    """The kills of github trial ``seed`` (``plan_kills`` over ``GITHUB_AIMS``)."""
-    return plan_kills(seed, span_s, GITHUB_AIMS, GITHUB_WEIGHTS)
+    """The kills of github trial ``seed`` (``forge_plan`` on GitHub)."""
+    return forge_plan(seed, span_s, "github")
 
 
 # -- aiming -------------------------------------------------------------------------
@@ -236,36 +254,37 @@ def run_trial(
     span_s: float = 6.0,
     max_sleep_s: float = 0.15,
     mode: str | None = None,
-    github: GitHubRig | None = None,
+    rig: ForgeRig | None = None,
 ) -> Trial:
     """Run trial ``seed`` in the empty directory ``root``; returns what it did and found.
 
     ``span_s`` is the length of an uninterrupted run in seconds (random kills
     fall within it); ``max_sleep_s`` bounds each agent's random sleeps;
-    ``mode`` is ``classic``, ``graph`` (default: ``trial_mode(seed)``) or
-    ``github``, which needs ``github``: the run's Prism, the trial's fake
-    GitHub is put behind it (ValueError without).
+    ``mode`` is ``classic``, ``graph`` (default: ``trial_mode(seed)``) or a
+    forge's name, which needs ``rig``: that forge's rig, which starts the
+    trial's fake forge (default with a rig: its name; ValueError when they
+    disagree).
     """
     started = time.monotonic()
-    mode = mode or trial_mode(seed)
-    if (mode == "github") != (github is not None):
-        raise ValueError("a github trial, and only one, runs on a GitHubRig")
-    forge = github.forge_for(root) if github is not None else None
+    mode = mode or (rig.name if rig is not None else trial_mode(seed))
+    if rig is not None and rig.name != mode:
+        raise ValueError(f"a {mode} trial runs on no {rig.name} rig")
+    forge = rig.forge_for(root) if rig is not None else None
     trial = Trial(seed=seed, root=root, mode=mode)
     lab = None
     try:
         lab = Lab(root, seed, max_sleep_s, mode, forge)
         workflow_id = lab.start_workflow()
-        for plan in github_plan(seed, span_s) if forge else plan_kills(seed, span_s):
+        for plan in forge_plan(seed, span_s, forge.name) if forge else plan_kills(seed, span_s):
             if _settled(lab, workflow_id):
                 break
-            # On GitHub a moment is drawn over what is left of the run (by the changes
+            # On a forge a moment is drawn over what is left of the run (by the changes
             # an uninterrupted run makes): a later kill lands on more than a done workflow.
-            left = forge.left(github.changes_per_run) if forge and github else 1.0
+            left = forge.left(rig.changes_per_run) if forge and rig else 1.0
             trial.kills.append(_kill_once(lab, workflow_id, plan, left))
         trial.resumes, trial.status = _settle(lab, workflow_id)
         trial.violations = check_invariants(lab, [workflow_id])
-        trial.github_requests = len(forge.server.requests) if forge else 0
+        trial.forge_requests = len(forge.answered()) if forge else 0
     finally:
         if lab is not None:
             lab.close()
@@ -291,8 +310,7 @@ def _kill_once(lab: Lab, workflow_id: str, plan: KillPlan, left: float) -> dict[
     if plan.aim == "random":
         time.sleep(plan.at_s * left if claimed else plan.at_s % 0.8)
         hit = True
-    elif plan.aim == "github_request":
-        assert lab.forge is not None
+    elif lab.forge is not None and plan.aim == request_aim(lab.forge.name):
         time.sleep(plan.at_s * left)
         held = lab.forge.hold_changes()
         hit = wait_for(
@@ -303,7 +321,7 @@ def _kill_once(lab: Lab, workflow_id: str, plan: KillPlan, left: float) -> dict[
             lambda aim=plan.aim: _window_open(lab, workflow_id, aim) or _settled(lab, workflow_id),
             WINDOW_S,
         )
-    answered = len(lab.forge.server.requests) if lab.forge else 0
+    answered = len(lab.forge.answered()) if lab.forge else 0
     phase = lab.row(workflow_id)["current_phase"] if claimed else "before_claim"
     if plan.target == "phasegate":
         with contextlib.suppress(ProcessLookupError):
@@ -325,17 +343,21 @@ def _kill_once(lab: Lab, workflow_id: str, plan: KillPlan, left: float) -> dict[
 
 def _held_request(forge: TrialForge, held: list[Fault], answered: int) -> str:
     """Which request the kill caught in flight (``METHOD /path``; "" if none was):
-    the first of its method the fake answers after the kill, once its hold ends."""
-    methods = {f.method for f in held if f.times == 0}
+    the first the fake answers after the kill that a hold reached (its method, its
+    path matching), once its hold ends."""
+    caught = [f for f in held if f.times == 0]
     forge.release(held)
-    if not methods:
+    if not caught:
         return ""
     found: list[str] = []
 
     def answered_since() -> bool:
-        with forge.server.lock:
-            later = forge.server.requests[answered:]
-        found[:] = [f"{r.method} {r.path}" for r in later if r.method in methods]
+        later = forge.answered()[answered:]
+        found[:] = [
+            f"{method} {path}"
+            for method, path in later
+            if any(f.method == method and re.search(f.path_regex, path) for f in caught)
+        ]
         return bool(found)
 
     wait_for(answered_since, HOLD_S + 5.0, poll_s=0.02)
@@ -346,21 +368,25 @@ def run_uninterrupted(
     root: Path,
     *,
     max_sleep_s: float = 0.15,
-    mode: str = "classic",
-    github: GitHubRig | None = None,
+    mode: str | None = None,
+    rig: ForgeRig | None = None,
     inspect: Callable[[Lab, str], None] | None = None,
 ) -> float:
     """The same workflow with no kill: seconds from its worker's start to settled.
 
-        The span random kills are drawn from, and the peer a trial is measured
-        against (``mode`` and ``github`` as for ``run_trial``; on GitHub it sets
-    ``github.changes_per_run``, what later kills are spread over). Raises RuntimeError
-        when even the uninterrupted run does not complete or violates an
-        invariant: the harness itself would be wrong. ``inspect(lab, workflow_id)``
-        then runs on the settled run while its fake GitHub still serves (a test
-        that breaks an invariant on purpose, to see it caught).
+    The span random kills are drawn from, and the peer a trial is measured
+    against (``mode`` and ``rig`` as for ``run_trial``, ``classic`` without
+    either; on a forge it sets ``rig.changes_per_run``, what later kills are
+    spread over). Raises RuntimeError when even the uninterrupted run does not
+    complete or violates an invariant: the harness itself would be wrong.
+    ``inspect(lab, workflow_id)`` then runs on the settled run while its fake
+    forge still serves (a test that breaks an invariant on purpose, to see it
+    caught).
     """
-    forge = github.forge_for(root) if github is not None else None
+    mode = mode or (rig.name if rig is not None else "classic")
+    if rig is not None and rig.name != mode:
+        raise ValueError(f"a {mode} run runs on no {rig.name} rig")
+    forge = rig.forge_for(root) if rig is not None else None
     lab = None
     try:
         lab = Lab(root, 0, max_sleep_s, mode, forge)
@@ -380,8 +406,8 @@ def run_uninterrupted(
         violations = check_invariants(lab, [workflow_id])
         if status != "completed" or violations:
             raise RuntimeError(f"the uninterrupted run in {root} ended {status}: {violations}")
-        if github is not None and forge is not None:
-            github.changes_per_run = forge.changes()
+        if rig is not None and forge is not None:
+            rig.changes_per_run = forge.changes()
         if inspect is not None:
             inspect(lab, workflow_id)
     finally:

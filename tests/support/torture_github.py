@@ -1,20 +1,21 @@
 """The kill-torture harness on the GitHub forge: a trial's fake GitHub,
 the kill aimed at a request in flight, and the invariants read on GitHub.
 
-``GitHubRig`` holds one Prism (``support.prism``) for a run of
+``GitHubRig`` is the GitHub forge's rig (``support.torture_forge.ForgeRig``);
+it holds one Prism (``support.prism``) for a run of
 trials: starting it and compiling GitHub's schemas costs seconds, so each
 trial's fake only switches its upstream. ``GitHubRig.forge_for(root)`` starts
 that trial's ``GitHubServer`` in this process -- it survives every kill of the
 worker, as GitHub does -- with ``octo/widgets``, the bot phasegate acts as
 (write), and a ``[forge]`` table pointing at Prism. The worker gets the bot's
-token in ``GITHUB_TOKEN`` only (``TrialForge.env``).
+token in ``GITHUB_TOKEN`` only (``GitHubTrialForge.env``).
 
 The ``github_request`` aim: after a random moment, the next request of each
 method that could change GitHub (POST, PATCH, PUT, DELETE: REST through Prism,
 or git over HTTP, whose fetches POST too) is held ``HOLD_S`` seconds by the
-fake before it is handled; the kill lands as soon as one is held. GitHub then
-does what the dead client asked, and the journal must find it instead of
-asking again.
+fake before it is handled (``torture_forge.FakeForge``); the kill lands as
+soon as one is held. GitHub then does what the dead client asked, and the
+journal must find it instead of asking again.
 
 The invariants checked on the fake (``check_github``; ``Violation`` kinds in
 brackets): exactly one issue, holding the workflow's marker [``issues``]; one
@@ -30,33 +31,39 @@ GitHub's schema refuses, in either direction, as Prism judged it [``schema``].
 
 from __future__ import annotations
 
-import contextlib
-import re
-import subprocess
 from collections import Counter
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from support.github_model import Issue, User
-from support.github_server import Fault, GitHubServer, Recorded
+from support.github_server import GitHubServer, Recorded
 from support.prism import PrismProxy
+from support.torture_forge import (
+    CHANGING,
+    HOLD_S,
+    MARKER,
+    FakeForge,
+    check_merge_line,
+    check_token,
+    first_verdict,
+)
 from support.torture_lab import FORGE_DIR, Violation
 
 if TYPE_CHECKING:
     from support.torture_lab import Lab
 
-__all__ = ["BOT", "CHANGING", "HOLD_S", "REPOSITORY", "GitHubRig", "TrialForge", "check_github"]
+__all__ = [
+    "BOT",
+    "CHANGING",
+    "HOLD_S",
+    "REPOSITORY",
+    "GitHubRig",
+    "GitHubTrialForge",
+    "check_github",
+]
 
 REPOSITORY = "octo/widgets"
 BOT = "phasegate-bot"
-#: How long the fake holds the request a ``github_request`` kill is aimed at (seconds):
-#: the worker is dead before GitHub acts, and GitHub has acted before a new worker looks.
-HOLD_S = 0.3
-#: The requests that change GitHub: what a ``github_request`` kill is aimed at.
-CHANGING = ("POST", "PATCH", "PUT", "DELETE")
-_MARKER = re.compile(r"<!--\s*(phasegate:[^>]*?)\s*-->")
 
 
 class GitHubRig:
@@ -65,6 +72,8 @@ class GitHubRig:
     ``PrismProxy`` to use (a test session's); without one, ``with GitHubRig() as
     rig:`` starts and stops its own, raising ``PrismError`` when Prism or
     GitHub's description is not installed (``.ci/run`` installs both)."""
+
+    name = "github"
 
     def __init__(self, prism: PrismProxy | None = None) -> None:
         self._own = prism is None
@@ -83,24 +92,26 @@ class GitHubRig:
         if self._own:
             self.prism.__exit__(*exc)
 
-    def forge_for(self, root: Path) -> TrialForge:
+    def forge_for(self, root: Path) -> GitHubTrialForge:
         """A started fake GitHub for the trial in ``root`` (its data under
         ``root/FORGE_DIR``), Prism in front of it and its violations forgotten."""
         server = GitHubServer(root=root / FORGE_DIR)
         server.start()
         self.prism.upstream_url = server.url
         self.prism.reset()
-        return TrialForge(server, server.add_user(BOT), self.prism)
+        return GitHubTrialForge(server, server.add_user(BOT), self.prism)
 
 
-@dataclass
-class TrialForge:
+class GitHubTrialForge(FakeForge):
     """One trial's fake GitHub (``server``), the ``bot`` phasegate acts as, and
     the ``prism`` its REST traffic passes through."""
 
+    name = "github"
     server: GitHubServer
-    bot: User
-    prism: PrismProxy
+
+    def __init__(self, server: GitHubServer, bot: User, prism: PrismProxy) -> None:
+        super().__init__(server)
+        self.bot, self.prism = bot, prism
 
     def seed(self, repo: Path) -> None:
         """``octo/widgets`` made from the local repository ``repo``; the bot may write."""
@@ -125,36 +136,14 @@ class TrialForge:
         """The bare repository behind ``octo/widgets``: where the merge lands."""
         return self.server.bare_path(REPOSITORY)
 
-    def changes(self) -> int:
-        """How many changing requests (``CHANGING``) the fake has answered so far."""
-        with self.server.lock:
-            return sum(1 for r in self.server.requests if r.method in CHANGING)
-
-    def left(self, per_run: int) -> float:
-        """The share (0..1) of an uninterrupted run's ``per_run`` changing requests
-        this trial has not made yet; 1.0 when ``per_run`` is unknown (0)."""
-        return max(0.0, 1.0 - self.changes() / per_run) if per_run else 1.0
-
-    def hold_changes(self) -> list[Fault]:
-        """Hold the next request of each changing method ``HOLD_S`` seconds before
-        the fake handles it; the faults, whose ``times`` drops to 0 once one is held."""
-        return [self.server.delay(method, r".", HOLD_S) for method in CHANGING]
-
-    def release(self, held: list[Fault]) -> None:
-        """Forget the holds no request reached (the next kill arms its own)."""
-        with self.server.lock:
-            for fault in held:
-                fault.times = 0
-            self.server.faults = [f for f in self.server.faults if f.times > 0]
-
-    def stop(self) -> None:
-        self.server.stop()
+    def check(self, lab: Lab, workflow_id: str) -> list[Violation]:
+        return check_github(lab, self, workflow_id)
 
 
 # -- the invariants ---------------------------------------------------------------------
 
 
-def check_github(lab: Lab, forge: TrialForge, workflow_id: str) -> list[Violation]:
+def check_github(lab: Lab, forge: GitHubTrialForge, workflow_id: str) -> list[Violation]:
     """Every GitHub invariant of the module docstring, on the settled trial."""
     found: list[Violation] = []
 
@@ -172,7 +161,7 @@ def check_github(lab: Lab, forge: TrialForge, workflow_id: str) -> list[Violatio
             (i.number, m)
             for i in repo.issues.values()
             for c in i.comments
-            for m in set(_MARKER.findall(c.body))
+            for m in set(MARKER.findall(c.body))
         )
         requests = list(gh.requests)
     branch = lab.row(workflow_id)["branch_name"]
@@ -186,19 +175,13 @@ def check_github(lab: Lab, forge: TrialForge, workflow_id: str) -> list[Violatio
     expect(heads == [branch], "pull_requests", f"pull requests by head: {heads}; {branch}")
     merged = [p.number for p in pulls if p.pull is not None and p.pull.merged_at]
     expect(merges == 1 and len(merged) == 1, "merges", f"{merges} merges by API, {merged}")
-    on_main = _git(forge.bare, "rev-list", "--first-parent", "--merges", "main").split()
-    line = _git(forge.bare, "rev-list", "--first-parent", "main").split()
-    expect(
-        len(on_main) == 1 and len(line) == lab.base_commits + 1,
-        "merges",
-        f"the bare main: {len(on_main)} merge commits, {len(line)} commits on its "
-        f"first-parent line; {lab.base_commits} + one merge expected",
-    )
+    found += check_merge_line(lab, forge.bare)
     twice = {key: n for key, n in markers.items() if n > 1}
     expect(not twice, "duplicate_comment", f"(issue, marker) posted more than once: {twice}")
     if len(ours) == 1:
         found += _check_closed(lab, ours[0], requests, workflow_id)
-    found += _check_token(lab, forge, requests)
+    token = forge.env["GITHUB_TOKEN"]
+    found += check_token(lab, token, forge.bare, ((r.method, r.path, r.body) for r in requests))
     found += [Violation("schema", str(v)[:300]) for v in forge.prism.violations(warnings=False)]
     return found
 
@@ -229,13 +212,8 @@ def _check_closed(
     ]
     if "close" in order and ("merge" not in order or order.index("close") < order.index("merge")):
         found.append(Violation("issue_closed", f"closed before the merge: {order}"))
-    answered = [
-        r["created_at"]
-        for r in lab.store.agent_runs(workflow_id)
-        if r["role"] == "verification" and r["outcome"] == "ok"
-    ]
-    first = _utc(min(answered)) if answered else None
-    if closed and (first is None or closed[0].created_at < first.replace(microsecond=0)):
+    first = first_verdict(lab, workflow_id)
+    if closed and (first is None or closed[0].created_at < first):
         found.append(
             Violation("issue_closed", f"closed at {closed[0].created_at}; first verdict {first}")
         )
@@ -244,34 +222,3 @@ def _check_closed(
     if status != ["phasegate:done"]:
         found.append(Violation("labels", f"the issue's status labels: {status}"))
     return found
-
-
-def _check_token(lab: Lab, forge: TrialForge, requests: list[Recorded]) -> list[Violation]:
-    """The bot's token in no store file, log, git config or text sent to GitHub."""
-    token = forge.env["GITHUB_TOKEN"]
-    places = [
-        *(p for p in (lab.repo / ".phasegate").rglob("*") if p.is_file()),
-        *(p for p in lab.logs.rglob("*") if p.is_file()),
-        lab.repo / ".git" / "config",
-        *(lab.repo / ".git" / "worktrees").glob("*/config.worktree"),
-        forge.bare / "config",
-    ]
-    holding = []
-    for place in places:
-        with contextlib.suppress(FileNotFoundError):  # a worktree's files go as we read
-            if token.encode() in place.read_bytes():
-                holding.append(str(place))
-    holding += [f"{r.method} {r.path}" for r in requests if token in repr(r.body)]
-    return [Violation("token", f"the bot's token in: {holding[:5]}")] if holding else []
-
-
-def _git(bare: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=bare, check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
-def _utc(stamp: object) -> datetime:
-    """A store timestamp (datetime or ISO text, naive meaning UTC) as an aware UTC datetime."""
-    value = stamp if isinstance(stamp, datetime) else datetime.fromisoformat(str(stamp))
-    return value if value.tzinfo else value.replace(tzinfo=UTC)

@@ -20,7 +20,6 @@ import sqlalchemy as sa
 
 from phasegate.store import tables as t
 
-from support.torture_github import check_github
 from support.torture_lab import (
     Lab,
     Violation,
@@ -38,7 +37,7 @@ __all__ = ["Violation", "check_invariants"]
 
 def check_invariants(lab: Lab, workflow_ids: Sequence[str]) -> list[Violation]:
     """Every invariant of ``support.torture``'s docstring, checked on the
-    settled trial of ``workflow_ids`` (a github trial has one)."""
+    settled trial of ``workflow_ids`` (a trial on a forge has one)."""
     found: list[Violation] = []
 
     def expect(ok: bool, kind: str, detail: str) -> None:
@@ -61,7 +60,7 @@ def check_invariants(lab: Lab, workflow_ids: Sequence[str]) -> list[Violation]:
         expect(not stuck, "in_progress", f"{workflow_id}'s milestones left in_progress: {stuck}")
     if lab.forge is not None:
         (workflow_id,) = workflow_ids
-        found += check_github(lab, lab.forge, workflow_id)
+        found += lab.forge.check(lab, workflow_id)
     else:
         found += _check_local_forge(lab, workflow_ids)
 
@@ -194,13 +193,13 @@ def _check_change(lab: Lab, workflow_id: str) -> list[Violation]:
 
 def _check_base(lab: Lab, workflow_ids: Sequence[str]) -> list[Violation]:
     """The base's own checks pass once every workflow completed (classic: on main,
-    GitHub's main on GitHub; graph: its tests, in ``_check_graph_change``)."""
+    the forge's main on a forge; graph: its tests, in ``_check_graph_change``)."""
     found: list[Violation] = []
     if lab.mode == "graph":
         return found
     with tempfile.TemporaryDirectory(prefix="torture-main-") as scratch:
         where = lab.repo
-        if lab.forge is not None:  # GitHub's main, in a directory of its own
+        if lab.forge is not None:  # the forge's main, in a directory of its own
             where = Path(scratch)
             tar = subprocess.run(
                 ["git", "archive", "main"], cwd=lab.base_repo, check=True, capture_output=True

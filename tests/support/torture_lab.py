@@ -2,7 +2,8 @@
 
 ``Lab`` builds one trial's repository (classic: command agents that append a
 line to ``changes.txt`` in two writes; graph: the demo's sample through the
-development graph; github: classic, on a fake GitHub, ``torture_github``;
+development graph; github, gitlab, gitea: classic, on that forge's fake, its
+rig one module (``torture_forge``: ``torture_github``, ``torture_gitlab`` …);
 postgres: classic on a PostgreSQL store, several workflows each appending to
 ``changes-<workflow id>.txt``, ``torture_postgres``), files its workflows,
 starts its ``phasegate worker`` processes and reads its store through a
@@ -31,13 +32,15 @@ import sqlalchemy as sa
 if TYPE_CHECKING:
     from phasegate.store import Store
 
-    from support.torture_github import TrialForge
+    from support.torture_forge import TrialForge
 
-__all__ = ["ANSWERS", "FORGE_DIR", "Lab", "Violation", "kill_all", "trial_processes"]
+__all__ = ["ANSWERS", "FORGE_DIR", "FORGES", "Lab", "Violation", "kill_all", "trial_processes"]
 
-#: Where a github trial's fake GitHub keeps its data, under the trial's root: the
+#: Where a forge trial's fake forge keeps its data, under the trial's root: the
 #: fake's own git processes are not the trial's (no kill, no ``process_alive``).
-FORGE_DIR = "github"
+FORGE_DIR = "forge"
+#: The trial modes on a remote forge's fake: each its rig (``torture_forge.ForgeRig``).
+FORGES = ("github", "gitlab", "gitea")
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,8 @@ def kill_all(root: Path, worker: subprocess.Popen[bytes] | None) -> None:
 
 class Lab:
     """One trial's repository and processes. ``mode`` is ``classic``, ``graph``,
-    ``github`` (which needs ``forge``: the trial's fake GitHub, seeded here) or
+    a forge's name (``FORGES``; it needs ``forge``: the trial's fake forge of that
+    name, seeded here) or
     ``postgres`` (which needs ``store_url``: a PostgreSQL schema of the trial's
     own, in the cartridge's ``store.url``; ValueError otherwise). ``close()``
     closes the lab's own Store."""
@@ -159,8 +163,8 @@ class Lab:
         forge: TrialForge | None = None,
         store_url: str | None = None,
     ) -> None:
-        if (mode == "github") != (forge is not None):
-            raise ValueError("a github trial, and only one, has a forge")
+        if (forge.name if forge is not None else None) != (mode if mode in FORGES else None):
+            raise ValueError(f"a trial on a forge, and only one, has that forge (mode {mode})")
         if (mode == "postgres") != (store_url is not None):
             raise ValueError("a postgres trial, and only one, has a store_url")
         self.mode = mode
@@ -196,12 +200,12 @@ class Lab:
 
     @property
     def base_repo(self) -> Path:
-        """Where the merged change lands: the repository, or GitHub's bare one."""
+        """Where the merged change lands: the repository, or the forge's bare one."""
         return self.forge.bare if self.forge is not None else self.repo
 
     @property
     def env(self) -> dict[str, str]:
-        """The environment of the trial's phasegate processes (the bot's token on GitHub)."""
+        """The environment of the trial's phasegate processes (the bot's token on a forge)."""
         return {**os.environ, "COLUMNS": "200", **(self.forge.env if self.forge else {})}
 
     def changes_file(self, workflow_id: str) -> str:
@@ -270,7 +274,7 @@ class Lab:
                 self._store = open_store(cartridge.store_url(self.repo))
             store = self._store
             forge = None
-            if self.forge is not None:  # the bot's token, not this process's GITHUB_TOKEN
+            if self.forge is not None:  # the bot's token, not this process's own
                 forge = make_forge(cartridge, self.repo, store, Workspace(), [], self.forge.env)
             if self.mode == "graph":
                 from phasegate.tools.demo import DEMO_TICKET, DEMO_TITLE
