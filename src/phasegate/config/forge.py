@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["ForgeSettings"]
+__all__ = ["ForgeSettings", "is_loopback"]
 
 _REPOSITORY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$")
 # GitLab nests groups: group/subgroup/…/project, each part a path segment.
@@ -170,7 +170,7 @@ def _check_base_url(kind: str, base_url: str) -> None:
     parts = urlsplit(base_url)
     if parts.username or parts.password:
         raise ValueError("forge.base_url: it holds credentials; give the token in forge.token_env")
-    if parts.scheme != "https" and not _loopback(parts.hostname or ""):
+    if parts.scheme != "https" and not is_loopback(parts.hostname or ""):
         raise ValueError(
             f"forge.base_url: {base_url!r} is not https: phasegate sends no token over "
             "plain http to another machine"
@@ -184,7 +184,9 @@ def _check_base_url(kind: str, base_url: str) -> None:
             )
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine (``localhost`` or a loopback address): the
+    one place a token may go over plain http, to a test server."""
     if host == "localhost":
         return True
     try:

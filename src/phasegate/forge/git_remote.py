@@ -19,7 +19,6 @@ repository from it), ``ForgeNotFound`` when the branch fetched is not there.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import stat
 import tempfile
@@ -30,12 +29,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from phasegate.config.forge import is_loopback
 from phasegate.core.redaction import redact
-from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeNotFound, ForgeUnavailable
+from phasegate.forge.base import (
+    ForgeAuthError,
+    ForgeError,
+    ForgeNotFound,
+    ForgeUnavailable,
+    PullRequest,
+)
 from phasegate.forge.retries import ForgeRetry, report
 from phasegate.git.command import run_git
 
-__all__ = ["ASKPASS_VARIABLE", "FETCHED_PREFIX", "GitDialect", "GitRemote", "check_clone_url"]
+__all__ = [
+    "ASKPASS_VARIABLE",
+    "FETCHED_PREFIX",
+    "FetchedBranches",
+    "GitDialect",
+    "GitRemote",
+    "check_clone_url",
+]
 
 #: The variable the askpass helper reads the token from. It is passed to one git
 #: process explicitly (``_git_env`` withholds secret-named variables and secret
@@ -109,15 +122,6 @@ class GitDialect:
     hidden_hint: str = ""
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_clone_url(url: str, dialect: GitDialect) -> str:
     """``url`` if git may send a token to it: https, or http to this machine only
     (the test server). Raises ForgeError otherwise: a token over plain http to
@@ -127,7 +131,7 @@ def check_clone_url(url: str, dialect: GitDialect) -> str:
         raise ForgeError(f"{dialect.url_name} holds credentials; phasegate will not use it")
     if parts.scheme == "https" and parts.hostname:
         return url
-    if parts.scheme == "http" and parts.hostname and _is_loopback(parts.hostname):
+    if parts.scheme == "http" and parts.hostname and is_loopback(parts.hostname):
         return url
     raise ForgeError(
         f"{dialect.url_name} {url!r} is not https: git will not send the token{dialect.url_hint}"
@@ -252,3 +256,49 @@ class GitRemote:
         if _UNREACHABLE.search(stderr):
             raise ForgeUnavailable(message)
         raise ForgeError(message)
+
+
+class FetchedBranches:
+    """The branches of a team forge as the local repository sees them: fetched
+    with the forge's token into ``refs/phasegate/forge/<branch>``, so the person's
+    own branches and remote-tracking refs never move. GitHub's, GitLab's and
+    Gitea's forges share it; each gives its ``git_remote`` and ``pull_request``."""
+
+    def git_remote(self) -> GitRemote:
+        raise NotImplementedError
+
+    def pull_request(self, number: int) -> PullRequest:
+        raise NotImplementedError
+
+    def fetch_branch(self, branch: str) -> str | None:
+        """Fetch the forge's ``branch`` with the forge's token; its SHA, or None when
+        the forge has no such branch. Beyond the Forge protocol: for attaching to a
+        branch that survives only on the forge, where a plain ``git fetch origin``
+        has no credentials."""
+        try:
+            return self.git_remote().fetch(branch)
+        except ForgeNotFound:
+            return None
+
+    def branch_ref(self, branch: str) -> str:
+        """Fetch the forge's ``branch`` and return the ref holding it. Raises
+        ForgeNotFound when the forge has no such branch, else ForgeError as
+        ``GitRemote.fetch`` says."""
+        self.git_remote().fetch(branch)
+        return f"{FETCHED_PREFIX}{branch}"
+
+    def _fetch_base(self, base: str, sha: str, *, always: bool = False) -> None:
+        """Bring ``base`` into the local repository when commit ``sha`` (a merge) is
+        not there yet (``always``: in any case): acceptance verification checks it out."""
+        remote = self.git_remote()
+        if always or not remote.has_commit(sha):
+            remote.fetch(base)
+
+    def find_merge(self, number: int) -> str | None:
+        """The merge SHA once the forge merged pull request ``number``, its base
+        fetched so that the merge commit is local; None before."""
+        pr = self.pull_request(number)
+        if pr.state != "merged" or not pr.merge_sha:
+            return None
+        self._fetch_base(pr.base, pr.merge_sha)
+        return pr.merge_sha

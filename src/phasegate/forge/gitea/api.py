@@ -46,7 +46,7 @@ from phasegate.config.forge import ForgeSettings
 from phasegate.core.closing import defuse_closing
 from phasegate.core.redaction import redact
 from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeNotFound, ForgeUnavailable
-from phasegate.forge.git_remote import GitDialect, GitRemote
+from phasegate.forge.git_remote import FetchedBranches, GitDialect, GitRemote
 from phasegate.forge.gitea.auth import GiteaAuth, instance_url
 from phasegate.forge.retries import ForgeRetry, report
 from phasegate.git.workspace import Workspace
@@ -213,7 +213,7 @@ def rate_limit_wait(response: httpx.Response) -> float | None:
     return max((when - datetime.now(UTC)).total_seconds(), 0.0)
 
 
-class GiteaAPI:
+class GiteaAPI(FetchedBranches):
     """How a ``GiteaForge`` reaches Gitea: the repository ``repository``
     (owner/name) on the instance ``settings.base_url``, for the local clone ``repo``.
 
@@ -503,7 +503,7 @@ class GiteaAPI:
             time.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _remote(self) -> GitRemote:
+    def git_remote(self) -> GitRemote:
         """The repository's git remote: ``{instance}/{owner}/{name}.git``."""
         return GitRemote(
             self.repo,

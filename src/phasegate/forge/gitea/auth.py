@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from phasegate.config.forge import ForgeSettings
+from phasegate.config.forge import ForgeSettings, is_loopback
 from phasegate.forge.base import ForgeAuthError, ForgeError
 from phasegate.git.command import run_git, withhold_from_git
 
@@ -67,7 +67,7 @@ def instance_url(base_url: str) -> str:
     parts = urlsplit(url)
     if parts.username or parts.password:
         raise ForgeError("forge.base_url holds credentials: give the token in forge.token_env")
-    local = parts.hostname in ("localhost", "127.0.0.1", "::1")
+    local = is_loopback(parts.hostname or "")
     if not parts.hostname or not (parts.scheme == "https" or (parts.scheme == "http" and local)):
         raise ForgeError(
             f"forge.base_url {base_url!r} is not https: phasegate sends no token over plain "

@@ -48,7 +48,6 @@ from phasegate.forge.base import (
     Labelled,
     PullRequest,
 )
-from phasegate.forge.git_remote import FETCHED_PREFIX
 from phasegate.forge.gitea.api import (
     GiteaForbidden,
     GiteaRefused,
@@ -374,7 +373,7 @@ class GiteaForge(GiteaChecks):
     def publish_branch(self, branch: str) -> None:
         if not self.workspace.branch_exists(self.repo, branch):
             raise ForgeError(f"branch {branch} does not exist in {self.repo}")
-        self._remote().push(branch)
+        self.git_remote().push(branch)
 
     def create_pull_request(self, head: str, base: str, title: str, body: str) -> int:
         data = {
@@ -500,33 +499,3 @@ class GiteaForge(GiteaChecks):
             )
         self._fetch_base(merged.base, merged.merge_sha, always=True)
         return merged.merge_sha
-
-    def fetch_branch(self, branch: str) -> str | None:
-        """Fetch Gitea's ``branch`` into ``refs/phasegate/forge/<branch>`` with the
-        forge's token; its SHA, or None when Gitea has no such branch."""
-        try:
-            return self._remote().fetch(branch)
-        except ForgeNotFound:
-            return None
-
-    def branch_ref(self, branch: str) -> str:
-        """Fetch Gitea's ``branch`` with the forge's token into
-        ``refs/phasegate/forge/<branch>`` and return that ref (the person's own
-        branches and remote-tracking refs are never moved). Raises ForgeNotFound
-        when Gitea has no such branch."""
-        self._remote().fetch(branch)
-        return f"{FETCHED_PREFIX}{branch}"
-
-    def _fetch_base(self, base: str, sha: str, *, always: bool = False) -> None:
-        """Bring ``base`` from Gitea into the local repository when commit ``sha``
-        (a merge) is not there yet: acceptance verification checks it out."""
-        remote = self._remote()
-        if always or not remote.has_commit(sha):
-            remote.fetch(base)
-
-    def find_merge(self, number: int) -> str | None:
-        pr = self.pull_request(number)
-        if pr.state != "merged" or not pr.merge_sha:
-            return None
-        self._fetch_base(pr.base, pr.merge_sha)
-        return pr.merge_sha

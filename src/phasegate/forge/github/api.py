@@ -25,7 +25,7 @@ from phasegate.config.forge import ForgeSettings
 from phasegate.core.closing import defuse_closing
 from phasegate.core.redaction import redact
 from phasegate.forge.base import ForgeError, ForgeNotFound, ForgeUnavailable
-from phasegate.forge.git_remote import GitDialect, GitRemote
+from phasegate.forge.git_remote import FetchedBranches, GitDialect, GitRemote
 from phasegate.forge.github.auth import API_VERSION, ForgeAuth, github_client
 from phasegate.forge.github.faults import (
     MAX_BACKOFF_S,
@@ -114,7 +114,7 @@ def timestamp(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-class GitHubAPI:
+class GitHubAPI(FetchedBranches):
     """How a ``GitHubForge`` reaches GitHub (see GitHubForge for the arguments)."""
 
     def __init__(
@@ -237,7 +237,7 @@ class GitHubAPI:
             time.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _remote(self) -> GitRemote:
+    def git_remote(self) -> GitRemote:
         """The repository's git remote at its ``clone_url`` (asked once)."""
         if self._clone_url is None:
             found = self._get(lambda rest: rest.repos.get(self.owner, self.name))

@@ -45,7 +45,6 @@ from phasegate.forge.base import (
     Labelled,
     PullRequest,
 )
-from phasegate.forge.git_remote import FETCHED_PREFIX
 from phasegate.forge.github.api import (
     CHECK_OUTPUT_BYTES,
     PAGE,
@@ -359,7 +358,7 @@ class GitHubForge(GitHubChecks):
     def publish_branch(self, branch: str) -> None:
         if not self.workspace.branch_exists(self.repo, branch):
             raise ForgeError(f"branch {branch} does not exist in {self.repo}")
-        self._remote().push(branch)
+        self.git_remote().push(branch)
 
     def create_pull_request(self, head: str, base: str, title: str, body: str) -> int:
         try:
@@ -491,35 +490,3 @@ class GitHubForge(GitHubChecks):
             sha = again.merge_sha
         self._fetch_base(pr.base, sha, always=True)
         return str(sha)
-
-    def fetch_branch(self, branch: str) -> str | None:
-        """Fetch GitHub's ``branch`` into ``refs/phasegate/forge/<branch>`` with the
-        forge's token; its SHA, or None when GitHub has no such branch. Beyond the
-        Forge protocol: for attaching to a branch that survives only on GitHub, where
-        a plain ``git fetch origin`` has no credentials."""
-        try:
-            return self._remote().fetch(branch)
-        except ForgeNotFound:
-            return None
-
-    def branch_ref(self, branch: str) -> str:
-        """Fetch GitHub's ``branch`` with the forge's token into
-        ``refs/phasegate/forge/<branch>`` and return that ref (the person's own
-        branches and remote-tracking refs are never moved). Raises ForgeNotFound
-        when GitHub has no such branch, else ForgeError as ``github_git`` says."""
-        self._remote().fetch(branch)
-        return f"{FETCHED_PREFIX}{branch}"
-
-    def _fetch_base(self, base: str, sha: str, *, always: bool = False) -> None:
-        """Bring ``base`` from GitHub into the local repository when commit ``sha``
-        (a merge) is not there yet: acceptance verification checks it out."""
-        remote = self._remote()
-        if always or not remote.has_commit(sha):
-            remote.fetch(base)
-
-    def find_merge(self, number: int) -> str | None:
-        pr = self.pull_request(number)
-        if pr.state != "merged" or not pr.merge_sha:
-            return None
-        self._fetch_base(pr.base, pr.merge_sha)
-        return pr.merge_sha

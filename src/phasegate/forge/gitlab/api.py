@@ -27,7 +27,7 @@ from phasegate.config.forge import ForgeSettings
 from phasegate.core.closing import defuse_closing
 from phasegate.core.redaction import redact
 from phasegate.forge.base import ForgeError, ForgeUnavailable
-from phasegate.forge.git_remote import GitDialect, GitRemote
+from phasegate.forge.git_remote import FetchedBranches, GitDialect, GitRemote
 from phasegate.forge.gitlab.auth import GitLabAuth, instance_url
 from phasegate.forge.gitlab.faults import (
     MAX_BACKOFF_S,
@@ -186,7 +186,7 @@ class GitLabClient(gitlab.Gitlab):
                 time.sleep(wait)
 
 
-class GitLabAPI:
+class GitLabAPI(FetchedBranches):
     """How a ``GitLabForge`` reaches GitLab (see GitLabForge for the arguments)."""
 
     def __init__(
@@ -296,7 +296,7 @@ class GitLabAPI:
             )
         return self._project_info
 
-    def _remote(self) -> GitRemote:
+    def git_remote(self) -> GitRemote:
         """The project's git remote at its ``http_url_to_repo``."""
         token = self.auth.token
         return GitRemote(

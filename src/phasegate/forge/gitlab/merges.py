@@ -25,7 +25,6 @@ from phasegate.forge.base import (
     ForgeUnavailable,
     PullRequest,
 )
-from phasegate.forge.git_remote import FETCHED_PREFIX
 from phasegate.forge.gitlab.api import username_of
 from phasegate.forge.gitlab.checks import GitLabChecks
 from phasegate.forge.gitlab.faults import GitLabRefused
@@ -50,7 +49,7 @@ class GitLabMerges(GitLabChecks):
     def publish_branch(self, branch: str) -> None:
         if not self.workspace.branch_exists(self.repo, branch):
             raise ForgeError(f"branch {branch} does not exist in {self.repo}")
-        self._remote().push(branch)
+        self.git_remote().push(branch)
 
     def create_pull_request(self, head: str, base: str, title: str, body: str) -> int:
         """Open a merge request from ``head`` into ``base``; phasegate's number for it.
@@ -191,30 +190,3 @@ class GitLabMerges(GitLabChecks):
         if exc is None:
             raise ForgeError(f"GitLab answered the merge of !{iid} without merging it")
         raise exc
-
-    def fetch_branch(self, branch: str) -> str | None:
-        """Fetch GitLab's ``branch`` into ``refs/phasegate/forge/<branch>`` with the
-        forge's token; its SHA, or None when GitLab has no such branch."""
-        try:
-            return self._remote().fetch(branch)
-        except ForgeNotFound:
-            return None
-
-    def branch_ref(self, branch: str) -> str:
-        """Fetch GitLab's ``branch`` with the forge's token into
-        ``refs/phasegate/forge/<branch>`` and return that ref. Raises ForgeNotFound
-        when GitLab has no such branch."""
-        self._remote().fetch(branch)
-        return f"{FETCHED_PREFIX}{branch}"
-
-    def _fetch_base(self, base: str, sha: str, *, always: bool = False) -> None:
-        remote = self._remote()
-        if always or not remote.has_commit(sha):
-            remote.fetch(base)
-
-    def find_merge(self, number: int) -> str | None:
-        pr = self.pull_request(number)
-        if pr.state != "merged" or not pr.merge_sha:
-            return None
-        self._fetch_base(pr.base, pr.merge_sha)
-        return pr.merge_sha
