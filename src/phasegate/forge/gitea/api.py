@@ -35,7 +35,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,15 @@ from phasegate.forge.base import ForgeAuthError, ForgeError, ForgeNotFound, Forg
 from phasegate.forge.git_remote import FetchedBranches, GitDialect, GitRemote
 from phasegate.forge.gitea.auth import GiteaAuth, instance_url
 from phasegate.forge.retries import ForgeRetry, report
+from phasegate.forge.texts import (
+    CHECK_OUTPUT_BYTES,
+    cap,
+    fit_body,
+    labels_of,
+    login_of,
+    marker_comment,
+    timestamp,
+)
 from phasegate.git.workspace import Workspace
 
 __all__ = [
@@ -80,8 +89,6 @@ GITEA_GIT = GitDialect(
     url_hint=" (set forge.base_url to the instance's https URL)",
 )
 
-#: The most of one check's output phasegate keeps (bytes of UTF-8): it reaches a prompt.
-CHECK_OUTPUT_BYTES = 8 * 1024
 #: The most characters phasegate sends in an issue's, comment's or pull request's body.
 BODY_LIMIT = 65536
 #: Items asked for per page of a list (Gitea's default MAX_RESPONSE_ITEMS).
@@ -95,11 +102,6 @@ MAX_KEPT = 256
 MAX_KEPT_BYTES = 1024 * 1024
 
 
-def marker_comment(marker: str) -> str:
-    """The hidden HTML comment that carries ``marker`` in a body."""
-    return f"<!-- {marker} -->"
-
-
 def neutralize_closing(text: str) -> str:
     """``text`` with every closing keyword before an issue reference replaced by
     ``Implements``: ``Fixes #3`` → ``Implements #3``."""
@@ -107,36 +109,8 @@ def neutralize_closing(text: str) -> str:
 
 
 def fit(text: str, suffix: str = "") -> str:
-    """``text`` then ``suffix``, within BODY_LIMIT: what does not fit is cut from
-    ``text`` (with a note), never from ``suffix`` (a body's hidden marker)."""
-    if len(text) + len(suffix) <= BODY_LIMIT:
-        return text + suffix
-    note = f"\n\n… (cut: {len(text)} characters were more than phasegate sends)"
-    return text[: BODY_LIMIT - len(suffix) - len(note)] + note + suffix
-
-
-def cap(text: str, limit: int = CHECK_OUTPUT_BYTES) -> str:
-    raw = text.encode("utf-8")
-    if len(raw) <= limit:
-        return text
-    note = "\n… (cut)"
-    return raw[: limit - len(note.encode())].decode("utf-8", "ignore") + note
-
-
-def labels_of(items: Iterable[Any]) -> tuple[str, ...]:
-    """The names of an issue's ``labels`` (objects with a ``name``)."""
-    names = (item if isinstance(item, str) else (item or {}).get("name") for item in items)
-    return tuple(str(n) for n in names if n)
-
-
-def login_of(user: Any) -> str:
-    """A user object's login ("" for none: a deleted account is ``null``)."""
-    return str((user or {}).get("login") or "")
-
-
-def timestamp(text: str) -> datetime:
-    """Gitea's RFC 3339 time (``2026-03-01T12:00:00Z``, ``…+02:00``), aware, in UTC."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    """``text`` then ``suffix`` within Gitea's BODY_LIMIT (``texts.fit_body``)."""
+    return fit_body(text, suffix, BODY_LIMIT, "phasegate sends")
 
 
 class GiteaRefused(ForgeError):

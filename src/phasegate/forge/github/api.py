@@ -13,8 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,6 +36,15 @@ from phasegate.forge.github.faults import (
     translate,
 )
 from phasegate.forge.retries import ForgeRetry, report
+from phasegate.forge.texts import (
+    CHECK_OUTPUT_BYTES,
+    cap,
+    fit_body,
+    labels_of,
+    login_of,
+    marker_comment,
+    timestamp,
+)
 from phasegate.git.workspace import Workspace
 
 __all__ = [
@@ -61,17 +69,10 @@ T = TypeVar("T")
 #: GitHub's git over HTTPS: the token is the password of the user x-access-token.
 GITHUB_GIT = GitDialect("GitHub", "x-access-token", "the repository's clone_url")
 
-#: The most of one check's output phasegate keeps (bytes of UTF-8): it reaches a prompt.
-CHECK_OUTPUT_BYTES = 8 * 1024
 #: The most characters GitHub takes in an issue's, comment's or pull request's body.
 BODY_LIMIT = 65536
 #: Items asked for per page of a list (GitHub's most).
 PAGE = 100
-
-
-def marker_comment(marker: str) -> str:
-    """The hidden HTML comment that carries ``marker`` in a body."""
-    return f"<!-- {marker} -->"
 
 
 def neutralize_closing(text: str) -> str:
@@ -81,37 +82,8 @@ def neutralize_closing(text: str) -> str:
 
 
 def fit(text: str, suffix: str = "") -> str:
-    """``text`` then ``suffix``, within GitHub's BODY_LIMIT: what does not fit is cut
-    from ``text`` (with a note), never from ``suffix`` (a body's hidden marker,
-    which finding it again depends on)."""
-    if len(text) + len(suffix) <= BODY_LIMIT:
-        return text + suffix
-    note = f"\n\n… (cut: {len(text)} characters were more than GitHub takes)"
-    return text[: BODY_LIMIT - len(suffix) - len(note)] + note + suffix
-
-
-def cap(text: str, limit: int = CHECK_OUTPUT_BYTES) -> str:
-    raw = text.encode("utf-8")
-    if len(raw) <= limit:
-        return text
-    note = "\n… (cut)"
-    return raw[: limit - len(note.encode())].decode("utf-8", "ignore") + note
-
-
-def labels_of(items: Iterable[Any]) -> tuple[str, ...]:
-    """The names of an issue's ``labels`` (GitHub gives objects, or plain names)."""
-    names = (item if isinstance(item, str) else (item or {}).get("name") for item in items)
-    return tuple(str(n) for n in names if n)
-
-
-def login_of(user: Any) -> str:
-    """A user object's login ("" for none: a deleted account is ``null``)."""
-    return str((user or {}).get("login") or "")
-
-
-def timestamp(text: str) -> datetime:
-    """GitHub's ISO 8601 time (``2026-03-01T12:00:00Z``), aware."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    """``text`` then ``suffix`` within GitHub's BODY_LIMIT (``texts.fit_body``)."""
+    return fit_body(text, suffix, BODY_LIMIT, "GitHub")
 
 
 class GitHubAPI(FetchedBranches):

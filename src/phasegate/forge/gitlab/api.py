@@ -14,7 +14,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -40,6 +39,13 @@ from phasegate.forge.gitlab.faults import (
 )
 from phasegate.forge.gitlab.numbers import gitlab_references
 from phasegate.forge.retries import ForgeRetry, report
+from phasegate.forge.texts import (
+    CHECK_OUTPUT_BYTES,
+    cap,
+    fit_body,
+    marker_comment,
+    timestamp,
+)
 from phasegate.git.workspace import Workspace
 
 __all__ = [
@@ -53,7 +59,7 @@ __all__ = [
     "marker_comment",
     "neutralize_closing",
     "timestamp",
-    "username_of",
+    "labels_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -76,18 +82,11 @@ GITLAB_GIT = GitDialect(
     hidden_hint=f": {ROLE_NEEDED}",
 )
 
-#: The most of one check's output phasegate keeps (bytes of UTF-8): it reaches a prompt.
-CHECK_OUTPUT_BYTES = 8 * 1024
 #: The most characters phasegate sends in a description or a note (GitLab takes
 #: 1,048,576 in a description, 1,000,000 in a note).
 BODY_LIMIT = 1_000_000
 #: Items asked for per page of a list (GitLab's most).
 PAGE = 100
-
-
-def marker_comment(marker: str) -> str:
-    """The hidden HTML comment that carries ``marker`` in a body."""
-    return f"<!-- {marker} -->"
 
 
 def neutralize_closing(text: str) -> str:
@@ -97,30 +96,8 @@ def neutralize_closing(text: str) -> str:
 
 
 def fit(text: str, suffix: str = "") -> str:
-    """``text`` then ``suffix`` within BODY_LIMIT: what does not fit is cut from
-    ``text`` (with a note), never from ``suffix`` (a hidden marker)."""
-    if len(text) + len(suffix) <= BODY_LIMIT:
-        return text + suffix
-    note = f"\n\n… (cut: {len(text)} characters were more than GitLab takes)"
-    return text[: BODY_LIMIT - len(suffix) - len(note)] + note + suffix
-
-
-def cap(text: str, limit: int = CHECK_OUTPUT_BYTES) -> str:
-    raw = text.encode("utf-8")
-    if len(raw) <= limit:
-        return text
-    note = "\n… (cut)"
-    return raw[: limit - len(note.encode())].decode("utf-8", "ignore") + note
-
-
-def username_of(user: Any) -> str:
-    """A user object's username ("" for none: a deleted account is ``null``)."""
-    return str((user or {}).get("username") or "")
-
-
-def timestamp(text: str) -> datetime:
-    """GitLab's ISO 8601 time (``2026-03-01T12:00:00.000Z``), aware."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    """``text`` then ``suffix`` within GitLab's BODY_LIMIT (``texts.fit_body``)."""
+    return fit_body(text, suffix, BODY_LIMIT, "GitLab")
 
 
 class _Seen(threading.local):

@@ -44,11 +44,12 @@ from phasegate.forge.base import (
     Issue,
     Labelled,
 )
-from phasegate.forge.gitlab.api import fit, labels_of, marker_comment, timestamp, username_of
+from phasegate.forge.gitlab.api import fit, labels_of
 from phasegate.forge.gitlab.auth import gitlab_auth, repository_from_origin
 from phasegate.forge.gitlab.faults import GitLabRefused
 from phasegate.forge.gitlab.merges import GitLabMerges
 from phasegate.forge.gitlab.numbers import is_merge_request, mr_iid
+from phasegate.forge.texts import login_of, marker_comment, timestamp
 from phasegate.git.workspace import Workspace
 
 __all__ = ["STATUS_LABEL_COLOR", "GitLabForge", "open_gitlab", "permission_of"]
@@ -126,7 +127,7 @@ class GitLabForge(GitLabMerges):
             str(found["title"]),
             body,
             _ISSUE_STATES.get(str(found["state"]), "closed"),
-            author=username_of(found.get("author")),
+            author=login_of(found.get("author"), "username"),
             labels=labels_of(found.get("labels") or ()),
             pull_request=pull_request,
         )
@@ -195,7 +196,10 @@ class GitLabForge(GitLabMerges):
         for event in events:
             named = (event.get("label") or {}).get("name")
             if event.get("action") == "add" and named == label:
-                last = (username_of(event.get("user")), timestamp(str(event["created_at"])))
+                last = (
+                    login_of(event.get("user"), "username"),
+                    timestamp(str(event["created_at"])),
+                )
         return last
 
     def permission(self, login: str) -> str:
@@ -258,7 +262,7 @@ class GitLabForge(GitLabMerges):
         )
 
     def _comment_of(self, note: dict[str, Any]) -> Comment:
-        author = username_of(note.get("author"))
+        author = login_of(note.get("author"), "username")
         when = timestamp(str(note["created_at"]))
         position = note.get("position") or {}
         if note.get("type") == "DiffNote" and position:

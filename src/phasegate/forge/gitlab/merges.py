@@ -25,10 +25,10 @@ from phasegate.forge.base import (
     ForgeUnavailable,
     PullRequest,
 )
-from phasegate.forge.gitlab.api import username_of
 from phasegate.forge.gitlab.checks import GitLabChecks
 from phasegate.forge.gitlab.faults import GitLabRefused
 from phasegate.forge.gitlab.numbers import mr_iid, pull_number
+from phasegate.forge.texts import login_of
 
 __all__ = ["GitLabMerges", "GitLabNotMergeable"]
 
@@ -109,7 +109,7 @@ class GitLabMerges(GitLabChecks):
             state,
             str(sha) if merged and sha else None,
             head_sha=mr.get("sha"),
-            merged_by=username_of(mr.get("merged_by") or mr.get("merge_user")) or None,
+            merged_by=login_of(mr.get("merged_by") or mr.get("merge_user"), "username") or None,
         )
 
     def update_pull_request(self, number: int, body: str) -> None:
