@@ -158,9 +158,13 @@ class GitLab:
 
     def visible(self, ref: str | int, user: User, at_least: int = ACCESS["guest"]) -> Project:
         """The project ``user`` may act on at ``at_least``: a non-member gets 404
-        (a private project is not there for them), too low a role 403."""
+        (a private project is not there for them), too low a role 403. On a
+        public or internal project a signed-in non-member reads, opens issues
+        and writes notes as a Guest does, as on GitLab."""
         project = self.project(ref)
         level = project.level(user)
+        if level == 0 and project.visibility in ("public", "internal"):
+            level = ACCESS["guest"]
         if level == 0:
             raise GitLabError(404, "404 Project Not Found")
         if level < at_least:
