@@ -66,11 +66,13 @@ KEEP_S = 30 * 24 * 3600.0
 #: The largest body taken (GitHub caps a payload at 25 MB; phasegate reads a few fields).
 MAX_BODY_BYTES = 5 * 1024 * 1024
 
-#: Per forge: the header naming the event, and the one naming the delivery.
+#: Per forge: the headers naming the event, and those naming the delivery, the
+#: first found wins. Forgejo sends Gitea's headers and its own today; its own
+#: alone must do too.
 _EVENT_HEADERS = {
-    "github": ("x-github-event", "x-github-delivery"),
-    "gitlab": ("x-gitlab-event", "x-gitlab-event-uuid"),
-    "gitea": ("x-gitea-event", "x-gitea-delivery"),
+    "github": (("x-github-event",), ("x-github-delivery",)),
+    "gitlab": (("x-gitlab-event",), ("x-gitlab-event-uuid",)),
+    "gitea": (("x-gitea-event", "x-forgejo-event"), ("x-gitea-delivery", "x-forgejo-delivery")),
 }
 
 
@@ -116,9 +118,10 @@ class Received:
     ignored: str | None = None
 
 
-def _header(headers: Mapping[str, str], name: str) -> str | None:
+def _header(headers: Mapping[str, str], *names: str) -> str | None:
+    """The first of ``names`` (lower case) that ``headers`` carry, non-empty."""
     lowered = {k.lower(): v for k, v in headers.items()}
-    return lowered.get(name)
+    return next((lowered[n] for n in names if lowered.get(n)), None)
 
 
 def verify(forge: str, headers: Mapping[str, str], body: bytes, secret: str) -> None:
@@ -132,7 +135,7 @@ def verify(forge: str, headers: Mapping[str, str], body: bytes, secret: str) -> 
     elif forge == "gitlab":
         given, expected = _header(headers, "x-gitlab-token"), secret
     else:
-        given = _header(headers, "x-gitea-signature") or _header(headers, "x-forgejo-signature")
+        given = _header(headers, "x-gitea-signature", "x-forgejo-signature")
         expected = digest
     if not given:
         raise WebhookRefused(401, f"the delivery carries no {forge} signature")
@@ -267,10 +270,10 @@ def receive(
             403, f"webhooks are off: set {settings.webhook_secret_env} to the webhook's secret"
         )
     verify(forge, headers, body, secret)
-    event_header, delivery_header = _EVENT_HEADERS[forge]
-    event = _header(headers, event_header) or ""
+    event_headers, delivery_headers = _EVENT_HEADERS[forge]
+    event = _header(headers, *event_headers) or ""
     if not event:
-        raise WebhookRefused(400, f"the delivery has no {event_header} header")
+        raise WebhookRefused(400, f"the delivery has no {' or '.join(event_headers)} header")
     try:
         payload = json.loads(body)
     except ValueError:
@@ -282,7 +285,7 @@ def receive(
     about = concerns(forge, event, payload)
     if (engine.repository or "").lower() != about.repository.lower():
         return Received(event, ignored=f"{about.repository} is not {engine.repository}")
-    delivery = _header(headers, delivery_header)
+    delivery = _header(headers, *delivery_headers)
     digest = hashlib.sha256(body).hexdigest()
     fresh = engine.store.record_delivery(
         digest,
