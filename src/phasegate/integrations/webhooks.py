@@ -254,11 +254,14 @@ def receive(
     *,
     max_ticket_bytes: int,
     environ: Mapping[str, str] | None = None,
+    reported: set[tuple[int, str]] | None = None,
 ) -> Received:
     """Take one delivery for ``engine``'s repository at ``/webhooks/<forge>``:
     verify it, refuse a replay, wake the workflows it concerns, start a workflow
-    for a trusted label (its ticket at most ``max_ticket_bytes``). Raises
-    WebhookRefused (nothing changed; see its status) and StoreUnavailable."""
+    for a trusted label (its ticket at most ``max_ticket_bytes``). ``reported``:
+    the labels already reported ignored, kept by the receiver across deliveries
+    so each is reported once, as by one watcher. Raises WebhookRefused (nothing
+    changed; see its status) and StoreUnavailable."""
     settings = engine.cartridge.forge
     if forge not in FORGES or forge != settings.kind:
         raise WebhookRefused(404, f"this phasegate serves a {settings.kind} forge, not {forge}")
@@ -303,7 +306,7 @@ def receive(
     labelled = about.label == settings.trigger_label or (
         about.label is None and settings.trigger_label in about.carried
     )
-    started = _started(engine, about, max_ticket_bytes) if labelled else []
+    started = _started(engine, about, max_ticket_bytes, reported) if labelled else []
     commanded = _commanded(engine, about) if about.command else []
     return Received(event, woke=woke, started=started, commanded=commanded)
 
@@ -325,11 +328,18 @@ def _commanded(engine: Engine, about: Concerns) -> list[str]:
     return [c.workflow_id for c in done if c.refused is None]
 
 
-def _started(engine: Engine, about: Concerns, max_ticket_bytes: int) -> list[str]:
+def _started(
+    engine: Engine,
+    about: Concerns,
+    max_ticket_bytes: int,
+    reported: set[tuple[int, str]] | None,
+) -> list[str]:
     """Start the workflow a trusted label asks for, as ``phasegate watch`` would
     (``Watcher.consider``: the same rules), from the issue the delivery shows;
     a delivery that shows none has the watcher look at every labelled issue."""
-    watcher = Watcher(engine, about.repository, max_ticket_bytes=max_ticket_bytes)
+    watcher = Watcher(
+        engine, about.repository, max_ticket_bytes=max_ticket_bytes, reported=reported
+    )
     if about.labelled is None:
         return [r.workflow_id for r in watcher.watch_once() if isinstance(r, Started)]
     found = watcher.consider(about.labelled, TrustCache(engine.forge))
