@@ -221,7 +221,12 @@ def edit_issue(c: Call) -> Any:
     issue = c.gl.issue(project, c.iid())
     if issue.author is not c.actor and project.level(c.actor) < ACCESS["reporter"]:
         raise GitLabError(403, "403 Forbidden")
-    c.gl.edit(project, issue, c.actor, c.args)
+    fields = dict(c.args)
+    if project.level(c.actor) < ACCESS["reporter"]:
+        # the author Guest edits their issue's text; its labels GitLab leaves alone
+        for name in ("labels", "add_labels", "remove_labels"):
+            fields.pop(name, None)
+    c.gl.edit(project, issue, c.actor, fields)
     return c.gl.shapes.issue(project, issue)
 
 

@@ -51,6 +51,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: The untrusted comments already logged, oldest first, at most _LOGGED_KEPT.
+_LOGGED: dict[tuple[str, str], None] = {}
+_LOGGED_KEPT = 4096
+
 MERGE_COMMAND = "/phasegate merge"
 #: What a comment's first line starts with to command phasegate.
 COMMAND_PREFIX = "/phasegate"
@@ -83,7 +87,7 @@ def listen(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
     new = [c for _, c in fresh]
     if not new:
         return None
-    trusted = _trusted(deps, fresh)
+    trusted = _trusted(ctx, deps, fresh)
     ids = [*kept, *(c.key for c in new)][-HEARD_KEPT:]  # the newest heard last
     approval = next((c for c in trusted if _approves(c)), None)
     words = [c for c in trusted if not _approves(c) and c.body.strip()]
@@ -168,7 +172,9 @@ def pull_request_settled(ctx: WorkflowContext, deps: PhaseDeps, number: int) -> 
     return None
 
 
-def _trusted(deps: PhaseDeps, said: list[tuple[int, Comment]]) -> list[Comment]:
+def _trusted(
+    ctx: WorkflowContext, deps: PhaseDeps, said: list[tuple[int, Comment]]
+) -> list[Comment]:
     """The comments of ``said`` (each with the number it was said on) whose
     author is trusted; each other one logged once, with where it was said, an
     untrusted ``/phasegate merge`` as loudly as an untrusted command."""
@@ -178,6 +184,8 @@ def _trusted(deps: PhaseDeps, said: list[tuple[int, Comment]]) -> list[Comment]:
     for number, c in said:
         if trust.trusted(c.author):
             kept.append(c)
+            continue
+        if not _first_time(ctx.id, c.key):
             continue
         whose = names.whose(trust.permission(c.author))
         if _approves(c) and c.kind != "review":
@@ -189,6 +197,19 @@ def _trusted(deps: PhaseDeps, said: list[tuple[int, Comment]]) -> list[Comment]:
             log.info("comment %s on %s by %s, %s, ignored", c.key, shown_number(number),
                      c.author, whose)  # fmt: skip
     return kept
+
+
+def _first_time(workflow_id: str, key: str) -> bool:
+    """Whether comment ``key`` of the workflow is logged for the first time in
+    this process: the worker's look before an advance (``Engine.idle_at``) runs
+    this phase too, and the comment is heard only when the advance commits."""
+    seen = (workflow_id, key)
+    if seen in _LOGGED:
+        return False
+    _LOGGED[seen] = None
+    while len(_LOGGED) > _LOGGED_KEPT:
+        del _LOGGED[next(iter(_LOGGED))]
+    return True
 
 
 def command_of(body: str) -> tuple[str, str] | None:
