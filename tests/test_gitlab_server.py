@@ -304,8 +304,8 @@ def test_started_by_hand() -> None:
             assert made.status_code == 201 and made.json()["labels"] == []
             note = httpx.post(f"{api}/issues/1/notes", headers=as_("stranger"), json={"body": "hi"})
             assert note.status_code == 201
-            own = httpx.put(f"{api}/issues/1", headers=as_("guest"),
-                            json={"add_labels": "phasegate", "title": "From a guest, edited"})  # fmt: skip
+            edit = {"add_labels": "phasegate", "title": "From a guest, edited"}
+            own = httpx.put(f"{api}/issues/1", headers=as_("guest"), json=edit)
             assert own.json()["labels"] == [] and own.json()["title"] == "From a guest, edited"
             labelled = httpx.put(f"{api}/issues/1", headers=as_("dev"),
                                  json={"add_labels": "phasegate"})  # fmt: skip
