@@ -403,7 +403,8 @@ def test_faults_on_demand(lab: Lab) -> None:
 
 
 def test_started_by_hand() -> None:
-    """``python -m support.gitea_server`` serves until told to stop."""
+    """``python -m support.gitea_server`` serves until told to stop, with a write, a read
+    and a stranger beside the owner and the bot, on a public repository."""
     tests = Path(__file__).resolve().parent
     with subprocess.Popen(
         [sys.executable, "-m", "support.gitea_server", "--port", "0"],
@@ -426,6 +427,36 @@ def test_started_by_hand() -> None:
                 f"{url}/api/v1/user", headers={"Authorization": f"token {owner_token}"}
             )
             assert mine.json()["login"] == "alice"
+            tokens, modes = {}, {}
+            for _ in range(3):
+                name, _, rest = proc.stdout.readline().partition(" token (")
+                modes[name], _, token = rest.partition("): ")
+                tokens[name] = token.strip()
+            assert modes == {"dev": "write", "guest": "read", "stranger": "none"}
+
+            def as_(name: str) -> dict[str, str]:
+                return {"Authorization": f"token {tokens[name]}"}
+
+            repo = f"{url}/api/v1/repos/alice/app"
+            permission = {
+                n: httpx.get(f"{repo}/collaborators/{n}/permission",
+                             headers={"Authorization": f"token {bot_token}"}).json()["permission"]
+                for n in tokens
+            }  # fmt: skip
+            assert permission == {"dev": "write", "guest": "read", "stranger": "none"}
+            opened = httpx.post(f"{repo}/issues", headers=as_("stranger"), json={"title": "Hi"})
+            assert opened.status_code == 201  # a public repository takes anyone's issue
+            said = httpx.post(f"{repo}/issues/1/comments", headers=as_("stranger"),
+                              json={"body": "me too"})  # fmt: skip
+            assert said.status_code == 201
+            label = httpx.post(f"{repo}/labels", headers=as_("dev"),
+                               json={"name": "phasegate", "color": "#0e8a16"}).json()  # fmt: skip
+            labelled = httpx.post(f"{repo}/issues/1/labels", headers=as_("dev"),
+                                  json={"labels": [label["id"]]})  # fmt: skip
+            assert [lb["name"] for lb in labelled.json()] == ["phasegate"]
+            refused = httpx.post(f"{repo}/issues/1/labels", headers=as_("stranger"),
+                                 json={"labels": [label["id"]]})  # fmt: skip
+            assert refused.status_code == 403
         finally:
             proc.terminate()
             proc.wait(10)

@@ -110,3 +110,27 @@ def test_a_trusted_label_delivered_by_gitea_starts_its_workflow_and_an_untrusted
     assert {d.status for d in gitea.server.hooks.wait_all()} == {202}
     [row] = store.list_workflows()
     assert row["issue_number"] == number
+
+
+def test_a_delivery_with_forgejos_own_headers_alone_is_taken(
+    gitea: GiteaLab, hooked: tuple[Engine, Store, Dashboard]
+) -> None:
+    """Forgejo sends ``X-Forgejo-Event`` and ``X-Forgejo-Signature`` beside Gitea's
+    headers today; a delivery with its own alone starts the workflow just the same."""
+    engine, store, dashboard = hooked
+    dashboard.worker = False
+    url = dashboard.start()
+    # Delivered nowhere: its body and headers are sent below as Forgejo's own.
+    gitea.server.hooks.add(gitea.repository, "http://127.0.0.1:9/", SECRET, ("issue_label",))
+    number = gitea.open_issue("olga", "Add the feature", "Write feature.txt.")
+    gitea.label("maya", number, "phasegate")
+    [delivered] = gitea.server.hooks.wait_all()
+    forgejo = {
+        k: v for k, v in delivered.headers.items() if not k.startswith(("X-Gitea-", "X-Gogs-"))
+    }
+    assert {"X-Forgejo-Event", "X-Forgejo-Signature"} <= set(forgejo)
+    with httpx.Client(base_url=url) as client:
+        taken = client.post("/webhooks/gitea", content=delivered.body, headers=forgejo)
+    assert taken.status_code == 202, taken.text
+    [row] = store.list_workflows()
+    assert row["issue_number"] == number

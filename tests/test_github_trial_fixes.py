@@ -144,3 +144,5 @@ def test_an_issue_a_person_closes_while_its_workflow_waits_cancels_it_and_nothin
     assert gh.counts(name)["merges"] == 0
     assert gh.issue(name, number).state_reason == "not_planned"
     assert labels_of(github, number) == {"phasegate:cancelled"}
+    # its pull request is closed too, as a cancel closes it
+    assert gh.pull(name, row["pr_number"]).state == "closed"

@@ -4,6 +4,7 @@ take the project's issues, as on GitHub. The fake GitLab, real git."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -62,6 +63,11 @@ def test_watch_and_import_take_the_projects_issues(gitlab: Lab, tmp_path: Path) 
     watched = phasegate_cli("watch", "--once", "--json", "--repo", str(repo), env=env)
     assert watched.returncode == 0, watched.stderr
     assert '"labelled_by": "dev"' in watched.stdout, watched.stdout
+    again = phasegate_cli("watch", "--once", "--json", "--repo", str(repo), env=env)
+    assert again.returncode == 0, again.stderr
+    assert [json.loads(line) for line in again.stdout.splitlines()] == [
+        {"event": "nothing", "repository": TEAM, "label": "phasegate"}
+    ]  # nothing to do is said in JSON too, not with silence
     imported = phasegate_cli(
         "import", f"{TEAM}#{other.iid}", "--no-advance", "--repo", str(repo), env=env
     )

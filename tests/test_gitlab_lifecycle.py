@@ -55,10 +55,12 @@ def test_a_developers_label_runs_a_whole_lifecycle_to_a_merged_mr_and_a_closed_i
     gl.label(TEAM, issue.iid, "phasegate", by="guest")  # a Guest: read only
     (ignored,) = watcher.watch_once()
     assert isinstance(ignored, Ignored) and store.list_workflows() == []
+    # said in GitLab's words: a role, not GitHub's permission
+    assert "by guest, whose role is Guest: only Developer, Maintainer or Owner" in ignored.reason
     gl.label(TEAM, issue.iid, "phasegate", by="guest", add=False)
     gl.label(TEAM, issue.iid, "phasegate", by="stranger")  # no member at all
     (ignored,) = watcher.watch_once()
-    assert isinstance(ignored, Ignored) and "none" in ignored.reason
+    assert isinstance(ignored, Ignored) and "by stranger, who is no member" in ignored.reason
     gl.label(TEAM, issue.iid, "phasegate", by="dev", add=False)
     gl.label(TEAM, issue.iid, "phasegate", by="dev")  # a Developer: trusted
     (started,) = watcher.watch_once()
@@ -103,6 +105,60 @@ def test_a_developers_label_runs_a_whole_lifecycle_to_a_merged_mr_and_a_closed_i
     texts = [mr.description, issue.description, *(n.body for n in issue.notes + mr.notes)]
     assert not [t for t in texts if token in t]
     assert not [r for r in gl.requests if token in str(r)]
+
+
+def test_a_guests_merge_and_cancel_on_the_mr_are_logged_where_said_in_gitlabs_words(
+    gitlab: Lab, tmp_path: Path, engine_for: Build, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    repo, _ = team_project(gitlab, tmp_path, auto_merge=False)
+    gl = gitlab.gl
+    gl.add_user("reporter")
+    gl.add_member(TEAM, "reporter", "reporter")
+    engine, store = engine_for(repo)
+    issue = gl.open_issue(TEAM, "dev", "Add the feature", "Write feature.txt.")
+    gl.label(TEAM, issue.iid, "phasegate", by="dev")
+    watcher = Watcher(engine, TEAM, max_ticket_bytes=1_000_000)
+    (started,) = watcher.watch_once()
+    assert isinstance(started, Started)
+    row = engine.advance(started.workflow_id)
+    assert row["status"] == "waiting", row["error"]
+    mr = gl.project(TEAM).merge_requests[1]
+    gl.comment(mr, gl.users["guest"], "/phasegate merge")
+    gl.comment(mr, gl.users["reporter"], "/phasegate cancel")
+    assert engine.idle_at(started.workflow_id) is None  # the worker's look first: news
+    row = engine.advance(started.workflow_id)
+    assert row["status"] == "waiting" and mr.state == "opened"
+    (refused,) = watcher.watch_once()
+    assert refused.refused == (
+        "reporter, whose role is Reporter: only Developer, Maintainer or Owner command phasegate"
+    )
+    row = engine.advance(started.workflow_id)  # a second look: heard, not said again
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [w for w in warned if w.startswith("/phasegate merge")] == [
+        "/phasegate merge on !1 ignored: guest, whose role is Guest: only Developer, "
+        "Maintainer or Owner merge"
+    ]
+    assert f"/phasegate cancel on !1 ignored: {refused.refused}" in warned
+    assert store.workflow_row(started.workflow_id)["status"] == "waiting"
+
+
+def test_closing_the_issue_cancels_its_workflow_and_closes_phasegates_merge_request(
+    gitlab: Lab, tmp_path: Path, engine_for: Build
+) -> None:
+    repo, _ = team_project(gitlab, tmp_path, auto_merge=False)
+    gl = gitlab.gl
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "waiting", row["error"]
+    project = gl.project(TEAM)
+    issue, mr = project.issues[row["issue_number"]], project.merge_requests[1]
+    gl.edit(project, issue, gl.users["dev"], {"state_event": "close"})
+    row = engine.advance(workflow_id)
+    assert row["status"] == "cancelled" and f"issue #{issue.iid} was closed" in row["error"]
+    assert mr.state == "closed"  # as /phasegate cancel closes it
+    assert issue.labels[-1] == "phasegate:cancelled"
 
 
 def test_a_developers_line_note_reaches_the_next_round_and_a_guests_never(

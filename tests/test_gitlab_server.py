@@ -263,7 +263,9 @@ def test_faults_on_demand(lab: Lab) -> None:
 
 
 def test_started_by_hand() -> None:
-    """``python -m support.gitlab_server`` serves until told to stop."""
+    """``python -m support.gitlab_server`` serves until told to stop, with its people: a
+    Developer labels, a Guest's label is dropped, a stranger notes on the public project,
+    and the maintainer adds a webhook over REST."""
     tests = Path(__file__).resolve().parent
     with subprocess.Popen(
         [sys.executable, "-m", "support.gitlab_server", "--port", "0"],
@@ -274,11 +276,49 @@ def test_started_by_hand() -> None:
             first = proc.stdout.readline()
             assert first.startswith("fake GitLab at http://127.0.0.1:")
             url = first.split()[3]
-            token = proc.stdout.readline().split()[-1]
-            answer = httpx.get(
-                f"{url}/api/v4/projects/acme%2Fapp", headers={"PRIVATE-TOKEN": token}
-            )
+            tokens, roles = {}, {}
+            for _ in range(6):
+                name, _, rest = proc.stdout.readline().partition(" token:")
+                tokens[name], roles[name] = rest.split()[0], rest.split("(")[1].rstrip(")\n")
+            assert roles == {
+                "maintainer": "Owner", "phasegate-bot": "GITLAB_TOKEN", "dev": "Developer",
+                "reporter": "Reporter", "guest": "Guest", "stranger": "no member",
+            }  # fmt: skip
+            api = f"{url}/api/v4/projects/acme%2Fapp"
+
+            def as_(name: str) -> dict[str, str]:
+                return {"PRIVATE-TOKEN": tokens[name]}
+
+            answer = httpx.get(api, headers=as_("maintainer"))
             assert answer.json()["path_with_namespace"] == "acme/app"
+            assert answer.json()["visibility"] == "public"
+            ids = {n: httpx.get(f"{url}/api/v4/user", headers=as_(n)).json()["id"] for n in tokens}
+            access = {
+                n: httpx.get(f"{api}/members/all/{ids[n]}", headers=as_("maintainer")).json()
+                .get("access_level", 0)
+                for n in ("dev", "reporter", "guest", "stranger")
+            }  # fmt: skip
+            assert access == {"dev": 30, "reporter": 20, "guest": 10, "stranger": 0}
+            made = httpx.post(f"{api}/issues", headers=as_("guest"),
+                              json={"title": "From a guest", "labels": "phasegate"})  # fmt: skip
+            assert made.status_code == 201 and made.json()["labels"] == []
+            note = httpx.post(f"{api}/issues/1/notes", headers=as_("stranger"), json={"body": "hi"})
+            assert note.status_code == 201
+            edit = {"add_labels": "phasegate", "title": "From a guest, edited"}
+            own = httpx.put(f"{api}/issues/1", headers=as_("guest"), json=edit)
+            assert own.json()["labels"] == [] and own.json()["title"] == "From a guest, edited"
+            labelled = httpx.put(f"{api}/issues/1", headers=as_("dev"),
+                                 json={"add_labels": "phasegate"})  # fmt: skip
+            assert labelled.json()["labels"] == ["phasegate"]
+            refused = httpx.post(f"{api}/hooks", headers=as_("dev"), json={"url": "http://h/"})
+            assert refused.status_code == 403
+            hook = httpx.post(f"{api}/hooks", headers=as_("maintainer"), json={
+                "url": "http://127.0.0.1:9/webhooks/gitlab", "token": "s", "note_events": True,
+            })  # fmt: skip
+            assert hook.status_code == 201 and hook.json()["note_events"] is True
+            assert hook.json()["issues_events"] is False
+            listed = httpx.get(f"{api}/hooks", headers=as_("maintainer")).json()
+            assert [h["url"] for h in listed] == ["http://127.0.0.1:9/webhooks/gitlab"]
         finally:
             proc.terminate()
             proc.wait(10)

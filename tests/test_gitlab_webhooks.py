@@ -6,6 +6,7 @@ concerns. Polling is set to an hour: only a delivery can move the workflow.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -93,3 +94,28 @@ def test_a_developers_merge_request_note_by_webhook_starts_round_two_within_a_se
     after = store.workflow_row(workflow_id)
     assert (after["dev_round"], after["due_at"]) == (before["dev_round"], before["due_at"])
     assert hook.token == SECRET
+
+
+def test_a_guests_label_is_logged_once_however_many_deliveries_follow(
+    gitlab: Lab, hooked: tuple[Engine, Store, Dashboard], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each label delivery has serve look at every labelled issue; a Guest's label
+    on one is reported once, as ``phasegate watch`` reports it, not per delivery."""
+    caplog.set_level(logging.WARNING)
+    engine, store, dashboard = hooked
+    dashboard.worker = False
+    url = dashboard.start()
+    gl = gitlab.gl
+    gitlab.gl.hooks.add(TEAM, f"{url}/webhooks/gitlab", SECRET, ("issues_events",))
+    first = gl.open_issue(TEAM, "guest", "One", "Write one.txt.")
+    second = gl.open_issue(TEAM, "guest", "Two", "Write two.txt.")
+    gl.label(TEAM, first.iid, "phasegate", by="guest")
+    gl.label(TEAM, second.iid, "phasegate", by="guest")
+    assert {d.status for d in gl.hooks.wait_all()} == {202}
+    ignored = [r.getMessage() for r in caplog.records if " ignored: " in r.getMessage()]
+    assert sorted(ignored) == [
+        f"{TEAM}#{n} ignored: labelled 'phasegate' by guest, whose role is Guest: only "
+        "Developer, Maintainer or Owner starts a workflow"
+        for n in (first.iid, second.iid)
+    ]
+    assert store.list_workflows() == []

@@ -12,9 +12,11 @@ uvicorn in a background thread, on a free port::
 
 A person starts one from tests/ with ``python -m support.gitea_server
 [--port 8125] [--repo-dir D] [--repo OWNER/NAME] [--bot-permission admin]``:
-it prints the URL, the owner's and the bot's tokens and the clone URL, and
-serves until Ctrl-C. The bot administers the repository unless told otherwise:
-phasegate reads other people's permissions, which Gitea shows admins only.
+the repository is public, with ``dev`` a write collaborator, ``guest`` read
+and ``stranger`` none; it prints the URL, each person's token and the clone
+URL, and serves until Ctrl-C. The bot administers the repository unless told
+otherwise: phasegate reads other people's permissions, which Gitea shows
+admins only.
 
 - REST under ``/api/v1`` (gitea_routes.py, gitea_pulls.py):
   ``Authorization: token T`` (or ``Bearer T``, or basic auth with the token
@@ -73,6 +75,8 @@ from support.gitea_state import Gitea, utc_now  # noqa: E402
 __all__ = ["Exchange", "Fault", "GiteaServer", "Recorded", "main"]
 
 DEFAULT_PORT = 8125
+#: The people a fake started by hand holds beside the owner and the bot, with their access.
+PEOPLE = {"dev": "write", "guest": "read", "stranger": "none"}
 
 
 class GiteaServer(Faults, Gitea):
@@ -219,7 +223,7 @@ async def _git(gitea: GiteaServer, request: Request) -> Response:
     except GiteaError:
         return _text("Not found.\n", 404)
     push = "git-receive-pack" in (params["rest"] + request.url.query)
-    if not repo.can(user, "read"):
+    if repo.private and not repo.can(user, "read"):
         return _text("Not found.\n", 404)
     if push and not repo.can(user, "write"):
         return _text("User permission denied for writing.\n", 403)
@@ -242,14 +246,20 @@ def main(argv: list[str] | None = None) -> int:
     gitea = GiteaServer()
     gitea.start(args.port)
     try:
-        gitea.add_user(owner)
-        gitea.add_user("phasegate-bot")
-        gitea.create_repo(args.repo, from_path=args.repo_dir)
+        for name in (owner, "phasegate-bot", *PEOPLE):
+            gitea.add_user(name)
+        # public: a signed-in stranger reads it, opens issues and comments, as on Gitea
+        gitea.create_repo(args.repo, from_path=args.repo_dir, private=False)
         gitea.add_collaborator(args.repo, "phasegate-bot", args.bot_permission)
+        for name, mode in PEOPLE.items():
+            if mode != "none":
+                gitea.add_collaborator(args.repo, name, mode)
         print(f"fake Gitea at {gitea.url}  (API {gitea.url}/api/v1)")
         print(f"{owner} token (owner): {gitea.users[owner].tokens[0]}")
         bot = gitea.users["phasegate-bot"].tokens[0]
         print(f"phasegate-bot token ({args.bot_permission}): {bot}  (GITEA_TOKEN)")
+        for name, mode in PEOPLE.items():
+            print(f"{name} token ({mode}): {gitea.users[name].tokens[0]}")
         print(f"clone: git clone {gitea.clone_url(args.repo, 'TOKEN')}")
         sys.stdout.flush()
         stop = threading.Event()

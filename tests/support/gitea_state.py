@@ -147,6 +147,8 @@ class Gitea(Merging):
         repo = self.repos.get(f"{owner}/{name}".lower())
         if repo is None or (repo.private and not repo.can(actor, "read")):
             raise not_found()
+        if mode == "read" and not repo.private and actor is not None:
+            return repo  # anyone signed in reads a public repository, opens issues, comments
         if not repo.can(actor, mode):
             raise GiteaError(
                 403,

@@ -208,9 +208,12 @@ def item_payload(
     action: str,
     head: str | None,
     url: str,
+    labels_before: list[str] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """An ``Issue Hook`` or ``Merge Request Hook`` payload for ``action``
-    (open, update, close, reopen, merge)."""
+    (open, update, close, reopen, merge); ``changes.labels`` (previous and
+    current) when the labels were ``labels_before`` and are no longer, as GitLab
+    says a label added or removed."""
     kind = "issue" if isinstance(item, Issue) else "merge_request"
     attributes = (
         issue_attributes(project, item, url)
@@ -223,6 +226,10 @@ def item_payload(
         "object_attributes": {**attributes, "action": action},
         "labels": _labels(project, item.labels), "changes": {},
     }  # fmt: skip
+    if labels_before is not None and labels_before != item.labels:
+        payload["changes"] = {"labels": {
+            "previous": _labels(project, labels_before), "current": _labels(project, item.labels),
+        }}  # fmt: skip
     return ("Issue Hook" if kind == "issue" else "Merge Request Hook"), payload
 
 

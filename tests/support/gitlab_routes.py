@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from support.gitlab_hooks import EVENTS
 from support.gitlab_model import ACCESS, GitLabError, Issue, Label, MergeRequest, Project, User
 from support.gitlab_state import label_names
 
@@ -220,7 +221,12 @@ def edit_issue(c: Call) -> Any:
     issue = c.gl.issue(project, c.iid())
     if issue.author is not c.actor and project.level(c.actor) < ACCESS["reporter"]:
         raise GitLabError(403, "403 Forbidden")
-    c.gl.edit(project, issue, c.actor, c.args)
+    fields = dict(c.args)
+    if project.level(c.actor) < ACCESS["reporter"]:
+        # the author Guest edits their issue's text; its labels GitLab leaves alone
+        for name in ("labels", "add_labels", "remove_labels"):
+            fields.pop(name, None)
+    c.gl.edit(project, issue, c.actor, fields)
     return c.gl.shapes.issue(project, issue)
 
 
@@ -374,3 +380,38 @@ def delete_branch(c: Call) -> Any:
     c.gl.delete_branch(project, c.actor, c.params["branch"])
     c.status = 204
     return None
+
+
+# -- webhooks --------------------------------------------------------------------------------
+
+
+def _flag(value: Any) -> bool:
+    return str(value).lower() in ("true", "1", "yes")
+
+
+def _hook(c: Call, hook: Any) -> dict[str, Any]:
+    shown: dict[str, Any] = {"id": hook.id, "url": hook.url, "project_id": hook.project_id}
+    shown.update({flag: name in hook.events for flag, name in EVENTS.items()})
+    shown.update({"push_events": False, "enable_ssl_verification": True})
+    return shown
+
+
+@route("GET", "/projects/{id}/hooks")
+def list_hooks(c: Call) -> Any:
+    project = c.project(ACCESS["maintainer"])
+    return [_hook(c, h) for h in c.gl.hooks.hooks if h.project_id == project.id]
+
+
+@route("POST", "/projects/{id}/hooks")
+def create_hook(c: Call) -> Any:
+    """A project hook as GitLab adds one: ``url``, ``token`` and an
+    ``*_events`` flag for each event wanted (only the four the fake delivers;
+    push events are not delivered)."""
+    project = c.project(ACCESS["maintainer"])
+    url = str(c.required("url"))
+    if not url.startswith(("http://", "https://")):
+        raise GitLabError(422, "Invalid url given", key="error")
+    wanted = tuple(flag for flag in EVENTS if _flag(c.args.get(flag, False)))
+    hook = c.gl.hooks.add(project.id, url, str(c.args.get("token") or ""), wanted)
+    c.status = 201
+    return _hook(c, hook)

@@ -13,8 +13,11 @@ uvicorn in a background thread, on a free port::
         ...                                          # python-gitlab at gl.url
 
 A person starts one from tests/ with ``python -m support.gitlab_server
-[--port 8124] [--repo-dir D] [--project GROUP/NAME]``: it prints the URL, the
-maintainer's and the bot's tokens and the clone URL, and serves until Ctrl-C.
+[--port 8124] [--repo-dir D] [--project GROUP/NAME]``: the project is public,
+with ``maintainer`` its Owner, ``phasegate-bot``, ``dev`` Developers,
+``reporter`` a Reporter, ``guest`` a Guest and ``stranger`` no member; it
+prints the URL, each person's token and the clone URL, and serves until
+Ctrl-C. ``POST /projects/:id/hooks`` adds a webhook over REST.
 
 - REST under ``/api/v4`` (gitlab_routes.py): ``PRIVATE-TOKEN: T`` or
   ``Authorization: Bearer T``; none or an unknown one is 401
@@ -74,6 +77,8 @@ from support.gitlab_state import GitLab, utc_now  # noqa: E402
 __all__ = ["Fault", "GitLabServer", "Recorded", "main"]
 
 DEFAULT_PORT = 8124
+#: The people a fake started by hand holds beside its owner and the bot, with their role.
+PEOPLE = {"dev": "developer", "reporter": "reporter", "guest": "guest", "stranger": ""}
 _REASONS = {
     400: "400 Bad request", 401: "401 Unauthorized", 403: "403 Forbidden", 404: "404 Not Found",
     405: "405 Method Not Allowed", 409: "409 Conflict", 422: "422 Unprocessable Entity",
@@ -316,15 +321,23 @@ def main(argv: list[str] | None = None) -> int:
     gl = GitLabServer()
     gl.start(args.port)
     try:
-        gl.add_user("maintainer")
-        gl.add_user("phasegate-bot")
+        for name in ("maintainer", "phasegate-bot", *PEOPLE):
+            gl.add_user(name)
         project = gl.create_project(args.project, "maintainer", from_path=args.repo_dir)
         gl.add_member(args.project, "phasegate-bot", "developer")
+        for name, role in PEOPLE.items():
+            if role:
+                gl.add_member(args.project, name, role)
+        # public: a signed-in stranger reads it, opens issues and writes notes, as on GitLab
+        project.visibility = "public"
         # main's protection lets Developers merge, as docs/gitlab.md sets a project up
         project.merge_level = ACCESS["developer"]
         print(f"fake GitLab at {gl.url}  (API {gl.url}/api/v4)")
-        print(f"maintainer token:    {gl.users['maintainer'].tokens[0]}")
+        print(f"maintainer token:    {gl.users['maintainer'].tokens[0]}  (Owner)")
         print(f"phasegate-bot token: {gl.users['phasegate-bot'].tokens[0]}  (GITLAB_TOKEN)")
+        for name, role in PEOPLE.items():
+            said = role.title() if role else "no member"
+            print(f"{name + ' token:':<21}{gl.users[name].tokens[0]}  ({said})")
         print(f"clone: git clone {gl.clone_url(args.project, 'TOKEN')}")
         sys.stdout.flush()
         stop = threading.Event()

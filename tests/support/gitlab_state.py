@@ -158,9 +158,13 @@ class GitLab:
 
     def visible(self, ref: str | int, user: User, at_least: int = ACCESS["guest"]) -> Project:
         """The project ``user`` may act on at ``at_least``: a non-member gets 404
-        (a private project is not there for them), too low a role 403."""
+        (a private project is not there for them), too low a role 403. On a
+        public or internal project a signed-in non-member reads, opens issues
+        and writes notes as a Guest does, as on GitLab."""
         project = self.project(ref)
         level = project.level(user)
+        if level == 0 and project.visibility in ("public", "internal"):
+            level = ACCESS["guest"]
         if level == 0:
             raise GitLabError(404, "404 Project Not Found")
         if level < at_least:
@@ -230,6 +234,7 @@ class GitLab:
         self, project: Project, item: Issue | MergeRequest, actor: User, fields: dict[str, Any]
     ) -> None:
         """What ``PUT`` on an issue or merge request does with ``fields``."""
+        labels_before = list(item.labels)
         for name in ("title", "description"):
             if fields.get(name) is not None:
                 setattr(item, name, str(fields[name]))
@@ -250,15 +255,22 @@ class GitLab:
             item.state, item.closed_at, item.closed_by = "opened", None, None
             action = "reopen"
         item.updated_at = self.clock()
-        self._announce_item(project, item, actor, action)
+        self._announce_item(project, item, actor, action, labels_before)
 
     def _announce_item(
-        self, project: Project, item: Issue | MergeRequest, actor: User, action: str
+        self,
+        project: Project,
+        item: Issue | MergeRequest,
+        actor: User,
+        action: str,
+        labels_before: list[str] | None = None,
     ) -> None:
         head = self.head_sha(project, item) if isinstance(item, MergeRequest) else None
         event = "Issue Hook" if isinstance(item, Issue) else "Merge Request Hook"
         self.announce(
-            project, event, lambda url: item_payload(project, item, actor, action, head, url)[1]
+            project,
+            event,
+            lambda url: item_payload(project, item, actor, action, head, url, labels_before)[1],
         )
 
     # -- notes ------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from phasegate.runtime.pace import ForgePace
 from phasegate.store import StoreUnavailable
 
 __all__ = [
+    "Reporter",
     "github_repository",
     "reporter",
     "ticket_note",
@@ -82,18 +83,37 @@ def result_line(result: Started | Ignored | Commanded) -> str:
     return f"[yellow]#{result.issue_number}: ignored: {shown(result.reason)}[/yellow]"
 
 
-def reporter(
-    as_json: bool, say: Callable[[str], None]
-) -> Callable[[Started | Ignored | Commanded], None]:
-    def report(result: Started | Ignored | Commanded) -> None:
-        if as_json:
-            # One object a line, flushed: a script reads them as they come.
-            sys.stdout.write(json.dumps(result.as_dict()) + "\n")
-            sys.stdout.flush()
-        else:
-            say(result_line(result))
+class Reporter:
+    """Says each start, ignore or command of a look: a line for a person, or
+    with ``as_json`` one JSON object a line, flushed, so a script reads them as
+    they come. ``told`` counts them."""
 
-    return report
+    def __init__(self, as_json: bool, say: Callable[[str], None]) -> None:
+        self.as_json, self.say, self.told = as_json, say, 0
+
+    def __call__(self, result: Started | Ignored | Commanded) -> None:
+        self.told += 1
+        if self.as_json:
+            self._write(result.as_dict())
+        else:
+            self.say(result_line(result))
+
+    def nothing(self, watcher: Watcher) -> None:
+        """After one look (``--once``) that found nothing: with ``as_json`` an
+        object saying so, in the shape of the others, so a script always reads
+        one at least."""
+        if self.as_json and not self.told:
+            self._write({"event": "nothing", "repository": watcher.repository,
+                         "label": watcher.label})  # fmt: skip
+
+    @staticmethod
+    def _write(shown: dict[str, object]) -> None:
+        sys.stdout.write(json.dumps(shown) + "\n")
+        sys.stdout.flush()
+
+
+def reporter(as_json: bool, say: Callable[[str], None]) -> Reporter:
+    return Reporter(as_json, say)
 
 
 def unavailable(

@@ -46,7 +46,12 @@ def watch(
         ),
     ] = False,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object a line per start or ignore.")
+        bool,
+        typer.Option(
+            "--json",
+            help="Print one JSON object a line per start, ignore or command "
+            '(with --once, {"event": "nothing", ...} when there was none).',
+        ),
     ] = False,
 ) -> None:
     """Start a workflow for each open issue labelled with forge.trigger_label
@@ -102,6 +107,8 @@ def watch(
             elif once:
                 for result in watcher.watch_once():
                     report(result)
+            if once:
+                report.nothing(watcher)
             else:
                 watch_forever(watcher, engine.shutdown, every, report, unavailable(say))
     if engine.shutdown.is_set():

@@ -30,6 +30,8 @@ from phasegate.core.contract import PhasegateError
 
 __all__ = [
     "MR_NUMBERS",
+    "AccessNames",
+    "access_names",
     "OWN_CHECK",
     "OWN_PASSED",
     "OWN_WAITING",
@@ -58,6 +60,41 @@ __all__ = [
 PERMISSIONS = ("none", "read", "triage", "write", "maintain", "admin")
 #: Whose label starts a workflow and whose words reach a prompt.
 TRUSTED_PERMISSIONS = frozenset({"write", "maintain", "admin"})
+#: GitLab's roles by the permission its forge reads each as (Planner reads as Guest).
+_GITLAB_ROLES = {
+    "admin": "Owner", "maintain": "Maintainer", "write": "Developer", "triage": "Reporter",
+    "read": "Guest",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AccessNames:
+    """How a forge names people's access in what phasegate says: GitHub's and
+    Gitea's permissions (``'read'``), or GitLab's roles (``Guest``)."""
+
+    roles: dict[str, str] | None = None
+
+    def whose(self, permission: str) -> str:
+        """``whose permission is 'read'``, ``whose role is Guest``, ``who is no member``."""
+        if self.roles is None:
+            return f"whose permission is {permission!r}"
+        if permission not in self.roles:
+            return "who is no member"
+        return f"whose role is {self.roles[permission]}"
+
+    @property
+    def trusted(self) -> str:
+        """Whose label, words and commands count: ``write, maintain or admin``."""
+        if self.roles is None:
+            return "write, maintain or admin"
+        return "Developer, Maintainer or Owner"
+
+
+def access_names(kind: str) -> AccessNames:
+    """How forge ``kind`` (``forge.kind``) names people's access."""
+    return AccessNames(_GITLAB_ROLES) if kind == "gitlab" else AccessNames()
+
+
 #: Status labels are this prefix and the workflow's status group:
 #: ``phasegate:planning`` … ``phasegate:needs-you``.
 STATUS_LABEL_PREFIX = "phasegate:"

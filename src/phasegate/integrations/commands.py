@@ -38,7 +38,7 @@ from phasegate.core.contract import (
     ContractViolation,
     EventWrite,
 )
-from phasegate.forge.base import Comment, ForgeError, TrustCache
+from phasegate.forge.base import Comment, ForgeError, TrustCache, access_names, shown_number
 from phasegate.phases.forge_feedback import COMMAND_PREFIX, command_of
 from phasegate.runtime.engine import Engine, LeaseHeld
 
@@ -131,9 +131,10 @@ def _listen_to(engine: Engine, row: dict[str, Any], trust: TrustCache) -> list[C
         name = " ".join([command[0], *verdict])[:40]
         refused: str | None
         if not trust.trusted(c.author):
+            names = access_names(engine.cartridge.forge.kind)
             refused = (
-                f"{c.author or 'someone unknown'} has {trust.permission(c.author)!r} permission: "
-                "only write, maintain or admin command phasegate"
+                f"{c.author or 'someone unknown'}, {names.whose(trust.permission(c.author))}: "
+                f"only {names.trusted} command phasegate"
             )
         else:
             try:
@@ -146,10 +147,10 @@ def _listen_to(engine: Engine, row: dict[str, Any], trust: TrustCache) -> list[C
             data = {"comment": c.key, "by": c.author, "command": name, "refused": refused}
             engine.store.add_event(row["id"], EventWrite(COMMAND_EVENT, data))
             log.warning(
-                "%s %s on #%s ignored: %s", COMMAND_PREFIX, name, row["issue_number"], refused
+                "%s %s on %s ignored: %s", COMMAND_PREFIX, name, shown_number(number), refused
             )
         else:
-            log.info("%s %s on #%s by %s", COMMAND_PREFIX, name, row["issue_number"], c.author)
+            log.info("%s %s on %s by %s", COMMAND_PREFIX, name, shown_number(number), c.author)
         heard.add(c.key)
         done.append(Commanded(int(row["issue_number"]), row["id"], name, c.author, c.key, refused))
     return done

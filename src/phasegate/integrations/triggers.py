@@ -50,6 +50,7 @@ from phasegate.forge.base import (
     Issue,
     Labelled,
     TrustCache,
+    access_names,
 )
 from phasegate.forge.github.auth import repository_from_origin
 from phasegate.forge.tickets import (
@@ -217,7 +218,8 @@ class Watcher:
     (``owner/name``), through ``engine`` (its forge, store and cartridge).
 
     Keeps, for its lifetime, which (issue, labeller) it reported Ignored, so a
-    poll repeats no warning; a new labeller of the same issue is new. An issue
+    poll repeats no warning; a new labeller of the same issue is new. Watchers
+    given one ``reported`` set (a webhook's, one per delivery) keep it together. An issue
     carrying a status label (another store runs or ran a workflow for it) is
     reported once per label.
     """
@@ -229,12 +231,14 @@ class Watcher:
         *,
         max_ticket_bytes: int,
         label: str | None = None,
+        reported: set[tuple[int, str]] | None = None,
     ) -> None:
         self.engine = engine
         self.repository = repository
         self.label = label or engine.cartridge.forge.trigger_label
         self.max_ticket_bytes = max_ticket_bytes
-        self.reported: set[tuple[int, str]] = set()
+        # shared by the watchers of one ``serve``, one per delivery: each reports once
+        self.reported: set[tuple[int, str]] = set() if reported is None else reported
 
     def watch_once(self) -> list[Started | Ignored | Commanded]:
         """One look at the labelled issues; returns what it started and what it
@@ -279,9 +283,10 @@ class Watcher:
             return self._ignore(number, by, reason, seen_as=status)
         permission = trust.permission(by)
         if permission not in TRUSTED_PERMISSIONS:
+            names = access_names(self.engine.cartridge.forge.kind)
             reason = (
-                f"labelled {self.label!r} by {by or 'someone unknown'}, whose permission "
-                f"is {permission!r}: only write, maintain or admin starts a workflow"
+                f"labelled {self.label!r} by {by or 'someone unknown'}, "
+                f"{names.whose(permission)}: only {names.trusted} starts a workflow"
             )
             return self._ignore(number, by, reason)
         try:

@@ -66,11 +66,13 @@ KEEP_S = 30 * 24 * 3600.0
 #: The largest body taken (GitHub caps a payload at 25 MB; phasegate reads a few fields).
 MAX_BODY_BYTES = 5 * 1024 * 1024
 
-#: Per forge: the header naming the event, and the one naming the delivery.
+#: Per forge: the headers naming the event, and those naming the delivery, the
+#: first found wins. Forgejo sends Gitea's headers and its own today; its own
+#: alone must do too.
 _EVENT_HEADERS = {
-    "github": ("x-github-event", "x-github-delivery"),
-    "gitlab": ("x-gitlab-event", "x-gitlab-event-uuid"),
-    "gitea": ("x-gitea-event", "x-gitea-delivery"),
+    "github": (("x-github-event",), ("x-github-delivery",)),
+    "gitlab": (("x-gitlab-event",), ("x-gitlab-event-uuid",)),
+    "gitea": (("x-gitea-event", "x-forgejo-event"), ("x-gitea-delivery", "x-forgejo-delivery")),
 }
 
 
@@ -116,9 +118,10 @@ class Received:
     ignored: str | None = None
 
 
-def _header(headers: Mapping[str, str], name: str) -> str | None:
+def _header(headers: Mapping[str, str], *names: str) -> str | None:
+    """The first of ``names`` (lower case) that ``headers`` carry, non-empty."""
     lowered = {k.lower(): v for k, v in headers.items()}
-    return lowered.get(name)
+    return next((lowered[n] for n in names if lowered.get(n)), None)
 
 
 def verify(forge: str, headers: Mapping[str, str], body: bytes, secret: str) -> None:
@@ -132,7 +135,7 @@ def verify(forge: str, headers: Mapping[str, str], body: bytes, secret: str) -> 
     elif forge == "gitlab":
         given, expected = _header(headers, "x-gitlab-token"), secret
     else:
-        given = _header(headers, "x-gitea-signature") or _header(headers, "x-forgejo-signature")
+        given = _header(headers, "x-gitea-signature", "x-forgejo-signature")
         expected = digest
     if not given:
         raise WebhookRefused(401, f"the delivery carries no {forge} signature")
@@ -251,11 +254,14 @@ def receive(
     *,
     max_ticket_bytes: int,
     environ: Mapping[str, str] | None = None,
+    reported: set[tuple[int, str]] | None = None,
 ) -> Received:
     """Take one delivery for ``engine``'s repository at ``/webhooks/<forge>``:
     verify it, refuse a replay, wake the workflows it concerns, start a workflow
-    for a trusted label (its ticket at most ``max_ticket_bytes``). Raises
-    WebhookRefused (nothing changed; see its status) and StoreUnavailable."""
+    for a trusted label (its ticket at most ``max_ticket_bytes``). ``reported``:
+    the labels already reported ignored, kept by the receiver across deliveries
+    so each is reported once, as by one watcher. Raises WebhookRefused (nothing
+    changed; see its status) and StoreUnavailable."""
     settings = engine.cartridge.forge
     if forge not in FORGES or forge != settings.kind:
         raise WebhookRefused(404, f"this phasegate serves a {settings.kind} forge, not {forge}")
@@ -267,10 +273,10 @@ def receive(
             403, f"webhooks are off: set {settings.webhook_secret_env} to the webhook's secret"
         )
     verify(forge, headers, body, secret)
-    event_header, delivery_header = _EVENT_HEADERS[forge]
-    event = _header(headers, event_header) or ""
+    event_headers, delivery_headers = _EVENT_HEADERS[forge]
+    event = _header(headers, *event_headers) or ""
     if not event:
-        raise WebhookRefused(400, f"the delivery has no {event_header} header")
+        raise WebhookRefused(400, f"the delivery has no {' or '.join(event_headers)} header")
     try:
         payload = json.loads(body)
     except ValueError:
@@ -282,7 +288,7 @@ def receive(
     about = concerns(forge, event, payload)
     if (engine.repository or "").lower() != about.repository.lower():
         return Received(event, ignored=f"{about.repository} is not {engine.repository}")
-    delivery = _header(headers, delivery_header)
+    delivery = _header(headers, *delivery_headers)
     digest = hashlib.sha256(body).hexdigest()
     fresh = engine.store.record_delivery(
         digest,
@@ -300,7 +306,7 @@ def receive(
     labelled = about.label == settings.trigger_label or (
         about.label is None and settings.trigger_label in about.carried
     )
-    started = _started(engine, about, max_ticket_bytes) if labelled else []
+    started = _started(engine, about, max_ticket_bytes, reported) if labelled else []
     commanded = _commanded(engine, about) if about.command else []
     return Received(event, woke=woke, started=started, commanded=commanded)
 
@@ -322,11 +328,18 @@ def _commanded(engine: Engine, about: Concerns) -> list[str]:
     return [c.workflow_id for c in done if c.refused is None]
 
 
-def _started(engine: Engine, about: Concerns, max_ticket_bytes: int) -> list[str]:
+def _started(
+    engine: Engine,
+    about: Concerns,
+    max_ticket_bytes: int,
+    reported: set[tuple[int, str]] | None,
+) -> list[str]:
     """Start the workflow a trusted label asks for, as ``phasegate watch`` would
     (``Watcher.consider``: the same rules), from the issue the delivery shows;
     a delivery that shows none has the watcher look at every labelled issue."""
-    watcher = Watcher(engine, about.repository, max_ticket_bytes=max_ticket_bytes)
+    watcher = Watcher(
+        engine, about.repository, max_ticket_bytes=max_ticket_bytes, reported=reported
+    )
     if about.labelled is None:
         return [r.workflow_id for r in watcher.watch_once() if isinstance(r, Started)]
     found = watcher.consider(about.labelled, TrustCache(engine.forge))

@@ -19,7 +19,8 @@ forge's ``permission``). Text by anyone else never reaches a prompt.
 - the pull request closed unmerged: the workflow ends ``cancelled`` with who
   (``pull_request_settled``, which pr_review's CI gate asks too while CI is pending);
 - the issue closed by a person (phasegate closes it only after verification, so
-  in wait it is always a person's, "not planned" say): ``cancelled``.
+  in wait it is always a person's, "not planned" say): ``cancelled``, and
+  phasegate's own pull request closed, as ``phasegate cancel`` closes it.
 
 Comments are told apart by id, never by clock: ``state.heard_comments`` starts as
 every comment on the issue when the workflow started from it (``triggers``: what
@@ -35,7 +36,8 @@ import logging
 from phasegate.agents.env import cartridge_secrets
 from phasegate.core.contract import DEVELOPMENT, MERGE, MilestoneWrite, PhaseResult, WorkflowContext
 from phasegate.core.redaction import redact
-from phasegate.forge.base import Comment, TrustCache
+from phasegate.forge.base import Comment, TrustCache, access_names, shown_number
+from phasegate.phases.cleanup import close_pull_request
 from phasegate.phases.deps import PhaseDeps
 
 __all__ = [
@@ -48,6 +50,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The untrusted comments already logged, oldest first, at most _LOGGED_KEPT.
+_LOGGED: dict[tuple[str, str], None] = {}
+_LOGGED_KEPT = 4096
 
 MERGE_COMMAND = "/phasegate merge"
 #: What a comment's first line starts with to command phasegate.
@@ -72,15 +78,16 @@ def listen(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
 
     kept = [str(k) for k in ctx.state.get("heard_comments") or ()]
     heard = set(kept)
-    said = deps.forge.comments(ctx.pr_number)
+    said = [(ctx.pr_number, c) for c in deps.forge.comments(ctx.pr_number)]
     if ctx.issue_number and ctx.issue_number != ctx.pr_number:
-        said += deps.forge.comments(ctx.issue_number)
+        said += [(ctx.issue_number, c) for c in deps.forge.comments(ctx.issue_number)]
     # A command other than merge is the watcher's to apply, never anyone's feedback.
-    said = [c for c in said if command_of(c.body) is None]
-    new = sorted((c for c in said if c.key not in heard), key=lambda c: c.created_at)
+    said = [(n, c) for n, c in said if command_of(c.body) is None]
+    fresh = sorted((x for x in said if x[1].key not in heard), key=lambda x: x[1].created_at)
+    new = [c for _, c in fresh]
     if not new:
         return None
-    trusted = _trusted(deps, new)
+    trusted = _trusted(ctx, deps, fresh)
     ids = [*kept, *(c.key for c in new)][-HEARD_KEPT:]  # the newest heard last
     approval = next((c for c in trusted if _approves(c)), None)
     words = [c for c in trusted if not _approves(c) and c.body.strip()]
@@ -132,7 +139,8 @@ def pull_request_settled(ctx: WorkflowContext, deps: PhaseDeps, number: int) -> 
     """What a person did to pull request ``number`` or the workflow's issue on the
     forge: merged the pull request → on to merge (which finds that merge and
     verifies its SHA); closed it unmerged, or closed the issue → the workflow
-    ``cancelled``; None while both are open. Asked in wait and by pr_review's CI
+    ``cancelled`` (a closed issue closes phasegate's own pull request too, as a
+    cancel does); None while both are open. Asked in wait and by pr_review's CI
     gate while CI is pending. Raises ForgeError."""
     pr = deps.forge.pull_request(number)
     if pr.state == "merged":
@@ -149,7 +157,7 @@ def pull_request_settled(ctx: WorkflowContext, deps: PhaseDeps, number: int) -> 
             ),
         )
     if pr.state == "closed":
-        reason = f"pull request #{pr.number} was closed unmerged on the forge"
+        reason = f"pull request {shown_number(pr.number)} was closed unmerged on the forge"
         return PhaseResult("failed", status="cancelled", reason=reason)
     # phasegate closes the issue only after verification: before it, a closed
     # issue is a person's "not planned".
@@ -157,20 +165,51 @@ def pull_request_settled(ctx: WorkflowContext, deps: PhaseDeps, number: int) -> 
         issue = deps.forge.issue(ctx.issue_number)
         if issue.state == "closed":
             reason = f"issue #{issue.number} was closed on the forge"
+            # as a cancel does: the work is not wanted, so neither is phasegate's pull
+            # request for it (a close the forge fails is retried as a cancel's is)
+            close_pull_request(ctx, deps.effects, ctx.current_phase)
             return PhaseResult("failed", status="cancelled", reason=reason)
     return None
 
 
-def _trusted(deps: PhaseDeps, comments: list[Comment]) -> list[Comment]:
+def _trusted(
+    ctx: WorkflowContext, deps: PhaseDeps, said: list[tuple[int, Comment]]
+) -> list[Comment]:
+    """The comments of ``said`` (each with the number it was said on) whose
+    author is trusted; each other one logged once, with where it was said, an
+    untrusted ``/phasegate merge`` as loudly as an untrusted command."""
     trust = TrustCache(deps.forge)
+    names = access_names(deps.cartridge.forge.kind)
     kept = []
-    for c in comments:
+    for number, c in said:
         if trust.trusted(c.author):
             kept.append(c)
+            continue
+        if not _first_time(ctx.id, c.key):
+            continue
+        whose = names.whose(trust.permission(c.author))
+        if _approves(c) and c.kind != "review":
+            log.warning(
+                "%s on %s ignored: %s, %s: only %s merge", MERGE_COMMAND, shown_number(number),
+                c.author or "someone unknown", whose, names.trusted,
+            )  # fmt: skip
         else:
-            shown = trust.permission(c.author)
-            log.info("comment %s by %s ignored: %s permission", c.key, c.author, shown)
+            log.info("comment %s on %s by %s, %s, ignored", c.key, shown_number(number),
+                     c.author, whose)  # fmt: skip
     return kept
+
+
+def _first_time(workflow_id: str, key: str) -> bool:
+    """Whether comment ``key`` of the workflow is logged for the first time in
+    this process: the worker's look before an advance (``Engine.idle_at``) runs
+    this phase too, and the comment is heard only when the advance commits."""
+    seen = (workflow_id, key)
+    if seen in _LOGGED:
+        return False
+    _LOGGED[seen] = None
+    while len(_LOGGED) > _LOGGED_KEPT:
+        del _LOGGED[next(iter(_LOGGED))]
+    return True
 
 
 def command_of(body: str) -> tuple[str, str] | None:

@@ -30,6 +30,8 @@ PREFIX = "/webhooks/"
 def router(engine: Engine) -> APIRouter:
     """The webhook route on ``engine``'s store and cartridge."""
     routes = APIRouter()
+    # the labels reported ignored, kept across deliveries: each is logged once
+    reported: set[tuple[int, str]] = set()
 
     @routes.post(PREFIX + "{forge}")
     async def delivery(forge: str, request: Request) -> JSONResponse:
@@ -42,8 +44,9 @@ def router(engine: Engine) -> APIRouter:
         client = request.client.host if request.client else "?"
         try:
             got = await run_in_threadpool(
-                receive, engine, forge, headers, body, max_ticket_bytes=MAX_TICKET_BYTES
-            )
+                receive, engine, forge, headers, body,
+                max_ticket_bytes=MAX_TICKET_BYTES, reported=reported,
+            )  # fmt: skip
         except WebhookRefused as exc:
             log.warning(
                 "webhook from %s to %s%s refused (%s): %s", client, PREFIX, forge, exc.status, exc
