@@ -9,22 +9,29 @@ who may do what; under those they share:
   done whether the client is still there or not (a timeout does not undo it);
 - ``serve_git``: ``git http-backend`` as a CGI, its answer streamed, once the
   forge has said who may read or push;
-- ``Serving``: uvicorn on a thread of its own, started and stopped.
+- ``Serving``: uvicorn on a thread of its own, started and stopped;
+- ``ServedForge``: a fake forge's life around it (``start``, ``stop``, ``with``),
+  with ``basic_password``, ``plain`` and ``wait_for_signal`` its servers share.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import re
+import shutil
+import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from subprocess import PIPE
-from typing import Any
+from typing import Any, Protocol, Self
 
 import uvicorn
 from starlette.concurrency import run_in_threadpool
@@ -34,7 +41,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from support.github_git import backend_env
 
-__all__ = ["Fault", "Faults", "Serving", "buffered", "serve_git"]
+__all__ = [
+    "Fault",
+    "Faults",
+    "ServedForge",
+    "Serving",
+    "basic_password",
+    "buffered",
+    "plain",
+    "serve_git",
+    "wait_for_signal",
+]
 
 
 @dataclass
@@ -238,3 +255,84 @@ class Serving:
             self.thread.join(timeout=10)
             self.server = self.thread = None
         self.sock.close()
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+class ServedForge(Faults):
+    """A fake forge's life on 127.0.0.1, mixed into its server before its model.
+
+    The server calls ``serving_root`` in its ``__init__`` (a temporary root of
+    its own when none is given, removed again by ``stop``) and says what it
+    serves (``asgi_app``), what it is called (``title``) and what must learn
+    its URL once known (``served_at``). ``start`` serves it and returns
+    ``url``; ``stop`` ends its webhooks' deliveries and the serving; as a
+    context manager it is started and stopped around the block."""
+
+    title = "fake forge"
+    root: Path
+    hooks: Stoppable
+
+    def serving_root(self, root: Path | None, prefix: str) -> Path:
+        """``root``, or a new temporary one (``prefix``) the forge owns; readies the rest."""
+        self.owns_root = root is None
+        self.faults: list[Fault] = []
+        self.url = ""
+        self.serving: Serving | None = None
+        return Path(tempfile.mkdtemp(prefix=prefix)) if root is None else root
+
+    def asgi_app(self) -> ASGIApp:
+        raise NotImplementedError
+
+    def served_at(self, url: str) -> None:
+        """Called with the base URL before the first request is served."""
+
+    def start(self, port: int = 0) -> str:
+        """Serve on 127.0.0.1 (``port`` 0: a free one); the base URL, once serving."""
+        self.serving = Serving(port)
+        self.url = self.serving.url
+        self.served_at(self.url)
+        self.serving.run(self.asgi_app(), self.title)
+        return self.url
+
+    def stop(self) -> None:
+        self.hooks.stop()
+        if self.serving is not None:
+            self.serving.stop()
+            self.serving = None
+        if self.owns_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def basic_password(authorization: str | None) -> str | None:
+    """The password of HTTP basic auth (where a fake forge takes a token); None
+    when ``authorization`` is not basic or does not decode."""
+    scheme, _, encoded = (authorization or "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        return base64.b64decode(encoded.strip()).decode().partition(":")[2]
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def plain(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    """A ``text/plain`` answer, as a forge's git endpoint gives one."""
+    return Response(message, status, headers, media_type="text/plain")
+
+
+def wait_for_signal() -> None:
+    """Block until Ctrl-C or SIGTERM: a fake forge served for a person."""
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop.wait()
