@@ -1,0 +1,92 @@
+"""What every fake forge's webhooks do alike: deliveries sent in order from a thread of their own.
+
+A forge's hooks class (gitea_hooks.py, gitlab_hooks.py, github_hooks.py) is
+a ``Deliveries``: it keeps its ``hooks`` (numbered by ``next_id``), decides
+which of them an event reaches and how each delivery is signed and named,
+and hands each one to ``send``. The model announces under its lock; the
+POSTs leave from the deliverer's thread, so a receiver that calls the API
+back does not wait on that lock. Each delivery keeps the status its receiver
+answered (None: none came) and the start of its answer, or why none came.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from typing import Generic, Protocol, TypeVar
+
+import httpx
+
+__all__ = ["DELIVERY_TIMEOUT_S", "Deliveries", "Delivery"]
+
+#: How long a forge waits for a receiver's answer before it counts a delivery failed.
+DELIVERY_TIMEOUT_S = 10.0
+
+
+class Target(Protocol):
+    url: str
+
+
+class Delivery(Protocol):
+    """What the deliverer needs of one delivery (each forge's ``Delivered``)."""
+
+    hook: Target
+    headers: dict[str, str]
+    body: bytes
+    status: int | None
+    answer: str
+    done: threading.Event
+
+
+H = TypeVar("H")
+D = TypeVar("D", bound=Delivery)
+
+
+class Deliveries(Generic[H, D]):
+    """The hooks of a fake forge and what was delivered to them (see the module docstring)."""
+
+    def __init__(self, thread_name: str) -> None:
+        self.hooks: list[H] = []
+        self.delivered: list[D] = []
+        self.thread_name = thread_name
+        self.ids = itertools.count(1)
+        self.waiting: queue.Queue[D | None] = queue.Queue()
+        self.thread: threading.Thread | None = None
+
+    def next_id(self) -> int:
+        return next(self.ids)
+
+    def send(self, delivered: D) -> None:
+        """Keep ``delivered`` and queue it for the deliverer's thread."""
+        self.delivered.append(delivered)
+        if self.thread is None:
+            self.thread = threading.Thread(target=self.deliver, name=self.thread_name, daemon=True)
+            self.thread.start()
+        self.waiting.put(delivered)
+
+    def wait_all(self, timeout_s: float = DELIVERY_TIMEOUT_S) -> list[D]:
+        """Every delivery so far, once each has its answer (or ``timeout_s`` passed)."""
+        for delivered in list(self.delivered):
+            delivered.done.wait(timeout_s)
+        return list(self.delivered)
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.waiting.put(None)
+            self.thread.join(timeout=DELIVERY_TIMEOUT_S + 1)
+            self.thread = None
+
+    def deliver(self) -> None:
+        """POST each queued delivery in turn until ``stop``."""
+        with httpx.Client(timeout=DELIVERY_TIMEOUT_S) as client:
+            while (delivered := self.waiting.get()) is not None:
+                try:
+                    answer = client.post(
+                        delivered.hook.url, content=delivered.body, headers=delivered.headers
+                    )
+                    delivered.status, delivered.answer = answer.status_code, answer.text[:2000]
+                except httpx.HTTPError as exc:
+                    delivered.answer = f"{type(exc).__name__}: {exc}"
+                finally:
+                    delivered.done.set()
