@@ -21,34 +21,17 @@ from phasegate.store import Store
 
 from conftest import ANSWERS_BUT_BUILD, git, make_repo, scripted_cartridge
 from gitea_forge_kit import PEOPLE, GiteaLab, gitea
+from support.conflict_build import BOTH, build_script
 
 __all__ = ["gitea"]
 
 Build = Callable[..., tuple[Engine, Store]]
 
-# The build agent: in a conflict child's checkout (markers in feature.txt) it
-# resolves them to both lines; in development it writes the line its ticket names.
-BUILD = """prompt=$(cat)
-if grep -q '^<<<<<<< ' feature.txt; then
-  printf 'alpha\\nbeta\\n' > feature.txt
-  echo resolved
-  exit 0
-fi
-case "$prompt" in
-  *"says alpha"*) echo alpha > feature.txt ;;
-  *"says beta"*) echo beta > feature.txt ;;
-  *) echo other > other.txt ;;
-esac
-echo built
-"""
-
-BOTH = "alpha\nbeta\n"
-
 
 def conflicting_repo(lab: GiteaLab, tmp_path: Path) -> Path:
-    """octo/widgets with feature.txt, every role scripted but build (``BUILD``)."""
+    """octo/widgets with feature.txt, every role scripted but build (``build_script``)."""
     script = tmp_path / "build.sh"
-    script.write_text(BUILD)
+    script.write_text(build_script())
     build = f'runner = "command"\ncommand = "sh {script}"\n'
     text = scripted_cartridge(role_overrides={"build": build}, auto_merge=False)
     files = {

@@ -19,37 +19,18 @@ from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 
 from conftest import ANSWERS_BUT_BUILD, GitHubLab, git, github_repo, scripted_cartridge
+from support.conflict_build import BOTH, build_script
 
 Build = Callable[..., tuple[Engine, Store]]
 
 
-# The build agent: in a conflict child's checkout (markers in feature.txt) it
-# resolves them to both lines when the test allows it, else leaves them; in
-# development it writes the line its ticket names.
-BUILD = """prompt=$(cat)
-if grep -q '^<<<<<<< ' feature.txt; then
-  if [ -e "{allow}" ]; then printf 'alpha\\nbeta\\n' > feature.txt; fi
-  echo resolved
-  exit 0
-fi
-case "$prompt" in
-  *"says alpha"*) echo alpha > feature.txt ;;
-  *"says beta"*) echo beta > feature.txt ;;
-  *) echo other > other.txt ;;
-esac
-echo built
-"""
-
-BOTH = "alpha\nbeta\n"
-
-
 def conflicting_repo(lab: GitHubLab, tmp_path: Path, *, resolvable: bool) -> Path:
-    """octo/widgets with feature.txt, every role scripted but build (``BUILD``)."""
+    """octo/widgets with feature.txt, every role scripted but build (``build_script``)."""
     allow = tmp_path / "resolvable"
     if resolvable:
         allow.write_text("yes\n")
     script = tmp_path / "build.sh"
-    script.write_text(BUILD.format(allow=allow))
+    script.write_text(build_script(allow))
     build = f'runner = "command"\ncommand = "sh {script}"\n'
     reviews = tmp_path / "reviews"
     reviews.mkdir()

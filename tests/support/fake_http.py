@@ -10,6 +10,7 @@ who may do what; under those they share:
 - ``serve_git``: ``git http-backend`` as a CGI, its answer streamed, once the
   forge has said who may read or push;
 - ``Serving``: uvicorn on a thread of its own, started and stopped;
+- ``Route`` and ``routes_under``: the REST routes a fake registers, by decorator;
 - ``ServedForge``: a fake forge's life around it (``start``, ``stop``, ``with``),
   with ``basic_password``, ``plain`` and ``wait_for_signal`` its servers share.
 """
@@ -44,11 +45,13 @@ from support.github_git import backend_env
 __all__ = [
     "Fault",
     "Faults",
+    "Route",
     "ServedForge",
     "Serving",
     "basic_password",
     "buffered",
     "plain",
+    "routes_under",
     "serve_git",
     "wait_for_signal",
 ]
@@ -116,6 +119,31 @@ class Faults:
                     fault.times -= 1
                     return fault
             return None
+
+
+@dataclass(frozen=True)
+class Route:
+    """A REST route of a fake forge: ``handler`` answers ``method`` on ``path``."""
+
+    method: str
+    path: str
+    handler: Callable[[Any], Any]
+
+
+def routes_under(
+    routes: list[Route], prefix: str
+) -> Callable[[str, str], Callable[[Callable[[Any], Any]], Callable[[Any], Any]]]:
+    """The ``@route(method, path)`` decorator registering a handler in ``routes``
+    for ``prefix + path``."""
+
+    def route(method: str, path: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
+        def register(handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
+            routes.append(Route(method, prefix + path, handler))
+            return handler
+
+        return register
+
+    return route
 
 
 async def buffered(receive: Receive) -> Receive:
