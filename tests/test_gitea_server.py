@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ import pytest
 
 from phasegate.integrations.webhooks import concerns, verify
 
+from support.fake_http import served_by_hand
 from support.gitea_description import Description
 from support.gitea_lab import BOT, REPO, Lab, ok, served
 from support.github_git import git_env
@@ -404,31 +404,20 @@ def test_faults_on_demand(lab: Lab) -> None:
 
 def test_started_by_hand() -> None:
     """``python -m support.gitea_server`` serves until told to stop."""
-    tests = Path(__file__).resolve().parent
-    with subprocess.Popen(
-        [sys.executable, "-m", "support.gitea_server", "--port", "0"],
-        cwd=tests, stdout=subprocess.PIPE, text=True,
-    ) as proc:  # fmt: skip
-        try:
-            assert proc.stdout is not None
-            first = proc.stdout.readline()
-            assert first.startswith("fake Gitea at http://127.0.0.1:")
-            url = first.split()[3]
-            owner_token = proc.stdout.readline().split()[-1]
-            bot_line = proc.stdout.readline()
-            assert bot_line.startswith("phasegate-bot token (admin): ")
-            bot_token = bot_line.split()[3]
-            answer = httpx.get(
-                f"{url}/api/v1/repos/alice/app", headers={"Authorization": f"token {bot_token}"}
-            )
-            assert answer.json()["permissions"] == {"admin": True, "push": True, "pull": True}
-            mine = httpx.get(
-                f"{url}/api/v1/user", headers={"Authorization": f"token {owner_token}"}
-            )
-            assert mine.json()["login"] == "alice"
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    with served_by_hand("support.gitea_server") as out:
+        first = out.readline()
+        assert first.startswith("fake Gitea at http://127.0.0.1:")
+        url = first.split()[3]
+        owner_token = out.readline().split()[-1]
+        bot_line = out.readline()
+        assert bot_line.startswith("phasegate-bot token (admin): ")
+        bot_token = bot_line.split()[3]
+        answer = httpx.get(
+            f"{url}/api/v1/repos/alice/app", headers={"Authorization": f"token {bot_token}"}
+        )
+        assert answer.json()["permissions"] == {"admin": True, "push": True, "pull": True}
+        mine = httpx.get(f"{url}/api/v1/user", headers={"Authorization": f"token {owner_token}"})
+        assert mine.json()["login"] == "alice"
 
 
 # -- webhooks -------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from support.fake_http import served_by_hand
 from support.github_git import git_env
 from support.gitlab_lab import PROJECT, Lab, ok, served
 
@@ -264,24 +264,13 @@ def test_faults_on_demand(lab: Lab) -> None:
 
 def test_started_by_hand() -> None:
     """``python -m support.gitlab_server`` serves until told to stop."""
-    tests = Path(__file__).resolve().parent
-    with subprocess.Popen(
-        [sys.executable, "-m", "support.gitlab_server", "--port", "0"],
-        cwd=tests, stdout=subprocess.PIPE, text=True,
-    ) as proc:  # fmt: skip
-        try:
-            assert proc.stdout is not None
-            first = proc.stdout.readline()
-            assert first.startswith("fake GitLab at http://127.0.0.1:")
-            url = first.split()[3]
-            token = proc.stdout.readline().split()[-1]
-            answer = httpx.get(
-                f"{url}/api/v4/projects/acme%2Fapp", headers={"PRIVATE-TOKEN": token}
-            )
-            assert answer.json()["path_with_namespace"] == "acme/app"
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    with served_by_hand("support.gitlab_server") as out:
+        first = out.readline()
+        assert first.startswith("fake GitLab at http://127.0.0.1:")
+        url = first.split()[3]
+        token = out.readline().split()[-1]
+        answer = httpx.get(f"{url}/api/v4/projects/acme%2Fapp", headers={"PRIVATE-TOKEN": token})
+        assert answer.json()["path_with_namespace"] == "acme/app"
 
 
 # -- python-gitlab, the client the forge will use, reads every answer ----------------------------

@@ -10,9 +10,11 @@ who may do what; under those they share:
 - ``serve_git``: ``git http-backend`` as a CGI, its answer streamed, once the
   forge has said who may read or push;
 - ``Serving``: uvicorn on a thread of its own, started and stopped;
+- ``Recorded``: one request a fake answered, as its tests read it;
 - ``Route`` and ``routes_under``: the REST routes a fake registers, by decorator;
 - ``ServedForge``: a fake forge's life around it (``start``, ``stop``, ``with``),
-  with ``basic_password``, ``plain`` and ``wait_for_signal`` its servers share.
+  with ``basic_password``, ``plain`` and ``wait_for_signal`` its servers share,
+  and ``served_by_hand``: a fake run as a person runs it, for its tests.
 """
 
 from __future__ import annotations
@@ -20,19 +22,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from subprocess import PIPE
-from typing import Any, Protocol, Self
+from typing import IO, Any, Protocol, Self
 
 import uvicorn
 from starlette.concurrency import run_in_threadpool
@@ -45,6 +49,7 @@ from support.github_git import backend_env
 __all__ = [
     "Fault",
     "Faults",
+    "Recorded",
     "Route",
     "ServedForge",
     "Serving",
@@ -53,6 +58,7 @@ __all__ = [
     "plain",
     "routes_under",
     "serve_git",
+    "served_by_hand",
     "wait_for_signal",
 ]
 
@@ -119,6 +125,19 @@ class Faults:
                     fault.times -= 1
                     return fault
             return None
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request a fake answered. ``login`` is who its credential named (None
+    if none or a bad one); ``body`` the parsed JSON of a REST request."""
+
+    method: str
+    path: str
+    query: str
+    status: int
+    login: str | None = None
+    body: Any = None
 
 
 @dataclass(frozen=True)
@@ -364,3 +383,19 @@ def wait_for_signal() -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     stop.wait()
+
+
+@contextlib.contextmanager
+def served_by_hand(module: str) -> Iterator[IO[str]]:
+    """``python -m MODULE --port 0`` started from tests/ as a person starts a fake;
+    what it prints, read line by line. Terminated after the block."""
+    tests = Path(__file__).resolve().parents[1]
+    with subprocess.Popen(
+        [sys.executable, "-m", module, "--port", "0"], cwd=tests, stdout=PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            yield proc.stdout
+        finally:
+            proc.terminate()
+            proc.wait(10)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from support.fake_http import buffered
+from support.fake_http import Recorded, buffered
 
 if TYPE_CHECKING:
     from support.gitea_server import GiteaServer
@@ -33,18 +33,6 @@ REASONS = {
     429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway",
     503: "Service Unavailable",
 }  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """One request answered: ``login`` is who its credentials named (None if none)."""
-
-    method: str
-    path: str
-    query: str
-    status: int
-    login: str | None = None
-    body: Any = None
 
 
 @dataclass(frozen=True)

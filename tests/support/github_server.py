@@ -53,7 +53,6 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -68,6 +67,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from support import github_ci, github_people  # noqa: F401  (each registers its routes in ROUTES)
 from support.fake_http import (
     Fault,
+    Recorded,
     ServedForge,
     basic_password,
     buffered,
@@ -87,19 +87,6 @@ RATE_LIMIT = 5000
 #: How long a GitHub App JWT may live (GitHub refuses an ``exp`` further than 10 minutes).
 JWT_MAX_S = 600
 INSTALLATION_TOKEN_S = 3600
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """One request the server answered. ``login`` is who its credential named
-    (None if none or a bad one); ``body`` the parsed JSON of a REST request."""
-
-    method: str
-    path: str
-    query: str
-    status: int
-    login: str | None = None
-    body: Any = None
 
 
 def error_body(
