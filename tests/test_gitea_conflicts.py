@@ -21,7 +21,7 @@ from phasegate.store import Store
 
 from conftest import ANSWERS_BUT_BUILD, git, make_repo, scripted_cartridge
 from gitea_forge_kit import PEOPLE, GiteaLab, gitea
-from support.conflict_build import BOTH, build_script
+from support.conflict_build import BOTH, build_script, merged_through_child
 
 __all__ = ["gitea"]
 
@@ -74,12 +74,7 @@ def test_a_conflict_with_giteas_main_forks_a_child_whose_resolution_gitea_merges
     merged_a = on_gitea(gitea, "refs/heads/main")
     assert git(repo, "rev-parse", "main") == stale  # the local main never saw it
 
-    engine.decide(b, lambda ctx: decisions.approve_merge(ctx, "test"))
-    row = engine.advance(b)
-
-    assert (row["current_phase"], row["status"]) == ("completed", "completed"), row["error"]
-    (child,) = store.child_workflows(b)
-    assert (child["status"], child["state"]["conflicted"]) == ("completed", ["feature.txt"])
+    row, child = merged_through_child(engine, store, b)
     # The resolution reached the pull request's branch on Gitea, and Gitea merged it.
     resolution = child["state"]["resolution"]
     pr = gitea.issue(row["pr_number"]).pull

@@ -19,7 +19,7 @@ from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 
 from conftest import ANSWERS_BUT_BUILD, GitHubLab, git, github_repo, scripted_cartridge
-from support.conflict_build import BOTH, build_script
+from support.conflict_build import BOTH, build_script, merged_through_child
 
 Build = Callable[..., tuple[Engine, Store]]
 
@@ -103,12 +103,7 @@ def test_a_conflict_with_githubs_main_forks_a_child_whose_resolution_github_merg
     (reviewed,) = [t for t in reviewed_diffs(tmp_path) if "gamma" in t]
     assert "+other" in reviewed and "+alpha" not in reviewed
 
-    engine.decide(b, lambda ctx: decisions.approve_merge(ctx, "test"))
-    row = engine.advance(b)
-
-    assert (row["current_phase"], row["status"]) == ("completed", "completed"), row["error"]
-    (child,) = store.child_workflows(b)
-    assert (child["status"], child["state"]["conflicted"]) == ("completed", ["feature.txt"])
+    row, child = merged_through_child(engine, store, b)
     # The resolution reached the pull request's branch on GitHub, and GitHub merged it.
     resolution = child["state"]["resolution"]
     pr = gh.pull(name, row["pr_number"])

@@ -1,15 +1,22 @@
-"""The build agent the forge conflict tests script: feature.txt's conflict resolved to both lines.
+"""What the forge conflict tests share: their build agent, and a merge through a resolution.
 
-In a conflict child's checkout (markers in feature.txt) it resolves them to
-``BOTH`` lines (with ``allow``: only while that file exists, else it leaves
-them); in development it writes the line its ticket names.
+The build agent (``build_script``), in a conflict child's checkout (markers
+in feature.txt), resolves them to ``BOTH`` lines (with ``allow``: only while
+that file exists, else it leaves them); in development it writes the line its
+ticket names. ``merged_through_child`` approves a conflicted workflow's merge
+and sees it complete through the child that resolved the conflict.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-__all__ = ["BOTH", "build_script"]
+from phasegate.core import decisions
+from phasegate.runtime.engine import Engine
+from phasegate.store import Store
+
+__all__ = ["BOTH", "build_script", "merged_through_child"]
 
 #: feature.txt once its conflict is resolved.
 BOTH = "alpha\nbeta\n"
@@ -33,3 +40,14 @@ case "$prompt" in
 esac
 echo built
 """
+
+
+def merged_through_child(engine: Engine, store: Store, workflow_id: str) -> tuple[Any, Any]:
+    """``workflow_id``'s merge approved and run: it completes, through one child
+    workflow that resolved feature.txt's conflict. Its row and the child's."""
+    engine.decide(workflow_id, lambda ctx: decisions.approve_merge(ctx, "test"))
+    row = engine.advance(workflow_id)
+    assert (row["current_phase"], row["status"]) == ("completed", "completed"), row["error"]
+    (child,) = store.child_workflows(workflow_id)
+    assert (child["status"], child["state"]["conflicted"]) == ("completed", ["feature.txt"])
+    return row, child
