@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ import pytest
 
 from phasegate.integrations.webhooks import concerns, verify
 
+from support.fake_hooks import receiving_hooks
 from support.fake_http import served_by_hand
 from support.gitea_description import Description
 from support.gitea_lab import BOT, REPO, Lab, ok, served
@@ -424,23 +423,8 @@ def test_started_by_hand() -> None:
 
 
 def test_webhooks_are_signed_as_gitea_signs_and_phasegate_reads_them(lab: Lab) -> None:
-    received: list[tuple[dict[str, str], bytes]] = []
-
-    class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            received.append(
-                (dict(self.headers.items()), self.rfile.read(int(self.headers["Content-Length"])))
-            )
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            """Silent."""
-
-    with ThreadingHTTPServer(("127.0.0.1", 0), Receiver) as receiver:
-        threading.Thread(target=receiver.serve_forever, daemon=True).start()
-        lab.gitea.hooks.add(REPO, f"http://127.0.0.1:{receiver.server_port}/hook", "s3cret")
+    with receiving_hooks() as (url, received):
+        lab.gitea.hooks.add(REPO, url, "s3cret")
         agent = label_id(lab, "agent")
         dev, bot = lab.client("dev"), lab.client(BOT)
         ok(lab.client("guest").post(f"{R}/issues", json={"title": "Hooked"}), 201)
@@ -451,7 +435,6 @@ def test_webhooks_are_signed_as_gitea_signs_and_phasegate_reads_them(lab: Lab) -
         ok(bot.post(f"{R}/statuses/{head}", json={"state": "success", "context": "ci"}), 201)
         ok(bot.post(f"{R}/pulls/2/merge", json={"Do": "merge"}))
         delivered = lab.gitea.hooks.wait_all()
-        receiver.shutdown()
     assert [d.status for d in delivered] == [200] * 7
     seen = [(h["X-Gitea-Event"], h["X-Gitea-Event-Type"], json.loads(b).get("action"))
             for h, b in received]  # fmt: skip

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from support.fake_hooks import receiving_hooks
 from support.fake_http import served_by_hand
 from support.github_git import git_env
 from support.gitlab_lab import PROJECT, Lab, ok, served
@@ -343,24 +343,9 @@ def test_python_gitlab_drives_the_whole_workflow(lab: Lab, client_lib: Any) -> N
 
 
 def test_webhooks_deliver_gitlabs_events_with_its_headers(lab: Lab) -> None:
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    received: list[tuple[dict[str, str], Any]] = []
-
-    class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            received.append((dict(self.headers.items()), json.loads(body)))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            """Silent."""
-
-    with ThreadingHTTPServer(("127.0.0.1", 0), Receiver) as receiver:
-        threading.Thread(target=receiver.serve_forever, daemon=True).start()
-        hook = lab.gl.hooks.add(PROJECT, f"http://127.0.0.1:{receiver.server_port}/hook", "s3cret")
+    with receiving_hooks() as (url, got):
+        hook = lab.gl.hooks.add(PROJECT, url, "s3cret")
         dev, pid = lab.client("dev"), lab.project.id
         ok(dev.post(f"/projects/{pid}/issues", json={"title": "Hooked"}), 201)
         ok(dev.post(f"/projects/{pid}/issues/1/notes", json={"body": "@bot go"}), 201)
@@ -370,7 +355,7 @@ def test_webhooks_deliver_gitlabs_events_with_its_headers(lab: Lab) -> None:
         ok(dev.post(f"/projects/{pid}/statuses/{head}", json={"state": "success"}), 201)
         ok(lab.client("alice").put(f"/projects/{pid}/merge_requests/1/merge"))
         delivered = lab.gl.hooks.wait_all()
-        receiver.shutdown()
+    received = [(headers, json.loads(body)) for headers, body in got]
     assert [d.status for d in delivered] == [200] * 5
     events = [(h["X-Gitlab-Event"], p["object_kind"], p["object_attributes"].get("action"))
               for h, p in received]  # fmt: skip

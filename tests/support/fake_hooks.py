@@ -7,18 +7,24 @@ and hands each one to ``send``. The model announces under its lock; the
 POSTs leave from the deliverer's thread, so a receiver that calls the API
 back does not wait on that lock. Each delivery keeps the status its receiver
 answered (None: none came) and the start of its answer, or why none came.
+
+``receiving_hooks`` is the other end for a test: an HTTP receiver keeping
+every POST it gets.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Generic, Protocol, TypeVar
 
 import httpx
 
-__all__ = ["DELIVERY_TIMEOUT_S", "Deliveries", "Delivery"]
+__all__ = ["DELIVERY_TIMEOUT_S", "Deliveries", "Delivery", "receiving_hooks"]
 
 #: How long a forge waits for a receiver's answer before it counts a delivery failed.
 DELIVERY_TIMEOUT_S = 10.0
@@ -90,3 +96,29 @@ class Deliveries(Generic[H, D]):
                     delivered.answer = f"{type(exc).__name__}: {exc}"
                 finally:
                     delivered.done.set()
+
+
+@contextlib.contextmanager
+def receiving_hooks(status: int = 200) -> Iterator[tuple[str, list[tuple[dict[str, str], bytes]]]]:
+    """An HTTP receiver on 127.0.0.1 answering every POST ``status`` with no body:
+    its URL and the (headers, body) of each POST, in order. Shut down after."""
+    received: list[tuple[dict[str, str], bytes]] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(
+                (dict(self.headers.items()), self.rfile.read(int(self.headers["Content-Length"])))
+            )
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            """Silent."""
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Receiver) as receiver:
+        threading.Thread(target=receiver.serve_forever, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{receiver.server_port}/hook", received
+        finally:
+            receiver.shutdown()

@@ -1,12 +1,13 @@
 """What every fake forge serves alike: faults on demand, buffered bodies, git over smart HTTP.
 
-The fake GitHub and the fake GitLab differ in their paths, JSON and rules of
+The fake GitHub, GitLab and Gitea differ in their paths, JSON and rules of
 who may do what; under those they share:
 
 - ``Fault`` and ``Faults``: a planned answer (a status, its headers and body)
   or a wait, for the next requests matching a method and a path;
-- ``buffered``: a request body read whole before a planned wait, so the work is
-  done whether the client is still there or not (a timeout does not undo it);
+- ``buffered`` (``read_whole``): a request body read whole before a planned wait,
+  so the work is done whether the client is still there or not (a timeout does
+  not undo it);
 - ``serve_git``: ``git http-backend`` as a CGI, its answer streamed, once the
   forge has said who may read or push;
 - ``Serving``: uvicorn on a thread of its own, started and stopped;
@@ -56,6 +57,7 @@ __all__ = [
     "basic_password",
     "buffered",
     "plain",
+    "read_whole",
     "routes_under",
     "serve_git",
     "served_by_hand",
@@ -167,19 +169,25 @@ def routes_under(
 
 async def buffered(receive: Receive) -> Receive:
     """``receive`` read to the end of the request body now, replayed later."""
+    return (await read_whole(receive))[1]
+
+
+async def read_whole(receive: Receive) -> tuple[bytes, Receive]:
+    """The request body read to its end, and a ``receive`` that replays it."""
     messages: list[Message] = []
     while True:
         message = await receive()
         messages.append(message)
         if message["type"] != "http.request" or not message.get("more_body", False):
             break
+    raw = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
 
     async def replay() -> Message:
         if messages:
             return messages.pop(0)
         return await receive()
 
-    return replay
+    return raw, replay
 
 
 class _CGIResponse(Response):
