@@ -21,7 +21,7 @@ from phasegate.store import Store
 
 from conftest import ANSWERS_BUT_BUILD, git, make_repo, scripted_cartridge
 from gitea_forge_kit import PEOPLE, GiteaLab, gitea
-from support.conflict_build import BOTH, build_script, merged_through_child
+from support.conflict_build import BOTH, alpha_and_beta, build_script, merged_through_child
 
 __all__ = ["gitea"]
 
@@ -64,11 +64,7 @@ def test_a_conflict_with_giteas_main_forks_a_child_whose_resolution_gitea_merges
     repo = conflicting_repo(gitea, tmp_path)
     engine, store = engine_for(repo)
     stale = git(repo, "rev-parse", "main")
-    a = engine.start("alpha", "feature.txt says alpha")
-    b = engine.start("beta", "feature.txt says beta")
-    for wf in (a, b):
-        row = engine.advance(wf)
-        assert row["status"] == "waiting", row["error"]
+    a, b = alpha_and_beta(engine)
     engine.decide(a, lambda ctx: decisions.approve_merge(ctx, "test"))
     assert engine.advance(a)["status"] == "completed"
     merged_a = on_gitea(gitea, "refs/heads/main")
@@ -109,10 +105,7 @@ def test_a_merge_gitea_refuses_as_not_mergeable_after_the_sync_forks_the_resolut
 ) -> None:
     repo = conflicting_repo(gitea, tmp_path)
     engine, store = engine_for(repo)
-    a = engine.start("alpha", "feature.txt says alpha")
-    b = engine.start("beta", "feature.txt says beta")
-    for wf in (a, b):
-        assert engine.advance(wf)["status"] == "waiting"
+    a, b = alpha_and_beta(engine)
     engine.decide(b, lambda ctx: decisions.approve_merge(ctx, "test"))
     raced = MergedMeanwhile(engine.forge, gitea, store.workflow_row(a)["pr_number"])
     engine.forge = raced  # type: ignore[assignment]

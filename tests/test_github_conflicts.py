@@ -19,7 +19,7 @@ from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 
 from conftest import ANSWERS_BUT_BUILD, GitHubLab, git, github_repo, scripted_cartridge
-from support.conflict_build import BOTH, build_script, merged_through_child
+from support.conflict_build import BOTH, alpha_and_beta, build_script, merged_through_child
 
 Build = Callable[..., tuple[Engine, Store]]
 
@@ -55,11 +55,7 @@ def conflicting_repo(lab: GitHubLab, tmp_path: Path, *, resolvable: bool) -> Pat
 def waiting_pair(engine: Engine) -> tuple[str, str]:
     """Workflows alpha and beta, both waiting with a pull request made from the same
     main; alpha approved and merged by the API, completed."""
-    a = engine.start("alpha", "feature.txt says alpha")
-    b = engine.start("beta", "feature.txt says beta")
-    for wf in (a, b):
-        row = engine.advance(wf)
-        assert row["status"] == "waiting", row["error"]
+    a, b = alpha_and_beta(engine)
     engine.decide(a, lambda ctx: decisions.approve_merge(ctx, "test"))
     row = engine.advance(a)
     assert row["status"] == "completed", row["error"]
@@ -172,10 +168,7 @@ def test_a_merge_github_refuses_as_not_mergeable_after_the_sync_forks_the_resolu
     repo = conflicting_repo(github, tmp_path, resolvable=True)
     engine, store = engine_for(repo)
     gh, name = github.server, github.repository
-    a = engine.start("alpha", "feature.txt says alpha")
-    b = engine.start("beta", "feature.txt says beta")
-    for wf in (a, b):
-        assert engine.advance(wf)["status"] == "waiting"
+    a, b = alpha_and_beta(engine)
     engine.decide(b, lambda ctx: decisions.approve_merge(ctx, "test"))
     raced = MergedMeanwhile(engine.forge, github, store.workflow_row(a)["pr_number"])
     engine.forge = raced  # type: ignore[assignment]

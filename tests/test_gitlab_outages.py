@@ -15,7 +15,7 @@ from phasegate.store import Store
 
 from conftest import git
 from gitlab_forge_kit import BOT, TEAM, gitlab, team_project
-from support.conflict_build import merged_through_child
+from support.conflict_build import alpha_and_beta, merged_through_child
 from support.gitlab_lab import Lab
 
 __all__ = ["gitlab"]  # a fixture, used by name
@@ -50,10 +50,7 @@ def test_a_conflict_with_gitlabs_main_forks_a_child_whose_resolution_gitlab_merg
     engine, store = engine_for(repo)
     project = gitlab.gl.project(TEAM)
     stale = git(repo, "rev-parse", "main")
-    a = engine.start("alpha", "feature.txt says alpha")
-    b = engine.start("beta", "feature.txt says beta")
-    for wf in (a, b):
-        assert engine.advance(wf)["status"] == "waiting"
+    a, b = alpha_and_beta(engine)
     engine.decide(a, lambda ctx: decisions.approve_merge(ctx, "test"))
     assert engine.advance(a)["status"] == "completed"
     merged_a = project.bare.branch_sha("main")

@@ -3,7 +3,8 @@
 The build agent (``build_script``), in a conflict child's checkout (markers
 in feature.txt), resolves them to ``BOTH`` lines (with ``allow``: only while
 that file exists, else it leaves them); in development it writes the line its
-ticket names. ``merged_through_child`` approves a conflicted workflow's merge
+ticket names. ``alpha_and_beta`` starts two workflows that will conflict;
+``merged_through_child`` approves a conflicted workflow's merge
 and sees it complete through the child that resolved the conflict.
 """
 
@@ -16,7 +17,7 @@ from phasegate.core import decisions
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 
-__all__ = ["BOTH", "build_script", "merged_through_child"]
+__all__ = ["BOTH", "alpha_and_beta", "build_script", "merged_through_child"]
 
 #: feature.txt once its conflict is resolved.
 BOTH = "alpha\nbeta\n"
@@ -40,6 +41,17 @@ case "$prompt" in
 esac
 echo built
 """
+
+
+def alpha_and_beta(engine: Engine) -> tuple[str, str]:
+    """Two workflows writing different lines into feature.txt (``alpha``, then
+    ``beta``), each run until it waits for its merge."""
+    a = engine.start("alpha", "feature.txt says alpha")
+    b = engine.start("beta", "feature.txt says beta")
+    for wf in (a, b):
+        row = engine.advance(wf)
+        assert row["status"] == "waiting", row["error"]
+    return a, b
 
 
 def merged_through_child(engine: Engine, store: Store, workflow_id: str) -> tuple[Any, Any]:
