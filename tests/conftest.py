@@ -133,6 +133,16 @@ def git(repo: Path, *args: str) -> str:
     ).stdout.strip()
 
 
+def branch_with_change(checkout: Path, branch: str, text: str = "x = 2\n") -> str:
+    """A commit on a new ``branch`` of ``checkout`` changing app.py; its SHA."""
+    git(checkout, "checkout", "-q", "-b", branch)
+    (checkout / "app.py").write_text(text)
+    git(checkout, "commit", "-qam", f"change on {branch}")
+    sha = git(checkout, "rev-parse", "HEAD")
+    git(checkout, "checkout", "-q", "main")
+    return sha
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -22,7 +22,7 @@ from phasegate.forge.local import LocalForge
 from phasegate.git.workspace import Workspace
 from phasegate.store import open_store
 
-from conftest import git, make_repo
+from conftest import branch_with_change, make_repo
 from gitea_forge_kit import conformance_kit as gitea_kit
 from github_forge_kit import REPO, forge_for
 from gitlab_forge_kit import conformance_kit as gitlab_kit
@@ -59,16 +59,6 @@ class Kit:
     paths: dict[str, str] | None = None
     #: The forge's branches are phasegate's repository's (no head of its own to report).
     shares_repository: bool = False
-
-
-def branch_with_change(checkout: Path, branch: str, text: str = "x = 2\n") -> str:
-    """A commit on a new ``branch`` of ``checkout`` changing app.py; its SHA."""
-    git(checkout, "checkout", "-q", "-b", branch)
-    (checkout / "app.py").write_text(text)
-    git(checkout, "commit", "-qam", f"change on {branch}")
-    sha = git(checkout, "rev-parse", "HEAD")
-    git(checkout, "checkout", "-q", "main")
-    return sha
 
 
 def _checkout(tmp_path: Path) -> Path:

@@ -15,7 +15,7 @@ from phasegate.git.workspace import Workspace
 from conftest import (
     ANSWERS_BUT_BUILD,
     GitHubLab,
-    git,
+    branch_with_change,
     github_repo,
     make_repo,
     recording_build,
@@ -68,15 +68,6 @@ def forge(github: GitHubLab, local: Path) -> GitHubForge:
         github.server.grant(REPO, login, permission)
     github.server.add_user("stranger")
     return forge_for(github, local)
-
-
-def branch_with_change(local: Path, branch: str, text: str = "x = 2\n") -> str:
-    git(local, "checkout", "-q", "-b", branch)
-    (local / "app.py").write_text(text)
-    git(local, "commit", "-qam", f"change on {branch}")
-    sha = git(local, "rev-parse", "HEAD")
-    git(local, "checkout", "-q", "main")
-    return sha
 
 
 def posts(github: GitHubLab, suffix: str) -> list[Recorded]:

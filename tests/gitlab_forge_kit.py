@@ -24,7 +24,14 @@ from phasegate.forge.gitlab.forge import GitLabForge
 from phasegate.forge.gitlab.numbers import is_merge_request, mr_iid
 from phasegate.git.workspace import Workspace
 
-from conftest import ANSWERS_BUT_BUILD, git, make_repo, recording_build, scripted_cartridge
+from conftest import (
+    ANSWERS_BUT_BUILD,
+    branch_with_change,
+    git,
+    make_repo,
+    recording_build,
+    scripted_cartridge,
+)
 from support.gitlab_lab import PROJECT, Lab, served
 from support.gitlab_model import ACCESS
 from support.gitlab_models import all_problems
@@ -102,15 +109,6 @@ def gl_local(gitlab: Lab, tmp_path: Path) -> Path:
 @pytest.fixture
 def gl_forge(gitlab: Lab, gl_local: Path) -> GitLabForge:
     return forge_for(gitlab, gl_local)
-
-
-def branch_with_change(local: Path, branch: str, text: str = "x = 2\n") -> str:
-    git(local, "checkout", "-q", "-b", branch)
-    (local / "app.py").write_text(text)
-    git(local, "commit", "-qam", f"change on {branch}")
-    sha = git(local, "rev-parse", "HEAD")
-    git(local, "checkout", "-q", "main")
-    return sha
 
 
 def cartridge_forge(lab: Lab, extra: str = "") -> str:

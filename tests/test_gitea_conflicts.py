@@ -21,34 +21,17 @@ from phasegate.store import Store
 
 from conftest import ANSWERS_BUT_BUILD, git, make_repo, scripted_cartridge
 from gitea_forge_kit import PEOPLE, GiteaLab, gitea
+from support.conflict_build import BOTH, alpha_and_beta, build_script, merged_through_child
 
 __all__ = ["gitea"]
 
 Build = Callable[..., tuple[Engine, Store]]
 
-# The build agent: in a conflict child's checkout (markers in feature.txt) it
-# resolves them to both lines; in development it writes the line its ticket names.
-BUILD = """prompt=$(cat)
-if grep -q '^<<<<<<< ' feature.txt; then
-  printf 'alpha\\nbeta\\n' > feature.txt
-  echo resolved
-  exit 0
-fi
-case "$prompt" in
-  *"says alpha"*) echo alpha > feature.txt ;;
-  *"says beta"*) echo beta > feature.txt ;;
-  *) echo other > other.txt ;;
-esac
-echo built
-"""
-
-BOTH = "alpha\nbeta\n"
-
 
 def conflicting_repo(lab: GiteaLab, tmp_path: Path) -> Path:
-    """octo/widgets with feature.txt, every role scripted but build (``BUILD``)."""
+    """octo/widgets with feature.txt, every role scripted but build (``build_script``)."""
     script = tmp_path / "build.sh"
-    script.write_text(BUILD)
+    script.write_text(build_script())
     build = f'runner = "command"\ncommand = "sh {script}"\n'
     text = scripted_cartridge(role_overrides={"build": build}, auto_merge=False)
     files = {
@@ -81,22 +64,13 @@ def test_a_conflict_with_giteas_main_forks_a_child_whose_resolution_gitea_merges
     repo = conflicting_repo(gitea, tmp_path)
     engine, store = engine_for(repo)
     stale = git(repo, "rev-parse", "main")
-    a = engine.start("alpha", "feature.txt says alpha")
-    b = engine.start("beta", "feature.txt says beta")
-    for wf in (a, b):
-        row = engine.advance(wf)
-        assert row["status"] == "waiting", row["error"]
+    a, b = alpha_and_beta(engine)
     engine.decide(a, lambda ctx: decisions.approve_merge(ctx, "test"))
     assert engine.advance(a)["status"] == "completed"
     merged_a = on_gitea(gitea, "refs/heads/main")
     assert git(repo, "rev-parse", "main") == stale  # the local main never saw it
 
-    engine.decide(b, lambda ctx: decisions.approve_merge(ctx, "test"))
-    row = engine.advance(b)
-
-    assert (row["current_phase"], row["status"]) == ("completed", "completed"), row["error"]
-    (child,) = store.child_workflows(b)
-    assert (child["status"], child["state"]["conflicted"]) == ("completed", ["feature.txt"])
+    row, child = merged_through_child(engine, store, b)
     # The resolution reached the pull request's branch on Gitea, and Gitea merged it.
     resolution = child["state"]["resolution"]
     pr = gitea.issue(row["pr_number"]).pull
@@ -131,10 +105,7 @@ def test_a_merge_gitea_refuses_as_not_mergeable_after_the_sync_forks_the_resolut
 ) -> None:
     repo = conflicting_repo(gitea, tmp_path)
     engine, store = engine_for(repo)
-    a = engine.start("alpha", "feature.txt says alpha")
-    b = engine.start("beta", "feature.txt says beta")
-    for wf in (a, b):
-        assert engine.advance(wf)["status"] == "waiting"
+    a, b = alpha_and_beta(engine)
     engine.decide(b, lambda ctx: decisions.approve_merge(ctx, "test"))
     raced = MergedMeanwhile(engine.forge, gitea, store.workflow_row(a)["pr_number"])
     engine.forge = raced  # type: ignore[assignment]

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +22,8 @@ import pytest
 
 from phasegate.integrations.webhooks import concerns, verify
 
+from support.fake_hooks import receiving_hooks
+from support.fake_http import served_by_hand
 from support.gitea_description import Description
 from support.gitea_lab import BOT, REPO, Lab, ok, served
 from support.github_git import git_env
@@ -405,84 +404,58 @@ def test_faults_on_demand(lab: Lab) -> None:
 def test_started_by_hand() -> None:
     """``python -m support.gitea_server`` serves until told to stop, with a write, a read
     and a stranger beside the owner and the bot, on a public repository."""
-    tests = Path(__file__).resolve().parent
-    with subprocess.Popen(
-        [sys.executable, "-m", "support.gitea_server", "--port", "0"],
-        cwd=tests, stdout=subprocess.PIPE, text=True,
-    ) as proc:  # fmt: skip
-        try:
-            assert proc.stdout is not None
-            first = proc.stdout.readline()
-            assert first.startswith("fake Gitea at http://127.0.0.1:")
-            url = first.split()[3]
-            owner_token = proc.stdout.readline().split()[-1]
-            bot_line = proc.stdout.readline()
-            assert bot_line.startswith("phasegate-bot token (admin): ")
-            bot_token = bot_line.split()[3]
-            answer = httpx.get(
-                f"{url}/api/v1/repos/alice/app", headers={"Authorization": f"token {bot_token}"}
-            )
-            assert answer.json()["permissions"] == {"admin": True, "push": True, "pull": True}
-            mine = httpx.get(
-                f"{url}/api/v1/user", headers={"Authorization": f"token {owner_token}"}
-            )
-            assert mine.json()["login"] == "alice"
-            tokens, modes = {}, {}
-            for _ in range(3):
-                name, _, rest = proc.stdout.readline().partition(" token (")
-                modes[name], _, token = rest.partition("): ")
-                tokens[name] = token.strip()
-            assert modes == {"dev": "write", "guest": "read", "stranger": "none"}
+    with served_by_hand("support.gitea_server") as out:
+        first = out.readline()
+        assert first.startswith("fake Gitea at http://127.0.0.1:")
+        url = first.split()[3]
+        owner_token = out.readline().split()[-1]
+        bot_line = out.readline()
+        assert bot_line.startswith("phasegate-bot token (admin): ")
+        bot_token = bot_line.split()[3]
+        answer = httpx.get(
+            f"{url}/api/v1/repos/alice/app", headers={"Authorization": f"token {bot_token}"}
+        )
+        assert answer.json()["permissions"] == {"admin": True, "push": True, "pull": True}
+        mine = httpx.get(f"{url}/api/v1/user", headers={"Authorization": f"token {owner_token}"})
+        assert mine.json()["login"] == "alice"
+        tokens, modes = {}, {}
+        for _ in range(3):
+            name, _, rest = out.readline().partition(" token (")
+            modes[name], _, token = rest.partition("): ")
+            tokens[name] = token.strip()
+        assert modes == {"dev": "write", "guest": "read", "stranger": "none"}
 
-            def as_(name: str) -> dict[str, str]:
-                return {"Authorization": f"token {tokens[name]}"}
+        def as_(name: str) -> dict[str, str]:
+            return {"Authorization": f"token {tokens[name]}"}
 
-            repo = f"{url}/api/v1/repos/alice/app"
-            permission = {
-                n: httpx.get(f"{repo}/collaborators/{n}/permission",
-                             headers={"Authorization": f"token {bot_token}"}).json()["permission"]
-                for n in tokens
-            }  # fmt: skip
-            assert permission == {"dev": "write", "guest": "read", "stranger": "none"}
-            opened = httpx.post(f"{repo}/issues", headers=as_("stranger"), json={"title": "Hi"})
-            assert opened.status_code == 201  # a public repository takes anyone's issue
-            said = httpx.post(f"{repo}/issues/1/comments", headers=as_("stranger"),
-                              json={"body": "me too"})  # fmt: skip
-            assert said.status_code == 201
-            label = httpx.post(f"{repo}/labels", headers=as_("dev"),
-                               json={"name": "phasegate", "color": "#0e8a16"}).json()  # fmt: skip
-            labelled = httpx.post(f"{repo}/issues/1/labels", headers=as_("dev"),
-                                  json={"labels": [label["id"]]})  # fmt: skip
-            assert [lb["name"] for lb in labelled.json()] == ["phasegate"]
-            refused = httpx.post(f"{repo}/issues/1/labels", headers=as_("stranger"),
-                                 json={"labels": [label["id"]]})  # fmt: skip
-            assert refused.status_code == 403
-        finally:
-            proc.terminate()
-            proc.wait(10)
+        repo = f"{url}/api/v1/repos/alice/app"
+        permission = {
+            n: httpx.get(f"{repo}/collaborators/{n}/permission",
+                         headers={"Authorization": f"token {bot_token}"}).json()["permission"]
+            for n in tokens
+        }  # fmt: skip
+        assert permission == {"dev": "write", "guest": "read", "stranger": "none"}
+        opened = httpx.post(f"{repo}/issues", headers=as_("stranger"), json={"title": "Hi"})
+        assert opened.status_code == 201  # a public repository takes anyone's issue
+        said = httpx.post(f"{repo}/issues/1/comments", headers=as_("stranger"),
+                          json={"body": "me too"})  # fmt: skip
+        assert said.status_code == 201
+        label = httpx.post(f"{repo}/labels", headers=as_("dev"),
+                           json={"name": "phasegate", "color": "#0e8a16"}).json()  # fmt: skip
+        labelled = httpx.post(f"{repo}/issues/1/labels", headers=as_("dev"),
+                              json={"labels": [label["id"]]})  # fmt: skip
+        assert [lb["name"] for lb in labelled.json()] == ["phasegate"]
+        refused = httpx.post(f"{repo}/issues/1/labels", headers=as_("stranger"),
+                             json={"labels": [label["id"]]})  # fmt: skip
+        assert refused.status_code == 403
 
 
 # -- webhooks -------------------------------------------------------------------------------------
 
 
 def test_webhooks_are_signed_as_gitea_signs_and_phasegate_reads_them(lab: Lab) -> None:
-    received: list[tuple[dict[str, str], bytes]] = []
-
-    class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            received.append(
-                (dict(self.headers.items()), self.rfile.read(int(self.headers["Content-Length"])))
-            )
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            """Silent."""
-
-    with ThreadingHTTPServer(("127.0.0.1", 0), Receiver) as receiver:
-        threading.Thread(target=receiver.serve_forever, daemon=True).start()
-        lab.gitea.hooks.add(REPO, f"http://127.0.0.1:{receiver.server_port}/hook", "s3cret")
+    with receiving_hooks() as (url, received):
+        lab.gitea.hooks.add(REPO, url, "s3cret")
         agent = label_id(lab, "agent")
         dev, bot = lab.client("dev"), lab.client(BOT)
         ok(lab.client("guest").post(f"{R}/issues", json={"title": "Hooked"}), 201)
@@ -493,7 +466,6 @@ def test_webhooks_are_signed_as_gitea_signs_and_phasegate_reads_them(lab: Lab) -
         ok(bot.post(f"{R}/statuses/{head}", json={"state": "success", "context": "ci"}), 201)
         ok(bot.post(f"{R}/pulls/2/merge", json={"Do": "merge"}))
         delivered = lab.gitea.hooks.wait_all()
-        receiver.shutdown()
     assert [d.status for d in delivered] == [200] * 7
     seen = [(h["X-Gitea-Event"], h["X-Gitea-Event-Type"], json.loads(b).get("action"))
             for h, b in received]  # fmt: skip

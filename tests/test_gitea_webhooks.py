@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,18 +17,12 @@ import pytest
 
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store
-from phasegate.web.auth import Access
 from phasegate.web.serve import Dashboard
 
 from gitea_forge_kit import GiteaLab, gitea, team_repo
+from support.hook_serving import SECRET, SLOW, Build, serving, wait_for
 
 __all__ = ["gitea"]
-
-Build = Callable[..., tuple[Engine, Store]]
-
-SECRET = "hook-s3cret"
-#: No poll within a test: only a delivery wakes a workflow.
-SLOW = "poll_s = 3600\nwebhook_poll_s = 3600\n"
 
 
 @pytest.fixture
@@ -39,20 +33,7 @@ def hooked(
     (dashboard and worker) with the webhook's secret set."""
     monkeypatch.setenv("PHASEGATE_WEBHOOK_SECRET", SECRET)
     repo, _ = team_repo(gitea, tmp_path, auto_merge=False, forge_extra=SLOW)
-    engine, store = engine_for(repo)
-    access = Access(token="a-dashboard-t0ken-of-length", user="alice")
-    dashboard = Dashboard(engine, access, port=0, poll_s=3600)
-    yield engine, store, dashboard
-    dashboard.stop()
-
-
-def wait_for(check: Callable[[], bool], timeout_s: float = 10.0) -> float:
-    """Seconds until ``check()`` held; fails the test past ``timeout_s``."""
-    start = time.monotonic()
-    while not check():
-        assert time.monotonic() - start < timeout_s, "timed out"
-        time.sleep(0.01)
-    return time.monotonic() - start
+    yield from serving(engine_for, repo)
 
 
 def test_a_collaborators_pr_comment_delivered_by_gitea_starts_round_two_and_a_replay_not(

@@ -19,37 +19,18 @@ from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 
 from conftest import ANSWERS_BUT_BUILD, GitHubLab, git, github_repo, scripted_cartridge
+from support.conflict_build import BOTH, alpha_and_beta, build_script, merged_through_child
 
 Build = Callable[..., tuple[Engine, Store]]
 
 
-# The build agent: in a conflict child's checkout (markers in feature.txt) it
-# resolves them to both lines when the test allows it, else leaves them; in
-# development it writes the line its ticket names.
-BUILD = """prompt=$(cat)
-if grep -q '^<<<<<<< ' feature.txt; then
-  if [ -e "{allow}" ]; then printf 'alpha\\nbeta\\n' > feature.txt; fi
-  echo resolved
-  exit 0
-fi
-case "$prompt" in
-  *"says alpha"*) echo alpha > feature.txt ;;
-  *"says beta"*) echo beta > feature.txt ;;
-  *) echo other > other.txt ;;
-esac
-echo built
-"""
-
-BOTH = "alpha\nbeta\n"
-
-
 def conflicting_repo(lab: GitHubLab, tmp_path: Path, *, resolvable: bool) -> Path:
-    """octo/widgets with feature.txt, every role scripted but build (``BUILD``)."""
+    """octo/widgets with feature.txt, every role scripted but build (``build_script``)."""
     allow = tmp_path / "resolvable"
     if resolvable:
         allow.write_text("yes\n")
     script = tmp_path / "build.sh"
-    script.write_text(BUILD.format(allow=allow))
+    script.write_text(build_script(allow))
     build = f'runner = "command"\ncommand = "sh {script}"\n'
     reviews = tmp_path / "reviews"
     reviews.mkdir()
@@ -74,11 +55,7 @@ def conflicting_repo(lab: GitHubLab, tmp_path: Path, *, resolvable: bool) -> Pat
 def waiting_pair(engine: Engine) -> tuple[str, str]:
     """Workflows alpha and beta, both waiting with a pull request made from the same
     main; alpha approved and merged by the API, completed."""
-    a = engine.start("alpha", "feature.txt says alpha")
-    b = engine.start("beta", "feature.txt says beta")
-    for wf in (a, b):
-        row = engine.advance(wf)
-        assert row["status"] == "waiting", row["error"]
+    a, b = alpha_and_beta(engine)
     engine.decide(a, lambda ctx: decisions.approve_merge(ctx, "test"))
     row = engine.advance(a)
     assert row["status"] == "completed", row["error"]
@@ -122,12 +99,7 @@ def test_a_conflict_with_githubs_main_forks_a_child_whose_resolution_github_merg
     (reviewed,) = [t for t in reviewed_diffs(tmp_path) if "gamma" in t]
     assert "+other" in reviewed and "+alpha" not in reviewed
 
-    engine.decide(b, lambda ctx: decisions.approve_merge(ctx, "test"))
-    row = engine.advance(b)
-
-    assert (row["current_phase"], row["status"]) == ("completed", "completed"), row["error"]
-    (child,) = store.child_workflows(b)
-    assert (child["status"], child["state"]["conflicted"]) == ("completed", ["feature.txt"])
+    row, child = merged_through_child(engine, store, b)
     # The resolution reached the pull request's branch on GitHub, and GitHub merged it.
     resolution = child["state"]["resolution"]
     pr = gh.pull(name, row["pr_number"])
@@ -196,10 +168,7 @@ def test_a_merge_github_refuses_as_not_mergeable_after_the_sync_forks_the_resolu
     repo = conflicting_repo(github, tmp_path, resolvable=True)
     engine, store = engine_for(repo)
     gh, name = github.server, github.repository
-    a = engine.start("alpha", "feature.txt says alpha")
-    b = engine.start("beta", "feature.txt says beta")
-    for wf in (a, b):
-        assert engine.advance(wf)["status"] == "waiting"
+    a, b = alpha_and_beta(engine)
     engine.decide(b, lambda ctx: decisions.approve_merge(ctx, "test"))
     raced = MergedMeanwhile(engine.forge, github, store.workflow_row(a)["pr_number"])
     engine.forge = raced  # type: ignore[assignment]

@@ -9,14 +9,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 from test_github_server import REPO, bare, checkout, client, gh, open_pull  # noqa: F401
 
+from support.fake_hooks import receiving_hooks
 from support.github_hooks import payload_problems
 from support.github_server import GitHubServer
 
@@ -97,24 +96,8 @@ def test_a_protected_branch_takes_a_merge_only_once_its_required_checks_passed_o
 @pytest.fixture
 def receiver() -> Iterator[tuple[str, list[tuple[dict[str, str], bytes]]]]:
     """An HTTP receiver (its URL) keeping each POST's headers and body; answers 202."""
-    got: list[tuple[dict[str, str], bytes]] = []
-
-    class Keep(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            got.append((dict(self.headers), body))
-            self.send_response(202)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = HTTPServer(("127.0.0.1", 0), Keep)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/hook", got
-    server.shutdown()
-    server.server_close()
+    with receiving_hooks(202) as (url, got):
+        yield url, got
 
 
 def test_webhooks_are_signed_deliveries_of_what_githubs_schemas_describe(

@@ -15,6 +15,7 @@ from phasegate.store import Store
 
 from conftest import git
 from gitlab_forge_kit import BOT, TEAM, gitlab, team_project
+from support.conflict_build import alpha_and_beta, merged_through_child
 from support.gitlab_lab import Lab
 
 __all__ = ["gitlab"]  # a fixture, used by name
@@ -49,20 +50,12 @@ def test_a_conflict_with_gitlabs_main_forks_a_child_whose_resolution_gitlab_merg
     engine, store = engine_for(repo)
     project = gitlab.gl.project(TEAM)
     stale = git(repo, "rev-parse", "main")
-    a = engine.start("alpha", "feature.txt says alpha")
-    b = engine.start("beta", "feature.txt says beta")
-    for wf in (a, b):
-        assert engine.advance(wf)["status"] == "waiting"
+    a, b = alpha_and_beta(engine)
     engine.decide(a, lambda ctx: decisions.approve_merge(ctx, "test"))
     assert engine.advance(a)["status"] == "completed"
     merged_a = project.bare.branch_sha("main")
 
-    engine.decide(b, lambda ctx: decisions.approve_merge(ctx, "test"))
-    row = engine.advance(b)
-
-    assert (row["current_phase"], row["status"]) == ("completed", "completed"), row["error"]
-    (child,) = store.child_workflows(b)
-    assert (child["status"], child["state"]["conflicted"]) == ("completed", ["feature.txt"])
+    row, child = merged_through_child(engine, store, b)
     resolution = child["state"]["resolution"]
     mr = project.merge_requests[row["pr_number"] - 1_000_000]
     assert mr.state == "merged" and mr.merged_sha == resolution

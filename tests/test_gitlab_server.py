@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
+from support.fake_hooks import receiving_hooks
+from support.fake_http import served_by_hand
 from support.github_git import git_env
 from support.gitlab_lab import PROJECT, Lab, ok, served
 
@@ -266,62 +266,53 @@ def test_started_by_hand() -> None:
     """``python -m support.gitlab_server`` serves until told to stop, with its people: a
     Developer labels, a Guest's label is dropped, a stranger notes on the public project,
     and the maintainer adds a webhook over REST."""
-    tests = Path(__file__).resolve().parent
-    with subprocess.Popen(
-        [sys.executable, "-m", "support.gitlab_server", "--port", "0"],
-        cwd=tests, stdout=subprocess.PIPE, text=True,
-    ) as proc:  # fmt: skip
-        try:
-            assert proc.stdout is not None
-            first = proc.stdout.readline()
-            assert first.startswith("fake GitLab at http://127.0.0.1:")
-            url = first.split()[3]
-            tokens, roles = {}, {}
-            for _ in range(6):
-                name, _, rest = proc.stdout.readline().partition(" token:")
-                tokens[name], roles[name] = rest.split()[0], rest.split("(")[1].rstrip(")\n")
-            assert roles == {
-                "maintainer": "Owner", "phasegate-bot": "GITLAB_TOKEN", "dev": "Developer",
-                "reporter": "Reporter", "guest": "Guest", "stranger": "no member",
-            }  # fmt: skip
-            api = f"{url}/api/v4/projects/acme%2Fapp"
+    with served_by_hand("support.gitlab_server") as out:
+        first = out.readline()
+        assert first.startswith("fake GitLab at http://127.0.0.1:")
+        url = first.split()[3]
+        tokens, roles = {}, {}
+        for _ in range(6):
+            name, _, rest = out.readline().partition(" token:")
+            tokens[name], roles[name] = rest.split()[0], rest.split("(")[1].rstrip(")\n")
+        assert roles == {
+            "maintainer": "Owner", "phasegate-bot": "GITLAB_TOKEN", "dev": "Developer",
+            "reporter": "Reporter", "guest": "Guest", "stranger": "no member",
+        }  # fmt: skip
+        api = f"{url}/api/v4/projects/acme%2Fapp"
 
-            def as_(name: str) -> dict[str, str]:
-                return {"PRIVATE-TOKEN": tokens[name]}
+        def as_(name: str) -> dict[str, str]:
+            return {"PRIVATE-TOKEN": tokens[name]}
 
-            answer = httpx.get(api, headers=as_("maintainer"))
-            assert answer.json()["path_with_namespace"] == "acme/app"
-            assert answer.json()["visibility"] == "public"
-            ids = {n: httpx.get(f"{url}/api/v4/user", headers=as_(n)).json()["id"] for n in tokens}
-            access = {
-                n: httpx.get(f"{api}/members/all/{ids[n]}", headers=as_("maintainer")).json()
-                .get("access_level", 0)
-                for n in ("dev", "reporter", "guest", "stranger")
-            }  # fmt: skip
-            assert access == {"dev": 30, "reporter": 20, "guest": 10, "stranger": 0}
-            made = httpx.post(f"{api}/issues", headers=as_("guest"),
-                              json={"title": "From a guest", "labels": "phasegate"})  # fmt: skip
-            assert made.status_code == 201 and made.json()["labels"] == []
-            note = httpx.post(f"{api}/issues/1/notes", headers=as_("stranger"), json={"body": "hi"})
-            assert note.status_code == 201
-            edit = {"add_labels": "phasegate", "title": "From a guest, edited"}
-            own = httpx.put(f"{api}/issues/1", headers=as_("guest"), json=edit)
-            assert own.json()["labels"] == [] and own.json()["title"] == "From a guest, edited"
-            labelled = httpx.put(f"{api}/issues/1", headers=as_("dev"),
-                                 json={"add_labels": "phasegate"})  # fmt: skip
-            assert labelled.json()["labels"] == ["phasegate"]
-            refused = httpx.post(f"{api}/hooks", headers=as_("dev"), json={"url": "http://h/"})
-            assert refused.status_code == 403
-            hook = httpx.post(f"{api}/hooks", headers=as_("maintainer"), json={
-                "url": "http://127.0.0.1:9/webhooks/gitlab", "token": "s", "note_events": True,
-            })  # fmt: skip
-            assert hook.status_code == 201 and hook.json()["note_events"] is True
-            assert hook.json()["issues_events"] is False
-            listed = httpx.get(f"{api}/hooks", headers=as_("maintainer")).json()
-            assert [h["url"] for h in listed] == ["http://127.0.0.1:9/webhooks/gitlab"]
-        finally:
-            proc.terminate()
-            proc.wait(10)
+        answer = httpx.get(api, headers=as_("maintainer"))
+        assert answer.json()["path_with_namespace"] == "acme/app"
+        assert answer.json()["visibility"] == "public"
+        ids = {n: httpx.get(f"{url}/api/v4/user", headers=as_(n)).json()["id"] for n in tokens}
+        access = {
+            n: httpx.get(f"{api}/members/all/{ids[n]}", headers=as_("maintainer")).json()
+            .get("access_level", 0)
+            for n in ("dev", "reporter", "guest", "stranger")
+        }  # fmt: skip
+        assert access == {"dev": 30, "reporter": 20, "guest": 10, "stranger": 0}
+        made = httpx.post(f"{api}/issues", headers=as_("guest"),
+                          json={"title": "From a guest", "labels": "phasegate"})  # fmt: skip
+        assert made.status_code == 201 and made.json()["labels"] == []
+        note = httpx.post(f"{api}/issues/1/notes", headers=as_("stranger"), json={"body": "hi"})
+        assert note.status_code == 201
+        edit = {"add_labels": "phasegate", "title": "From a guest, edited"}
+        own = httpx.put(f"{api}/issues/1", headers=as_("guest"), json=edit)
+        assert own.json()["labels"] == [] and own.json()["title"] == "From a guest, edited"
+        labelled = httpx.put(f"{api}/issues/1", headers=as_("dev"),
+                             json={"add_labels": "phasegate"})  # fmt: skip
+        assert labelled.json()["labels"] == ["phasegate"]
+        refused = httpx.post(f"{api}/hooks", headers=as_("dev"), json={"url": "http://h/"})
+        assert refused.status_code == 403
+        hook = httpx.post(f"{api}/hooks", headers=as_("maintainer"), json={
+            "url": "http://127.0.0.1:9/webhooks/gitlab", "token": "s", "note_events": True,
+        })  # fmt: skip
+        assert hook.status_code == 201 and hook.json()["note_events"] is True
+        assert hook.json()["issues_events"] is False
+        listed = httpx.get(f"{api}/hooks", headers=as_("maintainer")).json()
+        assert [h["url"] for h in listed] == ["http://127.0.0.1:9/webhooks/gitlab"]
 
 
 # -- python-gitlab, the client the forge will use, reads every answer ----------------------------
@@ -394,24 +385,9 @@ def test_python_gitlab_drives_the_whole_workflow(lab: Lab, client_lib: Any) -> N
 
 
 def test_webhooks_deliver_gitlabs_events_with_its_headers(lab: Lab) -> None:
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    received: list[tuple[dict[str, str], Any]] = []
-
-    class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            received.append((dict(self.headers.items()), json.loads(body)))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            """Silent."""
-
-    with ThreadingHTTPServer(("127.0.0.1", 0), Receiver) as receiver:
-        threading.Thread(target=receiver.serve_forever, daemon=True).start()
-        hook = lab.gl.hooks.add(PROJECT, f"http://127.0.0.1:{receiver.server_port}/hook", "s3cret")
+    with receiving_hooks() as (url, got):
+        hook = lab.gl.hooks.add(PROJECT, url, "s3cret")
         dev, pid = lab.client("dev"), lab.project.id
         ok(dev.post(f"/projects/{pid}/issues", json={"title": "Hooked"}), 201)
         ok(dev.post(f"/projects/{pid}/issues/1/notes", json={"body": "@bot go"}), 201)
@@ -421,7 +397,7 @@ def test_webhooks_deliver_gitlabs_events_with_its_headers(lab: Lab) -> None:
         ok(dev.post(f"/projects/{pid}/statuses/{head}", json={"state": "success"}), 201)
         ok(lab.client("alice").put(f"/projects/{pid}/merge_requests/1/merge"))
         delivered = lab.gl.hooks.wait_all()
-        receiver.shutdown()
+    received = [(headers, json.loads(body)) for headers, body in got]
     assert [d.status for d in delivered] == [200] * 5
     events = [(h["X-Gitlab-Event"], p["object_kind"], p["object_attributes"].get("action"))
               for h, p in received]  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,19 +16,13 @@ import pytest
 
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store
-from phasegate.web.auth import Access
 from phasegate.web.serve import Dashboard
 
 from gitlab_forge_kit import TEAM, gitlab, team_project
 from support.gitlab_lab import Lab
+from support.hook_serving import SECRET, SLOW, Build, serving, wait_for
 
 __all__ = ["gitlab"]  # a fixture, used by name
-
-Build = Callable[..., tuple[Engine, Store]]
-
-SECRET = "hook-s3cret"
-#: No poll within a test: only a delivery wakes a workflow.
-SLOW = "poll_s = 3600\nwebhook_poll_s = 3600\n"
 
 
 @pytest.fixture
@@ -39,20 +33,7 @@ def hooked(
     and worker) with the webhook's secret token set."""
     monkeypatch.setenv("PHASEGATE_WEBHOOK_SECRET", SECRET)
     repo, _ = team_project(gitlab, tmp_path, auto_merge=False, forge_extra=SLOW)
-    engine, store = engine_for(repo)
-    access = Access(token="a-dashboard-t0ken-of-length", user="alice")
-    dashboard = Dashboard(engine, access, port=0, poll_s=3600)
-    yield engine, store, dashboard
-    dashboard.stop()
-
-
-def wait_for(check: Callable[[], bool], timeout_s: float = 10.0) -> float:
-    """Seconds until ``check()`` held; fails the test past ``timeout_s``."""
-    start = time.monotonic()
-    while not check():
-        assert time.monotonic() - start < timeout_s, "timed out"
-        time.sleep(0.01)
-    return time.monotonic() - start
+    yield from serving(engine_for, repo)
 
 
 def test_a_developers_merge_request_note_by_webhook_starts_round_two_within_a_second(

@@ -31,6 +31,7 @@ import os
 import random
 import subprocess
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ from support.torture import (
     run_uninterrupted,
     trial_mode,
 )
-from support.torture_forge import bare_git
+from support.torture_forge import ForgeRig, bare_git
 from support.torture_gitea import GiteaRig, GiteaTrialForge, check_gitea
 from support.torture_github import (
     BOT,
@@ -133,40 +134,59 @@ def forge_seeds(name: str, first: int, count: int) -> list[int]:
     return seeds
 
 
-def test_kills_on_the_github_forge_never_duplicate_an_issue_pr_comment_or_merge(
-    tmp_path: Path, prism: PrismProxy
-) -> None:
-    rig = GitHubRig(prism)
+def break_github(lab: Lab, workflow_id: str) -> set[str]:
+    """What a duplicate would look like on GitHub, made by hand on a settled run;
+    the kinds ``check_github`` then reports."""
+    forge = lab.forge
+    assert isinstance(forge, GitHubTrialForge)
+    gh = forge.server
+    issue = next(i for i in gh.repo(REPOSITORY).issues.values() if i.pull is None)
+    gh.open_issue(REPOSITORY, issue.title, issue.body, BOT)
+    gh.comment(REPOSITORY, issue.number, issue.comments[0].body, BOT)
+    (lab.logs / "leak.log").write_text(forge.env["GITHUB_TOKEN"])
+    return {v.kind for v in check_github(lab, forge, workflow_id)}
+
+
+def torture_forge(
+    tmp_path: Path,
+    rig: ForgeRig,
+    breaks: Callable[[Lab, str], set[str]],
+    caught_kinds: set[str],
+    count: int,
+    mode: str | None = None,
+) -> list[str]:
+    """The forge's invariants shown to catch what ``breaks`` does to an uninterrupted
+    run (``caught_kinds``), then ``count`` trials killed at random on forge
+    ``rig.name``: each completes with no violation, each was interrupted, every
+    request killed in flight changed the forge, and one kill aimed at such a
+    request. The requests killed in flight."""
     caught: set[str] = set()
-
-    def break_on_purpose(lab: Lab, workflow_id: str) -> None:
-        # What a duplicate would look like on GitHub, made by hand: the invariants see it.
-        forge = lab.forge
-        assert isinstance(forge, GitHubTrialForge)
-        gh = forge.server
-        issue = next(i for i in gh.repo(REPOSITORY).issues.values() if i.pull is None)
-        gh.open_issue(REPOSITORY, issue.title, issue.body, BOT)
-        gh.comment(REPOSITORY, issue.number, issue.comments[0].body, BOT)
-        (lab.logs / "leak.log").write_text(forge.env["GITHUB_TOKEN"])
-        caught.update(v.kind for v in check_github(lab, forge, workflow_id))
-
     span = run_uninterrupted(
-        tmp_path / "uninterrupted", mode="github", rig=rig, inspect=break_on_purpose
+        tmp_path / "uninterrupted",
+        mode=mode,
+        rig=rig,
+        inspect=lambda lab, workflow_id: caught.update(breaks(lab, workflow_id)),
     )
-    assert caught == {"issues", "duplicate_comment", "token"}
+    assert caught == caught_kinds
 
-    seeds = forge_seeds("github", first_seed(), GITHUB_TRIALS)
-    trials = [
-        run_trial(tmp_path / f"trial-{s}", s, span_s=span, mode="github", rig=rig) for s in seeds
-    ]
-    report_forge("github", seeds, span, trials)
+    seeds = forge_seeds(rig.name, first_seed(), count)
+    trials = [run_trial(tmp_path / f"trial-{s}", s, span_s=span, mode=mode, rig=rig) for s in seeds]
+    report_forge(rig.name, seeds, span, trials)
     kills = [k for t in trials for k in t.kills]
     assert all(t.ok for t in trials), failures_of(trials)
     assert all(t.status == "completed" for t in trials)
     assert len(kills) >= len(trials)  # every trial was really interrupted
     in_flight = [k["request"] for k in kills if k.get("request")]
     assert all(r.split()[0] in CHANGING for r in in_flight), in_flight
-    assert any(k["aim"] == "github_request" for k in kills) or GITHUB_TRIALS < 1
+    assert any(k["aim"] == f"{rig.name}_request" for k in kills) or count < 1
+    return in_flight
+
+
+def test_kills_on_the_github_forge_never_duplicate_an_issue_pr_comment_or_merge(
+    tmp_path: Path, prism: PrismProxy
+) -> None:
+    caught = {"issues", "duplicate_comment", "token"}
+    torture_forge(tmp_path, GitHubRig(prism), break_github, caught, GITHUB_TRIALS, "github")
 
 
 def report_forge(name: str, seeds: list[int], span: float, trials: list[Trial]) -> None:
@@ -229,27 +249,10 @@ def break_gitlab(lab: Lab, workflow_id: str) -> set[str]:
 def test_kills_on_the_gitlab_forge_never_duplicate_an_issue_mr_note_or_merge(
     tmp_path: Path,
 ) -> None:
-    rig = GitLabRig()
-    caught: set[str] = set()
-    span = run_uninterrupted(
-        tmp_path / "uninterrupted",
-        rig=rig,
-        inspect=lambda lab, workflow_id: caught.update(break_gitlab(lab, workflow_id)),
-    )
     kinds = {"issues", "pull_requests", "merges", "duplicate_comment", "issue_closed"}
-    assert caught == kinds | {"labels", "token"}
-
-    seeds = forge_seeds("gitlab", first_seed(), GITLAB_TRIALS)
-    trials = [run_trial(tmp_path / f"trial-{s}", s, span_s=span, rig=rig) for s in seeds]
-    report_forge("gitlab", seeds, span, trials)
-    kills = [k for t in trials for k in t.kills]
-    assert all(t.ok for t in trials), failures_of(trials)
-    assert all(t.status == "completed" for t in trials)
-    assert len(kills) >= len(trials)  # every trial was really interrupted
-    in_flight = [k["request"] for k in kills if k.get("request")]
-    assert all(r.split()[0] in CHANGING for r in in_flight), in_flight
+    caught = kinds | {"labels", "token"}
+    in_flight = torture_forge(tmp_path, GitLabRig(), break_gitlab, caught, GITLAB_TRIALS)
     assert not any(r.endswith("/git-upload-pack") for r in in_flight), "a fetch was held"
-    assert any(k["aim"] == "gitlab_request" for k in kills) or GITLAB_TRIALS < 1
 
 
 def break_gitea(lab: Lab, workflow_id: str) -> set[str]:
@@ -281,27 +284,10 @@ def break_gitea(lab: Lab, workflow_id: str) -> set[str]:
 def test_kills_on_the_gitea_forge_never_duplicate_an_issue_pr_comment_or_merge(
     tmp_path: Path,
 ) -> None:
-    rig = GiteaRig()
-    caught: set[str] = set()
-    span = run_uninterrupted(
-        tmp_path / "uninterrupted",
-        rig=rig,
-        inspect=lambda lab, workflow_id: caught.update(break_gitea(lab, workflow_id)),
-    )
     kinds = {"issues", "pull_requests", "merges", "duplicate_comment", "issue_closed"}
-    assert caught == kinds | {"labels", "token"}
-
-    seeds = forge_seeds("gitea", first_seed(), GITEA_TRIALS)
-    trials = [run_trial(tmp_path / f"trial-{s}", s, span_s=span, rig=rig) for s in seeds]
-    report_forge("gitea", seeds, span, trials)
-    kills = [k for t in trials for k in t.kills]
-    assert all(t.ok for t in trials), failures_of(trials)
-    assert all(t.status == "completed" for t in trials)
-    assert len(kills) >= len(trials)  # every trial was really interrupted
-    in_flight = [k["request"] for k in kills if k.get("request")]
-    assert all(r.split()[0] in CHANGING for r in in_flight), in_flight
+    caught = kinds | {"labels", "token"}
+    in_flight = torture_forge(tmp_path, GiteaRig(), break_gitea, caught, GITEA_TRIALS)
     assert not any(r.endswith("/git-upload-pack") for r in in_flight), "a fetch was held"
-    assert any(k["aim"] == "gitea_request" for k in kills) or GITEA_TRIALS < 1
 
 
 # -- PostgreSQL, two workers ---------------------------------------------------------

@@ -10,8 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -25,17 +24,11 @@ from phasegate.runtime.pace import ForgePace
 from phasegate.store import Store, open_store
 from phasegate.store.values import WOKEN_AT
 from phasegate.testing import FixedClock
-from phasegate.web.auth import Access
 from phasegate.web.serve import Dashboard
 
 from conftest import GitHubLab
 from github_forge_kit import team_repo
-
-Build = Callable[..., tuple[Engine, Store]]
-
-SECRET = "hook-s3cret"
-#: No poll within a test: only a delivery wakes a workflow.
-SLOW = "poll_s = 3600\nwebhook_poll_s = 3600\n"
+from support.hook_serving import SECRET, SLOW, Build, serving, wait_for
 
 
 @pytest.fixture
@@ -46,20 +39,7 @@ def hooked(
     ``phasegate serve`` (dashboard and worker) with the webhook's secret set."""
     monkeypatch.setenv("PHASEGATE_WEBHOOK_SECRET", SECRET)
     repo, _ = team_repo(github, tmp_path, auto_merge=False, forge_extra=SLOW)
-    engine, store = engine_for(repo)
-    access = Access(token="a-dashboard-t0ken-of-length", user="alice")
-    dashboard = Dashboard(engine, access, port=0, poll_s=3600)
-    yield engine, store, dashboard
-    dashboard.stop()
-
-
-def wait_for(check: Callable[[], bool], timeout_s: float = 10.0) -> float:
-    """Seconds until ``check()`` held; fails the test past ``timeout_s``."""
-    start = time.monotonic()
-    while not check():
-        assert time.monotonic() - start < timeout_s, "timed out"
-        time.sleep(0.01)
-    return time.monotonic() - start
+    yield from serving(engine_for, repo)
 
 
 def signed(body: bytes, secret: str = SECRET) -> str:

@@ -1,30 +1,43 @@
 """What every fake forge serves alike: faults on demand, buffered bodies, git over smart HTTP.
 
-The fake GitHub and the fake GitLab differ in their paths, JSON and rules of
+The fake GitHub, GitLab and Gitea differ in their paths, JSON and rules of
 who may do what; under those they share:
 
 - ``Fault`` and ``Faults``: a planned answer (a status, its headers and body)
   or a wait, for the next requests matching a method and a path;
-- ``buffered``: a request body read whole before a planned wait, so the work is
-  done whether the client is still there or not (a timeout does not undo it);
+- ``buffered`` (``read_whole``): a request body read whole before a planned wait,
+  so the work is done whether the client is still there or not (a timeout does
+  not undo it);
 - ``serve_git``: ``git http-backend`` as a CGI, its answer streamed, once the
   forge has said who may read or push;
-- ``Serving``: uvicorn on a thread of its own, started and stopped.
+- ``Serving``: uvicorn on a thread of its own, started and stopped;
+- ``Recorded``: one request a fake answered, as its tests read it;
+- ``Route`` and ``routes_under``: the REST routes a fake registers, by decorator;
+- ``ServedForge``: a fake forge's life around it (``start``, ``stop``, ``with``),
+  with ``basic_password``, ``plain`` and ``wait_for_signal`` its servers share,
+  and ``served_by_hand``: a fake run as a person runs it, for its tests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import contextlib
 import re
+import shutil
+import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from subprocess import PIPE
-from typing import Any
+from typing import IO, Any, Protocol, Self
 
 import uvicorn
 from starlette.concurrency import run_in_threadpool
@@ -34,7 +47,22 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from support.github_git import backend_env
 
-__all__ = ["Fault", "Faults", "Serving", "buffered", "serve_git"]
+__all__ = [
+    "Fault",
+    "Faults",
+    "Recorded",
+    "Route",
+    "ServedForge",
+    "Serving",
+    "basic_password",
+    "buffered",
+    "plain",
+    "read_whole",
+    "routes_under",
+    "serve_git",
+    "served_by_hand",
+    "wait_for_signal",
+]
 
 
 @dataclass
@@ -101,21 +129,65 @@ class Faults:
             return None
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """One request a fake answered. ``login`` is who its credential named (None
+    if none or a bad one); ``body`` the parsed JSON of a REST request."""
+
+    method: str
+    path: str
+    query: str
+    status: int
+    login: str | None = None
+    body: Any = None
+
+
+@dataclass(frozen=True)
+class Route:
+    """A REST route of a fake forge: ``handler`` answers ``method`` on ``path``."""
+
+    method: str
+    path: str
+    handler: Callable[[Any], Any]
+
+
+def routes_under(
+    routes: list[Route], prefix: str
+) -> Callable[[str, str], Callable[[Callable[[Any], Any]], Callable[[Any], Any]]]:
+    """The ``@route(method, path)`` decorator registering a handler in ``routes``
+    for ``prefix + path``."""
+
+    def route(method: str, path: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
+        def register(handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
+            routes.append(Route(method, prefix + path, handler))
+            return handler
+
+        return register
+
+    return route
+
+
 async def buffered(receive: Receive) -> Receive:
     """``receive`` read to the end of the request body now, replayed later."""
+    return (await read_whole(receive))[1]
+
+
+async def read_whole(receive: Receive) -> tuple[bytes, Receive]:
+    """The request body read to its end, and a ``receive`` that replays it."""
     messages: list[Message] = []
     while True:
         message = await receive()
         messages.append(message)
         if message["type"] != "http.request" or not message.get("more_body", False):
             break
+    raw = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
 
     async def replay() -> Message:
         if messages:
             return messages.pop(0)
         return await receive()
 
-    return replay
+    return raw, replay
 
 
 class _CGIResponse(Response):
@@ -238,3 +310,100 @@ class Serving:
             self.thread.join(timeout=10)
             self.server = self.thread = None
         self.sock.close()
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+class ServedForge(Faults):
+    """A fake forge's life on 127.0.0.1, mixed into its server before its model.
+
+    The server calls ``serving_root`` in its ``__init__`` (a temporary root of
+    its own when none is given, removed again by ``stop``) and says what it
+    serves (``asgi_app``), what it is called (``title``) and what must learn
+    its URL once known (``served_at``). ``start`` serves it and returns
+    ``url``; ``stop`` ends its webhooks' deliveries and the serving; as a
+    context manager it is started and stopped around the block."""
+
+    title = "fake forge"
+    root: Path
+    hooks: Stoppable
+
+    def serving_root(self, root: Path | None, prefix: str) -> Path:
+        """``root``, or a new temporary one (``prefix``) the forge owns; readies the rest."""
+        self.owns_root = root is None
+        self.faults: list[Fault] = []
+        self.url = ""
+        self.serving: Serving | None = None
+        return Path(tempfile.mkdtemp(prefix=prefix)) if root is None else root
+
+    def asgi_app(self) -> ASGIApp:
+        raise NotImplementedError
+
+    def served_at(self, url: str) -> None:
+        """Called with the base URL before the first request is served."""
+
+    def start(self, port: int = 0) -> str:
+        """Serve on 127.0.0.1 (``port`` 0: a free one); the base URL, once serving."""
+        self.serving = Serving(port)
+        self.url = self.serving.url
+        self.served_at(self.url)
+        self.serving.run(self.asgi_app(), self.title)
+        return self.url
+
+    def stop(self) -> None:
+        self.hooks.stop()
+        if self.serving is not None:
+            self.serving.stop()
+            self.serving = None
+        if self.owns_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def basic_password(authorization: str | None) -> str | None:
+    """The password of HTTP basic auth (where a fake forge takes a token); None
+    when ``authorization`` is not basic or does not decode."""
+    scheme, _, encoded = (authorization or "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        return base64.b64decode(encoded.strip()).decode().partition(":")[2]
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def plain(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    """A ``text/plain`` answer, as a forge's git endpoint gives one."""
+    return Response(message, status, headers, media_type="text/plain")
+
+
+def wait_for_signal() -> None:
+    """Block until Ctrl-C or SIGTERM: a fake forge served for a person."""
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop.wait()
+
+
+@contextlib.contextmanager
+def served_by_hand(module: str) -> Iterator[IO[str]]:
+    """``python -m MODULE --port 0`` started from tests/ as a person starts a fake;
+    what it prints, read line by line. Terminated after the block."""
+    tests = Path(__file__).resolve().parents[1]
+    with subprocess.Popen(
+        [sys.executable, "-m", module, "--port", "0"], cwd=tests, stdout=PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            yield proc.stdout
+        finally:
+            proc.terminate()
+            proc.wait(10)

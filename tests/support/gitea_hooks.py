@@ -20,25 +20,22 @@ with all its labels and the sender; which label was added is not said, the
 issue's timeline says it (``GET .../issues/{index}/timeline``).
 
 The model announces under its lock (``Gitea.announce``); the payload is
-rendered then and sent from a thread of its own, so a receiver that calls
-the API back does not wait on the lock. Each delivery is kept
-(``delivered``) with the status its receiver answered.
+rendered then and sent by fake_hooks.py's ``Deliveries``, from a thread of
+its own. Each delivery is kept (``delivered``) with the status its receiver
+answered.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import itertools
 import json
-import queue
 import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
+from support.fake_hooks import Deliveries
 from support.gitea_model import Comment, Issue, Repo, Review, Status, User, iso
 
 if TYPE_CHECKING:
@@ -83,7 +80,6 @@ CHOSEN = {
     ),
     "status": ("status",),
 }  # fmt: skip
-DELIVERY_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -106,6 +102,7 @@ class Delivered:
     headers: dict[str, str]
     body: bytes
     status: int | None = None
+    answer: str = ""
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -136,16 +133,12 @@ def headers_for(kind: str, event: str, delivery: str, secret: str, body: bytes) 
     return headers
 
 
-class GiteaHooks:
+class GiteaHooks(Deliveries[Hook, Delivered]):
     """The hooks of every repository of ``server`` and what was delivered to them."""
 
     def __init__(self, server: GiteaServer) -> None:
+        super().__init__("fake-gitea-hooks")
         self.server = server
-        self.hooks: list[Hook] = []
-        self.delivered: list[Delivered] = []
-        self._ids = itertools.count(1)
-        self._queue: queue.Queue[Delivered | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
 
     def add(
         self, full_name: str, url: str, secret: str, events: tuple[str, ...] = tuple(EVENTS)
@@ -153,7 +146,7 @@ class GiteaHooks:
         """A hook of repository ``full_name`` for ``events`` (EVENTS' kinds)."""
         with self.server.lock:
             repo = self.server.repo(full_name)
-            hook = Hook(next(self._ids), repo.id, url, secret, frozenset(events))
+            hook = Hook(self.next_id(), repo.id, url, secret, frozenset(events))
             self.hooks.append(hook)
             return hook
 
@@ -163,7 +156,7 @@ class GiteaHooks:
         if unknown:
             raise ValueError(f"unknown hook events: {unknown}")
         kinds = frozenset(k for e in chosen for k in CHOSEN[e])
-        hook = Hook(next(self._ids), repo.id, url, secret, kinds, tuple(chosen))
+        hook = Hook(self.next_id(), repo.id, url, secret, kinds, tuple(chosen))
         self.hooks.append(hook)
         return hook
 
@@ -174,39 +167,7 @@ class GiteaHooks:
             if hook.repo_id != repo.id or kind not in hook.events:
                 continue
             headers = headers_for(kind, EVENTS[kind], str(uuid.uuid4()), hook.secret, body)
-            delivered = Delivered(hook, kind, EVENTS[kind], headers, body)
-            self.delivered.append(delivered)
-            self._start()
-            self._queue.put(delivered)
-
-    def wait_all(self, timeout_s: float = DELIVERY_TIMEOUT_S) -> list[Delivered]:
-        for delivered in list(self.delivered):
-            delivered.done.wait(timeout_s)
-        return list(self.delivered)
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=DELIVERY_TIMEOUT_S + 1)
-            self._thread = None
-
-    def _start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="fake-gitea-hooks", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=DELIVERY_TIMEOUT_S) as client:
-            while (delivered := self._queue.get()) is not None:
-                try:
-                    answer = client.post(
-                        delivered.hook.url, content=delivered.body, headers=delivered.headers
-                    )
-                    delivered.status = answer.status_code
-                except httpx.HTTPError:
-                    delivered.status = None
-                finally:
-                    delivered.done.set()
+            self.send(Delivered(hook, kind, EVENTS[kind], headers, body))
 
 
 # -- payloads (Gitea's webhook JSON) -----------------------------------------------------------

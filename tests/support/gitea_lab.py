@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from support.gitea_server import GiteaServer
-from support.github_git import git_env
+from support.github_git import git_env, push_change
 
 __all__ = ["BOT", "REPO", "Lab", "ok", "served"]
 
@@ -72,15 +72,8 @@ class Lab:
     def push_branch(self, name: str, branch: str, files: dict[str, str]) -> str:
         """Clone as ``name`` over HTTP, commit ``files`` on ``branch``, push; its SHA."""
         checkout = self.work / f"{name}-{branch.replace('/', '-')}"
-        self.git("clone", "--quiet", self.gitea.clone_url(REPO, self.token(name)), str(checkout))
-        self.git("checkout", "--quiet", "-b", branch, cwd=checkout)
-        for path, text in files.items():
-            (checkout / path).write_text(text)
-        self.git("add", "-A", cwd=checkout)
-        self.git("-c", "user.name=Dev", "-c", "user.email=dev@example.com",
-                 "commit", "--quiet", "-m", f"change {branch}", cwd=checkout)  # fmt: skip
-        self.git("push", "--quiet", "origin", branch, cwd=checkout)
-        return self.git("rev-parse", "HEAD", cwd=checkout)
+        clone_url = self.gitea.clone_url(REPO, self.token(name))
+        return push_change(self.git, clone_url, checkout, branch, files)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from support.fake_http import buffered
+from support.fake_http import Recorded, buffered, read_whole
 
 if TYPE_CHECKING:
     from support.gitea_server import GiteaServer
@@ -33,18 +33,6 @@ REASONS = {
     429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway",
     503: "Service Unavailable",
 }  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """One request answered: ``login`` is who its credentials named (None if none)."""
-
-    method: str
-    path: str
-    query: str
-    status: int
-    login: str | None = None
-    body: Any = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +75,7 @@ class Observe:
         _, user = gitea.caller(headers, {})
         raw = b""
         if api:  # read whole: the check sees the body, the app gets it replayed
-            raw, receive = await _read_all(receive)
+            raw, receive = await read_whole(receive)
         asked = _json(raw) if api else None
 
         def record(status: int) -> None:
@@ -152,21 +140,3 @@ def _refusal(check: Any, exchange: Exchange) -> str | None:
     except ValueError as broken:  # DescriptionError is one
         return str(broken)
     return None
-
-
-async def _read_all(receive: Receive) -> tuple[bytes, Receive]:
-    """The request body read to its end, and a ``receive`` that replays it."""
-    messages: list[Message] = []
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            break
-    raw = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
-
-    async def replay() -> Message:
-        if messages:
-            return messages.pop(0)
-        return await receive()
-
-    return raw, replay

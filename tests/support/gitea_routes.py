@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import math
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from support.fake_http import Route, routes_under
 from support.gitea_model import Comment, Event, GiteaError, Issue, Repo, User, iso, not_found
 
 if TYPE_CHECKING:
@@ -95,22 +96,8 @@ class Call:
         return items[(page - 1) * limit : page * limit]
 
 
-@dataclass(frozen=True)
-class Route:
-    method: str
-    path: str
-    handler: Callable[[Call], Any]
-
-
 ROUTES: list[Route] = []
-
-
-def route(method: str, path: str) -> Callable[[Callable[[Call], Any]], Callable[[Call], Any]]:
-    def register(handler: Callable[[Call], Any]) -> Callable[[Call], Any]:
-        ROUTES.append(Route(method, API + path, handler))
-        return handler
-
-    return register
+route = routes_under(ROUTES, API)
 
 
 def _since(value: str | None) -> datetime | None:

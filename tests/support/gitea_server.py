@@ -42,14 +42,8 @@ admins only.
 from __future__ import annotations
 
 import argparse
-import base64
-import binascii
 import json
-import shutil
-import signal
 import sys
-import tempfile
-import threading
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -62,9 +56,17 @@ from fastapi import FastAPI, Request, Response  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 from starlette.concurrency import run_in_threadpool  # noqa: E402
 from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
+from starlette.types import ASGIApp  # noqa: E402
 
 import support.gitea_pulls  # noqa: E402, F401  (registers the pull and status routes)
-from support.fake_http import Fault, Faults, Serving, serve_git  # noqa: E402
+from support.fake_http import (  # noqa: E402
+    Fault,
+    ServedForge,
+    basic_password,
+    plain,
+    serve_git,
+    wait_for_signal,
+)
 from support.gitea_hooks import GiteaHooks  # noqa: E402
 from support.gitea_json import Shapes  # noqa: E402
 from support.gitea_model import GiteaError, Repo, User  # noqa: E402
@@ -79,48 +81,27 @@ DEFAULT_PORT = 8125
 PEOPLE = {"dev": "write", "guest": "read", "stranger": "none"}
 
 
-class GiteaServer(Faults, Gitea):
+class GiteaServer(ServedForge, Gitea):
     """The fake Gitea, served. ``start()`` returns ``url``; ``stop()`` ends it."""
 
+    title = "fake Gitea"
+
     def __init__(self, root: Path | None = None, clock: Callable[[], datetime] = utc_now) -> None:
-        self._own_root = root is None
-        super().__init__(
-            Path(tempfile.mkdtemp(prefix="fake-gitea-")) if root is None else root, clock
-        )
+        super().__init__(self.serving_root(root, "fake-gitea-"), clock)
         self.hooks = GiteaHooks(self)
         self.requests: list[Recorded] = []
-        self.faults: list[Fault] = []
         self.check: Callable[[Exchange], None] | None = None
         self.violations: list[str] = []
-        self.url = ""
         self.shapes = Shapes("http://127.0.0.1", self)
-        self._serving: Serving | None = None
 
-    def start(self, port: int = 0) -> str:
-        """Serve on 127.0.0.1 (``port`` 0: a free one); the base URL, once serving."""
-        self._serving = Serving(port)
-        self.url = self._serving.url
-        self.shapes = Shapes(self.url, self)
-        self._serving.run(Observe(build_app(self), self), "fake Gitea")
-        return self.url
+    def asgi_app(self) -> ASGIApp:
+        return Observe(build_app(self), self)
+
+    def served_at(self, url: str) -> None:
+        self.shapes = Shapes(url, self)
 
     def announce(self, repo: Repo, kind: str, render: Callable[[Shapes], dict[str, Any]]) -> None:
         self.hooks.announce(repo, kind, render(self.shapes))
-
-    def stop(self) -> None:
-        self.hooks.stop()
-        if self._serving is not None:
-            self._serving.stop()
-            self._serving = None
-        if self._own_root:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> GiteaServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def clone_url(self, full_name: str, token: str | None = None, login: str = "git") -> str:
         """The repository's HTTP clone URL, with ``login:TOKEN@`` when given."""
@@ -146,14 +127,7 @@ class GiteaServer(Faults, Gitea):
         return False, None
 
     def basic_user(self, authorization: str | None) -> User | None:
-        scheme, _, encoded = (authorization or "").partition(" ")
-        if scheme.lower() != "basic":
-            return None
-        try:
-            _, _, password = base64.b64decode(encoded).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-        return self.token_user(password)
+        return self.token_user(basic_password(authorization))
 
 
 def build_app(gitea: GiteaServer) -> FastAPI:
@@ -208,25 +182,21 @@ def _endpoint(gitea: GiteaServer, r: Route) -> Callable[[Request], Any]:
     return endpoint
 
 
-def _text(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
-    return Response(message, status, headers, media_type="text/plain")
-
-
 async def _git(gitea: GiteaServer, request: Request) -> Response:
     """Smart HTTP through ``git http-backend``: basic auth with a token, access, then the CGI."""
     params = request.path_params
     user = gitea.basic_user(request.headers.get("authorization"))
     if user is None:
-        return _text("Unauthorized\n", 401, {"WWW-Authenticate": 'Basic realm="Gitea"'})
+        return plain("Unauthorized\n", 401, {"WWW-Authenticate": 'Basic realm="Gitea"'})
     try:
         repo = gitea.repo(f"{params['owner']}/{params['name']}")
     except GiteaError:
-        return _text("Not found.\n", 404)
+        return plain("Not found.\n", 404)
     push = "git-receive-pack" in (params["rest"] + request.url.query)
     if repo.private and not repo.can(user, "read"):
-        return _text("Not found.\n", 404)
+        return plain("Not found.\n", 404)
     if push and not repo.can(user, "write"):
-        return _text("User permission denied for writing.\n", 403)
+        return plain("User permission denied for writing.\n", 403)
     path_info = f"/{repo.full_name}.git/{params['rest']}"
     return await serve_git(request, gitea.root, path_info, user.login)
 
@@ -262,10 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} token ({mode}): {gitea.users[name].tokens[0]}")
         print(f"clone: git clone {gitea.clone_url(args.repo, 'TOKEN')}")
         sys.stdout.flush()
-        stop = threading.Event()
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        stop.wait()
+        wait_for_signal()
     finally:
         gitea.stop()
     return 0

@@ -115,15 +115,10 @@ class Gitea(Merging):
         owner_login, _, name = full_name.partition("/")
         with self.lock:
             owner = self.users[owner_login]
-            bare = BareRepo(self.root / f"{full_name}.git")
-            bare.init(default_branch)
-            if from_path is not None:
-                bare.seed(from_path)
-            else:
-                bare.first_commit(
-                    default_branch, {"README.md": f"# {name}\n"}, "Initial commit",
-                    Identity(owner.full_name, owner.email),
-                )  # fmt: skip
+            author = Identity(owner.full_name, owner.email)
+            bare = BareRepo.made(
+                self.root / f"{full_name}.git", default_branch, from_path, name, author
+            )
             repo = Repo(
                 self.next_id("repo"), owner, name, bare, self.clock(), default_branch, private
             )

@@ -6,7 +6,8 @@ repository: refs and SHAs, whether a pull request merges cleanly
 a review comment points at, and the merge itself (merge, squash or rebase),
 written with ``commit-tree`` and a compare-and-swap ``update-ref`` so a head
 that moved meanwhile is noticed. ``backend_env`` builds the CGI environment
-``git http-backend`` serves smart HTTP with.
+``git http-backend`` serves smart HTTP with; ``push_change`` is how a test's
+developer pushes a branch to any fake forge.
 
 Every git here runs with no system or global configuration: a developer's
 ``~/.gitconfig`` (hooks, signing, default branch) never changes what the fake does.
@@ -18,11 +19,19 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BareRepo", "GitError", "Identity", "PullFacts", "backend_env", "git_env"]
+__all__ = [
+    "BareRepo",
+    "GitError",
+    "Identity",
+    "PullFacts",
+    "backend_env",
+    "git_env",
+    "push_change",
+]
 
 #: Who commits a merge on GitHub's side (as github.com writes it).
 GITHUB_COMMITTER = ("GitHub", "noreply@github.com")
@@ -111,6 +120,23 @@ class BareRepo:
     def git(self, *args: str, env: Mapping[str, str] | None = None) -> str:
         """Run git in the bare repository; its stdout. Raises GitError."""
         return _run(list(args), cwd=self.path, env=env).stdout
+
+    @classmethod
+    def made(
+        cls, path: Path, default_branch: str, from_path: Path | None, name: str, author: Identity
+    ) -> BareRepo:
+        """A new bare repository at ``path``, seeded from the repository at
+        ``from_path`` or else given a first commit by ``author`` holding a README
+        titled ``name`` (as a fake Gitea or GitLab makes one)."""
+        bare = cls(path)
+        bare.init(default_branch)
+        if from_path is not None:
+            bare.seed(from_path)
+        else:
+            bare.first_commit(
+                default_branch, {"README.md": f"# {name}\n"}, "Initial commit", author
+            )
+        return bare
 
     def init(self, default_branch: str) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -292,3 +318,20 @@ def backend_env(
         if header in headers:
             env[variable] = headers[header]
     return env
+
+
+def push_change(
+    git: Callable[..., str], clone_url: str, checkout: Path, branch: str, files: Mapping[str, str]
+) -> str:
+    """Clone ``clone_url`` into ``checkout``, commit ``files`` there on a new
+    ``branch`` as a developer and push it; its SHA. ``git(*args, cwd=...)``
+    runs each step (the caller's, failing the test when one fails)."""
+    git("clone", "--quiet", clone_url, str(checkout))
+    git("checkout", "--quiet", "-b", branch, cwd=checkout)
+    for path, text in files.items():
+        (checkout / path).write_text(text)
+    git("add", "-A", cwd=checkout)
+    git("-c", "user.name=Dev", "-c", "user.email=dev@example.com",
+        "commit", "--quiet", "-m", f"change {branch}", cwd=checkout)  # fmt: skip
+    git("push", "--quiet", "origin", branch, cwd=checkout)
+    return git("rev-parse", "HEAD", cwd=checkout)

@@ -22,17 +22,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-import itertools
 import json
-import queue
 import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
+from support.fake_hooks import DELIVERY_TIMEOUT_S, Deliveries
 from support.github_json import Shapes
 from support.github_model import GitHubError, Repo, User, invalid
 from support.github_routes import Call, route
@@ -41,9 +38,6 @@ if TYPE_CHECKING:
     from support.github_server import GitHubServer
 
 __all__ = ["Delivered", "Hook", "HookDeliveries", "payload_problems"]
-
-#: How long GitHub waits for a receiver's answer before it counts a delivery failed.
-DELIVERY_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -70,22 +64,18 @@ class Delivered:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-class HookDeliveries:
+class HookDeliveries(Deliveries[Hook, Delivered]):
     """The hooks of every repository of ``server`` and what was delivered to them."""
 
     def __init__(self, server: GitHubServer) -> None:
+        super().__init__("fake-github-hooks")
         self.server = server
-        self.hooks: list[Hook] = []
-        self.delivered: list[Delivered] = []
-        self._ids = itertools.count(1)
-        self._queue: queue.Queue[Delivered | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
 
     def add(self, repo: str, url: str, secret: str, events: tuple[str, ...] = ("*",)) -> Hook:
         """A hook on ``repo`` posting ``events`` to ``url``, signed with ``secret``."""
         with self.server.lock:
             full_name = self.server.repo(repo).full_name
-            hook = Hook(next(self._ids), full_name, url, secret, frozenset(events))
+            hook = Hook(self.next_id(), full_name, url, secret, frozenset(events))
             self.hooks.append(hook)
             return hook
 
@@ -114,47 +104,15 @@ class HookDeliveries:
                 "X-GitHub-Hook-Installation-Target-ID": str(r.id),
                 "X-Hub-Signature-256": f"sha256={signature}",
             }
-            self._send(Delivered(guid, hook, event, headers, body))
+            self.send(Delivered(guid, hook, event, headers, body))
 
     def redeliver(self, delivered: Delivered) -> Delivered:
         """Send ``delivered`` again, headers and body as they were; the new delivery."""
         again = Delivered(delivered.guid, delivered.hook, delivered.event,
                           dict(delivered.headers), delivered.body)  # fmt: skip
-        self._send(again)
+        self.send(again)
         again.done.wait(DELIVERY_TIMEOUT_S + 1)
         return again
-
-    def wait_all(self, timeout_s: float = DELIVERY_TIMEOUT_S) -> list[Delivered]:
-        """Every delivery so far, once each has its answer (or ``timeout_s`` passed)."""
-        for delivered in list(self.delivered):
-            delivered.done.wait(timeout_s)
-        return list(self.delivered)
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=DELIVERY_TIMEOUT_S + 1)
-            self._thread = None
-
-    def _send(self, delivered: Delivered) -> None:
-        self.delivered.append(delivered)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="fake-github-hooks", daemon=True)
-            self._thread.start()
-        self._queue.put(delivered)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=DELIVERY_TIMEOUT_S) as client:
-            while (delivered := self._queue.get()) is not None:
-                try:
-                    answer = client.post(
-                        delivered.hook.url, content=delivered.body, headers=delivered.headers
-                    )
-                    delivered.status, delivered.answer = answer.status_code, answer.text[:2000]
-                except httpx.HTTPError as exc:
-                    delivered.answer = f"{type(exc).__name__}: {exc}"
-                finally:
-                    delivered.done.set()
 
 
 # -- webhooks over REST (repos/create-webhook): what a repository's admin sets up --

@@ -49,15 +49,10 @@ free port::
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hashlib
 import json
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -70,7 +65,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from support import github_ci, github_people  # noqa: F401  (each registers its routes in ROUTES)
-from support.fake_http import Fault, Faults, Serving, buffered, serve_git
+from support.fake_http import (
+    Fault,
+    Recorded,
+    ServedForge,
+    basic_password,
+    buffered,
+    plain,
+    serve_git,
+)
 from support.github_hooks import HookDeliveries
 from support.github_json import Shapes
 from support.github_model import App, GitHubError, Repo, User, utc_now
@@ -84,19 +87,6 @@ RATE_LIMIT = 5000
 #: How long a GitHub App JWT may live (GitHub refuses an ``exp`` further than 10 minutes).
 JWT_MAX_S = 600
 INSTALLATION_TOKEN_S = 3600
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """One request the server answered. ``login`` is who its credential named
-    (None if none or a bad one); ``body`` the parsed JSON of a REST request."""
-
-    method: str
-    path: str
-    query: str
-    status: int
-    login: str | None = None
-    body: Any = None
 
 
 def error_body(
@@ -123,51 +113,30 @@ _REASONS = {
 }
 
 
-class GitHubServer(Faults, GitHub):
+class GitHubServer(ServedForge, GitHub):
     """The fake GitHub, served. ``start()`` returns ``url``; ``stop()`` ends it
     (and removes ``root`` when the server made it). Use as a context manager."""
 
+    title = "fake GitHub"
+
     def __init__(self, root: Path | None = None, clock: Callable[[], datetime] = utc_now) -> None:
-        self._own_root = root is None
-        super().__init__(
-            Path(tempfile.mkdtemp(prefix="fake-github-")) if root is None else root, clock
-        )
+        super().__init__(self.serving_root(root, "fake-github-"), clock)
         self.hooks = HookDeliveries(self)
         self.requests: list[Recorded] = []
-        self.faults: list[Fault] = []
-        self.url = ""
         self.shapes = Shapes("http://127.0.0.1", self.association)
         self._used: dict[str, tuple[int, int]] = {}  # login → (window start, requests used)
-        self._serving: Serving | None = None
 
-    # -- lifecycle ------------------------------------------------------------------------
-    def start(self, port: int = 0) -> str:
-        """Serve on 127.0.0.1 (``port`` 0: a free one); the base URL, once serving."""
-        self._serving = Serving(port)
-        self.url = self._serving.url
-        self.shapes = Shapes(self.url, self.association)
-        self._serving.run(_Observe(build_app(self), self), "fake GitHub")
-        return self.url
+    # -- lifecycle (fake_http.ServedForge) ----------------------------------------------------
+    def asgi_app(self) -> ASGIApp:
+        return _Observe(build_app(self), self)
+
+    def served_at(self, url: str) -> None:
+        self.shapes = Shapes(url, self.association)
 
     def announce(
         self, r: Repo, event: str, sender: User, render: Callable[[Shapes], dict[str, Any]]
     ) -> None:
         self.hooks.announce(r, event, sender, render)
-
-    def stop(self) -> None:
-        self.hooks.stop()
-        if self._serving is not None:
-            self._serving.stop()
-            self._serving = None
-        if self._own_root:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> GitHubServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- callers ------------------------------------------------------------------------------
     def association(self, repo: Repo, user: User) -> str:
@@ -186,14 +155,8 @@ class GitHubServer(Faults, GitHub):
 
     def basic_user(self, authorization: str | None) -> User | None:
         """Who HTTP basic auth names: its password is a token (any user name)."""
-        scheme, _, encoded = (authorization or "").partition(" ")
-        if scheme.lower() != "basic":
-            return None
-        try:
-            _, _, password = base64.b64decode(encoded.strip()).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-        return self.user_for_token(password)
+        password = basic_password(authorization)
+        return None if password is None else self.user_for_token(password)
 
     def app_for_jwt(self, authorization: str | None) -> App:
         """The App whose RS256 JWT ``Authorization: Bearer`` carries; GitHubError 401 if none."""
@@ -381,23 +344,18 @@ async def _git(gh: GitHubServer, request: Request) -> Response:
     authorization = request.headers.get("authorization")
     user = gh.basic_user(authorization) or gh.token_user(authorization)
     if user is None:
-        return Response(
-            "Authentication failed\n",
-            401,
-            {"WWW-Authenticate": 'Basic realm="GitHub"'},
-            media_type="text/plain",
-        )
+        return plain("Authentication failed\n", 401, {"WWW-Authenticate": 'Basic realm="GitHub"'})
     try:
         repo = gh.repo(f"{params['owner']}/{params['name']}")
     except GitHubError:
-        return Response("Repository not found.\n", 404, media_type="text/plain")
+        return plain("Repository not found.\n", 404)
     push = "git-receive-pack" in (params["rest"] + request.url.query)
     have = gh.permission(repo, user.login)
     if have == "none":
-        return Response("Repository not found.\n", 404, media_type="text/plain")
+        return plain("Repository not found.\n", 404)
     if push and have not in ("write", "maintain", "admin"):
         message = f"Permission to {repo.full_name}.git denied to {user.login}.\n"
-        return Response(message, 403, media_type="text/plain")
+        return plain(message, 403)
 
     def pushed() -> None:
         with gh.lock:

@@ -11,23 +11,20 @@ GitLab's webhook JSON: ``object_kind``, ``event_type``, ``user``,
 requests), and for a note the ``issue`` or ``merge_request`` it is on.
 
 The model announces under its lock (``GitLab.announce``); the payload is
-rendered then and sent from a thread of its own, so a receiver that calls
-the API back does not wait on the lock. Each delivery is kept
-(``delivered``) with the status its receiver answered.
+rendered then and sent by fake_hooks.py's ``Deliveries``, from a thread of
+its own. Each delivery is kept (``delivered``) with the status its receiver
+answered.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-import queue
 import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
+from support.fake_hooks import Deliveries
 from support.gitlab_model import Issue, MergeRequest, Note, Pipeline, Project, User, iso
 
 if TYPE_CHECKING:
@@ -42,7 +39,6 @@ EVENTS = {
     "merge_requests_events": "Merge Request Hook",
     "pipeline_events": "Pipeline Hook",
 }
-DELIVERY_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -64,6 +60,7 @@ class Delivered:
     headers: dict[str, str]
     body: bytes
     status: int | None = None
+    answer: str = ""
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -71,16 +68,12 @@ class Delivered:
         return json.loads(self.body)
 
 
-class GitLabHooks:
+class GitLabHooks(Deliveries[Hook, Delivered]):
     """The hooks of every project of ``server`` and what was delivered to them."""
 
     def __init__(self, server: GitLabServer) -> None:
+        super().__init__("fake-gitlab-hooks")
         self.server = server
-        self.hooks: list[Hook] = []
-        self.delivered: list[Delivered] = []
-        self._ids = itertools.count(1)
-        self._queue: queue.Queue[Delivered | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
 
     def add(
         self, ref: str | int, url: str, token: str, events: tuple[str, ...] = tuple(EVENTS)
@@ -89,7 +82,7 @@ class GitLabHooks:
         with self.server.lock:
             project = self.server.project(ref)
             hook = Hook(
-                next(self._ids), project.id, url, token, frozenset(EVENTS[e] for e in events)
+                self.next_id(), project.id, url, token, frozenset(EVENTS[e] for e in events)
             )
             self.hooks.append(hook)
             return hook
@@ -110,39 +103,7 @@ class GitLabHooks:
                 "X-Gitlab-Webhook-UUID": hook.uuid,
                 "X-Gitlab-Instance": self.server.url,
             }
-            delivered = Delivered(hook, event, headers, body)
-            self.delivered.append(delivered)
-            self._start()
-            self._queue.put(delivered)
-
-    def wait_all(self, timeout_s: float = DELIVERY_TIMEOUT_S) -> list[Delivered]:
-        for delivered in list(self.delivered):
-            delivered.done.wait(timeout_s)
-        return list(self.delivered)
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=DELIVERY_TIMEOUT_S + 1)
-            self._thread = None
-
-    def _start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="fake-gitlab-hooks", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=DELIVERY_TIMEOUT_S) as client:
-            while (delivered := self._queue.get()) is not None:
-                try:
-                    answer = client.post(
-                        delivered.hook.url, content=delivered.body, headers=delivered.headers
-                    )
-                    delivered.status = answer.status_code
-                except httpx.HTTPError:
-                    delivered.status = None
-                finally:
-                    delivered.done.set()
+            self.send(Delivered(hook, event, headers, body))
 
 
 # -- payloads (GitLab's webhook JSON) ---------------------------------------------------------

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import math
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from support.fake_http import Route, routes_under
 from support.gitlab_hooks import EVENTS
 from support.gitlab_model import ACCESS, GitLabError, Issue, Label, MergeRequest, Project, User
 from support.gitlab_state import label_names
@@ -93,22 +94,8 @@ class Call:
         return items[(page - 1) * per_page : page * per_page]
 
 
-@dataclass(frozen=True)
-class Route:
-    method: str
-    path: str
-    handler: Callable[[Call], Any]
-
-
 ROUTES: list[Route] = []
-
-
-def route(method: str, path: str) -> Callable[[Callable[[Call], Any]], Callable[[Call], Any]]:
-    def register(handler: Callable[[Call], Any]) -> Callable[[Call], Any]:
-        ROUTES.append(Route(method, API + path, handler))
-        return handler
-
-    return register
+route = routes_under(ROUTES, API)
 
 
 def _filter_state(items: list[Any], state: Any) -> list[Any]:

@@ -43,14 +43,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import binascii
 import json
-import shutil
-import signal
 import sys
-import tempfile
-import threading
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,7 +61,15 @@ from starlette.concurrency import run_in_threadpool  # noqa: E402
 from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 
-from support.fake_http import Fault, Faults, Serving, buffered, serve_git  # noqa: E402
+from support.fake_http import (  # noqa: E402
+    Fault,
+    ServedForge,
+    basic_password,
+    buffered,
+    plain,
+    serve_git,
+    wait_for_signal,
+)
 from support.gitlab_hooks import GitLabHooks  # noqa: E402
 from support.gitlab_json import Shapes  # noqa: E402
 from support.gitlab_model import ACCESS, GitLabError, Project, User  # noqa: E402
@@ -99,48 +101,27 @@ class Recorded:
     body: Any = None
 
 
-class GitLabServer(Faults, GitLab):
+class GitLabServer(ServedForge, GitLab):
     """The fake GitLab, served. ``start()`` returns ``url``; ``stop()`` ends it."""
 
+    title = "fake GitLab"
+
     def __init__(self, root: Path | None = None, clock: Callable[[], datetime] = utc_now) -> None:
-        self._own_root = root is None
-        super().__init__(
-            Path(tempfile.mkdtemp(prefix="fake-gitlab-")) if root is None else root, clock
-        )
+        super().__init__(self.serving_root(root, "fake-gitlab-"), clock)
         self.hooks = GitLabHooks(self)
         self.requests: list[Recorded] = []
-        self.faults: list[Fault] = []
-        self.url = ""
         self.shapes = Shapes("http://127.0.0.1", self)
-        self._serving: Serving | None = None
 
-    def start(self, port: int = 0) -> str:
-        """Serve on 127.0.0.1 (``port`` 0: a free one); the base URL, once serving."""
-        self._serving = Serving(port)
-        self.url = self._serving.url
-        self.shapes = Shapes(self.url, self)
-        self._serving.run(_Observe(build_app(self), self), "fake GitLab")
-        return self.url
+    def asgi_app(self) -> ASGIApp:
+        return _Observe(build_app(self), self)
+
+    def served_at(self, url: str) -> None:
+        self.shapes = Shapes(url, self)
 
     def announce(
         self, project: Project, event: str, render: Callable[[str], dict[str, Any]]
     ) -> None:
         self.hooks.announce(project, event, render(self.url))
-
-    def stop(self) -> None:
-        self.hooks.stop()
-        if self._serving is not None:
-            self._serving.stop()
-            self._serving = None
-        if self._own_root:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> GitLabServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def clone_url(self, ref: str | int, token: str | None = None) -> str:
         """The project's HTTP clone URL, with ``oauth2:TOKEN@`` when given."""
@@ -158,14 +139,7 @@ class GitLabServer(Faults, GitLab):
         return self.token_user(token.strip()) if scheme.lower() == "bearer" else None
 
     def basic_user(self, authorization: str | None) -> User | None:
-        scheme, _, encoded = (authorization or "").partition(" ")
-        if scheme.lower() != "basic":
-            return None
-        try:
-            _, _, password = base64.b64decode(encoded).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-        return self.token_user(password)
+        return self.token_user(basic_password(authorization))
 
 
 class _Observe:
@@ -285,28 +259,24 @@ def _endpoint(gl: GitLabServer, r: Route) -> Callable[[Request], Any]:
     return endpoint
 
 
-def _text(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
-    return Response(message, status, headers, media_type="text/plain")
-
-
 async def _git(gl: GitLabServer, request: Request) -> Response:
     """Smart HTTP through ``git http-backend``: basic auth with a token, roles, then the CGI."""
     params = request.path_params
     user = gl.basic_user(request.headers.get("authorization"))
     if user is None:
-        return _text(
+        return plain(
             "HTTP Basic: Access denied\n", 401, {"WWW-Authenticate": 'Basic realm="GitLab"'}
         )
     try:
         project = gl.project(params["project"])
     except GitLabError:
-        return _text("The project you were looking for could not be found.\n", 404)
+        return plain("The project you were looking for could not be found.\n", 404)
     push = "git-receive-pack" in (params["rest"] + request.url.query)
     level = project.level(user)
     if level < ACCESS["reporter"]:
-        return _text("The project you were looking for could not be found.\n", 404)
+        return plain("The project you were looking for could not be found.\n", 404)
     if push and level < ACCESS["developer"]:
-        return _text("You are not allowed to push code to this project.\n", 403)
+        return plain("You are not allowed to push code to this project.\n", 403)
     path_info = f"/{project.full_path}.git/{params['rest']}"
     return await serve_git(request, gl.root, path_info, user.username)
 
@@ -340,10 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name + ' token:':<21}{gl.users[name].tokens[0]}  ({said})")
         print(f"clone: git clone {gl.clone_url(args.project, 'TOKEN')}")
         sys.stdout.flush()
-        stop = threading.Event()
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        stop.wait()
+        wait_for_signal()
     finally:
         gl.stop()
     return 0

@@ -124,15 +124,10 @@ class GitLab:
         with self.lock:
             user = self.users[owner]
             pid = self.next_id("project")
-            bare = BareRepo(self.root / f"{full_path}.git")
-            bare.init(default_branch)
-            if from_path is not None:
-                bare.seed(from_path)
-            else:
-                bare.first_commit(
-                    default_branch, {"README.md": f"# {path}\n"}, "Initial commit",
-                    Identity(user.name, user.email),
-                )  # fmt: skip
+            author = Identity(user.name, user.email)
+            bare = BareRepo.made(
+                self.root / f"{full_path}.git", default_branch, from_path, path, author
+            )
             project = Project(
                 pid, namespace or owner, path, user, bare, self.clock(), default_branch
             )

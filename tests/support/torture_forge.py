@@ -17,9 +17,12 @@ for the rest through two protocols:
   ``answered()`` is every request answered so far; ``check(lab, workflow_id)``
   reads the forge's invariants on the settled trial.
 
-``FakeForge`` implements the request side of ``TrialForge`` over a fake server
-mixing in ``support.fake_http.Faults`` and recording its ``requests``; the
-helpers below (``check_token``, ``check_merge_line``, ``first_verdict``) are the
+``FakeRig`` is what every rig starts with (``changes_per_run``); ``FakeForge``
+implements the request side of ``TrialForge`` over a fake server mixing in
+``support.fake_http.Faults`` and recording its ``requests``, and writes the
+``[forge]`` table (``forge_table``). The helpers below (``Findings``,
+``check_issues``, ``check_twice``, ``check_token``, ``check_merge_line``,
+``check_verdict_first``, ``check_status_labels``, ``first_verdict``) are the
 invariants every forge reads alike.
 """
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import re
 import subprocess
+from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,12 +49,19 @@ __all__ = [
     "HOLD_S",
     "MARKER",
     "FakeForge",
+    "FakeRig",
+    "Findings",
     "ForgeRig",
     "TrialForge",
     "bare_git",
+    "check_issues",
     "check_merge_line",
+    "check_status_labels",
     "check_token",
+    "check_twice",
+    "check_verdict_first",
     "first_verdict",
+    "forge_table",
     "request_aim",
     "utc",
 ]
@@ -102,18 +113,58 @@ class ForgeRig(Protocol):
     def forge_for(self, root: Path) -> TrialForge: ...
 
 
+class FakeRig:
+    """What every fake forge's rig starts a run of trials with."""
+
+    def __init__(self) -> None:
+        #: The changing requests an uninterrupted run made (``run_uninterrupted`` sets
+        #: it): the trials spread their kill moments over what is left of that.
+        self.changes_per_run = 0
+
+
+def forge_table(kind: str, repository: str, base_url: str) -> str:
+    """The cartridge's ``[forge]`` table: ``kind`` at ``base_url``, polled every 0.2 s."""
+    return (
+        f'[forge]\nkind = "{kind}"\nrepository = "{repository}"\n'
+        f'base_url = "{base_url}"\npoll_s = 0.2\n'
+    )
+
+
 class FakeForge:
     """The request side of a ``TrialForge`` on ``server``: a fake forge with
     ``lock``, ``faults`` and ``delay`` (``fake_http.Faults``) and ``requests``
-    (each with ``method`` and ``path``). Subclasses add the rest."""
+    (each with ``method`` and ``path``), and the ``bot`` phasegate acts as
+    there. Subclasses add the rest."""
 
     name: str = ""
+    #: The repository the trial runs on, as the ``[forge]`` table names it.
+    repository: str = ""
+    #: The variable the worker finds the bot's token in.
+    token_env: str = ""
     changing: tuple[str, ...] = CHANGING
     #: Which changing requests a hold may catch (``re.search`` on the path): any.
     held_paths = r"."
 
-    def __init__(self, server: Any) -> None:
-        self.server = server
+    def __init__(self, server: Any, bot: Any) -> None:
+        self.server, self.bot = server, bot
+
+    @property
+    def base_url(self) -> str:
+        """Where phasegate finds the forge: the fake itself."""
+        return str(self.server.url)
+
+    def token(self) -> str:
+        """The bot's token."""
+        raise NotImplementedError
+
+    def cartridge(self) -> str:
+        """The ``[forge]`` table: ``repository`` at ``base_url``, polled every 0.2 s."""
+        return forge_table(self.name, self.repository, self.base_url)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a phasegate process of the trial needs beyond its environment."""
+        return {self.token_env: self.token()}
 
     def answered(self) -> list[tuple[str, str]]:
         """(method, path) of every request the fake answered so far, in order."""
@@ -148,6 +199,51 @@ class FakeForge:
 
 
 # -- what every forge's invariants read alike ----------------------------------------------
+
+
+class Findings(list[Violation]):
+    """The violations found on a trial, in the order they were found."""
+
+    def expect(self, ok: bool, kind: str, detail: str) -> None:
+        """A ``kind`` violation saying ``detail`` unless ``ok``."""
+        if not ok:
+            self.append(Violation(kind, detail))
+
+
+def check_issues(issues: int, ours: int, where: str) -> list[Violation]:
+    """[``issues``] Exactly one issue on ``where``, holding the workflow's marker."""
+    if issues == 1 and ours == 1:
+        return []
+    return [Violation("issues", f"{issues} issues on {where}, {ours} with the workflow's marker")]
+
+
+def check_twice(markers: Counter[Any], what: str) -> list[Violation]:
+    """[``duplicate_comment``] No hidden marker counted twice (``what`` names the keys)."""
+    twice = {key: n for key, n in markers.items() if n > 1}
+    if not twice:
+        return []
+    return [Violation("duplicate_comment", f"{what} more than once: {twice}")]
+
+
+def check_verdict_first(
+    lab: Lab, workflow_id: str, closed_at: datetime | None, *, to_the_second: bool = False
+) -> list[Violation]:
+    """[``issue_closed``] The issue, closed at ``closed_at`` (None: not closed), closed
+    no earlier than a verifier first answered (``to_the_second``: ``closed_at``'s
+    microseconds left out, as ``first_verdict`` leaves them out)."""
+    first = first_verdict(lab, workflow_id)
+    compared = closed_at.replace(microsecond=0) if closed_at and to_the_second else closed_at
+    if closed_at is not None and (first is None or (compared is not None and compared < first)):
+        return [Violation("issue_closed", f"closed at {closed_at}; first verdict {first}")]
+    return []
+
+
+def check_status_labels(labels: Iterable[str]) -> list[Violation]:
+    """[``labels``] ``phasegate:done`` the issue's only status label."""
+    status = sorted(x for x in labels if x.startswith("phasegate:"))
+    if status != ["phasegate:done"]:
+        return [Violation("labels", f"the issue's status labels: {status}")]
+    return []
 
 
 def check_token(

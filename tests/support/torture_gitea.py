@@ -44,9 +44,14 @@ from support.torture_forge import (
     CHANGES_ONLY,
     MARKER,
     FakeForge,
+    FakeRig,
+    Findings,
+    check_issues,
     check_merge_line,
+    check_status_labels,
     check_token,
-    first_verdict,
+    check_twice,
+    check_verdict_first,
 )
 from support.torture_lab import FORGE_DIR, Violation
 
@@ -60,7 +65,7 @@ OWNER = "octo"
 BOT = "phasegate-bot"
 
 
-class GiteaRig:
+class GiteaRig(FakeRig):
     """The Gitea forge's rig: Gitea's description, loaded once, checks every trial's
     exchanges; nothing else is shared between trials."""
 
@@ -69,9 +74,7 @@ class GiteaRig:
     def __init__(self) -> None:
         from support.gitea_description import Description
 
-        #: The changing requests an uninterrupted run made (``run_uninterrupted`` sets
-        #: it): the trials spread their kill moments over what is left of that.
-        self.changes_per_run = 0
+        super().__init__()
         self.description: Any = Description.load()
 
     def forge_for(self, root: Path) -> GiteaTrialForge:
@@ -88,29 +91,19 @@ class GiteaTrialForge(FakeForge):
     """One trial's fake Gitea (``server``) and the ``bot`` phasegate acts as."""
 
     name = "gitea"
+    repository = REPOSITORY
+    token_env = "GITEA_TOKEN"
     held_paths = CHANGES_ONLY  # a fetch changes nothing: no kill is spent on it
     server: GiteaServer
-
-    def __init__(self, server: GiteaServer, bot: User) -> None:
-        super().__init__(server)
-        self.bot = bot
+    bot: User
 
     def seed(self, repo: Path) -> None:
         """``octo/widgets`` made from the local repository ``repo``; the bot an admin."""
         self.server.create_repo(REPOSITORY, from_path=repo)
         self.server.add_collaborator(REPOSITORY, BOT, "admin")
 
-    def cartridge(self) -> str:
-        """The ``[forge]`` table: the fake Gitea, polled every 0.2 s."""
-        return (
-            f'[forge]\nkind = "gitea"\nrepository = "{REPOSITORY}"\n'
-            f'base_url = "{self.server.url}"\npoll_s = 0.2\n'
-        )
-
-    @property
-    def env(self) -> dict[str, str]:
-        """What a phasegate process of the trial needs beyond its environment."""
-        return {"GITEA_TOKEN": self.bot.tokens[0]}
+    def token(self) -> str:
+        return str(self.bot.tokens[0])
 
     @property
     def bare(self) -> Path:
@@ -126,12 +119,7 @@ class GiteaTrialForge(FakeForge):
 
 def check_gitea(lab: Lab, forge: GiteaTrialForge, workflow_id: str) -> list[Violation]:
     """Every Gitea invariant of the module docstring, on the settled trial."""
-    found: list[Violation] = []
-
-    def expect(ok: bool, kind: str, detail: str) -> None:
-        if not ok:
-            found.append(Violation(kind, detail))
-
+    found = Findings()
     gt = forge.server
     with gt.lock:
         repo = gt.repo(REPOSITORY)
@@ -149,26 +137,21 @@ def check_gitea(lab: Lab, forge: GiteaTrialForge, workflow_id: str) -> list[Viol
         refused = list(gt.violations)
     branch = lab.row(workflow_id)["branch_name"]
     ours = [i for i in issues if f"phasegate:workflow:{workflow_id}" in i.body]
-    expect(
-        len(issues) == 1 and len(ours) == 1,
-        "issues",
-        f"{len(issues)} issues on {REPOSITORY}, {len(ours)} with the workflow's marker",
-    )
+    found += check_issues(len(issues), len(ours), REPOSITORY)
     heads = [(p.pull.head, p.pull.base) for p in pulls if p.pull is not None]
-    expect(
+    found.expect(
         heads == [(branch, "main")],
         "pull_requests",
         f"pull requests by head and base: {heads}; {branch} into main",
     )
     merged = [p.number for p in pulls if p.pull is not None and p.pull.merged]
-    expect(
+    found.expect(
         len(merge_events) == 1 and len(merged) == 1,
         "merges",
         f"{len(merge_events)} merges done, pull requests merged: {merged}",
     )
     found += check_merge_line(lab, forge.bare)
-    twice = {key: n for key, n in markers.items() if n > 1}
-    expect(not twice, "duplicate_comment", f"(issue, marker) posted more than once: {twice}")
+    found += check_twice(markers, "(issue, marker) posted")
     if ours:  # the first issue of the workflow: the one phasegate closes
         found += _check_closed(lab, ours[0], merge_events, names, workflow_id)
     sent = ((r.method, r.path, r.body) for r in requests)
@@ -191,14 +174,7 @@ def _check_closed(
         found.append(
             Violation("issue_closed", f"closed (event {closed[0].id}) before the merge: {merges}")
         )
-    first = first_verdict(lab, workflow_id)
-    if closed and (first is None or closed[0].created_at.replace(microsecond=0) < first):
-        found.append(
-            Violation("issue_closed", f"closed at {closed[0].created_at}; first verdict {first}")
-        )
-    status = sorted(
-        n for n in (names.get(i, "?") for i in issue.labels) if n.startswith("phasegate:")
-    )
-    if status != ["phasegate:done"]:
-        found.append(Violation("labels", f"the issue's status labels: {status}"))
+    closed_at = closed[0].created_at if closed else None
+    found += check_verdict_first(lab, workflow_id, closed_at, to_the_second=True)
+    found += check_status_labels(names.get(i, "?") for i in issue.labels)
     return found

@@ -43,9 +43,14 @@ from support.torture_forge import (
     HOLD_S,
     MARKER,
     FakeForge,
+    FakeRig,
+    Findings,
+    check_issues,
     check_merge_line,
+    check_status_labels,
     check_token,
-    first_verdict,
+    check_twice,
+    check_verdict_first,
 )
 from support.torture_lab import FORGE_DIR, Violation
 
@@ -66,7 +71,7 @@ REPOSITORY = "octo/widgets"
 BOT = "phasegate-bot"
 
 
-class GitHubRig:
+class GitHubRig(FakeRig):
     """One Prism for many trials: ``rig.forge_for(root)`` per trial (one at a
     time: the one Prism follows the latest trial's fake). ``prism``: a running
     ``PrismProxy`` to use (a test session's); without one, ``with GitHubRig() as
@@ -76,10 +81,8 @@ class GitHubRig:
     name = "github"
 
     def __init__(self, prism: PrismProxy | None = None) -> None:
+        super().__init__()
         self._own = prism is None
-        #: The changing requests an uninterrupted run made (``run_uninterrupted`` sets
-        #: it): the trials spread their kill moments over what is left of that.
-        self.changes_per_run = 0
         # a trial's fake replaces the upstream before any request is made
         self.prism = prism or PrismProxy("http://127.0.0.1:9")
 
@@ -107,29 +110,28 @@ class GitHubTrialForge(FakeForge):
     the ``prism`` its REST traffic passes through."""
 
     name = "github"
+    repository = REPOSITORY
+    token_env = "GITHUB_TOKEN"
     server: GitHubServer
+    bot: User
 
     def __init__(self, server: GitHubServer, bot: User, prism: PrismProxy) -> None:
-        super().__init__(server)
-        self.bot, self.prism = bot, prism
+        super().__init__(server, bot)
+        self.prism = prism
 
     def seed(self, repo: Path) -> None:
         """``octo/widgets`` made from the local repository ``repo``; the bot may write."""
         self.server.create_repo(*REPOSITORY.split("/"), from_path=repo)
         self.server.grant(REPOSITORY, BOT, "write")
 
-    def cartridge(self) -> str:
-        """The ``[forge]`` table: GitHub through Prism, polled every 0.2 s."""
-        return (
-            f'[forge]\nkind = "github"\nrepository = "{REPOSITORY}"\n'
-            f'base_url = "{self.prism.url}"\npoll_s = 0.2\n'
-        )
-
     @property
-    def env(self) -> dict[str, str]:
-        """What a phasegate process of the trial needs beyond its environment."""
+    def base_url(self) -> str:
+        """GitHub through Prism."""
+        return self.prism.url
+
+    def token(self) -> str:
         assert self.bot.token is not None
-        return {"GITHUB_TOKEN": self.bot.token}
+        return self.bot.token
 
     @property
     def bare(self) -> Path:
@@ -145,12 +147,7 @@ class GitHubTrialForge(FakeForge):
 
 def check_github(lab: Lab, forge: GitHubTrialForge, workflow_id: str) -> list[Violation]:
     """Every GitHub invariant of the module docstring, on the settled trial."""
-    found: list[Violation] = []
-
-    def expect(ok: bool, kind: str, detail: str) -> None:
-        if not ok:
-            found.append(Violation(kind, detail))
-
+    found = Findings()
     gh = forge.server
     with gh.lock:
         repo = gh.repo(REPOSITORY)
@@ -166,18 +163,13 @@ def check_github(lab: Lab, forge: GitHubTrialForge, workflow_id: str) -> list[Vi
         requests = list(gh.requests)
     branch = lab.row(workflow_id)["branch_name"]
     ours = [i for i in issues if f"phasegate:workflow:{workflow_id}" in (i.body or "")]
-    expect(
-        len(issues) == 1 and len(ours) == 1,
-        "issues",
-        f"{len(issues)} issues on {REPOSITORY}, {len(ours)} with the workflow's marker",
-    )
+    found += check_issues(len(issues), len(ours), REPOSITORY)
     heads = [p.pull.head for p in pulls if p.pull is not None]
-    expect(heads == [branch], "pull_requests", f"pull requests by head: {heads}; {branch}")
+    found.expect(heads == [branch], "pull_requests", f"pull requests by head: {heads}; {branch}")
     merged = [p.number for p in pulls if p.pull is not None and p.pull.merged_at]
-    expect(merges == 1 and len(merged) == 1, "merges", f"{merges} merges by API, {merged}")
+    found.expect(merges == 1 and len(merged) == 1, "merges", f"{merges} merges by API, {merged}")
     found += check_merge_line(lab, forge.bare)
-    twice = {key: n for key, n in markers.items() if n > 1}
-    expect(not twice, "duplicate_comment", f"(issue, marker) posted more than once: {twice}")
+    found += check_twice(markers, "(issue, marker) posted")
     if len(ours) == 1:
         found += _check_closed(lab, ours[0], requests, workflow_id)
     token = forge.env["GITHUB_TOKEN"]
@@ -212,13 +204,6 @@ def _check_closed(
     ]
     if "close" in order and ("merge" not in order or order.index("close") < order.index("merge")):
         found.append(Violation("issue_closed", f"closed before the merge: {order}"))
-    first = first_verdict(lab, workflow_id)
-    if closed and (first is None or closed[0].created_at < first):
-        found.append(
-            Violation("issue_closed", f"closed at {closed[0].created_at}; first verdict {first}")
-        )
-    labels = sorted(x.name for x in issue.labels)
-    status = [x for x in labels if x.startswith("phasegate:")]
-    if status != ["phasegate:done"]:
-        found.append(Violation("labels", f"the issue's status labels: {status}"))
+    found += check_verdict_first(lab, workflow_id, closed[0].created_at if closed else None)
+    found += check_status_labels(x.name for x in issue.labels)
     return found

@@ -47,9 +47,14 @@ from support.torture_forge import (
     CHANGES_ONLY,
     MARKER,
     FakeForge,
+    FakeRig,
+    Findings,
+    check_issues,
     check_merge_line,
+    check_status_labels,
     check_token,
-    first_verdict,
+    check_twice,
+    check_verdict_first,
 )
 from support.torture_lab import FORGE_DIR, Violation
 
@@ -111,16 +116,11 @@ class TrialGitLab(GitLabServer):
             self.changes.append(Change(what, kind, item.iid, self.clock()))
 
 
-class GitLabRig:
+class GitLabRig(FakeRig):
     """The GitLab forge's rig: nothing is shared between trials (no proxy), so
     trials may even run side by side."""
 
     name = "gitlab"
-
-    def __init__(self) -> None:
-        #: The changing requests an uninterrupted run made (``run_uninterrupted`` sets
-        #: it): the trials spread their kill moments over what is left of that.
-        self.changes_per_run = 0
 
     def forge_for(self, root: Path) -> GitLabTrialForge:
         """A started fake GitLab for the trial in ``root`` (its data under
@@ -135,29 +135,19 @@ class GitLabTrialForge(FakeForge):
     """One trial's fake GitLab (``server``) and the ``bot`` phasegate acts as."""
 
     name = "gitlab"
+    repository = PROJECT
+    token_env = "GITLAB_TOKEN"
     held_paths = CHANGES_ONLY  # a fetch changes nothing: no kill is spent on it
     server: TrialGitLab
-
-    def __init__(self, server: TrialGitLab, bot: User) -> None:
-        super().__init__(server)
-        self.bot = bot
+    bot: User
 
     def seed(self, repo: Path) -> None:
         """``acme/widgets`` made from the local repository ``repo``; the bot a Maintainer."""
         self.server.create_project(PROJECT, OWNER, from_path=repo)
         self.server.add_member(PROJECT, BOT, "maintainer")
 
-    def cartridge(self) -> str:
-        """The ``[forge]`` table: the fake GitLab, polled every 0.2 s."""
-        return (
-            f'[forge]\nkind = "gitlab"\nrepository = "{PROJECT}"\n'
-            f'base_url = "{self.server.url}"\npoll_s = 0.2\n'
-        )
-
-    @property
-    def env(self) -> dict[str, str]:
-        """What a phasegate process of the trial needs beyond its environment."""
-        return {"GITLAB_TOKEN": self.bot.tokens[0]}
+    def token(self) -> str:
+        return str(self.bot.tokens[0])
 
     @property
     def bare(self) -> Path:
@@ -173,12 +163,7 @@ class GitLabTrialForge(FakeForge):
 
 def check_gitlab(lab: Lab, forge: GitLabTrialForge, workflow_id: str) -> list[Violation]:
     """Every GitLab invariant of the module docstring, on the settled trial."""
-    found: list[Violation] = []
-
-    def expect(ok: bool, kind: str, detail: str) -> None:
-        if not ok:
-            found.append(Violation(kind, detail))
-
+    found = Findings()
     gl = forge.server
     with gl.lock:
         project = gl.project(PROJECT)
@@ -194,27 +179,22 @@ def check_gitlab(lab: Lab, forge: GitLabTrialForge, workflow_id: str) -> list[Vi
         requests = list(gl.requests)
     branch = lab.row(workflow_id)["branch_name"]
     ours = [i for i in issues if f"phasegate:workflow:{workflow_id}" in i.description]
-    expect(
-        len(issues) == 1 and len(ours) == 1,
-        "issues",
-        f"{len(issues)} issues on {PROJECT}, {len(ours)} with the workflow's marker",
-    )
+    found += check_issues(len(issues), len(ours), PROJECT)
     sources = [(mr.source_branch, mr.target_branch) for mr in mrs]
-    expect(
+    found.expect(
         sources == [(branch, "main")],
         "pull_requests",
         f"merge requests by source and target: {sources}; {branch} into main",
     )
     merges = [c.iid for c in changes if c.what == "merge"]
     merged = [mr.iid for mr in mrs if mr.state == "merged"]
-    expect(
+    found.expect(
         len(merges) == 1 and len(merged) == 1,
         "merges",
         f"merges done: {merges}; merge requests merged: {merged}",
     )
     found += check_merge_line(lab, forge.bare)
-    twice = {key: n for key, n in markers.items() if n > 1}
-    expect(not twice, "duplicate_comment", f"(item, iid, marker) noted more than once: {twice}")
+    found += check_twice(markers, "(item, iid, marker) noted")
     if ours:  # the first issue of the workflow: the one phasegate closes
         found += _check_closed(lab, ours[0], changes, workflow_id)
     sent = ((r.method, r.path, r.body) for r in requests)
@@ -236,10 +216,7 @@ def _check_closed(
     order = [c.what for c in changes if c.what == "merge" or c in closed]
     if "close" in order and ("merge" not in order or order.index("close") < order.index("merge")):
         found.append(Violation("issue_closed", f"closed before the merge: {order}"))
-    first = first_verdict(lab, workflow_id)
-    if closed and (first is None or closed[0].at.replace(microsecond=0) < first):
-        found.append(Violation("issue_closed", f"closed at {closed[0].at}; first verdict {first}"))
-    status = sorted(x for x in issue.labels if x.startswith("phasegate:"))
-    if status != ["phasegate:done"]:
-        found.append(Violation("labels", f"the issue's status labels: {status}"))
+    closed_at = closed[0].at if closed else None
+    found += check_verdict_first(lab, workflow_id, closed_at, to_the_second=True)
+    found += check_status_labels(issue.labels)
     return found
