@@ -161,6 +161,25 @@ def test_closing_the_issue_cancels_its_workflow_and_closes_phasegates_merge_requ
     assert issue.labels[-1] == "phasegate:cancelled"
 
 
+def test_a_closed_issue_is_the_reason_even_after_a_look_closed_its_merge_request(
+    gitlab: Lab, tmp_path: Path, engine_for: Build
+) -> None:
+    """A look that closed phasegate's merge request for a closed issue, then stopped
+    before it recorded the cancel, leaves both closed: the issue is still the reason."""
+    repo, _ = team_project(gitlab, tmp_path, auto_merge=False)
+    gl = gitlab.gl
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    project = gl.project(TEAM)
+    issue, mr = project.issues[row["issue_number"]], project.merge_requests[1]
+    gl.edit(project, issue, gl.users["dev"], {"state_event": "close"})
+    gl.edit(project, mr, gl.users[BOT], {"state_event": "close"})
+    row = engine.advance(workflow_id)
+    assert row["status"] == "cancelled", row["error"]
+    assert row["error"].endswith(f"issue #{issue.iid} was closed on the forge"), row["error"]
+
+
 def test_a_developers_line_note_reaches_the_next_round_and_a_guests_never(
     gitlab: Lab, tmp_path: Path, engine_for: Build
 ) -> None:

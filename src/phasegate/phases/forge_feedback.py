@@ -156,11 +156,9 @@ def pull_request_settled(ctx: WorkflowContext, deps: PhaseDeps, number: int) -> 
                 ),
             ),
         )
-    if pr.state == "closed":
-        reason = f"pull request {shown_number(pr.number)} was closed unmerged on the forge"
-        return PhaseResult("failed", status="cancelled", reason=reason)
     # phasegate closes the issue only after verification: before it, a closed
-    # issue is a person's "not planned".
+    # issue is a person's "not planned". It is asked first: the pull request a
+    # look before closed for it must not pass for a person's close.
     if ctx.issue_number and ctx.issue_number != number:
         issue = deps.forge.issue(ctx.issue_number)
         if issue.state == "closed":
@@ -169,6 +167,9 @@ def pull_request_settled(ctx: WorkflowContext, deps: PhaseDeps, number: int) -> 
             # request for it (a close the forge fails is retried as a cancel's is)
             close_pull_request(ctx, deps.effects, ctx.current_phase)
             return PhaseResult("failed", status="cancelled", reason=reason)
+    if pr.state == "closed":
+        reason = f"pull request {shown_number(pr.number)} was closed unmerged on the forge"
+        return PhaseResult("failed", status="cancelled", reason=reason)
     return None
 
 
