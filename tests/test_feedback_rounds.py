@@ -241,3 +241,10 @@ def test_a_forge_comment_whose_build_changes_nothing_stops_as_feedback_unchanged
     assert row["error"].startswith("feedback_unchanged: ") and check_runs(log) == 1
     (mark,) = kinds(store, wf, "feedback_unchanged")
     assert "Call it feature_flag instead." in mark.data["feedback"]
+
+
+def test_a_report_names_a_gitlab_merge_request_as_gitlab_does() -> None:
+    """phasegate's number for GitLab's merge request !3 is 1000003; people read !3."""
+    payload = {"pr": 1_000_003, "branch": "agent/x", "round": 1}
+    assert "- Pull request: !3 (agent/x)" in render_report(payload, "en")
+    assert "- Pull request: #12 (agent/x)" in render_report({**payload, "pr": 12}, "en")

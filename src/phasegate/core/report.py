@@ -10,7 +10,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["LABELS", "render_report"]
+__all__ = ["LABELS", "MR_NUMBERS", "render_report", "shown_number"]
+
+#: GitLab numbers merge requests apart from issues: merge request ``!N`` is this plus N
+#: here, so one number names one thing on every forge.
+MR_NUMBERS = 1_000_000
+
+
+def shown_number(number: int) -> str:
+    """A pull request's or issue's number as people read it on its forge: ``#12``,
+    or ``!3`` for GitLab's merge request !3 (number MR_NUMBERS + 3 here)."""
+    return f"!{number - MR_NUMBERS}" if number > MR_NUMBERS else f"#{number}"
+
 
 LABELS: Mapping[str, Mapping[str, str]] = {
     "en": {
@@ -72,6 +83,10 @@ LABELS: Mapping[str, Mapping[str, str]] = {
 }
 
 
+def _number(value: object) -> str:
+    return shown_number(value) if isinstance(value, int) else f"#{value}"
+
+
 def render_report(payload: Mapping[str, Any], language: str) -> str:
     """Markdown for ``payload`` in ``language`` ("en" or "zh"; anything else is English)."""
     w = LABELS.get(language, LABELS["en"])
@@ -98,7 +113,7 @@ def render_report(payload: Mapping[str, Any], language: str) -> str:
     lines += [
         f"- {w['review']}: {review.get('verdict') or w['none']} "
         f"({review.get('rounds', 0)} {w['plan_rounds']})",
-        f"- {w['pr']}: #{payload.get('pr')} ({payload.get('branch')})",
+        f"- {w['pr']}: {_number(payload.get('pr'))} ({payload.get('branch')})",
         f"- {w['usage']}: {usage.get('tokens', 0)} {w['tokens']}, "
         f"${usage.get('cost_usd', 0.0):.4f}",
         f"- {w['next']}: {w['next_merge'] if payload.get('auto_merge') else w['next_wait']}",

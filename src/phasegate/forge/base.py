@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Literal, Protocol
 
 from phasegate.core.contract import PhasegateError
+from phasegate.core.report import MR_NUMBERS, shown_number
 
 __all__ = [
     "MR_NUMBERS",
@@ -121,17 +122,6 @@ _STATUS_LABELS = {
     "completed": "done",
     "cancelled": "cancelled",
 }
-
-
-#: GitLab numbers merge requests apart from issues: merge request ``!N`` is this plus N
-#: here, so one number names one thing on every forge.
-MR_NUMBERS = 1_000_000
-
-
-def shown_number(number: int) -> str:
-    """A pull request's or issue's number as people read it on its forge: ``#12``,
-    or ``!3`` for GitLab's merge request !3 (number MR_NUMBERS + 3 here)."""
-    return f"!{number - MR_NUMBERS}" if number > MR_NUMBERS else f"#{number}"
 
 
 def status_label(status: str) -> str | None:
