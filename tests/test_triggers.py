@@ -16,7 +16,7 @@ import pytest
 from phasegate.agents.base import AgentRequest, AgentResult
 from phasegate.agents.runners.scripted import ScriptedRunner
 from phasegate.cli._watching import watching
-from phasegate.forge.base import Comment, ForgeUnavailable, Issue, Labelled
+from phasegate.forge.base import Comment, ForgeAuthError, ForgeUnavailable, Issue, Labelled
 from phasegate.integrations.triggers import (
     Ignored,
     Started,
@@ -340,6 +340,40 @@ def test_the_workers_watching_thread_outlasts_an_unavailable_forge_and_stops_wit
     assert len([line for line in said_lines if "503" in line]) == 2
     assert not any(t.name == "phasegate-watch" for t in threading.enumerate())
     assert len(started(engine)) == 1
+
+
+class _RefusingForge(InMemoryForge):
+    """Refuses its first ``refused`` listings of labelled issues as a revoked token is."""
+
+    refused = 1
+
+    def labelled_issues(self, label: str) -> list[Labelled]:
+        if self.refused > 0:
+            self.refused -= 1
+            raise ForgeAuthError("GitLab refused the token in GITLAB_TOKEN (401)")
+        return super().labelled_issues(label)
+
+
+def test_a_refused_token_pauses_the_workers_watching_and_it_looks_again_later(
+    triggered: Callable[..., Engine],
+) -> None:
+    forge = _RefusingForge()
+    forge.permissions, forge.issues = people().permissions, people().issues
+    label(forge, 41, "wade")
+    engine = triggered(forge)
+    watcher = Watcher(engine, REPOSITORY, max_ticket_bytes=MAX)
+    reported: list[Started | Ignored] = []
+    said_lines: list[str] = []
+    with watching(
+        engine, watcher, once=False, interval_s=0.05, report=reported.append, say=said_lines.append
+    ):
+        deadline = time.monotonic() + 30
+        while not reported and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert [type(r) for r in reported] == [Started]
+    (paused,) = [line for line in said_lines if "watching paused" in line]
+    assert "refused the token" in paused and "looking again in 0 s" in paused
+    assert not any(t.name == "phasegate-watch" for t in threading.enumerate())
 
 
 def test_issue_refs_and_the_origin_remote_name_the_repository(tmp_path: Path) -> None:

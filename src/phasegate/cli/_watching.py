@@ -47,6 +47,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: Intervals the watching beside a worker waits after an error that needs a person
+#: before it looks again, and the longest such wait in seconds.
+PERSON_WAITS = 10
+MAX_PERSON_WAIT_S = 900.0
+
 
 def github_repository(command: str, root: Path, cartridge: Cartridge) -> str:
     """The cartridge's team forge repository (GitHub's ``owner/name``, GitLab's
@@ -139,7 +144,9 @@ def watching(
     now (what it starts the loop then advances); else a thread polling every
     ``interval_s`` seconds, so a long agent run never delays a trigger, stopped
     when the block ends. An error that needs a person (a refused token, a
-    repository not found) stops the watching, loudly, not the worker."""
+    repository not found) pauses the watching, loudly, never the worker: it looks
+    again after PERSON_WAITS of its intervals (at most MAX_PERSON_WAIT_S), so a
+    token put right on the forge is watched with again without a restart."""
     if once:
         for result in watcher.watch_once():
             report(result)
@@ -148,11 +155,23 @@ def watching(
     stop = threading.Event()
 
     def loop() -> None:
-        try:
-            watch_forever(watcher, stop, interval_s, report, unavailable(say))
-        except PhasegateError as exc:
-            log.error("watching %s stopped: %s", watcher.repository, exc)
-            say(f"[red]watching stopped: {shown(str(exc))}[/red]")
+        while not stop.is_set():
+            try:
+                watch_forever(watcher, stop, interval_s, report, unavailable(say))
+                return
+            except PhasegateError as exc:
+                every = interval_s() if callable(interval_s) else interval_s
+                again = min(every * PERSON_WAITS, MAX_PERSON_WAIT_S)
+                log.error(
+                    "watching %s paused: %s; looking again in %.0f s",
+                    watcher.repository,
+                    exc,
+                    again,
+                )
+                say(
+                    f"[red]watching paused: {shown(str(exc))}; looking again in {again:.0f} s[/red]"
+                )
+                stop.wait(again)
 
     thread = threading.Thread(target=loop, name="phasegate-watch", daemon=True)
     thread.start()
