@@ -153,6 +153,13 @@ class ForgeSettings(BaseModel):
     def uses_app(self) -> bool:
         return self.app_id is not None
 
+    def for_one_look(self) -> ForgeSettings:
+        """These settings for one look a person waits for (``phasegate doctor``): one
+        try, no rate-limit wait, 10 s a request; it does not ride out an outage."""
+        return self.model_copy(
+            update={"max_retries": 0, "max_rate_limit_wait_s": 0.0, "timeout_s": 10.0}
+        )
+
 
 # An API root given where the instance is wanted: phasegate adds it itself.
 _API_ROOT = {

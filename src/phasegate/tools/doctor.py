@@ -519,10 +519,7 @@ def _access(
     """``GET /repos/{owner}/{repo}`` once, read-only: "push" or "read" as the
     repository's ``permissions`` for these credentials say, "unknown" when GitHub
     was not reached or did not say."""
-    # one try, a short wait: doctor answers a person now, it does not ride out an outage
-    quick = settings.model_copy(
-        update={"max_retries": 0, "max_rate_limit_wait_s": 0.0, "timeout_s": 10.0}
-    )
+    quick = settings.for_one_look()
     try:
         shape = GitHubAPI(repository, auth, root, Workspace(), quick).find_repository()
     except ForgeUnavailable as exc:

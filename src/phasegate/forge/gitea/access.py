@@ -53,10 +53,7 @@ def diagnose_gitea(
     found["access"] = "unknown"
     if offline:
         return found
-    # one try, a short wait: doctor answers a person now, it does not ride out an outage
-    quick = settings.model_copy(
-        update={"max_retries": 0, "max_rate_limit_wait_s": 0.0, "timeout_s": 10.0}
-    )
+    quick = settings.for_one_look()
     api = GiteaAPI(repository, auth, root, Workspace(), quick)
     try:
         shape = api.get(api.base) or {}

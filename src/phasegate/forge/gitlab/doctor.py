@@ -54,10 +54,7 @@ def looked_at(
     found["access"] = "unknown"
     if offline:
         return found
-    # one try, a short wait: doctor answers a person now, it does not ride out an outage
-    quick = settings.model_copy(
-        update={"max_retries": 0, "max_rate_limit_wait_s": 0.0, "timeout_s": 10.0}
-    )
+    quick = settings.for_one_look()
     try:
         shape = GitLabAPI(repository, auth, root, Workspace(), quick).project_info()
     except ForgeUnavailable as exc:
