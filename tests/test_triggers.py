@@ -320,10 +320,12 @@ class _DownForge(InMemoryForge):
         return super().labelled_issues(label)
 
 
-def test_the_workers_watching_thread_outlasts_an_unavailable_forge_and_stops_with_the_block(
-    triggered: Callable[..., Engine],
-) -> None:
-    forge = _DownForge()
+def watched_until_started(
+    triggered: Callable[..., Engine], forge: InMemoryForge
+) -> tuple[Engine, list[Started | Ignored], list[str]]:
+    """The worker's watching thread on ``forge`` (wade's label on #41) until it
+    reported something (30 s at most) and its block ended: (engine, what it
+    reported, what it said). The thread is gone by then."""
     forge.permissions, forge.issues = people().permissions, people().issues
     label(forge, 41, "wade")
     engine = triggered(forge)
@@ -336,9 +338,16 @@ def test_the_workers_watching_thread_outlasts_an_unavailable_forge_and_stops_wit
         deadline = time.monotonic() + 30
         while not reported and time.monotonic() < deadline:
             time.sleep(0.05)
+    assert not any(t.name == "phasegate-watch" for t in threading.enumerate())
+    return engine, reported, said_lines
+
+
+def test_the_workers_watching_thread_outlasts_an_unavailable_forge_and_stops_with_the_block(
+    triggered: Callable[..., Engine],
+) -> None:
+    engine, reported, said_lines = watched_until_started(triggered, _DownForge())
     assert [type(r) for r in reported] == [Started]
     assert len([line for line in said_lines if "503" in line]) == 2
-    assert not any(t.name == "phasegate-watch" for t in threading.enumerate())
     assert len(started(engine)) == 1
 
 
@@ -357,23 +366,10 @@ class _RefusingForge(InMemoryForge):
 def test_a_refused_token_pauses_the_workers_watching_and_it_looks_again_later(
     triggered: Callable[..., Engine],
 ) -> None:
-    forge = _RefusingForge()
-    forge.permissions, forge.issues = people().permissions, people().issues
-    label(forge, 41, "wade")
-    engine = triggered(forge)
-    watcher = Watcher(engine, REPOSITORY, max_ticket_bytes=MAX)
-    reported: list[Started | Ignored] = []
-    said_lines: list[str] = []
-    with watching(
-        engine, watcher, once=False, interval_s=0.05, report=reported.append, say=said_lines.append
-    ):
-        deadline = time.monotonic() + 30
-        while not reported and time.monotonic() < deadline:
-            time.sleep(0.05)
+    _, reported, said_lines = watched_until_started(triggered, _RefusingForge())
     assert [type(r) for r in reported] == [Started]
     (paused,) = [line for line in said_lines if "watching paused" in line]
     assert "refused the token" in paused and "looking again in 0 s" in paused
-    assert not any(t.name == "phasegate-watch" for t in threading.enumerate())
 
 
 def test_issue_refs_and_the_origin_remote_name_the_repository(tmp_path: Path) -> None:
