@@ -193,6 +193,28 @@ def test_approve_merge_records_the_tokens_user_and_a_refusal_is_409_with_its_rea
     assert (state["merge_approved"], state["merge_approved_by"]) == (True, "alice")
 
 
+def test_a_script_acts_with_a_bearer_token_and_no_csrf_and_a_wrong_one_is_401(
+    dashboard: tuple[TestClient, Engine, Store],
+) -> None:
+    client, engine, store = dashboard
+    workflow_id = waiting_workflow(engine)
+    wrong = client.post(
+        f"/workflows/{workflow_id}/approve-merge",
+        headers={"Authorization": "Bearer not-the-token-at-all"},
+    )
+    assert wrong.status_code == 401
+    assert "merge_approved" not in store.workflow_row(workflow_id)["state"]
+
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    assert client.get("/", headers=bearer).status_code == 200
+    response = client.post(
+        f"/workflows/{workflow_id}/approve-merge", headers=bearer, follow_redirects=False
+    )
+    assert response.status_code == 303
+    assert store.workflow_row(workflow_id)["state"]["merge_approved_by"] == "alice"
+    assert SESSION_COOKIE not in client.cookies  # a script is given no session
+
+
 def test_resume_through_the_page_lets_a_paused_workflow_go_on(
     dashboard: tuple[TestClient, Engine, Store],
 ) -> None:

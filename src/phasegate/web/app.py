@@ -28,11 +28,14 @@ Routes (every one behind the token's session; ``/login`` is the way in):
     POST /workflows/{id}/proposals/{pid}/reject    form ``reason``: rejected (CSRF)
     GET  /static/{name}            htmx and its sse extension (vendored), dashboard.js
 
-No session: 401 and the login form. A POST without the session's CSRF token:
-403, nothing done. Every action is ``phasegate.operations``' with ``by`` the
-token's user: a refused one is 409 with operations' message (the CLI's, word
-for word); a workflow a worker is advancing: 409 too. Input refused before
-anything is recorded (a ticket, a comment) is 400 with operations' message.
+No session: 401 and the login form; a script may instead send
+``Authorization: Bearer T`` (a wrong token: 401). A POST without the session's
+CSRF token: 403, nothing done; a bearer request needs none, having no cookie to
+borrow. A viewer's POST: 403, nothing done. Every action is
+``phasegate.operations``' with ``by`` the person's name: a refused one is 409
+with operations' message (the CLI's, word for word); a workflow a worker is
+advancing: 409 too. Input refused before anything is recorded (a ticket, a
+comment) is 400 with operations' message.
 """
 
 from __future__ import annotations
@@ -59,9 +62,17 @@ from phasegate.core.redaction import redact
 from phasegate.git.workspace import GitError
 from phasegate.runtime.engine import Engine
 from phasegate.web import diff, live, views, webhooks
-from phasegate.web.auth import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, Access, Session
+from phasegate.web.auth import (
+    CSRF_FIELD,
+    CSRF_HEADER,
+    SESSION_COOKIE,
+    Access,
+    Person,
+    Role,
+    Session,
+)
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "person_of"]
 
 _HERE = Path(__file__).parent
 _STATIC = {name: "text/javascript" for name in ("htmx.min.js", "sse.min.js", "dashboard.js")}
@@ -99,9 +110,18 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         return access.session(request.cookies.get(SESSION_COOKIE))
 
     async def guard(request: Request) -> None:
-        """Every route: a session, and on a POST its CSRF token (field or header)."""
+        """Every route: a bearer token, or a session and on a POST its CSRF token
+        (field or header); a POST also needs a person who may decide."""
         if request.url.path in _OPEN_PATHS or request.url.path.startswith(webhooks.PREFIX):
             return  # a delivery proves itself by its forge's signature
+        scheme, _, given_token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            person = access.bearer(given_token.strip())
+            if person is None:
+                raise HTTPException(401, "the bearer token is no person's")
+            request.state.session, request.state.person = None, person
+            _may_post(request, person)
+            return
         session = session_of(request)
         if session is None:
             raise _LoginNeeded
@@ -113,7 +133,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
                 given = field if isinstance(field, str) else None
             if not access.csrf_ok(session, given):
                 raise HTTPException(403, "missing or wrong CSRF token: reload the page")
-        request.state.session = session
+        request.state.session, request.state.person = session, session.person
+        _may_post(request, session.person)
 
     app = FastAPI(
         title="phasegate", docs_url=None, redoc_url=None, openapi_url=None,
@@ -137,8 +158,15 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         return JSONResponse({"detail": f"bad request: {said}"}, 400)
 
     def page(request: Request, name: str, context: Mapping[str, Any], code: int = 200) -> Response:
-        session: Session = request.state.session
-        shared = {"csrf": session.csrf, "user": access.user, "csrf_field": CSRF_FIELD}
+        session: Session | None = request.state.session
+        person = person_of(request)
+        shared = {
+            "csrf": session.csrf if session else "",
+            "user": person.name,
+            "role": person.role.value,
+            "may_decide": person.role.allows(Role.APPROVER),
+            "csrf_field": CSRF_FIELD,
+        }
         return templates.TemplateResponse(request, name, {**shared, **context}, code)
 
     def detail_of(workflow_id: str) -> dict[str, Any]:
@@ -235,7 +263,9 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         # The token too: the engine redacts the cartridge's secrets from what it files.
         given, named = redact(ticket, secrets), redact(title, secrets).strip()
         row = acted(
-            lambda: operations.start(engine, given, by=access.user, title=named or None),
+            lambda: operations.start(
+                engine, given, by=person_of(request).name, title=named or None
+            ),
             bad_input=400,
         )
         target = f"/workflows/{row['id']}"
@@ -310,7 +340,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         return decided(
             request,
             workflow_id,
-            lambda: operations.feedback(engine, workflow_id, given, by=access.user),
+            lambda: operations.feedback(engine, workflow_id, given, by=person_of(request).name),
         )
 
     @app.post("/workflows/{workflow_id}/approve-merge")
@@ -318,7 +348,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         return decided(
             request,
             workflow_id,
-            lambda: operations.approve_merge(engine, workflow_id, by=access.user),
+            lambda: operations.approve_merge(engine, workflow_id, by=person_of(request).name),
         )
 
     app.add_middleware(_SecurityHeaders)
@@ -363,7 +393,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         commit(
             workflow_id,
             lambda: operations.comment(
-                engine, workflow_id, path, line, given, by=access.user, shown=lines
+                engine, workflow_id, path, line, given, by=person_of(request).name, shown=lines
             ),
             bad_input=400,
         )
@@ -376,20 +406,24 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         given = redact(text, secrets)
         commit(
             workflow_id,
-            lambda: operations.send_review(engine, workflow_id, given, by=access.user),
+            lambda: operations.send_review(engine, workflow_id, given, by=person_of(request).name),
         )
         return reviewed(request, workflow_id)
 
     @app.post("/workflows/{workflow_id}/resume")
     def resume(request: Request, workflow_id: str) -> Response:
         return decided(
-            request, workflow_id, lambda: operations.resume(engine, workflow_id, by=access.user)
+            request,
+            workflow_id,
+            lambda: operations.resume(engine, workflow_id, by=person_of(request).name),
         )
 
     @app.post("/workflows/{workflow_id}/cancel")
     def cancel(request: Request, workflow_id: str) -> Response:
         return decided(
-            request, workflow_id, lambda: operations.cancel(engine, workflow_id, by=access.user)
+            request,
+            workflow_id,
+            lambda: operations.cancel(engine, workflow_id, by=person_of(request).name),
         )
 
     @app.post("/workflows/{workflow_id}/revert")
@@ -398,7 +432,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         return decided(
             request,
             workflow_id,
-            lambda: operations.revert(engine, workflow_id, why, by=access.user),
+            lambda: operations.revert(engine, workflow_id, why, by=person_of(request).name),
         )
 
     @app.post("/workflows/{workflow_id}/verify-override")
@@ -408,7 +442,9 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         return decided(
             request,
             workflow_id,
-            lambda: operations.verify_override(engine, workflow_id, verdict, by=access.user),
+            lambda: operations.verify_override(
+                engine, workflow_id, verdict, by=person_of(request).name
+            ),
         )
 
     def gated(
@@ -427,7 +463,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             request,
             workflow_id,
             proposal_id,
-            lambda: operations.approve(engine, proposal_id, by=access.user),
+            lambda: operations.approve(engine, proposal_id, by=person_of(request).name),
         )
 
     @app.post("/workflows/{workflow_id}/proposals/{proposal_id}/reject")
@@ -439,10 +475,22 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             request,
             workflow_id,
             proposal_id,
-            lambda: operations.reject(engine, proposal_id, why, by=access.user),
+            lambda: operations.reject(engine, proposal_id, why, by=person_of(request).name),
         )
 
     return app
+
+
+def person_of(request: Request) -> Person:
+    """The person a request acts as, set by the app's guard (bearer or session)."""
+    person: Person = request.state.person
+    return person
+
+
+def _may_post(request: Request, person: Person) -> None:
+    """A POST by a viewer: 403, nothing done."""
+    if request.method == "POST" and not person.role.allows(Role.APPROVER):
+        raise HTTPException(403, f"{person.name} is a {person.role.value}: viewers cannot act")
 
 
 class _SecurityHeaders:

@@ -8,6 +8,10 @@ request (POST) must carry the session's CSRF token, in the form field
 identity recorded for an action is the name configured for the token
 (``PHASEGATE_WEB_USER``, default the OS user), never what a request claims.
 
+A script gives the same token as ``Authorization: Bearer T`` on each request
+instead: no session, no cookie, so no CSRF token either. Whoever logs in is a
+``Person`` with a ``Role``: viewers see, approvers decide, admins manage people.
+
 Sessions live in the server's memory: a restarted ``serve`` asks for the
 token again, which is what a person leaving it open wants.
 """
@@ -21,6 +25,7 @@ import secrets
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from phasegate.core.contract import PhasegateError
 
@@ -32,6 +37,8 @@ __all__ = [
     "MIN_TOKEN",
     "USER_VARIABLE",
     "Access",
+    "Person",
+    "Role",
     "Session",
     "WeakToken",
 ]
@@ -51,12 +58,37 @@ class WeakToken(PhasegateError):
     """PHASEGATE_WEB_TOKEN is too short to stand for a person."""
 
 
+class Role(StrEnum):
+    """What a person may do, each role all the one before it may: viewers see,
+    approvers decide (every action of ``phasegate.operations``), admins also
+    manage people."""
+
+    VIEWER = "viewer"
+    APPROVER = "approver"
+    ADMIN = "admin"
+
+    def allows(self, needed: Role) -> bool:
+        """Whether this role may do what ``needed`` may."""
+        order = list(Role)
+        return order.index(self) >= order.index(needed)
+
+
+@dataclass(frozen=True)
+class Person:
+    """Who a request acts as: the name every action records, and the role."""
+
+    name: str
+    role: Role
+
+
 @dataclass(frozen=True)
 class Session:
-    """A logged-in browser: its cookie value and the CSRF token its forms carry."""
+    """A logged-in browser: its cookie value, the CSRF token its forms carry,
+    and the person who logged in."""
 
     id: str
     csrf: str
+    person: Person
 
 
 class Access:
@@ -92,11 +124,18 @@ class Access:
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
-    def login(self, token: str) -> Session | None:
-        """A new session when ``token`` is the token (compared in constant time), else None."""
+    def bearer(self, token: str) -> Person | None:
+        """The person a token stands for (compared in constant time), else None."""
         if not hmac.compare_digest(token.encode(), self.token.encode()):
             return None
-        session = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+        return Person(self.user, Role.ADMIN)
+
+    def login(self, token: str) -> Session | None:
+        """A new session for the person ``token`` stands for, else None."""
+        person = self.bearer(token)
+        if person is None:
+            return None
+        session = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32), person)
         with self._lock:
             self._sessions[session.id] = session
         return session
