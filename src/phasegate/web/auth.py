@@ -133,8 +133,10 @@ class Access:
     def login(self, token: str) -> Session | None:
         """A new session for the person ``token`` stands for, else None."""
         person = self.bearer(token)
-        if person is None:
-            return None
+        return None if person is None else self.open_session(person)
+
+    def open_session(self, person: Person) -> Session:
+        """A new session for ``person``, whom something else proved (a token, a sign-on)."""
         session = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32), person)
         with self._lock:
             self._sessions[session.id] = session
