@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -61,7 +62,7 @@ from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNo
 from phasegate.core.redaction import redact
 from phasegate.git.workspace import GitError
 from phasegate.runtime.engine import Engine
-from phasegate.web import diff, live, views, webhooks
+from phasegate.web import diff, live, markdown, timeline, views, webhooks
 from phasegate.web.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -89,6 +90,8 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 _OPEN_PATHS = frozenset({"/login"})
+#: A person's chosen report language (``en``/``zh``), else their browser's.
+LANGUAGE_COOKIE = "phasegate_lang"
 
 
 class _LoginNeeded(Exception):
@@ -104,7 +107,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     store = engine.store
     stop = stop or engine.shutdown
     secrets = [*cartridge_secrets(engine.cartridge), access.token]
-    templates = _templates(secrets)
+    templates = _templates(secrets, store.clock.now)
 
     def session_of(request: Request) -> Session | None:
         return access.session(request.cookies.get(SESSION_COOKIE))
@@ -169,18 +172,19 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         }
         return templates.TemplateResponse(request, name, {**shared, **context}, code)
 
-    def detail_of(workflow_id: str) -> dict[str, Any]:
+    def detail_of(workflow_id: str, language: str | None = None) -> dict[str, Any]:
         try:
-            return views.workflow_page(store, workflow_id)
+            return views.workflow_page(store, workflow_id, language)
         except WorkflowNotFound:
             raise HTTPException(404, f"no workflow {workflow_id}") from None
 
-    def shown(workflow_id: str) -> dict[str, Any]:
+    def shown(workflow_id: str, request: Request) -> dict[str, Any]:
         """A workflow page's context: ``d`` (``views.workflow_page``), ``actions``
         (``operations.actions``: the buttons shown, none while a worker holds its
         lease) and ``awaited`` (the id of the proposal it waits on a person for, else
         None). Raises HTTPException 404 for an unknown workflow."""
-        detail = detail_of(workflow_id)
+        chosen = request.query_params.get("lang") or request.cookies.get(LANGUAGE_COOKIE)
+        detail = detail_of(workflow_id, markdown.viewer_language(chosen, request.headers))
         held = bool(detail["workflow"].get("worker"))
         offered = operations.actions(store.load_context(workflow_id), held=held)
         awaited = next(
@@ -277,11 +281,15 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
 
     @app.get("/workflows/{workflow_id}", response_class=HTMLResponse)
     def workflow_page(request: Request, workflow_id: str) -> Response:
-        return page(request, "workflow.html", shown(workflow_id))
+        response = page(request, "workflow.html", shown(workflow_id, request))
+        chosen = request.query_params.get("lang")
+        if chosen in markdown.LANGUAGES:  # kept for the person's next pages
+            response.set_cookie(LANGUAGE_COOKIE, chosen, httponly=True, samesite="strict")
+        return response
 
     @app.get("/workflows/{workflow_id}/fragment", response_class=HTMLResponse)
     def workflow_fragment(request: Request, workflow_id: str) -> Response:
-        return page(request, "_workflow.html", shown(workflow_id))
+        return page(request, "_workflow.html", shown(workflow_id, request))
 
     @app.get("/workflows/{workflow_id}/events")
     async def workflow_events(
@@ -331,7 +339,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         """``commit``, then the workflow's fragment (htmx) or its page."""
         commit(workflow_id, act)
         if request.headers.get("HX-Request"):
-            return page(request, "_workflow.html", shown(workflow_id))
+            return page(request, "_workflow.html", shown(workflow_id, request))
         return RedirectResponse(f"/workflows/{workflow_id}", 303)
 
     @app.post("/workflows/{workflow_id}/feedback")
@@ -536,7 +544,7 @@ def _last_event_id(request: Request, after: int | None) -> int:
     return after if after is not None and after >= 0 else 0
 
 
-def _templates(secrets: list[str]) -> Jinja2Templates:
+def _templates(secrets: list[str], now: Callable[[], datetime]) -> Jinja2Templates:
     def finalize(value: Any) -> Any:
         # Every value a template prints passes here: no secret reaches a page, whatever
         # the store holds (an agent's output, a check's log, an error).
@@ -552,6 +560,7 @@ def _templates(secrets: list[str]) -> Jinja2Templates:
         finalize=finalize,
     )
     env.filters["elapsed"] = _elapsed
+    env.filters["when"] = lambda at: timeline.when(at, now())
     env.filters["usd"] = lambda v: f"${float(v or 0):.4f}"
     return Jinja2Templates(env=env)
 

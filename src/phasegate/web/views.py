@@ -22,6 +22,7 @@ from phasegate.summary import (
     workflow_detail,
     workflow_summary,
 )
+from phasegate.web import markdown, timeline
 
 __all__ = [
     "ACTIVITY_ROWS",
@@ -99,24 +100,32 @@ def board_marker(store: Store) -> tuple[tuple[Any, ...], ...]:
     )
 
 
-def workflow_page(store: Store, workflow_id: str) -> dict[str, Any]:
+def workflow_page(store: Store, workflow_id: str, language: str | None = None) -> dict[str, Any]:
     """A workflow's page: ``_detail`` (summary, timeline, milestones, agent runs,
-    report, violations, decisions, cleanup) plus its plan text (``state.plan``),
-    the timeline's milestones grouped under their phase (``phases``: a list of
-    ``{"phase", "at", "milestones"}`` in the order the phases were entered), and
-    its proposals with their evidence (``evidence_text``: indented JSON), the
-    report as text (``report_text``), its activity (``activity``), the last event
+    report, violations, decisions, cleanup) plus its plan text (``state.plan``)
+    and as sanitized HTML (``plan_html``), the timeline as cycles (``cycles``:
+    ``web.timeline.cycles``), the same milestones grouped under their phase
+    (``phases``: a list of ``{"phase", "at", "milestones"}`` in the order the
+    phases were entered), and its proposals with their evidence
+    (``evidence_text``: indented JSON), the report as text (``report_text``) and
+    as sanitized HTML (``report_html``) in ``language`` (else the workflow's
+    ``content_language``), its activity (``activity``), the last event
     row's id (``last_event_id``: where the page's live stream starts) and the latest
     agent run's output (``agent_output``). Raises WorkflowNotFound."""
     detail = workflow_detail(store, workflow_id)
     row = store.workflow_row(workflow_id)
     detail["plan"] = row["state"].get("plan")
+    detail["plan_html"] = markdown.to_html(detail["plan"])
     detail["ticket"] = row["ticket"]
     detail["graph_runs"] = [graph_run(run) for run in store.runs_of(workflow_id)]
     report = detail["report"]
-    # In the workflow's language (the report payload, rendered as `show` does).
+    # The payload renders in the viewer's language, whatever the workflow wrote in.
     detail["report_text"] = (
-        render_report(report, report.get("content_language", "en")) if report else None
+        render_report(report, language or report.get("content_language", "en")) if report else None
+    )
+    detail["report_html"] = markdown.to_html(detail["report_text"])
+    detail["cycles"] = timeline.cycles(
+        detail["timeline"], detail["milestones"], detail["decisions"]
     )
     events = store.events(workflow_id)
     # The page shows everything up to here; its live stream starts after it. Read
