@@ -654,34 +654,3 @@ def test_a_refused_ticket_is_refused_with_operations_message_and_nothing_is_file
     response = client.post("/tickets", data={"ticket": "Write it", "csrf": csrf})
     assert (response.status_code, response.json()["detail"]) == (409, str(refused_in_cli.value))
     assert store.list_workflows() == []
-
-
-def test_the_report_renders_as_html_in_the_viewers_language_and_the_timeline_as_cycles(
-    dashboard: tuple[TestClient, Engine, Store],
-) -> None:
-    client, engine, _store = dashboard
-    workflow_id = waiting_workflow(engine)
-    logged_in(client)
-
-    chinese = client.get(f"/workflows/{workflow_id}", headers={"Accept-Language": "zh-CN,en;q=0.5"})
-    report = chinese.text[chinese.text.index('id="report"') :]
-    assert "<h2>进度报告" in report or "<h1>进度报告" in report
-    assert "Progress report" not in report
-    # A person's choice outlasts the page it was made on, whatever the browser says.
-    english = client.get(f"/workflows/{workflow_id}?lang=en")
-    assert "Progress report" in english.text and "进度报告" not in english.text
-    again = client.get(f"/workflows/{workflow_id}", headers={"Accept-Language": "zh"})
-    assert "Progress report" in again.text
-
-    cycles = re.findall(r'class="cycle cycle-(\w+)"', english.text)
-    assert cycles == ["first"]
-    # A person's feedback sends it back to development: a second cycle, after the first.
-    operations.feedback(engine, workflow_id, "Handle empty input too.", by="alice")
-    engine.advance(workflow_id)
-    later = client.get(f"/workflows/{workflow_id}").text
-    assert re.findall(r'class="cycle cycle-(\w+)"', later) == ["first", "feedback"]
-    second = later[later.index('class="cycle cycle-feedback"') :]
-    assert "build of round 2" in second and "build of round 1" not in second
-    assert re.search(
-        r'<time datetime="[^"]+" title="\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC">', english.text
-    )

@@ -76,7 +76,10 @@ from phasegate.web.auth import (
 __all__ = ["create_app", "person_of"]
 
 _HERE = Path(__file__).parent
-_STATIC = {name: "text/javascript" for name in ("htmx.min.js", "sse.min.js", "dashboard.js")}
+_STATIC = {
+    **{name: "text/javascript" for name in ("htmx.min.js", "sse.min.js", "dashboard.js")},
+    "dashboard.css": "text/css",
+}
 #: On every answer. Scripts from this server only (what an agent wrote into a page
 #: cannot run even if escaping missed it); no framing (a click cannot be borrowed);
 #: no Referer (the login URL holds the token); nothing cached (pages hold the CSRF token).

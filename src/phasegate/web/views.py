@@ -22,7 +22,7 @@ from phasegate.summary import (
     workflow_detail,
     workflow_summary,
 )
-from phasegate.web import markdown, timeline
+from phasegate.web import decision, markdown, timeline
 
 __all__ = [
     "ACTIVITY_ROWS",
@@ -109,7 +109,8 @@ def workflow_page(store: Store, workflow_id: str, language: str | None = None) -
     phases were entered), and its proposals with their evidence
     (``evidence_text``: indented JSON), the report as text (``report_text``) and
     as sanitized HTML (``report_html``) in ``language`` (else the workflow's
-    ``content_language``), its activity (``activity``), the last event
+    ``content_language``), what deciding it takes (``decision``:
+    ``web.decision.decision_panel``), its activity (``activity``), the last event
     row's id (``last_event_id``: where the page's live stream starts) and the latest
     agent run's output (``agent_output``). Raises WorkflowNotFound."""
     detail = workflow_detail(store, workflow_id)
@@ -127,6 +128,7 @@ def workflow_page(store: Store, workflow_id: str, language: str | None = None) -
     detail["cycles"] = timeline.cycles(
         detail["timeline"], detail["milestones"], detail["decisions"]
     )
+    detail["decision"] = decision.decision_panel(detail, row["user_feedback"])
     events = store.events(workflow_id)
     # The page shows everything up to here; its live stream starts after it. Read
     # before the output below: what lands between the two is shown twice at the
