@@ -62,7 +62,7 @@ from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNo
 from phasegate.core.redaction import redact
 from phasegate.git.workspace import GitError
 from phasegate.runtime.engine import Engine
-from phasegate.web import diff, live, markdown, timeline, views, webhooks
+from phasegate.web import board, diff, live, markdown, timeline, views, webhooks
 from phasegate.web.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -235,13 +235,26 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             raise HTTPException(404)
         return FileResponse(_HERE / "static" / name, media_type=_STATIC[name])
 
+    def board_of(request: Request) -> dict[str, Any]:
+        """The board's context: its ``groups`` as the address filters them, the
+        ``filter`` (``board.BoardFilter``) and the ``choices`` each filter offers."""
+        groups = views.board(store, store.clock.now())
+        chosen = board.BoardFilter.of(request.query_params)
+        offered = board.choices(groups)
+        return {
+            "groups": board.filtered(groups, chosen),
+            "filter": chosen,
+            "choices": offered,
+            "shared": len(offered["repository"]) > 1,
+        }
+
     @app.get("/", response_class=HTMLResponse)
     def board_page(request: Request) -> Response:
-        return page(request, "board.html", {"groups": views.board(store, store.clock.now())})
+        return page(request, "board.html", board_of(request))
 
     @app.get("/board", response_class=HTMLResponse)
     def board_fragment(request: Request) -> Response:
-        return page(request, "_board.html", {"groups": views.board(store, store.clock.now())})
+        return page(request, "_board.html", board_of(request))
 
     @app.get("/board/events")
     async def board_events(request: Request) -> EventSourceResponse:
