@@ -8,6 +8,7 @@ real repositories share.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,10 +19,11 @@ from test_web import TOKEN, logged_in
 
 from phasegate import operations
 from phasegate.config.cartridge import load_cartridge
+from phasegate.proc.host import host_name
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 from phasegate.web import Access, create_app
-from phasegate.web.board import BoardFilter, choices, filtered
+from phasegate.web.board import BoardFilter, choices, filtered, machines
 
 from conftest import HAPPY_ANSWERS, make_repo, scripted_cartridge
 
@@ -97,3 +99,25 @@ def test_a_label_filter_reads_the_labels_the_issue_carried() -> None:
     assert choices(groups)["label"] == ["bug", "phasegate"]
     assert BoardFilter.of({"label": " bug "}).query() == "label=bug"
     assert not BoardFilter.of({}).active
+
+
+def test_the_board_says_which_machine_runs_what(shared: tuple[TestClient, Engine, Engine]) -> None:
+    client, web, _api = shared
+    running = operations.start(web, "Held by a worker", by="alice")["id"]
+    idle = operations.start(web, "Nobody holds it", by="alice")["id"]
+    assert web.store.claim(running, f"{host_name()}:{os.getpid()}:worker", 600) is not None
+    logged_in(client)
+
+    strip = client.get("/").text.split('id="machines"')[1].split("</p>")[0]
+    assert f'data-host="{host_name()}"' in strip
+    assert f'href="/workflows/{running}"' in strip and idle not in strip
+
+    groups = [
+        {"key": "running", "cards": [
+            {"id": "a1", "worker": "build-2:41:t1"}, {"id": "b2", "worker": "build-1:7:t2"},
+            {"id": "c3", "worker": "build-2:42:t3"},
+        ]},
+        {"key": "queued", "cards": [{"id": "d4", "worker": None}]},
+    ]  # fmt: skip
+    found = [(m["host"], [c["id"] for c in m["cards"]]) for m in machines(groups)]
+    assert found == [("build-1", ["b2"]), ("build-2", ["a1", "c3"])]

@@ -241,8 +241,10 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         groups = views.board(store, store.clock.now())
         chosen = board.BoardFilter.of(request.query_params)
         offered = board.choices(groups)
+        shown = board.filtered(groups, chosen)
         return {
-            "groups": board.filtered(groups, chosen),
+            "groups": shown,
+            "machines": board.machines(shown),
             "filter": chosen,
             "choices": offered,
             "shared": len(offered["repository"]) > 1,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 from urllib.parse import urlencode
 
-__all__ = ["BoardFilter", "choices", "filtered"]
+__all__ = ["BoardFilter", "choices", "filtered", "machines"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +94,15 @@ def choices(groups: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
                     found[key].add(str(value))
             found["label"].update(str(label) for label in card.get("labels") or ())
     return {key: sorted(values) for key, values in found.items()}
+
+
+def machines(groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Which machine runs what: one ``{"host", "cards"}`` per machine whose
+    worker holds a running card (``worker`` is ``host:pid:token``), by host name."""
+    found: dict[str, list[Mapping[str, Any]]] = {}
+    for group in groups:
+        for card in group["cards"]:
+            if group.get("key") == "running" and card.get("worker"):
+                host = str(card["worker"]).rsplit(":", 2)[0]
+                found.setdefault(host, []).append(card)
+    return [{"host": host, "cards": found[host]} for host in sorted(found)]
