@@ -89,12 +89,25 @@ def workflow_change(engine: Engine, workflow_id: str) -> Change:
     if not branch:
         change.missing = "no branch yet: the workflow has not prepared its branch"
         return change
+    # On a team forge the forge's branch is the one pushed: a clone that did not
+    # build the workflow reads it there first (a branch of the same name here may be
+    # an old copy), and reads no other clone's path (on another machine that path
+    # may be another repository). On the local forge the branch lives in the clone.
+    team = engine.cartridge.forge.kind != "local"
+    built_in = row.get("repo_path")
+    elsewhere = team and bool(built_in) and Path(built_in).resolve() != engine.repo.resolve()
+    if elsewhere:
+        found = _fetched_branch(engine, branch, base, tried)
+        if found is not None:
+            return _read(change, *found)
+    if team:
+        repos = repos[:1]
     for repo in repos:
         if _branch_in(repo, branch):
             return _read(
                 change, f"branch {branch} against {base}", partial(branch_diff, repo, base, branch)
             )
-    found = _fetched_branch(engine, branch, base, tried)
+    found = None if elsewhere else _fetched_branch(engine, branch, base, tried)
     if found is not None:
         return _read(change, *found)
     places = " nor ".join(str(r) for r in repos)
@@ -122,8 +135,8 @@ def _read(change: Change, source: str, diff: Callable[[], str]) -> Change:
 
 
 def _repos(here: Path, built_in: str | None) -> list[Path]:
-    """This clone, then the clone that built the workflow when it is another this
-    machine can read."""
+    """This clone, then the clone that built the workflow when it is another one
+    this machine can read."""
     repos = [here]
     if built_in:
         there = Path(built_in)
