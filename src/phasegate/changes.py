@@ -8,13 +8,14 @@ Where it is read, first found first:
   branch's commits in a row, counted from the branch head the workflow
   recorded (``head_sha``) when this machine has it;
 - the branch against its base (what a pull request shows), while the branch
-  is in this clone or in the clone that built it (``repo_path``, when this
-  machine can read it);
+  is in this clone or, on the local forge, in the clone that built it
+  (``repo_path``, when this machine can read it);
 - else from the forge: a team forge's branch (or its base, holding the merge)
   fetched with the forge's token into ``refs/phasegate/forge/`` (the forge's
-  ``branch_ref``/``find_merge``); on the local forge, the clone's ``origin``
-  fetched into ``refs/phasegate/fetched/``. Nothing is fetched into a person's
-  branches or remote-tracking refs.
+  ``branch_ref``/``find_merge``) — first, for a workflow another clone built;
+  on the local forge, the clone's ``origin`` fetched into
+  ``refs/phasegate/fetched/``. Nothing is fetched into a person's branches or
+  remote-tracking refs.
 
 When none has it, ``Change.missing`` says which branch or commit, what failed
 and what to run; a front end shows that instead of a diff.

@@ -86,6 +86,7 @@ details.diff-file:not([open]) > summary { border-bottom: none; }
   border: 1px solid currentColor; }
 .file-added { color: #1a7f37; } .file-deleted { color: #cf222e; } .file-renamed { color: #9a6700; }
 table.diff-files td { border: none; padding: .1rem .5rem; }
+.diff-summary { margin-bottom: 1rem; }
 .diff-source { opacity: .7; margin-top: -.4rem; }
 """
 )
