@@ -253,3 +253,109 @@ def test_parse_diff_reads_renames_deletions_and_the_no_newline_note(tmp_path: Pa
     assert files["gone.txt"].status == "deleted" and files["gone.txt"].removed == 1
     changed = [(ln.kind, ln.text) for ln in files["b.txt"].lines if ln.kind in ("add", "del")]
     assert changed == [("del", "four"), ("add", "four")]
+
+
+def test_a_rebased_merge_is_the_branch_s_commits_in_a_row_counted_from_its_recorded_head(
+    tmp_path: Path,
+) -> None:
+    from phasegate.config.cartridge import load_cartridge
+    from phasegate.store import open_store
+    from phasegate.store import tables as t
+    from phasegate.testing import InMemoryForge
+
+    forge = '[forge]\nkind = "github"\nrepository = "octo/widgets"\nmerge_method = "rebase"\n'
+    repo = _repo(tmp_path / "repo", auto_merge=False, extra=forge)
+    git(repo, "checkout", "-q", "-b", "feature")
+    head = ""
+    for name in ("one.txt", "two.txt"):
+        (repo / name).write_text(f"{name}\n")
+        git(repo, "add", name)
+        git(repo, "commit", "-q", "-m", name)
+        head = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "main")
+    (repo / "base.txt").write_text("the base moved\n")
+    git(repo, "add", "base.txt")
+    git(repo, "commit", "-q", "-m", "base moved")
+    # What the forge's rebase merge does: the branch's commits replayed on the base.
+    git(repo, "cherry-pick", f"{head}~1", head)
+    merged = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "branch", "-q", "-D", "feature")
+
+    cartridge = load_cartridge(repo)
+    store = open_store(cartridge.store_url(repo))
+    try:
+        engine = Engine(repo, cartridge, store, forge=InMemoryForge())
+        workflow_id = store.create_workflow(
+            title="t",
+            ticket="x",
+            repo_path=str(repo),
+            base_branch="main",
+            auto_merge=False,
+            content_language="en",
+        )
+        with store.transaction() as conn:
+            conn.execute(
+                t.workflows.update()
+                .where(t.workflows.c.id == workflow_id)
+                .values(branch_name="feature", merge_sha=merged, state={"head_sha": head})
+            )
+        change = workflow_change(engine, workflow_id)
+        assert change.missing is None, change.missing
+        assert change.source == f"merge commit {merged[:12]} (rebased: 2 commits)"
+        assert [f.path for f in change.files] == ["one.txt", "two.txt"]  # base.txt not
+        # Without the recorded head here: the last commit alone, and it says so.
+        with store.transaction() as conn:
+            conn.execute(
+                t.workflows.update()
+                .where(t.workflows.c.id == workflow_id)
+                .values(state={"head_sha": "0" * 40})
+            )
+        change = workflow_change(engine, workflow_id)
+        assert [f.path for f in change.files] == ["two.txt"]
+        assert "its last commit only" in change.source
+    finally:
+        store.close()
+
+
+def test_on_a_terminal_the_diff_is_colored_and_an_agent_s_control_characters_are_shown(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    repo = _repo(tmp_path / "repo", auto_merge=False)
+    answers = (repo / "answers.toml").read_text()
+    (repo / "answers.toml").write_text(
+        answers.replace('"the feature\\n', '"the feature\\u001b[2J\\n', 1)
+    )
+    git(repo, "commit", "-qam", "an answer that clears the screen")
+    engine, _store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    assert engine.advance(workflow_id)["status"] == "waiting"
+
+    main, child = pty.openpty()
+    exe = Path(sys.executable).parent / "phasegate"
+    proc = subprocess.run(
+        [str(exe), "diff", workflow_id, "--repo", str(repo)],
+        stdout=child,
+        stderr=subprocess.PIPE,
+        timeout=120,
+    )
+    os.close(child)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the terminal's other end is closed: all was read
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(main)
+    assert proc.returncode == 0, proc.stderr
+    text = out.decode()
+    assert "\x1b[32m+the feature\\x1b[2J\x1b[0m" in text  # green, the escape shown not sent
+    assert "\x1b[31m-# sample\x1b[0m" in text
+    assert "\x1b[2J" not in text

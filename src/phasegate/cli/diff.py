@@ -27,11 +27,11 @@ def diff(
     as_json: JsonOption = False,
 ) -> None:
     """A workflow's change: its branch against its base while it is open, its merge
-    commit once merged (after its branch is deleted too). A workflow built in
-    another clone is read from that clone when this machine can, else fetched
-    from the forge into refs/phasegate/ (never into your branches). Colored on a
-    terminal, plain when piped (a patch `git apply` takes). Exit 1 when the change
-    cannot be read (the message says what to fetch)."""
+    commit once merged (after its branch is deleted too). A workflow another
+    clone built is fetched from the forge into refs/phasegate/ (never into your
+    branches), or on the local forge read in that clone. Colored on a terminal,
+    plain when piped (a patch `git apply` takes). Exit 1 when the change cannot be
+    read (the message says what to fetch)."""
     from phasegate.agents.env import cartridge_secrets
     from phasegate.changes import workflow_change
     from phasegate.core.redaction import redact
