@@ -96,7 +96,7 @@ def workflow_change(engine: Engine, workflow_id: str) -> Change:
     # may be another repository). On the local forge the branch lives in the clone.
     team = engine.cartridge.forge.kind != "local"
     built_in = row.get("repo_path")
-    elsewhere = team and bool(built_in) and Path(built_in).resolve() != engine.repo.resolve()
+    elsewhere = team and bool(built_in) and Path(str(built_in)).resolve() != engine.repo.resolve()
     if elsewhere:
         found = _fetched_branch(engine, branch, base, tried)
         if found is not None:
