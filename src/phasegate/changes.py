@@ -117,7 +117,7 @@ def workflow_change(engine: Engine, workflow_id: str) -> Change:
     wanted = f"its merge commit {merged[:12]} (on {base})" if merged else f"the branch {branch}"
     change.missing = (
         f"no diff: the branch {branch} is not in {places}{said}. Fetch {wanted} into "
-        f"{engine.repo} (e.g. `git fetch <remote> {merged and base or branch}`), or "
+        f"{engine.repo} (e.g. `git fetch <remote> {base if merged else branch}`), or "
         f"read it where it was built (`phasegate diff {workflow_id} -C <that clone>`)"
     )
     return change
