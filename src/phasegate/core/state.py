@@ -252,7 +252,7 @@ OWNERS: Mapping[str, Owner] = _owners(
     review_feedback=Owner(
         (_PROFILES, "phases.deps", "phases.pr_review"), ("phases.development", "phases.pr_review")
     ),
-    head_sha=Owner(("phases.deps",), ("phases.ci",)),
+    head_sha=Owner(("phases.deps",), ("changes", "phases.ci")),
     sync_base=Owner(
         (_PROFILES, "phases.deps", "phases.graph_mode.run"),
         ("core.profiles", "phases.development", "phases.graph_mode.run"),

@@ -15,7 +15,7 @@ Routes (every one behind the token's session; ``/login`` is the way in):
     GET  /workflows/{id}/events    SSE: its event rows (``live``), Last-Event-ID resumes
     POST /workflows/{id}/feedback  form field ``text``: feedback (CSRF)
     POST /workflows/{id}/approve-merge    the merge approved by the token's user (CSRF)
-    GET  /workflows/{id}/diff      its branch against its base, per file, numbered lines
+    GET  /workflows/{id}/diff      its change per file, numbered lines (phasegate.changes)
     POST /workflows/{id}/comments  form ``path``, ``line``, ``text``: a draft comment on a
                                    line of the diff; moves nothing (CSRF)
     POST /workflows/{id}/review    form ``text`` (optional): the drafts sent as one
@@ -58,9 +58,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from phasegate import operations
 from phasegate.agents.env import cartridge_secrets
+from phasegate.changes import workflow_change
 from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNotFound
 from phasegate.core.redaction import redact
-from phasegate.git.workspace import GitError
 from phasegate.runtime.engine import Engine
 from phasegate.web import board, diff, live, markdown, timeline, views, webhooks
 from phasegate.web.auth import (
@@ -391,9 +391,9 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     @app.get("/workflows/{workflow_id}/diff", response_class=HTMLResponse)
     def diff_page(request: Request, workflow_id: str) -> Response:
         detail = detail_of(workflow_id)
-        files, missing = _diff_of(engine, detail["workflow"])
-        shown = diff.files_as_dicts(files, lambda text: redact(text, secrets))
-        context = {"d": detail, "files": shown, "missing": missing, "css": diff.HIGHLIGHT_CSS}
+        change = workflow_change(engine, workflow_id)
+        shown = diff.files_as_dicts(change.files, lambda text: redact(text, secrets))
+        context = {"d": detail, "files": shown, "change": change, "css": diff.HIGHLIGHT_CSS}
         return page(request, "diff.html", {**context, **review_of(workflow_id, detail["workflow"])})
 
     def reviewed(request: Request, workflow_id: str) -> Response:
@@ -411,7 +411,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         line: Annotated[int, Form()] = 0,
         text: Annotated[str, Form()] = "",
     ) -> Response:
-        files, _missing = _diff_of(engine, detail_of(workflow_id)["workflow"])
+        detail_of(workflow_id)  # 404 for an unknown workflow
+        files = workflow_change(engine, workflow_id).files
         lines = {ln.new for f in files if f.path == path for ln in f.lines if ln.new}
         given = redact(text, secrets)  # the token too: operations redacts the cartridge's
         # A draft, its own event row: no state changes, so a running worker starts
@@ -541,18 +542,6 @@ class _SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
-def _diff_of(engine: Engine, summary: Mapping[str, Any]) -> tuple[list[diff.DiffFile], str | None]:
-    """The workflow's branch against its base, parsed; or no file and why."""
-    branch = summary.get("branch_name")
-    if not branch:
-        return [], "no branch yet"
-    base = engine.store.workflow_row(summary["id"])["base_branch"]
-    try:
-        return diff.parse_diff(engine.workspace.diff(engine.repo, base, branch)), None
-    except GitError:
-        return [], f"the branch {branch} is gone (merged and cleaned up, or deleted)"
-
-
 def _last_event_id(request: Request, after: int | None) -> int:
     """Where a stream starts: after ``Last-Event-ID`` (a reconnecting EventSource),
     else after ``?after=``, else from the first row."""
@@ -580,6 +569,7 @@ def _templates(secrets: list[str], now: Callable[[], datetime]) -> Jinja2Templat
     env.filters["elapsed"] = _elapsed
     env.filters["when"] = lambda at: timeline.when(at, now())
     env.filters["usd"] = lambda v: f"${float(v or 0):.4f}"
+    env.filters["machine"] = board.machine_of
     return Jinja2Templates(env=env)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 from urllib.parse import urlencode
 
-__all__ = ["BoardFilter", "choices", "filtered", "machines"]
+__all__ = ["BoardFilter", "choices", "filtered", "machine_of", "machines"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,11 @@ def machines(groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for group in groups:
         for card in group["cards"]:
             if group.get("key") == "running" and card.get("worker"):
-                host = str(card["worker"]).rsplit(":", 2)[0]
+                host = machine_of(card["worker"])
                 found.setdefault(host, []).append(card)
     return [{"host": host, "cards": found[host]} for host in sorted(found)]
+
+
+def machine_of(worker: str) -> str:
+    """The machine a lease holder (``host:pid:token``) runs on: its host name."""
+    return str(worker).rsplit(":", 2)[0]
