@@ -221,7 +221,7 @@ def test_the_diff_page_tints_whole_lines_with_markers_lists_files_and_folds_each
         re.S,
     )
     # The tint is the row's: pygments' background no longer covers the code cell.
-    assert "table.diff tr.diff-add td { background:" in page
+    assert "table.diff tr.diff-add td { background:" in client.get("/static/dashboard.css").text
     assert not re.search(r"^\.code \{ background", page, re.M)
     # A person who decides may comment on a line.
     assert 'id="comment-form"' in page and 'class="comment-on"' in page

@@ -57,39 +57,9 @@ def files_as_dicts(
     return shown
 
 
-#: The diff page's CSS: the highlighted tokens (pygments' default style, without its
-#: background: a line's tint is the whole row's, gutter and code alike), the rows
-#: tinted by kind, and the file list.
-HIGHLIGHT_CSS = (
-    HtmlFormatter(nobackground=True).get_style_defs(".code")
-    + """
-table.diff { width: 100%; table-layout: fixed;
-  font-family: ui-monospace, monospace; font-size: .8rem; }
-table.diff td { border: none; padding: 0 .4rem; white-space: pre-wrap; overflow-wrap: anywhere; }
-table.diff td.ln-old, table.diff td.ln-new { width: 3rem; text-align: right; color: #57606a; }
-table.diff td.marker { width: 1rem; padding: 0; text-align: center; user-select: none; }
-table.diff tr.diff-add td { background: #e6ffec; }
-table.diff tr.diff-add td.ln-old, table.diff tr.diff-add td.ln-new { background: #ccffd8; }
-table.diff tr.diff-add td.marker { color: #1a7f37; }
-table.diff tr.diff-del td { background: #ffebe9; }
-table.diff tr.diff-del td.ln-old, table.diff tr.diff-del td.ln-new { background: #ffd7d5; }
-table.diff tr.diff-del td.marker { color: #cf222e; }
-table.diff tr.diff-hunk td { background: #ddf4ff; color: #57606a; }
-details.diff-file { background: #fff; border: 1px solid #d8dde3; border-radius: 6px;
-  margin: .8rem 0; }
-details.diff-file > summary { cursor: pointer; padding: .4rem .6rem; background: #f6f8fa;
-  border-bottom: 1px solid #d8dde3; font-family: ui-monospace, monospace; font-size: .85rem; }
-details.diff-file:not([open]) > summary { border-bottom: none; }
-.plus { color: #1a7f37; font-weight: 600; } .minus { color: #cf222e; font-weight: 600; }
-.from { opacity: .7; }
-.file-status { font-size: .75rem; border-radius: 1rem; padding: 0 .45rem;
-  border: 1px solid currentColor; }
-.file-added { color: #1a7f37; } .file-deleted { color: #cf222e; } .file-renamed { color: #9a6700; }
-table.diff-files td { border: none; padding: .1rem .5rem; }
-.diff-summary { margin-bottom: 1rem; }
-.diff-source { opacity: .7; margin-top: -.4rem; }
-"""
-)
+#: The diff page's token colours (pygments' default style, without its background:
+#: a line's tint is the whole row's, gutter and code alike; static/dashboard.css has it).
+HIGHLIGHT_CSS = HtmlFormatter(nobackground=True).get_style_defs(".code")
 _FORMATTER = HtmlFormatter(nowrap=True)
 
 
