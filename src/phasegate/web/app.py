@@ -4,6 +4,7 @@ Routes (every one behind the token's session; ``/login`` is the way in):
 
     GET  /login[?token=T]          the login form; with the token: a session cookie, then /
     POST /login                    form field ``token``: the same
+    GET  /login/oidc[/callback]    single sign-on, with ``[dashboard.oidc]`` (oidc.py)
     POST /logout                   ends the session
     GET  /                         the board (needs you, running, waiting, done, failed)
     GET  /board                    the board's fragment (what ``/`` re-reads live)
@@ -61,7 +62,7 @@ from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNo
 from phasegate.core.redaction import redact
 from phasegate.git.workspace import GitError
 from phasegate.runtime.engine import Engine
-from phasegate.web import diff, live, views, webhooks
+from phasegate.web import diff, live, oidc, views, webhooks
 from phasegate.web.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -88,7 +89,7 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-_OPEN_PATHS = frozenset({"/login"})
+_OPEN_PATHS = frozenset({"/login", *oidc.PATHS})
 
 
 class _LoginNeeded(Exception):
@@ -103,8 +104,12 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     token, is redacted from every page and event (``phasegate.core.redaction``)."""
     store = engine.store
     stop = stop or engine.shutdown
+    settings = engine.cartridge.dashboard.oidc
+    sign_on = oidc.SignOn(settings) if settings is not None else None
     secrets = [*cartridge_secrets(engine.cartridge), access.token]
+    secrets += [sign_on.secret] if sign_on is not None and sign_on.secret else []
     templates = _templates(secrets)
+    login_offers = {"sign_on": sign_on.label if sign_on is not None else None}
 
     def session_of(request: Request) -> Session | None:
         return access.session(request.cookies.get(SESSION_COOKIE))
@@ -143,9 +148,21 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
 
     app.include_router(webhooks.router(engine))
 
+    def login_page(request: Request, failed: bool = False, code: int = 200) -> Response:
+        context = {"failed": failed, **login_offers}
+        return templates.TemplateResponse(request, "login.html", context, code)
+
+    def entered(request: Request, person: Person, response: Response) -> Session:
+        session = access.open_session(person)
+        _session_cookie(request, response, session)
+        return session
+
+    if sign_on is not None:
+        app.include_router(oidc.router(sign_on, templates, entered))
+
     @app.exception_handler(_LoginNeeded)
     async def login_needed(request: Request, _exc: _LoginNeeded) -> Response:
-        return templates.TemplateResponse(request, "login.html", {"failed": False}, 401)
+        return login_page(request, code=401)
 
     @app.exception_handler(RequestValidationError)
     async def bad_value(_request: Request, exc: RequestValidationError) -> Response:
@@ -192,7 +209,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     @app.get("/login")
     async def login_form(request: Request, token: str | None = None) -> Response:
         if token is None:
-            return templates.TemplateResponse(request, "login.html", {"failed": False})
+            return login_page(request)
         return _logged_in(request, token)
 
     @app.post("/login")
@@ -202,17 +219,10 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     def _logged_in(request: Request, token: str) -> Response:
         session = access.login(token)
         if session is None:
-            return templates.TemplateResponse(request, "login.html", {"failed": True}, 401)
+            return login_page(request, failed=True, code=401)
         # 303: the browser follows with a GET, and the token leaves the address bar.
         response = RedirectResponse("/", 303)
-        response.set_cookie(
-            SESSION_COOKIE,
-            session.id,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-            path="/",
-        )
+        _session_cookie(request, response, session)
         return response
 
     @app.post("/logout")
@@ -485,6 +495,17 @@ def person_of(request: Request) -> Person:
     """The person a request acts as, set by the app's guard (bearer or session)."""
     person: Person = request.state.person
     return person
+
+
+def _session_cookie(request: Request, response: Response, session: Session) -> None:
+    response.set_cookie(
+        SESSION_COOKIE,
+        session.id,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
 
 
 def _may_post(request: Request, person: Person) -> None:
