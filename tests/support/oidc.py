@@ -114,7 +114,8 @@ class OidcProvider:
             env=env, start_new_session=True, text=True,
         )  # fmt: skip
         started = threading.Event()
-        threading.Thread(target=self._read, args=(started,), daemon=True).start()
+        self._reader = threading.Thread(target=self._read, args=(started,), daemon=True)
+        self._reader.start()
         if not started.wait(START_S) or not self.issuer:
             self.__exit__()
             raise RuntimeError("the OIDC provider did not start:\n" + "\n".join(self.output))
@@ -138,23 +139,35 @@ class OidcProvider:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._process.pid, signal.SIGKILL)
             self._process.wait()
+        self._reader.join(10)
+        if self._process.stdout is not None:
+            self._process.stdout.close()
 
 
 _FORM_ACTION = re.compile(r'<form[^>]*action="([^"]+)"')
+_ABORT_LINK = re.compile(r'href="([^"]*/abort)"')
 
 
-def sign_in_over_http(client: httpx.Client, authorize_url: str, login: str) -> str:
+def sign_in_over_http(
+    client: httpx.Client, authorize_url: str, login: str, *, cancel: bool = False
+) -> str:
     """Follow ``authorize_url`` (the provider's authorization request) through the
-    login page (as ``login``) and the consent page, as a browser would with
-    ``client``'s cookies; returns the URL the provider sends the person back to
-    (the dashboard's callback with ``code`` and ``state``, or an ``error``)."""
+    login page (as ``login``; ``cancel``: its cancel link instead) and the consent
+    page, as a browser would with ``client``'s cookies; returns the URL the provider
+    sends the person back to (the dashboard's callback with ``code`` and ``state``,
+    or an ``error``)."""
+    provider = authorize_url.split("/auth?")[0]
     url = authorize_url
     for _step in range(12):
         answer = client.get(url)
         if answer.is_redirect:
             url = urljoin(url, answer.headers["location"])
-            if not url.startswith(authorize_url.split("/auth")[0]):
+            if not url.startswith(provider):
                 return url  # back to the dashboard
+            continue
+        abort = _ABORT_LINK.search(answer.text)
+        if cancel and abort:
+            url = urljoin(url, abort.group(1))
             continue
         action = _FORM_ACTION.search(answer.text)
         assert action, f"no form on the provider's page {url}:\n{answer.text[:2000]}"
@@ -166,6 +179,6 @@ def sign_in_over_http(client: httpx.Client, authorize_url: str, login: str) -> s
         posted = client.post(target, data=form)
         assert posted.is_redirect, f"{target} answered {posted.status_code}: {posted.text[:2000]}"
         url = urljoin(target, posted.headers["location"])
-        if not url.startswith(authorize_url.split("/auth")[0]):
+        if not url.startswith(provider):
             return url
     raise AssertionError(f"the provider never sent the person back (last at {url})")

@@ -32,11 +32,18 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+import requests
+from authlib.common.errors import AuthlibBaseError
+from authlib.integrations.requests_client import OAuth2Session
+from authlib.oidc.core import CodeIDToken
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from joserfc import jwt
+from joserfc.errors import ClaimError, InvalidKeyIdError, JoseError
+from joserfc.jwk import KeySet, KeySetSerialization
 
 from phasegate.config.cartridge import CartridgeError
 from phasegate.config.dashboard import OidcSettings
@@ -70,6 +77,9 @@ MAX_PENDING = 1000
 LEEWAY_S = 60
 #: Seconds the provider's metadata and keys are kept before they are read again.
 METADATA_S = 3600
+#: What a request to the provider may raise: no answer, an error status, OAuth's
+#: error answer, a body that is no JSON.
+_PROVIDER_ERRORS = (requests.RequestException, AuthlibBaseError, ValueError)
 
 
 class SignOnFailed(PhasegateError):
@@ -126,7 +136,7 @@ class SignOn:
         self._lock = threading.Lock()
         self._metadata: dict[str, Any] | None = None
         self._metadata_at = 0.0
-        self._keys: dict[str, Any] | None = None
+        self._keys: KeySetSerialization | None = None
 
     @property
     def label(self) -> str:
@@ -178,14 +188,14 @@ class SignOn:
     def _exchange(self, code: str, pending: _Pending) -> dict[str, Any]:
         endpoint = self._metadata_value("token_endpoint")
         try:
-            with self._client(pending.redirect_uri) as client:
+            with self._client(pending.redirect_uri, for_token=True) as client:
                 token = client.fetch_token(
                     endpoint,
                     grant_type="authorization_code",
                     code=code,
                     code_verifier=pending.verifier,
                 )
-        except Exception as exc:  # requests' and Authlib's errors alike: the provider said no
+        except _PROVIDER_ERRORS as exc:
             raise SignOnFailed(
                 f"{self.label} did not exchange the code for a token: {_said(exc)}", 502
             ) from None
@@ -194,9 +204,6 @@ class SignOn:
         return dict(token)
 
     def _verified(self, token: Mapping[str, Any], nonce: str) -> dict[str, Any]:
-        from joserfc.errors import InvalidKeyIdError
-        from joserfc.jwk import KeySet
-
         algorithms = [
             a
             for a in self._metadata_value("id_token_signing_alg_values_supported", ["RS256"])
@@ -232,8 +239,10 @@ class SignOn:
                 answer = client.get(endpoint)
                 answer.raise_for_status()
                 info = answer.json()
-        except Exception as exc:  # requests' and Authlib's errors alike
-            raise SignOnFailed(f"{self.label}'s userinfo could not be read: {_said(exc)}", 502)
+        except _PROVIDER_ERRORS as exc:
+            raise SignOnFailed(
+                f"{self.label}'s userinfo could not be read: {_said(exc)}", 502
+            ) from None
         if not isinstance(info, dict) or info.get("sub") != claims.get("sub"):
             # OpenID Connect Core 5.3.2: another subject's answer must not be used.
             raise SignOnFailed(f"{self.label}'s userinfo is not the signed-in person's.", 502)
@@ -246,16 +255,18 @@ class SignOn:
 
     # -- the provider --------------------------------------------------------------
 
-    def _client(self, redirect_uri: str | None) -> Any:
-        from authlib.integrations.requests_client import OAuth2Session
-
-        methods = self._metadata_value(
-            "token_endpoint_auth_methods_supported", ["client_secret_basic"]
-        )
+    def _client(self, redirect_uri: str | None, *, for_token: bool = False) -> Any:
+        """Authlib's client; ``for_token``: authenticated as the provider allows
+        (HTTP Basic, the default of OpenID Connect Discovery, else form fields)."""
+        method = "client_secret_basic"
         if self.secret is None:
             method = "none"
-        else:
-            method = "client_secret_basic" if "client_secret_basic" in methods else "client_secret_post"
+        elif for_token:
+            supported = self._metadata_value(
+                "token_endpoint_auth_methods_supported", ["client_secret_basic"]
+            )
+            if method not in supported:
+                method = "client_secret_post"
         return OAuth2Session(
             client_id=self.settings.client_id,
             client_secret=self.secret,
@@ -294,11 +305,15 @@ class SignOn:
             self._metadata, self._metadata_at, self._keys = metadata, self._clock(), None
         return metadata
 
-    def _jwks(self, fresh: bool) -> dict[str, Any]:
+    def _jwks(self, fresh: bool) -> KeySetSerialization:
+        """The provider's keys (its JWKS); ``fresh``: read again, not the ones kept."""
         with self._lock:
             if self._keys is not None and not fresh:
                 return self._keys
-        keys = self._get_json(self._metadata_value("jwks_uri"), "keys")
+        found = self._get_json(self._metadata_value("jwks_uri"), "keys")
+        if not isinstance(found.get("keys"), list):
+            raise SignOnFailed(f"{self.label}'s keys are not a JWK set.", 502)
+        keys = cast(KeySetSerialization, found)
         with self._lock:
             self._keys = keys
         return keys
@@ -309,7 +324,7 @@ class SignOn:
                 answer = client.get(url, withhold_token=True)
                 answer.raise_for_status()
                 found = answer.json()
-            except Exception as exc:  # requests' errors, or a body that is no JSON
+            except _PROVIDER_ERRORS as exc:
                 log.warning("sign-on: %s: %s", url, exc)
                 raise SignOnFailed(
                     f"{self.label} could not be reached for its {what} ({url}): {_said(exc)}",
@@ -337,20 +352,21 @@ def verify_id_token(
     (``now``, seconds since the epoch; default the clock's, with LEEWAY_S either way),
     and ``at_hash`` matching ``access_token`` when both are there. Raises SignOnFailed
     (403) naming what failed; its ``__cause__`` is joserfc's error."""
-    from authlib.oidc.core import CodeIDToken
-    from joserfc import jwt
-    from joserfc.errors import ClaimError, JoseError
-
     try:
         decoded = jwt.decode(id_token, keys, algorithms=algorithms)
     except JoseError as exc:
-        raise SignOnFailed(f"The ID token's signature does not verify ({_said(exc)}).", 403) from exc
+        raise SignOnFailed(
+            f"The ID token's signature does not verify ({_said(exc)}).", 403
+        ) from exc
     except ValueError as exc:  # not a JWT at all
         raise SignOnFailed(f"The ID token is not a signed JWT ({_said(exc)}).", 403) from exc
     claims = CodeIDToken(
         decoded.claims,
         decoded.header,
-        {"iss": {"essential": True, "values": [issuer]}, "aud": {"essential": True, "values": [client_id]}},
+        {
+            "iss": {"essential": True, "values": [issuer]},
+            "aud": {"essential": True, "values": [client_id]},
+        },
         {"nonce": nonce, "client_id": client_id, "access_token": access_token},
     )
     try:
