@@ -3,11 +3,12 @@
 // `groups` claim the dashboard maps to a role. Its development login page takes any
 // password for a known login; the consent page has one button.
 //
-//   node oidc_provider.mjs   (env: OIDC_PROVIDER_DIR, OIDC_HOST, OIDC_CLIENT_ID,
+//   node oidc_provider.mjs   (env: OIDC_PROVIDER_DIR, OIDC_HOST, OIDC_PORT, OIDC_CLIENT_ID,
 //                             OIDC_CLIENT_SECRET, OIDC_REDIRECT_URIS as a JSON list)
 //
-// It listens on a free port of 127.0.0.1, names itself http://OIDC_HOST:PORT, and
-// prints one JSON line, {"issuer": ...}, once it answers; SIGTERM stops it.
+// It listens on 127.0.0.1 (OIDC_PORT, default a free port), names itself
+// http://OIDC_HOST:PORT, and prints one JSON line, {"issuer": ...}, once it answers;
+// SIGTERM stops it. docs/sign-on.md runs it by hand for a trial.
 
 import { generateKeyPairSync } from 'node:crypto';
 import { createServer } from 'node:http';
@@ -32,7 +33,7 @@ const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
 const signing = { ...privateKey.export({ format: 'jwk' }), kid: `test-${Date.now()}`, use: 'sig', alg: 'RS256' };
 
 const server = createServer();
-server.listen(0, '127.0.0.1', () => {
+server.listen(Number(env.OIDC_PORT || 0), '127.0.0.1', () => {
   const issuer = `http://${env.OIDC_HOST || '127.0.0.1'}:${server.address().port}`;
   const provider = new Provider(issuer, {
     clients: [{
