@@ -26,11 +26,12 @@ from joserfc import jwt
 from joserfc.jwk import KeySet, RSAKey
 
 from phasegate.config.cartridge import CartridgeError, cartridge_from_document
+from phasegate.config.dashboard import OidcSettings
 from phasegate.config.toml import read_toml
 from phasegate.runtime.engine import Engine
 from phasegate.web import Access, create_app
 from phasegate.web.auth import SESSION_COOKIE, Person, Role
-from phasegate.web.oidc import SignOnFailed, verify_id_token
+from phasegate.web.oidc import SignOnFailed, person_from_claims, verify_id_token
 
 from conftest import git, make_repo, scripted_cartridge
 from support.oidc import (
@@ -46,6 +47,7 @@ from support.oidc import (
 TOKEN = "sign-on-test-token-0123456789"
 SECRET_ENV = "PHASEGATE_TEST_OIDC_SECRET"
 CALLBACK = "http://testserver/login/oidc/callback"
+ISSUER = "https://sso.example.com"  # of the tokens signed here
 ROLES = """
 [dashboard.oidc.roles]
 "phasegate-admins" = "admin"
@@ -164,11 +166,13 @@ def test_a_callback_this_browser_did_not_start_opens_nothing(
         assert refused.status_code == 400
         assert "not started in this browser" in refused.text
         assert SESSION_COOKIE not in refused.cookies
-    # A state changed on the way: refused too, and the state is spent.
+    # A state changed on the way: refused too.
     tampered = back.replace("state=", "state=x")
     assert client.get(tampered, follow_redirects=False).status_code == 400
-    assert client.get(back, follow_redirects=False).status_code == 400
     assert person_of(client, access) is None
+    # Neither spent the person's own sign-on.
+    assert client.get(back, follow_redirects=False).status_code == 200
+    assert person_of(client, access) == Person("alice", Role.APPROVER)
 
 
 def test_a_state_is_used_once(signed_on: tuple[TestClient, Access]) -> None:
@@ -221,9 +225,28 @@ def test_a_provider_that_is_down_gets_a_clear_page(
         assert client.get("/login").status_code == 200  # the token still lets people in
 
 
-# -- the ID token's checks, on tokens signed here -----------------------------------
+def test_the_role_claim_may_be_nested_one_value_or_absent() -> None:
+    settings = OidcSettings(
+        issuer=ISSUER,
+        client_id=CLIENT_ID,
+        role_claim="realm_access.roles",
+        roles={"dev": "approver", "ops": "admin"},
+        name_claim="email",
+    )
+    nested = {"email": "a@example.test", "realm_access": {"roles": ["dev", "ops", "x"]}}
+    assert person_from_claims(settings, nested) == Person("a@example.test", Role.ADMIN)
+    flat = {"email": "b@example.test", "realm_access.roles": "dev"}  # a claim named with a dot
+    assert person_from_claims(settings, flat) == Person("b@example.test", Role.APPROVER)
+    with pytest.raises(SignOnFailed, match=r"realm_access.roles claim \(none\)") as refused:
+        person_from_claims(settings, {"email": "c@example.test"})
+    assert refused.value.status == 403
+    everyone = settings.model_copy(update={"default_role": "viewer"})
+    assert person_from_claims(everyone, {"email": "c@example.test"}).role is Role.VIEWER
+    with pytest.raises(SignOnFailed, match="no email claim"):
+        person_from_claims(everyone, {"sub": "u1"})
 
-ISSUER = "https://sso.example.com"
+
+# -- the ID token's checks, on tokens signed here -----------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -166,10 +166,14 @@ class SignOn:
         for the browser whose state cookie is ``browser_state``. Each state is used
         once. Raises SignOnFailed."""
         state = params.get("state", "")
+        # The browser's cookie first: a link followed elsewhere spends no one's sign-on.
+        ours = bool(state) and secrets.compare_digest(
+            state.encode(), (browser_state or "").encode()
+        )
         with self._lock:
             self._forget_stale()
-            pending = self._pending.pop(state, None) if state else None
-        if not state or pending is None or not secrets.compare_digest(state, browser_state or ""):
+            pending = self._pending.pop(state, None) if ours else None
+        if pending is None:
             raise SignOnFailed(
                 "This sign-on was not started in this browser, took longer than "
                 f"{PENDING_S // 60} minutes, or was used already. Start again from the "
@@ -436,9 +440,8 @@ def router(
 
     def failed(request: Request, exc: SignOnFailed) -> Response:
         context = {"message": str(exc), "label": sign_on.label}
-        response = templates.TemplateResponse(request, "sign_on_failed.html", context, exc.status)
-        response.delete_cookie(STATE_COOKIE, path=START_PATH)
-        return response
+        # The state cookie stays: a tampered link must not end a sign-on under way.
+        return templates.TemplateResponse(request, "sign_on_failed.html", context, exc.status)
 
     @routes.get(START_PATH)
     def start(request: Request) -> Response:
