@@ -196,6 +196,23 @@ def test_a_person_who_cancels_at_the_provider_opens_no_session(
     assert person_of(client, access) is None
 
 
+def test_a_provider_that_changed_its_key_is_read_again(
+    tmp_path: Path, engine_for: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(SECRET_ENV, CLIENT_SECRET)
+    with OidcProvider([CALLBACK]) as first:
+        port = int(first.issuer.rsplit(":", 1)[1])
+        client, access = dashboard_for(tmp_path, engine_for, oidc_table(first.issuer))
+        with client:
+            assert sign_in(client, "alice").status_code == 200
+    # The same provider restarted with a new signing key: the kept keys do not know it.
+    with OidcProvider([CALLBACK], port=port), client:
+        client.cookies.clear()
+        answer = sign_in(client, "ada")
+        assert answer.status_code == 200, answer.text
+        assert person_of(client, access) == Person("ada", Role.ADMIN)
+
+
 def test_a_provider_that_names_another_issuer_is_refused(
     tmp_path: Path, engine_for: Any, provider: OidcProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:

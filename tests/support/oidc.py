@@ -88,12 +88,14 @@ def find_provider() -> tuple[str, Path]:
 
 @dataclass
 class OidcProvider:
-    """node-oidc-provider on a free port, naming itself ``http://HOST:PORT``
-    (``host`` "localhost" makes it another site than a dashboard on 127.0.0.1, as a
-    real provider is). ``issuer`` is set once it answers; use it as a context manager."""
+    """node-oidc-provider on ``port`` of 127.0.0.1 (0: a free one), naming itself
+    ``http://HOST:PORT`` (``host`` "localhost" makes it another site than a
+    dashboard on 127.0.0.1, as a real provider is), with a signing key of its own
+    each start. ``issuer`` is set once it answers; use it as a context manager."""
 
     redirect_uris: list[str]
     host: str = "localhost"
+    port: int = 0  # 0: a free one
     issuer: str = ""
     output: list[str] = field(default_factory=list)
 
@@ -103,6 +105,7 @@ class OidcProvider:
             **os.environ,
             "OIDC_PROVIDER_DIR": str(package),
             "OIDC_HOST": self.host,
+            "OIDC_PORT": str(self.port),
             "OIDC_CLIENT_ID": CLIENT_ID,
             "OIDC_CLIENT_SECRET": CLIENT_SECRET,
             "OIDC_REDIRECT_URIS": json.dumps(self.redirect_uris),

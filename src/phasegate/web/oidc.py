@@ -213,22 +213,25 @@ class SignOn:
             for a in self._metadata_value("id_token_signing_alg_values_supported", ["RS256"])
             if a != "none"
         ]
-        for fresh in (False, True):  # a key id not yet known: the provider rotated its keys
-            keys = KeySet.import_key_set(self._jwks(fresh))
-            try:
-                return verify_id_token(
-                    token["id_token"],
-                    keys,
-                    issuer=self.settings.issuer,
-                    client_id=self.settings.client_id,
-                    nonce=nonce,
-                    algorithms=algorithms,
-                    access_token=token.get("access_token"),
-                )
-            except SignOnFailed as exc:
-                if fresh or not isinstance(exc.__cause__, InvalidKeyIdError):
-                    raise
-        raise AssertionError("unreachable")
+
+        def verified_with(keys: KeySetSerialization) -> dict[str, Any]:
+            return verify_id_token(
+                token["id_token"],
+                KeySet.import_key_set(keys),
+                issuer=self.settings.issuer,
+                client_id=self.settings.client_id,
+                nonce=nonce,
+                algorithms=algorithms,
+                access_token=token.get("access_token"),
+            )
+
+        try:
+            return verified_with(self._jwks(fresh=False))
+        except SignOnFailed as exc:
+            if not isinstance(exc.__cause__, InvalidKeyIdError):
+                raise
+        # A key id the kept keys lack: the provider has rotated its keys.
+        return verified_with(self._jwks(fresh=True))
 
     def _with_userinfo(self, claims: dict[str, Any], token: Mapping[str, Any]) -> dict[str, Any]:
         """The ID token's claims, with the userinfo endpoint's for the role and name
