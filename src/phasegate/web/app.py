@@ -67,6 +67,7 @@ from phasegate.web.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
     SESSION_COOKIE,
+    SESSION_COOKIE_FLAGS,
     Access,
     Person,
     Role,
@@ -104,12 +105,10 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     token, is redacted from every page and event (``phasegate.core.redaction``)."""
     store = engine.store
     stop = stop or engine.shutdown
-    settings = engine.cartridge.dashboard.oidc
-    sign_on = oidc.SignOn(settings) if settings is not None else None
     secrets = [*cartridge_secrets(engine.cartridge), access.token]
-    secrets += [sign_on.secret] if sign_on is not None and sign_on.secret else []
     templates = _templates(secrets)
-    login_offers = {"sign_on": sign_on.label if sign_on is not None else None}
+    sign_on = oidc.configured(engine.cartridge)  # None without [dashboard.oidc]
+    templates.env.globals["sign_on"] = sign_on.label if sign_on else None  # the login page's
 
     def session_of(request: Request) -> Session | None:
         return access.session(request.cookies.get(SESSION_COOKIE))
@@ -147,22 +146,12 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     )  # fmt: skip
 
     app.include_router(webhooks.router(engine))
-
-    def login_page(request: Request, failed: bool = False, code: int = 200) -> Response:
-        context = {"failed": failed, **login_offers}
-        return templates.TemplateResponse(request, "login.html", context, code)
-
-    def entered(request: Request, person: Person, response: Response) -> Session:
-        session = access.open_session(person)
-        _session_cookie(request, response, session)
-        return session
-
     if sign_on is not None:
-        app.include_router(oidc.router(sign_on, templates, entered))
+        app.include_router(oidc.router(sign_on, templates, access))
 
     @app.exception_handler(_LoginNeeded)
     async def login_needed(request: Request, _exc: _LoginNeeded) -> Response:
-        return login_page(request, code=401)
+        return templates.TemplateResponse(request, "login.html", {"failed": False}, 401)
 
     @app.exception_handler(RequestValidationError)
     async def bad_value(_request: Request, exc: RequestValidationError) -> Response:
@@ -209,7 +198,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     @app.get("/login")
     async def login_form(request: Request, token: str | None = None) -> Response:
         if token is None:
-            return login_page(request)
+            return templates.TemplateResponse(request, "login.html", {"failed": False})
         return _logged_in(request, token)
 
     @app.post("/login")
@@ -219,10 +208,11 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     def _logged_in(request: Request, token: str) -> Response:
         session = access.login(token)
         if session is None:
-            return login_page(request, failed=True, code=401)
+            return templates.TemplateResponse(request, "login.html", {"failed": True}, 401)
         # 303: the browser follows with a GET, and the token leaves the address bar.
         response = RedirectResponse("/", 303)
-        _session_cookie(request, response, session)
+        secure = request.url.scheme == "https"
+        response.set_cookie(SESSION_COOKIE, session.id, secure=secure, **SESSION_COOKIE_FLAGS)
         return response
 
     @app.post("/logout")
@@ -495,17 +485,6 @@ def person_of(request: Request) -> Person:
     """The person a request acts as, set by the app's guard (bearer or session)."""
     person: Person = request.state.person
     return person
-
-
-def _session_cookie(request: Request, response: Response, session: Session) -> None:
-    response.set_cookie(
-        SESSION_COOKIE,
-        session.id,
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-        path="/",
-    )
 
 
 def _may_post(request: Request, person: Person) -> None:

@@ -45,10 +45,10 @@ from joserfc import jwt
 from joserfc.errors import ClaimError, InvalidKeyIdError, JoseError
 from joserfc.jwk import KeySet, KeySetSerialization
 
-from phasegate.config.cartridge import CartridgeError
+from phasegate.config.cartridge import Cartridge, CartridgeError
 from phasegate.config.dashboard import OidcSettings
 from phasegate.core.contract import PhasegateError
-from phasegate.web.auth import Person, Role, Session
+from phasegate.web.auth import SESSION_COOKIE, SESSION_COOKIE_FLAGS, Access, Person, Role
 
 __all__ = [
     "CALLBACK_PATH",
@@ -56,6 +56,7 @@ __all__ = [
     "START_PATH",
     "SignOn",
     "SignOnFailed",
+    "configured",
     "person_from_claims",
     "router",
     "verify_id_token",
@@ -342,6 +343,13 @@ class SignOn:
         return found
 
 
+def configured(cartridge: Cartridge) -> SignOn | None:
+    """The sign-on ``[dashboard.oidc]`` sets up, else None. Raises CartridgeError
+    (``SignOn``: the client's secret unset)."""
+    settings = cartridge.dashboard.oidc
+    return None if settings is None else SignOn(settings)
+
+
 def verify_id_token(
     id_token: str,
     keys: Any,
@@ -429,13 +437,9 @@ def _said(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:300] + "…"
 
 
-def router(
-    sign_on: SignOn,
-    templates: Jinja2Templates,
-    enter: Callable[[Request, Person, Response], Session],
-) -> APIRouter:
-    """``/login/oidc`` and its callback. ``enter`` opens the session for a person and
-    sets its cookie on the response given (the app's, as ``/login`` does)."""
+def router(sign_on: SignOn, templates: Jinja2Templates, access: Access) -> APIRouter:
+    """``/login/oidc`` and its callback, which opens a session in ``access`` and sets
+    its cookie as ``/login`` does."""
     routes = APIRouter()
 
     def callback_url(request: Request) -> str:
@@ -478,7 +482,9 @@ def router(
         response = templates.TemplateResponse(
             request, "signed_on.html", {"name": person.name, "role": person.role.value}
         )
-        enter(request, person, response)
+        session = access.open_session(person)
+        secure = request.url.scheme == "https"
+        response.set_cookie(SESSION_COOKIE, session.id, secure=secure, **SESSION_COOKIE_FLAGS)
         response.delete_cookie(STATE_COOKIE, path=START_PATH)
         return response
 
