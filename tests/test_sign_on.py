@@ -25,6 +25,7 @@ from fastapi.testclient import TestClient
 from joserfc import jwt
 from joserfc.jwk import KeySet, RSAKey
 
+from phasegate.agents.env import cartridge_secrets
 from phasegate.config.cartridge import CartridgeError, cartridge_from_document
 from phasegate.config.dashboard import OidcSettings
 from phasegate.config.toml import read_toml
@@ -377,6 +378,18 @@ def test_an_unset_secret_variable_stops_the_dashboard_naming_it(
     monkeypatch.delenv(SECRET_ENV, raising=False)
     with pytest.raises(CartridgeError, match=f"dashboard.oidc.client_secret_env: .*{SECRET_ENV}"):
         dashboard_for(tmp_path, engine_for, oidc_table("https://sso.example.com"))
+
+
+def test_the_client_secret_is_one_no_page_or_record_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "phasegate.toml"
+    path.write_text(oidc_table("https://sso.example.com").replace(SECRET_ENV, "ODD_NAME"))
+    cartridge = cartridge_from_document(tmp_path, read_toml(path))
+    # A name no secret-looking pattern catches: the table's key is what says it is one.
+    assert "tall-horse-staple-battery" in cartridge_secrets(
+        cartridge, {"ODD_NAME": "tall-horse-staple-battery"}
+    )
 
 
 def test_without_the_table_there_is_no_sign_on(tmp_path: Path, engine_for: Any) -> None:

@@ -107,8 +107,6 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     stop = stop or engine.shutdown
     secrets = [*cartridge_secrets(engine.cartridge), access.token]
     templates = _templates(secrets)
-    sign_on = oidc.configured(engine.cartridge)  # None without [dashboard.oidc]
-    templates.env.globals["sign_on"] = sign_on.label if sign_on else None  # the login page's
 
     def session_of(request: Request) -> Session | None:
         return access.session(request.cookies.get(SESSION_COOKIE))
@@ -146,7 +144,9 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     )  # fmt: skip
 
     app.include_router(webhooks.router(engine))
+    sign_on = oidc.configured(engine.cartridge)  # None without [dashboard.oidc]
     if sign_on is not None:
+        templates.env.globals["sign_on"] = sign_on.label  # the login page's link
         app.include_router(oidc.router(sign_on, templates, access))
 
     @app.exception_handler(_LoginNeeded)
