@@ -57,6 +57,8 @@ def serve(
 
     A team forge's webhooks are taken at /webhooks/github (gitlab, gitea),
     verified with the secret in PHASEGATE_WEBHOOK_SECRET (docs/webhooks.md).
+    With a [dashboard.oidc] table, people may also sign in through an OpenID
+    Connect provider, their role taken from a claim (docs/sign-on.md).
     """
     from phasegate.cli._watching import watch_in_worker
     from phasegate.cli.render import graceful, make_engine, worker_notice
@@ -93,6 +95,13 @@ def serve(
                 f"actions are recorded as {shown(access.user)} ({USER_VARIABLE} to change)",
                 highlight=False,
             )
+            sign_on = cartridge.dashboard.oidc
+            if sign_on is not None:
+                err.print(
+                    f"single sign-on: {shown(sign_on.shown_label)} ({shown(sign_on.issuer)}), "
+                    "from the login page",
+                    highlight=False,
+                )
             if host not in _LOOPBACK:
                 err.print(
                     f"[yellow]warning:[/yellow] listening on {shown(host)}: other machines "

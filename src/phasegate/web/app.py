@@ -4,6 +4,7 @@ Routes (every one behind the token's session; ``/login`` is the way in):
 
     GET  /login[?token=T]          the login form; with the token: a session cookie, then /
     POST /login                    form field ``token``: the same
+    GET  /login/oidc[/callback]    single sign-on, with ``[dashboard.oidc]`` (oidc.py)
     POST /logout                   ends the session
     GET  /                         the board (needs you, running, waiting, done, failed)
     GET  /board                    the board's fragment (what ``/`` re-reads live)
@@ -62,11 +63,12 @@ from phasegate.changes import workflow_change
 from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNotFound
 from phasegate.core.redaction import redact
 from phasegate.runtime.engine import Engine
-from phasegate.web import board, diff, live, markdown, timeline, views, webhooks
+from phasegate.web import board, diff, live, markdown, oidc, timeline, views, webhooks
 from phasegate.web.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
     SESSION_COOKIE,
+    SESSION_COOKIE_FLAGS,
     Access,
     Person,
     Role,
@@ -92,7 +94,7 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-_OPEN_PATHS = frozenset({"/login"})
+_OPEN_PATHS = frozenset({"/login", *oidc.PATHS})
 #: A person's chosen report language (``en``/``zh``), else their browser's.
 LANGUAGE_COOKIE = "phasegate_lang"
 
@@ -148,6 +150,10 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     )  # fmt: skip
 
     app.include_router(webhooks.router(engine))
+    sign_on = oidc.configured(engine.cartridge)  # None without [dashboard.oidc]
+    if sign_on is not None:
+        templates.env.globals["sign_on"] = sign_on.label  # the login page's link
+        app.include_router(oidc.router(sign_on, templates, access))
 
     @app.exception_handler(_LoginNeeded)
     async def login_needed(request: Request, _exc: _LoginNeeded) -> Response:
@@ -212,14 +218,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             return templates.TemplateResponse(request, "login.html", {"failed": True}, 401)
         # 303: the browser follows with a GET, and the token leaves the address bar.
         response = RedirectResponse("/", 303)
-        response.set_cookie(
-            SESSION_COOKIE,
-            session.id,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-            path="/",
-        )
+        secure = request.url.scheme == "https"
+        response.set_cookie(SESSION_COOKIE, session.id, secure=secure, **SESSION_COOKIE_FLAGS)
         return response
 
     @app.post("/logout")

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal, TypedDict
 
 from phasegate.core.contract import PhasegateError
 
@@ -33,6 +34,7 @@ __all__ = [
     "CSRF_FIELD",
     "CSRF_HEADER",
     "SESSION_COOKIE",
+    "SESSION_COOKIE_FLAGS",
     "TOKEN_VARIABLE",
     "MIN_TOKEN",
     "USER_VARIABLE",
@@ -48,6 +50,16 @@ USER_VARIABLE = "PHASEGATE_WEB_USER"
 SESSION_COOKIE = "phasegate_session"
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "X-CSRF-Token"
+
+
+class _CookieFlags(TypedDict):
+    httponly: bool
+    samesite: Literal["strict"]
+    path: str
+
+
+#: How the session cookie is set, whoever proved the person (``secure`` is per request).
+SESSION_COOKIE_FLAGS: _CookieFlags = {"httponly": True, "samesite": "strict", "path": "/"}
 
 
 #: The fewest characters a given token may have.
