@@ -27,6 +27,7 @@ Routes (every one behind the token's session; ``/login`` is the way in):
     POST /workflows/{id}/proposals/{pid}/approve   the proposal it awaits approved (CSRF)
     POST /workflows/{id}/proposals/{pid}/reject    form ``reason``: rejected (CSRF)
     GET  /static/{name}            htmx and its sse extension (vendored), dashboard.js
+    /api/..., GET /openapi.json    the JSON API (api.py), behind the same token
 
 No session: 401 and the login form; a script may instead send
 ``Authorization: Bearer T`` (a wrong token: 401). A POST without the session's
@@ -61,7 +62,7 @@ from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNo
 from phasegate.core.redaction import redact
 from phasegate.git.workspace import GitError
 from phasegate.runtime.engine import Engine
-from phasegate.web import diff, live, views, webhooks
+from phasegate.web import api, diff, live, views, webhooks
 from phasegate.web.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -70,6 +71,7 @@ from phasegate.web.auth import (
     Person,
     Role,
     Session,
+    person_of,
 )
 
 __all__ = ["create_app", "person_of"]
@@ -145,6 +147,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
 
     @app.exception_handler(_LoginNeeded)
     async def login_needed(request: Request, _exc: _LoginNeeded) -> Response:
+        if api.is_api(request.url.path):
+            return api.refusal(401, "Unauthorized", "no person: send Authorization: Bearer T")
         return templates.TemplateResponse(request, "login.html", {"failed": False}, 401)
 
     @app.exception_handler(RequestValidationError)
@@ -478,13 +482,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             lambda: operations.reject(engine, proposal_id, why, by=person_of(request).name),
         )
 
+    api.install(app, engine, secrets, _diff_of)
     return app
-
-
-def person_of(request: Request) -> Person:
-    """The person a request acts as, set by the app's guard (bearer or session)."""
-    person: Person = request.state.person
-    return person
 
 
 def _may_post(request: Request, person: Person) -> None:
