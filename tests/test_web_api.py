@@ -257,17 +257,24 @@ def test_a_script_approves_a_merge_with_a_bearer_token_and_the_workflow_merges(
             approved = script.post(f"/api/workflows/{workflow_id}/approve-merge")
             assert approved.status_code == 200, approved.text
             assert approved.json()["workflow"]["merge_approved_by"] == "alice"
-            last = 0
+            last, phases = 0, []
             for _ in range(300):
                 for event in script.get(f"/api/workflows/{workflow_id}/events?after={last}").json():
                     last = event["id"]
+                    if event["type"] == "phase_change":
+                        phases.append(event["data"]["phase"])
                 detail = script.get(f"/api/workflows/{workflow_id}").json()
                 if detail["workflow"]["status"] in ("completed", "failed", "paused"):
                     break
                 engine.shutdown.wait(0.1)
+            for event in script.get(f"/api/workflows/{workflow_id}/events?after={last}").json():
+                if event["type"] == "phase_change":  # committed after the last look
+                    phases.append(event["data"]["phase"])
     finally:
         dashboard.stop()
     assert dashboard.errors == []
     assert detail["workflow"]["status"] == "completed", detail["workflow"]
     assert detail["workflow"]["merge_sha"]
+    # what a script following the events sees: the merge's success, then completed
+    assert phases[-3:] == ["merge", "acceptance_verification", "completed"]
     assert store.workflow_row(workflow_id)["merge_sha"] == detail["workflow"]["merge_sha"]

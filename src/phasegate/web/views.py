@@ -32,6 +32,7 @@ __all__ = [
     "board",
     "board_marker",
     "describe_event",
+    "elapsed_s",
     "graph_run",
     "group_of",
     "workflow_page",
@@ -76,18 +77,25 @@ def group_of(summary: Mapping[str, Any]) -> str:
 
 def board(store: Store, now: datetime) -> list[dict[str, Any]]:
     """The board: one ``{"key", "title", "cards"}`` per group of BOARD_GROUPS, in
-    that order; each card a ``_summary`` plus ``elapsed_s`` (seconds from its
-    creation to its completion, else to ``now``), newest first within a group."""
+    that order; each card a ``_summary`` plus ``elapsed_s`` (``elapsed_s``),
+    newest first within a group."""
     cards: dict[str, list[dict[str, Any]]] = {key: [] for key, _ in BOARD_GROUPS}
     for row in store.list_workflows():
         summary = workflow_summary(store, row)
-        end = row.get("completed_at") or now
-        summary["elapsed_s"] = max(0.0, (end - row["created_at"]).total_seconds())
+        summary["elapsed_s"] = elapsed_s(row, now)
         cards[group_of(summary)].append(summary)
     return [
         {"key": key, "title": title, "cards": list(reversed(cards[key]))}
         for key, title in BOARD_GROUPS
     ]
+
+
+def elapsed_s(row: Mapping[str, Any], now: datetime) -> float:
+    """Seconds a workflow ``row`` has taken: from its creation to its completion;
+    a cancelled one's to its cancel (its last change: nothing moves it after),
+    else to ``now``."""
+    end = row.get("completed_at") or (row["updated_at"] if row["status"] == "cancelled" else now)
+    return max(0.0, (end - row["created_at"]).total_seconds())
 
 
 def board_marker(store: Store) -> tuple[tuple[Any, ...], ...]:
