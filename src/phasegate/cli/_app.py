@@ -83,7 +83,9 @@ app = typer.Typer(
     "(PHASEGATE_WEB_TOKEN, or one printed at start) and CSRF; `phasegate events ID "
     "--follow` gives the same stream in a terminal. A decision (resume, feedback, "
     "approve-merge, revert, verify-override, approve, reject, cancel) has one set of "
-    "rules for the CLI and the dashboard (docs/dashboard.md).",
+    "rules for the CLI and the dashboard (docs/dashboard.md); scripts use its JSON API "
+    "under /api with a bearer token (docs/api.md). Under --json a command prints its "
+    'failure as JSON too: {"error": {"message", "kind"}}.',
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
