@@ -130,6 +130,10 @@ def test_reads_give_the_clis_shapes(api: tuple[TestClient, Engine, Store]) -> No
     assert error_of(client.get("/api/workflows/nope"), 404)["kind"] == "WorkflowNotFound"
     assert error_of(client.get("/api/workflows/nope/events"), 404)["kind"] == "WorkflowNotFound"
     assert error_of(client.get("/api/proposals/nope"), 404)["kind"] == "ProposalNotFound"
+    assert error_of(client.get("/api/no-such-path"), 404)["kind"] == "NotFound"
+    assert error_of(client.delete("/api/board"), 405)["kind"] == "MethodNotAllowed"
+    bad = error_of(client.get(f"/api/workflows/{workflow_id}/events?after=soon"), 400)
+    assert bad["message"].startswith("bad request: after:")
 
 
 def test_actions_record_the_bearers_person_and_refusals_are_the_pages(
