@@ -10,6 +10,7 @@ a real uvicorn server on a free port (``Dashboard``).
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from phasegate.store import Store
 from phasegate.web import Access, create_app
 from phasegate.web.auth import CSRF_HEADER, Person, Role
 from phasegate.web.serve import Dashboard
+
+from conftest import phasegate_cli
 
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 #: The reads the API offers beside operations' actions, by operationId.
@@ -114,6 +117,11 @@ def test_reads_give_the_clis_shapes(api: tuple[TestClient, Engine, Store]) -> No
     detail = client.get(f"/api/workflows/{workflow_id}").json()
     assert detail["workflow"]["current_phase"] == "wait"
     assert "approve_merge" in detail["actions"] and detail["timeline"]
+    # The CLI and the API agree, field for field.
+    repo = str(engine.repo)
+    shown = json.loads(phasegate_cli("show", workflow_id, "--json", "--repo", repo).stdout)
+    assert {k: v for k, v in detail.items() if k != "actions"} == shown
+    assert listed == json.loads(phasegate_cli("status", "--json", "--repo", repo).stdout)
 
     rows = store.events(workflow_id)
     events = client.get(f"/api/workflows/{workflow_id}/events").json()
