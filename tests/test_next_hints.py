@@ -14,7 +14,8 @@ from phasegate import operations
 from phasegate.operations import login_name
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store
-from phasegate.web.views import board, elapsed_s
+from phasegate.summary import workflow_detail
+from phasegate.web.views import activity, board, elapsed_s
 
 from conftest import HAPPY_ANSWERS, git, make_repo, phasegate_cli, scripted_cartridge
 
@@ -87,8 +88,12 @@ def test_a_merged_workflow_ends_its_stream_with_phase_change_completed(
     assert engine.advance(workflow_id)["status"] == "completed"
     events = store.events(workflow_id)
     phases = [e["data"]["phase"] for e in events if e["type"] == "phase_change"]
-    assert phases[-3:] == ["merge", "acceptance_verification", "completed"]
+    assert phases[-4:] == ["merge", "completed", "acceptance_verification", "completed"]
     completed = next(i for i, e in enumerate(events) if e["data"] == {"phase": "completed"})
+    # in the merge's own commit, the moment the change landed
+    entered = next(i for i, e in enumerate(events) if e["data"] == {"phase": "merge"})
+    assert events[completed + 1]["data"] == {"phase": "acceptance_verification"}
+    assert entered < completed
     merge_done = [
         i
         for i, e in enumerate(events)
@@ -98,3 +103,10 @@ def test_a_merged_workflow_ends_its_stream_with_phase_change_completed(
     ]
     assert merge_done and max(merge_done) < completed  # said after the merge succeeded
     assert store.workflow_row(workflow_id)["merge_sha"]
+    # A person's timeline has each phase once: the UI consumers' marker is left out.
+    timeline = [t["phase"] for t in workflow_detail(store, workflow_id)["timeline"]]
+    assert timeline[-3:] == ["merge", "acceptance_verification", "completed"]
+    said = {a["id"]: a["text"] for a in activity(events)}
+    assert said[events[completed]["id"]] == "merged (acceptance verification follows)"
+    last = [e for e in events if e["type"] == "phase_change"][-1]
+    assert said[last["id"]] == "entered completed"

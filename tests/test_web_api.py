@@ -288,5 +288,5 @@ def test_a_script_approves_a_merge_with_a_bearer_token_and_the_workflow_merges(
     assert detail["workflow"]["status"] == "completed", detail["workflow"]
     assert detail["workflow"]["merge_sha"]
     # what a script following the events sees: the merge's success, then completed
-    assert phases[-3:] == ["merge", "acceptance_verification", "completed"]
+    assert phases[-4:] == ["merge", "completed", "acceptance_verification", "completed"]
     assert store.workflow_row(workflow_id)["merge_sha"] == detail["workflow"]["merge_sha"]

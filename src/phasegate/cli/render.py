@@ -75,6 +75,8 @@ class LiveProgress:
     def __call__(self, workflow_id: str, type_: str, data: Mapping[str, Any]) -> None:
         phase = self.phases.get(workflow_id, "preparation")
         if type_ == "phase_change":
+            if phase == "merge" and data.get("phase") == "completed":
+                return  # the merge's word for UI consumers: acceptance verification follows
             self.phases[workflow_id] = str(data.get("phase"))
             self.line(f"[bold]{workflow_id}[/bold] → {data.get('phase')}")
         elif type_ == "agent_started":

@@ -19,6 +19,7 @@ from phasegate.store import Store
 from phasegate.summary import (
     FORGE_FAULT_EVENTS,
     forge_fault_text,
+    merge_tail,
     workflow_detail,
     workflow_summary,
 )
@@ -159,8 +160,16 @@ def activity(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     first) but agent output, each ``{"id", "type", "at", "text"}`` (``text``:
     ``describe_event``; ``at``: the row's ``created_at``)."""
     shown = [e for e in events if e["type"] not in _NOT_ACTIVITY][-ACTIVITY_ROWS:]
+    tail = merge_tail(list(events))
     return [
-        {"id": e["id"], "type": e["type"], "at": e.get("created_at"), "text": describe_event(e)}
+        {
+            "id": e["id"],
+            "type": e["type"],
+            "at": e.get("created_at"),
+            "text": "merged (acceptance verification follows)"
+            if e["id"] in tail
+            else describe_event(e),
+        }
         for e in shown
     ]
 
