@@ -7,7 +7,7 @@ Reading only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -189,7 +189,7 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
     }
 
 
-def merge_tail(events: list[Mapping[str, Any]]) -> set[int]:
+def merge_tail(events: Sequence[Mapping[str, Any]]) -> set[int]:
     """The ids of the ``phase_change {"phase": "completed"}`` rows that a merge's
     success emits for UI consumers before acceptance verification
     (docs/contracts/lifecycle.md): each one a later ``phase_change`` follows, since

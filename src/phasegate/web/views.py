@@ -160,7 +160,7 @@ def activity(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     first) but agent output, each ``{"id", "type", "at", "text"}`` (``text``:
     ``describe_event``; ``at``: the row's ``created_at``)."""
     shown = [e for e in events if e["type"] not in _NOT_ACTIVITY][-ACTIVITY_ROWS:]
-    tail = merge_tail(list(events))
+    tail = merge_tail(events)
     return [
         {
             "id": e["id"],
