@@ -85,6 +85,7 @@ _REFUSALS: dict[int | str, dict[str, Any]] = {
         (403, "a viewer's action"),
         (404, "no such workflow or proposal"),
         (409, "the action is refused: operations' message"),
+        (503, "the store is unavailable; nothing was half-written"),
     )
 }
 
@@ -113,11 +114,13 @@ def install(app: FastAPI, engine: Engine, secrets: list[str], diff_of: DiffOf) -
     leaves the pages' to them)."""
     routes = _router(engine, secrets, diff_of)
     app.include_router(routes)
-    described = _description(routes)
+    described: list[dict[str, Any]] = []  # made at its first reading, then kept
 
     @app.get(OPENAPI_PATH, include_in_schema=False)
     def openapi() -> dict[str, Any]:
-        return described
+        if not described:
+            described.append(_description(routes))
+        return described[0]
 
     @app.exception_handler(ApiRefused)
     async def refused(_request: Request, exc: ApiRefused) -> Response:
