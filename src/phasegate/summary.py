@@ -7,7 +7,7 @@ Reading only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -27,6 +27,7 @@ __all__ = [
     "forge_fault_text",
     "iso",
     "lease_holder",
+    "merge_tail",
     "workflow_detail",
     "workflow_summary",
 ]
@@ -153,6 +154,8 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
     row = store.workflow_row(workflow_id)
     milestones = store.milestone_rows(workflow_id)
     phases = [e for e in store.events(workflow_id) if e["type"] == "phase_change"]
+    tail = merge_tail(phases)
+    phases = [e for e in phases if e["id"] not in tail]
     runs = store.agent_runs(workflow_id)
     summary = workflow_summary(store, row)
     if summary["issue_number"] is None:
@@ -184,6 +187,16 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
             for e in store.events(workflow_id, types=FORGE_FAULT_EVENTS)[-FORGE_FAULTS_SHOWN:]
         ],
     }
+
+
+def merge_tail(events: Sequence[Mapping[str, Any]]) -> set[int]:
+    """The ids of the ``phase_change {"phase": "completed"}`` rows that a merge's
+    success emits for UI consumers before acceptance verification
+    (docs/contracts/lifecycle.md): each one a later ``phase_change`` follows, since
+    a workflow truly completed enters no phase after. ``events``: a workflow's rows
+    in id order."""
+    changes = [e for e in events if e["type"] == "phase_change"]
+    return {e["id"] for e in changes[:-1] if (e.get("data") or {}).get("phase") == "completed"}
 
 
 def forge_fault_text(event: Mapping[str, Any]) -> str:

@@ -10,7 +10,7 @@ import logging
 import sys
 from importlib import import_module
 
-from phasegate.cli._app import app
+from phasegate.cli._app import app, json_error
 from phasegate.core.terminal import visible
 
 # Each group registers its commands on import; this order is --help's order. The
@@ -65,6 +65,8 @@ def main() -> None:
     bad = _not_utf8(sys.argv[1:])
     if bad is not None:
         print(f"error: {bad}", file=sys.stderr)
+        if "--json" in sys.argv[1:]:
+            json_error(bad, "UsageError")
         raise SystemExit(2)
     logging.basicConfig(level=logging.WARNING, handlers=[log_handler()])
     app()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +16,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
 from phasegate import __version__
 from phasegate.core.contract import PhasegateError
@@ -27,7 +31,27 @@ if TYPE_CHECKING:
 # imported inside it: `phasegate --help` and `phasegate status` must start in a
 # fraction of a second, and most of phasegate is not needed to print either.
 
+
+class _JsonErrorsGroup(TyperGroup):
+    """The command group: a command line click refuses (a missing argument, an
+    unknown option, a value of the wrong type) is, under ``--json``, JSON on
+    stdout too (``json_error``), with click's exit code."""
+
+    def invoke(self, ctx: Any) -> Any:
+        given = [*getattr(ctx, "_protected_args", ()), *ctx.args]
+        json_errors.clear()  # one command line's choice, not the last one's (tests run many)
+        try:
+            return super().invoke(ctx)
+        except TyperException as exc:  # click's refusals of a command line
+            if "--json" not in given:
+                raise
+            exc.show()  # type: ignore[attr-defined]
+            json_error(exc.format_message(), "UsageError")
+            raise typer.Exit(getattr(exc, "exit_code", 2)) from None
+
+
 app = typer.Typer(
+    cls=_JsonErrorsGroup,
     help="Drive coding agents through a contract-checked ticket lifecycle:\n\n"
     "preparation → planning → development → pr_review → report → wait → merge → "
     "acceptance_verification → completed.\n\nStart with `phasegate demo`, or "
@@ -59,7 +83,9 @@ app = typer.Typer(
     "(PHASEGATE_WEB_TOKEN, or one printed at start) and CSRF; `phasegate events ID "
     "--follow` gives the same stream in a terminal. A decision (resume, feedback, "
     "approve-merge, revert, verify-override, approve, reject, cancel) has one set of "
-    "rules for the CLI and the dashboard (docs/dashboard.md).",
+    "rules for the CLI and the dashboard (docs/dashboard.md); scripts use its JSON API "
+    "under /api with a bearer token (docs/api.md). Under --json a command prints its "
+    'failure as JSON too: {"error": {"message", "kind"}}.',
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
@@ -96,7 +122,51 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 RepoOption = Annotated[
     Path, typer.Option("--repo", "-C", help="The repository (default: the current directory).")
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+#: Whether the running command was given ``--json``: its errors are JSON on stdout too.
+json_errors: list[bool] = []
+
+
+def json_chosen(value: bool) -> bool:
+    if value:
+        json_errors.append(True)
+    return value
+
+
+JsonOption = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        callback=json_chosen,
+        help='Print JSON for scripts; a failure too: {"error": {"message", "kind"}}, '
+        "on stdout, with the same exit code.",
+    ),
+]
+
+
+ByOption = Annotated[
+    str | None,
+    typer.Option(
+        "--by",
+        help="Who acts, recorded with the decision (default: your login name).",
+        show_default=False,
+    ),
+]
+
+
+def who(by: str | None) -> str:
+    """The person a command acts as: ``--by``, else the login name
+    (``phasegate.operations.login_name``)."""
+    from phasegate.operations import login_name
+
+    return login_name() if by is None else by
+
+
+def json_error(message: str, kind: str) -> None:
+    """A failure as a script reads it under ``--json``: ``{"error": {"message",
+    "kind"}}`` (``kind``: the error's name, UsageError for a command line refused),
+    one line on stdout."""
+    sys.stdout.write(json.dumps({"error": {"message": message, "kind": kind}}) + "\n")
+    sys.stdout.flush()
 
 
 class UsageError(PhasegateError):
@@ -121,17 +191,20 @@ def repo_option(row: Mapping[str, Any]) -> str:
     return ""
 
 
-def _fail(message: str, code: int = 2) -> typer.Exit:
+def _fail(message: str, code: int = 2, kind: str = "PhasegateError") -> typer.Exit:
     # Messages quote keys, paths and agent output: "[roles.build]" is text, not markup.
     err.print(f"[red]error:[/red] {shown(message)}", highlight=False, markup=True)
+    if json_errors:
+        json_error(message, kind)
     return typer.Exit(code)
 
 
 @contextmanager
 def reported_errors() -> Iterator[None]:
-    """Turn phasegate's errors into a one-line message: exit code 1 when the store
-    could not be written (a workflow stays as last committed; ``resume`` continues
-    it), else 2 (bad input)."""
+    """Turn phasegate's errors into a one-line message (and under ``--json`` the
+    same as JSON on stdout, ``json_error``): exit code 1 when the store could not
+    be written (a workflow stays as last committed; ``resume`` continues it), else
+    2 (bad input)."""
     try:
         yield
     except PhasegateError as exc:  # GitError and StoreUnavailable are PhasegateErrors
@@ -139,8 +212,9 @@ def reported_errors() -> Iterator[None]:
 
         if isinstance(exc, StoreUnavailable):
             resumable = "`phasegate resume ID` continues a workflow"
-            raise _fail(f"{exc}; nothing was half-written ({resumable})", 1) from None
-        raise _fail(str(exc)) from None
+            said = f"{exc}; nothing was half-written ({resumable})"
+            raise _fail(said, 1, type(exc).__name__) from None
+        raise _fail(str(exc), kind=type(exc).__name__) from None
 
 
 def repo_root(repo: Path) -> Path:

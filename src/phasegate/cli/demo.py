@@ -64,6 +64,8 @@ def demo(
                 raise CartridgeError("--profile: the profile name is empty")
             Cartridge().profile(profile)
         target = directory or Path(tempfile.mkdtemp(prefix="phasegate-demo-")) / "calc"
+        if target.exists() and not target.is_dir():
+            raise UsageError(f"{target} is a file; --dir takes a new or empty directory")
         if target.exists() and any(target.iterdir()):
             raise UsageError(f"{target} is not empty; choose a new --dir")
         repo = make_sample_project(target, graph=graph)

@@ -13,6 +13,7 @@ import typer
 
 from phasegate.cli._app import (
     AutoMergeOption,
+    ByOption,
     JsonOption,
     NoAdvance,
     ProfileOption,
@@ -21,8 +22,10 @@ from phasegate.cli._app import (
     app,
     console,
     err,
+    json_chosen,
     open_repo,
     reported_errors,
+    who,
 )
 
 
@@ -49,6 +52,7 @@ def watch(
         bool,
         typer.Option(
             "--json",
+            callback=json_chosen,
             help="Print one JSON object a line per start, ignore or command "
             '(with --once, {"event": "nothing", ...} when there was none).',
         ),
@@ -128,7 +132,7 @@ def import_issue(
             help="The issue: OWNER/REPO#N (GitLab: GROUP/…/NAME#N), #N or N.",
         ),
     ],
-    by: Annotated[str, typer.Option(help="Who vouches for the issue's text.")] = "cli",
+    by: ByOption = None,
     auto_merge: AutoMergeOption = None,
     profile: ProfileOption = None,
     repo: RepoOption = Path("."),
@@ -165,7 +169,7 @@ def import_issue(
             engine,
             repository,
             ref.number,
-            by=by,
+            by=who(by),
             trigger="import",
             max_ticket_bytes=MAX_TICKET_BYTES,
             auto_merge=auto_merge,

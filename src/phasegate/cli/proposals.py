@@ -20,6 +20,7 @@ from rich.table import Table
 
 from phasegate.cli._app import (
     STOP_SIGNALS,
+    ByOption,
     JsonOption,
     NoAdvance,
     RepoOption,
@@ -32,6 +33,7 @@ from phasegate.cli._app import (
     reported_errors,
     shown,
     ticket_from,
+    who,
 )
 from phasegate.store import PROPOSAL_STATUSES
 
@@ -278,11 +280,11 @@ def _gate(
     with reported_errors():
         root, cartridge, store = open_repo(repo)
         engine = make_engine(root, cartridge, store, None)
-        who = operations.login_name() if by is None else by
+        person = who(by)
         if verdict == "approved":
-            outcome = operations.approve(engine, proposal_id, by=who)
+            outcome = operations.approve(engine, proposal_id, by=person)
         else:
-            outcome = operations.reject(engine, proposal_id, reason or "", by=who)
+            outcome = operations.reject(engine, proposal_id, reason or "", by=person)
     row, workflow_id = outcome.proposal, outcome.workflow_id
     clean, policy = outcome.streak, outcome.policy
     if as_json:
@@ -347,7 +349,7 @@ def _gate(
 @app.command(short_help="Approve a proposal (the human gate).")
 def approve(
     proposal_id: Annotated[str, typer.Argument(metavar="ID")],
-    by: Annotated[str | None, typer.Option(help="Who approves (default: your login name).")] = None,
+    by: ByOption = None,
     repo: RepoOption = Path("."),
     no_advance: NoAdvance = False,
     as_json: JsonOption = False,
@@ -365,7 +367,7 @@ def approve(
 def reject(
     proposal_id: Annotated[str, typer.Argument(metavar="ID")],
     reason: Annotated[str, typer.Option(help="Why it is rejected.")],
-    by: Annotated[str | None, typer.Option(help="Who rejects (default: your login name).")] = None,
+    by: ByOption = None,
     repo: RepoOption = Path("."),
     no_advance: NoAdvance = False,
     as_json: JsonOption = False,

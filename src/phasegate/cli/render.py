@@ -26,6 +26,7 @@ from phasegate.core.terminal import visible
 
 if TYPE_CHECKING:
     from phasegate.config.cartridge import Cartridge
+    from phasegate.core.contract import WorkflowContext
     from phasegate.runtime.engine import Engine
     from phasegate.store import Store
 
@@ -74,6 +75,8 @@ class LiveProgress:
     def __call__(self, workflow_id: str, type_: str, data: Mapping[str, Any]) -> None:
         phase = self.phases.get(workflow_id, "preparation")
         if type_ == "phase_change":
+            if phase == "merge" and data.get("phase") == "completed":
+                return  # the merge's word for UI consumers: acceptance verification follows
             self.phases[workflow_id] = str(data.get("phase"))
             self.line(f"[bold]{workflow_id}[/bold] → {data.get('phase')}")
         elif type_ == "agent_started":
@@ -319,16 +322,37 @@ def finish(
                 soft_wrap=True,
             )
         elif status in STOPPED or interrupted:
-            console.print(
-                f"  next: `phasegate show {row['id']}{at}`, "
-                f"then `phasegate resume {row['id']}{at}`",
-                highlight=False,
-                soft_wrap=True,
-            )
+            hint = next_hint(store.load_context(row["id"]), at)
+            console.print(f"  next: {hint}", highlight=False, soft_wrap=True)
     if interrupted:
         raise typer.Exit(130)
     if row["status"] in STOPPED or stopped_early:
         raise typer.Exit(1)
+
+
+def next_hint(ctx: WorkflowContext, at: str = "") -> str:
+    """The commands a stopped or interrupted workflow's ``next:`` line names: those
+    of the actions that apply to it (``phasegate.operations.actions``), the one a
+    person most likely wants first; ``at``: ``repo_option``'s `` --repo PATH``."""
+    from phasegate.operations import actions
+
+    offered = actions(ctx)
+    wid = ctx.id
+    show = f"`phasegate show {wid}{at}`"
+    if "verify_override" in offered:
+        decide = (
+            f"`phasegate verify-override {wid} --verdict confirmed{at}` or "
+            f"`phasegate verify-override {wid} --verdict rejected --reason TEXT{at}`"
+        )
+        if ctx.state.get("verification_status") in ("rejected", "indeterminate"):
+            # the verifier said its word: verifying again says it again; a person decides
+            return f"{show}, then {decide}"
+        return f"{show}, then `phasegate resume {wid}{at}` (verifies again), or {decide}"
+    if "resume" in offered:
+        return f"{show}, then `phasegate resume {wid}{at}`"
+    if "cleanup" in offered:
+        return f"{show}, then `phasegate cleanup {wid}{at}`"
+    return show
 
 
 def print_detail(detail: Mapping[str, Any]) -> None:

@@ -142,7 +142,11 @@ def doctor(
 
     found = diagnose(repo, offline=offline)
     if as_json:
-        console.print_json(json.dumps(found.as_dict()))
+        shown = found.as_dict()
+        if not found.ok:  # a script reads every --json failure the same way
+            said = "; ".join(found.missing) or "a run is not ready"
+            shown["error"] = {"message": f"missing: {said}", "kind": "NotReady"}
+        console.print_json(json.dumps(shown))
     else:
         _print_diagnosis(found)
     if not found.ok:

@@ -55,6 +55,9 @@ def serve(
     action carries a CSRF token. Actions are recorded as PHASEGATE_WEB_USER
     (default: your OS user). Ctrl-C stops both; each workflow stays resumable.
 
+    Scripts use the JSON API under /api with `Authorization: Bearer TOKEN`: every
+    read and every decision, described at /openapi.json (docs/api.md).
+
     A team forge's webhooks are taken at /webhooks/github (gitlab, gitea),
     verified with the secret in PHASEGATE_WEBHOOK_SECRET (docs/webhooks.md).
     With a [dashboard.oidc] table, people may also sign in through an OpenID

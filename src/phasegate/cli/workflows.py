@@ -9,6 +9,7 @@ import typer
 
 from phasegate.cli._app import (
     AutoMergeOption,
+    ByOption,
     JsonOption,
     NoAdvance,
     ProfileOption,
@@ -26,6 +27,7 @@ from phasegate.cli._app import (
     shown,
     ticket_from,
     warn_if_broken,
+    who,
 )
 from phasegate.core.state import WorkflowState
 from phasegate.proc.host import HOSTNAME_VARIABLE
@@ -71,6 +73,7 @@ def run(
         bool, typer.Option("--public", help="--new-project on GitHub: a public repository.")
     ] = False,
     no_advance: NoAdvance = False,
+    by: ByOption = None,
 ) -> None:
     """File a ticket and run its workflow in the foreground (Ctrl-C leaves it resumable).
 
@@ -99,7 +102,7 @@ def run(
                 lambda e, state: operations.start(
                     e,
                     ticket,
-                    by=operations.login_name(),
+                    by=who(by),
                     title=title,
                     auto_merge=auto_merge,
                     profile=profile,
@@ -117,7 +120,7 @@ def run(
         workflow_id = operations.start(
             engine,
             ticket,
-            by=operations.login_name(),
+            by=who(by),
             title=title,
             auto_merge=auto_merge,
             profile=profile,
@@ -345,6 +348,7 @@ def resume(
     repo: RepoOption = Path("."),
     no_advance: NoAdvance = False,
     as_json: JsonOption = False,
+    by: ByOption = None,
 ) -> None:
     """Resume a failed, paused or interrupted workflow from its current phase.
 
@@ -356,11 +360,11 @@ def resume(
     """
     from phasegate import operations
 
-    by = operations.login_name()
+    person = who(by)
     _manual(
         repo,
         workflow_id,
-        lambda e: operations.resume(e, workflow_id, by=by),
+        lambda e: operations.resume(e, workflow_id, by=person),
         not no_advance,
         as_json,
     )
@@ -373,6 +377,7 @@ def feedback(
     repo: RepoOption = Path("."),
     no_advance: NoAdvance = False,
     as_json: JsonOption = False,
+    by: ByOption = None,
 ) -> None:
     """Send feedback: a waiting workflow goes back to development with it; a paused,
     failed or timed-out one goes on in its phase with it in the next prompt.
@@ -384,11 +389,11 @@ def feedback(
     """
     from phasegate import operations
 
-    by = operations.login_name()
+    person = who(by)
     _manual(
         repo,
         workflow_id,
-        lambda e: operations.feedback(e, workflow_id, text, by=by),
+        lambda e: operations.feedback(e, workflow_id, text, by=person),
         not no_advance,
         as_json,
     )
@@ -397,9 +402,7 @@ def feedback(
 @app.command("approve-merge")
 def approve_merge(
     workflow_id: Annotated[str, typer.Argument(metavar="ID")],
-    by: Annotated[
-        str, typer.Option(help="Who approves: recorded on the merge_approved milestone.")
-    ] = "cli",
+    by: ByOption = None,
     repo: RepoOption = Path("."),
     no_advance: NoAdvance = False,
     as_json: JsonOption = False,
@@ -415,7 +418,7 @@ def approve_merge(
     _manual(
         repo,
         workflow_id,
-        lambda e: operations.approve_merge(e, workflow_id, by=by),
+        lambda e: operations.approve_merge(e, workflow_id, by=who(by)),
         not no_advance,
         as_json,
     )
@@ -431,6 +434,7 @@ def revert(
     repo: RepoOption = Path("."),
     no_advance: NoAdvance = False,
     as_json: JsonOption = False,
+    by: ByOption = None,
 ) -> None:
     """Send a workflow back to planning with a reason (at most 3 reversions per workflow).
 
@@ -443,11 +447,11 @@ def revert(
     """
     from phasegate import operations
 
-    by = operations.login_name()
+    person = who(by)
     _manual(
         repo,
         workflow_id,
-        lambda e: operations.revert(e, workflow_id, reason, by=by, to_phase=to_phase),
+        lambda e: operations.revert(e, workflow_id, reason, by=person, to_phase=to_phase),
         not no_advance,
         as_json,
         announce_reversion=True,
@@ -458,7 +462,7 @@ def revert(
 def verify_override(
     workflow_id: Annotated[str, typer.Argument(metavar="ID")],
     verdict: Annotated[str, typer.Option(help="confirmed or rejected.")],
-    by: Annotated[str, typer.Option(help="Who decides (recorded as verified_by).")],
+    by: ByOption = None,
     reason: Annotated[str, typer.Option(help="Why it is rejected (commented on the issue).")] = "",
     repo: RepoOption = Path("."),
     as_json: JsonOption = False,
@@ -469,7 +473,7 @@ def verify_override(
     _manual(
         repo,
         workflow_id,
-        lambda e: operations.verify_override(e, workflow_id, verdict, by=by, reason=reason),
+        lambda e: operations.verify_override(e, workflow_id, verdict, by=who(by), reason=reason),
         False,
         as_json,
     )
@@ -478,7 +482,7 @@ def verify_override(
 @app.command()
 def cancel(
     workflow_id: Annotated[str, typer.Argument(metavar="ID")],
-    by: Annotated[str | None, typer.Option(help="Who cancels (default: your login name).")] = None,
+    by: ByOption = None,
     repo: RepoOption = Path("."),
     as_json: JsonOption = False,
 ) -> None:
@@ -490,8 +494,10 @@ def cancel(
     """
     from phasegate import operations
 
-    who = operations.login_name() if by is None else by
-    _manual(repo, workflow_id, lambda e: operations.cancel(e, workflow_id, by=who), False, as_json)
+    person = who(by)
+    _manual(
+        repo, workflow_id, lambda e: operations.cancel(e, workflow_id, by=person), False, as_json
+    )
 
 
 @app.command()
@@ -501,6 +507,7 @@ def cleanup(
     ] = None,
     repo: RepoOption = Path("."),
     as_json: JsonOption = False,
+    by: ByOption = None,
 ) -> None:
     """Retry removing a merged workflow's worktree and branch, when that failed.
 
@@ -515,7 +522,7 @@ def cleanup(
     with reported_errors():
         root, cartridge, store = open_repo(repo)
         engine = make_engine(root, cartridge, store, None)
-        outcomes = operations.cleanup(engine, workflow_id, by=operations.login_name())
+        outcomes = operations.cleanup(engine, workflow_id, by=who(by))
     if as_json:
         console.print_json(json.dumps(outcomes))
     elif not outcomes:

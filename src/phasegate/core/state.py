@@ -300,7 +300,7 @@ OWNERS: Mapping[str, Owner] = _owners(
     parent_ticket=Owner(("phases.conflict",), ("phases.conflict",)),
     conflicted=Owner(("phases.conflict",)),
     resolution=Owner(("phases.conflict",)),
-    verification_status=Owner(("phases.acceptance_verification",), ("summary",)),
+    verification_status=Owner(("phases.acceptance_verification",), ("cli.render", "summary")),
     verified_by=Owner(("phases.acceptance_verification",), ("summary",)),
     verification_attempt=Owner(
         ("phases.acceptance_verification", _DECISIONS), ("phases.acceptance_verification",)

@@ -62,8 +62,10 @@ from pathlib import Path
 from phasegate.agents.env import cartridge_secrets
 from phasegate.core.contract import (
     ACCEPTANCE_VERIFICATION,
+    COMPLETED,
     MERGE,
     WAIT,
+    EventWrite,
     MilestoneWrite,
     PhaseResult,
     WorkflowContext,
@@ -145,11 +147,14 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     # The change landed: from here nothing may undo that record. Cleanup is its
     # own milestone, retried later when it fails (phases/cleanup.py).
     done = cleanup.after_merge(ctx, deps)
+    # A UI that takes the merge as the end reads phase_change completed here, before
+    # acceptance verification's own (docs/contracts/lifecycle.md: phase_change events).
     return PhaseResult.advance(
         ACCEPTANCE_VERIFICATION,
         updates={"merge_sha": sha},
         state={"worktree_removed": done.worktree_removed},
         milestones=(*evidence, done.milestone(attempts=1)),
+        events=(EventWrite("phase_change", {"phase": COMPLETED}),),
     )
 
 

@@ -28,6 +28,7 @@ Routes (every one behind the token's session; ``/login`` is the way in):
     POST /workflows/{id}/proposals/{pid}/approve   the proposal it awaits approved (CSRF)
     POST /workflows/{id}/proposals/{pid}/reject    form ``reason``: rejected (CSRF)
     GET  /static/{name}            htmx and its sse extension (vendored), dashboard.js
+    /api/..., GET /openapi.json    the JSON API (api.py), behind the same token
 
 No session: 401 and the login form; a script may instead send
 ``Authorization: Bearer T`` (a wrong token: 401). A POST without the session's
@@ -63,7 +64,7 @@ from phasegate.changes import workflow_change
 from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNotFound
 from phasegate.core.redaction import redact
 from phasegate.runtime.engine import Engine
-from phasegate.web import board, diff, live, markdown, oidc, timeline, views, webhooks
+from phasegate.web import api, board, diff, live, markdown, oidc, timeline, views, webhooks
 from phasegate.web.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -73,6 +74,7 @@ from phasegate.web.auth import (
     Person,
     Role,
     Session,
+    person_of,
 )
 
 __all__ = ["create_app", "person_of"]
@@ -157,6 +159,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
 
     @app.exception_handler(_LoginNeeded)
     async def login_needed(request: Request, _exc: _LoginNeeded) -> Response:
+        if api.is_api(request.url.path):
+            return api.refusal(401, "Unauthorized", "no person: send Authorization: Bearer T")
         return templates.TemplateResponse(request, "login.html", {"failed": False}, 401)
 
     @app.exception_handler(RequestValidationError)
@@ -505,13 +509,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             lambda: operations.reject(engine, proposal_id, why, by=person_of(request).name),
         )
 
+    api.install(app, engine, secrets)
     return app
-
-
-def person_of(request: Request) -> Person:
-    """The person a request acts as, set by the app's guard (bearer or session)."""
-    person: Person = request.state.person
-    return person
 
 
 def _may_post(request: Request, person: Person) -> None:

@@ -26,9 +26,12 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from phasegate.core.contract import PhasegateError
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 __all__ = [
     "CSRF_FIELD",
@@ -43,6 +46,7 @@ __all__ = [
     "Role",
     "Session",
     "WeakToken",
+    "person_of",
 ]
 
 TOKEN_VARIABLE = "PHASEGATE_WEB_TOKEN"
@@ -176,3 +180,9 @@ def _os_user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no passwd entry (a container's uid): still someone
         return f"uid {os.getuid()}"
+
+
+def person_of(request: Request) -> Person:
+    """The person a request acts as, set by the dashboard's guard (bearer or session)."""
+    person: Person = request.state.person
+    return person

@@ -20,6 +20,7 @@ from phasegate.store import Store
 from phasegate.summary import (
     FORGE_FAULT_EVENTS,
     forge_fault_text,
+    merge_tail,
     workflow_detail,
     workflow_summary,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "board",
     "board_marker",
     "describe_event",
+    "elapsed_s",
     "graph_run",
     "group_of",
     "workflow_page",
@@ -83,16 +85,15 @@ def group_of(summary: Mapping[str, Any]) -> str:
 
 def board(store: Store, now: datetime) -> list[dict[str, Any]]:
     """The board: one ``{"key", "title", "cards"}`` per group of BOARD_GROUPS, in
-    that order; each card a ``_summary`` plus ``elapsed_s`` (seconds from its
-    creation to its completion, else to ``now``), ``started_by`` (the person, or
-    who labelled its issue; None), ``labels`` (its issue's) and
-    ``repository_shown`` (the forge repository, else the clone's folder name),
+    that order; each card a ``_summary`` plus ``elapsed_s`` (``elapsed_s``),
+    ``started_by`` (the person, or who labelled its issue; None), ``labels`` (its
+    issue's) and ``repository_shown`` (the forge repository, else the clone's
+    folder name),
     newest first within a group."""
     cards: dict[str, list[dict[str, Any]]] = {key: [] for key, _ in BOARD_GROUPS}
     for row in store.list_workflows():
         summary = workflow_summary(store, row)
-        end = row.get("completed_at") or now
-        summary["elapsed_s"] = max(0.0, (end - row["created_at"]).total_seconds())
+        summary["elapsed_s"] = elapsed_s(row, now)
         state = row["state"]
         # What the board's filters read: who started it, its issue's labels, its repository.
         summary["started_by"] = state.get("started_by") or state.get("triggered_by")
@@ -103,6 +104,14 @@ def board(store: Store, now: datetime) -> list[dict[str, Any]]:
         {"key": key, "title": title, "cards": list(reversed(cards[key]))}
         for key, title in BOARD_GROUPS
     ]
+
+
+def elapsed_s(row: Mapping[str, Any], now: datetime) -> float:
+    """Seconds a workflow ``row`` has taken: from its creation to its completion;
+    a cancelled one's to its cancel (its last change: nothing moves it after),
+    else to ``now``."""
+    end = row.get("completed_at") or (row["updated_at"] if row["status"] == "cancelled" else now)
+    return max(0.0, (end - row["created_at"]).total_seconds())
 
 
 def board_marker(store: Store) -> tuple[tuple[Any, ...], ...]:
@@ -176,8 +185,16 @@ def activity(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     first) but agent output, each ``{"id", "type", "at", "text"}`` (``text``:
     ``describe_event``; ``at``: the row's ``created_at``)."""
     shown = [e for e in events if e["type"] not in _NOT_ACTIVITY][-ACTIVITY_ROWS:]
+    tail = merge_tail(events)
     return [
-        {"id": e["id"], "type": e["type"], "at": e.get("created_at"), "text": describe_event(e)}
+        {
+            "id": e["id"],
+            "type": e["type"],
+            "at": e.get("created_at"),
+            "text": "merged (acceptance verification follows)"
+            if e["id"] in tail
+            else describe_event(e),
+        }
         for e in shown
     ]
 

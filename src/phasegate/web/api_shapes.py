@@ -1,0 +1,293 @@
+"""The JSON API's request and answer shapes (pydantic), as its OpenAPI description lists them.
+
+An answer's shape is the CLI's: a workflow is ``phasegate status --json``'s
+item (``phasegate.summary.workflow_summary``), its detail ``phasegate show
+--json``'s (``workflow_detail``), an event ``phasegate events --json``'s line.
+Every answer model allows fields it does not name, so a field the summary
+gains reaches API clients without a change here; the fields named are the
+ones a client may count on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Board",
+    "BoardGroup",
+    "Card",
+    "CleanupOutcome",
+    "CommentBody",
+    "Diff",
+    "DiffFile",
+    "DiffLine",
+    "Draft",
+    "Error",
+    "ErrorAnswer",
+    "Event",
+    "FeedbackBody",
+    "GateOutcome",
+    "Proposal",
+    "RejectBody",
+    "RevertBody",
+    "ReviewBody",
+    "StartBody",
+    "VerifyBody",
+    "WorkflowDetail",
+    "WorkflowMoved",
+    "WorkflowSummary",
+]
+
+
+class _Open(BaseModel):
+    """An answer: the fields named, and any other the summary carries."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class _Closed(BaseModel):
+    """A request body: a field it does not name is refused (400), not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- errors ------------------------------------------------------------------------
+
+
+class Error(BaseModel):
+    """What went wrong: ``code`` the HTTP status, ``kind`` the refusal's name (the
+    same names ``--json`` errors of the CLI carry), ``message`` in words."""
+
+    code: int
+    kind: str
+    message: str
+
+
+class ErrorAnswer(BaseModel):
+    """Every refusal under ``/api``: ``{"error": {"code", "kind", "message"}}``."""
+
+    error: Error
+
+
+# -- workflows ---------------------------------------------------------------------
+
+
+class WorkflowSummary(_Open):
+    """A workflow as ``phasegate status --json`` lists it (times in ISO 8601,
+    ``cost_usd`` in USD, ``tokens`` counted over every agent run)."""
+
+    id: str
+    title: str
+    current_phase: str
+    status: str
+    error: str | None = None
+    awaiting_proposal: str | None = None
+    dev_round: int = 0
+    profile: str | None = None
+    reversion_count: int = 0
+    issue_number: int | None = None
+    pr_number: int | None = None
+    pr_ref: str | None = None
+    branch_name: str | None = None
+    repository: str | None = None
+    merge_sha: str | None = None
+    merge_approved_by: str | None = None
+    verification_status: str | None = None
+    verified_by: str | None = None
+    tokens: int = 0
+    cost_usd: float = 0.0
+    agent_runs: int = 0
+    created_at: str | None = None
+    updated_at: str | None = None
+    completed_at: str | None = None
+    resumes_at: str | None = None
+    parent_workflow_id: str | None = None
+    children: list[dict[str, Any]] = Field(default_factory=list)
+    worker: str | None = Field(None, description="host:pid:token of the worker holding it")
+    lease_expires_at: str | None = None
+
+
+class Card(WorkflowSummary):
+    """A board's card: the summary and ``elapsed_s``, seconds from its creation
+    to its end (completed or cancelled), else to now."""
+
+    elapsed_s: float = 0.0
+
+
+class BoardGroup(_Open):
+    """One column of the board: ``key`` needs_you, running, waiting, done or failed."""
+
+    key: str
+    title: str
+    cards: list[Card]
+
+
+class Board(_Open):
+    """The board: its groups in the order the page shows them, what needs a person first."""
+
+    groups: list[BoardGroup]
+
+
+class WorkflowDetail(_Open):
+    """A workflow as ``phasegate show --json`` prints it, and ``actions``: the
+    actions that apply to it now (``phasegate.operations.actions``; none while a
+    worker holds it)."""
+
+    workflow: WorkflowSummary
+    timeline: list[dict[str, Any]]
+    milestones: list[dict[str, Any]]
+    agent_runs: list[dict[str, Any]]
+    report: dict[str, Any] | None = None
+    violations: list[dict[str, Any]] = Field(default_factory=list)
+    decisions: list[dict[str, Any]] = Field(default_factory=list)
+    cleanup: dict[str, Any] | None = None
+    merge_hold: dict[str, Any] | None = None
+    forge_faults: list[dict[str, Any]] = Field(default_factory=list)
+    actions: list[str]
+
+
+class WorkflowMoved(_Open):
+    """A workflow after a person's action: its summary and the actions that apply now."""
+
+    workflow: WorkflowSummary
+    actions: list[str]
+
+
+class Event(_Open):
+    """An event row as ``phasegate events --json`` prints it."""
+
+    id: int
+    workflow_id: str | None = None
+    type: str
+    data: dict[str, Any]
+    created_at: str | None = None
+
+
+class DiffLine(_Open):
+    """One line of a diff: ``kind`` add, del, ctx or hunk; ``old``/``new`` its
+    numbers in the base and in the branch."""
+
+    kind: str
+    text: str
+    old: int | None = None
+    new: int | None = None
+
+
+class DiffFile(_Open):
+    """One file's change: ``status`` modified, added, deleted or renamed (from
+    ``old_path``); ``added``/``removed`` its lines; no lines for a binary file."""
+
+    path: str
+    old_path: str | None = None
+    status: str
+    binary: bool = False
+    added: int
+    removed: int
+    lines: list[DiffLine]
+
+
+class Diff(_Open):
+    """The workflow's change, per file: ``source`` says where it was read (its
+    branch, its merge commit, the forge); ``missing`` why there is none (no
+    branch yet, nothing left to read it from); ``added``/``removed`` the totals."""
+
+    workflow: str
+    source: str | None = None
+    missing: str | None = None
+    added: int
+    removed: int
+    files: list[DiffFile]
+
+
+class Draft(_Open):
+    """A draft review comment not sent yet: ``line`` 1-based, in the workflow's branch."""
+
+    id: int
+    path: str
+    line: int
+    text: str
+    by: str
+
+
+class CleanupOutcome(_Open):
+    """``cleanup`` completed, failed, none (not merged yet) or busy (another process holds it)."""
+
+    id: str
+    cleanup: str
+    retried: bool
+    reason: str | None = None
+
+
+# -- proposals ---------------------------------------------------------------------
+
+
+class Proposal(_Open):
+    """A proposal as ``phasegate proposals --json`` lists it."""
+
+    id: str
+    kind: str
+    title: str
+    status: str
+    mode: str | None = None
+    run_id: str | None = None
+    workflow_id: str | None = None
+    decided_by: str | None = None
+    decided_at: str | None = None
+    reason: str | None = None
+
+
+class GateOutcome(_Open):
+    """A person's decision on a proposal: the proposal as decided, whether it had
+    been decided so before (``recorded_before``), the workflow resumed for it,
+    its kind's clean approvals in a row (``streak``) and how many graduate it
+    (``graduation_streak``)."""
+
+    proposal: Proposal
+    recorded_before: bool
+    workflow_id: str | None = None
+    streak: int
+    graduation_streak: int
+
+
+# -- request bodies ----------------------------------------------------------------
+
+
+class StartBody(_Closed):
+    """A ticket to file: a worker takes the new workflow."""
+
+    ticket: str
+    title: str | None = None
+    auto_merge: bool | None = None
+    profile: str | None = None
+
+
+class FeedbackBody(_Closed):
+    text: str
+
+
+class CommentBody(_Closed):
+    """A draft comment on ``line`` (1-based, a line the workflow's diff shows) of ``path``."""
+
+    path: str
+    line: int
+    text: str
+
+
+class ReviewBody(_Closed):
+    text: str = ""
+
+
+class RevertBody(_Closed):
+    reason: str
+    to_phase: str = "planning"
+
+
+class VerifyBody(_Closed):
+    verdict: Literal["confirmed", "rejected"]
+    reason: str = ""
+
+
+class RejectBody(_Closed):
+    reason: str
