@@ -51,6 +51,7 @@ TOKEN_PREFIX = "pgu_"
 MAX_NAME = 64
 
 _c = t.users.c
+_ROLE_CHOICE = f"{', '.join(USER_ROLES[:-1])} or {USER_ROLES[-1]}"
 _ACTIVE = _c.removed_at.is_(None)
 #: What a person's row shows; never the token's digest.
 _SHOWN = [
@@ -70,7 +71,7 @@ class UserNotFound(UserRefused):
 def check_role(role: str) -> str:
     """``role`` when it is one of ``USER_ROLES``; raises UserRefused naming it."""
     if role not in USER_ROLES:
-        raise UserRefused(f"there is no role {role!r}: give {', '.join(USER_ROLES)}")
+        raise UserRefused(f"there is no role {role!r}: give {_ROLE_CHOICE}")
     return role
 
 
@@ -89,8 +90,8 @@ def _check_name(name: str) -> str:
         raise UserRefused(f"the name {name!r} is empty or has white space at its ends")
     if len(name) > MAX_NAME:
         raise UserRefused(f"the name {name!r} has {len(name)} characters; at most {MAX_NAME}")
-    if not name.isprintable():
-        raise UserRefused(f"the name {name!r} holds a control character")
+    if not name.isprintable() or "/" in name:
+        raise UserRefused(f"the name {name!r} holds a slash or a control character")
     return name
 
 

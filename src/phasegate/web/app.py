@@ -27,11 +27,13 @@ Routes (every one behind the token's session; ``/login`` is the way in):
     POST /workflows/{id}/proposals/{pid}/approve   the proposal it awaits approved (CSRF)
     POST /workflows/{id}/proposals/{pid}/reject    form ``reason``: rejected (CSRF)
     GET  /static/{name}            htmx and its sse extension (vendored), dashboard.js
+    GET  /people                   the people and their roles (admins only: people.py),
+                                   and POSTs to add, re-role, re-token and remove them
 
 No session: 401 and the login form; a script may instead send
 ``Authorization: Bearer T`` (a wrong token: 401). A POST without the session's
 CSRF token: 403, nothing done; a bearer request needs none, having no cookie to
-borrow. A viewer's POST: 403, nothing done. Every action is
+borrow. A viewer's POST (but ``/logout``): 403, nothing done. Every action is
 ``phasegate.operations``' with ``by`` the person's name: a refused one is 409
 with operations' message (the CLI's, word for word); a workflow a worker is
 advancing: 409 too. Input refused before anything is recorded (a ticket, a
@@ -61,7 +63,7 @@ from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNo
 from phasegate.core.redaction import redact
 from phasegate.git.workspace import GitError
 from phasegate.runtime.engine import Engine
-from phasegate.web import diff, live, views, webhooks
+from phasegate.web import diff, live, people, views, webhooks
 from phasegate.web.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -70,6 +72,7 @@ from phasegate.web.auth import (
     Person,
     Role,
     Session,
+    person_of,
 )
 
 __all__ = ["create_app", "person_of"]
@@ -98,12 +101,13 @@ class _LoginNeeded(Exception):
 def create_app(engine: Engine, access: Access, stop: threading.Event | None = None) -> FastAPI:
     """The dashboard on ``engine``'s store and cartridge: reads from the store,
     a person's actions through ``phasegate.operations`` (under the workflow's
-    lease), ``by`` = ``access.user``. ``stop`` (``serve`` passes the engine's
-    shutdown) ends every live stream. Every secret of the cartridge and the environment, and the
-    token, is redacted from every page and event (``phasegate.core.redaction``)."""
+    lease), ``by`` = the acting person's name (``person_of``). ``stop`` (``serve``
+    passes the engine's shutdown) ends every live stream. Every secret of the
+    cartridge and the environment, and the token, is redacted from every page and
+    event (``phasegate.core.redaction``)."""
     store = engine.store
     stop = stop or engine.shutdown
-    secrets = [*cartridge_secrets(engine.cartridge), access.token]
+    secrets = [*cartridge_secrets(engine.cartridge), *filter(None, [access.token])]
     templates = _templates(secrets)
 
     def session_of(request: Request) -> Session | None:
@@ -168,6 +172,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             "csrf_field": CSRF_FIELD,
         }
         return templates.TemplateResponse(request, name, {**shared, **context}, code)
+
+    app.include_router(people.router(store, page))
 
     def detail_of(workflow_id: str) -> dict[str, Any]:
         try:
@@ -481,15 +487,11 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     return app
 
 
-def person_of(request: Request) -> Person:
-    """The person a request acts as, set by the app's guard (bearer or session)."""
-    person: Person = request.state.person
-    return person
-
-
 def _may_post(request: Request, person: Person) -> None:
-    """A POST by a viewer: 403, nothing done."""
-    if request.method == "POST" and not person.role.allows(Role.APPROVER):
+    """A POST by a viewer (but logging out): 403, nothing done."""
+    if request.method != "POST" or request.url.path == "/logout":
+        return
+    if not person.role.allows(Role.APPROVER):
         raise HTTPException(403, f"{person.name} is a {person.role.value}: viewers cannot act")
 
 
