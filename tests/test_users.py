@@ -31,7 +31,7 @@ def store(store_url: str) -> Store:
 
 
 def test_the_roles_the_store_takes_are_the_dashboards_in_its_order() -> None:
-    assert USER_ROLES == tuple(r.value for r in Role)
+    assert tuple(r.value for r in Role) == USER_ROLES
 
 
 def test_a_token_is_shown_once_and_kept_only_as_its_sha256(store: Store) -> None:
@@ -55,7 +55,7 @@ def test_a_token_is_shown_once_and_kept_only_as_its_sha256(store: Store) -> None
 
 def test_refusals_name_the_value_and_change_nothing(store: Store) -> None:
     store.add_user("alice", "admin", by="root")
-    with pytest.raises(UserRefused, match="there is no role 'boss': give viewer, approver or admin"):
+    with pytest.raises(UserRefused, match="no role 'boss': give viewer, approver or admin"):
         store.add_user("bob", "boss", by="root")
     with pytest.raises(UserRefused, match="there is already a person named 'alice'"):
         store.add_user("alice", "viewer", by="root")
@@ -200,5 +200,6 @@ def test_users_role_token_and_remove_record_who_did_it(happy_repo: Path) -> None
     assert new["changed_by"] == login_name()
     removed = phasegate_cli("users", "remove", "bob", "--by", "alice", "--json", "--repo", repo)
     assert json.loads(removed.stdout)["removed_by"] == "alice"
-    everyone = json.loads(phasegate_cli("users", "list", "--removed", "--json", "--repo", repo).stdout)
+    listed = phasegate_cli("users", "list", "--removed", "--json", "--repo", repo)
+    everyone = json.loads(listed.stdout)
     assert [(r["name"], r["removed_by"]) for r in everyone] == [("alice", None), ("bob", "alice")]
