@@ -87,7 +87,7 @@ def serve(
                 url = dashboard.start()
             except OSError as exc:
                 raise typer.Exit(_said(f"cannot listen on {host}:{port}: {exc}")) from None
-            for line in _login_lines(access, url):
+            for line in login_lines(access, url):
                 err.print(line, highlight=False)
             if host not in _LOOPBACK:
                 err.print(
@@ -110,7 +110,7 @@ def serve(
     raise typer.Exit(130 if engine.shutdown.is_set() else 0)
 
 
-def _login_lines(access: Any, url: str) -> list[str]:
+def login_lines(access: Any, url: str) -> list[str]:
     """What ``serve`` says at start about logging in (``access``: its ``Access``)."""
     from phasegate.web.auth import TOKEN_VARIABLE, USER_VARIABLE
 
@@ -219,7 +219,7 @@ def _secrets(repo: Path) -> list[str]:
     return cartridge_secrets(cartridge)
 
 
-__all__ = ["events", "serve"]
+__all__ = ["events", "login_lines", "serve"]
 
 
 def _say_line(text: str) -> None:
