@@ -35,7 +35,7 @@ users = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
 )
-app.add_typer(users, name="users")
+app.add_typer(users, name="users", short_help="The dashboard's people: roles, personal tokens.")
 
 _ROLES = ", ".join(USER_ROLES)
 RoleOption = Annotated[
