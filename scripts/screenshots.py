@@ -8,8 +8,8 @@ serve``'s machinery on it (the dashboard and its worker, scripted agents),
 files two tickets, approves one merge, and photographs in Debian's Chromium
 (``support.browser``: ``PHASEGATE_CHROMIUM`` or /usr/bin/chromium)
 the board, the waiting workflow's page, its diff and the people page:
-``board.png``, ``workflow.png``, ``diff.png``, ``people.png`` in ``--out``. Nothing outside the temporary
-directory and ``--out`` is touched.
+``board.png``, ``workflow.png``, ``diff.png``, ``people.png`` in ``--out``.
+Nothing outside the temporary directory and ``--out`` is touched.
 """
 
 from __future__ import annotations
