@@ -10,9 +10,11 @@ repository whose workflows run with scripted agents (tests/test_web.py's).
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from test_web import TOKEN, waiting_workflow, web_repo  # noqa: F401 (a fixture)
@@ -20,8 +22,9 @@ from test_web import TOKEN, waiting_workflow, web_repo  # noqa: F401 (a fixture)
 from phasegate.cli.web import login_lines
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store
-from phasegate.web import Access, create_app
+from phasegate.web import Access, create_app, live
 from phasegate.web.auth import CSRF_HEADER, Person, Role
+from phasegate.web.serve import Dashboard
 
 
 @pytest.fixture
@@ -234,3 +237,32 @@ def test_access_with_people_and_no_token_makes_none_and_serve_says_how_to_log_in
     both = Access(environ={"PHASEGATE_WEB_TOKEN": TOKEN, "PHASEGATE_WEB_USER": "eve"}, store=store)
     assert both.bearer(TOKEN) == Person("eve", Role.ADMIN)
     assert both.bearer(token) == Person("ada", Role.ADMIN)
+
+
+def test_a_removed_persons_open_live_stream_ends(
+    web_repo: Path,  # noqa: F811
+    engine_for: Callable[..., tuple[Engine, Store]],
+) -> None:
+    engine, store = engine_for(web_repo)
+    workflow_id = waiting_workflow(engine)
+    _row, token = store.add_user("vera", "viewer", by="alice")
+    dashboard = Dashboard(engine, Access(token=TOKEN, store=store), port=0, worker=False)
+    url = dashboard.start()
+    try:
+        with httpx.Client(base_url=url, timeout=30.0) as client:
+            assert client.post("/login", data={"token": token}).status_code == 303
+            with client.stream("GET", f"/workflows/{workflow_id}/events") as response:
+                assert response.status_code == 200
+                lines = response.iter_lines()
+                assert any(line == "event: changed" for line in lines)  # the rows so far
+                started = time.monotonic()
+                store.remove_user("vera", by="alice")
+                rest = []
+                for line in lines:  # ends: the server closes the stream
+                    # (else a ping every 15 seconds would keep it open for ever)
+                    assert time.monotonic() - started < live.WAIT_S + 5, "it goes on"
+                    rest.append(line)
+                assert not any(line.startswith("id:") for line in rest)
+            assert client.get("/").status_code == 401
+    finally:
+        dashboard.stop()

@@ -54,6 +54,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 from sse_starlette import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -73,6 +74,7 @@ from phasegate.web.auth import (
     Role,
     Session,
     person_of,
+    stream_ended,
 )
 
 __all__ = ["create_app", "person_of"]
@@ -120,13 +122,13 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             return  # a delivery proves itself by its forge's signature
         scheme, _, given_token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":
-            person = access.bearer(given_token.strip())
+            person = await run_in_threadpool(access.bearer, given_token.strip())
             if person is None:
                 raise HTTPException(401, "the bearer token is no person's")
             request.state.session, request.state.person = None, person
             _may_post(request, person)
             return
-        session = session_of(request)
+        session = await run_in_threadpool(session_of, request)  # a store read, maybe
         if session is None:
             raise _LoginNeeded
         if request.method == "POST":
@@ -256,7 +258,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             return [(None, "board", "")]
 
         return EventSourceResponse(
-            live.stream(store, batch, 0, stop, request.is_disconnected), ping=15
+            live.stream(store, batch, 0, stop, stream_ended(access, request)), ping=15
         )
 
     @app.post("/tickets")
@@ -312,7 +314,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             return sent
 
         return EventSourceResponse(
-            live.stream(store, batch, resume_from, stop, request.is_disconnected), ping=15
+            live.stream(store, batch, resume_from, stop, stream_ended(access, request)), ping=15
         )
 
     def commit(workflow_id: str, act: Callable[[], Any], *, bad_input: int = 409) -> Any:

@@ -29,7 +29,7 @@ import hmac
 import os
 import secrets
 import threading
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -55,6 +55,7 @@ __all__ = [
     "Session",
     "WeakToken",
     "person_of",
+    "stream_ended",
 ]
 
 TOKEN_VARIABLE = "PHASEGATE_WEB_TOKEN"
@@ -210,6 +211,24 @@ def person_of(request: Request) -> Person:
     """The person a request acts as, set by the app's guard (bearer or session)."""
     person: Person = request.state.person
     return person
+
+
+def stream_ended(access: Access, request: Request) -> Callable[[], Awaitable[bool]]:
+    """What a live stream asks between its waits: whether its client went, or the
+    person it was opened for no longer gets in (removed, or given a new token),
+    so their open page stops hearing at once too."""
+    from starlette.concurrency import run_in_threadpool
+
+    async def ended() -> bool:
+        if await request.is_disconnected():
+            return True
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            return await run_in_threadpool(access.bearer, token.strip()) is None
+        cookie = request.cookies.get(SESSION_COOKIE)
+        return await run_in_threadpool(access.session, cookie) is None
+
+    return ended
 
 
 def _person(row: Mapping[str, Any]) -> Person:
