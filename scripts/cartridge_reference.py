@@ -216,6 +216,8 @@ def _toml_value(value: Any) -> str:
         return "its keys' defaults"
     if isinstance(value, list | dict) and not value:
         return "`[]`" if isinstance(value, list) else "`{}`"
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return f"`{json.dumps(value)}`"  # as TOML writes it
     return f"`{value}`"
 
 

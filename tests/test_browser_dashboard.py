@@ -1,7 +1,8 @@
 """The dashboard in a real Chromium: a person
 logs in with the token, starts a ticket from the board, watches it move live to
 waiting, reloads mid-run without a gap or a repeat in the live stream, comments
-on a diff line and sees the next round's build prompt carry it, approves the
+on a diff line and sees the next round's build prompt carry it and the page's
+decision panel show it answered beside the report, checks and change, approves the
 merge and sees it complete; a second person's browser sees the same events; an
 action without the session or without the CSRF token is refused, nothing done; a
 viewer's page offers no action and its POST is refused; an approver an admin
@@ -103,7 +104,9 @@ def served(tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]) -> I
     repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": ".phasegate/\n"})
     (repo / "answers.toml").write_text(HAPPY_ANSWERS)
     (repo / "phasegate.toml").write_text(
-        scripted_cartridge(auto_merge=False, role_overrides={"build": build})
+        scripted_cartridge(
+            auto_merge=False, role_overrides={"build": build}, checks=["echo all tests green"]
+        )
     )
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "cartridge")
@@ -231,6 +234,16 @@ def test_a_ticket_from_the_board_to_completed_in_a_real_browser(
         page.goto(f"{served.url}/workflows/{workflow_id}")
         expect(page.locator("#wf-round")).to_have_text("2")
         expect(page.locator("#wf-status")).to_have_text("waiting")
+        # The page opens with the decision: the report beside the buttons, the checks
+        # with their output, the change's size and the feedback this round answered.
+        panel = page.locator("#decision")
+        expect(panel.locator("#decision-headline")).to_contain_text("The report is ready")
+        expect(panel.locator("#report h2").first).to_contain_text("Progress report")
+        expect(panel.locator("#approve-merge")).to_be_visible()
+        panel.locator(".check summary").first.click()
+        expect(panel.locator(".check-output").first).to_contain_text("all tests green")
+        expect(panel.locator("#change-summary")).to_contain_text("1 files, +2")
+        expect(panel.locator("#answered-feedback")).to_contain_text("Say which round it is")
         second_prompt = (served.prompts / "build-1.txt").read_text()
         assert "feature.txt line 1" in second_prompt
         assert "Say which round it is in words" in second_prompt
@@ -322,8 +335,8 @@ def test_a_viewer_only_looks_and_an_approver_the_admin_added_approves_the_merge(
         looking.goto(f"{served.url}/workflows/{workflow_id}")
         expect(looking.locator("#wf-status")).to_have_text("waiting")
         expect(looking.locator("#viewer-note")).to_contain_text("approve_merge")
-        assert looking.locator("button:not(#logout)").count() == 0
-        assert looking.locator("form:not([action='/logout'])").count() == 0
+        assert looking.locator("#actions button").count() == 0
+        assert looking.locator("form[method=post]:not([action='/logout'])").count() == 0
         # A POST from the viewer's page, with its session and CSRF token: refused.
         status = looking.evaluate(
             """id => fetch(`/workflows/${id}/approve-merge`, {method: "POST", headers:
@@ -360,7 +373,7 @@ def test_a_viewer_only_looks_and_an_approver_the_admin_added_approves_the_merge(
         assert {"action": "approve_merge", "by": "paul"} in decisions
         # The viewer's page followed live, and still offers nothing.
         expect(looking.locator("#wf-status")).to_have_text("completed")
-        assert looking.locator("button:not(#logout)").count() == 0
+        assert looking.locator("form[method=post]:not([action='/logout'])").count() == 0
     finally:
         for context in (viewer, admin, approver):
             context.close()

@@ -468,6 +468,7 @@ def test_help_lists_every_command() -> None:
         "verify-override",
         "cancel",
         "cleanup",
+        "diff",
         "watch",
         "import",
         "propose",

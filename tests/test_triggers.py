@@ -46,7 +46,14 @@ def people() -> InMemoryForge:
     """A forge with a maintainer, a reader and an outsider, and issue #41 the outsider filed."""
     forge = InMemoryForge()
     forge.permissions = {"maya": "maintain", "rita": "read", "wade": "write"}
-    forge.issues[41] = Issue(41, "Add feature.txt", "Please add feature.txt.", "open", "ollie")
+    forge.issues[41] = Issue(
+        41,
+        "Add feature.txt",
+        "Please add feature.txt.",
+        "open",
+        "ollie",
+        labels=("phasegate", "ui"),
+    )
     return forge
 
 
@@ -195,6 +202,7 @@ def test_a_trusted_label_starts_exactly_one_workflow_across_passes_and_racing_wa
     assert row["id"] == only.workflow_id and row["issue_number"] == 41
     assert row["state"]["forge_repository"] == REPOSITORY
     assert row["state"]["triggered_by"] == "maya" and row["state"]["trigger"] == "label"
+    assert row["state"]["issue_labels"] == ["phasegate", "ui"]  # the board filters by them
 
 
 class _Recording(ScriptedRunner):

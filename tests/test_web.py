@@ -270,7 +270,7 @@ def test_a_value_of_the_wrong_type_is_a_400_in_one_line_and_changes_nothing(
     assert (store.workflow_row(workflow_id), store.events(workflow_id)) == before
 
 
-def test_the_board_shows_needs_you_first_then_running_waiting_done_failed(
+def test_the_board_shows_needs_you_first_then_running_queued_waiting_done_failed(
     dashboard: tuple[TestClient, Engine, Store],
 ) -> None:
     client, engine, _store = dashboard
@@ -280,9 +280,9 @@ def test_the_board_shows_needs_you_first_then_running_waiting_done_failed(
 
     page = client.get("/").text
     groups = re.findall(r'<section class="group group-(\w+)"', page)
-    assert groups == ["needs_you", "running", "waiting", "done", "failed"]
+    assert groups == ["needs_you", "running", "queued", "waiting", "done", "failed"]
     needs_you = page.split('id="group-needs_you"')[1].split("<section")[0]
-    queue = page.split('id="group-waiting"')[1].split("<section")[0]
+    queue = page.split('id="group-queued"')[1].split("<section")[0]
     assert f'id="card-{waiting}"' in needs_you and f'id="card-{queued}"' not in needs_you
     assert f'id="card-{queued}"' in queue
     card = needs_you.split(f'id="card-{waiting}"')[1].split("</article>")[0]
@@ -292,7 +292,10 @@ def test_the_board_shows_needs_you_first_then_running_waiting_done_failed(
 
 def test_a_card_is_running_only_while_a_live_worker_holds_its_lease() -> None:
     summary = {"status": "developing", "worker": None}
-    assert group_of(summary) == "waiting"
+    assert group_of(summary) == "queued"
+    # Waiting on something a worker cannot hurry: a forge pause, or a conflict child.
+    assert group_of({**summary, "children": [{"id": "c1", "status": "developing"}]}) == "waiting"
+    assert group_of({**summary, "children": [{"id": "c1", "status": "completed"}]}) == "queued"
     assert group_of({**summary, "worker": "host:12:abc"}) == "running"
     # A person's turn outranks a lease a worker has not released yet.
     assert group_of({"status": "waiting", "worker": "host:12:abc"}) == "needs_you"

@@ -226,7 +226,11 @@ def start(
         check_title(title)
     engine.cartridge.require_roles(engine.repo / CARTRIDGE_FILE)
     workflow_id = engine.start(
-        title or title_of(ticket), ticket, auto_merge=auto_merge, profile=profile, state=state
+        title or title_of(ticket),
+        ticket,
+        auto_merge=auto_merge,
+        profile=profile,
+        state={**(state or {}), "started_by": by},
     )
     engine.store.add_event(workflow_id, _event("start", by))
     return engine.store.workflow_row(workflow_id)

@@ -106,11 +106,15 @@ def cartridge_secrets(cartridge: Cartridge, environ: Mapping[str, str] | None = 
     """Every value no record may hold: ``environment_secrets`` and the secret values
     of every bound role (``secret_values``). A record one role's agent writes may
     quote what another role's agent holds (a review of a change, a PR body). The
-    forge's token (``forge.token_env``) too, whatever its variable is called."""
+    forge's token (``forge.token_env``) and the sign-on's client secret
+    (``dashboard.oidc.client_secret_env``) too, whatever their variables are called."""
     source = os.environ if environ is None else environ
     values = environment_secrets(source)
     if cartridge.forge.kind != "local" and source.get(cartridge.forge.token_env):
         values.append(source[cartridge.forge.token_env])
+    sign_on = cartridge.dashboard.oidc
+    if sign_on is not None and source.get(sign_on.client_secret_env or ""):
+        values.append(source[sign_on.client_secret_env or ""])
     for name in type(cartridge.roles).model_fields:
         binding = getattr(cartridge.roles, name)
         if binding is not None:

@@ -60,6 +60,8 @@ def serve(
 
     A team forge's webhooks are taken at /webhooks/github (gitlab, gitea),
     verified with the secret in PHASEGATE_WEBHOOK_SECRET (docs/webhooks.md).
+    With a [dashboard.oidc] table, people may also sign in through an OpenID
+    Connect provider, their role taken from a claim (docs/sign-on.md).
     """
     from phasegate.cli._watching import watch_in_worker
     from phasegate.cli.render import graceful, make_engine, worker_notice
@@ -89,6 +91,13 @@ def serve(
                 raise typer.Exit(_said(f"cannot listen on {host}:{port}: {exc}")) from None
             for line in login_lines(access, url):
                 err.print(line, highlight=False)
+            sign_on = cartridge.dashboard.oidc
+            if sign_on is not None:
+                err.print(
+                    f"single sign-on: {shown(sign_on.shown_label)} ({shown(sign_on.issuer)}), "
+                    "from the login page",
+                    highlight=False,
+                )
             if host not in _LOOPBACK:
                 err.print(
                     f"[yellow]warning:[/yellow] listening on {shown(host)}: other machines "

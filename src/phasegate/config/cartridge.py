@@ -29,6 +29,7 @@ from phasegate.config.agents import (  # noqa: F401  (their home was here)
     Roles,
     resolve_agents,
 )
+from phasegate.config.dashboard import DashboardSettings
 from phasegate.config.forge import ForgeSettings
 from phasegate.config.graph import (  # noqa: F401  (their home was here)
     EpicThreshold,
@@ -332,6 +333,7 @@ class Cartridge(_Strict):
     autonomy: AutonomySettings = Field(default_factory=AutonomySettings)
     profiles: dict[str, ProfileSettings] = Field(default_factory=dict)
     notify: NotifySettings = Field(default_factory=NotifySettings)
+    dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
     #: Agent profiles: named bindings roles refer to (``phasegate.config.agents``).
     agents: dict[str, RoleBinding] = Field(default_factory=dict)
     #: The git blob id of the text it was read from; None when made in code.

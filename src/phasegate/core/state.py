@@ -50,6 +50,10 @@ class WorkflowState(TypedDict, total=False):
     triggered_by: str
     ticket_vouched_hash: str
     trigger: str
+    #: The labels the forge issue carried when its workflow started.
+    issue_labels: list[str]
+    #: Who started the workflow from the CLI or the dashboard.
+    started_by: str
     #: Forge comment ids already heard: only comments made after them are feedback.
     heard_comments: list[str]
     #: The worker's automatic resumes of forge_unavailable pauses in a row; a commit
@@ -169,11 +173,15 @@ OWNERS: Mapping[str, Owner] = _owners(
     ),
     ticket_source=Owner(("integrations.triggers",), ("forge.tickets", "integrations.triggers")),
     ticket_authors=Owner(("integrations.triggers",)),
-    triggered_by=Owner(("integrations.triggers",), ("forge.tickets", "integrations.triggers")),
+    triggered_by=Owner(
+        ("integrations.triggers",), ("forge.tickets", "integrations.triggers", "web.views")
+    ),
     ticket_vouched_hash=Owner(
         ("integrations.triggers",), ("forge.tickets", "integrations.triggers")
     ),
     trigger=Owner(("integrations.triggers",)),
+    issue_labels=Owner(("integrations.triggers",), ("web.views",)),
+    started_by=Owner(("operations",), ("web.views",)),
     heard_comments=Owner(
         ("integrations.triggers", "phases.forge_feedback"),
         ("integrations.commands", "phases.forge_feedback"),
@@ -244,7 +252,7 @@ OWNERS: Mapping[str, Owner] = _owners(
     review_feedback=Owner(
         (_PROFILES, "phases.deps", "phases.pr_review"), ("phases.development", "phases.pr_review")
     ),
-    head_sha=Owner(("phases.deps",), ("phases.ci",)),
+    head_sha=Owner(("phases.deps",), ("changes", "phases.ci")),
     sync_base=Owner(
         (_PROFILES, "phases.deps", "phases.graph_mode.run"),
         ("core.profiles", "phases.development", "phases.graph_mode.run"),

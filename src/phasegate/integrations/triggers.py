@@ -166,7 +166,7 @@ def start_from_issue(
         auto_merge=auto_merge,
         profile=profile,
         issue=(repository, number),
-        state=snapshot.state(trigger),
+        state={**snapshot.state(trigger), "issue_labels": list(issue.labels)},
     )
     return workflow_id, snapshot
 

@@ -4,6 +4,7 @@ Routes (every one behind the token's session; ``/login`` is the way in):
 
     GET  /login[?token=T]          the login form; with the token: a session cookie, then /
     POST /login                    form field ``token``: the same
+    GET  /login/oidc[/callback]    single sign-on, with ``[dashboard.oidc]`` (oidc.py)
     POST /logout                   ends the session
     GET  /                         the board (needs you, running, waiting, done, failed)
     GET  /board                    the board's fragment (what ``/`` re-reads live)
@@ -15,7 +16,7 @@ Routes (every one behind the token's session; ``/login`` is the way in):
     GET  /workflows/{id}/events    SSE: its event rows (``live``), Last-Event-ID resumes
     POST /workflows/{id}/feedback  form field ``text``: feedback (CSRF)
     POST /workflows/{id}/approve-merge    the merge approved by the token's user (CSRF)
-    GET  /workflows/{id}/diff      its branch against its base, per file, numbered lines
+    GET  /workflows/{id}/diff      its change per file, numbered lines (phasegate.changes)
     POST /workflows/{id}/comments  form ``path``, ``line``, ``text``: a draft comment on a
                                    line of the diff; moves nothing (CSRF)
     POST /workflows/{id}/review    form ``text`` (optional): the drafts sent as one
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,15 +62,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from phasegate import operations
 from phasegate.agents.env import cartridge_secrets
+from phasegate.changes import workflow_change
 from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNotFound
 from phasegate.core.redaction import redact
-from phasegate.git.workspace import GitError
 from phasegate.runtime.engine import Engine
-from phasegate.web import diff, live, people, views, webhooks
+from phasegate.web import board, diff, live, markdown, oidc, people, timeline, views, webhooks
 from phasegate.web.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
     SESSION_COOKIE,
+    SESSION_COOKIE_FLAGS,
     Access,
     Person,
     Role,
@@ -80,7 +83,10 @@ from phasegate.web.auth import (
 __all__ = ["create_app", "person_of"]
 
 _HERE = Path(__file__).parent
-_STATIC = {name: "text/javascript" for name in ("htmx.min.js", "sse.min.js", "dashboard.js")}
+_STATIC = {
+    **{name: "text/javascript" for name in ("htmx.min.js", "sse.min.js", "dashboard.js")},
+    "dashboard.css": "text/css",
+}
 #: On every answer. Scripts from this server only (what an agent wrote into a page
 #: cannot run even if escaping missed it); no framing (a click cannot be borrowed);
 #: no Referer (the login URL holds the token); nothing cached (pages hold the CSRF token).
@@ -93,7 +99,9 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-_OPEN_PATHS = frozenset({"/login"})
+_OPEN_PATHS = frozenset({"/login", *oidc.PATHS})
+#: A person's chosen report language (``en``/``zh``), else their browser's.
+LANGUAGE_COOKIE = "phasegate_lang"
 
 
 class _LoginNeeded(Exception):
@@ -110,7 +118,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     store = engine.store
     stop = stop or engine.shutdown
     secrets = [*cartridge_secrets(engine.cartridge), *filter(None, [access.token])]
-    templates = _templates(secrets)
+    templates = _templates(secrets, store.clock.now)
 
     def session_of(request: Request) -> Session | None:
         return access.session(request.cookies.get(SESSION_COOKIE))
@@ -148,6 +156,10 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     )  # fmt: skip
 
     app.include_router(webhooks.router(engine))
+    sign_on = oidc.configured(engine.cartridge)  # None without [dashboard.oidc]
+    if sign_on is not None:
+        templates.env.globals["sign_on"] = sign_on.label  # the login page's link
+        app.include_router(oidc.router(sign_on, templates, access))
 
     @app.exception_handler(_LoginNeeded)
     async def login_needed(request: Request, _exc: _LoginNeeded) -> Response:
@@ -177,18 +189,19 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
 
     app.include_router(people.router(store, page))
 
-    def detail_of(workflow_id: str) -> dict[str, Any]:
+    def detail_of(workflow_id: str, language: str | None = None) -> dict[str, Any]:
         try:
-            return views.workflow_page(store, workflow_id)
+            return views.workflow_page(store, workflow_id, language)
         except WorkflowNotFound:
             raise HTTPException(404, f"no workflow {workflow_id}") from None
 
-    def shown(workflow_id: str) -> dict[str, Any]:
+    def shown(workflow_id: str, request: Request) -> dict[str, Any]:
         """A workflow page's context: ``d`` (``views.workflow_page``), ``actions``
         (``operations.actions``: the buttons shown, none while a worker holds its
         lease) and ``awaited`` (the id of the proposal it waits on a person for, else
         None). Raises HTTPException 404 for an unknown workflow."""
-        detail = detail_of(workflow_id)
+        chosen = request.query_params.get("lang") or request.cookies.get(LANGUAGE_COOKIE)
+        detail = detail_of(workflow_id, markdown.viewer_language(chosen, request.headers))
         held = bool(detail["workflow"].get("worker"))
         offered = operations.actions(store.load_context(workflow_id), held=held)
         awaited = next(
@@ -213,14 +226,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             return templates.TemplateResponse(request, "login.html", {"failed": True}, 401)
         # 303: the browser follows with a GET, and the token leaves the address bar.
         response = RedirectResponse("/", 303)
-        response.set_cookie(
-            SESSION_COOKIE,
-            session.id,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-            path="/",
-        )
+        secure = request.url.scheme == "https"
+        response.set_cookie(SESSION_COOKIE, session.id, secure=secure, **SESSION_COOKIE_FLAGS)
         return response
 
     @app.post("/logout")
@@ -236,13 +243,28 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             raise HTTPException(404)
         return FileResponse(_HERE / "static" / name, media_type=_STATIC[name])
 
+    def board_of(request: Request) -> dict[str, Any]:
+        """The board's context: its ``groups`` as the address filters them, the
+        ``filter`` (``board.BoardFilter``) and the ``choices`` each filter offers."""
+        groups = views.board(store, store.clock.now())
+        chosen = board.BoardFilter.of(request.query_params)
+        offered = board.choices(groups)
+        shown = board.filtered(groups, chosen)
+        return {
+            "groups": shown,
+            "machines": board.machines(shown),
+            "filter": chosen,
+            "choices": offered,
+            "shared": len(offered["repository"]) > 1,
+        }
+
     @app.get("/", response_class=HTMLResponse)
     def board_page(request: Request) -> Response:
-        return page(request, "board.html", {"groups": views.board(store, store.clock.now())})
+        return page(request, "board.html", board_of(request))
 
     @app.get("/board", response_class=HTMLResponse)
     def board_fragment(request: Request) -> Response:
-        return page(request, "_board.html", {"groups": views.board(store, store.clock.now())})
+        return page(request, "_board.html", board_of(request))
 
     @app.get("/board/events")
     async def board_events(request: Request) -> EventSourceResponse:
@@ -285,11 +307,15 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
 
     @app.get("/workflows/{workflow_id}", response_class=HTMLResponse)
     def workflow_page(request: Request, workflow_id: str) -> Response:
-        return page(request, "workflow.html", shown(workflow_id))
+        response = page(request, "workflow.html", shown(workflow_id, request))
+        chosen = request.query_params.get("lang")
+        if chosen in markdown.LANGUAGES:  # kept for the person's next pages
+            response.set_cookie(LANGUAGE_COOKIE, chosen, httponly=True, samesite="strict")
+        return response
 
     @app.get("/workflows/{workflow_id}/fragment", response_class=HTMLResponse)
     def workflow_fragment(request: Request, workflow_id: str) -> Response:
-        return page(request, "_workflow.html", shown(workflow_id))
+        return page(request, "_workflow.html", shown(workflow_id, request))
 
     @app.get("/workflows/{workflow_id}/events")
     async def workflow_events(
@@ -339,7 +365,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         """``commit``, then the workflow's fragment (htmx) or its page."""
         commit(workflow_id, act)
         if request.headers.get("HX-Request"):
-            return page(request, "_workflow.html", shown(workflow_id))
+            return page(request, "_workflow.html", shown(workflow_id, request))
         return RedirectResponse(f"/workflows/{workflow_id}", 303)
 
     @app.post("/workflows/{workflow_id}/feedback")
@@ -373,9 +399,9 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     @app.get("/workflows/{workflow_id}/diff", response_class=HTMLResponse)
     def diff_page(request: Request, workflow_id: str) -> Response:
         detail = detail_of(workflow_id)
-        files, missing = _diff_of(engine, detail["workflow"])
-        shown = diff.files_as_dicts(files, lambda text: redact(text, secrets))
-        context = {"d": detail, "files": shown, "missing": missing, "css": diff.HIGHLIGHT_CSS}
+        change = workflow_change(engine, workflow_id)
+        shown = diff.files_as_dicts(change.files, lambda text: redact(text, secrets))
+        context = {"d": detail, "files": shown, "change": change, "css": diff.HIGHLIGHT_CSS}
         return page(request, "diff.html", {**context, **review_of(workflow_id, detail["workflow"])})
 
     def reviewed(request: Request, workflow_id: str) -> Response:
@@ -393,7 +419,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         line: Annotated[int, Form()] = 0,
         text: Annotated[str, Form()] = "",
     ) -> Response:
-        files, _missing = _diff_of(engine, detail_of(workflow_id)["workflow"])
+        detail_of(workflow_id)  # 404 for an unknown workflow
+        files = workflow_change(engine, workflow_id).files
         lines = {ln.new for f in files if f.path == path for ln in f.lines if ln.new}
         given = redact(text, secrets)  # the token too: operations redacts the cartridge's
         # A draft, its own event row: no state changes, so a running worker starts
@@ -519,18 +546,6 @@ class _SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
-def _diff_of(engine: Engine, summary: Mapping[str, Any]) -> tuple[list[diff.DiffFile], str | None]:
-    """The workflow's branch against its base, parsed; or no file and why."""
-    branch = summary.get("branch_name")
-    if not branch:
-        return [], "no branch yet"
-    base = engine.store.workflow_row(summary["id"])["base_branch"]
-    try:
-        return diff.parse_diff(engine.workspace.diff(engine.repo, base, branch)), None
-    except GitError:
-        return [], f"the branch {branch} is gone (merged and cleaned up, or deleted)"
-
-
 def _last_event_id(request: Request, after: int | None) -> int:
     """Where a stream starts: after ``Last-Event-ID`` (a reconnecting EventSource),
     else after ``?after=``, else from the first row."""
@@ -540,7 +555,7 @@ def _last_event_id(request: Request, after: int | None) -> int:
     return after if after is not None and after >= 0 else 0
 
 
-def _templates(secrets: list[str]) -> Jinja2Templates:
+def _templates(secrets: list[str], now: Callable[[], datetime]) -> Jinja2Templates:
     def finalize(value: Any) -> Any:
         # Every value a template prints passes here: no secret reaches a page, whatever
         # the store holds (an agent's output, a check's log, an error).
@@ -556,7 +571,9 @@ def _templates(secrets: list[str]) -> Jinja2Templates:
         finalize=finalize,
     )
     env.filters["elapsed"] = _elapsed
+    env.filters["when"] = lambda at: timeline.when(at, now())
     env.filters["usd"] = lambda v: f"${float(v or 0):.4f}"
+    env.filters["machine"] = board.machine_of
     return Jinja2Templates(env=env)
 
 

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from phasegate.core.contract import PhasegateError
 from phasegate.store.users import TOKEN_PREFIX, token_digest
@@ -46,6 +46,7 @@ __all__ = [
     "CSRF_FIELD",
     "CSRF_HEADER",
     "SESSION_COOKIE",
+    "SESSION_COOKIE_FLAGS",
     "TOKEN_VARIABLE",
     "MIN_TOKEN",
     "USER_VARIABLE",
@@ -63,6 +64,16 @@ USER_VARIABLE = "PHASEGATE_WEB_USER"
 SESSION_COOKIE = "phasegate_session"
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "X-CSRF-Token"
+
+
+class _CookieFlags(TypedDict):
+    httponly: bool
+    samesite: Literal["strict"]
+    path: str
+
+
+#: How the session cookie is set, whoever proved the person (``secure`` is per request).
+SESSION_COOKIE_FLAGS: _CookieFlags = {"httponly": True, "samesite": "strict", "path": "/"}
 
 
 #: The fewest characters a given token may have.

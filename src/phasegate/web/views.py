@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
-from phasegate.core.contract import NEEDS_YOU_STATUSES
+from phasegate.core.contract import ENDED_STATUSES, NEEDS_YOU_STATUSES
 from phasegate.core.report import render_report
 from phasegate.store import Store
 from phasegate.summary import (
@@ -22,6 +23,7 @@ from phasegate.summary import (
     workflow_detail,
     workflow_summary,
 )
+from phasegate.web import decision, markdown, timeline
 
 __all__ = [
     "ACTIVITY_ROWS",
@@ -41,7 +43,8 @@ __all__ = [
 BOARD_GROUPS: tuple[tuple[str, str], ...] = (
     ("needs_you", "Needs you"),
     ("running", "Running"),
-    ("waiting", "Waiting for a worker"),
+    ("queued", "Queued"),
+    ("waiting", "Waiting"),
     ("done", "Done"),
     ("failed", "Failed"),
 )
@@ -59,8 +62,9 @@ def group_of(summary: Mapping[str, Any]) -> str:
     """The board group of a workflow's ``workflow_summary``: needs_you (a status of
     ``contract.NEEDS_YOU_STATUSES``, but a merge approved and not yet done, and a
     forge pause the worker resumes by itself: ``resumes_at``), running
-    (a live worker holds its lease), done (completed, cancelled), failed, else
-    waiting (runnable, not held)."""
+    (a live worker holds its lease), done (completed, cancelled), failed,
+    waiting (for a time: the forge pause, or for its conflict children to
+    end), else queued (runnable, not held: the next free worker takes it)."""
     status = summary["status"]
     approved = summary.get("current_phase") == "wait" and summary.get("merge_approved_by")
     if status in NEEDS_YOU_STATUSES and not approved and not summary.get("resumes_at"):
@@ -71,18 +75,29 @@ def group_of(summary: Mapping[str, Any]) -> str:
         return "failed"
     if summary.get("worker"):
         return "running"
-    return "waiting"
+    children = summary.get("children") or ()
+    if summary.get("resumes_at") or any(c.get("status") not in ENDED_STATUSES for c in children):
+        return "waiting"
+    return "queued"
 
 
 def board(store: Store, now: datetime) -> list[dict[str, Any]]:
     """The board: one ``{"key", "title", "cards"}`` per group of BOARD_GROUPS, in
     that order; each card a ``_summary`` plus ``elapsed_s`` (seconds from its
-    creation to its completion, else to ``now``), newest first within a group."""
+    creation to its completion, else to ``now``), ``started_by`` (the person, or
+    who labelled its issue; None), ``labels`` (its issue's) and
+    ``repository_shown`` (the forge repository, else the clone's folder name),
+    newest first within a group."""
     cards: dict[str, list[dict[str, Any]]] = {key: [] for key, _ in BOARD_GROUPS}
     for row in store.list_workflows():
         summary = workflow_summary(store, row)
         end = row.get("completed_at") or now
         summary["elapsed_s"] = max(0.0, (end - row["created_at"]).total_seconds())
+        state = row["state"]
+        # What the board's filters read: who started it, its issue's labels, its repository.
+        summary["started_by"] = state.get("started_by") or state.get("triggered_by")
+        summary["labels"] = list(state.get("issue_labels") or ())
+        summary["repository_shown"] = summary.get("repository") or Path(row["repo_path"]).name
         cards[group_of(summary)].append(summary)
     return [
         {"key": key, "title": title, "cards": list(reversed(cards[key]))}
@@ -99,25 +114,35 @@ def board_marker(store: Store) -> tuple[tuple[Any, ...], ...]:
     )
 
 
-def workflow_page(store: Store, workflow_id: str) -> dict[str, Any]:
+def workflow_page(store: Store, workflow_id: str, language: str | None = None) -> dict[str, Any]:
     """A workflow's page: ``_detail`` (summary, timeline, milestones, agent runs,
-    report, violations, decisions, cleanup) plus its plan text (``state.plan``),
-    the timeline's milestones grouped under their phase (``phases``: a list of
-    ``{"phase", "at", "milestones"}`` in the order the phases were entered), and
-    its proposals with their evidence (``evidence_text``: indented JSON), the
-    report as text (``report_text``), its activity (``activity``), the last event
+    report, violations, decisions, cleanup) plus its plan text (``state.plan``)
+    and as sanitized HTML (``plan_html``), the timeline as cycles (``cycles``:
+    ``web.timeline.cycles``), the same milestones grouped under their phase
+    (``phases``: a list of ``{"phase", "at", "milestones"}`` in the order the
+    phases were entered), and its proposals with their evidence
+    (``evidence_text``: indented JSON), the report as text (``report_text``) and
+    as sanitized HTML (``report_html``) in ``language`` (else the workflow's
+    ``content_language``), what deciding it takes (``decision``:
+    ``web.decision.decision_panel``), its activity (``activity``), the last event
     row's id (``last_event_id``: where the page's live stream starts) and the latest
     agent run's output (``agent_output``). Raises WorkflowNotFound."""
     detail = workflow_detail(store, workflow_id)
     row = store.workflow_row(workflow_id)
     detail["plan"] = row["state"].get("plan")
+    detail["plan_html"] = markdown.to_html(detail["plan"])
     detail["ticket"] = row["ticket"]
     detail["graph_runs"] = [graph_run(run) for run in store.runs_of(workflow_id)]
     report = detail["report"]
-    # In the workflow's language (the report payload, rendered as `show` does).
+    # The payload renders in the viewer's language, whatever the workflow wrote in.
     detail["report_text"] = (
-        render_report(report, report.get("content_language", "en")) if report else None
+        render_report(report, language or report.get("content_language", "en")) if report else None
     )
+    detail["report_html"] = markdown.to_html(detail["report_text"])
+    detail["cycles"] = timeline.cycles(
+        detail["timeline"], detail["milestones"], detail["decisions"]
+    )
+    detail["decision"] = decision.decision_panel(detail, row["user_feedback"])
     events = store.events(workflow_id)
     # The page shows everything up to here; its live stream starts after it. Read
     # before the output below: what lands between the two is shown twice at the

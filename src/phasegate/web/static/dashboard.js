@@ -73,3 +73,14 @@ document.body.addEventListener("htmx:sseBeforeMessage", function (e) {
   pre.textContent = text;
   if (atEnd) { pre.scrollTop = pre.scrollHeight; }  // follow, unless the person scrolled up
 });
+// The diff's files fold one by one without script (<details>); with it, all at once.
+document.addEventListener("DOMContentLoaded", function () {
+  var toggles = document.getElementById("diff-toggles");
+  if (!toggles) { return; }
+  toggles.hidden = false;
+  function fold(open) {
+    document.querySelectorAll("details.diff-file").forEach(function (d) { d.open = open; });
+  }
+  document.getElementById("diff-collapse-all").addEventListener("click", function () { fold(false); });
+  document.getElementById("diff-expand-all").addEventListener("click", function () { fold(true); });
+});
