@@ -58,13 +58,17 @@ def login(client: TestClient, token: str) -> str:
 
 
 def forms(page: str) -> list[str]:
-    """The actions of a page's forms, logging out left out."""
-    return [a for a in re.findall(r'<form[^>]*action="([^"]+)"', page) if a != "/logout"]
+    """Where a page's POST forms send, logging out left out (a GET form, a filter,
+    changes nothing)."""
+    found = re.findall(r'<form[^>]*method="post"[^>]*action="([^"]+)"', page)
+    return [a for a in found if a != "/logout"]
 
 
 def buttons(page: str) -> list[str]:
-    """The page's buttons, logging out left out."""
-    return [b for b in re.findall(r"<button[^>]*>", page) if 'id="logout"' not in b]
+    """The page's submit buttons, logging out left out (a ``type="button"`` only
+    folds or fills something on the page)."""
+    found = re.findall(r"<button[^>]*>", page)
+    return [b for b in found if 'id="logout"' not in b and 'type="button"' not in b]
 
 
 def test_a_viewer_sees_every_page_with_no_action_and_a_post_is_403(
@@ -85,6 +89,7 @@ def test_a_viewer_sees_every_page_with_no_action_and_a_post_is_403(
     assert "vera is a viewer: the decisions here (approve_merge" in page
     diff = viewer.get(f"/workflows/{workflow_id}/diff").text
     assert "feature.txt" in diff and forms(diff) == [] and buttons(diff) == []
+    assert 'class="comment-on"' not in diff  # a line number picks no line to comment on
     assert 'id="nav-people"' not in page and viewer.get("/people").status_code == 403
 
     before = store.workflow_row(workflow_id)
