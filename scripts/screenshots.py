@@ -7,9 +7,9 @@ Builds the demo's sample project in a temporary directory, runs ``phasegate
 serve``'s machinery on it (the dashboard and its worker, scripted agents),
 files two tickets, approves one merge, and photographs in Debian's Chromium
 (``support.browser``: ``PHASEGATE_CHROMIUM`` or /usr/bin/chromium)
-the board, the waiting workflow's page and its diff: ``board.png``,
-``workflow.png``, ``diff.png`` in ``--out``. Nothing outside the temporary
-directory and ``--out`` is touched.
+the board, the waiting workflow's page, its diff and the people page:
+``board.png``, ``workflow.png``, ``diff.png``, ``people.png`` in ``--out``.
+Nothing outside the temporary directory and ``--out`` is touched.
 """
 
 from __future__ import annotations
@@ -56,7 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         store = open_store(cartridge.store_url(repo))
         engine = Engine(repo, cartridge, store)
         token = secrets.token_urlsafe(32)
-        dashboard = Dashboard(engine, Access(token=token, user="alice"), port=0, poll_s=0.2)
+        for name, role in (("bob", "approver"), ("carol", "approver"), ("vera", "viewer")):
+            store.add_user(name, role, by="alice")
+        access = Access(token=token, user="alice", store=store)
+        dashboard = Dashboard(engine, access, port=0, poll_s=0.2)
         url = dashboard.start()
         try:
             merged = operations.start(
@@ -83,10 +86,12 @@ def main(argv: list[str] | None = None) -> int:
                 page.screenshot(path=str(args.out / "workflow.png"), full_page=True)
                 page.goto(f"{url}/workflows/{waiting}/diff")
                 page.screenshot(path=str(args.out / "diff.png"), full_page=True)
+                page.goto(f"{url}/people")
+                page.screenshot(path=str(args.out / "people.png"), full_page=True)
         finally:
             dashboard.stop()
             store.close()
-    for name in ("board.png", "workflow.png", "diff.png"):
+    for name in ("board.png", "workflow.png", "diff.png", "people.png"):
         print(args.out / name)
     return 1 if dashboard.errors else 0
 

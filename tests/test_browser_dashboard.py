@@ -4,7 +4,9 @@ waiting, reloads mid-run without a gap or a repeat in the live stream, comments
 on a diff line and sees the next round's build prompt carry it and the page's
 decision panel show it answered beside the report, checks and change, approves the
 merge and sees it complete; a second person's browser sees the same events; an
-action without the session or without the CSRF token is refused, nothing done.
+action without the session or without the CSRF token is refused, nothing done; a
+viewer's page offers no action and its POST is refused; an approver an admin
+added on the people page approves a merge.
 
 ``phasegate serve``'s own machinery (``Dashboard``: uvicorn and the worker on
 threads) on a free port of 127.0.0.1, a real repository and SQLite store, the
@@ -109,7 +111,8 @@ def served(tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]) -> I
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "cartridge")
     engine, store = engine_for(repo)
-    dashboard = Dashboard(engine, Access(token=TOKEN, user="alice"), port=0, poll_s=0.2)
+    access = Access(token=TOKEN, user="alice", store=store)
+    dashboard = Dashboard(engine, access, port=0, poll_s=0.2)
     url = dashboard.start()
     try:
         yield Served(url, engine, store, prompts, gate)
@@ -306,3 +309,71 @@ def test_a_refused_decision_says_the_clis_words_on_the_page(
         assert len(served.store.list_workflows()) == before
     finally:
         context.close()
+
+
+def test_a_viewer_only_looks_and_an_approver_the_admin_added_approves_the_merge(
+    chromium_browser: Any, served: Served, expect: Any
+) -> None:
+    workflow_id = served.engine.start("Filed", "Write feature.txt")
+    served.gate.touch()
+    added = phasegate_cli(
+        "users", "add", "vera", "--role", "viewer", "--repo", str(served.engine.repo)
+    )
+    assert added.returncode == 0, added.stderr
+    viewer_token = added.stdout.strip().splitlines()[-1]
+    viewer, admin, approver = (chromium_browser.new_context() for _ in range(3))
+    try:
+        # The viewer: every page, and on the workflow that waits for a person no
+        # button or form but logging out.
+        looking = viewer.new_page()
+        looking.goto(f"{served.url}/login")
+        looking.fill("#token", viewer_token)
+        looking.click("#login")
+        expect(looking.locator("#role")).to_have_text("viewer")
+        expect(looking.locator("#user")).to_have_text("vera")
+        assert looking.locator("#start-form").count() == 0
+        looking.goto(f"{served.url}/workflows/{workflow_id}")
+        expect(looking.locator("#wf-status")).to_have_text("waiting")
+        expect(looking.locator("#viewer-note")).to_contain_text("approve_merge")
+        assert looking.locator("#actions button").count() == 0
+        assert looking.locator("form[method=post]:not([action='/logout'])").count() == 0
+        # A POST from the viewer's page, with its session and CSRF token: refused.
+        status = looking.evaluate(
+            """id => fetch(`/workflows/${id}/approve-merge`, {method: "POST", headers:
+                JSON.parse(document.body.getAttribute("hx-headers"))}).then(r => r.status)""",
+            workflow_id,
+        )
+        assert status == 403
+        assert "merge_approved" not in served.store.workflow_row(workflow_id)["state"]
+
+        # The admin (the environment's token) adds an approver on the people page.
+        managing = admin.new_page()
+        managing.goto(f"{served.url}/login?token={TOKEN}")
+        managing.click("#nav-people")
+        managing.fill("#person-name", "paul")
+        managing.select_option("#person-role", "approver")
+        managing.click("#add-person")
+        token = managing.locator("#new-token-value").text_content()
+        assert token and token.startswith("pgu_")
+        expect(managing.locator('tr.person[data-name="paul"]')).to_have_attribute(
+            "data-role", "approver"
+        )
+
+        # The approver logs in with it and approves the merge: recorded as paul.
+        deciding = approver.new_page()
+        deciding.goto(f"{served.url}/login")
+        deciding.fill("#token", token)
+        deciding.click("#login")
+        expect(deciding.locator("#role")).to_have_text("approver")
+        deciding.goto(f"{served.url}/workflows/{workflow_id}")
+        deciding.click("#approve-merge")
+        expect(deciding.locator("#wf-status")).to_have_text("completed")
+        assert served.store.workflow_row(workflow_id)["state"]["merge_approved_by"] == "paul"
+        decisions = [e["data"] for e in served.store.events(workflow_id) if e["type"] == "decision"]
+        assert {"action": "approve_merge", "by": "paul"} in decisions
+        # The viewer's page followed live, and still offers nothing.
+        expect(looking.locator("#wf-status")).to_have_text("completed")
+        assert looking.locator("form[method=post]:not([action='/logout'])").count() == 0
+    finally:
+        for context in (viewer, admin, approver):
+            context.close()

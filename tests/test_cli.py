@@ -479,6 +479,7 @@ def test_help_lists_every_command() -> None:
         "serve",
         "events",
         "demo",
+        "users",
     ]
     helps = {name: text.strip() for name, text in lines}
     assert helps["init"] == "Write phasegate.toml, from what it finds."
@@ -486,6 +487,7 @@ def test_help_lists_every_command() -> None:
     assert helps["dry-run"] == "Run a workflow offline, on a throwaway clone."
     assert helps["propose"] == "Run the graph on a ticket; record its proposals."
     assert helps["replay"] == "Re-run a recorded run offline; compare its proposals."
+    assert helps["users"] == "The dashboard's people: roles, personal tokens."
     assert "acceptance_verification" in proc.stdout
 
 

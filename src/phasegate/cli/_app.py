@@ -79,8 +79,9 @@ app = typer.Typer(
     '[store] url = "postgresql://…") share the work, one worker per workflow '
     "(docs/workers.md).\n\n"
     "The dashboard: `phasegate serve` runs the worker and serves the board (what needs "
-    "you first) and each workflow's page, live, on 127.0.0.1:8765, behind a token "
-    "(PHASEGATE_WEB_TOKEN, or one printed at start) and CSRF; `phasegate events ID "
+    "you first) and each workflow's page, live, on 127.0.0.1:8765, behind each person's "
+    "token (`phasegate users add NAME --role viewer|approver|admin`; or "
+    "PHASEGATE_WEB_TOKEN, or one printed at start) and CSRF; `phasegate events ID "
     "--follow` gives the same stream in a terminal. A decision (resume, feedback, "
     "approve-merge, revert, verify-override, approve, reject, cancel) has one set of "
     "rules for the CLI and the dashboard (docs/dashboard.md); scripts use its JSON API "

@@ -50,10 +50,13 @@ def serve(
     """Serve the dashboard on 127.0.0.1:8765 and run the worker.
 
     The board (needs you first) and each workflow's page, both live. Every
-    request needs the token: PHASEGATE_WEB_TOKEN, else one made now and printed
-    with the login URL; it is exchanged once for a session cookie, and every
-    action carries a CSRF token. Actions are recorded as PHASEGATE_WEB_USER
-    (default: your OS user). Ctrl-C stops both; each workflow stays resumable.
+    request needs a token: a person's own (`phasegate users add NAME --role
+    viewer|approver|admin`; viewers see, approvers decide, admins also manage
+    people), or PHASEGATE_WEB_TOKEN (an admin recorded as PHASEGATE_WEB_USER,
+    default your OS user); with neither, one is made now and printed with the
+    login URL. It is exchanged once for a session cookie, and every action
+    carries a CSRF token and is recorded under the person's name. Ctrl-C stops
+    both; each workflow stays resumable.
 
     Scripts use the JSON API under /api with `Authorization: Bearer TOKEN`: every
     read and every decision, described at /openapi.json (docs/api.md).
@@ -69,13 +72,13 @@ def serve(
 
     # Imported here: the web app reads through cli.render, and every other command
     # starts without loading FastAPI.
-    from phasegate.web.auth import TOKEN_VARIABLE, USER_VARIABLE, Access
+    from phasegate.web.auth import Access
     from phasegate.web.serve import Dashboard
 
     with reported_errors():
         root, cartridge, store = open_repo(repo)
         engine = make_engine(root, cartridge, store, None)
-        access = Access()
+        access = Access(store=store)
         if not no_worker:
             notify.catch_up(engine)  # what a killed process left unsent, as `worker` does
         dashboard = Dashboard(
@@ -89,15 +92,8 @@ def serve(
                 url = dashboard.start()
             except OSError as exc:
                 raise typer.Exit(_said(f"cannot listen on {host}:{port}: {exc}")) from None
-            where = "the token in " + TOKEN_VARIABLE if not access.made_token else "this token"
-            err.print(f"phasegate serve: {url} (as {shown(access.user)}; {where})")
-            if access.made_token:
-                # The one place the token is shown: the terminal of who started it.
-                err.print(f"log in at {url}/login?token={access.token}", highlight=False)
-            err.print(
-                f"actions are recorded as {shown(access.user)} ({USER_VARIABLE} to change)",
-                highlight=False,
-            )
+            for line in login_lines(access, url):
+                err.print(line, highlight=False)
             sign_on = cartridge.dashboard.oidc
             if sign_on is not None:
                 err.print(
@@ -124,6 +120,27 @@ def serve(
     if dashboard.errors:
         raise typer.Exit(_said(f"the worker stopped: {dashboard.errors[0]}", 1))
     raise typer.Exit(130 if engine.shutdown.is_set() else 0)
+
+
+def login_lines(access: Any, url: str) -> list[str]:
+    """What ``serve`` says at start about logging in (``access``: its ``Access``)."""
+    from phasegate.web.auth import TOKEN_VARIABLE, USER_VARIABLE
+
+    people = "personal tokens: `phasegate users add NAME --role viewer|approver|admin`"
+    if access.token is None:  # people in the store, no token of the environment's
+        return [
+            f"phasegate serve: {url} (log in with your personal token; {people})",
+            "actions are recorded under the name of the person who logs in",
+        ]
+    where = "the token in " + TOKEN_VARIABLE if not access.made_token else "this token"
+    lines = [f"phasegate serve: {url} (as {shown(access.user)}, an admin; {where}; {people})"]
+    if access.made_token:
+        # The one place the token is shown: the terminal of who started it.
+        lines.append(f"log in at {url}/login?token={access.token}")
+    lines.append(
+        f"this token's actions are recorded as {shown(access.user)} ({USER_VARIABLE} to change)"
+    )
+    return lines
 
 
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -214,7 +231,7 @@ def _secrets(repo: Path) -> list[str]:
     return cartridge_secrets(cartridge)
 
 
-__all__ = ["events", "serve"]
+__all__ = ["events", "login_lines", "serve"]
 
 
 def _say_line(text: str) -> None:

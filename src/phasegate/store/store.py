@@ -13,7 +13,8 @@ applied when the store is opened, on both.
 workflows, milestones and events (``workflows``), the commit path (``commit``), leases
 (``leases``), agent runs and sessions (``agent_runs``), the local forge's rows
 (``forge_rows``), the development graph's runs and proposals (``graph_runs``), the
-webhook deliveries seen and the workflows they wake (``webhooks``).
+webhook deliveries seen and the workflows they wake (``webhooks``), the people of
+the dashboard (``users``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from phasegate.store.agent_runs import AgentRunRecord, AgentRunRows
 from phasegate.store.forge_rows import ForgeRows
 from phasegate.store.graph_runs import APPLY_ARM, VERDICTS, GraphRows
 from phasegate.store.leases import Fence, LeaseRows
+from phasegate.store.users import UserRows
 from phasegate.store.values import UsageTotals
 from phasegate.store.webhooks import WebhookRows
 from phasegate.store.workflows import UPDATABLE_COLUMNS, WorkflowRows, commit_phase_result
@@ -58,7 +60,7 @@ class StoreUrlUnsupported(PhasegateError):
     PostgreSQL), or is no database URL at all."""
 
 
-class Store(WorkflowRows, LeaseRows, AgentRunRows, ForgeRows, GraphRows, WebhookRows):
+class Store(WorkflowRows, LeaseRows, AgentRunRows, ForgeRows, GraphRows, WebhookRows, UserRows):
     """All SQL behind one class. Methods are small transactions of their own."""
 
 

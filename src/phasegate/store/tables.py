@@ -238,3 +238,27 @@ webhook_deliveries = sa.Table(
     sa.Index("ix_webhook_deliveries_repository", "repository", "received_at"),
     sa.Index("ix_webhook_deliveries_received", "received_at"),
 )
+
+# -- people: who may use the dashboard, with which role (store/users.py) ---------------------
+
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(64), nullable=False),
+    # One of values.USER_ROLES: viewer, approver or admin.
+    sa.Column("role", sa.String(16), nullable=False),
+    # The SHA-256 (hex) of the person's token; the token itself is never stored.
+    # NULL: removed, so no token opens anything.
+    sa.Column("token_hash", sa.String(64)),
+    sa.Column("added_by", sa.String(255), nullable=False),
+    sa.Column("added_at", Timestamp, nullable=False),
+    # The last change of role or token, and who made it.
+    sa.Column("changed_by", sa.String(255)),
+    sa.Column("changed_at", Timestamp),
+    # Set when removed: the row stays, so who was who stays readable.
+    sa.Column("removed_by", sa.String(255)),
+    sa.Column("removed_at", Timestamp),
+    sa.UniqueConstraint("name", name="uq_users_name"),
+    sa.UniqueConstraint("token_hash", name="uq_users_token_hash"),
+)

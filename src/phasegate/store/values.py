@@ -9,7 +9,11 @@ from datetime import UTC, datetime
 #: The newest migration's revision (``migrations/versions``): a store already there
 #: opens without importing Alembic, and ``status`` reads a SQLite store there without
 #: SQLAlchemy. A test checks it against Alembic's own head.
-HEAD_REVISION = "0007"
+HEAD_REVISION = "0008"
+
+#: What a person of the dashboard may do, each role all the one before it may
+#: (``users.role``): viewers see, approvers decide, admins also manage people.
+USER_ROLES = ("viewer", "approver", "admin")
 
 #: ``workflows.due_at`` of a workflow a webhook woke: due now, like NULL, and kept
 #: due by the next wait its running advance commits (``commit_phase_result``,

@@ -5,8 +5,8 @@ A thin skin: reads come from the store, a person's decisions go through the
 engine's single commit path.
 
 ``create_app`` (app.py) makes the FastAPI app; ``Access`` (auth.py) holds
-the token, the identity and the sessions; ``serve`` (serve.py) runs it with
-uvicorn beside the worker.
+the tokens, the people they stand for and the sessions; people.py is the
+admins' people page; ``serve`` (serve.py) runs it with uvicorn beside the worker.
 """
 
 from __future__ import annotations

@@ -29,11 +29,13 @@ Routes (every one behind the token's session; ``/login`` is the way in):
     POST /workflows/{id}/proposals/{pid}/reject    form ``reason``: rejected (CSRF)
     GET  /static/{name}            htmx and its sse extension (vendored), dashboard.js
     /api/..., GET /openapi.json    the JSON API (api.py), behind the same token
+    GET  /people                   the people and their roles (admins only: people.py),
+                                   and POSTs to add, re-role, re-token and remove them
 
 No session: 401 and the login form; a script may instead send
 ``Authorization: Bearer T`` (a wrong token: 401). A POST without the session's
 CSRF token: 403, nothing done; a bearer request needs none, having no cookie to
-borrow. A viewer's POST: 403, nothing done. Every action is
+borrow. A viewer's POST (but ``/logout``): 403, nothing done. Every action is
 ``phasegate.operations``' with ``by`` the person's name: a refused one is 409
 with operations' message (the CLI's, word for word); a workflow a worker is
 advancing: 409 too. Input refused before anything is recorded (a ticket, a
@@ -55,6 +57,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 from sse_starlette import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -64,7 +67,18 @@ from phasegate.changes import workflow_change
 from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNotFound
 from phasegate.core.redaction import redact
 from phasegate.runtime.engine import Engine
-from phasegate.web import api, board, diff, live, markdown, oidc, timeline, views, webhooks
+from phasegate.web import (
+    api,
+    board,
+    diff,
+    live,
+    markdown,
+    oidc,
+    people,
+    timeline,
+    views,
+    webhooks,
+)
 from phasegate.web.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -75,6 +89,7 @@ from phasegate.web.auth import (
     Role,
     Session,
     person_of,
+    stream_ended,
 )
 
 __all__ = ["create_app", "person_of"]
@@ -108,12 +123,13 @@ class _LoginNeeded(Exception):
 def create_app(engine: Engine, access: Access, stop: threading.Event | None = None) -> FastAPI:
     """The dashboard on ``engine``'s store and cartridge: reads from the store,
     a person's actions through ``phasegate.operations`` (under the workflow's
-    lease), ``by`` = ``access.user``. ``stop`` (``serve`` passes the engine's
-    shutdown) ends every live stream. Every secret of the cartridge and the environment, and the
-    token, is redacted from every page and event (``phasegate.core.redaction``)."""
+    lease), ``by`` = the acting person's name (``person_of``). ``stop`` (``serve``
+    passes the engine's shutdown) ends every live stream. Every secret of the
+    cartridge and the environment, and the token, is redacted from every page and
+    event (``phasegate.core.redaction``)."""
     store = engine.store
     stop = stop or engine.shutdown
-    secrets = [*cartridge_secrets(engine.cartridge), access.token]
+    secrets = [*cartridge_secrets(engine.cartridge), *filter(None, [access.token])]
     templates = _templates(secrets, store.clock.now)
 
     def session_of(request: Request) -> Session | None:
@@ -126,13 +142,13 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             return  # a delivery proves itself by its forge's signature
         scheme, _, given_token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":
-            person = access.bearer(given_token.strip())
+            person = await run_in_threadpool(access.bearer, given_token.strip())
             if person is None:
                 raise HTTPException(401, "the bearer token is no person's")
             request.state.session, request.state.person = None, person
             _may_post(request, person)
             return
-        session = session_of(request)
+        session = await run_in_threadpool(session_of, request)  # a store read, maybe
         if session is None:
             raise _LoginNeeded
         if request.method == "POST":
@@ -184,6 +200,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             "csrf_field": CSRF_FIELD,
         }
         return templates.TemplateResponse(request, name, {**shared, **context}, code)
+
+    app.include_router(people.router(store, page))
 
     def detail_of(workflow_id: str, language: str | None = None) -> dict[str, Any]:
         try:
@@ -276,7 +294,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             return [(None, "board", "")]
 
         return EventSourceResponse(
-            live.stream(store, batch, 0, stop, request.is_disconnected), ping=15
+            live.stream(store, batch, 0, stop, stream_ended(access, request)), ping=15
         )
 
     @app.post("/tickets")
@@ -336,7 +354,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             return sent
 
         return EventSourceResponse(
-            live.stream(store, batch, resume_from, stop, request.is_disconnected), ping=15
+            live.stream(store, batch, resume_from, stop, stream_ended(access, request)), ping=15
         )
 
     def commit(workflow_id: str, act: Callable[[], Any], *, bad_input: int = 409) -> Any:
@@ -514,8 +532,10 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
 
 
 def _may_post(request: Request, person: Person) -> None:
-    """A POST by a viewer: 403, nothing done."""
-    if request.method == "POST" and not person.role.allows(Role.APPROVER):
+    """A POST by a viewer (but logging out): 403, nothing done."""
+    if request.method != "POST" or request.url.path == "/logout":
+        return
+    if not person.role.allows(Role.APPROVER):
         raise HTTPException(403, f"{person.name} is a {person.role.value}: viewers cannot act")
 
 
