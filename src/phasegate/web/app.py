@@ -1,4 +1,9 @@
-"""The dashboard's HTTP app: FastAPI, Jinja2, htmx, SSE.
+"""The dashboard's HTTP app: who gets in, and the routers that serve what they asked.
+
+The app itself answers the way in (login, sign-on, logout) and the static
+files; ``workflow_routes`` the board and a workflow's page and decisions,
+``review_routes`` the diff and its review, ``people`` the people page and
+``api`` the JSON API, all behind the one guard here.
 
 Routes (every one behind the token's session; ``/login`` is the way in):
 
@@ -6,7 +11,7 @@ Routes (every one behind the token's session; ``/login`` is the way in):
     POST /login                    form field ``token``: the same
     GET  /login/oidc[/callback]    single sign-on, with ``[dashboard.oidc]`` (oidc.py)
     POST /logout                   ends the session
-    GET  /                         the board (needs you, running, waiting, done, failed)
+    GET  /                         the board (needs you, running, queued, waiting, done, failed)
     GET  /board                    the board's fragment (what ``/`` re-reads live)
     GET  /board/events             SSE: ``changed`` whenever a card would change
     POST /tickets                  form ``ticket``, ``title`` (optional): a new workflow
@@ -45,40 +50,19 @@ comment) is 400 with operations' message.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
-from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, Form, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
-from fastapi.templating import Jinja2Templates
-from jinja2 import Environment, FileSystemLoader, select_autoescape
-from markupsafe import Markup
-from sse_starlette import EventSourceResponse
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from phasegate import operations
 from phasegate.agents.env import cartridge_secrets
-from phasegate.changes import workflow_change
-from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNotFound
-from phasegate.core.redaction import redact
 from phasegate.runtime.engine import Engine
-from phasegate.web import (
-    api,
-    board,
-    diff,
-    live,
-    markdown,
-    oidc,
-    people,
-    timeline,
-    views,
-    webhooks,
-)
+from phasegate.web import api, oidc, people, review_routes, webhooks, workflow_routes
 from phasegate.web.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -89,8 +73,8 @@ from phasegate.web.auth import (
     Role,
     Session,
     person_of,
-    stream_ended,
 )
+from phasegate.web.pages import Pages
 
 __all__ = ["create_app", "person_of"]
 
@@ -127,10 +111,10 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     passes the engine's shutdown) ends every live stream. Every secret of the
     cartridge and the environment, and the token, is redacted from every page and
     event (``phasegate.core.redaction``)."""
-    store = engine.store
     stop = stop or engine.shutdown
     secrets = [*cartridge_secrets(engine.cartridge), *filter(None, [access.token])]
-    templates = _templates(secrets, store.clock.now)
+    pages = Pages(engine, secrets)
+    templates = pages.templates
 
     def session_of(request: Request) -> Session | None:
         return access.session(request.cookies.get(SESSION_COOKIE))
@@ -189,40 +173,9 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         )
         return JSONResponse({"detail": f"bad request: {said}"}, 400)
 
-    def page(request: Request, name: str, context: Mapping[str, Any], code: int = 200) -> Response:
-        session: Session | None = request.state.session
-        person = person_of(request)
-        shared = {
-            "csrf": session.csrf if session else "",
-            "user": person.name,
-            "role": person.role.value,
-            "may_decide": person.role.allows(Role.APPROVER),
-            "csrf_field": CSRF_FIELD,
-        }
-        return templates.TemplateResponse(request, name, {**shared, **context}, code)
-
-    app.include_router(people.router(store, page))
-
-    def detail_of(workflow_id: str, language: str | None = None) -> dict[str, Any]:
-        try:
-            return views.workflow_page(store, workflow_id, language)
-        except WorkflowNotFound:
-            raise HTTPException(404, f"no workflow {workflow_id}") from None
-
-    def shown(workflow_id: str, request: Request) -> dict[str, Any]:
-        """A workflow page's context: ``d`` (``views.workflow_page``), ``actions``
-        (``operations.actions``: the buttons shown, none while a worker holds its
-        lease) and ``awaited`` (the id of the proposal it waits on a person for, else
-        None). Raises HTTPException 404 for an unknown workflow."""
-        chosen = request.query_params.get("lang") or request.cookies.get(LANGUAGE_COOKIE)
-        detail = detail_of(workflow_id, markdown.viewer_language(chosen, request.headers))
-        held = bool(detail["workflow"].get("worker"))
-        offered = operations.actions(store.load_context(workflow_id), held=held)
-        awaited = next(
-            (p["id"] for p in detail["proposals"] if operations.awaiting(store, p) == workflow_id),
-            None,
-        )
-        return {"d": detail, "actions": offered, "awaited": awaited}
+    app.include_router(people.router(engine.store, pages.page))
+    app.include_router(workflow_routes.router(engine, pages, access, stop))
+    app.include_router(review_routes.router(engine, pages))
 
     @app.get("/login")
     async def login_form(request: Request, token: str | None = None) -> Response:
@@ -257,275 +210,7 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
             raise HTTPException(404)
         return FileResponse(_HERE / "static" / name, media_type=_STATIC[name])
 
-    def board_of(request: Request) -> dict[str, Any]:
-        """The board's context: its ``groups`` as the address filters them, the
-        ``filter`` (``board.BoardFilter``) and the ``choices`` each filter offers."""
-        groups = views.board(store, store.clock.now())
-        chosen = board.BoardFilter.of(request.query_params)
-        offered = board.choices(groups)
-        shown = board.filtered(groups, chosen)
-        return {
-            "groups": shown,
-            "machines": board.machines(shown),
-            "filter": chosen,
-            "choices": offered,
-            "shared": len(offered["repository"]) > 1,
-        }
-
-    @app.get("/", response_class=HTMLResponse)
-    def board_page(request: Request) -> Response:
-        return page(request, "board.html", board_of(request))
-
-    @app.get("/board", response_class=HTMLResponse)
-    def board_fragment(request: Request) -> Response:
-        return page(request, "_board.html", board_of(request))
-
-    @app.get("/board/events")
-    async def board_events(request: Request) -> EventSourceResponse:
-        # None: the first look always tells, so a board that reconnects (a restarted
-        # server, a dropped network) re-reads what changed while it was away.
-        marker: list[Any] = [None]
-
-        def batch(_last: int) -> list[tuple[int | None, str, str]]:
-            now = views.board_marker(store)
-            if now == marker[0]:
-                return []
-            marker[0] = now
-            return [(None, "board", "")]
-
-        return EventSourceResponse(
-            live.stream(store, batch, 0, stop, stream_ended(access, request)), ping=15
-        )
-
-    @app.post("/tickets")
-    def start_ticket(
-        request: Request,
-        ticket: Annotated[str, Form()] = "",
-        title: Annotated[str, Form()] = "",
-    ) -> Response:
-        # Filed only: `serve`'s worker, woken by the commit, takes it from here.
-        # The token too: the engine redacts the cartridge's secrets from what it files.
-        given, named = redact(ticket, secrets), redact(title, secrets).strip()
-        row = acted(
-            lambda: operations.start(
-                engine, given, by=person_of(request).name, title=named or None
-            ),
-            bad_input=400,
-        )
-        target = f"/workflows/{row['id']}"
-        if request.headers.get("HX-Request"):
-            # htmx would follow a 303 inside its request and swap the page in; this
-            # header makes it load the page instead.
-            return Response(status_code=204, headers={"HX-Redirect": target})
-        return RedirectResponse(target, 303)
-
-    @app.get("/workflows/{workflow_id}", response_class=HTMLResponse)
-    def workflow_page(request: Request, workflow_id: str) -> Response:
-        response = page(request, "workflow.html", shown(workflow_id, request))
-        chosen = request.query_params.get("lang")
-        if chosen in markdown.LANGUAGES:  # kept for the person's next pages
-            response.set_cookie(LANGUAGE_COOKIE, chosen, httponly=True, samesite="strict")
-        return response
-
-    @app.get("/workflows/{workflow_id}/fragment", response_class=HTMLResponse)
-    def workflow_fragment(request: Request, workflow_id: str) -> Response:
-        return page(request, "_workflow.html", shown(workflow_id, request))
-
-    @app.get("/workflows/{workflow_id}/events")
-    async def workflow_events(
-        request: Request, workflow_id: str, after: int | None = None
-    ) -> EventSourceResponse:
-        detail_of(workflow_id)  # 404 before a stream starts
-        resume_from = _last_event_id(request, after)
-
-        held: list[bool] = []  # whether a worker held it at the last batch
-
-        def batch(last: int) -> list[tuple[int | None, str, str]]:
-            sent: list[tuple[int | None, str, str]] = [
-                (row["id"], row["type"], live.event_json(row, secrets))
-                for row in live.event_rows(store, workflow_id, last)
-            ]
-            # A worker letting go writes no event, yet it is what shows the page's
-            # buttons again: the page re-reads its fragment on it too.
-            now = bool(store.workflow_row(workflow_id).get("lease_owner"))
-            if held and held[-1] != now:
-                sent.append((None, live.LEASE, ""))
-            held[:] = [now]
-            return sent
-
-        return EventSourceResponse(
-            live.stream(store, batch, resume_from, stop, stream_ended(access, request)), ping=15
-        )
-
-    def commit(workflow_id: str, act: Callable[[], Any], *, bad_input: int = 409) -> Any:
-        """Run a person's action (``phasegate.operations``) and return what it
-        returns; the worker (woken by its commit) goes on. A refusal is 409 with
-        operations' message: the CLI's (ActionRefused: ``bad_input``)."""
-        detail_of(workflow_id)
-        return acted(act, bad_input=bad_input)
-
-    def acted(act: Callable[[], Any], *, bad_input: int = 409) -> Any:
-        try:
-            return act()
-        except (WorkflowNotFound, ProposalNotFound) as exc:
-            raise HTTPException(404, redact(str(exc), secrets)) from None
-        except operations.ActionRefused as exc:
-            raise HTTPException(bad_input, redact(str(exc), secrets)) from None
-        except PhasegateError as exc:  # LeaseHeld among them: a worker advances it now
-            # The CLI's message, word for word: a refusal reads the same in both.
-            raise HTTPException(409, redact(str(exc), secrets)) from None
-
-    def decided(request: Request, workflow_id: str, act: Callable[[], Any]) -> Response:
-        """``commit``, then the workflow's fragment (htmx) or its page."""
-        commit(workflow_id, act)
-        if request.headers.get("HX-Request"):
-            return page(request, "_workflow.html", shown(workflow_id, request))
-        return RedirectResponse(f"/workflows/{workflow_id}", 303)
-
-    @app.post("/workflows/{workflow_id}/feedback")
-    def feedback(request: Request, workflow_id: str, text: Annotated[str, Form()] = "") -> Response:
-        given = redact(text, secrets)  # the token too: operations redacts the cartridge's
-        return decided(
-            request,
-            workflow_id,
-            lambda: operations.feedback(engine, workflow_id, given, by=person_of(request).name),
-        )
-
-    @app.post("/workflows/{workflow_id}/approve-merge")
-    def approve_merge(request: Request, workflow_id: str) -> Response:
-        return decided(
-            request,
-            workflow_id,
-            lambda: operations.approve_merge(engine, workflow_id, by=person_of(request).name),
-        )
-
     app.add_middleware(_SecurityHeaders)
-
-    def review_of(workflow_id: str, summary: Mapping[str, Any]) -> dict[str, Any]:
-        """``_comments.html``'s context: the workflow's summary ``w``, its ``drafts``
-        and the feedback its next round reads (``pending``)."""
-        return {
-            "w": summary,
-            "drafts": operations.review_drafts(store, workflow_id),
-            "pending": store.workflow_row(workflow_id)["user_feedback"],
-        }
-
-    @app.get("/workflows/{workflow_id}/diff", response_class=HTMLResponse)
-    def diff_page(request: Request, workflow_id: str) -> Response:
-        detail = detail_of(workflow_id)
-        change = workflow_change(engine, workflow_id)
-        shown = diff.files_as_dicts(change.files, lambda text: redact(text, secrets))
-        context = {"d": detail, "files": shown, "change": change, "css": diff.HIGHLIGHT_CSS}
-        return page(request, "diff.html", {**context, **review_of(workflow_id, detail["workflow"])})
-
-    def reviewed(request: Request, workflow_id: str) -> Response:
-        """The drafts and pending feedback (htmx), else the diff page."""
-        if request.headers.get("HX-Request"):
-            summary = detail_of(workflow_id)["workflow"]
-            return page(request, "_comments.html", review_of(workflow_id, summary))
-        return RedirectResponse(f"/workflows/{workflow_id}/diff", 303)
-
-    @app.post("/workflows/{workflow_id}/comments")
-    def comment(
-        request: Request,
-        workflow_id: str,
-        path: Annotated[str, Form()] = "",
-        line: Annotated[int, Form()] = 0,
-        text: Annotated[str, Form()] = "",
-    ) -> Response:
-        detail_of(workflow_id)  # 404 for an unknown workflow
-        files = workflow_change(engine, workflow_id).files
-        lines = {ln.new for f in files if f.path == path for ln in f.lines if ln.new}
-        given = redact(text, secrets)  # the token too: operations redacts the cartridge's
-        # A draft, its own event row: no state changes, so a running worker starts
-        # no round on it; the person sends the review when it is whole.
-        commit(
-            workflow_id,
-            lambda: operations.comment(
-                engine, workflow_id, path, line, given, by=person_of(request).name, shown=lines
-            ),
-            bad_input=400,
-        )
-        return reviewed(request, workflow_id)
-
-    @app.post("/workflows/{workflow_id}/review")
-    def send_review(
-        request: Request, workflow_id: str, text: Annotated[str, Form()] = ""
-    ) -> Response:
-        given = redact(text, secrets)
-        commit(
-            workflow_id,
-            lambda: operations.send_review(engine, workflow_id, given, by=person_of(request).name),
-        )
-        return reviewed(request, workflow_id)
-
-    @app.post("/workflows/{workflow_id}/resume")
-    def resume(request: Request, workflow_id: str) -> Response:
-        return decided(
-            request,
-            workflow_id,
-            lambda: operations.resume(engine, workflow_id, by=person_of(request).name),
-        )
-
-    @app.post("/workflows/{workflow_id}/cancel")
-    def cancel(request: Request, workflow_id: str) -> Response:
-        return decided(
-            request,
-            workflow_id,
-            lambda: operations.cancel(engine, workflow_id, by=person_of(request).name),
-        )
-
-    @app.post("/workflows/{workflow_id}/revert")
-    def revert(request: Request, workflow_id: str, reason: Annotated[str, Form()] = "") -> Response:
-        why = redact(reason, secrets)  # the token too: operations redacts the cartridge's
-        return decided(
-            request,
-            workflow_id,
-            lambda: operations.revert(engine, workflow_id, why, by=person_of(request).name),
-        )
-
-    @app.post("/workflows/{workflow_id}/verify-override")
-    def verify_override(
-        request: Request, workflow_id: str, verdict: Annotated[str, Form()] = ""
-    ) -> Response:
-        return decided(
-            request,
-            workflow_id,
-            lambda: operations.verify_override(
-                engine, workflow_id, verdict, by=person_of(request).name
-            ),
-        )
-
-    def gated(
-        request: Request, workflow_id: str, proposal_id: str, act: Callable[[], Any]
-    ) -> Response:
-        """A proposal of this workflow's decided (``operations.approve``/``reject``);
-        another workflow's, or none: 404, nothing done."""
-        found = store.proposals(workflow_id=workflow_id)
-        if not any(p["id"] == proposal_id for p in found):
-            raise HTTPException(404, f"workflow {workflow_id} has no proposal {proposal_id}")
-        return decided(request, workflow_id, act)
-
-    @app.post("/workflows/{workflow_id}/proposals/{proposal_id}/approve")
-    def approve(request: Request, workflow_id: str, proposal_id: str) -> Response:
-        return gated(
-            request,
-            workflow_id,
-            proposal_id,
-            lambda: operations.approve(engine, proposal_id, by=person_of(request).name),
-        )
-
-    @app.post("/workflows/{workflow_id}/proposals/{proposal_id}/reject")
-    def reject(
-        request: Request, workflow_id: str, proposal_id: str, reason: Annotated[str, Form()] = ""
-    ) -> Response:
-        why = redact(reason, secrets)
-        return gated(
-            request,
-            workflow_id,
-            proposal_id,
-            lambda: operations.reject(engine, proposal_id, why, by=person_of(request).name),
-        )
 
     api.install(app, engine, secrets)
     return app
@@ -568,35 +253,3 @@ def _last_event_id(request: Request, after: int | None) -> int:
     if header.isdigit():
         return int(header)
     return after if after is not None and after >= 0 else 0
-
-
-def _templates(secrets: list[str], now: Callable[[], datetime]) -> Jinja2Templates:
-    def finalize(value: Any) -> Any:
-        # Every value a template prints passes here: no secret reaches a page, whatever
-        # the store holds (an agent's output, a check's log, an error).
-        if value is None:
-            return ""
-        if isinstance(value, Markup):
-            return Markup(redact(str(value), secrets))
-        return redact(str(value), secrets)
-
-    env = Environment(
-        loader=FileSystemLoader(_HERE / "templates"),
-        autoescape=select_autoescape(default=True, default_for_string=True),
-        finalize=finalize,
-    )
-    env.filters["elapsed"] = _elapsed
-    env.filters["when"] = lambda at: timeline.when(at, now())
-    env.filters["usd"] = lambda v: f"${float(v or 0):.4f}"
-    env.filters["machine"] = board.machine_of
-    return Jinja2Templates(env=env)
-
-
-def _elapsed(seconds: float | None) -> str:
-    """``3h 02m``, ``4m 05s``, ``12s``."""
-    s = int(seconds or 0)
-    if s >= 3600:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m {s % 60:02d}s"
-    return f"{s}s"
