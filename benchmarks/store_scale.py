@@ -1,6 +1,6 @@
 """Benchmark: a store after a year of work stays as fast as an empty one.
 
-    .venv/bin/python benchmarks/store_scale.py                      # 10,000 workflows, 1,000,000 events
+    .venv/bin/python benchmarks/store_scale.py          # 10,000 workflows, 1,000,000 events
     .venv/bin/python benchmarks/store_scale.py --workflows 1000 --events 100000   # CI's short run
     .venv/bin/python benchmarks/store_scale.py --no-postgres --json
 
@@ -191,7 +191,7 @@ def make_rows(workflows: int, events: int, now: datetime, seed: int = 24) -> Row
                 "lease_owner": f"build-{n % 3}:4242:{wid}" if leased else None,
                 "lease_expires_at": now + timedelta(seconds=50) if leased else None,
                 "fence": 3, "created_at": created,
-                "updated_at": ended if not running else now - timedelta(seconds=rng.uniform(1, 900)),
+                "updated_at": now - timedelta(seconds=rng.uniform(1, 900)) if running else ended,
                 "completed_at": ended if status == "completed" else None,
                 "parent_workflow_id": f"{n - 1:08x}" if n % 97 == 96 else None,
                 "repository": repository,
@@ -232,7 +232,9 @@ def _workflow_children(
                 "created_at": at(i / 8), "updated_at": at(i / 8 + 0.01),
             }
         )  # fmt: skip
-        events.append(("milestone_updated", {"kind": kind, "phase": phase, "status": "completed", "key": key}))  # fmt: skip
+        events.append(
+            ("milestone_updated", {"kind": kind, "phase": phase, "status": "completed", "key": key})
+        )
     for i, role in enumerate(ROLES[: 2 + rounds]):
         runner = RUNNERS[(i + len(wid)) % len(RUNNERS)]
         duration = rng.uniform(5, 600)
@@ -242,15 +244,26 @@ def _workflow_children(
                 "session_line": role, "runner": runner, "round": rounds, "attempt": 0,
                 "outcome": "ok" if rng.random() < 0.95 else "failed",
                 "error_kind": None, "error": None,
-                "input_tokens": rng.randint(2_000, 90_000), "output_tokens": rng.randint(200, 9_000),
+                "input_tokens": rng.randint(2_000, 90_000),
+                "output_tokens": rng.randint(200, 9_000),
                 "cost_usd": round(rng.uniform(0.01, 0.9), 4), "duration_s": duration,
                 "session_id": f"s-{wid}-{i}", "created_at": at((i + 1) / 8),
             }
         )  # fmt: skip
-        events.append(("agent_started", {"role": role, "phase": PHASES[min(i + 1, 6)], "round": rounds, "runner": runner}))  # fmt: skip
+        events.append(
+            (
+                "agent_started",
+                {"role": role, "phase": PHASES[min(i + 1, 6)], "round": rounds, "runner": runner},
+            )
+        )
         events.append(("agent_finished", {"role": role, "outcome": "ok", "error": None}))
     if rng.random() < 0.05:
-        events.append(("forge_retry", {"call": "GET /repos/acme/api/pulls/7", "status": 502, "attempt": 2, "wait_s": 0.5}))  # fmt: skip
+        events.append(
+            (
+                "forge_retry",
+                {"call": "GET /repos/acme/api/pulls/7", "status": 502, "attempt": 2, "wait_s": 0.5},
+            )
+        )
     if status in ("waiting", "paused", "awaiting_approval"):
         events.append(("needs_you", {"status": status, "phase": "wait"}))
     if wid.endswith("0") and int(wid, 16) % 33 == 0 or status == "awaiting_approval":
@@ -258,7 +271,9 @@ def _workflow_children(
     # The rest: agent output, a line an event, within the last agent's run.
     last_start = max(i for i, (kind, _data) in enumerate(events) if kind == "agent_started")
     output = max(0, n_events - len(events))
-    lines = [("agent_output", {"role": "build", "phase": "development", "round": rounds, "text": LINE})] * output  # fmt: skip
+    lines = [
+        ("agent_output", {"role": "build", "phase": "development", "round": rounds, "text": LINE})
+    ] * output
     events[last_start + 1 : last_start + 1] = lines
     events = events[:n_events] if len(events) > n_events else events
     step = 1.0 / max(1, len(events))
