@@ -69,21 +69,21 @@ REPOSITORIES = ("acme/api", "acme/web", "acme/mobile", "acme/infra", None)
 
 #: How workflows end up, by weight: a year of work is mostly done.
 STATUSES: tuple[tuple[str, str, float], ...] = (
-    ("completed", "completed", 80.0),
-    ("cancelled", "development", 5.0),
+    ("completed", "completed", 86.0),
+    ("cancelled", "development", 6.0),
     ("failed", "development", 2.5),
     ("failed", "merge", 1.5),
-    ("waiting", "wait", 3.0),
-    ("paused", "acceptance_verification", 1.0),
-    ("awaiting_approval", "planning", 0.5),
-    ("planning_timeout", "planning", 0.2),
-    ("preparing", "preparation", 1.0),
-    ("planning", "planning", 1.0),
-    ("developing", "development", 2.0),
-    ("pr_review", "pr_review", 1.0),
-    ("reporting", "report", 0.3),
-    ("merging", "merge", 0.5),
-    ("verification_pending", "acceptance_verification", 0.5),
+    ("waiting", "wait", 1.2),
+    ("paused", "acceptance_verification", 0.4),
+    ("awaiting_approval", "planning", 0.2),
+    ("planning_timeout", "planning", 0.1),
+    ("preparing", "preparation", 0.3),
+    ("planning", "planning", 0.3),
+    ("developing", "development", 0.8),
+    ("pr_review", "pr_review", 0.4),
+    ("reporting", "report", 0.1),
+    ("merging", "merge", 0.1),
+    ("verification_pending", "acceptance_verification", 0.1),
 )
 PHASES = (
     "preparation", "planning", "development", "pr_review", "report", "merge",
@@ -143,8 +143,9 @@ def make_rows(workflows: int, events: int, now: datetime, seed: int = 24) -> Row
         status, phase = rng.choices(statuses, weights)[0]
         if n == 0:
             status, phase = "completed", "completed"  # the heavy one is done
-        created = now - timedelta(seconds=rng.uniform(3600, year))
         running = status not in ("completed", "cancelled", "failed")
+        # What is not finished was started lately: older work was done or cancelled.
+        created = now - timedelta(seconds=rng.uniform(3600, 14 * 86400 if running else year))
         span = timedelta(seconds=rng.uniform(300, 6 * 3600))
         ended = min(now, created + span)
         repository = rng.choice(REPOSITORIES)

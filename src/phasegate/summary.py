@@ -7,7 +7,7 @@ Reading only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -16,18 +16,21 @@ from phasegate.core.contract import AWAITING_APPROVAL
 from phasegate.core.profiles import AutomationProfile, decisions_of
 from phasegate.forge.base import shown_number
 from phasegate.proc.host import holder_alive
+from phasegate.store.values import UsageTotals
 
 if TYPE_CHECKING:  # the Store's module imports SQLAlchemy, which `status` need not
     from phasegate.clock import Clock
-    from phasegate.store import Store, UsageTotals
+    from phasegate.store import Store
 
 __all__ = [
     "FORGE_FAULT_EVENTS",
     "BoardReads",
+    "ManyReads",
     "forge_fault_text",
     "iso",
     "lease_holder",
     "workflow_detail",
+    "workflow_summaries",
     "workflow_summary",
 ]
 
@@ -53,6 +56,60 @@ class BoardReads(Protocol):
     ) -> list[dict[str, Any]]: ...
 
     def child_workflows(self, parent_workflow_id: str) -> list[dict[str, Any]]: ...
+
+
+class ManyReads(Protocol):
+    """What ``workflow_summaries`` reads, each in one query: the Store, or a SQLite
+    store's board."""
+
+    clock: Clock
+
+    def usage_by_workflow(
+        self, workflow_ids: Collection[str] | None = None
+    ) -> dict[str, UsageTotals]: ...
+
+    def child_rows(self) -> list[dict[str, Any]]: ...
+
+    def proposals(
+        self, status: str | None = None, workflow_id: str | None = None
+    ) -> list[dict[str, Any]]: ...
+
+
+class _Gathered:
+    """BoardReads answered from what ``workflow_summaries`` read for all at once."""
+
+    def __init__(self, source: ManyReads, rows: Sequence[Mapping[str, Any]]) -> None:
+        self.clock = source.clock
+        everyone = len(rows) > 500  # a long IN list costs more than the rows it skips
+        self._usage = source.usage_by_workflow(None if everyone else [r["id"] for r in rows])
+        self._children: dict[str, list[dict[str, Any]]] = {}
+        for child in source.child_rows():
+            self._children.setdefault(child["parent_workflow_id"], []).append(child)
+        self._proposed: dict[str, list[dict[str, Any]]] = {}
+        if any(r["status"] == AWAITING_APPROVAL for r in rows):
+            for p in source.proposals(status="proposed"):
+                self._proposed.setdefault(p["workflow_id"], []).append(p)
+
+    def usage_totals(self, workflow_id: str) -> UsageTotals:
+        return self._usage.get(workflow_id) or UsageTotals()
+
+    def proposals(
+        self, status: str | None = None, workflow_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        assert status == "proposed" and workflow_id is not None  # what a summary asks
+        return self._proposed.get(workflow_id, [])
+
+    def child_workflows(self, parent_workflow_id: str) -> list[dict[str, Any]]:
+        return self._children.get(parent_workflow_id, [])
+
+
+def workflow_summaries(
+    source: ManyReads, rows: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """``workflow_summary`` of each of ``rows``, in their order, read in three
+    queries whatever their number (not three a workflow)."""
+    gathered = _Gathered(source, rows)
+    return [workflow_summary(gathered, row) for row in rows]
 
 
 def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -152,7 +209,9 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
     WorkflowNotFound."""
     row = store.workflow_row(workflow_id)
     milestones = store.milestone_rows(workflow_id)
-    phases = [e for e in store.events(workflow_id) if e["type"] == "phase_change"]
+    # By type (``ix_events_workflow_type``): an agent's output lines, most of a
+    # workflow's events, are not read.
+    phases = store.events(workflow_id, types=("phase_change",))
     runs = store.agent_runs(workflow_id)
     summary = workflow_summary(store, row)
     if summary["issue_number"] is None:
@@ -171,8 +230,7 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
         "report": row["state"].get("report"),
         "violations": [
             {**e["data"], "at": iso(e["created_at"])}
-            for e in store.events(workflow_id)
-            if e["type"] == "violation"
+            for e in store.events(workflow_id, types=("violation",))
         ],
         "decisions": decisions_of(row["state"]),
         "cleanup": _cleanup_of(milestones),
@@ -181,7 +239,7 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
         "scratch_checkouts": _scratch_checkouts(row.get("repo_path")),
         "forge_faults": [
             {**e["data"], "type": e["type"], "at": iso(e["created_at"])}
-            for e in store.events(workflow_id, types=FORGE_FAULT_EVENTS)[-FORGE_FAULTS_SHOWN:]
+            for e in store.newest_events(workflow_id, FORGE_FAULTS_SHOWN, types=FORGE_FAULT_EVENTS)
         ],
     }
 

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 from phasegate.clock import Clock, SystemClock
 from phasegate.config.store_url import sqlite_file
-from phasegate.store.values import HEAD_REVISION, UsageTotals
+from phasegate.store.values import FINISHED_GROUPS, HEAD_REVISION, UsageTotals
 
 #: The columns SQLAlchemy decodes (timestamps, JSON, booleans), by table; every
 #: other column is read as SQLite stores it. A test checks these against the tables.
@@ -97,6 +97,30 @@ class SqliteBoard:
         rows = self._rows("SELECT * FROM workflows ORDER BY created_at, id", ())
         return [_decoded("workflows", r) for r in rows]
 
+    def board_rows(self, finished_shown: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """Every workflow not finished and the newest ``finished_shown`` of each
+        finished group, oldest first, and each finished group's count: the
+        Store's ``board_rows``."""
+        finished = sorted(s for group in FINISHED_GROUPS.values() for s in group)
+        marks = ", ".join("?" for _ in finished)
+        rows = self._rows(f"SELECT * FROM workflows WHERE status NOT IN ({marks})", finished)
+        totals: dict[str, int] = {}
+        for group, statuses in FINISHED_GROUPS.items():
+            listed = sorted(statuses)
+            marks = ", ".join("?" for _ in listed)
+            counted = self._rows(
+                f"SELECT count(*) FROM workflows WHERE status IN ({marks})", listed
+            )
+            totals[group] = int(counted[0][0]) if counted else 0
+            rows += self._rows(
+                f"SELECT * FROM workflows WHERE status IN ({marks})"
+                " ORDER BY created_at DESC, id DESC LIMIT ?",
+                (*listed, finished_shown),
+            )
+        shaped = [_decoded("workflows", r) for r in rows]
+        shaped.sort(key=lambda r: (r["created_at"], r["id"]))
+        return shaped, totals
+
     def child_workflows(self, parent_workflow_id: str) -> list[dict[str, Any]]:
         """The rows of the workflows forked from ``parent_workflow_id``, oldest first."""
         rows = self._rows(
@@ -117,6 +141,25 @@ class SqliteBoard:
             return UsageTotals()
         i, o, c, n = rows[0]
         return UsageTotals(int(i), int(o), float(c), int(n))
+
+    def usage_by_workflow(self, workflow_ids: Any = None) -> dict[str, UsageTotals]:
+        """Sums of tokens and cost over each workflow's agent runs (every
+        workflow's: ``workflow_ids`` is not needed to read them all at once)."""
+        rows = self._rows(
+            "SELECT workflow_id, coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0),"
+            " coalesce(sum(cost_usd), 0.0), count(*) FROM agent_runs GROUP BY workflow_id",
+            (),
+        )
+        return {w: UsageTotals(int(i), int(o), float(c), int(n)) for w, i, o, c, n in rows}
+
+    def child_rows(self) -> list[dict[str, Any]]:
+        """Every conflict child as ``id``, ``status``, ``parent_workflow_id``, oldest first."""
+        rows = self._rows(
+            "SELECT id, status, parent_workflow_id FROM workflows"
+            " WHERE parent_workflow_id IS NOT NULL ORDER BY created_at, id",
+            (),
+        )
+        return [dict(r) for r in rows]
 
     def proposals(
         self, status: str | None = None, workflow_id: str | None = None

@@ -13,7 +13,8 @@ applied when the store is opened, on both.
 workflows, milestones and events (``workflows``), the commit path (``commit``), leases
 (``leases``), agent runs and sessions (``agent_runs``), the local forge's rows
 (``forge_rows``), the development graph's runs and proposals (``graph_runs``), the
-webhook deliveries seen and the workflows they wake (``webhooks``).
+webhook deliveries seen and the workflows they wake (``webhooks``), reads of many
+workflows and events at once (``board``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from phasegate.core.contract import PhasegateError
 from phasegate.store._base import Dialect, FenceLost, StoreUnavailable
 from phasegate.store._sqlite import DEFAULT_BUSY_TIMEOUT_S, SqliteDialect
 from phasegate.store.agent_runs import AgentRunRecord, AgentRunRows
+from phasegate.store.board import BoardRows
 from phasegate.store.forge_rows import ForgeRows
 from phasegate.store.graph_runs import APPLY_ARM, VERDICTS, GraphRows
 from phasegate.store.leases import Fence, LeaseRows
@@ -58,7 +60,7 @@ class StoreUrlUnsupported(PhasegateError):
     PostgreSQL), or is no database URL at all."""
 
 
-class Store(WorkflowRows, LeaseRows, AgentRunRows, ForgeRows, GraphRows, WebhookRows):
+class Store(WorkflowRows, LeaseRows, AgentRunRows, ForgeRows, GraphRows, WebhookRows, BoardRows):
     """All SQL behind one class. Methods are small transactions of their own."""
 
 

@@ -9,12 +9,20 @@ from datetime import UTC, datetime
 #: The newest migration's revision (``migrations/versions``): a store already there
 #: opens without importing Alembic, and ``status`` reads a SQLite store there without
 #: SQLAlchemy. A test checks it against Alembic's own head.
-HEAD_REVISION = "0007"
+HEAD_REVISION = "0008"
 
 #: ``workflows.due_at`` of a workflow a webhook woke: due now, like NULL, and kept
 #: due by the next wait its running advance commits (``commit_phase_result``,
 #: ``schedule``), which would otherwise put its next look minutes away.
 WOKEN_AT = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+#: The board's finished groups and the statuses in each: a workflow there moves no
+#: more without a person, and a board shows only the newest of them.
+FINISHED_GROUPS: dict[str, frozenset[str]] = {
+    "done": frozenset({"completed", "cancelled"}),
+    "failed": frozenset({"failed"}),
+}
 
 
 @dataclass(frozen=True)
