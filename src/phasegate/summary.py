@@ -205,7 +205,8 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
     ``{"path", "branch", "note"}``: a scratch checkout a killed merge left in the
     workflow's repository, holding a branch the person cannot check out
     meanwhile) and ``forge_faults`` (the newest FORGE_FAULTS_SHOWN of
-    ``FORGE_FAULT_EVENTS``, each its data with ``type`` and ``at``). Raises
+    ``FORGE_FAULT_EVENTS``, each its data with ``type`` and ``at``) and ``pruned``
+    (``Store.pruned_of``: the events a prune deleted, counted; None). Raises
     WorkflowNotFound."""
     row = store.workflow_row(workflow_id)
     milestones = store.milestone_rows(workflow_id)
@@ -237,6 +238,8 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
         # what keeps the merge from going unattended (phases/merge_gate.py), while it waits
         "merge_hold": row["state"].get("merge_hold") if row["current_phase"] == "wait" else None,
         "scratch_checkouts": _scratch_checkouts(row.get("repo_path")),
+        # what `phasegate prune` deleted of its events (store.prune), None if never pruned
+        "pruned": store.pruned_of(workflow_id),
         "forge_faults": [
             {**e["data"], "type": e["type"], "at": iso(e["created_at"])}
             for e in store.newest_events(workflow_id, FORGE_FAULTS_SHOWN, types=FORGE_FAULT_EVENTS)

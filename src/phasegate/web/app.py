@@ -27,6 +27,7 @@ Routes (every one behind the token's session; ``/login`` is the way in):
     POST /workflows/{id}/proposals/{pid}/approve   the proposal it awaits approved (CSRF)
     POST /workflows/{id}/proposals/{pid}/reject    form ``reason``: rejected (CSRF)
     GET  /static/{name}            htmx and its sse extension (vendored), dashboard.js
+    GET  /metrics                  the store's figures for Prometheus (web/metrics.py)
 
 No session: 401 and the login form; a script may instead send
 ``Authorization: Bearer T`` (a wrong token: 401). A POST without the session's
@@ -61,7 +62,7 @@ from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNo
 from phasegate.core.redaction import redact
 from phasegate.git.workspace import GitError
 from phasegate.runtime.engine import Engine
-from phasegate.web import diff, live, views, webhooks
+from phasegate.web import diff, live, metrics, views, webhooks
 from phasegate.web.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -95,12 +96,15 @@ class _LoginNeeded(Exception):
     """No session: answered with 401 and the login form."""
 
 
-def create_app(engine: Engine, access: Access, stop: threading.Event | None = None) -> FastAPI:
+def create_app(
+    engine: Engine, access: Access, stop: threading.Event | None = None, metrics_mode: str = "token"
+) -> FastAPI:
     """The dashboard on ``engine``'s store and cartridge: reads from the store,
     a person's actions through ``phasegate.operations`` (under the workflow's
     lease), ``by`` = ``access.user``. ``stop`` (``serve`` passes the engine's
     shutdown) ends every live stream. Every secret of the cartridge and the environment, and the
-    token, is redacted from every page and event (``phasegate.core.redaction``)."""
+    token, is redacted from every page and event (``phasegate.core.redaction``).
+    ``metrics_mode``: who reads ``/metrics`` (``web.metrics.METRICS_MODES``)."""
     store = engine.store
     stop = stop or engine.shutdown
     secrets = [*cartridge_secrets(engine.cartridge), access.token]
@@ -114,6 +118,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         (field or header); a POST also needs a person who may decide."""
         if request.url.path in _OPEN_PATHS or request.url.path.startswith(webhooks.PREFIX):
             return  # a delivery proves itself by its forge's signature
+        if metrics.open_to(request, metrics_mode):
+            return  # serve --metrics local: this machine's scraper needs no token
         scheme, _, given_token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":
             person = access.bearer(given_token.strip())
@@ -142,6 +148,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     )  # fmt: skip
 
     app.include_router(webhooks.router(engine))
+    if metrics_mode != "off":
+        app.include_router(metrics.router(store))
 
     @app.exception_handler(_LoginNeeded)
     async def login_needed(request: Request, _exc: _LoginNeeded) -> Response:
