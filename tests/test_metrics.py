@@ -81,7 +81,9 @@ def test_metrics_move_as_a_workflow_runs(
         assert runs == len(store.agent_runs(workflow_id)) >= 4
         assert total(waiting, "phasegate_agent_duration_seconds_count") == runs
         # the scripted build reports 100 input tokens, 50 output, $0.01
-        assert total(waiting, "phasegate_agent_tokens_total", role="build", direction="input") == 100
+        assert (
+            total(waiting, "phasegate_agent_tokens_total", role="build", direction="input") == 100
+        )
         assert total(waiting, "phasegate_agent_cost_usd_total", role="build") == 0.01
         assert total(waiting, "phasegate_phase_duration_seconds_count", phase="planning") == 1
 
@@ -116,7 +118,9 @@ def test_metrics_without_a_token_only_from_this_machine_and_only_when_configured
     with TestClient(local, client=("10.1.2.3", 50000)) as elsewhere:
         assert elsewhere.get("/metrics").status_code == 401
         assert elsewhere.get("/metrics", headers=BEARER).status_code == 200
-        assert elsewhere.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert (
+            elsewhere.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        )
     with TestClient(local, client=("127.0.0.1", 50000)) as here:
         assert here.get("/metrics").status_code == 200
         assert here.get("/").status_code == 401  # the exception is /metrics' alone
