@@ -20,8 +20,7 @@ from phasegate.store._base import StoreBase, utc_row
 from phasegate.store.commit import workflow_dict
 from phasegate.store.values import FINISHED_GROUPS, UsageTotals
 
-#: Above this many ids, usage is summed over every workflow in one pass: an IN list
-#: that long costs more than the rows it would skip.
+#: The most ids one IN list holds (SQLite allows 32,766 parameters at the most).
 _IN_LIST_MAX = 500
 
 
@@ -34,25 +33,30 @@ class BoardRows(StoreBase):
         done, failed), oldest first; and how many workflows each finished
         group holds in all (``{"done": n, "failed": m}``)."""
         c = t.workflows.c
-        finished = sorted(s for group in FINISHED_GROUPS.values() for s in group)
-        order = (c.created_at, c.id)
+        by_status = sa.select(c.status, sa.func.count()).group_by(c.status)
+        newest = (
+            sa.select(t.workflows)
+            .where(c.status == sa.bindparam("status"))
+            .order_by(c.created_at.desc(), c.id.desc())
+            .limit(finished_shown)
+        )
         with self.reading() as conn:
-            rows = list(
-                conn.execute(sa.select(t.workflows).where(c.status.not_in(finished))).mappings()
-            )
+            # Status by status, each one range of an index (ix_workflows_due and
+            # ix_workflows_status_created): never the whole table's JSON.
+            counts = {status: int(n) for status, n in conn.execute(by_status)}
+            finished = {s for group in FINISHED_GROUPS.values() for s in group}
+            open_ = sorted(set(counts) - finished)
+            rows = list(conn.execute(sa.select(t.workflows).where(c.status.in_(open_))).mappings())
             totals = {}
             for group, statuses in FINISHED_GROUPS.items():
-                where = c.status.in_(sorted(statuses))
-                totals[group] = int(
-                    conn.execute(sa.select(sa.func.count()).where(where)).scalar_one()
-                )
-                newest = (
-                    sa.select(t.workflows)
-                    .where(where)
-                    .order_by(*(o.desc() for o in order))
-                    .limit(finished_shown)
-                )
-                rows += conn.execute(newest).mappings()
+                totals[group] = sum(counts.get(s, 0) for s in statuses)
+                found = [
+                    r
+                    for status in sorted(statuses & set(counts))
+                    for r in conn.execute(newest, {"status": status}).mappings()
+                ]
+                found.sort(key=lambda r: (r["created_at"], r["id"]), reverse=True)
+                rows += found[:finished_shown]
         shaped = [workflow_dict(r) for r in rows]
         shaped.sort(key=lambda r: (r["created_at"], r["id"]))
         return shaped, totals
@@ -70,10 +74,18 @@ class BoardRows(StoreBase):
             sa.func.coalesce(sa.func.sum(c.cost_usd), 0.0),
             sa.func.count(),
         ).group_by(c.workflow_id)
-        if workflow_ids is not None and len(workflow_ids) <= _IN_LIST_MAX:
-            query = query.where(c.workflow_id.in_(sorted(workflow_ids)))
         with self.reading() as conn:
-            found = conn.execute(query).all()
+            if workflow_ids is None:
+                found = conn.execute(query).all()
+            else:
+                ids = sorted(workflow_ids)
+                found = [
+                    row
+                    for start in range(0, len(ids), _IN_LIST_MAX)
+                    for row in conn.execute(
+                        query.where(c.workflow_id.in_(ids[start : start + _IN_LIST_MAX]))
+                    )
+                ]
         return {
             row[0]: UsageTotals(int(row[1]), int(row[2]), float(row[3]), int(row[4]))
             for row in found
@@ -113,15 +125,21 @@ class BoardRows(StoreBase):
         ``before_id``, of ``types`` when given, none of ``without``; oldest first.
         Reads those rows only, however many the workflow has."""
         e = t.events.c
-        where = [e.workflow_id == workflow_id, e.id > after_id]
-        if before_id is not None:
-            where.append(e.id < before_id)
-        if types is not None:
-            where.append(e.type.in_(sorted(types)))
-        if without:
-            where.append(e.type.not_in(sorted(without)))
-        query = sa.select(t.events).where(*where).order_by(e.id.desc()).limit(limit)
         with self.reading() as conn:
-            rows = [utc_row(r) for r in conn.execute(query).mappings()]
-        rows.reverse()
-        return rows
+            if types is None or without:
+                present = conn.execute(
+                    sa.select(e.type).where(e.workflow_id == workflow_id).group_by(e.type)
+                ).scalars()
+                types = {kind for kind in present if types is None or kind in types}
+            # One type at a time: each is one range of ix_events_workflow_type, in id
+            # order. Asked for several at once, the planners walk the workflow's every
+            # event by id instead, its agent output included (tens of thousands).
+            rows = []
+            for kind in sorted(set(types) - set(without)):
+                where = [e.workflow_id == workflow_id, e.type == kind, e.id > after_id]
+                if before_id is not None:
+                    where.append(e.id < before_id)
+                query = sa.select(t.events).where(*where).order_by(e.id.desc()).limit(limit)
+                rows += conn.execute(query).mappings()
+        rows.sort(key=lambda r: r["id"])
+        return [utc_row(r) for r in rows[-limit:]] if limit > 0 else []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,10 @@ DECODED: dict[str, dict[str, str]] = {
         "self_modification": "boolean",
     },
 }
+
+
+#: The most ids one IN list holds (SQLite allows 32,766 parameters at the most).
+_IN_LIST_MAX = 500
 
 
 class BoardUnreadable(Exception):
@@ -100,23 +105,31 @@ class SqliteBoard:
     def board_rows(self, finished_shown: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
         """Every workflow not finished and the newest ``finished_shown`` of each
         finished group, oldest first, and each finished group's count: the
-        Store's ``board_rows``."""
-        finished = sorted(s for group in FINISHED_GROUPS.values() for s in group)
-        marks = ", ".join("?" for _ in finished)
-        rows = self._rows(f"SELECT * FROM workflows WHERE status NOT IN ({marks})", finished)
+        Store's ``board_rows``, read the same way (status by status, by index)."""
+        counts = {
+            status: int(n)
+            for status, n in self._rows(
+                "SELECT status, count(*) FROM workflows GROUP BY status", ()
+            )
+        }
+        finished = {s for group in FINISHED_GROUPS.values() for s in group}
+        open_ = sorted(set(counts) - finished)
+        marks = ", ".join("?" for _ in open_)
+        rows = self._rows(f"SELECT * FROM workflows WHERE status IN ({marks})", open_)
         totals: dict[str, int] = {}
         for group, statuses in FINISHED_GROUPS.items():
-            listed = sorted(statuses)
-            marks = ", ".join("?" for _ in listed)
-            counted = self._rows(
-                f"SELECT count(*) FROM workflows WHERE status IN ({marks})", listed
-            )
-            totals[group] = int(counted[0][0]) if counted else 0
-            rows += self._rows(
-                f"SELECT * FROM workflows WHERE status IN ({marks})"
-                " ORDER BY created_at DESC, id DESC LIMIT ?",
-                (*listed, finished_shown),
-            )
+            totals[group] = sum(counts.get(s, 0) for s in statuses)
+            found = [
+                r
+                for status in sorted(statuses & set(counts))
+                for r in self._rows(
+                    "SELECT * FROM workflows WHERE status = ?"
+                    " ORDER BY created_at DESC, id DESC LIMIT ?",
+                    (status, finished_shown),
+                )
+            ]
+            found.sort(key=lambda r: (r["created_at"], r["id"]), reverse=True)
+            rows += found[:finished_shown]
         shaped = [_decoded("workflows", r) for r in rows]
         shaped.sort(key=lambda r: (r["created_at"], r["id"]))
         return shaped, totals
@@ -142,14 +155,27 @@ class SqliteBoard:
         i, o, c, n = rows[0]
         return UsageTotals(int(i), int(o), float(c), int(n))
 
-    def usage_by_workflow(self, workflow_ids: Any = None) -> dict[str, UsageTotals]:
-        """Sums of tokens and cost over each workflow's agent runs (every
-        workflow's: ``workflow_ids`` is not needed to read them all at once)."""
-        rows = self._rows(
+    def usage_by_workflow(
+        self, workflow_ids: Collection[str] | None = None
+    ) -> dict[str, UsageTotals]:
+        """Sums of tokens and cost over the agent runs of each of ``workflow_ids``
+        (None: every workflow), a workflow without runs absent: the Store's
+        ``usage_by_workflow``."""
+        sql = (
             "SELECT workflow_id, coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0),"
-            " coalesce(sum(cost_usd), 0.0), count(*) FROM agent_runs GROUP BY workflow_id",
-            (),
+            " coalesce(sum(cost_usd), 0.0), count(*) FROM agent_runs"
         )
+        if workflow_ids is None:
+            rows = self._rows(f"{sql} GROUP BY workflow_id", ())
+        else:
+            ids = sorted(workflow_ids)
+            rows = []
+            for start in range(0, len(ids), _IN_LIST_MAX):
+                part = ids[start : start + _IN_LIST_MAX]
+                marks = ", ".join("?" for _ in part)
+                rows += self._rows(
+                    f"{sql} WHERE workflow_id IN ({marks}) GROUP BY workflow_id", part
+                )
         return {w: UsageTotals(int(i), int(o), float(c), int(n)) for w, i, o, c, n in rows}
 
     def child_rows(self) -> list[dict[str, Any]]:
