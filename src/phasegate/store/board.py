@@ -134,7 +134,7 @@ class BoardRows(StoreBase):
             # One type at a time: each is one range of ix_events_workflow_type, in id
             # order. Asked for several at once, the planners walk the workflow's every
             # event by id instead, its agent output included (tens of thousands).
-            rows = []
+            rows: list[Any] = []
             for kind in sorted(set(types) - set(without)):
                 where = [e.workflow_id == workflow_id, e.type == kind, e.id > after_id]
                 if before_id is not None:
