@@ -21,6 +21,7 @@ workflows (the peer run: an all but empty store):
 - the dashboard's board (``GET /`` through FastAPI's TestClient, a bearer token);
 - a workflow's page (``GET /workflows/{id}``): the workflow with the most events,
   and a typical one;
+- ``GET /metrics`` (a scrape: every figure read from the store), without a target;
 - ``phasegate status`` as a process, and ``status --json``;
 - a wake-up, as ``wakeup.py`` measures it: a person's decision to a real
   worker's commit acting on it, its workflows filed on the filled store.
@@ -424,6 +425,7 @@ def measure_store(root: Path, url: str, rows: Rows, runs: int, decisions: int) -
             result["board_s"] = _timed(get("/"), runs)
             result["page_s"] = _timed(get(f"/workflows/{heavy}"), runs)
             result["typical_page_s"] = _timed(get(f"/workflows/{typical}"), runs)
+            result["metrics_s"] = _timed(get("/metrics"), runs)
         status = [str(PHASEGATE), "status", "--repo", str(repo)]
         result["status_s"] = _timed(lambda: _run(status), max(1, runs // 2))
         result["status_json_s"] = _timed(lambda: _run([*status, "--json"]), max(1, runs // 2))
@@ -473,6 +475,7 @@ def report(results: dict[str, Any]) -> None:
         ("board_s", "board (GET /)"),
         ("page_s", "page, most events"),
         ("typical_page_s", "page, typical"),
+        ("metrics_s", "GET /metrics"),
         ("status_s", "phasegate status"),
         ("status_json_s", "status --json"),
         ("wakeup_median_s", "wake-up median"),

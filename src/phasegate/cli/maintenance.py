@@ -40,8 +40,8 @@ def prune(
 
     Finished: completed, cancelled, or failed, unchanged for DAYS days (its
     completion, else its last update), no lease held. Each keeps its trail
-    (phases entered, decisions, reversions, violations, forge commands,
-    notifications), its milestones, agent runs (tokens, cost), graph runs and
+    (phases entered, decisions, reversions, violations, review comments,
+    forge commands, notifications), its milestones, agent runs (tokens, cost), graph runs and
     proposals; what was deleted is counted in an events_pruned event that
     `show` reports. Safe while workers run: one short transaction a workflow.
     """

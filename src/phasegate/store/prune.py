@@ -4,8 +4,8 @@ one event a workflow (docs/operations-at-scale.md: prune).
 A finished workflow is one that moves no more: completed, cancelled, or failed
 and left so; its ``completed_at`` (else ``updated_at``) is its last change. Of
 such a workflow older than the cutoff, every event but its trail (KEPT_EVENTS:
-the phases it entered, the decisions, violations, forge commands heard and
-notifications sent) is deleted, the agents' output lines above all, and so are
+the phases it entered, the decisions, violations, review comments, forge
+commands heard and notifications sent) is deleted, the agents' output lines above all, and so are
 its graph run's call rows (the run's record keeps every call). What was
 deleted is counted in one ``events_pruned`` event. Its workflow row, its
 milestones, its agent runs (tokens and cost), its graph runs and proposals stay:
@@ -34,6 +34,8 @@ KEPT_EVENTS = frozenset(
         "decision",
         "reversion",
         "violation",
+        "review_comment",
+        "review_sent",
         "needs_you",
         "notified",
         "forge_command",
