@@ -506,6 +506,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--peer-workflows", type=int, default=10, help="the peer store's size")
     parser.add_argument("--runs", type=int, default=5, help="timed runs of each read")
     parser.add_argument("--decisions", type=int, default=12, help="wake-ups timed")
+    parser.add_argument(
+        "--stores", nargs="+", choices=("sqlite", "postgresql"), default=["sqlite", "postgresql"]
+    )
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
@@ -515,8 +518,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     filled = make_rows(args.workflows, args.events, now)
     peer = make_rows(args.peer_workflows, 60 * args.peer_workflows, now)
     results: dict[str, Any] = {"notes": [], "stores": {}, "targets": TARGETS}
-    with postgres_server(not args.no_postgres, results["notes"]) as pg:
-        for name in ["sqlite"] + (["postgresql"] if pg else []):
+    wanted = "postgresql" in args.stores and not args.no_postgres
+    with postgres_server(wanted, results["notes"]) as pg:
+        for name in [s for s in args.stores if s == "sqlite" or (s == "postgresql" and pg)]:
             pair: dict[str, Any] = {}
             for which, rows in (("peer", peer), ("filled", filled)):
                 print(f"measuring {name}, {which} store ...", file=sys.stderr, flush=True)
