@@ -36,8 +36,9 @@ def prune(
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Delete the agent output and events of finished workflows older than DAYS.
+    """Delete old finished workflows' events, counted.
 
+    The agent output and events of finished workflows older than DAYS go.
     Finished: completed, cancelled, or failed, unchanged for DAYS days (its
     completion, else its last update), no lease held. Each keeps its trail
     (phases entered, decisions, reversions, violations, review comments,
@@ -81,7 +82,9 @@ def backup(
     force: Annotated[bool, typer.Option("--force", help="Replace FILE if it exists.")] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Copy the SQLite store to FILE while workers run (SQLite's backup API).
+    """Back up the SQLite store, while workers run.
+
+    FILE gets a copy of the store, taken with SQLite's backup API.
 
     The copy is the store at one commit, a store of its own: point a cartridge's
     [store] url at it to read it. FILE is not replaced without --force. A

@@ -254,8 +254,10 @@ def status(
         ),
     ] = False,
 ) -> None:
-    """Every workflow not finished and the newest finished ones: phase, status, the
-    worker holding it (while one does), profile, tokens and cost."""
+    """List workflows: phase, status, worker, cost.
+
+    Every workflow not finished and the newest finished ones (--all: every one):
+    phase, status, the worker holding it (while one does), profile, tokens and cost."""
     from phasegate.cli.status_table import hidden_note, status_table, unheld_note
 
     with reported_errors():
