@@ -278,19 +278,20 @@ def _board(
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Every workflow's summary (only the newest ``finished_shown`` finished ones of
     each group when given), and how many workflows each finished group holds.
-    A SQLite store is read without SQLAlchemy, and found
-    from the cartridge's TOML alone: SQLAlchemy and the cartridge's models would cost
-    `status` more than the rest of its work. The cartridge is validated only when its
-    text is not one a workflow started under, so a broken one is still named."""
+    A store is read without SQLAlchemy (a SQLite file with sqlite3, a server with
+    psycopg), and found from the cartridge's TOML alone: SQLAlchemy and the
+    cartridge's models would cost `status` more than the rest of its work. The
+    cartridge is validated only when its text is not one a workflow started
+    under, so a broken one is still named."""
     from phasegate.config.store_url import checkout_cartridge_sha, checkout_store_url
+    from phasegate.store.server_board import open_server_board
     from phasegate.store.sqlite_board import BoardUnreadable, open_board
-    from phasegate.summary import workflow_summaries
 
     root = repo_root(repo)
-    # None: a server, or a [store] url only the validated cartridge can read
+    # None: a [store] url only the validated cartridge can read
     url = checkout_store_url(root)
     found = None
-    board = None if url is None else open_board(url)
+    board = None if url is None else (open_board(url) or open_server_board(url))
     if board is not None:
         try:
             found = _listed(board, finished_shown)
@@ -301,21 +302,24 @@ def _board(
     if found is None:
         store = open_url_for_reading(url or reading_url(root))  # reading_url validates
         found = _listed(store, finished_shown)
-    rows = workflow_summaries(*found[:2])
+    rows, totals = found
     if url is not None:  # not validated on the way: is it a text some workflow started under?
         sha = checkout_cartridge_sha(root)
         if sha is None or all(r["cartridge_sha"] != sha for r in rows):
             warn_if_broken(root, "the store it names" if sha else "the default store")
-    return rows, found[2]
+    return rows, totals
 
 
-def _listed(source: Any, finished_shown: int | None) -> tuple[Any, list[Any], dict[str, int]]:
-    """``source`` (a Store or a SQLite board), its workflow rows and the finished
-    groups' counts (none counted when every row is listed)."""
+def _listed(source: Any, finished_shown: int | None) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The summaries of ``source``'s workflows (a Store or a board, read before it
+    is closed) and the finished groups' counts (none counted when every row is
+    listed)."""
+    from phasegate.summary import workflow_summaries
+
     if finished_shown is None:
-        return source, source.list_workflows(), {}
+        return workflow_summaries(source, source.list_workflows()), {}
     rows, totals = source.board_rows(finished_shown)
-    return source, rows, totals
+    return workflow_summaries(source, rows), totals
 
 
 @app.command()

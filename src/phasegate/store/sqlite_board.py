@@ -115,7 +115,9 @@ class SqliteBoard:
         finished = {s for group in FINISHED_GROUPS.values() for s in group}
         open_ = sorted(set(counts) - finished)
         marks = ", ".join("?" for _ in open_)
-        rows = self._rows(f"SELECT * FROM workflows WHERE status IN ({marks})", open_)
+        rows = (
+            self._rows(f"SELECT * FROM workflows WHERE status IN ({marks})", open_) if open_ else []
+        )
         totals: dict[str, int] = {}
         for group, statuses in FINISHED_GROUPS.items():
             totals[group] = sum(counts.get(s, 0) for s in statuses)
@@ -218,7 +220,7 @@ class SqliteBoard:
             raise BoardUnreadable(f"{self.path}: {exc}") from None
 
 
-def _decoded(table: str, row: sqlite3.Row) -> dict[str, Any]:
+def _decoded(table: str, row: Any) -> dict[str, Any]:
     """``row`` as the Store returns it: timestamps UTC-aware, JSON parsed, booleans."""
     kinds = DECODED[table]
     out: dict[str, Any] = {}
@@ -227,9 +229,11 @@ def _decoded(table: str, row: sqlite3.Row) -> dict[str, Any]:
         if value is None or kind is None:
             out[key] = value
         elif kind == "timestamp":
-            out[key] = datetime.fromisoformat(value).replace(tzinfo=UTC)
+            # SQLite keeps text; a server's driver gives a datetime already.
+            when = value if isinstance(value, datetime) else datetime.fromisoformat(value)
+            out[key] = when if when.tzinfo else when.replace(tzinfo=UTC)
         elif kind == "json":
-            out[key] = json.loads(value)
+            out[key] = json.loads(value) if isinstance(value, str) else value
         else:
             out[key] = bool(value)
     return out
