@@ -8,6 +8,7 @@ from datetime import timedelta
 from phasegate.core.contract import NEEDS_YOU_STATUSES, RUNNABLE_STATUSES, EventWrite
 from phasegate.store import AgentRunRecord, open_store
 from phasegate.store import tables as t
+from phasegate.store.figures import PhaseTally
 from phasegate.store.prune import PRUNED_EVENT
 from phasegate.testing import FixedClock
 
@@ -37,8 +38,13 @@ def test_bulk_reads_figures_and_prune_agree_on_both_stores(store_url: str) -> No
                     input_tokens=100, output_tokens=10, cost_usd=0.5, duration_s=42.0,
                 )
             )  # fmt: skip
+        tally = PhaseTally()
+        store.figures(clock.now(), RUNNABLE_STATUSES, NEEDS_YOU_STATUSES, tally)
         clock.advance(60)
         store.add_event(going, EventWrite("phase_change", {"phase": "planning"}))
+        # A scraper's tally, brought up to date, sums what a fresh read sums.
+        kept = store.figures(clock.now(), RUNNABLE_STATUSES, NEEDS_YOU_STATUSES, tally)
+        assert kept.phase_seconds["preparation"] == (1, 60.0)
 
         rows, totals = store.board_rows(1)
         assert totals == {"done": 1, "failed": 1}

@@ -4,12 +4,11 @@ Read from the rows every worker writes, not counted in one process's memory,
 so a dashboard beside several workers on a shared store reports all of them.
 Each figure is one grouped query served by an index; the phase durations read
 the ``phase_change`` events (``ix_events_type``), the only figure that grows with
-the history.
+the history: a scraper keeps a ``PhaseTally`` and reads only the newer ones.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,6 +24,19 @@ AGENT_BUCKETS_S = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 #: The events that tell how workflows met their forge's faults (``summary.FORGE_FAULT_EVENTS``).
 FORGE_FAULTS = ("forge_retry", "forge_auto_resume", "comment_dropped")
+
+
+@dataclass
+class PhaseTally:
+    """The phase durations summed so far, kept between scrapes by whoever scrapes:
+    each scrape reads only the ``phase_change`` events after ``last_id``. A phase
+    change is never deleted (``prune`` keeps them), so the sums stay right."""
+
+    last_id: int = 0
+    #: workflow -> (the phase it is in, when it entered it)
+    entered: dict[str, tuple[str, datetime]] = field(default_factory=dict)
+    #: phase -> [phases timed, seconds]
+    totals: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -62,11 +74,17 @@ class FigureRows(StoreBase):
     """What ``/metrics`` reads."""
 
     def figures(
-        self, now: datetime, runnable: Collection[str], needs_you: Collection[str]
+        self,
+        now: datetime,
+        runnable: Collection[str],
+        needs_you: Collection[str],
+        phases: PhaseTally | None = None,
     ) -> Figures:
         """Every figure, read in one snapshot at ``now``. ``runnable``: the statuses a
         worker advances; ``needs_you``: those among them that wait for a person
-        (not queued). Raises StoreUnavailable."""
+        (not queued); ``phases``: the tally of the phase durations so far, brought
+        up to date here (None: summed from the first event). Raises
+        StoreUnavailable."""
         w = t.workflows.c
         out = Figures()
         with self.reading() as conn:
@@ -96,7 +114,7 @@ class FigureRows(StoreBase):
             out.leases = {"held": len(live_rows), "expired": len(held) - len(live_rows)}
             out.lease_holders = len({r.lease_owner for r in live_rows})
             self._agents_now(conn, live_rows, out)
-            self._phase_seconds(conn, out)
+            self._phase_seconds(conn, out, PhaseTally() if phases is None else phases)
             self._agent_figures(conn, out)
             e = t.events.c
             for kind, n in conn.execute(
@@ -138,24 +156,26 @@ class FigureRows(StoreBase):
                 out.checks_running += 1
 
     @staticmethod
-    def _phase_seconds(conn: sa.Connection, out: Figures) -> None:
-        """Each phase's time from its ``phase_change`` to the workflow's next one."""
+    def _phase_seconds(conn: sa.Connection, out: Figures, tally: PhaseTally) -> None:
+        """Each phase's time from its ``phase_change`` to the workflow's next one: the
+        events after ``tally.last_id`` added to ``tally``, in id order
+        (``ix_events_type``, no sort)."""
         e = t.events.c
         rows = conn.execute(
-            sa.select(e.workflow_id, e.data, e.created_at)
-            .where(e.type == "phase_change")
-            .order_by(e.workflow_id, e.id)
+            sa.select(e.id, e.workflow_id, e.data, e.created_at)
+            .where(e.type == "phase_change", e.id > tally.last_id)
+            .order_by(e.id)
         )
-        totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-        last: tuple[str, str, datetime] | None = None
-        for workflow_id, data, at in rows:
-            phase = str((data or {}).get("phase"))
-            if last is not None and last[0] == workflow_id:
-                entry = totals[last[1]]
+        for event_id, workflow_id, data, at in rows:
+            at = utc(at) or at
+            before = tally.entered.get(workflow_id)
+            if before is not None:
+                entry = tally.totals.setdefault(before[0], [0, 0.0])
                 entry[0] += 1
-                entry[1] += max(0.0, (at - last[2]).total_seconds())
-            last = (workflow_id, phase, at)
-        out.phase_seconds = {p: (int(c), s) for p, (c, s) in totals.items()}
+                entry[1] += max(0.0, (at - before[1]).total_seconds())
+            tally.entered[workflow_id] = (str((data or {}).get("phase")), at)
+            tally.last_id = event_id
+        out.phase_seconds = {p: (int(c), s) for p, (c, s) in tally.totals.items()}
 
     @staticmethod
     def _agent_figures(conn: sa.Connection, out: Figures) -> None:

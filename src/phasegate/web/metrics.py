@@ -12,6 +12,7 @@ request comes from loopback: use ``token`` there (docs/operations-at-scale.md).
 from __future__ import annotations
 
 import ipaddress
+import threading
 import time
 from collections.abc import Iterator
 
@@ -28,7 +29,7 @@ from prometheus_client.registry import Collector
 
 from phasegate.core.contract import NEEDS_YOU_STATUSES, RUNNABLE_STATUSES
 from phasegate.store import Store
-from phasegate.store.figures import AGENT_BUCKETS_S, Figures
+from phasegate.store.figures import AGENT_BUCKETS_S, Figures, PhaseTally
 
 __all__ = ["METRICS_MODES", "PATH", "StoreCollector", "open_to", "router"]
 
@@ -67,10 +68,15 @@ class StoreCollector(Collector):
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.phases = PhaseTally()
+        self._lock = threading.Lock()  # two scrapes at once: one tally brought up to date
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
-        figures = self.store.figures(self.store.clock.now(), RUNNABLE_STATUSES, NEEDS_YOU_STATUSES)
+        with self._lock:
+            figures = self.store.figures(
+                self.store.clock.now(), RUNNABLE_STATUSES, NEEDS_YOU_STATUSES, self.phases
+            )
         yield from families(figures)
         took = GaugeMetricFamily(
             "phasegate_scrape_store_seconds", "Seconds this scrape spent reading the store."
