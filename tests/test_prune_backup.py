@@ -20,6 +20,7 @@ from phasegate.core.contract import EventWrite
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.store.prune import KEPT_EVENTS, PRUNED_EVENT
+from phasegate.web import views
 
 from conftest import git, phasegate_cli
 
@@ -85,6 +86,11 @@ def test_prune_deletes_finished_workflows_events_keeps_their_trail_and_show_read
     assert detail["pruned"]["events"]["agent_output"] == 50
     text = phasegate_cli("show", done, "-C", str(happy_repo))
     assert "events pruned" in text.stdout, text.stdout
+
+    page = views.workflow_page(store, done)
+    trail = [e for e in before[done] if e["type"] in KEPT_EVENTS]
+    assert page["pruned"]["event_count"] == len(before[done]) - len(trail)
+    assert [e["type"] for e in page["activity"]][-1] == PRUNED_EVENT
 
     again = phasegate_cli("prune", "--older-than", "0", "--json", "-C", str(happy_repo))
     assert json.loads(again.stdout)["workflows"] == 0  # nothing left to prune
