@@ -105,6 +105,7 @@ def test_status_and_show_of_a_completed_workflow(happy_repo: Path) -> None:
         "merge_hold",
         "scratch_checkouts",
         "forge_faults",
+        "pruned",
     }
     assert detail["merge_hold"] is None  # nothing held it
     assert detail["workflow"]["cartridge_sha"] == git(
@@ -478,6 +479,8 @@ def test_help_lists_every_command() -> None:
         "replay",
         "serve",
         "events",
+        "prune",
+        "backup",
         "demo",
         "users",
     ]

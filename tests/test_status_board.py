@@ -12,23 +12,28 @@ import pytest
 import sqlalchemy as sa
 from test_gate import clean_run, graph_record, self_modifying_run
 
+from phasegate.cli.workflows import STATUS_FINISHED_SHOWN
 from phasegate.clock import SystemClock
 from phasegate.config.cartridge import load_cartridge
 from phasegate.config.store_url import checkout_store_url
 from phasegate.store import HEAD_REVISION, AgentRunRecord, Store, open_store
 from phasegate.store import tables as t
+from phasegate.store.server_board import open_server_board
 from phasegate.store.sqlite_board import DECODED, open_board
 from phasegate.store.store import make_dialect
-from phasegate.summary import workflow_summary
+from phasegate.summary import workflow_summaries, workflow_summary
 from phasegate.testing import FixedClock
+from phasegate.web import views
+from phasegate.web.views import FINISHED_SHOWN
 
 from conftest import git, phasegate_cli
 
 
-def filled_store(db: Path, clock: FixedClock) -> tuple[Store, dict[str, str]]:
-    """A store holding what a board shows: usage, a fork and its parent, a lease,
-    a finished workflow, and a graph run's proposals, one of them decided."""
-    store = open_store(f"sqlite:///{db}", clock)
+def filled_store(db: Path | str, clock: FixedClock) -> tuple[Store, dict[str, str]]:
+    """A store (a SQLite file, or the store at a URL) holding what a board shows:
+    usage, a fork and its parent, a lease, a finished workflow, and a graph run's
+    proposals, one of them decided."""
+    store = open_store(db if isinstance(db, str) else f"sqlite:///{db}", clock)
     common = {"repo_path": "/r", "base_branch": "main", "content_language": "en"}
     ids = {
         "parent": store.create_workflow(title="Parent", ticket="p", auto_merge=True, **common),
@@ -153,7 +158,7 @@ def test_status_json_from_the_board_is_the_stores(tmp_path: Path) -> None:
             "sqlite:///{repo}/data/s.db?busy_timeout=3",
         ),
         ('[store]\nurl = "sqlite:////abs/s.db"\n', "sqlite:////abs/s.db"),
-        ('[store]\nurl = "postgresql://u@h/db"\n', None),
+        ('[store]\nurl = "postgresql://u@h/db"\n', "postgresql://u@h/db"),
         ('[store]\nurl = "sqlite:///:memory:"\n', None),
         ("[store]\nurl = 5\n", None),
         ('store = "x"\n', None),
@@ -190,3 +195,68 @@ def test_the_line_under_the_table_names_five_unheld_workflows_and_the_command_fo
     assert "held" not in note and "mine" not in note  # held, or waiting for a person
     single = unheld_note(rows[:1])
     assert single is not None and "`phasegate resume wf0` goes on with it" in single
+
+
+def test_summaries_read_at_once_are_those_read_one_by_one(tmp_path: Path) -> None:
+    clock = FixedClock()
+    store, _ids = filled_store(tmp_path / "state.db", clock)
+    board = open_board(f"sqlite:///{tmp_path / 'state.db'}", clock)
+    assert board is not None
+    try:
+        rows = store.list_workflows()
+        one_by_one = [workflow_summary(store, r) for r in rows]
+        assert workflow_summaries(store, rows) == one_by_one
+        assert workflow_summaries(board, board.list_workflows()) == one_by_one
+        assert board.board_rows(5) == store.board_rows(5)
+    finally:
+        board.close()
+        store.close()
+
+
+def test_the_board_and_status_list_the_newest_finished_and_all_with_all(happy_repo: Path) -> None:
+    store = open_store(load_cartridge(happy_repo).store_url(happy_repo))
+    common = {"repo_path": str(happy_repo), "base_branch": "main", "content_language": "en"}
+    try:
+        ids = [
+            store.create_workflow(title=f"Old {n}", ticket="t", auto_merge=False, **common)
+            for n in range(FINISHED_SHOWN + 5)
+        ]
+        with store.transaction() as conn:
+            conn.execute(t.workflows.update().values(status="cancelled"))
+        running = store.create_workflow(title="Going", ticket="t", auto_merge=False, **common)
+        groups = {g["key"]: g for g in views.board(store, store.clock.now())}
+        assert groups["done"]["total"] == len(ids)
+        assert [c["id"] for c in groups["done"]["cards"]] == ids[::-1][:FINISHED_SHOWN]
+        assert [c["id"] for c in groups["waiting"]["cards"]] == [running]
+        assert store.board_rows(3)[1] == {"done": len(ids), "failed": 0}
+    finally:
+        store.close()
+    shown = phasegate_cli("status", "-C", str(happy_repo))
+    assert shown.returncode == 0, shown.stderr
+    assert running in shown.stdout and ids[-1] in shown.stdout and ids[0] not in shown.stdout
+    hidden = len(ids) - STATUS_FINISHED_SHOWN
+    assert f"{hidden} older finished workflows not listed" in shown.stdout
+    every = phasegate_cli("status", "--all", "-C", str(happy_repo))
+    assert all(i in every.stdout for i in ids) and "not listed" not in every.stdout
+    listed = json.loads(phasegate_cli("status", "--json", "-C", str(happy_repo)).stdout)
+    assert len(listed) == len(ids) + 1
+
+
+def test_the_server_board_reads_what_the_store_reads(pg_url: str) -> None:
+    clock = FixedClock()
+    store, ids = filled_store(pg_url, clock)
+    assert open_server_board(f"{pg_url}&busy_timeout=3") is None  # the Store's to read
+    board = open_server_board(pg_url, clock)
+    assert board is not None
+    try:
+        rows = store.list_workflows()
+        assert board.list_workflows() == rows and len(rows) == 3
+        assert workflow_summaries(board, rows) == [workflow_summary(store, r) for r in rows]
+        assert board.board_rows(1) == store.board_rows(1)
+        assert board.proposals("proposed") == store.proposals("proposed")
+        assert board.usage_by_workflow([ids["parent"]]) == store.usage_by_workflow([ids["parent"]])
+        assert board.child_rows() == store.child_rows()
+    finally:
+        board.close()
+        store.close()
+    assert open_server_board("postgresql://nobody@127.0.0.1:1/none") is None

@@ -7,7 +7,7 @@ Reading only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -16,19 +16,22 @@ from phasegate.core.contract import AWAITING_APPROVAL
 from phasegate.core.profiles import AutomationProfile, decisions_of
 from phasegate.forge.base import shown_number
 from phasegate.proc.host import holder_alive
+from phasegate.store.values import UsageTotals
 
 if TYPE_CHECKING:  # the Store's module imports SQLAlchemy, which `status` need not
     from phasegate.clock import Clock
-    from phasegate.store import Store, UsageTotals
+    from phasegate.store import Store
 
 __all__ = [
     "FORGE_FAULT_EVENTS",
     "BoardReads",
+    "ManyReads",
     "forge_fault_text",
     "iso",
     "lease_holder",
     "merge_tail",
     "workflow_detail",
+    "workflow_summaries",
     "workflow_summary",
 ]
 
@@ -54,6 +57,62 @@ class BoardReads(Protocol):
     ) -> list[dict[str, Any]]: ...
 
     def child_workflows(self, parent_workflow_id: str) -> list[dict[str, Any]]: ...
+
+
+class ManyReads(Protocol):
+    """What ``workflow_summaries`` reads, each in one query: the Store, or a SQLite
+    store's board."""
+
+    clock: Clock
+
+    def usage_by_workflow(
+        self, workflow_ids: Collection[str] | None = None
+    ) -> dict[str, UsageTotals]: ...
+
+    def child_rows(self) -> list[dict[str, Any]]: ...
+
+    def proposals(
+        self, status: str | None = None, workflow_id: str | None = None
+    ) -> list[dict[str, Any]]: ...
+
+
+class _Gathered:
+    """BoardReads answered from what ``workflow_summaries`` read for all at once."""
+
+    def __init__(self, source: ManyReads, rows: Sequence[Mapping[str, Any]]) -> None:
+        self.clock = source.clock
+        # Every workflow's usage in one pass when most rows are listed (status --all);
+        # a board's few hundred by their ids.
+        everyone = len(rows) > 2000
+        self._usage = source.usage_by_workflow(None if everyone else [r["id"] for r in rows])
+        self._children: dict[str, list[dict[str, Any]]] = {}
+        for child in source.child_rows():
+            self._children.setdefault(child["parent_workflow_id"], []).append(child)
+        self._proposed: dict[str, list[dict[str, Any]]] = {}
+        if any(r["status"] == AWAITING_APPROVAL for r in rows):
+            for p in source.proposals(status="proposed"):
+                self._proposed.setdefault(p["workflow_id"], []).append(p)
+
+    def usage_totals(self, workflow_id: str) -> UsageTotals:
+        return self._usage.get(workflow_id) or UsageTotals()
+
+    def proposals(
+        self, status: str | None = None, workflow_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        assert status == "proposed" and workflow_id is not None  # what a summary asks
+        return self._proposed.get(workflow_id, [])
+
+    def child_workflows(self, parent_workflow_id: str) -> list[dict[str, Any]]:
+        return self._children.get(parent_workflow_id, [])
+
+
+def workflow_summaries(
+    source: ManyReads, rows: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """``workflow_summary`` of each of ``rows``, in their order, read in three
+    queries whatever their number (not three a workflow)."""
+    gathered = _Gathered(source, rows)
+    return [workflow_summary(gathered, row) for row in rows]
 
 
 def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -149,11 +208,14 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
     ``{"path", "branch", "note"}``: a scratch checkout a killed merge left in the
     workflow's repository, holding a branch the person cannot check out
     meanwhile) and ``forge_faults`` (the newest FORGE_FAULTS_SHOWN of
-    ``FORGE_FAULT_EVENTS``, each its data with ``type`` and ``at``). Raises
+    ``FORGE_FAULT_EVENTS``, each its data with ``type`` and ``at``) and ``pruned``
+    (``Store.pruned_of``: the events a prune deleted, counted; None). Raises
     WorkflowNotFound."""
     row = store.workflow_row(workflow_id)
     milestones = store.milestone_rows(workflow_id)
-    phases = [e for e in store.events(workflow_id) if e["type"] == "phase_change"]
+    # By type (``ix_events_workflow_type``): an agent's output lines, most of a
+    # workflow's events, are not read.
+    phases = store.events(workflow_id, types=("phase_change",))
     tail = merge_tail(phases)
     phases = [e for e in phases if e["id"] not in tail]
     runs = store.agent_runs(workflow_id)
@@ -174,17 +236,18 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
         "report": row["state"].get("report"),
         "violations": [
             {**e["data"], "at": iso(e["created_at"])}
-            for e in store.events(workflow_id)
-            if e["type"] == "violation"
+            for e in store.events(workflow_id, types=("violation",))
         ],
         "decisions": decisions_of(row["state"]),
         "cleanup": _cleanup_of(milestones),
         # what keeps the merge from going unattended (phases/merge_gate.py), while it waits
         "merge_hold": row["state"].get("merge_hold") if row["current_phase"] == "wait" else None,
         "scratch_checkouts": _scratch_checkouts(row.get("repo_path")),
+        # what `phasegate prune` deleted of its events (store.prune), None if never pruned
+        "pruned": store.pruned_of(workflow_id),
         "forge_faults": [
             {**e["data"], "type": e["type"], "at": iso(e["created_at"])}
-            for e in store.events(workflow_id, types=FORGE_FAULT_EVENTS)[-FORGE_FAULTS_SHOWN:]
+            for e in store.newest_events(workflow_id, FORGE_FAULTS_SHOWN, types=FORGE_FAULT_EVENTS)
         ],
     }
 

@@ -17,7 +17,17 @@ from phasegate.core.terminal import visible
 # groups' modules keep their annotations as objects (no `from __future__ import
 # annotations`): typer reads every command's parameters at each start, and strings
 # it would have to evaluate one by one.
-for _group in ("setup", "workflows", "diff", "github", "proposals", "web", "users", "demo"):
+for _group in (
+    "setup",
+    "workflows",
+    "diff",
+    "github",
+    "proposals",
+    "web",
+    "users",
+    "maintenance",
+    "demo",
+):
     import_module(f"phasegate.cli.{_group}")
 
 __all__ = ["app", "log_handler", "main"]

@@ -392,6 +392,13 @@ def print_detail(detail: Mapping[str, Any]) -> None:
     _print_decisions(detail["decisions"])
     _print_violations(detail["violations"])
     _print_forge_faults(detail.get("forge_faults", ()))
+    pruned = detail.get("pruned")
+    if pruned:
+        console.print(
+            f"  events pruned ({pruned['at'][:10]}): {pruned['event_count']} deleted, "
+            "its trail, milestones and totals kept",
+            highlight=False,
+        )
     _print_hold(detail.get("merge_hold"), s["id"], s["merge_approved_by"])
     runs = detail["agent_runs"]
     if runs:

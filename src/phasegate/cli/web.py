@@ -46,6 +46,16 @@ def serve(
         bool,
         typer.Option("--no-worker", help="Serve only; another `phasegate worker` advances."),
     ] = False,
+    metrics: Annotated[
+        str,
+        typer.Option(
+            "--metrics",
+            envvar="PHASEGATE_METRICS",
+            help="Who reads /metrics (Prometheus): token (a bearer token or a session, as "
+            "every page), local (that, or any client on this machine without one; not "
+            "behind a reverse proxy on this machine), off.",
+        ),
+    ] = "token",
 ) -> None:
     """Serve the dashboard on 127.0.0.1:8765 and run the worker.
 
@@ -65,7 +75,12 @@ def serve(
     verified with the secret in PHASEGATE_WEBHOOK_SECRET (docs/webhooks.md).
     With a [dashboard.oidc] table, people may also sign in through an OpenID
     Connect provider, their role taken from a claim (docs/sign-on.md).
+    /metrics gives the store's figures to Prometheus (docs/operations-at-scale.md).
     """
+    if metrics not in _METRICS_MODES:
+        raise typer.BadParameter(
+            f"{metrics!r} is not one of {', '.join(_METRICS_MODES)}", param_hint="--metrics"
+        )
     from phasegate.cli._watching import watch_in_worker
     from phasegate.cli.render import graceful, make_engine, worker_notice
     from phasegate.integrations import notify
@@ -82,7 +97,13 @@ def serve(
         if not no_worker:
             notify.catch_up(engine)  # what a killed process left unsent, as `worker` does
         dashboard = Dashboard(
-            engine, access, host, port, concurrency=concurrency, worker=not no_worker
+            engine,
+            access,
+            host,
+            port,
+            concurrency=concurrency,
+            worker=not no_worker,
+            metrics=metrics,
         )
         notice = (
             (lambda: "stopping the dashboard") if no_worker else (lambda: worker_notice(engine))
@@ -144,6 +165,8 @@ def login_lines(access: Any, url: str) -> list[str]:
 
 
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+#: web.metrics.METRICS_MODES, named here: the web app loads only when serve runs.
+_METRICS_MODES = ("token", "local", "off")
 
 
 def _said(message: str, code: int = 2) -> int:

@@ -1,6 +1,7 @@
 """A workflow's commands: ``run``, ``worker``, ``status``, ``show`` and a person's decisions."""
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -239,53 +240,89 @@ def worker(
         raise typer.Exit(130)
 
 
+#: The newest finished workflows (done, failed: each) ``status`` lists without --all.
+STATUS_FINISHED_SHOWN = 20
+
+
 @app.command()
-def status(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
-    """Every workflow: phase, status, the worker holding it (while one does), profile,
-    tokens and cost."""
-    from phasegate.cli.status_table import status_table, unheld_note
+def status(
+    repo: RepoOption = Path("."),
+    as_json: JsonOption = False,
+    every: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help=f"List every finished workflow (default: the newest {STATUS_FINISHED_SHOWN} "
+            "completed or cancelled, and failed; --json lists them all).",
+        ),
+    ] = False,
+) -> None:
+    """List workflows: phase, status, worker, cost.
+
+    Every workflow not finished and the newest finished ones (--all: every one):
+    phase, status, the worker holding it (while one does), profile, tokens and cost."""
+    from phasegate.cli.status_table import hidden_note, status_table, unheld_note
 
     with reported_errors():
-        rows = _board(repo)
+        rows, totals = _board(repo, None if every or as_json else STATUS_FINISHED_SHOWN)
     if as_json:
-        console.print_json(json.dumps(rows))
+        # Plain: rich's JSON highlighting costs more than the rest of a big store's status.
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
     table = status_table(rows, console.width)
     console.print(table if rows else 'no workflows yet; `phasegate run "ticket"` files one')
-    note = unheld_note(rows)
-    if note:
-        console.print(note, highlight=False, soft_wrap=True)  # its commands are to paste
+    for note in (hidden_note(rows, totals), unheld_note(rows)):
+        if note:
+            console.print(note, highlight=False, soft_wrap=True)  # its commands are to paste
 
 
-def _board(repo: Path) -> list[dict[str, Any]]:
-    """Every workflow's summary. A SQLite store is read without SQLAlchemy, and found
-    from the cartridge's TOML alone: SQLAlchemy and the cartridge's models would cost
-    `status` more than the rest of its work. The cartridge is validated only when its
-    text is not one a workflow started under, so a broken one is still named."""
+def _board(
+    repo: Path, finished_shown: int | None = None
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Every workflow's summary (only the newest ``finished_shown`` finished ones of
+    each group when given), and how many workflows each finished group holds.
+    A store is read without SQLAlchemy (a SQLite file with sqlite3, a server with
+    psycopg), and found from the cartridge's TOML alone: SQLAlchemy and the
+    cartridge's models would cost `status` more than the rest of its work. The
+    cartridge is validated only when its text is not one a workflow started
+    under, so a broken one is still named."""
     from phasegate.config.store_url import checkout_cartridge_sha, checkout_store_url
+    from phasegate.store.server_board import open_server_board
     from phasegate.store.sqlite_board import BoardUnreadable, open_board
-    from phasegate.summary import workflow_summary
 
     root = repo_root(repo)
-    # None: a server, or a [store] url only the validated cartridge can read
+    # None: a [store] url only the validated cartridge can read
     url = checkout_store_url(root)
-    rows = None
-    board = None if url is None else open_board(url)
+    found = None
+    board = None if url is None else (open_board(url) or open_server_board(url))
     if board is not None:
         try:
-            rows = [workflow_summary(board, r) for r in board.list_workflows()]
+            found = _listed(board, finished_shown)
         except BoardUnreadable:
             pass  # the Store reads it, or says what is wrong with it
         finally:
             board.close()
-    if rows is None:
+    if found is None:
         store = open_url_for_reading(url or reading_url(root))  # reading_url validates
-        rows = [workflow_summary(store, r) for r in store.list_workflows()]
+        found = _listed(store, finished_shown)
+    rows, totals = found
     if url is not None:  # not validated on the way: is it a text some workflow started under?
         sha = checkout_cartridge_sha(root)
         if sha is None or all(r["cartridge_sha"] != sha for r in rows):
             warn_if_broken(root, "the store it names" if sha else "the default store")
-    return rows
+    return rows, totals
+
+
+def _listed(source: Any, finished_shown: int | None) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The summaries of ``source``'s workflows (a Store or a board, read before it
+    is closed) and the finished groups' counts (none counted when every row is
+    listed)."""
+    from phasegate.summary import workflow_summaries
+
+    if finished_shown is None:
+        return workflow_summaries(source, source.list_workflows()), {}
+    rows, totals = source.board_rows(finished_shown)
+    return workflow_summaries(source, rows), totals
 
 
 @app.command()

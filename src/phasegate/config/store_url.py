@@ -51,9 +51,10 @@ def resolve_store_url(repo: Path, url: str | None) -> str:
 
 
 def checkout_store_url(repo: Path) -> str | None:
-    """The SQLite store the checkout's ``phasegate.toml`` names (the default one
-    without the file or the key), or None where only the validated cartridge can
-    say: a file that is not TOML, a server, a value that is not a file's URL."""
+    """The store the checkout's ``phasegate.toml`` names: a SQLite file (the default
+    one without the file or the key) or a PostgreSQL server's URL as written; None
+    where only the validated cartridge can say: a file that is not TOML, a value
+    that is neither."""
     path = repo / CARTRIDGE_FILE
     if not path.exists():
         return resolve_store_url(repo, None)
@@ -66,6 +67,8 @@ def checkout_store_url(repo: Path) -> str | None:
     url = store.get("url")
     if url is None:
         return resolve_store_url(repo, None)
+    if isinstance(url, str) and url.startswith(("postgresql://", "postgres://")):
+        return url
     if not isinstance(url, str) or sqlite_file(url) is None:
         return None
     return resolve_store_url(repo, url)

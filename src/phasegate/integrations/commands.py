@@ -92,7 +92,7 @@ def listen(
     applied yet are read again next time)."""
     statuses = LISTENED_STATUSES if numbers is None else LISTENED_STATUSES | ENDED_STATUSES
     done: list[Commanded] = []
-    for row in engine.store.list_workflows():
+    for row in engine.store.list_workflows(statuses):
         if stop():
             break
         if row["status"] not in statuses or not row.get("issue_number"):

@@ -224,7 +224,7 @@ class Notifier:
         # host:pid first, as a worker's: a process killed mid-catch-up frees it at once.
         owner = f"{host_name()}:{os.getpid()}:notify"
         try:
-            for row in self.store.list_workflows():
+            for row in self.store.list_workflows(NEEDS_YOU_EVENT_STATUSES):
                 if row["status"] not in NEEDS_YOU_EVENT_STATUSES:
                     continue
                 if (repo_path or repository) and not (
@@ -253,7 +253,8 @@ class Notifier:
             return None
         if row["status"] == "paused" and (row.get("state") or {}).get("conflict_child"):
             return None  # its child resolves the conflict; the child's end wakes it
-        events = self.store.events(workflow_id)
+        # Only these two types: a workflow's history may hold a million output rows.
+        events = self.store.events(workflow_id, types=(NEEDS_YOU_EVENT, NOTIFIED_EVENT))
         entered = [e for e in events if e["type"] == NEEDS_YOU_EVENT]
         if not entered or entered[-1]["data"].get("status") != row["status"]:
             return None

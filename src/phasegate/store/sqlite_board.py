@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from urllib.parse import quote
 
 from phasegate.clock import Clock, SystemClock
 from phasegate.config.store_url import sqlite_file
-from phasegate.store.values import HEAD_REVISION, UsageTotals
+from phasegate.store.values import FINISHED_GROUPS, HEAD_REVISION, UsageTotals
 
 #: The columns SQLAlchemy decodes (timestamps, JSON, booleans), by table; every
 #: other column is read as SQLite stores it. A test checks these against the tables.
@@ -43,6 +44,10 @@ DECODED: dict[str, dict[str, str]] = {
         "self_modification": "boolean",
     },
 }
+
+
+#: The most ids one IN list holds (SQLite allows 32,766 parameters at the most).
+_IN_LIST_MAX = 500
 
 
 class BoardUnreadable(Exception):
@@ -97,6 +102,40 @@ class SqliteBoard:
         rows = self._rows("SELECT * FROM workflows ORDER BY created_at, id", ())
         return [_decoded("workflows", r) for r in rows]
 
+    def board_rows(self, finished_shown: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """Every workflow not finished and the newest ``finished_shown`` of each
+        finished group, oldest first, and each finished group's count: the
+        Store's ``board_rows``, read the same way (status by status, by index)."""
+        counts = {
+            status: int(n)
+            for status, n in self._rows(
+                "SELECT status, count(*) FROM workflows GROUP BY status", ()
+            )
+        }
+        finished = {s for group in FINISHED_GROUPS.values() for s in group}
+        open_ = sorted(set(counts) - finished)
+        marks = ", ".join("?" for _ in open_)
+        rows = (
+            self._rows(f"SELECT * FROM workflows WHERE status IN ({marks})", open_) if open_ else []
+        )
+        totals: dict[str, int] = {}
+        for group, statuses in FINISHED_GROUPS.items():
+            totals[group] = sum(counts.get(s, 0) for s in statuses)
+            found = [
+                r
+                for status in sorted(statuses & set(counts))
+                for r in self._rows(
+                    "SELECT * FROM workflows WHERE status = ?"
+                    " ORDER BY created_at DESC, id DESC LIMIT ?",
+                    (status, finished_shown),
+                )
+            ]
+            found.sort(key=lambda r: (r["created_at"], r["id"]), reverse=True)
+            rows += found[:finished_shown]
+        shaped = [_decoded("workflows", r) for r in rows]
+        shaped.sort(key=lambda r: (r["created_at"], r["id"]))
+        return shaped, totals
+
     def child_workflows(self, parent_workflow_id: str) -> list[dict[str, Any]]:
         """The rows of the workflows forked from ``parent_workflow_id``, oldest first."""
         rows = self._rows(
@@ -117,6 +156,38 @@ class SqliteBoard:
             return UsageTotals()
         i, o, c, n = rows[0]
         return UsageTotals(int(i), int(o), float(c), int(n))
+
+    def usage_by_workflow(
+        self, workflow_ids: Collection[str] | None = None
+    ) -> dict[str, UsageTotals]:
+        """Sums of tokens and cost over the agent runs of each of ``workflow_ids``
+        (None: every workflow), a workflow without runs absent: the Store's
+        ``usage_by_workflow``."""
+        sql = (
+            "SELECT workflow_id, coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0),"
+            " coalesce(sum(cost_usd), 0.0), count(*) FROM agent_runs"
+        )
+        if workflow_ids is None:
+            rows = self._rows(f"{sql} GROUP BY workflow_id", ())
+        else:
+            ids = sorted(workflow_ids)
+            rows = []
+            for start in range(0, len(ids), _IN_LIST_MAX):
+                part = ids[start : start + _IN_LIST_MAX]
+                marks = ", ".join("?" for _ in part)
+                rows += self._rows(
+                    f"{sql} WHERE workflow_id IN ({marks}) GROUP BY workflow_id", part
+                )
+        return {w: UsageTotals(int(i), int(o), float(c), int(n)) for w, i, o, c, n in rows}
+
+    def child_rows(self) -> list[dict[str, Any]]:
+        """Every conflict child as ``id``, ``status``, ``parent_workflow_id``, oldest first."""
+        rows = self._rows(
+            "SELECT id, status, parent_workflow_id FROM workflows"
+            " WHERE parent_workflow_id IS NOT NULL ORDER BY created_at, id",
+            (),
+        )
+        return [dict(r) for r in rows]
 
     def proposals(
         self, status: str | None = None, workflow_id: str | None = None
@@ -149,7 +220,7 @@ class SqliteBoard:
             raise BoardUnreadable(f"{self.path}: {exc}") from None
 
 
-def _decoded(table: str, row: sqlite3.Row) -> dict[str, Any]:
+def _decoded(table: str, row: Any) -> dict[str, Any]:
     """``row`` as the Store returns it: timestamps UTC-aware, JSON parsed, booleans."""
     kinds = DECODED[table]
     out: dict[str, Any] = {}
@@ -158,9 +229,11 @@ def _decoded(table: str, row: sqlite3.Row) -> dict[str, Any]:
         if value is None or kind is None:
             out[key] = value
         elif kind == "timestamp":
-            out[key] = datetime.fromisoformat(value).replace(tzinfo=UTC)
+            # SQLite keeps text; a server's driver gives a datetime already.
+            when = value if isinstance(value, datetime) else datetime.fromisoformat(value)
+            out[key] = when if when.tzinfo else when.replace(tzinfo=UTC)
         elif kind == "json":
-            out[key] = json.loads(value)
+            out[key] = json.loads(value) if isinstance(value, str) else value
         else:
             out[key] = bool(value)
     return out

@@ -14,7 +14,8 @@ workflows, milestones and events (``workflows``), the commit path (``commit``), 
 (``leases``), agent runs and sessions (``agent_runs``), the local forge's rows
 (``forge_rows``), the development graph's runs and proposals (``graph_runs``), the
 webhook deliveries seen and the workflows they wake (``webhooks``), the people of
-the dashboard (``users``).
+the dashboard (``users``), reads of many workflows and events at once (``board``), what
+``/metrics`` shows (``figures``), and pruning finished workflows' events (``prune``).
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ from phasegate.core.contract import PhasegateError
 from phasegate.store._base import Dialect, FenceLost, StoreUnavailable
 from phasegate.store._sqlite import DEFAULT_BUSY_TIMEOUT_S, SqliteDialect
 from phasegate.store.agent_runs import AgentRunRecord, AgentRunRows
+from phasegate.store.board import BoardRows
+from phasegate.store.figures import FigureRows
 from phasegate.store.forge_rows import ForgeRows
 from phasegate.store.graph_runs import APPLY_ARM, VERDICTS, GraphRows
 from phasegate.store.leases import Fence, LeaseRows
+from phasegate.store.prune import PruneRows
 from phasegate.store.users import UserRows
 from phasegate.store.values import UsageTotals
 from phasegate.store.webhooks import WebhookRows
@@ -60,7 +64,18 @@ class StoreUrlUnsupported(PhasegateError):
     PostgreSQL), or is no database URL at all."""
 
 
-class Store(WorkflowRows, LeaseRows, AgentRunRows, ForgeRows, GraphRows, WebhookRows, UserRows):
+class Store(
+    WorkflowRows,
+    LeaseRows,
+    AgentRunRows,
+    ForgeRows,
+    GraphRows,
+    WebhookRows,
+    BoardRows,
+    FigureRows,
+    PruneRows,
+    UserRows,
+):
     """All SQL behind one class. Methods are small transactions of their own."""
 
 

@@ -52,6 +52,8 @@ workflows = sa.Table(
     # pass claims by, and sleeps until.
     sa.Column("due_at", Timestamp),
     sa.Index("ix_workflows_due", "status", "due_at"),
+    # A board's newest finished workflows, and counts by status (migration 0008).
+    sa.Index("ix_workflows_status_created", "status", "created_at"),
 )
 
 milestones = sa.Table(
@@ -81,6 +83,11 @@ events = sa.Table(
     sa.Column("data", sa.JSON, nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Index("ix_events_workflow", "workflow_id", "id"),
+    # A workflow's newest events of some types (its phases, its latest agent run's
+    # output, its forge faults) without reading the rest (migration 0008).
+    sa.Index("ix_events_workflow_type", "workflow_id", "type", "id"),
+    # One type's events across workflows: what /metrics sums (migration 0008).
+    sa.Index("ix_events_type", "type", "id"),
 )
 
 agent_runs = sa.Table(

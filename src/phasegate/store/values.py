@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 #: The newest migration's revision (``migrations/versions``): a store already there
 #: opens without importing Alembic, and ``status`` reads a SQLite store there without
 #: SQLAlchemy. A test checks it against Alembic's own head.
-HEAD_REVISION = "0008"
+HEAD_REVISION = "0009"
 
 #: What a person of the dashboard may do, each role all the one before it may
 #: (``users.role``): viewers see, approvers decide, admins also manage people.
@@ -19,6 +19,14 @@ USER_ROLES = ("viewer", "approver", "admin")
 #: due by the next wait its running advance commits (``commit_phase_result``,
 #: ``schedule``), which would otherwise put its next look minutes away.
 WOKEN_AT = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+#: The board's finished groups and the statuses in each: a workflow there moves no
+#: more without a person, and a board shows only the newest of them.
+FINISHED_GROUPS: dict[str, frozenset[str]] = {
+    "done": frozenset({"completed", "cancelled"}),
+    "failed": frozenset({"failed"}),
+}
 
 
 @dataclass(frozen=True)

@@ -201,16 +201,13 @@ class WorkflowRows(StoreBase):
             raise WorkflowNotFound(workflow_id)
         return workflow_dict(row)
 
-    def list_workflows(self) -> list[dict[str, Any]]:
-        """Every workflow row, oldest first."""
+    def list_workflows(self, statuses: Collection[str] | None = None) -> list[dict[str, Any]]:
+        """Every workflow row (only those in ``statuses`` when given), oldest first."""
+        query = sa.select(t.workflows).order_by(t.workflows.c.created_at, t.workflows.c.id)
+        if statuses is not None:
+            query = query.where(t.workflows.c.status.in_(sorted(statuses)))
         with self.reading() as conn:
-            rows = (
-                conn.execute(
-                    sa.select(t.workflows).order_by(t.workflows.c.created_at, t.workflows.c.id)
-                )
-                .mappings()
-                .all()
-            )
+            rows = conn.execute(query).mappings().all()
         # Through the same conversion as workflow_row, so `status` and `show`
         # report the same (UTC-aware) timestamps.
         return [workflow_dict(r) for r in rows]

@@ -36,6 +36,7 @@ Routes (every one behind the token's session; ``/login`` is the way in):
     /api/..., GET /openapi.json    the JSON API (api.py), behind the same token
     GET  /people                   the people and their roles (admins only: people.py),
                                    and POSTs to add, re-role, re-token and remove them
+    GET  /metrics                  the store's figures for Prometheus (web/metrics.py)
 
 No session: 401 and the login form; a script may instead send
 ``Authorization: Bearer T`` (a wrong token: 401). A POST without the session's
@@ -62,7 +63,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from phasegate.agents.env import cartridge_secrets
 from phasegate.runtime.engine import Engine
-from phasegate.web import api, oidc, people, review_routes, webhooks, workflow_routes
+from phasegate.web import (
+    api,
+    metrics,
+    oidc,
+    people,
+    review_routes,
+    webhooks,
+    workflow_routes,
+)
 from phasegate.web.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -104,13 +113,16 @@ class _LoginNeeded(Exception):
     """No session: answered with 401 and the login form."""
 
 
-def create_app(engine: Engine, access: Access, stop: threading.Event | None = None) -> FastAPI:
+def create_app(
+    engine: Engine, access: Access, stop: threading.Event | None = None, metrics_mode: str = "token"
+) -> FastAPI:
     """The dashboard on ``engine``'s store and cartridge: reads from the store,
     a person's actions through ``phasegate.operations`` (under the workflow's
     lease), ``by`` = the acting person's name (``person_of``). ``stop`` (``serve``
     passes the engine's shutdown) ends every live stream. Every secret of the
     cartridge and the environment, and the token, is redacted from every page and
-    event (``phasegate.core.redaction``)."""
+    event (``phasegate.core.redaction``). ``metrics_mode``: who reads ``/metrics``
+    (``web.metrics.METRICS_MODES``)."""
     stop = stop or engine.shutdown
     secrets = [*cartridge_secrets(engine.cartridge), *filter(None, [access.token])]
     pages = Pages(engine, secrets)
@@ -124,6 +136,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
         (field or header); a POST also needs a person who may decide."""
         if request.url.path in _OPEN_PATHS or request.url.path.startswith(webhooks.PREFIX):
             return  # a delivery proves itself by its forge's signature
+        if metrics.open_to(request, metrics_mode):
+            return  # serve --metrics local: this machine's scraper needs no token
         scheme, _, given_token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":
             person = await run_in_threadpool(access.bearer, given_token.strip())
@@ -156,6 +170,8 @@ def create_app(engine: Engine, access: Access, stop: threading.Event | None = No
     if sign_on is not None:
         templates.env.globals["sign_on"] = sign_on.label  # the login page's link
         app.include_router(oidc.router(sign_on, templates, access))
+    if metrics_mode != "off":
+        app.include_router(metrics.router(engine.store))
 
     @app.exception_handler(_LoginNeeded)
     async def login_needed(request: Request, _exc: _LoginNeeded) -> Response:

@@ -42,6 +42,8 @@ class Dashboard:
     concurrency: int = 1
     poll_s: float = 2.0
     worker: bool = True
+    #: who reads /metrics (``web.metrics.METRICS_MODES``)
+    metrics: str = "token"
     errors: list[BaseException] = field(default_factory=list)
 
     def start(self) -> str:
@@ -51,7 +53,9 @@ class Dashboard:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        app = create_app(self.engine, self.access, stop=self.engine.shutdown)
+        app = create_app(
+            self.engine, self.access, stop=self.engine.shutdown, metrics_mode=self.metrics
+        )
         config = uvicorn.Config(
             app, log_level="warning", timeout_graceful_shutdown=GRACEFUL_S, lifespan="off"
         )

@@ -17,12 +17,13 @@ from typing import Any
 from phasegate.core.contract import ENDED_STATUSES, NEEDS_YOU_STATUSES
 from phasegate.core.report import render_report
 from phasegate.store import Store
+from phasegate.store.values import FINISHED_GROUPS
 from phasegate.summary import (
     FORGE_FAULT_EVENTS,
     forge_fault_text,
     merge_tail,
     workflow_detail,
-    workflow_summary,
+    workflow_summaries,
 )
 from phasegate.web import decision, markdown, timeline
 
@@ -30,6 +31,7 @@ __all__ = [
     "ACTIVITY_ROWS",
     "AGENT_OUTPUT_CHARS",
     "BOARD_GROUPS",
+    "FINISHED_SHOWN",
     "activity",
     "agent_output",
     "board",
@@ -51,7 +53,11 @@ BOARD_GROUPS: tuple[tuple[str, str], ...] = (
     ("failed", "Failed"),
 )
 
-_DONE = frozenset({"completed", "cancelled"})
+_DONE = FINISHED_GROUPS["done"]
+
+#: The newest workflows a finished group (done, failed) shows: a year of work
+#: holds thousands, and ``phasegate status`` lists them all.
+FINISHED_SHOWN = 50
 
 #: The newest event rows a workflow page lists in its activity (the stream has them all).
 ACTIVITY_ROWS = 300
@@ -84,15 +90,16 @@ def group_of(summary: Mapping[str, Any]) -> str:
 
 
 def board(store: Store, now: datetime) -> list[dict[str, Any]]:
-    """The board: one ``{"key", "title", "cards"}`` per group of BOARD_GROUPS, in
-    that order; each card a ``_summary`` plus ``elapsed_s`` (``elapsed_s``),
-    ``started_by`` (the person, or who labelled its issue; None), ``labels`` (its
-    issue's) and ``repository_shown`` (the forge repository, else the clone's
-    folder name),
-    newest first within a group."""
+    """The board: one ``{"key", "title", "cards", "total"}`` per group of
+    BOARD_GROUPS, in that order; each card a ``_summary`` plus ``elapsed_s``
+    (``elapsed_s``), ``started_by`` (the person, or who labelled its issue;
+    None), ``labels`` (its issue's) and ``repository_shown`` (the forge
+    repository, else the clone's folder name), newest first within a group. A
+    finished group (done, failed) has its newest FINISHED_SHOWN cards only;
+    ``total`` counts the group's workflows, shown or not."""
+    rows, totals = store.board_rows(FINISHED_SHOWN)
     cards: dict[str, list[dict[str, Any]]] = {key: [] for key, _ in BOARD_GROUPS}
-    for row in store.list_workflows():
-        summary = workflow_summary(store, row)
+    for row, summary in zip(rows, workflow_summaries(store, rows), strict=True):
         summary["elapsed_s"] = elapsed_s(row, now)
         state = row["state"]
         # What the board's filters read: who started it, its issue's labels, its repository.
@@ -101,7 +108,12 @@ def board(store: Store, now: datetime) -> list[dict[str, Any]]:
         summary["repository_shown"] = summary.get("repository") or Path(row["repo_path"]).name
         cards[group_of(summary)].append(summary)
     return [
-        {"key": key, "title": title, "cards": list(reversed(cards[key]))}
+        {
+            "key": key,
+            "title": title,
+            "cards": list(reversed(cards[key])),
+            "total": totals.get(key, len(cards[key])),
+        }
         for key, title in BOARD_GROUPS
     ]
 
@@ -117,10 +129,7 @@ def elapsed_s(row: Mapping[str, Any], now: datetime) -> float:
 def board_marker(store: Store) -> tuple[tuple[Any, ...], ...]:
     """What changes whenever a card would: each workflow's id, version, status,
     phase and lease holder (one read), so a live board is sent again only then."""
-    return tuple(
-        (r["id"], r["version"], r["status"], r["current_phase"], r.get("lease_owner"))
-        for r in store.list_workflows()
-    )
+    return tuple(store.workflow_marks())
 
 
 def workflow_page(store: Store, workflow_id: str, language: str | None = None) -> dict[str, Any]:
@@ -152,12 +161,15 @@ def workflow_page(store: Store, workflow_id: str, language: str | None = None) -
         detail["timeline"], detail["milestones"], detail["decisions"]
     )
     detail["decision"] = decision.decision_panel(detail, row["user_feedback"])
-    events = store.events(workflow_id)
     # The page shows everything up to here; its live stream starts after it. Read
     # before the output below: what lands between the two is shown twice at the
     # most, never lost (the page's script skips an output row it has).
-    detail["last_event_id"] = events[-1]["id"] if events else 0
-    detail["activity"] = activity(events)
+    detail["last_event_id"] = store.last_event_id(workflow_id)
+    detail["activity"] = activity(
+        store.newest_events(
+            workflow_id, ACTIVITY_ROWS, without=_NOT_ACTIVITY, before_id=detail["last_event_id"] + 1
+        )
+    )
     detail["agent_output"] = agent_output(store, workflow_id)
     phases: list[dict[str, Any]] = []
     seen: dict[str, dict[str, Any]] = {}
@@ -239,23 +251,41 @@ def agent_output(store: Store, workflow_id: str) -> dict[str, Any]:
     text of its ``agent_output`` rows, cut to its last AGENT_OUTPUT_CHARS at a
     line's start; ``last_id`` the id of the newest of those events (the live
     stream appends only rows after it), 0 when no agent ran; ``running``
-    whether the run has not finished. Rows are read from the run's start only."""
-    started = store.events(workflow_id, types=("agent_started",))
+    whether the run has not finished. Only the rows shown are read: newest first,
+    until AGENT_OUTPUT_CHARS are had."""
+    started = store.newest_events(workflow_id, 1, types=("agent_started",))
     if not started:
         return {"text": "", "last_id": 0, "running": False}
-    start = started[-1]
-    rows = store.events(
-        workflow_id, start["id"], types=("agent_output", "agent_finished", "agent_started")
-    )
-    text = "".join(str(r["data"].get("text", "")) for r in rows if r["type"] == "agent_output")
+    start = started[0]
+    after = start["id"]
+    parts: list[str] = []
+    size, before = 0, None
+    while size <= AGENT_OUTPUT_CHARS:
+        rows = store.newest_events(
+            workflow_id, _OUTPUT_BATCH, types=("agent_output",), after_id=after, before_id=before
+        )
+        parts[:0] = [str(r["data"].get("text", "")) for r in rows]
+        size += sum(len(p) for p in parts[: len(rows)])
+        if len(rows) < _OUTPUT_BATCH:
+            break
+        before = rows[0]["id"]
+    text = "".join(parts)
     if len(text) > AGENT_OUTPUT_CHARS:
         text = text[-AGENT_OUTPUT_CHARS:]
         text = text[text.find("\n") + 1 :]
+    newest = store.newest_events(workflow_id, 1, types=_RUN_ROWS, after_id=after)
+    finished = store.newest_events(workflow_id, 1, types=("agent_finished",), after_id=after)
     return {
         "text": output_header(start["data"]) + text,
-        "last_id": rows[-1]["id"] if rows else start["id"],
-        "running": not any(r["type"] == "agent_finished" for r in rows),
+        "last_id": newest[-1]["id"] if newest else start["id"],
+        "running": not finished,
     }
+
+
+#: Output rows read at a time, newest first, until a page has its fill.
+_OUTPUT_BATCH = 1000
+#: The rows of an agent run the live stream follows after its start.
+_RUN_ROWS = ("agent_output", "agent_finished", "agent_started")
 
 
 def output_header(data: Mapping[str, Any]) -> str:
