@@ -251,6 +251,7 @@ def _workflow_children(
                 "output_tokens": rng.randint(200, 9_000),
                 "cost_usd": round(rng.uniform(0.01, 0.9), 4), "duration_s": duration,
                 "session_id": f"s-{wid}-{i}", "created_at": at((i + 1) / 8),
+                "model": ("claude-sonnet-4-5", "gpt-5-codex", "")[i % 3],
             }
         )  # fmt: skip
         events.append(

@@ -85,6 +85,8 @@ def test_metrics_move_as_a_workflow_runs(
             total(waiting, "phasegate_agent_tokens_total", role="build", direction="input") == 100
         )
         assert total(waiting, "phasegate_agent_cost_usd_total", role="build") == 0.01
+        # by model too: this binding names none, so the runner's own is ""
+        assert total(waiting, "phasegate_agent_cost_usd_total", role="build", model="") == 0.01
         assert total(waiting, "phasegate_phase_duration_seconds_count", phase="planning") == 1
 
         operations.approve_merge(engine, workflow_id, by="alice")

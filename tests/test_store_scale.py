@@ -27,7 +27,7 @@ def test_bulk_reads_figures_and_prune_agree_on_both_stores(store_url: str) -> No
                     .where(t.workflows.c.id == workflow_id)
                     .values(status=status, current_phase=status)
                 )
-        for workflow_id in (done, going):
+        for workflow_id, model in ((done, "claude-opus-4-5"), (going, "")):
             store.add_event(workflow_id, EventWrite("agent_started", {"role": "build"}))
             for n in range(30):
                 store.add_event(workflow_id, EventWrite("agent_output", {"text": f"{n}\n"}))
@@ -36,6 +36,7 @@ def test_bulk_reads_figures_and_prune_agree_on_both_stores(store_url: str) -> No
                 AgentRunRecord(
                     workflow_id, "development", "build", "build", "claude", 1, 0, "ok",
                     input_tokens=100, output_tokens=10, cost_usd=0.5, duration_s=42.0,
+                    model=model,
                 )
             )  # fmt: skip
         tally = PhaseTally()
@@ -60,7 +61,11 @@ def test_bulk_reads_figures_and_prune_agree_on_both_stores(store_url: str) -> No
         assert figures.workflows[("completed", "completed")] == 1
         assert figures.queue_depth == 1  # `going`, in preparation; the others finished
         assert figures.forge_faults == {"forge_retry": 2}
-        assert figures.usage[("build", "claude")] == (200, 20, 1.0)
+        # Spend reads by role and model: the one the binding named, else "" (the runner's own).
+        assert figures.usage == {
+            ("build", "claude", "claude-opus-4-5"): (100, 10, 0.5),
+            ("build", "claude", ""): (100, 10, 0.5),
+        }
         assert figures.agent_seconds[("build", "claude")][1:] == (2, 84.0)
         assert figures.phase_seconds["preparation"] == (1, 60.0)
 

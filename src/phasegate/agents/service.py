@@ -315,8 +315,9 @@ class AgentService:
             elif not result.ok:
                 outcome = "failed"
             self._record(
-                ctx, phase, role, line, runner.name, round, attempt, outcome, kind, detail, result
-            )
+                ctx, phase, role, line, runner.name, round, attempt, outcome, kind, detail, result,
+                model=binding.model or "",
+            )  # fmt: skip
             for violation in result.violations:
                 self._emit(
                     ctx.id, violation_event(role, phase, violation, secrets, round=ctx.dev_round)
@@ -409,6 +410,8 @@ class AgentService:
         kind: str,
         detail: str,
         result: AgentResult,
+        *,
+        model: str = "",
     ) -> None:
         self.store.record_agent_run(
             AgentRunRecord(
@@ -427,6 +430,7 @@ class AgentService:
                 cost_usd=result.cost_usd,
                 duration_s=round_s(result.duration_s),
                 session_id=result.session_id,
+                model=model,
             )
         )
         if result.session_id:

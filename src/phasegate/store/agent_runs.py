@@ -31,6 +31,8 @@ class AgentRunRecord:
     cost_usd: float = 0.0
     duration_s: float = 0.0
     session_id: str | None = None
+    #: The model its binding names; empty when the runner chooses its own.
+    model: str = ""
 
 
 class AgentRunRows(StoreBase):

@@ -62,8 +62,9 @@ class Figures:
     agent_seconds: dict[tuple[str, str], tuple[list[int], int, float]] = field(default_factory=dict)
     #: (role, runner, outcome) -> agent runs
     agent_runs: dict[tuple[str, str, str], int] = field(default_factory=dict)
-    #: (role, runner) -> (input tokens, output tokens, USD)
-    usage: dict[tuple[str, str], tuple[int, int, float]] = field(default_factory=dict)
+    #: (role, runner, model) -> (input tokens, output tokens, USD); model "" when
+    #: the runner chose its own
+    usage: dict[tuple[str, str, str], tuple[int, int, float]] = field(default_factory=dict)
     #: event type (FORGE_FAULTS) -> events; a forge_retry is one failed forge call
     forge_faults: dict[str, int] = field(default_factory=dict)
     #: (kind, status) -> journaled side effects (issues, pull requests, comments, merges)
@@ -183,20 +184,27 @@ class FigureRows(StoreBase):
         buckets = [
             sa.func.sum(sa.case((a.duration_s <= bound, 1), else_=0)) for bound in AGENT_BUCKETS_S
         ]
-        for role, runner, n, seconds, tokens_in, tokens_out, usd, *counts in conn.execute(
+        for role, runner, n, seconds, *counts in conn.execute(
             sa.select(
                 a.role,
                 a.runner,
                 sa.func.count(),
                 sa.func.coalesce(sa.func.sum(a.duration_s), 0.0),
-                sa.func.coalesce(sa.func.sum(a.input_tokens), 0),
-                sa.func.coalesce(sa.func.sum(a.output_tokens), 0),
-                sa.func.coalesce(sa.func.sum(a.cost_usd), 0.0),
                 *buckets,
             ).group_by(a.role, a.runner)
         ):
             out.agent_seconds[(role, runner)] = ([int(c or 0) for c in counts], int(n), seconds)
-            out.usage[(role, runner)] = (int(tokens_in), int(tokens_out), float(usd))
+        for role, runner, model, tokens_in, tokens_out, usd in conn.execute(
+            sa.select(
+                a.role,
+                a.runner,
+                a.model,
+                sa.func.coalesce(sa.func.sum(a.input_tokens), 0),
+                sa.func.coalesce(sa.func.sum(a.output_tokens), 0),
+                sa.func.coalesce(sa.func.sum(a.cost_usd), 0.0),
+            ).group_by(a.role, a.runner, a.model)
+        ):
+            out.usage[(role, runner, model)] = (int(tokens_in), int(tokens_out), float(usd))
         for role, runner, outcome, n in conn.execute(
             sa.select(a.role, a.runner, a.outcome, sa.func.count()).group_by(
                 a.role, a.runner, a.outcome

@@ -110,6 +110,7 @@ agent_runs = sa.Table(
     sa.Column("duration_s", sa.Float, nullable=False, server_default="0"),
     sa.Column("session_id", sa.String(255)),
     sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("model", sa.String(255), nullable=False, server_default=""),
     sa.Index("ix_agent_runs_workflow", "workflow_id", "role"),
 )
 

@@ -145,15 +145,17 @@ def families(f: Figures) -> Iterator[Metric]:
         runs.add_metric(list(key), n)
     yield runs
     tokens = CounterMetricFamily(
-        "phasegate_agent_tokens", "Tokens agents used.", labels=["role", "runner", "direction"]
+        "phasegate_agent_tokens",
+        "Tokens agents used.",
+        labels=["role", "runner", "model", "direction"],
     )
     cost = CounterMetricFamily(
-        "phasegate_agent_cost_usd", "What agents cost, USD.", labels=["role", "runner"]
+        "phasegate_agent_cost_usd", "What agents cost, USD.", labels=["role", "runner", "model"]
     )
-    for (role, runner), (tokens_in, tokens_out, usd) in sorted(f.usage.items()):
-        tokens.add_metric([role, runner, "input"], tokens_in)
-        tokens.add_metric([role, runner, "output"], tokens_out)
-        cost.add_metric([role, runner], usd)
+    for (role, runner, model), (tokens_in, tokens_out, usd) in sorted(f.usage.items()):
+        tokens.add_metric([role, runner, model, "input"], tokens_in)
+        tokens.add_metric([role, runner, model, "output"], tokens_out)
+        cost.add_metric([role, runner, model], usd)
     yield tokens
     yield cost
     faults = CounterMetricFamily(
