@@ -227,7 +227,7 @@ def test_the_board_and_status_list_the_newest_finished_and_all_with_all(happy_re
         groups = {g["key"]: g for g in views.board(store, store.clock.now())}
         assert groups["done"]["total"] == len(ids)
         assert [c["id"] for c in groups["done"]["cards"]] == ids[::-1][:FINISHED_SHOWN]
-        assert [c["id"] for c in groups["waiting"]["cards"]] == [running]
+        assert [c["id"] for c in groups["queued"]["cards"]] == [running]
         assert store.board_rows(3)[1] == {"done": len(ids), "failed": 0}
     finally:
         store.close()
