@@ -62,6 +62,7 @@ from phasegate.phases.cleanup import KIND as CLEANUP
 from phasegate.phases.graph_mode.run import CHECKS_GATE
 from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.store import APPLY_ARM, Store
+from phasegate.store.users import MAX_NAME
 
 __all__ = [
     "ACTIONS",
@@ -76,6 +77,7 @@ __all__ = [
     "approve_merge",
     "awaiting",
     "cancel",
+    "check_by",
     "check_ticket",
     "check_title",
     "cleanup",
@@ -112,6 +114,23 @@ def login_name() -> str:
         return getpass.getuser()
     except (KeyError, OSError):
         return "cli"
+
+
+def check_by(by: str) -> str:
+    """``by`` unchanged when it may be recorded as who acted: the rules of the
+    people table's names (``phasegate.store.users``), a slash allowed (a sign-on
+    provider's name may hold one). Raises ActionRefused naming --by: a name that
+    is empty, has white space at its ends, a control character (a record must
+    read as one line) or over MAX_NAME characters."""
+    if not by.strip():
+        raise ActionRefused("--by needs a name")
+    if by != by.strip():
+        raise ActionRefused(f"--by {by!r} has white space at its ends")
+    if not by.isprintable():
+        raise ActionRefused(f"--by {by!r} holds a control character")
+    if len(by) > MAX_NAME:
+        raise ActionRefused(f"--by has {len(by)} characters; at most {MAX_NAME}")
+    return by
 
 
 #: Every action on a workflow ``actions`` may offer, in the order a page lists them.
@@ -221,6 +240,7 @@ def start(
     title ``title`` else ``title_of(ticket)``. Returns the workflow's row; nothing
     is advanced. Raises ActionRefused (the ticket), CartridgeError (a role left
     unbound, the profile, the base branch), PhasegateError (no commit yet)."""
+    check_by(by)
     check_ticket(ticket)
     if title is not None:
         check_title(title)
@@ -261,7 +281,9 @@ def _decide(
     """Commit ``decision`` under the workflow's lease (``Engine.decide``) with its
     decision event; a cancelled workflow refuses every decision. While another
     process holds a workflow that waits for people, the decision waits for it to
-    let go (``DECISION_WAIT_S`` at most), then raises LeaseHeld."""
+    let go (``DECISION_WAIT_S`` at most), then raises LeaseHeld; ActionRefused
+    (``check_by``) before anything is recorded."""
+    check_by(by)
 
     def decided(ctx: WorkflowContext) -> PhaseResult:
         if ctx.status == CANCELLED:
@@ -334,6 +356,7 @@ def comment(
     ``shown``), ContractViolation (a completed or cancelled workflow: no round will
     read it; said before a line not shown, which a merged branch's diff has none
     of), WorkflowNotFound."""
+    check_by(by)
     if not path.strip():
         raise ActionRefused("the comment names no file")
     if line < 1:
@@ -515,9 +538,7 @@ def _gate(
     so before and its workflow went on: refused. Raises ActionRefused,
     ProposalNotFound, ProposalDecided, LeaseHeld.
     """
-    who = by.strip()
-    if not who:
-        raise ActionRefused("--by needs a name")
+    who = check_by(by)
     if who in (APPLY_ARM, CHECKS_GATE):
         raise ActionRefused(f"--by {who!r} names phasegate's own gate; give a person's name")
     if reason is not None and not reason.strip():
@@ -573,6 +594,7 @@ def cleanup(engine: Engine, workflow_id: str | None = None, *, by: str) -> list[
     ``busy`` (another process holds it; reason: LeaseHeld's). A retry is a
     ``decision`` event of action ``cleanup``. Raises WorkflowNotFound.
     """
+    check_by(by)
     store = engine.store
     ids = [workflow_id] if workflow_id else cleanup_phase.waiting(store)
     outcomes = []

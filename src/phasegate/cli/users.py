@@ -159,9 +159,9 @@ def remove(
 
 
 def _who(by: str | None) -> str:
-    from phasegate.operations import login_name
+    from phasegate.operations import check_by, login_name
 
-    return login_name() if by is None else by
+    return login_name() if by is None else check_by(by)
 
 
 def _said_with_token(row: dict[str, Any], token: str, as_json: bool, what: str) -> None:
