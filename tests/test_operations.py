@@ -313,3 +313,25 @@ def test_the_actions_offered_follow_the_workflows_state(
     assert after["state"]["merge_approved_by"] == "ana"
     operations.cancel(engine, wf, by="ana")
     assert offered(wf) == ()
+
+
+def test_feedback_and_a_review_over_a_ticket_s_limit_are_refused_and_change_nothing(
+    happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    engine, store = engine_for(happy_repo)
+    wf = waiting(engine, "Add a feature")
+    too_long = "x" * (operations.MAX_TICKET_BYTES + 1)
+    version = store.workflow_row(wf)["version"]
+    with pytest.raises(operations.ActionRefused, match="the feedback is over 1000000 bytes"):
+        operations.feedback(engine, wf, too_long, by="bo")
+    with pytest.raises(operations.ActionRefused, match="the review's summary is over"):
+        operations.send_review(engine, wf, too_long, by="bo")
+    assert store.workflow_row(wf)["version"] == version
+    assert decision_events(store, wf) == [{"action": "start", "by": "test"}]
+    # Each part under the limit, the review they make together over it.
+    half = "y" * (operations.MAX_TICKET_BYTES // 2 + 10)
+    operations.feedback(engine, wf, half, by="bo")
+    version = store.workflow_row(wf)["version"]
+    with pytest.raises(operations.ActionRefused, match="the review .* is over"):
+        operations.send_review(engine, wf, half, by="bo")
+    assert store.workflow_row(wf)["version"] == version

@@ -193,16 +193,22 @@ def check_ticket(ticket: str) -> str:
     """``ticket`` unchanged when a workflow may be filed for it. Raises ActionRefused
     when it is empty, over MAX_TICKET_BYTES (UTF-8) or holds a NUL character (no
     prompt, file or program argument can carry one: it would fail in development)."""
-    if len(ticket.encode("utf-8", "surrogateescape")) > MAX_TICKET_BYTES:
-        raise ActionRefused(
-            f"the ticket is over {MAX_TICKET_BYTES} bytes: every prompt and the store carry "
-            "it whole; put what is long in the repository and point to it"
-        )
+    _check_size(ticket, "ticket")
     if "\x00" in ticket:
         raise ActionRefused("the ticket holds a NUL character (\\x00): no agent can be given it")
     if not ticket.strip():
         raise ActionRefused("the ticket is empty")
     return ticket
+
+
+def _check_size(text: str, what: str) -> None:
+    """Refuse ``text`` (a ticket, feedback, a review) over MAX_TICKET_BYTES: what a
+    person says reaches every prompt and the store whole, as a ticket does."""
+    if len(text.encode("utf-8", "surrogateescape")) > MAX_TICKET_BYTES:
+        raise ActionRefused(
+            f"the {what} is over {MAX_TICKET_BYTES} bytes: every prompt and the store carry "
+            "it whole; put what is long in the repository and point to it"
+        )
 
 
 def check_title(title: str) -> str:
@@ -330,7 +336,9 @@ def resume(engine: Engine, workflow_id: str, *, by: str, via: str | None = None)
 
 
 def feedback(engine: Engine, workflow_id: str, text: str, *, by: str) -> dict[str, Any]:
-    """Give the agents ``text``, its secrets redacted (``decisions.feedback``)."""
+    """Give the agents ``text``, its secrets redacted (``decisions.feedback``).
+    Raises ActionRefused over MAX_TICKET_BYTES, as a ticket."""
+    _check_size(text, "feedback")
     # A key pasted into feedback must reach neither the store nor a prompt.
     said = redact(text, cartridge_secrets(engine.cartridge))
     return _decide(engine, workflow_id, "feedback", by, lambda ctx: decisions.feedback(ctx, said))
@@ -390,7 +398,9 @@ def send_review(engine: Engine, workflow_id: str, text: str = "", *, by: str) ->
     a ``review_sent`` event with the drafts' ids, so they are drafts no more. The
     drafts are read under the lease: one written meanwhile waits for the next
     review. Raises ActionRefused (no draft and no text), ContractViolation,
-    LeaseHeld, WorkflowNotFound."""
+    LeaseHeld, WorkflowNotFound; ActionRefused over MAX_TICKET_BYTES (the summary,
+    or the review it makes), as a ticket."""
+    _check_size(text, "review's summary")
     summary = redact(text, cartridge_secrets(engine.cartridge))
 
     def decide(ctx: WorkflowContext) -> PhaseResult:
@@ -401,6 +411,7 @@ def send_review(engine: Engine, workflow_id: str, text: str = "", *, by: str) ->
                 "something"
             )
         said = review.review_feedback(ctx.user_feedback, summary, found)
+        _check_size(said, "review (its summary, its comments and the feedback before it)")
         result = decisions.feedback(ctx, said)
         sent = EventWrite(review.REVIEW_SENT, {"comments": [d.id for d in found], "by": by})
         return dataclasses.replace(result, events=(*result.events, sent))
