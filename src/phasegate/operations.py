@@ -49,9 +49,18 @@ from phasegate.core.contract import (
     WAIT,
     ContractViolation,
     EventWrite,
-    PhasegateError,
     PhaseResult,
     WorkflowContext,
+)
+from phasegate.core.inputs import (
+    MAX_TICKET_BYTES,
+    MAX_TITLE_CHARS,
+    ActionRefused,
+    check_by,
+    check_size,
+    check_ticket,
+    check_title,
+    title_of,
 )
 from phasegate.core.profiles import AutomationProfile
 from phasegate.core.redaction import redact
@@ -62,7 +71,6 @@ from phasegate.phases.cleanup import KIND as CLEANUP
 from phasegate.phases.graph_mode.run import CHECKS_GATE
 from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.store import APPLY_ARM, Store
-from phasegate.store.users import MAX_NAME
 
 __all__ = [
     "ACTIONS",
@@ -97,16 +105,6 @@ __all__ = [
 #: The event every action adds to the workflow's stream: ``{"action", "by", ...}``.
 DECISION_EVENT = "decision"
 
-#: The most a ticket may have, in bytes (UTF-8): every prompt and the store carry it.
-MAX_TICKET_BYTES = 1_000_000
-
-#: The most characters a given title may have (a derived one is cut at 120).
-MAX_TITLE_CHARS = 300
-
-
-class ActionRefused(PhasegateError):
-    """The action's input does not fit it; nothing was recorded."""
-
 
 def login_name() -> str:
     """Who acts when a front end names nobody: the login name, else ``cli``."""
@@ -114,23 +112,6 @@ def login_name() -> str:
         return getpass.getuser()
     except (KeyError, OSError):
         return "cli"
-
-
-def check_by(by: str) -> str:
-    """``by`` unchanged when it may be recorded as who acted: the rules of the
-    people table's names (``phasegate.store.users``), a slash allowed (a sign-on
-    provider's name may hold one). Raises ActionRefused naming --by: a name that
-    is empty, has white space at its ends, a control character (a record must
-    read as one line) or over MAX_NAME characters."""
-    if not by.strip():
-        raise ActionRefused("--by needs a name")
-    if by != by.strip():
-        raise ActionRefused(f"--by {by!r} has white space at its ends")
-    if not by.isprintable():
-        raise ActionRefused(f"--by {by!r} holds a control character")
-    if len(by) > MAX_NAME:
-        raise ActionRefused(f"--by has {len(by)} characters; at most {MAX_NAME}")
-    return by
 
 
 #: Every action on a workflow ``actions`` may offer, in the order a page lists them.
@@ -187,48 +168,6 @@ def actions(ctx: WorkflowContext, *, held: bool = False) -> tuple[str, ...]:
 
 
 # -- starting ---------------------------------------------------------------------
-
-
-def check_ticket(ticket: str) -> str:
-    """``ticket`` unchanged when a workflow may be filed for it. Raises ActionRefused
-    when it is empty, over MAX_TICKET_BYTES (UTF-8) or holds a NUL character (no
-    prompt, file or program argument can carry one: it would fail in development)."""
-    _check_size(ticket, "ticket")
-    if "\x00" in ticket:
-        raise ActionRefused("the ticket holds a NUL character (\\x00): no agent can be given it")
-    if not ticket.strip():
-        raise ActionRefused("the ticket is empty")
-    return ticket
-
-
-def _check_size(text: str, what: str) -> None:
-    """Refuse ``text`` (a ticket, feedback, a review) over MAX_TICKET_BYTES: what a
-    person says reaches every prompt and the store whole, as a ticket does."""
-    if len(text.encode("utf-8", "surrogateescape")) > MAX_TICKET_BYTES:
-        raise ActionRefused(
-            f"the {what} is over {MAX_TICKET_BYTES} bytes: every prompt and the store carry "
-            "it whole; put what is long in the repository and point to it"
-        )
-
-
-def check_title(title: str) -> str:
-    """``title`` unchanged when a workflow may carry it. Raises ActionRefused when it
-    is over MAX_TITLE_CHARS or holds a NUL character: a title names the branch, the
-    commits and the pull request, which git and the forge bound."""
-    if "\x00" in title:
-        raise ActionRefused("the title holds a NUL character (\\x00)")
-    if len(title) > MAX_TITLE_CHARS:
-        raise ActionRefused(
-            f"the title is over {MAX_TITLE_CHARS} characters: say the rest in the ticket"
-        )
-    return title
-
-
-def title_of(ticket: str) -> str:
-    """A ticket's title when none is given: its first non-blank line, without
-    Markdown's heading marks, at most 120 characters."""
-    first = next((line.strip() for line in ticket.splitlines() if line.strip()), "untitled")
-    return first.lstrip("#").strip()[:120]
 
 
 def start(
@@ -338,7 +277,7 @@ def resume(engine: Engine, workflow_id: str, *, by: str, via: str | None = None)
 def feedback(engine: Engine, workflow_id: str, text: str, *, by: str) -> dict[str, Any]:
     """Give the agents ``text``, its secrets redacted (``decisions.feedback``).
     Raises ActionRefused over MAX_TICKET_BYTES, as a ticket."""
-    _check_size(text, "feedback")
+    check_size(text, "feedback")
     # A key pasted into feedback must reach neither the store nor a prompt.
     said = redact(text, cartridge_secrets(engine.cartridge))
     return _decide(engine, workflow_id, "feedback", by, lambda ctx: decisions.feedback(ctx, said))
@@ -400,7 +339,7 @@ def send_review(engine: Engine, workflow_id: str, text: str = "", *, by: str) ->
     review. Raises ActionRefused (no draft and no text), ContractViolation,
     LeaseHeld, WorkflowNotFound; ActionRefused over MAX_TICKET_BYTES (the summary,
     or the review it makes), as a ticket."""
-    _check_size(text, "review's summary")
+    check_size(text, "review's summary")
     summary = redact(text, cartridge_secrets(engine.cartridge))
 
     def decide(ctx: WorkflowContext) -> PhaseResult:
@@ -411,7 +350,7 @@ def send_review(engine: Engine, workflow_id: str, text: str = "", *, by: str) ->
                 "something"
             )
         said = review.review_feedback(ctx.user_feedback, summary, found)
-        _check_size(said, "review (its summary, its comments and the feedback before it)")
+        check_size(said, "review (its summary, its comments and the feedback before it)")
         result = decisions.feedback(ctx, said)
         sent = EventWrite(review.REVIEW_SENT, {"comments": [d.id for d in found], "by": by})
         return dataclasses.replace(result, events=(*result.events, sent))
