@@ -49,6 +49,7 @@ from phasegate.core.contract import (
     WAIT,
     ContractViolation,
     EventWrite,
+    PhasegateError,
     PhaseResult,
     WorkflowContext,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "MAX_TITLE_CHARS",
     "ActionRefused",
     "GateOutcome",
+    "PhasegateError",  # the base of every error here, for a front end's except
     "actions",
     "approve",
     "approve_merge",
