@@ -19,6 +19,9 @@ from typing import Any
 
 import pytest
 
+from phasegate.operations import login_name
+from phasegate.store import open_store
+
 from conftest import git, phasegate_cli
 
 pytestmark = pytest.mark.slow
@@ -128,6 +131,12 @@ def test_demo_dir_runs_to_completed_and_lands_on_main(tmp_path: Path) -> None:
     assert row["agent_runs"] >= len(ROLES)
     assert row["tokens"] == 1500 * row["agent_runs"]
     assert row["cost_usd"] == pytest.approx(0.0042 * row["agent_runs"])
+    # Started by the person who ran it, as `phasegate run` records it (the board says so).
+    store = open_store(f"sqlite:///{repo / '.phasegate' / 'state.db'}")
+    try:
+        assert store.workflow_row(row["id"])["state"]["started_by"] == login_name()
+    finally:
+        store.close()
 
     _assert_landed_on_main(repo, row, tmp_path)
 

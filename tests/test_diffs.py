@@ -147,7 +147,45 @@ def test_a_workflow_of_another_clone_is_read_where_it_was_built_and_what_to_fetc
     assert "git fetch" in missing.stderr
     as_json = phasegate_cli("diff", workflow_id, "--json", "--repo", str(other))
     assert as_json.returncode == 1
-    assert branch in json.loads(as_json.stdout)["missing"]
+    failed = json.loads(as_json.stdout)
+    # The error every command prints under --json, and what it is about.
+    assert failed["error"]["kind"] == "ChangeMissing"
+    assert branch in failed["error"]["message"] and branch in failed["missing"]
+    assert failed["workflow"] == workflow_id
+
+
+def test_the_piped_diff_is_a_patch_git_applies(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    repo = _repo(tmp_path / "repo", auto_merge=False)
+    engine, _store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    assert engine.advance(workflow_id)["status"] == "waiting"
+    # A real process with its stdout a pipe, as `phasegate diff ID > p.diff` has it.
+    piped = phasegate_cli("diff", workflow_id, "--repo", str(repo), cwd=tmp_path)
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.endswith("\n") and not piped.stdout.endswith("\n\n")
+    patch = tmp_path / "p.diff"
+    patch.write_text(piped.stdout)
+    base = tmp_path / "base"
+    git(tmp_path, "clone", "-q", "--branch", "main", str(repo), str(base))
+    git(base, "apply", "--check", str(patch))  # raises on "corrupt patch"
+    git(base, "apply", str(patch))
+    assert (base / "feature.txt").read_text() == "the feature\nits second line\n"
+
+
+def test_json_with_stat_lists_the_files_without_their_lines(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    repo = _repo(tmp_path / "repo", auto_merge=False)
+    engine, _store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    assert engine.advance(workflow_id)["status"] == "waiting"
+    stat = phasegate_cli("diff", workflow_id, "--json", "--stat", "--repo", str(repo))
+    assert stat.returncode == 0, stat.stderr
+    files = json.loads(stat.stdout)["files"]
+    assert {f["path"]: f["added"] for f in files} == {"feature.txt": 2, "README.md": 1}
+    assert all("lines" not in f for f in files)
 
 
 def test_a_branch_only_on_origin_is_fetched_into_phasegate_s_refs_never_a_person_s(

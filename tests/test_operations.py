@@ -85,6 +85,25 @@ def test_every_refusal_is_the_clis_message_word_for_word_and_changes_nothing(
         (lambda: operations.approve(engine, "deadbeef", by="ana"), ("approve", "deadbeef")),
         (lambda: operations.cleanup(engine, "nope", by="ana"), ("cleanup", "nope")),
         (lambda: operations.cancel(engine, done, by="ana"), ("cancel", done)),
+        # Who acts is checked as the people table checks a name, before anything.
+        (lambda: operations.cancel(engine, filed, by=""), ("cancel", filed, "--by", "")),
+        (
+            lambda: operations.feedback(engine, filed, "more", by="mal\nlory"),
+            ("feedback", filed, "more", "--by", "mal\nlory"),
+        ),
+        (
+            lambda: operations.approve_merge(engine, filed, by=" ana"),
+            ("approve-merge", filed, "--by", " ana"),
+        ),
+        (
+            lambda: operations.start(engine, "Add x", by="x" * 65),
+            ("run", "Add x", "--by", "x" * 65),
+        ),
+        (
+            lambda: operations.reject(engine, loose["id"], "no", by="a\x1b[2Jb"),
+            ("reject", loose["id"], "--reason", "no", "--by", "a\x1b[2Jb"),
+        ),
+        (lambda: operations.cleanup(engine, by="\t"), ("cleanup", "--by", "\t")),
     ]
     before = {w: store.workflow_row(w)["version"] for w in (filed, done)}
     for act, args in refusals:
@@ -201,7 +220,7 @@ def test_who_acts_is_recorded_where_the_action_records_a_person_and_in_its_event
         {"action": "approve_merge", "by": "ana"},
     ]
     (loose,) = store.record_run(clean_run("run-loose"))
-    outcome = operations.approve(engine, loose["id"], by=" cy ")
+    outcome = operations.approve(engine, loose["id"], by="cy")
     assert (outcome.proposal["decided_by"], outcome.workflow_id) == ("cy", None)
     assert store.proposal(loose["id"])["decided_by"] == "cy"
 
@@ -294,3 +313,25 @@ def test_the_actions_offered_follow_the_workflows_state(
     assert after["state"]["merge_approved_by"] == "ana"
     operations.cancel(engine, wf, by="ana")
     assert offered(wf) == ()
+
+
+def test_feedback_and_a_review_over_a_ticket_s_limit_are_refused_and_change_nothing(
+    happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    engine, store = engine_for(happy_repo)
+    wf = waiting(engine, "Add a feature")
+    too_long = "x" * (operations.MAX_TICKET_BYTES + 1)
+    version = store.workflow_row(wf)["version"]
+    with pytest.raises(operations.ActionRefused, match="the feedback is over 1000000 bytes"):
+        operations.feedback(engine, wf, too_long, by="bo")
+    with pytest.raises(operations.ActionRefused, match="the review's summary is over"):
+        operations.send_review(engine, wf, too_long, by="bo")
+    assert store.workflow_row(wf)["version"] == version
+    assert decision_events(store, wf) == [{"action": "start", "by": "test"}]
+    # Each part under the limit, the review they make together over it.
+    half = "y" * (operations.MAX_TICKET_BYTES // 2 + 10)
+    operations.feedback(engine, wf, half, by="bo")
+    version = store.workflow_row(wf)["version"]
+    with pytest.raises(operations.ActionRefused, match="the review .* is over"):
+        operations.send_review(engine, wf, half, by="bo")
+    assert store.workflow_row(wf)["version"] == version

@@ -300,7 +300,7 @@ def test_an_approval_stands_only_for_the_change_the_person_saw(tmp_path: Path) -
     git(checkout, "commit", "-qam", "later")
 
     refused = phasegate_cli("approve-merge", summary["id"], "--by", " ", "--repo", str(repo))
-    assert refused.returncode == 2 and "an approval needs a name: --by NAME" in refused.stderr
+    assert refused.returncode == 2 and "--by needs a name" in refused.stderr
     after = run(repo, "approve-merge", summary["id"], "--by", "alice")
 
     assert after["status"] == "waiting", after  # the approval did not cover the new commit

@@ -150,3 +150,23 @@ def test_backup_of_a_postgresql_store_points_to_pg_dump(happy_repo: Path, tmp_pa
     refused = phasegate_cli("backup", str(tmp_path / "b.db"), "-C", str(happy_repo))
     assert refused.returncode == 2
     assert "pg_dump" in refused.stderr and not (tmp_path / "b.db").exists()
+
+
+def test_backup_to_a_directory_or_into_a_missing_one_says_which_and_what_to_do(
+    happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]], tmp_path: Path
+) -> None:
+    engine, _store = engine_for(happy_repo)
+    engine.start("Feature", "Write f.txt")
+    nowhere = tmp_path / "no" / "such"
+    missing = phasegate_cli("backup", str(nowhere / "b.db"), "-C", str(happy_repo))
+    assert missing.returncode == 2
+    assert f"the directory {nowhere} does not exist" in missing.stderr
+    assert f"mkdir -p {nowhere}" in missing.stderr and not nowhere.exists()
+    folder = tmp_path / "backups"
+    folder.mkdir()
+    for force in ([], ["--force"]):
+        onto = phasegate_cli("backup", str(folder), *force, "--json", "-C", str(happy_repo))
+        assert onto.returncode == 2, onto.stdout
+        said = json.loads(onto.stdout)["error"]["message"]
+        assert said.startswith(f"{folder} is a directory; give a file to write")
+        assert "Errno" not in onto.stderr and list(folder.iterdir()) == []

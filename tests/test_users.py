@@ -148,8 +148,9 @@ def test_users_add_prints_the_token_once_and_list_never_shows_it(happy_repo: Pat
     repo = str(happy_repo)
     added = phasegate_cli("users", "add", "alice", "--role", "admin", "--repo", repo)
     assert added.returncode == 0, added.stderr
-    token = added.stdout.strip().splitlines()[-1]
-    assert token.startswith(TOKEN_PREFIX)
+    token = added.stdout.strip()  # the token alone: `$(phasegate users add …)` takes it
+    assert token.startswith(TOKEN_PREFIX) and "\n" not in token
+    assert "added alice as admin" in added.stderr
     assert "Authorization: Bearer" in added.stderr and "shown once" in added.stderr
 
     listed = phasegate_cli("users", "list", "--repo", repo)
@@ -176,11 +177,15 @@ def test_users_refusals_name_the_value_in_text_and_in_json(happy_repo: Path) -> 
     assert unknown.returncode == 2 and "there is no role 'boss'" in unknown.stderr
     twice = phasegate_cli("users", "add", "alice", "--role", "viewer", "--json", "--repo", repo)
     assert twice.returncode == 2
-    assert json.loads(twice.stdout)["error"] == "there is already a person named 'alice'"
+    assert json.loads(twice.stdout)["error"] == {
+        "message": "there is already a person named 'alice'",
+        "kind": "UserRefused",
+    }
     last = phasegate_cli("users", "remove", "alice", "--repo", repo)
     assert last.returncode == 2 and "'alice' is the last admin" in last.stderr
     nobody = phasegate_cli("users", "role", "zed", "viewer", "--json", "--repo", repo)
-    assert nobody.returncode == 2 and "no person named 'zed'" in json.loads(nobody.stdout)["error"]
+    assert nobody.returncode == 2
+    assert "no person named 'zed'" in json.loads(nobody.stdout)["error"]["message"]
     listed = json.loads(phasegate_cli("users", "list", "--json", "--repo", repo).stdout)
     assert [(r["name"], r["role"]) for r in listed] == [("alice", "admin")]
 

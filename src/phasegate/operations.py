@@ -53,6 +53,16 @@ from phasegate.core.contract import (
     PhaseResult,
     WorkflowContext,
 )
+from phasegate.core.inputs import (
+    MAX_TICKET_BYTES,
+    MAX_TITLE_CHARS,
+    ActionRefused,
+    check_by,
+    check_size,
+    check_ticket,
+    check_title,
+    title_of,
+)
 from phasegate.core.profiles import AutomationProfile
 from phasegate.core.redaction import redact
 from phasegate.core.state import WorkflowState
@@ -71,11 +81,13 @@ __all__ = [
     "MAX_TITLE_CHARS",
     "ActionRefused",
     "GateOutcome",
+    "PhasegateError",  # the base of every error here, for a front end's except
     "actions",
     "approve",
     "approve_merge",
     "awaiting",
     "cancel",
+    "check_by",
     "check_ticket",
     "check_title",
     "cleanup",
@@ -94,16 +106,6 @@ __all__ = [
 
 #: The event every action adds to the workflow's stream: ``{"action", "by", ...}``.
 DECISION_EVENT = "decision"
-
-#: The most a ticket may have, in bytes (UTF-8): every prompt and the store carry it.
-MAX_TICKET_BYTES = 1_000_000
-
-#: The most characters a given title may have (a derived one is cut at 120).
-MAX_TITLE_CHARS = 300
-
-
-class ActionRefused(PhasegateError):
-    """The action's input does not fit it; nothing was recorded."""
 
 
 def login_name() -> str:
@@ -170,42 +172,6 @@ def actions(ctx: WorkflowContext, *, held: bool = False) -> tuple[str, ...]:
 # -- starting ---------------------------------------------------------------------
 
 
-def check_ticket(ticket: str) -> str:
-    """``ticket`` unchanged when a workflow may be filed for it. Raises ActionRefused
-    when it is empty, over MAX_TICKET_BYTES (UTF-8) or holds a NUL character (no
-    prompt, file or program argument can carry one: it would fail in development)."""
-    if len(ticket.encode("utf-8", "surrogateescape")) > MAX_TICKET_BYTES:
-        raise ActionRefused(
-            f"the ticket is over {MAX_TICKET_BYTES} bytes: every prompt and the store carry "
-            "it whole; put what is long in the repository and point to it"
-        )
-    if "\x00" in ticket:
-        raise ActionRefused("the ticket holds a NUL character (\\x00): no agent can be given it")
-    if not ticket.strip():
-        raise ActionRefused("the ticket is empty")
-    return ticket
-
-
-def check_title(title: str) -> str:
-    """``title`` unchanged when a workflow may carry it. Raises ActionRefused when it
-    is over MAX_TITLE_CHARS or holds a NUL character: a title names the branch, the
-    commits and the pull request, which git and the forge bound."""
-    if "\x00" in title:
-        raise ActionRefused("the title holds a NUL character (\\x00)")
-    if len(title) > MAX_TITLE_CHARS:
-        raise ActionRefused(
-            f"the title is over {MAX_TITLE_CHARS} characters: say the rest in the ticket"
-        )
-    return title
-
-
-def title_of(ticket: str) -> str:
-    """A ticket's title when none is given: its first non-blank line, without
-    Markdown's heading marks, at most 120 characters."""
-    first = next((line.strip() for line in ticket.splitlines() if line.strip()), "untitled")
-    return first.lstrip("#").strip()[:120]
-
-
 def start(
     engine: Engine,
     ticket: str,
@@ -221,6 +187,7 @@ def start(
     title ``title`` else ``title_of(ticket)``. Returns the workflow's row; nothing
     is advanced. Raises ActionRefused (the ticket), CartridgeError (a role left
     unbound, the profile, the base branch), PhasegateError (no commit yet)."""
+    check_by(by)
     check_ticket(ticket)
     if title is not None:
         check_title(title)
@@ -261,7 +228,9 @@ def _decide(
     """Commit ``decision`` under the workflow's lease (``Engine.decide``) with its
     decision event; a cancelled workflow refuses every decision. While another
     process holds a workflow that waits for people, the decision waits for it to
-    let go (``DECISION_WAIT_S`` at most), then raises LeaseHeld."""
+    let go (``DECISION_WAIT_S`` at most), then raises LeaseHeld; ActionRefused
+    (``check_by``) before anything is recorded."""
+    check_by(by)
 
     def decided(ctx: WorkflowContext) -> PhaseResult:
         if ctx.status == CANCELLED:
@@ -308,7 +277,9 @@ def resume(engine: Engine, workflow_id: str, *, by: str, via: str | None = None)
 
 
 def feedback(engine: Engine, workflow_id: str, text: str, *, by: str) -> dict[str, Any]:
-    """Give the agents ``text``, its secrets redacted (``decisions.feedback``)."""
+    """Give the agents ``text``, its secrets redacted (``decisions.feedback``).
+    Raises ActionRefused over MAX_TICKET_BYTES, as a ticket."""
+    check_size(text, "feedback")
     # A key pasted into feedback must reach neither the store nor a prompt.
     said = redact(text, cartridge_secrets(engine.cartridge))
     return _decide(engine, workflow_id, "feedback", by, lambda ctx: decisions.feedback(ctx, said))
@@ -334,6 +305,7 @@ def comment(
     ``shown``), ContractViolation (a completed or cancelled workflow: no round will
     read it; said before a line not shown, which a merged branch's diff has none
     of), WorkflowNotFound."""
+    check_by(by)
     if not path.strip():
         raise ActionRefused("the comment names no file")
     if line < 1:
@@ -367,7 +339,9 @@ def send_review(engine: Engine, workflow_id: str, text: str = "", *, by: str) ->
     a ``review_sent`` event with the drafts' ids, so they are drafts no more. The
     drafts are read under the lease: one written meanwhile waits for the next
     review. Raises ActionRefused (no draft and no text), ContractViolation,
-    LeaseHeld, WorkflowNotFound."""
+    LeaseHeld, WorkflowNotFound; ActionRefused over MAX_TICKET_BYTES (the summary,
+    or the review it makes), as a ticket."""
+    check_size(text, "review's summary")
     summary = redact(text, cartridge_secrets(engine.cartridge))
 
     def decide(ctx: WorkflowContext) -> PhaseResult:
@@ -378,6 +352,7 @@ def send_review(engine: Engine, workflow_id: str, text: str = "", *, by: str) ->
                 "something"
             )
         said = review.review_feedback(ctx.user_feedback, summary, found)
+        check_size(said, "review (its summary, its comments and the feedback before it)")
         result = decisions.feedback(ctx, said)
         sent = EventWrite(review.REVIEW_SENT, {"comments": [d.id for d in found], "by": by})
         return dataclasses.replace(result, events=(*result.events, sent))
@@ -515,9 +490,7 @@ def _gate(
     so before and its workflow went on: refused. Raises ActionRefused,
     ProposalNotFound, ProposalDecided, LeaseHeld.
     """
-    who = by.strip()
-    if not who:
-        raise ActionRefused("--by needs a name")
+    who = check_by(by)
     if who in (APPLY_ARM, CHECKS_GATE):
         raise ActionRefused(f"--by {who!r} names phasegate's own gate; give a person's name")
     if reason is not None and not reason.strip():
@@ -573,6 +546,7 @@ def cleanup(engine: Engine, workflow_id: str | None = None, *, by: str) -> list[
     ``busy`` (another process holds it; reason: LeaseHeld's). A retry is a
     ``decision`` event of action ``cleanup``. Raises WorkflowNotFound.
     """
+    check_by(by)
     store = engine.store
     ids = [workflow_id] if workflow_id else cleanup_phase.waiting(store)
     outcomes = []

@@ -55,6 +55,7 @@ def demo(
     from phasegate.config.cartridge import Cartridge, CartridgeError
     from phasegate.core.report import render_report
     from phasegate.integrations import notify
+    from phasegate.operations import login_name
     from phasegate.summary import workflow_detail
     from phasegate.tools.demo import DEMO_TICKET, DEMO_TITLE, make_sample_project
 
@@ -73,7 +74,11 @@ def demo(
             console.print(f"sample project: {repo}", highlight=False)
         root, cartridge, store = open_repo(repo)
         engine = make_engine(root, cartridge, store, None)
-        workflow_id = engine.start(DEMO_TITLE, DEMO_TICKET, profile=profile)
+        # Started by the person running it, as `phasegate run` records it: the
+        # board's card says so.
+        workflow_id = engine.start(
+            DEMO_TITLE, DEMO_TICKET, profile=profile, state={"started_by": login_name()}
+        )
         with LiveProgress(quiet=as_json) as progress, graceful(engine):
             notify.set_on_event(engine, progress)  # keeps the engine's notifier
             row = engine.advance(workflow_id)

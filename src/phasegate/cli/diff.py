@@ -45,12 +45,19 @@ def diff(
             store.close()
     secrets = cartridge_secrets(cartridge)
     out = sys.stdout
-    if as_json:
-        out.write(redact(json.dumps(change.as_dict(), indent=2), secrets) + "\n")
-        raise typer.Exit(1 if change.missing else 0)
     if change.missing:
         err.print(f"[red]error:[/red] {shown(change.missing)}", highlight=False)
+        if as_json:  # the error every command prints, and what it is about
+            missing = {"kind": "ChangeMissing", "message": change.missing}
+            failed = {"error": missing, "workflow": workflow_id, "missing": change.missing}
+            out.write(redact(json.dumps(failed), secrets) + "\n")
         raise typer.Exit(1)
+    if as_json:
+        read = change.as_dict()
+        if stat:  # the files with their counts, without their lines
+            read["files"] = [{k: v for k, v in f.items() if k != "lines"} for f in read["files"]]
+        out.write(redact(json.dumps(read, indent=2), secrets) + "\n")
+        return
     tty = out.isatty()
     if stat:
         _print_stat(change.files, change.added, change.removed, tty)

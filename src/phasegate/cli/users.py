@@ -5,9 +5,7 @@ printed once when made and stored only as its SHA-256 (``phasegate.store.users``
 where the rules live: the dashboard's people page applies the same ones).
 """
 
-import contextlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,7 +23,6 @@ from phasegate.cli._app import (
     reported_errors,
     shown,
 )
-from phasegate.core.contract import PhasegateError
 from phasegate.store.values import USER_ROLES
 
 users = typer.Typer(
@@ -67,7 +64,7 @@ def add(
     /login?token=TOKEN), and a script sends it as `Authorization: Bearer TOKEN`.
     Only its SHA-256 is kept: a lost token is replaced with `phasegate users token NAME`.
     """
-    with _refusals(as_json):
+    with reported_errors():
         _root, _cartridge, store = open_repo(repo)
         row, token = store.add_user(name, role, by=_who(by))
     _said_with_token(row, token, as_json, f"added {shown(name)} as {row['role']}")
@@ -82,7 +79,7 @@ def list_users(
     as_json: JsonOption = False,
 ) -> None:
     """List the people, their roles and who added them (never a token)."""
-    with _refusals(as_json):
+    with reported_errors():
         rows = open_url_for_reading(reading_url(repo)).users(removed=removed)
     if as_json:
         print(json.dumps([_json(r) for r in rows]))
@@ -118,7 +115,7 @@ def role(
     """Give a person another role; their open sessions have it at their next request.
 
     The last admin cannot be made anything else."""
-    with _refusals(as_json):
+    with reported_errors():
         _root, _cartridge, store = open_repo(repo)
         row = store.set_role(name, new_role, by=_who(by))
     if as_json:
@@ -136,7 +133,7 @@ def token(
 ) -> None:
     """Make a person a new token and print it, once; the old one stops working at
     once, and the sessions it opened end."""
-    with _refusals(as_json):
+    with reported_errors():
         _root, _cartridge, store = open_repo(repo)
         row, made = store.new_token(name, by=_who(by))
     _said_with_token(row, made, as_json, f"a new token for {shown(name)}; the old one is void")
@@ -152,7 +149,7 @@ def remove(
     """Remove a person: their token and sessions stop working at once.
 
     Their past actions keep their name; the last admin cannot be removed."""
-    with _refusals(as_json):
+    with reported_errors():
         _root, _cartridge, store = open_repo(repo)
         row = store.remove_user(name, by=_who(by))
     if as_json:
@@ -162,34 +159,17 @@ def remove(
 
 
 def _who(by: str | None) -> str:
-    from phasegate.operations import login_name
+    from phasegate.operations import check_by, login_name
 
-    return login_name() if by is None else by
-
-
-@contextlib.contextmanager
-def _refusals(as_json: bool) -> Iterator[None]:
-    """``reported_errors``; with --json a refusal is ``{"error": …}`` on standard
-    output instead (the same exit code), for a script to read."""
-    if not as_json:
-        with reported_errors():
-            yield
-        return
-    from phasegate.store import StoreUnavailable
-
-    try:
-        yield
-    except PhasegateError as exc:
-        print(json.dumps({"error": str(exc)}))
-        raise typer.Exit(1 if isinstance(exc, StoreUnavailable) else 2) from None
+    return login_name() if by is None else check_by(by)
 
 
 def _said_with_token(row: dict[str, Any], token: str, as_json: bool, what: str) -> None:
     if as_json:
         print(json.dumps({**_json(row), "token": token}))
         return
-    console.print(what, highlight=False)
-    # Alone on its line, on standard output: `| tail -1` takes it.
+    err.print(what, highlight=False)
+    # Alone on standard output: `$(phasegate users add …)` takes the token and nothing else.
     console.print(token, highlight=False, soft_wrap=True, markup=False)
     err.print(
         "shown once: only its SHA-256 is kept. Log in to `phasegate serve` with it "

@@ -181,7 +181,7 @@ OWNERS: Mapping[str, Owner] = _owners(
     ),
     trigger=Owner(("integrations.triggers",)),
     issue_labels=Owner(("integrations.triggers",), ("web.views",)),
-    started_by=Owner(("operations",), ("web.views",)),
+    started_by=Owner(("operations", "cli.demo"), ("web.views",)),
     heard_comments=Owner(
         ("integrations.triggers", "phases.forge_feedback"),
         ("integrations.commands", "phases.forge_feedback"),

@@ -124,14 +124,21 @@ def parse_diff(diff: str) -> list[DiffFile]:
 def branch_diff(repo: Path, base: str, head: str) -> str:
     """``head`` against its merge base with ``base`` (what a pull request shows).
     Raises GitError when either is not in ``repo``."""
-    return git([*_DIFF, f"{base}...{head}", "--"], repo)
+    return _whole(git([*_DIFF, f"{base}...{head}", "--"], repo))
 
 
 def commit_diff(repo: Path, sha: str, back: int = 1) -> str:
     """What ``sha`` and the ``back - 1`` commits before it on its first-parent line
     changed: a merge commit (or a squash) against the base it landed on; a
     rebase's several commits with ``back`` their count. Raises GitError."""
-    return git([*_DIFF, f"{sha}~{back}", sha, "--"], repo)
+    return _whole(git([*_DIFF, f"{sha}~{back}", sha, "--"], repo))
+
+
+def _whole(diff: str) -> str:
+    """``diff`` with the final newline ``git`` strips: without it ``git apply``
+    calls the patch corrupt. git ends a diff with exactly one newline (a blank
+    context line is a space), so one put back is the diff as git printed it."""
+    return f"{diff}\n" if diff else diff
 
 
 def has_commit(repo: Path, sha: str) -> bool:

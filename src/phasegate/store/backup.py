@@ -36,7 +36,8 @@ class BackupRefused(PhasegateError):
 def backup_sqlite(url: str, target: Path, *, force: bool = False) -> int:
     """Copy the SQLite store at ``url`` (``store.url``) to ``target`` while workers
     may write; returns the copy's size in bytes. Refuses (BackupRefused) an
-    existing ``target`` unless ``force``, a PostgreSQL store, an in-memory or
+    existing ``target`` unless ``force``, a directory or a file in a directory
+    that does not exist (each named, with what to do), a PostgreSQL store, an in-memory or
     missing one, and a copy that could not be written (nothing is left at
     ``target`` then)."""
     if url.startswith(("postgresql", "postgres:")):
@@ -50,6 +51,15 @@ def backup_sqlite(url: str, target: Path, *, force: bool = False) -> int:
     target = target.resolve()
     if target == source.resolve():
         raise BackupRefused(f"{target} is the store itself")
+    if target.is_dir():  # before "exists": --force would not help
+        raise BackupRefused(
+            f"{target} is a directory; give a file to write, e.g. {target / 'phasegate-backup.db'}"
+        )
+    if not target.parent.is_dir():
+        raise BackupRefused(
+            f"the directory {target.parent} does not exist; make it first "
+            f"(`mkdir -p {target.parent}`) or give a file in one that does"
+        )
     if target.exists() and not force:
         raise BackupRefused(f"{target} exists; --force replaces it")
     partial = target.with_name(f".{target.name}.partial")

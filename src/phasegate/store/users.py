@@ -29,6 +29,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from phasegate.core.contract import PhasegateError
+from phasegate.core.inputs import MAX_NAME_CHARS
 from phasegate.store import tables as t
 from phasegate.store._base import StoreBase, utc_row
 from phasegate.store.values import USER_ROLES
@@ -47,8 +48,8 @@ __all__ = [
 #: script, tells it from other tokens.
 TOKEN_PREFIX = "pgu_"
 
-#: The longest name, in characters (``users.name``).
-MAX_NAME = 64
+#: The longest name, in characters (``users.name``): the one ``--by`` is held to too.
+MAX_NAME = MAX_NAME_CHARS
 
 _c = t.users.c
 _ROLE_CHOICE = f"{', '.join(USER_ROLES[:-1])} or {USER_ROLES[-1]}"
