@@ -262,6 +262,12 @@ def test_the_role_claim_may_be_nested_one_value_or_absent() -> None:
     assert person_from_claims(everyone, {"email": "c@example.test"}).role is Role.VIEWER
     with pytest.raises(SignOnFailed, match="no email claim"):
         person_from_claims(everyone, {"sub": "u1"})
+    # A name no action could record is refused at the door, not on every click after.
+    long_name = "x" * 70 + "@example.test"
+    with pytest.raises(SignOnFailed, match="email claim cannot name a person here"):
+        person_from_claims(everyone, {"email": long_name})
+    with pytest.raises(SignOnFailed, match="control character"):
+        person_from_claims(everyone, {"email": "eve\n@example.test"})
 
 
 # -- the ID token's checks, on tokens signed here -----------------------------------

@@ -48,6 +48,7 @@ from joserfc.jwk import KeySet, KeySetSerialization
 from phasegate.config.cartridge import Cartridge, CartridgeError
 from phasegate.config.dashboard import OidcSettings
 from phasegate.core.contract import PhasegateError
+from phasegate.core.inputs import ActionRefused, check_by
 from phasegate.web.auth import SESSION_COOKIE, SESSION_COOKIE_FLAGS, Access, Person, Role
 
 __all__ = [
@@ -394,7 +395,8 @@ def verify_id_token(
 def person_from_claims(settings: OidcSettings, claims: Mapping[str, Any]) -> Person:
     """The person ``claims`` describe: named by ``name_claim``, with the highest role
     a value of ``role_claim`` maps to, else ``default_role``. Raises SignOnFailed
-    (403) when no role applies or the name claim is missing."""
+    (403) when no role applies, or the name claim is missing or not a name
+    ``core.inputs.check_by`` admits (an action would record it)."""
     name = _claim(claims, settings.name_claim)
     if not isinstance(name, str) or not name.strip():
         raise SignOnFailed(
@@ -403,6 +405,14 @@ def person_from_claims(settings: OidcSettings, claims: Mapping[str, Any]) -> Per
             "dashboard.oidc.name_claim to a claim it gives (email, sub).",
             403,
         )
+    try:
+        check_by(name.strip())
+    except ActionRefused as exc:  # every action records the name: it must be one
+        raise SignOnFailed(
+            f"The {settings.name_claim} claim cannot name a person here ({exc}): set "
+            "dashboard.oidc.name_claim to a shorter claim (preferred_username, sub).",
+            403,
+        ) from None
     found = _claim(claims, settings.role_claim)
     values = [found] if isinstance(found, str) else found if isinstance(found, list) else []
     order = list(Role)
