@@ -234,6 +234,26 @@ def test_resume_through_the_page_lets_a_paused_workflow_go_on(
     assert (row["current_phase"], row["status"]) == ("wait", "waiting")
 
 
+def test_a_browser_reads_a_refusal_as_a_page_and_htmx_and_the_api_keep_theirs(
+    dashboard: tuple[TestClient, Engine, Store],
+) -> None:
+    client, _engine, _store = dashboard
+    logged_in(client)
+    html = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
+
+    page = client.get("/workflows/0badf00d", headers=html)
+    assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+    assert 'id="error-code">404<' in page.text and "no workflow 0badf00d" in page.text
+    assert '<a href="/" id="back-to-board">' in page.text and "&#34;" not in page.text
+    assert client.get("/no/such/page", headers=html).status_code == 404
+    # htmx shows the refusal in place (dashboard.js), a script reads JSON: as before.
+    htmx = client.get("/workflows/0badf00d", headers={**html, "HX-Request": "true"})
+    assert htmx.status_code == 404 and htmx.json() == {"detail": "no workflow 0badf00d"}
+    assert client.get("/workflows/0badf00d").json() == {"detail": "no workflow 0badf00d"}
+    api = client.get("/api/workflows/0badf00d", headers=html)
+    assert api.status_code == 404 and api.json()["error"]["code"] == 404
+
+
 def test_access_takes_its_token_and_user_from_the_environment_else_makes_a_token() -> None:
     given = Access(environ={"PHASEGATE_WEB_TOKEN": TOKEN, "PHASEGATE_WEB_USER": "carol"})
     assert (given.token, given.user, given.made_token) == (TOKEN, "carol", False)

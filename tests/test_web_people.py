@@ -99,6 +99,14 @@ def test_a_viewer_sees_every_page_with_no_action_and_a_post_is_403(
     )
     assert store.workflow_row(workflow_id) == before
     assert len(store.list_workflows()) == 1
+    # A browser's plain form and address read a page saying why, with the same status.
+    html = {"Accept": "text/html,application/xhtml+xml"}
+    form = viewer.post(f"/workflows/{workflow_id}/cancel", data={"csrf": csrf}, headers=html)
+    assert form.status_code == 403 and form.headers["content-type"].startswith("text/html")
+    assert "vera is a viewer: viewers cannot act" in form.text and 'id="back-to-board"' in form.text
+    people = viewer.get("/people", headers=html)
+    assert people.status_code == 403 and 'id="error-code">403<' in people.text
+    assert store.workflow_row(workflow_id) == before
     # A viewer's bearer token reads and is refused alike.
     bearer = {"Authorization": f"Bearer {token}"}
     assert viewer.get(f"/workflows/{workflow_id}", headers=bearer).status_code == 200
