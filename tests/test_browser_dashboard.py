@@ -358,6 +358,25 @@ def test_a_viewer_only_looks_and_an_approver_the_admin_added_approves_the_merge(
         expect(managing.locator('tr.person[data-name="paul"]')).to_have_attribute(
             "data-role", "approver"
         )
+        # Removing a person and a new token ask first: cancelled, nothing is sent.
+        asked: list[str] = []
+
+        def answer(accept: bool) -> Any:
+            def on_dialog(dialog: Any) -> None:
+                asked.append(dialog.message)
+                dialog.accept() if accept else dialog.dismiss()
+
+            return on_dialog
+
+        managing.once("dialog", answer(False))
+        managing.click('tr.person[data-name="vera"] .person-remove button')
+        managing.wait_for_timeout(200)
+        assert asked and asked[-1].startswith("Remove vera?")
+        assert served.store.user("vera")["name"] == "vera"  # raises once removed
+        managing.once("dialog", answer(True))
+        managing.click('tr.person[data-name="vera"] .person-token button')
+        expect(managing.locator("#new-token")).to_contain_text("A new token for vera")
+        assert asked[-1].startswith("A new token for vera?")
 
         # The approver logs in with it and approves the merge: recorded as paul.
         deciding = approver.new_page()
