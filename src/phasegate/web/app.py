@@ -109,6 +109,7 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 _OPEN_PATHS = frozenset({"/login", *oidc.PATHS})
+_OPEN_STYLE = "/static/dashboard.css"
 #: A person's chosen report language (``en``/``zh``), else their browser's.
 LANGUAGE_COOKIE = "phasegate_lang"
 
@@ -140,6 +141,8 @@ def create_app(
         (field or header); a POST also needs a person who may decide."""
         if request.url.path in _OPEN_PATHS or request.url.path.startswith(webhooks.PREFIX):
             return  # a delivery proves itself by its forge's signature
+        if request.method == "GET" and request.url.path == _OPEN_STYLE:
+            return  # the login and sign-on pages are styled before any session
         if metrics.open_to(request, metrics_mode):
             return  # serve --metrics local: this machine's scraper needs no token
         scheme, _, given_token = request.headers.get("authorization", "").partition(" ")
