@@ -84,6 +84,7 @@ def test_a_viewer_sees_every_page_with_no_action_and_a_post_is_403(
     diff = viewer.get(f"/workflows/{workflow_id}/diff").text
     assert "feature.txt" in diff and posting(diff) == []
     assert 'class="comment-on"' not in diff  # a line number picks no line to comment on
+    assert 'id="review"' not in diff and "no draft comment" not in diff  # a viewer writes none
     assert 'id="nav-people"' not in page and viewer.get("/people").status_code == 403
 
     before = store.workflow_row(workflow_id)
