@@ -242,7 +242,7 @@ def test_a_ticket_from_the_board_to_completed_in_a_real_browser(
         expect(panel.locator("#approve-merge")).to_be_visible()
         panel.locator(".check summary").first.click()
         expect(panel.locator(".check-output").first).to_contain_text("all tests green")
-        expect(panel.locator("#change-summary")).to_contain_text("1 files, +2")
+        expect(panel.locator("#change-summary")).to_contain_text("1 file, +2")
         expect(panel.locator("#answered-feedback")).to_contain_text("Say which round it is")
         second_prompt = (served.prompts / "build-1.txt").read_text()
         assert "feature.txt line 1" in second_prompt
