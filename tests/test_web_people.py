@@ -81,6 +81,7 @@ def test_a_viewer_sees_every_page_with_no_action_and_a_post_is_403(
     assert 'id="wf-status" class="status-waiting">waiting' in page
     assert posting(page) == [] and 'id="approve-merge"' not in page
     assert "vera is a viewer: the decisions here (approve_merge" in page
+    assert "it waits for an approver to merge it" in page and "approve the merge, or" not in page
     diff = viewer.get(f"/workflows/{workflow_id}/diff").text
     assert "feature.txt" in diff and posting(diff) == []
     assert 'class="comment-on"' not in diff  # a line number picks no line to comment on

@@ -141,7 +141,8 @@ def workflow_page(store: Store, workflow_id: str, language: str | None = None) -
     phases were entered), and its proposals with their evidence
     (``evidence_text``: indented JSON), the report as text (``report_text``) and
     as sanitized HTML (``report_html``) in ``language`` (else the workflow's
-    ``content_language``), what deciding it takes (``decision``:
+    ``content_language``; ``report_language`` says which, None without a
+    report), what deciding it takes (``decision``:
     ``web.decision.decision_panel``), its activity (``activity``), the last event
     row's id (``last_event_id``: where the page's live stream starts) and the latest
     agent run's output (``agent_output``). Raises WorkflowNotFound."""
@@ -153,9 +154,9 @@ def workflow_page(store: Store, workflow_id: str, language: str | None = None) -
     detail["graph_runs"] = [graph_run(run) for run in store.runs_of(workflow_id)]
     report = detail["report"]
     # The payload renders in the viewer's language, whatever the workflow wrote in.
-    detail["report_text"] = (
-        render_report(report, language or report.get("content_language", "en")) if report else None
-    )
+    shown_in = (language or report.get("content_language") or "en") if report else None
+    detail["report_language"] = shown_in  # the article's lang: a font for its script
+    detail["report_text"] = render_report(report, shown_in) if report and shown_in else None
     detail["report_html"] = markdown.to_html(detail["report_text"])
     detail["cycles"] = timeline.cycles(
         detail["timeline"], detail["milestones"], detail["decisions"]
