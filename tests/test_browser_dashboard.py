@@ -359,7 +359,25 @@ def test_a_viewer_only_looks_and_an_approver_the_admin_added_approves_the_merge(
         expect(managing.locator('tr.person[data-name="paul"]')).to_have_attribute(
             "data-role", "approver"
         )
-        # Removing a person and a new token ask first: cancelled, nothing is sent.
+
+        # The approver logs in with it and approves the merge: recorded as paul.
+        deciding = approver.new_page()
+        deciding.goto(f"{served.url}/login")
+        deciding.fill("#token", token)
+        deciding.click("#login")
+        expect(deciding.locator("#role")).to_have_text("approver")
+        deciding.goto(f"{served.url}/workflows/{workflow_id}")
+        deciding.click("#approve-merge")
+        expect(deciding.locator("#wf-status")).to_have_text("completed")
+        assert served.store.workflow_row(workflow_id)["state"]["merge_approved_by"] == "paul"
+        decisions = [e["data"] for e in served.store.events(workflow_id) if e["type"] == "decision"]
+        assert {"action": "approve_merge", "by": "paul"} in decisions
+        # The viewer's page followed live, and still offers nothing.
+        expect(looking.locator("#wf-status")).to_have_text("completed")
+        assert looking.locator("form[method=post]:not([action='/logout'])").count() == 0
+        # Removing a person and a new token ask first: cancelled, nothing is sent
+        # (last: a new token ends vera's session, and her page's live updates).
+        managing.reload()
         asked: list[str] = []
 
         def answer(accept: bool) -> Any:
@@ -378,22 +396,6 @@ def test_a_viewer_only_looks_and_an_approver_the_admin_added_approves_the_merge(
         managing.click('tr.person[data-name="vera"] .person-token button')
         expect(managing.locator("#new-token")).to_contain_text("A new token for vera")
         assert asked[-1].startswith("A new token for vera?")
-
-        # The approver logs in with it and approves the merge: recorded as paul.
-        deciding = approver.new_page()
-        deciding.goto(f"{served.url}/login")
-        deciding.fill("#token", token)
-        deciding.click("#login")
-        expect(deciding.locator("#role")).to_have_text("approver")
-        deciding.goto(f"{served.url}/workflows/{workflow_id}")
-        deciding.click("#approve-merge")
-        expect(deciding.locator("#wf-status")).to_have_text("completed")
-        assert served.store.workflow_row(workflow_id)["state"]["merge_approved_by"] == "paul"
-        decisions = [e["data"] for e in served.store.events(workflow_id) if e["type"] == "decision"]
-        assert {"action": "approve_merge", "by": "paul"} in decisions
-        # The viewer's page followed live, and still offers nothing.
-        expect(looking.locator("#wf-status")).to_have_text("completed")
-        assert looking.locator("form[method=post]:not([action='/logout'])").count() == 0
     finally:
         for context in (viewer, admin, approver):
             context.close()
