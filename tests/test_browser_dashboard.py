@@ -17,6 +17,7 @@ Missing Chromium or Playwright fails these under CI, skips them elsewhere.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -242,7 +243,7 @@ def test_a_ticket_from_the_board_to_completed_in_a_real_browser(
         expect(panel.locator("#approve-merge")).to_be_visible()
         panel.locator(".check summary").first.click()
         expect(panel.locator(".check-output").first).to_contain_text("all tests green")
-        expect(panel.locator("#change-summary")).to_contain_text("1 files, +2")
+        expect(panel.locator("#change-summary")).to_contain_text("1 file, +2")
         expect(panel.locator("#answered-feedback")).to_contain_text("Say which round it is")
         second_prompt = (served.prompts / "build-1.txt").read_text()
         assert "feature.txt line 1" in second_prompt
@@ -374,6 +375,60 @@ def test_a_viewer_only_looks_and_an_approver_the_admin_added_approves_the_merge(
         # The viewer's page followed live, and still offers nothing.
         expect(looking.locator("#wf-status")).to_have_text("completed")
         assert looking.locator("form[method=post]:not([action='/logout'])").count() == 0
+        # Removing a person and a new token ask first: cancelled, nothing is sent
+        # (last: a new token ends vera's session, and her page's live updates).
+        managing.reload()
+        asked: list[str] = []
+
+        def answer(accept: bool) -> Any:
+            def on_dialog(dialog: Any) -> None:
+                asked.append(dialog.message)
+                dialog.accept() if accept else dialog.dismiss()
+
+            return on_dialog
+
+        managing.once("dialog", answer(False))
+        managing.click('tr.person[data-name="vera"] .person-remove button')
+        managing.wait_for_timeout(200)
+        assert asked and asked[-1].startswith("Remove vera?")
+        assert served.store.user("vera")["name"] == "vera"  # raises once removed
+        managing.once("dialog", answer(True))
+        managing.click('tr.person[data-name="vera"] .person-token button')
+        expect(managing.locator("#new-token")).to_contain_text("A new token for vera")
+        assert asked[-1].startswith("A new token for vera?")
     finally:
         for context in (viewer, admin, approver):
             context.close()
+
+
+def test_six_columns_fit_1280_px_cards_keep_words_whole_and_the_login_page_is_styled(
+    chromium_browser: Any, served: Served, expect: Any
+) -> None:
+    long_word = "Refactor_the_configuration_loader_and_its_cartridge_tables"
+    for title in ("A ticket whose title runs on for a good many words", long_word):
+        held = served.engine.start(title, "Write feature.txt")
+    # A machine with a long name runs one: its card names the host.
+    owner = f"build-runner-{'x' * 30}.example.internal:{os.getpid()}:e2bb21"
+    assert served.store.claim(held, owner, 600) is not None
+    context = chromium_browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        page = context.new_page()
+        page.goto(f"{served.url}/login")
+        # The style sheet reached the login page before any session.
+        label = page.locator("label[for=token]")
+        assert label.evaluate("e => getComputedStyle(e).fontWeight") == "600"
+        page.fill("#token", TOKEN)
+        page.click("#login")
+        expect(page.locator("#group-failed")).to_be_visible()
+        right = page.evaluate(
+            "document.getElementById('group-failed').getBoundingClientRect().right"
+        )
+        assert right <= 1280, right
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+        # A card's status is one badge on one line: no word broken across two.
+        heights = page.locator(".card .wf-status").evaluate_all(
+            "els => els.map(e => e.getBoundingClientRect().height)"
+        )
+        assert heights and max(heights) < 24, heights
+    finally:
+        context.close()

@@ -163,7 +163,7 @@ def test_a_feedback_round_reports_the_feedback_and_the_files_and_lines_it_change
     text = render_report(report, "en")
     assert "### Feedback this round answers\n\n> Say which round wrote each line.\n" in text
     assert "> And keep the old ones." in text
-    assert f"Changed since the last report (`{head[:12]}` → `{new_head[:12]}`): 1 files" in text
+    assert f"Changed since the last report (`{head[:12]}` → `{new_head[:12]}`): 1 file," in text
     assert "- `feature.txt`: +1 −0" in text
     zh = render_report(report, "zh")
     assert "### 本轮回应的反馈" in zh and "自上次报告以来的变更" in zh

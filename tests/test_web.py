@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.store import Store
 from phasegate.web import Access, create_app
 from phasegate.web.auth import CSRF_HEADER, SESSION_COOKIE, WeakToken
-from phasegate.web.views import group_of
+from phasegate.web.views import describe_event, group_of
 
 from conftest import HAPPY_ANSWERS, git, make_repo, scripted_cartridge
 
@@ -88,6 +89,18 @@ def test_every_page_without_a_session_is_401_with_the_login_form(
     response = client.get(path)
     assert response.status_code == 401
     assert 'id="login-form"' in response.text
+
+
+def test_the_style_sheet_alone_is_read_without_a_session_and_styles_the_login_page(
+    dashboard: tuple[TestClient, Engine, Store],
+) -> None:
+    client, _engine, _store = dashboard
+    style = client.get("/static/dashboard.css")
+    assert style.status_code == 200 and style.headers["content-type"].startswith("text/css")
+    login = client.get("/login").text
+    assert '<link rel="stylesheet" href="/static/dashboard.css">' in login
+    assert '<label for="token">' in login
+    assert client.get("/static/dashboard.js").status_code == 401
 
 
 def test_the_token_is_exchanged_once_for_an_httponly_samesite_strict_cookie(
@@ -232,6 +245,26 @@ def test_resume_through_the_page_lets_a_paused_workflow_go_on(
     assert response.status_code == 303
     row = engine.advance(workflow_id)
     assert (row["current_phase"], row["status"]) == ("wait", "waiting")
+
+
+def test_a_browser_reads_a_refusal_as_a_page_and_htmx_and_the_api_keep_theirs(
+    dashboard: tuple[TestClient, Engine, Store],
+) -> None:
+    client, _engine, _store = dashboard
+    logged_in(client)
+    html = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
+
+    page = client.get("/workflows/0badf00d", headers=html)
+    assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+    assert 'id="error-code">404<' in page.text and "no workflow 0badf00d" in page.text
+    assert '<a href="/" id="back-to-board">' in page.text and "&#34;" not in page.text
+    assert client.get("/no/such/page", headers=html).status_code == 404
+    # htmx shows the refusal in place (dashboard.js), a script reads JSON: as before.
+    htmx = client.get("/workflows/0badf00d", headers={**html, "HX-Request": "true"})
+    assert htmx.status_code == 404 and htmx.json() == {"detail": "no workflow 0badf00d"}
+    assert client.get("/workflows/0badf00d").json() == {"detail": "no workflow 0badf00d"}
+    api = client.get("/api/workflows/0badf00d", headers=html)
+    assert api.status_code == 404 and api.json()["error"]["code"] == 404
 
 
 def test_access_takes_its_token_and_user_from_the_environment_else_makes_a_token() -> None:
@@ -657,3 +690,22 @@ def test_a_refused_ticket_is_refused_with_operations_message_and_nothing_is_file
     response = client.post("/tickets", data={"ticket": "Write it", "csrf": csrf})
     assert (response.status_code, response.json()["detail"]) == (409, str(refused_in_cli.value))
     assert store.list_workflows() == []
+
+
+def test_a_pruned_workflows_activity_says_what_was_pruned_in_words(
+    dashboard: tuple[TestClient, Engine, Store],
+) -> None:
+    client, engine, store = dashboard
+    workflow_id = waiting_workflow(engine)
+    operations.cancel(engine, workflow_id, by="alice")
+    assert store.prune(store.clock.now() + timedelta(seconds=1)).workflows == [workflow_id]
+    logged_in(client)
+
+    page = client.get(f"/workflows/{workflow_id}").text
+    [row] = re.findall(r'<li class="event event-events_pruned"[^>]*>(.*?)</li>', page, re.S)
+    said = re.sub(r"<[^>]+>", "", row)
+    # In words, escaped once: no JSON's quotes to escape at all.
+    assert "&#34;" not in row and "&amp;" not in row and "{" not in said
+    assert re.search(r"events_pruned \d+ older events pruned \(\d+ agent_finished, ", said), said
+    assert said.endswith(f"before {store.clock.now().date().isoformat()}"), said
+    assert describe_event({"type": "odd", "data": {"a_b": 1, "c": {"d": "e"}}}) == "a b 1, c (d e)"

@@ -98,6 +98,12 @@ def test_the_openapi_description_lists_every_action_of_operations_and_every_read
     assert all(path.startswith("/api/") for path in spec["paths"])
     assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     assert "FeedbackBody" in spec["components"]["schemas"]
+    # Bad input is answered 400 with the API's error shape, and the description says so.
+    responses = [op["responses"] for methods in spec["paths"].values() for op in methods.values()]
+    assert all("422" not in r for r in responses)
+    feedback = spec["paths"]["/api/workflows/{workflow_id}/feedback"]["post"]["responses"]
+    assert feedback["400"]["content"]["application/json"]["schema"]["$ref"].endswith("ErrorAnswer")
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
     # Without a token: the API's error, not the login form.
     client.headers.pop("Authorization")
     assert error_of(client.get("/openapi.json"), 401)["kind"] == "Unauthorized"
@@ -142,6 +148,9 @@ def test_reads_give_the_clis_shapes(api: tuple[TestClient, Engine, Store]) -> No
     assert error_of(client.delete("/api/board"), 405)["kind"] == "MethodNotAllowed"
     bad = error_of(client.get(f"/api/workflows/{workflow_id}/events?after=soon"), 400)
     assert bad["message"].startswith("bad request: after:")
+    unknown = error_of(client.get("/api/proposals?status=bogus"), 400)
+    assert unknown["kind"] == "BadRequest" and "proposed, approved" in unknown["message"]
+    assert client.get("/api/proposals?status=proposed").json() == []
 
 
 def test_actions_record_the_bearers_person_and_refusals_are_the_pages(

@@ -121,3 +121,28 @@ def test_the_board_says_which_machine_runs_what(shared: tuple[TestClient, Engine
     ]  # fmt: skip
     found = [(m["host"], [c["id"] for c in m["cards"]]) for m in machines(groups)]
     assert found == [("build-1", ["b2"]), ("build-2", ["a1", "c3"])]
+
+
+def test_a_filtered_board_counts_what_it_shows_and_keeps_an_unknown_value_selected(
+    shared: tuple[TestClient, Engine, Engine],
+) -> None:
+    client, web, _api = shared
+    held = operations.start(web, "Held by alice's worker", by="alice")["id"]
+    operations.start(web, "Bob's", by="bob")
+    assert web.store.claim(held, f"{host_name()}:{os.getpid()}:worker", 600) is not None
+    logged_in(client)
+
+    def column(page: str, key: str) -> str:
+        return page.split(f'id="group-{key}"')[1].split("</section>")[0]
+
+    running = column(client.get("/").text, "running")
+    assert '<span class="count">1</span>' in running and cards(running) == [held]
+    filtered_page = client.get("/?person=bob").text
+    running = column(filtered_page, "running")
+    assert '<span class="count">0</span>' in running and not cards(running)
+    assert '<span class="count">1</span>' in column(filtered_page, "queued")
+    assert 'class="more"' not in filtered_page
+
+    # A value no card carries still reads as the filter in force.
+    person = client.get("/?person=zed").text.split('id="filter-person"')[1].split("</select>")[0]
+    assert '<option value="zed" selected>zed</option>' in person

@@ -8,6 +8,7 @@ repository whose workflows run with scripted agents and real checks.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,9 +18,11 @@ from fastapi.testclient import TestClient
 from test_web import TOKEN, logged_in, waiting_workflow
 
 from phasegate import operations
+from phasegate.core.contract import PhaseResult
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store
 from phasegate.web import Access, create_app
+from phasegate.web.decision import headline
 
 from conftest import HAPPY_ANSWERS, git, make_repo, scripted_cartridge
 
@@ -58,14 +61,12 @@ def test_the_panel_shows_why_it_needs_you_the_report_checks_change_and_cost(
 
     assert 'class="decision needs-you"' in shown
     assert "The report is ready: approve the merge, or send feedback" in shown
-    assert '<article id="report" class="markdown"><h2>Progress report' in shown
+    assert '<article id="report" class="markdown" lang="en"><h2>Progress report' in shown
     assert 'id="approve-merge"' in shown and 'id="send-feedback"' in shown
     commands = re.findall(r"<code>([^<]+)</code> <span", shown)
     assert commands == ["echo tests all green", "python3 -c &#34;print(&#39;lint clean&#39;)&#34;"]
     assert "tests all green" in shown and "lint clean" in shown  # their output
-    assert re.search(
-        r'id="change-summary"><strong>1</strong> files, <span class="added">\+1', shown
-    )
+    assert re.search(r'id="change-summary"><strong>1</strong> file, <span class="added">\+1', shown)
     assert f'href="/workflows/{workflow_id}/diff" id="full-diff"' in shown
     assert re.search(r'id="decision-cost">\$[\d.]+ · \d+ tokens · [1-9]\d* agent runs', shown)
 
@@ -97,6 +98,7 @@ def test_the_report_renders_as_html_in_the_viewers_language_and_the_timeline_as_
     report = chinese.text[chinese.text.index('id="report"') :]
     report = report[: report.index("</article>")]
     assert "<h2>进度报告" in report or "<h1>进度报告" in report
+    assert report.startswith('id="report" class="markdown" lang="zh">')  # a CJK font for it
     assert "Progress report" not in report
     # A person's choice outlasts the page it was made on, whatever the browser says.
     english = client.get(f"/workflows/{workflow_id}?lang=en")
@@ -116,3 +118,43 @@ def test_the_report_renders_as_html_in_the_viewers_language_and_the_timeline_as_
     assert re.search(
         r'<time datetime="[^"]+" title="\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC">', english.text
     )
+
+
+def test_the_banner_names_the_machine_and_words_a_viewers_wait_and_a_merge_names_its_commit(
+    dashboard: tuple[TestClient, Engine, Store],
+) -> None:
+    client, engine, store = dashboard
+    workflow_id = waiting_workflow(engine)
+    logged_in(client)
+    # A viewer reads whom it waits for; the approver, what to do.
+    assert "approve the merge, or send feedback" in panel(
+        client.get(f"/workflows/{workflow_id}").text
+    )
+    viewing = headline({"status": "waiting", "current_phase": "wait"}, may_decide=False)
+    assert viewing == "The report is ready: it waits for an approver to merge it or send feedback."
+
+    # The running banner names the machine, not the lease holder's pid and token.
+    assert store.claim(workflow_id, f"build-7:{os.getpid()}:e2bb21", 600) is not None
+    running = panel(client.get(f"/workflows/{workflow_id}").text)
+    assert "A worker on build-7 is running wait." in running and "e2bb21" not in running
+    store.release(workflow_id, f"build-7:{os.getpid()}:e2bb21")
+
+    # Merged: the merge commit and the diff, not the report's figures.
+    operations.approve_merge(engine, workflow_id, by="alice")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "completed" and row["merge_sha"]
+    merged = panel(client.get(f"/workflows/{workflow_id}").text)
+    assert f'merged as <code id="merged-as">{row["merge_sha"][:12]}</code>' in merged
+    assert 'id="full-diff"' in merged and "<strong>1</strong> file" not in merged
+
+
+def test_a_paused_workflows_error_is_said_once_in_the_headline(
+    dashboard: tuple[TestClient, Engine, Store],
+) -> None:
+    client, engine, _store = dashboard
+    workflow_id = engine.start("Paused one", "Write feature.txt")
+    engine.decide(workflow_id, lambda _ctx: PhaseResult("pause", reason="the checks never pass"))
+    logged_in(client)
+    page = client.get(f"/workflows/{workflow_id}").text
+    assert "Paused: the checks never pass" in panel(page)
+    assert page.count("the checks never pass") == 1 and 'id="wf-error"' not in page

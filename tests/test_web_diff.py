@@ -209,6 +209,9 @@ def test_a_completed_workflow_takes_no_comment_the_same_refusal_as_operations(
     )
     assert (elsewhere.status_code, elsewhere.json()["detail"]) == (409, str(refused_in_cli.value))
     assert operations.review_drafts(store, workflow_id) == []
+    # An ended workflow takes no review: the page offers none, not even an empty one.
+    page = client.get(f"/workflows/{workflow_id}/diff").text
+    assert 'id="review"' not in page and "no draft comment" not in page
 
 
 def test_a_draft_is_a_comment_no_sent_review_lists_and_a_review_reads_in_order() -> None:

@@ -81,9 +81,11 @@ def test_a_viewer_sees_every_page_with_no_action_and_a_post_is_403(
     assert 'id="wf-status" class="status-waiting">waiting' in page
     assert posting(page) == [] and 'id="approve-merge"' not in page
     assert "vera is a viewer: the decisions here (approve_merge" in page
+    assert "it waits for an approver to merge it" in page and "approve the merge, or" not in page
     diff = viewer.get(f"/workflows/{workflow_id}/diff").text
     assert "feature.txt" in diff and posting(diff) == []
     assert 'class="comment-on"' not in diff  # a line number picks no line to comment on
+    assert 'id="review"' not in diff and "no draft comment" not in diff  # a viewer writes none
     assert 'id="nav-people"' not in page and viewer.get("/people").status_code == 403
 
     before = store.workflow_row(workflow_id)
@@ -99,6 +101,14 @@ def test_a_viewer_sees_every_page_with_no_action_and_a_post_is_403(
     )
     assert store.workflow_row(workflow_id) == before
     assert len(store.list_workflows()) == 1
+    # A browser's plain form and address read a page saying why, with the same status.
+    html = {"Accept": "text/html,application/xhtml+xml"}
+    form = viewer.post(f"/workflows/{workflow_id}/cancel", data={"csrf": csrf}, headers=html)
+    assert form.status_code == 403 and form.headers["content-type"].startswith("text/html")
+    assert "vera is a viewer: viewers cannot act" in form.text and 'id="back-to-board"' in form.text
+    people = viewer.get("/people", headers=html)
+    assert people.status_code == 403 and 'id="error-code">403<' in people.text
+    assert store.workflow_row(workflow_id) == before
     # A viewer's bearer token reads and is refused alike.
     bearer = {"Authorization": f"Bearer {token}"}
     assert viewer.get(f"/workflows/{workflow_id}", headers=bearer).status_code == 200

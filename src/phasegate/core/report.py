@@ -32,6 +32,7 @@ LABELS: Mapping[str, Mapping[str, str]] = {
         "approved": "approved",
         "not_approved": "accepted after the round limit",
         "changes": "Changes",
+        "file": "file",
         "files": "files",
         "checks": "Checks",
         "passed": "passed",
@@ -60,6 +61,7 @@ LABELS: Mapping[str, Mapping[str, str]] = {
         "approved": "已批准",
         "not_approved": "达到轮次上限后采用",
         "changes": "变更",
+        "file": "个文件",
         "files": "个文件",
         "checks": "检查",
         "passed": "通过",
@@ -102,7 +104,7 @@ def render_report(payload: Mapping[str, Any], language: str) -> str:
         f"- {w['plan']}: {w['approved'] if plan.get('approved') else w['not_approved']}, "
         f"{plan.get('rounds', 0)} {w['plan_rounds']}"
         + (f" ({plan['graph_run']}: {plan['how']})" if plan.get("graph_run") else ""),
-        f"- {w['changes']}: {changes.get('files', 0)} {w['files']}, "
+        f"- {w['changes']}: {_files(changes.get('files', 0), w)}, "
         f"+{changes.get('insertions', 0)} −{changes.get('deletions', 0)}",
         f"- {w['checks']}: {checks.get('passed', 0)}/{checks.get('total', 0)} {w['passed']}, "
         f"{checks.get('attempts', 0)} {w['attempts']}",
@@ -160,7 +162,7 @@ def _feedback_lines(feedback: Mapping[str, Any] | None, w: Mapping[str, str]) ->
     else:
         lines.append(
             f"{w['since']} (`{str(since)[:12]}` → `{str(head)[:12]}`): "
-            f"{feedback.get('files', 0)} {w['files']}, "
+            f"{_files(feedback.get('files', 0), w)}, "
             f"+{feedback.get('insertions', 0)} −{feedback.get('deletions', 0)}"
         )
         lines += [
@@ -168,3 +170,8 @@ def _feedback_lines(feedback: Mapping[str, Any] | None, w: Mapping[str, str]) ->
             for p in feedback.get("paths") or ()
         ]
     return lines
+
+
+def _files(count: Any, w: Mapping[str, str]) -> str:
+    """``1 file``, ``2 files`` (in Chinese one word for both)."""
+    return f"{count} {w['file'] if count == 1 else w['files']}"

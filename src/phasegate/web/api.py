@@ -60,7 +60,7 @@ from phasegate.changes import workflow_change
 from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNotFound
 from phasegate.core.redaction import redact
 from phasegate.runtime.engine import Engine
-from phasegate.store import StoreUnavailable
+from phasegate.store import PROPOSAL_STATUSES, StoreUnavailable
 from phasegate.summary import iso, workflow_detail, workflow_summary
 from phasegate.web import api_shapes as shapes
 from phasegate.web import live, views
@@ -163,6 +163,14 @@ def _description(routes: APIRouter) -> dict[str, Any]:
         "and the CLI have them (docs/api.md). Authorization: Bearer TOKEN.",
         routes=routes.routes,
     )
+    # FastAPI lists a 422 HTTPValidationError on every route that reads input; this
+    # API answers bad input 400 with its one error shape (_REFUSALS), as it says.
+    for operations_of in described.get("paths", {}).values():
+        for operation in operations_of.values():
+            operation.get("responses", {}).pop("422", None)
+    schemas = described.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
     described.setdefault("components", {})["securitySchemes"] = {
         "bearer": {"type": "http", "scheme": "bearer"}
     }
@@ -279,6 +287,9 @@ def _router(engine: Engine, secrets: list[str]) -> APIRouter:
     @routes.get("/proposals", operation_id="proposals", response_model=list[shapes.Proposal])
     def proposals(status: str | None = None, workflow_id: str | None = None) -> Any:
         """Proposals, oldest first (``phasegate proposals --json``)."""
+        if status is not None and status not in PROPOSAL_STATUSES:
+            known = ", ".join(PROPOSAL_STATUSES)
+            raise ApiRefused(400, "BadRequest", f"bad request: status: one of {known}")
         return clean(acted(lambda: store.proposals(status=status, workflow_id=workflow_id)))
 
     @routes.get("/proposals/{proposal_id}", operation_id="proposal", response_model=shapes.Proposal)

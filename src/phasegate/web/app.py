@@ -51,14 +51,18 @@ comment) is 400 with operations' message.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
+from http import HTTPStatus
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Form, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from phasegate.agents.env import cartridge_secrets
@@ -105,6 +109,7 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 _OPEN_PATHS = frozenset({"/login", *oidc.PATHS})
+_OPEN_STYLE = "/static/dashboard.css"
 #: A person's chosen report language (``en``/``zh``), else their browser's.
 LANGUAGE_COOKIE = "phasegate_lang"
 
@@ -136,6 +141,8 @@ def create_app(
         (field or header); a POST also needs a person who may decide."""
         if request.url.path in _OPEN_PATHS or request.url.path.startswith(webhooks.PREFIX):
             return  # a delivery proves itself by its forge's signature
+        if request.method == "GET" and request.url.path == _OPEN_STYLE:
+            return  # the login and sign-on pages are styled before any session
         if metrics.open_to(request, metrics_mode):
             return  # serve --metrics local: this machine's scraper needs no token
         scheme, _, given_token = request.headers.get("authorization", "").partition(" ")
@@ -179,14 +186,43 @@ def create_app(
             return api.refusal(401, "Unauthorized", "no person: send Authorization: Bearer T")
         return templates.TemplateResponse(request, "login.html", {"failed": False}, 401)
 
+    # Starlette's class: an unknown address's 404 too, and the API's handler (api.install)
+    # hands this one what is not the API's.
+    @app.exception_handler(StarletteHTTPException)
+    async def refused(request: Request, exc: StarletteHTTPException) -> Response:
+        if not _browser(request):  # htmx shows it in #action-error; a script reads JSON
+            return await http_exception_handler(request, exc)
+        return _error_page(request, exc.status_code, str(exc.detail), exc.headers)
+
+    def _error_page(
+        request: Request, code: int, message: str, headers: Mapping[str, str] | None = None
+    ) -> Response:
+        """A refusal as a page a person reads: its status, what it says, the way back."""
+        session = getattr(request.state, "session", None)
+        person = getattr(request.state, "person", None)
+        context = {
+            "code": code,
+            "phrase": HTTPStatus(code).phrase,
+            "message": message,
+            "csrf": session.csrf if session else "",
+            "csrf_field": CSRF_FIELD,
+            "user": person.name if person else "",
+            "role": person.role.value if person else "",
+        }
+        return templates.TemplateResponse(
+            request, "error.html", context, code, headers=dict(headers or {})
+        )
+
     @app.exception_handler(RequestValidationError)
-    async def bad_value(_request: Request, exc: RequestValidationError) -> Response:
+    async def bad_value(request: Request, exc: RequestValidationError) -> Response:
         # One line, as every other refusal: the field and what it must be (FastAPI's
         # default is pydantic's whole error list, the value given included).
         said = "; ".join(
             f"{error['loc'][-1] if error.get('loc') else 'request'}: {error['msg']}"
             for error in exc.errors()
         )
+        if _browser(request):
+            return _error_page(request, 400, f"bad request: {said}")
         return JSONResponse({"detail": f"bad request: {said}"}, 400)
 
     app.include_router(people.router(engine.store, pages.page))
@@ -230,6 +266,16 @@ def create_app(
 
     api.install(app, engine, secrets)
     return app
+
+
+def _browser(request: Request) -> bool:
+    """Whether a refusal goes to a person's browser as a page: not the API, not
+    htmx (dashboard.js shows its refusals in place), and text/html accepted."""
+    return (
+        not api.is_api(request.url.path)
+        and not request.headers.get("HX-Request")
+        and "text/html" in request.headers.get("accept", "")
+    )
 
 
 def _may_post(request: Request, person: Person) -> None:

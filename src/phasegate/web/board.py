@@ -67,9 +67,15 @@ class BoardFilter:
 def filtered(
     groups: Sequence[Mapping[str, Any]], board_filter: BoardFilter
 ) -> list[dict[str, Any]]:
-    """``groups`` (``views.board``'s) with only the cards ``board_filter`` keeps."""
+    """``groups`` (``views.board``'s) with only the cards ``board_filter`` keeps.
+    An active filter's ``total`` counts the cards kept: the count a column heads
+    is what it shows, and nothing reads as cut that the filter left out."""
+    if not board_filter.active:
+        return [dict(group) for group in groups]
+    kept = [[c for c in group["cards"] if board_filter.keeps(c)] for group in groups]
     return [
-        {**group, "cards": [c for c in group["cards"] if board_filter.keeps(c)]} for group in groups
+        {**group, "cards": cards, "total": len(cards)}
+        for group, cards in zip(groups, kept, strict=True)
     ]
 
 

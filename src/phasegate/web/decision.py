@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from phasegate.core.contract import AWAITING_APPROVAL
+from phasegate.web.board import machine_of
 
 __all__ = ["CHECK_OUTPUT_CHARS", "decision_panel", "headline"]
 
@@ -19,26 +20,43 @@ __all__ = ["CHECK_OUTPUT_CHARS", "decision_panel", "headline"]
 CHECK_OUTPUT_CHARS = 4000
 
 
-def headline(summary: Mapping[str, Any], hold: Mapping[str, Any] | None = None) -> str:
+def headline(
+    summary: Mapping[str, Any], hold: Mapping[str, Any] | None = None, *, may_decide: bool = True
+) -> str:
     """The workflow's status as a sentence saying what, if anything, it needs a
-    person for; ``hold`` is what holds a waiting merge (``merge_hold``)."""
+    person for; ``hold`` is what holds a waiting merge (``merge_hold``). To a
+    person who may not decide (``may_decide`` false: a viewer) what waits for a
+    person waits for an approver."""
     status, phase = summary.get("status"), summary.get("current_phase")
     error = str(summary.get("error") or "").strip()
     if summary.get("worker"):
-        return f"A worker on {summary['worker']} is running {_words(phase)}."
+        return f"A worker on {machine_of(summary['worker'])} is running {_words(phase)}."
     if status == "waiting" and phase == "wait":
         if summary.get("merge_approved_by"):
             return f"The merge is approved by {summary['merge_approved_by']}: a worker merges it."
         if hold:
-            return f"The merge waits for you: {hold.get('reason')}."
+            who = "you" if may_decide else "an approver"
+            return f"The merge waits for {who}: {hold.get('reason')}."
+        if not may_decide:
+            return "The report is ready: it waits for an approver to merge it or send feedback."
         return "The report is ready: approve the merge, or send feedback for another round."
     if status == AWAITING_APPROVAL:
+        if not may_decide:
+            return "A proposal waits for an approver's decision."
         return "A proposal waits for your decision: approve or reject it."
     if status == "paused" and summary.get("verification_status") == "rejected":
+        if not may_decide:
+            return (
+                "Acceptance verification rejected the change: it waits for an approver's verdict."
+            )
         return "Acceptance verification rejected the change: record your own verdict."
     if status == "paused":
-        return f"Paused: {error}" if error else "Paused: resume it when you are ready."
+        if error:
+            return f"Paused: {error}"
+        return "Paused: resume it when you are ready." if may_decide else "Paused."
     if status == "planning_timeout":
+        if not may_decide:
+            return "Planning ran out of time: an approver may resume it."
         return "Planning ran out of time: resume it to try again."
     if status == "failed":
         return f"Failed: {error}" if error else "Failed: resume runs its phase again."
@@ -53,11 +71,13 @@ def headline(summary: Mapping[str, Any], hold: Mapping[str, Any] | None = None) 
 
 def decision_panel(detail: Mapping[str, Any], pending_feedback: str | None) -> dict[str, Any]:
     """The panel of a workflow page (``views.workflow_page``'s ``detail``):
-    ``headline``; ``checks`` (the last check run of the current round, each
+    ``headline`` (``viewer_headline``: the same to a viewer); ``checks`` (the
+    last check run of the current round, each
     ``{"command", "passed", "exit_code", "duration_s", "output"}`` with the
     output's last CHECK_OUTPUT_CHARS, and ``summary``; None before any);
     ``changes`` (files, insertions, deletions from the report; None before
-    one); ``feedback`` (the texts the round answered, oldest first);
+    one, and once merged); ``merged_as`` (a merged workflow's short merge commit,
+    else None); ``feedback`` (the texts the round answered, oldest first);
     ``pending_feedback`` (what the next round will read); and ``cost``
     (tokens, USD, agent runs)."""
     summary = detail["workflow"]
@@ -84,10 +104,15 @@ def decision_panel(detail: Mapping[str, Any], pending_feedback: str | None) -> d
             ],
         }
     feedback = report.get("feedback") or {}
+    # A merged workflow's change is its merge commit, which the report's figures may not
+    # be (a merge that changed nothing): it names the commit, and the diff link shows it.
+    merged = summary.get("merge_sha") if summary.get("status") == "completed" else None
     return {
         "headline": headline(summary, detail.get("merge_hold")),
+        "viewer_headline": headline(summary, detail.get("merge_hold"), may_decide=False),
         "checks": checks,
-        "changes": report.get("changes") or None,
+        "changes": None if merged else report.get("changes") or None,
+        "merged_as": str(merged)[:12] if merged else None,
         "feedback": [str(t) for t in feedback.get("texts") or ()],
         "pending_feedback": pending_feedback or None,
         "cost": {

@@ -141,7 +141,8 @@ def workflow_page(store: Store, workflow_id: str, language: str | None = None) -
     phases were entered), and its proposals with their evidence
     (``evidence_text``: indented JSON), the report as text (``report_text``) and
     as sanitized HTML (``report_html``) in ``language`` (else the workflow's
-    ``content_language``), what deciding it takes (``decision``:
+    ``content_language``; ``report_language`` says which, None without a
+    report), what deciding it takes (``decision``:
     ``web.decision.decision_panel``), its activity (``activity``), the last event
     row's id (``last_event_id``: where the page's live stream starts) and the latest
     agent run's output (``agent_output``). Raises WorkflowNotFound."""
@@ -153,9 +154,9 @@ def workflow_page(store: Store, workflow_id: str, language: str | None = None) -
     detail["graph_runs"] = [graph_run(run) for run in store.runs_of(workflow_id)]
     report = detail["report"]
     # The payload renders in the viewer's language, whatever the workflow wrote in.
-    detail["report_text"] = (
-        render_report(report, language or report.get("content_language", "en")) if report else None
-    )
+    shown_in = (language or report.get("content_language") or "en") if report else None
+    detail["report_language"] = shown_in  # the article's lang: a font for its script
+    detail["report_text"] = render_report(report, shown_in) if report and shown_in else None
     detail["report_html"] = markdown.to_html(detail["report_text"])
     detail["cycles"] = timeline.cycles(
         detail["timeline"], detail["milestones"], detail["decisions"]
@@ -215,8 +216,8 @@ def describe_event(event: Mapping[str, Any]) -> str:
     """One line for an event row: who decided what (``decision``), which phase was
     entered (``phase_change``), a milestone's kind and status, an agent started
     or finished, what needs a person (``needs_you``), a forge fault
-    (``summary.forge_fault_text``), else the row's data as
-    compact JSON."""
+    (``summary.forge_fault_text``), what a prune deleted (``events_pruned``),
+    else the row's data in words (``key value, ...``)."""
     data = event.get("data") or {}
     kind = event["type"]
     if kind == "phase_change" and "phase" in data:
@@ -230,13 +231,33 @@ def describe_event(event: Mapping[str, Any]) -> str:
         return f"{data['role']} agent: {data.get('outcome')}{error}"
     if kind == "decision" and "action" in data:
         extra = {k: v for k, v in data.items() if k not in ("action", "by")}
-        said = f" ({json.dumps(extra, default=str, sort_keys=True)})" if extra else ""
+        said = f" ({_in_words(extra)})" if extra else ""
         return f"{data['action']} by {data.get('by', '?')}{said}"
     if kind == "needs_you" and "status" in data:
         return f"needs you: {data['status']}"
     if kind in FORGE_FAULT_EVENTS:
         return forge_fault_text({**data, "type": kind})
-    return json.dumps(data, default=str, sort_keys=True) if data else ""
+    if kind == "events_pruned" and "events" in data:
+        counts = data.get("events") or {}
+        calls = int(data.get("graph_calls") or 0)
+        each = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+        said = f"{sum(int(n) for n in counts.values())} older events pruned"
+        said += f" ({each})" if each else ""
+        said += f", {calls} graph calls" if calls else ""
+        return said + f", before {str(data.get('older_than') or '?')[:10]}"
+    return _in_words(data)
+
+
+def _in_words(data: Mapping[str, Any]) -> str:
+    """An event's data as ``key value, key value`` (a nested mapping in
+    parentheses): a line a person reads, not JSON."""
+    said = []
+    for key, value in sorted(data.items()):
+        shown = f"({_in_words(value)})" if isinstance(value, Mapping) else value
+        if isinstance(value, list | tuple):
+            shown = ", ".join(str(v) for v in value)
+        said.append(f"{str(key).replace('_', ' ')} {shown}")
+    return ", ".join(said)
 
 
 #: Characters of an agent's output a page shows at the most: its last ones

@@ -84,3 +84,9 @@ document.addEventListener("DOMContentLoaded", function () {
   document.getElementById("diff-collapse-all").addEventListener("click", function () { fold(false); });
   document.getElementById("diff-expand-all").addEventListener("click", function () { fold(true); });
 });
+// A plain form with data-confirm (removing a person, a new token) asks first, as
+// htmx's hx-confirm does for the workflow's actions; cancelled, nothing is sent.
+document.body.addEventListener("submit", function (e) {
+  var form = e.target.closest("form[data-confirm]");
+  if (form && !window.confirm(form.dataset.confirm)) { e.preventDefault(); }
+});
