@@ -1,6 +1,8 @@
-"""What a person gives an action, checked before anything is recorded: who acts
-(``--by``), a ticket, a title, and the size of what they say. ``phasegate.operations``
-applies them to every action, so the CLI, the dashboard and the API refuse alike.
+"""What a person gives an action, checked before anything is recorded.
+
+The checks cover who acts (``--by``), a ticket, a title, and the size of what
+they say. ``phasegate.operations`` applies them to every action, so the CLI,
+the dashboard and the API refuse alike.
 """
 
 from __future__ import annotations
