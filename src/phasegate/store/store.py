@@ -15,7 +15,8 @@ workflows, milestones and events (``workflows``), the commit path (``commit``), 
 (``forge_rows``), the development graph's runs and proposals (``graph_runs``), the
 webhook deliveries seen and the workflows they wake (``webhooks``), the people of
 the dashboard (``users``), reads of many workflows and events at once (``board``), what
-``/metrics`` shows (``figures``), and pruning finished workflows' events (``prune``).
+``/metrics`` shows (``figures``), pruning finished workflows' events (``prune``),
+and the port ranges worktrees hold (``ports``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from phasegate.store.figures import FigureRows
 from phasegate.store.forge_rows import ForgeRows
 from phasegate.store.graph_runs import APPLY_ARM, VERDICTS, GraphRows
 from phasegate.store.leases import Fence, LeaseRows
+from phasegate.store.ports import PortRows, PortsUnavailable
 from phasegate.store.prune import PruneRows
 from phasegate.store.users import UserRows
 from phasegate.store.values import UsageTotals
@@ -48,6 +50,7 @@ __all__ = [
     "AgentRunRecord",
     "Fence",
     "FenceLost",
+    "PortsUnavailable",
     "Store",
     "StoreUnavailable",
     "StoreUrlUnsupported",
@@ -75,6 +78,7 @@ class Store(
     FigureRows,
     PruneRows,
     UserRows,
+    PortRows,
 ):
     """All SQL behind one class. Methods are small transactions of their own."""
 
