@@ -585,5 +585,5 @@ def retire_worktrees(engine: Engine, ids: Collection[str], *, by: str) -> list[d
     of each failed or cancelled workflow of ``ids`` (``retirable``) removed now; the
     forge keeps what was pushed. Raises ActionRefused (``by``), StoreUnavailable."""
     check_by(by)
-    found = [r for r in retirable(engine.store, engine.repo) if r.id in ids]
+    found = [r for r in retirable(engine) if r.id in ids]
     return retention.retire(engine, found, why=f"cleanup --all by {by}", busy=LeaseHeld)

@@ -47,12 +47,12 @@ def cleanup(
     touched: it landed and stays recorded. Failed and cancelled workflows'
     worktrees and local branches go once landing_areas.keep_failed_days /
     keep_cancelled_days have passed since they ended; with --all they go now,
-    after a confirmation (--yes skips it; --json needs it). The forge keeps
-    every branch phasegate pushed; commits never pushed are gone with the
-    local branch, and --all lists them first. A running, paused or waiting
-    workflow is never touched. Exit 0 when nothing is left to clean up, 1 when
-    a cleanup still fails (git's reason is printed) or another process holds
-    the workflow.
+    after a confirmation (--yes skips it; --json needs it). A team's forge
+    keeps every branch phasegate pushed; commits never pushed (and the local
+    forge's branches) go with the local branch, and --all lists them first.
+    A running, paused or waiting workflow is never touched. Exit 0 when
+    nothing is left to clean up, 1 when a cleanup still fails (git's reason is
+    printed) or another process holds the workflow.
     """
     from phasegate import operations
     from phasegate.cli.render import make_engine
@@ -66,8 +66,7 @@ def cleanup(
         outcomes = operations.cleanup(engine, workflow_id, by=person)
         retired = operations.expire_worktrees(engine)
         if everything:
-            found = [r for r in operations.retirable(store, engine.repo)]
-            found = [r for r in found if workflow_id in (None, r.id)]
+            found = [r for r in operations.retirable(engine) if workflow_id in (None, r.id)]
             if found and not yes and not _confirmed(found):
                 raise typer.Exit(1)
             retired += operations.retire_worktrees(engine, {r.id for r in found}, by=person)
@@ -132,7 +131,8 @@ def _print(outcomes: list[dict[str, Any]], everything: bool) -> None:
         console.print(f"workflow [bold]{o['id']}[/bold]{status}: cleanup {what}", highlight=False)
     if any(o["cleanup"] == "retired" for o in outcomes):
         console.print(
-            "the forge keeps the branches phasegate pushed; "
-            "`phasegate resume ID` makes a worktree again",
+            "a team's forge keeps the branches phasegate pushed; `git branch BRANCH HEAD` "
+            "(HEAD in --json, and in the worktree_retired event) brings a local one back "
+            "until git prunes it",
             highlight=False,
         )

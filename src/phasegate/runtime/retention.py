@@ -9,10 +9,12 @@ cleanup`` and every worker's cleanup pass apply them (``expire``);
 (``retire``). Nothing else is ever touched: a workflow in any other status
 (running, paused, waiting) keeps its worktree whatever its age.
 
-The branch on the forge is never deleted here: a failed workflow's branch may
-hold work, and where it was pushed the forge keeps it (a resume brings it
-back: ``runtime.healing``). What was never pushed is gone with the local
-branch, and each outcome says how many commits that was. A retirement holds
+The branch on a team's forge is never deleted here: a failed workflow's branch
+may hold work, and where it was pushed the forge keeps it (a resume brings it
+back: ``runtime.healing``). What was never pushed, and every branch of the
+local forge (whose branches are the repository's), is gone with the local
+branch; each outcome says how many commits that was and the head they ended
+at, which ``git branch BRANCH HEAD`` brings back until git prunes it. A retirement holds
 the workflow's lease (``decide``), so a person resuming the workflow at that
 moment is never raced; it commits no move, only a ``worktree_retired``
 milestone and event, and releases the workflow's ports.
@@ -68,14 +70,17 @@ class _Engine(Protocol):
 class Retirable:
     """A failed or cancelled workflow that still has a worktree or a local branch here.
 
-    ``commits``: the branch's commits beyond its base; ``unpushed``: whether its
-    head is not what phasegate last pushed (then those commits live only here)."""
+    ``head``: the branch's last commit (``git branch BRANCH HEAD`` brings the branch
+    back until git prunes it); ``commits``: its commits beyond its base;
+    ``unpushed``: whether those commits live only here (never pushed, or the
+    local forge, whose branches are the repository's)."""
 
     id: str
     status: str
     ended_at: datetime
     worktree: str | None
     branch: str | None
+    head: str | None
     commits: int
     unpushed: bool
 
@@ -86,6 +91,7 @@ class Retirable:
             "ended_at": self.ended_at.isoformat(),
             "worktree": self.worktree,
             "branch": self.branch,
+            "head": self.head,
             "commits": self.commits,
             "unpushed": self.unpushed,
         }
@@ -97,12 +103,14 @@ def keep_days(cartridge: Cartridge, status: str) -> float | None:
     return areas.keep_cancelled_days if status == CANCELLED else areas.keep_failed_days
 
 
-def candidates(store: Store, repo: Path, *, workspace: Workspace | None = None) -> list[Retirable]:
-    """Every failed or cancelled workflow of the repository at ``repo`` (this clone)
+def candidates(engine: _Engine, *, workspace: Workspace | None = None) -> list[Retirable]:
+    """Every failed or cancelled workflow of the engine's repository (this clone)
     whose worktree or local branch is still there, oldest first. Reads git's
     files, runs git only for a branch that is there. Raises StoreUnavailable."""
     workspace = workspace or Workspace()
-    repo = repo.resolve()
+    store, repo = engine.store, engine.repo.resolve()
+    # The local forge's branches are the repository's own: deleted here, gone there.
+    remote = engine.cartridge.forge.kind != "local"
     found = []
     for row in store.list_workflows(RETIRABLE):
         if row["repo_path"] != str(repo):
@@ -116,7 +124,9 @@ def candidates(store: Store, repo: Path, *, workspace: Workspace | None = None) 
         )
         if not here and not has_branch:
             continue
-        commits, unpushed = _work(store, repo, row, str(branch)) if has_branch else (0, False)
+        head, commits, unpushed = (
+            _work(store, repo, row, str(branch), remote) if has_branch else (None, 0, False)
+        )
         found.append(
             Retirable(
                 id=row["id"],
@@ -124,6 +134,7 @@ def candidates(store: Store, repo: Path, *, workspace: Workspace | None = None) 
                 ended_at=row["updated_at"],
                 worktree=str(worktree) if here else None,
                 branch=str(branch) if has_branch else None,
+                head=head,
                 commits=commits,
                 unpushed=unpushed,
             )
@@ -131,8 +142,11 @@ def candidates(store: Store, repo: Path, *, workspace: Workspace | None = None) 
     return found
 
 
-def _work(store: Store, repo: Path, row: Mapping[str, Any], branch: str) -> tuple[int, bool]:
-    """The branch's commits beyond its base, and whether its head was never pushed."""
+def _work(
+    store: Store, repo: Path, row: Mapping[str, Any], branch: str, remote: bool
+) -> tuple[str, int, bool]:
+    """The branch's head, its commits beyond its base, and whether they live only here:
+    on the local forge (``remote`` False) always, else when its head was never pushed."""
     counted = run_git(["rev-list", "--count", f"{row['base_branch']}..{branch}"], repo)
     commits = int(counted.stdout.strip() or 0) if counted.returncode == 0 else 0
     head = run_git(["rev-parse", "--verify", "-q", branch], repo).stdout.strip()
@@ -141,7 +155,7 @@ def _work(store: Store, repo: Path, row: Mapping[str, Any], branch: str) -> tupl
         for m in store.milestones(row["id"])
         if m.kind == "branch_pushed" and m.status == "completed"
     }
-    return commits, commits > 0 and head not in pushed
+    return head, commits, commits > 0 and (not remote or head not in pushed)
 
 
 def expire(
@@ -158,7 +172,7 @@ def expire(
     if areas.keep_failed_days is None and areas.keep_cancelled_days is None:
         return []
     due = []
-    for found in candidates(engine.store, engine.repo, workspace=workspace):
+    for found in candidates(engine, workspace=workspace):
         days = keep_days(engine.cartridge, found.status)
         if days is not None and found.ended_at + timedelta(days=days) <= now:
             due.append(found)
