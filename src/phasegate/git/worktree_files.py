@@ -63,10 +63,13 @@ def bring_files(
             if not found:
                 brought.skipped.append({"entry": entry, "why": "not in the main checkout"})
             wanted += [(how, path) for path in found]
-    ignored = _ignored(worktree, [(path, (repo / path).is_dir()) for _, path in wanted])
+    # git sees a symbolic link as a file: a pattern for a directory only ("cache/")
+    # does not ignore a link named cache, and `git clean` would take it.
+    asked = [(path, how == "copy" and (repo / path).is_dir()) for how, path in wanted]
+    ignored = _ignored(worktree, asked)
     for how, path in dict.fromkeys(wanted):
         source, target = repo / path, worktree / path
-        why = _refusal(repo, source, target, path in ignored)
+        why = _refusal(repo, source, target, path in ignored, how)
         if why is not None:
             brought.skipped.append({"path": path, "why": why})
             continue
@@ -103,10 +106,13 @@ def _ignored(worktree: Path, paths: list[tuple[str, bool]]) -> set[str]:
     return {asked[name] for name in proc.stdout.split("\0") if name in asked}
 
 
-def _refusal(repo: Path, source: Path, target: Path, ignored: bool) -> str | None:
-    """Why ``source`` is not brought to ``target``; None when it is."""
+def _refusal(repo: Path, source: Path, target: Path, ignored: bool, how: str) -> str | None:
+    """Why ``source`` is not brought to ``target`` (``how``: copy or link); None when it is."""
     if not ignored:
-        return "git does not ignore it, so an agent's commit would take it in"
+        why = "git does not ignore it, so an agent's commit would take it in"
+        if how == "link":
+            why += f" (a link is a file to git: ignore {target.name}, not {target.name}/)"
+        return why
     if os.path.lexists(target):
         return "already in the worktree"
     # A symbolic link on the way (a linked parent directory) must not lead out.

@@ -1,0 +1,262 @@
+"""Worktrees prepared as a developer's (docs/worktrees.md): the cartridge's ignored
+files copied or linked in, its setup run once per new worktree with its output in
+the workflow's events, a port range reserved per workflow and given to agents and
+checks, and failed or cancelled workflows' worktrees retired.
+
+Real git, real processes, real sockets; the port store on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phasegate import operations
+from phasegate.config.cartridge import CartridgeError, cartridge_from_document
+from phasegate.core import decisions
+from phasegate.core.contract import PhaseResult
+from phasegate.proc.ports import range_is_free
+from phasegate.runtime.engine import Engine, LeaseHeld
+from phasegate.runtime.retention import expire
+from phasegate.store import PortsUnavailable, Store, open_store
+
+from conftest import HAPPY_ANSWERS, git, make_repo, new_workflow, phasegate_cli, scripted_cartridge
+
+# -- the cartridge --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        ("../outside.env", "climbs out of the repository"),
+        ("/etc/passwd", "not relative to the repository root"),
+        ("~/.aws/credentials", "not relative to the repository root"),
+        (".git/config", "inside .git"),
+        (".phasegate/state.db", "inside .phasegate"),
+    ],
+)
+def test_an_entry_reaching_outside_the_repository_is_refused_naming_its_key(
+    tmp_path: Path, entry: str, said: str
+) -> None:
+    for key in ("copy", "link"):
+        with pytest.raises(CartridgeError) as refused:
+            cartridge_from_document(tmp_path, {"landing_areas": {key: [".env", entry]}})
+        assert f"landing_areas.{key}" in str(refused.value)
+        assert said in str(refused.value)
+
+
+# -- the port store: SQLite and PostgreSQL ---------------------------------------------
+
+
+def _free_span(count: int) -> tuple[int, int]:
+    """A span of ``count`` * 8 ports, starting where the OS just gave a free port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        base = probe.getsockname()[1]
+    return base, base + count * 8
+
+
+def test_port_ranges_never_overlap_skip_busy_ports_and_come_back_when_the_workflow_ends(
+    store_url: str,
+) -> None:
+    stores = [open_store(store_url), open_store(store_url)]  # two workers, one store
+    try:
+        ids = [new_workflow(stores[0]) for _ in range(6)]
+        first, _ = _free_span(3)
+        span = (first, first + 6 * 3)
+        # The machine holds a port of the first range: it is skipped.
+        held = socket.socket()
+        held.bind(("0.0.0.0", first + 1))
+        got: dict[str, tuple[int, int]] = {}
+
+        def reserve(i: int) -> None:
+            store = stores[i % 2]
+            got[ids[i]] = store.reserve_ports(
+                ids[i], 3, host="here", free=range_is_free, span=span
+            )
+
+        threads = [threading.Thread(target=reserve, args=(i,)) for i in range(5)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        held.close()
+        ranges = sorted(got.values())
+        assert len(ranges) == 5 and all(count == 3 for _, count in ranges)
+        ports = [p for base, count in ranges for p in range(base, base + count)]
+        assert len(ports) == len(set(ports)), ranges  # no two overlap
+        assert first + 1 not in ports  # in use on the machine
+        after = (first + 3, span[1])  # the five ranges fill it
+        # Held by its workflow, whichever worker asks again.
+        assert stores[1].reserve_ports(ids[0], 3, host="x", free=lambda *_: False, span=span) == (
+            got[ids[0]]
+        )
+        with pytest.raises(PortsUnavailable, match="landing_areas.ports"):
+            stores[0].reserve_ports(ids[5], 3, host="here", free=range_is_free, span=after)
+        # An ended workflow's range goes back, in the commit that ends it.
+        ctx = stores[0].load_context(ids[0])
+        stores[0].commit_phase_result(ctx, PhaseResult("failed", reason="broke"))
+        assert stores[0].reserved_ports(ids[0]) is None
+        assert stores[0].reserve_ports(ids[5], 3, host="here", free=range_is_free, span=after)
+        assert stores[1].release_ports(ids[1]) and stores[1].reserved_ports(ids[1]) is None
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_a_range_is_free_only_when_every_port_binds() -> None:
+    base, _ = _free_span(2)
+    assert range_is_free(base, 2)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", base + 1))
+        listener.listen()
+        assert not range_is_free(base, 2)
+    assert range_is_free(base, 2)  # every probe socket was closed
+
+
+# -- preparation: files, setup, ports --------------------------------------------------
+
+#: Ignored in every test repository: phasegate's own, the local config, a cache (its
+#: link is a file to git: no trailing slash), what the setup leaves.
+IGNORED = ".phasegate/\n.env\ncache\n.setup-ran\n"
+
+
+def _repo(tmp_path: Path, landing: str, *, build: str | None = None, checks: list[str] = ()) -> Path:
+    repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": IGNORED})
+    (repo / "answers.toml").write_text(HAPPY_ANSWERS)
+    cartridge = scripted_cartridge(
+        auto_merge=False,
+        checks=list(checks),
+        role_overrides={"build": build} if build else None,
+    )
+    cartridge = cartridge.replace("check_timeout = 60\n", "check_timeout = 60\n" + landing)
+    (repo / "phasegate.toml").write_text(cartridge)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "cartridge")
+    return repo
+
+
+def _events(store: Store, workflow_id: str, kind: str) -> list[dict[str, Any]]:
+    return [e["data"] for e in store.events(workflow_id) if e["type"] == kind]
+
+
+def test_a_new_worktree_gets_the_copied_and_linked_files_and_the_setup_output_in_its_events(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    landing = (
+        'copy = [".env", "notes.txt", "missing.cfg"]\n'
+        'link = ["cache"]\n'
+        "setup = 'echo \"setup on port $PHASEGATE_PORT_BASE+$PHASEGATE_PORT_COUNT\"; "
+        "cat .env; touch .setup-ran'\n"
+        "ports = 2\n"
+    )
+    repo = _repo(tmp_path, landing)
+    (repo / ".env").write_text("LOCAL_SETTING=on\n")
+    (repo / "notes.txt").write_text("a person's notes, not ignored\n")
+    (repo / "cache").mkdir()
+    (repo / "cache" / "big.bin").write_text("cached\n")
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert row["status"] == "waiting", row
+
+    worktree = Path(row["worktree_path"])
+    assert (worktree / ".env").read_text() == "LOCAL_SETTING=on\n"
+    assert (worktree / "cache").is_symlink()
+    assert (worktree / "cache").resolve() == (repo / "cache").resolve()
+    assert not (worktree / "notes.txt").exists()  # not ignored: a commit would take it
+    assert (worktree / ".setup-ran").exists()
+    # Nothing brought reached the branch.
+    committed = git(repo, "ls-tree", "-r", "--name-only", row["branch_name"]).split()
+    assert not {".env", "cache", ".setup-ran", "notes.txt"} & set(committed)
+
+    [files] = _events(store, workflow_id, "worktree_files")
+    assert (files["copied"], files["linked"]) == ([".env"], ["cache"])
+    skipped = {s.get("entry") or s.get("path"): s["why"] for s in files["skipped"]}
+    assert skipped["missing.cfg"] == "not in the main checkout"
+    assert "does not ignore" in skipped["notes.txt"]
+
+    base, count = store.reserved_ports(workflow_id) or (0, 0)
+    [setup] = _events(store, workflow_id, "worktree_setup")
+    assert setup["passed"] and setup["exit_code"] == 0
+    assert f"setup on port {base}+2" in setup["output"] and count == 2
+    assert "LOCAL_SETTING=on" in setup["output"]
+    # The timeline has it: show's milestones, and the events command.
+    shown = json.loads(phasegate_cli("show", workflow_id, "--repo", str(repo), "--json").stdout)
+    [prepared] = [m for m in shown["milestones"] if m["kind"] == "worktree_setup"]
+    assert prepared["status"] == "completed" and "passed" in prepared["summary"]
+
+
+def test_a_failing_setup_pauses_naming_the_key_and_a_resume_runs_it_again(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    ready = tmp_path / "ready"
+    landing = f"setup = 'test -e {ready} || {{ echo dependencies missing; exit 3; }}; echo ok'\n"
+    repo = _repo(tmp_path, landing)
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert (row["status"], row["current_phase"]) == ("paused", "preparation")
+    assert "landing_areas.setup failed (exit 3)" in row["error"]
+    assert "dependencies missing" in row["error"]
+
+    ready.touch()
+    engine.decide(workflow_id, decisions.resume)
+    row = engine.advance(workflow_id)
+    assert row["status"] == "waiting", row
+    runs = _events(store, workflow_id, "worktree_setup")
+    assert [r["exit_code"] for r in runs] == [3, 0]
+    [milestone] = [m for m in store.milestones(workflow_id) if m.kind == "worktree_setup"]
+    assert milestone.status == "completed"  # the same row, settled again
+
+
+def test_a_setup_killed_with_its_worker_runs_again_on_resume(tmp_path: Path) -> None:
+    started, done = tmp_path / "started", tmp_path / "done"
+    # The first run waits (its worker is killed meanwhile); the next one finishes.
+    landing = (
+        f"setup = 'if [ -e {started} ]; then echo second run; touch {done}; "
+        f"else touch {started}; sleep 60; fi'\n"
+    )
+    repo = _repo(tmp_path, landing)
+    exe = Path(sys.executable).parent / "phasegate"
+    with subprocess.Popen(
+        [str(exe), "run", "--repo", str(repo), "--json", "Add the feature"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    ) as run:
+        deadline = time.monotonic() + 60
+        while not started.exists():  # the setup is running
+            assert run.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        os.killpg(run.pid, signal.SIGKILL)
+    status = json.loads(phasegate_cli("status", "--repo", str(repo), "--json").stdout)
+    [workflow_id] = [w["id"] for w in status]
+
+    resumed = phasegate_cli("resume", workflow_id, "--repo", str(repo), "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["status"] == "waiting"
+    assert done.exists()
+    store = open_store(f"sqlite:///{repo}/.phasegate/state.db")
+    try:
+        rows = [m for m in store.milestones(workflow_id) if m.kind == "worktree_setup"]
+        assert [m.status for m in rows] == ["completed"]  # interrupted, then run again
+        [setup] = _events(store, workflow_id, "worktree_setup")
+        assert "second run" in setup["output"]
+        # The first run's process, left by the killed worker, was stopped first.
+        notes = [e["note"] for e in _events(store, workflow_id, "reconciled")]
+        assert any(n.startswith("orphaned check") and "stopped" in n for n in notes), notes
+    finally:
+        store.close()
