@@ -255,8 +255,9 @@ def test_a_setup_killed_with_its_worker_runs_again_on_resume(tmp_path: Path) -> 
         assert [m.status for m in rows] == ["completed"]  # interrupted, then run again
         [setup] = _events(store, workflow_id, "worktree_setup")
         assert "second run" in setup["output"]
-        # The first run's process, left by the killed worker, was stopped first.
+        # The resume settled the killed run first: its row and its process's.
         notes = [e["note"] for e in _events(store, workflow_id, "reconciled")]
-        assert any(n.startswith("orphaned check") and "stopped" in n for n in notes), notes
+        assert "worktree_setup: interrupted" in notes, notes
+        assert any(n.startswith("orphaned check (pgid") for n in notes), notes
     finally:
         store.close()
