@@ -261,3 +261,69 @@ def test_a_setup_killed_with_its_worker_runs_again_on_resume(tmp_path: Path) -> 
         assert any(n.startswith("orphaned check (pgid") for n in notes), notes
     finally:
         store.close()
+
+
+#: A check binding every port of its workflow's range and holding them until the
+#: other workflow's check holds its own (a file each in the barrier directory).
+BIND_PORTS = """\
+import os, pathlib, socket, sys, time
+base, count = int(os.environ["PHASEGATE_PORT_BASE"]), int(os.environ["PHASEGATE_PORT_COUNT"])
+held = []
+for port in range(base, base + count):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    held.append(sock)
+barrier = pathlib.Path(sys.argv[1])
+(barrier / str(base)).write_text(str(count))
+deadline = time.monotonic() + 30
+while len(list(barrier.iterdir())) < 2:
+    if time.monotonic() > deadline:
+        sys.exit("the other workflow's check never held its ports")
+    time.sleep(0.01)
+print(f"held {base}..{base + count - 1}")
+"""
+
+
+def test_two_concurrent_workflows_checks_bind_their_own_ports_and_agents_see_them(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    build = (
+        'runner = "command"\n'
+        "command = 'echo \"port $PHASEGATE_PORT_BASE of $PHASEGATE_PORT_COUNT\" > feature.txt; "
+        "echo built'\ntimeout = 60\n"
+    )
+    repo = _repo(
+        tmp_path,
+        "ports = 3\n",
+        build=build,
+        checks=[f"python3 bind_ports.py {barrier}"],
+    )
+    (repo / "bind_ports.py").write_text(BIND_PORTS)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "the port check")
+    engine, store = engine_for(repo)
+    ids = [engine.start(f"Feature {n}", "Write feature.txt") for n in (1, 2)]
+    engine.run_worker(once=True, concurrency=2, poll_s=0.05)
+
+    ranges = {}
+    for workflow_id in ids:
+        row = store.workflow_row(workflow_id)
+        assert row["status"] == "waiting", (row["status"], row["error"])
+        base, count = store.reserved_ports(workflow_id) or (0, 0)
+        ranges[workflow_id] = range(base, base + count)
+        # The build agent saw the same range its checks bound.
+        feature = git(repo, "show", f"{row['branch_name']}:feature.txt")
+        assert feature == f"port {base} of 3"
+        [checked] = [m for m in store.milestones(workflow_id) if m.kind == "tests_run"]
+        assert f"held {base}..{base + 2}" in json.dumps(checked.data)
+    first, second = ranges.values()
+    assert len(first) == len(second) == 3 and not set(first) & set(second)
+    assert sorted(p.name for p in barrier.iterdir()) == sorted(str(r.start) for r in (first, second))
+
+    # Cancelling a workflow gives its ports back; the other keeps its own.
+    operations.cancel(engine, ids[0], by="ana")
+    assert store.reserved_ports(ids[0]) is None
+    assert store.reserved_ports(ids[1]) == (second.start, 3)
