@@ -83,9 +83,7 @@ def test_port_ranges_never_overlap_skip_busy_ports_and_come_back_when_the_workfl
 
         def reserve(i: int) -> None:
             store = stores[i % 2]
-            got[ids[i]] = store.reserve_ports(
-                ids[i], 3, host="here", free=range_is_free, span=span
-            )
+            got[ids[i]] = store.reserve_ports(ids[i], 3, host="here", free=range_is_free, span=span)
 
         threads = [threading.Thread(target=reserve, args=(i,)) for i in range(5)]
         for thread in threads:
@@ -100,8 +98,9 @@ def test_port_ranges_never_overlap_skip_busy_ports_and_come_back_when_the_workfl
         assert first + 1 not in ports  # in use on the machine
         after = (first + 3, span[1])  # the five ranges fill it
         # Held by its workflow, whichever worker asks again.
-        assert stores[1].reserve_ports(ids[0], 3, host="x", free=lambda *_: False, span=span) == (
-            got[ids[0]]
+        assert (
+            stores[1].reserve_ports(ids[0], 3, host="x", free=lambda *_: False, span=span)
+            == (got[ids[0]])
         )
         with pytest.raises(PortsUnavailable, match="landing_areas.ports"):
             stores[0].reserve_ports(ids[5], 3, host="here", free=range_is_free, span=after)
@@ -133,7 +132,9 @@ def test_a_range_is_free_only_when_every_port_binds() -> None:
 IGNORED = ".phasegate/\n.env\ncache\n.setup-ran\n"
 
 
-def _repo(tmp_path: Path, landing: str, *, build: str | None = None, checks: list[str] = ()) -> Path:
+def _repo(
+    tmp_path: Path, landing: str, *, build: str | None = None, checks: list[str] = ()
+) -> Path:
     repo = make_repo(tmp_path / "repo", {"README.md": "# sample\n", ".gitignore": IGNORED})
     (repo / "answers.toml").write_text(HAPPY_ANSWERS)
     cartridge = scripted_cartridge(
@@ -158,7 +159,7 @@ def test_a_new_worktree_gets_the_copied_and_linked_files_and_the_setup_output_in
     landing = (
         'copy = [".env", "notes.txt", "missing.cfg"]\n'
         'link = ["cache"]\n'
-        "setup = 'echo \"setup on port $PHASEGATE_PORT_BASE+$PHASEGATE_PORT_COUNT\"; "
+        'setup = \'echo "setup on port $PHASEGATE_PORT_BASE+$PHASEGATE_PORT_COUNT"; '
         "cat .env; touch .setup-ran'\n"
         "ports = 2\n"
     )
@@ -292,7 +293,7 @@ def test_two_concurrent_workflows_checks_bind_their_own_ports_and_agents_see_the
     barrier.mkdir()
     build = (
         'runner = "command"\n'
-        "command = 'echo \"port $PHASEGATE_PORT_BASE of $PHASEGATE_PORT_COUNT\" > feature.txt; "
+        'command = \'echo "port $PHASEGATE_PORT_BASE of $PHASEGATE_PORT_COUNT" > feature.txt; '
         "echo built'\ntimeout = 60\n"
     )
     repo = _repo(
@@ -321,9 +322,87 @@ def test_two_concurrent_workflows_checks_bind_their_own_ports_and_agents_see_the
         assert f"held {base}..{base + 2}" in json.dumps(checked.data)
     first, second = ranges.values()
     assert len(first) == len(second) == 3 and not set(first) & set(second)
-    assert sorted(p.name for p in barrier.iterdir()) == sorted(str(r.start) for r in (first, second))
+    assert sorted(p.name for p in barrier.iterdir()) == sorted(
+        str(r.start) for r in (first, second)
+    )
 
     # Cancelling a workflow gives its ports back; the other keeps its own.
     operations.cancel(engine, ids[0], by="ana")
     assert store.reserved_ports(ids[0]) is None
     assert store.reserved_ports(ids[1]) == (second.start, 3)
+
+
+# -- retention and cleanup --all -------------------------------------------------------
+
+
+def _there(repo: Path, row: dict[str, Any]) -> tuple[bool, bool]:
+    """Whether the workflow's worktree, and its branch, are still in ``repo``."""
+    branch = git(repo, "branch", "--list", row["branch_name"])
+    return Path(row["worktree_path"]).exists(), bool(branch)
+
+
+def test_retention_removes_failed_and_cancelled_worktrees_after_their_days_and_nothing_else(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    repo = _repo(tmp_path, "keep_failed_days = 2\nkeep_cancelled_days = 0\n")
+    engine, store = engine_for(repo)
+    ids = [engine.start(f"Feature {n}", "Write feature.txt") for n in "abcd"]
+    for workflow_id in ids:
+        assert engine.advance(workflow_id)["status"] == "waiting"
+    failed, cancelled, waiting, failed_too = ids
+    for workflow_id in (failed, failed_too):
+        engine.decide(workflow_id, lambda ctx: PhaseResult("failed", reason="the build broke"))
+    operations.cancel(engine, cancelled, by="ana")
+    rows = {w: store.workflow_row(w) for w in ids}
+    head = git(repo, "rev-parse", rows[failed]["branch_name"])
+
+    # A worker's pass: the cancelled one's 0 days are over, the failed ones' 2 are not.
+    engine.run_worker(once=True)
+    assert _there(repo, rows[cancelled]) == (False, False)
+    assert all(_there(repo, rows[w]) == (True, True) for w in (failed, waiting, failed_too))
+    [event] = _events(store, cancelled, "worktree_retired")
+    assert event["why"] == "retention" and store.workflow_row(cancelled)["status"] == "cancelled"
+
+    now = store.clock.now()
+    assert expire(engine, now + timedelta(days=1), busy=LeaseHeld) == []  # not yet
+    retired = expire(engine, now + timedelta(days=3), busy=LeaseHeld)
+    assert [(r["id"], r["retired"]) for r in retired] == [
+        (failed, "completed"),
+        (failed_too, "completed"),
+    ]
+    assert retired[0]["head"] == head and retired[0]["commits"] == 1
+    assert retired[0]["unpushed"]  # the local forge's branches are the repository's
+    assert _there(repo, rows[failed]) == _there(repo, rows[failed_too]) == (False, False)
+    after = store.workflow_row(failed)
+    assert (after["status"], after["error"]) == ("failed", "the build broke")  # as it was
+    assert _there(repo, rows[waiting]) == (True, True)  # a waiting workflow is never touched
+
+
+def test_cleanup_all_asks_first_then_removes_failed_and_cancelled_worktrees_only(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    repo = _repo(tmp_path, "")  # no retention: kept for good, until --all
+    engine, store = engine_for(repo)
+    cancelled, waiting = (engine.start(f"Feature {n}", "Write feature.txt") for n in "ab")
+    for workflow_id in (cancelled, waiting):
+        assert engine.advance(workflow_id)["status"] == "waiting"
+    operations.cancel(engine, cancelled, by="ana")
+    rows = {w: store.workflow_row(w) for w in (cancelled, waiting)}
+    engine.run_worker(once=True)
+    assert _there(repo, rows[cancelled]) == (True, True)  # retention unset: kept
+
+    asked = phasegate_cli("cleanup", "--all", "--repo", str(repo), "--json")
+    assert asked.returncode == 2 and "--yes" in json.loads(asked.stdout)["error"]["message"]
+    assert _there(repo, rows[cancelled]) == (True, True)
+    done = phasegate_cli("cleanup", "--all", "--yes", "--repo", str(repo), "--json", "--by", "bo")
+    assert done.returncode == 0, done.stdout + done.stderr
+    [outcome] = json.loads(done.stdout)
+    assert (outcome["id"], outcome["cleanup"], outcome["retried"]) == (cancelled, "retired", True)
+    assert outcome["retired"]["status"] == "cancelled"
+    assert _there(repo, rows[cancelled]) == (False, False)
+    assert _there(repo, rows[waiting]) == (True, True)  # a waiting workflow is never touched
+    assert store.workflow_row(waiting)["status"] == "waiting"
+    [event] = _events(store, cancelled, "worktree_retired")
+    assert event["why"] == "cleanup --all by bo"
+    again = phasegate_cli("cleanup", "--all", "--yes", "--repo", str(repo))
+    assert again.returncode == 0 and "nothing to do" in again.stdout
