@@ -31,6 +31,7 @@ from phasegate.proc.ports import range_is_free
 from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.runtime.retention import expire
 from phasegate.store import PortsUnavailable, Store, open_store
+from phasegate.web.views import describe_event
 
 from conftest import HAPPY_ANSWERS, git, make_repo, new_workflow, phasegate_cli, scripted_cartridge
 
@@ -194,7 +195,9 @@ def test_a_new_worktree_gets_the_copied_and_linked_files_and_the_setup_output_in
     assert setup["passed"] and setup["exit_code"] == 0
     assert f"setup on port {base}+2" in setup["output"] and count == 2
     assert "LOCAL_SETTING=on" in setup["output"]
-    # The timeline has it: show's milestones, and the events command.
+    # The timeline has it: the dashboard's activity line, and show's milestones.
+    line = describe_event({"type": "worktree_setup", "data": setup})
+    assert line.startswith("worktree setup passed: setup on port")
     shown = json.loads(phasegate_cli("show", workflow_id, "--repo", str(repo), "--json").stdout)
     [prepared] = [m for m in shown["milestones"] if m["kind"] == "worktree_setup"]
     assert prepared["status"] == "completed" and "passed" in prepared["summary"]
@@ -300,7 +303,7 @@ def test_two_concurrent_workflows_checks_bind_their_own_ports_and_agents_see_the
         tmp_path,
         "ports = 3\n",
         build=build,
-        checks=[f"python3 bind_ports.py {barrier}"],
+        checks=(f"python3 bind_ports.py {barrier}",),
     )
     (repo / "bind_ports.py").write_text(BIND_PORTS)
     git(repo, "add", "-A")
