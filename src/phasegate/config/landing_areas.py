@@ -52,6 +52,10 @@ def entry_problem(entry: str) -> str | None:
 
 
 class LandingAreas(BaseModel):
+    """``[landing_areas]``: where workflows' worktrees are made and how each new one is
+    prepared (``copy``, ``link``, ``setup``, ``ports``: docs/worktrees.md), the checks
+    run in them, and how long a failed or cancelled workflow's worktree stays."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     worktree_root: str = ".phasegate/worktrees"
