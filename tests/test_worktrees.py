@@ -368,11 +368,19 @@ def test_retention_removes_failed_and_cancelled_worktrees_after_their_days_and_n
 
     now = store.clock.now()
     assert expire(engine, now + timedelta(days=1), busy=LeaseHeld) == []  # not yet
+    # A person's checkout holds one branch: git refuses, nothing is committed.
+    person = tmp_path / "person"
+    git(repo, "worktree", "add", "-f", str(person), rows[failed_too]["branch_name"])
     retired = expire(engine, now + timedelta(days=3), busy=LeaseHeld)
     assert [(r["id"], r["retired"]) for r in retired] == [
         (failed, "completed"),
-        (failed_too, "completed"),
+        (failed_too, "failed"),
     ]
+    assert "deleting the branch" in retired[1]["reason"]
+    assert _events(store, failed_too, "worktree_retired") == []
+    git(repo, "worktree", "remove", str(person))
+    [again] = expire(engine, now + timedelta(days=3), busy=LeaseHeld)  # tried again
+    assert (again["id"], again["retired"]) == (failed_too, "completed")
     assert retired[0]["head"] == head and retired[0]["commits"] == 1
     assert retired[0]["unpushed"]  # the local forge's branches are the repository's
     assert _there(repo, rows[failed]) == _there(repo, rows[failed_too]) == (False, False)

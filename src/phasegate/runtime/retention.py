@@ -14,14 +14,16 @@ may hold work, and where it was pushed the forge keeps it (a resume brings it
 back: ``runtime.healing``). What was never pushed, and every branch of the
 local forge (whose branches are the repository's), is gone with the local
 branch; each outcome says how many commits that was and the head they ended
-at, which ``git branch BRANCH HEAD`` brings back until git prunes it. A retirement holds
-the workflow's lease (``decide``), so a person resuming the workflow at that
-moment is never raced; it commits no move, only a ``worktree_retired``
-milestone and event, and releases the workflow's ports.
+at, which ``git branch BRANCH HEAD`` brings back until git prunes it. A
+retirement holds the workflow's lease (``decide``), so a person resuming the
+workflow at that moment is never raced; it commits no move, only a ``worktree_retired``
+milestone and event, and releases the workflow's ports. One that git refuses
+(a person's checkout holds the branch) commits nothing and is tried again.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -32,15 +34,17 @@ from phasegate.config.cartridge import Cartridge
 from phasegate.core.contract import (
     CANCELLED,
     EventWrite,
-    MilestoneStatus,
     MilestoneWrite,
+    PhasegateError,
     PhaseResult,
     WorkflowContext,
 )
 from phasegate.git.command import run_git
 from phasegate.git.workspace import GitError, Workspace
 from phasegate.phases.cleanup import clean_up
-from phasegate.store import Store
+from phasegate.store import Store, StoreUnavailable
+
+log = logging.getLogger(__name__)
 
 __all__ = ["KIND", "RETIRABLE", "Retirable", "candidates", "expire", "retire"]
 
@@ -52,6 +56,10 @@ RETIRABLE = ("failed", CANCELLED)
 
 class _NotRetirable(Exception):
     """The workflow moved out of failed and cancelled since it was found."""
+
+
+class _NotRetired(Exception):
+    """Git or the file system refused a step; the message says which and why."""
 
 
 class _Engine(Protocol):
@@ -172,7 +180,12 @@ def expire(
     if areas.keep_failed_days is None and areas.keep_cancelled_days is None:
         return []
     due = []
-    for found in candidates(engine, workspace=workspace):
+    try:
+        found_all = candidates(engine, workspace=workspace)
+    except GitError as exc:  # a repository git cannot read now: the next pass looks again
+        log.warning("worktree retention skipped: %s", exc)
+        return []
+    for found in found_all:
         days = keep_days(engine.cartridge, found.status)
         if days is not None and found.ended_at + timedelta(days=days) <= now:
             due.append(found)
@@ -190,9 +203,11 @@ def retire(
     """Remove each workflow's worktree and local branch, under its lease; one outcome
     each: ``Retirable.as_dict`` with ``retired`` (``completed``, ``failed`` with
     ``reason``, ``busy`` when another process holds it, ``skipped`` when it is
-    no longer failed or cancelled). ``why`` (``retention``, ``cleanup --all``) is
-    recorded; ``busy`` is the error ``decide`` refuses a held workflow with
-    (``LeaseHeld``). Raises StoreUnavailable."""
+    no longer failed or cancelled). A failed one commits nothing, so its days
+    still count from its end and the next pass tries again. ``why``
+    (``retention``, ``cleanup --all``) is recorded; ``busy`` is the error
+    ``decide`` refuses a held workflow with (``LeaseHeld``). Raises
+    StoreUnavailable."""
     workspace = workspace or Workspace()
     outcomes = []
     for one in found:
@@ -203,6 +218,13 @@ def retire(
             said.update(retired="busy", reason=str(exc))
         except _NotRetirable as exc:
             said.update(reason=str(exc))
+        except _NotRetired as exc:
+            log.warning("the worktree of %s is not retired: %s", one.id, exc)
+            said.update(retired="failed", reason=str(exc))
+        except StoreUnavailable:
+            raise  # the worker waits the outage out, and the next pass tries again
+        except PhasegateError as exc:  # git or the commit: this one fails, the rest go on
+            said.update(retired="failed", reason=str(exc))
         outcomes.append(said)
     return outcomes
 
@@ -227,19 +249,24 @@ def _retiring(
                 workspace.remove_worktree(repo, worktree)
             except (GitError, OSError) as exc:
                 problems.append(f"removing the worktree {worktree}: {exc}")
+        if problems:
+            # Nothing committed: the workflow's end stays its end, and the next pass
+            # (or cleanup) tries again.
+            raise _NotRetired("; ".join(problems))
         store.release_ports(ctx.id)
-        status: MilestoneStatus = "failed" if problems else "completed"
-        said.update(retired=status, reason="; ".join(problems) or None)
+        said.update(retired="completed")
         lost = f"; {one.commits} commit(s) never pushed are gone" if one.unpushed else ""
         data = {"why": why, **said}
-        summary = "; ".join(problems) or f"worktree and local branch removed ({why}){lost}"
         return PhaseResult(
             "failed",
             status=ctx.status,
             reason=ctx.error or "",
             milestones=(
                 MilestoneWrite(
-                    KIND, status=status, key=f"v{ctx.version}", summary=summary[:500], data=data
+                    KIND,
+                    key=f"v{ctx.version}",
+                    summary=f"worktree and local branch removed ({why}){lost}",
+                    data=data,
                 ),
             ),
             events=(EventWrite(KIND, data),),
