@@ -202,6 +202,16 @@ def test_a_new_worktree_gets_the_copied_and_linked_files_and_the_setup_output_in
     [prepared] = [m for m in shown["milestones"] if m["kind"] == "worktree_setup"]
     assert prepared["status"] == "completed" and "passed" in prepared["summary"]
 
+    # The worktree is lost: the self-heal makes it again, and prepares it again.
+    git(repo, "worktree", "remove", "--force", str(worktree))
+    engine.decide(workflow_id, lambda ctx: decisions.approve_merge(ctx, "ana"))
+    assert engine.advance(workflow_id)["status"] == "completed"
+    assert _events(store, workflow_id, "worktree_healed")
+    runs = _events(store, workflow_id, "worktree_setup")
+    assert [(r["generation"], r["passed"]) for r in runs] == [(1, True), (2, True)]
+    assert [f["copied"] for f in _events(store, workflow_id, "worktree_files")] == [[".env"]] * 2
+    assert store.reserved_ports(workflow_id) is None  # ended: its ports are back
+
 
 def test_a_failing_setup_pauses_naming_the_key_and_a_resume_runs_it_again(
     tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
