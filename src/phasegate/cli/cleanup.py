@@ -68,6 +68,7 @@ def cleanup(
         if everything:
             found = [r for r in operations.retirable(engine) if workflow_id in (None, r.id)]
             if found and not yes and not _confirmed(found):
+                console.print("nothing removed", highlight=False)
                 raise typer.Exit(1)
             retired += operations.retire_worktrees(engine, {r.id for r in found}, by=person)
     outcomes += [_outcome(r) for r in retired]
@@ -120,7 +121,11 @@ def _print(outcomes: list[dict[str, Any]], everything: bool) -> None:
         if o["cleanup"] == "retired":
             what = "worktree and local branch removed"
             if retired and retired["unpushed"]:
-                what += f" ({retired['commits']} commit(s) never pushed are gone)"
+                back = f"git branch {retired['branch']} {retired['head']}"
+                what += (
+                    f"; its {retired['commits']} commit(s) never pushed: `{back}` "
+                    "brings them back until git prunes them"
+                )
         elif o["cleanup"] == "completed":
             what = "worktree and branch removed" if o["retried"] else "done already"
         elif o["cleanup"] == "none":
@@ -131,8 +136,7 @@ def _print(outcomes: list[dict[str, Any]], everything: bool) -> None:
         console.print(f"workflow [bold]{o['id']}[/bold]{status}: cleanup {what}", highlight=False)
     if any(o["cleanup"] == "retired" for o in outcomes):
         console.print(
-            "a team's forge keeps the branches phasegate pushed; `git branch BRANCH HEAD` "
-            "(HEAD in --json, and in the worktree_retired event) brings a local one back "
-            "until git prunes it",
+            "a team's forge keeps the branches phasegate pushed: "
+            "`phasegate resume ID` makes a failed workflow's worktree again from one",
             highlight=False,
         )
