@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from phasegate import operations
+from phasegate.agents import ports
 from phasegate.config.cartridge import CartridgeError, cartridge_from_document
 from phasegate.core import decisions
 from phasegate.core.contract import PhaseResult
@@ -427,3 +428,24 @@ def test_cleanup_all_asks_first_then_removes_failed_and_cancelled_worktrees_only
     assert event["why"] == "cleanup --all by bo"
     again = phasegate_cli("cleanup", "--all", "--yes", "--repo", str(repo))
     assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+def test_no_free_port_range_pauses_the_workflow_and_a_resume_goes_on(
+    tmp_path: Path,
+    engine_for: Callable[..., tuple[Engine, Store]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first, _ = _free_span(2)
+    monkeypatch.setattr(ports, "PORT_RANGE", (first, first + 2))  # room for one range
+    repo = _repo(tmp_path, "ports = 2\n")
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    with socket.socket() as taken:  # another program listens on a port of it
+        taken.bind(("127.0.0.1", first + 1))
+        taken.listen()
+        row = engine.advance(workflow_id)
+    assert row["status"] == "paused", row
+    assert "landing_areas.ports: no range of 2 free ports" in row["error"]
+    engine.decide(workflow_id, decisions.resume)
+    assert engine.advance(workflow_id)["status"] == "waiting"
+    assert store.reserved_ports(workflow_id) == (first, 2)
