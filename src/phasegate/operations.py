@@ -417,7 +417,8 @@ def cancel(engine: Engine, workflow_id: str, *, by: str, via: str | None = None)
     """Cancel a workflow that is not completed: status ``cancelled`` through the
     single commit path, its error ``cancelled by BY``; final (every later decision
     is refused). Its forge issue is left open (its status label shows
-    ``phasegate:cancelled``), its worktree and branch are kept.
+    ``phasegate:cancelled``), its worktree and branch are kept (until retention:
+    ``retire_worktrees``, ``expire_worktrees``).
 
     Its pull request, when phasegate opened it, is closed before the status
     changes (``phases.cleanup.close_pull_request``: journaled, retried like a

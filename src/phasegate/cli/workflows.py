@@ -524,7 +524,9 @@ def cancel(
 ) -> None:
     """Cancel a workflow that is not completed: status cancelled, for good.
 
-    Its forge issue and pull request, worktree and branch are left as they are.
+    Its forge issue and pull request, worktree and branch are left as they are
+    (the worktree and branch until landing_areas.keep_cancelled_days, or
+    `phasegate cleanup --all`).
     Refused (exit 2, nothing changed) while a worker advances it: stop that
     worker first (its agents stop, the workflow pauses), then cancel.
     """
