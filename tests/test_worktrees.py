@@ -195,6 +195,8 @@ def test_a_new_worktree_gets_the_copied_and_linked_files_and_the_setup_output_in
     [setup] = _events(store, workflow_id, "worktree_setup")
     assert setup["passed"] and setup["exit_code"] == 0
     assert f"setup on port {base}+2" in setup["output"] and count == 2
+    [reserved] = _events(store, workflow_id, "ports_reserved")
+    assert (reserved["base"], reserved["count"]) == (base, 2)
     assert "LOCAL_SETTING=on" in setup["output"]
     # The timeline has it: the dashboard's activity line, and show's milestones.
     line = describe_event({"type": "worktree_setup", "data": setup})

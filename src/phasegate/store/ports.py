@@ -12,11 +12,14 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from phasegate.core.contract import ENDED_STATUSES, PhasegateError
+from phasegate.core.contract import ENDED_STATUSES, EventWrite, PhasegateError
 from phasegate.store import tables as t
 from phasegate.store._base import StoreBase
 
-__all__ = ["PortRows", "PortsUnavailable"]
+__all__ = ["RESERVED_EVENT", "PortRows", "PortsUnavailable"]
+
+#: The event a new reservation adds to its workflow's stream: ``{"base", "count", "host"}``.
+RESERVED_EVENT = "ports_reserved"
 
 
 class PortsUnavailable(PhasegateError):
@@ -41,9 +44,10 @@ class PortRows(StoreBase):
         overlaps no live reservation and that ``free(base, count)`` (a bind test
         on ``host``, this machine) finds free, reserved now.
 
-        Ranges of ended or deleted workflows are released in the same
-        transaction, so a workflow that ended outside the commit path frees
-        its ports too. Raises PortsUnavailable, StoreUnavailable.
+        A new range is a ``ports_reserved`` event of the workflow, in the same
+        transaction. Ranges of ended or deleted workflows are released in it
+        too, so a workflow that ended outside the commit path frees its ports.
+        Raises PortsUnavailable, StoreUnavailable.
         """
         reservations, workflows = t.port_reservations.c, t.workflows.c
         with self.transaction() as conn:
@@ -84,6 +88,8 @@ class PortRows(StoreBase):
                     reserved_at=self.clock.now(),
                 )
             )
+            said = {"base": base, "count": count, "host": host}
+            self.write_event(conn, workflow_id, EventWrite(RESERVED_EVENT, said))
         return base, count
 
     def release_ports(self, workflow_id: str) -> bool:
