@@ -451,3 +451,11 @@ def test_no_free_port_range_pauses_the_workflow_and_a_resume_goes_on(
     engine.decide(workflow_id, decisions.resume)
     assert engine.advance(workflow_id)["status"] == "waiting"
     assert store.reserved_ports(workflow_id) == (first, 2)
+
+
+def test_doctor_names_a_setup_whose_program_is_missing(tmp_path: Path) -> None:
+    repo = _repo(tmp_path, 'setup = "no-such-setup-tool install --frozen"\n')
+    proc = phasegate_cli("doctor", "--repo", str(repo), "--json")
+    assert proc.returncode == 1, proc.stdout
+    [problem] = [m for m in json.loads(proc.stdout)["missing"] if "setup" in m]
+    assert problem.startswith("landing_areas.setup cannot run:") and "no-such-setup-tool" in problem
