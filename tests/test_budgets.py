@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from test_phases import Build, answers, repo_with
 
 from phasegate.agents.budgets import budgets_of, calendar_budget, since_of
@@ -16,6 +17,8 @@ from phasegate.config.cartridge import Cartridge
 from phasegate.store import AgentRunRecord, Store, open_store
 from phasegate.store.budgets import STORE_SCOPE, BudgetRefused
 from phasegate.testing import FixedClock
+from phasegate.web import Access, create_app
+from phasegate.web.auth import Person, Role
 
 from conftest import phasegate_in_process
 
@@ -81,6 +84,38 @@ def test_a_store_wide_budget_pauses_every_repository_and_names_the_all_flag(
     assert store.budget_pauses() == [
         {"id": row["id"], "title": "t", "repository": str(repo), "error": row["error"]}
     ]
+
+    # A viewer sees the costs page and its JSON, as `phasegate costs --json` gives them.
+    with TestClient(
+        create_app(engine, _Viewer(token="viewer-token-for-costs", user="vera"))
+    ) as client:
+        client.headers["Authorization"] = "Bearer viewer-token-for-costs"
+        page = client.get("/costs?by=role")
+        assert page.status_code == 200
+        assert 'data-key="plan"' in page.text and 'data-scope="*" data-kind="monthly"' in page.text
+        answer = client.get("/api/costs", params={"by": "role", "since": "today"}).json()
+        cli = phasegate_in_process(
+            "costs", "--by", "role", "--since", "today", "--json", "-C", str(repo)
+        )
+        assert answer["costs"] == json.loads(cli.stdout)
+        assert answer["repository"] == str(repo)
+        assert [(b["scope"], b["kind"], b["reached"]) for b in answer["budgets"]] == [
+            (STORE_SCOPE, "monthly", True)
+        ]
+        refused = client.get("/api/costs", params={"by": "provider"})
+        assert refused.status_code == 400 and refused.json()["error"]["kind"] == "BudgetRefused"
+        assert client.get("/costs?since=yesterday").status_code == 400
+
+
+class _Viewer(Access):
+    """The token stands for a viewer: sees every page, decides nothing."""
+
+    def bearer(self, token: str) -> Person | None:
+        person = super().bearer(token)
+        return None if person is None else Person(person.name, Role.VIEWER)
+
+
+VIEWER_TOKEN = "viewer-token-for-costs"
 
 
 def _run(store: Store, workflow_id: str, role: str, model: str, usd: float) -> None:

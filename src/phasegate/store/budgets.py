@@ -1,7 +1,7 @@
 """Budgets and spend: the daily and monthly budgets a person set in the store, and what
 agents spent, summed against a budget or grouped for ``phasegate costs``.
 
-A budget's scope is a repository as its workflows name it (``REPOSITORY``: the
+A budget's scope is a repository as its workflows name it (``repository_key``: the
 team forge's ``owner/name``, else the clone's path) or ``STORE_SCOPE``, the
 whole store. Amounts are USD; a day and a month are UTC ones, and their
 starts are given by the caller (``phasegate.agents.budgets``), which also
@@ -34,7 +34,7 @@ __all__ = [
     "BUDGET_KINDS",
     "COST_GROUPS",
     "MAX_BUDGET_USD",
-    "REPOSITORY",
+    "repository_key",
     "STORE_SCOPE",
     "BudgetRefused",
     "BudgetRows",
@@ -60,7 +60,7 @@ _b = t.budgets.c
 
 #: A workflow's repository, as budgets and ``costs --by repository`` name it: the
 #: team forge's ``owner/name``, else the path of the clone it runs in.
-REPOSITORY = sa.func.coalesce(_w.repository, _w.repo_path)
+repository_key = sa.func.coalesce(_w.repository, _w.repo_path)
 
 
 class BudgetRefused(PhasegateError):
@@ -141,10 +141,10 @@ class BudgetRows(StoreBase):
             return {str(r["scope"]): utc_row(r) for r in rows}
 
     def workflow_repository(self, workflow_id: str) -> str:
-        """The repository ``workflow_id`` is of (``REPOSITORY``). Raises KeyError when
+        """The repository ``workflow_id`` is of (``repository_key``). Raises KeyError when
         there is no such workflow."""
         with self.reading() as conn:
-            found = conn.execute(sa.select(REPOSITORY).where(_w.id == workflow_id)).scalar()
+            found = conn.execute(sa.select(repository_key).where(_w.id == workflow_id)).scalar()
         if found is None:
             raise KeyError(workflow_id)
         return str(found)
@@ -175,7 +175,7 @@ class BudgetRows(StoreBase):
         )
         if repository is not None:
             query = query.join_from(t.agent_runs, t.workflows, _a.workflow_id == _w.id).where(
-                repository == REPOSITORY
+                repository_key == repository
             )
         with self.reading() as conn:
             row = conn.execute(query).one()
@@ -190,7 +190,7 @@ class BudgetRows(StoreBase):
         if by not in COST_GROUPS:
             raise BudgetRefused(f"costs are grouped by {', '.join(COST_GROUPS)}, not {by!r}")
         key = {
-            "repository": REPOSITORY,
+            "repository": repository_key,
             "model": sa.func.coalesce(sa.func.nullif(_a.model, ""), _a.runner),
             "role": _a.role,
             "day": self._utc_day(),
@@ -225,11 +225,11 @@ class BudgetRows(StoreBase):
     def budget_pauses(self, repository: str | None = None) -> list[dict[str, Any]]:
         """The workflows paused on a budget (reason ``budget: ...``), of ``repository``
         only if given, oldest first: ``id``, ``title``, ``repository``, ``error``."""
-        query = sa.select(_w.id, _w.title, REPOSITORY.label("repository"), _w.error).where(
+        query = sa.select(_w.id, _w.title, repository_key.label("repository"), _w.error).where(
             _w.status == "paused", _w.error.startswith("budget:", autoescape=True)
         )
         if repository is not None:
-            query = query.where(repository == REPOSITORY)
+            query = query.where(repository_key == repository)
         with self.reading() as conn:
             rows = conn.execute(query.order_by(_w.created_at, _w.id)).mappings()
             return [dict(r) for r in rows]
