@@ -35,7 +35,7 @@ budget = typer.Typer(
 )
 app.add_typer(budget, name="budget", short_help="Daily and monthly spend budgets.")
 
-_AMOUNT_HELP = "USD a UTC {0} (none: remove the store's {0} budget)."
+_AMOUNT_HELP = "USD a UTC {0} (none: remove the store's {1} budget)."
 
 
 @budget.callback()
@@ -70,16 +70,21 @@ def show(
             "`phasegate budget set`, then `phasegate resume ID`",
             highlight=False,
         )
+    else:
+        console.print(
+            "`phasegate budget set --daily USD` changes one; `phasegate costs` shows the spend",
+            highlight=False,
+        )
 
 
 @budget.command("set")
 def set_budget(
     daily: Annotated[
-        str | None, typer.Option("--daily", metavar="USD", help=_AMOUNT_HELP.format("day"))
+        str | None, typer.Option("--daily", metavar="USD", help=_AMOUNT_HELP.format("day", "daily"))
     ] = None,
     monthly: Annotated[
         str | None,
-        typer.Option("--monthly", metavar="USD", help=_AMOUNT_HELP.format("month")),
+        typer.Option("--monthly", metavar="USD", help=_AMOUNT_HELP.format("month", "monthly")),
     ] = None,
     repository: Annotated[
         str | None,
@@ -137,6 +142,11 @@ def set_budget(
         )
         return
     _print_budgets(report)
+    if not paused:
+        console.print(
+            "no workflow is paused on a budget; `phasegate budget` shows every budget",
+            highlight=False,
+        )
     for row in paused:
         console.print(
             f"paused on a budget: {row['id']} {shown(row['title'])}; "
