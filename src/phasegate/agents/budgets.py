@@ -160,14 +160,21 @@ def calendar_budget(store: Store, cartridge: Cartridge, workflow_id: str) -> Bud
     return min(found, key=lambda b: b.left_usd) if found else None
 
 
-def stop_reason(store: Store, cartridge: Cartridge, workflow_id: str) -> str:
+def stop_reason(
+    store: Store,
+    cartridge: Cartridge,
+    workflow_id: str,
+    *,
+    otherwise: str = "the spend cap is reached",
+) -> str:
     """Why ``workflow_id``'s call is refused when nothing is left to spend: the spent
-    daily or monthly budget's ``Budget.reason``, else a role's or the workflow's
-    spend cap (the cartridge's ``budget_usd``, ``limits.workflow_budget_usd``)."""
+    daily or monthly budget's ``Budget.reason``, else ``otherwise`` (a role's or
+    the workflow's spend cap: the cartridge's ``budget_usd``,
+    ``limits.workflow_budget_usd``)."""
     spent = calendar_budget(store, cartridge, workflow_id)
     if spent is not None and spent.reached:
         return spent.reason(workflow_id)
-    return "the spend cap is reached"
+    return otherwise
 
 
 def budget_report(store: Store, cartridge: Cartridge | None, here: str | None) -> list[Budget]:

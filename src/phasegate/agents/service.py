@@ -332,8 +332,10 @@ class AgentService:
             )
             if outcome == "ok":
                 return Answer(result, parsed)
-            if kind == "budget":
-                break  # another try would only spend more
+            if kind == "budget":  # the runner's own stop: another try would only spend more
+                spent = stop_reason(self.store, self.cartridge, ctx.id, otherwise="")
+                detail = "; ".join(filter(None, (detail, spent)))
+                break
             garbage += outcome == "garbage"
             if garbage_limit is not None and garbage >= garbage_limit:
                 break  # the phase pauses on it: another unreadable answer would only cost
