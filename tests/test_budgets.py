@@ -85,6 +85,17 @@ def test_a_store_wide_budget_pauses_every_repository_and_names_the_all_flag(
         {"id": row["id"], "title": "t", "repository": str(repo), "error": row["error"]}
     ]
 
+    def budget_set(*args: str) -> dict:
+        done = phasegate_in_process("budget", "set", *args, "--json", "-C", str(repo))
+        return {"code": done.returncode, **json.loads(done.stdout)}
+
+    widened = budget_set("--monthly", "1", "--all")
+    assert (widened["scope"], [p["id"] for p in widened["paused"]]) == ("*", [row["id"]])
+    assert budget_set("--daily", "2", "--repository", "Octo/Widgets")["scope"] == "octo/widgets"
+    both = budget_set("--daily", "2", "--all", "--repository", "octo/widgets")
+    assert both["code"] == 2 and "not both" in both["error"]["message"]
+    assert budget_set("--daily", "0")["error"]["kind"] == "BudgetRefused"
+
     # A viewer sees the costs page and its JSON, as `phasegate costs --json` gives them.
     with TestClient(
         create_app(engine, _Viewer(token="viewer-token-for-costs", user="vera"))
@@ -100,7 +111,8 @@ def test_a_store_wide_budget_pauses_every_repository_and_names_the_all_flag(
         assert answer["costs"] == json.loads(cli.stdout)
         assert answer["repository"] == str(repo)
         assert [(b["scope"], b["kind"], b["reached"]) for b in answer["budgets"]] == [
-            (STORE_SCOPE, "monthly", True)
+            (STORE_SCOPE, "monthly", False),
+            ("octo/widgets", "daily", False),
         ]
         refused = client.get("/api/costs", params={"by": "provider"})
         assert refused.status_code == 400 and refused.json()["error"]["kind"] == "BudgetRefused"
