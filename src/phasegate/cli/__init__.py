@@ -25,6 +25,7 @@ for _group in (
     "proposals",
     "web",
     "users",
+    "spending",
     "maintenance",
     "demo",
 ):

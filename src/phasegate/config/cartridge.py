@@ -119,6 +119,18 @@ class Limits(_Strict):
     workflow_budget_usd: float | None = Field(
         default=None, gt=0, description="spend cap over every agent call of a workflow"
     )
+    daily_budget_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="USD this repository's workflows may spend a UTC day; a budget set "
+        "with `phasegate budget set` wins over it (docs/budgets.md)",
+    )
+    monthly_budget_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="USD this repository's workflows may spend a UTC month; a budget set "
+        "with `phasegate budget set` wins over it (docs/budgets.md)",
+    )
     max_verification_attempts: int = Field(default=3, ge=1)
     """Tries of a failing verifier (exit code, timeout) before the workflow pauses."""
     max_verification_parse_failures: int = Field(default=2, ge=1)
