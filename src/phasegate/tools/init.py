@@ -166,6 +166,7 @@ acceptance_verification = true
 [limits]
 max_plan_rounds = 3
 max_pr_review_rounds = 3
+# require_full_review_rounds = true   # every round runs, an approved change reviewed again
 max_dev_retries = 2
 agent_retries = 2
 
