@@ -97,3 +97,16 @@ def test_init_then_run_completes_a_workflow_with_no_agent_and_no_key(tmp_path: P
     assert {r["runner"] for r in runs} == {"command"} and sum(r["cost_usd"] for r in runs) == 0
     # Nothing of the sample agent reached the base branch.
     assert ".phasegate/" not in git(repo, "ls-tree", "-r", "--name-only", "main")
+
+
+def test_a_new_project_with_no_agent_gets_the_sample_agent_too(tmp_path: Path) -> None:
+    where = tmp_path / "elsewhere"  # no cartridge to copy: init's is taken
+    where.mkdir()
+    checkout = tmp_path / "gadgets"
+    code, run = phasegate(
+        where, "run", "--new-project", "gadgets", "--dir", str(checkout), "Add a line"
+    )
+    assert (code, run["status"]) == (0, "waiting"), run
+    assert (checkout / SAMPLE_AGENT_FILE).read_text() == SCRIPT
+    assert git(checkout, "ls-tree", "--name-only", "main") == "README.md\nphasegate.toml"
+    assert git(checkout, "status", "--porcelain") == ""

@@ -214,7 +214,8 @@ def _sample_roles(command: str) -> str:
         "# [agents.sample] (docs/runners.md).\n"
         f"[agents.{SAMPLE_AGENT_NAME}]\n"
         'runner = "command"\n'
-        f"command = {json.dumps(command)}\n"
+        # A JSON string is a TOML one; unescaped, a character past U+FFFF stays one.
+        f"command = {json.dumps(command, ensure_ascii=False)}\n"
         "timeout = 60                # seconds; the script is stopped after it\n\n"
         "[roles]\n" + "".join(f'{name} = "{SAMPLE_AGENT_NAME}"\n' for name in ROLE_SESSION_LINES)
     )

@@ -44,7 +44,7 @@ env | grep '^PHASEGATE_[A-Z_]*=' | grep -v '^PHASEGATE_PROMPT=' | sort >&2
 
 case "$PHASEGATE_ROLE" in
   plan)
-    echo "1. Add one line to NOTES.md naming the ticket: $title." ;;
+    printf '%s\n' "1. Add one line to NOTES.md naming the ticket: $title." ;;
   build)
     # The only role that may write: phasegate commits what it changed.
     printf '%s\n' "- $title (phasegate workflow $PHASEGATE_WORKFLOW_ID)" >> NOTES.md
