@@ -35,8 +35,8 @@ class DefaultCartridge:
 
     ``runner`` is the runner every role is bound to: ``command`` with
     ``sample_agent`` set when no agent was found (every role runs the stand-in
-    script ``phasegate.tools.sample_agent``, to be written at that path, by
-    ``sample_command``). ``notes`` say what a person still has to do.
+    script ``phasegate.tools.sample_agent``, to be written at that path, with
+    ``command`` running it). ``notes`` say what a person still has to do.
     """
 
     text: str
@@ -214,7 +214,8 @@ def _sample_roles(command: str) -> str:
         "# [agents.sample] (docs/runners.md).\n"
         f"[agents.{SAMPLE_AGENT_NAME}]\n"
         'runner = "command"\n'
-        # A JSON string is a TOML one; unescaped, a character past U+FFFF stays one.
+        # A JSON string is a TOML one, except the surrogate pairs ASCII-only JSON writes
+        # for a character past U+FFFF: TOML refuses those, so characters stay as they are.
         f"command = {json.dumps(command, ensure_ascii=False)}\n"
         "timeout = 60                # seconds; the script is stopped after it\n\n"
         "[roles]\n" + "".join(f'{name} = "{SAMPLE_AGENT_NAME}"\n' for name in ROLE_SESSION_LINES)
