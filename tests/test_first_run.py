@@ -110,3 +110,21 @@ def test_a_new_project_with_no_agent_gets_the_sample_agent_too(tmp_path: Path) -
     assert (checkout / SAMPLE_AGENT_FILE).read_text() == SCRIPT
     assert git(checkout, "ls-tree", "--name-only", "main") == "README.md\nphasegate.toml"
     assert git(checkout, "status", "--porcelain") == ""
+
+
+def test_the_sample_agent_answers_graph_mode_with_a_diff(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"NOTES.md": "- an older note\n"})
+    assert phasegate(repo, "init")[0] == 0
+    cartridge = repo / "phasegate.toml"
+    text = cartridge.read_text()
+    assert "# [graph]\n# enabled = true\n" in text
+    cartridge.write_text(text.replace("# [graph]\n# enabled = true\n", "[graph]\nenabled = true\n"))
+    git(repo, "add", "phasegate.toml")
+    git(repo, "commit", "-q", "-m", "phasegate cartridge, graph mode")
+    # full-auto: the graph's draft PR proposal lands and the change merges unasked
+    code, run = phasegate(repo, "run", "Add a line", "--profile", "full-auto")
+    assert (code, run["status"]) == (0, "completed"), run
+    assert git(repo, "show", "main:NOTES.md").splitlines() == [
+        "- an older note",
+        f"- Add a line (phasegate workflow {run['id']})",
+    ]

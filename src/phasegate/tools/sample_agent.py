@@ -6,8 +6,9 @@ part of a change an agent makes, so it is no governance path. The cartridge
 binds every role to it through the ``command`` runner by its absolute path,
 so it runs the same in a workflow's worktree, in the verifier's checkout of
 the merge commit and in a dry run's clone. It needs only a POSIX shell,
-``sed`` and ``grep``, reads what the sandbox leaves readable and writes only
-its worktree.
+``sed``, ``grep``, ``awk`` and, in graph mode, ``diff``; it reads what the
+sandbox leaves readable and writes only its worktree (in graph mode, only its
+``$TMPDIR``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ SCRIPT = r"""#!/bin/sh
 
 cat > /dev/null   # the prompt; the same text is in $PHASEGATE_PROMPT_FILE
 title=$(sed -n 's/^## Ticket: //p' "$PHASEGATE_PROMPT_FILE" | head -n 1)
+# Graph mode's prompts have a section `## Ticket`: its first line is the title.
+[ -n "$title" ] || title=$(awk 'seen && NF { print; exit } /^## Ticket$/ { seen = 1 }' \
+  "$PHASEGATE_PROMPT_FILE")
 title=${title:-the ticket}
 
 # What it was given goes to stderr, which `phasegate events ID` shows.
@@ -46,9 +50,21 @@ case "$PHASEGATE_ROLE" in
   plan)
     printf '%s\n' "1. Add one line to NOTES.md naming the ticket: $title." ;;
   build)
-    # The only role that may write: phasegate commits what it changed.
-    printf '%s\n' "- $title (phasegate workflow $PHASEGATE_WORKFLOW_ID)" >> NOTES.md
-    echo "Added a line to NOTES.md." ;;
+    line="- $title (phasegate workflow $PHASEGATE_WORKFLOW_ID)"
+    if [ "$PHASEGATE_READ_ONLY" = 1 ]; then
+      # Graph mode: the build writes nothing and answers with a diff phasegate applies.
+      old=/dev/null; from=/dev/null
+      if [ -f NOTES.md ]; then old=NOTES.md; from=a/NOTES.md; fi
+      { cat "$old"; printf '%s\n' "$line"; } > "$TMPDIR/NOTES.md"
+      echo "Adds a line to NOTES.md."
+      echo '```diff'
+      diff -u --label "$from" --label b/NOTES.md "$old" "$TMPDIR/NOTES.md"
+      echo '```'
+    else
+      # The only role that may write: phasegate commits what it changed.
+      printf '%s\n' "$line" >> NOTES.md
+      echo "Added a line to NOTES.md."
+    fi ;;
   plan_review|review)
     echo "The sample agent approves whatever it is shown."
     echo "VERDICT: approve" ;;
