@@ -19,7 +19,7 @@ from phasegate.config.cartridge import load_cartridge
 from phasegate.tools.discover import AGENT_CLIS, MODEL_KEY_VARS
 from phasegate.tools.sample_agent import SAMPLE_AGENT_FILE, SCRIPT
 
-from conftest import git, make_repo
+from conftest import git, make_repo, phasegate_cli
 
 
 def no_agent_env() -> dict[str, str]:
@@ -88,7 +88,7 @@ def test_init_then_run_completes_a_workflow_with_no_agent_and_no_key(tmp_path: P
 
     notes = git(repo, "show", "main:NOTES.md")
     assert notes == f"- Add a line to NOTES.md (phasegate workflow {run['id']})"
-    code, shown = phasegate(repo, "show", run["id"])
+    shown = json.loads(phasegate_cli("show", run["id"], "--repo", str(repo), "--json").stdout)
     verified = [m for m in shown["milestones"] if m["kind"] == "acceptance_verification"]
     verdicts = [m["data"]["verdict"] for m in verified]
     assert verdicts == ["confirmed"], shown["milestones"]
