@@ -113,7 +113,8 @@ def test_a_new_project_with_no_agent_gets_the_sample_agent_too(tmp_path: Path) -
 
 
 def test_the_sample_agent_answers_graph_mode_with_a_diff(tmp_path: Path) -> None:
-    repo = make_repo(tmp_path / "repo", {"NOTES.md": "- an older note\n"})
+    # no newline at its end: the new line goes on a line of its own all the same
+    repo = make_repo(tmp_path / "repo", {"NOTES.md": "- an older note"})
     assert phasegate(repo, "init")[0] == 0
     cartridge = repo / "phasegate.toml"
     text = cartridge.read_text()

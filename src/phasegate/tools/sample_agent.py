@@ -6,9 +6,9 @@ part of a change an agent makes, so it is no governance path. The cartridge
 binds every role to it through the ``command`` runner by its absolute path,
 so it runs the same in a workflow's worktree, in the verifier's checkout of
 the merge commit and in a dry run's clone. It needs only a POSIX shell,
-``sed``, ``grep``, ``awk`` and, in graph mode, ``diff``; it reads what the
-sandbox leaves readable and writes only its worktree (in graph mode, only its
-``$TMPDIR``).
+``sed``, ``grep``, ``awk``, ``tail`` and, in graph mode, ``mktemp`` and
+``diff``; it reads what the sandbox leaves readable and writes only its
+worktree (in graph mode, only a temporary file).
 """
 
 from __future__ import annotations
@@ -46,22 +46,34 @@ title=${title:-the ticket}
 grep '^## ' "$PHASEGATE_PROMPT_FILE" >&2
 env | grep '^PHASEGATE_[A-Z_]*=' | grep -v '^PHASEGATE_PROMPT=' | sort >&2
 
+# NOTES.md ($1) with the line added: on a line of its own, whatever the file's end.
+with_line() {
+  if [ -s "$1" ]; then
+    cat "$1"
+    [ -z "$(tail -c 1 "$1")" ] || echo
+  fi
+  printf '%s\n' "$line"
+}
+
+line="- $title (phasegate workflow $PHASEGATE_WORKFLOW_ID)"
 case "$PHASEGATE_ROLE" in
   plan)
     printf '%s\n' "1. Add one line to NOTES.md naming the ticket: $title." ;;
   build)
-    line="- $title (phasegate workflow $PHASEGATE_WORKFLOW_ID)"
     if [ "$PHASEGATE_READ_ONLY" = 1 ]; then
       # Graph mode: the build writes nothing and answers with a diff phasegate applies.
+      new=$(mktemp)
       old=/dev/null; from=/dev/null
       if [ -f NOTES.md ]; then old=NOTES.md; from=a/NOTES.md; fi
-      { cat "$old"; printf '%s\n' "$line"; } > "$TMPDIR/NOTES.md"
+      with_line "$old" > "$new"
       echo "Adds a line to NOTES.md."
       echo '```diff'
-      diff -u --label "$from" --label b/NOTES.md "$old" "$TMPDIR/NOTES.md"
+      diff -u --label "$from" --label b/NOTES.md "$old" "$new"
       echo '```'
+      rm -f "$new"
     else
       # The only role that may write: phasegate commits what it changed.
+      if [ -s NOTES.md ] && [ -n "$(tail -c 1 NOTES.md)" ]; then echo >> NOTES.md; fi
       printf '%s\n' "$line" >> NOTES.md
       echo "Added a line to NOTES.md."
     fi ;;
