@@ -26,6 +26,7 @@ for _group in (
     "proposals",
     "web",
     "users",
+    "spending",
     "maintenance",
     "demo",
 ):

@@ -113,10 +113,26 @@ class Limits(_Strict):
     """Plan and plan-review rounds before the last plan is taken."""
     max_pr_review_rounds: int = Field(default=3, ge=1)
     """Review rounds of the pull request, each after a development round."""
+    require_full_review_rounds: bool = False
+    """True: every one of max_pr_review_rounds runs, an approval included; an approved
+    change is reviewed again, a pass of its own, until the last round approves it.
+    Not read in graph mode, whose review tiers review each patch."""
     max_dev_retries: int = Field(default=2, ge=0, description="retries on failing checks")
     agent_retries: int = Field(default=2, ge=0, description="retries of a failed agent call")
     workflow_budget_usd: float | None = Field(
         default=None, gt=0, description="spend cap over every agent call of a workflow"
+    )
+    daily_budget_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="USD this repository's workflows may spend a UTC day; a budget set "
+        "with `phasegate budget set` wins over it (docs/budgets.md)",
+    )
+    monthly_budget_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="USD this repository's workflows may spend a UTC month; a budget set "
+        "with `phasegate budget set` wins over it (docs/budgets.md)",
     )
     max_verification_attempts: int = Field(default=3, ge=1)
     """Tries of a failing verifier (exit code, timeout) before the workflow pauses."""

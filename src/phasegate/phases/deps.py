@@ -143,9 +143,12 @@ def failure_result(
 ) -> PhaseResult:
     """``agent_failure`` for a failure known by its error ``kind`` and ``message``."""
     if kind == "budget":
+        # A daily or monthly budget's message names its own remedy (agents.budgets).
         reason = (
-            f"budget: {message}; raise budget_usd or limits.workflow_budget_usd in phasegate.toml "
-            "(commit it), then `phasegate resume`"
+            f"budget: {message}"
+            if "`phasegate budget set" in message
+            else f"budget: {message}; raise budget_usd or limits.workflow_budget_usd in "
+            "phasegate.toml (commit it), then `phasegate resume`"
         )
         return PhaseResult("pause", reason=reason, milestones=milestones, **result)
     return PhaseResult("failed", reason=message, milestones=milestones, **result)

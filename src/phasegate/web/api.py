@@ -21,6 +21,7 @@ the ``phasegate.operations`` function it calls):
     POST /api/workflows/{id}/verify-override     verify_override
     POST /api/workflows/{id}/cleanup             cleanup
     POST /api/cleanup                            cleanup_all
+    GET  /api/costs?by=&since=                   costs (``costs --json``, ``budget --json``)
     GET  /api/proposals?status=&workflow_id=     proposals
     GET  /api/proposals/{pid}                    proposal
     POST /api/proposals/{pid}/approve            approve
@@ -61,10 +62,12 @@ from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNo
 from phasegate.core.redaction import redact
 from phasegate.runtime.engine import Engine
 from phasegate.store import PROPOSAL_STATUSES, StoreUnavailable
+from phasegate.store.budgets import BudgetRefused
 from phasegate.summary import iso, workflow_detail, workflow_summary
 from phasegate.web import api_shapes as shapes
 from phasegate.web import live, views
 from phasegate.web.auth import person_of
+from phasegate.web.costs import costs_view
 
 __all__ = ["OPENAPI_PATH", "PREFIX", "ApiRefused", "install", "is_api", "refusal"]
 
@@ -283,6 +286,22 @@ def _router(engine: Engine, secrets: list[str]) -> APIRouter:
         """The draft review comments no review has sent yet, oldest first."""
         found(workflow_id)
         return clean([vars(d) for d in operations.review_drafts(store, workflow_id)])
+
+    @routes.get("/costs", operation_id="costs", response_model=shapes.Costs)
+    def costs(
+        by: str = Query("repository", description="repository, model, role, day or workflow."),
+        since: str | None = Query(None, description="2026-12-01 (UTC), 7d, today or month."),
+    ) -> Any:
+        """What agents spent, grouped (``phasegate costs --json``), and every budget
+        with what is spent against it this UTC day and month (``phasegate budget``)."""
+
+        def view() -> dict[str, Any]:
+            try:
+                return costs_view(engine, by, since)
+            except BudgetRefused as exc:
+                raise ApiRefused(400, type(exc).__name__, str(exc)) from None
+
+        return clean(acted(view))
 
     @routes.get("/proposals", operation_id="proposals", response_model=list[shapes.Proposal])
     def proposals(status: str | None = None, workflow_id: str | None = None) -> Any:

@@ -4,15 +4,15 @@ A range is reserved when a workflow first needs it (its setup, a check, an
 agent) and released when the workflow ends or its worktree is removed; no two
 live ranges overlap, across every worker sharing the store.
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0012
+Revises: 0011
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0011"
-down_revision = "0010"
+revision = "0012"
+down_revision = "0011"
 
 
 def upgrade() -> None:
