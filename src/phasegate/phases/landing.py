@@ -97,9 +97,7 @@ def prepare(
     verb = _verb(result)
     summary = f"landing_areas.setup {verb} in {result.duration_s:.1f} s; {brought.summary()}"
     status = "completed" if result.passed else "failed"
-    deps.store.settle_milestone(
-        row, status, summary=summary, data={**data, "setup": said, "output": result.output}
-    )
+    deps.store.settle_milestone(row, status, summary=summary, data={**data, "setup": said})
     if result.passed:
         return None
     tail = result.output.strip()[-_REASON_TAIL:] or "(no output)"
