@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -62,12 +63,15 @@ def test_an_entry_reaching_outside_the_repository_is_refused_naming_its_key(
 # -- the port store: SQLite and PostgreSQL ---------------------------------------------
 
 
-def _free_span(count: int) -> tuple[int, int]:
-    """A span of ``count`` * 8 ports, starting where the OS just gave a free port."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        base = probe.getsockname()[1]
-    return base, base + count * 8
+def _free_span(size: int) -> int:
+    """The first of ``size`` ports all free now, below the kernel's ephemeral range (no
+    outgoing connection takes one meanwhile), from a random start: tests running
+    side by side rarely look at the same ports."""
+    start = random.randrange(21000, 31000)
+    for base in range(start, 32000 - size, size):
+        if range_is_free(base, size):
+            return base
+    raise AssertionError(f"no {size} free ports from {start}")
 
 
 def test_port_ranges_never_overlap_skip_busy_ports_and_come_back_when_the_workflow_ends(
@@ -76,23 +80,22 @@ def test_port_ranges_never_overlap_skip_busy_ports_and_come_back_when_the_workfl
     stores = [open_store(store_url), open_store(store_url)]  # two workers, one store
     try:
         ids = [new_workflow(stores[0]) for _ in range(6)]
-        first, _ = _free_span(3)
+        first = _free_span(6 * 3)
         span = (first, first + 6 * 3)
-        # The machine holds a port of the first range: it is skipped.
-        held = socket.socket()
-        held.bind(("0.0.0.0", first + 1))
         got: dict[str, tuple[int, int]] = {}
 
         def reserve(i: int) -> None:
             store = stores[i % 2]
             got[ids[i]] = store.reserve_ports(ids[i], 3, host="here", free=range_is_free, span=span)
 
-        threads = [threading.Thread(target=reserve, args=(i,)) for i in range(5)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        held.close()
+        # The machine holds a port of the first range: it is skipped.
+        with socket.socket() as held:
+            held.bind(("0.0.0.0", first + 1))
+            threads = [threading.Thread(target=reserve, args=(i,)) for i in range(5)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
         ranges = sorted(got.values())
         assert len(ranges) == 5 and all(count == 3 for _, count in ranges)
         ports = [p for base, count in ranges for p in range(base, base + count)]
@@ -118,7 +121,7 @@ def test_port_ranges_never_overlap_skip_busy_ports_and_come_back_when_the_workfl
 
 
 def test_a_range_is_free_only_when_every_port_binds() -> None:
-    base, _ = _free_span(2)
+    base = _free_span(2)
     assert range_is_free(base, 2)
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", base + 1))
@@ -437,7 +440,7 @@ def test_no_free_port_range_pauses_the_workflow_and_a_resume_goes_on(
     engine_for: Callable[..., tuple[Engine, Store]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    first, _ = _free_span(2)
+    first = _free_span(2)
     monkeypatch.setattr(ports, "PORT_RANGE", (first, first + 2))  # room for one range
     repo = _repo(tmp_path, "ports = 2\n")
     engine, store = engine_for(repo)
