@@ -70,7 +70,10 @@ from phasegate.phases import acceptance_verification
 from phasegate.phases import cleanup as cleanup_phase
 from phasegate.phases.cleanup import KIND as CLEANUP
 from phasegate.phases.graph_mode.run import CHECKS_GATE
+from phasegate.runtime import retention
 from phasegate.runtime.engine import Engine, LeaseHeld
+from phasegate.runtime.retention import Retirable
+from phasegate.runtime.retention import candidates as retirable
 from phasegate.store import APPLY_ARM, Store
 
 __all__ = [
@@ -81,6 +84,7 @@ __all__ = [
     "MAX_TITLE_CHARS",
     "ActionRefused",
     "GateOutcome",
+    "Retirable",
     "PhasegateError",  # the base of every error here, for a front end's except
     "actions",
     "approve",
@@ -92,6 +96,9 @@ __all__ = [
     "check_title",
     "cleanup",
     "comment",
+    "expire_worktrees",
+    "retirable",
+    "retire_worktrees",
     "feedback",
     "login_name",
     "reject",
@@ -410,7 +417,8 @@ def cancel(engine: Engine, workflow_id: str, *, by: str, via: str | None = None)
     """Cancel a workflow that is not completed: status ``cancelled`` through the
     single commit path, its error ``cancelled by BY``; final (every later decision
     is refused). Its forge issue is left open (its status label shows
-    ``phasegate:cancelled``), its worktree and branch are kept.
+    ``phasegate:cancelled``), its worktree and branch are kept (until retention:
+    ``retire_worktrees``, ``expire_worktrees``).
 
     Its pull request, when phasegate opened it, is closed before the status
     changes (``phases.cleanup.close_pull_request``: journaled, retried like a
@@ -565,3 +573,18 @@ def cleanup(engine: Engine, workflow_id: str | None = None, *, by: str) -> list[
             {"id": wf, "cleanup": status, "retried": settled is not None, "reason": reason}
         )
     return outcomes
+
+
+def expire_worktrees(engine: Engine) -> list[dict[str, Any]]:
+    """Retention now (runtime/retention.py: ``expire``): failed and cancelled workflows'
+    worktrees and local branches past ``landing_areas.keep_*_days`` removed."""
+    return retention.expire(engine, engine.store.clock.now(), busy=LeaseHeld)
+
+
+def retire_worktrees(engine: Engine, ids: Collection[str], *, by: str) -> list[dict[str, Any]]:
+    """``cleanup --all`` (runtime/retention.py: ``retire``): the worktree and local branch
+    of each failed or cancelled workflow of ``ids`` (``retirable``) removed now; the
+    forge keeps what was pushed. Raises ActionRefused (``by``), StoreUnavailable."""
+    check_by(by)
+    found = [r for r in retirable(engine) if r.id in ids]
+    return retention.retire(engine, found, why=f"cleanup --all by {by}", busy=LeaseHeld)

@@ -18,6 +18,7 @@ from phasegate.agents.base import AgentRequest, AgentResult, Runner, Violation
 from phasegate.agents.budgets import calendar_budget, stop_reason
 from phasegate.agents.env import cartridge_secrets, files_with_secrets, redact, secret_values
 from phasegate.agents.output import OutputLog
+from phasegate.agents.ports import port_env
 from phasegate.config.cartridge import READ_ONLY_ROLES, ROLE_SESSION_LINES, Cartridge
 from phasegate.core.contract import (
     EventWrite,
@@ -245,6 +246,7 @@ class AgentService:
                 session_id=self.store.provider_session(ctx.id, line),
                 state_dir=state_dir,
                 budget_usd=budget,
+                env=port_env(self.store, self.cartridge, ctx.id),
                 confinement=agent_confinement(
                     binding.sandbox,
                     network=binding.network,

@@ -220,6 +220,9 @@ def commit_phase_result(
     or its people: its next look); None, it is due at once, as after any change
     (a person's decision). Workers claim a runnable workflow only once due.
 
+    A workflow's end (completed, failed or cancelled) releases its port range
+    (``store.ports``) in the same transaction.
+
     A child's end (completed, failed or cancelled) wakes its parent in the same
     transaction (``_wake_parent``): a parent paused for that child
     (``state["conflict_child"]``, phases/conflict.py) gets its phase's status
@@ -280,6 +283,10 @@ def commit_phase_result(
             conn.execute(INSERT_EVENT, events)
         if ctx.parent_workflow_id and status in ENDED_STATUSES:
             _wake_parent(store, conn, ctx.parent_workflow_id, ctx.id, status, now)
+        if status in ENDED_STATUSES and status != ctx.status:
+            # An ended workflow's worktree runs nothing more: its ports go back.
+            reserved = t.port_reservations.c.workflow_id == ctx.id
+            conn.execute(t.port_reservations.delete().where(reserved))
         store.dialect.notify(conn)  # a person's decision, a settled phase: workers look
     return workflow_dict(row._mapping)
 

@@ -16,7 +16,8 @@ workflows, milestones and events (``workflows``), the commit path (``commit``), 
 webhook deliveries seen and the workflows they wake (``webhooks``), the people of
 the dashboard (``users``), budgets and what agents spent (``budgets``), reads of
 many workflows and events at once (``board``), what ``/metrics`` shows
-(``figures``), and pruning finished workflows' events (``prune``).
+(``figures``), pruning finished workflows' events (``prune``), and the port
+ranges worktrees hold (``ports``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from phasegate.store.figures import FigureRows
 from phasegate.store.forge_rows import ForgeRows
 from phasegate.store.graph_runs import APPLY_ARM, VERDICTS, GraphRows
 from phasegate.store.leases import Fence, LeaseRows
+from phasegate.store.ports import PortRows, PortsUnavailable
 from phasegate.store.prune import PruneRows
 from phasegate.store.users import UserRows
 from phasegate.store.values import UsageTotals
@@ -50,6 +52,7 @@ __all__ = [
     "AgentRunRecord",
     "Fence",
     "FenceLost",
+    "PortsUnavailable",
     "Store",
     "StoreUnavailable",
     "StoreUrlUnsupported",
@@ -78,6 +81,7 @@ class Store(
     PruneRows,
     UserRows,
     BudgetRows,
+    PortRows,
 ):
     """All SQL behind one class. Methods are small transactions of their own."""
 

@@ -287,3 +287,19 @@ budgets = sa.Table(
     sa.Column("set_by", sa.String(255), nullable=False),
     sa.Column("updated_at", Timestamp, nullable=False),
 )
+
+# -- ports: the ranges reserved for workflows' worktrees (store/ports.py) ---------------------
+
+port_reservations = sa.Table(
+    "port_reservations",
+    metadata,
+    # One range per workflow: it is the workflow's, whichever worker made it.
+    sa.Column("workflow_id", sa.String(32), primary_key=True),
+    # The first port, and how many follow it (base .. base + count - 1).
+    sa.Column("base", sa.Integer, nullable=False),
+    sa.Column("port_count", sa.Integer, nullable=False),
+    # The machine that bind-tested the range free.
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("reserved_at", Timestamp, nullable=False),
+    sa.Index("ix_port_reservations_base", "base"),
+)
