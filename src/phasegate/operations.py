@@ -97,7 +97,6 @@ __all__ = [
     "cleanup",
     "comment",
     "expire_worktrees",
-    "retirable",
     "retire_worktrees",
     "feedback",
     "login_name",

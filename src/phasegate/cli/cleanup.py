@@ -56,6 +56,7 @@ def cleanup(
     """
     from phasegate import operations
     from phasegate.cli.render import make_engine
+    from phasegate.runtime.retention import candidates
 
     with reported_errors():
         if everything and as_json and not yes:
@@ -66,7 +67,7 @@ def cleanup(
         outcomes = operations.cleanup(engine, workflow_id, by=person)
         retired = operations.expire_worktrees(engine)
         if everything:
-            found = [r for r in operations.retirable(engine) if workflow_id in (None, r.id)]
+            found = [r for r in candidates(engine) if workflow_id in (None, r.id)]
             if found and not yes and not _confirmed(found):
                 console.print("nothing removed", highlight=False)
                 raise typer.Exit(1)

@@ -21,6 +21,8 @@ the ``phasegate.operations`` function it calls):
     POST /api/workflows/{id}/verify-override     verify_override
     POST /api/workflows/{id}/cleanup             cleanup
     POST /api/cleanup                            cleanup_all
+    POST /api/retention                          expire_worktrees
+    POST /api/retire                             retire_worktrees
     GET  /api/costs?by=&since=                   costs (``costs --json``, ``budget --json``)
     GET  /api/proposals?status=&workflow_id=     proposals
     GET  /api/proposals/{pid}                    proposal
@@ -455,6 +457,22 @@ def _router(engine: Engine, secrets: list[str]) -> APIRouter:
     def cleanup_all(request: Request) -> Any:
         """Retry every workflow's failed cleanup."""
         return clean(acted(lambda: operations.cleanup(engine, by=by(request))))
+
+    @routes.post(
+        "/retention", operation_id="expire_worktrees", response_model=list[shapes.Retirement]
+    )
+    def expire_worktrees(request: Request) -> Any:
+        """Apply the worktree retention now (landing_areas.keep_failed_days and
+        keep_cancelled_days)."""
+        return clean(acted(lambda: operations.expire_worktrees(engine)))
+
+    @routes.post("/retire", operation_id="retire_worktrees", response_model=list[shapes.Retirement])
+    def retire_worktrees(request: Request, body: shapes.RetireBody) -> Any:
+        """Remove now the worktree and local branch of the failed or cancelled workflows
+        named (``cleanup --all``); the forge keeps what was pushed."""
+        return clean(
+            acted(lambda: operations.retire_worktrees(engine, set(body.ids), by=by(request)))
+        )
 
     def gated(outcome: operations.GateOutcome) -> dict[str, Any]:
         return clean(

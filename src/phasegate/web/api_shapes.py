@@ -224,6 +224,27 @@ class CleanupOutcome(_Open):
     reason: str | None = None
 
 
+class Retirement(_Open):
+    """A failed or cancelled workflow's worktree and local branch, and whether they were
+    removed: ``retired`` completed, failed, busy or skipped (``reason`` says why)."""
+
+    id: str
+    status: str
+    retired: str
+    reason: str | None = None
+    worktree: str | None = None
+    branch: str | None = None
+    head: str | None = None
+    commits: int = 0
+    unpushed: bool = False
+
+
+class RetireBody(_Closed):
+    """The failed or cancelled workflows whose worktree and local branch go now."""
+
+    ids: list[str]
+
+
 # -- proposals ---------------------------------------------------------------------
 
 
