@@ -14,7 +14,7 @@ workflows, milestones and events (``workflows``), the commit path (``commit``), 
 (``leases``), agent runs and sessions (``agent_runs``), the local forge's rows
 (``forge_rows``), the development graph's runs and proposals (``graph_runs``), the
 webhook deliveries seen and the workflows they wake (``webhooks``), the people of
-the dashboard (``users``), reads of many workflows and events at once (``board``), what
+the dashboard (``users``), priorities, caps and agent slots (``queue``), reads of many workflows and events at once (``board``), what
 ``/metrics`` shows (``figures``), and pruning finished workflows' events (``prune``).
 """
 
@@ -35,6 +35,7 @@ from phasegate.store.forge_rows import ForgeRows
 from phasegate.store.graph_runs import APPLY_ARM, VERDICTS, GraphRows
 from phasegate.store.leases import Fence, LeaseRows
 from phasegate.store.prune import PruneRows
+from phasegate.store.queue import QueueRows, SlotNeed
 from phasegate.store.users import UserRows
 from phasegate.store.values import UsageTotals
 from phasegate.store.webhooks import WebhookRows
@@ -48,6 +49,7 @@ __all__ = [
     "AgentRunRecord",
     "Fence",
     "FenceLost",
+    "SlotNeed",
     "Store",
     "StoreUnavailable",
     "StoreUrlUnsupported",
@@ -75,6 +77,7 @@ class Store(
     FigureRows,
     PruneRows,
     UserRows,
+    QueueRows,
 ):
     """All SQL behind one class. Methods are small transactions of their own."""
 

@@ -1,0 +1,56 @@
+"""Queues: a workflow's priority, the slots of agent calls held now, and the store's caps.
+
+``workflows.priority`` orders claims (larger first, then oldest).
+``agent_slots`` holds one row per cap a running agent call counts against
+(its scope, key, holder worker, workflow and expiry); ``queue_caps`` the caps a
+person set in the shared store. ``agent_runs.started_at`` is when a call's
+process was started, after it got its slots.
+
+Revision ID: 0011
+Revises: 0010
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0011"
+down_revision = "0010"
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("workflows") as batch:
+        batch.add_column(sa.Column("priority", sa.Integer, nullable=False, server_default="0"))
+    with op.batch_alter_table("agent_runs") as batch:
+        batch.add_column(sa.Column("started_at", sa.DateTime(timezone=True)))
+    op.create_table(
+        "agent_slots",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("scope", sa.String(16), nullable=False),
+        sa.Column("key", sa.String(255), nullable=False),
+        sa.Column("call_id", sa.String(32), nullable=False),
+        sa.Column("holder", sa.String(255), nullable=False),
+        sa.Column("workflow_id", sa.String(32), nullable=False),
+        sa.Column("role", sa.String(64), nullable=False),
+        sa.Column("acquired_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    )
+    op.create_index("ix_agent_slots_key", "agent_slots", ["scope", "key"])
+    op.create_index("ix_agent_slots_workflow", "agent_slots", ["workflow_id", "holder"])
+    op.create_index("ix_agent_slots_call", "agent_slots", ["call_id"])
+    op.create_table(
+        "queue_caps",
+        sa.Column("scope", sa.String(16), primary_key=True),
+        sa.Column("key", sa.String(255), primary_key=True),
+        sa.Column("cap", sa.Integer, nullable=False),
+        sa.Column("set_by", sa.String(255), nullable=False),
+        sa.Column("set_at", sa.DateTime(timezone=True), nullable=False),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("queue_caps")
+    op.drop_table("agent_slots")
+    with op.batch_alter_table("agent_runs") as batch:
+        batch.drop_column("started_at")
+    with op.batch_alter_table("workflows") as batch:
+        batch.drop_column("priority")

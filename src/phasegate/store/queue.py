@@ -1,0 +1,247 @@
+"""The queue's rows: workflows' priorities, the caps a person set, and agent slots held across workers.
+
+An agent slot is a store-backed semaphore (docs/queues.md). A call counts
+against up to three caps (its model provider's, its runner's, its
+repository's); ``acquire_slots`` takes one row for each, in one writing
+transaction that first counts the rows held under each cap. The count and the
+insert are one step for every worker sharing the store: on PostgreSQL a
+transaction advisory lock (``Dialect.serialize``) orders them, on SQLite the
+single writer (``BEGIN IMMEDIATE``) does. A row holds its slot until it is
+released, its ``expires_at`` (the workflow's lease expiry, renewed with the
+lease: ``LeaseRows.renew``) passes, or its holder is a process of this host
+that is gone (``holder_alive``): a SIGKILLed worker's slots come back within
+its lease, at once on its own host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from phasegate.core.contract import EventWrite, WorkflowNotFound
+from phasegate.proc.host import holder_alive
+from phasegate.store import tables as t
+from phasegate.store._base import StoreBase, utc, utc_row
+
+__all__ = ["QueueRows", "SlotNeed"]
+
+_s = t.agent_slots.c
+_w = t.workflows.c
+
+#: The one lock every acquisition takes on PostgreSQL: the count and the insert of
+#: two workers never interleave (calls last seconds: the lock is held for one of
+#: their transactions, milliseconds).
+_SLOTS_LOCK = "phasegate:agent_slots"
+
+
+@dataclass(frozen=True)
+class SlotNeed:
+    """One cap a call counts against: its ``scope`` (provider, runner or repository),
+    the ``key`` within it (``anthropic``, ``claude-code``, ``owner/name``) and the
+    ``cap`` (the most calls of that key at once, at least 1)."""
+
+    scope: str
+    key: str
+    cap: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"scope": self.scope, "key": self.key, "cap": self.cap}
+
+
+class QueueRows(StoreBase):
+    """Priorities, the store's caps and the agent slots held now."""
+
+    # -- priorities -----------------------------------------------------------------
+
+    def set_priority(self, workflow_id: str, priority: int, event: EventWrite) -> dict[str, Any]:
+        """Set the workflow's ``priority`` and add ``event`` (a person's decision) in one
+        transaction; returns the row. The workflow's version is not moved: a priority
+        orders claims only, and a waiting workflow's look is not made due by it.
+        Other workers are told (a free thread may claim by it now). Raises
+        WorkflowNotFound, StoreUnavailable."""
+        with self.transaction() as conn:
+            changed = conn.execute(
+                t.workflows.update().where(_w.id == workflow_id).values(priority=priority)
+            ).rowcount
+            if not changed:
+                raise WorkflowNotFound(workflow_id)
+            self.write_event(conn, workflow_id, event)
+            self.dialect.notify(conn)
+        with self.reading() as conn:
+            row = conn.execute(sa.select(t.workflows).where(_w.id == workflow_id)).mappings().one()
+        return utc_row(row)
+
+    def repository_key(self, workflow_id: str) -> str:
+        """What the workflow's repository cap is counted by: its team forge repository
+        (``owner/name``), else the path of the clone it was started in. Raises
+        WorkflowNotFound."""
+        with self.reading() as conn:
+            row = conn.execute(
+                sa.select(_w.repository, _w.repo_path).where(_w.id == workflow_id)
+            ).first()
+        if row is None:
+            raise WorkflowNotFound(workflow_id)
+        return str(row[0] or row[1])
+
+    # -- the store's caps -----------------------------------------------------------
+
+    def queue_caps(self) -> dict[tuple[str, str], int]:
+        """The caps a person set in the store: (scope, key) → the most calls at once."""
+        c = t.queue_caps.c
+        with self.reading() as conn:
+            rows = conn.execute(sa.select(c.scope, c.key, c.cap)).all()
+        return {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
+
+    def queue_cap_rows(self) -> list[dict[str, Any]]:
+        """The store's caps as rows (scope, key, cap, set_by, set_at), by scope and key."""
+        c = t.queue_caps.c
+        with self.reading() as conn:
+            rows = conn.execute(sa.select(t.queue_caps).order_by(c.scope, c.key)).mappings()
+            return [utc_row(r) for r in rows]
+
+    def set_queue_cap(self, scope: str, key: str, cap: int | None, by: str) -> None:
+        """Set (``cap``) or remove (None) the store's cap on ``scope``'s ``key``; a
+        waiting call looks again (``Dialect.notify``). Raises StoreUnavailable."""
+        c = t.queue_caps.c
+        with self.transaction() as conn:
+            if cap is None:
+                conn.execute(t.queue_caps.delete().where(c.scope == scope, c.key == key))
+            else:
+                now = self.clock.now()
+                conn.execute(
+                    self.dialect.insert(t.queue_caps)
+                    .values(scope=scope, key=key, cap=cap, set_by=by, set_at=now)
+                    .on_conflict_do_update(
+                        index_elements=["scope", "key"],
+                        set_={"cap": cap, "set_by": by, "set_at": now},
+                    )
+                )
+            self.dialect.notify(conn)
+
+    # -- slots ----------------------------------------------------------------------
+
+    def acquire_slots(
+        self,
+        needs: Sequence[SlotNeed],
+        *,
+        call_id: str,
+        holder: str,
+        workflow_id: str,
+        role: str,
+        ttl_s: float,
+    ) -> SlotNeed | None:
+        """Take one slot under each of ``needs`` for the call ``call_id``, all or none;
+        None when taken, else the first need whose cap is reached (nothing taken).
+
+        The slots expire with the workflow's lease when ``holder`` holds it (its
+        ``lease_expires_at``; renewed with it), else ``ttl_s`` seconds from now.
+        Rows that expired or whose holder is gone (``holder_alive``) are deleted
+        first. A look that finds a cap reached reads only: a waiting call costs
+        no write. Raises StoreUnavailable."""
+        if not needs:
+            return None
+        keys = sa.or_(*(sa.and_(_s.scope == n.scope, _s.key == n.key) for n in needs))
+        blocked = self._blocked(needs, keys, write=None)
+        if blocked is not None:
+            return blocked
+        now = self.clock.now()
+        with self.transaction() as conn:
+            self.dialect.serialize(conn, _SLOTS_LOCK)
+            blocked = self._blocked(needs, keys, write=conn)
+            if blocked is not None:
+                return blocked
+            lease = conn.execute(
+                sa.select(_w.lease_expires_at).where(
+                    _w.id == workflow_id, _w.lease_owner == holder
+                )
+            ).scalar()
+            expires = utc(lease)
+            if expires is None or expires <= now:
+                expires = now + timedelta(seconds=ttl_s)
+            conn.execute(
+                t.agent_slots.insert(),
+                [
+                    {
+                        "scope": n.scope,
+                        "key": n.key,
+                        "call_id": call_id,
+                        "holder": holder,
+                        "workflow_id": workflow_id,
+                        "role": role,
+                        "acquired_at": now,
+                        "expires_at": expires,
+                    }
+                    for n in needs
+                ],
+            )
+        return None
+
+    def _blocked(
+        self, needs: Sequence[SlotNeed], keys: Any, *, write: sa.Connection | None
+    ) -> SlotNeed | None:
+        """The first of ``needs`` whose cap the live slots reach, else None. With
+        ``write`` (a writing transaction), the dead slots are deleted first."""
+        now = self.clock.now()
+        if write is None:
+            with self.reading() as conn:
+                rows = conn.execute(sa.select(_s.scope, _s.key, _s.holder, _s.expires_at).where(keys)).all()
+        else:
+            rows = write.execute(sa.select(_s.scope, _s.key, _s.holder, _s.expires_at)).all()
+        gone = {h for h in {r[2] for r in rows} if not holder_alive(h)}
+        if write is not None:
+            write.execute(
+                t.agent_slots.delete().where(
+                    sa.or_(_s.expires_at <= now, _s.holder.in_(sorted(gone)))
+                )
+            )
+        held: dict[tuple[str, str], int] = {}
+        for scope, key, holder, expires in rows:
+            live = holder not in gone and (utc(expires) or now) > now
+            if live:
+                held[(scope, key)] = held.get((scope, key), 0) + 1
+        return next((n for n in needs if held.get((n.scope, n.key), 0) >= n.cap), None)
+
+    def release_slots(self, call_id: str) -> None:
+        """Give back every slot of the call ``call_id``; waiting calls are told
+        (``Dialect.notify``). Raises StoreUnavailable."""
+        with self.transaction() as conn:
+            released = conn.execute(t.agent_slots.delete().where(_s.call_id == call_id)).rowcount
+            if released:
+                self.dialect.notify(conn)
+
+    def slot_rows(self) -> list[dict[str, Any]]:
+        """Every slot row (live or not yet cleaned), oldest first, with a ``live`` flag:
+        unexpired and its holder not a gone process of this host."""
+        now = self.clock.now()
+        with self.reading() as conn:
+            rows = [utc_row(r) for r in conn.execute(sa.select(t.agent_slots).order_by(_s.id)).mappings()]
+        for row in rows:
+            row["live"] = row["expires_at"] > now and holder_alive(row["holder"])
+        return rows
+
+    def queued_rows(self, statuses: Sequence[str]) -> list[dict[str, Any]]:
+        """The workflows whose status is in ``statuses`` in the order workers claim them
+        (priority, larger first, then oldest): id, title, status, phase, priority,
+        lease owner and expiry, created_at."""
+        query = (
+            sa.select(
+                _w.id,
+                _w.title,
+                _w.status,
+                _w.current_phase,
+                _w.priority,
+                _w.lease_owner,
+                _w.lease_expires_at,
+                _w.repository,
+                _w.repo_path,
+                _w.created_at,
+            )
+            .where(_w.status.in_(sorted(statuses)))
+            .order_by(_w.priority.desc(), _w.created_at, _w.id)
+        )
+        with self.reading() as conn:
+            return [utc_row(r) for r in conn.execute(query).mappings()]
