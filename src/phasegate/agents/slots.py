@@ -1,4 +1,5 @@
-"""Agent slots: before an agent call runs it takes a slot under every cap it counts against, shared by all workers.
+"""Agent slots: before an agent call runs it takes a slot under every cap it counts
+against, the slots shared by every worker on the store.
 
 A call counts against its model provider's cap, its runner's and its
 repository's (``[queue]`` in the cartridge, and the caps a person set in the
@@ -88,7 +89,9 @@ def slot_needs(
             queue.max_calls_per_provider.get(provider, queue.max_calls_per_provider.get("*")),
         ),
         smallest(
-            "runner", runner, queue.max_calls_per_runner.get(runner, queue.max_calls_per_runner.get("*"))
+            "runner",
+            runner,
+            queue.max_calls_per_runner.get(runner, queue.max_calls_per_runner.get("*")),
         ),
     ]
     if queue.max_calls_per_repository is not None or any(

@@ -20,6 +20,7 @@ from phasegate.core.terminal import visible
 for _group in (
     "setup",
     "workflows",
+    "queue",
     "diff",
     "github",
     "proposals",

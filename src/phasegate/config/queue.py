@@ -1,4 +1,5 @@
-"""The cartridge's ``[queue]`` table: caps on agent calls at once, and which provider a role's calls go to.
+"""The cartridge's ``[queue]`` table: caps on agent calls at once, and which provider
+a role's calls go to.
 
 Split out of cartridge.py, which re-exports it (docs/queues.md says how the
 caps, and the shared store's own, are held across workers).
@@ -63,7 +64,7 @@ class QueueSettings(_Strict):
     def _positive(cls, caps: dict[str, int]) -> dict[str, int]:
         for key, cap in caps.items():
             if not key.strip():
-                raise ValueError("a cap needs a name (or \"*\" for each one not named)")
+                raise ValueError('a cap needs a name (or "*" for each one not named)')
             if cap < 1:
                 raise ValueError(f"{key} = {cap}: a cap is at least 1 call at once")
         return {key.strip().lower(): cap for key, cap in caps.items()}

@@ -17,6 +17,7 @@ from phasegate.core.inputs import ActionRefused
 __all__ = [
     "DEFAULT_PRIORITY",
     "LABEL_PREFIX",
+    "check_priority",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "PRIORITY_NAMES",
@@ -49,13 +50,23 @@ def parse_priority(text: str) -> int:
     try:
         value = int(word)
     except ValueError:
-        value = None
-    if value is None or not MIN_PRIORITY <= value <= MAX_PRIORITY:
-        raise ActionRefused(
-            f"priority {text!r}: give high, normal, low or an integer from {MIN_PRIORITY} "
-            f"to {MAX_PRIORITY} (larger is claimed first)"
-        )
+        raise ActionRefused(_refusal(text)) from None
+    return check_priority(value, text)
+
+
+def check_priority(value: int, given: str | None = None) -> int:
+    """``value`` unchanged when it is a priority (MIN_PRIORITY to MAX_PRIORITY); raises
+    ActionRefused naming ``given`` (what the person wrote; default ``value``) otherwise."""
+    if isinstance(value, bool) or not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise ActionRefused(_refusal(str(value) if given is None else given))
     return value
+
+
+def _refusal(given: str) -> str:
+    return (
+        f"priority {given!r}: give high, normal, low or an integer from {MIN_PRIORITY} "
+        f"to {MAX_PRIORITY} (larger is claimed first)"
+    )
 
 
 def priority_name(priority: int) -> str:

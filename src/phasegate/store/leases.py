@@ -379,7 +379,9 @@ class LeaseRows(StoreBase):
                 .values(lease_expires_at=expires)
             ).rowcount
             if held:
-                conn.execute(_RENEW_SLOTS, {"w_id": workflow_id, "owner": owner, "expires": expires})
+                conn.execute(
+                    _RENEW_SLOTS, {"w_id": workflow_id, "owner": owner, "expires": expires}
+                )
             return bool(held)
 
     def check_fence(self, workflow_id: str, owner: str, fence: int) -> bool:

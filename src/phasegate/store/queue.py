@@ -1,4 +1,5 @@
-"""The queue's rows: workflows' priorities, the caps a person set, and agent slots held across workers.
+"""The queue's rows: workflows' priorities, the caps a person set, and agent slots
+held across workers.
 
 An agent slot is a store-backed semaphore (docs/queues.md). A call counts
 against up to three caps (its model provider's, its runner's, its
@@ -155,9 +156,7 @@ class QueueRows(StoreBase):
             if blocked is not None:
                 return blocked
             lease = conn.execute(
-                sa.select(_w.lease_expires_at).where(
-                    _w.id == workflow_id, _w.lease_owner == holder
-                )
+                sa.select(_w.lease_expires_at).where(_w.id == workflow_id, _w.lease_owner == holder)
             ).scalar()
             expires = utc(lease)
             if expires is None or expires <= now:
@@ -188,7 +187,9 @@ class QueueRows(StoreBase):
         now = self.clock.now()
         if write is None:
             with self.reading() as conn:
-                rows = conn.execute(sa.select(_s.scope, _s.key, _s.holder, _s.expires_at).where(keys)).all()
+                rows = conn.execute(
+                    sa.select(_s.scope, _s.key, _s.holder, _s.expires_at).where(keys)
+                ).all()
         else:
             rows = write.execute(sa.select(_s.scope, _s.key, _s.holder, _s.expires_at)).all()
         gone = {h for h in {r[2] for r in rows} if not holder_alive(h)}
@@ -218,7 +219,10 @@ class QueueRows(StoreBase):
         unexpired and its holder not a gone process of this host."""
         now = self.clock.now()
         with self.reading() as conn:
-            rows = [utc_row(r) for r in conn.execute(sa.select(t.agent_slots).order_by(_s.id)).mappings()]
+            rows = [
+                utc_row(r)
+                for r in conn.execute(sa.select(t.agent_slots).order_by(_s.id)).mappings()
+            ]
         for row in rows:
             row["live"] = row["expires_at"] > now and holder_alive(row["holder"])
         return rows

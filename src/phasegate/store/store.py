@@ -14,7 +14,8 @@ workflows, milestones and events (``workflows``), the commit path (``commit``), 
 (``leases``), agent runs and sessions (``agent_runs``), the local forge's rows
 (``forge_rows``), the development graph's runs and proposals (``graph_runs``), the
 webhook deliveries seen and the workflows they wake (``webhooks``), the people of
-the dashboard (``users``), priorities, caps and agent slots (``queue``), reads of many workflows and events at once (``board``), what
+the dashboard (``users``), priorities, caps and agent slots (``queue``), reads of
+many workflows and events at once (``board``), what
 ``/metrics`` shows (``figures``), and pruning finished workflows' events (``prune``).
 """
 
