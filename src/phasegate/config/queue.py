@@ -43,10 +43,13 @@ def provider_of(binding: RoleBinding) -> str:
 class QueueSettings(_Strict):
     """``[queue]``: the most agent calls running at once, held across every worker that
     shares the store (docs/queues.md). A call counts against its model provider's
-    cap (``provider_of``: the model's prefix, else the runner's vendor, else the
-    runner's name), its runner's and its repository's; it waits, its workflow
-    holding its lease, until each has a free slot. The shared store may hold caps
-    too (``phasegate queue cap``): for one scope and key, the smaller cap holds."""
+    cap, its runner's and its repository's, and waits, its workflow keeping its
+    lease, until each has a free slot. The provider is the prefix of the role's
+    model before its first ``/`` (``anthropic/claude-sonnet-4``: anthropic), else
+    the runner's vendor (claude-code: anthropic, codex: openai, gemini: google,
+    qwen: qwen, copilot: github), else the runner's name (command, api, aider).
+    The shared store may hold caps too (``phasegate queue cap``): for one scope
+    and name, the smaller cap holds."""
 
     max_calls_per_provider: dict[str, int] = Field(default_factory=dict)
     """The most calls at once to each model provider named, e.g. {anthropic = 3}; "*" caps
