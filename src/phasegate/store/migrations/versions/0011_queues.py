@@ -18,10 +18,12 @@ down_revision = "0010"
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("workflows") as batch:
-        batch.add_column(sa.Column("priority", sa.Integer, nullable=False, server_default="0"))
-    with op.batch_alter_table("agent_runs") as batch:
-        batch.add_column(sa.Column("started_at", sa.DateTime(timezone=True)))
+    # In place (SQLite's ALTER TABLE ADD COLUMN): a copy of the table, as batch mode
+    # makes one, is refused by the foreign keys of every other table that holds a row.
+    op.add_column(
+        "workflows", sa.Column("priority", sa.Integer, nullable=False, server_default="0")
+    )
+    op.add_column("agent_runs", sa.Column("started_at", sa.DateTime(timezone=True)))
     op.create_table(
         "agent_slots",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -50,7 +52,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("queue_caps")
     op.drop_table("agent_slots")
-    with op.batch_alter_table("agent_runs") as batch:
-        batch.drop_column("started_at")
-    with op.batch_alter_table("workflows") as batch:
-        batch.drop_column("priority")
+    op.drop_column("agent_runs", "started_at")
+    op.drop_column("workflows", "priority")
