@@ -144,8 +144,8 @@ class CallSlots:
         call_id = secrets.token_hex(8)
         if needs:
             self._take(needs, call_id, workflow_id, role, phase)
-        self.emit(workflow_id, started)
         try:
+            self.emit(workflow_id, started)
             yield HeldSlots(tuple(needs), self.store.clock.now())
         finally:
             if needs:
