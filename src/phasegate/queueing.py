@@ -43,8 +43,8 @@ def set_priority(store: Store, workflow_id: str, priority: int | str, *, by: str
     next pass; an agent call already running or waiting is not moved. Raises
     ActionRefused (the priority, ``by``, a finished workflow), WorkflowNotFound."""
     check_by(by)
-    value = parse_priority(priority) if isinstance(priority, str) else check_priority(priority)
     row = store.workflow_row(workflow_id)
+    value = parse_priority(priority) if isinstance(priority, str) else check_priority(priority)
     if row["status"] in _FINISHED:
         raise ActionRefused(f"workflow {workflow_id} is {row['status']}: nothing queues it now")
     event = EventWrite(
