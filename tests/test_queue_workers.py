@@ -215,6 +215,9 @@ def test_two_workers_hold_a_cap_of_3_claim_by_priority_and_get_a_killed_workers_
                 .group_by(t.events.c.workflow_id)
             ).all()
         )
+    # The free slots went to the waiting calls of the higher priority first.
+    by_start = sorted((r for r in runs if r["workflow_id"] in every), key=lambda r: r["started_at"])
+    assert {r["workflow_id"] for r in by_start[:4]} == set(ids["high"])
     # Six threads took the four high and two normal first; a low one only once a
     # thread was free again.
     assert max(first[i] for i in ids["high"]) < min(first[i] for i in ids["low"])

@@ -62,7 +62,7 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-def test_slots_hold_a_cap_across_holders_and_come_back_released_expired_or_gone(
+def test_slots_hold_a_cap_go_to_the_higher_priority_and_come_back_expired_or_gone(
     store: Store,
 ) -> None:
     clock = store.clock
@@ -70,24 +70,46 @@ def test_slots_hold_a_cap_across_holders_and_come_back_released_expired_or_gone(
     wf = new_workflow(store)
     needs = [SlotNeed("provider", "anthropic", 2), SlotNeed("runner", "claude-code", 5)]
 
-    def take(call: str, holder: str = f"{HOST}:{os.getpid()}:a", ttl_s: float = 30.0) -> object:
+    def take(call: str, holder: str = f"{HOST}:{os.getpid()}:a", priority: int = 0) -> object:
         return store.acquire_slots(
-            needs, call_id=call, holder=holder, workflow_id=wf, role="plan", ttl_s=ttl_s
+            needs,
+            call_id=call,
+            holder=holder,
+            workflow_id=wf,
+            role="plan",
+            ttl_s=30.0,
+            priority=priority,
         )
 
+    def held() -> set[str]:
+        return {r["call_id"] for r in store.slot_rows() if r["live"] and not r["waiting"]}
+
     assert take("a") is None and take("b") is None
-    assert take("c") == needs[0], "the provider's cap of 2 is reached; nothing taken"
-    assert len(store.slot_rows()) == 4, "two calls, two slots each"
+    assert take("c") == needs[0], "the provider's cap of 2 is reached: c waits"
+    clock.advance(1)
+    assert take("urgent", priority=1) == needs[0]
+    assert held() == {"a", "b"}
+    waiting = sorted((r["call_id"], r["scope"]) for r in store.slot_rows() if r["waiting"])
+    assert waiting == [
+        ("c", "provider"),
+        ("c", "runner"),
+        ("urgent", "provider"),
+        ("urgent", "runner"),
+    ]
     store.release_slots("a")
-    assert take("c") is None, "a slot given back is taken"
-    clock.advance(31)  # b and c expired: no lease renewed them
-    assert take("d") is None and take("e", ttl_s=100.0) is None
-    assert take("f") == needs[0]
+    assert take("c") == needs[0], "the free slot goes to the higher priority, waiting less"
+    assert take("urgent", priority=1) is None
+    store.release_slots("b")
+    assert take("c") is None and held() == {"c", "urgent"}
+    assert not any(r["waiting"] for r in store.slot_rows())
+    clock.advance(31)  # nothing renewed them: no lease holds this workflow
+    assert take("d") is None and held() == {"d"}
     # A holder of this host whose process is gone holds nothing, at once.
-    store.release_slots("d")
-    assert take("g", holder=f"{HOST}:{_dead_pid()}:x") is None
-    assert take("h") is None, "the gone holder's slot does not count"
-    assert {r["call_id"] for r in store.slot_rows() if r["live"]} == {"e", "h"}
+    assert take("e", holder=f"{HOST}:{_dead_pid()}:x") is None
+    assert take("f") is None, "the gone holder's slot does not count"
+    assert take("g") == needs[0]
+    store.release_slots("g")  # a wait given up leaves nothing behind
+    assert held() == {"d", "f"} and not any(r["waiting"] for r in store.slot_rows())
 
 
 def test_slots_expire_with_the_lease_they_are_held_under_and_are_renewed_with_it(

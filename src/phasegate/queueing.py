@@ -99,7 +99,9 @@ def queue_view(store: Store, cartridge: Cartridge | None = None) -> dict[str, An
     workers claim them: priority, larger first, then oldest; each with ``priority``
     and its ``priority_name``), ``slots`` (the agent calls holding slots now, one
     entry a call: workflow, role, holder, since, expires, the caps it counts
-    against), ``store_caps`` (the caps a person set in the store) and
+    against), ``waiting`` (the calls waiting for a slot, in the order they get
+    one: larger priority, then waiting longer; each as a ``slots`` entry, ``since``
+    when it waits), ``store_caps`` (the caps a person set in the store) and
     ``cartridge_caps`` (``[queue]`` of ``cartridge``, when given)."""
     queued = [
         {
@@ -109,10 +111,11 @@ def queue_view(store: Store, cartridge: Cartridge | None = None) -> dict[str, An
         for row in store.queued_rows(sorted(RUNNABLE_STATUSES))
     ]
     calls: dict[str, dict[str, Any]] = {}
+    waits: dict[str, dict[str, Any]] = {}
     for slot in store.slot_rows():
         if not slot["live"]:
             continue
-        call = calls.setdefault(
+        call = (waits if slot["waiting"] else calls).setdefault(
             slot["call_id"],
             {
                 "workflow_id": slot["workflow_id"],
@@ -120,6 +123,7 @@ def queue_view(store: Store, cartridge: Cartridge | None = None) -> dict[str, An
                 "holder": slot["holder"],
                 "since": _iso(slot["acquired_at"]),
                 "expires_at": _iso(slot["expires_at"]),
+                "priority": int(slot["priority"]),
                 "caps": {},
             },
         )
@@ -128,6 +132,8 @@ def queue_view(store: Store, cartridge: Cartridge | None = None) -> dict[str, An
     return {
         "queued": queued,
         "slots": list(calls.values()),
+        # in the order the free slots go to them: larger priority, then waiting longer
+        "waiting": sorted(waits.values(), key=lambda w: (-w["priority"], w["since"])),
         "store_caps": [{k: _iso(v) for k, v in row.items()} for row in store.queue_cap_rows()],
         "cartridge_caps": None
         if queue is None

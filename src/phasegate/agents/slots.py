@@ -9,9 +9,11 @@ counts the same calls. A call that finds a cap reached waits where it is:
 its workflow keeps its lease (the heartbeat renews it, and the slots it will
 hold with it), an ``agent_waiting`` event says what it waits for, and it
 looks again when the store tells of a change (a slot given back notifies) or
-after ``queue.slot_poll_s`` seconds. Shutdown ends the wait (the phase
-pauses, resumable), and so does a lost lease. Slots are given back as the
-call's process ends, before its answer is parsed or recorded.
+after ``queue.slot_poll_s`` seconds. Free slots go to the waiting calls of
+the larger workflow priority first, then to those waiting longer
+(``Store.acquire_slots``). Shutdown ends the wait (the phase pauses,
+resumable), and so does a lost lease. Slots are given back as the call's
+process ends, before its answer is parsed or recorded.
 
 Why wait rather than let the workflow go: a workflow released while it waits
 would be claimed again at once by some worker, which would find the same cap
@@ -135,16 +137,18 @@ class CallSlots:
 
         Raises WorkflowPaused when shutdown ends the wait, FenceLost when the
         workflow's lease is lost meanwhile, StoreUnavailable from the store."""
-        needs = slot_needs(
-            self.cartridge,
-            role,
-            self.store.queue_caps(),
-            lambda: self.store.repository_key(workflow_id),
-        )
+        stored = self.store.queue_caps()
+        queue = self.cartridge.queue
+        capped = queue.max_calls_per_provider or queue.max_calls_per_runner
+        needs: list[SlotNeed] = []
+        priority = 0
+        if stored or capped or queue.max_calls_per_repository is not None:
+            repository, priority = self.store.queue_facts(workflow_id)
+            needs = slot_needs(self.cartridge, role, stored, lambda: repository)
         call_id = secrets.token_hex(8)
-        if needs:
-            self._take(needs, call_id, workflow_id, role, phase)
         try:
+            if needs:
+                self._take(needs, call_id, workflow_id, role, phase, priority)
             self.emit(workflow_id, started)
             yield HeldSlots(tuple(needs), self.store.clock.now())
         finally:
@@ -152,7 +156,13 @@ class CallSlots:
                 self._give_back(call_id)
 
     def _take(
-        self, needs: list[SlotNeed], call_id: str, workflow_id: str, role: str, phase: str
+        self,
+        needs: list[SlotNeed],
+        call_id: str,
+        workflow_id: str,
+        role: str,
+        phase: str,
+        priority: int,
     ) -> None:
         fence = self.fences.get(workflow_id)
         holder = fence.owner if fence is not None else self.owner
@@ -166,6 +176,7 @@ class CallSlots:
                 workflow_id=workflow_id,
                 role=role,
                 ttl_s=ttl_s,
+                priority=priority,
             )
 
         blocked = take()

@@ -86,7 +86,8 @@ def priority(
 @queue.command("show")
 def show(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     """The runnable workflows in the order workers claim them, the agent calls holding
-    slots now, and the caps (the cartridge's [queue] and the store's own)."""
+    slots now and those waiting for one (in the order they get it), and the caps
+    (the cartridge's [queue] and the store's own)."""
     from phasegate import operations
     from phasegate.queueing import in_use
 
@@ -115,10 +116,17 @@ def show(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     counted = in_use(view)
     caps = _caps_lines(view, counted)
     console.print(
-        f"{len(view['slots'])} agent call(s) holding slots now"
+        f"{len(view['slots'])} agent call(s) holding slots now, "
+        f"{len(view['waiting'])} waiting for one"
         + (":\n  " + "\n  ".join(caps) if caps else "; no cap set"),
         highlight=False,
     )
+    for wait in view["waiting"]:
+        console.print(
+            f"  waiting: {wait['workflow_id']} ({wait['role']}, priority "
+            f"{wait['priority']}) since {str(wait['since'])[:19]}",
+            highlight=False,
+        )
     console.print("next: `phasegate priority ID high` moves one up", highlight=False)
 
 

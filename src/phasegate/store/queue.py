@@ -4,7 +4,9 @@ held across workers.
 An agent slot is a store-backed semaphore (docs/queues.md). A call counts
 against up to three caps (its model provider's, its runner's, its
 repository's); ``acquire_slots`` takes one row for each, in one writing
-transaction that first counts the rows held under each cap. The count and the
+transaction that first counts the rows held under each cap and the calls
+waiting ahead (a waiting call has rows too, marked ``waiting``: free slots go
+to the larger priority first, then to the call waiting longer). The count and the
 insert are one step for every worker sharing the store: on PostgreSQL a
 transaction advisory lock (``Dialect.serialize``) orders them, on SQLite the
 single writer (``BEGIN IMMEDIATE``) does. A row holds its slot until it is
@@ -37,6 +39,19 @@ _w = t.workflows.c
 #: two workers never interleave (calls last seconds: the lock is held for one of
 #: their transactions, milliseconds).
 _SLOTS_LOCK = "phasegate:agent_slots"
+
+
+#: The slot rows as a count reads them: held or waiting, by whom, until when.
+_SLOTS_HELD = sa.select(
+    _s.scope,
+    _s.key,
+    _s.call_id,
+    _s.holder,
+    _s.expires_at,
+    _s.waiting,
+    _s.priority,
+    _s.acquired_at,
+)
 
 
 @dataclass(frozen=True)
@@ -76,17 +91,17 @@ class QueueRows(StoreBase):
             row = conn.execute(sa.select(t.workflows).where(_w.id == workflow_id)).mappings().one()
         return utc_row(row)
 
-    def repository_key(self, workflow_id: str) -> str:
-        """What the workflow's repository cap is counted by: its team forge repository
-        (``owner/name``), else the path of the clone it was started in. Raises
-        WorkflowNotFound."""
+    def queue_facts(self, workflow_id: str) -> tuple[str, int]:
+        """What the workflow's calls are queued by: the key its repository cap is
+        counted by (its team forge repository, ``owner/name``, else the path of the
+        clone it was started in) and its priority. Raises WorkflowNotFound."""
         with self.reading() as conn:
             row = conn.execute(
-                sa.select(_w.repository, _w.repo_path).where(_w.id == workflow_id)
+                sa.select(_w.repository, _w.repo_path, _w.priority).where(_w.id == workflow_id)
             ).first()
         if row is None:
             raise WorkflowNotFound(workflow_id)
-        return str(row[0] or row[1])
+        return str(row[0] or row[1]), int(row[2] or 0)
 
     # -- the store's caps -----------------------------------------------------------
 
@@ -134,26 +149,32 @@ class QueueRows(StoreBase):
         workflow_id: str,
         role: str,
         ttl_s: float,
+        priority: int = 0,
     ) -> SlotNeed | None:
         """Take one slot under each of ``needs`` for the call ``call_id``, all or none;
-        None when taken, else the first need whose cap is reached (nothing taken).
+        None when taken, else the first need it must wait for (nothing taken).
 
-        The slots expire with the workflow's lease when ``holder`` holds it (its
-        ``lease_expires_at``; renewed with it), else ``ttl_s`` seconds from now.
-        Rows that expired or whose holder is gone (``holder_alive``) are deleted
-        first. A look that finds a cap reached reads only: a waiting call costs
-        no write. Raises StoreUnavailable."""
+        A need must wait when its cap's live slots are all held, or when the free
+        ones go to calls waiting ahead of this one: waiting calls of a larger
+        ``priority`` (the workflow's) first, then those waiting longer. A call
+        that must wait is recorded waiting (a row per need, ``waiting``), so the
+        calls after it see it; it stays so until it takes its slots or
+        ``release_slots``. Held and waiting rows expire with the workflow's lease
+        when ``holder`` holds it (its ``lease_expires_at``; renewed with it), else
+        ``ttl_s`` seconds from now; rows that expired or whose holder is gone
+        (``holder_alive``) are deleted first. A look that finds nothing changed
+        for a call already waiting reads only. Raises StoreUnavailable."""
         if not needs:
             return None
         keys = sa.or_(*(sa.and_(_s.scope == n.scope, _s.key == n.key) for n in needs))
-        blocked = self._blocked(needs, keys, write=None)
-        if blocked is not None:
+        blocked, waiting = self._blocked(needs, keys, call_id, priority, write=None)
+        if blocked is not None and waiting:
             return blocked
         now = self.clock.now()
         with self.transaction() as conn:
             self.dialect.serialize(conn, _SLOTS_LOCK)
-            blocked = self._blocked(needs, keys, write=conn)
-            if blocked is not None:
+            blocked, waiting = self._blocked(needs, keys, call_id, priority, write=conn)
+            if blocked is not None and waiting:
                 return blocked
             lease = conn.execute(
                 sa.select(_w.lease_expires_at).where(_w.id == workflow_id, _w.lease_owner == holder)
@@ -161,6 +182,7 @@ class QueueRows(StoreBase):
             expires = utc(lease)
             if expires is None or expires <= now:
                 expires = now + timedelta(seconds=ttl_s)
+            conn.execute(t.agent_slots.delete().where(_s.call_id == call_id))
             conn.execute(
                 t.agent_slots.insert(),
                 [
@@ -173,50 +195,75 @@ class QueueRows(StoreBase):
                         "role": role,
                         "acquired_at": now,
                         "expires_at": expires,
+                        "waiting": blocked is not None,
+                        "priority": priority,
                     }
                     for n in needs
                 ],
             )
-        return None
+        return blocked
 
     def _blocked(
-        self, needs: Sequence[SlotNeed], keys: Any, *, write: sa.Connection | None
-    ) -> SlotNeed | None:
-        """The first of ``needs`` whose cap the live slots reach, else None. With
-        ``write`` (a writing transaction), the dead slots are deleted first."""
+        self,
+        needs: Sequence[SlotNeed],
+        keys: Any,
+        call_id: str,
+        priority: int,
+        *,
+        write: sa.Connection | None,
+    ) -> tuple[SlotNeed | None, bool]:
+        """The first of ``needs`` the call must wait for (its live slots all held, or
+        the free ones less than the live calls waiting ahead of it), else None; and
+        whether the call is recorded waiting already. With ``write`` (a writing
+        transaction), the dead rows are deleted first."""
         now = self.clock.now()
         if write is None:
             with self.reading() as conn:
-                rows = conn.execute(
-                    sa.select(_s.scope, _s.key, _s.holder, _s.expires_at).where(keys)
-                ).all()
+                rows = conn.execute(_SLOTS_HELD.where(keys)).all()
         else:
-            rows = write.execute(sa.select(_s.scope, _s.key, _s.holder, _s.expires_at)).all()
-        gone = {h for h in {r[2] for r in rows} if not holder_alive(h)}
+            rows = write.execute(_SLOTS_HELD).all()
+        gone = {h for h in {r.holder for r in rows} if not holder_alive(h)}
         if write is not None:
             write.execute(
                 t.agent_slots.delete().where(
                     sa.or_(_s.expires_at <= now, _s.holder.in_(sorted(gone)))
                 )
             )
+        live = [r for r in rows if r.holder not in gone and (utc(r.expires_at) or now) > now]
+        own = [r for r in live if r.call_id == call_id and r.waiting]
+        # A call not waiting yet ranks after every call waiting now at its priority.
+        rank = (-priority, utc(own[0].acquired_at) if own else now, call_id)
         held: dict[tuple[str, str], int] = {}
-        for scope, key, holder, expires in rows:
-            live = holder not in gone and (utc(expires) or now) > now
-            if live:
-                held[(scope, key)] = held.get((scope, key), 0) + 1
-        return next((n for n in needs if held.get((n.scope, n.key), 0) >= n.cap), None)
+        ahead: dict[tuple[str, str], int] = {}
+        for r in live:
+            if r.call_id == call_id:
+                continue
+            if not r.waiting:
+                held[(r.scope, r.key)] = held.get((r.scope, r.key), 0) + 1
+            elif (-r.priority, utc(r.acquired_at), r.call_id) < rank:
+                ahead[(r.scope, r.key)] = ahead.get((r.scope, r.key), 0) + 1
+        blocked = next(
+            (
+                n
+                for n in needs
+                if held.get((n.scope, n.key), 0) + ahead.get((n.scope, n.key), 0) >= n.cap
+            ),
+            None,
+        )
+        return blocked, bool(own)
 
     def release_slots(self, call_id: str) -> None:
-        """Give back every slot of the call ``call_id``; waiting calls are told
-        (``Dialect.notify``). Raises StoreUnavailable."""
+        """Give back every slot of the call ``call_id``, and end its wait if it waits;
+        waiting calls are told (``Dialect.notify``). Raises StoreUnavailable."""
         with self.transaction() as conn:
             released = conn.execute(t.agent_slots.delete().where(_s.call_id == call_id)).rowcount
             if released:
                 self.dialect.notify(conn)
 
     def slot_rows(self) -> list[dict[str, Any]]:
-        """Every slot row (live or not yet cleaned), oldest first, with a ``live`` flag:
-        unexpired and its holder not a gone process of this host."""
+        """Every slot row (live or not yet cleaned; held, or ``waiting`` for one since
+        ``acquired_at``), oldest first, with a ``live`` flag: unexpired and its holder
+        not a gone process of this host."""
         now = self.clock.now()
         with self.reading() as conn:
             rows = [

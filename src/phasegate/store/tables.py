@@ -282,7 +282,8 @@ users = sa.Table(
 SLOT_SCOPES = ("provider", "runner", "repository")
 
 # One row per cap a running agent call counts against (agents/slots.py): a call to
-# provider p by runner r in repository x holds up to three rows, all with one call_id.
+# provider p by runner r in repository x holds up to three rows, all with one call_id;
+# a call waiting for its slots has its rows here too, marked waiting.
 # A row whose expires_at passed, or whose holder is a gone process of this host, holds
 # nothing: a killed worker's calls give their slots back within its lease.
 agent_slots = sa.Table(
@@ -296,9 +297,14 @@ agent_slots = sa.Table(
     sa.Column("holder", sa.String(255), nullable=False),
     sa.Column("workflow_id", sa.String(32), nullable=False),
     sa.Column("role", sa.String(64), nullable=False),
+    # When it took the slot; a waiting row: since when it waits.
     sa.Column("acquired_at", Timestamp, nullable=False),
     # Renewed with the workflow's lease (``LeaseRows.renew``).
     sa.Column("expires_at", Timestamp, nullable=False),
+    # A call waiting for the slot, not holding it: the free slots go to the waiting
+    # calls of the larger priority (the workflow's) first, then the longest waiting.
+    sa.Column("waiting", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
     sa.Index("ix_agent_slots_key", "scope", "key"),
     sa.Index("ix_agent_slots_workflow", "workflow_id", "holder"),
     sa.Index("ix_agent_slots_call", "call_id"),

@@ -2,7 +2,8 @@
 
 ``workflows.priority`` orders claims (larger first, then oldest).
 ``agent_slots`` holds one row per cap a running agent call counts against
-(its scope, key, holder worker, workflow and expiry); ``queue_caps`` the caps a
+(its scope, key, holder worker, workflow and expiry), and those of the calls
+waiting for one (by priority, then since when); ``queue_caps`` the caps a
 person set in the shared store. ``agent_runs.started_at`` is when a call's
 process was started, after it got its slots.
 
@@ -35,6 +36,8 @@ def upgrade() -> None:
         sa.Column("role", sa.String(64), nullable=False),
         sa.Column("acquired_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("waiting", sa.Boolean, nullable=False, server_default=sa.false()),
+        sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
     )
     op.create_index("ix_agent_slots_key", "agent_slots", ["scope", "key"])
     op.create_index("ix_agent_slots_workflow", "agent_slots", ["workflow_id", "holder"])
