@@ -240,3 +240,25 @@ def test_the_queue_commands_set_show_and_refuse_under_json(happy_repo: Path) -> 
     assert json.loads(uncapped.stdout)["cap"] is None
     detail = phasegate_cli("show", workflow_id, "-C", repo)
     assert "priority 5" in detail.stdout
+
+
+def test_the_board_and_the_workflow_page_show_a_priority_other_than_normal(
+    happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    from fastapi.testclient import TestClient
+    from test_web import TOKEN, logged_in
+
+    from phasegate.web import Access, create_app
+
+    engine, _store = engine_for(happy_repo)
+    urgent = operations.start(engine, "Fix the outage", by="maya", priority=1)["id"]
+    usual = operations.start(engine, "Tidy the docs", by="maya")["id"]
+    with TestClient(create_app(engine, Access(token=TOKEN, user="maya"))) as client:
+        logged_in(client)
+        board = client.get("/").text
+        card = board[board.index(f'id="card-{urgent}"') :]
+        assert '<dd class="wf-priority">high</dd>' in card[: card.index("</article>")]
+        other = board[board.index(f'id="card-{usual}"') :]
+        assert "wf-priority" not in other[: other.index("</article>")]
+        page = client.get(f"/workflows/{urgent}").text
+        assert '<dd id="wf-priority">high</dd>' in page

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from phasegate.core.contract import AWAITING_APPROVAL
+from phasegate.core.priority import priority_name
 from phasegate.core.profiles import AutomationProfile, decisions_of
 from phasegate.forge.base import shown_number
 from phasegate.proc.host import holder_alive
@@ -138,6 +139,7 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
         "status": row["status"],
         # what workers claim by, larger first (core/priority.py; docs/queues.md)
         "priority": int(row.get("priority") or 0),
+        "priority_name": priority_name(int(row.get("priority") or 0)),
         "error": row.get("error"),
         # the proposal a person's approve/reject moves the workflow on with, if any
         "awaiting_proposal": awaited,
