@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -14,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from phasegate import operations
-from phasegate.agents.slots import slot_needs
+from phasegate.agents.slots import SLOT_WAIT_EVENT, CallSlots, slot_needs
 from phasegate.config.cartridge import cartridge_from_document
-from phasegate.core.contract import RUNNABLE_STATUSES
+from phasegate.core.contract import RUNNABLE_STATUSES, EventWrite, WorkflowPaused
 from phasegate.core.inputs import ActionRefused
 from phasegate.core.priority import parse_priority, priority_from_labels, priority_name
 from phasegate.forge.base import Issue
@@ -262,3 +263,38 @@ def test_the_board_and_the_workflow_page_show_a_priority_other_than_normal(
         assert "wf-priority" not in other[: other.index("</article>")]
         page = client.get(f"/workflows/{urgent}").text
         assert '<dd id="wf-priority">high</dd>' in page
+
+
+def test_a_call_waiting_for_a_slot_stops_at_shutdown_and_leaves_nothing_held(
+    tmp_path: Path,
+) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    wf = new_workflow(store)
+    document = {
+        "roles": {"plan": {"runner": "command", "command": "true"}},
+        "queue": {"max_calls_per_provider": {"command": 1}},
+    }
+    cartridge = cartridge_from_document(tmp_path, document)
+    cancel = threading.Event()
+    said: list[str] = []
+
+    def emit(_workflow_id: str, event: EventWrite) -> None:
+        said.append(event.type)
+        if event.type == SLOT_WAIT_EVENT:
+            cancel.set()  # Ctrl-C while the second call waits
+
+    slots = CallSlots(store, cartridge, cancel, emit, {})
+    started = EventWrite("agent_started", {"role": "plan"})
+    try:
+        with slots.held(wf, "plan", "planning", started) as first:
+            assert first.needs == (SlotNeed("provider", "command", 1),)
+            with (
+                pytest.raises(WorkflowPaused, match="waited for a slot"),
+                slots.held(wf, "plan", "planning", started),
+            ):
+                pass
+            assert [r["waiting"] for r in store.slot_rows()] == [False]
+        assert said == ["agent_started", SLOT_WAIT_EVENT]
+        assert store.slot_rows() == [], "the slot given back, the wait ended"
+    finally:
+        store.close()
