@@ -469,6 +469,7 @@ def test_help_lists_every_command() -> None:
         "verify-override",
         "cancel",
         "cleanup",
+        "priority",
         "diff",
         "watch",
         "import",
@@ -482,6 +483,7 @@ def test_help_lists_every_command() -> None:
         "prune",
         "backup",
         "demo",
+        "queue",
         "users",
     ]
     helps = {name: text.strip() for name, text in lines}

@@ -363,9 +363,10 @@ def print_detail(detail: Mapping[str, Any]) -> None:
     s = detail["workflow"]
     console.print(f"[bold]{s['id']}[/bold] {shown(s['title'])}", highlight=False)
     # two short lines rather than one folded anywhere at 80 columns
+    priority = int(s.get("priority") or 0)  # said only when not normal, as status does
     console.print(
         f"  {s['current_phase']} · {s['status']} · dev round {s['dev_round']} · "
-        f"profile {s['profile']} · priority {priority_name(int(s.get('priority') or 0))}",
+        f"profile {s['profile']}" + (f" · priority {priority_name(priority)}" if priority else ""),
         highlight=False,
     )
     console.print(
