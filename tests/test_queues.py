@@ -111,6 +111,17 @@ def test_slots_hold_a_cap_go_to_the_higher_priority_and_come_back_expired_or_gon
     assert take("g") == needs[0]
     store.release_slots("g")  # a wait given up leaves nothing behind
     assert held() == {"d", "f"} and not any(r["waiting"] for r in store.slot_rows())
+    # A call waiting ahead for another cap keeps nothing from a call behind it.
+    pinned, shared, free = (
+        SlotNeed("provider", "anthropic", 2),  # d and f hold both
+        SlotNeed("runner", "api", 1),
+        SlotNeed("provider", "openai", 1),
+    )
+    kwargs = {"holder": f"{HOST}:{os.getpid()}:a", "workflow_id": wf, "role": "plan"}
+    ahead = store.acquire_slots([pinned, shared], call_id="h", ttl_s=30.0, priority=5, **kwargs)
+    assert ahead == pinned
+    assert store.acquire_slots([free, shared], call_id="l", ttl_s=30.0, **kwargs) is None
+    assert held() == {"d", "f", "l"}
 
 
 def test_slots_expire_with_the_lease_they_are_held_under_and_are_renewed_with_it(

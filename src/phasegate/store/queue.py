@@ -51,6 +51,7 @@ _SLOTS_HELD = sa.select(
     _s.waiting,
     _s.priority,
     _s.acquired_at,
+    _s.cap,
 )
 
 
@@ -166,14 +167,13 @@ class QueueRows(StoreBase):
         for a call already waiting reads only. Raises StoreUnavailable."""
         if not needs:
             return None
-        keys = sa.or_(*(sa.and_(_s.scope == n.scope, _s.key == n.key) for n in needs))
-        blocked, waiting = self._blocked(needs, keys, call_id, priority, write=None)
+        blocked, waiting = self._blocked(needs, call_id, priority, write=None)
         if blocked is not None and waiting:
             return blocked
         now = self.clock.now()
         with self.transaction() as conn:
             self.dialect.serialize(conn, _SLOTS_LOCK)
-            blocked, waiting = self._blocked(needs, keys, call_id, priority, write=conn)
+            blocked, waiting = self._blocked(needs, call_id, priority, write=conn)
             if blocked is not None and waiting:
                 return blocked
             lease = conn.execute(
@@ -197,6 +197,7 @@ class QueueRows(StoreBase):
                         "expires_at": expires,
                         "waiting": blocked is not None,
                         "priority": priority,
+                        "cap": n.cap,
                     }
                     for n in needs
                 ],
@@ -206,20 +207,23 @@ class QueueRows(StoreBase):
     def _blocked(
         self,
         needs: Sequence[SlotNeed],
-        keys: Any,
         call_id: str,
         priority: int,
         *,
         write: sa.Connection | None,
     ) -> tuple[SlotNeed | None, bool]:
-        """The first of ``needs`` the call must wait for (its live slots all held, or
-        the free ones less than the live calls waiting ahead of it), else None; and
-        whether the call is recorded waiting already. With ``write`` (a writing
-        transaction), the dead rows are deleted first."""
+        """The first of ``needs`` the call must wait for, else None; and whether the
+        call is recorded waiting already. With ``write`` (a writing transaction),
+        the dead rows are deleted first.
+
+        The calls waiting ahead of this one (``_ahead``) are served first, in
+        their order: each that would get all its slots from what is free is
+        counted as holding them. One that must wait for another cap anyway
+        keeps nothing from the calls behind it."""
         now = self.clock.now()
         if write is None:
             with self.reading() as conn:
-                rows = conn.execute(_SLOTS_HELD.where(keys)).all()
+                rows = conn.execute(_SLOTS_HELD).all()
         else:
             rows = write.execute(_SLOTS_HELD).all()
         gone = {h for h in {r.holder for r in rows} if not holder_alive(h)}
@@ -233,23 +237,23 @@ class QueueRows(StoreBase):
         own = [r for r in live if r.call_id == call_id and r.waiting]
         # A call not waiting yet ranks after every call waiting now at its priority.
         rank = (-priority, utc(own[0].acquired_at) if own else now, call_id)
-        held: dict[tuple[str, str], int] = {}
-        ahead: dict[tuple[str, str], int] = {}
+        taken: dict[tuple[str, str], int] = {}
+        ahead: dict[tuple[Any, ...], list[Any]] = {}
         for r in live:
             if r.call_id == call_id:
                 continue
             if not r.waiting:
-                held[(r.scope, r.key)] = held.get((r.scope, r.key), 0) + 1
-            elif (-r.priority, utc(r.acquired_at), r.call_id) < rank:
-                ahead[(r.scope, r.key)] = ahead.get((r.scope, r.key), 0) + 1
-        blocked = next(
-            (
-                n
-                for n in needs
-                if held.get((n.scope, n.key), 0) + ahead.get((n.scope, n.key), 0) >= n.cap
-            ),
-            None,
-        )
+                taken[(r.scope, r.key)] = taken.get((r.scope, r.key), 0) + 1
+                continue
+            place = (-r.priority, utc(r.acquired_at), r.call_id)
+            if place < rank:
+                ahead.setdefault(place, []).append(r)
+        for place in sorted(ahead):
+            waiter = ahead[place]
+            if all(taken.get((r.scope, r.key), 0) < r.cap for r in waiter):
+                for r in waiter:
+                    taken[(r.scope, r.key)] = taken.get((r.scope, r.key), 0) + 1
+        blocked = next((n for n in needs if taken.get((n.scope, n.key), 0) >= n.cap), None)
         return blocked, bool(own)
 
     def release_slots(self, call_id: str) -> None:

@@ -305,6 +305,8 @@ agent_slots = sa.Table(
     # calls of the larger priority (the workflow's) first, then the longest waiting.
     sa.Column("waiting", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+    # The cap the call counts against under this scope and key, as its worker read it.
+    sa.Column("cap", sa.Integer, nullable=False, server_default="1"),
     sa.Index("ix_agent_slots_key", "scope", "key"),
     sa.Index("ix_agent_slots_workflow", "workflow_id", "holder"),
     sa.Index("ix_agent_slots_call", "call_id"),

@@ -38,6 +38,7 @@ def upgrade() -> None:
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("waiting", sa.Boolean, nullable=False, server_default=sa.false()),
         sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("cap", sa.Integer, nullable=False, server_default="1"),
     )
     op.create_index("ix_agent_slots_key", "agent_slots", ["scope", "key"])
     op.create_index("ix_agent_slots_workflow", "agent_slots", ["workflow_id", "holder"])
