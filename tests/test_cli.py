@@ -469,6 +469,7 @@ def test_help_lists_every_command() -> None:
         "verify-override",
         "cancel",
         "cleanup",
+        "priority",
         "diff",
         "watch",
         "import",
@@ -483,6 +484,7 @@ def test_help_lists_every_command() -> None:
         "prune",
         "backup",
         "demo",
+        "queue",
         "users",
         "budget",
     ]

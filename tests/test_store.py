@@ -98,7 +98,7 @@ def test_every_migration_in_turn_ends_at_the_tables_module(db_url: str, clock: F
             *metadata.tables,
             "alembic_version",
         }
-        assert _revision(migrated) == HEAD_REVISION == "0012"
+        assert _revision(migrated) == HEAD_REVISION == "0013"
     finally:
         migrated.close()
 
@@ -158,10 +158,10 @@ def test_the_schema_comparison_does_see_a_difference(store: Store) -> None:
     changed = sa.MetaData()
     for table in metadata.tables.values():
         table.to_metadata(changed)
-    changed.tables["workflows"].append_column(sa.Column("priority", sa.Integer))
+    changed.tables["workflows"].append_column(sa.Column("urgency", sa.Integer))
     diffs = schema_diffs(store, changed)
     assert [d[0] for d in diffs] == ["add_column"]
-    assert diffs[0][3].name == "priority"
+    assert diffs[0][3].name == "urgency"
 
 
 def test_reopening_migrates_nothing_and_keeps_data(db_url: str, clock: FixedClock) -> None:

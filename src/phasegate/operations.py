@@ -14,6 +14,9 @@ timeline reads it). An action a person commanded in a forge comment
 (integrations/commands.py) names that comment too: ``{"comment": "kind:id"}``
 (``via``), in the same commit, so the comment is acted on once.
 
+The queue's actions (a workflow's priority, the shared store's caps on agent
+calls) live beside it in ``phasegate.queueing``, re-exported here.
+
 Errors (each a PhasegateError whose message is what the CLI prints):
 
 - ActionRefused: the input does not fit the action (an empty ticket, a
@@ -63,6 +66,7 @@ from phasegate.core.inputs import (
     check_title,
     title_of,
 )
+from phasegate.core.priority import check_priority
 from phasegate.core.profiles import AutomationProfile
 from phasegate.core.redaction import redact
 from phasegate.core.state import WorkflowState
@@ -70,6 +74,7 @@ from phasegate.phases import acceptance_verification
 from phasegate.phases import cleanup as cleanup_phase
 from phasegate.phases.cleanup import KIND as CLEANUP
 from phasegate.phases.graph_mode.run import CHECKS_GATE
+from phasegate.queueing import clear_queue_cap, queue_view, set_priority, set_queue_cap
 from phasegate.runtime import retention
 from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.runtime.retention import Retirable
@@ -95,16 +100,20 @@ __all__ = [
     "check_ticket",
     "check_title",
     "cleanup",
+    "clear_queue_cap",
     "comment",
     "expire_worktrees",
     "retire_worktrees",
     "feedback",
     "login_name",
+    "queue_view",
     "reject",
     "resume",
     "revert",
     "review_drafts",
     "send_review",
+    "set_priority",
+    "set_queue_cap",
     "start",
     "title_of",
     "verify_override",
@@ -187,14 +196,17 @@ def start(
     auto_merge: bool | None = None,
     profile: str | None = None,
     state: WorkflowState | None = None,
+    priority: int = 0,
 ) -> dict[str, Any]:
     """File a ticket as ``phasegate run`` does before it drives: a new workflow in
-    preparation (``Engine.start``: ``auto_merge``, ``profile``, ``state``), its
+    preparation (``Engine.start``: ``auto_merge``, ``profile``, ``state``,
+    ``priority``), its
     title ``title`` else ``title_of(ticket)``. Returns the workflow's row; nothing
     is advanced. Raises ActionRefused (the ticket), CartridgeError (a role left
     unbound, the profile, the base branch), PhasegateError (no commit yet)."""
     check_by(by)
     check_ticket(ticket)
+    check_priority(priority)
     if title is not None:
         check_title(title)
     engine.cartridge.require_roles(engine.repo / CARTRIDGE_FILE)
@@ -204,6 +216,7 @@ def start(
         auto_merge=auto_merge,
         profile=profile,
         state={**(state or {}), "started_by": by},
+        priority=priority,
     )
     engine.store.add_event(workflow_id, _event("start", by))
     return engine.store.workflow_row(workflow_id)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from phasegate.core.contract import AWAITING_APPROVAL
+from phasegate.core.priority import priority_name
 from phasegate.core.profiles import AutomationProfile, decisions_of
 from phasegate.forge.base import shown_number
 from phasegate.proc.host import holder_alive
@@ -117,7 +118,7 @@ def workflow_summaries(
 
 def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any]:
     """What ``status`` lists and a board's card shows of the workflow ``row``: its
-    id, title, phase, status, error, round, profile, issue and PR numbers, branch,
+    id, title, phase, status, priority, error, round, profile, issue and PR numbers, branch,
     usage (``tokens``, ``cost_usd`` in USD, ``agent_runs``), ISO 8601 times, its
     parent and children (conflict forks), the proposal it awaits, when a forge
     pause is resumed by itself (``resumes_at``), and the worker holding its lease
@@ -136,6 +137,9 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
         "title": row["title"],
         "current_phase": row["current_phase"],
         "status": row["status"],
+        # what workers claim by, larger first (core/priority.py; docs/queues.md)
+        "priority": int(row.get("priority") or 0),
+        "priority_name": priority_name(int(row.get("priority") or 0)),
         "error": row.get("error"),
         # the proposal a person's approve/reject moves the workflow on with, if any
         "awaiting_proposal": awaited,

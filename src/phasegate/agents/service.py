@@ -10,6 +10,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,6 +20,7 @@ from phasegate.agents.budgets import calendar_budget, stop_reason
 from phasegate.agents.env import cartridge_secrets, files_with_secrets, redact, secret_values
 from phasegate.agents.output import OutputLog
 from phasegate.agents.ports import port_env
+from phasegate.agents.slots import CallSlots
 from phasegate.config.cartridge import READ_ONLY_ROLES, ROLE_SESSION_LINES, Cartridge
 from phasegate.core.contract import (
     EventWrite,
@@ -118,6 +120,7 @@ class AgentService:
         self._making = threading.Lock()
         self._emit = emit or (lambda _wf, _ev: None)
         self.fences: dict[str, Fence] = {}
+        self.slots = CallSlots(store, cartridge, cancel, self._emit, self.fences)
         # Per workflow, never shared between them: a concurrent worker runs many.
         self._seen: dict[str, CheckoutSeen] = {}
 
@@ -196,8 +199,9 @@ class AgentService:
         all tries fail (exit code, timeout, garbage, ...) or at once when a
         spend cap is reached (kind ``budget``); WorkflowPaused when shutdown
         interrupts a call, or when the lease's deadline stopped it
-        (``self_fenced``, not recorded); FenceLost before a call, or after one
-        without recording it, once the workflow's lease was taken over
+        (``self_fenced``, not recorded), or shutdown ends its wait for a slot
+        under the queue's caps (``agents.slots``); FenceLost before a call, or
+        after one without recording it, once the workflow's lease was taken over
         (``fences``).
         """
         binding = self.cartridge.role(role)
@@ -256,13 +260,6 @@ class AgentService:
                 ),
                 on_output=output.feed,
             )
-            self._emit(
-                ctx.id,
-                EventWrite(
-                    "agent_started",
-                    {"role": role, "phase": phase, "round": round, "runner": runner.name},
-                ),
-            )
             # The status phasegate took of the checkout since its last change (the
             # self-heal's, the previous read-only run's) is its status now.
             known = self.seen(ctx.id, cwd)
@@ -271,7 +268,10 @@ class AgentService:
             )
             confined = request.confinement is not None and request.confinement.confined
             note_change()  # an agent in this process (scripted, api) writes too
+            started = {"role": role, "phase": phase, "round": round, "runner": runner.name}
             with (
+                # a slot under each cap it counts against, given back as its process ends
+                self.slots.held(ctx.id, role, phase, EventWrite("agent_started", started)) as held,
                 output,
                 guard.watch(cwd, ctx.id, role=role, phase=phase, confined=confined) as watched,
             ):
@@ -320,7 +320,7 @@ class AgentService:
                 outcome = "failed"
             self._record(
                 ctx, phase, role, line, runner.name, round, attempt, outcome, kind, detail, result,
-                model=binding.model or "",
+                model=binding.model or "", started_at=held.since,
             )  # fmt: skip
             for violation in result.violations:
                 self._emit(
@@ -423,6 +423,7 @@ class AgentService:
         result: AgentResult,
         *,
         model: str = "",
+        started_at: datetime | None = None,
     ) -> None:
         self.store.record_agent_run(
             AgentRunRecord(
@@ -442,6 +443,7 @@ class AgentService:
                 duration_s=round_s(result.duration_s),
                 session_id=result.session_id,
                 model=model,
+                started_at=started_at,
             )
         )
         if result.session_id:

@@ -21,6 +21,7 @@ for _group in (
     "setup",
     "workflows",
     "cleanup",
+    "queue",
     "diff",
     "github",
     "proposals",

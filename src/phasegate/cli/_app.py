@@ -389,6 +389,15 @@ def title_of(ticket: str) -> str:
     return title_of(ticket)
 
 
+PriorityOption = Annotated[
+    str,
+    typer.Option(
+        "--priority",
+        metavar="PRIORITY",
+        help="high, normal, low or an integer from -100 to 100: workers claim larger "
+        "first, then oldest (`phasegate priority ID P` changes it later; docs/queues.md).",
+    ),
+]
 NoAdvance = Annotated[
     bool, typer.Option("--no-advance", help="Record only; let a worker advance it.")
 ]

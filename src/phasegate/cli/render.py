@@ -20,6 +20,7 @@ from rich.text import Text
 from phasegate.cli._app import STOP_SIGNALS, console, err, reader_gone, repo_option, shown
 from phasegate.cli.status_table import status_table  # noqa: F401  (render's, for the commands)
 from phasegate.core.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES
+from phasegate.core.priority import priority_name
 from phasegate.core.profiles import MAX_REVERSIONS
 from phasegate.core.report import render_report
 from phasegate.core.terminal import visible
@@ -83,6 +84,9 @@ class LiveProgress:
             role, round_ = data.get("role"), data.get("round")
             self._bar(workflow_id, f"{phase} · round {round_} · {role} agent running")
             self._step(workflow_id, f"{role} agent ({data.get('runner')}), round {round_}")
+        elif type_ == "agent_waiting":  # agents/slots.py: a cap on calls at once is reached
+            cap = f"{data.get('scope')} {data.get('key')}: {data.get('cap')} at once"
+            self._step(workflow_id, f"{data.get('role')} agent waits for a slot ({cap})")
         elif type_ == "agent_finished" and data.get("outcome") != "ok":
             self._step(
                 workflow_id,
@@ -359,9 +363,10 @@ def print_detail(detail: Mapping[str, Any]) -> None:
     s = detail["workflow"]
     console.print(f"[bold]{s['id']}[/bold] {shown(s['title'])}", highlight=False)
     # two short lines rather than one folded anywhere at 80 columns
+    priority = int(s.get("priority") or 0)  # said only when not normal, as status does
     console.print(
         f"  {s['current_phase']} · {s['status']} · dev round {s['dev_round']} · "
-        f"profile {s['profile']}",
+        f"profile {s['profile']}" + (f" · priority {priority_name(priority)}" if priority else ""),
         highlight=False,
     )
     console.print(

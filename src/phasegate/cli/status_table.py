@@ -13,6 +13,7 @@ from rich.table import Table
 
 from phasegate.cli._app import repo_option, shown
 from phasegate.core.contract import NEEDS_YOU_STATUSES, RUNNABLE_STATUSES
+from phasegate.core.priority import priority_name
 from phasegate.core.terminal import visible
 
 #: status's columns, in the order shown; the ones a narrow terminal drops first
@@ -22,6 +23,7 @@ _STATUS_COLUMNS = (
     "title",
     "phase",
     "status",
+    "priority",
     "repository",
     "worker",
     "profile",
@@ -44,6 +46,7 @@ def _status_cells(r: Mapping[str, Any], wide: bool) -> dict[str, str]:
         "title": title if len(title) <= 40 else title[:39] + "…",
         "phase": r["current_phase"],
         "status": r["status"],
+        "priority": priority_name(int(r.get("priority") or 0)),
         "repository": r.get("repository") or Path(str(r.get("repo_path") or "")).name,
         # host:pid, enough to find the process (--json has the whole owner)
         "worker": ":".join(str(r.get("worker") or "").split(":")[:2]),
@@ -141,6 +144,9 @@ def status_table(rows: list[dict[str, Any]], width: int) -> Table:
 
     fits = ["id", "title", "phase", "status"]
     held = any(r.get("worker") for r in rows)  # the column only while a worker holds one
+    # ... the priority only when some workflow has one other than normal
+    if any(r.get("priority") for r in rows):
+        fits.append("priority")
     # ... and the repository's only when the store holds more than one's (a shared store)
     if len({c["repository"] for c in cells}) > 1:
         fits.append("repository")

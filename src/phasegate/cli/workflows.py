@@ -13,6 +13,7 @@ from phasegate.cli._app import (
     ByOption,
     JsonOption,
     NoAdvance,
+    PriorityOption,
     ProfileOption,
     RepoOption,
     UsageError,
@@ -29,6 +30,7 @@ from phasegate.cli._app import (
     warn_if_broken,
     who,
 )
+from phasegate.core.priority import parse_priority
 from phasegate.core.state import WorkflowState
 from phasegate.proc.host import HOSTNAME_VARIABLE
 from phasegate.runtime import DEFAULT_CONCURRENCY
@@ -74,6 +76,7 @@ def run(
     ] = False,
     no_advance: NoAdvance = False,
     by: ByOption = None,
+    priority: PriorityOption = "normal",
 ) -> None:
     """File a ticket and run its workflow in the foreground (Ctrl-C leaves it resumable).
 
@@ -91,6 +94,7 @@ def run(
 
     with reported_errors():
         ticket = ticket_from(ticket, ticket_file)
+        rank = parse_priority(priority)
         if no_advance and new_project is not None:
             raise UsageError("--no-advance files a ticket here; --new-project runs it there")
         if new_project is not None:
@@ -107,6 +111,7 @@ def run(
                     auto_merge=auto_merge,
                     profile=profile,
                     state=state,
+                    priority=rank,
                 )["id"],
                 as_json,
             )
@@ -124,6 +129,7 @@ def run(
             title=title,
             auto_merge=auto_merge,
             profile=profile,
+            priority=rank,
         )["id"]
         if no_advance:  # a worker takes it
             finish(store, store.workflow_row(workflow_id), as_json, driven=False)

@@ -42,6 +42,7 @@ from phasegate.config.landing_areas import (  # noqa: F401  (their home was here
     CartridgeError,
     LandingAreas,
 )
+from phasegate.config.queue import QueueSettings
 from phasegate.config.store_url import CARTRIDGE_FILE, blob_sha, resolve_store_url, sqlite_file
 from phasegate.config.toml import TomlError, read_toml
 from phasegate.core.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, AutomationProfile
@@ -58,6 +59,7 @@ __all__ = [
     "Limits",
     "NotifySettings",
     "ProfileSettings",
+    "QueueSettings",
     "ReviewTierRule",
     "ReviewTiers",
     "McpServer",
@@ -302,6 +304,7 @@ class Cartridge(_Strict):
     profiles: dict[str, ProfileSettings] = Field(default_factory=dict)
     notify: NotifySettings = Field(default_factory=NotifySettings)
     dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
+    queue: QueueSettings = Field(default_factory=QueueSettings)
     #: Agent profiles: named bindings roles refer to (``phasegate.config.agents``).
     agents: dict[str, RoleBinding] = Field(default_factory=dict)
     #: The git blob id of the text it was read from; None when made in code.

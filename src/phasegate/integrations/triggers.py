@@ -11,6 +11,9 @@ ticket.
 - **import**: ``start_from_issue`` does the same for one issue by hand (the
   person at the terminal holds the token and vouches), whatever its labels.
 
+Either way a ``priority:<high|normal|low|integer>`` label on the issue sets the
+workflow's priority (``core.priority``; docs/queues.md).
+
 The same look reads what trusted people command on the issues and pull
 requests of workflows that wait for a person (``/phasegate resume``,
 ``cancel``, ``verify ...``): ``integrations.commands``.
@@ -42,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from phasegate.core.priority import DEFAULT_PRIORITY, priority_from_labels
 from phasegate.forge.base import (
     STATUS_LABEL_PREFIX,
     TRUSTED_PERMISSIONS,
@@ -167,6 +171,8 @@ def start_from_issue(
         profile=profile,
         issue=(repository, number),
         state={**snapshot.state(trigger), "issue_labels": list(issue.labels)},
+        # a trusted person's ``priority:high`` label, like ``phasegate run --priority``
+        priority=priority_from_labels(issue.labels) or DEFAULT_PRIORITY,
     )
     return workflow_id, snapshot
 

@@ -150,8 +150,9 @@ class Engine:
         profile: str | None = None,
         issue: tuple[str, int] | None = None,
         state: WorkflowState | None = None,
+        priority: int = 0,
     ) -> str:
-        """File a new workflow in preparation; returns its id.
+        """File a new workflow in preparation, claimed in ``priority``'s order; returns its id.
 
         ``issue`` (``owner/name``, number): the workflow is for that existing forge
         issue, at most one per issue (``Store.create_workflow``: raises IssueTaken);
@@ -214,6 +215,7 @@ class Engine:
             },
             issue=issue,
             repository=self.repository,
+            priority=priority,
         )
 
     # -- events -----------------------------------------------------------------

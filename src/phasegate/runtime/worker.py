@@ -364,7 +364,7 @@ class _Worker:
             taken = self.store.claim_free(
                 due, self.engine.owner, self.engine.lease_ttl_s, limit=free, scheduled=self.once
             )
-            for workflow_id in due:  # oldest first, as listed
+            for workflow_id in due:  # by priority, then oldest, as listed
                 if workflow_id in taken:
                     self._start(workflow_id, (taken[workflow_id], sent_at), forge)
                     started.append(workflow_id)
@@ -391,7 +391,7 @@ class _Worker:
             self.next_due = _earliest(ahead, self.scheduled)
 
     def _due(self) -> tuple[list[str], list[str], tuple[int, int] | None]:
-        """The workflows due now, oldest first: those to claim, those waiting for
+        """The workflows due now, by priority then oldest: those to claim, those waiting for
         people (looked at without a lease first), and the local forge's marker.
         With ``once``, every runnable one, due or scheduled for later."""
         forge = self.store.local_forge_marker() if self.local_forge else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -33,6 +34,8 @@ class AgentRunRecord:
     session_id: str | None = None
     #: The model its binding names; empty when the runner chooses its own.
     model: str = ""
+    #: When its process started (UTC), once it held its slots (agents/slots.py).
+    started_at: datetime | None = None
 
 
 class AgentRunRows(StoreBase):

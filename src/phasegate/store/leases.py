@@ -45,6 +45,8 @@ _FREE = sa.or_(
     _c.lease_expires_at <= sa.bindparam("now"),
     _c.lease_owner.in_(sa.bindparam("gone", expanding=True)),
 )
+#: The order workers claim in: larger priority first, then oldest (docs/queues.md).
+CLAIM_ORDER = (_c.priority.desc(), _c.created_at, _c.id)
 #: Due now (``workflows.due_at``): never scheduled, or its time has come.
 _DUE = sa.or_(_c.due_at.is_(None), _c.due_at <= sa.bindparam("now"))
 
@@ -56,7 +58,7 @@ def _claim_free(*where: sa.ColumnElement[bool]) -> Any:
             _c.id.in_(
                 sa.select(_c.id)
                 .where(_c.id.in_(sa.bindparam("ids", expanding=True)), *where)
-                .order_by(_c.created_at, _c.id)
+                .order_by(*CLAIM_ORDER)
                 .with_for_update(skip_locked=True)
                 .limit(sa.bindparam("limit"))
                 .scalar_subquery()
@@ -89,6 +91,16 @@ _SCHEDULE = (
         due_at=sa.case((_c.due_at == WOKEN_AT, None), else_=sa.bindparam("due", type_=t.Timestamp))
     )
     .returning(_c.due_at)
+)
+
+#: ``renew``'s extension of the agent slots the lease's owner holds for the workflow.
+_RENEW_SLOTS = (
+    t.agent_slots.update()
+    .where(
+        t.agent_slots.c.workflow_id == sa.bindparam("w_id"),
+        t.agent_slots.c.holder == sa.bindparam("owner"),
+    )
+    .values(expires_at=sa.bindparam("expires", type_=t.Timestamp))
 )
 
 #: ``check_fence``'s read, built once: it runs before every side effect and agent.
@@ -253,7 +265,8 @@ class LeaseRows(StoreBase):
         repository: str | None = None,
         due_by: datetime | None = None,
     ) -> list[dict[str, Any]]:
-        """The workflows whose status is in ``statuses``, oldest first, each as
+        """The workflows whose status is in ``statuses``, in ``CLAIM_ORDER`` (larger
+        priority first, then oldest), each as
         ``id``, ``version``, ``status``, ``current_phase``, ``lease_owner`` and
         ``lease_expires_at`` (UTC-aware): what a worker's pass decides on, read in
         one query (an idle pass reads, never writes). With
@@ -270,7 +283,7 @@ class LeaseRows(StoreBase):
         if due_by is not None:
             query = query.where(sa.or_(c.due_at.is_(None), c.due_at <= due_by))
         with self.reading() as conn:
-            rows = conn.execute(query.order_by(c.created_at, c.id)).mappings()
+            rows = conn.execute(query.order_by(*CLAIM_ORDER)).mappings()
             return [utc_row(r) for r in rows]
 
     def next_due_at(
@@ -352,18 +365,24 @@ class LeaseRows(StoreBase):
     def renew(self, workflow_id: str, owner: str, fence: int, ttl_s: float) -> bool:
         """Extend ``owner``'s lease under ``fence`` to ``ttl_s`` seconds from now.
 
-        False when the lease was taken over (another owner, a newer fence).
-        Raises StoreUnavailable when the store cannot take the write.
+        The agent slots ``owner`` holds for the workflow (``store.queue``) are
+        renewed with it, to the same expiry. False when the lease was taken over
+        (another owner, a newer fence). Raises StoreUnavailable when the store
+        cannot take the write.
         """
         c = t.workflows.c
+        expires = self.clock.now() + timedelta(seconds=ttl_s)
         with self.transaction() as conn:
-            return bool(
+            held = conn.execute(
+                t.workflows.update()
+                .where(c.id == workflow_id, c.lease_owner == owner, c.fence == fence)
+                .values(lease_expires_at=expires)
+            ).rowcount
+            if held:
                 conn.execute(
-                    t.workflows.update()
-                    .where(c.id == workflow_id, c.lease_owner == owner, c.fence == fence)
-                    .values(lease_expires_at=self.clock.now() + timedelta(seconds=ttl_s))
-                ).rowcount
-            )
+                    _RENEW_SLOTS, {"w_id": workflow_id, "owner": owner, "expires": expires}
+                )
+            return bool(held)
 
     def check_fence(self, workflow_id: str, owner: str, fence: int) -> bool:
         """Whether ``owner`` still holds the workflow's lease under ``fence``, unexpired.

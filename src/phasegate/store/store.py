@@ -14,10 +14,10 @@ workflows, milestones and events (``workflows``), the commit path (``commit``), 
 (``leases``), agent runs and sessions (``agent_runs``), the local forge's rows
 (``forge_rows``), the development graph's runs and proposals (``graph_runs``), the
 webhook deliveries seen and the workflows they wake (``webhooks``), the people of
-the dashboard (``users``), budgets and what agents spent (``budgets``), reads of
-many workflows and events at once (``board``), what ``/metrics`` shows
-(``figures``), pruning finished workflows' events (``prune``), and the port
-ranges worktrees hold (``ports``).
+the dashboard (``users``), budgets and what agents spent (``budgets``), priorities,
+caps and agent slots (``queue``), reads of many workflows and events at once
+(``board``), what ``/metrics`` shows (``figures``), pruning finished workflows'
+events (``prune``), and the port ranges worktrees hold (``ports``).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from phasegate.store.graph_runs import APPLY_ARM, VERDICTS, GraphRows
 from phasegate.store.leases import Fence, LeaseRows
 from phasegate.store.ports import PortRows, PortsUnavailable
 from phasegate.store.prune import PruneRows
+from phasegate.store.queue import QueueRows, SlotNeed
 from phasegate.store.users import UserRows
 from phasegate.store.values import UsageTotals
 from phasegate.store.webhooks import WebhookRows
@@ -53,6 +54,7 @@ __all__ = [
     "Fence",
     "FenceLost",
     "PortsUnavailable",
+    "SlotNeed",
     "Store",
     "StoreUnavailable",
     "StoreUrlUnsupported",
@@ -82,6 +84,7 @@ class Store(
     UserRows,
     BudgetRows,
     PortRows,
+    QueueRows,
 ):
     """All SQL behind one class. Methods are small transactions of their own."""
 

@@ -54,6 +54,8 @@ workflows = sa.Table(
     sa.Index("ix_workflows_due", "status", "due_at"),
     # A board's newest finished workflows, and counts by status (migration 0008).
     sa.Index("ix_workflows_status_created", "status", "created_at"),
+    # Larger first, then oldest: the order workers claim in (migration 0013, docs/queues.md).
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
 )
 
 milestones = sa.Table(
@@ -114,6 +116,9 @@ agent_runs = sa.Table(
     sa.Index("ix_agent_runs_workflow", "workflow_id", "role"),
     # The spend of a day or a month, summed over its calls alone (migration 0011).
     sa.Index("ix_agent_runs_created", "created_at"),
+    # When the call's process started, once it held its slots (migration 0013);
+    # NULL for runs recorded before. Its end is started_at plus duration_s.
+    sa.Column("started_at", Timestamp),
 )
 
 provider_sessions = sa.Table(
@@ -302,4 +307,52 @@ port_reservations = sa.Table(
     sa.Column("host", sa.String(255), nullable=False),
     sa.Column("reserved_at", Timestamp, nullable=False),
     sa.Index("ix_port_reservations_base", "base"),
+)
+
+# -- queues: the agent calls running now, by cap, and the caps a person set -----------------
+
+#: What an agent slot is counted against (``agent_slots.scope``, ``queue_caps.scope``).
+SLOT_SCOPES = ("provider", "runner", "repository")
+
+# One row per cap a running agent call counts against (agents/slots.py): a call to
+# provider p by runner r in repository x holds up to three rows, all with one call_id;
+# a call waiting for its slots has its rows here too, marked waiting.
+# A row whose expires_at passed, or whose holder is a gone process of this host, holds
+# nothing: a killed worker's calls give their slots back within its lease.
+agent_slots = sa.Table(
+    "agent_slots",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("scope", sa.String(16), nullable=False),
+    sa.Column("key", sa.String(255), nullable=False),
+    sa.Column("call_id", sa.String(32), nullable=False),
+    # The worker (``host:pid:token``: its lease owner) whose call holds the slot.
+    sa.Column("holder", sa.String(255), nullable=False),
+    sa.Column("workflow_id", sa.String(32), nullable=False),
+    sa.Column("role", sa.String(64), nullable=False),
+    # When it took the slot; a waiting row: since when it waits.
+    sa.Column("acquired_at", Timestamp, nullable=False),
+    # Renewed with the workflow's lease (``LeaseRows.renew``).
+    sa.Column("expires_at", Timestamp, nullable=False),
+    # A call waiting for the slot, not holding it: the free slots go to the waiting
+    # calls of the larger priority (the workflow's) first, then the longest waiting.
+    sa.Column("waiting", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+    # The cap the call counts against under this scope and key, as its worker read it.
+    sa.Column("cap", sa.Integer, nullable=False, server_default="1"),
+    sa.Index("ix_agent_slots_key", "scope", "key"),
+    sa.Index("ix_agent_slots_workflow", "workflow_id", "holder"),
+    sa.Index("ix_agent_slots_call", "call_id"),
+)
+
+# The caps a person set in the store (``phasegate queue cap``): with a cartridge's own
+# cap for the same scope and key, the smaller holds. key "*": each one of the scope.
+queue_caps = sa.Table(
+    "queue_caps",
+    metadata,
+    sa.Column("scope", sa.String(16), primary_key=True),
+    sa.Column("key", sa.String(255), primary_key=True),
+    sa.Column("cap", sa.Integer, nullable=False),
+    sa.Column("set_by", sa.String(255), nullable=False),
+    sa.Column("set_at", Timestamp, nullable=False),
 )

@@ -80,6 +80,7 @@ class WorkflowRows(StoreBase):
         phase: str = PREPARATION,
         branch_name: str | None = None,
         repository: str | None = None,
+        priority: int = 0,
     ) -> str:
         """Insert a workflow in ``phase`` (default ``preparation``); returns its id
         (8 hex digits).
@@ -99,7 +100,8 @@ class WorkflowRows(StoreBase):
         ``repository``: the team forge's repository (``owner/name``) the workflow
         is of, what a worker in any clone of it claims it by (``workflows.repository``);
         None: the repository at ``repo_path`` (the local forge).
-        A child is of its parent's repository.
+        A child is of its parent's repository. ``priority``: the order workers claim
+        it in (``phasegate.core.priority``; larger first); a child's is its parent's.
         """
         if phase not in PHASE_ORDER:
             raise ContractViolation(f"a workflow cannot start in phase {phase!r}")
@@ -111,18 +113,22 @@ class WorkflowRows(StoreBase):
         # Only what is given: a store still at an older revision (its migration
         # test) has no parent_workflow_id column to insert a NULL into.
         with self.transaction() as conn:
-            if repository is None and parent_workflow_id is not None:
-                repository = conn.execute(
-                    sa.select(t.workflows.c.repository).where(
+            if parent_workflow_id is not None:
+                parent = conn.execute(
+                    sa.select(t.workflows.c.repository, t.workflows.c.priority).where(
                         t.workflows.c.id == parent_workflow_id
                     )
-                ).scalar()
+                ).first()
+                if parent is not None:
+                    repository = repository if repository is not None else parent[0]
+                    priority = priority or int(parent[1] or 0)
             optional = {
                 key: value
                 for key, value in (
                     ("parent_workflow_id", parent_workflow_id),
                     ("branch_name", branch_name),
                     ("repository", repository),
+                    ("priority", priority or None),
                 )
                 if value is not None
             }

@@ -227,6 +227,9 @@ def describe_event(event: Mapping[str, Any]) -> str:
         return f"{data['kind']}: {data.get('status', '?')}"
     if kind == "agent_started" and "role" in data:
         return f"{data['role']} agent ({data.get('runner')}), round {data.get('round')}"
+    if kind == "agent_waiting" and "role" in data:  # agents/slots.py
+        cap = f"{data.get('scope')} {data.get('key')}: {data.get('cap')} at once"
+        return f"{data['role']} agent waits for a slot ({cap})"
     if kind == "agent_finished" and "role" in data:
         error = f": {data['error']}" if data.get("error") else ""
         return f"{data['role']} agent: {data.get('outcome')}{error}"
