@@ -75,10 +75,20 @@ def run(
     ] = False,
     no_advance: NoAdvance = False,
     by: ByOption = None,
+    after: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--after",
+            metavar="ID",
+            help="Start only once workflow ID has merged and verified (repeatable); "
+            "until then it is blocked and a worker starts it.",
+        ),
+    ] = None,
 ) -> None:
     """File a ticket and run its workflow in the foreground (Ctrl-C leaves it resumable).
 
     --no-advance files it only, for a running `phasegate worker` (or `serve`) to take.
+    --after ID files it blocked until workflow ID completed (docs/epics.md).
 
     With [graph] enabled = true in phasegate.toml, planning, development and
     pr_review follow the development graph: competing plans, a read-only build
@@ -92,8 +102,8 @@ def run(
 
     with reported_errors():
         ticket = ticket_from(ticket, ticket_file)
-        if no_advance and new_project is not None:
-            raise UsageError("--no-advance files a ticket here; --new-project runs it there")
+        if (no_advance or after) and new_project is not None:
+            raise UsageError("--no-advance and --after file a ticket here; --new-project there")
         if new_project is not None:
             engine, workflow_id = _start_new_project(
                 new_project,
@@ -125,9 +135,11 @@ def run(
             title=title,
             auto_merge=auto_merge,
             profile=profile,
+            after=after or (),
         )["id"]
-        if no_advance:  # a worker takes it
-            finish(store, store.workflow_row(workflow_id), as_json, driven=False)
+        filed = store.workflow_row(workflow_id)
+        if no_advance or filed["status"] == "blocked":  # a worker takes it (once it may)
+            finish(store, filed, as_json, driven=False)
             return
         if not as_json:
             console.print(f"workflow [bold]{workflow_id}[/bold] filed", highlight=False)

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from phasegate.core.dependencies import DependencyCycle
 from phasegate.forge.base import (
     STATUS_LABEL_PREFIX,
     TRUSTED_PERMISSIONS,
@@ -131,7 +132,10 @@ def start_from_issue(
     them among the issues), a closed issue, one phasegate filed itself, one
     carrying a status label (another checkout's workflow), or a
     ticket over ``max_ticket_bytes`` (UTF-8), ForgeError, CartridgeError from
-    ``Engine.start``.
+    ``Engine.start``, DependencyCycle when its ``Depends on #N`` lines close a
+    cycle (nothing recorded). A ``Depends on #N`` line of a trusted author
+    (``TicketSnapshot.depends_on``) holds the workflow ``blocked`` until issue N's
+    workflow completed (docs/epics.md).
     """
     taken = engine.store.workflow_for_issue(repository, number)
     if taken is not None:
@@ -167,6 +171,7 @@ def start_from_issue(
         profile=profile,
         issue=(repository, number),
         state={**snapshot.state(trigger), "issue_labels": list(issue.labels)},
+        after_issues=[(repository, n) for n in snapshot.depends_on],
     )
     return workflow_id, snapshot
 
@@ -302,7 +307,7 @@ class Watcher:
             )
         except IssueTaken:
             return None  # another watcher started it between our look and our insert
-        except TriggerRefused as exc:
+        except (TriggerRefused, DependencyCycle) as exc:
             return self._ignore(number, by, str(exc))
         log.info(
             "%s#%d: workflow %s started (labelled by %s; comments by %d others left out)",

@@ -150,8 +150,11 @@ class Engine:
         profile: str | None = None,
         issue: tuple[str, int] | None = None,
         state: WorkflowState | None = None,
+        after: Sequence[str] = (),
+        after_issues: Sequence[tuple[str, int]] = (),
     ) -> str:
-        """File a new workflow in preparation; returns its id.
+        """File a new workflow in preparation; returns its id. ``after``, ``after_issues``:
+        it waits for those workflows, and forge issues' (``Store.create_workflow``).
 
         ``issue`` (``owner/name``, number): the workflow is for that existing forge
         issue, at most one per issue (``Store.create_workflow``: raises IssueTaken);
@@ -214,6 +217,8 @@ class Engine:
             },
             issue=issue,
             repository=self.repository,
+            after=after,
+            after_issues=after_issues,
         )
 
     # -- events -----------------------------------------------------------------

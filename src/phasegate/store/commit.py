@@ -29,6 +29,7 @@ from phasegate.core.contract import (
     is_legal_next_phase,
     next_phase,
 )
+from phasegate.store import dependencies
 from phasegate.store import tables as t
 from phasegate.store._base import INSERT_EVENT, Dialect, FenceLost, StoreBase, event_params, utc
 from phasegate.store.leases import Fence
@@ -220,6 +221,9 @@ def commit_phase_result(
     or its people: its next look); None, it is due at once, as after any change
     (a person's decision). Workers claim a runnable workflow only once due.
 
+    A change of status releases, in the same transaction, the workflows waiting for
+    this one once all they wait for completed (``dependencies.on_status``).
+
     A child's end (completed, failed or cancelled) wakes its parent in the same
     transaction (``_wake_parent``): a parent paused for that child
     (``state["conflict_child"]``, phases/conflict.py) gets its phase's status
@@ -280,6 +284,8 @@ def commit_phase_result(
             conn.execute(INSERT_EVENT, events)
         if ctx.parent_workflow_id and status in ENDED_STATUSES:
             _wake_parent(store, conn, ctx.parent_workflow_id, ctx.id, status, now)
+        if status != ctx.status:  # who waits for it, or what it waits for (docs/epics.md)
+            dependencies.on_status(store, conn, ctx.id, ctx.status, status, now)
         store.dialect.notify(conn)  # a person's decision, a settled phase: workers look
     return workflow_dict(row._mapping)
 
