@@ -14,12 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
+from test_web import TOKEN, logged_in
 
 from phasegate.config.cartridge import load_cartridge
 from phasegate.forge.local import LocalForge
 from phasegate.git.workspace import Workspace
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
+from phasegate.web import Access, create_app
 
 from conftest import git, make_repo, phasegate_cli, scripted_cartridge
 
@@ -153,3 +156,13 @@ def test_an_auto_epic_files_its_pieces_at_once(tmp_path: Path, opened: list[Stor
     assert [p["status"] for p in parent["pieces"]] == ["preparing", "blocked", "blocked"]
     refused = phasegate_cli("resume", parent["id"], "--repo", str(repo), "--json")
     assert refused.returncode != 0 and "waits for its pieces" in refused.stdout + refused.stderr
+    # the dashboard's workflow page: the pieces and how far they are; a piece's epic
+    engine = _engine(repo, opened)
+    with TestClient(create_app(engine, Access(token=TOKEN, user="alice"))) as client:
+        logged_in(client)
+        page = client.get(f"/workflows/{parent['id']}").text
+        assert "0 of 3 completed" in page and "the printer" in page
+        first = parent["pieces"][0]["id"]
+        assert f'href="/workflows/{parent["id"]}"' in client.get(f"/workflows/{first}").text
+        second = client.get(f"/workflows/{parent['pieces'][1]['id']}").text
+        assert f'<a href="/workflows/{first}">{first}</a> (preparing)' in second

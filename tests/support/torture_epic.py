@@ -168,7 +168,7 @@ def _stop(lab: _EpicLab, worker: subprocess.Popen[bytes]) -> None:
         kill_all(lab.root, worker)
 
 
-def run_epic_trial(root: Path, seed: int, *, span_s: float = 6.0) -> EpicTrial:
+def run_epic_trial(root: Path, seed: int, *, span_s: float = 3.0) -> EpicTrial:
     """Run epic trial ``seed`` in the empty directory ``root`` (random kills within
     ``span_s`` seconds of its worker's start); returns what it did and found."""
     started = time.monotonic()
