@@ -8,16 +8,22 @@ reconciliation pass), then ``phasegate run --after`` on a real repository.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
+from phasegate.config.cartridge import load_cartridge
 from phasegate.core import decisions
 from phasegate.core.contract import PhaseResult, WorkflowNotFound
 from phasegate.core.dependencies import DependencyCycle, cycle_path, depends_on_issues
+from phasegate.forge.base import Comment, Issue, Labelled
+from phasegate.integrations.triggers import Ignored, Started, Watcher
+from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.store import tables as t
+from phasegate.testing import InMemoryForge
 
 from conftest import phasegate_cli
 
@@ -166,5 +172,47 @@ def test_run_after_files_a_blocked_workflow_that_a_completion_releases(happy_rep
     try:
         count = store.engine.connect().execute(sa.select(sa.func.count()).select_from(t.workflows))
         assert count.scalar() == 2  # the refused --after recorded nothing
+    finally:
+        store.close()
+
+
+def test_depends_on_lines_of_trusted_people_hold_a_forge_issue_and_a_cycle_is_ignored(
+    happy_repo: Path,
+) -> None:
+    forge = InMemoryForge()
+    forge.permissions = {"ana": "write"}  # eve has no access
+    said = {
+        1: ("Parser", "Write the parser.", "ana"),
+        2: ("Printer", "Write the printer.\nDepends on #1", "ana"),
+        3: ("Docs", "Document it.\nDepends on #1", "eve"),  # an outsider's words hold nothing
+        4: ("Left", "Depends on #5", "ana"),
+        5: ("Right", "Depends on #4", "ana"),
+    }
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for number, (title, body, author) in said.items():
+        forge.issues[number] = Issue(number, title, body, "open", author=author)
+        forge.labelled.append(Labelled(forge.issues[number], "ana", now))
+    forge.said[3] = [Comment(7, "ana", "Depends on #2, please", now)]
+    cartridge = load_cartridge(happy_repo)
+    store = open_store(cartridge.store_url(happy_repo))
+    try:
+        engine = Engine(happy_repo, cartridge, store, forge=forge)
+        found = Watcher(engine, "o/r", max_ticket_bytes=100_000).watch_once()
+        started = {r.issue_number: r.workflow_id for r in found if isinstance(r, Started)}
+        assert sorted(started) == [1, 2, 3, 4]
+        [ignored] = [r for r in found if isinstance(r, Ignored)]
+        assert ignored.issue_number == 5
+        assert f"{started[4]} (#4) → " in ignored.reason and ignored.reason.count("(#5)") == 2
+        assert store.workflow_for_issue("o/r", 5) is None
+
+        def waits(number: int) -> list[tuple[object, object]]:
+            return [(e["depends_on"], e["issue"]) for e in store.dependencies(started[number])]
+
+        assert waits(1) == []
+        assert waits(2) == [(started[1], "o/r#1")]
+        assert waits(3) == [(started[2], "o/r#2")]  # the trusted comment's, not eve's body
+        assert waits(4) == [(None, "o/r#5")]
+        assert {store.workflow_row(started[n])["status"] for n in (2, 3, 4)} == {"blocked"}
+        assert store.workflow_row(started[1])["status"] == "preparing"
     finally:
         store.close()
