@@ -153,23 +153,22 @@ class Engine:
         after: Sequence[str] = (),
         after_issues: Sequence[tuple[str, int]] = (),
     ) -> str:
-        """File a new workflow in preparation; returns its id. ``after``, ``after_issues``:
-        it waits for those workflows, and forge issues' (``Store.create_workflow``).
+        """File a new workflow in preparation; returns its id.
 
         ``issue`` (``owner/name``, number): the workflow is for that existing forge
         issue, at most one per issue (``Store.create_workflow``: raises IssueTaken);
-        ``state`` is added to the workflow's state (a trigger's ticket snapshot).
+        ``state`` is added to the workflow's state (a trigger's ticket snapshot);
+        ``after``, ``after_issues``: the workflows and forge issues it waits for.
 
-        ``profile`` names its automation profile (default: ``workflow.profile``,
-        else ``review``); the workflow keeps it in ``state["profile"]``.
-        auto_merge: the ``auto_merge`` argument, else the default of a profile
-        named here (a person's choice for this run beats the file), else an
-        explicit ``workflow.auto_merge``, else the cartridge profile's default.
+        ``profile`` names its automation profile (default: ``workflow.profile``, else
+        ``review``); the workflow keeps it in ``state["profile"]``. auto_merge: the
+        ``auto_merge`` argument, else the default of a profile named here (a person's choice
+        for this run beats the file), else an explicit ``workflow.auto_merge``, else the
+        cartridge profile's default.
 
-        Checks first what would otherwise fail only after an issue and a branch
-        exist: the profile, the base branch, and every role's runner (a scripted
-        file that does not load). Raises CartridgeError naming the key, or
-        PhasegateError.
+        Checks first what would otherwise fail only after an issue and a branch exist: the
+        profile, the base branch, and every role's runner (a scripted file that does not
+        load). Raises CartridgeError naming the key, or PhasegateError.
         """
         settings = self.cartridge.workflow
         if profile is not None and not profile.strip():
