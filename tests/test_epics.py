@@ -117,6 +117,8 @@ def test_an_approved_epic_files_linked_tickets_run_in_order_and_completes_after_
     assert f"Depends on #{numbers[0]}" in issues[numbers[1]].body
     assert f"Depends on #{numbers[1]}" in issues[numbers[2]].body
     assert "Depends on" not in issues[numbers[0]].body
+    assert [forge.parent_issue(n) for n in numbers] == [parent["issue_number"]] * 3
+    assert forge.parent_issue(parent["issue_number"]) is None
     text = phasegate_cli("show", parent["id"], "--repo", str(repo)).stdout
     assert "pieces: 0 of 3 completed" in text
 

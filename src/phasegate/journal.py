@@ -37,6 +37,7 @@ from phasegate.forge.base import (
     ForgeError,
     ForgeNotFound,
     ForgeUnavailable,
+    SubIssues,
 )
 from phasegate.git import guard
 from phasegate.git.workspace import Workspace
@@ -60,6 +61,7 @@ EFFECT_KINDS = frozenset(
         "merge_completed",
         "issue_closed",
         "ticket_filed",
+        "sub_issue_linked",
     }
 )
 
@@ -206,6 +208,17 @@ class SideEffects:
         )
         return int(result["number"])
 
+    def link_sub_issue(self, phase: str, key: str, parent: int, child: int) -> bool:
+        """File issue ``child`` under issue ``parent`` once per ``key``, where the forge
+        has sub-issues (``SubIssues``); False where it has none (nothing journaled)."""
+        forge = self.forge
+        if not isinstance(forge, SubIssues):
+            return False
+        params = {"parent": parent, "child": child}
+        link = _then(lambda: forge.link_sub_issue(parent, child), {"parent": parent})
+        self._journaled(phase, "sub_issue_linked", key, params, link)
+        return True
+
     def create_branch(self, phase: str, branch: str, base: str) -> str:
         params = {"branch": branch, "base": base}
         result = self._journaled(
@@ -325,6 +338,9 @@ class SideEffects:
         if kind in ("issue_created", "ticket_filed"):
             number = forge.find_issue(params["marker"])
             return None if number is None else {"number": number}
+        if kind == "sub_issue_linked":
+            found = forge.parent_issue(params["child"]) if isinstance(forge, SubIssues) else None
+            return {"parent": found} if found == params["parent"] else None
         if kind == "branch_created":
             if not self.workspace.branch_exists(self.repo, params["branch"]):
                 return None

@@ -11,7 +11,8 @@ three times), and the invariants are checked:
 
 - the parent and its three pieces completed [``not_completed``];
 - exactly four workflows and four issues, no issue marker twice [``workflows``,
-  ``issues``]; no milestone left ``in_progress`` [``in_progress``];
+  ``issues``], each piece's issue filed under the parent's [``sub_issues``]; no
+  milestone left ``in_progress`` [``in_progress``];
 - each piece released only after the one before it completed [``order``];
 - each piece's change on the base [``change``]; no process of the trial left
   [``process_alive``].
@@ -235,9 +236,12 @@ def _check(lab: _EpicLab) -> list[Violation]:
     unfinished = [(wid, status) for wid, status in rows if status != "completed"]
     if unfinished:
         found.append(Violation("not_completed", repr(unfinished)))
-    markers = [m for (m,) in lab.read(sa.select(t.forge_issues.c.marker))]
+    issues = lab.read(sa.select(t.forge_issues.c.marker, t.forge_issues.c.parent))
+    markers = [m for m, _ in issues]
     if len(markers) != 4 or any(n > 1 for n in Counter(markers).values()):
         found.append(Violation("issues", f"{len(markers)} issues: {markers}"))
+    if sorted(p is None for _, p in issues) != [False, False, False, True]:
+        found.append(Violation("sub_issues", f"parents {[p for _, p in issues]}"))
     m = t.milestones.c
     left = lab.read(sa.select(m.dedupe_key).where(m.status == "in_progress"))
     if left:

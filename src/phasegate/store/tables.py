@@ -139,6 +139,8 @@ forge_issues = sa.Table(
     sa.Column("marker", sa.String(255)),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("closed_at", Timestamp),
+    # The issue this one is a sub-issue of (an epic's piece: migration 0011).
+    sa.Column("parent", sa.Integer),
     sa.UniqueConstraint("repo", "number", name="uq_forge_issues_number"),
 )
 

@@ -133,6 +133,8 @@ def _file_pieces(
     for place, (title, after) in enumerate(zip(titles, needs, strict=True), 1):
         body = _piece_body(ctx, title, place, len(titles), [numbers[n - 1] for n in after])
         number = deps.effects.file_ticket(PLANNING, f"piece{place}", title, body)
+        if ctx.issue_number:  # a sub-issue of the parent's, where the forge has them
+            deps.effects.link_sub_issue(PLANNING, f"piece{place}", ctx.issue_number, number)
         numbers.append(number)
         pieces.append(Piece(title, body, number, tuple(int(n) for n in after)))
     inherited = state_of({k: v for k, v in ctx.state.items() if k in _INHERITED})

@@ -1,4 +1,5 @@
-"""workflow_dependencies: a workflow waits for others (--after, Depends on #N, an epic's pieces).
+"""workflow_dependencies: a workflow waits for others (--after, Depends on #N, an epic's pieces);
+forge_issues.parent: a local issue filed under another (an epic's piece).
 
 Revision ID: 0011
 Revises: 0010
@@ -31,6 +32,11 @@ def upgrade() -> None:
         ["issue_repository", "issue_number"],
     )
 
+    with op.batch_alter_table("forge_issues") as batch:
+        batch.add_column(sa.Column("parent", sa.Integer))
+
 
 def downgrade() -> None:
+    with op.batch_alter_table("forge_issues") as batch:
+        batch.drop_column("parent")
     op.drop_table("workflow_dependencies")
