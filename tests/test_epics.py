@@ -168,3 +168,35 @@ def test_an_auto_epic_files_its_pieces_at_once(tmp_path: Path, opened: list[Stor
         assert f'href="/workflows/{parent["id"]}"' in client.get(f"/workflows/{first}").text
         second = client.get(f"/workflows/{parent['pieces'][1]['id']}").text
         assert f'<a href="/workflows/{first}">{first}</a> (preparing)' in second
+
+
+def test_an_epic_on_one_branch_lands_its_pieces_through_its_own_merge(
+    tmp_path: Path, opened: list[Store]
+) -> None:
+    repo = epic_repo(tmp_path, item_policy="auto")
+    proc = phasegate_cli(
+        "run", "Build it", "--branch-strategy", "epic", "--repo", str(repo), "--json"
+    )
+    parent = json.loads(proc.stdout)
+    assert parent["status"] == "pieces", parent
+    engine = _engine(repo, opened)
+    store = engine.store
+    branch = f"phasegate/epic-{parent['id']}"
+    ids = [p["id"] for p in parent["pieces"]]
+    assert {store.workflow_row(wid)["base_branch"] for wid in ids} == {branch}
+    assert store.workflow_row(parent["id"])["state"]["branch_strategy"] == "epic"
+
+    engine.run_worker(once=True)
+
+    row = store.workflow_row(parent["id"])
+    assert (row["current_phase"], row["status"]) == ("completed", "completed"), row["error"]
+    assert row["branch_name"] == branch and row["merge_sha"]
+    for wid in ids:  # each piece merged into the epic's branch, the epic into main
+        assert store.workflow_row(wid)["status"] == "completed"
+        assert git(repo, "show", f"main:piece-{wid}.txt") == "done"
+    first = git(repo, "log", "--first-parent", "--format=%s", "main").splitlines()
+    assert sum(1 for line in first if line.startswith("Merge")) == 1  # the epic's, once
+    forge = LocalForge(store, repo, Workspace())
+    assert forge.issue(parent["issue_number"]).state == "closed"
+    shown = phasegate_cli("show", parent["id"], "--repo", str(repo)).stdout
+    assert "branch strategy epic" in shown

@@ -191,6 +191,8 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
         ],
         **_dependencies(store.dependencies(row["id"])),
         "epic_parent": row["state"].get("epic_parent"),
+        # how an epic's pieces branch (ticket, epic), as preparation set it; None before
+        "branch_strategy": row["state"].get("branch_strategy"),
         **lease_holder(store, row),
     }
 

@@ -453,6 +453,8 @@ def _print_dependencies(s: Mapping[str, Any]) -> None:
         what = edge["id"] or f"{edge['issue']} (no workflow yet)"
         console.print(f"  after {what}: {edge['status'] or 'waiting'}", highlight=False)
     pieces = s.get("pieces", ())
+    if pieces or s.get("branch_strategy") == "epic":
+        console.print(f"  branch strategy {s.get('branch_strategy') or 'ticket'}", highlight=False)
     if pieces:
         done = sum(1 for p in pieces if p["status"] == "completed")
         console.print(f"  pieces: {done} of {len(pieces)} completed", highlight=False)

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from phasegate.cli._app import (
+    AfterOption,
     AutoMergeOption,
+    BranchStrategyOption,
     ByOption,
     JsonOption,
     NoAdvance,
@@ -75,15 +77,8 @@ def run(
     ] = False,
     no_advance: NoAdvance = False,
     by: ByOption = None,
-    after: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--after",
-            metavar="ID",
-            help="Start only once workflow ID has merged and verified (repeatable); "
-            "until then it is blocked and a worker starts it.",
-        ),
-    ] = None,
+    after: AfterOption = None,
+    branch_strategy: BranchStrategyOption = None,
 ) -> None:
     """File a ticket and run its workflow in the foreground (Ctrl-C leaves it resumable).
 
@@ -102,6 +97,9 @@ def run(
 
     with reported_errors():
         ticket = ticket_from(ticket, ticket_file)
+        if branch_strategy not in (None, "ticket", "epic"):
+            raise UsageError(f"--branch-strategy {branch_strategy!r}: give ticket or epic")
+        chosen: WorkflowState = {"branch_strategy": branch_strategy} if branch_strategy else {}
         if (no_advance or after) and new_project is not None:
             raise UsageError("--no-advance and --after file a ticket here; --new-project there")
         if new_project is not None:
@@ -117,7 +115,7 @@ def run(
                     title=title,
                     auto_merge=auto_merge,
                     profile=profile,
-                    state=state,
+                    state={**state, **chosen},
                 )["id"],
                 as_json,
             )
@@ -136,6 +134,7 @@ def run(
             auto_merge=auto_merge,
             profile=profile,
             after=after or (),
+            state=chosen,
         )["id"]
         filed = store.workflow_row(workflow_id)
         if no_advance or filed["status"] == "blocked":  # a worker takes it (once it may)

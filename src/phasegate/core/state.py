@@ -108,6 +108,9 @@ class WorkflowState(TypedDict, total=False):
     epic_pieces: list[str]
     #: The epic a piece is one piece of.
     epic_parent: str
+    #: How an epic's pieces branch: ``ticket`` (each from the base) or ``epic`` (all on
+    #: the epic's branch, which it merges at the end; docs/epics.md).
+    branch_strategy: str
 
     # -- report, wait and merge --
     #: The report's payload, the single source of truth for what the report says.
@@ -281,6 +284,10 @@ OWNERS: Mapping[str, Owner] = _owners(
     epic_run=Owner(("phases.graph_mode.epic",), ("operations", "phases.graph_mode.epic")),
     epic_pieces=Owner(("phases.graph_mode.epic",), ("phases.graph_mode.epic",)),
     epic_parent=Owner(("store.dependencies",), ("phases.graph_mode.epic", "summary")),
+    branch_strategy=Owner(
+        ("cli.workflows", "phases.preparation"),
+        ("phases.graph_mode.epic", "phases.preparation", "summary"),
+    ),
     report=Owner(("phases.report",), ("cli.demo", "phases.merge", "summary")),
     wait_started_at=Owner(("phases.report",)),
     merge_hold=Owner(

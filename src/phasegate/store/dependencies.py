@@ -339,14 +339,20 @@ class DependencyRows(StoreBase):
             return _release(self, conn, waiting, self.clock.now())
 
     def start_pieces(
-        self, parent_id: str, pieces: Sequence[Piece], state: WorkflowState
+        self,
+        parent_id: str,
+        pieces: Sequence[Piece],
+        state: WorkflowState,
+        *,
+        base_branch: str | None = None,
     ) -> list[str]:
         """Start a workflow for each of ``pieces`` of the epic ``parent_id``, in one
         transaction; returns their ids, in order. Idempotent: a piece started before
         (its ``piece`` edge from the parent) is not started again, so a phase driven
         again after a crash starts none twice.
 
-        Each piece is of its parent's repository, base branch, auto-merge and language,
+        Each piece is of its parent's repository, base branch (``base_branch`` when
+        given: the epic's own branch), auto-merge and language,
         starts in preparation on its forge issue with ``state`` (plus ``epic_parent``),
         ``blocked`` after the pieces it needs, and the parent waits for each
         (``piece`` edges). Raises WorkflowNotFound (no parent), ValueError for an
@@ -374,7 +380,10 @@ class DependencyRows(StoreBase):
                     raise ValueError(f"piece {place} can only follow earlier pieces")
                 found = started.get(place)
                 if found is None:
-                    found = self._start_piece(conn, dict(parent), piece, state, now)
+                    base = base_branch or parent["base_branch"]
+                    found = self._start_piece(
+                        conn, {**parent, "base_branch": base}, piece, state, now
+                    )
                     after = sorted({ids[n - 1] for n in piece.after})
                     for target in after:
                         _insert_edge(conn, found, target, AFTER, 0, None, now)

@@ -112,6 +112,9 @@ class WorkflowSummary(_Open):
         default_factory=list, description="an epic's pieces, in order, with their statuses"
     )
     epic_parent: str | None = Field(None, description="the epic this workflow is a piece of")
+    branch_strategy: str | None = Field(
+        None, description="how an epic's pieces branch: ticket or epic (set in preparation)"
+    )
     worker: str | None = Field(None, description="host:pid:token of the worker holding it")
     lease_expires_at: str | None = None
 

@@ -20,13 +20,18 @@ approved (or at once, policy ``auto``) planning files the pieces:
   keyed, so a kill at any moment files no ticket and starts no workflow twice.
 - terminal outcomes: ``pieces``; completed once every piece completed.
 
-A piece runs the graph without scope: it is one piece of work already.
+A piece runs the graph without scope: it is one piece of work already. Under
+``branch_strategy = "epic"`` (``state["branch_strategy"]``, set in preparation) the
+pieces' base is the branch ``phasegate/epic-<parent id>``, made from the base when
+they are filed; once they all completed, the parent opens that branch as its pull
+request and goes on to report, wait and merge, so the base gets the epic whole.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from phasegate.config.cartridge import Cartridge
@@ -35,6 +40,7 @@ from phasegate.core.contract import (
     COMPLETED,
     PIECES,
     PLANNING,
+    REPORT,
     MilestoneWrite,
     PhaseResult,
     WorkflowContext,
@@ -44,7 +50,7 @@ from phasegate.graph.rules import GraphRules
 from phasegate.phases.deps import PhaseDeps
 from phasegate.store.dependencies import Piece
 
-__all__ = ["graph_rules", "resumed", "routed"]
+__all__ = ["epic_branch", "graph_rules", "resumed", "routed"]
 
 #: The state a piece takes from its parent: how it runs, and who started the epic.
 _INHERITED = ("profile", "graph_mode", "cartridge_sha", "started_by", "forge_repository")
@@ -138,7 +144,12 @@ def _file_pieces(
         numbers.append(number)
         pieces.append(Piece(title, body, number, tuple(int(n) for n in after)))
     inherited = state_of({k: v for k, v in ctx.state.items() if k in _INHERITED})
-    ids = deps.store.start_pieces(ctx.id, pieces, inherited)
+    base = None
+    if ctx.state.get("branch_strategy") == "epic":  # the pieces build on one branch
+        base = epic_branch(ctx)
+        deps.effects.create_branch(PLANNING, base, deps.forge.branch_ref(ctx.base_branch))
+        deps.forge.publish_branch(base)  # publishing again is harmless: no journal needed
+    ids = deps.store.start_pieces(ctx.id, pieces, inherited, base_branch=base)
     deps.store.apply_proposal(str(proposal["id"]))
     filed = [
         {"id": wid, "issue_number": n, "title": t, "after": list(a)}
@@ -181,21 +192,50 @@ def _piece_body(
     return "\n".join(lines)
 
 
+def epic_branch(ctx: WorkflowContext) -> str:
+    """The branch an epic's pieces build on under ``branch_strategy = "epic"``."""
+    return f"phasegate/epic-{ctx.id}"
+
+
 def _settle(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     """Every piece completed (the commit of the last released this parent): its issue
-    closes and it completes. A piece not completed yet: it waits again."""
+    closes and it completes, or, its pieces on the epic's branch, it lands that branch
+    through its own pull request, report, wait and merge. A piece not completed yet:
+    it waits again."""
     pieces = [e for e in deps.store.dependencies(ctx.id) if e["kind"] == "piece"]
     if any(e["status"] != "completed" for e in pieces):
         return PhaseResult("wait", status=PIECES)
+    done = MilestoneWrite(
+        "pieces_completed",
+        summary=f"every piece completed: {', '.join(e['depends_on'] for e in pieces)}",
+        data={"pieces": [e["depends_on"] for e in pieces]},
+    )
+    if ctx.state.get("branch_strategy") == "epic":
+        return _land(ctx, deps, pieces, done)
     if ctx.issue_number:
         deps.effects.close_issue(PLANNING, ctx.issue_number)
+    return PhaseResult.advance(COMPLETED, milestones=(done,))
+
+
+def _land(
+    ctx: WorkflowContext,
+    deps: PhaseDeps,
+    pieces: Sequence[Mapping[str, Any]],
+    done: MilestoneWrite,
+) -> PhaseResult:
+    """The epic's branch, holding every piece, opened as the parent's pull request into
+    the base: the parent goes on to its report, wait and merge like any workflow."""
+    branch, repo = epic_branch(ctx), Path(ctx.repo_path)
+    path = deps.cartridge.landing_areas.worktree_dir(repo) / f"{ctx.id}-epic"
+    worktree = deps.workspace.ensure_worktree(repo, branch, path)
+    listed = "\n".join(
+        f"- #{e['issue_number']} {e['title']}" if e["issue_number"] else f"- {e['title']}"
+        for e in pieces
+    )
+    body = f"The pieces of #{ctx.issue_number}, each reviewed and verified:\n\n{listed}"
+    number = deps.effects.open_pull_request(PLANNING, branch, ctx.base_branch, ctx.title, body)
     return PhaseResult.advance(
-        COMPLETED,
-        milestones=(
-            MilestoneWrite(
-                "pieces_completed",
-                summary=f"every piece completed: {', '.join(e['depends_on'] for e in pieces)}",
-                data={"pieces": [e["depends_on"] for e in pieces]},
-            ),
-        ),
+        REPORT,
+        updates={"branch_name": branch, "worktree_path": str(worktree), "pr_number": number},
+        milestones=(done,),
     )
