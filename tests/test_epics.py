@@ -148,6 +148,9 @@ def test_an_approved_epic_files_linked_tickets_run_in_order_and_completes_after_
     assert item["status"] == "applied"
     listed = phasegate_cli("show", parent["id"], "--repo", str(repo)).stdout
     assert "pieces: 3 of 3 completed" in listed
+    # no branch or checkout left: the pieces' went with their merges, the parent's with it
+    assert git(repo, "branch", "--list", "phasegate/*") == ""
+    assert not (repo / ".phasegate" / "worktrees" / parent["id"]).exists()
 
 
 def test_an_auto_epic_files_its_pieces_at_once(tmp_path: Path, opened: list[Store]) -> None:
@@ -200,3 +203,4 @@ def test_an_epic_on_one_branch_lands_its_pieces_through_its_own_merge(
     assert forge.issue(parent["issue_number"]).state == "closed"
     shown = phasegate_cli("show", parent["id"], "--repo", str(repo)).stdout
     assert "branch strategy epic" in shown
+    assert git(repo, "branch", "--list", "phasegate/*") == ""  # the epic's merged too

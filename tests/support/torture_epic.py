@@ -14,8 +14,8 @@ three times), and the invariants are checked:
   ``issues``], each piece's issue filed under the parent's [``sub_issues``]; no
   milestone left ``in_progress`` [``in_progress``];
 - each piece released only after the one before it completed [``order``];
-- each piece's change on the base [``change``]; no process of the trial left
-  [``process_alive``].
+- each piece's change on the base [``change``]; no branch of phasegate's left
+  [``branches``]; no process of the trial left [``process_alive``].
 """
 
 from __future__ import annotations
@@ -257,6 +257,9 @@ def _check(lab: _EpicLab) -> list[Violation]:
             _git(lab.repo, "show", f"main:piece-{piece}.txt")
         except subprocess.CalledProcessError:
             found.append(Violation("change", f"piece-{piece}.txt is not on main"))
+    left_behind = _git(lab.repo, "branch", "--list", "phasegate/*")
+    if left_behind:
+        found.append(Violation("branches", left_behind))
     if trial_processes(lab.root):
         found.append(Violation("process_alive", repr(trial_processes(lab.root))))
     return found

@@ -210,11 +210,19 @@ def _settle(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         summary=f"every piece completed: {', '.join(e['depends_on'] for e in pieces)}",
         data={"pieces": [e["depends_on"] for e in pieces]},
     )
+    # The parent's own checkout and branch never held a change (its planning is
+    # read-only): gone, as a merged workflow's are. Healing makes them again after a
+    # crash before the commit, and this removes them again.
+    repo = Path(ctx.repo_path)
+    if ctx.worktree_path:
+        deps.workspace.remove_worktree(repo, Path(ctx.worktree_path))
+    if ctx.branch_name and ctx.branch_name != epic_branch(ctx):
+        deps.workspace.delete_branch(repo, ctx.branch_name)
     if ctx.state.get("branch_strategy") == "epic":
         return _land(ctx, deps, pieces, done)
     if ctx.issue_number:
         deps.effects.close_issue(PLANNING, ctx.issue_number)
-    return PhaseResult.advance(COMPLETED, milestones=(done,))
+    return PhaseResult.advance(COMPLETED, updates={"worktree_path": None}, milestones=(done,))
 
 
 def _land(
