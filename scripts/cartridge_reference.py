@@ -246,7 +246,8 @@ def _key_table(model: type[BaseModel], *, skip: tuple[str, ...] = ()) -> list[st
         if bounds:
             kind += f" ({bounds})"
         description = _markdown(_description(model, name, field))
-        rows.append(f"| `{name}` | {_cell(kind)} | {_default(field)} | {_cell(description)} |")
+        key = field.alias or name  # the name the TOML uses
+        rows.append(f"| `{key}` | {_cell(kind)} | {_default(field)} | {_cell(description)} |")
     return rows
 
 
@@ -369,6 +370,7 @@ def json_schema() -> dict[str, Any]:
         props = defs.get(name, schema if model is Cartridge else {}).get("properties", {})
         for key, field in model.model_fields.items():
             description = _description(model, key, field)
+            key = field.alias or key  # the name the TOML uses
             if key in props and description and "description" not in props[key]:
                 props[key]["description"] = description
             if key in props and "shown_default" in props[key]:

@@ -479,10 +479,12 @@ def test_help_lists_every_command() -> None:
         "replay",
         "serve",
         "events",
+        "costs",
         "prune",
         "backup",
         "demo",
         "users",
+        "budget",
     ]
     helps = {name: text.strip() for name, text in lines}
     assert helps["init"] == "Write phasegate.toml, from what it finds."
@@ -491,6 +493,7 @@ def test_help_lists_every_command() -> None:
     assert helps["propose"] == "Run the graph on a ticket; record its proposals."
     assert helps["replay"] == "Re-run a recorded run offline; compare its proposals."
     assert helps["users"] == "The dashboard's people: roles, personal tokens."
+    assert helps["budget"] == "Daily and monthly spend budgets."
     assert "acceptance_verification" in proc.stdout
 
 

@@ -22,6 +22,7 @@ from phasegate.tools import doctor
 from phasegate.tools.discover import CheckGuess, detect_base_branch, detect_checks, program_version
 from phasegate.tools.doctor import diagnose
 from phasegate.tools.init import default_cartridge
+from phasegate.tools.sample_agent import SAMPLE_AGENT_FILE, sample_command
 
 from conftest import ROLES, git, make_repo
 
@@ -52,7 +53,8 @@ def bare_path(tmp_path: Path, *clis: str) -> str:
 
 def phasegate(*args: str, env: dict[str, str], cwd: Path | None = None):
     """The real console script with exactly ``env`` (plus git's identity) as environment."""
-    keep = {k: v for k, v in os.environ.items() if k.startswith("GIT_")}
+    # PYTHONPATH too: the console script then runs the code under test, wherever it is.
+    keep = {k: v for k, v in os.environ.items() if k.startswith("GIT_") or k == "PYTHONPATH"}
     exe = Path(sys.executable).parent / "phasegate"
     return subprocess.run(
         [str(exe), *args],
@@ -457,10 +459,20 @@ def test_init_falls_back_to_codex_then_the_api_runner_then_examples(tmp_path: Pa
     openai = default_cartridge(repo, which=found(), environ={"OPENAI_API_KEY": SENTINEL})
     assert (openai.model, openai.api_key_env) == ("openai/gpt-5", "OPENAI_API_KEY")
 
+    # nothing found: every role runs the sample agent through one agent profile
     nothing = default_cartridge(repo, which=found(), environ={})
-    assert nothing.runner is None
-    assert loads(tmp_path, nothing.text).missing_roles() == list(ROLES)
-    assert any("no role is bound" in n and "[roles.build]" in n for n in nothing.notes)
+    assert (nothing.runner, nothing.sample_agent) == ("command", repo / SAMPLE_AGENT_FILE)
+    assert nothing.command == sample_command(repo)
+    sampled = loads(tmp_path, nothing.text)
+    for role in ROLES:
+        binding = sampled.role(role)
+        assert (binding.runner, binding.agent, binding.command) == (
+            "command",
+            "sample",
+            nothing.command,
+        )
+    assert any("`phasegate init --force`" in n for n in nothing.notes)
+    assert codex.sample_agent is None and api.sample_agent is None
     assert any("no test command was found" in n for n in nothing.notes)
     assert_no_secret(codex.text, api.text, openai.text)
 
@@ -479,7 +491,7 @@ def test_init_binds_gemini_when_it_is_the_only_cli_and_names_every_other_one_fou
     assert "and a model" in also[0]
     # a program that needs a model named is never bound by init, only named
     only = default_cartridge(repo, which=found("opencode"), environ={})
-    assert only.runner is None
+    assert only.runner == "command" and only.sample_agent is not None
     assert any(n.startswith("also found: opencode (") for n in only.notes)
     assert_no_secret(chosen.text)
 
@@ -502,14 +514,18 @@ def test_init_prints_what_it_chose(tmp_path: Path) -> None:
     assert "phasegate doctor" in out and "phasegate dry-run" in out
     assert load_cartridge(repo).role("build").runner == "claude-code"
     assert_no_secret(proc.stdout, proc.stderr, (repo / "phasegate.toml").read_text())
+    # an agent was found: no sample agent is written
+    assert not (repo / ".phasegate").exists()
 
     bare = make_repo(tmp_path / "bare")
     proc = phasegate("init", "--repo", str(bare), env={"PATH": bare_path(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     out = " ".join(proc.stdout.split())
-    assert "roles: none bound" in out and "the `command` runner needs neither" in out
-    assert "no role is bound" in out and "next: bind the roles in phasegate.toml" in out
-    assert load_cartridge(bare).missing_roles() == list(ROLES)
+    sample = bare / SAMPLE_AGENT_FILE
+    assert f"roles: every role runs the sample agent {sample} on the command runner" in out
+    assert "calls no model, spends nothing" in out and "`phasegate init --force`" in out
+    assert "next: git add phasegate.toml" in out and "phasegate approve-merge ID" in out
+    assert sample.is_file() and load_cartridge(bare).missing_roles() == []
 
 
 def test_doctor_says_which_github_repository_and_credentials_and_names_a_missing_token(

@@ -128,6 +128,59 @@ def test_review_rounds_run_out_and_the_workflow_pauses(tmp_path: Path, engine_fo
     assert len(milestones(store, row["id"], "pr_reviewed")) == 2
 
 
+def passes(store: Store, wf: str) -> list[tuple[int, int, str]]:
+    """Each review recorded: (development round, pass, verdict)."""
+    return [
+        (m.round, m.data["pass"], m.data["verdict"]) for m in milestones(store, wf, "pr_reviewed")
+    ]
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_full_review_rounds_review_an_approved_change_again(
+    tmp_path: Path, engine_for: Build, full: bool
+) -> None:
+    limits = "[limits]\nmax_pr_review_rounds = 2\n"
+    repo = repo_with(
+        tmp_path, answers(), extra=limits + ("require_full_review_rounds = true\n" if full else "")
+    )
+    engine, store = engine_for(repo)
+    row = engine.advance(engine.start("t", "ticket"))
+    assert (row["status"], row["dev_round"]) == ("completed", 1)
+    expected = [(1, 1, "approve"), (1, 2, "approve")] if full else [(1, 1, "approve")]
+    assert passes(store, row["id"]) == expected
+    reviews = [r for r in store.agent_runs(row["id"]) if r["role"] == "review"]
+    assert len(reviews) == len(expected)
+    assert len(milestones(store, row["id"], "dev_completed")) == 1  # the same change reviewed
+    report = milestones(store, row["id"], "progress_reported")[-1].data["report"]
+    assert report["review"]["rounds"] == len(expected)
+
+
+def test_a_later_full_round_that_requests_changes_sends_the_change_back(
+    tmp_path: Path, engine_for: Build
+) -> None:
+    review = (
+        '[[review]]\ntext = "VERDICT: approve"\n'
+        '[[review]]\ntext = "Missing a test.\\nVERDICT: request_changes"\n'
+        '[[review]]\ntext = "VERDICT: approve"\n'
+    )
+    repo = repo_with(
+        tmp_path,
+        answers(review=review),
+        extra="[limits]\nmax_pr_review_rounds = 3\nrequire_full_review_rounds = true\n",
+    )
+    engine, store = engine_for(repo)
+    row = engine.advance(engine.start("t", "ticket"))
+    assert (row["status"], row["dev_round"]) == ("completed", 2)
+    # three rounds in all: the third, after the second build, is the last one asked for
+    assert passes(store, row["id"]) == [
+        (1, 1, "approve"),
+        (1, 2, "request_changes"),
+        (2, 1, "approve"),
+    ]
+    builds = [r for r in store.agent_runs(row["id"]) if r["role"] == "build"]
+    assert len(builds) == 2
+
+
 def test_failing_checks_are_retried_then_pause_for_a_person(
     tmp_path: Path, engine_for: Build
 ) -> None:

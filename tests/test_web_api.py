@@ -33,7 +33,7 @@ from conftest import phasegate_cli
 
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 #: The reads the API offers beside operations' actions, by operationId.
-READS = {"board", "workflows", "workflow", "events", "diff", "review_drafts", "proposals"}
+READS = {"board", "workflows", "workflow", "events", "diff", "review_drafts", "proposals", "costs"}
 
 
 class ViewerAccess(Access):

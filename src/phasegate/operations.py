@@ -72,7 +72,10 @@ from phasegate.phases import acceptance_verification
 from phasegate.phases import cleanup as cleanup_phase
 from phasegate.phases.cleanup import KIND as CLEANUP
 from phasegate.phases.graph_mode.run import CHECKS_GATE
+from phasegate.runtime import retention
 from phasegate.runtime.engine import Engine, LeaseHeld
+from phasegate.runtime.retention import Retirable
+from phasegate.runtime.retention import candidates as retirable
 from phasegate.store import APPLY_ARM, Store
 
 __all__ = [
@@ -83,6 +86,7 @@ __all__ = [
     "MAX_TITLE_CHARS",
     "ActionRefused",
     "GateOutcome",
+    "Retirable",
     "PhasegateError",  # the base of every error here, for a front end's except
     "actions",
     "approve",
@@ -94,6 +98,8 @@ __all__ = [
     "check_title",
     "cleanup",
     "comment",
+    "expire_worktrees",
+    "retire_worktrees",
     "feedback",
     "login_name",
     "reject",
@@ -187,11 +193,10 @@ def start(
 ) -> dict[str, Any]:
     """File a ticket as ``phasegate run`` does before it drives: a new workflow in
     preparation (``Engine.start``: ``auto_merge``, ``profile``, ``state``), its
-    title ``title`` else ``title_of(ticket)``; ``blocked`` until each workflow of
-    ``after`` completed (docs/epics.md). Returns the workflow's row; nothing
-    is advanced. Raises ActionRefused (the ticket), CartridgeError (a role left
-    unbound, the profile, the base branch), PhasegateError (no commit yet),
-    WorkflowNotFound (an id of ``after``)."""
+    title ``title`` else ``title_of(ticket)``, ``blocked`` until each of ``after`` completed.
+    Returns the workflow's row; nothing is advanced. Raises ActionRefused (the ticket),
+    CartridgeError (a role left unbound, the profile, the base branch), PhasegateError
+    (no commit yet), WorkflowNotFound (an id of ``after``)."""
     check_by(by)
     check_ticket(ticket)
     if title is not None:
@@ -416,7 +421,8 @@ def cancel(engine: Engine, workflow_id: str, *, by: str, via: str | None = None)
     """Cancel a workflow that is not completed: status ``cancelled`` through the
     single commit path, its error ``cancelled by BY``; final (every later decision
     is refused). Its forge issue is left open (its status label shows
-    ``phasegate:cancelled``), its worktree and branch are kept.
+    ``phasegate:cancelled``), its worktree and branch are kept (until retention:
+    ``retire_worktrees``, ``expire_worktrees``).
 
     Its pull request, when phasegate opened it, is closed before the status
     changes (``phases.cleanup.close_pull_request``: journaled, retried like a
@@ -443,14 +449,12 @@ def cancel(engine: Engine, workflow_id: str, *, by: str, via: str | None = None)
 # -- the proposal gate (docs/contracts/autonomy.md: the human gate) ------------------
 
 
-#: The state key naming the run whose proposal of a kind a workflow awaits, by the
-#: phase it awaits it in: a draft PR in development, an epic's pieces in planning.
+#: Per proposal kind: the phase a workflow awaits it in, the state key naming its run.
 _AWAITED = {"draft_pr_create": (DEVELOPMENT, "graph_run"), "item_create": (PLANNING, "epic_run")}
 
 
 def awaiting(store: Store, proposal: Mapping[str, Any]) -> str | None:
-    """The id of the workflow paused for ``proposal`` (its run's draft PR in development,
-    its epic's pieces in planning), if any."""
+    """The id of the workflow paused for ``proposal`` (a draft PR, an epic's pieces), if any."""
     workflow_id = proposal.get("workflow_id")
     phase, key = _AWAITED.get(str(proposal.get("kind")), (None, ""))
     if not workflow_id or phase is None:
@@ -515,9 +519,8 @@ def _gate(
     profile = None
     # A workflow's draft PR gates it, and an epic's item_create (its pieces filed);
     # scope's item_create of a ticket built as one is decided whenever, moving nothing.
-    gating = bool(found["workflow_id"]) and (
-        found["kind"] == "draft_pr_create" or awaiting(store, found) is not None
-    )
+    drafted = bool(found["workflow_id"]) and found["kind"] == "draft_pr_create"
+    gating = drafted or awaiting(store, found) is not None
     owner: dict[str, Any] = {}
     if found["workflow_id"]:
         owner = store.workflow_row(str(found["workflow_id"]))
@@ -580,3 +583,18 @@ def cleanup(engine: Engine, workflow_id: str | None = None, *, by: str) -> list[
             {"id": wf, "cleanup": status, "retried": settled is not None, "reason": reason}
         )
     return outcomes
+
+
+def expire_worktrees(engine: Engine) -> list[dict[str, Any]]:
+    """Retention now (runtime/retention.py: ``expire``): failed and cancelled workflows'
+    worktrees and local branches past ``landing_areas.keep_*_days`` removed."""
+    return retention.expire(engine, engine.store.clock.now(), busy=LeaseHeld)
+
+
+def retire_worktrees(engine: Engine, ids: Collection[str], *, by: str) -> list[dict[str, Any]]:
+    """``cleanup --all`` (runtime/retention.py: ``retire``): the worktree and local branch
+    of each failed or cancelled workflow of ``ids`` (``retirable``) removed now; the
+    forge keeps what was pushed. Raises ActionRefused (``by``), StoreUnavailable."""
+    check_by(by)
+    found = [r for r in retirable(engine) if r.id in ids]
+    return retention.retire(engine, found, why=f"cleanup --all by {by}", busy=LeaseHeld)

@@ -62,6 +62,9 @@ class AgentRequest:
     - ``budget_usd``: what this call may spend at most, or None for no cap.
     - ``confinement``: how the runner confines the agent's process
       (``phasegate.proc.sandbox``); None runs it unconfined.
+    - ``env``: variables every process of the call gets besides the runner's own
+      (the worktree's ports, ``agents.ports``: PHASEGATE_PORT_BASE and
+      PHASEGATE_PORT_COUNT); a runner that starts a process adds them.
     - ``on_output``: where the runner hands what its agent prints while it
       runs, ``on_output(stream, data)`` with stream "stdout" or "stderr" and the
       raw bytes (``agents.output.OutputLog.feed``: the live output);

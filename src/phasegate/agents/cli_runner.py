@@ -162,6 +162,7 @@ class CliRunner:
         resume: bool,
     ) -> AgentResult:
         """One start of the program, to its end, its timeout or shutdown."""
+        env = {**env, **request.env}  # what phasegate gives every agent (its ports)
         launch = self.launch(request, env, resume=resume)
         outcome = run_agent_process(
             launch.argv,

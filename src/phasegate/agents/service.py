@@ -15,8 +15,10 @@ from typing import Any, TypeVar
 
 from phasegate.agents import make_runner
 from phasegate.agents.base import AgentRequest, AgentResult, Runner, Violation
+from phasegate.agents.budgets import calendar_budget, stop_reason
 from phasegate.agents.env import cartridge_secrets, files_with_secrets, redact, secret_values
 from phasegate.agents.output import OutputLog
+from phasegate.agents.ports import port_env
 from phasegate.config.cartridge import READ_ONLY_ROLES, ROLE_SESSION_LINES, Cartridge
 from phasegate.core.contract import (
     EventWrite,
@@ -218,9 +220,10 @@ class AgentService:
             self._check_fence(ctx.id)
             budget = self.budget_left(ctx.id, role)
             if budget is not None and budget <= 0:
+                why = stop_reason(self.store, self.cartridge, ctx.id)
                 if made == 0:
-                    raise AgentFailed(role, 0, "budget", "the spend cap is reached before the call")
-                kind, detail = "budget", f"the spend cap is reached after: {detail or 'a call'}"
+                    raise AgentFailed(role, 0, "budget", f"{why} before the call")
+                kind, detail = "budget", f"{why} after: {detail or 'a call'}"
                 break
             state_dir = self.repo / ".phasegate" / "agents" / ctx.id
             output = OutputLog(
@@ -243,6 +246,7 @@ class AgentService:
                 session_id=self.store.provider_session(ctx.id, line),
                 state_dir=state_dir,
                 budget_usd=budget,
+                env=port_env(self.store, self.cartridge, ctx.id),
                 confinement=agent_confinement(
                     binding.sandbox,
                     network=binding.network,
@@ -330,8 +334,10 @@ class AgentService:
             )
             if outcome == "ok":
                 return Answer(result, parsed)
-            if kind == "budget":
-                break  # another try would only spend more
+            if kind == "budget":  # the runner's own stop: another try would only spend more
+                spent = stop_reason(self.store, self.cartridge, ctx.id, otherwise="")
+                detail = "; ".join(filter(None, (detail, spent)))
+                break
             garbage += outcome == "garbage"
             if garbage_limit is not None and garbage >= garbage_limit:
                 break  # the phase pauses on it: another unreadable answer would only cost
@@ -367,8 +373,10 @@ class AgentService:
         self.saw(ctx.id, cwd, at, healthy=healthy, clean=True)
 
     def budget_left(self, workflow_id: str, role: str) -> float | None:
-        """USD this role may still spend in the workflow: the smaller of what its
-        ``budget_usd`` and ``limits.workflow_budget_usd`` leave; None when uncapped."""
+        """USD this role may still spend in the workflow: the least of what its
+        ``budget_usd``, ``limits.workflow_budget_usd`` and the daily and monthly
+        budgets of its repository and of the store leave (``agents.budgets``);
+        None when uncapped."""
         left: list[float] = []
         role_cap = self.cartridge.role(role).budget_usd
         if role_cap is not None:
@@ -376,6 +384,9 @@ class AgentService:
         workflow_cap = self.cartridge.limits.workflow_budget_usd
         if workflow_cap is not None:
             left.append(workflow_cap - self.store.usage_totals(workflow_id).cost_usd)
+        spent = calendar_budget(self.store, self.cartridge, workflow_id)
+        if spent is not None:
+            left.append(spent.left_usd)
         return min(left) if left else None
 
     def _run_journaled(

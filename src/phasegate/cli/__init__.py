@@ -20,11 +20,13 @@ from phasegate.core.terminal import visible
 for _group in (
     "setup",
     "workflows",
+    "cleanup",
     "diff",
     "github",
     "proposals",
     "web",
     "users",
+    "spending",
     "maintenance",
     "demo",
 ):

@@ -2,7 +2,7 @@
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -27,20 +27,25 @@ if TYPE_CHECKING:
 def init(
     repo: RepoOption = Path("."),
     force: Annotated[bool, typer.Option(help="Overwrite an existing cartridge.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Write phasegate.toml, with roles and checks chosen from what it finds.
 
     Roles: the claude-code runner when `claude` is on PATH, else codex when
     `codex` is, else gemini when `gemini` is, else the api runner when
-    ANTHROPIC_API_KEY or OPENAI_API_KEY is set, else commented examples; every
-    other agent CLI found (opencode, qwen, copilot, aider, mini) is named in a
-    note, to bind with its model (docs/runners.md). The base branch and the
-    checks (pytest, npm test, cargo test, go test, make test) come from the
-    repository.
+    ANTHROPIC_API_KEY or OPENAI_API_KEY is set; every other agent CLI found
+    (opencode, qwen, copilot, aider, mini) is named in a note, to bind with its
+    model (docs/runners.md). With none of them, every role runs the sample
+    agent, a stand-in script written to .phasegate/sample-agent.sh (git ignores
+    it) through the command runner: it answers by rule, calls no model and
+    spends nothing, so `phasegate run` shows a whole workflow at once. The base
+    branch and the checks (pytest, npm test, cargo test, go test, make test)
+    come from the repository.
     """
     from phasegate.config.cartridge import CARTRIDGE_FILE, load_cartridge
     from phasegate.git.workspace import Workspace
     from phasegate.tools.init import default_cartridge
+    from phasegate.tools.sample_agent import write_sample
 
     with reported_errors():
         root = repo_root(repo)
@@ -48,26 +53,67 @@ def init(
         if path.exists() and not force:
             raise UsageError(f"{path} exists; use --force to overwrite")
         chosen = default_cartridge(root)
+        Workspace().exclude(root, ".phasegate/")  # before the sample agent is written there
+        if chosen.sample_agent is not None:
+            try:
+                write_sample(root)
+            except OSError as exc:
+                raise UsageError(f"cannot write {chosen.sample_agent}: {exc}") from None
         path.write_text(chosen.text, encoding="utf-8")
-        Workspace().exclude(root, ".phasegate/")
         load_cartridge(root)
+    if as_json:
+        console.print_json(json.dumps(_chosen_json(chosen, root, path)))
+        return
     console.print(f"wrote {path}", highlight=False)
     _print_chosen(chosen, root)
 
 
-def _print_chosen(chosen: "DefaultCartridge", root: Path) -> None:
+def _check_problems(chosen: "DefaultCartridge", root: Path) -> list[str | None]:
+    """What doctor would say of each check at once (None: it can run): every build
+    would fail on a check that cannot run."""
     from phasegate.agents.env import check_env
-    from phasegate.config.cartridge import CARTRIDGE_FILE
     from phasegate.git.check_probe import program_problem
+
+    return [program_problem(check.command, check_env(), root) for check in chosen.checks]
+
+
+def _chosen_json(chosen: "DefaultCartridge", root: Path, path: Path) -> dict[str, Any]:
+    from phasegate.tools.init import next_steps
+
+    sample = chosen.sample_agent
+    return {
+        "cartridge": str(path),
+        "roles": {
+            "runner": chosen.runner,
+            "executable": chosen.executable,
+            "model": chosen.model,
+            "api_key_env": chosen.api_key_env,
+        },
+        "sample_agent": None
+        if sample is None
+        else {"path": str(sample), "command": chosen.command, "calls_a_model": False},
+        "base_branch": {"name": chosen.base_branch, "why": chosen.base_branch_why},
+        "checks": [
+            {"command": check.command, "why": check.why, "problem": problem}
+            for check, problem in zip(chosen.checks, _check_problems(chosen, root), strict=True)
+        ],
+        "notes": list(chosen.notes),
+        "next": next_steps(chosen),
+    }
+
+
+def _print_chosen(chosen: "DefaultCartridge", root: Path) -> None:
+    from phasegate.tools.init import next_steps
 
     def say(label: str, text: str) -> None:
         console.print(f"  {label}: {shown(text)}", highlight=False)
 
-    if chosen.runner is None:
+    if chosen.sample_agent is not None:
         say(
             "roles",
-            "none bound (none of claude, codex, gemini found, no model key set; the "
-            "`command` runner needs neither: README, a first run without a model key)",
+            f"every role runs the sample agent {chosen.sample_agent} on the command runner "
+            "(written now; git ignores it): a stand-in that answers by rule, calls no model, "
+            "spends nothing",
         )
     else:
         how = [f"every role on the {chosen.runner} runner"]
@@ -81,10 +127,8 @@ def _print_chosen(chosen: "DefaultCartridge", root: Path) -> None:
         say("roles", ", ".join(how))
     say("base branch", f"{chosen.base_branch} ({chosen.base_branch_why})")
     if chosen.checks:
-        for check in chosen.checks:
+        for check, problem in zip(chosen.checks, _check_problems(chosen, root), strict=True):
             say("check", f"{check.command}  ({check.why})")
-            # What doctor would say of it, said at once: every build would fail on it.
-            problem = program_problem(check.command, check_env(), root)
             if problem is not None:
                 console.print(
                     f"    [yellow]it cannot run yet:[/yellow] {shown(problem)}", highlight=False
@@ -93,16 +137,9 @@ def _print_chosen(chosen: "DefaultCartridge", root: Path) -> None:
         say("checks", "none found")
     for note in chosen.notes:
         console.print(f"  [yellow]note:[/yellow] {shown(note)}", highlight=False)
-    if chosen.runner is None:
-        console.print(
-            f"next: bind the roles in {CARTRIDGE_FILE}, then `phasegate doctor`", highlight=False
-        )
-    else:
-        console.print(
-            'next: `phasegate doctor`, `phasegate dry-run "a small ticket"` (offline, '
-            'a scripted model), then `phasegate run "your ticket"`',
-            highlight=False,
-        )
+    console.print("next:", highlight=False)
+    for step in next_steps(chosen):
+        console.print(f"  {shown(step)}", highlight=False)
 
 
 @app.command(short_help="Check what a run needs; list what is missing.")

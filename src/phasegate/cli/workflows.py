@@ -27,7 +27,6 @@ from phasegate.cli._app import (
     reading_url,
     repo_root,
     reported_errors,
-    shown,
     ticket_from,
     warn_if_broken,
     who,
@@ -536,7 +535,9 @@ def cancel(
 ) -> None:
     """Cancel a workflow that is not completed: status cancelled, for good.
 
-    Its forge issue and pull request, worktree and branch are left as they are.
+    Its forge issue and pull request, worktree and branch are left as they are
+    (the worktree and branch until landing_areas.keep_cancelled_days, or
+    `phasegate cleanup --all`).
     Refused (exit 2, nothing changed) while a worker advances it: stop that
     worker first (its agents stop, the workflow pauses), then cancel.
     """
@@ -546,47 +547,3 @@ def cancel(
     _manual(
         repo, workflow_id, lambda e: operations.cancel(e, workflow_id, by=person), False, as_json
     )
-
-
-@app.command()
-def cleanup(
-    workflow_id: Annotated[
-        str | None, typer.Argument(metavar="ID", help="One workflow (default: every one).")
-    ] = None,
-    repo: RepoOption = Path("."),
-    as_json: JsonOption = False,
-    by: ByOption = None,
-) -> None:
-    """Retry removing a merged workflow's worktree and branch, when that failed.
-
-    Without ID: every workflow whose cleanup failed. The merge itself is not
-    touched: it landed and stays recorded. Exit 0 when nothing is left to
-    clean up, 1 when a cleanup still fails (git's reason is printed) or
-    another process holds the workflow.
-    """
-    from phasegate import operations
-    from phasegate.cli.render import make_engine
-
-    with reported_errors():
-        root, cartridge, store = open_repo(repo)
-        engine = make_engine(root, cartridge, store, None)
-        outcomes = operations.cleanup(engine, workflow_id, by=who(by))
-    if as_json:
-        console.print_json(json.dumps(outcomes))
-    elif not outcomes:
-        console.print("no failed cleanup; nothing to do", highlight=False)
-    else:
-        _print_cleanups(outcomes)
-    if any(o["cleanup"] in ("failed", "busy") for o in outcomes):
-        raise typer.Exit(1)
-
-
-def _print_cleanups(outcomes: list[dict[str, Any]]) -> None:
-    for o in outcomes:
-        if o["cleanup"] == "completed":
-            what = "worktree and branch removed" if o["retried"] else "done already"
-        elif o["cleanup"] == "none":
-            what = "nothing to do (not merged yet)"
-        else:
-            what = f"[red]{o['cleanup']}[/red]: {shown(str(o['reason']))}"
-        console.print(f"workflow [bold]{o['id']}[/bold]: cleanup {what}", highlight=False)

@@ -38,9 +38,12 @@ from phasegate.config.graph import (  # noqa: F401  (their home was here)
     ReviewTiers,
     WorkRouting,
 )
+from phasegate.config.landing_areas import (  # noqa: F401  (their home was here)
+    CartridgeError,
+    LandingAreas,
+)
 from phasegate.config.store_url import CARTRIDGE_FILE, blob_sha, resolve_store_url, sqlite_file
 from phasegate.config.toml import TomlError, read_toml
-from phasegate.core.contract import PhasegateError
 from phasegate.core.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, AutomationProfile
 from phasegate.graph.proposals import PROPOSAL_KINDS
 
@@ -101,10 +104,6 @@ READ_ONLY_ROLES = frozenset(
 REVIEW_ROLES = frozenset({"plan_review", "review"})
 
 
-class CartridgeError(PhasegateError):
-    """The cartridge is missing, unreadable or invalid; the message names the key."""
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # "yes" is not a bool
 
@@ -114,10 +113,26 @@ class Limits(_Strict):
     """Plan and plan-review rounds before the last plan is taken."""
     max_pr_review_rounds: int = Field(default=3, ge=1)
     """Review rounds of the pull request, each after a development round."""
+    require_full_review_rounds: bool = False
+    """True: every one of max_pr_review_rounds runs, an approval included; an approved
+    change is reviewed again, a pass of its own, until the last round approves it.
+    Not read in graph mode, whose review tiers review each patch."""
     max_dev_retries: int = Field(default=2, ge=0, description="retries on failing checks")
     agent_retries: int = Field(default=2, ge=0, description="retries of a failed agent call")
     workflow_budget_usd: float | None = Field(
         default=None, gt=0, description="spend cap over every agent call of a workflow"
+    )
+    daily_budget_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="USD this repository's workflows may spend a UTC day; a budget set "
+        "with `phasegate budget set` wins over it (docs/budgets.md)",
+    )
+    monthly_budget_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="USD this repository's workflows may spend a UTC month; a budget set "
+        "with `phasegate budget set` wins over it (docs/budgets.md)",
     )
     max_verification_attempts: int = Field(default=3, ge=1)
     """Tries of a failing verifier (exit code, timeout) before the workflow pauses."""
@@ -141,53 +156,6 @@ class Limits(_Strict):
         description="bytes of an agent's answer above which the call fails (oversized); "
         "the graph's build, which answers with a diff, is held to max_diff_bytes",
     )
-
-
-class LandingAreas(_Strict):
-    worktree_root: str = ".phasegate/worktrees"
-    """Where workflows' worktrees are made: inside ``.phasegate/`` or outside the repository."""
-    checks: list[str] = Field(default_factory=list)
-    """Shell commands run after each build and on the merge commit; a check passes when it exits 0.
-    """
-    check_timeout: float = Field(default=600.0, gt=0, description="seconds per check")
-    pass_env: list[str] = Field(
-        default_factory=list, description="variables the checks see besides PATH, HOME, locale"
-    )
-    # How the checks are confined: as a role's ``sandbox`` and ``network``;
-    # writable are the checkout and a private temp dir.
-    sandbox: Literal["bwrap", "none"] | None = None
-    network: bool = True
-    """False cuts the checks off the network (a loopback of their own)."""
-
-    def worktree_dir(self, repo: Path) -> Path:
-        """Where the workflows' worktrees are made: ``worktree_root`` resolved against
-        ``repo`` (an absolute path, or relative to the repository root).
-
-        Raises CartridgeError naming ``landing_areas.worktree_root`` unless it is
-        inside the repository's ``.phasegate/`` or outside the repository
-        altogether and not one of its ancestors: worktrees made at ``/``, beside
-        the repository's files, in its ``.git`` or in the checkout itself would
-        mix agents' files with the person's.
-        """
-        repo = repo.resolve()
-        root = Path(self.worktree_root).expanduser()
-        path = (root if root.is_absolute() else repo / root).resolve()
-        own = repo / ".phasegate"
-        key = f"{repo / CARTRIDGE_FILE}: landing_areas.worktree_root = {self.worktree_root!r}"
-        if path == repo or path in repo.parents:
-            where = "the repository itself" if path == repo else "an ancestor of the repository"
-            raise CartridgeError(
-                f"{key}: {path} is {where}; use a directory "
-                "inside .phasegate/ (the default .phasegate/worktrees) or one "
-                "outside the repository"
-            )
-        if path.is_relative_to(repo) and not (path != own and path.is_relative_to(own)):
-            raise CartridgeError(
-                f"{key}: {path} is inside the checkout; "
-                "worktrees go inside .phasegate/ (the default "
-                ".phasegate/worktrees) or outside the repository"
-            )
-        return path
 
 
 class WorkflowSettings(_Strict):

@@ -16,9 +16,16 @@ from phasegate.git.check_probe import program_problem
 from phasegate.proc.process import SpawnError, run_supervised
 from phasegate.proc.sandbox import Confinement, for_checkout
 
-__all__ = ["CheckResult", "CheckUnstartable", "check_problem", "command_problem", "run_checks"]
+__all__ = [
+    "OUTPUT_TAIL",
+    "CheckResult",
+    "CheckUnstartable",
+    "check_problem",
+    "command_problem",
+    "run_checks",
+]
 
-_OUTPUT_TAIL = 4000  # characters of a check's output kept as evidence
+OUTPUT_TAIL = 4000  # characters of a check's output kept as evidence
 
 #: Bytes Linux lets one argument (or one environment string) of an exec have
 #: (MAX_ARG_STRLEN, 32 pages); a check command is one argument of ``sh -c``.
@@ -64,18 +71,22 @@ def command_problem(command: str, env: Mapping[str, str] | None = None) -> str |
     return None
 
 
-def check_problem(i: int, command: str, env: Mapping[str, str], cwd: Path) -> str | None:
+def check_problem(
+    i: int, command: str, env: Mapping[str, str], cwd: Path, *, key: str | None = None
+) -> str | None:
     """Why ``landing_areas.checks[i]`` (``command``, run in ``cwd`` with ``env``)
     cannot start (``command_problem``) or could never pass
     (``check_probe.program_problem``), as the one line a run pauses with and
-    ``phasegate doctor`` lists; None when neither."""
+    ``phasegate doctor`` lists; None when neither. ``key`` names the command
+    instead of ``landing_areas.checks[i]`` (``landing_areas.setup``)."""
+    name = key or f"landing_areas.checks[{i}]"
     problem = command_problem(command, env)
     if problem is not None:
-        return f"landing_areas.checks[{i}] cannot start: {problem}"
+        return f"{name} cannot start: {problem}"
     # A check that could never pass would fail every attempt of every build.
     problem = program_problem(command, env, cwd)
     if problem is not None:
-        return f"landing_areas.checks[{i}] cannot run: {problem}"
+        return f"{name} cannot run: {problem}"
     return None
 
 
@@ -107,6 +118,7 @@ def run_checks(
     secrets: Sequence[str] = (),
     on_spawn: Callable[[str, int], None] | None = None,
     confinement: Confinement | None = None,
+    key: str | None = None,
 ) -> list[CheckResult]:
     """Run each check command in ``cwd`` with a timeout in seconds; capture its output.
 
@@ -129,13 +141,15 @@ def run_checks(
     never pass (``check_probe.program_problem``: its program is missing). A
     ``confinement`` (``sandbox.check_confinement``) runs each
     check in its sandbox with ``cwd`` writable (its ``.git`` not) and a
-    private temp dir; None runs them unconfined.
+    private temp dir; None runs them unconfined. ``key`` names the commands in
+    errors instead of ``landing_areas.checks[i]`` (the worktree's
+    ``landing_areas.setup`` runs here too).
     """
     if confinement is not None:
         confinement = for_checkout(confinement, cwd)
     results = []
     for i, command in enumerate(commands):
-        problem = check_problem(i, command, os.environ if env is None else env, cwd)
+        problem = check_problem(i, command, os.environ if env is None else env, cwd, key=key)
         if problem is not None:
             raise CheckUnstartable(problem)
         try:
@@ -153,7 +167,8 @@ def run_checks(
         except SpawnError as exc:
             # The errno's words: the spawn's message would repeat the whole command.
             why = os.strerror(exc.errno) if exc.errno else str(exc)[:300]
-            raise CheckUnstartable(f"landing_areas.checks[{i}] cannot start: {why}") from None
+            name = key or f"landing_areas.checks[{i}]"
+            raise CheckUnstartable(f"{name} cannot start: {why}") from None
         if finished.stopped == "interrupted":
             raise WorkflowPaused(f"shutdown while the check {command!r} ran")
         if finished.stopped == "fenced":
@@ -166,7 +181,7 @@ def run_checks(
                 command=command,
                 exit_code=finished.returncode,
                 duration_s=round(finished.duration_s, 3),
-                output=redact(finished.stdout, secrets)[-_OUTPUT_TAIL:],
+                output=redact(finished.stdout, secrets)[-OUTPUT_TAIL:],
                 timed_out=finished.stopped == "timeout",
             )
         )

@@ -480,6 +480,7 @@ class Workspace(BaseMerging):
         secrets: Sequence[str] = (),
         on_spawn: Callable[[str, int], None] | None = None,
         confinement: Confinement | None = None,
+        key: str | None = None,
     ) -> list[CheckResult]:
         """``phasegate.git.checks.run_checks``: the seam phases and the harness call."""
         return run_checks(
@@ -491,4 +492,5 @@ class Workspace(BaseMerging):
             secrets=secrets,
             on_spawn=on_spawn,
             confinement=confinement,
+            key=key,
         )

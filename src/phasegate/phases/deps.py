@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from phasegate.agents.env import cartridge_secrets, check_env
+from phasegate.agents.ports import port_env
 from phasegate.agents.service import AgentFailed, AgentService, AnswerError
 from phasegate.clock import Clock
 from phasegate.config.cartridge import Cartridge
@@ -53,11 +54,11 @@ class PhaseDeps:
     def run_checks(self, cwd: Path) -> list[CheckResult]:
         """The cartridge's checks in ``cwd``, stopped by shutdown, each journaled.
 
-        They see PATH, HOME, the locale and ``landing_areas.pass_env``, never a
-        key, and every secret value of phasegate's environment and of the
-        cartridge's bindings is redacted (raw or encoded) from their output:
-        a test that prints the environment must not carry a token into the
-        store, a reason, or the next agent's prompt. Each
+        They see PATH, HOME, the locale, ``landing_areas.pass_env`` and the
+        workflow's ports (``port_env``), never a key, and every secret value of
+        phasegate's environment and of the cartridge's bindings is redacted (raw
+        or encoded) from their output: a test that prints the environment must
+        not carry a token into the store, a reason, or the next agent's prompt. Each
         check process has a ``check_process`` milestone while it runs
         (``ProcessJournal``), so a restarted worker stops what this one left
         running if it dies. Raises WorkflowPaused on shutdown, and when the
@@ -74,7 +75,7 @@ class PhaseDeps:
                 cwd,
                 areas.check_timeout,
                 self.shutdown,
-                env=check_env(areas.pass_env),
+                env={**check_env(areas.pass_env), **self.port_env()},
                 secrets=cartridge_secrets(self.cartridge),
                 confinement=check_confinement(areas.sandbox, network=areas.network),
                 # Unique per run: the pid and start ticks of its supervisor.
@@ -82,6 +83,11 @@ class PhaseDeps:
                     pid, f"check {command!r}", f"{pid}.{start_ticks(pid)}"
                 ),
             )
+
+    def port_env(self) -> dict[str, str]:
+        """The workflow's ports as variables (``agents.ports.port_env``): reserved on first
+        use, empty when ``landing_areas.ports`` is 0. Raises PortsUnavailable."""
+        return port_env(self.store, self.cartridge, self.effects.workflow_id)
 
     @property
     def limits(self):  # noqa: ANN201 - the cartridge's Limits
@@ -137,9 +143,12 @@ def failure_result(
 ) -> PhaseResult:
     """``agent_failure`` for a failure known by its error ``kind`` and ``message``."""
     if kind == "budget":
+        # A daily or monthly budget's message names its own remedy (agents.budgets).
         reason = (
-            f"budget: {message}; raise budget_usd or limits.workflow_budget_usd in phasegate.toml "
-            "(commit it), then `phasegate resume`"
+            f"budget: {message}"
+            if "`phasegate budget set" in message
+            else f"budget: {message}; raise budget_usd or limits.workflow_budget_usd in "
+            "phasegate.toml (commit it), then `phasegate resume`"
         )
         return PhaseResult("pause", reason=reason, milestones=milestones, **result)
     return PhaseResult("failed", reason=message, milestones=milestones, **result)

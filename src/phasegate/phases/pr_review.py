@@ -2,21 +2,26 @@
 
 One review round per development round (docs/contracts/lifecycle.md:
 pr_review): changes requested send the work back to development with the
-review as its input, until limits.max_pr_review_rounds.
+review as its input, until limits.max_pr_review_rounds. With
+limits.require_full_review_rounds an approval does not end the rounds: the
+same change is reviewed again, a pass of its own, until that many rounds ran.
 
 - preconditions: ``dev_completed`` for dev_round; the branch is published;
   current_phase == "pr_review".
-- inputs: pr_number, dev_round (the review round), limits.max_pr_review_rounds,
-  the pull request's diff.
-- authoritative evidence: ``pr_reviewed`` milestones (one per round) with the
-  parsed verdict.
+- inputs: pr_number, dev_round (the review round), current_round (the passes
+  over this development round's change so far), limits.max_pr_review_rounds,
+  limits.require_full_review_rounds, the pull request's diff.
+- authoritative evidence: ``pr_reviewed`` milestones (one per round, its
+  ``pass`` in data) with the parsed verdict.
 - side effects: the pull request (journaled create, or update for a later
   development round), the review agent run on the review line (read-only),
   an issue comment with each review that requests changes (an approval's
   words are posted by the report that follows it).
 - postconditions: on approval current_phase == "report", status ==
-  "reporting". Changes requested: back to development with dev_round + 1 and
-  the review comments as its input; after max_pr_review_rounds (counted from
+  "reporting"; with require_full_review_rounds, before the cap, another pass
+  over the same change instead (current_round + 1). Changes requested, in any
+  pass: back to development with dev_round + 1 and the review comments as its
+  input; after max_pr_review_rounds (counted from
   the first development round of the planning cycle, so a reversion grants a
   fresh set), a reversion to planning where the profile allows it
   (docs/contracts/autonomy.md: phase reversion), else paused for a person. At
@@ -24,8 +29,9 @@ review as its input, until limits.max_pr_review_rounds.
   milestone (the report lists it), state.carried_findings (the next build's
   prompt, after a reversion too), and the reason ``show`` prints and the
   decision record keeps.
-- re-entry point: dev_round persisted; the pull request is found by its head
-  branch, never created twice, and updated once per development round. A
+- re-entry point: dev_round and current_round persisted (the pass is
+  current_round + 1, never kept in memory); the pull request is found by its
+  head branch, never created twice, and updated once per development round. A
   person's ``resume`` (or ``feedback``) of a workflow stopped at the cap does
   not review the same diff again: it sends the change back to development
   with the last review as its input and a fresh set of review rounds.
@@ -112,6 +118,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     assert ctx.branch_name is not None
     repo = Path(ctx.repo_path)
     round_num = ctx.dev_round  # one review round per development round
+    review_pass = ctx.current_round + 1  # and more over the same change, when required
     capped = ctx.milestone("limit_reached", phase=PR_REVIEW, round=round_num)
     if capped is not None:
         return _resumed_after_the_cap(ctx, capped)
@@ -137,7 +144,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 title=ctx.title,
                 ticket=ctx.ticket,
                 diff=diff[:_DIFF_LIMIT],
-                round=round_num,
+                round=round_num if review_pass == 1 else f"{round_num}, pass {review_pass}",
                 checks=_checks_text(ctx, gate),
             ),
             worktree_of(ctx),
@@ -148,11 +155,19 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     except AgentFailed as exc:
         return review_failure(exc, deps.limits.max_review_parse_failures, updates={"pr_number": pr})
 
+    # A later pass over the same change is a row of its own; the first keeps its old key.
+    again = "" if review_pass == 1 else f"p{review_pass}"
     reviewed = MilestoneWrite(
         "pr_reviewed",
         round=round_num,
         summary=review.verdict,
-        data={"verdict": review.verdict, "comments": review.comments, "pr": pr},
+        data={
+            "verdict": review.verdict,
+            "comments": review.comments,
+            "pr": pr,
+            "pass": review_pass,
+        },
+        key=again,
     )
     if ctx.issue_number and review.verdict != "approve":
         # An approval is posted by the report that follows it, its words included.
@@ -160,18 +175,29 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             PR_REVIEW,
             ctx.issue_number,
             f"**Review of #{pr}, round {round_num}: {review.verdict}**\n\n{review.comments}",
-            f"review:r{round_num}",
+            f"review:r{round_num}{again}",
             best_effort=True,
         )
     passed: WorkflowState = {"ci_repairs": 0} if ci_evidence else {}
+    cycle_rounds = _cycle_rounds(ctx, review_pass)
     if review.verdict == "approve":
+        if (
+            deps.limits.require_full_review_rounds
+            and cycle_rounds < deps.limits.max_pr_review_rounds
+        ):
+            # The team wants every round's pass, an approval included: review again.
+            return PhaseResult(
+                "retry",
+                updates={"pr_number": pr, "current_round": review_pass},
+                state=passed,
+                milestones=(*ci_evidence, reviewed),
+            )
         return PhaseResult.advance(
             REPORT,
             updates={"pr_number": pr, "current_round": 0},
             state=passed,
             milestones=(*ci_evidence, reviewed),
         )
-    cycle_rounds = round_num - int(ctx.state.get("cycle_start_dev_round") or 1) + 1
     if cycle_rounds >= deps.limits.max_pr_review_rounds:
         # The reviewers keep rejecting what this plan builds (docs/contracts/autonomy.md:
         # phase reversion): re-plan where the profile allows it, else a person decides.
@@ -205,6 +231,18 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         state={**passed, "review_feedback": review.comments},
         milestones=(*ci_evidence, reviewed),
     )
+
+
+def _cycle_rounds(ctx: WorkflowContext, review_pass: int) -> int:
+    """The review rounds of this planning cycle, the running one included: one per
+    development round since the cycle began, and each later pass over a change."""
+    start = int(ctx.state.get("cycle_start_dev_round") or 1)
+    earlier_passes = sum(
+        1
+        for m in ctx.milestones_of("pr_reviewed")
+        if m.phase == PR_REVIEW and start <= m.round < ctx.dev_round and m.data.get("pass", 1) > 1
+    )
+    return ctx.dev_round - start + 1 + earlier_passes + review_pass - 1
 
 
 def _resumed_after_the_cap(ctx: WorkflowContext, capped: MilestoneView) -> PhaseResult:

@@ -15,7 +15,9 @@ self-heal for it (docs/contracts/lifecycle.md: preparation).
 - side effects: for a new project (``state["new_project"]``) first the forge's
   repository with its first commit (journaled as ``repo_setup``: phasegate.phases.repo_setup),
   forge issue (journaled; none for a workflow started from an
-  existing issue by `watch` or `import`), git branch (journaled), git worktree.
+  existing issue by `watch` or `import`), git branch (journaled), git worktree,
+  then the worktree prepared (``phasegate.phases.landing``: the cartridge's
+  copied and linked files, its setup command; a ``worktree_setup`` milestone).
 - postconditions: issue_number, branch_name, worktree_path set;
   ``state["branch_strategy"]`` (``ticket`` or ``epic``: docs/epics.md) set;
   current_phase == "planning", status == "planning".
@@ -31,7 +33,8 @@ self-heal for it (docs/contracts/lifecycle.md: preparation).
 - recovery behavior: a git or forge error leaves ``branch_created`` failed and
   the workflow failed with the reason; ``phasegate resume`` re-runs the phase
   without a second issue.
-- terminal outcomes: completed → planning; failed on a git or forge error.
+- terminal outcomes: completed → planning; failed on a git or forge error;
+  paused when ``landing_areas.setup`` fails (a resume runs it again).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from phasegate.core.contract import (
 from phasegate.forge.base import ForgeNotFound
 from phasegate.git.command import run_git
 from phasegate.git.workspace import git
-from phasegate.phases import repo_setup
+from phasegate.phases import landing, repo_setup
 from phasegate.phases.deps import PhaseDeps
 
 __all__ = ["branch_name_for", "run"]
@@ -80,6 +83,10 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
 
     path = deps.cartridge.landing_areas.worktree_dir(repo) / ctx.id
     worktree = deps.workspace.ensure_worktree(repo, branch, path)
+    # The worktree as a developer's: ignored files, the setup (phasegate.phases.landing).
+    paused = landing.prepare(ctx, deps, worktree, PREPARATION)
+    if paused is not None:
+        return paused
 
     return PhaseResult.advance(
         PLANNING,

@@ -2,9 +2,9 @@
 
 A phase must never crash the engine half-committed, so the engine turns what
 a phase raised into a PhaseResult and commits it like any other. Faults of the
-world around the work (git's locks, the forge, a check the OS cannot start)
-pause the workflow with the reason, so ``resume`` tries again once they are
-gone; an unavailable forge's pause is resumed by itself too (``runtime.outage``).
+world around the work (git's locks, the forge, a check the OS cannot start, no
+free port range) pause the workflow with the reason, so ``resume`` tries again
+once they are gone; an unavailable forge's pause is resumed by itself too (``runtime.outage``).
 Anything else fails the workflow with the exception's words.
 """
 
@@ -17,6 +17,7 @@ from phasegate.core.contract import PhasegateError, PhaseResult
 from phasegate.forge.base import ForgeAuthError, ForgeNotFound, ForgeUnavailable
 from phasegate.git.checks import CheckUnstartable
 from phasegate.git.workspace import GitTransient
+from phasegate.store import PortsUnavailable
 
 __all__ = ["FORGE_PAUSE", "fault_result"]
 
@@ -38,6 +39,8 @@ _PAUSES: tuple[tuple[type[Exception], str, str], ...] = (
     (ForgeAuthError, "forge_auth: ", ""),
     # A repository renamed or out of the token's sight.
     (ForgeNotFound, "forge_not_found: ", ""),
+    # Every port range taken: ended workflows give theirs back.
+    (PortsUnavailable, "", "; once workflows end (or with fewer ports), resume"),
 )
 
 

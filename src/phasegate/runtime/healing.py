@@ -26,7 +26,7 @@ from phasegate.core.contract import (
 from phasegate.forge.base import ForgeNotFound
 from phasegate.git.command import changes, run_git
 from phasegate.git.workspace import git
-from phasegate.phases import PhaseDeps
+from phasegate.phases import PhaseDeps, landing
 
 __all__ = ["self_heal"]
 
@@ -57,6 +57,11 @@ def self_heal(
     wait) and is looked at again and again while people decide: the phase after
     it (development, merge) repairs and heals first, so a worker's look at an
     idle waiting workflow runs no git.
+
+    A worktree made again is prepared again (``phases.landing``: the
+    cartridge's copied files, its setup); a preparation still owed (a crash
+    during it, a setup that failed) runs again before the phase, and a setup
+    that fails pauses the workflow.
 
     The health check is skipped when this advance already found the worktree
     healthy and nothing that may write a checkout ran since (no agent but a
@@ -89,6 +94,9 @@ def self_heal(
     ):
         return None
     path = Path(ctx.worktree_path)
+    if landing.owed(ctx, deps) and deps.workspace.is_healthy(path, ctx.branch_name):
+        # A preparation a crash or a failing setup left owed: run again, never skipped.
+        return landing.prepare(ctx, deps, path, ctx.current_phase)
     # Looked at in this advance and nothing has written a checkout since
     # (agents/service.py CheckoutSeen): no git asked again.
     if (seen := deps.agents.seen(ctx.id, path)) is not None and seen.healthy:
@@ -104,7 +112,8 @@ def self_heal(
         return failed
     deps.workspace.ensure_worktree(repo, ctx.branch_name, path)
     emit(EventWrite("worktree_healed", {"path": str(path)}))
-    return None
+    # A worktree made again is a new one: its files and its setup again.
+    return landing.prepare(ctx, deps, path, ctx.current_phase, new=True)
 
 
 def restore_branch(

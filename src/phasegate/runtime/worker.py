@@ -58,7 +58,7 @@ from phasegate.core.contract import (
 )
 from phasegate.phases import cleanup
 from phasegate.proc.deadline import deadline_clock
-from phasegate.runtime import DEFAULT_CONCURRENCY, outage
+from phasegate.runtime import DEFAULT_CONCURRENCY, outage, retention
 from phasegate.runtime.pace import ForgePace
 from phasegate.store import Store, StoreUnavailable
 
@@ -181,7 +181,8 @@ def run_worker(
     seconds apart at the most).
 
     A pass also retries failed cleanups (of completed workflows too, and a
-    cancelled workflow's pull request the forge failed to close), at most
+    cancelled workflow's pull request the forge failed to close) and retires
+    worktrees past their retention (``runtime.retention.expire``), at most
     every ``CLEANUP_RETRY_S`` seconds: what blocks one is usually a person's
     checkout, which does not go away within a poll. Returns once every thread
     ended; re-raises the first error an advance raised other than LeaseHeld and
@@ -276,8 +277,7 @@ class _Worker:
         freed = self.store.free_gone_leases()
         if freed:
             log.info("%d leases of gone workers of this host released", freed)
-        # What every dependency completed for and no commit released (store/dependencies.py)
-        for workflow_id in self.store.release_ready():
+        for workflow_id in self.store.release_ready():  # what no commit released (dependencies)
             log.info("workflow %s: what it waited for completed; it runs now", workflow_id)
 
     def _riding_out(self, step: Any, *args: Any) -> Any:
@@ -587,6 +587,8 @@ class _Worker:
                 continue
         with self.lock:
             self.advanced.clear()
+        # Failed and cancelled workflows' worktrees past landing_areas.keep_*_days.
+        retention.expire(self.engine, self.store.clock.now(), busy=LeaseHeld)
 
     def _join(self) -> None:
         while True:

@@ -223,6 +223,8 @@ def commit_phase_result(
 
     A change of status releases, in the same transaction, the workflows waiting for
     this one once all they wait for completed (``dependencies.on_status``).
+    A workflow's end (completed, failed or cancelled) releases its port range
+    (``store.ports``) in the same transaction.
 
     A child's end (completed, failed or cancelled) wakes its parent in the same
     transaction (``_wake_parent``): a parent paused for that child
@@ -286,6 +288,10 @@ def commit_phase_result(
             _wake_parent(store, conn, ctx.parent_workflow_id, ctx.id, status, now)
         if status != ctx.status:  # who waits for it, or what it waits for (docs/epics.md)
             dependencies.on_status(store, conn, ctx.id, ctx.status, status, now)
+        if status in ENDED_STATUSES and status != ctx.status:
+            # An ended workflow's worktree runs nothing more: its ports go back.
+            reserved = t.port_reservations.c.workflow_id == ctx.id
+            conn.execute(t.port_reservations.delete().where(reserved))
         store.dialect.notify(conn)  # a person's decision, a settled phase: workers look
     return workflow_dict(row._mapping)
 

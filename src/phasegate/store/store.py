@@ -14,9 +14,10 @@ workflows, milestones and events (``workflows``), the commit path (``commit``), 
 (``leases``), agent runs and sessions (``agent_runs``), the local forge's rows
 (``forge_rows``), the development graph's runs and proposals (``graph_runs``), the
 webhook deliveries seen and the workflows they wake (``webhooks``), who waits for
-whom (``dependencies``), the people of
-the dashboard (``users``), reads of many workflows and events at once (``board``), what
-``/metrics`` shows (``figures``), and pruning finished workflows' events (``prune``).
+whom (``dependencies``), the people of the dashboard (``users``), budgets and what
+agents spent (``budgets``), reads of many workflows and events at once (``board``),
+what ``/metrics`` shows (``figures``), pruning finished workflows' events
+(``prune``), and the port ranges worktrees hold (``ports``).
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ from phasegate.store._base import Dialect, FenceLost, StoreUnavailable
 from phasegate.store._sqlite import DEFAULT_BUSY_TIMEOUT_S, SqliteDialect
 from phasegate.store.agent_runs import AgentRunRecord, AgentRunRows
 from phasegate.store.board import BoardRows
+from phasegate.store.budgets import BudgetRows
 from phasegate.store.dependencies import DependencyRows
 from phasegate.store.figures import FigureRows
 from phasegate.store.forge_rows import ForgeRows
 from phasegate.store.graph_runs import APPLY_ARM, VERDICTS, GraphRows
 from phasegate.store.leases import Fence, LeaseRows
+from phasegate.store.ports import PortRows, PortsUnavailable
 from phasegate.store.prune import PruneRows
 from phasegate.store.users import UserRows
 from phasegate.store.values import UsageTotals
@@ -50,6 +53,7 @@ __all__ = [
     "AgentRunRecord",
     "Fence",
     "FenceLost",
+    "PortsUnavailable",
     "Store",
     "StoreUnavailable",
     "StoreUrlUnsupported",
@@ -78,6 +82,8 @@ class Store(
     FigureRows,
     PruneRows,
     UserRows,
+    BudgetRows,
+    PortRows,
 ):
     """All SQL behind one class. Methods are small transactions of their own."""
 

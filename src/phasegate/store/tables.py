@@ -112,6 +112,8 @@ agent_runs = sa.Table(
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("model", sa.String(255), nullable=False, server_default=""),
     sa.Index("ix_agent_runs_workflow", "workflow_id", "role"),
+    # The spend of a day or a month, summed over its calls alone (migration 0011).
+    sa.Index("ix_agent_runs_created", "created_at"),
 )
 
 provider_sessions = sa.Table(
@@ -139,7 +141,7 @@ forge_issues = sa.Table(
     sa.Column("marker", sa.String(255)),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("closed_at", Timestamp),
-    # The issue this one is a sub-issue of (an epic's piece: migration 0011).
+    # The issue this one is a sub-issue of (an epic's piece: migration 0013).
     sa.Column("parent", sa.Integer),
     sa.UniqueConstraint("repo", "number", name="uq_forge_issues_number"),
 )
@@ -271,6 +273,37 @@ users = sa.Table(
     sa.Column("removed_at", Timestamp),
     sa.UniqueConstraint("name", name="uq_users_name"),
     sa.UniqueConstraint("token_hash", name="uq_users_token_hash"),
+)
+
+# -- budgets: what may be spent a day and a month (store/budgets.py) -------------------------
+
+budgets = sa.Table(
+    "budgets",
+    metadata,
+    # "*": the whole store; else a repository as workflows name it: the team forge's
+    # owner/name, or the clone's path for the local forge.
+    sa.Column("scope", sa.String(1024), primary_key=True),
+    # USD per UTC day and per UTC month; NULL: no budget of that kind here.
+    sa.Column("daily_usd", sa.Float),
+    sa.Column("monthly_usd", sa.Float),
+    sa.Column("set_by", sa.String(255), nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+)
+
+# -- ports: the ranges reserved for workflows' worktrees (store/ports.py) ---------------------
+
+port_reservations = sa.Table(
+    "port_reservations",
+    metadata,
+    # One range per workflow: it is the workflow's, whichever worker made it.
+    sa.Column("workflow_id", sa.String(32), primary_key=True),
+    # The first port, and how many follow it (base .. base + count - 1).
+    sa.Column("base", sa.Integer, nullable=False),
+    sa.Column("port_count", sa.Integer, nullable=False),
+    # The machine that bind-tested the range free.
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("reserved_at", Timestamp, nullable=False),
+    sa.Index("ix_port_reservations_base", "base"),
 )
 
 # -- dependencies between workflows (store/dependencies.py, docs/epics.md) ------------------

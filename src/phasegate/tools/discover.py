@@ -119,8 +119,11 @@ def detect_base_branch(repo: Path) -> tuple[str, str]:
 
     The remote's default branch when there is one, else the current branch
     when it is a usual trunk name, else ``main``/``master`` when they exist,
-    else the current branch, else ``main``.
+    else the current branch, else ``main``; ``main`` too for a repository not made
+    yet (``run --new-project``).
     """
+    if not repo.is_dir():
+        return "main", "a new repository"
     current = _git(repo, "symbolic-ref", "--short", "-q", "HEAD")
     remote_head = _git(repo, "symbolic-ref", "--short", "-q", "refs/remotes/origin/HEAD")
     if remote_head and "/" in remote_head:

@@ -590,6 +590,9 @@ def _check_workflow(
         problem = check_problem(i, command, env, root)
         if problem is not None:  # every run would pause on it
             missing.append(problem)
+    setup = cartridge.landing_areas.setup  # every new worktree would pause on its problem
+    if setup and (problem := check_problem(0, setup, env, root, key="landing_areas.setup")):
+        missing.append(problem)
     problem = store_server_problem(cartridge.store_url(root))
     if problem is not None:  # every command would stop on it: a problem, not a warning
         missing.append(problem)

@@ -24,17 +24,19 @@ from phasegate.tools.discover import (
     detect_checks,
     keys_set,
 )
+from phasegate.tools.sample_agent import SAMPLE_AGENT_FILE, SAMPLE_AGENT_NAME, sample_command
 
-__all__ = ["DEFAULT_API_MODELS", "DefaultCartridge", "default_cartridge"]
+__all__ = ["DEFAULT_API_MODELS", "DefaultCartridge", "default_cartridge", "next_steps"]
 
 
 @dataclass(frozen=True)
 class DefaultCartridge:
     """What ``phasegate init`` chose, and the cartridge text it writes.
 
-    ``runner`` is the runner every role is bound to (None: no agent was found
-    and the roles are commented examples); ``notes`` say what a person still
-    has to do.
+    ``runner`` is the runner every role is bound to: ``command`` with
+    ``sample_agent`` set when no agent was found (every role runs the stand-in
+    script ``phasegate.tools.sample_agent``, to be written at that path, with
+    ``command`` running it). ``notes`` say what a person still has to do.
     """
 
     text: str
@@ -46,6 +48,8 @@ class DefaultCartridge:
     base_branch_why: str
     checks: tuple[CheckGuess, ...]
     notes: tuple[str, ...]
+    sample_agent: Path | None = None
+    command: str | None = None
 
 
 #: The model an ``api`` binding gets by default, by the key that is set (litellm names).
@@ -77,7 +81,8 @@ def default_cartridge(
 
     Roles: the first of ``AGENT_PROGRAMS`` on PATH that needs no model named
     (``claude``, else ``codex``, else ``gemini``), else ``api`` when
-    ANTHROPIC_API_KEY or OPENAI_API_KEY is set, else commented examples; every
+    ANTHROPIC_API_KEY or OPENAI_API_KEY is set, else the ``command`` runner running
+    the sample agent (``phasegate.tools.sample_agent``); every
     other agent CLI found is named in a note. ``api_key_env`` is written only when that
     variable is set. The base branch and the checks come from the repository
     (``discover.detect_base_branch``, ``discover.detect_checks``).
@@ -85,7 +90,8 @@ def default_cartridge(
     env = os.environ if environ is None else environ
     keys = keys_set(("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY"), env)
     notes: list[str] = []
-    runner = executable = key = model = None
+    runner = executable = key = model = command = None
+    sample: Path | None = None
     found = {name: which(program.executable) for name, program in AGENT_PROGRAMS.items()}
     # The first program found that needs no model named binds every role; the others
     # found are named, for a person to bind with the model they want.
@@ -130,22 +136,15 @@ def default_cartridge(
         if not _litellm_installed():
             notes.append("the api runner needs litellm: pip install 'phasegate[api]'")
     else:
-        roles = (
-            "# No agent CLI (claude, codex, gemini) was found on PATH and no model key is set.\n"
-            "# Bind each role, e.g. to Claude Code, to Codex, or to a model through litellm\n"
-            "# (every runner, and agent profiles [agents.NAME]: docs/runners.md):\n"
-            + "\n".join(
-                f'# [roles.{name}]\n# runner = "claude-code"      # or "codex", or "api" '
-                f'with model = "anthropic/claude-sonnet-4-5"\n'
-                f'# api_key_env = "ANTHROPIC_API_KEY"\n'
-                for name in ROLE_SESSION_LINES
-            )
-        )
+        # Nothing to call a model with: every role runs the sample agent, so a first
+        # run shows a whole workflow on this repository before a model is paid for.
+        runner, sample = "command", repo / SAMPLE_AGENT_FILE
+        command = sample_command(repo)
+        roles = _sample_roles(command)
         notes.append(
-            "no role is bound: install Claude Code (claude), Codex (codex) or Gemini CLI "
-            "(gemini), or set "
-            "ANTHROPIC_API_KEY/OPENAI_API_KEY, then run `phasegate init --force`; or bind "
-            f"[roles.{'], [roles.'.join(ROLE_SESSION_LINES)}] in {CARTRIDGE_FILE} yourself"
+            "to bind a real agent later, install Claude Code (claude), Codex (codex) or "
+            "Gemini CLI (gemini), or set ANTHROPIC_API_KEY/OPENAI_API_KEY, then run "
+            "`phasegate init --force`"
         )
     base, base_why = detect_base_branch(repo)
     checks = tuple(detect_checks(repo))
@@ -167,6 +166,7 @@ acceptance_verification = true
 [limits]
 max_plan_rounds = 3
 max_pr_review_rounds = 3
+# require_full_review_rounds = true   # every round runs, an approved change reviewed again
 max_dev_retries = 2
 agent_retries = 2
 
@@ -197,4 +197,44 @@ kind = "local"
         base_branch_why=base_why,
         checks=checks,
         notes=tuple(notes),
+        sample_agent=sample,
+        command=command,
     )
+
+
+def _sample_roles(command: str) -> str:
+    """Every role bound to the sample agent, one ``[agents.sample]`` profile running it."""
+    return (
+        "# No agent CLI (claude, codex, gemini) was found on PATH and no model key is set:\n"
+        "# every role runs phasegate's sample agent, a stand-in script that answers by rule\n"
+        "# (a one-line plan, a line added to NOTES.md, approvals, a confirmed verification).\n"
+        "# It calls no model and spends nothing. The script is in .phasegate/, which git\n"
+        "# ignores. To bind a real agent: install Claude Code, Codex or Gemini CLI (or set\n"
+        "# ANTHROPIC_API_KEY/OPENAI_API_KEY) and run `phasegate init --force`, or change\n"
+        "# [agents.sample] (docs/runners.md).\n"
+        f"[agents.{SAMPLE_AGENT_NAME}]\n"
+        'runner = "command"\n'
+        # A JSON string is a TOML one, except the surrogate pairs ASCII-only JSON writes
+        # for a character past U+FFFF: TOML refuses those, so characters stay as they are.
+        f"command = {json.dumps(command, ensure_ascii=False)}\n"
+        "timeout = 60                # seconds; the script is stopped after it\n\n"
+        "[roles]\n" + "".join(f'{name} = "{SAMPLE_AGENT_NAME}"\n' for name in ROLE_SESSION_LINES)
+    )
+
+
+def next_steps(chosen: DefaultCartridge) -> list[str]:
+    """What a person does after ``phasegate init`` chose ``chosen``: command lines, each
+    with what it does after a ``#``."""
+    if chosen.sample_agent is not None:
+        return [
+            f'git add {CARTRIDGE_FILE} && git commit -m "phasegate cartridge"   # workflows '
+            "run under the committed cartridge",
+            'phasegate run "Add a line to NOTES.md"   # plans, builds, reviews, reports; '
+            "stops at wait (profile review), exit 0",
+            "phasegate approve-merge ID   # merges, verifies: completed",
+        ]
+    return [
+        "phasegate doctor   # is everything a run needs there?",
+        'phasegate dry-run "a small ticket"   # offline, a scripted model, a throwaway clone',
+        'phasegate run "your ticket"',
+    ]

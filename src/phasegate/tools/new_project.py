@@ -14,7 +14,8 @@
   anything is made (``NewProjectRefused``).
 - ``make_checkout`` makes ``directory``: ``git init`` on the base branch, the
   cartridge (its ``forge.repository`` set to ``OWNER/NAME``) and a README in one
-  first commit. A directory holding this project's earlier try is taken as it is.
+  first commit, and the sample agent when that cartridge binds it (never
+  committed). A directory holding this project's earlier try is taken as it is.
 - ``set_up`` runs at the top of preparation when the workflow's
   ``state["new_project"]`` says so: the ``repo_setup`` milestone is written
   ``in_progress`` before GitHub is asked to create the repository (empty, its
@@ -37,8 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 from phasegate.config.cartridge import CARTRIDGE_FILE, Cartridge, load_cartridge
 from phasegate.git.command import git
+from phasegate.git.workspace import Workspace
 from phasegate.phases.repo_setup import KIND, NewProjectRefused, description_for, set_up
 from phasegate.tools.init import default_cartridge
+from phasegate.tools.sample_agent import SAMPLE_AGENT_FILE, write_sample
 
 if TYPE_CHECKING:
     from phasegate.forge.github.forge import GitHubForge
@@ -68,7 +71,8 @@ class NewProject:
     """What ``--new-project`` makes: the checkout at ``directory`` holding
     ``cartridge_text``; on GitHub the repository ``repository`` (owner/name;
     None on the local forge), ``private`` or not. ``earlier``: the workflow of an
-    earlier try found in ``directory`` (it is continued, not filed again)."""
+    earlier try found in ``directory`` (it is continued, not filed again).
+    ``sample_agent``: the cartridge binds the sample agent, which the checkout gets."""
 
     name: str
     directory: Path
@@ -77,6 +81,7 @@ class NewProject:
     repository: str | None
     private: bool
     earlier: str | None = None
+    sample_agent: bool = False
 
     def cartridge(self) -> Cartridge:
         """The cartridge the checkout gets, validated."""
@@ -96,12 +101,15 @@ def _split(name: str) -> tuple[str | None, str]:
     return owner or None, bare
 
 
-def _template(template: Path, directory: Path) -> str:
+def _template(template: Path, directory: Path) -> tuple[str, bool]:
+    """The cartridge text to copy, and whether it binds the sample agent (init's, when
+    no agent is found)."""
     path = template / CARTRIDGE_FILE
     if path.is_file():
         load_cartridge(template)  # a bad template is named before anything is made
-        return path.read_text()
-    return default_cartridge(directory).text
+        return path.read_text(), False
+    chosen = default_cartridge(directory)
+    return chosen.text, chosen.sample_agent is not None
 
 
 def _cartridge_of(text: str, where: Path) -> Cartridge:
@@ -158,7 +166,7 @@ def resolve(
         raise NewProjectRefused(
             f"{directory} exists and is not empty: give --dir a new directory for {bare}"
         )
-    text = _template(template, directory)
+    text, sample = _template(template, directory)
     cartridge = _cartridge_of(text, template)
     base = cartridge.workflow.base_branch or "main"
     if cartridge.forge.kind == "local":
@@ -167,7 +175,7 @@ def resolve(
                 f"--new-project {name!r}: an OWNER names a GitHub account, and "
                 f'{CARTRIDGE_FILE} has forge.kind = "local" (set kind = "github")'
             )
-        return NewProject(bare, directory, text, base, None, private, earlier)
+        return NewProject(bare, directory, text, base, None, private, earlier, sample)
     if cartridge.forge.kind != "github":
         # Only GitHub's repositories are made here; another forge's project is made
         # by a person (its group, visibility and protection are theirs to choose).
@@ -194,7 +202,7 @@ def resolve(
             f"{template / CARTRIDGE_FILE}: forge.repository could not be set to {repository}; "
             "write the [forge] table as a table of its own"
         )
-    return NewProject(bare, directory, text, base, repository, private, earlier)
+    return NewProject(bare, directory, text, base, repository, private, earlier, sample)
 
 
 def _github(
@@ -210,10 +218,12 @@ def _github(
 
 def make_checkout(project: NewProject) -> Path:
     """Make the project's local repository (an earlier try's is kept as it is):
-    ``git init`` on the base branch, the cartridge and a README, one first commit.
-    Returns its path. Raises GitError."""
+    ``git init`` on the base branch, the cartridge and a README, one first commit;
+    the sample agent beside them when the cartridge binds it. Returns its path.
+    Raises GitError, OSError."""
     root = project.directory
     if (root / ".git").exists() and git(["rev-parse", "-q", "--verify", "HEAD"], root, check=False):
+        _with_sample(project, root)
         return root
     root.mkdir(parents=True, exist_ok=True)
     git(["init", "-q", "-b", project.base_branch], root)
@@ -223,4 +233,12 @@ def make_checkout(project: NewProject) -> Path:
         readme.write_text(f"# {project.name}\n")
     git(["add", CARTRIDGE_FILE, "README.md"], root)
     git(["commit", "-q", "-m", f"{project.name}: first commit (phasegate new project)"], root)
+    _with_sample(project, root)
     return root
+
+
+def _with_sample(project: NewProject, root: Path) -> None:
+    """The sample agent in ``root``'s ignored ``.phasegate/``, when the cartridge binds it."""
+    if project.sample_agent and not (root / SAMPLE_AGENT_FILE).is_file():
+        Workspace().exclude(root, ".phasegate/")
+        write_sample(root)

@@ -21,6 +21,9 @@ the ``phasegate.operations`` function it calls):
     POST /api/workflows/{id}/verify-override     verify_override
     POST /api/workflows/{id}/cleanup             cleanup
     POST /api/cleanup                            cleanup_all
+    POST /api/retention                          expire_worktrees
+    POST /api/retire                             retire_worktrees
+    GET  /api/costs?by=&since=                   costs (``costs --json``, ``budget --json``)
     GET  /api/proposals?status=&workflow_id=     proposals
     GET  /api/proposals/{pid}                    proposal
     POST /api/proposals/{pid}/approve            approve
@@ -61,10 +64,12 @@ from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNo
 from phasegate.core.redaction import redact
 from phasegate.runtime.engine import Engine
 from phasegate.store import PROPOSAL_STATUSES, StoreUnavailable
+from phasegate.store.budgets import BudgetRefused
 from phasegate.summary import iso, workflow_detail, workflow_summary
 from phasegate.web import api_shapes as shapes
 from phasegate.web import live, views
 from phasegate.web.auth import person_of
+from phasegate.web.costs import costs_view
 
 __all__ = ["OPENAPI_PATH", "PREFIX", "ApiRefused", "install", "is_api", "refusal"]
 
@@ -284,6 +289,22 @@ def _router(engine: Engine, secrets: list[str]) -> APIRouter:
         found(workflow_id)
         return clean([vars(d) for d in operations.review_drafts(store, workflow_id)])
 
+    @routes.get("/costs", operation_id="costs", response_model=shapes.Costs)
+    def costs(
+        by: str = Query("repository", description="repository, model, role, day or workflow."),
+        since: str | None = Query(None, description="2026-12-01 (UTC), 7d, today or month."),
+    ) -> Any:
+        """What agents spent, grouped (``phasegate costs --json``), and every budget
+        with what is spent against it this UTC day and month (``phasegate budget``)."""
+
+        def view() -> dict[str, Any]:
+            try:
+                return costs_view(engine, by, since)
+            except BudgetRefused as exc:
+                raise ApiRefused(400, type(exc).__name__, str(exc)) from None
+
+        return clean(acted(view))
+
     @routes.get("/proposals", operation_id="proposals", response_model=list[shapes.Proposal])
     def proposals(status: str | None = None, workflow_id: str | None = None) -> Any:
         """Proposals, oldest first (``phasegate proposals --json``)."""
@@ -436,6 +457,22 @@ def _router(engine: Engine, secrets: list[str]) -> APIRouter:
     def cleanup_all(request: Request) -> Any:
         """Retry every workflow's failed cleanup."""
         return clean(acted(lambda: operations.cleanup(engine, by=by(request))))
+
+    @routes.post(
+        "/retention", operation_id="expire_worktrees", response_model=list[shapes.Retirement]
+    )
+    def expire_worktrees(request: Request) -> Any:
+        """Apply the worktree retention now (landing_areas.keep_failed_days and
+        keep_cancelled_days)."""
+        return clean(acted(lambda: operations.expire_worktrees(engine)))
+
+    @routes.post("/retire", operation_id="retire_worktrees", response_model=list[shapes.Retirement])
+    def retire_worktrees(request: Request, body: shapes.RetireBody) -> Any:
+        """Remove now the worktree and local branch of the failed or cancelled workflows
+        named (``cleanup --all``); the forge keeps what was pushed."""
+        return clean(
+            acted(lambda: operations.retire_worktrees(engine, set(body.ids), by=by(request)))
+        )
 
     def gated(outcome: operations.GateOutcome) -> dict[str, Any]:
         return clean(

@@ -17,9 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "Board",
     "BoardGroup",
+    "BudgetShown",
     "Card",
     "CleanupOutcome",
     "CommentBody",
+    "CostRow",
+    "Costs",
+    "CostsReport",
     "Diff",
     "DiffFile",
     "DiffLine",
@@ -230,6 +234,27 @@ class CleanupOutcome(_Open):
     reason: str | None = None
 
 
+class Retirement(_Open):
+    """A failed or cancelled workflow's worktree and local branch, and whether they were
+    removed: ``retired`` completed, failed, busy or skipped (``reason`` says why)."""
+
+    id: str
+    status: str
+    retired: str
+    reason: str | None = None
+    worktree: str | None = None
+    branch: str | None = None
+    head: str | None = None
+    commits: int = 0
+    unpushed: bool = False
+
+
+class RetireBody(_Closed):
+    """The failed or cancelled workflows whose worktree and local branch go now."""
+
+    ids: list[str]
+
+
 # -- proposals ---------------------------------------------------------------------
 
 
@@ -301,3 +326,51 @@ class VerifyBody(_Closed):
 
 class RejectBody(_Closed):
     reason: str
+
+
+# -- costs and budgets -------------------------------------------------------------------
+
+
+class CostRow(_Open):
+    """Agents' spend in one group: ``key`` (a repository, model, role, UTC day
+    ``YYYY-MM-DD`` or workflow id), ``cost_usd`` in USD, tokens, calls."""
+
+    key: str
+    cost_usd: float
+    input_tokens: int
+    output_tokens: int
+    calls: int
+
+
+class CostsReport(_Open):
+    """``phasegate costs --json``: ``by``, ``since`` (ISO 8601, or null: all time),
+    the groups costliest first (days in order) and their total."""
+
+    by: str
+    since: str | None = None
+    rows: list[CostRow]
+    total: dict[str, float | int]
+
+
+class BudgetShown(_Open):
+    """A budget and what is spent against it this UTC ``period`` (USD): ``scope`` a
+    repository or ``*`` (the whole store), ``kind`` daily or monthly, ``source``
+    store or cartridge."""
+
+    scope: str
+    kind: Literal["daily", "monthly"]
+    limit_usd: float
+    spent_usd: float
+    left_usd: float
+    reached: bool
+    source: Literal["store", "cartridge"]
+    period: str
+
+
+class Costs(_Open):
+    """What the costs page shows: the grouped spend, the repository the dashboard
+    serves (as budgets name it) and every budget."""
+
+    costs: CostsReport
+    repository: str
+    budgets: list[BudgetShown]

@@ -34,6 +34,7 @@ Routes (every one behind the token's session; ``/login`` is the way in):
     POST /workflows/{id}/proposals/{pid}/reject    form ``reason``: rejected (CSRF)
     GET  /static/{name}            htmx and its sse extension (vendored), dashboard.js
     /api/..., GET /openapi.json    the JSON API (api.py), behind the same token
+    GET  /costs[?by=&since=]       what agents spent, grouped, and the budgets (costs.py)
     GET  /people                   the people and their roles (admins only: people.py),
                                    and POSTs to add, re-role, re-token and remove them
     GET  /metrics                  the store's figures for Prometheus (web/metrics.py)
@@ -69,6 +70,7 @@ from phasegate.agents.env import cartridge_secrets
 from phasegate.runtime.engine import Engine
 from phasegate.web import (
     api,
+    costs,
     metrics,
     oidc,
     people,
@@ -228,6 +230,7 @@ def create_app(
     app.include_router(people.router(engine.store, pages.page))
     app.include_router(workflow_routes.router(engine, pages, access, stop))
     app.include_router(review_routes.router(engine, pages))
+    app.include_router(costs.router(engine, pages))
 
     @app.get("/login")
     async def login_form(request: Request, token: str | None = None) -> Response:

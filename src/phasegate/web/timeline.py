@@ -66,6 +66,8 @@ _WORDS = {
     "issue_closed": "issue closed",
     "comment_posted": "comment posted",
     "label_updated": "label updated",
+    "worktree_setup": "worktree prepared",
+    "worktree_retired": "worktree retired",
 }
 #: Kinds that happen once per round, so the round is part of their name.
 _PER_ROUND = frozenset({"dev_completed", "round_completed"})

@@ -219,7 +219,8 @@ def describe_event(event: Mapping[str, Any]) -> str:
     """One line for an event row: who decided what (``decision``), which phase was
     entered (``phase_change``), a milestone's kind and status, an agent started
     or finished, what needs a person (``needs_you``), a forge fault
-    (``summary.forge_fault_text``), what a prune deleted (``events_pruned``),
+    (``summary.forge_fault_text``), a worktree's setup and files
+    (``worktree_setup``, ``worktree_files``), what a prune deleted (``events_pruned``),
     else the row's data in words (``key value, ...``)."""
     data = event.get("data") or {}
     kind = event["type"]
@@ -240,6 +241,18 @@ def describe_event(event: Mapping[str, Any]) -> str:
         return f"needs you: {data['status']}"
     if kind in FORGE_FAULT_EVENTS:
         return forge_fault_text({**data, "type": kind})
+    if kind == "worktree_setup" and "command" in data:
+        how = "passed" if data.get("passed") else f"failed (exit {data.get('exit_code')})"
+        tail = str(data.get("output") or "").strip().splitlines()[-3:]
+        return f"worktree setup {how}: {' / '.join(tail) or '(no output)'}"
+    if kind == "ports_reserved" and "base" in data:
+        last = int(data["base"]) + int(data.get("count") or 1) - 1
+        return f"ports {data['base']}-{last} reserved (PHASEGATE_PORT_BASE)"
+    if kind == "worktree_files" and "copied" in data:
+        skipped = [s.get("path") or s.get("entry") for s in data.get("skipped") or ()]
+        said = f"worktree files: copied {', '.join(data['copied']) or 'none'}"
+        said += f"; linked {', '.join(data.get('linked') or ()) or 'none'}"
+        return said + (f"; skipped {', '.join(map(str, skipped))}" if skipped else "")
     if kind == "events_pruned" and "events" in data:
         counts = data.get("events") or {}
         calls = int(data.get("graph_calls") or 0)

@@ -53,6 +53,7 @@ class CommandRunner:
                 "PHASEGATE_CALL_INDEX": str(request.call_index),
                 "PHASEGATE_READ_ONLY": "1" if request.read_only else "0",
                 "PHASEGATE_PROMPT_FILE": str(prompt_file),
+                **request.env,  # the worktree's ports (PHASEGATE_PORT_BASE, _COUNT)
             }
             # Bytes, not characters: 40,000 CJK characters are 120,000 bytes.
             if len(request.prompt.encode("utf-8", errors="replace")) < _ENV_PROMPT_LIMIT:

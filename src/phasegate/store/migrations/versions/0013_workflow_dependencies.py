@@ -1,15 +1,15 @@
 """workflow_dependencies: a workflow waits for others (--after, Depends on #N, an epic's pieces);
 forge_issues.parent: a local issue filed under another (an epic's piece).
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0013
+Revises: 0012
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0011"
-down_revision = "0010"
+revision = "0013"
+down_revision = "0012"
 
 
 def upgrade() -> None:
