@@ -102,6 +102,24 @@ def test_the_journal_finds_an_issue_and_pr_whose_answers_timed_out_instead_of_re
     assert len(posts(github, "/issues")) == 1 and len(posts(github, "/pulls")) == 1
 
 
+def test_an_epics_piece_is_filed_once_as_a_sub_issue_of_its_parent(
+    github: GitHubLab, forge: GitHubForge, local: Path, tmp_path: Path
+) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    effects = SideEffects(store, forge, Workspace(), new_workflow(store), local)
+    parent = effects.create_issue("preparation", "The epic", "all of it")
+    piece = effects.file_ticket("planning", "piece1", "The parser", f"Part of #{parent}.")
+    assert forge.parent_issue(piece) is None  # GitHub's 404: no parent yet
+    assert effects.link_sub_issue("planning", "piece1", parent, piece)
+    assert forge_for(github, local).parent_issue(piece) == parent
+    # again (a restarted phase): the journal's record, nothing sent twice
+    assert effects.file_ticket("planning", "piece1", "The parser", "again") == piece
+    assert effects.link_sub_issue("planning", "piece1", parent, piece)
+    assert len(posts(github, "/sub_issues")) == 1
+    assert github.server.counts(REPO)["issues"] == 2
+    store.close()
+
+
 def test_status_label_is_created_once_and_replaces_the_other_status_labels(
     github: GitHubLab, forge: GitHubForge
 ) -> None:

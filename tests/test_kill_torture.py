@@ -22,6 +22,10 @@ On PostgreSQL (it passes with two workers, one of them killed at random):
 under two on a machine four times over-committed), three workflows shared by two
 workers, one of the trials always killing one worker while the other runs;
 ``benchmarks/kill_torture.py --mode postgres --trials N`` runs more.
+
+An epic (``support.torture_epic``): three chained pieces filed from one ticket,
+the worker killed at random points of the chain; a sixth of
+``PHASEGATE_TORTURE_TRIALS`` trials (at least one).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from support.torture import (
     run_uninterrupted,
     trial_mode,
 )
+from support.torture_epic import run_epic_trial
 from support.torture_forge import ForgeRig, bare_git
 from support.torture_gitea import GiteaRig, GiteaTrialForge, check_gitea
 from support.torture_github import (
@@ -90,6 +95,18 @@ def failures_of(trials: list[Trial]) -> str:
     return "replay with PHASEGATE_TORTURE_SEED=<seed>:\n" + "\n".join(
         f"seed {t.seed} ({t.root}): {v.kind}: {v.detail}" for t in trials for v in t.violations
     )
+
+
+def test_random_kills_across_an_epic_file_no_ticket_or_workflow_twice(tmp_path: Path) -> None:
+    first = first_seed()
+    trials = [
+        run_epic_trial(tmp_path / f"epic-{s}", s) for s in range(first, first + max(1, TRIALS // 6))
+    ]
+    print(f"\nepic seeds from {first}: " + "; ".join(f"{t.kills} {t.duration_s}s" for t in trials))
+    assert all(t.ok for t in trials), "replay with PHASEGATE_TORTURE_SEED=<seed>:\n" + "\n".join(
+        f"seed {t.seed} ({t.root}): {v.kind}: {v.detail}" for t in trials for v in t.violations
+    )
+    assert all(t.kills for t in trials) and all(t.status == "completed" for t in trials)
 
 
 def test_kill_plans_are_replayed_by_their_seed_and_cover_every_aim_and_target() -> None:

@@ -453,6 +453,7 @@ VALID_BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/orgs/{org}/repos"): {"name": "r"},
     ("POST", "/repos/{owner}/{repo}/issues"): {"title": "t"},
     ("PATCH", "/repos/{owner}/{repo}/issues/{issue_number}"): {"state": "closed"},
+    ("POST", "/repos/{owner}/{repo}/issues/{issue_number}/sub_issues"): {"sub_issue_id": 1},
     ("POST", "/repos/{owner}/{repo}/issues/{issue_number}/labels"): {"labels": ["phasegate"]},
     ("POST", "/repos/{owner}/{repo}/labels"): {"name": "phasegate"},
     ("POST", "/repos/{owner}/{repo}/issues/{issue_number}/comments"): {"body": "b"},

@@ -98,7 +98,7 @@ def test_every_migration_in_turn_ends_at_the_tables_module(db_url: str, clock: F
             *metadata.tables,
             "alembic_version",
         }
-        assert _revision(migrated) == HEAD_REVISION == "0013"
+        assert _revision(migrated) == HEAD_REVISION == "0014"
     finally:
         migrated.close()
 

@@ -1,7 +1,8 @@
 """The side-effect journal: every irreversible effect is evidence before it happens.
 
 For each effect (issue, branch, push, PR, PR update, PR close, comment, merge,
-issue close) the journal (docs/contracts/lifecycle.md: journaled side effects):
+issue close, an epic's piece filed as a ticket) the journal
+(docs/contracts/lifecycle.md: journaled side effects):
 
 1. returns the recorded result if the effect's milestone is ``completed``;
 2. otherwise, when an earlier try left the row ``in_progress`` or ``failed``,
@@ -36,6 +37,7 @@ from phasegate.forge.base import (
     ForgeError,
     ForgeNotFound,
     ForgeUnavailable,
+    SubIssues,
 )
 from phasegate.git import guard
 from phasegate.git.workspace import Workspace
@@ -58,6 +60,8 @@ EFFECT_KINDS = frozenset(
         "comment_posted",
         "merge_completed",
         "issue_closed",
+        "ticket_filed",
+        "sub_issue_linked",
     }
 )
 
@@ -190,6 +194,31 @@ class SideEffects:
         )
         return int(result["number"])
 
+    def file_ticket(self, phase: str, key: str, title: str, body: str) -> int:
+        """File one more ticket (an epic's piece: docs/epics.md) once per ``key``;
+        its issue number. Its marker names this workflow, so it is found again."""
+        marker = f"phasegate:workflow:{self.workflow_id}:{key}"
+        params = {"title": title, "marker": marker}
+        result = self._journaled(
+            phase,
+            "ticket_filed",
+            key,
+            params,
+            lambda: {"number": self.forge.create_issue(title, body, marker)},
+        )
+        return int(result["number"])
+
+    def link_sub_issue(self, phase: str, key: str, parent: int, child: int) -> bool:
+        """File issue ``child`` under issue ``parent`` once per ``key``, where the forge
+        has sub-issues (``SubIssues``); False where it has none (nothing journaled)."""
+        forge = self.forge
+        if not isinstance(forge, SubIssues):
+            return False
+        params = {"parent": parent, "child": child}
+        link = _then(lambda: forge.link_sub_issue(parent, child), {"parent": parent})
+        self._journaled(phase, "sub_issue_linked", key, params, link)
+        return True
+
     def create_branch(self, phase: str, branch: str, base: str) -> str:
         params = {"branch": branch, "base": base}
         result = self._journaled(
@@ -306,9 +335,12 @@ class SideEffects:
 
     def _lookup(self, kind: str, params: Mapping[str, Any]) -> Result | None:
         forge = self.forge
-        if kind == "issue_created":
+        if kind in ("issue_created", "ticket_filed"):
             number = forge.find_issue(params["marker"])
             return None if number is None else {"number": number}
+        if kind == "sub_issue_linked":
+            found = forge.parent_issue(params["child"]) if isinstance(forge, SubIssues) else None
+            return {"parent": found} if found == params["parent"] else None
         if kind == "branch_created":
             if not self.workspace.branch_exists(self.repo, params["branch"]):
                 return None

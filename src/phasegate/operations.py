@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,10 +44,12 @@ from phasegate.core.autonomy import AutonomyPolicy, streak
 from phasegate.core.contract import (
     ACCEPTANCE_VERIFICATION,
     AWAITING_APPROVAL,
+    BLOCKED,
     CANCELLED,
     DEVELOPMENT,
     MERGE,
     NEEDS_YOU_STATUSES,
+    PLANNING,
     RUNNABLE_STATUSES,
     WAIT,
     ContractViolation,
@@ -176,7 +178,7 @@ def actions(ctx: WorkflowContext, *, held: bool = False) -> tuple[str, ...]:
         offered |= {"approve", "reject"}
     if ctx.current_phase == ACCEPTANCE_VERIFICATION:
         offered.add("verify_override")
-    stopped = ctx.status in ("failed", "paused", "planning_timeout")
+    stopped = ctx.status in ("failed", "paused", "planning_timeout", BLOCKED)
     if stopped or (ctx.status in RUNNABLE_STATUSES and ctx.status != "waiting"):
         offered.add("resume")  # a stop, or a runnable workflow nobody advances: interrupted
     if decisions.revert_refusal(ctx) is None:
@@ -197,13 +199,15 @@ def start(
     profile: str | None = None,
     state: WorkflowState | None = None,
     priority: int = 0,
+    after: Sequence[str] = (),
 ) -> dict[str, Any]:
     """File a ticket as ``phasegate run`` does before it drives: a new workflow in
     preparation (``Engine.start``: ``auto_merge``, ``profile``, ``state``,
-    ``priority``), its
-    title ``title`` else ``title_of(ticket)``. Returns the workflow's row; nothing
-    is advanced. Raises ActionRefused (the ticket), CartridgeError (a role left
-    unbound, the profile, the base branch), PhasegateError (no commit yet)."""
+    ``priority``), its title ``title`` else ``title_of(ticket)``, ``blocked`` until
+    each of ``after`` completed. Returns the workflow's row; nothing is advanced.
+    Raises ActionRefused (the ticket), CartridgeError (a role left unbound, the
+    profile, the base branch), PhasegateError (no commit yet), WorkflowNotFound (an
+    id of ``after``)."""
     check_by(by)
     check_ticket(ticket)
     check_priority(priority)
@@ -217,6 +221,7 @@ def start(
         profile=profile,
         state={**(state or {}), "started_by": by},
         priority=priority,
+        after=after,
     )
     engine.store.add_event(workflow_id, _event("start", by))
     return engine.store.workflow_row(workflow_id)
@@ -457,15 +462,20 @@ def cancel(engine: Engine, workflow_id: str, *, by: str, via: str | None = None)
 # -- the proposal gate (docs/contracts/autonomy.md: the human gate) ------------------
 
 
+#: Per proposal kind: the phase a workflow awaits it in, the state key naming its run.
+_AWAITED = {"draft_pr_create": (DEVELOPMENT, "graph_run"), "item_create": (PLANNING, "epic_run")}
+
+
 def awaiting(store: Store, proposal: Mapping[str, Any]) -> str | None:
-    """The id of the workflow paused in development for ``proposal``'s run, if any."""
+    """The id of the workflow paused for ``proposal`` (a draft PR, an epic's pieces), if any."""
     workflow_id = proposal.get("workflow_id")
-    if not workflow_id:
+    phase, key = _AWAITED.get(str(proposal.get("kind")), (None, ""))
+    if not workflow_id or phase is None:
         return None
     row = store.workflow_row(str(workflow_id))
-    if row["current_phase"] != DEVELOPMENT or row["status"] != AWAITING_APPROVAL:
+    if row["current_phase"] != phase or row["status"] != AWAITING_APPROVAL:
         return None
-    return str(workflow_id) if row["state"].get("graph_run") == proposal["run_id"] else None
+    return str(workflow_id) if row["state"].get(key) == proposal["run_id"] else None
 
 
 @dataclass(frozen=True)
@@ -520,9 +530,10 @@ def _gate(
         reason = redact(reason, cartridge_secrets(engine.cartridge))
     found = store.proposal(proposal_id)
     profile = None
-    # Only a workflow's draft PR gates it; its other proposals (scope's
-    # item_create) are decided whenever, and move nothing.
-    gating = bool(found["workflow_id"]) and found["kind"] == "draft_pr_create"
+    # A workflow's draft PR gates it, and an epic's item_create (its pieces filed);
+    # scope's item_create of a ticket built as one is decided whenever, moving nothing.
+    drafted = bool(found["workflow_id"]) and found["kind"] == "draft_pr_create"
+    gating = drafted or awaiting(store, found) is not None
     owner: dict[str, Any] = {}
     if found["workflow_id"]:
         owner = store.workflow_row(str(found["workflow_id"]))

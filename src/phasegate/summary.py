@@ -59,6 +59,8 @@ class BoardReads(Protocol):
 
     def child_workflows(self, parent_workflow_id: str) -> list[dict[str, Any]]: ...
 
+    def dependencies(self, workflow_id: str) -> list[dict[str, Any]]: ...
+
 
 class ManyReads(Protocol):
     """What ``workflow_summaries`` reads, each in one query: the Store, or a SQLite
@@ -71,6 +73,8 @@ class ManyReads(Protocol):
     ) -> dict[str, UsageTotals]: ...
 
     def child_rows(self) -> list[dict[str, Any]]: ...
+
+    def dependency_rows(self) -> list[dict[str, Any]]: ...
 
     def proposals(
         self, status: str | None = None, workflow_id: str | None = None
@@ -89,6 +93,9 @@ class _Gathered:
         self._children: dict[str, list[dict[str, Any]]] = {}
         for child in source.child_rows():
             self._children.setdefault(child["parent_workflow_id"], []).append(child)
+        self._edges: dict[str, list[dict[str, Any]]] = {}
+        for edge in source.dependency_rows():
+            self._edges.setdefault(edge["workflow_id"], []).append(edge)
         self._proposed: dict[str, list[dict[str, Any]]] = {}
         if any(r["status"] == AWAITING_APPROVAL for r in rows):
             for p in source.proposals(status="proposed"):
@@ -106,12 +113,15 @@ class _Gathered:
     def child_workflows(self, parent_workflow_id: str) -> list[dict[str, Any]]:
         return self._children.get(parent_workflow_id, [])
 
+    def dependencies(self, workflow_id: str) -> list[dict[str, Any]]:
+        return self._edges.get(workflow_id, [])
+
 
 def workflow_summaries(
     source: ManyReads, rows: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
-    """``workflow_summary`` of each of ``rows``, in their order, read in three
-    queries whatever their number (not three a workflow)."""
+    """``workflow_summary`` of each of ``rows``, in their order, read in four
+    queries whatever their number (not four a workflow)."""
     gathered = _Gathered(source, rows)
     return [workflow_summary(gathered, row) for row in rows]
 
@@ -120,7 +130,9 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
     """What ``status`` lists and a board's card shows of the workflow ``row``: its
     id, title, phase, status, priority, error, round, profile, issue and PR numbers, branch,
     usage (``tokens``, ``cost_usd`` in USD, ``agent_runs``), ISO 8601 times, its
-    parent and children (conflict forks), the proposal it awaits, when a forge
+    parent and children (conflict forks), what it waits for (``waits_for``: the
+    workflows or forge issues it runs after) and an epic's ``pieces`` and
+    ``epic_parent`` (docs/epics.md), the proposal it awaits, when a forge
     pause is resumed by itself (``resumes_at``), and the worker holding its lease
     (``worker``, ``lease_expires_at``; None when nobody does)."""
     usage = store.usage_totals(row["id"])
@@ -129,7 +141,7 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
         waiting = [
             p
             for p in store.proposals(status="proposed", workflow_id=row["id"])
-            if p["kind"] == "draft_pr_create"
+            if p["kind"] in ("draft_pr_create", "item_create")  # the last: what it awaits
         ]
         awaited = waiting[-1]["id"] if waiting else None
     return {
@@ -181,7 +193,33 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
         "children": [
             {"id": c["id"], "status": c["status"]} for c in store.child_workflows(row["id"])
         ],
+        **_dependencies(store.dependencies(row["id"])),
+        "epic_parent": row["state"].get("epic_parent"),
+        # how an epic's pieces branch (ticket, epic), as preparation set it; None before
+        "branch_strategy": row["state"].get("branch_strategy"),
         **lease_holder(store, row),
+    }
+
+
+def _dependencies(edges: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``waits_for`` and ``pieces`` of a workflow's edges (``values.edge_row``)."""
+    return {
+        "waits_for": [
+            {"id": e["depends_on"], "issue": e["issue"], "status": e["status"]}
+            for e in edges
+            if e["kind"] == "after"
+        ],
+        "pieces": [
+            {
+                "id": e["depends_on"],
+                "position": e["position"],
+                "title": e["title"],
+                "status": e["status"],
+                "issue_number": e["issue_number"],
+            }
+            for e in edges
+            if e["kind"] == "piece"
+        ],
     }
 
 

@@ -186,6 +186,7 @@ class Issue:
     comments: list[IssueComment] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     pull: Pull | None = None
+    parent: int | None = None  # the number of the issue this is a sub-issue of
 
 
 @dataclass(eq=False)

@@ -36,6 +36,8 @@ OPERATIONS: tuple[tuple[str, str], ...] = (
     ("POST", "/repos/{owner}/{repo}/issues"),
     ("GET", "/repos/{owner}/{repo}/issues/{issue_number}"),
     ("PATCH", "/repos/{owner}/{repo}/issues/{issue_number}"),
+    ("POST", "/repos/{owner}/{repo}/issues/{issue_number}/sub_issues"),
+    ("GET", "/repos/{owner}/{repo}/issues/{issue_number}/parent"),
     ("GET", "/repos/{owner}/{repo}/issues/{issue_number}/events"),
     ("POST", "/repos/{owner}/{repo}/issues/{issue_number}/labels"),
     ("DELETE", "/repos/{owner}/{repo}/issues/{issue_number}/labels/{name}"),

@@ -310,6 +310,31 @@ def update_issue(call: Call) -> Any:
     return call.gh.shapes.issue(r, issue)
 
 
+# -- sub-issues (issues/add-sub-issue, get-parent) --
+@route("POST", "/repos/{owner}/{repo}/issues/{issue_number}/sub_issues")
+def add_sub_issue(call: Call) -> Any:
+    r = call.repo("triage")
+    parent = call.gh.issue(r, call.number("issue_number"))
+    wanted = call.required("sub_issue_id", "Issue")
+    child = next((i for i in r.issues.values() if i.id == wanted and i.pull is None), None)
+    if child is None:
+        raise not_found()
+    if child is parent or (child.parent is not None and not call.field("replace_parent")):
+        raise invalid("Issue", "sub_issue_id", "invalid")
+    child.parent = parent.number
+    call.created(f"{call.gh.url}/repos/{r.full_name}/issues/{parent.number}/sub_issues")
+    return call.gh.shapes.issue(r, parent)
+
+
+@route("GET", "/repos/{owner}/{repo}/issues/{issue_number}/parent")
+def get_parent(call: Call) -> Any:
+    r = call.repo()
+    child = call.gh.issue(r, call.number("issue_number"))
+    if child.parent is None:
+        raise not_found()
+    return call.gh.shapes.issue(r, call.gh.issue(r, child.parent))
+
+
 @route("GET", "/repos/{owner}/{repo}/issues/{issue_number}/events")
 def list_events(call: Call) -> Any:
     r = call.repo()

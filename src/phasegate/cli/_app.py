@@ -382,6 +382,27 @@ ProfileOption = Annotated[
 ]
 
 
+AfterOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--after",
+        metavar="ID",
+        help="Start only once workflow ID has merged and verified (repeatable); "
+        "until then it is blocked and a worker starts it.",
+    ),
+]
+BranchStrategyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--branch-strategy",
+        metavar="ticket|epic",
+        help="How an epic's pieces branch: ticket (each from the base) or epic (all on one "
+        "branch phasegate/epic-ID the epic merges at the end); default: "
+        "workflow.branch_strategy.",
+    ),
+]
+
+
 def title_of(ticket: str) -> str:
     """``phasegate.operations.title_of``, imported when a title is made."""
     from phasegate.operations import title_of

@@ -315,6 +315,8 @@ def _gate(
             f"workflow {workflow_id} can go on: `phasegate worker` (or `phasegate resume "
             f"{workflow_id}`) " + ("lands it" if verdict == "approved" else "starts a new run")
         )
+    elif verdict == "approved" and row["kind"] == "item_create":
+        what = f"workflow {workflow_id} resumes: its pieces are filed as tickets (docs/epics.md)"
     elif verdict == "approved":
         what = f"workflow {workflow_id} resumes: the apply arm lands it"
     else:

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from phasegate.cli._app import STOP_SIGNALS, console, err, reader_gone, repo_option, shown
 from phasegate.cli.status_table import status_table  # noqa: F401  (render's, for the commands)
-from phasegate.core.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES
+from phasegate.core.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES, WAITING_ON_OTHERS
 from phasegate.core.priority import priority_name
 from phasegate.core.profiles import MAX_REVERSIONS
 from phasegate.core.report import render_report
@@ -287,9 +287,8 @@ def finish(
         console.print_json(json.dumps(summary, default=str))
     else:
         status = row["status"]
-        color = {"completed": "green", "waiting": "cyan", AWAITING_APPROVAL: "cyan"}.get(
-            status, "red"
-        )
+        shades = {"completed": "green", "waiting": "cyan", AWAITING_APPROVAL: "cyan"}
+        color = shades.get(status, "yellow" if status in WAITING_ON_OTHERS else "red")
         console.print(
             f"workflow [bold]{row['id']}[/bold]: {row['current_phase']} · "
             f"[{color}]{status}[/{color}]",
@@ -318,6 +317,13 @@ def finish(
                 console.print(
                     f"  next: `phasegate resume {row['id']}{at}`", highlight=False, soft_wrap=True
                 )
+        elif status in WAITING_ON_OTHERS:
+            console.print(
+                f"  next: a `phasegate worker{at}` starts it once what it waits for has "
+                f"merged and verified; `phasegate show {row['id']}{at}` lists them",
+                highlight=False,
+                soft_wrap=True,
+            )
         elif stopped_early:
             console.print(
                 "  stopped before finishing: another process changed the workflow; "
@@ -381,6 +387,7 @@ def print_detail(detail: Mapping[str, Any]) -> None:
         console.print(
             f"  conflict-resolution child {child['id']}: {child['status']}", highlight=False
         )
+    _print_dependencies(s)
     if s["error"]:
         console.print(f"  [red]reason: {shown(s['error'])}[/red]", highlight=False)
     _print_timeline(detail["milestones"])
@@ -441,6 +448,27 @@ def print_detail(detail: Mapping[str, Any]) -> None:
             highlight=False,
             markup=False,
         )
+
+
+def _print_dependencies(s: Mapping[str, Any]) -> None:
+    """What the workflow waits for, its epic's parent, its pieces' progress (docs/epics.md)."""
+    if s.get("epic_parent"):
+        console.print(f"  a piece of epic {s['epic_parent']}", highlight=False)
+    for edge in s.get("waits_for", ()):
+        what = edge["id"] or f"{edge['issue']} (no workflow yet)"
+        console.print(f"  after {what}: {edge['status'] or 'waiting'}", highlight=False)
+    pieces = s.get("pieces", ())
+    if pieces or s.get("branch_strategy") == "epic":
+        console.print(f"  branch strategy {s.get('branch_strategy') or 'ticket'}", highlight=False)
+    if pieces:
+        done = sum(1 for p in pieces if p["status"] == "completed")
+        console.print(f"  pieces: {done} of {len(pieces)} completed", highlight=False)
+        for p in pieces:
+            issue = f" #{p['issue_number']}" if p["issue_number"] else ""
+            console.print(
+                f"    {p['position']}. {p['id']}{issue} {shown(p['title'] or '')}: {p['status']}",
+                highlight=False,
+            )
 
 
 def _print_decisions(records: list[dict[str, Any]]) -> None:

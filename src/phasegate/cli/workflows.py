@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from phasegate.cli._app import (
+    AfterOption,
     AutoMergeOption,
+    BranchStrategyOption,
     ByOption,
     JsonOption,
     NoAdvance,
@@ -77,10 +79,13 @@ def run(
     no_advance: NoAdvance = False,
     by: ByOption = None,
     priority: PriorityOption = "normal",
+    after: AfterOption = None,
+    branch_strategy: BranchStrategyOption = None,
 ) -> None:
     """File a ticket and run its workflow in the foreground (Ctrl-C leaves it resumable).
 
     --no-advance files it only, for a running `phasegate worker` (or `serve`) to take.
+    --after ID files it blocked until workflow ID completed (docs/epics.md).
 
     With [graph] enabled = true in phasegate.toml, planning, development and
     pr_review follow the development graph: competing plans, a read-only build
@@ -95,8 +100,11 @@ def run(
     with reported_errors():
         ticket = ticket_from(ticket, ticket_file)
         rank = parse_priority(priority)
-        if no_advance and new_project is not None:
-            raise UsageError("--no-advance files a ticket here; --new-project runs it there")
+        if branch_strategy not in (None, "ticket", "epic"):
+            raise UsageError(f"--branch-strategy {branch_strategy!r}: give ticket or epic")
+        chosen: WorkflowState = {"branch_strategy": branch_strategy} if branch_strategy else {}
+        if (no_advance or after) and new_project is not None:
+            raise UsageError("--no-advance and --after file a ticket here; --new-project there")
         if new_project is not None:
             engine, workflow_id = _start_new_project(
                 new_project,
@@ -110,7 +118,7 @@ def run(
                     title=title,
                     auto_merge=auto_merge,
                     profile=profile,
-                    state=state,
+                    state={**state, **chosen},
                     priority=rank,
                 )["id"],
                 as_json,
@@ -130,9 +138,12 @@ def run(
             auto_merge=auto_merge,
             profile=profile,
             priority=rank,
+            after=after or (),
+            state=chosen,
         )["id"]
-        if no_advance:  # a worker takes it
-            finish(store, store.workflow_row(workflow_id), as_json, driven=False)
+        filed = store.workflow_row(workflow_id)
+        if no_advance or filed["status"] == "blocked":  # a worker takes it (once it may)
+            finish(store, filed, as_json, driven=False)
             return
         if not as_json:
             console.print(f"workflow [bold]{workflow_id}[/bold] filed", highlight=False)

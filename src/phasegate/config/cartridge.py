@@ -169,6 +169,9 @@ class WorkflowSettings(_Strict):
     """The language of reports and comments."""
     acceptance_verification: bool = True
     """Verify the merged change against the ticket after the merge."""
+    branch_strategy: Literal["ticket", "epic"] = "ticket"
+    """How an epic's pieces branch: ticket, each from the base and merged into it; epic, all
+    on one branch phasegate/epic-<parent id> that the parent merges into the base at the end."""
     protected_paths: list[str] | None = Field(
         default=None,
         description="paths (a trailing / for a directory, or a glob) an agent's change to "

@@ -48,7 +48,10 @@ __all__ = [
     "CANCELLED",
     "ENDED_STATUSES",
     "AWAITING_APPROVAL",
+    "BLOCKED",
+    "PIECES",
     "TERMINAL_STATUSES",
+    "WAITING_ON_OTHERS",
     "NEEDS_YOU_STATUSES",
     "WAIT",
     "VIOLATIONS",
@@ -124,6 +127,18 @@ AWAITING_APPROVAL = "awaiting_approval"
 
 #: A workflow a person ended for good (``phasegate cancel``): nothing moves it on.
 CANCELLED = "cancelled"
+
+#: A workflow that waits for the workflows it depends on (``phasegate run --after``,
+#: ``Depends on #N``) to merge and verify: no worker claims it until then.
+BLOCKED = "blocked"
+
+#: An epic's parent that filed its pieces as tickets: it waits for every piece to
+#: merge and verify, and completes then.
+PIECES = "pieces"
+
+#: Statuses in which a workflow waits for other workflows (docs/epics.md): not
+#: runnable; the commit that completes the last of them makes it runnable again.
+WAITING_ON_OTHERS: frozenset[str] = frozenset({BLOCKED, PIECES})
 
 #: Statuses a workflow ends in: a conflict-resolution child's end wakes its parent.
 ENDED_STATUSES: frozenset[str] = frozenset({"completed", "failed", CANCELLED})

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from phasegate.core.contract import (
     PHASE_STATUS_MAP,
+    PIECES,
     PLANNING,
     WAIT,
     ContractViolation,
@@ -44,8 +45,17 @@ def _open(ctx: WorkflowContext) -> None:
 
 
 def resume(ctx: WorkflowContext) -> PhaseResult:
-    """Run the current phase again, with fresh retry counters (failed, paused, interrupted)."""
+    """Run the current phase again, with fresh retry counters (failed, paused, interrupted).
+
+    A ``blocked`` workflow starts without waiting any longer for what has not completed
+    (the commit drops those dependencies: docs/epics.md). An epic's parent waiting for
+    its pieces is refused: it completes when they do."""
     _open(ctx)
+    if ctx.status == PIECES:
+        raise ContractViolation(
+            f"workflow {ctx.id} waits for its pieces ({ctx.error or 'see `phasegate show`'}); "
+            "resume or cancel a piece, or cancel this one"
+        )
     return PhaseResult(
         "retry", status=PHASE_STATUS_MAP[ctx.current_phase], state=_RETRY_COUNTERS.copy()
     )

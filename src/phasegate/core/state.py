@@ -102,6 +102,15 @@ class WorkflowState(TypedDict, total=False):
     graph_date: str
     graph_feedback: str | None
     graph_proposal: str
+    #: The run whose item_create an epic awaits (approve files its pieces).
+    epic_run: str | None
+    #: The workflows an epic's pieces run as, in scope's order (docs/epics.md).
+    epic_pieces: list[str]
+    #: The epic a piece is one piece of.
+    epic_parent: str
+    #: How an epic's pieces branch: ``ticket`` (each from the base) or ``epic`` (all on
+    #: the epic's branch, which it merges at the end; docs/epics.md).
+    branch_strategy: str
 
     # -- report, wait and merge --
     #: The report's payload, the single source of truth for what the report says.
@@ -161,7 +170,8 @@ OWNERS: Mapping[str, Owner] = _owners(
     graph_mode=Owner((_START, "phases.conflict"), ("phases.graph_mode.run",)),
     cartridge_sha=Owner((_START,), ("summary",)),
     forge_repository=Owner(
-        ("store.workflows",), ("forge.tickets", "integrations.triggers", "store.workflows")
+        ("store.workflows",),
+        ("forge.tickets", "integrations.triggers", "store.dependencies", "store.workflows"),
     ),
     new_project=Owner(
         ("cli.workflows", "tools.new_project"),
@@ -222,6 +232,7 @@ OWNERS: Mapping[str, Owner] = _owners(
         (
             _PROFILES,
             "phases.feedback_round",
+            "phases.graph_mode.epic",
             "phases.graph_mode.run",
             "phases.planning",
             "phases.pr_review",
@@ -270,6 +281,13 @@ OWNERS: Mapping[str, Owner] = _owners(
     graph_date=Owner(("phases.graph_mode.run",), ("phases.graph_mode.run",)),
     graph_feedback=Owner(("phases.graph_mode.run",), ("phases.graph_mode.run",)),
     graph_proposal=Owner(("phases.graph_mode.apply",), ("phases.graph_mode.review",)),
+    epic_run=Owner(("phases.graph_mode.epic",), ("operations", "phases.graph_mode.epic")),
+    epic_pieces=Owner(("phases.graph_mode.epic",), ("phases.graph_mode.epic",)),
+    epic_parent=Owner(("store.dependencies",), ("phases.graph_mode.epic", "summary")),
+    branch_strategy=Owner(
+        ("cli.workflows", "phases.preparation"),
+        ("phases.graph_mode.epic", "phases.preparation", "summary"),
+    ),
     report=Owner(("phases.report",), ("cli.demo", "phases.merge", "summary")),
     wait_started_at=Owner(("phases.report",)),
     merge_hold=Owner(

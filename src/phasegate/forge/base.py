@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from phasegate.core.contract import PhasegateError
 from phasegate.core.report import MR_NUMBERS, shown_number
@@ -55,6 +55,7 @@ __all__ = [
     "Issue",
     "Labelled",
     "PullRequest",
+    "SubIssues",
 ]
 
 #: A person's permission on a repository, weakest first (GitHub's names).
@@ -336,6 +337,21 @@ class Forge(Protocol):
 
     def find_merge(self, number: int) -> str | None:
         """The merge SHA if the pull request was merged (even if the forge has not recorded it)."""
+        ...
+
+
+@runtime_checkable
+class SubIssues(Protocol):
+    """A forge that files an issue under another as its sub-issue (the local forge,
+    GitHub): an epic's pieces under their parent (docs/epics.md). A forge without it
+    links them by the ``Part of #N`` line of their bodies only."""
+
+    def link_sub_issue(self, parent: int, child: int) -> None:
+        """Make issue ``child`` a sub-issue of issue ``parent``."""
+        ...
+
+    def parent_issue(self, child: int) -> int | None:
+        """The number of the issue ``child`` is a sub-issue of, else None."""
         ...
 
 

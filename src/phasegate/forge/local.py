@@ -84,6 +84,18 @@ class LocalForge:
             t.forge_issues, self.key, number, state="closed", closed_at=self.store.clock.now()
         )
 
+    def link_sub_issue(self, parent: int, child: int) -> None:
+        self.issue(parent)
+        self.issue(child)
+        self.store.forge_update(t.forge_issues, self.key, child, parent=parent)
+
+    def parent_issue(self, child: int) -> int | None:
+        rows = self.store.forge_rows(t.forge_issues, self.key, number=child)
+        if not rows:
+            raise ForgeError(f"no issue #{child} in {self.key}")
+        found = rows[0].get("parent")
+        return int(found) if found is not None else None
+
     def set_status_label(self, number: int, label: str | None) -> None:
         """Status labels are GitHub's way of showing a phase: the local forge's
         people read ``phasegate status`` instead."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from phasegate.core.contract import PhasegateError, WorkflowContext
+from phasegate.core.dependencies import depends_on_issues
 from phasegate.core.state import WorkflowState
 from phasegate.forge.base import Comment, Forge, Issue, TrustCache
 
@@ -71,6 +72,9 @@ class TicketSnapshot:
     vouched_hash: str
     left_out: int = 0
     comment_ids: tuple[str, ...] = ()  # Comment.key of each
+    #: The issues its ``Depends on #N`` lines name (core.dependencies), in the body
+    #: when its author is trusted and in trusted comments: what it runs after.
+    depends_on: tuple[int, ...] = ()
 
     def state(self, trigger: Literal["label", "import"]) -> WorkflowState:
         """What the workflow keeps of the snapshot in its state."""
@@ -138,6 +142,10 @@ def snapshot_ticket(
             f"oldest first:\n\n{blocks}"
         )
     authors = dict.fromkeys([issue.author or vouched_by, *(c.author for c in kept)])
+    # Only a trusted person's words say what the work waits for: a dependency on
+    # another issue holds a workflow back, which an outsider must not be able to do.
+    declared = [issue.body] if issue.author and trust.trusted(issue.author) else []
+    depends_on = depends_on_issues("\n".join([*declared, *(c.body for c in kept)]))
     return TicketSnapshot(
         title=issue.title,
         text=text,
@@ -149,6 +157,7 @@ def snapshot_ticket(
         vouched_hash=_hash(issue.title, issue.body),
         left_out=left_out,
         comment_ids=tuple(c.key for c in comments),
+        depends_on=tuple(depends_on),
     )
 
 

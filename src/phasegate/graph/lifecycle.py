@@ -307,6 +307,7 @@ def _emit(run_id: str, run: Run, state: _State) -> list[Proposal]:
                     "shape": shaped["shape"],
                     "route": shaped["route"],
                     "subtasks": shaped["subtasks"],
+                    "depends_on": shaped["depends_on"],
                 },
                 evidence=(
                     Evidence(

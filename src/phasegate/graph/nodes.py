@@ -18,6 +18,7 @@ from phasegate.graph.parse import (
     field,
     items,
     section,
+    subtask_pieces,
     verdict,
     without_fields,
 )
@@ -107,18 +108,26 @@ class Run:
 
 
 def scope(run: Run) -> Graph[dict[str, Any]]:
-    """Ask scope_epic for the pieces of work; epic_threshold shapes the ticket
-    from their count, work_routing routes the shape (docs/contracts/graph.md: scope)."""
+    """Ask scope_epic for the pieces of work and the earlier pieces each needs
+    (``SUBTASK: title [after 1, 2]``); epic_threshold shapes the ticket from their
+    count, work_routing routes the shape (docs/contracts/graph.md: scope). An
+    ``[after ...]`` naming anything but earlier pieces stops the graph (garbage)."""
     text = yield from run.ask_text("scope", "scope_epic", "scope", scope_prompt(run.ticket))
-    subtasks = items(text, "subtask")
-    if not subtasks:
+    listed = items(text, "subtask")
+    if not listed:
         raise Stop("scope", "garbage", "scope_epic listed no SUBTASK line")
+    try:
+        pieces = subtask_pieces(listed)
+    except ValueError as exc:
+        raise Stop("scope", "garbage", str(exc)) from None
     threshold = run.rules.epic_threshold
-    shape = threshold.shape(len(subtasks))
+    shape = threshold.shape(len(pieces))
     return {
         "shape": shape,
-        "pieces": len(subtasks),
-        "subtasks": subtasks,
+        "pieces": len(pieces),
+        "subtasks": [title for title, _ in pieces],
+        # Per piece, the 1-based places of the earlier pieces it needs ([after N]).
+        "depends_on": [after for _, after in pieces],
         "route": run.rules.work_routing[shape],
         "epic_threshold": {"parent_at": threshold.parent_at, "epic_at": threshold.epic_at},
         "work_routing": dict(sorted(run.rules.work_routing.items())),

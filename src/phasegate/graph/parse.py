@@ -15,6 +15,7 @@ __all__ = [
     "field",
     "items",
     "section",
+    "subtask_pieces",
     "verdict",
     "without_fields",
 ]
@@ -40,6 +41,45 @@ def _line(name: str) -> re.Pattern[str]:
 def items(text: str, name: str) -> list[str]:
     """Every non-empty value of a ``NAME: value`` line, in order, verbatim but stripped."""
     return [v.strip() for v in _line(name).findall(text) if v.strip()]
+
+
+#: A SUBTASK's title with the earlier pieces it needs: ``title [after 1, 2]``.
+_AFTER = re.compile(r"^(?P<title>.*?)[ \t]*\[[ \t]*after\b(?P<refs>[^\]]*)\][ \t]*$", re.I)
+_AFTER_REF = re.compile(r"[0-9]+")
+
+
+def subtask_pieces(values: list[str]) -> list[tuple[str, list[int]]]:
+    """Each SUBTASK value as ``(title, the 1-based places of the earlier pieces it
+    needs)``, read from ``title [after 1, 2]``. Raises ValueError, saying which line,
+    for a title left empty, an ``[after ...]`` naming no number, or a number that is
+    not an earlier piece (the pieces form no cycle: each follows only those before)."""
+    pieces: list[tuple[str, list[int]]] = []
+    for place, value in enumerate(values, 1):
+        found = _AFTER.match(value)
+        if found is None:
+            if re.search(r"\[[ \t]*after\b", value, re.I):
+                raise ValueError(f"SUBTASK {place} has an unclosed [after ...]: {value!r}")
+            pieces.append((value, []))
+            continue
+        title, refs = found.group("title").strip(), found.group("refs")
+        numbers = [int(n) for n in _AFTER_REF.findall(refs)]
+        leftover = _AFTER_REF.sub("", refs).replace(",", " ").replace("and", " ").strip()
+        if not title or not numbers or leftover:
+            raise ValueError(
+                f"SUBTASK {place} is not `<title> [after N, M]` with earlier pieces' numbers: "
+                f"{value!r}"
+            )
+        later = [n for n in numbers if not 1 <= n < place]
+        if later:
+            raise ValueError(
+                f"SUBTASK {place} ({title!r}) names piece(s) {', '.join(map(str, later))} in "
+                f"[after ...]: a piece can only follow the pieces listed before it (1 to "
+                f"{place - 1})"
+                if place > 1
+                else f"SUBTASK 1 ({title!r}) has [after ...]: the first piece follows none"
+            )
+        pieces.append((title, sorted(set(numbers))))
+    return pieces
 
 
 def field(text: str, name: str) -> str | None:

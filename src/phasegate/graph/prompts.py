@@ -31,7 +31,10 @@ def scope_prompt(ticket: str) -> str:
 List the independent pieces of work it needs (each one a change a single
 developer would ship and review on its own), one per line:
 SUBTASK: <title>
-A ticket that is one piece of work has exactly one SUBTASK line.
+A ticket that is one piece of work has exactly one SUBTASK line. When a piece
+needs earlier pieces merged first, name them after its title by their place in
+your list (1 is the first), and only pieces listed before it:
+SUBTASK: <title> [after 1, 2]
 
 ## Ticket
 

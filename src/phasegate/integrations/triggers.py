@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from phasegate.core.dependencies import DependencyCycle
 from phasegate.core.priority import DEFAULT_PRIORITY, priority_from_labels
 from phasegate.forge.base import (
     STATUS_LABEL_PREFIX,
@@ -135,7 +136,10 @@ def start_from_issue(
     them among the issues), a closed issue, one phasegate filed itself, one
     carrying a status label (another checkout's workflow), or a
     ticket over ``max_ticket_bytes`` (UTF-8), ForgeError, CartridgeError from
-    ``Engine.start``.
+    ``Engine.start``, DependencyCycle when its ``Depends on #N`` lines close a
+    cycle (nothing recorded). A ``Depends on #N`` line of a trusted author
+    (``TicketSnapshot.depends_on``) holds the workflow ``blocked`` until issue N's
+    workflow completed (docs/epics.md).
     """
     taken = engine.store.workflow_for_issue(repository, number)
     if taken is not None:
@@ -173,6 +177,7 @@ def start_from_issue(
         state={**snapshot.state(trigger), "issue_labels": list(issue.labels)},
         # a trusted person's ``priority:high`` label, like ``phasegate run --priority``
         priority=priority_from_labels(issue.labels) or DEFAULT_PRIORITY,
+        after_issues=[(repository, n) for n in snapshot.depends_on],
     )
     return workflow_id, snapshot
 
@@ -308,7 +313,7 @@ class Watcher:
             )
         except IssueTaken:
             return None  # another watcher started it between our look and our insert
-        except TriggerRefused as exc:
+        except (TriggerRefused, DependencyCycle) as exc:
             return self._ignore(number, by, str(exc))
         log.info(
             "%s#%d: workflow %s started (labelled by %s; comments by %d others left out)",

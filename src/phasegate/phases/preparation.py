@@ -19,6 +19,7 @@ self-heal for it (docs/contracts/lifecycle.md: preparation).
   then the worktree prepared (``phasegate.phases.landing``: the cartridge's
   copied and linked files, its setup command; a ``worktree_setup`` milestone).
 - postconditions: issue_number, branch_name, worktree_path set;
+  ``state["branch_strategy"]`` (``ticket`` or ``epic``: docs/epics.md) set;
   current_phase == "planning", status == "planning".
 - re-entry point: current_phase == "preparation". A completed issue or branch
   milestone is reused, a leftover directory at the worktree path is cleared.
@@ -95,7 +96,12 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             "worktree_path": str(worktree),
             "current_round": 0,
         },
-        state={"base_sha": base_sha},
+        # ``run --branch-strategy`` put the person's choice in the state; else the cartridge's
+        state={
+            "base_sha": base_sha,
+            "branch_strategy": ctx.state.get("branch_strategy")
+            or deps.cartridge.workflow.branch_strategy,
+        },
         milestones=(
             *((attached,) if attached else ()),
             MilestoneWrite(

@@ -151,23 +151,25 @@ class Engine:
         issue: tuple[str, int] | None = None,
         state: WorkflowState | None = None,
         priority: int = 0,
+        after: Sequence[str] = (),
+        after_issues: Sequence[tuple[str, int]] = (),
     ) -> str:
         """File a new workflow in preparation, claimed in ``priority``'s order; returns its id.
 
         ``issue`` (``owner/name``, number): the workflow is for that existing forge
         issue, at most one per issue (``Store.create_workflow``: raises IssueTaken);
-        ``state`` is added to the workflow's state (a trigger's ticket snapshot).
+        ``state`` is added to the workflow's state (a trigger's ticket snapshot);
+        ``after``, ``after_issues``: the workflows and forge issues it waits for.
 
-        ``profile`` names its automation profile (default: ``workflow.profile``,
-        else ``review``); the workflow keeps it in ``state["profile"]``.
-        auto_merge: the ``auto_merge`` argument, else the default of a profile
-        named here (a person's choice for this run beats the file), else an
-        explicit ``workflow.auto_merge``, else the cartridge profile's default.
+        ``profile`` names its automation profile (default: ``workflow.profile``, else
+        ``review``); the workflow keeps it in ``state["profile"]``. auto_merge: the
+        ``auto_merge`` argument, else the default of a profile named here (a person's choice
+        for this run beats the file), else an explicit ``workflow.auto_merge``, else the
+        cartridge profile's default.
 
-        Checks first what would otherwise fail only after an issue and a branch
-        exist: the profile, the base branch, and every role's runner (a scripted
-        file that does not load). Raises CartridgeError naming the key, or
-        PhasegateError.
+        Checks first what would otherwise fail only after an issue and a branch exist: the
+        profile, the base branch, and every role's runner (a scripted file that does not
+        load). Raises CartridgeError naming the key, or PhasegateError.
         """
         settings = self.cartridge.workflow
         if profile is not None and not profile.strip():
@@ -216,6 +218,8 @@ class Engine:
             issue=issue,
             repository=self.repository,
             priority=priority,
+            after=after,
+            after_issues=after_issues,
         )
 
     # -- events -----------------------------------------------------------------

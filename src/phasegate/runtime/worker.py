@@ -277,6 +277,8 @@ class _Worker:
         freed = self.store.free_gone_leases()
         if freed:
             log.info("%d leases of gone workers of this host released", freed)
+        for workflow_id in self.store.release_ready():  # what no commit released (dependencies)
+            log.info("workflow %s: what it waited for completed; it runs now", workflow_id)
 
     def _riding_out(self, step: Any, *args: Any) -> Any:
         """``step(*args)``'s value; None, after one warning line and a wait (``_outage``),

@@ -29,6 +29,7 @@ from phasegate.core.contract import (
     is_legal_next_phase,
     next_phase,
 )
+from phasegate.store import dependencies
 from phasegate.store import tables as t
 from phasegate.store._base import INSERT_EVENT, Dialect, FenceLost, StoreBase, event_params, utc
 from phasegate.store.leases import Fence
@@ -220,6 +221,8 @@ def commit_phase_result(
     or its people: its next look); None, it is due at once, as after any change
     (a person's decision). Workers claim a runnable workflow only once due.
 
+    A change of status releases, in the same transaction, the workflows waiting for
+    this one once all they wait for completed (``dependencies.on_status``).
     A workflow's end (completed, failed or cancelled) releases its port range
     (``store.ports``) in the same transaction.
 
@@ -283,6 +286,8 @@ def commit_phase_result(
             conn.execute(INSERT_EVENT, events)
         if ctx.parent_workflow_id and status in ENDED_STATUSES:
             _wake_parent(store, conn, ctx.parent_workflow_id, ctx.id, status, now)
+        if status != ctx.status:  # who waits for it, or what it waits for (docs/epics.md)
+            dependencies.on_status(store, conn, ctx.id, ctx.status, status, now)
         if status in ENDED_STATUSES and status != ctx.status:
             # An ended workflow's worktree runs nothing more: its ports go back.
             reserved = t.port_reservations.c.workflow_id == ctx.id

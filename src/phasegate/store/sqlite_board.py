@@ -21,7 +21,14 @@ from urllib.parse import quote
 
 from phasegate.clock import Clock, SystemClock
 from phasegate.config.store_url import sqlite_file
-from phasegate.store.values import FINISHED_GROUPS, HEAD_REVISION, UsageTotals
+from phasegate.store.values import (
+    EDGES_ORDER,
+    EDGES_SQL,
+    FINISHED_GROUPS,
+    HEAD_REVISION,
+    UsageTotals,
+    edge_row,
+)
 
 #: The columns SQLAlchemy decodes (timestamps, JSON, booleans), by table; every
 #: other column is read as SQLite stores it. A test checks these against the tables.
@@ -188,6 +195,15 @@ class SqliteBoard:
             (),
         )
         return [dict(r) for r in rows]
+
+    def dependencies(self, workflow_id: str) -> list[dict[str, Any]]:
+        """What ``workflow_id`` waits for (``values.edge_row``), as the Store gives it."""
+        rows = self._rows(f"{EDGES_SQL} WHERE d.workflow_id = ?{EDGES_ORDER}", (workflow_id,))
+        return [edge_row(dict(r)) for r in rows]
+
+    def dependency_rows(self) -> list[dict[str, Any]]:
+        """Every edge (``values.edge_row``), as the Store gives them."""
+        return [edge_row(dict(r)) for r in self._rows(f"{EDGES_SQL}{EDGES_ORDER}", ())]
 
     def proposals(
         self, status: str | None = None, workflow_id: str | None = None

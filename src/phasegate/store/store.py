@@ -13,11 +13,12 @@ applied when the store is opened, on both.
 workflows, milestones and events (``workflows``), the commit path (``commit``), leases
 (``leases``), agent runs and sessions (``agent_runs``), the local forge's rows
 (``forge_rows``), the development graph's runs and proposals (``graph_runs``), the
-webhook deliveries seen and the workflows they wake (``webhooks``), the people of
-the dashboard (``users``), budgets and what agents spent (``budgets``), priorities,
-caps and agent slots (``queue``), reads of many workflows and events at once
-(``board``), what ``/metrics`` shows (``figures``), pruning finished workflows'
-events (``prune``), and the port ranges worktrees hold (``ports``).
+webhook deliveries seen and the workflows they wake (``webhooks``), who waits for
+whom (``dependencies``), the people of the dashboard (``users``), budgets and what
+agents spent (``budgets``), priorities, caps and agent slots (``queue``), reads of
+many workflows and events at once (``board``), what ``/metrics`` shows
+(``figures``), pruning finished workflows' events (``prune``), and the port ranges
+worktrees hold (``ports``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from phasegate.store._sqlite import DEFAULT_BUSY_TIMEOUT_S, SqliteDialect
 from phasegate.store.agent_runs import AgentRunRecord, AgentRunRows
 from phasegate.store.board import BoardRows
 from phasegate.store.budgets import BudgetRows
+from phasegate.store.dependencies import DependencyRows
 from phasegate.store.figures import FigureRows
 from phasegate.store.forge_rows import ForgeRows
 from phasegate.store.graph_runs import APPLY_ARM, VERDICTS, GraphRows
@@ -73,6 +75,7 @@ class StoreUrlUnsupported(PhasegateError):
 
 class Store(
     WorkflowRows,
+    DependencyRows,
     LeaseRows,
     AgentRunRows,
     ForgeRows,

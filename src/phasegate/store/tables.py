@@ -146,6 +146,8 @@ forge_issues = sa.Table(
     sa.Column("marker", sa.String(255)),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("closed_at", Timestamp),
+    # The issue this one is a sub-issue of (an epic's piece: migration 0014).
+    sa.Column("parent", sa.Integer),
     sa.UniqueConstraint("repo", "number", name="uq_forge_issues_number"),
 )
 
@@ -355,4 +357,28 @@ queue_caps = sa.Table(
     sa.Column("cap", sa.Integer, nullable=False),
     sa.Column("set_by", sa.String(255), nullable=False),
     sa.Column("set_at", Timestamp, nullable=False),
+)
+
+# -- dependencies between workflows (store/dependencies.py, docs/epics.md) ------------------
+
+workflow_dependencies = sa.Table(
+    "workflow_dependencies",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    # The workflow that waits.
+    sa.Column("workflow_id", sa.String(32), sa.ForeignKey("workflows.id"), nullable=False),
+    # The workflow it waits for; NULL while it names a forge issue that has none yet.
+    sa.Column("depends_on", sa.String(32)),
+    # ``after``: run only after it (--after, Depends on #N, an epic piece's order);
+    # ``piece``: an epic's parent waits for its piece.
+    sa.Column("kind", sa.String(16), nullable=False),
+    # A piece's place in its epic (1, 2, ...); 0 for any other dependency.
+    sa.Column("position", sa.Integer, nullable=False, server_default="0"),
+    # The forge issue (owner/name, number) a ``Depends on #N`` named.
+    sa.Column("issue_repository", sa.String(255)),
+    sa.Column("issue_number", sa.Integer),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Index("ix_workflow_dependencies_workflow", "workflow_id"),
+    sa.Index("ix_workflow_dependencies_on", "depends_on"),
+    sa.Index("ix_workflow_dependencies_issue", "issue_repository", "issue_number"),
 )

@@ -3,13 +3,15 @@ read a SQLite store by itself (``sqlite_board``) and what the Store returns."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 #: The newest migration's revision (``migrations/versions``): a store already there
 #: opens without importing Alembic, and ``status`` reads a SQLite store there without
 #: SQLAlchemy. A test checks it against Alembic's own head.
-HEAD_REVISION = "0013"
+HEAD_REVISION = "0014"
 
 #: What a person of the dashboard may do, each role all the one before it may
 #: (``users.role``): viewers see, approvers decide, admins also manage people.
@@ -41,3 +43,34 @@ class UsageTotals:
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+
+#: The edges of ``workflow_dependencies`` with the status of what each waits for, as
+#: SQL both the Store (``store.dependencies``) and ``sqlite_board`` read them by.
+EDGES_SQL = (
+    "SELECT d.workflow_id, d.depends_on, d.kind, d.position, d.issue_repository,"
+    " d.issue_number, w.status, w.title, w.issue_number AS target_issue"
+    " FROM workflow_dependencies d LEFT JOIN workflows w ON w.id = d.depends_on"
+)
+EDGES_ORDER = " ORDER BY d.workflow_id, d.kind, d.position, d.id"
+
+
+def edge_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One edge of ``workflow_dependencies`` as ``show`` and ``status --json`` give it:
+    the waiting ``workflow_id``, what it ``depends_on`` (None: the forge ``issue``
+    ``owner/name#N`` has no workflow yet), ``kind`` (after, piece), a piece's
+    ``position``, and the ``status``, ``title`` and ``issue_number`` of the workflow
+    it waits for."""
+    issue = None
+    if row["issue_number"] is not None:
+        issue = f"{row['issue_repository']}#{row['issue_number']}"
+    return {
+        "workflow_id": row["workflow_id"],
+        "depends_on": row["depends_on"],
+        "kind": row["kind"],
+        "position": row["position"],
+        "issue": issue,
+        "status": row["status"],
+        "title": row["title"],
+        "issue_number": row["target_issue"],
+    }

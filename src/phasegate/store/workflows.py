@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 
 from phasegate.core.contract import (
+    BLOCKED,
     PHASE_ORDER,
     PHASE_STATUS_MAP,
     PREPARATION,
@@ -23,6 +24,7 @@ from phasegate.core.contract import (
     WorkflowNotFound,
 )
 from phasegate.core.state import WorkflowState, state_of
+from phasegate.store import dependencies
 from phasegate.store import tables as t
 from phasegate.store._base import INSERT_EVENT, StoreBase
 from phasegate.store.commit import (
@@ -81,6 +83,8 @@ class WorkflowRows(StoreBase):
         branch_name: str | None = None,
         repository: str | None = None,
         priority: int = 0,
+        after: Sequence[str] = (),
+        after_issues: Sequence[tuple[str, int]] = (),
     ) -> str:
         """Insert a workflow in ``phase`` (default ``preparation``); returns its id
         (8 hex digits).
@@ -102,6 +106,13 @@ class WorkflowRows(StoreBase):
         None: the repository at ``repo_path`` (the local forge).
         A child is of its parent's repository. ``priority``: the order workers claim
         it in (``phasegate.core.priority``; larger first); a child's is its parent's.
+
+        ``after`` (workflow ids) and ``after_issues`` (forge issues ``(owner/name, N)``,
+        from ``Depends on #N``): the workflow waits for them, ``blocked`` until each
+        has completed (``store.dependencies``); in the same transaction, so no worker
+        sees it unblocked first. Raises WorkflowNotFound for an unknown id of
+        ``after``, DependencyCycle (nothing recorded) when its dependencies, or the
+        issue it is for, close a cycle.
         """
         if phase not in PHASE_ORDER:
             raise ContractViolation(f"a workflow cannot start in phase {phase!r}")
@@ -158,6 +169,20 @@ class WorkflowRows(StoreBase):
                 )
             )
             self.write_event(conn, workflow_id, EventWrite("phase_change", {"phase": phase}))
+            if issue is not None:
+                dependencies.resolve_issue(conn, workflow_id, *issue)
+            if after or after_issues:
+                waits = dependencies.link(conn, workflow_id, after, after_issues, now)
+                if waits:
+                    left = dependencies.edges_of(conn, workflow_id)
+                    conn.execute(
+                        t.workflows.update()
+                        .where(t.workflows.c.id == workflow_id)
+                        .values(
+                            status=BLOCKED,
+                            error=dependencies.waiting_text(BLOCKED, left, len(left)),
+                        )
+                    )
             self.dialect.notify(conn)  # a new workflow for a waiting worker
         return workflow_id
 

@@ -109,6 +109,16 @@ class WorkflowSummary(_Open):
     resumes_at: str | None = None
     parent_workflow_id: str | None = None
     children: list[dict[str, Any]] = Field(default_factory=list)
+    waits_for: list[dict[str, Any]] = Field(
+        default_factory=list, description="the workflows (or forge issues) it runs after"
+    )
+    pieces: list[dict[str, Any]] = Field(
+        default_factory=list, description="an epic's pieces, in order, with their statuses"
+    )
+    epic_parent: str | None = Field(None, description="the epic this workflow is a piece of")
+    branch_strategy: str | None = Field(
+        None, description="how an epic's pieces branch: ticket or epic (set in preparation)"
+    )
     worker: str | None = Field(None, description="host:pid:token of the worker holding it")
     lease_expires_at: str | None = None
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from phasegate.core.contract import ENDED_STATUSES, NEEDS_YOU_STATUSES
+from phasegate.core.contract import ENDED_STATUSES, NEEDS_YOU_STATUSES, WAITING_ON_OTHERS
 from phasegate.core.report import render_report
 from phasegate.store import Store
 from phasegate.store.values import FINISHED_GROUPS
@@ -72,7 +72,8 @@ def group_of(summary: Mapping[str, Any]) -> str:
     forge pause the worker resumes by itself: ``resumes_at``), running
     (a live worker holds its lease), done (completed, cancelled), failed,
     waiting (for a time: the forge pause, or for its conflict children to
-    end), else queued (runnable, not held: the next free worker takes it)."""
+    end, or for the workflows it depends on: blocked, pieces), else queued
+    (runnable, not held: the next free worker takes it)."""
     status = summary["status"]
     approved = summary.get("current_phase") == "wait" and summary.get("merge_approved_by")
     if status in NEEDS_YOU_STATUSES and not approved and not summary.get("resumes_at"):
@@ -84,6 +85,8 @@ def group_of(summary: Mapping[str, Any]) -> str:
     if summary.get("worker"):
         return "running"
     children = summary.get("children") or ()
+    if status in WAITING_ON_OTHERS:
+        return "waiting"
     if summary.get("resumes_at") or any(c.get("status") not in ENDED_STATUSES for c in children):
         return "waiting"
     return "queued"

@@ -144,6 +144,24 @@ class GitHubForge(GitHubChecks):
             pull_request=bool(found.get("pull_request")),
         )
 
+    def link_sub_issue(self, parent: int, child: int) -> None:
+        """File issue ``child`` under issue ``parent`` as its sub-issue (GitHub names the
+        child by its id, not its number)."""
+        child_id = int(self._get(lambda rest: rest.issues.get(self.owner, self.name, child))["id"])
+        self._api(
+            lambda rest: rest.issues.add_sub_issue(
+                self.owner, self.name, parent, sub_issue_id=child_id
+            )
+        )
+
+    def parent_issue(self, child: int) -> int | None:
+        """The issue ``child`` is a sub-issue of (GitHub answers 404 for none), else None."""
+        try:
+            found = self._get(lambda rest: rest.issues.get_parent(self.owner, self.name, child))
+        except ForgeNotFound:
+            return None
+        return int(found["number"])
+
     def close_issue(self, number: int) -> None:
         self._api(
             lambda rest: rest.issues.update(

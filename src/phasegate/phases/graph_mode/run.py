@@ -49,6 +49,7 @@ from phasegate.core.state import WorkflowState
 from phasegate.graph import drive, lifecycle_propose, plan_propose
 from phasegate.graph.proposals import Evidence
 from phasegate.phases.deps import PhaseDeps, failure_result, review_failure_result, worktree_of
+from phasegate.phases.graph_mode import epic
 from phasegate.phases.graph_mode.apply import PROPOSAL_TRAILER, apply_draft
 from phasegate.phases.graph_mode.harness import (
     ProposeInterrupted,
@@ -123,16 +124,21 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     keyed by the run. A graph that stops here (scope routed the ticket
     elsewhere, merged without a plan) is recorded with its proposals (scope's
     item_create) and pauses the workflow with the stop named; ``resume``
-    starts a new run. A role that failed every try (garbage included) fails
-    the workflow, a spend cap pauses it; neither is recorded, and ``resume``
-    continues the same run from its kept answers.
+    starts a new run. Scope's routed pieces are an epic's (``epic``): filed as
+    tickets once their item_create is approved or auto. A role that failed
+    every try (garbage included) fails the workflow, a spend cap pauses it;
+    neither is recorded, and ``resume`` continues the same run from its kept
+    answers.
     """
+    filing = epic.resumed(ctx, deps)  # an epic's pieces: filed, finished or turned down
+    if filing is not None:
+        return filing
     started: WorkflowState = {"sync_base": False} if ctx.state.get("sync_base") else {}
     ticket = _ticket(ctx) + (_sync_base(ctx, deps) if started else "")
     run = _new_run(ctx, deps, ticket)
     started.update(run)
     answers = _answers(ctx, deps, run, PLANNING, round=1)
-    planned = drive(plan_propose(cartridge=deps.cartridge, ticket=ticket), answers)
+    planned = drive(plan_propose(cartridge=epic.graph_rules(ctx, deps), ticket=ticket), answers)
     key = f"g{run['graph_runs']}"
     if planned["stopped"] is not None:
         stop = planned["stopped"]
@@ -161,11 +167,8 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 f"scope found {shaped['pieces']} pieces of work (a {shaped['shape']} ticket), "
                 f"which [graph.work_routing] sends to {shaped['route']!r}, not to this build"
             )
-            hint = (
-                f"; file the pieces as tickets of their own (proposal(s) {', '.join(proposed)} "
-                f'list them), or set [graph.work_routing] {shaped["shape"]} = "build" to '
-                "build it as one"
-            )
+            stopped = _plan_failed(run, key, why, stop)
+            return epic.routed(ctx, deps, str(run["graph_run"]), why, started, stopped)
         return PhaseResult(
             "pause",
             reason=f"{why}{hint}; then `phasegate resume {ctx.id}`",
@@ -466,7 +469,7 @@ def _run_graph(
         lifecycle_propose(
             run_id=run_id,
             date=str(run["graph_date"]),
-            cartridge=deps.cartridge,
+            cartridge=epic.graph_rules(ctx, deps),
             ticket=str(run["graph_ticket"]),
         ),
         answers,
