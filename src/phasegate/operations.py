@@ -15,7 +15,9 @@ timeline reads it). An action a person commanded in a forge comment
 (``via``), in the same commit, so the comment is acted on once.
 
 The queue's actions (a workflow's priority, the shared store's caps on agent
-calls) live beside it in ``phasegate.queueing``, re-exported here.
+calls) and the cleanup's (merged workflows' cleanup retried, the worktree
+retention, ``cleanup --all``) live beside it in ``phasegate.actions``,
+re-exported here.
 
 Errors (each a PhasegateError whose message is what the CLI prints):
 
@@ -37,6 +39,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from phasegate.actions.cleanup import cleanup, expire_worktrees, retire_worktrees
+from phasegate.actions.queue import clear_queue_cap, queue_view, set_priority, set_queue_cap
 from phasegate.agents.env import cartridge_secrets
 from phasegate.config.cartridge import CARTRIDGE_FILE
 from phasegate.core import decisions, review
@@ -58,6 +62,7 @@ from phasegate.core.contract import (
     PhaseResult,
     WorkflowContext,
 )
+from phasegate.core.decisions import DECISION_EVENT, decision_event
 from phasegate.core.inputs import (
     MAX_TICKET_BYTES,
     MAX_TITLE_CHARS,
@@ -76,11 +81,8 @@ from phasegate.phases import acceptance_verification
 from phasegate.phases import cleanup as cleanup_phase
 from phasegate.phases.cleanup import KIND as CLEANUP
 from phasegate.phases.graph_mode.run import CHECKS_GATE
-from phasegate.queueing import clear_queue_cap, queue_view, set_priority, set_queue_cap
-from phasegate.runtime import retention
 from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.runtime.retention import Retirable
-from phasegate.runtime.retention import candidates as retirable
 from phasegate.store import APPLY_ARM, Store
 
 __all__ = [
@@ -120,9 +122,6 @@ __all__ = [
     "title_of",
     "verify_override",
 ]
-
-#: The event every action adds to the workflow's stream: ``{"action", "by", ...}``.
-DECISION_EVENT = "decision"
 
 
 def login_name() -> str:
@@ -223,7 +222,7 @@ def start(
         priority=priority,
         after=after,
     )
-    engine.store.add_event(workflow_id, _event("start", by))
+    engine.store.add_event(workflow_id, decision_event("start", by))
     return engine.store.workflow_row(workflow_id)
 
 
@@ -235,10 +234,6 @@ def start(
 #: waiting, or a look that found something new). A workflow that a worker is
 #: advancing is refused at once.
 DECISION_WAIT_S = 5.0
-
-
-def _event(action: str, by: str, **data: Any) -> EventWrite:
-    return EventWrite(DECISION_EVENT, {"action": action, "by": by, **data})
 
 
 def _decide(
@@ -260,7 +255,9 @@ def _decide(
         if ctx.status == CANCELLED:
             raise ContractViolation(f"workflow {ctx.id} is cancelled; nothing moves it on")
         result = decision(ctx)
-        return dataclasses.replace(result, events=(*result.events, _event(action, by, **data)))
+        return dataclasses.replace(
+            result, events=(*result.events, decision_event(action, by, **data))
+        )
 
     deadline = time.monotonic() + DECISION_WAIT_S
     feed = None
@@ -562,52 +559,3 @@ def _gate(
         action = "approve" if verdict == "approved" else "reject"
         _decide(engine, workflow_id, action, who, decisions.resume, proposal=row["id"])
     return GateOutcome(row, before, workflow_id, clean, policy)
-
-
-# -- cleanup ------------------------------------------------------------------------
-
-
-def cleanup(engine: Engine, workflow_id: str | None = None, *, by: str) -> list[dict[str, Any]]:
-    """Retry removing merged workflows' worktrees and branches, and closing
-    cancelled workflows' pull requests (phases/cleanup.py): ``workflow_id``'s,
-    else every workflow whose cleanup failed.
-
-    One outcome per workflow: ``{"id", "cleanup", "retried", "reason"}``, cleanup
-    ``completed``, ``failed`` (reason: git's or the forge's), ``none`` (not merged yet) or
-    ``busy`` (another process holds it; reason: LeaseHeld's). A retry is a
-    ``decision`` event of action ``cleanup``. Raises WorkflowNotFound.
-    """
-    check_by(by)
-    store = engine.store
-    ids = [workflow_id] if workflow_id else cleanup_phase.waiting(store)
-    outcomes = []
-    for wf in ids:
-        try:
-            settled = engine.retry_cleanup(wf)
-        except LeaseHeld as exc:
-            outcomes.append({"id": wf, "cleanup": "busy", "retried": False, "reason": str(exc)})
-            continue
-        if settled is not None:
-            store.add_event(wf, _event("cleanup", by, status=settled.status))
-        found = settled or cleanup_phase.latest(store.load_context(wf))
-        status = found.status if found else "none"
-        reason = found.summary if found and status == "failed" else None
-        outcomes.append(
-            {"id": wf, "cleanup": status, "retried": settled is not None, "reason": reason}
-        )
-    return outcomes
-
-
-def expire_worktrees(engine: Engine) -> list[dict[str, Any]]:
-    """Retention now (runtime/retention.py: ``expire``): failed and cancelled workflows'
-    worktrees and local branches past ``landing_areas.keep_*_days`` removed."""
-    return retention.expire(engine, engine.store.clock.now(), busy=LeaseHeld)
-
-
-def retire_worktrees(engine: Engine, ids: Collection[str], *, by: str) -> list[dict[str, Any]]:
-    """``cleanup --all`` (runtime/retention.py: ``retire``): the worktree and local branch
-    of each failed or cancelled workflow of ``ids`` (``retirable``) removed now; the
-    forge keeps what was pushed. Raises ActionRefused (``by``), StoreUnavailable."""
-    check_by(by)
-    found = [r for r in retirable(engine) if r.id in ids]
-    return retention.retire(engine, found, why=f"cleanup --all by {by}", busy=LeaseHeld)

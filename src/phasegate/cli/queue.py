@@ -1,7 +1,7 @@
 """The queue's commands: ``phasegate priority`` and ``phasegate queue show|cap|uncap``.
 
 Each parses its input, calls ``phasegate.operations`` (the queue's actions
-live in ``phasegate.queueing``) and renders what it returns; docs/queues.md
+live in ``phasegate.actions.queue``) and renders what it returns; docs/queues.md
 says how priorities and caps work.
 """
 
@@ -89,7 +89,7 @@ def show(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     slots now and those waiting for one (in the order they get it), and the caps
     (the cartridge's [queue] and the store's own)."""
     from phasegate import operations
-    from phasegate.queueing import in_use
+    from phasegate.actions.queue import in_use
 
     with reported_errors():
         _root, cartridge, store = open_repo(repo)

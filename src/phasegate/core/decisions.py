@@ -9,7 +9,7 @@ workflow's state. The acceptance override lives with its phase
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from phasegate.core.contract import (
     PHASE_STATUS_MAP,
@@ -17,6 +17,7 @@ from phasegate.core.contract import (
     PLANNING,
     WAIT,
     ContractViolation,
+    EventWrite,
     PhaseResult,
     WorkflowContext,
 )
@@ -26,7 +27,25 @@ from phasegate.core.state import WorkflowState
 if TYPE_CHECKING:
     from datetime import datetime
 
-__all__ = ["approve_merge", "approved_by", "feedback", "resume", "revert", "revert_refusal"]
+__all__ = [
+    "DECISION_EVENT",
+    "approve_merge",
+    "approved_by",
+    "decision_event",
+    "feedback",
+    "resume",
+    "revert",
+    "revert_refusal",
+]
+
+#: The event every person's action adds to the workflow's stream: ``{"action", "by", ...}``.
+DECISION_EVENT = "decision"
+
+
+def decision_event(action: str, by: str, **data: Any) -> EventWrite:
+    """The ``decision`` event of ``action`` taken by ``by``, with ``data`` beside."""
+    return EventWrite(DECISION_EVENT, {"action": action, "by": by, **data})
+
 
 #: What ``--to-phase`` accepts: our planning, or strategize, other tools' name for it.
 REVERSION_TARGETS = (PLANNING, "strategize")
