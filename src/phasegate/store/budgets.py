@@ -162,6 +162,13 @@ class BudgetRows(StoreBase):
             found = conn.execute(query).scalar()
         return None if found is None else str(found)
 
+    def holds_repository(self, name: str) -> bool:
+        """Whether the store holds a workflow of ``name``: a repository as budgets name
+        it (``repository_key``), or the path of the clone a workflow started in."""
+        query = sa.select(_w.id).where(sa.or_(repository_key == name, _w.repo_path == name))
+        with self.reading() as conn:
+            return conn.execute(query.limit(1)).first() is not None
+
     def spend(
         self, day_start: datetime, month_start: datetime, repository: str | None = None
     ) -> Spend:
