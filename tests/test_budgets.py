@@ -102,7 +102,7 @@ def test_a_store_wide_budget_pauses_every_repository_and_names_the_all_flag(
     assert [(b["scope"], b["kind"]) for b in still["blocked_by"]] == [(STORE_SCOPE, "monthly")]
     assert raised["next"] == still["next"] == "phasegate budget set --monthly USD --all"
     said = budget_set("--daily", "3", json_out=False)["out"]
-    assert "the monthly budget of the whole store ($0.0100 of $0.0050) still spent" in said
+    assert "the monthly budget of the whole store ($0.0100 of $0.0050) is still spent" in said
     assert "carries it on" not in said
     widened = budget_set("--monthly", "1", "--all")
     assert (widened["scope"], [p["id"] for p in widened["paused"]]) == ("*", [row["id"]])
@@ -131,6 +131,11 @@ def test_a_store_wide_budget_pauses_every_repository_and_names_the_all_flag(
         assert f"this is the store of {repo} (.phasegate/state.db)" in message
         assert remedy in message and "shared store" in message and "docs/budgets.md" in message
     assert store.budgets() == before
+    # A clone whose cartridge names this very store shares it: its budget is read there.
+    shared = f"sqlite:///{repo / '.phasegate' / 'state.db'}"
+    cartridge = (repo / "phasegate.toml").read_text()
+    (other / "phasegate.toml").write_text(f'{cartridge}\n[store]\nurl = "{shared}"\n')
+    assert budget_set("--daily", "2", "--repository", str(other))["scope"] == str(other)
     both = budget_set("--daily", "2", "--all", "--repository", "octo/widgets")
     assert both["code"] == 2 and "not both" in both["error"]["message"]
     assert budget_set("--daily", "0")["error"]["kind"] == "BudgetRefused"
@@ -158,6 +163,7 @@ def test_a_store_wide_budget_pauses_every_repository_and_names_the_all_flag(
         assert [(b["scope"], b["kind"], b["reached"]) for b in answer["budgets"]] == [
             (STORE_SCOPE, "monthly", False),
             (str(repo), "daily", False),
+            (str(tmp_path / "other"), "daily", False),
             ("octo/widgets", "daily", False),
         ]
         refused = client.get("/api/costs", params={"by": "provider"})

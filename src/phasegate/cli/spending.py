@@ -97,8 +97,9 @@ def set_budget(
         typer.Option(
             "--repository",
             metavar="PATH",
-            help="The repository budgeted: a clone's path, or a team forge's owner/name "
-            "(default: the one --repo is in).",
+            help="The repository budgeted (default: the one --repo is in): this clone, a "
+            "clone sharing this store, or a team forge's owner/name or a path whose "
+            "workflows this store holds; any other is refused (docs/budgets.md).",
         ),
     ] = None,
     everyone: Annotated[
@@ -115,7 +116,8 @@ def set_budget(
     A budget set here wins over the cartridge's [limits] daily_budget_usd and
     monthly_budget_usd, and takes effect at the next agent call of every
     worker. Workflows already paused on a budget stay paused: the command lists
-    them, and `phasegate resume ID` carries each on.
+    them, each with `phasegate resume ID`, or with the budget still spent that
+    keeps it paused and the command that raises that one.
     """
     from phasegate.agents.budgets import budget_report, repository_here, still_spent
 
@@ -181,8 +183,9 @@ def set_budget(
             f"{_what(b)} (${b['spent_usd']:.4f} of ${b['limit_usd']:.4f})"
             for b in row["blocked_by"]
         )
+        verb = "is" if len(row["blocked_by"]) == 1 else "are"
         console.print(
-            f"{first}{still} still spent: `{shown(row['next'])}` first, "
+            f"{first}{still} {verb} still spent: `{shown(row['next'])}` first, "
             f"then `phasegate resume {row['id']}`",
             highlight=False,
         )
