@@ -13,7 +13,8 @@ Errors::
 
     PhasegateError
      └── BudgetRefused   an amount that is no positive number of USD, an empty or
-                         overlong scope, a grouping ``costs`` does not know
+                         overlong scope, a repository this store holds no workflow
+                         of, a grouping or a ``since`` ``costs`` does not know
 """
 
 from __future__ import annotations
