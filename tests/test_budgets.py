@@ -20,7 +20,7 @@ from phasegate.testing import FixedClock
 from phasegate.web import Access, create_app
 from phasegate.web.auth import Person, Role
 
-from conftest import phasegate_in_process
+from conftest import git, phasegate_in_process
 
 #: Every call costs a cent: plan and plan_review spend 0.02 before development.
 PRICED = (
@@ -42,11 +42,15 @@ def test_a_daily_budget_spent_mid_workflow_pauses_it_and_raising_it_lets_it_fini
     assert (row["current_phase"], row["status"]) == ("development", "paused")
     assert [r["role"] for r in store.agent_runs(wf)] == ["plan", "plan_review"]
     reason = row["error"]
-    assert reason.startswith("budget:")
-    assert f"the daily budget of repository {repo} is spent: $0.0200 of $0.0150" in reason
-    assert "[limits] daily_budget_usd in phasegate.toml" in reason
-    assert f"`phasegate budget set --daily USD --repository {repo}`" in reason
-    assert f"`phasegate resume {wf}`" in reason
+    # Said once, readable, the commands within what a notification keeps (300 characters).
+    assert reason.startswith(
+        f"budget: the daily budget of repository {repo} is spent ($0.0200 of $0.0150, "
+        f"UTC day {store.clock.now():%Y-%m-%d}) before the build agent ran; raise it: "
+        f"phasegate budget set --daily USD, then phasegate resume {wf} "
+    )
+    assert reason.count("budget:") == 1 and "before the call" not in reason
+    assert reason.endswith("(the budget is set by [limits] daily_budget_usd in phasegate.toml)")
+    assert f"phasegate resume {wf}" in reason[:300]
 
     shown = phasegate_in_process("budget", "--json", "-C", str(repo))
     assert shown.returncode == 0, shown.stderr
@@ -79,22 +83,68 @@ def test_a_store_wide_budget_pauses_every_repository_and_names_the_all_flag(
     store.set_budget(STORE_SCOPE, {"monthly": 0.005}, by="ops")
     row = engine.advance(engine.start("t", "ticket"))
     assert (row["current_phase"], row["status"]) == ("planning", "paused")
-    assert "the monthly budget of the whole store is spent: $0.0100 of $0.0050" in row["error"]
-    assert "`phasegate budget set --monthly USD --all`" in row["error"]
+    assert "the monthly budget of the whole store is spent ($0.0100 of $0.0050" in row["error"]
+    assert "raise it: phasegate budget set --monthly USD --all, then" in row["error"]
     assert store.budget_pauses() == [
         {"id": row["id"], "title": "t", "repository": str(repo), "error": row["error"]}
     ]
 
-    def budget_set(*args: str) -> dict:
-        done = phasegate_in_process("budget", "set", *args, "--json", "-C", str(repo))
-        return {"code": done.returncode, **json.loads(done.stdout)}
+    def budget_set(*args: str, json_out: bool = True) -> dict:
+        flags = ("--json",) if json_out else ()
+        done = phasegate_in_process("budget", "set", *args, *flags, "-C", str(repo))
+        said = json.loads(done.stdout) if json_out else {"out": done.stdout}
+        return {"code": done.returncode, **said}
 
+    # Raising this repository's budget leaves the store's monthly one spent: resuming
+    # would only pause the workflow again, so the listing names what still blocks.
+    raised = budget_set("--daily", "2", "--repository", str(repo))
+    (still,) = raised["paused"]
+    assert [(b["scope"], b["kind"]) for b in still["blocked_by"]] == [(STORE_SCOPE, "monthly")]
+    assert raised["next"] == still["next"] == "phasegate budget set --monthly USD --all"
+    said = budget_set("--daily", "3", json_out=False)["out"]
+    assert "the monthly budget of the whole store ($0.0100 of $0.0050) is still spent" in said
+    assert "carries it on" not in said
     widened = budget_set("--monthly", "1", "--all")
     assert (widened["scope"], [p["id"] for p in widened["paused"]]) == ("*", [row["id"]])
+    assert widened["paused"][0]["blocked_by"] == []
+    assert widened["next"] == f"phasegate resume {row['id']}"
+    # No budget left for the scope: a sentence, not an empty table.
+    cleared = budget_set("--daily", "none", "--monthly", "none", json_out=False)["out"]
+    assert f"{repo} has no daily or monthly budget now" in cleared and "┃" not in cleared
+
+    # A forge repository is budgeted here once this store holds its workflows.
+    unknown = budget_set("--daily", "2", "--repository", "Octo/Widgets")
+    assert unknown["code"] == 2 and unknown["error"]["kind"] == "BudgetRefused"
+    _workflow(store, "/clones/widgets", repository="octo/widgets")
     assert budget_set("--daily", "2", "--repository", "Octo/Widgets")["scope"] == "octo/widgets"
+    # Another clone keeps its own store: a budget set in this one it would never read.
+    other = tmp_path / "other"
+    git(other.parent, "init", "-q", str(other))
+    before = store.budgets()
+    for elsewhere, remedy in (
+        (str(other), f"-C {other}`"),
+        (str(tmp_path / "nonexistent"), "`phasegate budget set` in that clone"),
+    ):
+        refused = budget_set("--daily", "2", "--repository", elsewhere)
+        assert refused["code"] == 2 and refused["error"]["kind"] == "BudgetRefused"
+        message = refused["error"]["message"]
+        assert f"this is the store of {repo} (.phasegate/state.db)" in message
+        assert remedy in message and "shared store" in message and "docs/budgets.md" in message
+    assert store.budgets() == before
+    # A clone whose cartridge names this very store shares it: its budget is read there.
+    shared = f"sqlite:///{repo / '.phasegate' / 'state.db'}"
+    cartridge = (repo / "phasegate.toml").read_text()
+    (other / "phasegate.toml").write_text(f'{cartridge}\n[store]\nurl = "{shared}"\n')
+    assert budget_set("--daily", "2", "--repository", str(other))["scope"] == str(other)
     both = budget_set("--daily", "2", "--all", "--repository", "octo/widgets")
     assert both["code"] == 2 and "not both" in both["error"]["message"]
     assert budget_set("--daily", "0")["error"]["kind"] == "BudgetRefused"
+
+    # Piped, the table is as wide as its cells: the path and the period whole, on one line.
+    assert budget_set("--daily", "2")["code"] == 0
+    table = phasegate_in_process("budget", "-C", str(repo)).stdout
+    (line,) = [x for x in table.splitlines() if str(repo) in x]
+    assert len(line) > 80 and f"{store.clock.now():%Y-%m-%d}" in line and "the store" in line
 
     # A viewer sees the costs page and its JSON, as `phasegate costs --json` gives them.
     with TestClient(
@@ -112,10 +162,15 @@ def test_a_store_wide_budget_pauses_every_repository_and_names_the_all_flag(
         assert answer["repository"] == str(repo)
         assert [(b["scope"], b["kind"], b["reached"]) for b in answer["budgets"]] == [
             (STORE_SCOPE, "monthly", False),
+            (str(repo), "daily", False),
+            (str(tmp_path / "other"), "daily", False),
             ("octo/widgets", "daily", False),
         ]
         refused = client.get("/api/costs", params={"by": "provider"})
         assert refused.status_code == 400 and refused.json()["error"]["kind"] == "BudgetRefused"
+        bad_since = client.get("/api/costs", params={"since": "yesterday"}).json()["error"]
+        assert bad_since["message"].startswith("since takes a date")
+        assert "--since" not in bad_since["message"]
         assert client.get("/costs?since=yesterday").status_code == 400
 
 
@@ -195,6 +250,11 @@ def test_costs_group_and_budgets_sum_by_utc_day_and_month(store_url: str) -> Non
             "calls": 1,
         }
         december = since_of("month", clock.now())
+        # 7d is whole UTC days: today (December 1) and the 6 before, from 00:00 UTC.
+        assert since_of("7d", clock.now()) == datetime(2026, 11, 25, tzinfo=UTC)
+        assert since_of("1d", clock.now()) == since_of("today", clock.now())
+        with pytest.raises(BudgetRefused, match="^since takes"):
+            since_of("0d", clock.now())
         assert [r["key"] for r in store.costs("day", december)] == ["2026-12-01"]
         with pytest.raises(BudgetRefused, match="grouped by"):
             store.costs("provider")

@@ -38,6 +38,7 @@ __all__ = [
     "period_starts",
     "repository_here",
     "since_of",
+    "still_spent",
     "stop_reason",
 ]
 
@@ -77,19 +78,33 @@ class Budget:
         target = "--all" if self.scope == STORE_SCOPE else f"--repository {shlex.quote(self.scope)}"
         return f"phasegate budget set --{self.kind} USD {target}"
 
-    def reason(self, workflow_id: str) -> str:
-        """Why a call of ``workflow_id`` is refused: which budget, spent of limit,
-        and the commands that raise it and resume the workflow."""
+    @property
+    def spent_line(self) -> str:
+        """``the daily budget of repository X is spent ($0.0400 of $0.0350, UTC day
+        2026-12-06)``."""
+        period = f"UTC {'day' if self.kind == 'daily' else 'month'} {self.period}"
+        return f"{self.what} is spent (${self.spent_usd:.4f} of ${self.limit_usd:.4f}, {period})"
+
+    def reason(self, workflow_id: str, moment: str) -> str:
+        """The pause reason of ``workflow_id`` when this budget refused its call at
+        ``moment`` (``before the plan agent ran``): ``budget: ``, which budget,
+        spent of limit, then the commands that raise it and resume the workflow.
+        The commands come early, for notifications cut a reason at 300
+        characters; where the budget is set comes last."""
         where = (
             "set with phasegate budget set"
             if self.source == "store"
-            else f"[limits] {BUDGET_KINDS[self.kind].replace('_usd', '_budget_usd')} "
+            else f"set by [limits] {BUDGET_KINDS[self.kind].replace('_usd', '_budget_usd')} "
             f"in {CARTRIDGE_FILE}"
         )
+        # Both commands are typed in the workflow's clone, whose own repository
+        # ``budget set`` budgets: a clone's path, often long, is said only once.
+        raise_it = self.raise_command
+        if self.scope.startswith("/"):
+            raise_it = raise_it.removesuffix(f" --repository {shlex.quote(self.scope)}")
         return (
-            f"{self.what} is spent: ${self.spent_usd:.4f} of ${self.limit_usd:.4f} "
-            f"(UTC {'day' if self.kind == 'daily' else 'month'} {self.period}, {where}); "
-            f"raise it with `{self.raise_command}`, then `phasegate resume {workflow_id}`"
+            f"budget: {self.spent_line} {moment}; raise it: {raise_it}, "
+            f"then phasegate resume {workflow_id} (the budget is {where})"
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -160,21 +175,23 @@ def calendar_budget(store: Store, cartridge: Cartridge, workflow_id: str) -> Bud
     return min(found, key=lambda b: b.left_usd) if found else None
 
 
-def stop_reason(
-    store: Store,
-    cartridge: Cartridge,
-    workflow_id: str,
-    *,
-    otherwise: str = "the spend cap is reached",
-) -> str:
-    """Why ``workflow_id``'s call is refused when nothing is left to spend: the spent
-    daily or monthly budget's ``Budget.reason``, else ``otherwise`` (a role's or
-    the workflow's spend cap: the cartridge's ``budget_usd``,
-    ``limits.workflow_budget_usd``)."""
+def stop_reason(store: Store, cartridge: Cartridge, workflow_id: str, moment: str) -> str | None:
+    """The pause reason (``Budget.reason``) when a daily or monthly budget is what
+    refused ``workflow_id``'s call at ``moment``, else None: the call was stopped
+    by a role's or the workflow's spend cap (the cartridge's ``budget_usd``,
+    ``limits.workflow_budget_usd``). Raises StoreUnavailable."""
     spent = calendar_budget(store, cartridge, workflow_id)
     if spent is not None and spent.reached:
-        return spent.reason(workflow_id)
-    return otherwise
+        return spent.reason(workflow_id, moment)
+    return None
+
+
+def still_spent(store: Store, cartridge: Cartridge | None, repository: str) -> list[Budget]:
+    """The budgets a call in ``repository`` is held to that are spent now (its own,
+    with ``cartridge``'s counted when it is the cartridge's repository, and the
+    whole store's): what still keeps its paused workflows from going on. Raises
+    StoreUnavailable."""
+    return [b for b in budgets_of(store, cartridge, repository) if b.reached]
 
 
 def budget_report(store: Store, cartridge: Cartridge | None, here: str | None) -> list[Budget]:
@@ -208,7 +225,8 @@ _DAYS = re.compile(r"^(\d{1,5})d$")
 
 def since_of(text: str | None, now: datetime) -> datetime | None:
     """The start (UTC, aware) ``text`` names: ``YYYY-MM-DD`` (that UTC day's
-    midnight), ``Nd`` (N days before ``now``), ``today`` or ``month`` (the UTC
+    midnight), ``Nd`` (N whole UTC days: the start of the UTC day N-1 days
+    before ``now``'s, so ``1d`` is ``today``), ``today`` or ``month`` (the UTC
     day's or month's start); None for None or empty. Raises BudgetRefused."""
     if not text:
         return None
@@ -217,14 +235,14 @@ def since_of(text: str | None, now: datetime) -> datetime | None:
     if text in ("today", "month"):
         return day if text == "today" else month
     days = _DAYS.match(text)
-    if days:
-        return now.astimezone(UTC) - timedelta(days=int(days.group(1)))
+    if days and int(days.group(1)) > 0:
+        return day - timedelta(days=int(days.group(1)) - 1)
     try:
         return datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC)
     except ValueError:
         raise BudgetRefused(
-            f"--since takes a date (2026-12-01), a number of days (7d), today or month; "
-            f"not {text!r}"
+            "since takes a date (2026-12-01, from 00:00 UTC), a number of whole UTC days "
+            f"(7d: today and the 6 days before), today or month; not {text!r}"
         ) from None
 
 

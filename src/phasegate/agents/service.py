@@ -71,15 +71,22 @@ class AnswerError(PhasegateError):
 
 
 class AgentFailed(PhasegateError):
-    """A role failed every try it was allowed. ``kind`` is the last error kind."""
+    """A role failed every try it was allowed. ``kind`` is the last error kind;
+    ``reason`` is the whole pause reason when the failure composed its own (a
+    spent daily or monthly budget: ``Budget.reason``), else None."""
 
-    def __init__(self, role: str, tries: int, kind: str, detail: str) -> None:
-        if tries == 0:
+    def __init__(
+        self, role: str, tries: int, kind: str, detail: str, *, reason: str | None = None
+    ) -> None:
+        if reason is not None:
+            super().__init__(reason)
+        elif tries == 0:
             super().__init__(f"{role} agent not run: {kind}: {detail}")
         else:
             super().__init__(f"{role} agent failed {tries} time(s); last: {kind}: {detail}")
         self.role = role
         self.kind = kind
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -217,6 +224,7 @@ class AgentService:
         tries = 1 + (self.cartridge.limits.agent_retries if retries is None else retries)
         kind, detail = "runner_error", "not run"
         made = 0  # calls that ran: what the failure message counts
+        reason: str | None = None  # a spent daily or monthly budget's pause reason
         garbage = 0  # answers parse refused
         for _ in range(tries):
             if self.cancel.is_set():
@@ -224,10 +232,13 @@ class AgentService:
             self._check_fence(ctx.id)
             budget = self.budget_left(ctx.id, role)
             if budget is not None and budget <= 0:
-                why = stop_reason(self.store, self.cartridge, ctx.id)
+                moment = f"before the {role} agent ran" + (" again" if made else "")
+                spent = stop_reason(self.store, self.cartridge, ctx.id, moment)
                 if made == 0:
-                    raise AgentFailed(role, 0, "budget", f"{why} before the call")
-                kind, detail = "budget", f"{why} after: {detail or 'a call'}"
+                    why = spent or "the spend cap is reached before the call"
+                    raise AgentFailed(role, 0, "budget", why, reason=spent)
+                kind, detail = "budget", f"the spend cap is reached after: {detail or 'a call'}"
+                reason = spent
                 break
             state_dir = self.repo / ".phasegate" / "agents" / ctx.id
             output = OutputLog(
@@ -335,13 +346,13 @@ class AgentService:
             if outcome == "ok":
                 return Answer(result, parsed)
             if kind == "budget":  # the runner's own stop: another try would only spend more
-                spent = stop_reason(self.store, self.cartridge, ctx.id, otherwise="")
-                detail = "; ".join(filter(None, (detail, spent)))
+                moment = f"while the {role} agent ran"
+                reason = stop_reason(self.store, self.cartridge, ctx.id, moment)
                 break
             garbage += outcome == "garbage"
             if garbage_limit is not None and garbage >= garbage_limit:
                 break  # the phase pauses on it: another unreadable answer would only cost
-        raise AgentFailed(role, made, kind, detail)
+        raise AgentFailed(role, made, kind, detail, reason=reason)
 
     def _emit_live(self, workflow_id: str, event: EventWrite) -> None:
         """An event written while an agent runs (its output), as the journal writes

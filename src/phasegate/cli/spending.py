@@ -7,8 +7,9 @@ module parses the command line and prints. docs/budgets.md tells the story.
 """
 
 import json
+import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,11 +21,16 @@ from phasegate.cli._app import (
     console,
     err,
     open_repo,
+    repo_root,
     reported_errors,
     shown,
     who,
 )
-from phasegate.store.budgets import COST_GROUPS, STORE_SCOPE
+from phasegate.config.cartridge import CARTRIDGE_FILE, Cartridge
+from phasegate.store.budgets import COST_GROUPS, STORE_SCOPE, BudgetRefused
+
+if TYPE_CHECKING:
+    from phasegate.store import Store
 
 budget = typer.Typer(
     help="Daily and monthly budgets, per repository and for the whole store: what "
@@ -91,8 +97,9 @@ def set_budget(
         typer.Option(
             "--repository",
             metavar="PATH",
-            help="The repository budgeted: a clone's path, or a team forge's owner/name "
-            "(default: the one --repo is in).",
+            help="The repository budgeted (default: the one --repo is in): this clone, a "
+            "clone sharing this store, or a team forge's owner/name or a path whose "
+            "workflows this store holds; any other is refused (docs/budgets.md).",
         ),
     ] = None,
     everyone: Annotated[
@@ -109,9 +116,10 @@ def set_budget(
     A budget set here wins over the cartridge's [limits] daily_budget_usd and
     monthly_budget_usd, and takes effect at the next agent call of every
     worker. Workflows already paused on a budget stay paused: the command lists
-    them, and `phasegate resume ID` carries each on.
+    them, each with `phasegate resume ID`, or with the budget still spent that
+    keeps it paused and the command that raises that one.
     """
-    from phasegate.agents.budgets import budget_report, repository_here
+    from phasegate.agents.budgets import budget_report, repository_here, still_spent
 
     with reported_errors():
         if repository is not None and everyone:
@@ -124,11 +132,22 @@ def set_budget(
         if not amounts:
             raise UsageError("say what to set: --daily USD, --monthly USD, or both")
         root, cartridge, store = open_repo(repo)
-        here = repository_here(store, cartridge, root)
-        scope = STORE_SCOPE if everyone else _scope(repository, here)
+        scope = STORE_SCOPE if everyone else _scope(repository, root, cartridge, store)
         store.set_budget(scope, amounts, by=who(by))
-        report = [b for b in budget_report(store, cartridge, scope) if b.scope == scope]
+        here = repository_here(store, cartridge, root)
+        report = [
+            b
+            for b in budget_report(store, cartridge if scope == here else None, scope)
+            if b.scope == scope
+        ]
         paused = store.budget_pauses(None if scope == STORE_SCOPE else scope)
+        for row in paused:
+            # Another budget may still be spent: resuming would only pause it again.
+            blocking = still_spent(
+                store, cartridge if row["repository"] == here else None, row["repository"]
+            )
+            row["blocked_by"] = [b.as_dict() for b in blocking]
+            row["next"] = blocking[0].raise_command if blocking else f"phasegate resume {row['id']}"
     if as_json:
         print(
             json.dumps(
@@ -136,21 +155,38 @@ def set_budget(
                     "scope": scope,
                     "budgets": [b.as_dict() for b in report],
                     "paused": paused,
-                    "next": f"phasegate resume {paused[0]['id']}" if paused else None,
+                    "next": paused[0]["next"] if paused else None,
                 }
             )
         )
         return
-    _print_budgets(report)
+    whose = "the whole store" if scope == STORE_SCOPE else shown(scope)
+    if report:
+        _print_budgets(report)
+    else:
+        console.print(
+            f"{whose} has no daily or monthly budget now: its agents spend up to the other "
+            "caps only; `phasegate budget` shows every budget",
+            highlight=False,
+        )
     if not paused:
         console.print(
             "no workflow is paused on a budget; `phasegate budget` shows every budget",
             highlight=False,
         )
     for row in paused:
+        first = f"paused on a budget: {row['id']} {shown(row['title'])}; "
+        if not row["blocked_by"]:
+            console.print(f"{first}`{row['next']}` carries it on", highlight=False)
+            continue
+        still = " and ".join(
+            f"{_what(b)} (${b['spent_usd']:.4f} of ${b['limit_usd']:.4f})"
+            for b in row["blocked_by"]
+        )
+        verb = "is" if len(row["blocked_by"]) == 1 else "are"
         console.print(
-            f"paused on a budget: {row['id']} {shown(row['title'])}; "
-            f"`phasegate resume {row['id']}` carries it on",
+            f"{first}{still} {verb} still spent: `{shown(row['next'])}` first, "
+            f"then `phasegate resume {row['id']}`",
             highlight=False,
         )
 
@@ -166,7 +202,8 @@ def costs(
         typer.Option(
             "--since",
             metavar="DATE",
-            help="Only calls since then: 2026-12-01 (UTC), 7d, today or month (default: all).",
+            help="Only calls since then: 2026-12-01 (from 00:00 UTC), 7d (whole UTC days: "
+            "today and the 6 before), today or month (default: all).",
         ),
     ] = None,
     repo: RepoOption = Path("."),
@@ -185,12 +222,10 @@ def costs(
     if not report["rows"]:
         console.print("no agent calls yet in that time; `phasegate run` starts a workflow")
         return
-    from rich.table import Table
-
-    table = Table(by, "USD", "input tokens", "output tokens", "calls")
+    table = _table(by, "USD", "input tokens", "output tokens", "calls")
     for row in [*report["rows"], {"key": "total", **report["total"]}]:
         table.add_row(*_cost_cells(row))
-    console.print(table)
+    _print_table(table)
     console.print(
         "`phasegate budget` shows the budgets; `phasegate budget set --daily USD` sets one",
         highlight=False,
@@ -206,24 +241,83 @@ def _amount(kind: str, given: str) -> float | None:
         raise UsageError(f"--{kind} takes an amount in USD (or none), not {given!r}") from None
 
 
-def _scope(repository: str | None, here: str) -> str:
-    """The repository ``--repository`` names, as budgets name it: a clone's directory
-    by the repository its workflows are of, an owner/name lower-cased."""
+#: A team forge's repository name: owner/name, or group/subgroup/name on GitLab.
+_FORGE_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)+$")
+
+
+def _scope(repository: str | None, root: Path, cartridge: Cartridge, store: "Store") -> str:
+    """The repository ``--repository`` names, as budgets name it (the one ``root`` is
+    when None): this one, or one whose workflows this store holds (a clone sharing
+    the store, a team forge's owner/name lower-cased). Raises BudgetRefused for
+    any other: its budget would sit in a store its workflows never read."""
+    from phasegate.agents.budgets import repository_here
+
+    here = repository_here(store, cartridge, root)
     if repository is None:
         return here
     path = Path(repository).expanduser()
     if path.is_dir():
-        from phasegate.agents.budgets import repository_here
+        other = repo_root(path)
+        if other == root:
+            return here
+        shared = _cartridge_sharing(other, cartridge.store_url(root))
+        if shared is not None:
+            return repository_here(store, shared, other)
+        named = str(other)
+        if store.holds_repository(named):
+            return store.repository_at(named) or named
+    elif _FORGE_NAME.match(repository) and not repository.startswith("."):
+        named = repository.lower()
+        if named == here or store.holds_repository(named):
+            return named
+    else:
+        named = str(path.absolute())
+        if store.holds_repository(named):
+            return store.repository_at(named) or named
+    raise BudgetRefused(_not_held(repository, root, cartridge))
 
-        root, cartridge, store = open_repo(path)
-        return repository_here(store, cartridge, root)
-    return repository if repository.startswith("/") else repository.lower()
+
+def _cartridge_sharing(other: Path, url: str) -> Cartridge | None:
+    """The cartridge of the clone at ``other`` when it names the store at ``url`` (a
+    shared one: PostgreSQL, or one SQLite file), else None."""
+    from phasegate.config.cartridge import CartridgeError, load_cartridge
+
+    try:
+        found = load_cartridge(other)
+    except CartridgeError:
+        return None
+    return found if found.store_url(other) == url else None
+
+
+def _not_held(repository: str, root: Path, cartridge: Cartridge) -> str:
+    """Why a budget of ``repository`` is not set in ``root``'s store, and what to do."""
+    whose = (
+        f"the store of {root} (.phasegate/state.db)"
+        if cartridge.store.url is None
+        else f"the store [store] url names in {root}'s {CARTRIDGE_FILE}"
+    )
+    path = Path(repository).expanduser()
+    there = (
+        f"`phasegate budget set ... -C {path.absolute()}`"
+        if path.is_dir()
+        else "`phasegate budget set` in that clone"
+    )
+    return (
+        f"{repository} is neither this repository nor one whose workflows this store holds "
+        f"(this is {whose}; each clone has its own store unless one is shared), so its "
+        f"workflows would never read the budget: run {there}, or give the clones one "
+        "shared store ([store] url; docs/budgets.md, One store or one per clone)"
+    )
+
+
+def _what(budget: dict[str, Any]) -> str:
+    """``the monthly budget of the whole store`` for a ``Budget.as_dict``."""
+    whose = "the whole store" if budget["scope"] == STORE_SCOPE else shown(budget["scope"])
+    return f"the {budget['kind']} budget of {whose}"
 
 
 def _print_budgets(report: list[Any]) -> None:
-    from rich.table import Table
-
-    table = Table("budget", "of", "period (UTC)", "spent", "limit", "left", "set in")
+    table = _table("budget", "of", "period (UTC)", "spent", "limit", "left", "set in")
     for b in report:
         table.add_row(
             b.kind,
@@ -234,7 +328,31 @@ def _print_budgets(report: list[Any]) -> None:
             "[red]spent[/red]" if b.reached else f"${b.left_usd:.4f}",
             "the store" if b.source == "store" else "the cartridge",
         )
-    console.print(table)
+    _print_table(table)
+
+
+def _table(*headers: str) -> Any:
+    """A table whose cells are never cut: a path or a period too long folds."""
+    from rich.table import Table
+
+    table = Table()
+    for header in headers:
+        table.add_column(header, no_wrap=True, overflow="fold")
+    return table
+
+
+def _print_table(table: Any) -> None:
+    """``table`` on stdout: fitted to a terminal, and as wide as it needs when piped,
+    where no width is known and a script or a file reads every cell whole."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    from rich.console import Console
+
+    needs = Console(width=10_000).measure(table).maximum
+    # rich caps a print's width at its console's: a wider table needs a console of its own.
+    wide = Console(file=console.file, width=max(console.width, needs), no_color=console.no_color)
+    wide.print(table)
 
 
 def _cost_cells(row: dict[str, Any]) -> list[str]:

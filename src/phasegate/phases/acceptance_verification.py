@@ -210,7 +210,9 @@ def _run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 "verification_parse_failures": failures,
             }
             if exc.kind == "budget":
-                return PhaseResult("pause", reason=f"budget: {exc}", state=state, milestones=(row,))
+                return PhaseResult(
+                    "pause", reason=exc.reason or f"budget: {exc}", state=state, milestones=(row,)
+                )
             if exhausted:
                 return PhaseResult(
                     "pause", reason=f"verification gave up: {exc}", state=state, milestones=(row,)

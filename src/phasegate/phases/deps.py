@@ -143,10 +143,11 @@ def failure_result(
 ) -> PhaseResult:
     """``agent_failure`` for a failure known by its error ``kind`` and ``message``."""
     if kind == "budget":
-        # A daily or monthly budget's message names its own remedy (agents.budgets).
+        # A spent daily or monthly budget's message is a whole reason already, its
+        # remedy named (agents.budgets: Budget.reason).
         reason = (
-            f"budget: {message}"
-            if "`phasegate budget set" in message
+            message
+            if message.startswith("budget: ")
             else f"budget: {message}; raise budget_usd or limits.workflow_budget_usd in "
             "phasegate.toml (commit it), then `phasegate resume`"
         )

@@ -13,7 +13,8 @@ Errors::
 
     PhasegateError
      └── BudgetRefused   an amount that is no positive number of USD, an empty or
-                         overlong scope, a grouping ``costs`` does not know
+                         overlong scope, a repository this store holds no workflow
+                         of, a grouping or a ``since`` ``costs`` does not know
 """
 
 from __future__ import annotations
@@ -161,6 +162,13 @@ class BudgetRows(StoreBase):
         with self.reading() as conn:
             found = conn.execute(query).scalar()
         return None if found is None else str(found)
+
+    def holds_repository(self, name: str) -> bool:
+        """Whether the store holds a workflow of ``name``: a repository as budgets name
+        it (``repository_key``), or the path of the clone a workflow started in."""
+        query = sa.select(_w.id).where(sa.or_(repository_key == name, _w.repo_path == name))
+        with self.reading() as conn:
+            return conn.execute(query.limit(1)).first() is not None
 
     def spend(
         self, day_start: datetime, month_start: datetime, repository: str | None = None

@@ -5,11 +5,14 @@ Routes::
 
     GET  /costs[?by=GROUP&since=WHEN]   the page: ``by`` repository (default), model,
                                          role, day or workflow; ``since`` 2026-12-01,
-                                         7d, today or month (default: all time)
+                                         7d (whole UTC days), today or month
+                                         (default: all time)
 
-``GET /api/costs`` (web/api.py) answers the same as JSON (``costs_view``), as
-``phasegate costs --json`` and ``phasegate budget --json`` do; a grouping or a
-``since`` it does not know is the page again with the message, 400.
+``GET /api/costs`` (web/api.py) answers with what the page shows, as JSON
+(``costs_view``): ``{"costs": …, "repository", "budgets"}``, where ``costs`` is
+``phasegate costs --json``'s answer and ``repository`` and ``budgets`` are
+``phasegate budget --json``'s; a grouping or a ``since`` it does not know is
+the page again with the message, 400.
 """
 
 from __future__ import annotations
