@@ -462,3 +462,40 @@ def test_doctor_names_a_setup_whose_program_is_missing(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout
     [problem] = [m for m in json.loads(proc.stdout)["missing"] if "setup" in m]
     assert problem.startswith("landing_areas.setup cannot run:") and "no-such-setup-tool" in problem
+
+
+def test_workflows_that_ended_during_their_preparation_leave_nothing_behind(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    # The setup fails: each workflow pauses in preparation with its branch, its
+    # worktree and its copied .env there, none of them committed to its row yet.
+    landing = 'copy = [".env"]\nsetup = "exit 3"\nkeep_failed_days = 0\n'
+    repo = _repo(tmp_path, landing)
+    (repo / ".env").write_text("SECRET=1\n")
+    engine, store = engine_for(repo)
+    ids = [engine.start(f"Feature {n}", "Write feature.txt") for n in "abc"]
+    for workflow_id in ids:
+        assert engine.advance(workflow_id)["status"] == "paused"
+    cancelled, failed, paused = ids
+    operations.cancel(engine, cancelled, by="ana")
+    engine.decide(failed, lambda ctx: PhaseResult("failed", reason="given up"))
+    root = repo / ".phasegate" / "worktrees"
+
+    def left(workflow_id: str) -> tuple[bool, bool]:
+        branches = git(repo, "branch", "--list", f"phasegate/{workflow_id}-*")
+        return (root / workflow_id / ".env").exists(), bool(branches)
+
+    assert all(left(w) == (True, True) for w in ids)
+    assert store.workflow_row(cancelled)["worktree_path"] is None
+    engine.run_worker(once=True)  # the failed one's 0 days are over; cancelled: kept
+    assert left(failed) == (False, False)
+    assert left(cancelled) == (True, True)
+    done = phasegate_cli("cleanup", "--all", "--yes", "--repo", str(repo), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    [outcome] = json.loads(done.stdout)
+    assert (outcome["id"], outcome["cleanup"]) == (cancelled, "retired")
+    assert outcome["retired"]["worktree"] == str(root / cancelled)
+    assert left(cancelled) == (False, False)
+    assert left(paused) == (True, True)  # a paused workflow is never touched
+    listed = git(repo, "worktree", "list")
+    assert cancelled not in listed and failed not in listed and paused in listed

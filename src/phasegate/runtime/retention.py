@@ -42,6 +42,7 @@ from phasegate.core.contract import (
 from phasegate.git.command import run_git
 from phasegate.git.workspace import GitError, Workspace
 from phasegate.phases.cleanup import clean_up
+from phasegate.phases.preparation import branch_name
 from phasegate.store import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ def candidates(engine: _Engine, *, workspace: Workspace | None = None) -> list[R
     for row in store.list_workflows(RETIRABLE):
         if row["repo_path"] != str(repo):
             continue
-        worktree, branch = row.get("worktree_path"), row.get("branch_name")
+        worktree, branch = _left(engine, repo, row)
         here = bool(worktree) and Path(str(worktree)).exists()
         has_branch = (
             bool(branch)
@@ -148,6 +149,21 @@ def candidates(engine: _Engine, *, workspace: Workspace | None = None) -> list[R
             )
         )
     return found
+
+
+def _left(engine: _Engine, repo: Path, row: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The worktree path and branch name the workflow of ``row`` has, or left behind.
+
+    A workflow that ended during its preparation never committed them: its worktree
+    is then the one preparation makes (the worktree root's ``<id>``) and its branch
+    the one it names (``phasegate/<id>-<slug>``), both this workflow's alone.
+    """
+    worktree, branch = row.get("worktree_path"), row.get("branch_name")
+    if not worktree:
+        worktree = str(engine.cartridge.landing_areas.worktree_dir(repo) / row["id"])
+    if not branch:
+        branch = branch_name(row["id"], row["title"])
+    return str(worktree), str(branch)
 
 
 def _work(
@@ -240,10 +256,13 @@ def _retiring(
         if ctx.status not in RETIRABLE:  # resumed meanwhile: its worktree is in use
             raise _NotRetirable(f"{ctx.id} is {ctx.status} now")
         repo = Path(ctx.repo_path)
-        worktree = Path(ctx.worktree_path) if ctx.worktree_path else None
+        # Ended during its preparation: what it left is what ``candidates`` found.
+        path = ctx.worktree_path or one.worktree
+        worktree = Path(path) if path else None
+        branch = ctx.branch_name or one.branch
         problems: list[str] = []
-        if ctx.branch_name and ctx.branch_name != ctx.base_branch:
-            problems += clean_up(workspace, repo, worktree, ctx.branch_name).problems
+        if branch and branch != ctx.base_branch:
+            problems += clean_up(workspace, repo, worktree, branch).problems
         elif worktree is not None:
             try:
                 workspace.remove_worktree(repo, worktree)
