@@ -214,8 +214,13 @@ def test_a_new_worktree_gets_the_copied_and_linked_files_and_the_setup_output_in
     assert engine.advance(workflow_id)["status"] == "completed"
     assert _events(store, workflow_id, "worktree_healed")
     runs = _events(store, workflow_id, "worktree_setup")
-    assert [(r["generation"], r["passed"]) for r in runs] == [(1, True), (2, True)]
-    assert [f["copied"] for f in _events(store, workflow_id, "worktree_files")] == [[".env"]] * 2
+    assert [(r.get("generation"), r["passed"]) for r in runs] == [
+        (1, True),
+        (2, True),
+        (None, True),
+    ]
+    assert runs[-1]["checkout"] == "merge commit"  # the acceptance checks' checkout
+    assert [f["copied"] for f in _events(store, workflow_id, "worktree_files")] == [[".env"]] * 3
     assert store.reserved_ports(workflow_id) is None  # ended: its ports are back
 
 
@@ -499,3 +504,54 @@ def test_workflows_that_ended_during_their_preparation_leave_nothing_behind(
     assert left(paused) == (True, True)  # a paused workflow is never touched
     listed = git(repo, "worktree", "list")
     assert cancelled not in listed and failed not in listed and paused in listed
+
+
+def test_the_merge_commit_checkout_is_prepared_as_the_worktree_was_before_its_checks(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    landing = 'copy = [".env"]\nlink = ["cache"]\nsetup = "echo set up; touch .setup-ran"\n'
+    check = "grep -q LOCAL .env && test -e .setup-ran && test -e cache/big.bin"
+    repo = _repo(tmp_path, landing, checks=[check])
+    (repo / ".env").write_text("LOCAL_SETTING=on\n")
+    (repo / "cache").mkdir()
+    (repo / "cache" / "big.bin").write_text("cached\n")
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    assert engine.advance(workflow_id)["status"] == "waiting"
+    engine.decide(workflow_id, lambda ctx: decisions.approve_merge(ctx, "ana"))
+    row = engine.advance(workflow_id)
+    assert row["status"] == "completed", row["error"]
+
+    [verified] = [m for m in store.milestones(workflow_id) if m.kind == "acceptance_verification"]
+    assert [c["passed"] for c in verified.data["checks"]] == [True]
+    files = _events(store, workflow_id, "worktree_files")
+    assert [(f.get("checkout"), f["copied"], f["linked"]) for f in files] == [
+        (None, [".env"], ["cache"]),
+        ("merge commit", [".env"], ["cache"]),
+    ]
+    setups = _events(store, workflow_id, "worktree_setup")
+    assert [(s.get("checkout"), s["passed"]) for s in setups] == [
+        (None, True),
+        ("merge commit", True),
+    ]
+    assert "set up" in setups[1]["output"]
+
+
+def test_a_setup_failing_on_the_merge_commit_fails_its_checks_and_show_prints_why(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    # The merge commit holds the build's feature.txt; the new worktree did not yet.
+    landing = "setup = 'test -e feature.txt && { echo no room left; exit 4; }; true'\n"
+    repo = _repo(tmp_path, landing, checks=["true"])
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    assert engine.advance(workflow_id)["status"] == "waiting"
+    engine.decide(workflow_id, lambda ctx: decisions.approve_merge(ctx, "ana"))
+    row = engine.advance(workflow_id)
+    assert row["status"] == "paused" and "a check failed on the merge commit" in row["error"]
+    [verified] = [m for m in store.milestones(workflow_id) if m.kind == "acceptance_verification"]
+    [check] = verified.data["checks"]
+    assert (check["exit_code"], check["output"].strip()) == (4, "no room left")
+    shown = phasegate_cli("show", workflow_id, "--repo", str(repo))
+    assert shown.returncode == 0, shown.stderr
+    assert "✗ test -e feature.txt" in shown.stdout and "no room left" in shown.stdout
