@@ -29,6 +29,7 @@ from phasegate.agents import ports
 from phasegate.config.cartridge import CartridgeError, cartridge_from_document
 from phasegate.core import decisions
 from phasegate.core.contract import PhaseResult
+from phasegate.git.worktree_files import bring_files
 from phasegate.proc.ports import range_is_free
 from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.runtime.retention import expire
@@ -58,6 +59,36 @@ def test_an_entry_reaching_outside_the_repository_is_refused_naming_its_key(
             cartridge_from_document(tmp_path, {"landing_areas": {key: [".env", entry]}})
         assert f"landing_areas.{key}" in str(refused.value)
         assert said in str(refused.value)
+
+
+def test_copy_skips_every_symbolic_link_whose_real_place_is_outside_the_repository(
+    tmp_path: Path,
+) -> None:
+    outside = tmp_path / "ext"
+    outside.mkdir()
+    (outside / "key.txt").write_text("a key\n")
+    ignored = "extdir\nout_link\nconf/\ninside_link\n"
+    repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ignored})
+    (repo / "extdir").symlink_to(outside, target_is_directory=True)
+    (repo / "out_link").symlink_to(outside / "key.txt")
+    (repo / "conf").mkdir()
+    (repo / "conf" / "local.cfg").write_text("a=1\n")
+    (repo / "conf" / "leak").symlink_to(outside / "key.txt")
+    (repo / "inside_link").symlink_to(repo / "README.md")
+    worktree = tmp_path / "wt"
+    git(repo, "worktree", "add", "-q", "--detach", str(worktree))
+
+    brought = bring_files(
+        repo, worktree, ["extdir", "extdir/key.txt", "out_link", "conf", "inside_link"]
+    )
+    assert brought.copied == ["conf", "inside_link"]
+    skipped = {s.get("path"): s["why"] for s in brought.skipped}
+    assert set(skipped) == {"extdir", "extdir/key.txt", "out_link", "conf/leak"}
+    assert all(
+        why.startswith("its real place is outside the repository") for why in skipped.values()
+    )
+    assert not any(os.path.lexists(worktree / p) for p in ("extdir", "out_link", "conf/leak"))
+    assert (worktree / "conf" / "local.cfg").read_text() == "a=1\n"
 
 
 # -- the port store: SQLite and PostgreSQL ---------------------------------------------
