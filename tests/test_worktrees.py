@@ -41,6 +41,14 @@ from conftest import HAPPY_ANSWERS, git, make_repo, new_workflow, phasegate_cli,
 # -- the cartridge --------------------------------------------------------------------
 
 
+def test_one_string_where_a_list_goes_is_refused_with_the_list_to_write(tmp_path: Path) -> None:
+    with pytest.raises(CartridgeError) as refused:
+        cartridge_from_document(tmp_path, {"landing_areas": {"copy": ".env"}})
+    assert 'landing_areas.copy: Input should be a valid list; write copy = [".env"]' in str(
+        refused.value
+    )
+
+
 @pytest.mark.parametrize(
     ("entry", "said"),
     [
@@ -278,6 +286,26 @@ def test_a_failing_setup_pauses_naming_the_key_and_a_resume_runs_it_again(
     assert milestone.status == "completed"  # the same row, settled again
 
 
+def test_a_setup_timing_out_names_its_seconds_and_a_resume_finds_the_files_already_there(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    ready = tmp_path / "ready"
+    landing = f'copy = [".env"]\nsetup = "test -e {ready} || sleep 30"\nsetup_timeout = 0.3\n'
+    repo = _repo(tmp_path, landing)
+    (repo / ".env").write_text("A=1\n")
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert (row["status"], row["current_phase"]) == ("paused", "preparation")
+    said = "landing_areas.setup timed out after 0.3 s (landing_areas.setup_timeout) in "
+    assert said in row["error"], row["error"]
+    ready.touch()
+    engine.decide(workflow_id, decisions.resume)
+    assert engine.advance(workflow_id)["status"] == "waiting"
+    [milestone] = [m for m in store.milestones(workflow_id) if m.kind == "worktree_setup"]
+    assert milestone.summary.endswith("0 copied, 0 linked, 1 already there, 0 skipped")
+
+
 def test_a_setup_killed_with_its_worker_runs_again_on_resume(tmp_path: Path) -> None:
     started, done = tmp_path / "started", tmp_path / "done"
     # The first run waits (its worker is killed meanwhile); the next one finishes.
@@ -456,6 +484,19 @@ def test_cleanup_all_asks_first_then_removes_failed_and_cancelled_worktrees_only
 
     asked = phasegate_cli("cleanup", "--all", "--repo", str(repo), "--json")
     assert asked.returncode == 2 and "--yes" in json.loads(asked.stdout)["error"]["message"]
+    exe = [str(Path(sys.executable).parent / "phasegate"), "cleanup", "--all", "--repo", str(repo)]
+    no_terminal = subprocess.run(exe, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    assert no_terminal.returncode == 2, no_terminal.stdout + no_terminal.stderr
+    assert "add --yes" in no_terminal.stdout + no_terminal.stderr
+    # On a terminal, answering no is a choice: nothing removed, exit 0.
+    terminal, typed = os.openpty()
+    with subprocess.Popen(exe, stdin=typed, stdout=subprocess.PIPE, text=True) as asking:
+        os.close(typed)
+        os.write(terminal, b"n\n")
+        said, _ = asking.communicate(timeout=60)
+    os.close(terminal)
+    assert asking.returncode == 0, said
+    assert f"{cancelled} (cancelled)" in said and "nothing removed" in said
     assert _there(repo, rows[cancelled]) == (True, True)
     done = phasegate_cli("cleanup", "--all", "--yes", "--repo", str(repo), "--json", "--by", "bo")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -22,7 +22,10 @@ from typing import Any
 from phasegate.config.landing_areas import OWN_DIRS
 from phasegate.git.command import GitError, run_git
 
-__all__ = ["Brought", "bring_files"]
+__all__ = ["ALREADY_THERE", "Brought", "bring_files"]
+
+#: Why an entry the worktree has already is not brought (a resume's second pass).
+ALREADY_THERE = "already in the worktree"
 
 
 @dataclass
@@ -38,8 +41,13 @@ class Brought:
         return {"copied": self.copied, "linked": self.linked, "skipped": self.skipped}
 
     def summary(self) -> str:
-        """``N copied, N linked, N skipped`` for a milestone's line."""
-        return f"{len(self.copied)} copied, {len(self.linked)} linked, {len(self.skipped)} skipped"
+        """``N copied, N linked, N already there, N skipped`` for a milestone's line:
+        what a resume finds in the worktree already is not what was refused."""
+        there = sum(s["why"] == ALREADY_THERE for s in self.skipped)
+        return (
+            f"{len(self.copied)} copied, {len(self.linked)} linked, {there} already there, "
+            f"{len(self.skipped) - there} skipped"
+        )
 
 
 def bring_files(
@@ -131,7 +139,7 @@ def _refusal(repo: Path, source: Path, target: Path, ignored: bool, how: str) ->
             why += f" (a link is a file to git: ignore {target.name}, not {target.name}/)"
         return why
     if os.path.lexists(target):
-        return "already in the worktree"
+        return ALREADY_THERE
     return _outside(repo, source)
 
 

@@ -94,8 +94,9 @@ def prepare(
         result = CheckResult(areas.setup, None, 0.0, str(exc))
     said = {**result.as_dict(), "generation": generation}
     deps.store.add_event(ctx.id, EventWrite(SETUP_EVENT, said))
-    verb = _verb(result)
-    summary = f"landing_areas.setup {verb} in {result.duration_s:.1f} s; {brought.summary()}"
+    verb = _verb(result, areas.setup_timeout)
+    took = "" if result.timed_out else f" in {result.duration_s:.1f} s"  # the verb says
+    summary = f"landing_areas.setup {verb}{took}; {brought.summary()}"
     status = "completed" if result.passed else "failed"
     deps.store.settle_milestone(row, status, summary=summary, data={**data, "setup": said})
     if result.passed:
@@ -134,11 +135,11 @@ def prepare_checkout(
     return result
 
 
-def _verb(result: CheckResult) -> str:
+def _verb(result: CheckResult, timeout_s: float) -> str:
     if result.passed:
         return "passed"
     if result.timed_out:
-        return "timed out"
+        return f"timed out after {timeout_s:g} s (landing_areas.setup_timeout)"
     if result.exit_code is None:
         return "could not start"
     return f"failed (exit {result.exit_code})"
