@@ -28,7 +28,8 @@ from phasegate import operations
 from phasegate.agents import ports
 from phasegate.config.cartridge import CartridgeError, cartridge_from_document
 from phasegate.core import decisions
-from phasegate.core.contract import PhaseResult
+from phasegate.core.contract import PhaseResult, WorkflowPaused
+from phasegate.git.checks import run_checks
 from phasegate.git.worktree_files import bring_files
 from phasegate.proc.ports import range_is_free
 from phasegate.runtime.engine import Engine, LeaseHeld
@@ -304,6 +305,14 @@ def test_a_setup_timing_out_names_its_seconds_and_a_resume_finds_the_files_alrea
     assert engine.advance(workflow_id)["status"] == "waiting"
     [milestone] = [m for m in store.milestones(workflow_id) if m.kind == "worktree_setup"]
     assert milestone.summary.endswith("0 copied, 0 linked, 1 already there, 0 skipped")
+
+
+def test_a_shutdown_during_the_setup_names_the_setup_not_a_check(tmp_path: Path) -> None:
+    shutdown = threading.Event()
+    shutdown.set()  # the worker is told to stop while the setup runs
+    with pytest.raises(WorkflowPaused) as paused:
+        run_checks(["sleep 30"], tmp_path, 60, shutdown, key="landing_areas.setup")
+    assert str(paused.value) == "shutdown while landing_areas.setup 'sleep 30' ran"
 
 
 def test_a_setup_killed_with_its_worker_runs_again_on_resume(tmp_path: Path) -> None:
