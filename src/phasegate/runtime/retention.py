@@ -7,7 +7,10 @@ merged workflow's are not (docs/worktrees.md: retention). ``phasegate
 cleanup`` and every worker's cleanup pass apply them (``expire``);
 ``phasegate cleanup --all`` retires every failed and cancelled workflow's now
 (``retire``). Nothing else is ever touched: a workflow in any other status
-(running, paused, waiting) keeps its worktree whatever its age.
+(running, paused, waiting) keeps its worktree whatever its age. A workflow
+that ended during its preparation never recorded its worktree or branch: they
+are found where preparation makes them, the worktree root's ``<id>`` and
+``phasegate/<id>-<slug>``.
 
 The branch on a team's forge is never deleted here: a failed workflow's branch
 may hold work, and where it was pushed the forge keeps it (a resume brings it
@@ -30,7 +33,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from phasegate.config.cartridge import Cartridge
+from phasegate.config.cartridge import Cartridge, CartridgeError
 from phasegate.core.contract import (
     CANCELLED,
     EventWrite,
@@ -160,10 +163,13 @@ def _left(engine: _Engine, repo: Path, row: Mapping[str, Any]) -> tuple[str | No
     """
     worktree, branch = row.get("worktree_path"), row.get("branch_name")
     if not worktree:
-        worktree = str(engine.cartridge.landing_areas.worktree_dir(repo) / row["id"])
+        try:
+            worktree = str(engine.cartridge.landing_areas.worktree_dir(repo) / row["id"])
+        except CartridgeError:  # a worktree_root refused now: no worktree was made there
+            worktree = None
     if not branch:
         branch = branch_name(row["id"], row["title"])
-    return str(worktree), str(branch)
+    return (str(worktree) if worktree else None), str(branch)
 
 
 def _work(
