@@ -28,7 +28,9 @@ from phasegate import operations
 from phasegate.agents import ports
 from phasegate.config.cartridge import CartridgeError, cartridge_from_document
 from phasegate.core import decisions
-from phasegate.core.contract import PhaseResult
+from phasegate.core.contract import PhaseResult, WorkflowPaused
+from phasegate.git.checks import run_checks
+from phasegate.git.worktree_files import bring_files
 from phasegate.proc.ports import range_is_free
 from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.runtime.retention import expire
@@ -38,6 +40,14 @@ from phasegate.web.views import describe_event
 from conftest import HAPPY_ANSWERS, git, make_repo, new_workflow, phasegate_cli, scripted_cartridge
 
 # -- the cartridge --------------------------------------------------------------------
+
+
+def test_one_string_where_a_list_goes_is_refused_with_the_list_to_write(tmp_path: Path) -> None:
+    with pytest.raises(CartridgeError) as refused:
+        cartridge_from_document(tmp_path, {"landing_areas": {"copy": ".env"}})
+    assert 'landing_areas.copy: Input should be a valid list; write copy = [".env"]' in str(
+        refused.value
+    )
 
 
 @pytest.mark.parametrize(
@@ -58,6 +68,36 @@ def test_an_entry_reaching_outside_the_repository_is_refused_naming_its_key(
             cartridge_from_document(tmp_path, {"landing_areas": {key: [".env", entry]}})
         assert f"landing_areas.{key}" in str(refused.value)
         assert said in str(refused.value)
+
+
+def test_copy_skips_every_symbolic_link_whose_real_place_is_outside_the_repository(
+    tmp_path: Path,
+) -> None:
+    outside = tmp_path / "ext"
+    outside.mkdir()
+    (outside / "key.txt").write_text("a key\n")
+    ignored = "extdir\nout_link\nconf/\ninside_link\n"
+    repo = make_repo(tmp_path / "repo", {"README.md": "# r\n", ".gitignore": ignored})
+    (repo / "extdir").symlink_to(outside, target_is_directory=True)
+    (repo / "out_link").symlink_to(outside / "key.txt")
+    (repo / "conf").mkdir()
+    (repo / "conf" / "local.cfg").write_text("a=1\n")
+    (repo / "conf" / "leak").symlink_to(outside / "key.txt")
+    (repo / "inside_link").symlink_to(repo / "README.md")
+    worktree = tmp_path / "wt"
+    git(repo, "worktree", "add", "-q", "--detach", str(worktree))
+
+    brought = bring_files(
+        repo, worktree, ["extdir", "extdir/key.txt", "out_link", "conf", "inside_link"]
+    )
+    assert brought.copied == ["conf", "inside_link"]
+    skipped = {s.get("path"): s["why"] for s in brought.skipped}
+    assert set(skipped) == {"extdir", "extdir/key.txt", "out_link", "conf/leak"}
+    assert all(
+        why.startswith("its real place is outside the repository") for why in skipped.values()
+    )
+    assert not any(os.path.lexists(worktree / p) for p in ("extdir", "out_link", "conf/leak"))
+    assert (worktree / "conf" / "local.cfg").read_text() == "a=1\n"
 
 
 # -- the port store: SQLite and PostgreSQL ---------------------------------------------
@@ -214,8 +254,13 @@ def test_a_new_worktree_gets_the_copied_and_linked_files_and_the_setup_output_in
     assert engine.advance(workflow_id)["status"] == "completed"
     assert _events(store, workflow_id, "worktree_healed")
     runs = _events(store, workflow_id, "worktree_setup")
-    assert [(r["generation"], r["passed"]) for r in runs] == [(1, True), (2, True)]
-    assert [f["copied"] for f in _events(store, workflow_id, "worktree_files")] == [[".env"]] * 2
+    assert [(r.get("generation"), r["passed"]) for r in runs] == [
+        (1, True),
+        (2, True),
+        (None, True),
+    ]
+    assert runs[-1]["checkout"] == "merge commit"  # the acceptance checks' checkout
+    assert [f["copied"] for f in _events(store, workflow_id, "worktree_files")] == [[".env"]] * 3
     assert store.reserved_ports(workflow_id) is None  # ended: its ports are back
 
 
@@ -240,6 +285,34 @@ def test_a_failing_setup_pauses_naming_the_key_and_a_resume_runs_it_again(
     assert [r["exit_code"] for r in runs] == [3, 0]
     [milestone] = [m for m in store.milestones(workflow_id) if m.kind == "worktree_setup"]
     assert milestone.status == "completed"  # the same row, settled again
+
+
+def test_a_setup_timing_out_names_its_seconds_and_a_resume_finds_the_files_already_there(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    ready = tmp_path / "ready"
+    landing = f'copy = [".env"]\nsetup = "test -e {ready} || sleep 30"\nsetup_timeout = 0.3\n'
+    repo = _repo(tmp_path, landing)
+    (repo / ".env").write_text("A=1\n")
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    row = engine.advance(workflow_id)
+    assert (row["status"], row["current_phase"]) == ("paused", "preparation")
+    said = "landing_areas.setup timed out after 0.3 s (landing_areas.setup_timeout) in "
+    assert said in row["error"], row["error"]
+    ready.touch()
+    engine.decide(workflow_id, decisions.resume)
+    assert engine.advance(workflow_id)["status"] == "waiting"
+    [milestone] = [m for m in store.milestones(workflow_id) if m.kind == "worktree_setup"]
+    assert milestone.summary.endswith("0 copied, 0 linked, 1 already there, 0 skipped")
+
+
+def test_a_shutdown_during_the_setup_names_the_setup_not_a_check(tmp_path: Path) -> None:
+    shutdown = threading.Event()
+    shutdown.set()  # the worker is told to stop while the setup runs
+    with pytest.raises(WorkflowPaused) as paused:
+        run_checks(["sleep 30"], tmp_path, 60, shutdown, key="landing_areas.setup")
+    assert str(paused.value) == "shutdown while landing_areas.setup 'sleep 30' ran"
 
 
 def test_a_setup_killed_with_its_worker_runs_again_on_resume(tmp_path: Path) -> None:
@@ -420,6 +493,19 @@ def test_cleanup_all_asks_first_then_removes_failed_and_cancelled_worktrees_only
 
     asked = phasegate_cli("cleanup", "--all", "--repo", str(repo), "--json")
     assert asked.returncode == 2 and "--yes" in json.loads(asked.stdout)["error"]["message"]
+    exe = [str(Path(sys.executable).parent / "phasegate"), "cleanup", "--all", "--repo", str(repo)]
+    no_terminal = subprocess.run(exe, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    assert no_terminal.returncode == 2, no_terminal.stdout + no_terminal.stderr
+    assert "add --yes" in no_terminal.stdout + no_terminal.stderr
+    # On a terminal, answering no is a choice: nothing removed, exit 0.
+    terminal, typed = os.openpty()
+    with subprocess.Popen(exe, stdin=typed, stdout=subprocess.PIPE, text=True) as asking:
+        os.close(typed)
+        os.write(terminal, b"n\n")
+        said, _ = asking.communicate(timeout=60)
+    os.close(terminal)
+    assert asking.returncode == 0, said
+    assert f"{cancelled} (cancelled)" in said and "nothing removed" in said
     assert _there(repo, rows[cancelled]) == (True, True)
     done = phasegate_cli("cleanup", "--all", "--yes", "--repo", str(repo), "--json", "--by", "bo")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -462,3 +548,91 @@ def test_doctor_names_a_setup_whose_program_is_missing(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout
     [problem] = [m for m in json.loads(proc.stdout)["missing"] if "setup" in m]
     assert problem.startswith("landing_areas.setup cannot run:") and "no-such-setup-tool" in problem
+
+
+def test_workflows_that_ended_during_their_preparation_leave_nothing_behind(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    # The setup fails: each workflow pauses in preparation with its branch, its
+    # worktree and its copied .env there, none of them committed to its row yet.
+    landing = 'copy = [".env"]\nsetup = "exit 3"\nkeep_failed_days = 0\n'
+    repo = _repo(tmp_path, landing)
+    (repo / ".env").write_text("SECRET=1\n")
+    engine, store = engine_for(repo)
+    ids = [engine.start(f"Feature {n}", "Write feature.txt") for n in "abc"]
+    for workflow_id in ids:
+        assert engine.advance(workflow_id)["status"] == "paused"
+    cancelled, failed, paused = ids
+    operations.cancel(engine, cancelled, by="ana")
+    engine.decide(failed, lambda ctx: PhaseResult("failed", reason="given up"))
+    root = repo / ".phasegate" / "worktrees"
+
+    def left(workflow_id: str) -> tuple[bool, bool]:
+        branches = git(repo, "branch", "--list", f"phasegate/{workflow_id}-*")
+        return (root / workflow_id / ".env").exists(), bool(branches)
+
+    assert all(left(w) == (True, True) for w in ids)
+    assert store.workflow_row(cancelled)["worktree_path"] is None
+    engine.run_worker(once=True)  # the failed one's 0 days are over; cancelled: kept
+    assert left(failed) == (False, False)
+    assert left(cancelled) == (True, True)
+    done = phasegate_cli("cleanup", "--all", "--yes", "--repo", str(repo), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    [outcome] = json.loads(done.stdout)
+    assert (outcome["id"], outcome["cleanup"]) == (cancelled, "retired")
+    assert outcome["retired"]["worktree"] == str(root / cancelled)
+    assert left(cancelled) == (False, False)
+    assert left(paused) == (True, True)  # a paused workflow is never touched
+    listed = git(repo, "worktree", "list")
+    assert cancelled not in listed and failed not in listed and paused in listed
+
+
+def test_the_merge_commit_checkout_is_prepared_as_the_worktree_was_before_its_checks(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    landing = 'copy = [".env"]\nlink = ["cache"]\nsetup = "echo set up; touch .setup-ran"\n'
+    check = "grep -q LOCAL .env && test -e .setup-ran && test -e cache/big.bin"
+    repo = _repo(tmp_path, landing, checks=[check])
+    (repo / ".env").write_text("LOCAL_SETTING=on\n")
+    (repo / "cache").mkdir()
+    (repo / "cache" / "big.bin").write_text("cached\n")
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    assert engine.advance(workflow_id)["status"] == "waiting"
+    engine.decide(workflow_id, lambda ctx: decisions.approve_merge(ctx, "ana"))
+    row = engine.advance(workflow_id)
+    assert row["status"] == "completed", row["error"]
+
+    [verified] = [m for m in store.milestones(workflow_id) if m.kind == "acceptance_verification"]
+    assert [c["passed"] for c in verified.data["checks"]] == [True]
+    files = _events(store, workflow_id, "worktree_files")
+    assert [(f.get("checkout"), f["copied"], f["linked"]) for f in files] == [
+        (None, [".env"], ["cache"]),
+        ("merge commit", [".env"], ["cache"]),
+    ]
+    setups = _events(store, workflow_id, "worktree_setup")
+    assert [(s.get("checkout"), s["passed"]) for s in setups] == [
+        (None, True),
+        ("merge commit", True),
+    ]
+    assert "set up" in setups[1]["output"]
+
+
+def test_a_setup_failing_on_the_merge_commit_fails_its_checks_and_show_prints_why(
+    tmp_path: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    # The merge commit holds the build's feature.txt; the new worktree did not yet.
+    landing = "setup = 'test -e feature.txt && { echo no room left; exit 4; }; true'\n"
+    repo = _repo(tmp_path, landing, checks=["true"])
+    engine, store = engine_for(repo)
+    workflow_id = engine.start("Add the feature", "Write feature.txt")
+    assert engine.advance(workflow_id)["status"] == "waiting"
+    engine.decide(workflow_id, lambda ctx: decisions.approve_merge(ctx, "ana"))
+    row = engine.advance(workflow_id)
+    assert row["status"] == "paused" and "a check failed on the merge commit" in row["error"]
+    [verified] = [m for m in store.milestones(workflow_id) if m.kind == "acceptance_verification"]
+    [check] = verified.data["checks"]
+    assert (check["exit_code"], check["output"].strip()) == (4, "no room left")
+    shown = phasegate_cli("show", workflow_id, "--repo", str(repo))
+    assert shown.returncode == 0, shown.stderr
+    assert "✗ test -e feature.txt" in shown.stdout and "no room left" in shown.stdout

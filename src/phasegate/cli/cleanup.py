@@ -1,6 +1,7 @@
 """``phasegate cleanup``: what finished workflows leave behind, removed (docs/worktrees.md)."""
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -50,6 +51,8 @@ def cleanup(
     after a confirmation (--yes skips it; --json needs it). A team's forge
     keeps every branch phasegate pushed; commits never pushed (and the local
     forge's branches) go with the local branch, and --all lists them first.
+    Without a terminal to ask on, --all needs --yes (exit 2); answering no
+    removes nothing and exits 0.
     A running, paused or waiting workflow is never touched. Exit 0 when
     nothing is left to clean up, 1 when a cleanup still fails (git's reason is
     printed) or another process holds the workflow.
@@ -61,6 +64,8 @@ def cleanup(
     with reported_errors():
         if everything and as_json and not yes:
             raise UsageError("cleanup --all --json asks no question: add --yes")
+        if everything and not yes and not sys.stdin.isatty():
+            raise UsageError("cleanup --all asks first, and there is no terminal to ask: add --yes")
         root, cartridge, store = open_repo(repo)
         engine = make_engine(root, cartridge, store, None)
         person = who(by)
@@ -69,8 +74,8 @@ def cleanup(
         if everything:
             found = [r for r in candidates(engine) if workflow_id in (None, r.id)]
             if found and not yes and not _confirmed(found):
-                console.print("nothing removed", highlight=False)
-                raise typer.Exit(1)
+                console.print("nothing removed (answered no)", highlight=False)
+                raise typer.Exit(0)  # a choice, not a failure
             retired += operations.retire_worktrees(engine, {r.id for r in found}, by=person)
     outcomes += [_outcome(r) for r in retired]
     if as_json:

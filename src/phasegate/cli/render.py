@@ -544,6 +544,8 @@ _MARKS = {
 def _print_timeline(milestones: list[dict[str, Any]]) -> None:
     """Milestones grouped under the phase they belong to, in the order they happened."""
     phase = None
+    # The newest milestone with a failed check shows why it failed: its output's end.
+    failing = next((m for m in reversed(milestones) if _failed_checks(m)), None)
     for m in milestones:
         if m["kind"] in ("agent_process", "check_process"):  # process bookkeeping
             continue
@@ -560,3 +562,20 @@ def _print_timeline(milestones: list[dict[str, Any]]) -> None:
         if len(summary) > min(room, 80):
             summary = summary[: min(room, 80) - 1] + "…"
         console.print(f"{head}[dim]{shown(summary)}[/dim]", highlight=False)
+        if m is failing:
+            _print_failed_checks(m["data"]["checks"])
+
+
+def _failed_checks(m: dict[str, Any]) -> bool:
+    checks = (m.get("data") or {}).get("checks")
+    return isinstance(checks, list) and any(not c.get("passed", True) for c in checks)
+
+
+def _print_failed_checks(checks: list[dict[str, Any]]) -> None:
+    """Each failed check's command and the last lines of its output, indented."""
+    for check in checks:
+        if check.get("passed", True):
+            continue
+        console.print(f"      [red]✗[/red] {shown(str(check.get('command')))}", highlight=False)
+        for line in str(check.get("output") or "(no output)").strip().splitlines()[-5:]:
+            console.print(f"        [dim]{shown(line)}[/dim]", highlight=False)

@@ -7,6 +7,7 @@ typo in a limit must not silently fall back to the default.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -441,7 +442,7 @@ def _format_errors(path: Path, exc: ValidationError) -> str:
     refused in a screenful, not 100,000 lines."""
     lines: list[str] = []
     unknown = 0
-    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    errors = exc.errors(include_url=False, include_context=False)
     for error in errors:
         unknown += error["type"] == "extra_forbidden"
         if len(lines) == _ERRORS_SHOWN:
@@ -449,6 +450,10 @@ def _format_errors(path: Path, exc: ValidationError) -> str:
         key = ".".join(str(part) for part in error["loc"])
         message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
         message = message.removeprefix("Value error, ")
+        given = error.get("input")
+        if error["type"] == "list_type" and isinstance(given, str) and error["loc"]:
+            # One string where a list goes: the list it meant, in TOML.
+            message += f"; write {error['loc'][-1]} = [{json.dumps(given)}]"
         # A model's own check names its key in the message ("graph.review_tiers...: ..."):
         # printed as it is, neither under a "(top level)" nor under its table's key twice.
         if not key or message.startswith((f"{key}.", f"{key}:")):

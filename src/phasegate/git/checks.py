@@ -170,7 +170,8 @@ def run_checks(
             name = key or f"landing_areas.checks[{i}]"
             raise CheckUnstartable(f"{name} cannot start: {why}") from None
         if finished.stopped == "interrupted":
-            raise WorkflowPaused(f"shutdown while the check {command!r} ran")
+            what = f"{key} {command!r}" if key else f"the check {command!r}"
+            raise WorkflowPaused(f"shutdown while {what} ran")
         if finished.stopped == "fenced":
             raise WorkflowPaused(
                 f"the check {command!r} was stopped: this worker's lease was not renewed "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -22,7 +22,10 @@ from typing import Any
 from phasegate.config.landing_areas import OWN_DIRS
 from phasegate.git.command import GitError, run_git
 
-__all__ = ["Brought", "bring_files"]
+__all__ = ["ALREADY_THERE", "Brought", "bring_files"]
+
+#: Why an entry the worktree has already is not brought (a resume's second pass).
+ALREADY_THERE = "already in the worktree"
 
 
 @dataclass
@@ -38,8 +41,13 @@ class Brought:
         return {"copied": self.copied, "linked": self.linked, "skipped": self.skipped}
 
     def summary(self) -> str:
-        """``N copied, N linked, N skipped`` for a milestone's line."""
-        return f"{len(self.copied)} copied, {len(self.linked)} linked, {len(self.skipped)} skipped"
+        """``N copied, N linked, N already there, N skipped`` for a milestone's line:
+        what a resume finds in the worktree already is not what was refused."""
+        there = sum(s["why"] == ALREADY_THERE for s in self.skipped)
+        return (
+            f"{len(self.copied)} copied, {len(self.linked)} linked, {there} already there, "
+            f"{len(self.skipped) - there} skipped"
+        )
 
 
 def bring_files(
@@ -78,12 +86,29 @@ def bring_files(
             target.symlink_to(source, target_is_directory=source.is_dir())
             brought.linked.append(path)
         elif source.is_dir() and not source.is_symlink():
-            shutil.copytree(source, target, symlinks=True)
+            shutil.copytree(source, target, symlinks=True, ignore=_leading_out(repo, brought))
             brought.copied.append(path)
         else:
             shutil.copy2(source, target, follow_symlinks=False)
             brought.copied.append(path)
     return brought
+
+
+def _leading_out(repo: Path, brought: Brought) -> Callable[[str, list[str]], set[str]]:
+    """``copytree``'s ``ignore``: the symbolic links of a copied directory that lead
+    out of ``repo``, each added to ``brought.skipped`` with why."""
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        left = set()
+        for name in names:
+            source = Path(directory, name)
+            why = _outside(repo, source) if source.is_symlink() else None
+            if why is not None:
+                brought.skipped.append({"path": str(source.relative_to(repo)), "why": why})
+                left.add(name)
+        return left
+
+    return ignore
 
 
 def _matches(repo: Path, entry: str) -> list[str]:
@@ -114,8 +139,14 @@ def _refusal(repo: Path, source: Path, target: Path, ignored: bool, how: str) ->
             why += f" (a link is a file to git: ignore {target.name}, not {target.name}/)"
         return why
     if os.path.lexists(target):
-        return "already in the worktree"
-    # A symbolic link on the way (a linked parent directory) must not lead out.
-    if not Path(os.path.realpath(source.parent)).is_relative_to(repo):
-        return "its real place is outside the repository"
+        return ALREADY_THERE
+    return _outside(repo, source)
+
+
+def _outside(repo: Path, source: Path) -> str | None:
+    """Why ``source`` is not brought when a symbolic link (itself, or a linked
+    directory on its way) leads out of ``repo``; None when its real place is inside."""
+    real = Path(os.path.realpath(source))
+    if not real.is_relative_to(repo):
+        return f"its real place is outside the repository ({real})"
     return None

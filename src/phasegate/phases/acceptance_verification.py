@@ -51,6 +51,7 @@ from phasegate.core.contract import (
 from phasegate.core.state import WorkflowState
 from phasegate.forge.base import ForgeError, status_label
 from phasegate.forge.tickets import TriggerRefused, resnapshot
+from phasegate.phases import landing
 from phasegate.phases.deps import PhaseDeps, verdict_parser
 
 __all__ = ["acceptance_hash", "override", "run"]
@@ -173,7 +174,13 @@ def _run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     # Beside the worktrees, not in the git directory: an agent works here.
     path = deps.cartridge.landing_areas.worktree_dir(repo) / f"{ctx.id}-verify"
     with deps.workspace.temporary_checkout(repo, merge_sha, path) as checkout:
-        checks = deps.run_checks(checkout)
+        # Prepared as the worktree was: its checks read the same .env, the same setup.
+        setup = landing.prepare_checkout(
+            ctx, deps, checkout, ACCEPTANCE_VERIFICATION, "merge commit"
+        )
+        # A failed setup is the failed check: the checks would only fail for want of it.
+        failed = setup is not None and not setup.passed
+        checks = [setup] if setup is not None and failed else deps.run_checks(checkout)
         # What the checks leave behind must not count against the read-only verifier.
         deps.workspace.discard_changes(checkout)
         check_text = (

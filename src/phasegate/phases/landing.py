@@ -30,7 +30,7 @@ from phasegate.phases.deps import PhaseDeps
 from phasegate.proc.process import start_ticks
 from phasegate.proc.sandbox import check_confinement
 
-__all__ = ["FILES_EVENT", "KIND", "SETUP_EVENT", "owed", "prepare"]
+__all__ = ["FILES_EVENT", "KIND", "SETUP_EVENT", "owed", "prepare", "prepare_checkout"]
 
 #: The milestone of one worktree's preparation.
 KIND = "worktree_setup"
@@ -94,8 +94,9 @@ def prepare(
         result = CheckResult(areas.setup, None, 0.0, str(exc))
     said = {**result.as_dict(), "generation": generation}
     deps.store.add_event(ctx.id, EventWrite(SETUP_EVENT, said))
-    verb = _verb(result)
-    summary = f"landing_areas.setup {verb} in {result.duration_s:.1f} s; {brought.summary()}"
+    verb = _verb(result, areas.setup_timeout)
+    took = "" if result.timed_out else f" in {result.duration_s:.1f} s"  # the verb says
+    summary = f"landing_areas.setup {verb}{took}; {brought.summary()}"
     status = "completed" if result.passed else "failed"
     deps.store.settle_milestone(row, status, summary=summary, data={**data, "setup": said})
     if result.passed:
@@ -110,11 +111,35 @@ def prepare(
     )
 
 
-def _verb(result: CheckResult) -> str:
+def prepare_checkout(
+    ctx: WorkflowContext, deps: PhaseDeps, checkout: Path, phase: str, what: str
+) -> CheckResult | None:
+    """Prepare a short-lived ``checkout`` (``what`` names it: ``merge commit``) as a
+    worktree is, so its checks see what the worktree's saw: the ``copy`` and
+    ``link`` entries brought, then ``setup`` run once. Both are events
+    (``worktree_files``, ``worktree_setup``) carrying ``checkout``; no milestone.
+    Returns the setup's result (None without a setup): the caller counts a
+    failed one as a failed check. Raises as ``prepare`` does."""
+    areas = deps.cartridge.landing_areas
+    if not areas.prepares:
+        return None
+    brought = bring_files(Path(ctx.repo_path), checkout, areas.copy_files, areas.link)
+    deps.store.add_event(ctx.id, EventWrite(FILES_EVENT, {**brought.as_dict(), "checkout": what}))
+    if not areas.setup:
+        return None
+    try:
+        result = _run_setup(ctx, deps, checkout, phase, areas.setup)
+    except CheckUnstartable as exc:
+        result = CheckResult(areas.setup, None, 0.0, str(exc))
+    deps.store.add_event(ctx.id, EventWrite(SETUP_EVENT, {**result.as_dict(), "checkout": what}))
+    return result
+
+
+def _verb(result: CheckResult, timeout_s: float) -> str:
     if result.passed:
         return "passed"
     if result.timed_out:
-        return "timed out"
+        return f"timed out after {timeout_s:g} s (landing_areas.setup_timeout)"
     if result.exit_code is None:
         return "could not start"
     return f"failed (exit {result.exit_code})"

@@ -55,13 +55,18 @@ from phasegate.git.workspace import git
 from phasegate.phases import landing, repo_setup
 from phasegate.phases.deps import PhaseDeps
 
-__all__ = ["branch_name_for", "run"]
+__all__ = ["branch_name", "branch_name_for", "run"]
+
+
+def branch_name(workflow_id: str, title: str) -> str:
+    """``phasegate/<id>-<slug of the title>``, at most 60 characters."""
+    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:40].rstrip("-")
+    return f"phasegate/{workflow_id}-{slug}" if slug else f"phasegate/{workflow_id}"
 
 
 def branch_name_for(ctx: WorkflowContext) -> str:
-    """``phasegate/<id>-<slug of the title>``, at most 60 characters."""
-    slug = re.sub(r"[^a-z0-9]+", "-", ctx.title.lower()).strip("-")[:40].rstrip("-")
-    return f"phasegate/{ctx.id}-{slug}" if slug else f"phasegate/{ctx.id}"
+    """The branch preparation makes for ``ctx`` (``branch_name``)."""
+    return branch_name(ctx.id, ctx.title)
 
 
 def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:

@@ -7,7 +7,10 @@ merged workflow's are not (docs/worktrees.md: retention). ``phasegate
 cleanup`` and every worker's cleanup pass apply them (``expire``);
 ``phasegate cleanup --all`` retires every failed and cancelled workflow's now
 (``retire``). Nothing else is ever touched: a workflow in any other status
-(running, paused, waiting) keeps its worktree whatever its age.
+(running, paused, waiting) keeps its worktree whatever its age. A workflow
+that ended during its preparation never recorded its worktree or branch: they
+are found where preparation makes them, the worktree root's ``<id>`` and
+``phasegate/<id>-<slug>``.
 
 The branch on a team's forge is never deleted here: a failed workflow's branch
 may hold work, and where it was pushed the forge keeps it (a resume brings it
@@ -30,7 +33,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from phasegate.config.cartridge import Cartridge
+from phasegate.config.cartridge import Cartridge, CartridgeError
 from phasegate.core.contract import (
     CANCELLED,
     EventWrite,
@@ -42,6 +45,7 @@ from phasegate.core.contract import (
 from phasegate.git.command import run_git
 from phasegate.git.workspace import GitError, Workspace
 from phasegate.phases.cleanup import clean_up
+from phasegate.phases.preparation import branch_name
 from phasegate.store import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -123,7 +127,7 @@ def candidates(engine: _Engine, *, workspace: Workspace | None = None) -> list[R
     for row in store.list_workflows(RETIRABLE):
         if row["repo_path"] != str(repo):
             continue
-        worktree, branch = row.get("worktree_path"), row.get("branch_name")
+        worktree, branch = _left(engine, repo, row)
         here = bool(worktree) and Path(str(worktree)).exists()
         has_branch = (
             bool(branch)
@@ -148,6 +152,24 @@ def candidates(engine: _Engine, *, workspace: Workspace | None = None) -> list[R
             )
         )
     return found
+
+
+def _left(engine: _Engine, repo: Path, row: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The worktree path and branch name the workflow of ``row`` has, or left behind.
+
+    A workflow that ended during its preparation never committed them: its worktree
+    is then the one preparation makes (the worktree root's ``<id>``) and its branch
+    the one it names (``phasegate/<id>-<slug>``), both this workflow's alone.
+    """
+    worktree, branch = row.get("worktree_path"), row.get("branch_name")
+    if not worktree:
+        try:
+            worktree = str(engine.cartridge.landing_areas.worktree_dir(repo) / row["id"])
+        except CartridgeError:  # a worktree_root refused now: no worktree was made there
+            worktree = None
+    if not branch:
+        branch = branch_name(row["id"], row["title"])
+    return (str(worktree) if worktree else None), str(branch)
 
 
 def _work(
@@ -240,10 +262,13 @@ def _retiring(
         if ctx.status not in RETIRABLE:  # resumed meanwhile: its worktree is in use
             raise _NotRetirable(f"{ctx.id} is {ctx.status} now")
         repo = Path(ctx.repo_path)
-        worktree = Path(ctx.worktree_path) if ctx.worktree_path else None
+        # Ended during its preparation: what it left is what ``candidates`` found.
+        path = ctx.worktree_path or one.worktree
+        worktree = Path(path) if path else None
+        branch = ctx.branch_name or one.branch
         problems: list[str] = []
-        if ctx.branch_name and ctx.branch_name != ctx.base_branch:
-            problems += clean_up(workspace, repo, worktree, ctx.branch_name).problems
+        if branch and branch != ctx.base_branch:
+            problems += clean_up(workspace, repo, worktree, branch).problems
         elif worktree is not None:
             try:
                 workspace.remove_worktree(repo, worktree)

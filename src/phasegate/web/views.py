@@ -247,13 +247,15 @@ def describe_event(event: Mapping[str, Any]) -> str:
     if kind == "worktree_setup" and "command" in data:
         how = "passed" if data.get("passed") else f"failed (exit {data.get('exit_code')})"
         tail = str(data.get("output") or "").strip().splitlines()[-3:]
-        return f"worktree setup {how}: {' / '.join(tail) or '(no output)'}"
+        where = f"{data['checkout']} setup" if data.get("checkout") else "worktree setup"
+        return f"{where} {how}: {' / '.join(tail) or '(no output)'}"
     if kind == "ports_reserved" and "base" in data:
         last = int(data["base"]) + int(data.get("count") or 1) - 1
         return f"ports {data['base']}-{last} reserved (PHASEGATE_PORT_BASE)"
     if kind == "worktree_files" and "copied" in data:
         skipped = [s.get("path") or s.get("entry") for s in data.get("skipped") or ()]
-        said = f"worktree files: copied {', '.join(data['copied']) or 'none'}"
+        where = f"{data['checkout']} files" if data.get("checkout") else "worktree files"
+        said = f"{where}: copied {', '.join(data['copied']) or 'none'}"
         said += f"; linked {', '.join(data.get('linked') or ()) or 'none'}"
         return said + (f"; skipped {', '.join(map(str, skipped))}" if skipped else "")
     if kind == "events_pruned" and "events" in data:
