@@ -26,6 +26,7 @@ import os
 import re
 import shlex
 import shutil
+import sys
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -70,6 +71,7 @@ from phasegate.tools.discover import (
     keys_set,
     program_version,
 )
+from phasegate.tools.sample_agent import stand_in_notes
 
 __all__ = ["AgentCli", "Diagnosis", "RoleStatus", "diagnose", "not_a_repository"]
 
@@ -224,6 +226,8 @@ _SHELL_WORDS = frozenset(
 def _found(program: str, repo: Path, which: Which) -> str | None:
     """Where ``program`` is: a relative path is the checkout's (a command runs in
     its worktree), an absolute one must be executable, a bare name on PATH."""
+    if program == "$PHASEGATE_PYTHON":  # the command runner names phasegate's Python
+        return sys.executable
     if "/" not in program:
         return which(program)
     path = Path(program) if Path(program).is_absolute() else repo / program
@@ -424,6 +428,7 @@ def diagnose(
                 roles.append(
                     _role_status(name, binding, root, which, env, litellm, missing, warnings)
                 )
+            warnings.extend(stand_in_notes(bindings))  # a note: they run as they are
     if root is not None:  # a branch a killed merge's scratch checkout still holds
         for path, branch in Workspace().left_scratch_checkouts(root):
             warnings.append(scratch_note(path, branch))
