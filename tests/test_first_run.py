@@ -1,5 +1,5 @@
 """A first run with no agent and no model key: ``init`` binds the sample agent and ``run``
-takes a ticket through the whole lifecycle on the person's own repository.
+takes a ticket through the whole lifecycle on the person's own repository (a clone of it).
 
 Every command is the real console script in a process of its own, with a PATH
 that holds no agent CLI and an environment without a model key; the repository,
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 from phasegate.config.cartridge import load_cartridge
 from phasegate.tools.discover import AGENT_CLIS, MODEL_KEY_VARS
-from phasegate.tools.sample_agent import SAMPLE_AGENT_FILE, SCRIPT
+from phasegate.tools.sample_agent import SAMPLE_COMMAND
 
 from conftest import git, make_repo, phasegate_cli
 
@@ -58,15 +59,12 @@ def test_init_then_run_completes_a_workflow_with_no_agent_and_no_key(tmp_path: P
     repo = make_repo(tmp_path / "own repo", {"README.md": "# mine\n", "src/app.py": "x = 1\n"})
     code, init = phasegate(repo, "init")
     assert code == 0, init
-    sample = repo / SAMPLE_AGENT_FILE
-    assert init["sample_agent"] == {
-        "path": str(sample),
-        "command": f"sh '{sample}'",  # the space in the path is quoted
-        "calls_a_model": False,
-    }
+    # no path of this checkout or machine: phasegate runs the agent installed with it
+    assert init["sample_agent"] == {"command": SAMPLE_COMMAND, "calls_a_model": False}
     assert init["roles"]["runner"] == "command"
-    assert sample.read_text() == SCRIPT
+    assert init["next"][0].startswith("git add phasegate.toml && git commit")
     assert any("phasegate approve-merge" in step for step in init["next"])
+    assert any("edit [agents.sample]" in note for note in init["notes"])
     cartridge = load_cartridge(repo)
     for role in ("plan", "plan_review", "build", "review", "verification"):
         binding = cartridge.role(role)
@@ -75,10 +73,29 @@ def test_init_then_run_completes_a_workflow_with_no_agent_and_no_key(tmp_path: P
             init["sample_agent"]["command"],
             "sample",
         )
-    # The script is ignored: only the cartridge is there to commit, as init's next step says.
+    # Only the cartridge is there to commit, as init's next step says.
     assert git(repo, "status", "--porcelain") == "?? phasegate.toml"
+    assert not (repo / ".phasegate").exists()
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "phasegate cartridge")
+
+    # Another person's clone, the first checkout's files gone: the committed cartridge
+    # runs there all the same (worktree, the verifier's checkout), nothing of init's left.
+    clone = tmp_path / "their clone"
+    git(tmp_path, "clone", "-q", str(repo), str(clone))
+    git(clone, "config", "user.email", "them@example.com")
+    git(clone, "config", "user.name", "them")
+    git(repo, "config", "core.bare", "true")
+    for entry in repo.iterdir():
+        if entry.name != ".git":
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    repo = clone
+    code, doctor = phasegate(repo, "doctor", "--offline")
+    assert code == 0, doctor
+    build = next(r for r in doctor["roles"] if r["role"] == "build")
+    assert build["executable"] == "$PHASEGATE_PYTHON", build
+    assert Path(build["resolved"]).parent == Path(sys.executable).parent
+    assert any("bound to the stand-in sample agent" in w for w in doctor["warnings"]), doctor
 
     code, run = phasegate(repo, "run", "Add a line to NOTES.md")
     assert (code, run["status"], run["current_phase"]) == (0, "waiting", "wait"), run
@@ -107,7 +124,7 @@ def test_a_new_project_with_no_agent_gets_the_sample_agent_too(tmp_path: Path) -
         where, "run", "--new-project", "gadgets", "--dir", str(checkout), "Add a line"
     )
     assert (code, run["status"]) == (0, "waiting"), run
-    assert (checkout / SAMPLE_AGENT_FILE).read_text() == SCRIPT
+    assert f"command = '{SAMPLE_COMMAND}'" in (checkout / "phasegate.toml").read_text()
     assert git(checkout, "ls-tree", "--name-only", "main") == "README.md\nphasegate.toml"
     assert git(checkout, "status", "--porcelain") == ""
 
