@@ -578,3 +578,26 @@ def test_a_cli_without_version_option_that_names_its_version_in_a_banner_is_foun
     broken.chmod(0o755)
     version, error = program_version(str(broken))
     assert version is None and error and "exited with code 2" in error
+
+
+def test_doctor_notes_the_sample_agent_and_refuses_an_older_inits_missing_script(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    text = default_cartridge(repo, which=found(), environ={}).text
+    (repo / "phasegate.toml").write_text(text)
+    found_now = diagnose(repo, which=shutil.which, environ={}, offline=True)
+    assert found_now.ok, found_now.missing
+    note = next(w for w in found_now.warnings if "stand-in sample agent" in w)
+    assert note.startswith("plan, plan_review, build, review, verification: bound to")
+    # an older init bound the roles to a script in one checkout's ignored folder
+    script = repo / ".phasegate" / "sample-agent.sh"
+    old = text.replace(f"command = '{SAMPLE_COMMAND}'", f"command = \"sh '{script}'\"")
+    (repo / "phasegate.toml").write_text(old)
+    clone = diagnose(repo, which=shutil.which, environ={}, offline=True)
+    said = [m for m in clone.missing if "older init's .phasegate/sample-agent.sh" in m]
+    assert len(said) == 1 and SAMPLE_COMMAND in said[0], clone.missing
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\n")
+    here = diagnose(repo, which=shutil.which, environ={}, offline=True)
+    assert here.ok and any("older init's" in w for w in here.warnings), here.missing

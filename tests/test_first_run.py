@@ -16,9 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from phasegate.config.cartridge import load_cartridge
 from phasegate.tools.discover import AGENT_CLIS, MODEL_KEY_VARS
-from phasegate.tools.sample_agent import SAMPLE_COMMAND
+from phasegate.tools.sample_agent import SAMPLE_COMMAND, answer
 
 from conftest import git, make_repo, phasegate_cli
 
@@ -146,3 +148,21 @@ def test_the_sample_agent_answers_graph_mode_with_a_diff(tmp_path: Path) -> None
         "- an older note",
         f"- Add a line (phasegate workflow {run['id']})",
     ]
+
+
+def test_the_sample_agent_answers_each_role_by_rule(tmp_path: Path) -> None:
+    prompt = "Write the plan.\n\n## Ticket: Add a line\n\nmore\n"
+    assert answer("plan", prompt, "w1", True, tmp_path) == (
+        "1. Add one line to NOTES.md naming the ticket: Add a line.\n"
+    )
+    graph = "Build it.\n\n## Ticket\n\n  Add a graph line\nbody\n"
+    diff = answer("build", graph, "w2", True, tmp_path)
+    assert "--- /dev/null\n+++ b/NOTES.md\n@@ -0,0 +1 @@\n" in diff, diff
+    assert "+- Add a graph line (phasegate workflow w2)\n" in diff
+    assert answer("verification", prompt, "w1", True, tmp_path).endswith("indeterminate\n")
+    (tmp_path / "NOTES.md").write_bytes(b"old")  # no newline at its end
+    answer("build", prompt, "w3", False, tmp_path)
+    assert (tmp_path / "NOTES.md").read_text() == "old\n- Add a line (phasegate workflow w3)\n"
+    assert answer("verification", prompt, "w1", True, tmp_path).endswith("confirmed\n")
+    with pytest.raises(ValueError, match="no answer for the role arbitrate"):
+        answer("arbitrate", prompt, "w1", True, tmp_path)

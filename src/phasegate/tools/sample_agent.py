@@ -36,6 +36,8 @@ SAMPLE_AGENT_NAME = "sample"
 SAMPLE_COMMAND = '"$PHASEGATE_PYTHON" -P -m phasegate.tools.sample_agent'
 
 _NOTES = "NOTES.md"
+# What an older init bound every role to: a script in one checkout's ignored folder.
+_OLD_SCRIPT = ".phasegate/sample-agent.sh"
 
 
 def is_sample_command(command: str | None) -> bool:
@@ -43,17 +45,28 @@ def is_sample_command(command: str | None) -> bool:
     return command is not None and "-m phasegate.tools.sample_agent" in " ".join(command.split())
 
 
-def stand_in_notes(bindings: Mapping[str, object]) -> list[str]:
-    """Doctor's note naming the roles (of role name → binding) that run this stand-in:
-    one note, or none when no role does. A binding without ``command`` runs none."""
-    roles = [n for n, b in bindings.items() if is_sample_command(getattr(b, "command", None))]
-    if not roles:
-        return []
-    return [
-        f"{', '.join(roles)}: bound to the stand-in sample agent (it answers by rule and "
-        f"calls no model); bind a real agent in [agents.{SAMPLE_AGENT_NAME}] or "
-        "[roles.NAME] (docs/runners.md)"
-    ]
+def stand_in_notes(
+    bindings: Mapping[str, object], root: Path, missing: list[str], warnings: list[str]
+) -> None:
+    """Doctor's word on the roles (of role name → binding) that run this stand-in (a
+    warning), and on those running the script an older ``init`` wrote into one
+    checkout's ignored ``.phasegate/``: missing when ``root`` lacks it (a clone), a
+    warning when it is there. A binding without ``command`` runs neither."""
+    commands = {n: str(getattr(b, "command", None) or "") for n, b in bindings.items()}
+    roles = [n for n, command in commands.items() if is_sample_command(command)]
+    if roles:
+        warnings.append(
+            f"{', '.join(roles)}: bound to the stand-in sample agent (it answers by rule and "
+            f"calls no model); bind a real agent in [agents.{SAMPLE_AGENT_NAME}] or "
+            "[roles.NAME] (docs/runners.md)"
+        )
+    old = [n for n, command in commands.items() if _OLD_SCRIPT in command]
+    if old:
+        said = "a file no clone has" + ("" if (root / _OLD_SCRIPT).is_file() else ", nor this one")
+        (warnings if (root / _OLD_SCRIPT).is_file() else missing).append(
+            f"{', '.join(old)}: the command runs an older init's {_OLD_SCRIPT}, {said}: set "
+            f"command = '{SAMPLE_COMMAND}' in [agents.{SAMPLE_AGENT_NAME}]"
+        )
 
 
 def _title(prompt: str) -> str:
