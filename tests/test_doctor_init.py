@@ -22,7 +22,7 @@ from phasegate.tools import doctor
 from phasegate.tools.discover import CheckGuess, detect_base_branch, detect_checks, program_version
 from phasegate.tools.doctor import diagnose
 from phasegate.tools.init import default_cartridge
-from phasegate.tools.sample_agent import SAMPLE_AGENT_FILE, sample_command
+from phasegate.tools.sample_agent import SAMPLE_COMMAND
 
 from conftest import ROLES, git, make_repo
 
@@ -461,8 +461,12 @@ def test_init_falls_back_to_codex_then_the_api_runner_then_examples(tmp_path: Pa
 
     # nothing found: every role runs the sample agent through one agent profile
     nothing = default_cartridge(repo, which=found(), environ={})
-    assert (nothing.runner, nothing.sample_agent) == ("command", repo / SAMPLE_AGENT_FILE)
-    assert nothing.command == sample_command(repo)
+    assert (nothing.runner, nothing.sample_agent, nothing.command) == (
+        "command",
+        True,
+        SAMPLE_COMMAND,
+    )
+    assert str(repo) not in nothing.text  # no path of this checkout: any clone runs it
     sampled = loads(tmp_path, nothing.text)
     for role in ROLES:
         binding = sampled.role(role)
@@ -471,8 +475,10 @@ def test_init_falls_back_to_codex_then_the_api_runner_then_examples(tmp_path: Pa
             "sample",
             nothing.command,
         )
-    assert any("`phasegate init --force`" in n for n in nothing.notes)
-    assert codex.sample_agent is None and api.sample_agent is None
+    # a real agent is bound by editing the cartridge; --force only starts over
+    bind = next(n for n in nothing.notes if "to bind a real agent" in n)
+    assert "edit [agents.sample]" in bind and "`phasegate init --force` starts over" in bind
+    assert not codex.sample_agent and not api.sample_agent
     assert any("no test command was found" in n for n in nothing.notes)
     assert_no_secret(codex.text, api.text, openai.text)
 
@@ -491,7 +497,7 @@ def test_init_binds_gemini_when_it_is_the_only_cli_and_names_every_other_one_fou
     assert "and a model" in also[0]
     # a program that needs a model named is never bound by init, only named
     only = default_cartridge(repo, which=found("opencode"), environ={})
-    assert only.runner == "command" and only.sample_agent is not None
+    assert only.runner == "command" and only.sample_agent
     assert any(n.startswith("also found: opencode (") for n in only.notes)
     assert_no_secret(chosen.text)
 
@@ -512,6 +518,7 @@ def test_init_prints_what_it_chose(tmp_path: Path) -> None:
     # its PATH holds no python: said at once, as doctor would say it
     assert "it cannot run yet: `python` is not on the PATH the checks get" in out, out
     assert "phasegate doctor" in out and "phasegate dry-run" in out
+    assert "git add phasegate.toml && git commit" in out  # the run takes the committed one
     assert load_cartridge(repo).role("build").runner == "claude-code"
     assert_no_secret(proc.stdout, proc.stderr, (repo / "phasegate.toml").read_text())
     # an agent was found: no sample agent is written
@@ -521,11 +528,10 @@ def test_init_prints_what_it_chose(tmp_path: Path) -> None:
     proc = phasegate("init", "--repo", str(bare), env={"PATH": bare_path(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     out = " ".join(proc.stdout.split())
-    sample = bare / SAMPLE_AGENT_FILE
-    assert f"roles: every role runs the sample agent {sample} on the command runner" in out
-    assert "calls no model, spends nothing" in out and "`phasegate init --force`" in out
+    assert f"roles: every role runs the sample agent ({SAMPLE_COMMAND}) on the command" in out
+    assert "calls no model, spends nothing" in out and "`phasegate init --force` starts" in out
     assert "next: git add phasegate.toml" in out and "phasegate approve-merge ID" in out
-    assert sample.is_file() and load_cartridge(bare).missing_roles() == []
+    assert load_cartridge(bare).missing_roles() == [] and not (bare / ".phasegate").exists()
 
 
 def test_doctor_says_which_github_repository_and_credentials_and_names_a_missing_token(
@@ -572,3 +578,26 @@ def test_a_cli_without_version_option_that_names_its_version_in_a_banner_is_foun
     broken.chmod(0o755)
     version, error = program_version(str(broken))
     assert version is None and error and "exited with code 2" in error
+
+
+def test_doctor_notes_the_sample_agent_and_refuses_an_older_inits_missing_script(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    text = default_cartridge(repo, which=found(), environ={}).text
+    (repo / "phasegate.toml").write_text(text)
+    found_now = diagnose(repo, which=shutil.which, environ={}, offline=True)
+    assert found_now.ok, found_now.missing
+    note = next(w for w in found_now.warnings if "stand-in sample agent" in w)
+    assert note.startswith("plan, plan_review, build, review, verification: bound to")
+    # an older init bound the roles to a script in one checkout's ignored folder
+    script = repo / ".phasegate" / "sample-agent.sh"
+    old = text.replace(f"command = '{SAMPLE_COMMAND}'", f"command = \"sh '{script}'\"")
+    (repo / "phasegate.toml").write_text(old)
+    clone = diagnose(repo, which=shutil.which, environ={}, offline=True)
+    said = [m for m in clone.missing if "older init's .phasegate/sample-agent.sh" in m]
+    assert len(said) == 1 and SAMPLE_COMMAND in said[0], clone.missing
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\n")
+    here = diagnose(repo, which=shutil.which, environ={}, offline=True)
+    assert here.ok and any("older init's" in w for w in here.warnings), here.missing

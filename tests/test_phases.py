@@ -7,9 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from phasegate.cli._app import console
+from phasegate.cli.render import print_detail
+from phasegate.core.report import render_report
 from phasegate.forge import LocalForge
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store
+from phasegate.summary import workflow_detail
 
 from conftest import git, land_held, make_repo, scripted_cartridge
 
@@ -152,7 +156,19 @@ def test_full_review_rounds_review_an_approved_change_again(
     assert len(reviews) == len(expected)
     assert len(milestones(store, row["id"], "dev_completed")) == 1  # the same change reviewed
     report = milestones(store, row["id"], "progress_reported")[-1].data["report"]
-    assert report["review"]["rounds"] == len(expected)
+    assert (report["review"]["rounds"], report["review"]["passes"]) == (1, len(expected))
+    said = render_report(report, "en")
+    assert ("approve (1 round, 2 passes)" if full else "approve (1 round)") in said, said
+    # the progress line and show's milestone lines tell the passes apart
+    started = store.events(row["id"], types=["agent_started"])
+    assert [e["data"].get("pass") for e in started if e["data"]["role"] == "review"] == (
+        [None, 2] if full else [None]
+    )
+    with console.capture() as shown:
+        print_detail(workflow_detail(store, row["id"]))
+    lines = [line.split()[1:3] for line in shown.get().splitlines() if "pr_reviewed" in line]
+    assert lines == ([["pr_reviewed", "r1"], ["pr_reviewed", "r1"]] if full else [lines[0]])
+    assert ("pr_reviewed r1 pass 2 " in shown.get()) == full, shown.get()
 
 
 def test_a_later_full_round_that_requests_changes_sends_the_change_back(

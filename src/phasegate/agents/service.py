@@ -181,6 +181,7 @@ class AgentService:
         *,
         round: int = 0,
         attempt: int = 0,
+        pass_number: int = 1,
         parse: Callable[[str], Any] | None = None,
         retries: int | None = None,
         session_line: str | None = None,
@@ -199,7 +200,9 @@ class AgentService:
         role's, ROLE_SESSION_LINES) names the provider session the call
         resumes; ``read_only`` (default: whether the role is in
         READ_ONLY_ROLES) overrides the role's access, as the development graph
-        does for its build, which answers with a diff. Every try is guarded
+        does for its build, which answers with a diff. ``pass_number`` above 1 (a
+        later review of the same round's change) goes into the ``agent_started``
+        event as ``pass``. Every try is guarded
         (``phasegate.git.guard``): refs, HEADs, the git config, hooks and ``info/``
         the agent changed are restored and the try fails with
         ``ref_violation``/``git_dir_violation``, like any failed call. Raises AgentFailed when
@@ -280,6 +283,8 @@ class AgentService:
             confined = request.confinement is not None and request.confinement.confined
             note_change()  # an agent in this process (scripted, api) writes too
             started = {"role": role, "phase": phase, "round": round, "runner": runner.name}
+            if pass_number > 1:
+                started["pass"] = pass_number
             with (
                 # a slot under each cap it counts against, given back as its process ends
                 self.slots.held(ctx.id, role, phase, EventWrite("agent_started", started)) as held,

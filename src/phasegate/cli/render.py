@@ -82,6 +82,8 @@ class LiveProgress:
             self.line(f"[bold]{workflow_id}[/bold] → {data.get('phase')}")
         elif type_ == "agent_started":
             role, round_ = data.get("role"), data.get("round")
+            if data.get("pass"):  # a later review of the same round's change
+                round_ = f"{round_}, pass {data['pass']}"
             self._bar(workflow_id, f"{phase} · round {round_} · {role} agent running")
             self._step(workflow_id, f"{role} agent ({data.get('runner')}), round {round_}")
         elif type_ == "agent_waiting":  # agents/slots.py: a cap on calls at once is reached
@@ -555,6 +557,8 @@ def _print_timeline(milestones: list[dict[str, Any]]) -> None:
         where = "".join(
             f" {label}{value}" for label, value in (("r", m["round"]), ("a", m["attempt"])) if value
         )
+        if int((m.get("data") or {}).get("pass") or 1) > 1:  # a later review of that round
+            where += f" pass {m['data']['pass']}"
         head = f"  {_MARKS.get(m['status'], m['status'])} {m['kind']}{where}  "
         # one line per milestone: the summary is cut to what the terminal has left
         room = max(console.width - len(Text.from_markup(head)), 20)

@@ -36,16 +36,17 @@ def init(
     ANTHROPIC_API_KEY or OPENAI_API_KEY is set; every other agent CLI found
     (opencode, qwen, copilot, aider, mini) is named in a note, to bind with its
     model (docs/runners.md). With none of them, every role runs the sample
-    agent, a stand-in script written to .phasegate/sample-agent.sh (git ignores
-    it) through the command runner: it answers by rule, calls no model and
-    spends nothing, so `phasegate run` shows a whole workflow at once. The base
-    branch and the checks (pytest, npm test, cargo test, go test, make test)
-    come from the repository.
+    agent, a stand-in installed with phasegate (`"$PHASEGATE_PYTHON" -P -m
+    phasegate.tools.sample_agent` on the command runner; no file is written for
+    it): it answers by rule, calls no model and spends nothing, so `phasegate
+    run` shows a whole workflow at once. The base branch and the checks
+    (pytest, npm test, cargo test, go test, make test) come from the
+    repository. To bind a real agent later, edit [agents.sample] or the
+    [roles.NAME] tables (docs/runners.md); --force starts over.
     """
     from phasegate.config.cartridge import CARTRIDGE_FILE, load_cartridge
     from phasegate.git.workspace import Workspace
     from phasegate.tools.init import default_cartridge
-    from phasegate.tools.sample_agent import write_sample
 
     with reported_errors():
         root = repo_root(repo)
@@ -53,12 +54,7 @@ def init(
         if path.exists() and not force:
             raise UsageError(f"{path} exists; use --force to overwrite")
         chosen = default_cartridge(root)
-        Workspace().exclude(root, ".phasegate/")  # before the sample agent is written there
-        if chosen.sample_agent is not None:
-            try:
-                write_sample(root)
-            except OSError as exc:
-                raise UsageError(f"cannot write {chosen.sample_agent}: {exc}") from None
+        Workspace().exclude(root, ".phasegate/")  # the worktrees and the store go there
         path.write_text(chosen.text, encoding="utf-8")
         load_cartridge(root)
     if as_json:
@@ -80,7 +76,6 @@ def _check_problems(chosen: "DefaultCartridge", root: Path) -> list[str | None]:
 def _chosen_json(chosen: "DefaultCartridge", root: Path, path: Path) -> dict[str, Any]:
     from phasegate.tools.init import next_steps
 
-    sample = chosen.sample_agent
     return {
         "cartridge": str(path),
         "roles": {
@@ -89,9 +84,9 @@ def _chosen_json(chosen: "DefaultCartridge", root: Path, path: Path) -> dict[str
             "model": chosen.model,
             "api_key_env": chosen.api_key_env,
         },
-        "sample_agent": None
-        if sample is None
-        else {"path": str(sample), "command": chosen.command, "calls_a_model": False},
+        "sample_agent": {"command": chosen.command, "calls_a_model": False}
+        if chosen.sample_agent
+        else None,
         "base_branch": {"name": chosen.base_branch, "why": chosen.base_branch_why},
         "checks": [
             {"command": check.command, "why": check.why, "problem": problem}
@@ -108,11 +103,11 @@ def _print_chosen(chosen: "DefaultCartridge", root: Path) -> None:
     def say(label: str, text: str) -> None:
         console.print(f"  {label}: {shown(text)}", highlight=False)
 
-    if chosen.sample_agent is not None:
+    if chosen.sample_agent:
         say(
             "roles",
-            f"every role runs the sample agent {chosen.sample_agent} on the command runner "
-            "(written now; git ignores it): a stand-in that answers by rule, calls no model, "
+            f"every role runs the sample agent ({chosen.command}) on the command runner: "
+            "a stand-in installed with phasegate that answers by rule, calls no model, "
             "spends nothing",
         )
     else:

@@ -29,6 +29,8 @@ LABELS: Mapping[str, Mapping[str, str]] = {
         "round": "Development round",
         "plan": "Plan",
         "plan_rounds": "rounds",
+        "one_round": "round",
+        "passes": "passes",
         "approved": "approved",
         "not_approved": "accepted after the round limit",
         "changes": "Changes",
@@ -58,6 +60,8 @@ LABELS: Mapping[str, Mapping[str, str]] = {
         "round": "开发轮次",
         "plan": "计划",
         "plan_rounds": "轮",
+        "one_round": "轮",
+        "passes": "遍",
         "approved": "已批准",
         "not_approved": "达到轮次上限后采用",
         "changes": "变更",
@@ -89,6 +93,13 @@ def _number(value: object) -> str:
     return shown_number(value) if isinstance(value, int) else f"#{value}"
 
 
+def _review_count(review: Mapping[str, Any], w: Mapping[str, str]) -> str:
+    """ "2 rounds", or "1 round, 3 passes" when a round's change was reviewed again."""
+    rounds, passes = int(review.get("rounds", 0)), int(review.get("passes", 0))
+    said = f"{rounds} {w['one_round'] if rounds == 1 else w['plan_rounds']}"
+    return f"{said}, {passes} {w['passes']}" if passes > rounds else said
+
+
 def render_report(payload: Mapping[str, Any], language: str) -> str:
     """Markdown for ``payload`` in ``language`` ("en" or "zh"; anything else is English)."""
     w = LABELS.get(language, LABELS["en"])
@@ -113,8 +124,7 @@ def render_report(payload: Mapping[str, Any], language: str) -> str:
         mark = w["passed"] if result.get("passed") else w["failed"]
         lines.append(f"  - `{result.get('command')}`: {mark} ({result.get('duration_s', 0)}s)")
     lines += [
-        f"- {w['review']}: {review.get('verdict') or w['none']} "
-        f"({review.get('rounds', 0)} {w['plan_rounds']})",
+        f"- {w['review']}: {review.get('verdict') or w['none']} ({_review_count(review, w)})",
         f"- {w['pr']}: {_number(payload.get('pr'))} ({payload.get('branch')})",
         f"- {w['usage']}: {usage.get('tokens', 0)} {w['tokens']}, "
         f"${usage.get('cost_usd', 0.0):.4f}",

@@ -149,6 +149,7 @@ def run(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             ),
             worktree_of(ctx),
             round=round_num,
+            pass_number=review_pass,
             parse=verdict_parser(("approve", "request_changes")),
             garbage_limit=deps.limits.max_review_parse_failures,
         ).parsed

@@ -94,7 +94,10 @@ def build_payload(ctx: WorkflowContext, deps: PhaseDeps) -> dict[str, Any]:
             "results": results,
         },
         "review": {
-            "rounds": len(reviews),
+            # the development rounds reviewed, and the reviews of them (passes,
+            # more than rounds under limits.require_full_review_rounds)
+            "rounds": len({m.round for m in reviews}),
+            "passes": len(reviews),
             "verdict": reviews[-1].data.get("verdict") if reviews else None,
             "comments": str(reviews[-1].data.get("comments", ""))[:REVIEW_SHOWN] if reviews else "",
         },

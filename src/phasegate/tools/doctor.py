@@ -5,18 +5,17 @@ their versions, which model keys are set (never a value, nor any part of one),
 git, the cartridge's validity and every role's binding. ``Diagnosis.missing``
 lists what stops a run (an unbound role, a missing executable, an unset
 ``api_key_env``, litellm missing for an ``api`` role, ...); ``warnings`` what
-may surprise one without stopping it. It says which sandbox each role that
-starts a process gets, and the checks (``phasegate.proc.sandbox.choose``): an
-explicit ``sandbox = "bwrap"`` that cannot work here is missing, a process
-that will run unconfined a warning.
+may surprise one without stopping it (roles bound to init's sample agent). It
+says which sandbox each role that starts a process gets, and the checks
+(``phasegate.proc.sandbox.choose``): an explicit ``sandbox = "bwrap"`` that
+cannot work here is missing, a process that will run unconfined a warning.
 
-With ``forge.kind = "github"`` it makes one read-only call, ``GET
-/repos/{owner}/{repo}`` with the cartridge's credentials (``offline=True``
-skips it): a refused token, a repository the token cannot see, or one it may
-read but not push to is missing; GitHub out of reach is a warning.
-With ``forge.kind = "gitlab"`` the one call is ``GET /projects/:id``
-(``phasegate.forge.gitlab.doctor``): a role below Developer is missing. A Gitea
-forge is asked the same (``forge.gitea.access``).
+With ``forge.kind = "github"`` it makes one read-only call, ``GET /repos/{owner}/{repo}``
+with the cartridge's credentials (``offline=True`` skips it): a refused token, a
+repository the token cannot see, or one it may read but not push to is missing; GitHub
+out of reach is a warning. With ``forge.kind = "gitlab"`` the one call is ``GET
+/projects/:id`` (``phasegate.forge.gitlab.doctor``): a role below Developer is
+missing. A Gitea forge is asked the same (``forge.gitea.access``).
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ import os
 import re
 import shlex
 import shutil
+import sys
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -70,10 +70,10 @@ from phasegate.tools.discover import (
     keys_set,
     program_version,
 )
+from phasegate.tools.sample_agent import stand_in_notes
 
 __all__ = ["AgentCli", "Diagnosis", "RoleStatus", "diagnose", "not_a_repository"]
 
-#: The executable a CLI runner starts when its binding names none.
 #: How to get each CLI, for the message that says it is missing.
 _INSTALL = {runner: program.install for runner, program in AGENT_PROGRAMS.items()}
 _LITELLM_HINT = "pip install 'phasegate[api]'"
@@ -223,9 +223,10 @@ _SHELL_WORDS = frozenset(
 
 def _found(program: str, repo: Path, which: Which) -> str | None:
     """Where ``program`` is: a relative path is the checkout's (a command runs in
-    its worktree), an absolute one must be executable, a bare name on PATH."""
-    if "/" not in program:
-        return which(program)
+    its worktree), an absolute one must be executable, a bare name on PATH, and
+    ``$PHASEGATE_PYTHON`` phasegate's own Python."""
+    if "/" not in program:  # $PHASEGATE_PYTHON: the Python the command runner names
+        return sys.executable if program == "$PHASEGATE_PYTHON" else which(program)
     path = Path(program) if Path(program).is_absolute() else repo / program
     return str(path) if path.is_file() and os.access(path, os.X_OK) else None
 
@@ -424,6 +425,7 @@ def diagnose(
                 roles.append(
                     _role_status(name, binding, root, which, env, litellm, missing, warnings)
                 )
+            stand_in_notes(bindings, root, missing, warnings)  # init's sample agent
     if root is not None:  # a branch a killed merge's scratch checkout still holds
         for path, branch in Workspace().left_scratch_checkouts(root):
             warnings.append(scratch_note(path, branch))

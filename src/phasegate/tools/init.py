@@ -24,9 +24,15 @@ from phasegate.tools.discover import (
     detect_checks,
     keys_set,
 )
-from phasegate.tools.sample_agent import SAMPLE_AGENT_FILE, SAMPLE_AGENT_NAME, sample_command
+from phasegate.tools.sample_agent import SAMPLE_AGENT_NAME, SAMPLE_COMMAND
 
-__all__ = ["DEFAULT_API_MODELS", "DefaultCartridge", "default_cartridge", "next_steps"]
+__all__ = [
+    "BIND_A_REAL_AGENT",
+    "DEFAULT_API_MODELS",
+    "DefaultCartridge",
+    "default_cartridge",
+    "next_steps",
+]
 
 
 @dataclass(frozen=True)
@@ -34,9 +40,9 @@ class DefaultCartridge:
     """What ``phasegate init`` chose, and the cartridge text it writes.
 
     ``runner`` is the runner every role is bound to: ``command`` with
-    ``sample_agent`` set when no agent was found (every role runs the stand-in
-    script ``phasegate.tools.sample_agent``, to be written at that path, with
-    ``command`` running it). ``notes`` say what a person still has to do.
+    ``sample_agent`` true when no agent was found (every role runs the stand-in
+    ``phasegate.tools.sample_agent``, ``command`` running it; no file is written
+    for it). ``notes`` say what a person still has to do.
     """
 
     text: str
@@ -48,7 +54,7 @@ class DefaultCartridge:
     base_branch_why: str
     checks: tuple[CheckGuess, ...]
     notes: tuple[str, ...]
-    sample_agent: Path | None = None
+    sample_agent: bool = False
     command: str | None = None
 
 
@@ -91,7 +97,7 @@ def default_cartridge(
     keys = keys_set(("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY"), env)
     notes: list[str] = []
     runner = executable = key = model = command = None
-    sample: Path | None = None
+    sample = False
     found = {name: which(program.executable) for name, program in AGENT_PROGRAMS.items()}
     # The first program found that needs no model named binds every role; the others
     # found are named, for a person to bind with the model they want.
@@ -138,14 +144,9 @@ def default_cartridge(
     else:
         # Nothing to call a model with: every role runs the sample agent, so a first
         # run shows a whole workflow on this repository before a model is paid for.
-        runner, sample = "command", repo / SAMPLE_AGENT_FILE
-        command = sample_command(repo)
+        runner, sample, command = "command", True, SAMPLE_COMMAND
         roles = _sample_roles(command)
-        notes.append(
-            "to bind a real agent later, install Claude Code (claude), Codex (codex) or "
-            "Gemini CLI (gemini), or set ANTHROPIC_API_KEY/OPENAI_API_KEY, then run "
-            "`phasegate init --force`"
-        )
+        notes.append(BIND_A_REAL_AGENT)
     base, base_why = detect_base_branch(repo)
     checks = tuple(detect_checks(repo))
     if checks:
@@ -202,22 +203,31 @@ kind = "local"
     )
 
 
+#: init's advice, when it bound the sample agent, on binding a real one later.
+BIND_A_REAL_AGENT = (
+    f"to bind a real agent later, edit [agents.{SAMPLE_AGENT_NAME}] (or a [roles.NAME] table) "
+    f'in {CARTRIDGE_FILE}: e.g. runner = "claude-code" in place of its command '
+    "(docs/runners.md), then commit it; `phasegate init --force` starts over, "
+    "dropping your changes to the cartridge"
+)
+
+
 def _sample_roles(command: str) -> str:
     """Every role bound to the sample agent, one ``[agents.sample]`` profile running it."""
     return (
         "# No agent CLI (claude, codex, gemini) was found on PATH and no model key is set:\n"
-        "# every role runs phasegate's sample agent, a stand-in script that answers by rule\n"
+        "# every role runs phasegate's sample agent, a stand-in that answers by rule\n"
         "# (a one-line plan, a line added to NOTES.md, approvals, a confirmed verification).\n"
-        "# It calls no model and spends nothing. The script is in .phasegate/, which git\n"
-        "# ignores. To bind a real agent: install Claude Code, Codex or Gemini CLI (or set\n"
-        "# ANTHROPIC_API_KEY/OPENAI_API_KEY) and run `phasegate init --force`, or change\n"
-        "# [agents.sample] (docs/runners.md).\n"
+        "# It calls no model and spends nothing. It is installed with phasegate: the command\n"
+        "# runner sets PHASEGATE_PYTHON to the Python running phasegate, so every clone and\n"
+        "# machine runs it alike. To bind a real agent, change [agents.sample], e.g.\n"
+        '#   runner = "claude-code"   (in place of command and timeout)\n'
+        "# or bind a role of its own in a [roles.NAME] table (docs/runners.md); then commit.\n"
         f"[agents.{SAMPLE_AGENT_NAME}]\n"
         'runner = "command"\n'
-        # A JSON string is a TOML one, except the surrogate pairs ASCII-only JSON writes
-        # for a character past U+FFFF: TOML refuses those, so characters stay as they are.
-        f"command = {json.dumps(command, ensure_ascii=False)}\n"
-        "timeout = 60                # seconds; the script is stopped after it\n\n"
+        # Single quotes: a TOML literal string keeps the double quotes the shell needs.
+        f"command = '{command}'\n"
+        "timeout = 60                # seconds; the agent is stopped after it\n\n"
         "[roles]\n" + "".join(f'{name} = "{SAMPLE_AGENT_NAME}"\n' for name in ROLE_SESSION_LINES)
     )
 
@@ -225,16 +235,20 @@ def _sample_roles(command: str) -> str:
 def next_steps(chosen: DefaultCartridge) -> list[str]:
     """What a person does after ``phasegate init`` chose ``chosen``: command lines, each
     with what it does after a ``#``."""
-    if chosen.sample_agent is not None:
+    commit = (
+        f'git add {CARTRIDGE_FILE} && git commit -m "phasegate cartridge"   # workflows '
+        "run under the committed cartridge"
+    )
+    if chosen.sample_agent:
         return [
-            f'git add {CARTRIDGE_FILE} && git commit -m "phasegate cartridge"   # workflows '
-            "run under the committed cartridge",
+            commit,
             'phasegate run "Add a line to NOTES.md"   # plans, builds, reviews, reports; '
             "stops at wait (profile review), exit 0",
             "phasegate approve-merge ID   # merges, verifies: completed",
         ]
     return [
         "phasegate doctor   # is everything a run needs there?",
+        commit,
         'phasegate dry-run "a small ticket"   # offline, a scripted model, a throwaway clone',
         'phasegate run "your ticket"',
     ]

@@ -14,8 +14,7 @@
   anything is made (``NewProjectRefused``).
 - ``make_checkout`` makes ``directory``: ``git init`` on the base branch, the
   cartridge (its ``forge.repository`` set to ``OWNER/NAME``) and a README in one
-  first commit, and the sample agent when that cartridge binds it (never
-  committed). A directory holding this project's earlier try is taken as it is.
+  first commit. A directory holding this project's earlier try is taken as it is.
 - ``set_up`` runs at the top of preparation when the workflow's
   ``state["new_project"]`` says so: the ``repo_setup`` milestone is written
   ``in_progress`` before GitHub is asked to create the repository (empty, its
@@ -38,10 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from phasegate.config.cartridge import CARTRIDGE_FILE, Cartridge, load_cartridge
 from phasegate.git.command import git
-from phasegate.git.workspace import Workspace
 from phasegate.phases.repo_setup import KIND, NewProjectRefused, description_for, set_up
 from phasegate.tools.init import default_cartridge
-from phasegate.tools.sample_agent import SAMPLE_AGENT_FILE, write_sample
 
 if TYPE_CHECKING:
     from phasegate.forge.github.forge import GitHubForge
@@ -72,7 +69,7 @@ class NewProject:
     ``cartridge_text``; on GitHub the repository ``repository`` (owner/name;
     None on the local forge), ``private`` or not. ``earlier``: the workflow of an
     earlier try found in ``directory`` (it is continued, not filed again).
-    ``sample_agent``: the cartridge binds the sample agent, which the checkout gets."""
+    """
 
     name: str
     directory: Path
@@ -81,7 +78,6 @@ class NewProject:
     repository: str | None
     private: bool
     earlier: str | None = None
-    sample_agent: bool = False
 
     def cartridge(self) -> Cartridge:
         """The cartridge the checkout gets, validated."""
@@ -101,15 +97,13 @@ def _split(name: str) -> tuple[str | None, str]:
     return owner or None, bare
 
 
-def _template(template: Path, directory: Path) -> tuple[str, bool]:
-    """The cartridge text to copy, and whether it binds the sample agent (init's, when
-    no agent is found)."""
+def _template(template: Path, directory: Path) -> str:
+    """The cartridge text to copy: ``template``'s, else the one init would write."""
     path = template / CARTRIDGE_FILE
     if path.is_file():
         load_cartridge(template)  # a bad template is named before anything is made
-        return path.read_text(), False
-    chosen = default_cartridge(directory)
-    return chosen.text, chosen.sample_agent is not None
+        return path.read_text()
+    return default_cartridge(directory).text
 
 
 def _cartridge_of(text: str, where: Path) -> Cartridge:
@@ -166,7 +160,7 @@ def resolve(
         raise NewProjectRefused(
             f"{directory} exists and is not empty: give --dir a new directory for {bare}"
         )
-    text, sample = _template(template, directory)
+    text = _template(template, directory)
     cartridge = _cartridge_of(text, template)
     base = cartridge.workflow.base_branch or "main"
     if cartridge.forge.kind == "local":
@@ -175,7 +169,7 @@ def resolve(
                 f"--new-project {name!r}: an OWNER names a GitHub account, and "
                 f'{CARTRIDGE_FILE} has forge.kind = "local" (set kind = "github")'
             )
-        return NewProject(bare, directory, text, base, None, private, earlier, sample)
+        return NewProject(bare, directory, text, base, None, private, earlier)
     if cartridge.forge.kind != "github":
         # Only GitHub's repositories are made here; another forge's project is made
         # by a person (its group, visibility and protection are theirs to choose).
@@ -202,7 +196,7 @@ def resolve(
             f"{template / CARTRIDGE_FILE}: forge.repository could not be set to {repository}; "
             "write the [forge] table as a table of its own"
         )
-    return NewProject(bare, directory, text, base, repository, private, earlier, sample)
+    return NewProject(bare, directory, text, base, repository, private, earlier)
 
 
 def _github(
@@ -218,12 +212,11 @@ def _github(
 
 def make_checkout(project: NewProject) -> Path:
     """Make the project's local repository (an earlier try's is kept as it is):
-    ``git init`` on the base branch, the cartridge and a README, one first commit;
-    the sample agent beside them when the cartridge binds it. Returns its path.
+    ``git init`` on the base branch, the cartridge and a README, one first commit.
+    Returns its path.
     Raises GitError, OSError."""
     root = project.directory
     if (root / ".git").exists() and git(["rev-parse", "-q", "--verify", "HEAD"], root, check=False):
-        _with_sample(project, root)
         return root
     root.mkdir(parents=True, exist_ok=True)
     git(["init", "-q", "-b", project.base_branch], root)
@@ -233,12 +226,4 @@ def make_checkout(project: NewProject) -> Path:
         readme.write_text(f"# {project.name}\n")
     git(["add", CARTRIDGE_FILE, "README.md"], root)
     git(["commit", "-q", "-m", f"{project.name}: first commit (phasegate new project)"], root)
-    _with_sample(project, root)
     return root
-
-
-def _with_sample(project: NewProject, root: Path) -> None:
-    """The sample agent in ``root``'s ignored ``.phasegate/``, when the cartridge binds it."""
-    if project.sample_agent and not (root / SAMPLE_AGENT_FILE).is_file():
-        Workspace().exclude(root, ".phasegate/")
-        write_sample(root)

@@ -229,7 +229,8 @@ def describe_event(event: Mapping[str, Any]) -> str:
     if kind == "milestone_updated" and "kind" in data:
         return f"{data['kind']}: {data.get('status', '?')}"
     if kind == "agent_started" and "role" in data:
-        return f"{data['role']} agent ({data.get('runner')}), round {data.get('round')}"
+        again = f", pass {data['pass']}" if data.get("pass") else ""
+        return f"{data['role']} agent ({data.get('runner')}), round {data.get('round')}{again}"
     if kind == "agent_waiting" and "role" in data:  # agents/slots.py
         cap = f"{data.get('scope')} {data.get('key')}: {data.get('cap')} at once"
         return f"{data['role']} agent waits for a slot ({cap})"

@@ -5,11 +5,14 @@ command reads it), to ``PHASEGATE_PROMPT`` (only when under 100,000 bytes in
 UTF-8: Linux refuses to exec with one environment string over 128 KiB, E2BIG)
 and always to the file named by ``PHASEGATE_PROMPT_FILE``; stdout is the
 answer. The command runs in the worktree, with PATH, the locale, HOME/USER/
-SHELL and what the role binding names (``env``, ``pass_env``, ``api_key_env``).
+SHELL, PYTHONPATH and what the role binding names (``env``, ``pass_env``,
+``api_key_env``); ``PHASEGATE_PYTHON`` names the Python running phasegate, so a
+command can run a module installed with it (init's sample agent does).
 """
 
 from __future__ import annotations
 
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -24,8 +27,9 @@ __all__ = ["CommandRunner"]
 
 # bytes; Linux refuses a single env string over 128 KiB (MAX_ARG_STRLEN): E2BIG
 _ENV_PROMPT_LIMIT = 100_000
-# A user's own command may rely on its home (its tools' logins live there).
-_COMMAND_ENV = (*BASE_ENV, "HOME", "USER", "SHELL")
+# A user's own command may rely on its home (its tools' logins live there). PYTHONPATH
+# goes too: "$PHASEGATE_PYTHON" -m then imports the phasegate that runs it, however found.
+_COMMAND_ENV = (*BASE_ENV, "HOME", "USER", "SHELL", "PYTHONPATH")
 
 
 class CommandRunner:
@@ -53,6 +57,7 @@ class CommandRunner:
                 "PHASEGATE_CALL_INDEX": str(request.call_index),
                 "PHASEGATE_READ_ONLY": "1" if request.read_only else "0",
                 "PHASEGATE_PROMPT_FILE": str(prompt_file),
+                "PHASEGATE_PYTHON": sys.executable or "python3",
                 **request.env,  # the worktree's ports (PHASEGATE_PORT_BASE, _COUNT)
             }
             # Bytes, not characters: 40,000 CJK characters are 120,000 bytes.
