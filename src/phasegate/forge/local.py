@@ -2,7 +2,8 @@
 
 The embedded default: no service to run. Branches live in the repository itself,
 so publishing a branch is a no-op, and a merge is ``git merge --no-ff`` into
-the base branch. Every title, body, comment and merge message is redacted of
+the base branch; one that conflicts (the base moved since the sync) is refused
+as not mergeable, nothing merged. Every title, body, comment and merge message is redacted of
 ``secrets`` (raw or encoded, ``phasegate.core.redaction``) before it is stored or
 committed: what an agent wrote reaches them.
 """
@@ -27,6 +28,7 @@ from phasegate.forge.base import (
     PullRequest,
 )
 from phasegate.git.command import run_git
+from phasegate.git.errors import MergeConflict
 from phasegate.git.guard import CONFIG_FILE_VARIABLES, included_configs, user_configs
 from phasegate.git.workspace import Workspace
 from phasegate.store import Store
@@ -235,7 +237,12 @@ class LocalForge:
             raise ForgeError(f"pull request #{number} is {pr.state}")
         if head is not None and self.workspace.rev(self.repo, pr.head) != head:
             raise ForgeNotMergeable(f"{pr.head} moved since {head[:12]} was checked")
-        sha = self.workspace.merge_into_base(self.repo, pr.base, pr.head, self._clean(message))
+        try:
+            sha = self.workspace.merge_into_base(self.repo, pr.base, pr.head, self._clean(message))
+        except MergeConflict as exc:
+            # The base moved since the branch was synced (a sibling merged first): refused
+            # as GitHub refuses it, so the merge phase syncs again and forks the conflict.
+            raise ForgeNotMergeable(f"{pr.head} conflicts with {pr.base}: {exc}") from exc
         self._record_merge(number, sha)
         return sha
 

@@ -2,7 +2,8 @@
 
 ``BaseMerging`` is the merging half of ``phasegate.git.workspace.Workspace`` (split
 out by responsibility); its methods use the worktree methods ``Workspace``
-defines. Errors as there: ``GitError``, ``GitTransient``, ``DirtyCheckout``.
+defines. Errors as there: ``GitError``, ``GitTransient``, ``DirtyCheckout``, and
+``MergeConflict`` when a branch conflicts with the base it lands on.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import TYPE_CHECKING
 
 from phasegate.core.closing import defuse_closing
@@ -32,6 +34,7 @@ from phasegate.git.command import (
     repository_flock,
     run_git,
 )
+from phasegate.git.errors import MergeConflict
 from phasegate.git.repair import remove_stale_locks
 
 
@@ -179,7 +182,9 @@ class BaseMerging:
         DirtyCheckout, before git runs, when uncommitted changes there are at
         paths the merge changes; journaled, so a killed merge is undone by the
         next: ``_merge_in_checkout``), else in a scratch worktree of ``base``; under the
-        repository's ``merge_lock``, after ``repair``. Raises GitError, or
+        repository's ``merge_lock``, after ``repair``. Raises MergeConflict (the
+        merge aborted, nothing landed) when ``branch`` conflicts with ``base``: the
+        base moved since the branch was synced with it. Raises GitError, or
         GitTransient when git keeps failing on a lock.
         """
         with self.merge_lock(repo):
@@ -196,7 +201,11 @@ class BaseMerging:
         scratch.parent.mkdir(parents=True, exist_ok=True)
         git(["worktree", "add", str(scratch), base], repo)
         try:
-            git([*IDENTITY, "merge", "--no-ff", "-m", message, branch], scratch)
+            proc = run_git([*IDENTITY, "merge", "--no-ff", "-m", message, branch], scratch)
+            if proc.returncode != 0:
+                _raise_conflict(scratch, base, branch, proc)
+                detail = (proc.stderr or proc.stdout).strip()
+                raise GitError(f"git merge {branch} failed in {scratch}: {detail}")
             return self.rev(scratch, "HEAD")
         finally:
             self.remove_worktree(repo, scratch)
@@ -228,9 +237,12 @@ class BaseMerging:
                     return self.rev(holder, "HEAD")
                 # Stopped at its ref update, git leaves the merge begun (MERGE_HEAD, the
                 # index and files merged); refused, it touched nothing.
+                conflicted = _unmerged(holder) if self.merge_in_progress(holder) else []
                 left = self._abort(holder)
                 if left is None:
                     intent.clear()  # else the next try undoes it, by the intent
+                    if conflicted:
+                        raise _conflict(holder, base, branch, conflicted, proc)
                 # With edits in the checkout, git stashes around the merge and says only
                 # "stash failed" when another git (a person's commit) holds index.lock.
                 index_locked = self._index_locked(holder)
@@ -377,6 +389,30 @@ class _MergeIntent:
             shutil.rmtree(self.path, ignore_errors=True)
         else:
             self.path.unlink(missing_ok=True)
+
+
+def _unmerged(checkout: Path) -> list[str]:
+    """The paths a merge begun in ``checkout`` left unmerged (its conflicts)."""
+    return git(["diff", "--name-only", "--diff-filter=U"], checkout, check=False).splitlines()
+
+
+def _conflict(
+    checkout: Path, base: str, branch: str, conflicted: list[str], proc: CompletedProcess[str]
+) -> MergeConflict:
+    """The MergeConflict of merging ``branch`` into ``base`` in ``checkout``."""
+    detail = (proc.stdout or proc.stderr).strip()
+    return MergeConflict(
+        f"git merge {branch} into {base} conflicts in {checkout} "
+        f"({', '.join(conflicted[:10])}): {detail}",
+        conflicted,
+    )
+
+
+def _raise_conflict(checkout: Path, base: str, branch: str, proc: CompletedProcess[str]) -> None:
+    """Raise MergeConflict when the failed merge in ``checkout`` left unmerged paths."""
+    conflicted = _unmerged(checkout)
+    if conflicted:
+        raise _conflict(checkout, base, branch, conflicted, proc)
 
 
 def _persons_merge(holder: Path) -> DirtyCheckout:

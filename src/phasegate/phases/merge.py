@@ -37,7 +37,9 @@
   else a pause for a person (resolve and resume, or ``phasegate revert``);
   past the loop guard, failed (pause where a person decides anyway). A forge
   that refuses the merge as not mergeable (``ForgeNotMergeable``, GitHub's
-  405: its base moved after the sync) has the base synced again: a conflict
+  405; the local forge's merge conflicting under the repository's merge lock:
+  its base moved after the sync, which runs outside that lock, as a sibling
+  merged first) has the base synced again: a conflict
   forks as above, a clean merge is pushed and merged again (retry), and a
   branch already holding the forge's base pauses with the forge's reason.
   Uncommitted edits in the merge's way in the checkout holding the base pause
