@@ -1,5 +1,5 @@
 """The command line starts without what its command does not use: ``--help`` loads
-no GitHub client, no web server, no migrations and no SQLAlchemy; ``status`` on a
+no GitHub client, no web server, no migrations, no SQLAlchemy and no pydantic; ``status`` on a
 SQLite store at the current schema reads it without SQLAlchemy or Alembic
 (benchmarks/cli_start.py times them)."""
 
@@ -52,8 +52,8 @@ def _loaded(args: list[str], packages: list[str], cwd: Path) -> list[str]:
     return loaded
 
 
-def test_help_loads_no_github_web_migrations_or_sqlalchemy(tmp_path: Path) -> None:
-    assert _loaded(["--help"], [*NEVER_AT_START, "sqlalchemy"], tmp_path) == []
+def test_help_loads_no_github_web_migrations_sqlalchemy_or_pydantic(tmp_path: Path) -> None:
+    assert _loaded(["--help"], [*NEVER_AT_START, "sqlalchemy", "pydantic"], tmp_path) == []
 
 
 def test_status_at_the_current_schema_loads_no_github_web_alembic_or_sqlalchemy(

@@ -233,7 +233,12 @@ def test_the_queue_commands_set_show_and_refuse_under_json(happy_repo: Path) -> 
     workflow_id = status[0]["id"]
     assert status[0]["priority"] == -1
     moved = phasegate_cli("priority", workflow_id, "5", "-C", repo, "--json", "--by", "maya")
-    assert json.loads(moved.stdout) == {"id": workflow_id, "priority": 5, "priority_name": "5"}
+    assert json.loads(moved.stdout) == {
+        "id": workflow_id,
+        "priority": 5,
+        "priority_name": "5",
+        "changed": True,
+    }
     refused = phasegate_cli("priority", workflow_id, "urgent", "-C", repo, "--json")
     assert refused.returncode == 2
     assert json.loads(refused.stdout)["error"]["kind"] == "ActionRefused"
@@ -309,3 +314,67 @@ def test_a_call_waiting_for_a_slot_stops_at_shutdown_and_leaves_nothing_held(
         assert store.slot_rows() == [], "the slot given back, the wait ended"
     finally:
         store.close()
+
+
+def test_cap_names_that_can_never_match_are_refused_in_the_cartridge(tmp_path: Path) -> None:
+    from phasegate.config.cartridge import CartridgeError
+
+    roles = {"plan": {"runner": "claude-code"}}
+    for caps, said in (
+        ({"max_calls_per_runner": {"bogus-runner": 2}}, "'bogus-runner' is no runner"),
+        ({"max_calls_per_provider": {"anthropic/claude": 2}}, "before its first /"),
+    ):
+        with pytest.raises(CartridgeError, match=said) as refused:
+            cartridge_from_document(tmp_path, {"roles": roles, "queue": caps})
+        assert "queue.max_calls_per_" in str(refused.value), "the key is named"
+    kept = cartridge_from_document(
+        tmp_path,
+        {"roles": roles, "queue": {"max_calls_per_provider": {"my-gateway": 2}}},
+    )
+    assert kept.queue.max_calls_per_provider == {"my-gateway": 2}, "a custom provider stays"
+
+
+def test_queue_commands_take_negative_numbers_show_holders_and_say_when_nothing_changed(
+    happy_repo: Path, engine_for: Callable[..., tuple[Engine, Store]]
+) -> None:
+    repo = str(happy_repo)
+    engine, store = engine_for(happy_repo)
+    advanced = operations.start(engine, "Being advanced", by="maya")["id"]
+    unclaimed = operations.start(engine, "Not claimed yet", by="maya", priority=1)["id"]
+    holder = f"{HOST}:{os.getpid()}:w1"
+    assert store.claim(advanced, holder, 60) is not None
+    needs = [SlotNeed("provider", "anthropic", 2)]
+    taken = store.acquire_slots(
+        needs, call_id="c1", holder=holder, workflow_id=advanced, role="plan", ttl_s=60
+    )
+    assert taken is None
+
+    lowered = phasegate_cli("priority", advanced, "-5", "-C", repo, "--json")
+    assert json.loads(lowered.stdout)["priority"] == -5, lowered.stdout + lowered.stderr
+    assert "Change a workflow's priority" in phasegate_cli("priority", "--help").stdout
+    same = phasegate_cli("priority", unclaimed, "high", "-C", repo)
+    assert "already has priority high; nothing recorded" in same.stdout
+    decisions = [e["data"].get("action") for e in store.events(unclaimed, types=["decision"])]
+    assert decisions == ["start"], "nothing recorded for a priority it had"
+    assert "priority" in [e["data"].get("action") for e in store.events(advanced)]
+
+    negative = phasegate_cli("queue", "cap", "provider", "anthropic", "-1", "-C", repo, "--json")
+    assert negative.returncode == 2 and "cap -1: give a number" in negative.stdout
+    for scope, name, said in (
+        ("runner", "bogus-runner", "is no runner"),
+        ("provider", "anthropic/claude", "before its first /"),
+    ):
+        bad = phasegate_cli("queue", "cap", scope, name, "2", "-C", repo, "--json")
+        assert bad.returncode == 2 and said in json.loads(bad.stdout)["error"]["message"]
+    nothing = phasegate_cli("queue", "uncap", "provider", "nothere", "-C", repo)
+    assert nothing.returncode == 0
+    assert "no cap on provider nothere in the store; nothing changed" in nothing.stdout
+    as_json = phasegate_cli("queue", "uncap", "provider", "nothere", "-C", repo, "--json")
+    assert json.loads(as_json.stdout)["removed"] is False
+
+    shown = phasegate_cli("queue", "show", "-C", repo).stdout
+    now, later = shown.index("advanced by a worker now"), shown.index("waiting to be claimed")
+    calls = shown.index("agent call(s) holding slots now")
+    assert advanced in shown[now:later] and holder in shown[now:later]
+    assert unclaimed in shown[later:calls] and advanced not in shown[later:calls]
+    assert f"holding: {advanced} (plan, priority 0) on provider anthropic, worker {holder}" in shown

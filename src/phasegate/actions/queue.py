@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from phasegate.config.agents import RUNNERS
 from phasegate.config.cartridge import Cartridge
 from phasegate.core.contract import RUNNABLE_STATUSES, EventWrite
 from phasegate.core.inputs import ActionRefused, check_by
@@ -39,7 +40,8 @@ _FINISHED = frozenset({"completed", "cancelled"})
 def set_priority(store: Store, workflow_id: str, priority: int | str, *, by: str) -> dict[str, Any]:
     """Give the workflow ``priority`` (an integer, or ``high``/``normal``/``low``:
     ``core.priority``), recorded as a ``decision`` event ``{"action": "priority",
-    "by", "priority", "was"}``; returns its new row. Workers claim by it from their
+    "by", "priority", "was"}``; returns its row with ``changed`` (False, and nothing
+    recorded, when it had that priority already). Workers claim by it from their
     next pass; an agent call already running or waiting is not moved. Raises
     ActionRefused (the priority, ``by``, a finished workflow), WorkflowNotFound."""
     check_by(by)
@@ -47,11 +49,11 @@ def set_priority(store: Store, workflow_id: str, priority: int | str, *, by: str
     value = parse_priority(priority) if isinstance(priority, str) else check_priority(priority)
     if row["status"] in _FINISHED:
         raise ActionRefused(f"workflow {workflow_id} is {row['status']}: nothing queues it now")
-    event = EventWrite(
-        "decision",
-        {"action": "priority", "by": by, "priority": value, "was": int(row.get("priority") or 0)},
-    )
-    return store.set_priority(workflow_id, value, event)
+    was = int(row.get("priority") or 0)
+    if value == was:
+        return {**row, "changed": False}
+    event = EventWrite("decision", {"action": "priority", "by": by, "priority": value, "was": was})
+    return {**store.set_priority(workflow_id, value, event), "changed": True}
 
 
 def _checked_cap(scope: str, key: str) -> tuple[str, str]:
@@ -63,6 +65,13 @@ def _checked_cap(scope: str, key: str) -> tuple[str, str]:
     if not key or len(key) > 255 or not key.isprintable():
         raise ActionRefused(
             f"{scope} {key!r}: name one (up to 255 printable characters), or * for each"
+        )
+    if scope == "runner" and key != "*" and key not in RUNNERS:
+        raise ActionRefused(f"runner {key!r} is no runner: give one of {', '.join(RUNNERS)}, or *")
+    if scope == "provider" and "/" in key:
+        raise ActionRefused(
+            f"provider {key!r}: a provider is the part of a model's name before its first / "
+            f"(give {key.split('/', 1)[0]!r})"
         )
     return scope, key
 
@@ -83,11 +92,13 @@ def set_queue_cap(store: Store, scope: str, key: str, cap: int, *, by: str) -> d
 
 def clear_queue_cap(store: Store, scope: str, key: str, *, by: str) -> dict[str, Any]:
     """Remove the shared store's cap on ``scope`` ``key`` (a cartridge's cap still
-    holds). Returns ``{"scope", "key", "cap": None}``. Raises ActionRefused."""
+    holds). Returns ``{"scope", "key", "cap": None, "set_by", "removed"}``:
+    ``removed`` is False when the store had no such cap (nothing changed). Raises
+    ActionRefused."""
     check_by(by)
     scope, key = _checked_cap(scope, key)
-    store.set_queue_cap(scope, key, None, by)
-    return {"scope": scope, "key": key, "cap": None, "set_by": by}
+    removed = store.set_queue_cap(scope, key, None, by)
+    return {"scope": scope, "key": key, "cap": None, "set_by": by, "removed": removed}
 
 
 def _iso(value: Any) -> Any:
@@ -96,17 +107,22 @@ def _iso(value: Any) -> Any:
 
 def queue_view(store: Store, cartridge: Cartridge | None = None) -> dict[str, Any]:
     """What the queue holds now: ``queued`` (the runnable workflows in the order
-    workers claim them: priority, larger first, then oldest; each with ``priority``
-    and its ``priority_name``), ``slots`` (the agent calls holding slots now, one
+    workers claim them: priority, larger first, then oldest; each with ``priority``,
+    its ``priority_name`` and ``held_by``: the worker advancing it now under an
+    unexpired lease, else None), ``slots`` (the agent calls holding slots now, one
     entry a call: workflow, role, holder, since, expires, the caps it counts
     against), ``waiting`` (the calls waiting for a slot, in the order they get
     one: larger priority, then waiting longer; each as a ``slots`` entry, ``since``
     when it waits), ``store_caps`` (the caps a person set in the store) and
     ``cartridge_caps`` (``[queue]`` of ``cartridge``, when given)."""
+    now = store.clock.now()
     queued = [
         {
             **{k: _iso(v) for k, v in row.items()},
             "priority_name": priority_name(int(row["priority"] or 0)),
+            "held_by": row["lease_owner"]
+            if row["lease_owner"] and row["lease_expires_at"] and row["lease_expires_at"] > now
+            else None,
         }
         for row in store.queued_rows(sorted(RUNNABLE_STATUSES))
     ]

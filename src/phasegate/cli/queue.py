@@ -46,11 +46,17 @@ KeyArgument = Annotated[
 ]
 
 
+#: A negative number given as a positional value (``priority ID -5``, ``queue cap ... -1``)
+#: reaches the command as that value instead of being read as an unknown option; a
+#: misspelt option then arrives as an extra argument, which is still refused.
+NUMBERS_AS_VALUES = {"ignore_unknown_options": True}
+
+
 def _print(value: Any) -> None:
     print(json.dumps(value, default=str))
 
 
-@app.command()
+@app.command(context_settings=NUMBERS_AS_VALUES)
 def priority(
     workflow_id: Annotated[str, typer.Argument(metavar="ID")],
     value: Annotated[
@@ -74,11 +80,20 @@ def priority(
         row = operations.set_priority(store, workflow_id, value, by=who(by))
     given = int(row["priority"])
     if as_json:
-        _print({"id": row["id"], "priority": given, "priority_name": priority_name(given)})
+        _print(
+            {
+                "id": row["id"],
+                "priority": given,
+                "priority_name": priority_name(given),
+                "changed": row["changed"],
+            }
+        )
         return
+    done = "now has" if row["changed"] else "already has"
     console.print(
-        f"{row['id']} now has priority {priority_name(given)}; "
-        "`phasegate queue show` lists the claim order",
+        f"{row['id']} {done} priority {priority_name(given)}"
+        + ("" if row["changed"] else "; nothing recorded")
+        + "; `phasegate queue show` lists the claim order",
         highlight=False,
     )
 
@@ -99,9 +114,25 @@ def show(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
         return
     from rich.table import Table
 
-    if view["queued"]:
+    advancing = [row for row in view["queued"] if row["held_by"]]
+    unclaimed = [row for row in view["queued"] if not row["held_by"]]
+    if advancing:
+        console.print("advanced by a worker now:", highlight=False)
+        table = Table("id", "priority", "status", "phase", "worker", "title")
+        for row in advancing:
+            table.add_row(
+                row["id"],
+                row["priority_name"],
+                row["status"],
+                row["current_phase"],
+                shown(str(row["held_by"])),
+                shown(str(row["title"])[:50]),
+            )
+        console.print(table)
+    if unclaimed:
+        console.print("waiting to be claimed, in the order workers claim them:", highlight=False)
         table = Table("#", "id", "priority", "status", "phase", "title")
-        for n, row in enumerate(view["queued"], start=1):
+        for n, row in enumerate(unclaimed, start=1):
             table.add_row(
                 str(n),
                 row["id"],
@@ -111,7 +142,7 @@ def show(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
                 shown(str(row["title"])[:50]),
             )
         console.print(table)
-    else:
+    if not view["queued"]:
         console.print("nothing queued: no runnable workflow", highlight=False)
     counted = in_use(view)
     caps = _caps_lines(view, counted)
@@ -121,13 +152,19 @@ def show(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
         + (":\n  " + "\n  ".join(caps) if caps else "; no cap set"),
         highlight=False,
     )
-    for wait in view["waiting"]:
-        console.print(
-            f"  waiting: {wait['workflow_id']} ({wait['role']}, priority "
-            f"{wait['priority']}) since {str(wait['since'])[:19]}",
-            highlight=False,
-        )
+    for kind, calls in (("holding", view["slots"]), ("waiting", view["waiting"])):
+        for call in calls:
+            console.print(f"  {kind}: {_call_line(call)}", highlight=False)
     console.print("next: `phasegate priority ID high` moves one up", highlight=False)
+
+
+def _call_line(call: dict[str, Any]) -> str:
+    """One agent call of ``queue_view``'s ``slots`` or ``waiting``, on one line."""
+    caps = ", ".join(f"{scope} {shown(key)}" for scope, key in sorted(call["caps"].items()))
+    return (
+        f"{call['workflow_id']} ({call['role']}, priority {call['priority']}) "
+        f"on {caps or 'no cap'}, worker {shown(call['holder'])}, since {str(call['since'])[:19]}"
+    )
 
 
 def _caps_lines(view: dict[str, Any], counted: dict[tuple[str, str], int]) -> list[str]:
@@ -151,7 +188,7 @@ def _caps_lines(view: dict[str, Any], counted: dict[tuple[str, str], int]) -> li
     return lines
 
 
-@queue.command("cap")
+@queue.command("cap", context_settings=NUMBERS_AS_VALUES)
 def cap(
     scope: ScopeArgument,
     key: KeyArgument,
@@ -195,6 +232,13 @@ def uncap(
         row = operations.clear_queue_cap(store, scope, key, by=who(by))
     if as_json:
         _print(row)
+        return
+    if not row["removed"]:
+        console.print(
+            f"no cap on {row['scope']} {shown(row['key'])} in the store; nothing changed; "
+            "`phasegate queue show` lists the caps",
+            highlight=False,
+        )
         return
     console.print(
         f"{row['scope']} {shown(row['key'])}: no cap in the store; "

@@ -26,10 +26,13 @@ from phasegate.cli._app import (
     shown,
     who,
 )
-from phasegate.config.cartridge import CARTRIDGE_FILE, Cartridge
-from phasegate.store.budgets import COST_GROUPS, STORE_SCOPE, BudgetRefused
+from phasegate.config.store_url import CARTRIDGE_FILE
+from phasegate.store.values import COST_GROUPS, STORE_SCOPE
 
+# The cartridge's models and the store's budgets load pydantic and SQLAlchemy: imported
+# where a budget command runs, so that every other command starts without them.
 if TYPE_CHECKING:
+    from phasegate.config.cartridge import Cartridge
     from phasegate.store import Store
 
 budget = typer.Typer(
@@ -245,12 +248,13 @@ def _amount(kind: str, given: str) -> float | None:
 _FORGE_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)+$")
 
 
-def _scope(repository: str | None, root: Path, cartridge: Cartridge, store: "Store") -> str:
+def _scope(repository: str | None, root: Path, cartridge: "Cartridge", store: "Store") -> str:
     """The repository ``--repository`` names, as budgets name it (the one ``root`` is
     when None): this one, or one whose workflows this store holds (a clone sharing
     the store, a team forge's owner/name lower-cased). Raises BudgetRefused for
     any other: its budget would sit in a store its workflows never read."""
     from phasegate.agents.budgets import repository_here
+    from phasegate.store.budgets import BudgetRefused
 
     here = repository_here(store, cartridge, root)
     if repository is None:
@@ -277,7 +281,7 @@ def _scope(repository: str | None, root: Path, cartridge: Cartridge, store: "Sto
     raise BudgetRefused(_not_held(repository, root, cartridge))
 
 
-def _cartridge_sharing(other: Path, url: str) -> Cartridge | None:
+def _cartridge_sharing(other: Path, url: str) -> "Cartridge | None":
     """The cartridge of the clone at ``other`` when it names the store at ``url`` (a
     shared one: PostgreSQL, or one SQLite file), else None."""
     from phasegate.config.cartridge import CartridgeError, load_cartridge
@@ -289,7 +293,7 @@ def _cartridge_sharing(other: Path, url: str) -> Cartridge | None:
     return found if found.store_url(other) == url else None
 
 
-def _not_held(repository: str, root: Path, cartridge: Cartridge) -> str:
+def _not_held(repository: str, root: Path, cartridge: "Cartridge") -> str:
     """Why a budget of ``repository`` is not set in ``root``'s store, and what to do."""
     whose = (
         f"the store of {root} (.phasegate/state.db)"

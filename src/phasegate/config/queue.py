@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from phasegate.config.agents import RoleBinding
+from phasegate.config.agents import RUNNERS, RoleBinding
 
 __all__ = ["RUNNER_PROVIDERS", "QueueSettings", "provider_of"]
 
@@ -53,10 +53,11 @@ class QueueSettings(_Strict):
 
     max_calls_per_provider: dict[str, int] = Field(default_factory=dict)
     """The most calls at once to each model provider named, e.g. {anthropic = 3}; "*" caps
-    each provider not named."""
+    each provider not named. A provider is the part of a model's name before its first
+    "/", so a name holding "/" is refused."""
     max_calls_per_runner: dict[str, int] = Field(default_factory=dict)
     """The most calls at once by each runner named, e.g. {claude-code = 2}; "*" caps each
-    runner not named."""
+    runner not named. A name that is no runner is refused."""
     max_calls_per_repository: int | None = Field(default=None, ge=1)
     """The most calls at once for this repository's workflows, by every worker; unset: no cap."""
     slot_poll_s: float = Field(default=1.0, gt=0, le=60)
@@ -71,3 +72,22 @@ class QueueSettings(_Strict):
             if cap < 1:
                 raise ValueError(f"{key} = {cap}: a cap is at least 1 call at once")
         return {key.strip().lower(): cap for key, cap in caps.items()}
+
+    @field_validator("max_calls_per_provider")
+    @classmethod
+    def _providers(cls, caps: dict[str, int]) -> dict[str, int]:
+        for key in caps:
+            if "/" in key:
+                raise ValueError(
+                    f"{key!r}: a provider is the part of a model's name before its first / "
+                    f"(give {key.split('/', 1)[0]!r})"
+                )
+        return caps
+
+    @field_validator("max_calls_per_runner")
+    @classmethod
+    def _runners(cls, caps: dict[str, int]) -> dict[str, int]:
+        for key in caps:
+            if key != "*" and key not in RUNNERS:
+                raise ValueError(f"{key!r} is no runner: give one of {', '.join(RUNNERS)}, or *")
+        return caps

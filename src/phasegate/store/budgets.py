@@ -30,6 +30,7 @@ import sqlalchemy as sa
 from phasegate.core.contract import PhasegateError
 from phasegate.store import tables as t
 from phasegate.store._base import StoreBase, utc_row
+from phasegate.store.values import COST_GROUPS, STORE_SCOPE
 
 __all__ = [
     "BUDGET_KINDS",
@@ -43,14 +44,8 @@ __all__ = [
     "check_amount",
 ]
 
-#: The scope of the budget over every repository of the store.
-STORE_SCOPE = "*"
-
 #: The kinds of budget, each the column that holds it.
 BUDGET_KINDS = {"daily": "daily_usd", "monthly": "monthly_usd"}
-
-#: What ``costs`` groups by.
-COST_GROUPS = ("repository", "model", "role", "day", "workflow")
 
 #: The largest budget accepted, USD: a larger one is a typo, not a plan.
 MAX_BUDGET_USD = 1_000_000_000.0

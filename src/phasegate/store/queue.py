@@ -120,13 +120,16 @@ class QueueRows(StoreBase):
             rows = conn.execute(sa.select(t.queue_caps).order_by(c.scope, c.key)).mappings()
             return [utc_row(r) for r in rows]
 
-    def set_queue_cap(self, scope: str, key: str, cap: int | None, by: str) -> None:
+    def set_queue_cap(self, scope: str, key: str, cap: int | None, by: str) -> bool:
         """Set (``cap``) or remove (None) the store's cap on ``scope``'s ``key``; a
-        waiting call looks again (``Dialect.notify``). Raises StoreUnavailable."""
+        waiting call looks again (``Dialect.notify``). Returns False when there was
+        no cap to remove (nothing changed). Raises StoreUnavailable."""
         c = t.queue_caps.c
         with self.transaction() as conn:
             if cap is None:
-                conn.execute(t.queue_caps.delete().where(c.scope == scope, c.key == key))
+                gone = conn.execute(t.queue_caps.delete().where(c.scope == scope, c.key == key))
+                if not gone.rowcount:
+                    return False
             else:
                 now = self.clock.now()
                 conn.execute(
@@ -138,6 +141,7 @@ class QueueRows(StoreBase):
                     )
                 )
             self.dialect.notify(conn)
+        return True
 
     # -- slots ----------------------------------------------------------------------
 

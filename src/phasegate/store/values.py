@@ -13,6 +13,12 @@ from typing import Any
 #: SQLAlchemy. A test checks it against Alembic's own head.
 HEAD_REVISION = "0014"
 
+#: The scope of the budget over every repository of the store (``store.budgets``).
+STORE_SCOPE = "*"
+
+#: What ``costs`` groups by (``store.budgets``).
+COST_GROUPS = ("repository", "model", "role", "day", "workflow")
+
 #: What a person of the dashboard may do, each role all the one before it may
 #: (``users.role``): viewers see, approvers decide, admins also manage people.
 USER_ROLES = ("viewer", "approver", "admin")
