@@ -19,9 +19,9 @@ from test_web import TOKEN, logged_in
 
 from phasegate.config.cartridge import load_cartridge
 from phasegate.forge.local import LocalForge
+from phasegate.git.workspace import Workspace
 from phasegate.graph.calls import prompt_hash
 from phasegate.graph.prompts import scope_prompt
-from phasegate.git.workspace import Workspace
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.web import Access, create_app

@@ -532,9 +532,10 @@ def _gate(
 
     Who may decide: a person, never phasegate's own gates. A workflow's proposal
     that its workflow does not wait for (it ended, or a revert or a newer run
-    left it behind) is refused, nothing recorded and no streak counted. A proposal decided so before while its workflow
-    had not moved on is taken as decided (the process died in between); decided
-    so before and its workflow went on: refused. Raises ActionRefused,
+    left it behind) is refused, nothing recorded and no streak counted. A
+    proposal decided so before while its workflow had not moved on is taken as
+    decided (the process died in between); decided so before and its workflow
+    went on: refused. Raises ActionRefused,
     ProposalNotFound, ProposalDecided, LeaseHeld.
     """
     who = check_by(by)

@@ -8,9 +8,9 @@ import os
 import shlex
 import signal
 import sys
-from enum import Enum
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -404,7 +404,9 @@ AfterOption = Annotated[
         "until then it is blocked and a worker starts it.",
     ),
 ]
-class BranchStrategy(str, Enum):
+
+
+class BranchStrategy(StrEnum):
     """``--branch-strategy``'s choices (``workflow.branch_strategy``): click checks them."""
 
     ticket = "ticket"
