@@ -244,6 +244,9 @@ def test_a_cancelled_epics_pieces_are_superseded_and_cannot_be_approved(tmp_path
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     [row] = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
     assert (row["status"], row["decided_by"]) == ("superseded", None)
+    listed = phasegate_cli("proposals", "--repo", str(repo), env={"COLUMNS": "80"}).stdout
+    [line] = [x for x in listed.splitlines() if proposal in x]  # piped: one line, not cut
+    assert "item_create" in line and "superseded" in line
 
     late = phasegate_cli("approve", proposal, "--by", "ana", "--repo", str(repo), "--json")
     assert late.returncode == 2
