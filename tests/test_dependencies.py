@@ -162,8 +162,9 @@ def test_run_after_files_a_blocked_workflow_that_a_completion_releases(happy_rep
 
     missing = phasegate_cli("run", "Third", "--after", "0badc0de", "--repo", repo, "--json")
     assert missing.returncode != 0 and "0badc0de" in missing.stdout + missing.stderr
-    wrong = phasegate_cli("run", "Third", "--branch-strategy", "trunk", "--repo", repo)
-    assert wrong.returncode == 2 and "give ticket or epic" in wrong.stdout + wrong.stderr
+    wrong = phasegate_cli("run", "Third", "--branch-strategy", "trunk", "--repo", repo, "--json")
+    assert wrong.returncode == 2 and "'ticket', 'epic'" in wrong.stderr
+    assert json.loads(wrong.stdout)["error"]["kind"] == "UsageError"
 
     done = phasegate_cli("resume", first["id"], "--repo", repo, "--json")
     assert json.loads(done.stdout)["status"] == "completed", done.stdout

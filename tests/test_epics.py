@@ -20,6 +20,8 @@ from test_web import TOKEN, logged_in
 from phasegate.config.cartridge import load_cartridge
 from phasegate.forge.local import LocalForge
 from phasegate.git.workspace import Workspace
+from phasegate.graph.calls import prompt_hash
+from phasegate.graph.prompts import scope_prompt
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.web import Access, create_app
@@ -204,3 +206,58 @@ def test_an_epic_on_one_branch_lands_its_pieces_through_its_own_merge(
     shown = phasegate_cli("show", parent["id"], "--repo", str(repo)).stdout
     assert "branch strategy epic" in shown
     assert git(repo, "branch", "--list", "phasegate/*") == ""  # the epic's merged too
+
+
+def test_rejected_pieces_pause_the_epic_and_its_next_scope_is_told_why(tmp_path: Path) -> None:
+    repo = epic_repo(tmp_path)
+    parent = json.loads(phasegate_cli("run", "Build it", "--repo", str(repo), "--json").stdout)
+    first = parent["awaiting_proposal"]
+    why = "the printer and the docs are one piece"
+    rejected = phasegate_cli("reject", first, "--reason", why, "--by", "ana", "--repo", str(repo))
+    # a recorded decision is a success: the workflow pauses with the reason, says so
+    assert rejected.returncode == 0, rejected.stdout + rejected.stderr
+    assert f"workflow {parent['id']} pauses with your reason" in rejected.stdout
+    assert f"`phasegate resume {parent['id']}` scopes it again" in rejected.stdout
+    shown = json.loads(phasegate_cli("show", parent["id"], "--repo", str(repo), "--json").stdout)
+    assert shown["workflow"]["status"] == "paused" and why in shown["workflow"]["error"]
+
+    again = json.loads(phasegate_cli("resume", parent["id"], "--repo", str(repo), "--json").stdout)
+    assert again["status"] == "awaiting_approval" and again["awaiting_proposal"] != first
+    store = open_store(load_cartridge(repo).store_url(repo))
+    try:
+        record = store.run(f"{parent['id']}-g2")["record"]
+    finally:
+        store.close()
+    # the new run's input says why, and scope's prompt is made of it
+    assert f"## Why the last pieces were rejected\n\n{why}" in record["ticket"]
+    [scoped] = [c for c in record["calls"] if c["role"] == "scope_epic"]
+    assert scoped["prompt_sha256"] == prompt_hash(scope_prompt(record["ticket"]))
+    replayed = phasegate_cli("replay", f"{parent['id']}-g2", "--repo", str(repo))
+    assert replayed.returncode == 0 and "identical" in replayed.stdout
+
+
+def test_a_cancelled_epics_pieces_are_superseded_and_cannot_be_approved(tmp_path: Path) -> None:
+    repo = epic_repo(tmp_path)
+    parent = json.loads(phasegate_cli("run", "Build it", "--repo", str(repo), "--json").stdout)
+    proposal = parent["awaiting_proposal"]
+    cancelled = phasegate_cli("cancel", parent["id"], "--repo", str(repo))
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    [row] = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
+    assert (row["status"], row["decided_by"]) == ("superseded", None)
+    listed = phasegate_cli("proposals", "--repo", str(repo), env={"COLUMNS": "80"}).stdout
+    [line] = [x for x in listed.splitlines() if proposal in x]  # piped: one line, not cut
+    assert "item_create" in line and "superseded" in line
+
+    late = phasegate_cli("approve", proposal, "--by", "ana", "--repo", str(repo), "--json")
+    assert late.returncode == 2
+    error = json.loads(late.stdout)["error"]
+    assert error["kind"] == "ActionRefused"
+    assert f"workflow {parent['id']}, which is cancelled" in error["message"]
+    # nothing recorded: no decision, no streak
+    [row] = json.loads(phasegate_cli("proposals", "--repo", str(repo), "--json").stdout)
+    assert (row["status"], row["decided_by"]) == ("superseded", None)
+    store = open_store(load_cartridge(repo).store_url(repo))
+    try:
+        assert store.gate_history("item_create") == []
+    finally:
+        store.close()

@@ -640,11 +640,11 @@ def test_scopes_item_create_never_gates_the_workflow(tmp_path: Path, item_policy
     item = rows["item_create"]
     if item_policy == "auto":  # the ticket it shapes is the workflow's own, now built
         assert (item["status"], item["decided_by"]) == ("applied", "auto")
-    else:  # left for a person, decidable whenever; it moves no workflow
-        assert item["status"] == "proposed"
+    else:  # never waited for, and closed with its workflow: nobody decides it any more
+        assert item["status"] == "superseded"
         decided = phasegate_cli("approve", item["id"], "--by", "ana", "--repo", str(repo))
-        assert decided.returncode == 0, decided.stderr
-        assert "nothing is applied by this command" in decided.stdout
+        assert decided.returncode == 2
+        assert "which is completed; nothing recorded" in decided.stderr
 
 
 def test_approve_json_exits_1_when_the_workflow_then_stops(tmp_path: Path) -> None:

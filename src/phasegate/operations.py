@@ -33,6 +33,7 @@ Errors (each a PhasegateError whose message is what the CLI prints):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import getpass
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -51,6 +52,7 @@ from phasegate.core.contract import (
     BLOCKED,
     CANCELLED,
     DEVELOPMENT,
+    ENDED_STATUSES,
     MERGE,
     NEEDS_YOU_STATUSES,
     PLANNING,
@@ -80,6 +82,7 @@ from phasegate.core.state import WorkflowState
 from phasegate.phases import acceptance_verification
 from phasegate.phases import cleanup as cleanup_phase
 from phasegate.phases.cleanup import KIND as CLEANUP
+from phasegate.phases.graph_mode import epic
 from phasegate.phases.graph_mode.run import CHECKS_GATE
 from phasegate.runtime.engine import Engine, LeaseHeld
 from phasegate.runtime.retention import Retirable
@@ -501,8 +504,25 @@ def approve(engine: Engine, proposal_id: str, *, by: str) -> GateOutcome:
 
 def reject(engine: Engine, proposal_id: str, reason: str, *, by: str) -> GateOutcome:
     """Reject a proposal saying why (``reason``, its secrets redacted); a workflow
-    paused for it is resumed (its next advance starts a new run told why)."""
+    paused for its draft PR is resumed (its next advance starts a new run told why),
+    one paused for its pieces (``item_create``) pauses with the reason (its next
+    scope is told why)."""
     return _gate(engine, proposal_id, "rejected", by, reason)
+
+
+def _not_awaited(proposal: Mapping[str, Any], owner: Mapping[str, Any]) -> str:
+    """Why a person may not decide ``proposal``: its workflow ended or does not wait for it."""
+    where = f"workflow {owner['id']}, which is {owner['status']}"
+    if owner["status"] not in ENDED_STATUSES:
+        where = (
+            f"workflow {owner['id']}, which is not waiting for it (it is in "
+            f"{owner['current_phase']} · {owner['status']})"
+        )
+    was = f" ({proposal['reason']})" if proposal["status"] == "superseded" else ""
+    return (
+        f"proposal {proposal['id']} ({proposal['kind']}{was}) is from run {proposal['run_id']} "
+        f"of {where}; nothing recorded"
+    )
 
 
 def _gate(
@@ -510,11 +530,12 @@ def _gate(
 ) -> GateOutcome:
     """Record ``verdict`` on the proposal, then resume the workflow paused for it.
 
-    Who may decide: a person, never phasegate's own gates. A workflow's draft PR
-    that its workflow no longer waits for (a revert or a newer run left it
-    behind) is stale: refused. A proposal decided so before while its workflow
-    had not moved on is taken as decided (the process died in between); decided
-    so before and its workflow went on: refused. Raises ActionRefused,
+    Who may decide: a person, never phasegate's own gates. A workflow's proposal
+    that its workflow does not wait for (it ended, or a revert or a newer run
+    left it behind) is refused, nothing recorded and no streak counted. A
+    proposal decided so before while its workflow had not moved on is taken as
+    decided (the process died in between); decided so before and its workflow
+    went on: refused. Raises ActionRefused,
     ProposalNotFound, ProposalDecided, LeaseHeld.
     """
     who = check_by(by)
@@ -527,21 +548,15 @@ def _gate(
         reason = redact(reason, cartridge_secrets(engine.cartridge))
     found = store.proposal(proposal_id)
     profile = None
-    # A workflow's draft PR gates it, and an epic's item_create (its pieces filed);
-    # scope's item_create of a ticket built as one is decided whenever, moving nothing.
-    drafted = bool(found["workflow_id"]) and found["kind"] == "draft_pr_create"
-    gating = drafted or awaiting(store, found) is not None
+    # A workflow's proposal (its draft PR, an epic's pieces) is decided only while the
+    # workflow waits for it: one it ended, left behind or never paused for is refused.
+    gating = bool(found["workflow_id"])
     owner: dict[str, Any] = {}
-    if found["workflow_id"]:
+    if gating:
         owner = store.workflow_row(str(found["workflow_id"]))
         profile = AutomationProfile.from_state(owner["state"])
-        if gating and found["status"] == "proposed" and awaiting(store, found) is None:
-            # left behind by a revert or a new run: not work to land
-            raise ActionRefused(
-                f"proposal {proposal_id} is from run {found['run_id']} of workflow "
-                f"{owner['id']}, which is not waiting for it (it is in "
-                f"{owner['current_phase']} · {owner['status']}); nothing recorded"
-            )
+        if found["status"] in ("proposed", "superseded") and awaiting(store, found) is None:
+            raise ActionRefused(_not_awaited(found, owner))
     if gating and found["status"] == verdict and awaiting(store, found) is not None:
         row, before = found, True
     elif gating and found["status"] == verdict and owner["status"] in RUNNABLE_STATUSES:
@@ -557,5 +572,9 @@ def _gate(
     workflow_id = awaiting(store, row) if gating else None
     if workflow_id is not None:
         action = "approve" if verdict == "approved" else "reject"
-        _decide(engine, workflow_id, action, who, decisions.resume, proposal=row["id"])
+        # Rejected pieces pause their workflow with the reason; anything else resumes it.
+        settle = decisions.resume
+        if verdict == "rejected" and row["kind"] == "item_create":
+            settle = functools.partial(epic.turned_down, proposal=row)
+        _decide(engine, workflow_id, action, who, settle, proposal=row["id"])
     return GateOutcome(row, before, workflow_id, clean, policy)

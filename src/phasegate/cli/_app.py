@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -172,6 +173,18 @@ def json_error(message: str, kind: str) -> None:
 
 class UsageError(PhasegateError):
     """Bad input on the command line."""
+
+
+def print_whole(table: Any) -> None:
+    """``table`` on stdout: fitted to a terminal, and as wide as it needs when piped,
+    where no width is known and a script or a file reads every cell whole."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    needs = Console(width=10_000).measure(table).maximum
+    # rich caps a print's width at its console's: a wider table needs a console of its own.
+    wide = Console(file=console.file, width=max(console.width, needs), no_color=console.no_color)
+    wide.print(table)
 
 
 def shown(text: str) -> str:
@@ -391,11 +404,20 @@ AfterOption = Annotated[
         "until then it is blocked and a worker starts it.",
     ),
 ]
+
+
+class BranchStrategy(StrEnum):
+    """``--branch-strategy``'s choices (``workflow.branch_strategy``): click checks them."""
+
+    ticket = "ticket"
+    epic = "epic"
+
+
 BranchStrategyOption = Annotated[
-    str | None,
+    BranchStrategy | None,
     typer.Option(
         "--branch-strategy",
-        metavar="ticket|epic",
+        case_sensitive=False,
         help="How an epic's pieces branch: ticket (each from the base) or epic (all on one "
         "branch phasegate/epic-ID the epic merges at the end); default: "
         "workflow.branch_strategy.",

@@ -30,6 +30,7 @@ from phasegate.cli._app import (
     err,
     open_for_reading,
     open_repo,
+    print_whole,
     reported_errors,
     shown,
     ticket_from,
@@ -86,7 +87,13 @@ def _print_checks(proposal_id: str, data: Mapping[str, Any]) -> None:
 
 
 def _print_proposals(rows: list[dict[str, Any]]) -> None:
-    table = Table("id", "kind", "title", "mode", "status", "attempts", "decided_by")
+    """The proposals' table: no cell is cut but a long title, piped as on a terminal."""
+    table = Table()
+    for header in ("id", "kind", "title", "mode", "status", "attempts", "decided_by"):
+        if header == "title":
+            table.add_column(header, overflow="fold")
+        else:
+            table.add_column(header, no_wrap=True)
     for r in rows:
         title = r["title"] if len(r["title"]) <= 40 else r["title"][:39] + "…"
         mode = f"{r['mode']} (self_modification)" if r["self_modification"] else r["mode"]
@@ -99,7 +106,7 @@ def _print_proposals(rows: list[dict[str, Any]]) -> None:
             str(r["attempts"]),
             shown(r["decided_by"] or ""),
         )
-    console.print(table)
+    print_whole(table)
 
 
 @app.command(short_help="Run the graph on a ticket; record its proposals.")
@@ -270,7 +277,8 @@ def _gate(
 
     A workflow paused for the proposal (graph mode) is resumed, and advanced
     in the foreground unless ``advance`` is False: an approval lands the
-    patch, a rejection starts a new run told why.
+    patch, a rejection starts a new run told why. Rejected pieces (item_create)
+    pause their workflow with the reason instead: nothing is advanced, exit 0.
     """
     from phasegate import operations
     from phasegate.cli.render import STOPPED, drive_unless_taken, finish, graceful, make_engine
@@ -287,6 +295,10 @@ def _gate(
             outcome = operations.reject(engine, proposal_id, reason or "", by=person)
     row, workflow_id = outcome.proposal, outcome.workflow_id
     clean, policy = outcome.streak, outcome.policy
+    # Rejected pieces paused their workflow with the reason: a decision, nothing to drive.
+    turned_down = verdict == "rejected" and row["kind"] == "item_create"
+    if turned_down:
+        advance = False
     if as_json:
         payload: dict[str, Any] = {**_proposal_json(row), "streak": clean}
         stopped = False
@@ -301,7 +313,7 @@ def _gate(
                 payload.update(_proposal_json(store.proposal(row["id"])))  # applied by now?
             state = store.workflow_row(workflow_id)
             payload["workflow"] = {k: state[k] for k in ("id", "current_phase", "status", "error")}
-            stopped = state["status"] in STOPPED
+            stopped = state["status"] in STOPPED and not turned_down
         console.print_json(json.dumps(payload, default=str))
         if engine.shutdown.is_set():
             raise typer.Exit(130)
@@ -310,6 +322,11 @@ def _gate(
         return
     if workflow_id is None:
         what = "nothing is applied by this command"
+    elif turned_down:
+        what = (
+            f"workflow {workflow_id} pauses with your reason; `phasegate resume {workflow_id}` "
+            "scopes it again, told why"
+        )
     elif not advance:
         what = (
             f"workflow {workflow_id} can go on: `phasegate worker` (or `phasegate resume "
@@ -341,7 +358,7 @@ def _gate(
         f"  {row['kind']}: {clean} clean first-attempt approval(s) in a row; {where}",
         highlight=False,
     )
-    if workflow_id is not None:
+    if workflow_id is not None and not turned_down:
         if advance:
             drive_unless_taken(engine, workflow_id, False)
         else:
@@ -376,8 +393,10 @@ def reject(
 ) -> None:
     """Reject a proposal: records who, when and why; its kind's streak starts again.
 
-    A workflow paused for it (graph mode) resumes with a new graph run whose
-    ticket says why the change was rejected (--no-advance: record only).
+    A workflow paused for its draft PR (graph mode) resumes with a new graph run
+    whose ticket says why the change was rejected (--no-advance: record only); one
+    paused for its pieces (item_create) pauses with the reason, and `resume` scopes
+    it again, told why (exit 0 either way).
     """
     _gate(repo, proposal_id, "rejected", by, reason, as_json, not no_advance)
 

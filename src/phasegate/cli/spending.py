@@ -21,6 +21,7 @@ from phasegate.cli._app import (
     console,
     err,
     open_repo,
+    print_whole,
     repo_root,
     reported_errors,
     shown,
@@ -228,7 +229,7 @@ def costs(
     table = _table(by, "USD", "input tokens", "output tokens", "calls")
     for row in [*report["rows"], {"key": "total", **report["total"]}]:
         table.add_row(*_cost_cells(row))
-    _print_table(table)
+    print_whole(table)
     console.print(
         "`phasegate budget` shows the budgets; `phasegate budget set --daily USD` sets one",
         highlight=False,
@@ -332,7 +333,7 @@ def _print_budgets(report: list[Any]) -> None:
             "[red]spent[/red]" if b.reached else f"${b.left_usd:.4f}",
             "the store" if b.source == "store" else "the cartridge",
         )
-    _print_table(table)
+    print_whole(table)
 
 
 def _table(*headers: str) -> Any:
@@ -343,20 +344,6 @@ def _table(*headers: str) -> Any:
     for header in headers:
         table.add_column(header, no_wrap=True, overflow="fold")
     return table
-
-
-def _print_table(table: Any) -> None:
-    """``table`` on stdout: fitted to a terminal, and as wide as it needs when piped,
-    where no width is known and a script or a file reads every cell whole."""
-    if console.is_terminal:
-        console.print(table)
-        return
-    from rich.console import Console
-
-    needs = Console(width=10_000).measure(table).maximum
-    # rich caps a print's width at its console's: a wider table needs a console of its own.
-    wide = Console(file=console.file, width=max(console.width, needs), no_color=console.no_color)
-    wide.print(table)
 
 
 def _cost_cells(row: dict[str, Any]) -> list[str]:

@@ -100,9 +100,9 @@ def run(
     with reported_errors():
         ticket = ticket_from(ticket, ticket_file)
         rank = parse_priority(priority)
-        if branch_strategy not in (None, "ticket", "epic"):
-            raise UsageError(f"--branch-strategy {branch_strategy!r}: give ticket or epic")
-        chosen: WorkflowState = {"branch_strategy": branch_strategy} if branch_strategy else {}
+        chosen: WorkflowState = (
+            {"branch_strategy": branch_strategy.value} if branch_strategy else {}
+        )
         if (no_advance or after) and new_project is not None:
             raise UsageError("--no-advance and --after file a ticket here; --new-project there")
         if new_project is not None:

@@ -101,6 +101,8 @@ class WorkflowState(TypedDict, total=False):
     #: The run's date (ISO 8601), so a run driven again after a crash is the same run.
     graph_date: str
     graph_feedback: str | None
+    #: Why a person rejected scope's pieces: the next scope's ticket says it.
+    scope_feedback: str | None
     graph_proposal: str
     #: The run whose item_create an epic awaits (approve files its pieces).
     epic_run: str | None
@@ -282,6 +284,9 @@ OWNERS: Mapping[str, Owner] = _owners(
     graph_feedback=Owner(("phases.graph_mode.run",), ("phases.graph_mode.run",)),
     graph_proposal=Owner(("phases.graph_mode.apply",), ("phases.graph_mode.review",)),
     epic_run=Owner(("phases.graph_mode.epic",), ("operations", "phases.graph_mode.epic")),
+    scope_feedback=Owner(
+        ("phases.graph_mode.epic", "phases.graph_mode.run"), ("phases.graph_mode.run",)
+    ),
     epic_pieces=Owner(("phases.graph_mode.epic",), ("phases.graph_mode.epic",)),
     epic_parent=Owner(("store.dependencies",), ("phases.graph_mode.epic", "summary")),
     branch_strategy=Owner(

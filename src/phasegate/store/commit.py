@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import sqlalchemy as sa
 
 from phasegate.core.contract import (
+    CANCELLED,
     COMPLETED,
     ENDED_STATUSES,
     NEEDS_YOU_STATUSES,
@@ -47,6 +48,9 @@ __all__ = [
 ]
 
 _c = t.workflows.c
+
+#: The statuses a workflow never leaves: no proposal of its is decided any more.
+_FINAL = frozenset({COMPLETED, CANCELLED})
 
 #: The commit's UPDATE, built once: its SET columns are the keys of the
 #: parameters it is executed with (SQLAlchemy compiles, and caches, one SQL
@@ -226,6 +230,9 @@ def commit_phase_result(
     A workflow's end (completed, failed or cancelled) releases its port range
     (``store.ports``) in the same transaction.
 
+    A workflow completed or cancelled supersedes its proposals still ``proposed``
+    in the same transaction: nobody decides them any more.
+
     A child's end (completed, failed or cancelled) wakes its parent in the same
     transaction (``_wake_parent``): a parent paused for that child
     (``state["conflict_child"]``, phases/conflict.py) gets its phase's status
@@ -292,6 +299,12 @@ def commit_phase_result(
             # An ended workflow's worktree runs nothing more: its ports go back.
             reserved = t.port_reservations.c.workflow_id == ctx.id
             conn.execute(t.port_reservations.delete().where(reserved))
+        if status in _FINAL and status != ctx.status:
+            # A workflow that ended waits for no decision: its open proposals are closed.
+            # A failed one keeps them: `resume` may pause it for them again.
+            open_ = (t.proposals.c.workflow_id == ctx.id) & (t.proposals.c.status == "proposed")
+            ended = {"status": "superseded", "reason": f"superseded: its workflow {status}"}
+            conn.execute(t.proposals.update().where(open_).values(**ended))
         store.dialect.notify(conn)  # a person's decision, a settled phase: workers look
     return workflow_dict(row._mapping)
 

@@ -500,7 +500,8 @@ def _router(engine: Engine, secrets: list[str]) -> APIRouter:
         response_model=shapes.GateOutcome,
     )
     def reject(request: Request, proposal_id: str, body: shapes.RejectBody) -> Any:
-        """Reject a proposal saying why; the workflow paused for it starts a new run."""
+        """Reject a proposal saying why; the workflow paused for its draft PR starts a new
+        run, one paused for its pieces pauses with the reason."""
         why = redact(body.reason, secrets)
         return gated(acted(lambda: operations.reject(engine, proposal_id, why, by=by(request))))
 

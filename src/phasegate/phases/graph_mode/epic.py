@@ -50,7 +50,7 @@ from phasegate.graph.rules import GraphRules
 from phasegate.phases.deps import PhaseDeps
 from phasegate.store.dependencies import Piece
 
-__all__ = ["epic_branch", "graph_rules", "resumed", "routed"]
+__all__ = ["epic_branch", "graph_rules", "resumed", "routed", "turned_down"]
 
 #: The state a piece takes from its parent: how it runs, and who started the epic.
 _INHERITED = ("profile", "graph_mode", "cartridge_sha", "started_by", "forge_repository")
@@ -116,16 +116,23 @@ def resumed(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult | None:
     ):
         return _file_pieces(ctx, deps, proposal, {})
     if proposal is not None and proposal["status"] == "rejected":
-        return PhaseResult(
-            "pause",
-            reason=(
-                f"proposal {proposal['id']} (its pieces) was rejected by "
-                f"{proposal['decided_by']}: {proposal['reason']}; `phasegate resume {ctx.id}` "
-                "scopes the ticket again, or set [graph.work_routing] to build it as one"
-            ),
-            state={"epic_run": None},
-        )
+        return turned_down(ctx, proposal)
     return PhaseResult("retry", state={"epic_run": None})  # resumed undecided: scope again
+
+
+def turned_down(ctx: WorkflowContext, proposal: Mapping[str, Any]) -> PhaseResult:
+    """A person rejected the pieces (``proposal``, the workflow's ``item_create``): it
+    pauses with their reason, and its next scope is told it (``state["scope_feedback"]``,
+    part of that run's ticket, so a replay reads it too)."""
+    return PhaseResult(
+        "pause",
+        reason=(
+            f"proposal {proposal['id']} (its pieces) was rejected by "
+            f"{proposal['decided_by']}: {proposal['reason']}; `phasegate resume {ctx.id}` "
+            "scopes the ticket again, told why, or set [graph.work_routing] to build it as one"
+        ),
+        state={"epic_run": None, "scope_feedback": str(proposal["reason"] or "")},
+    )
 
 
 def _file_pieces(
@@ -158,7 +165,7 @@ def _file_pieces(
     return PhaseResult(
         "wait",
         status=PIECES,
-        state={**state, "epic_run": None, "epic_pieces": ids},
+        state={**state, "epic_run": None, "epic_pieces": ids, "scope_feedback": None},
         milestones=(
             MilestoneWrite(
                 "pieces_filed",

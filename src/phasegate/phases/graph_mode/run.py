@@ -84,6 +84,8 @@ def _ticket(ctx: WorkflowContext, *, feedback: bool = True) -> str:
         parts.append(f"## Why the previous attempt was reverted\n\n{ctx.state['replan_context']}")
     if feedback and ctx.user_feedback:
         parts.append(f"## Feedback from a person\n\n{ctx.user_feedback}")
+    if ctx.state.get("scope_feedback"):
+        parts.append(f"## Why the last pieces were rejected\n\n{ctx.state['scope_feedback']}")
     return "\n\n".join(p for p in parts if p)
 
 
@@ -195,6 +197,7 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             "plan_feedback": None,
             "replan_context": None,
             "graph_feedback": None,
+            "scope_feedback": None,
         },
         milestones=(
             MilestoneWrite(
