@@ -39,6 +39,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from phasegate.actions import epic
 from phasegate.actions.cleanup import cleanup, expire_worktrees, retire_worktrees
 from phasegate.actions.queue import clear_queue_cap, queue_view, set_priority, set_queue_cap
 from phasegate.agents.env import cartridge_secrets
@@ -53,6 +54,7 @@ from phasegate.core.contract import (
     DEVELOPMENT,
     MERGE,
     NEEDS_YOU_STATUSES,
+    PIECES,
     PLANNING,
     RUNNABLE_STATUSES,
     WAIT,
@@ -63,6 +65,7 @@ from phasegate.core.contract import (
     WorkflowContext,
 )
 from phasegate.core.decisions import DECISION_EVENT, decision_event
+from phasegate.core.dependencies import ENDED_UNCOMPLETED
 from phasegate.core.inputs import (
     MAX_TICKET_BYTES,
     MAX_TITLE_CHARS,
@@ -204,15 +207,19 @@ def start(
     preparation (``Engine.start``: ``auto_merge``, ``profile``, ``state``,
     ``priority``), its title ``title`` else ``title_of(ticket)``, ``blocked`` until
     each of ``after`` completed. Returns the workflow's row; nothing is advanced.
-    Raises ActionRefused (the ticket), CartridgeError (a role left unbound, the
-    profile, the base branch), PhasegateError (no commit yet), WorkflowNotFound (an
-    id of ``after``)."""
+    Raises ActionRefused (the ticket; an id of ``after`` failed or cancelled),
+    CartridgeError (a role left unbound, the profile, the base branch), PhasegateError
+    (no commit yet), WorkflowNotFound (an id of ``after``)."""
     check_by(by)
     check_ticket(ticket)
     check_priority(priority)
     if title is not None:
         check_title(title)
     engine.cartridge.require_roles(engine.repo / CARTRIDGE_FILE)
+    for target in after:  # one that ended without completing would never release it
+        ended = engine.store.workflow_row(target)["status"]
+        if ended in ENDED_UNCOMPLETED:
+            raise ActionRefused(f"--after {target}: that workflow is {ended}; nothing recorded")
     workflow_id = engine.start(
         title or title_of(ticket),
         ticket,
@@ -293,8 +300,20 @@ def _via(via: str | None) -> dict[str, Any]:
 
 def resume(engine: Engine, workflow_id: str, *, by: str, via: str | None = None) -> dict[str, Any]:
     """Run the current phase again with fresh retry counters (``decisions.resume``);
-    ``via``: the forge comment that commanded it (``Comment.key``)."""
-    return _decide(engine, workflow_id, "resume", by, decisions.resume, **_via(via))
+    ``via``: the forge comment that commanded it (``Comment.key``). A ``blocked``
+    workflow goes on without what it waits for that has not completed: the row's
+    ``dropped`` lists it (``actions.epic.unfinished``). An epic's parent in ``pieces``
+    goes on without its pieces that failed or were cancelled (``dropped``;
+    ``actions.epic.resume_parent``); with none it is refused (ContractViolation)."""
+    row = engine.store.workflow_row(workflow_id)
+    if row["status"] == PIECES:
+        why = decisions.pieces_refusal(workflow_id, row["error"])
+        event = decision_event("resume", check_by(by), **_via(via))
+        dropped = epic.resume_parent(engine.store, workflow_id, event, why)
+        return {**engine.store.workflow_row(workflow_id), "dropped": dropped}
+    waited = epic.unfinished(engine.store, workflow_id) if row["status"] == BLOCKED else []
+    resumed = _decide(engine, workflow_id, "resume", by, decisions.resume, **_via(via))
+    return {**resumed, "dropped": waited} if waited else resumed
 
 
 def feedback(engine: Engine, workflow_id: str, text: str, *, by: str) -> dict[str, Any]:
@@ -444,7 +463,13 @@ def cancel(engine: Engine, workflow_id: str, *, by: str, via: str | None = None)
     refused with LeaseHeld and nothing changes; stop that worker (its agents stop,
     the workflow pauses), then cancel. Raises ContractViolation for a completed or
     already cancelled workflow, WorkflowNotFound.
+
+    An epic's parent in ``pieces`` cancels its pieces not ended too, after itself,
+    each under these rules (``actions.epic.cancel_pieces``): the row's
+    ``pieces_cancelled`` lists them, ``pieces_not_cancelled`` the ones refused (a
+    worker advances it: ``{"id", "reason", "next"}``), which fail no cancel.
     """
+    waiting = engine.store.workflow_row(workflow_id)["status"] == PIECES
 
     def decide(ctx: WorkflowContext) -> PhaseResult:
         if ctx.status == "completed":
@@ -453,7 +478,11 @@ def cancel(engine: Engine, workflow_id: str, *, by: str, via: str | None = None)
         cleanup_phase.close_pull_request(ctx, effects, ctx.current_phase)
         return PhaseResult("failed", status=CANCELLED, reason=f"cancelled by {by}")
 
-    return _decide(engine, workflow_id, "cancel", by, decide, **_via(via))
+    row = _decide(engine, workflow_id, "cancel", by, decide, **_via(via))
+    if not waiting:
+        return row
+    done, left = epic.cancel_pieces(engine.store, workflow_id, lambda p: cancel(engine, p, by=by))
+    return {**row, "pieces_cancelled": done, "pieces_not_cancelled": left}
 
 
 # -- the proposal gate (docs/contracts/autonomy.md: the human gate) ------------------

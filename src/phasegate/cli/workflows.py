@@ -382,6 +382,11 @@ def _manual(
         root, cartridge, store = open_repo(repo)
         engine = make_engine(root, cartridge, store, None)
         row = act(engine)
+        besides = ("dropped", "pieces_cancelled", "pieces_not_cancelled")
+        extra: dict[str, Any] = {k: row[k] for k in besides if k in row}
+        if not as_json:
+            for line in _besides(extra):
+                console.print(line, highlight=False, soft_wrap=True)
         if announce_reversion:
             recorded = row["state"]["decisions"][-1]
             err.print(
@@ -390,9 +395,25 @@ def _manual(
                 highlight=False,
             )
         if advance:
-            drive_unless_taken(engine, workflow_id, as_json)
+            drive_unless_taken(engine, workflow_id, as_json, extra)
         else:
-            finish(store, store.workflow_row(workflow_id), as_json, driven=False)
+            finish(store, store.workflow_row(workflow_id), as_json, driven=False, extra=extra)
+
+
+def _besides(extra: "dict[str, Any]") -> list[str]:
+    """The lines saying what a resume or a cancel did besides: what it stopped waiting
+    for, the pieces it cancelled, and those it could not (with the command to retry)."""
+    lines = [
+        f"dropped: waiting for {d['id'] or d.get('issue')} ({d['status'] or 'no workflow yet'})"
+        for d in extra.get("dropped", ())
+    ]
+    if extra.get("pieces_cancelled"):
+        lines.append(f"pieces cancelled: {', '.join(extra['pieces_cancelled'])}")
+    lines += [
+        f"piece {p['id']} not cancelled: {p['reason']}; then `{p['next']}`"
+        for p in extra.get("pieces_not_cancelled", ())
+    ]
+    return lines
 
 
 @app.command()
