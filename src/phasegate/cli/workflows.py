@@ -431,6 +431,8 @@ def resume(
     repeated; what a killed agent left uncommitted is discarded (recorded as
     attempt_discarded); stale git locks and half-made worktrees are repaired;
     leftover agent and check processes are stopped. docs/guarantees.md says what holds.
+    A blocked workflow goes on without what it waits for, an epic's parent without
+    its pieces that failed or were cancelled; both print what they dropped.
     """
     from phasegate import operations
 
@@ -566,7 +568,8 @@ def cancel(
     (the worktree and branch until landing_areas.keep_cancelled_days, or
     `phasegate cleanup --all`).
     Refused (exit 2, nothing changed) while a worker advances it: stop that
-    worker first (its agents stop, the workflow pauses), then cancel.
+    worker first (its agents stop, the workflow pauses), then cancel. An epic's
+    parent cancels its pieces not completed too, and lists them (docs/epics.md).
     """
     from phasegate import operations
 
