@@ -23,6 +23,7 @@ from phasegate.integrations.triggers import Ignored, Started, Watcher
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.store import tables as t
+from phasegate.summary import workflow_summary
 from phasegate.testing import InMemoryForge
 
 from conftest import phasegate_cli
@@ -67,6 +68,11 @@ def test_a_workflow_runs_only_once_everything_it_waits_for_completed(store: Stor
     row = store.workflow_row(c)
     assert row["status"] == "blocked"
     assert row["error"] == f"waits for {b} (preparing) to merge and verify"
+
+    # the reason as shown is said from now, not from when it was stored
+    store.commit_phase_result(store.load_context(b), PhaseResult.advance("planning"))
+    assert f"{b} (preparing)" in store.workflow_row(c)["error"]
+    assert f"waits for {b} (planning)" in workflow_summary(store, store.workflow_row(c))["error"]
 
     _end(store, b, "failed")  # what it waits for failed: a person is told what to do
     said = f"{b} failed: resume {b}, or resume this one to go on without it"

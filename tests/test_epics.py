@@ -218,11 +218,18 @@ def test_a_cancelled_piece_is_gone_on_without_and_its_parent_completes_after_the
     first, second, third = (p["id"] for p in parent["pieces"])
     engine = _engine(repo, opened)
     store = engine.store
+    [blocked] = store.events(third, types=["blocked"])  # filed blocked, saying for what
+    assert blocked["data"] == {"after": [second]}
     operations.cancel(engine, second, by="ana")
     said = f"{second} cancelled: resume this one to go on without {second}, or cancel it"
     assert said in store.workflow_row(parent["id"])["error"]
     assert said in store.workflow_row(third)["error"]
 
+    shown = json.loads(phasegate_cli("show", third, "--repo", str(repo), "--json").stdout)
+    number = parent["pieces"][1]["issue_number"]
+    assert shown["workflow"]["waits_for"] == [
+        {"id": second, "issue": f"#{number}", "status": "cancelled"}
+    ]
     # the third goes on without the second, and says so
     resumed = phasegate_cli("resume", third, "--no-advance", "--repo", str(repo), "--json")
     [dropped] = json.loads(resumed.stdout)["dropped"]

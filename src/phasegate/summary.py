@@ -212,7 +212,8 @@ def _dependencies(edges: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """``waits_for`` and ``pieces`` of a workflow's edges (``values.edge_row``)."""
     return {
         "waits_for": [
-            {"id": e["depends_on"], "issue": e["issue"], "status": e["status"]}
+            # the forge issue it was declared by, else the one its workflow has
+            {"id": e["depends_on"], "issue": e["issue"] or _number(e), "status": e["status"]}
             for e in edges
             if e["kind"] == "after"
         ],
@@ -228,6 +229,10 @@ def _dependencies(edges: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             if e["kind"] == "piece"
         ],
     }
+
+
+def _number(edge: Mapping[str, Any]) -> str | None:
+    return f"#{edge['issue_number']}" if edge["issue_number"] else None
 
 
 def lease_holder(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any]:

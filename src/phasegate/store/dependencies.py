@@ -422,6 +422,7 @@ class DependencyRows(StoreBase):
                             .where(_w.id == found)
                             .values(status=BLOCKED, error=waiting_text(BLOCKED, left, len(left)))
                         )
+                        self.write_event(conn, found, EventWrite(BLOCKED, {"after": after}))
                 ids.append(found)
             self.dialect.notify(conn)
         return ids
