@@ -263,6 +263,10 @@ def test_cancelling_a_parent_cancels_its_pieces_but_not_one_a_worker_advances(
     first, second, third = (p["id"] for p in parent["pieces"])
     engine = _engine(repo, opened)
     store = engine.store
+    listed = json.loads(phasegate_cli("status", "--repo", str(repo), "--json").stdout)
+    assert [r["id"] for r in listed if r["epic_parent"]] == [first, second, third]
+    shown = json.loads(phasegate_cli("show", second, "--repo", str(repo), "--json").stdout)
+    assert shown["ticket"].startswith(f"the printer\n\nPart of #{parent['issue_number']}")
     # a worker advances the first: a live holder, this very process under another name
     assert store.claim(first, f"{host_name()}:{os.getpid()}:elsewhere", 600) is not None
     proc = phasegate_cli("cancel", parent["id"], "--repo", str(repo))

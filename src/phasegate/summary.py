@@ -287,6 +287,8 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
         "agent_runs": [
             {k: (iso(v) if isinstance(v, datetime) else v) for k, v in r.items()} for r in runs
         ],
+        # what was asked: an epic's piece's ticket is its forge issue's text
+        "ticket": row["ticket"],
         "report": row["state"].get("report"),
         "violations": [
             {**e["data"], "at": iso(e["created_at"])}

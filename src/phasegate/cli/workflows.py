@@ -277,10 +277,11 @@ def status(
 
     Every workflow not finished and the newest finished ones (--all: every one):
     phase, status, the worker holding it (while one does), profile, tokens and cost."""
-    from phasegate.cli.status_table import hidden_note, status_table, unheld_note
+    from phasegate.cli.status_table import hidden_note, pieces_in_place, status_table, unheld_note
 
     with reported_errors():
         rows, totals = _board(repo, None if every or as_json else STATUS_FINISHED_SHOWN)
+    rows = pieces_in_place(rows)
     if as_json:
         # Plain: rich's JSON highlighting costs more than the rest of a big store's status.
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
