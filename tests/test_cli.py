@@ -99,6 +99,7 @@ def test_status_and_show_of_a_completed_workflow(happy_repo: Path) -> None:
         "milestones",
         "agent_runs",
         "report",
+        "ticket",
         "decisions",
         "cleanup",
         "violations",

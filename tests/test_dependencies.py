@@ -23,6 +23,7 @@ from phasegate.integrations.triggers import Ignored, Started, Watcher
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.store import tables as t
+from phasegate.summary import workflow_summary
 from phasegate.testing import InMemoryForge
 
 from conftest import phasegate_cli
@@ -68,8 +69,14 @@ def test_a_workflow_runs_only_once_everything_it_waits_for_completed(store: Stor
     assert row["status"] == "blocked"
     assert row["error"] == f"waits for {b} (preparing) to merge and verify"
 
+    # the reason as shown is said from now, not from when it was stored
+    store.commit_phase_result(store.load_context(b), PhaseResult.advance("planning"))
+    assert f"{b} (preparing)" in store.workflow_row(c)["error"]
+    assert f"waits for {b} (planning)" in workflow_summary(store, store.workflow_row(c))["error"]
+
     _end(store, b, "failed")  # what it waits for failed: a person is told what to do
-    assert "failed or was cancelled" in store.workflow_row(c)["error"]
+    said = f"{b} failed: resume {b}, or resume this one to go on without it"
+    assert said in store.workflow_row(c)["error"]
     assert store.workflow_row(c)["status"] == "blocked"
 
     # a person's resume starts it without what did not complete, in the same commit
@@ -166,6 +173,19 @@ def test_run_after_files_a_blocked_workflow_that_a_completion_releases(happy_rep
     assert wrong.returncode == 2 and "'ticket', 'epic'" in wrong.stderr
     assert json.loads(wrong.stdout)["error"]["kind"] == "UsageError"
 
+    # a resume of one still waiting goes on without what it waited for, and says so
+    waiting = json.loads(
+        phasegate_cli("run", "W", "--after", first["id"], "--repo", repo, "--json").stdout
+    )
+    dropped = phasegate_cli("resume", waiting["id"], "--no-advance", "--repo", repo)
+    assert f"dropped: waiting for {first['id']} (preparing)" in dropped.stdout, dropped.stdout
+    # what ended without completing releases nobody: waiting for it is refused
+    gone = phasegate_cli("cancel", waiting["id"], "--repo", repo)
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    refused = phasegate_cli("run", "Third", "--after", waiting["id"], "--repo", repo, "--json")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"{waiting['id']}: that workflow is cancelled" in refused.stdout + refused.stderr
+
     done = phasegate_cli("resume", first["id"], "--repo", repo, "--json")
     assert json.loads(done.stdout)["status"] == "completed", done.stdout
     shown = json.loads(phasegate_cli("show", second["id"], "--repo", repo, "--json").stdout)
@@ -174,7 +194,7 @@ def test_run_after_files_a_blocked_workflow_that_a_completion_releases(happy_rep
     store = open_store(f"sqlite:///{happy_repo / '.phasegate' / 'state.db'}")
     try:
         count = store.engine.connect().execute(sa.select(sa.func.count()).select_from(t.workflows))
-        assert count.scalar() == 2  # the refused --after recorded nothing
+        assert count.scalar() == 3  # the refused --after recorded nothing
     finally:
         store.close()
 

@@ -10,6 +10,7 @@ third.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,11 +18,14 @@ import pytest
 from fastapi.testclient import TestClient
 from test_web import TOKEN, logged_in
 
+from phasegate import operations
 from phasegate.config.cartridge import load_cartridge
+from phasegate.core.contract import PhaseResult
 from phasegate.forge.local import LocalForge
 from phasegate.git.workspace import Workspace
 from phasegate.graph.calls import prompt_hash
 from phasegate.graph.prompts import scope_prompt
+from phasegate.proc.host import host_name
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store, open_store
 from phasegate.web import Access, create_app
@@ -261,3 +265,74 @@ def test_a_cancelled_epics_pieces_are_superseded_and_cannot_be_approved(tmp_path
         assert store.gate_history("item_create") == []
     finally:
         store.close()
+
+
+def test_a_cancelled_piece_is_gone_on_without_and_its_parent_completes_after_the_rest(
+    tmp_path: Path, opened: list[Store]
+) -> None:
+    repo = epic_repo(tmp_path, item_policy="auto")
+    parent = json.loads(phasegate_cli("run", "Build it", "--repo", str(repo), "--json").stdout)
+    first, second, third = (p["id"] for p in parent["pieces"])
+    engine = _engine(repo, opened)
+    store = engine.store
+    [blocked] = store.events(third, types=["blocked"])  # filed blocked, saying for what
+    assert blocked["data"] == {"after": [second]}
+    operations.cancel(engine, second, by="ana")
+    said = f"{second} cancelled: resume this one to go on without {second}, or cancel it"
+    assert said in store.workflow_row(parent["id"])["error"]
+    assert said in store.workflow_row(third)["error"]
+
+    shown = json.loads(phasegate_cli("show", third, "--repo", str(repo), "--json").stdout)
+    number = parent["pieces"][1]["issue_number"]
+    assert shown["workflow"]["waits_for"] == [
+        {"id": second, "issue": f"#{number}", "status": "cancelled"}
+    ]
+    # the third goes on without the second, and says so
+    resumed = phasegate_cli("resume", third, "--no-advance", "--repo", str(repo), "--json")
+    [dropped] = json.loads(resumed.stdout)["dropped"]
+    assert (dropped["id"], dropped["status"]) == (second, "cancelled")
+    # the parent too: it waits for the first and the third only
+    resumed = phasegate_cli("resume", parent["id"], "--no-advance", "--repo", str(repo))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"dropped: waiting for {second} (cancelled)" in resumed.stdout
+    [event] = store.events(parent["id"], types=["pieces_dropped"])
+    assert event["data"] == {"dropped": [second]}
+    row = store.workflow_row(parent["id"])
+    assert row["status"] == "pieces" and "0 of 2 completed" in row["error"]
+    assert [p["depends_on"] for p in store.dependencies(parent["id"])] == [first, third]
+    # nothing ended now: a resume of the parent is refused, naming a command that works
+    refused = phasegate_cli("resume", parent["id"], "--repo", str(repo))
+    assert refused.returncode == 2 and f"`phasegate cancel {parent['id']}`" in refused.stderr
+
+    for piece in (first, third):  # the pieces left complete: the parent completes
+        store.commit_phase_result(store.load_context(piece), PhaseResult.advance("completed"))
+    assert store.workflow_row(parent["id"])["status"] == "planning"
+    assert engine.advance(parent["id"])["status"] == "completed"
+    forge = LocalForge(store, repo, Workspace())
+    assert forge.issue(parent["issue_number"]).state == "closed"
+
+
+def test_cancelling_a_parent_cancels_its_pieces_but_not_one_a_worker_advances(
+    tmp_path: Path, opened: list[Store]
+) -> None:
+    repo = epic_repo(tmp_path, item_policy="auto")
+    parent = json.loads(phasegate_cli("run", "Build it", "--repo", str(repo), "--json").stdout)
+    first, second, third = (p["id"] for p in parent["pieces"])
+    engine = _engine(repo, opened)
+    store = engine.store
+    listed = json.loads(phasegate_cli("status", "--repo", str(repo), "--json").stdout)
+    assert [r["id"] for r in listed if r["epic_parent"]] == [first, second, third]
+    shown = json.loads(phasegate_cli("show", second, "--repo", str(repo), "--json").stdout)
+    assert shown["ticket"].startswith(f"the printer\n\nPart of #{parent['issue_number']}")
+    # a worker advances the first: a live holder, this very process under another name
+    assert store.claim(first, f"{host_name()}:{os.getpid()}:elsewhere", 600) is not None
+    proc = phasegate_cli("cancel", parent["id"], "--repo", str(repo))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"pieces cancelled: {second}, {third}" in proc.stdout
+    assert f"piece {first} not cancelled:" in proc.stdout
+    assert f"then `phasegate cancel {first}`" in proc.stdout
+    statuses = [store.workflow_row(w)["status"] for w in (parent["id"], first, second, third)]
+    assert statuses == ["cancelled", "preparing", "cancelled", "cancelled"]
+
+    store.release(first, f"{host_name()}:{os.getpid()}:elsewhere")
+    assert operations.cancel(engine, first, by="ana")["status"] == "cancelled"

@@ -40,24 +40,24 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from phasegate.actions import epic as epic_actions
 from phasegate.actions.cleanup import cleanup, expire_worktrees, retire_worktrees
+from phasegate.actions.offered import ACTIONS, actions
 from phasegate.actions.queue import clear_queue_cap, queue_view, set_priority, set_queue_cap
 from phasegate.agents.env import cartridge_secrets
 from phasegate.config.cartridge import CARTRIDGE_FILE
 from phasegate.core import decisions, review
 from phasegate.core.autonomy import AutonomyPolicy, streak
 from phasegate.core.contract import (
-    ACCEPTANCE_VERIFICATION,
     AWAITING_APPROVAL,
     BLOCKED,
     CANCELLED,
     DEVELOPMENT,
     ENDED_STATUSES,
-    MERGE,
     NEEDS_YOU_STATUSES,
+    PIECES,
     PLANNING,
     RUNNABLE_STATUSES,
-    WAIT,
     ContractViolation,
     EventWrite,
     PhasegateError,
@@ -65,6 +65,7 @@ from phasegate.core.contract import (
     WorkflowContext,
 )
 from phasegate.core.decisions import DECISION_EVENT, decision_event
+from phasegate.core.dependencies import ENDED_UNCOMPLETED
 from phasegate.core.inputs import (
     MAX_TICKET_BYTES,
     MAX_TITLE_CHARS,
@@ -81,7 +82,6 @@ from phasegate.core.redaction import redact
 from phasegate.core.state import WorkflowState
 from phasegate.phases import acceptance_verification
 from phasegate.phases import cleanup as cleanup_phase
-from phasegate.phases.cleanup import KIND as CLEANUP
 from phasegate.phases.graph_mode import epic
 from phasegate.phases.graph_mode.run import CHECKS_GATE
 from phasegate.runtime.engine import Engine, LeaseHeld
@@ -135,59 +135,6 @@ def login_name() -> str:
         return "cli"
 
 
-#: Every action on a workflow ``actions`` may offer, in the order a page lists them.
-ACTIONS = (
-    "approve_merge",
-    "feedback",
-    "approve",
-    "reject",
-    "verify_override",
-    "resume",
-    "revert",
-    "cancel",
-    "cleanup",
-)
-
-#: Where a person is asked for words: a report waiting, a stop to explain.
-_FEEDBACK_STATUSES = frozenset({"waiting", "paused", "failed", "planning_timeout"})
-
-
-def actions(ctx: WorkflowContext, *, held: bool = False) -> tuple[str, ...]:
-    """The actions that apply to the workflow now, by name, in ACTIONS' order: what a
-    front end offers: buttons for exactly the actions that apply.
-
-    ``held``: another process advances the workflow (its lease is live), so every
-    action would be refused with LeaseHeld: none applies. An action offered is one
-    the workflow's state admits (its function may still refuse its input: an
-    empty feedback, an empty reason); ``approve``/``reject`` are for the proposal
-    the workflow awaits. Pure: reads ``ctx`` only.
-    """
-    if held:
-        return ()
-    if ctx.status == CANCELLED:
-        closing = ctx.milestone(cleanup_phase.CLOSE_KIND)
-        return ("cleanup",) if closing and closing.status == "failed" else ()
-    if ctx.status == "completed":
-        cleaned = ctx.milestone(CLEANUP, phase=MERGE)
-        return ("cleanup",) if cleaned and cleaned.status == "failed" else ()
-    offered = {"cancel"}
-    approved = decisions.approved_by(ctx) is not None
-    if ctx.current_phase == WAIT and not approved:
-        offered.add("approve_merge")
-    if ctx.status in _FEEDBACK_STATUSES and not approved:
-        offered.add("feedback")
-    if ctx.status == AWAITING_APPROVAL:
-        offered |= {"approve", "reject"}
-    if ctx.current_phase == ACCEPTANCE_VERIFICATION:
-        offered.add("verify_override")
-    stopped = ctx.status in ("failed", "paused", "planning_timeout", BLOCKED)
-    if stopped or (ctx.status in RUNNABLE_STATUSES and ctx.status != "waiting"):
-        offered.add("resume")  # a stop, or a runnable workflow nobody advances: interrupted
-    if decisions.revert_refusal(ctx) is None:
-        offered.add("revert")
-    return tuple(a for a in ACTIONS if a in offered)
-
-
 # -- starting ---------------------------------------------------------------------
 
 
@@ -207,15 +154,19 @@ def start(
     preparation (``Engine.start``: ``auto_merge``, ``profile``, ``state``,
     ``priority``), its title ``title`` else ``title_of(ticket)``, ``blocked`` until
     each of ``after`` completed. Returns the workflow's row; nothing is advanced.
-    Raises ActionRefused (the ticket), CartridgeError (a role left unbound, the
-    profile, the base branch), PhasegateError (no commit yet), WorkflowNotFound (an
-    id of ``after``)."""
+    Raises ActionRefused (the ticket; an id of ``after`` failed or cancelled),
+    CartridgeError (a role left unbound, the profile, the base branch), PhasegateError
+    (no commit yet), WorkflowNotFound (an id of ``after``)."""
     check_by(by)
     check_ticket(ticket)
     check_priority(priority)
     if title is not None:
         check_title(title)
     engine.cartridge.require_roles(engine.repo / CARTRIDGE_FILE)
+    for target in after:  # one that ended without completing would never release it
+        ended = engine.store.workflow_row(target)["status"]
+        if ended in ENDED_UNCOMPLETED:
+            raise ActionRefused(f"--after {target}: that workflow is {ended}; nothing recorded")
     workflow_id = engine.start(
         title or title_of(ticket),
         ticket,
@@ -296,8 +247,20 @@ def _via(via: str | None) -> dict[str, Any]:
 
 def resume(engine: Engine, workflow_id: str, *, by: str, via: str | None = None) -> dict[str, Any]:
     """Run the current phase again with fresh retry counters (``decisions.resume``);
-    ``via``: the forge comment that commanded it (``Comment.key``)."""
-    return _decide(engine, workflow_id, "resume", by, decisions.resume, **_via(via))
+    ``via``: the forge comment that commanded it (``Comment.key``). A ``blocked``
+    workflow goes on without what it waits for that has not completed: the row's
+    ``dropped`` lists it (``actions.epic.unfinished``). An epic's parent in ``pieces``
+    goes on without its pieces that failed or were cancelled (``dropped``;
+    ``actions.epic.resume_parent``); with none it is refused (ContractViolation)."""
+    row = engine.store.workflow_row(workflow_id)
+    if row["status"] == PIECES:
+        why = decisions.pieces_refusal(workflow_id, row["error"])
+        event = decision_event("resume", check_by(by), **_via(via))
+        dropped = epic_actions.resume_parent(engine.store, workflow_id, event, why)
+        return {**engine.store.workflow_row(workflow_id), "dropped": dropped}
+    waited = epic_actions.unfinished(engine.store, workflow_id) if row["status"] == BLOCKED else []
+    resumed = _decide(engine, workflow_id, "resume", by, decisions.resume, **_via(via))
+    return {**resumed, "dropped": waited} if waited else resumed
 
 
 def feedback(engine: Engine, workflow_id: str, text: str, *, by: str) -> dict[str, Any]:
@@ -447,7 +410,13 @@ def cancel(engine: Engine, workflow_id: str, *, by: str, via: str | None = None)
     refused with LeaseHeld and nothing changes; stop that worker (its agents stop,
     the workflow pauses), then cancel. Raises ContractViolation for a completed or
     already cancelled workflow, WorkflowNotFound.
+
+    An epic's parent in ``pieces`` cancels its pieces not ended too, after itself,
+    each under these rules (``actions.epic.cancel_pieces``): the row's
+    ``pieces_cancelled`` lists them, ``pieces_not_cancelled`` the ones refused (a
+    worker advances it: ``{"id", "reason", "next"}``), which fail no cancel.
     """
+    waiting = engine.store.workflow_row(workflow_id)["status"] == PIECES
 
     def decide(ctx: WorkflowContext) -> PhaseResult:
         if ctx.status == "completed":
@@ -456,7 +425,13 @@ def cancel(engine: Engine, workflow_id: str, *, by: str, via: str | None = None)
         cleanup_phase.close_pull_request(ctx, effects, ctx.current_phase)
         return PhaseResult("failed", status=CANCELLED, reason=f"cancelled by {by}")
 
-    return _decide(engine, workflow_id, "cancel", by, decide, **_via(via))
+    row = _decide(engine, workflow_id, "cancel", by, decide, **_via(via))
+    if not waiting:
+        return row
+    done, left = epic_actions.cancel_pieces(
+        engine.store, workflow_id, lambda p: cancel(engine, p, by=by)
+    )
+    return {**row, "pieces_cancelled": done, "pieces_not_cancelled": left}
 
 
 # -- the proposal gate (docs/contracts/autonomy.md: the human gate) ------------------

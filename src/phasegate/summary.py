@@ -12,7 +12,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from phasegate.core.contract import AWAITING_APPROVAL
+from phasegate.core.contract import AWAITING_APPROVAL, WAITING_ON_OTHERS
+from phasegate.core.dependencies import waiting_text
 from phasegate.core.priority import priority_name
 from phasegate.core.profiles import AutomationProfile, decisions_of
 from phasegate.forge.base import shown_number
@@ -136,6 +137,12 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
     pause is resumed by itself (``resumes_at``), and the worker holding its lease
     (``worker``, ``lease_expires_at``; None when nobody does)."""
     usage = store.usage_totals(row["id"])
+    edges = store.dependencies(row["id"])
+    error = row.get("error")
+    left = [e for e in edges if e["status"] != "completed"]
+    if row["status"] in WAITING_ON_OTHERS and left:
+        # The stored reason names the statuses of when it was written: said again from now.
+        error = waiting_text(row["status"], left, len(edges))
     awaited = None
     if row["status"] == AWAITING_APPROVAL:
         waiting = [
@@ -152,7 +159,7 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
         # what workers claim by, larger first (core/priority.py; docs/queues.md)
         "priority": int(row.get("priority") or 0),
         "priority_name": priority_name(int(row.get("priority") or 0)),
-        "error": row.get("error"),
+        "error": error,
         # the proposal a person's approve/reject moves the workflow on with, if any
         "awaiting_proposal": awaited,
         "dev_round": row["dev_round"],
@@ -193,7 +200,7 @@ def workflow_summary(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any
         "children": [
             {"id": c["id"], "status": c["status"]} for c in store.child_workflows(row["id"])
         ],
-        **_dependencies(store.dependencies(row["id"])),
+        **_dependencies(edges),
         "epic_parent": row["state"].get("epic_parent"),
         # how an epic's pieces branch (ticket, epic), as preparation set it; None before
         "branch_strategy": row["state"].get("branch_strategy"),
@@ -205,7 +212,8 @@ def _dependencies(edges: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """``waits_for`` and ``pieces`` of a workflow's edges (``values.edge_row``)."""
     return {
         "waits_for": [
-            {"id": e["depends_on"], "issue": e["issue"], "status": e["status"]}
+            # the forge issue it was declared by, else the one its workflow has
+            {"id": e["depends_on"], "issue": e["issue"] or _number(e), "status": e["status"]}
             for e in edges
             if e["kind"] == "after"
         ],
@@ -221,6 +229,10 @@ def _dependencies(edges: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             if e["kind"] == "piece"
         ],
     }
+
+
+def _number(edge: Mapping[str, Any]) -> str | None:
+    return f"#{edge['issue_number']}" if edge["issue_number"] else None
 
 
 def lease_holder(store: BoardReads, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -275,6 +287,8 @@ def workflow_detail(store: Store, workflow_id: str) -> dict[str, Any]:
         "agent_runs": [
             {k: (iso(v) if isinstance(v, datetime) else v) for k, v in r.items()} for r in runs
         ],
+        # what was asked: an epic's piece's ticket is its forge issue's text
+        "ticket": row["ticket"],
         "report": row["state"].get("report"),
         "violations": [
             {**e["data"], "at": iso(e["created_at"])}

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from phasegate.cli._app import STOP_SIGNALS, console, err, reader_gone, repo_option, shown
 from phasegate.cli.status_table import status_table  # noqa: F401  (render's, for the commands)
-from phasegate.core.contract import AWAITING_APPROVAL, RUNNABLE_STATUSES, WAITING_ON_OTHERS
+from phasegate.core.contract import AWAITING_APPROVAL, PIECES, RUNNABLE_STATUSES, WAITING_ON_OTHERS
 from phasegate.core.priority import priority_name
 from phasegate.core.profiles import MAX_REVERSIONS
 from phasegate.core.report import render_report
@@ -207,8 +207,11 @@ def make_engine(
 STOPPED = frozenset({"failed", "paused", "planning_timeout"})
 
 
-def drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
-    """Advance in the foreground with live progress; exit with the workflow's outcome."""
+def drive(
+    engine: Engine, workflow_id: str, as_json: bool, extra: Mapping[str, Any] | None = None
+) -> None:
+    """Advance in the foreground with live progress; exit with the workflow's outcome
+    (``extra``: what the action that preceded it adds to the JSON, as ``finish``)."""
     from phasegate.integrations import notify
     from phasegate.runtime import outage
     from phasegate.runtime.worker import waits_on_ci
@@ -232,10 +235,12 @@ def drive(engine: Engine, workflow_id: str, as_json: bool) -> None:
             ):
                 break
             row = engine.advance(workflow_id)
-    finish(engine.store, row, as_json, interrupted=engine.shutdown.is_set())
+    finish(engine.store, row, as_json, interrupted=engine.shutdown.is_set(), extra=extra)
 
 
-def drive_unless_taken(engine: Engine, workflow_id: str, as_json: bool) -> None:
+def drive_unless_taken(
+    engine: Engine, workflow_id: str, as_json: bool, extra: Mapping[str, Any] | None = None
+) -> None:
     """``drive``, after the workflow was filed or a person's decision recorded: a
     worker that took the workflow on meanwhile is not an error, the workflow goes
     on there (exit 0; the holder named ``host:pid``, in JSON ``worker``)."""
@@ -243,14 +248,15 @@ def drive_unless_taken(engine: Engine, workflow_id: str, as_json: bool) -> None:
     from phasegate.summary import lease_holder, workflow_summary
 
     try:
-        drive(engine, workflow_id, as_json)
+        drive(engine, workflow_id, as_json, extra)
     except LeaseHeld:
         row = engine.store.workflow_row(workflow_id)
         worker = lease_holder(engine.store, row).get("worker")
         # An owner is host:pid:token (Engine.owner); a person knows a process by host:pid.
         where = ":".join(str(worker).split(":")[:2]) if worker else None
         if as_json:
-            summary = {**workflow_summary(engine.store, row), "taken_by_worker": True}
+            summary = {**workflow_summary(engine.store, row), **(extra or {})}
+            summary["taken_by_worker"] = True
             summary.setdefault("worker", where)
             console.print_json(json.dumps(summary, default=str))
         else:
@@ -268,15 +274,19 @@ def finish(
     as_json: bool,
     interrupted: bool = False,
     driven: bool = True,
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
     """Print the outcome and exit with its code (module docstring).
+
+    ``extra``: keys the JSON carries beside the workflow's summary (what a person's
+    action did besides: a resume's ``dropped``, a cancel's ``pieces_cancelled``).
 
     ``driven``: the workflow was just advanced in the foreground, so a runnable
     status other than waiting means it stopped early (another process moved it).
     """
     from phasegate.summary import workflow_summary
 
-    summary = workflow_summary(store, row)
+    summary = {**workflow_summary(store, row), **(extra or {})}
     approved = row["state"].get("merge_approved")
     at = repo_option(row)
     stopped_early = (
@@ -296,8 +306,8 @@ def finish(
             f"[{color}]{status}[/{color}]",
             highlight=False,
         )
-        if row.get("error"):
-            console.print(f"  reason: {shown(row['error'])}", highlight=False)
+        if summary["error"]:
+            console.print(f"  reason: {shown(summary['error'])}", highlight=False)
         # A next: line is commands to paste: never folded (soft_wrap), even in a pipe.
         if status == "waiting" and not approved:
             console.print(
@@ -320,9 +330,14 @@ def finish(
                     f"  next: `phasegate resume {row['id']}{at}`", highlight=False, soft_wrap=True
                 )
         elif status in WAITING_ON_OTHERS:
+            started = (
+                "runs its pieces, and it completes after its last one"
+                if status == PIECES
+                else "starts it once what it waits for has merged and verified"
+            )
             console.print(
-                f"  next: a `phasegate worker{at}` starts it once what it waits for has "
-                f"merged and verified; `phasegate show {row['id']}{at}` lists them",
+                f"  next: a `phasegate worker{at}` {started}; `phasegate show {row['id']}{at}` "
+                "lists them",
                 highlight=False,
                 soft_wrap=True,
             )

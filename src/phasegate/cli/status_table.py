@@ -109,6 +109,23 @@ def unheld_note(rows: list[dict[str, Any]]) -> str | None:
     )
 
 
+def pieces_in_place(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` (workflow summaries) with each epic's pieces in their places' order
+    (filed in one moment, they have no order of their own), in the slots the pieces
+    held; every other row where it was."""
+    place = {p["id"]: p["position"] for r in rows for p in r.get("pieces") or ()}
+    slots: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        if r.get("epic_parent") and r["id"] in place:
+            slots.setdefault(r["epic_parent"], []).append(i)
+    ordered = list(rows)
+    for held in slots.values():
+        in_place = sorted((rows[i] for i in held), key=lambda r: place[r["id"]])
+        for i, row in zip(held, in_place, strict=True):
+            ordered[i] = row
+    return ordered
+
+
 def status_table(rows: list[dict[str, Any]], width: int) -> Table:
     """``status``'s table, fitted to ``width`` columns: id, phase and status are
     never cut, nor the repository when the rows are of several (a shared store); the

@@ -277,10 +277,11 @@ def status(
 
     Every workflow not finished and the newest finished ones (--all: every one):
     phase, status, the worker holding it (while one does), profile, tokens and cost."""
-    from phasegate.cli.status_table import hidden_note, status_table, unheld_note
+    from phasegate.cli.status_table import hidden_note, pieces_in_place, status_table, unheld_note
 
     with reported_errors():
         rows, totals = _board(repo, None if every or as_json else STATUS_FINISHED_SHOWN)
+    rows = pieces_in_place(rows)
     if as_json:
         # Plain: rich's JSON highlighting costs more than the rest of a big store's status.
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
@@ -382,6 +383,11 @@ def _manual(
         root, cartridge, store = open_repo(repo)
         engine = make_engine(root, cartridge, store, None)
         row = act(engine)
+        besides = ("dropped", "pieces_cancelled", "pieces_not_cancelled")
+        extra: dict[str, Any] = {k: row[k] for k in besides if k in row}
+        if not as_json:
+            for line in _besides(extra):
+                console.print(line, highlight=False, soft_wrap=True)
         if announce_reversion:
             recorded = row["state"]["decisions"][-1]
             err.print(
@@ -390,9 +396,25 @@ def _manual(
                 highlight=False,
             )
         if advance:
-            drive_unless_taken(engine, workflow_id, as_json)
+            drive_unless_taken(engine, workflow_id, as_json, extra)
         else:
-            finish(store, store.workflow_row(workflow_id), as_json, driven=False)
+            finish(store, store.workflow_row(workflow_id), as_json, driven=False, extra=extra)
+
+
+def _besides(extra: "dict[str, Any]") -> list[str]:
+    """The lines saying what a resume or a cancel did besides: what it stopped waiting
+    for, the pieces it cancelled, and those it could not (with the command to retry)."""
+    lines = [
+        f"dropped: waiting for {d['id'] or d.get('issue')} ({d['status'] or 'no workflow yet'})"
+        for d in extra.get("dropped", ())
+    ]
+    if extra.get("pieces_cancelled"):
+        lines.append(f"pieces cancelled: {', '.join(extra['pieces_cancelled'])}")
+    lines += [
+        f"piece {p['id']} not cancelled: {p['reason']}; then `{p['next']}`"
+        for p in extra.get("pieces_not_cancelled", ())
+    ]
+    return lines
 
 
 @app.command()
@@ -410,6 +432,8 @@ def resume(
     repeated; what a killed agent left uncommitted is discarded (recorded as
     attempt_discarded); stale git locks and half-made worktrees are repaired;
     leftover agent and check processes are stopped. docs/guarantees.md says what holds.
+    A blocked workflow goes on without what it waits for, an epic's parent without
+    its pieces that failed or were cancelled; both print what they dropped.
     """
     from phasegate import operations
 
@@ -545,7 +569,8 @@ def cancel(
     (the worktree and branch until landing_areas.keep_cancelled_days, or
     `phasegate cleanup --all`).
     Refused (exit 2, nothing changed) while a worker advances it: stop that
-    worker first (its agents stop, the workflow pauses), then cancel.
+    worker first (its agents stop, the workflow pauses), then cancel. An epic's
+    parent cancels its pieces not completed too, and lists them (docs/epics.md).
     """
     from phasegate import operations
 

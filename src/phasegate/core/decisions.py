@@ -33,6 +33,7 @@ __all__ = [
     "approved_by",
     "decision_event",
     "feedback",
+    "pieces_refusal",
     "resume",
     "revert",
     "revert_refusal",
@@ -68,15 +69,22 @@ def resume(ctx: WorkflowContext) -> PhaseResult:
 
     A ``blocked`` workflow starts without waiting any longer for what has not completed
     (the commit drops those dependencies: docs/epics.md). An epic's parent waiting for
-    its pieces is refused: it completes when they do."""
+    its pieces is refused here: only the store sees whether a piece ended without
+    completing (``operations.resume`` lets it go on without those)."""
     _open(ctx)
     if ctx.status == PIECES:
-        raise ContractViolation(
-            f"workflow {ctx.id} waits for its pieces ({ctx.error or 'see `phasegate show`'}); "
-            "resume or cancel a piece, or cancel this one"
-        )
+        raise ContractViolation(pieces_refusal(ctx.id, ctx.error))
     return PhaseResult(
         "retry", status=PHASE_STATUS_MAP[ctx.current_phase], state=_RETRY_COUNTERS.copy()
+    )
+
+
+def pieces_refusal(workflow_id: str, error: str | None) -> str:
+    """Why a resume of an epic's parent whose pieces are all still running is refused."""
+    return (
+        f"workflow {workflow_id} waits for its pieces ({error or 'see `phasegate show`'}) and "
+        "none of them failed or was cancelled: it completes when they do; "
+        f"`phasegate cancel {workflow_id}` stops it and its pieces"
     )
 
 

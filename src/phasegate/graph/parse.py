@@ -58,7 +58,9 @@ def subtask_pieces(values: list[str]) -> list[tuple[str, list[int]]]:
         found = _AFTER.match(value)
         if found is None:
             if re.search(r"\[[ \t]*after\b", value, re.I):
-                raise ValueError(f"SUBTASK {place} has an unclosed [after ...]: {value!r}")
+                closed = re.search(r"\[[ \t]*after\b[^\]]*\]", value, re.I)
+                wrong = "text after its [after ...]" if closed else "an unclosed [after ...]"
+                raise ValueError(f"SUBTASK {place} has {wrong}: {value!r}")
             pieces.append((value, []))
             continue
         title, refs = found.group("title").strip(), found.group("refs")

@@ -34,7 +34,12 @@ from phasegate.core.contract import (
     EventWrite,
     WorkflowNotFound,
 )
-from phasegate.core.dependencies import DependencyCycle, cycle_path
+from phasegate.core.dependencies import (
+    ENDED_UNCOMPLETED,
+    DependencyCycle,
+    cycle_path,
+    waiting_text,
+)
 from phasegate.core.state import WorkflowState
 from phasegate.store import tables as t
 from phasegate.store._base import StoreBase
@@ -43,6 +48,7 @@ from phasegate.store.values import EDGES_ORDER, EDGES_SQL, edge_row
 __all__ = [
     "AFTER",
     "PIECE",
+    "PIECES_DROPPED_EVENT",
     "DependencyRows",
     "Piece",
     "RELEASED_EVENT",
@@ -61,6 +67,10 @@ PIECE = "piece"
 #: The event of a workflow whose wait ended: ``{"after": [ids]}`` (every one completed)
 #: or ``{"dropped": [ids], "by": "resume"}`` (a person started it without them).
 RELEASED_EVENT = "dependencies_met"
+
+#: The event of an epic's parent a person told to go on without its pieces that
+#: failed or were cancelled: ``{"dropped": [ids]}``.
+PIECES_DROPPED_EVENT = "pieces_dropped"
 
 _d = t.workflow_dependencies.c
 _w = t.workflows.c
@@ -264,29 +274,6 @@ def _release(
     return released
 
 
-def waiting_text(status: str, left: Sequence[Mapping[str, Any]], total: int) -> str:
-    """What a waiting workflow's error says: what it waits for, and what a person can
-    do when one of them failed or was cancelled."""
-    named = ", ".join(_named(e) for e in left)
-    if status == PIECES:
-        said = f"waits for its pieces: {total - len(left)} of {total} completed; left: {named}"
-    else:
-        said = f"waits for {named} to merge and verify"
-    if any(e["status"] in ("failed", "cancelled") for e in left):
-        said += "; a workflow it waits for failed or was cancelled: resume that one, or " + (
-            "cancel this one"
-            if status == PIECES
-            else "`phasegate resume` this one to start it without it, or cancel it"
-        )
-    return said
-
-
-def _named(edge: Mapping[str, Any]) -> str:
-    if edge["depends_on"] is None:
-        return f"{edge['issue']} (no workflow yet)"
-    return f"{edge['depends_on']} ({edge['status']})"
-
-
 def edges_of(conn: sa.Connection, workflow_id: str | None) -> list[dict[str, Any]]:
     """Edges (of ``workflow_id``, else all) with the status of what each waits for
     (``values.edge_row``)."""
@@ -337,6 +324,46 @@ class DependencyRows(StoreBase):
             return []
         with self.transaction() as conn:
             return _release(self, conn, waiting, self.clock.now())
+
+    def drop_ended_pieces(
+        self, parent_id: str, events: Sequence[EventWrite] = ()
+    ) -> list[dict[str, Any]]:
+        """Make the epic's parent ``parent_id`` (status ``pieces``) stop waiting for its
+        pieces that ended without completing (failed, cancelled), in one transaction:
+        their ``piece`` edges go, a ``pieces_dropped`` event names them (``{"dropped":
+        [ids]}``) with ``events`` beside it, and the parent is released when every piece
+        left completed (its planning then completes it), else its error says what is
+        left. Returns the dropped edges (``edge_row``s); none: nothing was written.
+        Raises WorkflowNotFound."""
+        with self.transaction() as conn:
+            row = conn.execute(
+                sa.select(_w.status).where(_w.id == parent_id).with_for_update()
+            ).first()
+            if row is None:
+                raise WorkflowNotFound(parent_id)
+            if row.status != PIECES:
+                return []
+            ended = [
+                e
+                for e in edges_of(conn, parent_id)
+                if e["kind"] == PIECE and e["status"] in ENDED_UNCOMPLETED
+            ]
+            if not ended:
+                return []
+            conn.execute(
+                t.workflow_dependencies.delete().where(
+                    _d.workflow_id == parent_id,
+                    _d.kind == PIECE,
+                    _d.depends_on.in_([e["depends_on"] for e in ended]),
+                )
+            )
+            dropped = EventWrite(
+                PIECES_DROPPED_EVENT, {"dropped": [e["depends_on"] for e in ended]}
+            )
+            for event in (dropped, *events):
+                self.write_event(conn, parent_id, event)
+            _release(self, conn, [parent_id], self.clock.now())
+        return ended
 
     def start_pieces(
         self,
@@ -395,6 +422,7 @@ class DependencyRows(StoreBase):
                             .where(_w.id == found)
                             .values(status=BLOCKED, error=waiting_text(BLOCKED, left, len(left)))
                         )
+                        self.write_event(conn, found, EventWrite(BLOCKED, {"after": after}))
                 ids.append(found)
             self.dialect.notify(conn)
         return ids

@@ -183,6 +183,7 @@ class WorkflowRows(StoreBase):
                             error=dependencies.waiting_text(BLOCKED, left, len(left)),
                         )
                     )
+                    self.write_event(conn, workflow_id, EventWrite(BLOCKED, {"after": waits}))
             self.dialect.notify(conn)  # a new workflow for a waiting worker
         return workflow_id
 

@@ -169,7 +169,7 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 f"scope found {shaped['pieces']} pieces of work (a {shaped['shape']} ticket), "
                 f"which [graph.work_routing] sends to {shaped['route']!r}, not to this build"
             )
-            stopped = _plan_failed(run, key, why, stop)
+            stopped = _plan_failed(run, key, why, stop, "scope_routed")  # a route, no failure
             return epic.routed(ctx, deps, str(run["graph_run"]), why, started, stopped)
         return PhaseResult(
             "pause",
@@ -219,11 +219,11 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
 
 
 def _plan_failed(
-    run: Mapping[str, Any], key: str, why: str, stop: Mapping[str, Any]
+    run: Mapping[str, Any], key: str, why: str, stop: Mapping[str, Any], kind: str = "plan_failed"
 ) -> MilestoneWrite:
     return MilestoneWrite(
-        "plan_failed",
-        status="failed",
+        kind,
+        status="failed" if kind == "plan_failed" else "completed",
         round=1,
         key=key,
         summary=why[:500],
