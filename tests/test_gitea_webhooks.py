@@ -52,7 +52,9 @@ def test_a_collaborators_pr_comment_delivered_by_gitea_starts_round_two_and_a_re
     took = wait_for(lambda: store.workflow_row(workflow_id)["dev_round"] == 2)
     [delivered] = gitea.server.hooks.wait_all()
     assert (delivered.event, delivered.status) == ("issue_comment", 202)
-    assert took < 1.0, f"the delivery took {took:.2f} s to start round two"
+    # Polled hourly, the workflow moves within seconds only by the delivery. How fast it
+    # wakes is benchmarks/wakeup.py's figure: a loaded CI machine measured 1.4 s here.
+    assert took < 5.0, f"the delivery took {took:.2f} s to start round two"
     assert store.last_delivery_at(gitea.repository) is not None
     wait_for(lambda: store.workflow_row(workflow_id)["status"] == "waiting", 30)
     version = store.workflow_row(workflow_id)["version"]
