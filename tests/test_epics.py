@@ -31,26 +31,7 @@ from phasegate.store import Store, open_store
 from phasegate.web import Access, create_app
 
 from conftest import git, make_repo, phasegate_cli, scripted_cartridge
-
-#: Three pieces, each after the one before it.
-CHAIN = "SUBTASK: the parser\\nSUBTASK: the printer [after 1]\\nSUBTASK: the docs [after 2]"
-
-ANSWERS = f"""
-[[scope_epic]]
-text = "{CHAIN}"
-[[plan]]
-text = "1. Write the piece's file."
-[[review]]
-text = "Correct.\\nVERDICT: approve"
-[[verification]]
-text = "VERDICT: confirmed"
-"""
-
-#: The build agent: a new file named by its workflow, as a diff (the graph's build answers so).
-BUILD = """#!/bin/sh
-f="piece-$PHASEGATE_WORKFLOW_ID.txt"
-printf 'Adds %s.\\n\\n```diff\\n--- /dev/null\\n+++ b/%s\\n@@ -0,0 +1 @@\\n+done\\n```\\n' "$f" "$f"
-"""
+from support.torture_epic import ANSWERS, BUILD
 
 
 def epic_repo(tmp_path: Path, *, item_policy: str = "propose", profile: str | None = None) -> Path:

@@ -39,12 +39,14 @@ from phasegate.store import tables as t
 
 from support.torture_lab import Violation, kill_all, phasegate_exe, trial_processes, wait_for
 
-__all__ = ["EpicTrial", "run_epic_trial"]
+__all__ = ["ANSWERS", "BUILD", "CHAIN", "EpicTrial", "run_epic_trial"]
 
-_CHAIN = "SUBTASK: the parser\\nSUBTASK: the printer [after 1]\\nSUBTASK: the docs [after 2]"
-_ANSWERS = f"""
+#: Three pieces, each after the one before it.
+CHAIN = "SUBTASK: the parser\\nSUBTASK: the printer [after 1]\\nSUBTASK: the docs [after 2]"
+#: The scripted answers of every role but build.
+ANSWERS = f"""
 [[scope_epic]]
-text = "{_CHAIN}"
+text = "{CHAIN}"
 [[plan]]
 text = "1. Write the piece's file."
 [[review]]
@@ -52,7 +54,8 @@ text = "Correct.\\nVERDICT: approve"
 [[verification]]
 text = "VERDICT: confirmed"
 """
-_BUILD = """#!/bin/sh
+#: The build agent: a new file named by its workflow, as a diff (the graph's build answers so).
+BUILD = """#!/bin/sh
 f="piece-$PHASEGATE_WORKFLOW_ID.txt"
 printf 'Adds %s.\\n\\n```diff\\n--- /dev/null\\n+++ b/%s\\n@@ -0,0 +1 @@\\n+done\\n```\\n' "$f" "$f"
 """
@@ -95,8 +98,8 @@ def _make_repo(repo: Path) -> None:
     repo.mkdir(parents=True)
     (repo / "README.md").write_text("# report tool\n")
     (repo / ".gitignore").write_text(".phasegate/\n")
-    (repo / "answers.toml").write_text(_ANSWERS)
-    (repo / "build.sh").write_text(_BUILD)
+    (repo / "answers.toml").write_text(ANSWERS)
+    (repo / "build.sh").write_text(BUILD)
     (repo / "phasegate.toml").write_text(_CARTRIDGE)
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "add", "-A")
