@@ -30,7 +30,7 @@ from phasegate.core.contract import (
     is_legal_next_phase,
     next_phase,
 )
-from phasegate.store import dependencies
+from phasegate.store import dependencies, ports
 from phasegate.store import tables as t
 from phasegate.store._base import INSERT_EVENT, Dialect, FenceLost, StoreBase, event_params, utc
 from phasegate.store.leases import Fence
@@ -296,9 +296,7 @@ def commit_phase_result(
         if status != ctx.status:  # who waits for it, or what it waits for (docs/epics.md)
             dependencies.on_status(store, conn, ctx.id, ctx.status, status, now)
         if status in ENDED_STATUSES and status != ctx.status:
-            # An ended workflow's worktree runs nothing more: its ports go back.
-            reserved = t.port_reservations.c.workflow_id == ctx.id
-            conn.execute(t.port_reservations.delete().where(reserved))
+            ports.release(conn, ctx.id)  # its worktree runs nothing more
         if status in _FINAL and status != ctx.status:
             # A workflow that ended waits for no decision: its open proposals are closed.
             # A failed one keeps them: `resume` may pause it for them again.

@@ -16,7 +16,7 @@ from phasegate.core.contract import ENDED_STATUSES, EventWrite, PhasegateError
 from phasegate.store import tables as t
 from phasegate.store._base import StoreBase
 
-__all__ = ["RESERVED_EVENT", "PortRows", "PortsUnavailable"]
+__all__ = ["RESERVED_EVENT", "PortRows", "PortsUnavailable", "release"]
 
 #: The event a new reservation adds to its workflow's stream: ``{"base", "count", "host"}``.
 RESERVED_EVENT = "ports_reserved"
@@ -95,10 +95,7 @@ class PortRows(StoreBase):
     def release_ports(self, workflow_id: str) -> bool:
         """Release the workflow's range; whether it held one. Raises StoreUnavailable."""
         with self.transaction() as conn:
-            gone = conn.execute(
-                t.port_reservations.delete().where(t.port_reservations.c.workflow_id == workflow_id)
-            )
-        return bool(gone.rowcount)
+            return release(conn, workflow_id)
 
     def reserved_ports(self, workflow_id: str) -> tuple[int, int] | None:
         """The workflow's range ``(base, count)``, or None."""
@@ -108,6 +105,13 @@ class PortRows(StoreBase):
                 sa.select(c.base, c.port_count).where(c.workflow_id == workflow_id)
             ).first()
         return None if row is None else (int(row.base), int(row.port_count))
+
+
+def release(conn: sa.Connection, workflow_id: str) -> bool:
+    """Release the workflow's range in the caller's transaction (the commit that ends
+    the workflow uses it); whether it held one."""
+    reserved = t.port_reservations.c.workflow_id == workflow_id
+    return bool(conn.execute(t.port_reservations.delete().where(reserved)).rowcount)
 
 
 def _first_free(
