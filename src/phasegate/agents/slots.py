@@ -149,8 +149,11 @@ class CallSlots:
         try:
             if needs:
                 self._take(needs, call_id, workflow_id, role, phase, priority)
+            # The moment is read before the event is written: that write may wait on
+            # the store, and calls that took their slots later must not seem earlier.
+            since = self.store.clock.now()
             self.emit(workflow_id, started)
-            yield HeldSlots(tuple(needs), self.store.clock.now())
+            yield HeldSlots(tuple(needs), since)
         finally:
             if needs:
                 self._give_back(call_id)

@@ -174,9 +174,10 @@ class QueueRows(StoreBase):
         blocked, waiting = self._blocked(needs, call_id, priority, write=None)
         if blocked is not None and waiting:
             return blocked
-        now = self.clock.now()
         with self.transaction() as conn:
             self.dialect.serialize(conn, _SLOTS_LOCK)
+            # Read under the lock, the moments of the calls that take slots follow their order.
+            now = self.clock.now()
             blocked, waiting = self._blocked(needs, call_id, priority, write=conn)
             if blocked is not None and waiting:
                 return blocked
