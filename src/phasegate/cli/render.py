@@ -214,7 +214,7 @@ def drive(
     (``extra``: what the action that preceded it adds to the JSON, as ``finish``)."""
     from phasegate.integrations import notify
     from phasegate.runtime import outage
-    from phasegate.runtime.worker import waits_on_ci
+    from phasegate.runtime.due import waits_on_ci
 
     at = repo_option({"repo_path": engine.repo})  # the engine's repository: no read
     then = f"`phasegate resume {workflow_id}{at}` continues it"

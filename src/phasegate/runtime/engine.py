@@ -37,12 +37,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from phasegate.agents import binding_problems
 from phasegate.agents.base import Runner
 from phasegate.agents.env import cartridge_secrets, redact
 from phasegate.agents.service import AgentService
 from phasegate.clock import Clock, SystemClock
-from phasegate.config.cartridge import CARTRIDGE_FILE, Cartridge, CartridgeError
+from phasegate.config.cartridge import Cartridge
 from phasegate.core.contract import (
     COMPLETED,
     RUNNABLE_STATUSES,
@@ -50,7 +49,6 @@ from phasegate.core.contract import (
     ContractViolation,
     EventWrite,
     MilestoneView,
-    PhasegateError,
     PhaseResult,
     StaleContext,
     WorkflowContext,
@@ -60,20 +58,21 @@ from phasegate.core.state import WorkflowState
 from phasegate.forge import Forge
 from phasegate.forge.base import ForgeError
 from phasegate.forge.factory import make_forge
-from phasegate.git import files as _gitfs
 from phasegate.git.command import withhold_from_git
-from phasegate.git.workspace import Workspace, git
+from phasegate.git.workspace import Workspace
 from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
 from phasegate.proc.deadline import LeaseDeadline, current_deadline, deadline_clock, governing
 from phasegate.proc.host import host_name
+from phasegate.runtime.due import wait_s
 from phasegate.runtime.faults import fault_result
 from phasegate.runtime.healing import self_heal
 from phasegate.runtime.heartbeat import Heartbeat
 from phasegate.runtime.labels import StatusLabels
 from phasegate.runtime.outage import labelled_status, recording, scheduled
+from phasegate.runtime.starting import filing
 from phasegate.runtime.takeover import ForeignWorkflow, forge_repository, take_over
-from phasegate.runtime.worker import DEFAULT_CONCURRENCY, LeaseHeld, run_worker, wait_s
+from phasegate.runtime.worker import DEFAULT_CONCURRENCY, LeaseHeld, run_worker
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
 
 __all__ = ["Engine", "ForeignWorkflow", "LeaseHeld"]
@@ -171,27 +170,15 @@ class Engine:
         profile, the base branch, and every role's runner (a scripted file that does not
         load). Raises CartridgeError naming the key, or PhasegateError.
         """
-        settings = self.cartridge.workflow
-        if profile is not None and not profile.strip():
-            raise CartridgeError("--profile: the profile name is empty")
-        chosen = self.cartridge.profile(profile)
-        head = _gitfs.resolve(self.repo, "HEAD")  # from git's files; None: ask git
-        if not (head or git(["rev-parse", "--verify", "-q", "HEAD"], self.repo, check=False)):
-            raise PhasegateError(f"{self.repo} has no commits yet; commit something first")
-        base = settings.base_branch or git(["symbolic-ref", "--short", "HEAD"], self.repo)
-        if not self.workspace.branch_exists(self.repo, base):
-            raise CartridgeError(
-                f"{CARTRIDGE_FILE}: workflow.base_branch: {base!r} is not a branch of {self.repo}"
-            )
-        problems = []
-        self.cartridge.require_roles()
-        for role in self.cartridge.workflow_roles():
-            binding = getattr(self.cartridge.roles, role)
-            if binding is not None:
-                problems += binding_problems(role, binding)
-                self.agents.runner(role)
-        if problems:
-            raise CartridgeError(f"{CARTRIDGE_FILE}: " + "; ".join(problems))
+        filed = filing(
+            self.cartridge,
+            self.repo,
+            self.workspace,
+            self.agents,
+            profile=profile,
+            auto_merge=auto_merge,
+            state=state,
+        )
         self.workspace.exclude(self.repo, ".phasegate/")
         # A key pasted into a ticket (or an issue) reaches neither the store nor a prompt.
         hidden = cartridge_secrets(self.cartridge)
@@ -199,22 +186,10 @@ class Engine:
             title=redact(title, hidden),
             ticket=redact(ticket, hidden),
             repo_path=str(self.repo),
-            base_branch=base,
-            auto_merge=(
-                auto_merge
-                if auto_merge is not None
-                else chosen.auto_merge
-                if profile is not None
-                else self.cartridge.auto_merge_for(chosen)
-            ),
-            content_language=settings.content_language,
-            # kept per workflow: flipping [graph] enabled never strands one midway
-            state={
-                **(state or {}),
-                "profile": chosen.as_state(),
-                "graph_mode": self.cartridge.graph.enabled,
-                "cartridge_sha": self.cartridge.source_sha,  # the committed file it runs under
-            },
+            base_branch=filed.base_branch,
+            auto_merge=filed.auto_merge,
+            content_language=self.cartridge.workflow.content_language,
+            state=filed.state,
             issue=issue,
             repository=self.repository,
             priority=priority,

@@ -1,5 +1,4 @@
-"""The worker: passes over the runnable workflows, on threads, woken by the store;
-and the lease heartbeat.
+"""The worker: passes over the runnable workflows, on threads, woken by the store.
 
 ``run_worker`` advances the runnable workflows of one engine's repository (a
 store may be shared by many: ``takeover``) until shutdown
@@ -41,24 +40,27 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from phasegate.config.cartridge import Cartridge
 from phasegate.core.contract import (
-    MERGE,
-    PHASE_STATUS_MAP,
-    PR_REVIEW,
     RUNNABLE_STATUSES,
-    WAIT,
     MilestoneView,
     PhasegateError,
 )
 from phasegate.phases import cleanup
 from phasegate.proc.deadline import deadline_clock
 from phasegate.runtime import DEFAULT_CONCURRENCY, outage, retention
+from phasegate.runtime.due import (
+    RELOOKS,
+    WAITING_FOR_PEOPLE,
+    Left,
+    earliest,
+    polling,
+    waiting_for_people,
+)
 from phasegate.runtime.pace import ForgePace
 from phasegate.store import Store, StoreUnavailable
 
@@ -68,8 +70,6 @@ __all__ = [
     "LeaseHeld",
     "WorkerEngine",
     "run_worker",
-    "wait_s",
-    "waits_on_ci",
 ]
 
 log = logging.getLogger(__name__)
@@ -116,56 +116,6 @@ MIN_PASS_S = 0.005
 
 class LeaseHeld(PhasegateError):
     """Another live worker holds the workflow's lease."""
-
-
-def waits_on_ci(row: Mapping[str, Any]) -> bool:
-    """Whether the workflow, as ``advance`` left it, waits for the forge's CI
-    (the ``wait`` of pr_review, or of merge on the head it merges: phases/ci.py)."""
-    phase = row["current_phase"]
-    return phase in (PR_REVIEW, MERGE) and row["status"] == PHASE_STATUS_MAP[phase]
-
-
-def wait_s(cartridge: Cartridge) -> float:
-    """Seconds between two looks at a workflow waiting on the cartridge's forge
-    (``forge.poll_s``: a team's forge has a rate limit); 0 on the local forge,
-    whose waits are watched for changes instead."""
-    forge = cartridge.forge
-    return 0.0 if forge.kind == "local" else forge.poll_s
-
-
-def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
-    return b if a is None else a if b is None else min(a, b)
-
-
-def _polling(row: Mapping[str, Any]) -> bool:
-    """Whether the workflow, as ``advance`` left it, only waits on the forge."""
-    return row["status"] == "waiting" or waits_on_ci(row)
-
-
-#: The phase and status of a workflow waiting for people (``Engine.idle_at``).
-_WAITING = {"current_phase": WAIT, "status": "waiting"}
-
-
-#: Advances of a waiting workflow on one thread while a look after each finds
-#: something new (``_Worker._advance_until_idle``): a bound, never reached by a wait
-#: phase that commits what it found.
-_RELOOKS = 3
-
-
-def _waiting(row: Mapping[str, Any]) -> bool:
-    return bool(row["current_phase"] == WAIT and row["status"] == "waiting")
-
-
-@dataclass(frozen=True)
-class _Left:
-    """How an advance left a workflow that is still runnable: its row's ``version``
-    and the local forge's marker read before the advance began. ``watched``: it
-    waits for people on the local forge, due again only when either changes;
-    else when it is due is the store's (``workflows.due_at``)."""
-
-    version: int
-    forge: tuple[int, int] | None
-    watched: bool
 
 
 def run_worker(
@@ -215,7 +165,7 @@ class _Worker:
         self.local_forge = forge.kind == "local"
         self.pace = ForgePace(engine.cartridge, engine.store, engine.repository)
         self.running: dict[str, threading.Thread] = {}
-        self.left: dict[str, _Left] = {}
+        self.left: dict[str, Left] = {}
         self.advanced: set[str] = set()  # advance() retried their cleanups already
         self.seen: set[str] = set()  # with once: dispatched in this one pass
         self.errors: list[BaseException] = []
@@ -390,7 +340,7 @@ class _Worker:
         statuses = RUNNABLE_STATUSES | {"paused"}  # a forge pause is due at its resume
         ahead = self.store.next_due_at(statuses, self.store.clock.now(), **self.mine)
         with self.lock:
-            self.next_due = _earliest(ahead, self.scheduled)
+            self.next_due = earliest(ahead, self.scheduled)
 
     def _due(self) -> tuple[list[str], list[str], tuple[int, int] | None]:
         """The workflows due now, by priority then oldest: those to claim, those waiting for
@@ -418,7 +368,7 @@ class _Worker:
                     and forge == left.forge
                 ):
                     continue
-                if _waiting(row):
+                if waiting_for_people(row):
                     waiting.append(workflow_id)
                 else:
                     due.append(workflow_id)
@@ -475,7 +425,9 @@ class _Worker:
                 if idle is None:
                     left = self._advance_until_idle(workflow_id, claim, forge)
                 else:
-                    left = self._left_at(workflow_id, {"version": idle, **_WAITING}, forge)
+                    left = self._left_at(
+                        workflow_id, {"version": idle, **WAITING_FOR_PEOPLE}, forge
+                    )
         except LeaseHeld:
             pass  # this engine's own decide or cleanup holds it: looked at again next pass
         except StoreUnavailable as exc:
@@ -500,7 +452,7 @@ class _Worker:
                 self.stale |= self._changed_behind(workflow_id, left)
             self.ended.set()
 
-    def _changed_behind(self, workflow_id: str, left: _Left | None) -> bool:
+    def _changed_behind(self, workflow_id: str, left: Left | None) -> bool:
         """Whether a pass skipped the workflow while its thread ran and saw a version
         newer than the one the thread left it at: a decision committed after the
         thread's last read, whose own pass came while the thread still ran. Without a
@@ -511,7 +463,7 @@ class _Worker:
 
     def _advance_until_idle(
         self, workflow_id: str, claim: tuple[int, float] | None, forge: tuple[int, int] | None
-    ) -> _Left | None:
+    ) -> Left | None:
         """Advance the workflow; when it is left waiting, how a look (``Engine.idle_at``)
         finds it, advancing it again while the look finds something new.
 
@@ -523,39 +475,39 @@ class _Worker:
         by the passes; one the thread came too late to see is read again as the
         thread ends: ``_changed_behind``.)
         """
-        for _ in range(_RELOOKS):
+        for _ in range(RELOOKS):
             fence, sent_at = claim or (None, None)
             row = self.engine.advance(workflow_id, claimed=fence, claimed_at=sent_at)
             claim = None
-            if not _waiting(row) or self.shutdown.is_set():
+            if not waiting_for_people(row) or self.shutdown.is_set():
                 return self._left_at(workflow_id, row, forge)
             idle = self.engine.idle_at(workflow_id)
             if idle is not None:
                 # The advance's commit may have scheduled the look just taken: kept.
                 due = row.get("due_at") if idle == row["version"] else None
                 return self._left_at(
-                    workflow_id, {"version": idle, "due_at": due, **_WAITING}, forge
+                    workflow_id, {"version": idle, "due_at": due, **WAITING_FOR_PEOPLE}, forge
                 )
         # Still something new after as many advances: looked at again after poll_s.
         self._schedule(workflow_id, row, self.poll_s)
-        return _Left(row["version"], forge, watched=False)
+        return Left(row["version"], forge, watched=False)
 
     def _left_at(
         self, workflow_id: str, row: Mapping[str, Any], forge: tuple[int, int] | None
-    ) -> _Left | None:
+    ) -> Left | None:
         """How the advance left the workflow (``row``: as last read), its next look
         scheduled in the store when that is a matter of time; None: not runnable, or
         shutdown."""
         if row["status"] not in RUNNABLE_STATUSES or self.shutdown.is_set():
             return None
         forge_wait_s = self.pace.wait_s()
-        if forge_wait_s and _polling(row):
+        if forge_wait_s and polling(row):
             self._schedule(workflow_id, row, forge_wait_s)
-        elif _waiting(row):
-            return _Left(row["version"], forge, watched=True)
+        elif waiting_for_people(row):
+            return Left(row["version"], forge, watched=True)
         else:
             self._schedule(workflow_id, row, self.poll_s)
-        return _Left(row["version"], forge, watched=False)
+        return Left(row["version"], forge, watched=False)
 
     def _schedule(self, workflow_id: str, row: Mapping[str, Any], due_in_s: float) -> None:
         """Make the workflow, left at ``row``, due ``due_in_s`` seconds from now in the
@@ -566,8 +518,8 @@ class _Worker:
             due = self.store.schedule(workflow_id, row["version"], due_in_s)
         if due is not None:
             with self.lock:
-                self.next_due = _earliest(self.next_due, due)
-                self.scheduled = _earliest(self.scheduled, due)
+                self.next_due = earliest(self.next_due, due)
+                self.scheduled = earliest(self.scheduled, due)
 
     def _retry_cleanups(self) -> None:
         waiting = [
