@@ -30,10 +30,9 @@ answer to; a recorded run is never run again, so no proposal is made twice.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from phasegate.config.cartridge import REVIEW_ROLES
 from phasegate.core.autonomy import AutonomyPolicy
 from phasegate.core.contract import (
     AWAITING_APPROVAL,
@@ -48,7 +47,7 @@ from phasegate.core.profiles import AutomationProfile, reversion_or_stop
 from phasegate.core.state import WorkflowState
 from phasegate.graph import drive, lifecycle_propose, plan_propose
 from phasegate.graph.proposals import Evidence
-from phasegate.phases.deps import PhaseDeps, failure_result, review_failure_result, worktree_of
+from phasegate.phases.deps import PhaseDeps, worktree_of
 from phasegate.phases.graph_mode import epic
 from phasegate.phases.graph_mode.apply import PROPOSAL_TRAILER, apply_draft
 from phasegate.phases.graph_mode.harness import (
@@ -56,6 +55,15 @@ from phasegate.phases.graph_mode.harness import (
     WorkflowAnswers,
     check_proposals,
     with_harness,
+)
+from phasegate.phases.graph_mode.outcome import (
+    agents_failed,
+    check_failure,
+    plan_failed,
+    plan_summary,
+    run_summary,
+    tests_run,
+    why_nothing,
 )
 from phasegate.phases.graph_mode.review import evidence_of, review
 from phasegate.phases.limits import limit_reached
@@ -148,11 +156,11 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         # An agent that failed every try: the run is not over. Nothing is recorded
         # and the run number is kept, so `resume` continues this very run: the
         # answers kept are replayed and only the failed call is asked again.
-        agents = _agents_failed(
+        agents = agents_failed(
             planned,
             review_limit=deps.limits.max_review_parse_failures,
             state={"sync_base": False} if "sync_base" in started else {},
-            milestones=(_plan_failed(run, key, why, stop),),
+            milestones=(plan_failed(run, key, why, stop),),
         )
         if agents is not None:
             return agents
@@ -169,13 +177,13 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 f"scope found {shaped['pieces']} pieces of work (a {shaped['shape']} ticket), "
                 f"which [graph.work_routing] sends to {shaped['route']!r}, not to this build"
             )
-            stopped = _plan_failed(run, key, why, stop, "scope_routed")  # a route, no failure
+            stopped = plan_failed(run, key, why, stop, "scope_routed")  # a route, no failure
             return epic.routed(ctx, deps, str(run["graph_run"]), why, started, stopped)
         return PhaseResult(
             "pause",
             reason=f"{why}{hint}; then `phasegate resume {ctx.id}`",
             state={**started, "stopped_on": why},
-            milestones=(_plan_failed(run, key, why, stop),),
+            milestones=(plan_failed(run, key, why, stop),),
         )
     text = str(planned["plan"])
     if ctx.issue_number:
@@ -211,35 +219,11 @@ def plan(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
                 "plan_finalized",
                 round=1,
                 key=key,
-                summary=_plan_summary(planned),
+                summary=plan_summary(planned),
                 data={"plan": text, "approved": True, "rounds": 1, **evidence},
             ),
         ),
     )
-
-
-def _plan_failed(
-    run: Mapping[str, Any], key: str, why: str, stop: Mapping[str, Any], kind: str = "plan_failed"
-) -> MilestoneWrite:
-    return MilestoneWrite(
-        kind,
-        status="failed" if kind == "plan_failed" else "completed",
-        round=1,
-        key=key,
-        summary=why[:500],
-        data={"run_id": run["graph_run"], "stopped": dict(stop)},
-    )
-
-
-def _plan_summary(planned: Mapping[str, Any]) -> str:
-    parts = ["planned by the development graph"]
-    if planned["plan_competition"]:
-        competition = planned["plan_competition"]
-        parts.append(f"{competition['choice']} plan chosen")
-    if planned["plan_attack"]:
-        attack = planned["plan_attack"]
-        parts.append("revised after the adversary" if attack["revised"] else "adversary: proceed")
-    return "; ".join(parts)
 
 
 def _sync_base(ctx: WorkflowContext, deps: PhaseDeps) -> str:
@@ -313,10 +297,10 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             status="failed",
             round=ctx.dev_round,
             key=key,
-            summary=f"run {run['graph_run']}: {_why_nothing(record)}"[:500],
+            summary=f"run {run['graph_run']}: {why_nothing(record)}"[:500],
             data={"run_id": run["graph_run"], "stopped": record["stopped"], "open": True},
         )
-        failed = _agents_failed(
+        failed = agents_failed(
             record,
             state=started,
             milestones=(stopped,),
@@ -332,7 +316,7 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         status="completed" if draft else "failed",
         round=ctx.dev_round,
         key=key,
-        summary=_run_summary(record, draft),
+        summary=run_summary(record, draft),
         data={
             "run_id": run["graph_run"],
             "fix_loop": record["fix_loop"],
@@ -345,7 +329,7 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
         },
     )
     if draft is None:
-        why = _why_nothing(record)
+        why = why_nothing(record)
         limits: tuple[MilestoneWrite, ...] = ()
         if not record.get("stopped"):  # the fix loop ran out (not a graph stop)
             attempts = int(record["fix_loop"]["attempts"])
@@ -364,14 +348,14 @@ def develop(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
             state={**started, "graph_run": None, "graph_feedback": why},
         )
     checked = evidence_of(draft, "checks")
-    tests = _tests_run(ctx, draft, checked, key)
+    tests = tests_run(ctx, draft, checked, key)
     milestones: tuple[MilestoneWrite, ...] = (evidence, tests)
     state = started.copy()
     if draft["status"] == "proposed" and not checked.get("passed", True):
         # Work that fails its checks is never offered for landing: the harness
         # rejects it (the kind's streak resets) and the next run is told why.
         draft = deps.store.decide_proposal(
-            str(draft["id"]), "rejected", CHECKS_GATE, _check_failure(checked)[:4000]
+            str(draft["id"]), "rejected", CHECKS_GATE, check_failure(checked)[:4000]
         )
     if draft["status"] == "rejected":
         return _rejected(ctx, deps, draft, run, updates, state, milestones)
@@ -437,21 +421,6 @@ def _rejected(
     )
 
 
-def _check_failure(checked: Mapping[str, Any]) -> str:
-    """What failed, for the next run's ticket: the patch's apply error or each failing
-    check's command, exit code and output tail."""
-    if checked.get("error"):
-        return f"the patch did not apply to the branch ({checked['error']})"
-    parts = []
-    for check in checked.get("results") or []:
-        if not check.get("passed"):
-            how = "timed out" if check.get("timed_out") else f"exit code {check.get('exit_code')}"
-            parts.append(
-                f"$ {check.get('command')}  ({how})\n{str(check.get('output', ''))[-1500:]}"
-            )
-    return "the checks failed:\n" + ("\n\n".join(parts) or "(no output)")
-
-
 def _run_graph(
     ctx: WorkflowContext, deps: PhaseDeps, run: Mapping[str, Any], phase: str, round: int
 ) -> tuple[dict[str, Any], bool]:
@@ -477,7 +446,7 @@ def _run_graph(
         ),
         answers,
     )
-    if _agents_failed(record, state={}, milestones=()) is not None:
+    if agents_failed(record, state={}, milestones=()) is not None:
         return record, False
     try:
         checked = check_proposals(
@@ -501,102 +470,3 @@ def _run_graph(
         extra_evidence={pid: [Evidence("checks", data)] for pid, data in checked.items()},
     )
     return record, True
-
-
-def _agents_failed(
-    record: Mapping[str, Any],
-    *,
-    state: WorkflowState,
-    milestones: tuple[MilestoneWrite, ...],
-    updates: dict[str, Any] | None = None,
-    review_limit: int = 0,
-) -> PhaseResult | None:
-    """The result of a run an agent's failure ended, as outside graph mode: a spend cap
-    reached pauses (``budget: ...``), a review role without a readable verdict
-    ``review_limit`` times (``limits.max_review_parse_failures``) pauses, any other
-    role that failed every try fails the workflow. None when the run ended for
-    another reason (a verdict, a fix loop stop)."""
-    stopped = record.get("stopped") or {}
-    loop = record.get("fix_loop") or {}
-    if stopped.get("reason") != "agent_failed" and loop.get("stop") != "budget":
-        return None
-    failures = [c for c in record["calls"] if c.get("error_kind")]
-    if not failures:
-        return None
-    last = failures[-1]
-    message = str(last.get("error") or f"{last['role']}: {last['error_kind']}")
-    if last["role"] in REVIEW_ROLES:
-        return review_failure_result(
-            str(last["role"]),
-            str(last["error_kind"]),
-            message,
-            review_limit,
-            state=state,
-            milestones=milestones,
-            updates=dict(updates or {}),
-        )
-    return failure_result(
-        str(last["error_kind"]),
-        message,
-        state=state,
-        milestones=milestones,
-        updates=dict(updates or {}),
-    )
-
-
-def _tests_run(
-    ctx: WorkflowContext, draft: Mapping[str, Any], checked: Mapping[str, Any], key: str
-) -> MilestoneWrite:
-    results: Sequence[Mapping[str, Any]] = checked.get("results") or []
-    passed = bool(checked.get("passed"))
-    summary = f"{sum(bool(r.get('passed')) for r in results)}/{len(results)} checks passed"
-    if checked.get("error"):
-        summary = f"the patch did not apply: {str(checked['error'])[:200]}"
-    return MilestoneWrite(
-        "tests_run",
-        round=ctx.dev_round,
-        key=key,
-        status="completed" if passed else "failed",
-        summary=f"{summary} on proposal {draft['id']}",
-        data={
-            "checks": list(results),
-            "passed": passed,
-            "base": checked.get("base"),
-            "proposal": draft["id"],
-            "attempt": draft["attempts"],
-        },
-    )
-
-
-def _run_summary(record: Mapping[str, Any], draft: Mapping[str, Any] | None) -> str:
-    """One line for ``show``: the run (what ``replay`` takes) and what it proposed."""
-    loop = record["fix_loop"]
-    if draft is not None:
-        return (
-            f"run {record['run_id']}: draft PR {draft['id']} proposed ({draft['mode']}), "
-            f"attempt {loop['approved_attempt']} of {loop['attempts']} approved"
-        )
-    return f"run {record['run_id']}: {_why_nothing(record)}"[:500]
-
-
-def _why_nothing(record: Mapping[str, Any]) -> str:
-    stopped = record.get("stopped")
-    if stopped:
-        return f"the graph stopped at {stopped['node']}: {stopped['reason']}: {stopped['detail']}"
-    loop = record["fix_loop"]
-    meaning = {
-        "no_progress": "the builder resubmitted a near-identical diff",
-        "objection_standing": "the adversary raised an objection already standing",
-        "attempts_exhausted": "no attempt was approved within graph.fix_attempts",
-        "budget": "a spend cap stopped a retry",
-    }.get(str(loop["stop"]), "")
-    said = f": {meaning}" if meaning else ""
-    last = record.get("review") or {}
-    adversary = last.get("adversary") or {}
-    objections = "; ".join(str(o) for o in (adversary.get("objections") or [])[:5])
-    if objections:
-        said += f"; standing objections: {objections}"
-    findings = str((last.get("review") or {}).get("findings") or "").strip()
-    if findings:
-        said += f"; the last review: {findings[:400]}"
-    return f"the fix loop stopped ({loop['stop']}) after {loop['attempts']} attempt(s){said}"
