@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 from test_github_lifecycle import team_repo
 
-from phasegate.cli.render import drive, print_detail
+from phasegate.cli.detail import print_detail
+from phasegate.cli.render import drive
 from phasegate.config.cartridge import load_cartridge
 from phasegate.core import decisions
 from phasegate.forge import ForgeAuth, GitHubForge

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from phasegate.cli._app import console
-from phasegate.cli.render import print_detail
+from phasegate.cli.detail import print_detail
 from phasegate.core.report import render_report
 from phasegate.forge import LocalForge
 from phasegate.runtime.engine import Engine

@@ -51,7 +51,8 @@ def demo(
     for `phasegate approve ID`). `phasegate proposals` and `phasegate replay
     RUN_ID` then show the run.
     """
-    from phasegate.cli.render import LiveProgress, finish, graceful, make_engine, print_detail
+    from phasegate.cli.detail import print_detail
+    from phasegate.cli.render import LiveProgress, finish, graceful, make_engine
     from phasegate.config.cartridge import Cartridge, CartridgeError
     from phasegate.core.report import render_report
     from phasegate.integrations import notify

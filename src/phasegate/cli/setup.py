@@ -334,7 +334,8 @@ def dry_run(
     plan_alternative, plan_arbitrate, plan_adversary, review_adversary,
     arbitrate) answer acceptably, and the draft PR is landed without asking.
     """
-    from phasegate.cli.render import STOPPED, LiveProgress, graceful, make_engine, print_detail
+    from phasegate.cli.detail import print_detail
+    from phasegate.cli.render import STOPPED, LiveProgress, graceful, make_engine
     from phasegate.config.cartridge import CARTRIDGE_FILE, load_cartridge
     from phasegate.operations import title_of
     from phasegate.store import open_store

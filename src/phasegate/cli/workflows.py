@@ -349,7 +349,7 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """One workflow: its phase timeline with milestones, agent runs and the reason it stopped."""
-    from phasegate.cli.render import print_detail
+    from phasegate.cli.detail import print_detail
     from phasegate.summary import workflow_detail
 
     with reported_errors():
