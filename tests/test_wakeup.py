@@ -3,7 +3,8 @@
 A worker waiting with ``poll_s=60`` acts on a person's decision made from
 another connection at once: the store's ChangeFeed woke it (a 60 s poll could
 not have); so does one committed in the moment between the worker's advance
-letting the lease go and its reading the row it returns. An idle waiting
+letting the lease go and its reading the row it returns, and a workflow that
+comes due while a pass runs. An idle waiting
 workflow costs no write across many passes: the SQLite file's
 ``data_version``, seen from a connection of the test's own, does not move,
 nor do the workflow's lease and fence.
@@ -201,3 +202,38 @@ def test_a_decision_whose_pass_came_while_its_workflow_s_thread_ran_is_acted_on(
             return idle
 
     _acted_on(repo, DecidedOnAfterItsLook, store, workflow_id, decided)
+
+
+def test_a_workflow_come_due_between_a_pass_s_read_and_its_look_ahead_is_looked_at_then(
+    waiting: tuple[Path, str], engine_for, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's first pass reads the due rows just before the waiting workflow's
+    due time, which passes before the pass looks ahead for the next one. The look
+    ahead must still see it: else the worker sleeps out its 60 s poll."""
+    repo, workflow_id = waiting
+    _, store = engine_for(repo)
+    due_at = store.schedule(workflow_id, store.workflow_row(workflow_id)["version"], 0.3)
+    assert due_at is not None
+    real_due = worker_module._Worker._due
+    first = threading.Event()
+
+    def due_then_late(self: worker_module._Worker) -> tuple:
+        out = real_due(self)
+        if not first.is_set():
+            first.set()
+            assert workflow_id not in out[1], "read before its due time"
+            while store.clock.now() <= due_at:  # the due time passes within the pass
+                time.sleep(0.05)
+        return out
+
+    monkeypatch.setattr(worker_module._Worker, "_due", due_then_late)
+    looked = threading.Event()
+
+    class Looking(Engine):
+        def idle_at(self, workflow_id: str) -> int | None:
+            looked.set()
+            return super().idle_at(workflow_id)
+
+    with Running(repo, poll_s=60.0, engine_cls=Looking):
+        assert looked.wait(WAIT_S), "the worker slept out its poll (60 s)"
+    assert first.is_set()

@@ -175,6 +175,8 @@ class _Worker:
         #: since: what the worker sleeps until (``_wait``), ``poll_s`` at most. ``scheduled``:
         #: the earliest a thread wrote while a look ahead ran, which it may not have seen.
         self.next_due: datetime | None = None
+        #: When the last rereading pass read the due rows: what it saw nothing due after.
+        self.read_at = engine.store.clock.now()
         self.scheduled: datetime | None = None
         #: Workflows whose advance the store's outage ended: their leases, which advance
         #: could not release then, are released by the next pass the store takes.
@@ -334,11 +336,15 @@ class _Worker:
         return bool(started)
 
     def _look_ahead(self) -> None:
-        """Read when the earliest workflow scheduled for later is due (``next_due``)."""
+        """Read when the earliest workflow scheduled for later is due (``next_due``).
+
+        Later means after the moment this pass read the due rows (``read_at``), not
+        now: one that came due since then was in neither read, and must wake the
+        next pass rather than wait out ``poll_s``."""
         with self.lock:
             self.scheduled = None
         statuses = RUNNABLE_STATUSES | {"paused"}  # a forge pause is due at its resume
-        ahead = self.store.next_due_at(statuses, self.store.clock.now(), **self.mine)
+        ahead = self.store.next_due_at(statuses, self.read_at, **self.mine)
         with self.lock:
             self.next_due = earliest(ahead, self.scheduled)
 
@@ -347,7 +353,7 @@ class _Worker:
         people (looked at without a lease first), and the local forge's marker.
         With ``once``, every runnable one, due or scheduled for later."""
         forge = self.store.local_forge_marker() if self.local_forge else None
-        now = self.store.clock.now()
+        now = self.read_at = self.store.clock.now()
         due, waiting = [], []
         due_by = None if self.once else now
         rows = self.store.lease_rows(RUNNABLE_STATUSES, due_by=due_by, **self.mine)
