@@ -511,6 +511,7 @@ def _stale_agent_never_overlaps(
         store.close()
 
 
+@pytest.mark.slow
 def test_a_worker_stopped_past_its_lease_leaves_no_agent_beside_the_one_taking_over(
     github: GitHubLab, pg_url: str, tmp_path: Path
 ) -> None:
@@ -534,6 +535,7 @@ def test_a_worker_stopped_past_its_lease_leaves_no_agent_beside_the_one_taking_o
     assert outlived < TTL_S * KILL_SHARE
 
 
+@pytest.mark.slow
 def test_a_worker_cut_off_from_postgresql_leaves_no_agent_beside_the_one_taking_over(
     github: GitHubLab, pg_url: str, tmp_path: Path
 ) -> None:
