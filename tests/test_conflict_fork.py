@@ -169,6 +169,39 @@ def test_a_conflicting_merge_forks_a_child_that_resolves_and_the_parent_complete
     assert f"conflict-resolution child of {b}" in shown
 
 
+@pytest.mark.slow
+def test_a_conflict_resolution_s_checkout_is_prepared_as_a_worktree_is(
+    tmp_path: Path, engine_for: Build
+) -> None:
+    # The check needs the ignored .env of the main checkout and what the setup made:
+    # in the resolution's checkout too, or the resolution would fail its checks.
+    prepared = 'copy = [".env"]\nsetup = "echo made > setup.done"\n'
+    repo = project(tmp_path, checks=["sh check.sh"], extra=prepared)
+    (repo / ".gitignore").write_text(".phasegate/\n.env\nsetup.done\n")
+    (repo / "check.sh").write_text(
+        "grep -qE 'alpha|beta' feature.txt && grep -q KEY .env && test -f setup.done\n"
+    )
+    git(repo, "commit", "-qam", "the check needs .env and the setup")
+    (repo / ".env").write_text("KEY=local\n")
+    builds = Builds([resolution(BOTH)])
+    engine, store = engine_for(repo, runners={"build": builds})
+    a, b = two_conflicting(engine, builds)
+
+    row = engine.advance(b)
+
+    assert (row["current_phase"], row["status"]) == ("completed", "completed"), row["error"]
+    (child,) = store.child_workflows(b)
+    (attempt,) = kinds(store, child["id"], "conflict_attempt")
+    assert attempt.status == "completed" and attempt.data["checks"][0]["passed"], attempt.data
+    files = [e["data"] for e in store.events(child["id"]) if e["type"] == "worktree_files"]
+    assert [(f["checkout"], f["copied"]) for f in files] == [("conflict resolution", [".env"])]
+    (setup,) = [e["data"] for e in store.events(child["id"]) if e["type"] == "worktree_setup"]
+    assert setup["checkout"] == "conflict resolution" and setup["passed"], setup
+    # Brought and made for the checks only: neither is in what was merged.
+    tree = git(repo, "ls-tree", "-r", "--name-only", "main").split()
+    assert ".env" not in tree and "setup.done" not in tree
+
+
 def test_an_unresolvable_conflict_fails_the_child_closed_and_pauses_the_parent(
     tmp_path: Path, engine_for: Build
 ) -> None:

@@ -38,7 +38,9 @@ own):
   Detached, not a branch: git refuses a second worktree of the parent's
   branch, and a child branch would be one more ref to publish, guard and
   clean up; each attempt starts from the recorded head, so a killed attempt
-  leaves only a directory the next one clears.
+  leaves only a directory the next one clears. It is prepared as a worktree
+  is (``landing.prepare_checkout``: the ``copy`` and ``link`` entries, then
+  ``setup``, a failed one counted as a failed check).
 - an attempt: merge the forge's base in (``forge.branch_ref``, fetched anew
   per attempt on GitHub), ask the ``build`` role on a session line of
   its own (``conflict-a<N>``, never the parent's ``main``) to resolve the
@@ -81,8 +83,10 @@ from phasegate.core.contract import (
     WorkflowContext,
 )
 from phasegate.core.profiles import reversion_or_stop
+from phasegate.git.checks import CheckResult
 from phasegate.git.command import IDENTITY, run_git
 from phasegate.git.workspace import git
+from phasegate.phases import landing
 from phasegate.phases.deps import PhaseDeps, agent_failure
 
 __all__ = ["FORK_KIND", "KIND", "TRAILER", "conflicted_files", "is_child", "on_conflict", "resolve"]
@@ -281,7 +285,10 @@ def resolve(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
     base = deps.forge.branch_ref(ctx.base_branch)  # what the forge holds now, not at the fork
     path = deps.cartridge.landing_areas.worktree_dir(repo) / ctx.id
     with deps.workspace.temporary_checkout(repo, start, path) as cwd:
-        outcome = _attempt(ctx, deps, cwd, number, base)
+        # Prepared as the parent's worktree was: the checks of the resolution read the
+        # same ignored files and run after the same setup.
+        setup = landing.prepare_checkout(ctx, deps, cwd, MERGE, "conflict resolution")
+        outcome = _attempt(ctx, deps, cwd, number, base, setup)
         if isinstance(outcome, PhaseResult):
             return outcome
         sha, evidence = outcome
@@ -293,10 +300,17 @@ def resolve(ctx: WorkflowContext, deps: PhaseDeps) -> PhaseResult:
 
 
 def _attempt(
-    ctx: WorkflowContext, deps: PhaseDeps, cwd: Path, number: int, base: str
+    ctx: WorkflowContext,
+    deps: PhaseDeps,
+    cwd: Path,
+    number: int,
+    base: str,
+    setup: CheckResult | None,
 ) -> tuple[str, MilestoneWrite] | PhaseResult:
     """One attempt in the checkout ``cwd``, merging the ref ``base``: the merge commit
-    and its evidence, or the result that ends the attempt (retry, failed)."""
+    and its evidence, or the result that ends the attempt (retry, failed). ``setup``:
+    the checkout's ``landing_areas.setup`` run (None without one); failed, it is the
+    failed check."""
     conflicted = deps.workspace.start_base_merge(cwd, base)
     extra = ""
     if ctx.state.get("last_check_failure"):
@@ -346,7 +360,11 @@ def _attempt(
     own = git(["show", "--format=", "--cc", "HEAD"], cwd) if sha else ""
     oversized = len(own.encode()) > deps.limits.max_diff_bytes
     leaked = [] if oversized else files_with_secrets(own, cartridge_secrets(deps.cartridge))
-    checks = deps.run_checks(cwd) if sha and not leaked and not oversized else []
+    checks: list[CheckResult] = []
+    if sha and not leaked and not oversized:
+        # A failed setup is the failed check: the checks would only fail for want of it.
+        failed_setup = setup is not None and not setup.passed
+        checks = [setup] if setup is not None and failed_setup else deps.run_checks(cwd)
     failure = ""
     if marked:
         failure = "conflict markers remain in: " + ", ".join(marked)
