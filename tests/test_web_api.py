@@ -189,6 +189,41 @@ def test_actions_record_the_bearers_person_and_refusals_are_the_pages(
     assert error_of(client.post("/api/workflows/nope/resume"), 404)["kind"] == "WorkflowNotFound"
 
 
+def test_a_workflows_priority_is_set_from_the_api_and_its_page(
+    api: tuple[TestClient, Engine, Store],
+) -> None:
+    client, engine, store = api
+    workflow_id = waiting_workflow(engine)
+    raised = client.post(f"/api/workflows/{workflow_id}/priority", json={"priority": "high"})
+    assert raised.status_code == 200, raised.text
+    assert raised.json()["workflow"]["priority"] == 1
+    assert store.workflow_row(workflow_id)["priority"] == 1
+    said = store.events(workflow_id, types=("decision",))[-1]["data"]
+    assert said == {"action": "priority", "by": "alice", "priority": 1, "was": 0}
+    path = f"/api/workflows/{workflow_id}/priority"
+    bad = error_of(client.post(path, json={"priority": "urgent"}), 400)
+    assert bad["kind"] == "BadRequest" and "priority" in bad["message"]
+
+    # The page offers it as a choice, the current one selected; a form post sets it.
+    client.headers.pop("Authorization")
+    csrf = logged_in(client)
+    page = client.get(f"/workflows/{workflow_id}").text
+    assert '<option value="high" selected>high</option>' in page
+    posted = client.post(
+        f"/workflows/{workflow_id}/priority", data={"priority": "low", "csrf": csrf}
+    )
+    assert posted.status_code == 200  # the 303 to the page, followed
+    assert '<option value="low" selected>low</option>' in posted.text
+    assert store.workflow_row(workflow_id)["priority"] == -1
+
+    # A finished workflow has no place in the queue: refused, and no form offered.
+    client.post(f"/workflows/{workflow_id}/cancel", data={"csrf": csrf})
+    assert 'id="priority-form"' not in client.get(f"/workflows/{workflow_id}").text
+    client.headers.update(BEARER)
+    done = error_of(client.post(path, json={"priority": 1}), 409)
+    assert done["kind"] == "ActionRefused" and "cancelled" in done["message"]
+
+
 def test_a_wrong_bearer_is_401_and_a_viewers_action_403_and_nothing_changes(
     web_repo: Path,  # noqa: F811
     engine_for: Callable[..., tuple[Engine, Store]],

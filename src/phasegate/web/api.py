@@ -444,6 +444,19 @@ def _router(engine: Engine, secrets: list[str]) -> APIRouter:
         )
 
     @routes.post(
+        "/workflows/{workflow_id}/priority",
+        operation_id="set_priority",
+        response_model=shapes.WorkflowMoved,
+    )
+    def priority(request: Request, workflow_id: str, body: shapes.PriorityBody) -> Any:
+        """Change where the workflow is claimed in the queue (high, normal, low or an
+        integer); no lease is needed, so a running workflow's changes too."""
+        return decide(
+            workflow_id,
+            lambda: operations.set_priority(store, workflow_id, body.priority, by=by(request)),
+        )
+
+    @routes.post(
         "/workflows/{workflow_id}/cleanup",
         operation_id="cleanup",
         response_model=list[shapes.CleanupOutcome],

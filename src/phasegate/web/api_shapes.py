@@ -328,6 +328,12 @@ class RejectBody(_Closed):
     reason: str
 
 
+class PriorityBody(_Closed):
+    """``high``, ``normal``, ``low``, or an integer (larger first)."""
+
+    priority: int | Literal["high", "normal", "low"]
+
+
 # -- costs and budgets -------------------------------------------------------------------
 
 

@@ -181,6 +181,18 @@ def router(engine: Engine, pages: Pages, access: Access, stop: threading.Event) 
             lambda: operations.revert(engine, workflow_id, why, by=person_of(request).name),
         )
 
+    @routes.post("/workflows/{workflow_id}/priority")
+    def priority(
+        request: Request, workflow_id: str, priority: Annotated[str, Form()] = ""
+    ) -> Response:
+        return pages.decided(
+            request,
+            workflow_id,
+            lambda: operations.set_priority(
+                store, workflow_id, priority, by=person_of(request).name
+            ),
+        )
+
     @routes.post("/workflows/{workflow_id}/verify-override")
     def verify_override(
         request: Request, workflow_id: str, verdict: Annotated[str, Form()] = ""
