@@ -258,7 +258,11 @@ def test_a_cancelled_piece_is_gone_on_without_and_its_parent_completes_after_the
     store = engine.store
     [blocked] = store.events(third, types=["blocked"])  # filed blocked, saying for what
     assert blocked["data"] == {"after": [second]}
+    # While every piece may still complete, the parent offers no resume (the dashboard's
+    # buttons); once one is cancelled, it does.
+    assert "resume" not in operations.offered(store, parent["id"])
     operations.cancel(engine, second, by="ana")
+    assert "resume" in operations.offered(store, parent["id"])
     said = f"{second} cancelled: resume this one to go on without {second}, or cancel it"
     assert said in store.workflow_row(parent["id"])["error"]
     assert said in store.workflow_row(third)["error"]
@@ -280,6 +284,7 @@ def test_a_cancelled_piece_is_gone_on_without_and_its_parent_completes_after_the
     assert event["data"] == {"dropped": [second]}
     row = store.workflow_row(parent["id"])
     assert row["status"] == "pieces" and "0 of 2 completed" in row["error"]
+    assert "resume" not in operations.offered(store, parent["id"])
     assert [p["depends_on"] for p in store.dependencies(parent["id"])] == [first, third]
     # nothing ended now: a resume of the parent is refused, naming a command that works
     refused = phasegate_cli("resume", parent["id"], "--repo", str(repo))

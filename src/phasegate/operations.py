@@ -42,7 +42,7 @@ from typing import Any
 
 from phasegate.actions import epic as epic_actions
 from phasegate.actions.cleanup import cleanup, expire_worktrees, retire_worktrees
-from phasegate.actions.offered import ACTIONS, actions
+from phasegate.actions.offered import ACTIONS, actions, offered
 from phasegate.actions.queue import clear_queue_cap, queue_view, set_priority, set_queue_cap
 from phasegate.agents.env import cartridge_secrets
 from phasegate.config.cartridge import CARTRIDGE_FILE
@@ -99,6 +99,7 @@ __all__ = [
     "Retirable",
     "PhasegateError",  # the base of every error here, for a front end's except
     "actions",
+    "offered",
     "approve",
     "approve_merge",
     "awaiting",

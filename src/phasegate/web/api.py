@@ -222,7 +222,7 @@ def _router(engine: Engine, secrets: list[str]) -> APIRouter:
         """``WorkflowMoved``: the workflow's summary now and the actions that apply."""
         summary = workflow_summary(store, found(workflow_id))
         held = bool(summary.get("worker"))
-        offered = operations.actions(store.load_context(workflow_id), held=held)
+        offered = operations.offered(store, workflow_id, held=held)
         return clean({"workflow": summary, "actions": list(offered)})
 
     def decide(workflow_id: str, act: Callable[[], Any], *, bad_input: int = 409) -> Any:
@@ -252,7 +252,7 @@ def _router(engine: Engine, secrets: list[str]) -> APIRouter:
         """One workflow as ``phasegate show --json`` prints it, and the actions that apply."""
         detail = acted(lambda: workflow_detail(store, workflow_id))
         held = bool(detail["workflow"].get("worker"))
-        detail["actions"] = list(operations.actions(store.load_context(workflow_id), held=held))
+        detail["actions"] = list(operations.offered(store, workflow_id, held=held))
         return clean(detail)
 
     @routes.get(

@@ -146,7 +146,7 @@ class Board(_Open):
 
 class WorkflowDetail(_Open):
     """A workflow as ``phasegate show --json`` prints it, and ``actions``: the
-    actions that apply to it now (``phasegate.operations.actions``; none while a
+    actions that apply to it now (``phasegate.operations.offered``; none while a
     worker holds it)."""
 
     workflow: WorkflowSummary

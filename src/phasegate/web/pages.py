@@ -65,13 +65,13 @@ class Pages:
 
     def shown(self, workflow_id: str, request: Request) -> dict[str, Any]:
         """A workflow page's context: ``d`` (``views.workflow_page``), ``actions``
-        (``operations.actions``: the buttons shown, none while a worker holds its
+        (``operations.offered``: the buttons shown, none while a worker holds its
         lease) and ``awaited`` (the id of the proposal it waits on a person for, else
         None). Raises HTTPException 404 for an unknown workflow."""
         chosen = request.query_params.get("lang") or request.cookies.get(LANGUAGE_COOKIE)
         detail = self.detail_of(workflow_id, markdown.viewer_language(chosen, request.headers))
         held = bool(detail["workflow"].get("worker"))
-        offered = operations.actions(self.store.load_context(workflow_id), held=held)
+        offered = operations.offered(self.store, workflow_id, held=held)
         awaited = next(
             (
                 p["id"]
