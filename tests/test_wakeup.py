@@ -22,9 +22,10 @@ import pytest
 
 from phasegate.config.cartridge import load_cartridge
 from phasegate.core import decisions
+from phasegate.core.contract import PhaseResult
 from phasegate.runtime import worker as worker_module
 from phasegate.runtime.engine import Engine
-from phasegate.store import open_store
+from phasegate.store import open_store, tables
 
 WAIT_S = 30.0  # bound on a wait; a correctness check, never a timing judgement
 
@@ -237,3 +238,31 @@ def test_a_workflow_come_due_between_a_pass_s_read_and_its_look_ahead_is_looked_
     with Running(repo, poll_s=60.0, engine_cls=Looking):
         assert looked.wait(WAIT_S), "the worker slept out its poll (60 s)"
     assert first.is_set()
+
+
+def test_a_running_worker_releases_a_workflow_whose_dependency_completed_unseen(
+    happy_repo: Path, engine_for, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A completion that released nothing (written by an older version, or by hand)
+    leaves its dependent blocked; a worker already running releases it with its
+    periodic cleanups, not only at its start."""
+    monkeypatch.setattr(worker_module, "CLEANUP_RETRY_S", 0.1)
+    engine, store = engine_for(happy_repo)
+    first = engine.start("first", "Write feature.txt")
+    engine.decide(first, lambda _ctx: PhaseResult("pause", reason="held back by the test"))
+    second = engine.start("second", "Write feature.txt", after=[first])
+    assert store.workflow_row(second)["status"] == "blocked"
+    with Running(happy_repo, poll_s=0.2) as running:
+        _until(lambda: running.passes >= 2, "the worker's first passes")
+        assert store.workflow_row(second)["status"] == "blocked"
+        with store.transaction() as conn:  # completed without the commit path's release
+            conn.execute(
+                tables.workflows.update()
+                .where(tables.workflows.c.id == first)
+                .values(status="completed")
+            )
+        _until(
+            lambda: bool(store.events(second, types=["dependencies_met"])),
+            "the running worker to release the second workflow",
+        )
+    assert store.workflow_row(second)["status"] != "blocked"

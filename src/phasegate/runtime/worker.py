@@ -134,7 +134,9 @@ def run_worker(
     cancelled workflow's pull request the forge failed to close) and retires
     worktrees past their retention (``runtime.retention.expire``), at most
     every ``CLEANUP_RETRY_S`` seconds: what blocks one is usually a person's
-    checkout, which does not go away within a poll. Returns once every thread
+    checkout, which does not go away within a poll. It then releases too the
+    workflows whose dependencies all completed without a commit releasing them
+    (``Store.release_ready``; also at start). Returns once every thread
     ended; re-raises the first error an advance raised other than LeaseHeld and
     StoreUnavailable, after asking the other threads to stop (``engine.shutdown``)
     and waiting for them. A store found unavailable (a PostgreSQL restart, SQLite
@@ -218,6 +220,7 @@ class _Worker:
                 if time.monotonic() - cleaned_at >= CLEANUP_RETRY_S:
                     cleaned_at = time.monotonic()
                     self._riding_out(self._retry_cleanups)
+                    self._riding_out(self._release_ready)
                 reread = self._wait(feed) or self._take_stale()
         finally:
             self._join()
@@ -229,7 +232,12 @@ class _Worker:
         freed = self.store.free_gone_leases()
         if freed:
             log.info("%d leases of gone workers of this host released", freed)
-        for workflow_id in self.store.release_ready():  # what no commit released (dependencies)
+        self._release_ready()
+
+    def _release_ready(self) -> None:
+        """Release the workflows whose dependencies all completed though no commit
+        released them (``Store.release_ready``): at start, then with the cleanups."""
+        for workflow_id in self.store.release_ready():
             log.info("workflow %s: what it waited for completed; it runs now", workflow_id)
 
     def _riding_out(self, step: Any, *args: Any) -> Any:
