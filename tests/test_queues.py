@@ -378,3 +378,17 @@ def test_queue_commands_take_negative_numbers_show_holders_and_say_when_nothing_
     assert advanced in shown[now:later] and holder in shown[now:later]
     assert unclaimed in shown[later:calls] and advanced not in shown[later:calls]
     assert f"holding: {advanced} (plan, priority 0) on provider anthropic, worker {holder}" in shown
+
+
+def test_doctor_warns_of_a_provider_cap_no_role_counts_against(happy_repo: Path) -> None:
+    from phasegate.tools.doctor import diagnose
+
+    cartridge = happy_repo / "phasegate.toml"
+    with cartridge.open("a") as text:
+        text.write('\n[queue]\nmax_calls_per_provider = {antropic = 2, scripted = 1, "*" = 4}\n')
+    said = [w for w in diagnose(happy_repo, offline=True).warnings if "max_calls_per" in w]
+    # the roles here are scripted: that cap and "*" count; the typo holds nothing back
+    assert said == [
+        "queue.max_calls_per_provider: no role here calls 'antropic' (the roles' "
+        "providers: scripted); its cap holds nothing back"
+    ]

@@ -51,6 +51,7 @@ from phasegate.config.cartridge import (
     blob_sha,
     cartridge_from_document,
 )
+from phasegate.config.queue import provider_of
 from phasegate.config.toml import TomlError, read_toml
 from phasegate.git.checks import check_problem
 from phasegate.git.committed import committed_blob, committed_note
@@ -428,6 +429,7 @@ def diagnose(
     forge: dict[str, str] = {}
     if cartridge is not None and root is not None:
         _check_workflow(cartridge, root, env, missing, warnings)
+        _check_queue(cartridge, warnings)
         forge = _forge(cartridge, root, env, missing, warnings, offline=offline)
         hook_env = cartridge.notify.webhook_env
         if hook_env and not env.get(hook_env):
@@ -493,6 +495,22 @@ def _forge(
     from phasegate.forge.github.doctor import looked_at as github_looked_at
 
     return github_looked_at(settings, root, env, missing, warnings, offline=offline)
+
+
+def _check_queue(cartridge: Cartridge, warnings: list[str]) -> None:
+    """Warn of a ``[queue]`` provider cap no role's calls count against: a typo, or a
+    provider no role uses any more; the cap then holds nothing back."""
+    used = {
+        provider_of(binding)
+        for name in cartridge.workflow_roles()
+        if (binding := getattr(cartridge.roles, name)) is not None
+    }
+    for provider in cartridge.queue.max_calls_per_provider:
+        if provider != "*" and provider.lower() not in used:
+            warnings.append(
+                f"queue.max_calls_per_provider: no role here calls {provider!r} (the roles' "
+                f"providers: {', '.join(sorted(used)) or 'none'}); its cap holds nothing back"
+            )
 
 
 def _check_workflow(
