@@ -94,7 +94,6 @@ def user_message(server: ScriptedModelServer) -> str:
     return message["content"]
 
 
-@pytest.mark.slow
 def test_a_text_answer_carries_its_usage_and_the_binding_s_price(
     tmp_path: Path, server_factory
 ) -> None:
@@ -262,7 +261,6 @@ print(ApiRunner(binding).run(request, threading.Event()).error_kind, flush=True)
 """
 
 
-@pytest.mark.slow
 def test_a_process_exits_only_once_a_call_abandoned_at_its_timeout_ended(
     tmp_path: Path, server_factory
 ) -> None:

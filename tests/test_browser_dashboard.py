@@ -151,7 +151,6 @@ def group_of_card(page: Any, workflow_id: str) -> str:
     )
 
 
-@pytest.mark.slow
 def test_a_ticket_from_the_board_to_completed_in_a_real_browser(
     chromium_browser: Any, served: Served, expect: Any
 ) -> None:
@@ -265,7 +264,6 @@ def test_a_ticket_from_the_board_to_completed_in_a_real_browser(
             context.close()
 
 
-@pytest.mark.slow
 def test_a_refused_decision_says_the_clis_words_on_the_page(
     chromium_browser: Any, served: Served, expect: Any
 ) -> None:
@@ -314,7 +312,6 @@ def test_a_refused_decision_says_the_clis_words_on_the_page(
         context.close()
 
 
-@pytest.mark.slow
 def test_a_viewer_only_looks_and_an_approver_the_admin_added_approves_the_merge(
     chromium_browser: Any, served: Served, expect: Any
 ) -> None:

@@ -114,7 +114,6 @@ def post_ticket(page: Any, site: SignOnSite) -> int:
     return answer.status
 
 
-@pytest.mark.slow
 def test_an_oidc_login_maps_to_its_role_in_a_real_browser(
     chromium_browser: Any, site: SignOnSite
 ) -> None:

@@ -72,7 +72,6 @@ def forge_comments(repo: Path, issue: int) -> list[str]:
 # -- status and show ------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_status_and_show_of_a_completed_workflow(happy_repo: Path) -> None:
     repo = str(happy_repo)
     code, run = cli_json("run", "--repo", repo, "Add the feature\n\nwith details")
@@ -234,7 +233,6 @@ def test_status_names_the_repository_when_the_store_holds_several(width: int) ->
     assert "repository" not in alone.getvalue()
 
 
-@pytest.mark.slow
 def test_status_and_show_are_readable_at_80_columns(happy_repo: Path) -> None:
     title = "Add the feature that makes the calculator multiply two numbers and say so"
     code, run = cli_json("run", "--repo", str(happy_repo), f"{title}\n\nwith details")
@@ -271,7 +269,6 @@ def test_no_workflows_is_an_empty_list(happy_repo: Path) -> None:
     assert "no workflows yet" in text.stdout
 
 
-@pytest.mark.slow
 def test_usage_totals_are_sums_of_the_agent_runs(tmp_path: Path) -> None:
     answers = """
 [[plan]]
@@ -313,7 +310,6 @@ text = "VERDICT: confirmed"
 # -- waiting for a person -----------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_without_auto_merge_run_waits_and_approve_merge_completes(tmp_path: Path) -> None:
     repo = make_project(tmp_path, cartridge=scripted_cartridge(auto_merge=False))
     proc = phasegate_cli("run", "--repo", str(repo), "Add the feature", env={"COLUMNS": "80"})
@@ -345,7 +341,6 @@ def test_without_auto_merge_run_waits_and_approve_merge_completes(tmp_path: Path
     assert [m["summary"] for m in approved] == ["ana"]
 
 
-@pytest.mark.slow
 def test_feedback_sends_a_waiting_workflow_back_to_development(tmp_path: Path) -> None:
     prompts = tmp_path / "prompts"
     prompts.mkdir()
@@ -437,7 +432,6 @@ def _refused_by_git(repo: Path) -> dict[str, str]:
     return {"GIT_TEST_ASSUME_DIFFERENT_OWNER": "1"}
 
 
-@pytest.mark.slow
 def test_a_repository_git_refuses_shows_gits_reason_not_not_a_repository(
     happy_repo: Path,
 ) -> None:

@@ -70,7 +70,6 @@ def _wait_for(store, ids: list[str], done, what: str, logs: list[Path]) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.slow
 def test_two_workers_merging_24_workflows_at_once_land_every_merge(tmp_path: Path) -> None:
     repo = distinct_builds_repo(tmp_path / "repo")
     cartridge = load_cartridge(repo)

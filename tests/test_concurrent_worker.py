@@ -19,7 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from test_flaky_git import distinct_builds_repo
 
 from phasegate.config.cartridge import load_cartridge
@@ -95,7 +94,6 @@ def _on_store(repo: Path, url: str) -> None:
     git(repo, "commit", "-q", "-am", "store")
 
 
-@pytest.mark.slow
 def test_two_workers_of_concurrency_8_complete_120_workflows_with_no_duplicate(
     tmp_path: Path, store_url: str
 ) -> None:
@@ -181,7 +179,6 @@ def _wait_for(probe, what: str, logs: list[Path], timeout: float = 300.0) -> Non
         time.sleep(0.1)
 
 
-@pytest.mark.slow
 def test_shutdown_stops_every_running_agent_and_the_workflows_resume_to_completion(
     tmp_path: Path,
 ) -> None:
@@ -261,7 +258,6 @@ def test_an_idle_worker_stopped_says_nothing_was_running(tmp_path: Path) -> None
     assert "resume" not in said, "nothing was stopped, so there is nothing to resume"
 
 
-@pytest.mark.slow
 def test_a_workers_progress_lines_each_name_their_workflow(happy_repo: Path) -> None:
     repo = happy_repo
     cartridge = load_cartridge(repo)

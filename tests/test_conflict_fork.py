@@ -122,7 +122,6 @@ def kinds(store: Store, wf: str, kind: str) -> list[Any]:
     return [m for m in store.milestones(wf) if m.kind == kind]
 
 
-@pytest.mark.slow
 def test_a_conflicting_merge_forks_a_child_that_resolves_and_the_parent_completes(
     tmp_path: Path, engine_for: Build
 ) -> None:
@@ -305,7 +304,6 @@ sys.exit(3)
 """
 
 
-@pytest.mark.slow
 def test_a_kill_right_after_the_fork_then_resuming_forks_no_second_child(
     tmp_path: Path, engine_for: Build
 ) -> None:
@@ -559,7 +557,6 @@ def test_the_resolution_is_published_through_the_forge_so_a_pull_request_sees_it
     assert row["merge_sha"] == forge.prs[row["pr_number"]].merge_sha  # merged on the forge
 
 
-@pytest.mark.slow
 def test_a_resolution_holding_a_key_anywhere_is_refused_never_landed(
     tmp_path: Path, engine_for: Build, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from fastapi.testclient import TestClient
 
 from phasegate.config.cartridge import load_cartridge
@@ -57,7 +56,6 @@ def _until(what: str, done: Callable[[], bool], proc: subprocess.Popen[bytes], l
         time.sleep(0.2)
 
 
-@pytest.mark.slow
 def test_a_workflow_built_on_machine_a_shows_its_machine_and_diff_on_a_third_clone(
     github: GitHubLab, pg_url: str, tmp_path: Path
 ) -> None:

@@ -144,7 +144,6 @@ def test_a_merge_failing_without_conflicts_is_a_git_error_not_a_conflict(tmp_pat
 WORKFLOWS = 5
 
 
-@pytest.mark.slow
 def test_workflows_on_a_git_failing_one_call_in_five_complete_or_pause_never_revert(
     engine_for, tmp_path: Path
 ) -> None:

@@ -48,7 +48,6 @@ def opened_pull_request(kit: Kit, branch: str = "topic") -> tuple[int, str]:
     return number, head
 
 
-@pytest.mark.slow
 @every()
 def test_an_issue_is_found_by_its_marker_and_closes_idempotently(kit: Kit) -> None:
     forge = kit.forge
@@ -106,7 +105,6 @@ def test_a_pull_request_opens_once_per_branch_and_merges_only_at_the_head_it_nam
     assert forge.pull_request(number).state == "merged"
 
 
-@pytest.mark.slow
 @every()
 def test_closing_a_pull_request_and_deleting_its_branch_are_idempotent(kit: Kit) -> None:
     forge = kit.forge

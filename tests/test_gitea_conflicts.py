@@ -15,8 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from phasegate.core import decisions
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store
@@ -60,7 +58,6 @@ def kinds(store: Store, wf: str, kind: str) -> list[Any]:
     return [m for m in store.milestones(wf) if m.kind == kind]
 
 
-@pytest.mark.slow
 def test_a_conflict_with_giteas_main_forks_a_child_whose_resolution_gitea_merges(
     gitea: GiteaLab, tmp_path: Path, engine_for: Build
 ) -> None:
@@ -103,7 +100,6 @@ class MergedMeanwhile:
         return self.inner.merge_pull_request(number, message, head)
 
 
-@pytest.mark.slow
 def test_a_merge_gitea_refuses_as_not_mergeable_after_the_sync_forks_the_resolution(
     gitea: GiteaLab, tmp_path: Path, engine_for: Build
 ) -> None:

@@ -111,7 +111,6 @@ def test_more_500s_than_the_retries_pause_and_a_resume_creates_nothing_twice(
     assert len([s for s in said if "**Plan (round 1)**" in s]) == 1
 
 
-@pytest.mark.slow
 def test_an_issue_a_comment_and_a_merge_whose_answers_timed_out_are_made_once(
     gitea: GiteaLab, tmp_path: Path, engine_for: Build
 ) -> None:

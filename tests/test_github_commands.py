@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from test_github_lifecycle import team_repo
 
 from phasegate.forge.base import TrustCache
@@ -150,7 +149,6 @@ def test_a_trusted_cancel_command_cancels_a_waiting_workflow_and_is_never_feedba
     assert "SENTINEL-outsider" not in every and "/phasegate" not in every
 
 
-@pytest.mark.slow
 def test_a_trusted_resume_command_resumes_a_workflow_paused_by_a_forge_outage(
     github: GitHubLab, tmp_path: Path, engine_for: Build
 ) -> None:

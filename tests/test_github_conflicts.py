@@ -14,8 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from phasegate.core import decisions
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store
@@ -79,7 +77,6 @@ def kinds(store: Store, wf: str, kind: str) -> list[Any]:
     return [m for m in store.milestones(wf) if m.kind == kind]
 
 
-@pytest.mark.slow
 def test_a_conflict_with_githubs_main_forks_a_child_whose_resolution_github_merges(
     github: GitHubLab, tmp_path: Path, engine_for: Build
 ) -> None:

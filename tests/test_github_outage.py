@@ -103,7 +103,6 @@ def until(store: Store, workflow_id: str, done: Callable[[Mapping[str, Any]], bo
         feed.close()
 
 
-@pytest.mark.slow
 def test_a_comment_failing_past_its_retries_pauses_and_the_worker_posts_it_once(
     github: GitHubLab, tmp_path: Path, engine_for: Build, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -162,7 +161,6 @@ def test_a_foreground_run_waits_for_its_forge_pause_and_goes_on_by_itself(
     assert len(events(store, workflow_id, "forge_auto_resume")) == 1
 
 
-@pytest.mark.slow
 def test_an_issue_create_that_timed_out_is_found_not_repeated_when_the_worker_resumes(
     github: GitHubLab, tmp_path: Path, engine_for: Build
 ) -> None:

@@ -27,7 +27,6 @@ def cleanup_row(store: Store, workflow_id: str) -> dict[str, object]:
     return {"status": row.status, **row.data}
 
 
-@pytest.mark.slow
 def test_a_merged_branch_is_deleted_on_github_and_a_failed_deletion_is_retried_not_failed(
     github: GitHubLab, tmp_path: Path, engine_for: Build
 ) -> None:

@@ -9,8 +9,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from phasegate.core import decisions
 from phasegate.runtime.engine import Engine
 from phasegate.store import Store
@@ -68,7 +66,6 @@ def test_a_conflict_with_gitlabs_main_forks_a_child_whose_resolution_gitlab_merg
     assert len(project.merge_requests) == 2
 
 
-@pytest.mark.slow
 def test_500s_a_429_and_a_timed_out_create_leave_one_of_everything(
     gitlab: Lab, tmp_path: Path, engine_for: Build
 ) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from test_graph_workflow import ANSWERS, FEATURE, OTHER_FEATURE, graph_repo
 from test_reentry import STOPPED, Lab
 
@@ -51,7 +50,6 @@ def _report_text(lab: Lab, workflow_id: str) -> str:
         store.close()
 
 
-@pytest.mark.slow
 def test_review_rounds_running_out_carry_the_last_findings_to_the_next_build_and_the_report(
     tmp_path: Path,
 ) -> None:
@@ -117,7 +115,6 @@ def test_review_rounds_running_out_under_ci_put_the_findings_in_the_decision_rec
         lab.cleanup()
 
 
-@pytest.mark.slow
 def test_development_retries_running_out_carry_the_check_failure_to_resume_and_the_report(
     tmp_path: Path,
 ) -> None:

@@ -15,7 +15,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -64,7 +63,6 @@ def repo_posts(lab: GitHubLab) -> list[int]:
     return [r.status for r in lab.server.requests if (r.method, r.path) == ("POST", "/user/repos")]
 
 
-@pytest.mark.slow
 def test_a_new_project_on_github_is_made_once_with_its_first_commit_then_a_whole_workflow(
     github: GitHubLab, tmp_path: Path
 ) -> None:

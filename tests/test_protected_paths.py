@@ -61,7 +61,6 @@ def run(repo: Path, *args: str) -> dict:
     ],
     ids=["cartridge", "ci-file", "check-script", "makefile-target"],
 )
-@pytest.mark.slow
 def test_a_change_to_a_protected_path_waits_for_a_person_then_lands_on_approval(
     tmp_path: Path, edits: dict[str, str], checks: list[str] | None, held: list[str]
 ) -> None:

@@ -145,7 +145,6 @@ def _most_at_once(runs: list[dict[str, Any]]) -> int:
     return most
 
 
-@pytest.mark.slow
 def test_two_workers_hold_a_cap_of_3_claim_by_priority_and_get_a_killed_workers_slots(
     tmp_path: Path, pg_url: str, engine_on: Any
 ) -> None:

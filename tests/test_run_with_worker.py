@@ -34,7 +34,6 @@ TRIES = 6
 TAKEN = re.compile(r"was taken on by a worker \(([^)\s]+):(\d+)\) meanwhile and goes on there")
 
 
-@pytest.mark.slow
 def test_run_exits_0_and_names_the_worker_that_took_the_workflow_on(tmp_path: Path) -> None:
     happy_repo = distinct_builds_repo(tmp_path / "repo")
     log = tmp_path / "worker.log"

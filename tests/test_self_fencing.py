@@ -511,7 +511,6 @@ def _stale_agent_never_overlaps(
         store.close()
 
 
-@pytest.mark.slow
 def test_a_worker_stopped_past_its_lease_leaves_no_agent_beside_the_one_taking_over(
     github: GitHubLab, pg_url: str, tmp_path: Path
 ) -> None:
@@ -535,7 +534,6 @@ def test_a_worker_stopped_past_its_lease_leaves_no_agent_beside_the_one_taking_o
     assert outlived < TTL_S * KILL_SHARE
 
 
-@pytest.mark.slow
 def test_a_worker_cut_off_from_postgresql_leaves_no_agent_beside_the_one_taking_over(
     github: GitHubLab, pg_url: str, tmp_path: Path
 ) -> None:

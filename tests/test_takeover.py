@@ -291,7 +291,6 @@ def _markers(lab: GitHubLab) -> Counter[str]:
     return found
 
 
-@pytest.mark.slow
 def test_a_sigkilled_worker_is_taken_over_by_another_clone_only_after_its_lease(
     github: GitHubLab, pg_url: str, tmp_path: Path
 ) -> None:

@@ -566,7 +566,6 @@ def test_the_proposal_a_workflow_awaits_is_approved_from_its_page_by_the_tokens_
     assert engine.advance(workflow_id)["status"] == "completed"
 
 
-@pytest.mark.slow
 def test_a_workflow_a_worker_holds_offers_no_button_and_its_actions_are_refused_alike(
     dashboard: tuple[TestClient, Engine, Store],
 ) -> None:

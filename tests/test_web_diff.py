@@ -129,7 +129,6 @@ def test_line_comments_are_drafts_until_sent_then_one_feedback_the_next_build_pr
     assert f"## Feedback from a person\n\n{expected}" in (prompts / "build-1.txt").read_text()
 
 
-@pytest.mark.slow
 def test_comments_are_drafted_while_a_worker_holds_the_workflow_and_sent_when_it_lets_go(
     diffed: tuple[TestClient, Engine, Store, Path],
 ) -> None:
