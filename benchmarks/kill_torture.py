@@ -74,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workflows", type=int, default=WORKFLOWS, help="per postgres trial, shared by two workers"
     )
+    parser.add_argument(
+        "--baseline-runs",
+        type=int,
+        default=3,
+        help="uninterrupted runs per mode whose median span the kills are drawn within",
+    )
     args = parser.parse_args(argv)
     if args.github:
         args.mode = "github"
@@ -98,7 +104,7 @@ def run(args: argparse.Namespace, rig: ForgeRig | None, postgres_url: str = "") 
     spans = {}
     modes = (rig.name,) if rig else ("postgres",) if postgres_url else ("classic", "graph")
     for mode in modes:
-        roots = [base / f"uninterrupted-{mode}-{i}" for i in range(3)]
+        roots = [base / f"uninterrupted-{mode}-{i}" for i in range(max(1, args.baseline_runs))]
         runs = [
             run_postgres_uninterrupted(root, postgres_url=postgres_url, workflows=args.workflows)
             if postgres_url
@@ -106,7 +112,7 @@ def run(args: argparse.Namespace, rig: ForgeRig | None, postgres_url: str = "") 
             for root in roots
         ]
         spans[mode] = statistics.median(runs)
-        print(f"uninterrupted {mode} run: {spans[mode]:.2f} s (median of 3)")
+        print(f"uninterrupted {mode} run: {spans[mode]:.2f} s (median of {len(runs)})")
 
     def trial(seed: int) -> Trial:
         root = base / f"trial-{seed}"
