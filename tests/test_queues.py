@@ -339,6 +339,8 @@ def test_queue_commands_take_negative_numbers_show_holders_and_say_when_nothing_
 ) -> None:
     repo = str(happy_repo)
     engine, store = engine_for(happy_repo)
+    for_person = engine.start("Waits for a person", "Write feature.txt", auto_merge=False)
+    assert engine.advance(for_person)["status"] == "waiting"
     advanced = operations.start(engine, "Being advanced", by="maya")["id"]
     unclaimed = operations.start(engine, "Not claimed yet", by="maya", priority=1)["id"]
     holder = f"{HOST}:{os.getpid()}:w1"
@@ -374,9 +376,18 @@ def test_queue_commands_take_negative_numbers_show_holders_and_say_when_nothing_
 
     shown = phasegate_cli("queue", "show", "-C", repo).stdout
     now, later = shown.index("advanced by a worker now"), shown.index("waiting to be claimed")
+    people = shown.index("waiting for a person")
     calls = shown.index("agent call(s) holding slots now")
     assert advanced in shown[now:later] and holder in shown[now:later]
-    assert unclaimed in shown[later:calls] and advanced not in shown[later:calls]
+    assert unclaimed in shown[later:people] and advanced not in shown[later:people]
+    # A report waiting for a person is no work to claim: listed apart.
+    assert for_person in shown[people:calls] and for_person not in shown[:people]
+    view = json.loads(phasegate_cli("queue", "show", "-C", repo, "--json").stdout)
+    assert {q["id"]: q["for_person"] for q in view["queued"]} == {
+        unclaimed: False,
+        advanced: False,
+        for_person: True,
+    }
     assert f"holding: {advanced} (plan, priority 0) on provider anthropic, worker {holder}" in shown
 
 
@@ -389,6 +400,6 @@ def test_doctor_warns_of_a_provider_cap_no_role_counts_against(happy_repo: Path)
     said = [w for w in diagnose(happy_repo, offline=True).warnings if "max_calls_per" in w]
     # the roles here are scripted: that cap and "*" count; the typo holds nothing back
     assert said == [
-        "queue.max_calls_per_provider: no role here calls 'antropic' (the roles' "
-        "providers: scripted); its cap holds nothing back"
+        "queue.max_calls_per_provider: no role here calls 'antropic' (did you mean "
+        "'anthropic'?); the roles' providers: scripted; its cap holds nothing back"
     ]

@@ -201,8 +201,22 @@ def test_a_workflows_priority_is_set_from_the_api_and_its_page(
     said = store.events(workflow_id, types=("decision",))[-1]["data"]
     assert said == {"action": "priority", "by": "alice", "priority": 1, "was": 0}
     path = f"/api/workflows/{workflow_id}/priority"
+    # Bad input is 400 with the CLI's words; a boolean is no priority.
     bad = error_of(client.post(path, json={"priority": "urgent"}), 400)
-    assert bad["kind"] == "BadRequest" and "priority" in bad["message"]
+    assert bad == {
+        "code": 400,
+        "kind": "ActionRefused",
+        "message": "priority 'urgent': give high, normal, low or an integer from -100 to 100 "
+        "(larger is claimed first)",
+    }
+    assert "'101'" in error_of(client.post(path, json={"priority": 101}), 400)["message"]
+    assert error_of(client.post(path, json={"priority": True}), 400)["kind"] == "BadRequest"
+    assert store.workflow_row(workflow_id)["priority"] == 1
+    # A ticket is filed with its priority in one call.
+    filed = client.post("/api/workflows", json={"ticket": "Write it", "priority": "high"})
+    assert filed.status_code == 201 and filed.json()["workflow"]["priority"] == 1
+    unread = error_of(client.post("/api/workflows", json={"ticket": "x", "priority": 500}), 400)
+    assert unread["kind"] == "ActionRefused" and "'500'" in unread["message"]
 
     # The page offers it as a choice, the current one selected; a form post sets it.
     client.headers.pop("Authorization")

@@ -108,8 +108,9 @@ def _iso(value: Any) -> Any:
 def queue_view(store: Store, cartridge: Cartridge | None = None) -> dict[str, Any]:
     """What the queue holds now: ``queued`` (the runnable workflows in the order
     workers claim them: priority, larger first, then oldest; each with ``priority``,
-    its ``priority_name`` and ``held_by``: the worker advancing it now under an
-    unexpired lease, else None), ``slots`` (the agent calls holding slots now, one
+    its ``priority_name``, ``held_by``: the worker advancing it now under an
+    unexpired lease, else None, and ``for_person``: it waits for a person's
+    decision, which a worker only looks for), ``slots`` (the agent calls holding slots now, one
     entry a call: workflow, role, holder, since, expires, the caps it counts
     against), ``waiting`` (the calls waiting for a slot, in the order they get
     one: larger priority, then waiting longer; each as a ``slots`` entry, ``since``
@@ -123,6 +124,7 @@ def queue_view(store: Store, cartridge: Cartridge | None = None) -> dict[str, An
             "held_by": row["lease_owner"]
             if row["lease_owner"] and row["lease_expires_at"] and row["lease_expires_at"] > now
             else None,
+            "for_person": row["status"] == "waiting",
         }
         for row in store.queued_rows(sorted(RUNNABLE_STATUSES))
     ]

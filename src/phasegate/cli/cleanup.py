@@ -81,7 +81,7 @@ def cleanup(
     if as_json:
         console.print_json(json.dumps(outcomes))
     else:
-        _print(outcomes, everything)
+        _print(outcomes, everything, team_forge=cartridge.forge.kind != "local")
     if any(o["cleanup"] in ("failed", "busy") for o in outcomes):
         raise typer.Exit(1)
 
@@ -118,7 +118,7 @@ def _confirmed(found: list[Any]) -> bool:
     return typer.confirm("Remove them?", default=False)
 
 
-def _print(outcomes: list[dict[str, Any]], everything: bool) -> None:
+def _print(outcomes: list[dict[str, Any]], everything: bool, *, team_forge: bool) -> None:
     if not outcomes:
         said = "no failed cleanup" + (", no failed or cancelled worktree" if everything else "")
         console.print(f"{said}; nothing to do", highlight=False)
@@ -140,7 +140,8 @@ def _print(outcomes: list[dict[str, Any]], everything: bool) -> None:
             what = f"[red]{o['cleanup']}[/red]: {shown(str(o['reason']))}"
         status = f" ({retired['status']})" if retired else ""
         console.print(f"workflow [bold]{o['id']}[/bold]{status}: cleanup {what}", highlight=False)
-    if any(o["cleanup"] == "retired" for o in outcomes):
+    # On the local forge the branch removed was the only one: nothing to make it again from.
+    if team_forge and any(o["cleanup"] == "retired" for o in outcomes):
         console.print(
             "a team's forge keeps the branches phasegate pushed: "
             "`phasegate resume ID` makes a failed workflow's worktree again from one",

@@ -93,7 +93,11 @@ def priority(
     console.print(
         f"{row['id']} {done} priority {priority_name(given)}"
         + ("" if row["changed"] else "; nothing recorded")
-        + "; `phasegate queue show` lists the claim order",
+        + (
+            "; it is claimed in that order once what it waits for completes"
+            if row["status"] in ("blocked", "pieces")
+            else "; `phasegate queue show` lists the claim order"
+        ),
         highlight=False,
     )
 
@@ -115,7 +119,8 @@ def show(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
     from rich.table import Table
 
     advancing = [row for row in view["queued"] if row["held_by"]]
-    unclaimed = [row for row in view["queued"] if not row["held_by"]]
+    unclaimed = [row for row in view["queued"] if not row["held_by"] and not row["for_person"]]
+    for_people = [row for row in view["queued"] if not row["held_by"] and row["for_person"]]
     if advancing:
         console.print("advanced by a worker now:", highlight=False)
         table = Table("id", "priority", "status", "phase", "worker", "title")
@@ -138,6 +143,18 @@ def show(repo: RepoOption = Path("."), as_json: JsonOption = False) -> None:
                 row["id"],
                 row["priority_name"],
                 row["status"],
+                row["current_phase"],
+                shown(str(row["title"])[:50]),
+            )
+        console.print(table)
+    if for_people:
+        # A worker looks at these for a person's decision; it has no work to claim.
+        console.print("waiting for a person (approve-merge, feedback):", highlight=False)
+        table = Table("id", "priority", "phase", "title")
+        for row in for_people:
+            table.add_row(
+                row["id"],
+                row["priority_name"],
                 row["current_phase"],
                 shown(str(row["title"])[:50]),
             )

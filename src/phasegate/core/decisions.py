@@ -116,13 +116,20 @@ def feedback(ctx: WorkflowContext, text: str) -> PhaseResult:
     )
 
 
+def _where(ctx: WorkflowContext) -> str:
+    """Where the workflow is, for a refusal: "is completed", "is in wait (waiting)"."""
+    if ctx.current_phase == ctx.status:
+        return f"is {ctx.status}"
+    return f"is in {ctx.current_phase} ({ctx.status})"
+
+
 def approve_merge(ctx: WorkflowContext, by: str) -> PhaseResult:
     """Let a waiting workflow merge. Only what a person has seen may be approved:
     the report of a workflow in wait."""
     if ctx.current_phase != WAIT:
         raise ContractViolation(
-            f"workflow {ctx.id} is in {ctx.current_phase} ({ctx.status}), not waiting for a "
-            "merge approval; `phasegate show` says what it needs"
+            f"workflow {ctx.id} {_where(ctx)}, not waiting for a merge approval; "
+            "`phasegate show` says what it needs"
         )
     who = approved_by(ctx)
     if who is not None:
@@ -143,8 +150,8 @@ def revert_refusal(ctx: WorkflowContext) -> str | None:
     merged = ctx.milestone("merge_completed")
     if ctx.current_phase not in REVERTIBLE_PHASES or (merged and merged.status == "completed"):
         return (
-            f"workflow {ctx.id} is in {ctx.current_phase} ({ctx.status}); a reversion to "
-            f"planning is possible from {', '.join(REVERTIBLE_PHASES)} before the merge"
+            f"workflow {ctx.id} {_where(ctx)}; a reversion to planning is possible "
+            f"from {', '.join(REVERTIBLE_PHASES)} before the merge"
         )
     return reversion_refusal(ctx.id, ctx.state)
 

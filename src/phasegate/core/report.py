@@ -113,7 +113,8 @@ def render_report(payload: Mapping[str, Any], language: str) -> str:
         "",
         f"- {w['round']}: {payload.get('dev_round')}",
         f"- {w['plan']}: {w['approved'] if plan.get('approved') else w['not_approved']}, "
-        f"{plan.get('rounds', 0)} {w['plan_rounds']}"
+        f"{plan.get('rounds', 0)} "
+        f"{w['one_round'] if plan.get('rounds', 0) == 1 else w['plan_rounds']}"
         + (f" ({plan['graph_run']}: {plan['how']})" if plan.get("graph_run") else ""),
         f"- {w['changes']}: {_files(changes.get('files', 0), w)}, "
         f"+{changes.get('insertions', 0)} −{changes.get('deletions', 0)}",

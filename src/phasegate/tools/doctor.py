@@ -20,6 +20,7 @@ missing. A Gitea forge is asked the same (``forge.gitea.access``).
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import re
@@ -51,7 +52,7 @@ from phasegate.config.cartridge import (
     blob_sha,
     cartridge_from_document,
 )
-from phasegate.config.queue import provider_of
+from phasegate.config.queue import RUNNER_PROVIDERS, provider_of
 from phasegate.config.toml import TomlError, read_toml
 from phasegate.git.checks import check_problem
 from phasegate.git.committed import committed_blob, committed_note
@@ -505,11 +506,15 @@ def _check_queue(cartridge: Cartridge, warnings: list[str]) -> None:
         for name in cartridge.workflow_roles()
         if (binding := getattr(cartridge.roles, name)) is not None
     }
+    known = sorted(used | set(RUNNER_PROVIDERS.values()))
     for provider in cartridge.queue.max_calls_per_provider:
         if provider != "*" and provider.lower() not in used:
+            near = difflib.get_close_matches(provider.lower(), known, n=1)
             warnings.append(
-                f"queue.max_calls_per_provider: no role here calls {provider!r} (the roles' "
-                f"providers: {', '.join(sorted(used)) or 'none'}); its cap holds nothing back"
+                f"queue.max_calls_per_provider: no role here calls {provider!r}"
+                + (f" (did you mean {near[0]!r}?)" if near else "")
+                + f"; the roles' providers: {', '.join(sorted(used)) or 'none'}; "
+                "its cap holds nothing back"
             )
 
 

@@ -61,6 +61,7 @@ from starlette.exceptions import HTTPException
 from phasegate import __version__, operations
 from phasegate.changes import workflow_change
 from phasegate.core.contract import PhasegateError, ProposalNotFound, WorkflowNotFound
+from phasegate.core.priority import check_priority, parse_priority
 from phasegate.core.redaction import redact
 from phasegate.runtime.engine import Engine
 from phasegate.store import PROPOSAL_STATUSES, StoreUnavailable
@@ -333,6 +334,7 @@ def _router(engine: Engine, secrets: list[str]) -> APIRouter:
                 title=title or None,
                 auto_merge=body.auto_merge,
                 profile=body.profile,
+                priority=_priority(body.priority) if body.priority is not None else 0,
             ),
             bad_input=400,
         )
@@ -451,9 +453,11 @@ def _router(engine: Engine, secrets: list[str]) -> APIRouter:
     def priority(request: Request, workflow_id: str, body: shapes.PriorityBody) -> Any:
         """Change where the workflow is claimed in the queue (high, normal, low or an
         integer); no lease is needed, so a running workflow's changes too."""
+        # Read here: bad input is 400, a finished workflow 409.
+        value = acted(lambda: _priority(body.priority), bad_input=400)
         return decide(
             workflow_id,
-            lambda: operations.set_priority(store, workflow_id, body.priority, by=by(request)),
+            lambda: operations.set_priority(store, workflow_id, value, by=by(request)),
         )
 
     @routes.post(
@@ -519,3 +523,9 @@ def _router(engine: Engine, secrets: list[str]) -> APIRouter:
         return gated(acted(lambda: operations.reject(engine, proposal_id, why, by=by(request))))
 
     return routes
+
+
+def _priority(given: int | str) -> int:
+    """The priority a request body gives, read as ``phasegate priority`` reads it.
+    Raises ActionRefused with the CLI's words."""
+    return parse_priority(given) if isinstance(given, str) else check_priority(given)

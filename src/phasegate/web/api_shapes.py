@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 __all__ = [
     "Board",
@@ -296,6 +296,8 @@ class StartBody(_Closed):
     title: str | None = None
     auto_merge: bool | None = None
     profile: str | None = None
+    priority: StrictInt | StrictStr | None = None
+    """``high``, ``normal``, ``low`` or an integer from -100 to 100; default normal."""
 
 
 class FeedbackBody(_Closed):
@@ -329,9 +331,10 @@ class RejectBody(_Closed):
 
 
 class PriorityBody(_Closed):
-    """``high``, ``normal``, ``low``, or an integer (larger first)."""
+    """``high``, ``normal``, ``low``, or an integer from -100 to 100 (larger first); read
+    as ``phasegate priority`` reads it, with its refusal's words."""
 
-    priority: int | Literal["high", "normal", "low"]
+    priority: StrictInt | StrictStr
 
 
 # -- costs and budgets -------------------------------------------------------------------
