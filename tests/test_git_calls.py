@@ -34,9 +34,7 @@ from conftest import git as sh_git
 #: (agents/service.py CheckoutSeen): the self-heal, a read-only role's check before
 #: its run and development's look for a dead attempt's leftovers reuse it. The merge
 #: gate reads the branch's change once more (one `git diff --raw` in report): 35.
-#: The merge phase reads which cartridge the base branch holds now (one `git
-#: rev-parse`): a process that read an older one merges nothing: 36.
-MAX_DEMO_CALLS = 36
+MAX_DEMO_CALLS = 35
 
 
 def _git_refs(cwd: Path) -> dict[str, str]:
