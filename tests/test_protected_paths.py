@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from phasegate import operations
-from phasegate.core import decisions
 from phasegate.git.protected import check_files, links_out, protected_patterns, protected_touched
 from phasegate.git.workspace import Workspace
 
@@ -311,28 +309,3 @@ def test_an_approval_stands_only_for_the_change_the_person_saw(tmp_path: Path) -
     again = run(repo, "approve-merge", summary["id"], "--by", "alice")
     assert again["status"] == "completed", again
     assert "check_timeout = 1" in git(repo, "show", "main:phasegate.toml")
-
-
-def test_a_process_that_read_an_older_cartridge_merges_nothing_until_resumed(
-    happy_repo: Path, engine_for
-) -> None:
-    # A worker left running reads the cartridge once; the team then commits a new one.
-    running, store = engine_for(happy_repo)
-    workflow_id = running.start("Add the feature", "Write feature.txt", auto_merge=False)
-    assert running.advance(workflow_id)["status"] == "waiting"
-    cartridge = happy_repo / "phasegate.toml"
-    cartridge.write_text(cartridge.read_text() + "\n# the team's rules, revised\n")
-    git(happy_repo, "commit", "-qam", "revise the rules")
-    before = git(happy_repo, "rev-parse", "main")
-    running.decide(workflow_id, lambda ctx: decisions.approve_merge(ctx, "ana"))
-
-    row = running.advance(workflow_id)
-
-    assert (row["current_phase"], row["status"]) == ("merge", "paused"), row["error"]
-    assert "phasegate.toml committed on main changed" in row["error"]
-    assert f"`phasegate resume {workflow_id}`" in row["error"]
-    assert git(happy_repo, "rev-parse", "main") == before, "nothing merged"
-    # A new process reads the committed file: the resume merges under it.
-    fresh, _ = engine_for(happy_repo)
-    operations.resume(fresh, workflow_id, by="ana")
-    assert fresh.advance(workflow_id)["status"] == "completed"

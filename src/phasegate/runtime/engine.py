@@ -59,7 +59,6 @@ from phasegate.forge import Forge
 from phasegate.forge.base import ForgeError
 from phasegate.forge.factory import make_forge
 from phasegate.git.command import withhold_from_git
-from phasegate.git.committed import committed_blob
 from phasegate.git.workspace import Workspace
 from phasegate.journal import SideEffects
 from phasegate.phases import PhaseDeps, cleanup, resolve_phase_handler
@@ -71,7 +70,7 @@ from phasegate.runtime.healing import self_heal
 from phasegate.runtime.heartbeat import Heartbeat
 from phasegate.runtime.labels import StatusLabels
 from phasegate.runtime.outage import labelled_status, recording, scheduled
-from phasegate.runtime.starting import filing, stale_rules
+from phasegate.runtime.starting import filing
 from phasegate.runtime.takeover import ForeignWorkflow, forge_repository, take_over
 from phasegate.runtime.worker import DEFAULT_CONCURRENCY, LeaseHeld, run_worker
 from phasegate.store import Fence, FenceLost, Store, StoreUnavailable
@@ -136,9 +135,6 @@ class Engine:
         # The lease each workflow is advanced (or decided) under, while it is:
         # what deps_for hands the journal and what the agent service checks.
         self.fences: dict[str, Fence] = self.agents.fences
-        # The cartridge committed on the base branch as this engine starts: a merge under
-        # rules older than the ones committed later is refused (runtime.starting).
-        self.committed_at_start = committed_blob(self.repo, cartridge)[1]
         self._holding = threading.Lock()  # guards the check-and-reserve of _hold
         self._claiming: set[str] = set()  # workflows a thread of this engine is claiming
 
@@ -493,10 +489,6 @@ class Engine:
             if moved is None:
                 return False
             ctx = moved
-        stale = stale_rules(self.repo, self.cartridge, self.committed_at_start, ctx)
-        if stale is not None:
-            self._commit_retrying(ctx, PhaseResult("pause", reason=stale))
-            return False
         deps = self.deps_for(ctx)
         try:
             notes = deps.effects.reconcile()

@@ -1,13 +1,8 @@
-"""What a workflow is filed and merged under: the checks that must pass before an issue
-and a branch exist, its first state, and the cartridge a merge must not be older than.
+"""What a new workflow is filed with: the checks that must pass before an issue and a
+branch exist, its base branch, its ``auto_merge`` and its first state.
 
-``Engine.start`` files the workflow with ``filing`` (``Store.create_workflow``).
-``stale_rules`` is asked before each step of the merge phase: a process that
-read the cartridge before a newer one was committed on the base branch (a
-``phasegate serve`` or ``worker`` left running) checks the change under rules
-the team has replaced, so it pauses the workflow rather than merge; ``phasegate
-resume`` (a new process) merges under the committed file. Both only read the
-cartridge and the clone.
+``Engine.start`` files the workflow with these (``Store.create_workflow``); they
+are apart from the engine because they only read the cartridge and the clone.
 """
 
 from __future__ import annotations
@@ -18,13 +13,12 @@ from pathlib import Path
 from phasegate.agents import binding_problems
 from phasegate.agents.service import AgentService
 from phasegate.config.cartridge import CARTRIDGE_FILE, Cartridge, CartridgeError
-from phasegate.core.contract import MERGE, PhasegateError, WorkflowContext
+from phasegate.core.contract import PhasegateError
 from phasegate.core.state import WorkflowState
 from phasegate.git import files as gitfs
-from phasegate.git.committed import committed_blob
 from phasegate.git.workspace import Workspace, git
 
-__all__ = ["Filing", "filing", "stale_rules"]
+__all__ = ["Filing", "filing"]
 
 
 @dataclass(frozen=True)
@@ -87,24 +81,3 @@ def filing(
         "cartridge_sha": cartridge.source_sha,  # the committed file it runs under
     }
     return Filing(base, merges, first)
-
-
-def stale_rules(
-    repo: Path, cartridge: Cartridge, read_at_start: str | None, ctx: WorkflowContext
-) -> str | None:
-    """Why ``ctx``, in the merge phase, must not be merged by this process: the
-    cartridge committed on the base branch is no longer the one committed when the
-    process read its own (``read_at_start``, a git blob id; None: none was committed,
-    nothing to compare). The reason names the command that goes on; None when the
-    rules are the same, or the phase is another."""
-    if ctx.current_phase != MERGE or read_at_start is None:
-        return None
-    base, now = committed_blob(repo, cartridge)
-    if now is None or now == read_at_start:
-        return None
-    return (
-        f"{CARTRIDGE_FILE} committed on {base} changed ({read_at_start[:12]} → {now[:12]}) "
-        "since this process read it, so its checks may not be the team's now; it merges "
-        f"nothing: `phasegate resume {ctx.id}` merges under the committed file (restart a "
-        "running `phasegate worker` or `phasegate serve` first)"
-    )
